@@ -1,0 +1,1 @@
+"""The ``echo-et`` command line (typer): one verb per step of the pipeline."""

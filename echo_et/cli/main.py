@@ -1,0 +1,49 @@
+"""Entry point: builds the typer app from the verb modules."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from echo_et import __version__
+
+app = typer.Typer(
+    name="echo-et",
+    help="Execution graphs of distributed training: ingest, trace, rewrite, simulate, export.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Each module defines register(app). Keep one line per module.
+_VERB_MODULES = [
+    "echo_et.cli.job_cmds",     # convert, check, inspect
+    "echo_et.cli.export_cmds",  # export chakra|astra-sim|chrome|graphml
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"echo-et {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """echo-et: execution graphs of distributed training jobs."""
+
+
+for _name in _VERB_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

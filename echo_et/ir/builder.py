@@ -1,0 +1,219 @@
+"""Builders: the one way converters, the tracer and passes make graphs and jobs.
+
+They assign node ids in program order, declare streams on first use, number collectives
+per group (``seq``) and P2P ops per (group, peer, direction), so every producer gets those
+invariants right without repeating the bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from echo_et.ir.graph import Graph
+from echo_et.ir.job import Job
+from echo_et.ir.schema import ROLE_BY_NAME, SCHEMA_VERSION, pb
+
+DepSpec = int | tuple[int, int]  # node id, or (node id, DepKind)
+
+
+class GraphBuilder:
+    def __init__(self, graph_id: str, name: str = "", *, first_id: int = 1):
+        self.graph = Graph(pb.GraphHeader(schema_version=SCHEMA_VERSION, id=graph_id, name=name))
+        self._next_id = first_id
+        self._streams: dict[tuple[int, str], int] = {}
+        self._coll_seq: dict[str, int] = {}
+        self._p2p_seq: dict[tuple[str, int, int], int] = {}
+
+    # -- streams ---------------------------------------------------------------------------
+    def stream(self, kind: int, name: str, *, device: int = -1, native_id: int = 0) -> int:
+        """The id of the stream (kind, name), declared on first use."""
+        key = (kind, name)
+        sid = self._streams.get(key)
+        if sid is None:
+            sid = len(self._streams)
+            self._streams[key] = sid
+            self.graph.header.streams.add(
+                id=sid, name=name, kind=kind, device=device, native_id=native_id
+            )
+        return sid
+
+    def declare_group(self, key: str, size: int) -> None:
+        self.graph.header.group_sizes[key] = size
+
+    # -- nodes -----------------------------------------------------------------------------
+    def node(
+        self,
+        kind: int,
+        name: str,
+        stream: int,
+        *,
+        start_ns: int = 0,
+        duration_ns: int = 0,
+        deps: Iterable[DepSpec] = (),
+        node_id: int | None = None,
+    ) -> pb.Node:
+        if node_id is None:
+            node_id = self._next_id
+        self._next_id = max(self._next_id, node_id + 1)
+        n = pb.Node(
+            id=node_id,
+            name=name,
+            kind=kind,
+            stream=stream,
+            start_ns=int(start_ns),
+            duration_ns=int(duration_ns),
+        )
+        for d in deps:
+            if isinstance(d, tuple):
+                n.deps.add(id=d[0], kind=d[1])
+            else:
+                n.deps.add(id=d, kind=pb.DEP_DATA)
+        return self.graph.add(n)
+
+    def compute(
+        self,
+        name: str,
+        stream: int,
+        *,
+        kernel_class: int = pb.KC_OTHER,
+        op: str = "",
+        flops: float = 0.0,
+        bytes_: int = 0,
+        shapes: str = "",
+        dtypes: str = "",
+        **kw,
+    ) -> pb.Node:
+        n = self.node(pb.KIND_COMPUTE, name, stream, **kw)
+        n.compute.op = op or name
+        n.compute.kernel_class = kernel_class
+        n.compute.flops = flops
+        n.compute.bytes = bytes_
+        n.compute.shapes = shapes
+        n.compute.dtypes = dtypes
+        return n
+
+    def collective(
+        self,
+        name: str,
+        stream: int,
+        *,
+        coll_type: int,
+        group: str,
+        in_bytes: int,
+        out_bytes: int | None = None,
+        dtype: str = "",
+        root: int | None = None,
+        **kw,
+    ) -> pb.Node:
+        n = self.node(pb.KIND_COLLECTIVE, name, stream, **kw)
+        c = n.collective
+        c.type = coll_type
+        c.group = group
+        c.in_bytes = int(in_bytes)
+        c.out_bytes = int(in_bytes if out_bytes is None else out_bytes)
+        c.dtype = dtype
+        c.seq = self._coll_seq.get(group, 0)
+        self._coll_seq[group] = c.seq + 1
+        if root is not None:
+            c.root = root
+        return n
+
+    def p2p(
+        self,
+        send: bool,
+        name: str,
+        stream: int,
+        *,
+        group: str,
+        peer: int,
+        nbytes: int,
+        tag: int = 0,
+        **kw,
+    ) -> pb.Node:
+        n = self.node(pb.KIND_SEND if send else pb.KIND_RECV, name, stream, **kw)
+        key = (group, peer, 1 if send else 0)
+        n.p2p.group = group
+        n.p2p.peer = peer
+        n.p2p.bytes = int(nbytes)
+        n.p2p.tag = tag
+        n.p2p.seq = self._p2p_seq.get(key, 0)
+        self._p2p_seq[key] = n.p2p.seq + 1
+        return n
+
+    def cpu_op(self, name: str, stream: int, *, kind: int = pb.KIND_CPU_OP, op: str = "",
+               correlation: int = 0, **kw) -> pb.Node:
+        n = self.node(kind, name, stream, **kw)
+        n.cpu.op = op or name
+        n.cpu.correlation = correlation
+        return n
+
+    def memcpy(self, name: str, stream: int, *, nbytes: int, direction: str,
+               kind: int = pb.KIND_MEMCPY, **kw) -> pb.Node:
+        n = self.node(kind, name, stream, **kw)
+        n.memcpy.bytes = int(nbytes)
+        n.memcpy.direction = direction
+        return n
+
+    def build(self) -> Graph:
+        return self.graph
+
+
+class JobBuilder:
+    """Assembles a Job: groups, graphs and rank bindings."""
+
+    def __init__(self, name: str = "", world_size: int = 0, *, source_format: str = ""):
+        from echo_et import __version__
+
+        self.job = Job()
+        m = self.job.manifest
+        m.name = name
+        m.world_size = world_size
+        m.step = -1
+        m.provenance.source_format = source_format
+        m.provenance.tool_version = f"echo-et {__version__}"
+        self._group_ids: dict[tuple[tuple[int, ...], str], int] = {}
+
+    def group(self, ranks: Sequence[int], *, name: str = "", desc: str = "", role: str | int = 0) -> int:
+        """Id of the group with these ranks and name, created on first use (ids start at 1)."""
+        key = (tuple(int(r) for r in ranks), name)
+        gid = self._group_ids.get(key)
+        if gid is None:
+            gid = len(self._group_ids) + 1
+            self._group_ids[key] = gid
+            role_value = ROLE_BY_NAME.get(role, 0) if isinstance(role, str) else role
+            self.job.manifest.groups.add(id=gid, name=name or str(gid), desc=desc,
+                                         ranks=list(key[0]), role=role_value)
+            self.job.invalidate()
+        return gid
+
+    def add_graph(self, graph: Graph) -> None:
+        self.job.add_graph(graph)
+
+    def bind(self, rank: int, graph_id: str, groups: dict[str, int] | None = None, *,
+             measured_step_ns: int = 0, clock_offset_ns: int = 0) -> pb.RankBinding:
+        b = self.job.manifest.bindings.add(rank=rank, graph=graph_id,
+                                          measured_step_ns=int(measured_step_ns),
+                                          clock_offset_ns=int(clock_offset_ns))
+        for k, v in (groups or {}).items():
+            b.groups[k] = v
+        self.job.invalidate()
+        return b
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        """Record what the conversion dropped or guessed, by reason."""
+        if count:
+            self.job.manifest.dropped[reason] = self.job.manifest.dropped.get(reason, 0) + count
+
+    def build(self) -> Job:
+        m = self.job.manifest
+        if not m.world_size:
+            m.world_size = len(m.bindings)
+        # Bindings in rank order keep the manifest deterministic whatever the build order.
+        ordered = sorted(m.bindings, key=lambda b: b.rank)
+        copies = [pb.RankBinding() for _ in ordered]
+        for c, b in zip(copies, ordered, strict=True):
+            c.CopyFrom(b)
+        del m.bindings[:]
+        m.bindings.extend(copies)
+        self.job.invalidate()
+        return self.job

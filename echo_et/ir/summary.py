@@ -1,0 +1,71 @@
+"""What ``inspect`` reports: counts over all ranks, computed once per distinct graph."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from echo_et.ir.job import Job
+from echo_et.ir.schema import ROLE_NAMES, collective_name, node_kind_name, pb
+
+
+def graph_counts(graph) -> tuple[Counter, Counter, int]:
+    kinds: Counter = Counter()
+    colls: Counter = Counter()
+    comm_bytes = 0
+    for n in graph.nodes:
+        kinds[node_kind_name(n.kind)] += 1
+        if n.kind == pb.KIND_COLLECTIVE:
+            colls[collective_name(n.collective.type)] += 1
+            comm_bytes += n.collective.in_bytes
+        elif n.kind == pb.KIND_SEND:
+            colls["send"] += 1
+            comm_bytes += n.p2p.bytes
+        elif n.kind == pb.KIND_RECV:
+            colls["recv"] += 1
+    return kinds, colls, comm_bytes
+
+
+def summarize(job: Job) -> dict[str, Any]:
+    m = job.manifest
+    ranks_of = job.ranks_of_graph()
+    nodes: Counter = Counter()
+    colls: Counter = Counter()
+    comm_bytes = 0
+    per_graph = []
+    for gid in job.graph_ids():
+        g = job.graph(gid)
+        k, c, b = graph_counts(g)
+        mult = len(ranks_of.get(gid, []))
+        for key, v in k.items():
+            nodes[key] += v * mult
+        for key, v in c.items():
+            colls[key] += v * mult
+        comm_bytes += b * mult
+        per_graph.append({"id": gid, "nodes": len(g.nodes), "ranks": mult,
+                          "streams": len(g.header.streams)})
+    measured = {str(b.rank): b.measured_step_ns for b in m.bindings if b.measured_step_ns}
+    lay = m.layout
+    return {
+        "name": m.name,
+        "world_size": m.world_size,
+        "ranks": len(m.bindings),
+        "graphs": len(job.graph_ids()),
+        "nodes": dict(sorted(nodes.items())),
+        "collectives": dict(sorted(colls.items())),
+        "comm_bytes": comm_bytes,
+        "dropped": dict(sorted(m.dropped.items())),
+        "groups": [
+            {"id": g.id, "name": g.name, "desc": g.desc, "size": len(g.ranks),
+             "role": ROLE_NAMES.get(g.role, "unknown")}
+            for g in m.groups
+        ][:64],
+        "group_count": len(m.groups),
+        "layout": {k: getattr(lay, k) for k in ("dp", "tp", "pp", "vpp", "ep", "cp",
+                                                  "microbatches", "zero_stage")} | {"source": lay.source},
+        "hardware": {"gpu_name": m.hardware.gpu_name, "gpus_per_node": m.hardware.gpus_per_node},
+        "source_format": m.provenance.source_format,
+        "step": m.step,
+        "measured_step_ns": measured,
+        "per_graph": per_graph[:64],
+    }
