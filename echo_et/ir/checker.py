@@ -181,7 +181,8 @@ def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
             out.add("group-defined", f"process group {g.id} lists a rank twice", where_m)
         bad = [r for r in g.ranks if r >= m.world_size]
         if bad:
-            out.add("group-defined", f"process group {g.id} has rank {bad[0]} outside world size {m.world_size}", where_m)
+            out.add("group-defined",
+                    f"process group {g.id} has rank {bad[0]} outside world size {m.world_size}", where_m)
 
     # bindings
     ranks = [b.rank for b in m.bindings]
@@ -226,11 +227,13 @@ def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
                 out.add("group-bound", f"group key {key!r} is bound to undefined group {b.groups[key]}", where_b)
                 continue
             if b.rank not in pg.ranks:
-                out.add("group-bound", f"group key {key!r} is bound to group {pg.id}, which does not contain rank {b.rank}", where_b)
+                out.add("group-bound",
+                        f"group key {key!r} is bound to group {pg.id}, which does not contain rank {b.rank}", where_b)
                 continue
             want = header.group_sizes.get(key)
             if want and want != len(pg.ranks):
-                out.add("group-size", f"graph {b.graph} expects group {key!r} of size {want}, bound group {pg.id} has {len(pg.ranks)}", where_b)
+                out.add("group-size", f"graph {b.graph} expects group {key!r} of size {want}, "
+                        f"bound group {pg.id} has {len(pg.ranks)}", where_b)
             members[pg.id].append((b.rank, b.graph, key))
         if out.full:
             return out.issues
@@ -316,7 +319,8 @@ def _check_p2p(job, groups, sigs, out: _Collector) -> None:
         else:
             for (sn, _), (rn, rrank) in zip(s, r, strict=True):
                 if sn.p2p.bytes != rn.p2p.bytes:
-                    out.add("p2p-match", f"recv of {rn.p2p.bytes} B from rank {pair[0]} meets a send of {sn.p2p.bytes} B",
+                    out.add("p2p-match",
+                            f"recv of {rn.p2p.bytes} B from rank {pair[0]} meets a send of {sn.p2p.bytes} B",
                             f"{src + ' ' if src else ''}rank {rrank} node {rn.id} ({rn.name})")
                     break
         if out.full:
