@@ -20,6 +20,7 @@ app = typer.Typer(
 _VERB_MODULES = [
     "echo_et.cli.job_cmds",     # convert, check, inspect
     "echo_et.cli.export_cmds",  # export chakra|astra-sim|chrome|graphml
+    "echo_et.cli.pass_cmds",
 ]
 
 

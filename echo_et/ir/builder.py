@@ -24,13 +24,33 @@ class GraphBuilder:
         self._coll_seq: dict[str, int] = {}
         self._p2p_seq: dict[tuple[str, int, int], int] = {}
 
+    @classmethod
+    def extend(cls, graph: Graph) -> GraphBuilder:
+        """A builder that appends to ``graph`` (a copy the caller owns): new node ids follow
+        the largest one, streams and collective/P2P sequence numbers continue where the graph
+        left them. Passes use it to add nodes to a copied graph."""
+        b = cls.__new__(cls)
+        b.graph = graph
+        b._next_id = max((n.id for n in graph.nodes), default=0) + 1
+        b._streams = {(s.kind, s.name): s.id for s in graph.header.streams}
+        b._coll_seq = {}
+        b._p2p_seq = {}
+        for n in graph.nodes:
+            if n.kind == pb.KIND_COLLECTIVE:
+                k = n.collective.group
+                b._coll_seq[k] = max(b._coll_seq.get(k, 0), n.collective.seq + 1)
+            elif n.kind in (pb.KIND_SEND, pb.KIND_RECV):
+                key = (n.p2p.group, n.p2p.peer, 1 if n.kind == pb.KIND_SEND else 0)
+                b._p2p_seq[key] = max(b._p2p_seq.get(key, 0), n.p2p.seq + 1)
+        return b
+
     # -- streams ---------------------------------------------------------------------------
     def stream(self, kind: int, name: str, *, device: int = -1, native_id: int = 0) -> int:
         """The id of the stream (kind, name), declared on first use."""
         key = (kind, name)
         sid = self._streams.get(key)
         if sid is None:
-            sid = len(self._streams)
+            sid = max(self._streams.values(), default=-1) + 1
             self._streams[key] = sid
             self.graph.header.streams.add(
                 id=sid, name=name, kind=kind, device=device, native_id=native_id

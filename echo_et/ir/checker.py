@@ -136,7 +136,19 @@ def _check_acyclic(graph: Graph, ids: set[int], source: str, out: _Collector) ->
             if indeg[c] == 0:
                 ready.append(c)
     if seen != len(indeg):
-        stuck = min(i for i, k in indeg.items() if k > 0)
+        # Every node left over waits on another left-over node: walking those waits from
+        # any of them must come back to a node on a cycle (the smallest left-over id may
+        # only sit downstream of one).
+        left = {i for i, k in indeg.items() if k > 0}
+        deps_of: dict[int, list[int]] = defaultdict(list)
+        for n in graph.nodes:
+            if n.id in left:
+                deps_of[n.id].extend(d.id for d in n.deps if d.id in left and d.id != n.id)
+        stuck = min(left)
+        visited: set[int] = set()
+        while stuck not in visited and deps_of[stuck]:
+            visited.add(stuck)
+            stuck = min(deps_of[stuck])
         out.add("acyclic", f"dependency cycle through node {stuck}", _where(source, graph, graph.node(stuck)))
 
 
@@ -292,8 +304,8 @@ def _check_collective_sequences(job, groups, members, sigs, out: _Collector) -> 
 
 def _check_p2p(job, groups, sigs, out: _Collector) -> None:
     src = job.source
-    sends: dict[tuple[int, int], list[tuple[pb.Node, int]]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[tuple[pb.Node, int]]] = defaultdict(list)
+    sends: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
     for b in job.manifest.bindings:
         sig = sigs.get(b.graph)
         if sig is None:
@@ -309,19 +321,19 @@ def _check_p2p(job, groups, sigs, out: _Collector) -> None:
             other = pg.ranks[peer]
             target = sends if is_send else recvs
             pair = (b.rank, other) if is_send else (other, b.rank)
-            target[pair].extend((n, b.rank) for n in nodes)
+            target[pair].extend((n, b.rank, b.graph) for n in nodes)
     for pair in sorted(set(sends) | set(recvs)):
         s, r = sends.get(pair, []), recvs.get(pair, [])
         if len(s) != len(r):
-            n, rank = (s or r)[0]
+            n, rank, gid = (s or r)[0]
             out.add("p2p-match", f"{len(s)} sends from rank {pair[0]} to rank {pair[1]} but {len(r)} recvs",
-                    f"{src + ' ' if src else ''}rank {rank} node {n.id} ({n.name})")
+                    f"{src + ' ' if src else ''}graph {gid} rank {rank} node {n.id} ({n.name})")
         else:
-            for (sn, _), (rn, rrank) in zip(s, r, strict=True):
+            for (sn, _, _), (rn, rrank, rgid) in zip(s, r, strict=True):
                 if sn.p2p.bytes != rn.p2p.bytes:
                     out.add("p2p-match",
                             f"recv of {rn.p2p.bytes} B from rank {pair[0]} meets a send of {sn.p2p.bytes} B",
-                            f"{src + ' ' if src else ''}rank {rrank} node {rn.id} ({rn.name})")
+                            f"{src + ' ' if src else ''}graph {rgid} rank {rrank} node {rn.id} ({rn.name})")
                     break
         if out.full:
             return

@@ -78,10 +78,27 @@ def iter_delimited(f: BinaryIO) -> Iterator[bytes]:
             return
         if n > _MAX_MESSAGE:
             raise EchoError(f"message length {n} is implausible (not a length-delimited stream)")
-        data = f.read(n)
+        data = f.read(n) if n <= _READ_CHUNK else _read_exact(f, n)
         if len(data) != n:
             raise EchoError(f"truncated message: expected {n} bytes, found {len(data)}")
         yield data
+
+
+_READ_CHUNK = 1 << 20
+
+
+def _read_exact(f: BinaryIO, n: int) -> bytes:
+    """Up to ``n`` bytes, read in chunks so that a corrupt length prefix near 2 GiB does not
+    allocate 2 GiB before the truncation is noticed."""
+    parts = []
+    left = n
+    while left:
+        chunk = f.read(min(left, _READ_CHUNK))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
 
 
 def open_maybe_gzip(path: str | os.PathLike[str]) -> BinaryIO:

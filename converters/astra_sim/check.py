@@ -1,0 +1,536 @@
+"""The ASTRA-sim input contract, checked on an export folder (``echo-et check --astra-sim``).
+
+Every rank file is decoded with the mlc-chakra schema and held to what both ASTRA-sim
+readers (the legacy feeder and feeder v3 of current master) need to run it to the end.
+Each rule has a name, reported with every problem:
+
+  files-present      network.yml, system.json, remote_memory.json and PREFIX.{r}.et for every
+                     rank r < N, N the product of npus_count
+  network-config     topology/npus_count/bandwidth/latency lists of equal length, known
+                     topologies, counts > 1, bandwidth > 0, latency >= 0
+  system-config      preferred-dataset-splits >= 1, one collective implementation per dimension
+  remote-memory      a memory-type is given
+  comm-group         comm_group.json: keys positive integers, values distinct ranks < N, >= 2
+  framing            the file is a plain (not gzip) stream of varint-length-prefixed messages
+  metadata-first     the first message is a GlobalMetadata with a non-empty version
+  node-decode        every later message decodes as a Node and is not empty
+  has-nodes          at least one node per rank
+  unique-ids         node ids are unique in a file
+  ctrl-deps-empty    ctrl_deps is empty (feeder v3 enforces it, the legacy one ignores it)
+  dep-exists         every data_dep names a node of the file
+  acyclic            data_deps form a DAG (else nodes are silently never issued)
+  node-type          only COMP, COMM_COLL, COMM_SEND and COMM_RECV nodes
+  is-cpu-op          is_cpu_op is present, a bool, and false (no CPU nodes)
+  attr-type          attributes carry the exact types the legacy reader reads (comm_type and
+                     comm_size int64, comm_src/dst/tag/priority int32, pg_name string,
+                     num_ops int64, tensor_size uint64), each at most once
+  comp-duration      a COMP node has duration_micros >= 1 (or num_ops and tensor_size)
+  coll-type          comm_type is ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER or ALL_TO_ALL
+  comm-size          comm_size present; >= preferred-dataset-splits on collectives, > 0 on P2P
+  pg-name            pg_name is "0"/absent (world) or a group of comm_group.json holding the rank
+  collective-order   the collectives of one group on a rank are chained by data_deps, so
+                     their issue order is fixed
+  collective-sequence every member of a group issues the same (comm_type, comm_size) sequence
+  p2p-attrs          send: comm_dst (another rank) and comm_tag, comm_src absent or self;
+                     recv: comm_src (another rank) and comm_tag, comm_dst absent or self
+  p2p-match          every send has exactly one recv with equal (src, dst, tag, size)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chakra.schema.protobuf import et_def_pb2 as et
+from google.protobuf.message import DecodeError
+
+from echo_et.errors import EchoError
+from echo_et.ir.checker import Issue
+from echo_et.ir.io import iter_delimited
+
+from .configs import FILE_NAMES, TOPOLOGIES, WORKLOAD_PREFIX
+from .mapping import CHAKRA_TYPE_NAMES, SUPPORTED_COMM_TYPES
+
+ALLOWED_TYPES = {
+    et.COMP_NODE: "COMP_NODE",
+    et.COMM_COLL_NODE: "COMM_COLL_NODE",
+    et.COMM_SEND_NODE: "COMM_SEND_NODE",
+    et.COMM_RECV_NODE: "COMM_RECV_NODE",
+}
+ATTR_TYPES = {
+    "is_cpu_op": "bool_val",
+    "comm_type": "int64_val",
+    "comm_size": "int64_val",
+    "comm_src": "int32_val",
+    "comm_dst": "int32_val",
+    "comm_tag": "int32_val",
+    "comm_priority": "int32_val",
+    "pg_name": "string_val",
+    "num_ops": "int64_val",
+    "tensor_size": "uint64_val",
+    "involved_dim": "bool_list",
+}
+WORLD = "0"
+
+
+class _Out:
+    def __init__(self, limit: int):
+        self.issues: list[Issue] = []
+        self.limit = limit
+
+    def add(self, rule: str, message: str, where: str) -> None:
+        if len(self.issues) < self.limit:
+            self.issues.append(Issue(rule, message, where))
+
+    @property
+    def full(self) -> bool:
+        return len(self.issues) >= self.limit
+
+
+# -- configuration files ----------------------------------------------------------------------
+_LIST_LINE = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*\[(.*)\]\s*(#.*)?$")
+
+
+def parse_network_yaml(text: str) -> dict[str, list[str]]:
+    """The ``key: [a, b]`` lines of an ASTRA-sim analytical network file."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _LIST_LINE.match(line)
+        if m:
+            out[m.group(1)] = [v.strip() for v in m.group(2).split(",") if v.strip()]
+    return out
+
+
+def _network(folder: Path, out: _Out) -> int | None:
+    """Number of NPUs the network declares (None when it cannot be read)."""
+    path = folder / FILE_NAMES["network"]
+    where = str(path)
+    if not path.is_file():
+        out.add("files-present", "network file is missing", where)
+        return None
+    cfg = parse_network_yaml(path.read_text(errors="replace"))
+    keys = ("topology", "npus_count", "bandwidth", "latency")
+    missing = [k for k in keys if k not in cfg]
+    if missing:
+        out.add("network-config", f"missing {', '.join(missing)}", where)
+        return None
+    dims = len(cfg["topology"])
+    if any(len(cfg[k]) != dims for k in keys) or dims == 0:
+        out.add("network-config", "topology, npus_count, bandwidth and latency differ in length", where)
+        return None
+    for t in cfg["topology"]:
+        if t not in TOPOLOGIES:
+            out.add("network-config", f"unknown topology {t!r}", where)
+    try:
+        counts = [int(c) for c in cfg["npus_count"]]
+        bws = [float(b) for b in cfg["bandwidth"]]
+        lats = [float(x) for x in cfg["latency"]]
+    except ValueError:
+        out.add("network-config", "npus_count, bandwidth and latency must be numbers", where)
+        return None
+    if any(c <= 1 for c in counts):
+        out.add("network-config", f"npus_count {counts}: every dimension needs more than 1 NPU", where)
+    if any(not b > 0 for b in bws):
+        out.add("network-config", f"bandwidth {bws}: must be positive", where)
+    if any(x < 0 for x in lats):
+        out.add("network-config", f"latency {lats}: must not be negative", where)
+    return math.prod(counts)
+
+
+def _json(path: Path, rule: str, out: _Out):
+    if not path.is_file():
+        out.add("files-present", "file is missing", str(path))
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        out.add(rule, f"not valid JSON ({e})", str(path))
+        return None
+
+
+def _system(folder: Path, dims: int | None, out: _Out) -> int | None:
+    path = folder / FILE_NAMES["system"]
+    cfg = _json(path, "system-config", out)
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict):
+        out.add("system-config", "not a JSON object", str(path))
+        return None
+    splits = cfg.get("preferred-dataset-splits")
+    if not isinstance(splits, int) or isinstance(splits, bool) or splits < 1:
+        out.add("system-config", f"preferred-dataset-splits is {splits!r}; it must be an integer >= 1 "
+                "(0 makes ASTRA-sim divide by zero)", str(path))
+        splits = None
+    for key in ("all-reduce-implementation", "all-gather-implementation",
+                "reduce-scatter-implementation", "all-to-all-implementation"):
+        impl = cfg.get(key)
+        if impl is None and f"{key}-custom" not in cfg:
+            out.add("system-config", f"{key} is missing", str(path))
+        elif impl is not None and (not isinstance(impl, list) or (dims and len(impl) != dims)):
+            out.add("system-config", f"{key} must list one algorithm per network dimension ({dims})",
+                    str(path))
+    return splits
+
+
+def _remote_memory(folder: Path, out: _Out) -> None:
+    path = folder / FILE_NAMES["remote_memory"]
+    cfg = _json(path, "remote-memory", out)
+    if cfg is not None and (not isinstance(cfg, dict) or "memory-type" not in cfg):
+        out.add("remote-memory", "no memory-type", str(path))
+
+
+def _comm_groups(folder: Path, npus: int | None, out: _Out) -> dict[str, set[int]]:
+    path = folder / FILE_NAMES["comm_group"]
+    if not path.is_file():
+        return {}
+    cfg = _json(path, "comm-group", out)
+    groups: dict[str, set[int]] = {}
+    if cfg is None:
+        return groups
+    if not isinstance(cfg, dict):
+        out.add("comm-group", "not a JSON object", str(path))
+        return groups
+    for key, ranks in cfg.items():
+        if not key.isdigit() or int(key) <= 0:
+            out.add("comm-group", f"group id {key!r} is not a positive integer (0 means world)", str(path))
+            continue
+        if (not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks)
+                or len(set(ranks)) != len(ranks)):
+            out.add("comm-group", f"group {key}: members must be distinct integer ranks", str(path))
+            continue
+        if len(ranks) < 2:
+            out.add("comm-group", f"group {key} has {len(ranks)} member(s); a group needs 2", str(path))
+        if npus is not None and any(r < 0 or r >= npus for r in ranks):
+            out.add("comm-group", f"group {key} names a rank outside 0..{npus - 1}", str(path))
+        groups[str(int(key))] = set(ranks)
+    return groups
+
+
+def workload_prefix(folder: Path) -> str:
+    """The prefix of the rank files: the one ``run.sh`` names, else the one with a ``.0.et``."""
+    run = folder / FILE_NAMES["run"]
+    if run.is_file():
+        m = re.search(r"--workload-configuration=(\S+)", run.read_text(errors="replace"))
+        if m:
+            return m.group(1).strip("\"'")
+    found = sorted(p.name[: -len(".0.et")] for p in folder.glob("*.0.et"))
+    return found[0] if len(found) == 1 else WORKLOAD_PREFIX
+
+
+# -- one rank file ----------------------------------------------------------------------------
+@dataclass
+class _RankSummary:
+    sequences: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    first_node: dict[str, str] = field(default_factory=dict)
+
+
+def _attr_map(node: et.Node, where: str, out: _Out) -> dict[str, tuple[str, object]]:
+    attrs: dict[str, tuple[str, object]] = {}
+    for a in node.attr:
+        kind = a.WhichOneof("value")
+        if a.name in attrs and a.name in ATTR_TYPES:
+            out.add("attr-type", f"attribute {a.name} appears more than once", where)
+        value = getattr(a, kind) if kind else None
+        attrs[a.name] = (kind or "", value)
+        want = ATTR_TYPES.get(a.name)
+        if want is not None and kind != want:
+            out.add("attr-type", f"attribute {a.name} is {kind or 'unset'}, ASTRA-sim reads {want}", where)
+    return attrs
+
+
+def _int_attr(attrs: dict, name: str) -> int | None:
+    v = attrs.get(name)
+    if v is None or v[0] not in ("int64_val", "int32_val", "uint64_val", "uint32_val"):
+        return None
+    return int(v[1])
+
+
+def _check_rank(path: Path, rank: int, npus: int, splits: int | None,
+                groups: dict[str, set[int]], out: _Out,
+                sends: Counter, recvs: Counter, where_msg: dict) -> _RankSummary | None:
+    where_f = str(path)
+    nodes: list[et.Node] = []
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                out.add("framing", "file is gzip-compressed; ASTRA-sim master reads plain files only", where_f)
+                return None
+            f.seek(0)
+            it = iter_delimited(f)
+            first = next(it, None)
+            if first is None:
+                out.add("metadata-first", "file is empty", where_f)
+                return None
+            meta = et.GlobalMetadata()
+            try:
+                meta.ParseFromString(first)
+            except DecodeError as e:
+                out.add("metadata-first", f"first message is not a GlobalMetadata ({e})", where_f)
+                return None
+            if not meta.version:
+                out.add("metadata-first", "GlobalMetadata has an empty version", where_f)
+            for i, data in enumerate(it):
+                if not data:
+                    out.add("node-decode", f"message #{i + 1} is empty (Python readers stop there)", where_f)
+                    continue
+                n = et.Node()
+                try:
+                    n.ParseFromString(data)
+                except DecodeError as e:
+                    out.add("node-decode", f"message #{i + 1} does not decode as a Node ({e})", where_f)
+                    continue
+                nodes.append(n)
+    except EchoError as e:
+        out.add("framing", str(e), where_f)
+        return None
+    if not nodes:
+        out.add("has-nodes", "no nodes (feeder v3 finds no dependency-free node and aborts)", where_f)
+        return None
+
+    ids: dict[int, et.Node] = {}
+    for n in nodes:
+        if n.id in ids:
+            out.add("unique-ids", f"node id {n.id} is used more than once", f"{where_f} node {n.id}")
+        ids[n.id] = n
+    summary = _RankSummary()
+    colls: dict[str, list[et.Node]] = defaultdict(list)
+    coll_sig: dict[int, tuple[int, int]] = {}
+    for n in nodes:
+        where = f"{where_f} node {n.id} ({n.name})"
+        if n.ctrl_deps:
+            out.add("ctrl-deps-empty", f"ctrl_deps {list(n.ctrl_deps)[:5]} (put ordering in data_deps)", where)
+        missing = [d for d in n.data_deps if d not in ids]
+        if missing:
+            out.add("dep-exists", f"data_dep on node {missing[0]}, which does not exist", where)
+        if n.type not in ALLOWED_TYPES:
+            name = et.NodeType.Name(n.type) if n.type in et.NodeType.values() else str(n.type)
+            out.add("node-type", f"node type {name} is not one ASTRA-sim runs (use COMP, COMM_COLL, "
+                    "COMM_SEND or COMM_RECV)", where)
+            continue
+        attrs = _attr_map(n, where, out)
+        cpu = attrs.get("is_cpu_op")
+        if cpu is None:
+            out.add("is-cpu-op", "is_cpu_op is missing (older readers default it to true)", where)
+        elif cpu[0] == "bool_val" and cpu[1]:
+            out.add("is-cpu-op", "is_cpu_op is true (CPU nodes break ASTRA-sim master's statistics)", where)
+        if n.type == et.COMP_NODE:
+            if n.duration_micros < 1 and not (_int_attr(attrs, "num_ops") and _int_attr(attrs, "tensor_size")):
+                out.add("comp-duration", "COMP node without duration_micros (or num_ops and tensor_size)", where)
+            continue
+        size = _int_attr(attrs, "comm_size")
+        if n.type == et.COMM_COLL_NODE:
+            ctype = _int_attr(attrs, "comm_type")
+            if ctype is None:
+                out.add("coll-type", "comm_type is missing", where)
+                continue
+            if ctype not in SUPPORTED_COMM_TYPES:
+                out.add("coll-type", f"comm_type {ctype} is not one of "
+                        f"{', '.join(CHAKRA_TYPE_NAMES[t] for t in sorted(SUPPORTED_COMM_TYPES))}", where)
+            if size is None:
+                out.add("comm-size", "comm_size is missing", where)
+            elif size <= 0 or (splits and size < splits):
+                out.add("comm-size", f"comm_size {size} is below preferred-dataset-splits {splits} "
+                        "(ASTRA-sim divides it into zero-size chunks)", where)
+            pg = attrs.get("pg_name")
+            key = WORLD
+            if pg is not None and pg[0] == "string_val":
+                key = pg[1] or WORLD
+                if not key.isdigit():
+                    out.add("pg-name", f"pg_name {key!r} is not a decimal integer", where)
+                    continue
+                key = str(int(key))
+                if key != WORLD:
+                    if key not in groups:
+                        out.add("pg-name", f"pg_name {key} is not a group of {FILE_NAMES['comm_group']}", where)
+                        continue
+                    if rank not in groups[key]:
+                        out.add("pg-name", f"rank {rank} is not a member of group {key}", where)
+                        continue
+            colls[key].append(n)
+            coll_sig[n.id] = (ctype, size if size is not None else -1)
+            continue
+        # send / recv
+        is_send = n.type == et.COMM_SEND_NODE
+        src, dst, tag = (_int_attr(attrs, k) for k in ("comm_src", "comm_dst", "comm_tag"))
+        other_name = "comm_dst" if is_send else "comm_src"
+        other = dst if is_send else src
+        mine = src if is_send else dst
+        if other is None:
+            out.add("p2p-attrs", f"{other_name} is missing", where)
+            continue
+        if not 0 <= other < npus or other == rank:
+            out.add("p2p-attrs", f"{other_name} {other} is not another rank of 0..{npus - 1}", where)
+            continue
+        if mine is not None and mine != rank:
+            out.add("p2p-attrs", f"{'comm_src' if is_send else 'comm_dst'} {mine} is not this rank {rank}",
+                    where)
+            continue
+        if tag is None:
+            out.add("p2p-attrs", "comm_tag is missing", where)
+            continue
+        if size is None or size <= 0:
+            out.add("comm-size", f"comm_size {size} on a {'send' if is_send else 'recv'}", where)
+            continue
+        key = (rank, other, tag, size) if is_send else (other, rank, tag, size)
+        (sends if is_send else recvs)[key] += 1
+        where_msg.setdefault(("send" if is_send else "recv", key), where)
+
+    order = _topological_positions(nodes, ids, where_f, out)
+    if order is None:
+        return summary
+    for key, cs in colls.items():
+        cs.sort(key=lambda n: order[n.id])
+        for a, b in zip(cs, cs[1:], strict=False):
+            if not _reaches(b, a, ids, order):
+                out.add("collective-order", f"collective {b.id} does not depend (through data_deps) on the "
+                        f"previous collective {a.id} of group {key}, so ranks may issue them in "
+                        "different orders", f"{where_f} node {b.id} ({b.name})")
+                break
+        summary.sequences[key] = [coll_sig[n.id] for n in cs]
+        summary.first_node[key] = f"{where_f}"
+    return summary
+
+
+def _topological_positions(nodes: list[et.Node], ids: dict[int, et.Node], where: str,
+                           out: _Out) -> dict[int, int] | None:
+    indeg = dict.fromkeys(ids, 0)
+    children: dict[int, list[int]] = defaultdict(list)
+    for n in nodes:
+        for d in set(n.data_deps):
+            if d in ids and d != n.id:
+                indeg[n.id] += 1
+                children[d].append(n.id)
+            elif d == n.id:
+                out.add("acyclic", "node depends on itself", f"{where} node {n.id}")
+                return None
+    ready = [i for i, k in indeg.items() if k == 0]
+    heapq.heapify(ready)
+    pos: dict[int, int] = {}
+    while ready:
+        i = heapq.heappop(ready)
+        pos[i] = len(pos)
+        for c in children.get(i, ()):
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                heapq.heappush(ready, c)
+    if len(pos) != len(ids):
+        stuck = min(i for i in ids if i not in pos)
+        out.add("acyclic", f"dependency cycle through node {stuck} (its nodes are never issued)",
+                f"{where} node {stuck}")
+        return None
+    return pos
+
+
+def _reaches(node: et.Node, target: et.Node, ids: dict[int, et.Node], pos: dict[int, int]) -> bool:
+    """True when ``node`` depends on ``target`` through data_deps."""
+    if target.id in node.data_deps:
+        return True
+    floor = pos[target.id]
+    stack = [node.id]
+    seen = {node.id}
+    while stack:
+        for d in ids[stack.pop()].data_deps:
+            if d == target.id:
+                return True
+            if d in ids and d not in seen and pos[d] > floor:
+                seen.add(d)
+                stack.append(d)
+    return False
+
+
+# -- the whole folder -------------------------------------------------------------------------
+def _digest(seq: list[tuple[int, int]]) -> str:
+    h = hashlib.sha1(usedforsecurity=False)
+    for t, s in seq:
+        h.update(f"{t}:{s};".encode())
+    return h.hexdigest()
+
+
+def check_export(folder, *, limit: int = 100) -> list[Issue]:
+    """Every violation of the ASTRA-sim input contract in an export folder (at most ``limit``)."""
+    folder = Path(folder)
+    out = _Out(limit)
+    if not folder.is_dir():
+        out.add("files-present", "not a folder", str(folder))
+        return out.issues
+    npus = _network(folder, out)
+    dims = None
+    if npus is not None:
+        dims = len(parse_network_yaml((folder / FILE_NAMES["network"]).read_text()).get("topology", []))
+    splits = _system(folder, dims, out)
+    _remote_memory(folder, out)
+    groups = _comm_groups(folder, npus, out)
+    if npus is None:
+        return out.issues
+    prefix = workload_prefix(folder)
+    sends: Counter = Counter()
+    recvs: Counter = Counter()
+    where_msg: dict = {}
+    # group -> digest -> (first rank, sequence); group -> rank -> digest
+    reps: dict[str, dict[str, tuple[int, list]]] = defaultdict(dict)
+    seen: dict[str, dict[int, str]] = defaultdict(dict)
+    for r in range(npus):
+        path = folder / f"{prefix}.{r}.et"
+        if not path.is_file():
+            out.add("files-present", f"rank {r} has no workload file (ASTRA-sim exits)", str(path))
+            continue
+        s = _check_rank(path, r, npus, splits, groups, out, sends, recvs, where_msg)
+        if s is not None:
+            for key, seq in s.sequences.items():
+                d = _digest(seq)
+                reps[key].setdefault(d, (r, seq))
+                seen[key][r] = d
+        if out.full:
+            return out.issues
+    _check_sequences(folder, prefix, npus, groups, reps, seen, out)
+    _check_p2p(sends, recvs, where_msg, out)
+    return out.issues
+
+
+def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set[int]],
+                     reps: dict, seen: dict, out: _Out) -> None:
+    empty = _digest([])
+    for key in sorted(set(reps) | set(groups), key=lambda k: int(k)):
+        members = range(npus) if key == WORLD else sorted(groups.get(key, ()))
+        digests = {r: seen.get(key, {}).get(r, empty) for r in members}
+        if len(set(digests.values())) <= 1:
+            continue
+        ref_rank = min(digests)
+        ref_d = digests[ref_rank]
+        ref_seq = reps[key].get(ref_d, (ref_rank, []))[1]
+        for r in sorted(digests):
+            if digests[r] == ref_d:
+                continue
+            seq = reps[key].get(digests[r], (r, []))[1]
+            i = next((i for i, (a, b) in enumerate(zip(seq, ref_seq, strict=False)) if a != b),
+                     min(len(seq), len(ref_seq)))
+            name = "world" if key == WORLD else f"group {key}"
+            if i >= len(seq) or i >= len(ref_seq):
+                msg = f"issues {len(seq)} collectives on {name}, rank {ref_rank} issues {len(ref_seq)}"
+            else:
+                a, b = seq[i], ref_seq[i]
+                msg = (f"collective #{i} on {name} is {CHAKRA_TYPE_NAMES.get(a[0], a[0])} of {a[1]} B, "
+                       f"rank {ref_rank} issues {CHAKRA_TYPE_NAMES.get(b[0], b[0])} of {b[1]} B")
+            out.add("collective-sequence", msg, str(folder / f"{prefix}.{r}.et"))
+            if out.full:
+                return
+
+
+def _check_p2p(sends: Counter, recvs: Counter, where_msg: dict, out: _Out) -> None:
+    for key in sorted(set(sends) | set(recvs)):
+        s, r = sends.get(key, 0), recvs.get(key, 0)
+        if s == r:
+            continue
+        src, dst, tag, size = key
+        kind = "send" if s > r else "recv"
+        where = where_msg.get((kind, key), "")
+        out.add("p2p-match", f"{s} send(s) but {r} recv(s) of {size} B from rank {src} to rank {dst} "
+                f"with tag {tag} (a recv matches a send on equal src, dst, tag and size)", where)
+        if out.full:
+            return

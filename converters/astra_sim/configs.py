@@ -1,0 +1,184 @@
+"""The configuration files that go with an ASTRA-sim workload: network YAML, system JSON,
+remote-memory JSON, communicator groups and the ``run.sh`` that runs them.
+
+Defaults (all overridable from ``echo-et export astra-sim``):
+
+- GPUs per node: ``--gpus-per-node``, else the Job's hardware, else 8.
+- One network dimension when the world fits in one node, else two: intra-node and
+  inter-node (the second needs the congestion-unaware binary: the congestion-aware one
+  supports one dimension only).
+- Topology ``Switch`` per dimension (NVSwitch inside a node, a switched fabric across).
+- Bandwidth in GB/s (= bytes/ns) per GPU and direction: ``--intra-bw``/``--inter-bw``, else
+  the Job's hardware, else 400 (intra, HGX-H100 NVLink as in ASTRA-sim's validated
+  ``HGX-H100-validated.yml``) and 50 (inter, one 400 Gb/s NIC per GPU).
+- Latency ``--latency`` ns per link, else 936.25 ns (the validated HGX-H100 value).
+- System: the validated HGX-H100 system file (LIFO, endpoint delay 10 ns, ring algorithms,
+  localBWAware) with ``preferred-dataset-splits`` 4 and 1 active chunk per dimension.
+- Remote memory: ``NO_MEMORY_EXPANSION`` (the export never emits memory nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from echo_et.errors import EchoError
+
+TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_INTRA_BW = 400.0
+DEFAULT_INTER_BW = 50.0
+DEFAULT_LATENCY_NS = 936.25
+DEFAULT_SPLITS = 4
+WORKLOAD_PREFIX = "workload"
+FILE_NAMES = {
+    "network": "network.yml",
+    "system": "system.json",
+    "remote_memory": "remote_memory.json",
+    "comm_group": "comm_group.json",
+    "run": "run.sh",
+}
+
+
+@dataclass
+class ExportOptions:
+    gpus_per_node: int | None = None
+    intra_bw: float | None = None     # GB/s
+    inter_bw: float | None = None     # GB/s
+    latency: float | None = None      # ns
+    topology: str | None = None       # one name, or one per dimension separated by commas
+    splits: int = DEFAULT_SPLITS
+
+
+@dataclass
+class Network:
+    topology: list[str]
+    npus_count: list[int]
+    bandwidth: list[float]
+    latency: list[float]
+
+    @property
+    def npus(self) -> int:
+        return math.prod(self.npus_count)
+
+
+def _positive(value: float | None, what: str) -> None:
+    if value is not None and not value > 0:
+        raise EchoError(f"{what} must be positive, got {value}")
+
+
+def network_for(world_size: int, hw_gpus_per_node: int, hw_intra: float, hw_inter: float,
+                opts: ExportOptions) -> Network:
+    """The network of a cluster with ``world_size`` GPUs, from options and Job hardware."""
+    _positive(opts.intra_bw, "--intra-bw")
+    _positive(opts.inter_bw, "--inter-bw")
+    _positive(opts.gpus_per_node, "--gpus-per-node")
+    if opts.latency is not None and opts.latency < 0:
+        raise EchoError(f"--latency must not be negative, got {opts.latency}")
+    if world_size < 2:
+        raise EchoError(f"ASTRA-sim needs at least 2 NPUs; the job has {world_size}")
+    gpn = opts.gpus_per_node or hw_gpus_per_node or DEFAULT_GPUS_PER_NODE
+    intra = opts.intra_bw or hw_intra or DEFAULT_INTRA_BW
+    inter = opts.inter_bw or hw_inter or DEFAULT_INTER_BW
+    lat = DEFAULT_LATENCY_NS if opts.latency is None else float(opts.latency)
+    if world_size <= gpn or gpn == 1:
+        counts = [world_size]
+        bws = [intra if world_size <= gpn else inter]
+    else:
+        if world_size % gpn:
+            raise EchoError(
+                f"world size {world_size} is not a multiple of {gpn} GPUs per node "
+                "(set --gpus-per-node)"
+            )
+        counts = [gpn, world_size // gpn]
+        bws = [intra, inter]
+    topo = _topology(opts.topology, len(counts))
+    return Network(topo, counts, [float(b) for b in bws], [lat] * len(counts))
+
+
+def _topology(spec: str | None, dims: int) -> list[str]:
+    if not spec:
+        return ["Switch"] * dims
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    by_lower = {t.lower(): t for t in TOPOLOGIES}
+    out = []
+    for s in names:
+        if s.lower() not in by_lower:
+            raise EchoError(f"--topology {s!r}: not one of {', '.join(TOPOLOGIES)}")
+        out.append(by_lower[s.lower()])
+    if len(out) == 1:
+        out *= dims
+    if len(out) != dims:
+        raise EchoError(f"--topology names {len(out)} dimensions, the network has {dims}")
+    return out
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def network_yaml(net: Network) -> str:
+    return (
+        "# ASTRA-sim analytical network, written by echo-et\n"
+        f"topology: [ {', '.join(net.topology)} ]\n"
+        f"npus_count: [ {', '.join(str(c) for c in net.npus_count)} ]\n"
+        f"bandwidth: [ {', '.join(_num(b) for b in net.bandwidth)} ]  # GB/s per link\n"
+        f"latency: [ {', '.join(_num(x) for x in net.latency)} ]  # ns\n"
+    )
+
+
+def system_json(dims: int, splits: int) -> str:
+    if splits < 1:
+        raise EchoError(f"preferred-dataset-splits must be >= 1, got {splits}")
+    cfg = {
+        "scheduling-policy": "LIFO",
+        "endpoint-delay": 10,
+        "active-chunks-per-dimension": 1,
+        "preferred-dataset-splits": splits,
+        "all-reduce-implementation": ["ring"] * dims,
+        "all-gather-implementation": ["ring"] * dims,
+        "reduce-scatter-implementation": ["ring"] * dims,
+        "all-to-all-implementation": ["ring"] * dims,
+        "collective-optimization": "localBWAware",
+        "local-mem-bw": 1600,
+        "boost-mode": 0,
+        "roofline-enabled": 0,
+    }
+    return json.dumps(cfg, indent=2, sort_keys=True) + "\n"
+
+
+def remote_memory_json() -> str:
+    return json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n"
+
+
+def comm_group_json(groups: dict[int, list[int]]) -> str:
+    return json.dumps({str(k): list(v) for k, v in sorted(groups.items())}, indent=1) + "\n"
+
+
+def run_sh(npus: int, with_groups: bool) -> str:
+    """The exact ASTRA-sim command line for this folder. It runs from its own folder with
+    relative paths, so the comm-group path never contains the substring "empty" (which
+    ASTRA-sim would read as "no file"), and it fails unless every rank printed its
+    ``finished`` line (ASTRA-sim exits 0 even when a rank never finished)."""
+    group_arg = f"  --comm-group-configuration={FILE_NAMES['comm_group']} \\\n" if with_groups else ""
+    return f"""#!/bin/sh
+# Runs ASTRA-sim (analytical backend) on this export. Written by echo-et.
+# ASTRA_SIM_BIN: e.g. <astra-sim>/build/astra_analytical/build/bin/AstraSim_Analytical_Congestion_Unaware
+# (the congestion-aware binary supports one-dimensional networks only).
+set -eu
+cd "$(dirname "$0")"
+: "${{ASTRA_SIM_BIN:?set ASTRA_SIM_BIN to the ASTRA-sim analytical binary}}"
+mkdir -p log
+"$ASTRA_SIM_BIN" \\
+  --workload-configuration={WORKLOAD_PREFIX} \\
+  --system-configuration={FILE_NAMES['system']} \\
+  --network-configuration={FILE_NAMES['network']} \\
+  --remote-memory-configuration={FILE_NAMES['remote_memory']} \\
+{group_arg}  --logging-folder=log | tee log/stdout.txt
+finished=$(grep -Ec 'sys\\[[0-9]+\\] finished' log/stdout.txt || true)
+if [ "$finished" -ne {npus} ]; then
+  echo "echo-et: only $finished of {npus} ranks finished (see log/err.log)" >&2
+  exit 1
+fi
+"""

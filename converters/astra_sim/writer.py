@@ -1,0 +1,489 @@
+"""Writing an ASTRA-sim export: one ``workload.{rank}.et`` per rank plus its configuration.
+
+Each distinct graph is planned once (:mod:`.mapping`); ranks bound to it differ only in
+process-group ids, peers and tags, which are appended to pre-serialised node bytes, so
+exporting thousands of ranks that share a graph costs little more than writing the bytes.
+Only graphs with an uneven all-to-all (sent as per-peer send/recv, whose count and sizes
+depend on the rank) are built message by message.
+
+The folder is written under a temporary name, passes the contract check (:mod:`.check`)
+and is then renamed into place: a failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from chakra.schema.protobuf import et_def_pb2 as et
+
+from echo_et.errors import CheckError, EchoError
+from echo_et.ir.checker import check_job
+from echo_et.ir.io import encode_varint
+from echo_et.ir.job import Job
+from echo_et.ir.schema import pb
+
+from . import configs
+from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
+from .mapping import (
+    BARRIER_BYTES,
+    CHAKRA_ALL_TO_ALL,
+    CHAKRA_TYPE_NAMES,
+    COLL,
+    COMP,
+    GraphPlan,
+    PlannedNode,
+    comm_type_of,
+    plan_graph,
+)
+
+METADATA_VERSION = "0.0.4"
+A2A_TAG_BASE = 1 << 30     # tags of send/recv made from uneven all-to-all
+MAX_IR_TAG = 1 << 30       # IR tags at or above this are replaced by the P2P sequence number
+SPLIT_ATTR = "in_split_bytes"
+_ATTR_FIELD = b"\x52"      # Node.attr: field 10, wire type 2
+
+
+# -- small encoders ---------------------------------------------------------------------------
+def round_us(ns: int) -> int:
+    """Nanoseconds to whole microseconds, half up (ASTRA-sim reads integer µs)."""
+    return max(0, (int(ns) + 500) // 1000)
+
+
+def _attr(name: str, **value) -> et.AttributeProto:
+    return et.AttributeProto(name=name, **value)
+
+
+class _AttrBytes:
+    """Serialised ``Node.attr`` entries, cached by (name, type, value)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str, object], bytes] = {}
+
+    def get(self, name: str, kind: str, value: object) -> bytes:
+        key = (name, kind, value)
+        b = self._cache.get(key)
+        if b is None:
+            data = _attr(name, **{kind: value}).SerializeToString(deterministic=True)
+            b = _ATTR_FIELD + encode_varint(len(data)) + data
+            if len(self._cache) < 1_000_000:
+                self._cache[key] = b
+        return b
+
+
+def _delimited(data: bytes) -> bytes:
+    return encode_varint(len(data)) + data
+
+
+# -- what a planned node becomes --------------------------------------------------------------
+def _coll_size(node: pb.Node, group_size: int, splits: int) -> tuple[int, bool]:
+    """comm_size of a mapped collective, and whether it had to be raised to ``splits``."""
+    c = node.collective
+    if c.type == pb.COLL_BROADCAST:
+        size = math.ceil(c.in_bytes / group_size) if c.in_bytes else 0
+    elif c.type == pb.COLL_SCATTER:
+        size = c.out_bytes
+    elif c.type == pb.COLL_BARRIER:
+        size = max(BARRIER_BYTES, splits)
+    else:
+        size = c.in_bytes
+    if size < splits:
+        return splits, True
+    return size, False
+
+
+def _base_node(pn: PlannedNode, node_id: int, deps: Iterable[int]) -> et.Node:
+    n = pn.node
+    out = et.Node(id=node_id, name=n.name or f"node{n.id}")
+    out.data_deps.extend(deps)
+    out.start_time_micros = round_us(n.start_ns)
+    if pn.role == COMP:
+        out.type = et.COMP_NODE
+        out.duration_micros = max(1, round_us(n.duration_ns))
+        out.attr.append(_attr("is_cpu_op", bool_val=False))
+        if n.kind == pb.KIND_COMPUTE and n.compute.flops > 0 and n.compute.bytes > 0:
+            out.attr.append(_attr("num_ops", int64_val=int(n.compute.flops)))
+            out.attr.append(_attr("tensor_size", uint64_val=int(n.compute.bytes)))
+    else:
+        out.duration_micros = round_us(n.duration_ns)
+    return out
+
+
+class _Exporter:
+    def __init__(self, job: Job, options: ExportOptions):
+        self.job = job
+        self.opts = options
+        self.world = job.world_size
+        self.splits = options.splits
+        self.attrs = _AttrBytes()
+        self.mapped: Counter[str] = Counter()
+        self.used_groups: dict[int, list[int]] = {}
+        self.world_groups: set[int] = set()
+        self.plans: dict[str, GraphPlan] = {}
+        self.key_sizes: dict[str, dict[str, int]] = {}
+        self._coll_by_seq: dict[tuple[str, str], dict[int, pb.Node]] = {}
+        self._key_of_group: dict[int, dict[int, str]] = {}
+        self._group_sig: dict[int, set[tuple[str, str]]] | None = None
+        self._matrices: dict[tuple[int, int], list[list[int]] | None] = {}
+        for g in job.manifest.groups:
+            if list(g.ranks) == list(range(self.world)):
+                self.world_groups.add(g.id)
+
+    # -- planning -------------------------------------------------------------------------
+    def plan(self) -> None:
+        ranks_of = self.job.ranks_of_graph()
+        for gid in sorted(ranks_of):
+            graph = self.job.graph(gid)
+            sizes: dict[str, int] = {}
+            for r in ranks_of[gid]:
+                b = self.job.binding(r)
+                for key, pg_id in b.groups.items():
+                    size = len(self.job.group(pg_id).ranks)
+                    if sizes.setdefault(key, size) != size:
+                        raise EchoError(
+                            f"graph {gid}: group key {key!r} is bound to groups of different sizes "
+                            f"({sizes[key]} and {size}); ASTRA-sim export needs one size per key"
+                        )
+            try:
+                self.plans[gid] = plan_graph(graph, sizes)
+            except EchoError as e:
+                raise EchoError(f"graph {gid}: {e}") from None
+            self.key_sizes[gid] = sizes
+
+    def _colls(self, graph_id: str, key: str) -> dict[int, pb.Node]:
+        k = (graph_id, key)
+        m = self._coll_by_seq.get(k)
+        if m is None:
+            m = {n.collective.seq: n for n in self.job.graph(graph_id).nodes
+                 if n.kind == pb.KIND_COLLECTIVE and n.collective.group == key}
+            self._coll_by_seq[k] = m
+        return m
+
+    def _group_signature(self, pg_id: int) -> set[tuple[str, str]]:
+        if self._group_sig is None:
+            sig: dict[int, set[tuple[str, str]]] = {}
+            for b in self.job.manifest.bindings:
+                for key, g in b.groups.items():
+                    sig.setdefault(g, set()).add((b.graph, key))
+            self._group_sig = sig
+        return self._group_sig.get(pg_id, set())
+
+    def _member_node(self, rank: int, pg_id: int, seq: int) -> pb.Node:
+        keys = self._key_of_group.get(rank)
+        b = self.job.binding(rank)
+        if keys is None:
+            keys = {g: k for k, g in sorted(b.groups.items(), reverse=True)}
+            self._key_of_group[rank] = keys
+        return self._colls(b.graph, keys[pg_id])[seq]
+
+    # -- all-to-all -----------------------------------------------------------------------
+    @staticmethod
+    def _splits_of(node: pb.Node, n: int) -> list[int]:
+        """Per-peer bytes a rank sends in an all-to-all (group order)."""
+        raw = node.attrs.get(SPLIT_ATTR, "")
+        if raw:
+            try:
+                vals = [int(v) for v in raw.replace("[", "").replace("]", "").split(",") if v.strip()]
+            except ValueError:
+                raise EchoError(f"node {node.id} ({node.name}): attribute {SPLIT_ATTR}={raw!r} "
+                                "is not a list of integers") from None
+            if len(vals) != n or min(vals) < 0:
+                raise EchoError(f"node {node.id} ({node.name}): {SPLIT_ATTR} lists {len(vals)} "
+                                f"sizes for a group of {n}")
+            return vals
+        b = node.collective.in_bytes
+        return [b // n + (1 if i < b % n else 0) for i in range(n)]
+
+    def _a2a_matrix(self, rank: int, pn: PlannedNode) -> list[list[int]] | None:
+        """None when the all-to-all is even on every member (native ALL_TO_ALL), else the
+        bytes matrix [sender][receiver] in group order."""
+        key = (rank, id(pn))
+        if key not in self._matrices:
+            self._matrices[key] = self._compute_a2a_matrix(rank, pn)
+        return self._matrices[key]
+
+    def _compute_a2a_matrix(self, rank: int, pn: PlannedNode) -> list[list[int]] | None:
+        node = pn.node
+        b = self.job.binding(rank)
+        pg_id = b.groups[node.collective.group]
+        members = list(self.job.group(pg_id).ranks)
+        n = len(members)
+        sig = self._group_signature(pg_id)
+        if sig == {(b.graph, node.collective.group)}:
+            nodes = [node] * n
+        else:
+            nodes = [self._member_node(m, pg_id, node.collective.seq) for m in members]
+        if all(SPLIT_ATTR not in x.attrs for x in nodes) and len({x.collective.in_bytes for x in nodes}) == 1:
+            return None
+        matrix = [self._splits_of(x, n) for x in nodes]
+        flat = {v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j}
+        if len(flat) == 1 and len({x.collective.in_bytes for x in nodes}) == 1:
+            return None
+        return matrix
+
+    # -- per rank -------------------------------------------------------------------------
+    def _pg_attr(self, rank: int, key: str) -> bytes:
+        pg_id = self.job.binding(rank).groups[key]
+        if pg_id in self.world_groups:
+            return b""
+        if pg_id not in self.used_groups:
+            self.used_groups[pg_id] = list(self.job.group(pg_id).ranks)
+        return self.attrs.get("pg_name", "string_val", str(pg_id))
+
+    def _p2p_attrs(self, rank: int, node: pb.Node) -> bytes:
+        p = node.p2p
+        pg = self.job.resolve_group(rank, p.group)
+        peer = pg.ranks[p.peer]
+        src, dst = (rank, peer) if node.kind == pb.KIND_SEND else (peer, rank)
+        tag = p.tag if 0 <= p.tag < MAX_IR_TAG else p.seq % MAX_IR_TAG
+        return (self.attrs.get("comm_src", "int32_val", src)
+                + self.attrs.get("comm_dst", "int32_val", dst)
+                + self.attrs.get("comm_tag", "int32_val", int(tag)))
+
+    def _static_tail(self, pn: PlannedNode, gid: str) -> tuple[list[bytes], int]:
+        """Attribute bytes that are the same on every rank (after ``_base_node``'s), and the
+        count of size raises they imply."""
+        n = pn.node
+        if pn.role == COLL:
+            size, raised = _coll_size(n, self.key_sizes[gid][n.collective.group], self.splits)
+            return [self.attrs.get("comm_type", "int64_val", comm_type_of(n)),
+                    self.attrs.get("comm_size", "int64_val", size)], int(raised)
+        if pn.role != COMP:  # P2P
+            raised = n.p2p.bytes == 0
+            return [self.attrs.get("is_cpu_op", "bool_val", False),
+                    self.attrs.get("comm_size", "int64_val", max(1, n.p2p.bytes))], int(raised)
+        return [], 0
+
+    def _type_of(self, pn: PlannedNode) -> int:
+        if pn.role == COMP:
+            return et.COMP_NODE
+        if pn.role == COLL:
+            return et.COMM_COLL_NODE
+        return et.COMM_SEND_NODE if pn.node.kind == pb.KIND_SEND else et.COMM_RECV_NODE
+
+    def _head(self, pn: PlannedNode, node_id: int, deps: Iterable[int], gid: str) -> bytes:
+        base = _base_node(pn, node_id, deps)
+        base.type = self._type_of(pn)
+        head = base.SerializeToString(deterministic=True)
+        if pn.role == COLL:
+            head += self.attrs.get("is_cpu_op", "bool_val", False)
+        tail, _ = self._static_tail(pn, gid)
+        return head + b"".join(tail)
+
+    def _count_static(self, plan: GraphPlan, gid: str, ranks: int) -> None:
+        for label, count in plan.folded.items():
+            self.mapped[label] += count * ranks
+        for pn in plan.nodes:
+            if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
+                continue  # counted per rank: even or uneven
+            self.mapped[pn.label] += ranks
+            _, raised = self._static_tail(pn, gid)
+            if raised:
+                what = "comm_size" if pn.role == COLL else "p2p bytes 0"
+                self.mapped[f"{what}->raised to {self.splits if pn.role == COLL else 1} B"] += ranks
+
+    def write_rank_files(self, dest: Path) -> list[str]:
+        names: list[str] = []
+        ranks_of = self.job.ranks_of_graph()
+        for gid in sorted(ranks_of):
+            plan = self.plans[gid]
+            ranks = ranks_of[gid]
+            self._count_static(plan, gid, len(ranks))
+            heads = None
+            if not plan.has_all_to_all or not any(self._uneven_any(r, plan) for r in ranks):
+                heads = [self._head(pn, pn.index + 1, (d + 1 for d in pn.deps), gid)
+                         for pn in plan.nodes]
+            for r in ranks:
+                name = f"{WORKLOAD_PREFIX}.{r}.et"
+                data = (self._fast_rank(r, plan, heads) if heads is not None
+                        else self._general_rank(r, plan, gid))
+                (dest / name).write_bytes(data)
+        for r in range(self.world):
+            names.append(f"{WORKLOAD_PREFIX}.{r}.et")
+        return names
+
+    def _uneven_any(self, rank: int, plan: GraphPlan) -> bool:
+        return any(pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL
+                   and self._a2a_matrix(rank, pn) is not None for pn in plan.nodes)
+
+    def _metadata(self) -> bytes:
+        return _delimited(et.GlobalMetadata(version=METADATA_VERSION).SerializeToString(
+            deterministic=True))
+
+    def _fast_rank(self, rank: int, plan: GraphPlan, heads: list[bytes]) -> bytes:
+        parts = [self._metadata()]
+        for pn, head in zip(plan.nodes, heads, strict=True):
+            if pn.role == COLL:
+                if pn.node.collective.type == pb.COLL_ALL_TO_ALL:
+                    self.mapped["all_to_all(even)->ALL_TO_ALL"] += 1
+                data = head + self._pg_attr(rank, pn.node.collective.group)
+            elif pn.role == COMP:
+                data = head
+            else:
+                data = head + self._p2p_attrs(rank, pn.node)
+            parts.append(_delimited(data))
+        return b"".join(parts)
+
+    def _general_rank(self, rank: int, plan: GraphPlan, gid: str) -> bytes:
+        """Message-by-message build, for graphs whose uneven all-to-all becomes send/recv."""
+        parts = [self._metadata()]
+        out_ids: list[list[int]] = []
+        next_id = 1
+        a2a_tags = self._a2a_tags(rank, plan)
+        for pn in plan.nodes:
+            deps = sorted({i for d in pn.deps for i in out_ids[d]})
+            matrix = (self._a2a_matrix(rank, pn)
+                      if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL else None)
+            if matrix is None:
+                if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
+                    self.mapped["all_to_all(even)->ALL_TO_ALL"] += 1
+                data = self._head(pn, next_id, deps, gid)
+                if pn.role == COLL:
+                    data += self._pg_attr(rank, pn.node.collective.group)
+                elif pn.role != COMP:
+                    data += self._p2p_attrs(rank, pn.node)
+                parts.append(_delimited(data))
+                out_ids.append([next_id])
+                next_id += 1
+                continue
+            ids = []
+            self.mapped["all_to_all(uneven)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
+            for msg in self._a2a_messages(rank, pn, matrix, a2a_tags):
+                kind, peer, size, tag = msg
+                n = _base_node(pn, next_id, deps)
+                n.name = f"{pn.node.name}[{kind}:{peer}]"
+                n.type = et.COMM_SEND_NODE if kind == "send" else et.COMM_RECV_NODE
+                src, dst = (rank, peer) if kind == "send" else (peer, rank)
+                n.attr.extend([_attr("is_cpu_op", bool_val=False),
+                               _attr("comm_size", int64_val=size),
+                               _attr("comm_src", int32_val=src),
+                               _attr("comm_dst", int32_val=dst),
+                               _attr("comm_tag", int32_val=tag)])
+                parts.append(_delimited(n.SerializeToString(deterministic=True)))
+                ids.append(next_id)
+                next_id += 1
+            out_ids.append(ids)
+        return b"".join(parts)
+
+    def _a2a_instances(self, rank: int, plan: GraphPlan):
+        b = self.job.binding(rank)
+        for pn in plan.nodes:
+            if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
+                matrix = self._a2a_matrix(rank, pn)
+                if matrix is not None:
+                    pg_id = b.groups[pn.node.collective.group]
+                    yield pn, (pg_id, pn.node.collective.seq), matrix
+
+    def _a2a_tags(self, rank: int, plan: GraphPlan) -> dict[tuple[int, int, int, str], int]:
+        """Tags of the send/recv that uneven all-to-alls become: per (sender, receiver), the
+        messages are numbered in (group id, seq) order, which both ends compute alike."""
+        per_pair: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for _pn, inst, matrix in self._a2a_instances(rank, plan):
+            members = list(self.job.group(inst[0]).ranks)
+            me = members.index(rank)
+            for j, peer in enumerate(members):
+                if j == me:
+                    continue
+                if matrix[me][j] > 0:
+                    per_pair.setdefault(("send", peer), []).append(inst)
+                if matrix[j][me] > 0:
+                    per_pair.setdefault(("recv", peer), []).append(inst)
+        tags: dict[tuple[int, int, int, str], int] = {}
+        for (kind, peer), insts in per_pair.items():
+            for i, inst in enumerate(sorted(insts)):
+                tags[(inst[0], inst[1], peer, kind)] = A2A_TAG_BASE + i
+        return tags
+
+    def _a2a_messages(self, rank: int, pn: PlannedNode, matrix: list[list[int]],
+                      tags: dict[tuple[int, int, int, str], int]):
+        pg_id = self.job.binding(rank).groups[pn.node.collective.group]
+        members = list(self.job.group(pg_id).ranks)
+        me = members.index(rank)
+        n = len(members)
+        seq = pn.node.collective.seq
+        order = [(me + k) % n for k in range(1, n)]  # ring order spreads the load
+        for j in order:
+            if matrix[me][j] > 0:
+                yield "send", members[j], matrix[me][j], tags[(pg_id, seq, members[j], "send")]
+        for j in order:
+            if matrix[j][me] > 0:
+                yield "recv", members[j], matrix[j][me], tags[(pg_id, seq, members[j], "recv")]
+
+
+def _replace_dir(tmp: Path, dest: Path) -> None:
+    if dest.exists():
+        if not dest.is_dir():
+            raise EchoError(f"{dest}: exists and is not a directory")
+        if any(dest.iterdir()) and not (dest / FILE_NAMES["network"]).is_file():
+            raise EchoError(f"{dest}: exists and is not an ASTRA-sim export; refusing to replace it")
+        old = dest.with_name(f".{dest.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+
+
+def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None = None) -> dict:
+    """Write ``job`` as an ASTRA-sim input folder at ``dest``; returns what was written
+    (``workload_prefix``, ``ranks``, ``files``, ``mapped`` counts, network, groups)."""
+    from .check import check_export
+
+    opts = options or ExportOptions()
+    issues = check_job(job)
+    if issues:
+        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        raise CheckError(f"job fails check: {issues[0]}{more}")
+    hw = job.manifest.hardware
+    net = configs.network_for(job.world_size, hw.gpus_per_node, hw.intra_node_bw_gbps,
+                              hw.inter_node_bw_gbps, opts)
+    ex = _Exporter(job, opts)
+    ex.plan()
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        files = ex.write_rank_files(tmp)
+        (tmp / FILE_NAMES["network"]).write_text(configs.network_yaml(net))
+        (tmp / FILE_NAMES["system"]).write_text(configs.system_json(len(net.npus_count), opts.splits))
+        (tmp / FILE_NAMES["remote_memory"]).write_text(configs.remote_memory_json())
+        (tmp / FILE_NAMES["comm_group"]).write_text(configs.comm_group_json(ex.used_groups))
+        run = tmp / FILE_NAMES["run"]
+        run.write_text(configs.run_sh(net.npus, bool(ex.used_groups)))
+        run.chmod(0o755)
+        problems = check_export(tmp)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise EchoError(f"export fails the ASTRA-sim contract check: {problems[0]}{more}")
+        _replace_dir(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "output": str(dest),
+        "workload_prefix": str(dest / WORKLOAD_PREFIX),
+        "ranks": job.world_size,
+        "files": files + sorted(FILE_NAMES.values()),
+        "mapped": dict(sorted(ex.mapped.items())),
+        "groups": len(ex.used_groups),
+        "network": {"topology": net.topology, "npus_count": net.npus_count,
+                    "bandwidth_gbps": net.bandwidth, "latency_ns": net.latency},
+        "preferred_dataset_splits": opts.splits,
+        "types": sorted(CHAKRA_TYPE_NAMES.values()),
+        "command": "ASTRA_SIM_BIN=<binary> sh " + str(dest / FILE_NAMES["run"]),
+    }
+
+
+def read_json(path: Path) -> object:
+    return json.loads(path.read_text())
+
+
+__all__ = ["export", "round_us", "A2A_TAG_BASE", "CHAKRA_ALL_TO_ALL"]

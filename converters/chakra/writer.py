@@ -1,0 +1,275 @@
+"""An echo-et Job as plain Chakra ET: ``PREFIX.{rank}.et`` for every rank, uncompressed.
+
+Shared graphs are expanded per rank (group-local peers become global ranks, group keys
+become pg_names). Every file is written under a temporary name; they are renamed into place
+only after all ranks were written, so a failure leaves no file of this export behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from chakra.schema.protobuf import et_def_pb2 as et
+from google.protobuf import json_format
+
+from echo_et import __version__
+from echo_et.errors import EchoError
+from echo_et.ir import Job, pb
+from echo_et.ir.graph import Graph
+from echo_et.ir.io import write_delimited
+from echo_et.ir.schema import KERNEL_CLASS_NAMES, node_kind_name
+
+from .attrs import KEPT_PREFIX, bool_attr, int_attr, str_attr, text_to_attr
+from .mapping import COLL_TO_CHAKRA, ECHO_PREFIX, collective_out_bytes
+
+CHAKRA_VERSION = "1.0.0"  # what GlobalMetadata.version says; the wire schema is 0.0.4's
+
+# Kinds Chakra has a node type for; others are written with an ``echo.kind`` attribute.
+_NATIVE_KINDS = frozenset(
+    {pb.KIND_COMPUTE, pb.KIND_CPU_OP, pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV,
+     pb.KIND_MEMCPY}
+)
+_CHAKRA_TYPE_BY_NAME = {name: value for name, value in et.NodeType.items()}
+
+
+def micros(ns: int, *, at_least_one: bool) -> int:
+    """Nanoseconds to Chakra's integer microseconds: rounded to nearest (half up); a
+    positive duration never becomes 0 µs (ASTRA-sim would replay 0 as 1 ns)."""
+    us = (int(ns) + 500) // 1000
+    if at_least_one and ns > 0 and us == 0:
+        return 1
+    return max(us, 0)
+
+
+class _RankContext:
+    """What turns a shared graph into one rank's file: its groups and their Chakra names."""
+
+    def __init__(self, job: Job, rank: int, pg_names: dict[int, str]):
+        self.job = job
+        self.rank = rank
+        self.pg_names = pg_names
+
+    def group(self, key: str) -> pb.ProcessGroup:
+        return self.job.resolve_group(self.rank, key)
+
+
+def _pg_names(job: Job) -> dict[int, str]:
+    """Chakra pg_name per group id: "" for the world group named "0"/"" (Chakra's default),
+    else the group's own name, or its id when names are not unique."""
+    groups = list(job.manifest.groups)
+    names = [g.name for g in groups]
+    unique = len(set(names)) == len(names)
+    world = list(range(job.world_size))
+    out = {}
+    for g in groups:
+        if g.name in ("", "0") and list(g.ranks) == world:
+            out[g.id] = ""
+        else:
+            out[g.id] = g.name if unique and g.name else str(g.id)
+    return out
+
+
+def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.Node:
+    c = et.Node(id=n.id, name=n.name,
+                start_time_micros=micros(n.start_ns, at_least_one=False),
+                duration_micros=micros(n.duration_ns, at_least_one=True))
+    if n.duration_ns % 1000:
+        lossy["durations rounded to whole microseconds"] += 1
+    data: list[int] = []
+    ctrl: list[int] = []
+    for d in n.deps:
+        if d.kind == pb.DEP_CONTROL:
+            if d.id in ids:
+                ctrl.append(d.id)
+            else:
+                lossy["ctrl deps naming no node left out"] += 1
+        else:
+            if d.kind != pb.DEP_DATA:
+                lossy["launch/sync deps written as data_deps"] += 1
+            data.append(d.id)
+    c.data_deps.extend(dict.fromkeys(data))
+    c.ctrl_deps.extend(dict.fromkeys(ctrl))
+    attrs: list[et.AttributeProto] = []
+    chakra_type = n.attrs.get("chakra_type", "")
+    kind = n.kind
+    if kind == pb.KIND_COMPUTE:
+        c.type = et.COMP_NODE
+        attrs.append(bool_attr("is_cpu_op", False))
+        _compute_attrs(n.compute, n.name, attrs)
+        c.inputs.shapes, c.inputs.types = n.compute.shapes, n.compute.dtypes
+    elif kind == pb.KIND_COLLECTIVE:
+        c.type = et.COMM_COLL_NODE
+        attrs.append(bool_attr("is_cpu_op", False))
+        _collective_attrs(n, ctx, attrs, lossy)
+    elif kind in (pb.KIND_SEND, pb.KIND_RECV):
+        send = kind == pb.KIND_SEND
+        c.type = et.COMM_SEND_NODE if send else et.COMM_RECV_NODE
+        peer = ctx.group(n.p2p.group).ranks[n.p2p.peer]
+        attrs.append(bool_attr("is_cpu_op", False))
+        attrs.append(int_attr("comm_size", n.p2p.bytes))
+        attrs.append(int_attr("comm_src", ctx.rank if send else peer))
+        attrs.append(int_attr("comm_dst", peer if send else ctx.rank))
+        attrs.append(int_attr("comm_tag", n.p2p.tag))
+    elif kind in (pb.KIND_MEMCPY, pb.KIND_MEMSET):
+        direction = n.memcpy.direction
+        if kind == pb.KIND_MEMCPY and direction in ("load", "store"):
+            c.type = et.MEM_LOAD_NODE if direction == "load" else et.MEM_STORE_NODE
+        else:
+            # Chakra has no device copy node: the PyTorch converter writes GPU memcpy as
+            # a GPU COMP_NODE, and so does this writer.
+            c.type = et.COMP_NODE
+            if direction:
+                attrs.append(str_attr(ECHO_PREFIX + "direction", direction))
+        attrs.append(bool_attr("is_cpu_op", False))
+        attrs.append(int_attr("tensor_size", n.memcpy.bytes))
+    elif kind in (pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC):
+        c.type = _CHAKRA_TYPE_BY_NAME.get(chakra_type, et.COMP_NODE)
+        attrs.append(bool_attr("is_cpu_op", True))
+        if n.cpu.op and n.cpu.op != n.name:
+            attrs.append(str_attr(ECHO_PREFIX + "op", n.cpu.op))
+        if n.cpu.correlation:
+            attrs.append(int_attr(ECHO_PREFIX + "correlation", n.cpu.correlation))
+        if n.cpu.rf_id:
+            attrs.append(int_attr("rf_id", n.cpu.rf_id))
+        c.inputs.shapes, c.inputs.types = n.cpu.shapes, n.cpu.dtypes
+        if "chakra_inputs_values" in n.attrs:
+            c.inputs.values = n.attrs["chakra_inputs_values"]
+    else:  # comm_unknown, unknown
+        if chakra_type in ("COMM_SEND_NODE", "COMM_RECV_NODE"):
+            c.type = _CHAKRA_TYPE_BY_NAME[chakra_type]
+        else:
+            # Chakra cannot say "communication of an unknown kind"; a collective without
+            # comm_type would be read as one, so write a GPU COMP_NODE marked echo.kind.
+            c.type = et.COMP_NODE
+        attrs.append(bool_attr("is_cpu_op", False))
+    if kind not in _NATIVE_KINDS and not (kind == pb.KIND_COMM_UNKNOWN and chakra_type):
+        attrs.append(str_attr(ECHO_PREFIX + "kind", node_kind_name(kind)))
+    if n.HasField("annotations") and n.annotations.ByteSize():
+        text = json.dumps(json_format.MessageToDict(n.annotations), sort_keys=True)
+        attrs.append(str_attr(ECHO_PREFIX + "annotations", text))
+    if "chakra_id" in n.attrs:
+        attrs.append(int_attr("chakra_id", int(n.attrs["chakra_id"])))
+    kept: list[et.AttributeProto] = []
+    for key in sorted(n.attrs):
+        if key.startswith(KEPT_PREFIX):
+            a = text_to_attr(key[len(KEPT_PREFIX):], n.attrs[key])
+            if a is None:
+                lossy["kept Chakra attributes that do not parse left out"] += 1
+            else:
+                kept.append(a)
+        elif key not in ("chakra_id", "chakra_type", "chakra_inputs_values"):
+            kept.append(str_attr(f"{ECHO_PREFIX}attr.{key}", n.attrs[key]))
+    have = {a.name for a in attrs}
+    attrs.extend(a for a in kept if a.name not in have)
+    c.attr.extend(attrs)
+    return c
+
+
+def _compute_attrs(info: pb.ComputeInfo, name: str, attrs: list[et.AttributeProto]) -> None:
+    if info.flops:
+        attrs.append(int_attr("num_ops", round(info.flops)))
+    if info.bytes:
+        attrs.append(int_attr("tensor_size", info.bytes))
+    if info.kernel_class != pb.KC_OTHER:
+        attrs.append(str_attr(ECHO_PREFIX + "kernel_class",
+                              KERNEL_CLASS_NAMES.get(info.kernel_class, "other")))
+    if info.op and info.op != name:
+        attrs.append(str_attr(ECHO_PREFIX + "op", info.op))
+
+
+def _collective_attrs(n: pb.Node, ctx: _RankContext, attrs: list[et.AttributeProto],
+                      lossy: Counter) -> None:
+    info = n.collective
+    group = ctx.group(info.group)
+    if info.type in COLL_TO_CHAKRA:
+        attrs.append(int_attr("comm_type", COLL_TO_CHAKRA[info.type]))
+    else:
+        lossy["collectives of unknown type written without comm_type"] += 1
+    attrs.append(int_attr("comm_size", info.in_bytes))
+    pg_name = ctx.pg_names[group.id]
+    if pg_name:
+        attrs.append(str_attr("pg_name", pg_name))
+    if info.out_bytes != collective_out_bytes(info.type, info.in_bytes, len(group.ranks)):
+        attrs.append(int_attr(ECHO_PREFIX + "out_bytes", info.out_bytes))
+    if info.dtype:
+        attrs.append(str_attr(ECHO_PREFIX + "dtype", info.dtype))
+    if info.HasField("root"):
+        attrs.append(int_attr(ECHO_PREFIX + "root", info.root))
+    if info.algorithm:
+        attrs.append(str_attr(ECHO_PREFIX + "algorithm", info.algorithm))
+
+
+def _stream_attr(graph: Graph) -> dict[int, int]:
+    """CUDA stream per echo stream id, for GPU streams that carry one (``stream`` attr)."""
+    out = {}
+    for s in graph.header.streams:
+        if s.kind != pb.STREAM_CPU_THREAD and (s.native_id or s.name == f"stream {s.native_id}"):
+            out[s.id] = s.native_id
+    return out
+
+
+def _output_files(prefix: str | os.PathLike[str], ranks: list[int]) -> list[Path]:
+    p = Path(prefix)
+    if str(prefix).endswith(("/", os.sep)) or p.is_dir() or not p.name:
+        raise EchoError(f"{prefix}: give a file prefix such as out/trace "
+                        "(writes out/trace.0.et, out/trace.1.et, ...)")
+    return [p.with_name(f"{p.name}.{r}.et") for r in ranks]
+
+
+def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | None = None) -> dict:
+    """Write ``PREFIX.{rank}.et`` for every rank of ``job``; returns what was written:
+    ``files``, ``ranks``, ``nodes``, ``bytes`` and ``lossy`` (what Chakra could not hold)."""
+    ranks = job.ranks()
+    if not ranks:
+        raise EchoError(f"{job.source or 'job'}: has no ranks to write")
+    files = _output_files(prefix, ranks)
+    files[0].parent.mkdir(parents=True, exist_ok=True)
+    pg_names = _pg_names(job)
+    lossy: Counter = Counter()
+    temps: list[str] = []
+    total_nodes = 0
+    total_bytes = 0
+    try:
+        id_sets: dict[str, set[int]] = {}
+        for rank, dest in zip(ranks, files, strict=True):
+            graph = job.graph_of(rank)
+            ids = id_sets.get(graph.id)
+            if ids is None:
+                ids = id_sets.setdefault(graph.id, {n.id for n in graph.nodes})
+            streams = _stream_attr(graph)
+            ctx = _RankContext(job, rank, pg_names)
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                meta = et.GlobalMetadata(version=CHAKRA_VERSION)
+                meta.attr.append(str_attr("schema", f"echo-et {__version__}"))
+                write_delimited(f, meta)
+                for n in graph.nodes:
+                    c = _node(n, ctx, ids, lossy)
+                    if n.stream in streams:
+                        c.attr.append(int_attr("stream", streams[n.stream]))
+                    write_delimited(f, c)
+                    total_nodes += 1
+                total_bytes += f.tell()
+        for tmp, dest in zip(temps, files, strict=True):
+            os.replace(tmp, dest)
+        temps = []
+    finally:
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return {
+        "format": "chakra",
+        "prefix": str(prefix),
+        "files": [str(f) for f in files],
+        "ranks": len(ranks),
+        "nodes": total_nodes,
+        "bytes": total_bytes,
+        "lossy": dict(sorted(lossy.items())),
+    }

@@ -1,0 +1,322 @@
+"""Kineto events reduced to what the converter uses, one small object each.
+
+Each raw event dict from the stream is classified by phase and category and copied into
+an :class:`Ev` (times in integer ns, interned names, a handful of args); the dict is then
+dropped. What is not kept is counted by reason in :attr:`TraceFile.dropped`.
+
+Time unit: Chrome-trace ``ts``/``dur`` are microseconds. Kineto's ``displayTimeUnit``
+("ms", or "ns" in some traces) only tells viewers how to *display* them; the
+``ns_resolution_trace`` of HTA, marked "ns", still carries microseconds (its memcpy
+``bytes``/``dur`` agree with its ``memory bandwidth (GB/s)`` only in microseconds, which
+``tests/test_kineto_units.py`` proves). ``time_unit_check`` repeats that check on every
+file that has such memcpys and the reader follows its verdict.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+from typing import Any
+
+from echo_et.errors import EchoError
+
+from .jsonstream import read_document
+
+# Event kinds.
+K_CPU = 1        # host operator or annotation (cpu_op, user_annotation, python_function)
+K_RUNTIME = 2    # CUDA/HIP runtime or driver call
+K_KERNEL = 3     # GPU kernel
+K_MEMCPY = 4
+K_MEMSET = 5
+K_SYNC_ACT = 6   # GPU-side record of a synchronisation (Kineto "cuda_sync")
+
+GPU_KINDS = frozenset({K_KERNEL, K_MEMCPY, K_MEMSET})
+
+_CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function", "operator", "python"})
+_KERNEL_CATS = frozenset({"kernel", "gpu_kernel"})
+_MEMCPY_CATS = frozenset({"gpu_memcpy", "memcpy"})
+_MEMSET_CATS = frozenset({"gpu_memset", "memset"})
+# Categories that carry no work of their own: skipped silently (flows, metadata, spans).
+_QUIET_CATS = frozenset({"ac2g", "fwdbwd", "async_cpu_to_gpu", "trace", "python_function_flow"})
+
+COMM_ARG_KEYS = (
+    "Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
+    "Process Group Name", "Process Group Description", "Process Group Ranks",
+    "Global rank start", "Global rank stride", "In split size", "Out split size",
+    "Rank", "Src Rank", "Dst Rank", "Seq",
+)
+_CPU_ARG_KEYS = ("Record function id", "Ev Idx", "Input Dims", "Input type")
+_SYNC_ARG_KEYS = ("stream", "wait_on_stream", "wait_on_cuda_event_record_corr_id")
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+class Ev:
+    """One kept event. ``thread`` is (pid, tid) for host events and (device, stream) for
+    GPU events; ``ts``/``dur`` are ns on the file's own clock (``TraceFile.base_ns`` + ts
+    is wall-clock ns when the file states its base)."""
+
+    __slots__ = ("kind", "name", "thread", "ts", "dur", "corr", "idx", "args")
+
+    def __init__(self, kind: int, name: str, thread: tuple, ts: int, dur: int, corr: int,
+                 idx: int, args: dict[str, Any] | None):
+        self.kind = kind
+        self.name = name
+        self.thread = thread
+        self.ts = ts
+        self.dur = dur
+        self.corr = corr
+        self.idx = idx
+        self.args = args
+
+    @property
+    def end(self) -> int:
+        return self.ts + self.dur
+
+    def arg(self, key: str, default: Any = None) -> Any:
+        return self.args.get(key, default) if self.args else default
+
+    def __repr__(self) -> str:
+        return f"Ev({self.kind}, {self.name[:40]!r}, {self.thread}, ts={self.ts}, dur={self.dur})"
+
+
+@dataclass
+class TraceFile:
+    """One Kineto file: its metadata and its kept events in file order."""
+
+    path: Path
+    events: list[Ev] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    distributed: dict[str, Any] = field(default_factory=dict)
+    display_time_unit: str = ""
+    base_ns: int = 0
+    device_names: list[str] = field(default_factory=list)
+    window: tuple[int, int] | None = None       # the profiler's recording span (ns)
+    steps: dict[int, Ev] = field(default_factory=dict)  # ProfilerStep#N -> its host event
+    rf_id_source: str = "ev_idx"               # which arg gives record-function ids
+    time_unit: str = "us"
+    raw_event_count: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # other top-level keys (small ones)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def us_to_ns(value: Any) -> int | None:
+    """Microseconds (int, or the decimal text of a float) to integer ns, exactly."""
+    if type(value) is int:
+        return value * 1000
+    if isinstance(value, str):
+        return _decimal_text_to_milli(value)
+    if isinstance(value, float):
+        return round(value * 1000)
+    return None
+
+
+def _decimal_text_to_milli(s: str) -> int | None:
+    """``"12.3456"`` -> 12346 (value x 1000, rounded half to even), without floats."""
+    if "e" in s or "E" in s or s.count(".") > 1:
+        try:
+            return int((Decimal(s) * 1000).to_integral_value(rounding=ROUND_HALF_EVEN))
+        except ArithmeticError:
+            return None
+    neg = s.startswith("-")
+    if neg:
+        s = s[1:]
+    whole, _, frac = s.partition(".")
+    try:
+        v = int(whole or "0") * 1000 + int((frac + "000")[:3])
+    except ValueError:
+        return None
+    rest = frac[3:]
+    if rest:
+        first = rest[0]
+        if first > "5" or (first == "5" and (rest[1:].strip("0") or v % 2)):
+            v += 1
+    return -v if neg else v
+
+
+def _int_arg(v: Any) -> int | None:
+    if type(v) is int:
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v, 0)
+        except ValueError:
+            return None
+    return None
+
+
+class _Collector:
+    """Turns raw event dicts into Ev objects for one file (the ``on_event`` callback)."""
+
+    def __init__(self, tf: TraceFile):
+        self.tf = tf
+        self.names: dict[str, str] = {}
+        self.idx = 0
+        self.rf_nonzero = False
+        self.bandwidth_samples: list[tuple[int, int, float]] = []
+
+    def __call__(self, e: dict) -> None:
+        tf = self.tf
+        tf.raw_event_count += 1
+        ph = e.get("ph")
+        if ph != "X":
+            if ph == "i" or ph == "I":
+                name = e.get("name")
+                if name not in ("Iteration Start: PyTorch Profiler", "Record Window End"):
+                    tf.drop("instant_event")
+            return  # metadata (M), flows (s/f/t), counters: not events of their own
+        cat = str(e.get("cat", "")).lower()
+        args = e.get("args")
+        if not isinstance(args, dict):
+            args = {}
+        if cat in _CPU_CATS:
+            kind = K_CPU
+        elif cat.endswith(("_runtime", "_driver")) or cat == "runtime":
+            kind = K_RUNTIME
+        elif cat in _KERNEL_CATS:
+            kind = K_KERNEL
+        elif cat in _MEMCPY_CATS:
+            kind = K_MEMCPY
+        elif cat in _MEMSET_CATS:
+            kind = K_MEMSET
+        elif cat == "cuda_sync":
+            kind = K_SYNC_ACT
+        elif cat == "trace":
+            ts, dur = us_to_ns(e.get("ts")), us_to_ns(e.get("dur"))
+            if ts is not None and dur is not None and tf.window is None:
+                tf.window = (ts, ts + dur)
+            return
+        elif cat in _QUIET_CATS:
+            return
+        elif cat == "gpu_user_annotation":
+            tf.drop("gpu_user_annotation")
+            return
+        elif cat == "cpu_instant_event":
+            tf.drop("instant_event")
+            return
+        else:
+            tf.drop(f"unknown_category:{cat or '-'}")
+            return
+        ts = us_to_ns(e.get("ts"))
+        dur = us_to_ns(e.get("dur", 0))
+        if ts is None or dur is None:
+            tf.drop("event_without_time")
+            return
+        if dur < 0:
+            tf.drop("event_with_negative_duration")
+            return
+        name = e.get("name")
+        if not isinstance(name, str):
+            name = str(name)
+        name = self.names.setdefault(name, name)
+        corr = _int_arg(args.get("correlation"))
+        kept: dict[str, Any] | None = None
+        if kind == K_CPU:
+            thread = (e.get("pid"), e.get("tid"))
+            kept = {k: args[k] for k in _CPU_ARG_KEYS if k in args}
+            if "Collective name" in args or name.startswith(("c10d::", "gloo:", "nccl:")) \
+                    or name == "record_param_comms":
+                for k in COMM_ARG_KEYS:
+                    if k in args:
+                        kept[k] = args[k]
+                if "Concrete Inputs" in args:
+                    kept["Concrete Inputs"] = args["Concrete Inputs"]
+            if not self.rf_nonzero and _int_arg(args.get("Record function id")):
+                self.rf_nonzero = True
+        elif kind == K_RUNTIME:
+            thread = (e.get("pid"), e.get("tid"))
+            if "size" in args or "stream" in args:
+                kept = {k: args[k] for k in ("size", "stream") if k in args}
+        elif kind == K_SYNC_ACT:
+            thread = (_int_arg(args.get("device", e.get("pid"))),
+                      _int_arg(args.get("stream", e.get("tid"))))
+            kept = {k: args[k] for k in _SYNC_ARG_KEYS if k in args}
+        else:
+            device = args.get("device", e.get("pid"))
+            stream = args.get("stream", e.get("tid"))
+            thread = (_int_arg(device), _int_arg(stream))
+            if "bytes" in args or "Collective name" in args:
+                kept = {k: args[k] for k in COMM_ARG_KEYS if k in args}
+                if "bytes" in args:
+                    kept["bytes"] = args["bytes"]
+                    bw = args.get("memory bandwidth (GB/s)")
+                    if kind != K_KERNEL and bw and len(self.bandwidth_samples) < 64:
+                        b = _int_arg(args["bytes"])
+                        try:
+                            bwf = float(bw)
+                        except (TypeError, ValueError):
+                            bwf = 0.0
+                        if b and dur > 0 and bwf > 0:
+                            self.bandwidth_samples.append((b, dur, bwf))
+        ev = Ev(kind, name, thread, ts, dur, corr if corr is not None else -1, self.idx,
+                kept or None)
+        self.idx += 1
+        tf.events.append(ev)
+        if kind == K_CPU and name.startswith("ProfilerStep#"):
+            m = STEP_RE.match(name)
+            if m:
+                tf.steps.setdefault(int(m.group(1)), ev)
+
+    def finish(self) -> None:
+        self.tf.rf_id_source = "record_function_id" if self.rf_nonzero else "ev_idx"
+        self.tf.time_unit = time_unit_check(self.bandwidth_samples)
+
+
+def time_unit_check(samples: list[tuple[int, int, float]]) -> str:
+    """"us" or "ns": which reading of ``dur`` makes memcpy bytes/dur equal the bandwidth
+    Kineto printed beside them. ``dur`` here is already value x 1000 (read as us)."""
+    if not samples:
+        return "us"
+    votes_us = votes_ns = 0
+    for nbytes, dur_milli, bw in samples:
+        as_us = nbytes / dur_milli  # bytes per ns = GB/s when dur was microseconds
+        as_ns = as_us * 1000.0
+        if abs(as_us / bw - 1) < 0.05:
+            votes_us += 1
+        elif abs(as_ns / bw - 1) < 0.05:
+            votes_ns += 1
+    return "ns" if votes_ns > votes_us else "us"
+
+
+def load_trace(path: Path) -> TraceFile:
+    """Read one Kineto file into a TraceFile (raises EchoError naming the file)."""
+    tf = TraceFile(Path(path))
+    col = _Collector(tf)
+    meta = read_document(tf.path, col)
+    col.finish()
+    if "traceEvents" not in meta:
+        raise EchoError(f"{path}: no 'traceEvents' array: not a Kineto trace")
+    if not tf.raw_event_count:
+        raise EchoError(f"{path}: the trace has no events")
+    if not tf.events:
+        raise EchoError(f"{path}: the trace has no timed events (only metadata)")
+    dist = meta.get("distributedInfo")
+    tf.distributed = dist if isinstance(dist, dict) else {}
+    tf.display_time_unit = str(meta.get("displayTimeUnit", "") or "")
+    base = _int_arg(meta.get("baseTimeNanoseconds"))
+    tf.base_ns = base or 0
+    props = meta.get("deviceProperties")
+    if isinstance(props, list):
+        tf.device_names = [str(p.get("name", "")) for p in props if isinstance(p, dict)]
+    for k in ("trace_id", "mast_job_name", "tw_job", "host_name", "schemaVersion"):
+        if k in meta and isinstance(meta[k], (str, int)):
+            tf.extra[k] = meta[k]
+    if tf.time_unit == "ns":
+        _rescale_from_ns(tf)
+    return tf
+
+
+def _rescale_from_ns(tf: TraceFile) -> None:
+    """The file's numbers were nanoseconds, not microseconds: divide what was multiplied."""
+    for ev in tf.events:
+        ev.ts //= 1000
+        ev.dur //= 1000
+    if tf.window:
+        tf.window = (tf.window[0] // 1000, tf.window[1] // 1000)

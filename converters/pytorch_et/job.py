@@ -1,0 +1,280 @@
+"""Turning host traces (one per rank) into a Job: CPU op graphs plus the collectives they issue."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from echo_et.converters.pytorch_et import comms
+from echo_et.converters.pytorch_et.comms import CommCall
+from echo_et.converters.pytorch_et.schema import PG_INIT_NAME
+from echo_et.converters.pytorch_et.trace import HostTrace
+from echo_et.errors import EchoError
+from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder, pb
+from echo_et.ir.schema import collective_name
+
+DEFAULT_GROUP = "0"
+
+
+@dataclass
+class RankTrace:
+    rank: int
+    trace: HostTrace
+    rank_source: str            # "file name", "--rank", "collectives", "order"
+
+
+@dataclass
+class GroupPlan:
+    """Graph-local group keys of every call, and the groups they stand for."""
+
+    key_of: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, op id) -> key
+    guessed: int = 0
+    members: dict[str, list[int]] = field(default_factory=dict)       # key -> global ranks
+    desc: dict[str, str] = field(default_factory=dict)
+
+
+def assign_ranks(traces: list[HostTrace], option_rank: int | None) -> list[RankTrace]:
+    """Rank of each trace: from its file name, else --rank (single file), else from its own
+    collectives, else its position. Two traces claiming one rank is an error."""
+    out: list[RankTrace] = []
+    for i, t in enumerate(traces):
+        r, src = t.name_rank, "file name"
+        if r is None and option_rank is not None and len(traces) == 1:
+            r, src = option_rank, "--rank"
+        if r is None:
+            r, src = t.comm_rank(), "collectives"
+        if r is None:
+            r, src = i, "order"
+        out.append(RankTrace(r, t, src))
+    seen: dict[int, Path] = {}
+    for rt in out:
+        if rt.rank in seen:
+            raise EchoError(f"{rt.trace.path}: rank {rt.rank} is also claimed by {seen[rt.rank].name} "
+                            "(files of two jobs, or ranks not in the file names: use one file per rank)")
+        seen[rt.rank] = rt.trace.path
+    return sorted(out, key=lambda rt: rt.rank)
+
+
+def plan_groups(ranks: list[RankTrace], world_hint: int | None) -> tuple[GroupPlan, int]:
+    """Group key per call and the world size all ranks agree on."""
+    plan = GroupPlan()
+    sizes: dict[str, Path] = {}
+    world: dict[int, Path] = {}
+    if world_hint:
+        world[world_hint] = Path("--world-size")
+    defs = {}
+    for rt in ranks:
+        for p in rt.trace.pg_defs:
+            defs.setdefault(p.name, p)
+            if p.name == DEFAULT_GROUP and not p.ranks and p.size:
+                world.setdefault(p.size, rt.trace.path)
+    for rt in ranks:
+        refs: list[int | None] = []
+        for c in rt.trace.comms.values():
+            if c.pg_name is None and c.pg_ref not in refs:
+                refs.append(c.pg_ref)
+        for oid, c in rt.trace.comms.items():
+            if c.pg_name is not None:
+                key = c.pg_name
+            else:
+                # Old traces name no group: one unnamed group is the default one.
+                k = refs.index(c.pg_ref)
+                key = DEFAULT_GROUP if k == 0 else f"pg{k}"
+                plan.guessed += 1
+            plan.key_of[(rt.rank, oid)] = key
+            if key in defs:
+                plan.members.setdefault(key, defs[key].members())
+                plan.desc.setdefault(key, defs[key].desc)
+            elif c.pg_ranks:
+                plan.members.setdefault(key, list(c.pg_ranks))
+                plan.desc.setdefault(key, c.pg_desc)
+            if key == DEFAULT_GROUP and c.pg_size and not c.pg_ranks:
+                world.setdefault(c.pg_size, rt.trace.path)
+            if c.pg_size:
+                sizes.setdefault(key, rt.trace.path)
+    if len(world) > 1:
+        (a, pa), (b, pb_) = sorted(world.items())[:2]
+        raise EchoError(f"ranks disagree on world size: {pa.name} says {a}, {pb_.name} says {b}")
+    top_rank = max(rt.rank for rt in ranks)
+    world_size = next(iter(world)) if world else top_rank + 1
+    if top_rank >= world_size:
+        bad = ranks[-1]
+        raise EchoError(f"{bad.trace.path}: rank {bad.rank} is outside the world size {world_size}")
+    for key in set(plan.key_of.values()):
+        if key not in plan.members:
+            plan.members[key] = list(range(world_size))   # an unnamed group: assume the world
+        plan.desc.setdefault(key, "default_pg" if key == DEFAULT_GROUP else "")
+    for key, p in defs.items():
+        plan.members.setdefault(key, p.members())
+        plan.desc.setdefault(key, p.desc)
+    return plan, world_size
+
+
+@dataclass
+class GraphStats:
+    untimed: int = 0
+    outside_step: int = 0
+    p2p_without_peer: int = 0
+    parent_after_child: int = 0
+    cross_thread_deps: int = 0
+
+
+def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int, int] | None,
+                stats: GraphStats) -> Graph:
+    """The rank's program: every host op (nested by DEP_CONTROL) and, beside the op that issued
+    it, each collective/P2P call on a communication stream (DEP_LAUNCH on that op)."""
+    t = rt.trace
+    gb = GraphBuilder(graph_id, name=f"rank {rt.rank}")
+    gb.graph.header.attrs["source"] = "pytorch_et"
+    gb.graph.header.attrs["schema"] = t.schema
+    node_of: dict[int, int] = {}        # ET id -> IR id of the emitted node
+    nearest: dict[int, int] = {}        # ET id -> IR id of the nearest emitted ancestor-or-self
+    thread_of: dict[int, int] = {}      # IR id -> ET thread
+    writer: dict[tuple[int, int], int] = {}  # (tensor id, storage id) -> IR id of last writer
+    group_sizes: dict[str, int] = {}
+    for op in t.ops:
+        if op.is_root or op.name == PG_INIT_NAME:
+            continue
+        if window is not None and not window[0] <= op.id <= window[1]:
+            stats.outside_step += 1
+            continue
+        deps: list[tuple[int, int]] = []
+        if op.parent != op.id and op.parent in nearest:
+            deps.append((nearest[op.parent], pb.DEP_CONTROL))
+        elif op.parent > op.id:
+            stats.parent_after_child += 1
+        for tz in op.in_tensors:
+            w = writer.get((tz[0], tz[1]))
+            if w is not None and thread_of[w] != op.tid and (w, pb.DEP_DATA) not in deps:
+                deps.append((w, pb.DEP_DATA))
+                stats.cross_thread_deps += 1
+        sid = gb.stream(pb.STREAM_CPU_THREAD, f"thread {op.tid}", native_id=op.tid)
+        n = gb.cpu_op(op.name, sid, start_ns=op.start_ns, duration_ns=op.duration_ns, deps=deps)
+        if not op.timed:
+            stats.untimed += 1
+        n.cpu.rf_id = op.rf_id or 0
+        n.cpu.shapes = op.in_shapes
+        n.cpu.dtypes = op.in_types
+        n.attrs["et_id"] = str(op.id)
+        if op.in_tensors:
+            n.attrs["et_in_tensors"] = ",".join(str(x[0]) for x in op.in_tensors)
+        if op.out_tensors:
+            n.attrs["et_out_tensors"] = ",".join(str(x[0]) for x in op.out_tensors)
+        node_of[op.id] = n.id
+        nearest[op.id] = n.id
+        thread_of[n.id] = op.tid
+        for tz in op.out_tensors:
+            writer[(tz[0], tz[1])] = n.id
+        call = t.comms.get(op.id)
+        if call is not None:
+            key = plan.key_of[(rt.rank, op.id)]
+            size = len(plan.members[key])
+            if _emit_comm(gb, call, key, n, stats):
+                group_sizes[key] = size
+    for key, size in sorted(group_sizes.items()):
+        gb.declare_group(key, size)
+    return gb.build()
+
+
+def _emit_comm(gb: GraphBuilder, call: CommCall, key: str, launcher: pb.Node,
+               stats: GraphStats) -> bool:
+    device = call.device
+    sid = gb.stream(pb.STREAM_GPU_COMM, f"comm {key}" if device < 0 else f"comm {key} dev {device}",
+                    device=device)
+    deps = [(launcher.id, pb.DEP_LAUNCH)]
+    start = launcher.start_ns
+    if call.is_p2p:
+        if call.peer is None:
+            stats.p2p_without_peer += 1
+            return False
+        n = gb.p2p(call.kind == comms.SEND, str(call.kind), sid, group=key, peer=call.peer,
+                   nbytes=call.in_bytes, tag=call.tag, deps=deps, start_ns=start)
+    else:
+        assert isinstance(call.kind, int)
+        n = gb.collective(collective_name(call.kind), sid, coll_type=call.kind, group=key,
+                          in_bytes=call.in_bytes, out_bytes=call.out_bytes, dtype=call.dtype,
+                          root=call.root, deps=deps, start_ns=start)
+    for k, v in sorted(call.attrs.items()):
+        n.attrs[k] = v
+    n.attrs["et_id"] = str(call.op_id)
+    return True
+
+
+def build_job(ranks: list[RankTrace], *, world_hint: int | None, step: int | None,
+              name: str) -> Job:
+    plan, world_size = plan_groups(ranks, world_hint)
+    chosen = choose_step(ranks, step)
+    jb = JobBuilder(name, world_size, source_format="pytorch_et")
+    m = jb.job.manifest
+    m.step = chosen if chosen is not None else -1
+    m.provenance.inputs.extend(rt.trace.path.name for rt in ranks)
+    schemas = sorted({rt.trace.schema for rt in ranks})
+    m.attrs["host_et_schema"] = ",".join(schemas)
+    group_ids: dict[str, int] = {}
+    for key in sorted(plan.members):
+        group_ids[key] = jb.group(plan.members[key], name=key, desc=plan.desc.get(key, ""),
+                                  role="world" if len(plan.members[key]) == world_size else 0)
+    stats = GraphStats()
+    by_hash: dict[str, str] = {}
+    graph_of: dict[int, str] = {}
+    for rt in ranks:
+        window = rt.trace.steps.get(chosen) if chosen is not None else None
+        g = build_graph(rt, f"rank{rt.rank}", plan, window, stats)
+        h = g.content_hash()
+        gid = by_hash.get(h)
+        if gid is None:
+            gid = by_hash[h] = g.id
+            jb.add_graph(g)
+        graph_of[rt.rank] = gid
+    keys_of_graph: dict[str, set[str]] = {}
+    for gid in by_hash.values():
+        keys_of_graph[gid] = set(jb.job.graph(gid).header.group_sizes)
+    for rt in ranks:
+        gid = graph_of[rt.rank]
+        jb.bind(rt.rank, gid, {k: group_ids[k] for k in sorted(keys_of_graph[gid])})
+    traced = {rt.rank for rt in ranks}
+    missing = [r for r in range(world_size) if r not in traced]
+    if missing:
+        ref = ranks[0]
+        gid = graph_of[ref.rank]
+        partial = [k for k in keys_of_graph[gid] if len(plan.members[k]) != world_size]
+        if partial:
+            raise EchoError(f"{ref.trace.path}: the traces cover {len(traced)} of {world_size} ranks "
+                            f"and use sub-group(s) {', '.join(sorted(partial))}; give the host trace "
+                            "of every rank")
+        for r in missing:
+            jb.bind(r, gid, {k: group_ids[k] for k in sorted(keys_of_graph[gid])})
+        jb.drop("host_et_untraced_ranks_copied", len(missing))
+    jb.drop("host_et_untimed_ops", stats.untimed)
+    jb.drop("host_et_outside_step", stats.outside_step)
+    jb.drop("host_et_group_guessed", plan.guessed)
+    jb.drop("host_et_p2p_without_peer", stats.p2p_without_peer)
+    jb.drop("host_et_parent_after_child", stats.parent_after_child)
+    jb.drop("host_et_gpu_ops", sum(rt.trace.gpu_ops for rt in ranks))
+    guessed_ranks = Counter(rt.rank_source for rt in ranks if rt.rank_source in ("collectives", "order"))
+    for src, count in sorted(guessed_ranks.items()):
+        jb.drop(f"host_et_rank_from_{src}", count)
+    m.attrs["host_et_cross_thread_deps"] = str(stats.cross_thread_deps)
+    return jb.build()
+
+
+def choose_step(ranks: list[RankTrace], step: int | None) -> int | None:
+    """The ProfilerStep to keep: ``step`` if given, else the last one every rank has; None when
+    the traces have no step markers (they are taken whole)."""
+    with_steps = [rt for rt in ranks if rt.trace.steps]
+    if not with_steps:
+        if step is not None:
+            raise EchoError(f"{ranks[0].trace.path}: --step {step}: the host trace has no "
+                            "ProfilerStep markers")
+        return None
+    if step is not None:
+        for rt in with_steps:
+            if step not in rt.trace.steps:
+                have = ", ".join(str(s) for s in sorted(rt.trace.steps))
+                raise EchoError(f"{rt.trace.path}: no ProfilerStep#{step} (has {have})")
+        return step
+    common = set.intersection(*(set(rt.trace.steps) for rt in with_steps))
+    if not common:
+        raise EchoError(f"{with_steps[0].trace.path}: the ranks' host traces share no ProfilerStep")
+    return max(common)

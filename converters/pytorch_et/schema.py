@@ -1,0 +1,175 @@
+"""One host-ET node, normalised across schema versions.
+
+Two shapes exist in the wild:
+
+* ``1.0.1`` (flat): ``parent``, ``rf_id``, ``tid`` ... as top-level keys and
+  ``inputs``/``input_shapes``/``input_types`` (same for outputs) as parallel lists;
+* ``1.0.2-chakra.0.0.4`` and later (``1.0.3``, ``1.0.4``, ``1.1.0``, ``1.1.1``, ...):
+  ``ctrl_deps`` (the parent id), ``inputs``/``outputs`` as ``{values, shapes, types[, strides]}``
+  and an ``attrs`` list of ``{name, type, value}``.
+
+The shape is detected per node, so a file whose ``schema`` string is new but whose nodes are
+old (or the reverse) still reads. Only what the IR and linking need is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo_et.errors import EchoError
+
+# A tensor in a host ET is [tensor_id, storage_id, offset, numel, elem_bytes, device]
+# (older traces omit the device).
+Tensor = tuple[int, int, int, int, int, str]
+
+PROCESS_ROOT_PREFIX = "[pytorch|profiler|execution_"
+PG_INIT_NAME = "## process_group:init ##"
+
+
+@dataclass(slots=True)
+class EtOp:
+    id: int
+    name: str
+    parent: int
+    tid: int
+    rf_id: int | None
+    seq_id: int
+    op_schema: str
+    in_shapes: str            # JSON text of the input shapes, "" when there are none
+    in_types: str             # JSON text of the input types
+    in_tensors: tuple[Tensor, ...]
+    out_tensors: tuple[Tensor, ...]
+    start_ns: int = 0         # only linked ("ET+") traces carry timing
+    duration_ns: int = 0
+    timed: bool = False
+    # Raw argument values, kept only for the few nodes that need them (comms, pg init).
+    in_values: list[Any] = field(default_factory=list)
+    out_values: list[Any] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    gpu: bool = False         # a GPU op appended by chakra_trace_link
+
+    @property
+    def is_root(self) -> bool:
+        """The ``[pytorch|profiler|execution_trace|process|thread]`` pseudo nodes."""
+        return self.name.startswith(PROCESS_ROOT_PREFIX)
+
+
+def _keeps_values(name: str) -> bool:
+    return (
+        name == PG_INIT_NAME
+        or name == "record_param_comms"
+        or name.startswith(("c10d::", "nccl:", "gloo:", "fake:", "mpi:", "ucc:", "xccl:"))
+    )
+
+
+def _tensors(value: Any, types: Any) -> tuple[Tensor, ...]:
+    out: list[Tensor] = []
+    if not isinstance(value, list) or not isinstance(types, list):
+        return ()
+    for v, t in zip(value, types, strict=False):
+        if isinstance(t, str) and "Tensor" in t:
+            collect_tensors(v, out)
+    return tuple(out)
+
+
+def collect_tensors(v: Any, out: list[Tensor]) -> None:
+    if not isinstance(v, list):
+        return
+    if 5 <= len(v) <= 6 and all(isinstance(x, int) and not isinstance(x, bool) for x in v[:5]):
+        dev = v[5] if len(v) == 6 and isinstance(v[5], str) else ""
+        if len(v) == 5 or isinstance(v[5], str):
+            out.append((v[0], v[1], v[2], v[3], v[4], dev))
+            return
+    for x in v:
+        collect_tensors(x, out)
+
+
+def _int(v: Any, default: int = 0) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            return default
+    if isinstance(v, list) and v:  # Chakra-style ctrl_deps lists
+        return _int(v[0], default)
+    return default
+
+
+def _dumps(v: Any) -> str:
+    if not v:
+        return ""
+    return json.dumps(v, separators=(", ", ": "))
+
+
+def _us_to_ns(v: Any) -> int:
+    try:
+        return max(0, round(float(v) * 1000))
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_node(d: Any, where: str) -> EtOp:
+    """Normalise one node dict of any supported schema."""
+    if not isinstance(d, dict):
+        raise EchoError(f"{where}: a node is a {type(d).__name__}, not an object")
+    if "id" not in d or "name" not in d:
+        raise EchoError(f"{where}: node without id/name ({_dumps(d)[:80]})")
+    name = str(d["name"])
+    attrs_list = d.get("attrs")
+    if isinstance(attrs_list, list):                     # 1.0.2 and later
+        attrs = {a.get("name"): a.get("value") for a in attrs_list if isinstance(a, dict)}
+        parent = d.get("ctrl_deps", d.get("parent", 0))
+        ins = d.get("inputs") or {}
+        outs = d.get("outputs") or {}
+        if not isinstance(ins, dict) or not isinstance(outs, dict):
+            raise EchoError(f"{where}: node {d['id']} has inputs/outputs of an unknown shape")
+        in_values, in_shapes, in_types = ins.get("values", []), ins.get("shapes", []), ins.get("types", [])
+        out_values, out_types = outs.get("values", []), outs.get("types", [])
+    elif "parent" in d or "input_shapes" in d:           # 1.0.1
+        attrs = d
+        parent = d.get("parent", 0)
+        in_values, in_shapes, in_types = d.get("inputs", []), d.get("input_shapes", []), d.get("input_types", [])
+        out_values, out_types = d.get("outputs", []), d.get("output_types", [])
+    else:
+        raise EchoError(f"{where}: node {d['id']} has neither 'attrs' (schema >= 1.0.2) "
+                        "nor 'parent' (schema 1.0.1); unknown host ET schema")
+    rf = attrs.get("rf_id")
+    op = EtOp(
+        id=_int(d["id"]),
+        name=name,
+        parent=_int(parent),
+        tid=_int(attrs.get("tid", 0)),
+        rf_id=None if rf is None else _int(rf),
+        seq_id=_int(attrs.get("seq_id", -1), -1),
+        op_schema=str(attrs.get("op_schema") or ""),
+        in_shapes=_dumps(in_shapes),
+        in_types=_dumps(in_types),
+        in_tensors=_tensors(in_values, in_types),
+        out_tensors=_tensors(out_values, out_types),
+    )
+    if "ts" in d or "inclusive_dur" in d or "dur" in d:  # a linked "ET+" trace (microseconds)
+        op.start_ns = _us_to_ns(d.get("ts", 0))
+        op.duration_ns = _us_to_ns(d.get("inclusive_dur", d.get("dur", 0)))
+        op.timed = True
+    if "cat" in d:  # GPU op appended by chakra_trace_link
+        op.gpu = True
+    if _keeps_values(name):
+        op.in_values = in_values if isinstance(in_values, list) else []
+        op.out_values = out_values if isinstance(out_values, list) else []
+        op.attrs = {k: v for k, v in attrs.items()
+                    if k in _COMM_ATTRS} if isinstance(attrs, dict) else {}
+    return op
+
+
+_COMM_ATTRS = frozenset({
+    "collective_name", "dtype", "in_msg_nelems", "out_msg_nelems", "in_split_size",
+    "out_split_size", "global_rank_start", "global_rank_stride", "pg_name", "pg_desc", "pg_size",
+})

@@ -1,0 +1,170 @@
+"""Loading one host execution trace file into normalised ops, groups and communication calls."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from echo_et.converters.pytorch_et import comms
+from echo_et.converters.pytorch_et.comms import CommCall, PgDef
+from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, parse_node
+from echo_et.converters.pytorch_et.stream import iter_object
+from echo_et.errors import EchoError
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+# Rank in a file name: "rank3", "rank-3", "worker3", or a trailing "_3.json" / ".3.json"
+# (but not the last part of a version number such as "chakra.0.0.4.json").
+_RANK_PATTERNS = (
+    re.compile(r"rank[-_.]?(\d+)", re.I),
+    re.compile(r"worker[-_.]?(\d+)", re.I),
+    re.compile(r"(?:[-_]|(?<![0-9])\.)(\d+)(?:\.pt\.trace)?\.json(?:\.gz)?$", re.I),
+)
+
+
+def rank_from_name(name: str) -> int | None:
+    for pat in _RANK_PATTERNS:
+        m = pat.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+@dataclass
+class HostTrace:
+    """One rank's host ET: ops sorted by id plus what they say about communication."""
+
+    path: Path
+    schema: str = ""
+    pid: int | None = None
+    ops: list[EtOp] = field(default_factory=list)
+    pg_defs: list[PgDef] = field(default_factory=list)
+    comms: dict[int, CommCall] = field(default_factory=dict)   # anchor op id -> call
+    gpu_ops: int = 0
+    steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # step -> (first id, last id)
+    parent_after_child: int = 0
+
+    @property
+    def name_rank(self) -> int | None:
+        return rank_from_name(self.path.name)
+
+    def comm_rank(self) -> int | None:
+        """This rank as its own collectives on the default group state it (None if they don't)."""
+        default = {p.backend_id for p in self.pg_defs if p.name == "0" and p.backend_id is not None}
+        for c in self.comms.values():
+            if c.rank_field is None or c.is_p2p or c.root is not None:
+                continue
+            if c.pg_name == "0" or (c.pg_ref is not None and c.pg_ref in default):
+                return c.rank_field
+        return None
+
+
+def load(path: Path) -> HostTrace:
+    """Parse ``path`` (streaming) into a HostTrace; EchoError on anything malformed."""
+    where = str(path)
+    t = HostTrace(path=path)
+    seen_schema = False
+    ops: list[EtOp] = []
+    ids: set[int] = set()
+    for ev, key, value in iter_object(path):
+        if ev == "field":
+            if key == "schema":
+                seen_schema = True
+                t.schema = str(value)
+            elif key == "pid" and isinstance(value, int):
+                t.pid = value
+            continue
+        op = parse_node(value, where)
+        if op.id in ids:
+            raise EchoError(f"{where}: node id {op.id} appears twice")
+        ids.add(op.id)
+        if op.gpu:
+            t.gpu_ops += 1
+            continue
+        ops.append(op)
+    if not seen_schema:
+        raise EchoError(f"{where}: no top-level 'schema'; not a PyTorch host execution trace")
+    if not ops:
+        raise EchoError(f"{where}: host execution trace has no nodes")
+    ops.sort(key=lambda o: o.id)
+    t.ops = ops
+    for op in ops:
+        if op.name == PG_INIT_NAME:
+            t.pg_defs.extend(comms.parse_pg_init(op, where))
+    _find_comms(t)
+    _find_steps(t)
+    return t
+
+
+def _find_comms(t: HostTrace) -> None:
+    """Pick one anchor per communication call: record_param_comms when present, else the c10d
+    op, else (only in traces with neither) the backend op."""
+    by_id = {op.id: op for op in t.ops}
+    rpc_calls: dict[int, CommCall] = {}
+    for op in t.ops:
+        if op.name == "record_param_comms":
+            c = comms.from_record_param_comms(op)
+            if c is not None:
+                rpc_calls[op.id] = c
+    covered: set[int] = set()
+    for oid in rpc_calls:
+        p = by_id[oid].parent
+        hops = 0
+        while p in by_id and p != by_id[p].parent and hops < 64:
+            if by_id[p].name.startswith("c10d::"):
+                covered.add(p)
+            p = by_id[p].parent
+            hops += 1
+    c10d_calls: dict[int, CommCall] = {}
+    for op in t.ops:
+        if op.name.startswith("c10d::") and op.id not in covered:
+            c = comms.from_c10d_op(op)
+            if c is not None and not _has_anchor_ancestor(op, by_id, c10d_calls, rpc_calls):
+                c10d_calls[op.id] = c
+    t.comms = {**rpc_calls, **c10d_calls}
+    if not t.comms:
+        for op in t.ops:
+            if op.name.startswith(comms.BACKEND_PREFIXES):
+                c = comms.from_c10d_op(op)
+                if c is not None and not _has_anchor_ancestor(op, by_id, t.comms, {}):
+                    t.comms[op.id] = c
+    t.comms = dict(sorted(t.comms.items()))
+    defs = {p.backend_id: p for p in t.pg_defs if p.backend_id is not None}
+    for c in t.comms.values():
+        if c.pg_name is None and c.pg_ref is not None and c.pg_ref in defs:
+            c.pg_name = defs[c.pg_ref].name
+
+
+def _has_anchor_ancestor(op: EtOp, by_id, a: dict, b: dict) -> bool:
+    p = op.parent
+    hops = 0
+    while p in by_id and hops < 64:
+        if p in a or p in b:
+            return True
+        if by_id[p].parent == p:
+            break
+        p = by_id[p].parent
+        hops += 1
+    return False
+
+
+def _find_steps(t: HostTrace) -> None:
+    step_of: dict[int, int] = {}
+    starts: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for op in t.ops:
+        m = _STEP.match(op.name)
+        if m:
+            n = int(m.group(1))
+            starts[n] = op.id
+            step_of[op.id] = n
+            last[n] = op.id
+            continue
+        s = step_of.get(op.parent)
+        if s is not None:
+            step_of[op.id] = s
+            last[s] = max(last[s], op.id)
+    order = sorted(starts, key=lambda n: starts[n])
+    for i, n in enumerate(order):
+        end = starts[order[i + 1]] - 1 if i + 1 < len(order) else last[n]
+        t.steps[n] = (starts[n], end)

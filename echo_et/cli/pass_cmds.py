@@ -1,0 +1,179 @@
+"""layout, scale, inject, sweep: rewriting Jobs to other layouts and sizes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from echo_et.cli.common import JsonOpt, emit_json, fail, guarded, load_job_arg
+
+LayoutOpt = typer.Option(None, "--layout",
+                         help="Declare the input layout, e.g. dp=2,tp=2,pp=2[,order=tp-dp-pp].")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("layout")(layout)
+    app.command("scale")(scale)
+    app.command("inject")(inject)
+    app.command("sweep")(sweep)
+
+
+def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
+    out = output.resolve()
+    for p in inputs:
+        if p.resolve() == out:
+            fail(f"{output}: output would overwrite an input")
+
+
+def _save_checked(job, output: Path) -> None:
+    from echo_et.ir import check_job, save_job
+
+    issues = check_job(job)
+    if issues:
+        fail(f"the rewritten job fails check: {issues[0]}")
+    save_job(job, output)
+
+
+@guarded
+def layout(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
+    declared: str | None = LayoutOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show the parallel layout of a Job (dp, tp, pp, ep, rank order) and how it was decided."""
+    from echo_et.passes import infer_layout
+
+    d = infer_layout(load_job_arg(job_path), declared)
+    if as_json:
+        emit_json(d.to_json())
+        return
+    typer.echo(f"dp={d.dp} tp={d.tp} pp={d.pp} ep={d.ep} zero={d.zero} "
+               f"order={'-'.join(d.mesh.order)} ({d.source})")
+    for r in d.reasons:
+        typer.echo(f"  {r}")
+
+
+@guarded
+def scale(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
+    output: Path = typer.Option(..., "-o", "--output", help="Job directory to write."),
+    dp: int | None = typer.Option(None, "--dp", help="New data-parallel degree."),
+    pp: int | None = typer.Option(None, "--pp", help="New pipeline depth (needs layer/stage annotations)."),
+    tp: int | None = typer.Option(None, "--tp", help="Refused unless unchanged: re-trace instead."),
+    microbatches: int | None = typer.Option(None, "--microbatches", help="Micro-batches per step (1F1B)."),
+    zero: int | None = typer.Option(None, "--zero", help="ZeRO stage of the job (0 or 1); detected when omitted."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    declared: str | None = LayoutOpt,
+    a2a: str = typer.Option("keep-rank", "--a2a",
+                            help="All-to-all on growing groups: keep-rank (per-rank bytes) or keep-peer."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Scale a Job to another data-parallel degree (and pipeline depth): new groups, shared graphs."""
+    from echo_et.passes import scale as scale_pass
+
+    _refuse_overwrite(output, [job_path])
+    if dp is None and pp is None and microbatches is None:
+        fail("scale: give at least one of --dp, --pp, --microbatches")
+    t0 = time.perf_counter()
+    job = load_job_arg(job_path)
+    out, report = scale_pass(job, dp=dp, pp=pp, tp=tp, microbatches=microbatches, zero=zero,
+                             gpus_per_node=gpus_per_node, layout=declared, a2a=a2a)
+    _save_checked(out, output)
+    manifest_bytes = (output / "manifest.pb").stat().st_size
+    if as_json:
+        emit_json({"output": str(output), "manifest_bytes": manifest_bytes,
+                   "wall_s": round(time.perf_counter() - t0, 3), **report.to_json()})
+    else:
+        lay = report.output_layout
+        typer.echo(f"wrote {output}: {report.world_size} ranks (dp={lay['dp']} tp={lay['tp']} "
+                   f"pp={lay['pp']}), {report.graphs} graphs, {report.groups} groups, "
+                   f"manifest {manifest_bytes} bytes")
+
+
+@guarded
+def inject(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Single-rank Job directory or trace."),
+    output: Path = typer.Option(..., "-o", "--output", help="Job directory to write."),
+    dp: int = typer.Option(..., "--dp", help="Data-parallel degree of the new Job."),
+    bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="DDP bucket cap in MiB (first bucket: 1 MiB)."),
+    first_bucket_mb: float = typer.Option(1.0, "--first-bucket-mb", help="Cap of the first bucket in MiB."),
+    zero: int = typer.Option(0, "--zero", help="0: all-reduce buckets; 1: reduce-scatter + all-gather."),
+    param_bytes: str | None = typer.Option(
+        None, "--param-bytes", help="Total parameter bytes (e.g. 500M) when the trace has no gradient shapes."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Turn a single-GPU trace into a data-parallel Job: DDP gradient buckets on a comm stream."""
+    from echo_et.passes.inject import inject_dp, parse_bytes
+
+    _refuse_overwrite(output, [job_path])
+    job = load_job_arg(job_path)
+    out, report = inject_dp(job, dp=dp, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb,
+                            zero=zero, param_bytes=parse_bytes(param_bytes) if param_bytes else None,
+                            gpus_per_node=gpus_per_node)
+    _save_checked(out, output)
+    if as_json:
+        emit_json({"output": str(output), **report.to_json()})
+    else:
+        typer.echo(f"wrote {output}: {out.world_size} ranks, {report.buckets} buckets over "
+                   f"{report.param_bytes} parameter bytes ({report.param_source})")
+
+
+def _int_list(text: str | None, what: str) -> list[int]:
+    if text is None or not text.strip():
+        return []
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        fail(f"{what} {text!r}: expected comma-separated integers, e.g. 8,64,512")
+    if any(v < 1 for v in vals):
+        fail(f"{what} {text!r}: values must be >= 1")
+    return vals
+
+
+@guarded
+def sweep(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory (or trace) to scale."),
+    output: Path = typer.Option(..., "-o", "--output", help="Folder for results.json, table.txt, step_time.png."),
+    dp: str = typer.Option(..., "--dp", help="Data-parallel degrees, e.g. 8,64,512."),
+    pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
+    microbatches: str | None = typer.Option(None, "--microbatches", help="Micro-batch counts, e.g. 4,8."),
+    zero: int | None = typer.Option(None, "--zero"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    declared: str | None = LayoutOpt,
+    mode: str = typer.Option("predict", "--mode", help="Simulation mode: predict (CC model) or replay."),
+    profile: str | None = typer.Option(None, "--profile", help="CC model profile file or preset name."),
+    executor: str = typer.Option("local", "--executor", help="local (process pool), dask or ray."),
+    workers: int | None = typer.Option(None, "--workers", help="Worker processes (local / local cluster)."),
+    address: str | None = typer.Option(None, "--address",
+                                       help="Scheduler address (dask tcp://host:8786, ray ray://host:10001)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Simulate every combination of a grid of layouts (scale + simulate); table, JSON and PNG."""
+    from echo_et.passes.sweep import SweepSpec, run_sweep, write_outputs
+
+    _refuse_overwrite(output, [job_path])
+    spec = SweepSpec(
+        dp=_int_list(dp, "--dp"), pp=_int_list(pp, "--pp"),
+        microbatches=_int_list(microbatches, "--microbatches"), zero=zero,
+        gpus_per_node=gpus_per_node, layout=declared, mode=mode, profile=profile,
+    )
+    if not spec.dp:
+        fail("--dp: give at least one data-parallel degree")
+
+    def progress(done: int, total: int, row: dict) -> None:
+        label = f"dp={row['dp']} pp={row['pp']} mb={row['microbatches']}"
+        state = row.get("error") or f"{row['step_time_ns'] / 1e6:.3f} ms"
+        print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
+
+    result = run_sweep(job_path, spec, executor=executor, workers=workers, address=address,
+                       progress=progress)
+    files = write_outputs(result, output)
+    if as_json:
+        emit_json({"output": str(output), "files": files, **result.to_json()})
+    else:
+        typer.echo(result.table())
+        typer.echo(f"wrote {', '.join(files)} in {output}")

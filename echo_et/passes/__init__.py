@@ -1,0 +1,21 @@
+"""Passes: rewrite a Job into a new Job (never in place), each output valid under the checker.
+
+- :func:`infer_layout` decides dp/tp/pp/ep and the rank order (declared, manifest, inferred);
+- :func:`scale` changes the data-parallel degree and re-stages pipelines;
+- :func:`inject` turns a single-GPU trace into a data-parallel Job (DDP buckets, ZeRO-1);
+- :func:`select_ranks` / :func:`select_window` cut a Job down;
+- :func:`sweep` simulates a grid of scaled layouts on a local pool, Dask or Ray.
+"""
+
+from echo_et.passes.layout import LayoutDecision, infer_layout, parse_layout
+from echo_et.passes.mesh import Mesh
+from echo_et.passes.scale import ScaleReport, scale
+
+__all__ = [
+    "LayoutDecision",
+    "Mesh",
+    "ScaleReport",
+    "infer_layout",
+    "parse_layout",
+    "scale",
+]

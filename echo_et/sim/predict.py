@@ -1,0 +1,81 @@
+"""Predict mode: communication from the CC model, compute slowed where it overlaps comm.
+
+Collectives of unknown type (and communication kernels of unknown libraries) keep their
+replay time: the model cannot price them, and the count is reported in the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.ir.job import Job
+from echo_et.ir.schema import pb
+from echo_et.sim.simulator import CommCall, SimOptions, Simulator
+from echo_et.sim.symmetry import placement_pattern
+
+
+class Predictor(Simulator):
+    """Prices communication with ``comm_model`` (the CC model contract: ``estimate(name,
+    in_bytes, global_ranks, dtype=, gpus_per_node=)`` and ``p2p(nbytes, src, dst)``, both
+    returning an object with ``time_ns``) and applies ``slowdown_model`` (an object with
+    ``factor(node, duration_ns, overlap_ratio) -> float``) to compute that overlaps
+    communication, iterating composer and slowdown to a fixed point."""
+
+    mode = "predict"
+
+    def __init__(self, job: Job, options: SimOptions | None = None, *, comm_model: Any,
+                 slowdown_model: Any = None):
+        super().__init__(job, options)
+        if comm_model is None:
+            raise EchoError("predict mode needs a communication model (a profile or a preset)")
+        self.comm_model = comm_model
+        self.slowdown_model = slowdown_model
+        self._estimates: dict[Hashable, int] = {}
+        self._patterns: dict[int, tuple[int, ...]] = {}
+        self.unpriced = 0
+
+    def _pattern(self, group: pb.ProcessGroup) -> tuple[int, ...]:
+        p = self._patterns.get(group.id)
+        if p is None:
+            p = placement_pattern(list(group.ranks), self.gpus_per_node)
+            self._patterns[group.id] = p
+        return p
+
+    def collective(self, call: CommCall) -> int:
+        if call.coll_type == pb.COLL_UNKNOWN:
+            self.unpriced += 1
+            return super().collective(call)
+        key = ("c", call.coll_type, call.in_bytes, call.dtype, call.root, self._pattern(call.group))
+        got = self._estimates.get(key)
+        if got is None:
+            est = self.comm_model.estimate(call.op, call.in_bytes, list(call.group.ranks),
+                                           dtype=call.dtype or "float32",
+                                           gpus_per_node=self.gpus_per_node or None)
+            got = max(0, round(est.time_ns))
+            self._estimates[key] = got
+        return got
+
+    def p2p(self, call: CommCall) -> int:
+        gpn = self.gpus_per_node
+        same_node = gpn > 0 and call.src // gpn == call.dst // gpn
+        key = ("p", call.in_bytes, same_node if gpn > 0 else (call.src, call.dst))
+        got = self._estimates.get(key)
+        if got is None:
+            got = max(0, round(self.comm_model.p2p(call.in_bytes, call.src, call.dst).time_ns))
+            self._estimates[key] = got
+        return got
+
+    def slowdown(self, node: pb.Node, duration_ns: int, overlap_ratio: float, rank: int) -> float:
+        if self.slowdown_model is None:
+            return 1.0
+        return float(self.slowdown_model.factor(node, duration_ns, overlap_ratio))
+
+    def uses_slowdown(self) -> bool:
+        return self.slowdown_model is not None
+
+    def _result(self):
+        res = super()._result()
+        res.options["unpriced_collectives"] = self.unpriced
+        return res

@@ -1,0 +1,84 @@
+"""What a simulation returns: per-rank step time and breakdown, critical path, counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RankResult:
+    """Times of one rank, all in ns, measured from the rank's own start.
+
+    compute_ns       time the rank's device runs compute or copies (union over streams)
+    comm_ns          time communication transfers run (union; the wait for partners excluded)
+    exposed_comm_ns  communication not hidden behind compute
+    idle_ns          step time with neither compute nor communication running: the bubble
+                     (waiting for partners, for the host, for a pipeline stage)
+    sync_wait_ns     time spent waiting for the last member of a collective / the P2P peer
+    host_wait_ns     time host threads block in synchronisation calls waiting for the device
+    """
+
+    rank: int
+    step_time_ns: int
+    compute_ns: int
+    comm_ns: int
+    exposed_comm_ns: int
+    idle_ns: int
+    sync_wait_ns: int
+    host_wait_ns: int
+    simulated_as: int  # the representative rank whose timeline this rank shares
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "step_time_ns": self.step_time_ns,
+            "compute_ns": self.compute_ns,
+            "comm_ns": self.comm_ns,
+            "exposed_comm_ns": self.exposed_comm_ns,
+            "idle_ns": self.idle_ns,
+            "sync_wait_ns": self.sync_wait_ns,
+            "host_wait_ns": self.host_wait_ns,
+            "simulated_as": self.simulated_as,
+        }
+
+
+@dataclass
+class SimResult:
+    mode: str
+    ranks: dict[int, RankResult]
+    critical_path: dict[str, Any]
+    simulated_ranks: int
+    events: int
+    slowdown: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    _timeline: Any = None  # the engine state the timeline writer reads
+
+    @property
+    def step_time_ns(self) -> int:
+        return max((r.step_time_ns for r in self.ranks.values()), default=0)
+
+    @property
+    def slowest_rank(self) -> int:
+        return max(self.ranks.values(), key=lambda r: (r.step_time_ns, -r.rank)).rank if self.ranks else -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "step_time_ns": self.step_time_ns,
+            "slowest_rank": self.slowest_rank,
+            "ranks": {str(r): v.to_json() for r, v in sorted(self.ranks.items())},
+            "critical_path": self.critical_path,
+            "simulated_ranks": self.simulated_ranks,
+            "world_size": len(self.ranks),
+            "events": self.events,
+            "slowdown": self.slowdown,
+            "options": self.options,
+        }
+
+    def write_timeline(self, path) -> dict[str, Any]:
+        """Write the simulated step as a Chrome/Perfetto trace (see :mod:`echo_et.sim.timeline`)."""
+        from echo_et.sim.timeline import write_timeline
+
+        if self._timeline is None:
+            raise ValueError("this result holds no timeline")
+        return write_timeline(self._timeline, path)

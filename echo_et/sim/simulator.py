@@ -1,0 +1,688 @@
+"""The event-driven simulator: compose one training step over all ranks of a Job.
+
+Shaped like ``torch.fx.Interpreter``: :meth:`Simulator.run` walks every rank's program and
+asks one overridable method per kind of work how long it takes::
+
+    run()
+     ├─ compute(node, measured_ns, rank)      compute kernel (or host compute, CPU-only jobs)
+     ├─ memcpy(node, measured_ns, rank)       memcpy / memset
+     ├─ host(node, measured_ns, rank)         host time between and inside operators
+     ├─ comm_unknown(node, measured_ns, rank) communication kernel of an unknown library
+     ├─ collective(call) -> ns                own time of a collective, once all members arrived
+     ├─ p2p(call) -> ns                       own time of a send/recv pair
+     └─ slowdown(node, duration_ns, overlap_ratio, rank) -> factor
+                                              compute that overlaps communication (predict)
+
+:class:`Simulator` replays measured durations; :class:`Predictor` takes communication from a
+CC model and applies the overlap-slowdown model. A what-if experiment is a subclass::
+
+    class SlowTP(Predictor):
+        def collective(self, call):
+            t = super().collective(call)
+            return 2 * t if call.group.role == pb.ROLE_TP else t
+
+    result = SlowTP(job, options, comm_model=model).run()
+
+Semantics (see ``docs/simulator.md``): each stream runs its items in order, one at a time;
+an item starts when its stream is free and its dependencies are done, plus the measured
+gate (see :mod:`echo_et.sim.program`); a collective starts on every member when the last
+one arrives and ends on all of them together; a send and its recv start when both are
+posted and end together. Timing rules that depend on a rank's identity must also be
+reflected in :meth:`symmetry_key` (or run with ``symmetry=False``), because ranks found
+equivalent share one simulated timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from echo_et.errors import EchoError
+from echo_et.ir.checker import assert_valid
+from echo_et.ir.job import Job
+from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
+from echo_et.sim.program import (
+    CAT_COLL,
+    CAT_COMM_OTHER,
+    CAT_COMPUTE,
+    CAT_COPY,
+    CAT_HOST,
+    CAT_OTHER,
+    CAT_P2P,
+    CAT_SYNC,
+    RENDEZVOUS_CATS,
+    Program,
+    compile_graph,
+)
+from echo_et.sim.result import RankResult, SimResult
+from echo_et.sim.symmetry import Partition, identity_partition, placement_pattern, rank_partition
+
+
+@dataclass
+class SimOptions:
+    """What-if knobs and run settings shared by both modes."""
+
+    compute_scale: float = 1.0                 # multiplies compute durations (0.5 = 2x faster GPU)
+    stragglers: dict[int, float] = field(default_factory=dict)  # rank -> factor on its non-comm time
+    symmetry: bool = True                      # simulate equivalent ranks once
+    gpus_per_node: int | None = None           # overrides the job's hardware.gpus_per_node
+    align_start: bool = False                  # start every rank at 0 instead of its measured offset
+    slowdown_iterations: int = 4               # predict: max composer <-> slowdown rounds
+    check: bool = True                         # run the IR checker first
+    critical_top: int = 10                     # contributors listed in the critical path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "compute_scale": self.compute_scale,
+            "stragglers": {str(k): v for k, v in sorted(self.stragglers.items())},
+            "symmetry": self.symmetry,
+            "gpus_per_node": self.gpus_per_node,
+            "align_start": self.align_start,
+        }
+
+
+@dataclass
+class CommCall:
+    """One communication operation whose members have all arrived."""
+
+    op: str                      # collective name ("all_reduce", ...) or "send_recv"
+    coll_type: int               # CollectiveType (0 for send/recv)
+    in_bytes: int                # per-rank input bytes (send/recv: message bytes)
+    out_bytes: int
+    dtype: str
+    group: pb.ProcessGroup       # the concrete group (of the first member to arrive)
+    seq: int
+    root: int                    # group rank of the root, -1 when none
+    src: int                     # send/recv: global ranks; -1 for collectives
+    dst: int
+    measured_ns: list[int]       # each participating rank's measured kernel duration
+    ranks: list[int]             # simulated ranks taking part
+    nodes: list[pb.Node]         # their nodes
+
+
+class _Rank:
+    """Simulation state of one simulated (representative) rank."""
+
+    __slots__ = ("rank", "cls", "prog", "graph", "dur", "cnt", "start", "end", "arrive", "origin",
+                 "stack", "queued", "done", "mkey", "keygroup", "pos", "dkey", "met")
+
+    def __init__(self, rank: int, cls: int, prog: Program, graph, origin: int):
+        self.rank = rank
+        self.cls = cls
+        self.prog = prog
+        self.graph = graph
+        self.origin = origin
+        self.dur: list[int] = []
+        self.cnt: list[int] = []
+        self.start: list[int] = []
+        self.end: list[int] = []
+        self.arrive: dict[int, int] = {}
+        self.stack: list[int] = []
+        self.queued = False
+        self.done = 0
+        self.mkey: dict[int, tuple] = {}
+        self.keygroup: dict[str, pb.ProcessGroup] = {}
+        self.pos: dict[str, int] = {}
+        self.dkey: Hashable = None
+        self.met: dict[int, list[tuple[_Rank, int, int]]] = {}  # rendezvous item -> all participants
+
+    def reset(self, dur: list[int]) -> None:
+        n = self.prog.n_items
+        self.dur = dur
+        self.cnt = list(self.prog.npreds)
+        self.start = [-1] * n
+        self.end = [-1] * n
+        self.arrive = {}
+        self.met = {}
+        self.stack = list(reversed(self.prog.roots))
+        self.done = 0
+
+    def node(self, item: int) -> pb.Node | None:
+        idx = self.prog.node_of[item]
+        return self.graph.nodes[idx] if idx >= 0 else None
+
+    def describe(self, item: int) -> str:
+        n = self.node(item)
+        return f"node {n.id} ({n.name})" if n is not None else f"host gap item {item}"
+
+
+class _Meeting:
+    __slots__ = ("want", "arrived", "parts", "tmax")
+
+    def __init__(self, want: frozenset[int]):
+        self.want = want
+        self.arrived: set[int] = set()
+        self.parts: list[tuple[_Rank, int, int]] = []
+        self.tmax = 0
+
+
+class Simulator:
+    """Replay: every measured duration is kept; collectives take their own time from the
+    member that arrived last (the shortest measured kernel of the collective), and the
+    simulator re-creates the waits. See the module docstring for the override map."""
+
+    mode = "replay"
+
+    def __init__(self, job: Job, options: SimOptions | None = None):
+        self.job = job
+        self.options = options or SimOptions()
+        gpn = self.options.gpus_per_node
+        self.gpus_per_node = int(gpn if gpn else job.manifest.hardware.gpus_per_node or 0)
+        self._programs: dict[str, Program] = {}
+        self._states: list[_Rank] = []
+        self._meetings: dict[tuple, _Meeting] = {}
+        self._active: list[_Rank] = []
+        self._events = 0
+        self._partition: Partition | None = None
+        self._want: dict[int, frozenset[int]] = {}
+        self._group_by_id = {g.id: g for g in job.manifest.groups}
+        self._slowdown_info: dict[str, Any] = {}
+
+    # -- override points ---------------------------------------------------------------------
+    def straggler(self, rank: int) -> float:
+        return float(self.options.stragglers.get(rank, 1.0))
+
+    def compute(self, node: pb.Node | None, measured_ns: int, rank: int) -> int:
+        return round(measured_ns * self.options.compute_scale * self.straggler(rank))
+
+    def memcpy(self, node: pb.Node | None, measured_ns: int, rank: int) -> int:
+        return round(measured_ns * self.straggler(rank))
+
+    def host(self, node: pb.Node | None, measured_ns: int, rank: int) -> int:
+        return round(measured_ns * self.straggler(rank))
+
+    def comm_unknown(self, node: pb.Node | None, measured_ns: int, rank: int) -> int:
+        return measured_ns
+
+    def collective(self, call: CommCall) -> int:
+        # Every member's kernel ends when the collective ends; the last to arrive waited
+        # least, so its (the shortest) kernel is the collective's own time.
+        return min(call.measured_ns)
+
+    def p2p(self, call: CommCall) -> int:
+        return min(call.measured_ns)
+
+    def slowdown(self, node: pb.Node, duration_ns: int, overlap_ratio: float, rank: int) -> float:
+        """Factor on a compute kernel's duration when ``overlap_ratio`` of it overlaps
+        communication. Replay keeps measured times, which already contain the slowdown."""
+        return 1.0
+
+    def uses_slowdown(self) -> bool:
+        return False
+
+    def symmetry_key(self, rank: int) -> Hashable:
+        """Everything besides its graph that makes a rank's timeline differ from another's."""
+        return self.straggler(rank)
+
+    # -- running -----------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        job = self.job
+        if self.options.check:
+            assert_valid(job)
+        ranks = job.ranks()
+        if not ranks:
+            raise EchoError(f"{job.source or 'job'}: no rank is bound to a graph; nothing to simulate")
+        for r in ranks:
+            gid = job.binding(r).graph
+            if gid not in self._programs:
+                self._programs[gid] = compile_graph(job.graph(gid))
+        self._partition = self._make_partition(ranks)
+        self._setup_states()
+        base = self._base_durations()
+        durs = {id(st): base[st.dkey] for st in self._states}
+        self._simulate(durs)
+        if self.uses_slowdown():
+            self._iterate_slowdown(base)
+        return self._result()
+
+    def _origins(self, ranks: list[int]) -> dict[int, int]:
+        if self.options.align_start:
+            return dict.fromkeys(ranks, 0)
+        raw = {}
+        for r in ranks:
+            b = self.job.binding(r)
+            raw[r] = self._programs[b.graph].measured_origin + b.clock_offset_ns
+        low = min(raw.values())
+        return {r: v - low for r, v in raw.items()}
+
+    def _make_partition(self, ranks: list[int]) -> Partition:
+        self._origin = self._origins(ranks)
+        if not self.options.symmetry:
+            return identity_partition(self.job)
+        part = rank_partition(
+            self.job,
+            lambda r: (self.symmetry_key(r), self._origin[r]),
+            lambda gid: self._programs[gid].ordered_keys,
+            self.gpus_per_node,
+        )
+        # The quotient is only used when every representative binds distinct group classes.
+        for c, r in enumerate(part.reps):
+            seen = [part.group_class[g] for g in self.job.binding(r).groups.values() if g in part.group_class]
+            if len(seen) != len(set(seen)):
+                return identity_partition(self.job)
+        del c
+        return part
+
+    def _setup_states(self) -> None:
+        job = self.job
+        part = self._partition
+        assert part is not None
+        self._states = []
+        incid: dict[int, set[tuple[int, str]]] = {}
+        for r in job.ranks():
+            for key, gid in job.binding(r).groups.items():
+                incid.setdefault(gid, set()).add((part.class_of[r], key))
+        for gid, inc in incid.items():
+            gc = part.group_class[gid]
+            if gc not in self._want:
+                self._want[gc] = frozenset(c for c, _ in inc)
+        bound = set(job.ranks())
+        for c, r in enumerate(part.reps):
+            b = job.binding(r)
+            prog = self._programs[b.graph]
+            st = _Rank(r, c, prog, job.graph(b.graph), self._origin[r])
+            st.dkey = (b.graph, self.symmetry_key(r))
+            for key, gid in b.groups.items():
+                g = self._group_by_id.get(gid)
+                if g is None:
+                    raise EchoError(f"rank {r}: group key {key!r} is bound to undefined group {gid}")
+                st.keygroup[key] = g
+                if r in g.ranks:
+                    st.pos[key] = list(g.ranks).index(r)
+            for it, rv in prog.rendezvous.items():
+                g = st.keygroup.get(rv.key)
+                if g is None:
+                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: group key {rv.key!r} "
+                                    "is not bound for this rank")
+                gc = part.group_class[g.id]
+                if rv.peer < 0:
+                    st.mkey[it] = ("c", gc, rv.seq)
+                    continue
+                if rv.peer >= len(g.ranks) or rv.key not in st.pos:
+                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: peer {rv.peer} is not in "
+                                    f"group {g.id} of size {len(g.ranks)}")
+                me = st.pos[rv.key]
+                src, dst = (me, rv.peer) if rv.is_send else (rv.peer, me)
+                partner = g.ranks[rv.peer]
+                want = frozenset({c, part.class_of[partner]}) if partner in bound else frozenset({c})
+                st.mkey[it] = ("p", gc, src, dst, rv.seq, want)
+            self._states.append(st)
+
+    def _base_durations(self) -> dict[Hashable, list[int]]:
+        out: dict[Hashable, list[int]] = {}
+        for st in self._states:
+            if st.dkey in out:
+                continue
+            prog, nodes, rank = st.prog, st.graph.nodes, st.rank
+            durs = [0] * prog.n_items
+            for it in range(prog.n_items):
+                cat = prog.cat[it]
+                if cat in RENDEZVOUS_CATS:
+                    continue
+                idx = prog.node_of[it]
+                node = nodes[idx] if idx >= 0 else None
+                m = prog.measured_dur[it]
+                try:
+                    if cat == CAT_COMPUTE:
+                        d = self.compute(node, m, rank)
+                    elif cat == CAT_COPY:
+                        d = self.memcpy(node, m, rank)
+                    elif cat == CAT_COMM_OTHER:
+                        d = self.comm_unknown(node, m, rank)
+                    elif cat in (CAT_HOST, CAT_SYNC, CAT_OTHER):
+                        d = self.host(node, m, rank)
+                    else:
+                        d = m
+                except EchoError as e:
+                    raise EchoError(f"while simulating rank {rank} {st.describe(it)}: {e}") from None
+                durs[it] = max(0, int(d))
+            out[st.dkey] = durs
+        return out
+
+    # -- the event loop ----------------------------------------------------------------------
+    def _simulate(self, durs: dict[int, list[int]]) -> None:
+        self._meetings = {}
+        self._events = 0
+        self._active = []
+        for st in self._states:
+            st.reset(durs[id(st)])
+            if st.stack:
+                st.queued = True
+                self._active.append(st)
+        while self._active:
+            st = self._active.pop()
+            st.queued = False
+            self._drain(st)
+        unfinished = [st for st in self._states if st.done < st.prog.n_items]
+        if unfinished or self._meetings:
+            raise EchoError(self._deadlock_message(unfinished))
+
+    def _drain(self, st: _Rank) -> None:
+        prog = st.prog
+        prev, spreds, epreds, gate, succs = prog.prev, prog.spreds, prog.epreds, prog.gate, prog.succs
+        is_rdv = prog.is_rdv
+        dur, start, end, cnt, stack, origin = st.dur, st.start, st.end, st.cnt, st.stack, st.origin
+        done = 0
+        while stack:
+            i = stack.pop()
+            p = prev[i]
+            t = end[p] if p >= 0 else origin
+            for ref in spreds[i]:
+                v = start[ref >> 1] if ref & 1 else end[ref >> 1]
+                if v > t:
+                    t = v
+            t += gate[i]
+            if is_rdv[i]:
+                self._arrive(st, i, t)
+                continue
+            start[i] = t
+            for q in epreds[i]:
+                v = end[q]
+                if v > t:
+                    t = v
+            end[i] = t + dur[i]
+            done += 1
+            for s in succs[i]:
+                c = cnt[s] - 1
+                cnt[s] = c
+                if c == 0:
+                    stack.append(s)
+        st.done += done
+        self._events += done
+
+    def _arrive(self, st: _Rank, item: int, t: int) -> None:
+        st.arrive[item] = t
+        key = st.mkey[item]
+        m = self._meetings.get(key)
+        if m is None:
+            want = key[5] if key[0] == "p" else self._want[key[1]]
+            m = _Meeting(want)
+            self._meetings[key] = m
+        if st.cls in m.arrived and key[0] == "c":
+            raise EchoError(f"while simulating rank {st.rank} {st.describe(item)}: the rank reaches "
+                            f"collective #{key[2]} of its group twice (is one group bound under two keys?)")
+        m.arrived.add(st.cls)
+        m.parts.append((st, item, t))
+        if t > m.tmax:
+            m.tmax = t
+        if key[0] == "p":
+            complete = len(m.parts) >= (2 if len(m.want) > 1 or self._self_p2p(key) else 1)
+        else:
+            complete = m.arrived >= m.want
+        if complete:
+            del self._meetings[key]
+            self._complete(key, m)
+
+    @staticmethod
+    def _self_p2p(key: tuple) -> bool:
+        return key[2] == key[3]
+
+    def _complete(self, key: tuple, m: _Meeting) -> None:
+        st0, it0, _ = m.parts[0]
+        rv0 = st0.prog.rendezvous[it0]
+        group = st0.keygroup[rv0.key]
+        nodes = [st.node(it) for st, it, _ in m.parts]
+        measured = [st.prog.measured_dur[it] for st, it, _ in m.parts]
+        ranks = [st.rank for st, _, _ in m.parts]
+        try:
+            if key[0] == "c":
+                self._check_match(m, group)
+                call = CommCall(collective_name(rv0.coll_type), rv0.coll_type, rv0.in_bytes, rv0.out_bytes,
+                                rv0.dtype, group, rv0.seq, rv0.root, -1, -1, measured, ranks, nodes)  # type: ignore[arg-type]
+                own = self.collective(call)
+            else:
+                self._check_p2p(m, group)
+                sender = next(((st, it) for st, it, _ in m.parts if st.prog.rendezvous[it].is_send), None)
+                if sender is not None:
+                    s_st, s_it = sender
+                    src = s_st.rank
+                    dst = group.ranks[s_st.prog.rendezvous[s_it].peer]
+                else:
+                    src, dst = group.ranks[key[2]], group.ranks[key[3]]
+                call = CommCall("send_recv", 0, rv0.in_bytes, rv0.out_bytes, "", group, rv0.seq, -1, src, dst,
+                                measured, ranks, nodes)  # type: ignore[arg-type]
+                own = self.p2p(call)
+        except EchoError as e:
+            raise EchoError(f"while simulating rank {st0.rank} {st0.describe(it0)}: {e}") from None
+        s = m.tmax
+        e = s + max(0, int(own))
+        for st, it, _ in m.parts:
+            st.start[it] = s
+            st.end[it] = e
+            st.met[it] = m.parts
+            st.done += 1
+            self._events += 1
+            cnt, stack = st.cnt, st.stack
+            for q in st.prog.succs[it]:
+                c = cnt[q] - 1
+                cnt[q] = c
+                if c == 0:
+                    stack.append(q)
+            if stack and not st.queued:
+                st.queued = True
+                self._active.append(st)
+
+    def _check_match(self, m: _Meeting, group: pb.ProcessGroup) -> None:
+        st0, it0, _ = m.parts[0]
+        a = st0.prog.rendezvous[it0]
+        for st, it, _ in m.parts[1:]:
+            b = st.prog.rendezvous[it]
+            same = a.coll_type == b.coll_type and (
+                a.coll_type not in EQUAL_SIZE_COLLECTIVES or a.in_bytes == b.in_bytes)
+            if not same:
+                raise EchoError(
+                    f"mismatched collectives on group {group.id} ({_group_label(group)}) at sequence #{a.seq}: "
+                    f"rank {st0.rank} {st0.describe(it0)} issues {collective_name(a.coll_type)} of {a.in_bytes} B, "
+                    f"rank {st.rank} {st.describe(it)} issues {collective_name(b.coll_type)} of {b.in_bytes} B")
+
+    def _check_p2p(self, m: _Meeting, group: pb.ProcessGroup) -> None:
+        if len(m.parts) < 2:
+            return
+        (sa, ia, _), (sb, ib, _) = m.parts[0], m.parts[1]
+        a, b = sa.prog.rendezvous[ia], sb.prog.rendezvous[ib]
+        if a.is_send == b.is_send and not self._self_p2p(sa.mkey[ia]):
+            raise EchoError(f"two {'sends' if a.is_send else 'recvs'} meet on group {group.id} at sequence #{a.seq}")
+        if a.in_bytes != b.in_bytes:
+            raise EchoError(f"mismatched send/recv on group {group.id} at sequence #{a.seq}: rank {sa.rank} "
+                            f"{sa.describe(ia)} passes {a.in_bytes} B, rank {sb.rank} {sb.describe(ib)} "
+                            f"passes {b.in_bytes} B")
+
+    # -- deadlocks ---------------------------------------------------------------------------
+    def _deadlock_message(self, unfinished: list[_Rank]) -> str:
+        part = self._partition
+        assert part is not None
+        rep_of_class = part.reps
+        waiting: dict[int, tuple[_Rank, int, tuple]] = {}   # class -> (state, item, meeting key)
+        edges: dict[int, list[int]] = {}
+        for key, m in self._meetings.items():
+            for st, it, _ in m.parts:
+                waiting[st.cls] = (st, it, key)
+                edges.setdefault(st.cls, []).extend(sorted(m.want - m.arrived))
+        # A cycle of ranks each waiting for the next: a cross-rank deadlock.
+        cycle = _find_cycle(edges)
+        if cycle:
+            parts = []
+            for k, c in enumerate(cycle):
+                nxt = cycle[(k + 1) % len(cycle)]
+                if c in waiting:
+                    st, it, key = waiting[c]
+                    parts.append(f"rank {st.rank} waits at {st.describe(it)} ({self._meeting_label(st, it, key)}) "
+                                 f"for rank {rep_of_class[nxt]}")
+                else:
+                    parts.append(f"rank {rep_of_class[c]} is blocked")
+            return "deadlock (cyclic wait across ranks): " + "; ".join(parts)
+        if self._meetings:
+            key, m = next(iter(sorted(self._meetings.items(), key=lambda kv: kv[1].parts[0][0].rank)))
+            st, it, _ = m.parts[0]
+            missing = sorted(m.want - m.arrived)
+            why = []
+            for c in missing:
+                other = next((s for s in self._states if s.cls == c), None)
+                if other is None:
+                    continue
+                if other.done >= other.prog.n_items:
+                    why.append(f"rank {other.rank} finished without issuing it")
+                else:
+                    blocked = _first_blocked(other)
+                    why.append(f"rank {other.rank} never reaches it (stuck at {other.describe(blocked)})")
+            return (f"deadlock: rank {st.rank} waits at {st.describe(it)} ({self._meeting_label(st, it, key)}) "
+                    f"for ranks {[rep_of_class[c] for c in missing]}: " + "; ".join(why))
+        st = unfinished[0]
+        blocked = _first_blocked(st)
+        return (f"deadlock: rank {st.rank} {st.describe(blocked)} can never start (its dependencies and "
+                "stream order form a cycle)")
+
+    def _meeting_label(self, st: _Rank, item: int, key: tuple) -> str:
+        rv = st.prog.rendezvous[item]
+        g = st.keygroup[rv.key]
+        if key[0] == "c":
+            return f"{collective_name(rv.coll_type)} #{rv.seq} on group {g.id}"
+        verb = "send to" if rv.is_send else "recv from"
+        return f"{verb} rank {g.ranks[rv.peer]} #{rv.seq} on group {g.id}"
+
+    # -- overlap slowdown --------------------------------------------------------------------
+    def _iterate_slowdown(self, base: dict[Hashable, list[int]]) -> None:
+        limit = max(1, self.options.slowdown_iterations)
+        prev_steps = self._step_times()
+        converged = False
+        rounds = 0
+        for rounds in range(1, limit + 1):  # noqa: B007 - reported below
+            durs = {}
+            for st in self._states:
+                durs[id(st)] = self._slowed(st, base[st.dkey])
+            self._simulate(durs)
+            steps = self._step_times()
+            if all(abs(steps[k] - prev_steps[k]) <= max(1, prev_steps[k] // 10000) for k in steps):
+                converged = True
+                break
+            prev_steps = steps
+        self._slowdown_info = {"applied": True, "rounds": rounds, "converged": converged}
+
+    def _slowed(self, st: _Rank, base: list[int]) -> list[int]:
+        prog = st.prog
+        cats = np.asarray(prog.cat)
+        host = np.asarray(prog.host_stream)[np.asarray(prog.stream_of, dtype=np.int64)] if prog.n_items else cats
+        start = np.asarray(st.start, dtype=np.int64)
+        end = np.asarray(st.end, dtype=np.int64)
+        comm = np.isin(cats, (CAT_COLL, CAT_P2P, CAT_COMM_OTHER))
+        comp = np.flatnonzero((cats == CAT_COMPUTE) & ~host.astype(bool))
+        out = list(base)
+        if not comm.any() or comp.size == 0:
+            return out
+        lo, hi = _merge(start[comm], end[comm])
+        ov = _covered(lo, hi, start[comp], end[comp])
+        length = end[comp] - start[comp]
+        nodes = st.graph.nodes
+        for k, it in enumerate(comp.tolist()):
+            if ov[k] <= 0 or length[k] <= 0:
+                continue
+            r = float(ov[k]) / float(length[k])
+            node = nodes[prog.node_of[it]]
+            try:
+                f = self.slowdown(node, base[it], min(1.0, r), st.rank)
+            except EchoError as e:
+                raise EchoError(f"while simulating rank {st.rank} {st.describe(it)}: {e}") from None
+            out[it] = max(0, round(base[it] * f))
+        return out
+
+    def _step_times(self) -> dict[int, int]:
+        return {st.cls: (max(st.end) - st.origin if st.end else 0) for st in self._states}
+
+    # -- results -----------------------------------------------------------------------------
+    def _result(self) -> SimResult:
+        from echo_et.sim.analysis import critical_path, rank_breakdown
+
+        part = self._partition
+        assert part is not None
+        per_class = {st.cls: rank_breakdown(st) for st in self._states}
+        ranks: dict[int, RankResult] = {}
+        for r, c in part.class_of.items():
+            b = per_class[c]
+            ranks[r] = RankResult(rank=r, simulated_as=part.reps[c], **b)
+        cp = critical_path(self._states, part, self.options.critical_top)
+        opts = self.options.to_json() | {"gpus_per_node": self.gpus_per_node}
+        return SimResult(
+            mode=self.mode,
+            ranks=ranks,
+            critical_path=cp,
+            simulated_ranks=len(self._states),
+            events=self._events,
+            slowdown=self._slowdown_info or {"applied": False},
+            options=opts,
+            _timeline=(self._states, part),
+        )
+
+
+def _group_label(g: pb.ProcessGroup) -> str:
+    ranks = list(g.ranks)
+    shown = ", ".join(str(r) for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
+    name = f"{g.name} " if g.name else ""
+    return f"{name}ranks [{shown}]"
+
+
+def _first_blocked(st: _Rank) -> int:
+    for it in range(st.prog.n_items):
+        if st.end[it] < 0:
+            return it
+    return 0
+
+
+def _find_cycle(edges: dict[int, list[int]]) -> list[int]:
+    color: dict[int, int] = {}
+    stack_path: list[int] = []
+
+    def visit(u: int) -> list[int]:
+        color[u] = 1
+        stack_path.append(u)
+        for v in edges.get(u, ()):
+            if color.get(v) == 1:
+                return stack_path[stack_path.index(v):]
+            if v not in color:
+                found = visit(v)
+                if found:
+                    return found
+        stack_path.pop()
+        color[u] = 2
+        return []
+
+    for u in sorted(edges):
+        if u not in color:
+            found = visit(u)
+            if found:
+                return found
+    return []
+
+
+def _merge(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals [lo, hi) as sorted disjoint intervals."""
+    if lo.size == 0:
+        return lo, hi
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    run_hi = np.maximum.accumulate(hi)
+    new = np.empty(lo.size, dtype=bool)
+    new[0] = True
+    new[1:] = lo[1:] > run_hi[:-1]
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], lo.size) - 1
+    return lo[starts], run_hi[ends]
+
+
+def _covered(lo: np.ndarray, hi: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Length of each [s, e) covered by the disjoint sorted intervals [lo, hi)."""
+    if lo.size == 0:
+        return np.zeros(s.size, dtype=np.int64)
+    cum = np.concatenate(([0], np.cumsum(hi - lo)))
+
+    def covered_until(x: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(lo, x, side="right")  # intervals starting at or before x
+        full = cum[np.maximum(k - 1, 0)]
+        last_lo = lo[np.maximum(k - 1, 0)]
+        last_hi = hi[np.maximum(k - 1, 0)]
+        part = np.clip(x - last_lo, 0, last_hi - last_lo)
+        return np.where(k > 0, full + part, 0)
+
+    return covered_until(e) - covered_until(s)

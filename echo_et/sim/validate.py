@@ -1,0 +1,83 @@
+"""``simulate`` (choose the mode) and ``validate`` (replay and predict vs measured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.ir.job import Job
+from echo_et.sim.predict import Predictor
+from echo_et.sim.result import SimResult
+from echo_et.sim.simulator import SimOptions, Simulator
+
+MODES = ("replay", "predict")
+
+
+def simulate(job: Job, mode: str = "replay", *, options: SimOptions | None = None, comm_model: Any = None,
+             slowdown_model: Any = None) -> SimResult:
+    """Simulate one step of ``job``. ``predict`` needs ``comm_model``; ``slowdown_model``
+    (predict only) may be None to switch the overlap slowdown off."""
+    if mode == "replay":
+        return Simulator(job, options).run()
+    if mode == "predict":
+        return Predictor(job, options, comm_model=comm_model, slowdown_model=slowdown_model).run()
+    raise EchoError(f"unknown simulation mode {mode!r} (use {' or '.join(MODES)})")
+
+
+def measured_step(job: Job, rank: int) -> tuple[int, str]:
+    """The measured step time of ``rank`` and where it comes from: the binding's
+    ``measured_step_ns`` when the converter found one, else the span of its graph."""
+    b = job.binding(rank)
+    if b.measured_step_ns > 0:
+        return int(b.measured_step_ns), "binding"
+    g = job.graph(b.graph)
+    if not g.nodes:
+        return 0, "none"
+    lo = min(n.start_ns for n in g.nodes)
+    hi = max(n.start_ns + n.duration_ns for n in g.nodes)
+    return int(hi - lo), "graph span"
+
+
+def _err(sim: int, measured: int) -> float | None:
+    if measured <= 0:
+        return None
+    return round(100.0 * (sim - measured) / measured, 3)
+
+
+def validate(job: Job, *, comm_model: Any, slowdown_model: Any = None,
+             options: SimOptions | None = None) -> dict[str, Any]:
+    """Replay and predict ``job`` and compare each rank's step time with the measured one.
+    Errors are signed percentages ((simulated - measured) / measured)."""
+    options = options or SimOptions()
+    replay = simulate(job, "replay", options=options)
+    predict = simulate(job, "predict", options=options, comm_model=comm_model, slowdown_model=slowdown_model)
+    ranks: dict[str, Any] = {}
+    abs_r: list[float] = []
+    abs_p: list[float] = []
+    measured_max = 0
+    for r in sorted(replay.ranks):
+        m, source = measured_step(job, r)
+        rs = replay.ranks[r].step_time_ns
+        ps = predict.ranks[r].step_time_ns
+        er, ep = _err(rs, m), _err(ps, m)
+        if er is not None:
+            abs_r.append(abs(er))
+        if ep is not None:
+            abs_p.append(abs(ep))
+        measured_max = max(measured_max, m)
+        ranks[str(r)] = {"measured_step_ns": m, "measured_source": source, "replay_step_ns": rs,
+                         "predict_step_ns": ps, "replay_error_pct": er, "predict_error_pct": ep}
+    return {
+        "measured_step_ns": measured_max,
+        "replay_step_ns": replay.step_time_ns,
+        "predict_step_ns": predict.step_time_ns,
+        "replay_error_pct": _err(replay.step_time_ns, measured_max),
+        "predict_error_pct": _err(predict.step_time_ns, measured_max),
+        "replay_mean_abs_error_pct": round(sum(abs_r) / len(abs_r), 3) if abs_r else None,
+        "predict_mean_abs_error_pct": round(sum(abs_p) / len(abs_p), 3) if abs_p else None,
+        "replay_max_abs_error_pct": round(max(abs_r), 3) if abs_r else None,
+        "predict_max_abs_error_pct": round(max(abs_p), 3) if abs_p else None,
+        "ranks": ranks,
+        "simulated_ranks": {"replay": replay.simulated_ranks, "predict": predict.simulated_ranks},
+        "slowdown": predict.slowdown,
+    }

@@ -1,0 +1,65 @@
+"""What a build function is told about the rank it builds: the ``build_fn`` contract.
+
+A build function has the signature ``build_fn(ctx: RankContext) -> step`` where ``step`` is
+a callable taking no arguments that runs ONE full training step of rank ``ctx.rank``
+(forward, backward and optimizer over all micro-batches). It is called after
+``torch.distributed`` is initialised, so the function may use any torch.distributed API:
+``ctx.group("tp"|"dp"|"pp"|"world")`` hands out the layout's process groups, and groups it
+creates itself (``new_group``, ``DeviceMesh``) work too. The tracer calls ``step`` twice: a
+warm-up step, then the measured one. Everything it allocates must live on ``ctx.device``.
+
+The same contract serves the ex-situ tracer (one process plays each rank in turn) and the
+in-situ runner (one real process per rank with gloo), so a workload written once runs both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo_et.trace.layout import ParallelLayout
+
+
+@dataclass
+class RankContext:
+    rank: int
+    layout: ParallelLayout
+    device: str = "cpu"
+    _groups: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.layout.coords(self.rank)["tp"]
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.coords(self.rank)["dp"]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.layout.coords(self.rank)["pp"]
+
+    def group(self, role: str):
+        """This rank's torch ProcessGroup for ``role`` ("tp", "dp", "pp" or "world").
+
+        Groups are made with ``new_group(..., use_local_synchronization=True)`` so that only
+        their members take part, and carry the role as ``group_desc``."""
+        import torch.distributed as dist
+
+        if role == "world":
+            return dist.group.WORLD
+        pg = self._groups.get(role)
+        if pg is None:
+            ranks = list(self.layout.group_ranks(role, self.rank))
+            pg = dist.new_group(ranks, use_local_synchronization=True, group_desc=role)
+            self._groups[role] = pg
+        return pg
+
+    def make_groups(self) -> None:
+        """Create the tp, dp and pp groups in a fixed order (every member does the same)."""
+        for role in ("tp", "dp", "pp"):
+            self.group(role)

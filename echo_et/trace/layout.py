@@ -1,0 +1,73 @@
+"""The parallel layout a traced job runs under, and where each rank sits in it.
+
+Ranks are numbered like Megatron-LM (and ``echo_et.passes.mesh``' default order):
+tensor parallelism fastest, then data parallelism, then pipeline parallelism::
+
+    rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+
+so a tensor-parallel group is a run of consecutive ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo_et.errors import EchoError
+
+ROLES = ("tp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    zero: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "microbatches"):
+            if int(getattr(self, name)) < 1:
+                raise EchoError(f"layout {self.describe()}: {name} must be >= 1")
+        if self.zero not in (0, 1):
+            raise EchoError(f"layout {self.describe()}: ZeRO stage {self.zero} is not supported "
+                            "(0 or 1)")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def describe(self) -> str:
+        z = f" zero={self.zero}" if self.zero else ""
+        return f"dp={self.dp} tp={self.tp} pp={self.pp} microbatches={self.microbatches}{z}"
+
+    def check_world_size(self, world_size: int) -> None:
+        if world_size != self.world_size:
+            raise EchoError(f"layout {self.describe()}: dp*tp*pp = {self.world_size} differs from "
+                            f"the world size {world_size}")
+
+    # -- coordinates -------------------------------------------------------------------
+    def coords(self, rank: int) -> dict[str, int]:
+        if not 0 <= rank < self.world_size:
+            raise EchoError(f"layout {self.describe()}: rank {rank} is outside 0..{self.world_size - 1}")
+        return {"tp": rank % self.tp, "dp": rank // self.tp % self.dp,
+                "pp": rank // (self.tp * self.dp)}
+
+    def rank_of(self, tp: int, dp: int, pp: int) -> int:
+        return tp + self.tp * (dp + self.dp * pp)
+
+    def group_ranks(self, role: str, rank: int) -> tuple[int, ...]:
+        """Global ranks of ``rank``'s group of ``role`` ("tp", "dp", "pp" or "world"),
+        in group-rank order."""
+        if role == "world":
+            return tuple(range(self.world_size))
+        c = self.coords(rank)
+        n = {"tp": self.tp, "dp": self.dp, "pp": self.pp}[role]
+        return tuple(self.rank_of(**{**c, role: i}) for i in range(n))
+
+    def all_groups(self, role: str) -> list[tuple[int, ...]]:
+        """Every group of ``role``, ordered by first rank."""
+        seen: dict[tuple[int, ...], None] = {}
+        for r in range(self.world_size):
+            seen.setdefault(self.group_ranks(role, r))
+        return sorted(seen)

@@ -1,0 +1,124 @@
+"""Data-parallel gradient synchronisation with buckets, overlapped with the last backward.
+
+Gradients live in flat per-bucket buffers (each ``param.grad`` is a view into one), so
+micro-batches accumulate in place and a bucket is reduced without a copy. During the last
+micro-batch's backward, a post-accumulate-grad hook counts the parameters of each bucket;
+the bucket's collective is issued asynchronously as soon as its last gradient lands, like
+DDP and Megatron-LM's overlapped grad reduce:
+
+- ZeRO stage 0: all-reduce of the bucket; every rank then updates all parameters.
+- ZeRO stage 1: reduce-scatter of the bucket into this rank's shard, an optimizer over the
+  shard only, then an all-gather of the updated parameters into the bucket.
+
+Buckets are filled in reverse parameter order (close to the order gradients become ready)
+and padded to a multiple of the data-parallel size so that every shard is equal.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter], dp: int, device, dtype):
+        self.params = params
+        numel = sum(p.numel() for p in params)
+        self.padded = -(-numel // dp) * dp
+        self.grad = torch.zeros(self.padded, device=device, dtype=dtype)
+        self.pending = len(params)
+        self.work = None
+
+
+class GradientSync:
+    """Bucketed gradient reduction over ``group`` for ``params`` (see the module docstring)."""
+
+    def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
+                 optimizer_factory):
+        self.group = group
+        self.dp = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.zero = zero
+        self.armed = False
+        params = [p for p in params if p.requires_grad]
+        device, dtype = params[0].device, params[0].dtype
+        self.buckets: list[_Bucket] = []
+        current: list[nn.Parameter] = []
+        size = 0
+        for p in reversed(params):
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_bytes:
+                self.buckets.append(_Bucket(current, self.dp, device, dtype))
+                current, size = [], 0
+        if current:
+            self.buckets.append(_Bucket(current, self.dp, device, dtype))
+        self._bucket_of: dict[int, _Bucket] = {}
+        for b in self.buckets:
+            offset = 0
+            if zero:
+                b.param_flat = torch.zeros(b.padded, device=device, dtype=dtype)
+            for p in b.params:
+                n = p.numel()
+                p.grad = b.grad[offset:offset + n].view_as(p)
+                if zero:
+                    b.param_flat[offset:offset + n].copy_(p.detach().reshape(-1))
+                    p.data = b.param_flat[offset:offset + n].view_as(p)
+                offset += n
+                self._bucket_of[id(p)] = b
+                p.register_post_accumulate_grad_hook(self._on_grad)
+        if zero:
+            shard = [self._shard_param(b) for b in self.buckets]
+            self.optimizer = optimizer_factory(shard)
+        else:
+            self.optimizer = optimizer_factory(params)
+
+    def _shard_param(self, b: _Bucket) -> nn.Parameter:
+        k = b.padded // self.dp
+        p = nn.Parameter(b.param_flat[self.rank * k:(self.rank + 1) * k])
+        b.grad_shard = torch.zeros(k, device=b.grad.device, dtype=b.grad.dtype)
+        p.grad = b.grad_shard
+        return p
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self.armed:
+            return
+        b = self._bucket_of[id(p)]
+        b.pending -= 1
+        if b.pending == 0 and self.dp > 1:
+            if self.zero:
+                b.work = dist.reduce_scatter_tensor(b.grad_shard, b.grad, group=self.group,
+                                                    async_op=True)
+            else:
+                b.work = dist.all_reduce(b.grad, group=self.group, async_op=True)
+
+    def arm(self) -> None:
+        """Issue each bucket's collective as its gradients complete in the next backward."""
+        self.armed = True
+        for b in self.buckets:
+            b.pending = len(b.params)
+
+    def finish_and_step(self) -> None:
+        """Wait for the gradient collectives, average, update, and (ZeRO-1) gather."""
+        self.armed = False
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.wait()
+                b.work = None
+            if self.zero:
+                if self.dp == 1:
+                    b.grad_shard.copy_(b.grad)
+                else:
+                    b.grad_shard.div_(self.dp)
+            elif self.dp > 1:
+                b.grad.div_(self.dp)
+        self.optimizer.step()
+        if self.zero and self.dp > 1:
+            for b in self.buckets:
+                k = b.padded // self.dp
+                dist.all_gather_into_tensor(b.param_flat,
+                                            b.param_flat[self.rank * k:(self.rank + 1) * k],
+                                            group=self.group)
+        for b in self.buckets:
+            b.grad.zero_()

@@ -1,0 +1,45 @@
+"""Profiler spans and backward markers carrying layer/phase/micro-batch/stage annotations.
+
+See :mod:`echo_et.trace.annotations` for the grammar. Forward code is wrapped in spans;
+backward ops are run by the autograd engine, so a layer's backward is bracketed by
+zero-length markers emitted from the backward of identity Functions placed at the layer's
+output (first to run in backward: ``begin``) and input (last to run: ``end``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import record_function
+
+from echo_et.trace.annotations import begin_name, end_name, span_name
+
+
+def span(**attrs: object) -> record_function:
+    return record_function(span_name(**attrs))
+
+
+def _mark(name: str) -> None:
+    with record_function(name):
+        pass
+
+
+class _Boundary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, name):
+        ctx.name = name
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _mark(ctx.name)
+        return grad, None
+
+
+def backward_begins_here(x: torch.Tensor, **attrs: object) -> torch.Tensor:
+    """Place at a layer's output: its backward starts when the gradient reaches this point."""
+    return _Boundary.apply(x, begin_name(**attrs)) if x.requires_grad else x
+
+
+def backward_ends_here(x: torch.Tensor, **attrs: object) -> torch.Tensor:
+    """Place at a layer's input: its backward ends when the gradient leaves this point."""
+    return _Boundary.apply(x, end_name(**attrs)) if x.requires_grad else x
