@@ -7,6 +7,8 @@ schema), never from the converter's own output.
 from __future__ import annotations
 
 import gzip
+import random
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -20,8 +22,10 @@ from chakra_et import (
     decode,
     encode,
     feeder_trace,
+    frame,
     node,
     rank_files,
+    varint,
     write_et,
 )
 
@@ -314,7 +318,6 @@ def test_node_types_map_to_kinds_and_streams(tmp_path):
         node(6, "send_no_peer", et.COMM_SEND_NODE, comm_size=("int64_val", 8)),
         node(7, "inv", et.INVALID_NODE),
     ])
-    f.write_bytes(f.read_bytes())
     job = read([f])
     g = job.graph_of(0)
     got = {n.id: n for n in g.nodes}
@@ -399,9 +402,6 @@ def one_line_error(paths, match, **opts):
         read(paths, **opts)
     msg = str(e.value)
     assert "\n" not in msg
-    assert pytest.approx(0) == 0
-    import re
-
     assert re.search(match, msg), msg
     return msg
 
@@ -420,8 +420,6 @@ def test_truncated_file(tmp_path):
 
 
 def test_random_bytes(tmp_path):
-    import random
-
     f = tmp_path / "r.et"
     f.write_bytes(random.Random(7).randbytes(4096))
     one_line_error([f], r"r\.et: ")
@@ -469,20 +467,14 @@ def test_missing_rank_files_and_mixed_prefixes(tmp_path):
 # these (the current schema gives the same numbers other types), so the bytes are spelled
 # out with wire tags: (field << 3) | wire type.
 def _key(field: int, wire: int) -> bytes:
-    from chakra_et import varint
-
     return varint((field << 3) | wire)
 
 
 def _ld(field: int, payload: bytes) -> bytes:
-    from chakra_et import varint
-
     return _key(field, 2) + varint(len(payload)) + payload
 
 
 def _vi(field: int, value: int) -> bytes:
-    from chakra_et import varint
-
     return _key(field, 0) + varint(value)
 
 
@@ -497,8 +489,6 @@ def old_node(node_id: int, *, with_shapes: bool = True, with_attr: bool = False)
 
 
 def test_old_format_without_global_metadata_is_refused(tmp_path):
-    from chakra_et import frame
-
     f = tmp_path / "old.0.et"
     f.write_bytes(frame(old_node(1), old_node(2)))
     msg = one_line_error([f], r"old\.0\.et: first message is not a Chakra GlobalMetadata")
@@ -506,8 +496,6 @@ def test_old_format_without_global_metadata_is_refused(tmp_path):
 
 
 def test_old_format_nodes_after_metadata_are_refused(tmp_path):
-    from chakra_et import frame
-
     meta = et.GlobalMetadata(version="0.0.3").SerializeToString()
     f = tmp_path / "old.et"
     f.write_bytes(frame(meta, old_node(1), old_node(2)))
@@ -516,8 +504,6 @@ def test_old_format_nodes_after_metadata_are_refused(tmp_path):
 
 
 def test_old_format_attribute_is_refused(tmp_path):
-    from chakra_et import frame
-
     meta = et.GlobalMetadata(version="0.0.3").SerializeToString()
     f = tmp_path / "old.et"
     f.write_bytes(frame(meta, old_node(1, with_shapes=False, with_attr=True)))
@@ -527,8 +513,6 @@ def test_old_format_attribute_is_refused(tmp_path):
 def test_old_format_inputs_string_read_as_data_deps_is_refused(tmp_path):
     """The subtlest case: only fields 1-5, which all decode under the new schema; the
     string ``inputs`` turns into data_deps that read as text."""
-    from chakra_et import frame
-
     meta = et.GlobalMetadata(version="0.0.3").SerializeToString()
     f = tmp_path / "old.et"
     f.write_bytes(frame(meta, old_node(1, with_shapes=False)))
@@ -542,11 +526,10 @@ def test_old_format_inputs_string_read_as_data_deps_is_refused(tmp_path):
 def test_sniff(tmp_path):
     good = write_et(tmp_path / "noext", [node(1, "a", et.COMP_NODE)])
     assert chakra_conv.sniff(good)
-    assert chakra_conv.sniff(tmp_path / "noext") and not chakra_conv.sniff(tmp_path)
+    assert not chakra_conv.sniff(tmp_path)
     js = tmp_path / "x.json"
     js.write_text("{}")
     assert not chakra_conv.sniff(js)
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"\x00\x01\x02garbage")
     assert not chakra_conv.sniff(junk)
-    assert chakra_conv.sniff(tmp_path / "junk.bin") is False

@@ -227,21 +227,21 @@ def workload_prefix(folder: Path) -> str:
 @dataclass
 class _RankSummary:
     sequences: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    first_node: dict[str, str] = field(default_factory=dict)
 
 
-def _attr_map(node: et.Node, where: str, out: _Out) -> dict[str, tuple[str, object]]:
-    attrs: dict[str, tuple[str, object]] = {}
-    for a in node.attr:
-        kind = a.WhichOneof("value")
-        if a.name in attrs and a.name in ATTR_TYPES:
-            out.add("attr-type", f"attribute {a.name} appears more than once", where)
-        value = getattr(a, kind) if kind else None
-        attrs[a.name] = (kind or "", value)
-        want = ATTR_TYPES.get(a.name)
-        if want is not None and kind != want:
-            out.add("attr-type", f"attribute {a.name} is {kind or 'unset'}, ASTRA-sim reads {want}", where)
-    return attrs
+@dataclass(frozen=True)
+class _Facts:
+    """What the checks need from one node message, independent of the rank it is on (rank
+    files that share a graph repeat most node messages byte for byte, so facts are cached
+    by the message bytes)."""
+
+    id: int
+    name: str
+    type: int
+    deps: tuple[int, ...]
+    issues: tuple[tuple[str, str], ...]          # (rule, message) found in the node alone
+    coll: tuple[int, int, str] | None = None     # comm_type, comm_size, group key
+    p2p: tuple[bool, int | None, int | None, int | None, int] | None = None  # send?, src, dst, tag, size
 
 
 def _int_attr(attrs: dict, name: str) -> int | None:
@@ -251,11 +251,97 @@ def _int_attr(attrs: dict, name: str) -> int | None:
     return int(v[1])
 
 
-def _check_rank(path: Path, rank: int, npus: int, splits: int | None,
-                groups: dict[str, set[int]], out: _Out,
-                sends: Counter, recvs: Counter, where_msg: dict) -> _RankSummary | None:
+def _facts(data: bytes, splits: int | None) -> _Facts | str:
+    """Facts of one node message, or a decode error message."""
+    n = et.Node()
+    try:
+        n.ParseFromString(data)
+    except DecodeError as e:
+        return f"does not decode as a Node ({e})"
+    issues: list[tuple[str, str]] = []
+    if n.ctrl_deps:
+        issues.append(("ctrl-deps-empty", f"ctrl_deps {list(n.ctrl_deps)[:5]} (put ordering in data_deps)"))
+    base = {"id": n.id, "name": n.name, "type": n.type, "deps": tuple(n.data_deps)}
+    if n.type not in ALLOWED_TYPES:
+        name = et.NodeType.Name(n.type) if n.type in et.NodeType.values() else str(n.type)
+        issues.append(("node-type", f"node type {name} is not one ASTRA-sim runs (use COMP, "
+                       "COMM_COLL, COMM_SEND or COMM_RECV)"))
+        return _Facts(**base, issues=tuple(issues))
+    attrs: dict[str, tuple[str, object]] = {}
+    for a in n.attr:
+        kind = a.WhichOneof("value") or ""
+        if a.name in attrs and a.name in ATTR_TYPES:
+            issues.append(("attr-type", f"attribute {a.name} appears more than once"))
+        attrs[a.name] = (kind, getattr(a, kind) if kind else None)
+        want = ATTR_TYPES.get(a.name)
+        if want is not None and kind != want:
+            issues.append(("attr-type", f"attribute {a.name} is {kind or 'unset'}, ASTRA-sim reads {want}"))
+    cpu = attrs.get("is_cpu_op")
+    if cpu is None:
+        issues.append(("is-cpu-op", "is_cpu_op is missing (older readers default it to true)"))
+    elif cpu[0] == "bool_val" and cpu[1]:
+        issues.append(("is-cpu-op", "is_cpu_op is true (CPU nodes break ASTRA-sim master's statistics)"))
+    if n.type == et.COMP_NODE:
+        if n.duration_micros < 1 and not (_int_attr(attrs, "num_ops") and _int_attr(attrs, "tensor_size")):
+            issues.append(("comp-duration", "COMP node without duration_micros (or num_ops and tensor_size)"))
+        return _Facts(**base, issues=tuple(issues))
+    size = _int_attr(attrs, "comm_size")
+    if n.type == et.COMM_COLL_NODE:
+        ctype = _int_attr(attrs, "comm_type")
+        if ctype is None:
+            issues.append(("coll-type", "comm_type is missing"))
+            return _Facts(**base, issues=tuple(issues))
+        if ctype not in SUPPORTED_COMM_TYPES:
+            issues.append(("coll-type", f"comm_type {ctype} is not one of "
+                           f"{', '.join(CHAKRA_TYPE_NAMES[t] for t in sorted(SUPPORTED_COMM_TYPES))}"))
+        if size is None:
+            issues.append(("comm-size", "comm_size is missing"))
+        elif size <= 0 or (splits and size < splits):
+            issues.append(("comm-size", f"comm_size {size} is below preferred-dataset-splits {splits} "
+                           "(ASTRA-sim divides it into zero-size chunks)"))
+        key = WORLD
+        pg = attrs.get("pg_name")
+        if pg is not None and pg[0] == "string_val":
+            key = str(pg[1]) or WORLD
+            if not key.isdigit():
+                issues.append(("pg-name", f"pg_name {key!r} is not a decimal integer"))
+                return _Facts(**base, issues=tuple(issues))
+            key = str(int(key))
+        return _Facts(**base, issues=tuple(issues),
+                      coll=(ctype, size if size is not None else -1, key))
+    is_send = n.type == et.COMM_SEND_NODE
+    src, dst, tag = (_int_attr(attrs, k) for k in ("comm_src", "comm_dst", "comm_tag"))
+    other = dst if is_send else src
+    if other is None:
+        issues.append(("p2p-attrs", f"{'comm_dst' if is_send else 'comm_src'} is missing"))
+    elif tag is None:
+        issues.append(("p2p-attrs", "comm_tag is missing"))
+    elif size is None or size <= 0:
+        issues.append(("comm-size", f"comm_size {size} on a {'send' if is_send else 'recv'}"))
+    else:
+        return _Facts(**base, issues=tuple(issues), p2p=(is_send, src, dst, tag, size))
+    return _Facts(**base, issues=tuple(issues))
+
+
+class _FactsCache:
+    def __init__(self, splits: int | None, limit: int = 200_000):
+        self.splits = splits
+        self.limit = limit
+        self._d: dict[bytes, _Facts | str] = {}
+
+    def get(self, data: bytes) -> _Facts | str:
+        f = self._d.get(data)
+        if f is None:
+            f = _facts(data, self.splits)
+            if len(self._d) >= self.limit:
+                self._d.clear()
+            self._d[data] = f
+        return f
+
+
+def _read_rank(path: Path, out: _Out, cache: _FactsCache) -> list[_Facts] | None:
     where_f = str(path)
-    nodes: list[et.Node] = []
+    facts: list[_Facts] = []
     try:
         with open(path, "rb") as f:
             if f.read(2) == b"\x1f\x8b":
@@ -279,109 +365,68 @@ def _check_rank(path: Path, rank: int, npus: int, splits: int | None,
                 if not data:
                     out.add("node-decode", f"message #{i + 1} is empty (Python readers stop there)", where_f)
                     continue
-                n = et.Node()
-                try:
-                    n.ParseFromString(data)
-                except DecodeError as e:
-                    out.add("node-decode", f"message #{i + 1} does not decode as a Node ({e})", where_f)
+                fa = cache.get(data)
+                if isinstance(fa, str):
+                    out.add("node-decode", f"message #{i + 1} {fa}", where_f)
                     continue
-                nodes.append(n)
+                facts.append(fa)
     except EchoError as e:
         out.add("framing", str(e), where_f)
         return None
-    if not nodes:
+    return facts
+
+
+def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: _Out,
+                cache: _FactsCache, sends: Counter, recvs: Counter,
+                where_msg: dict) -> _RankSummary | None:
+    where_f = str(path)
+    facts = _read_rank(path, out, cache)
+    if facts is None:
+        return None
+    if not facts:
         out.add("has-nodes", "no nodes (feeder v3 finds no dependency-free node and aborts)", where_f)
         return None
-
-    ids: dict[int, et.Node] = {}
-    for n in nodes:
+    ids: dict[int, _Facts] = {}
+    for n in facts:
         if n.id in ids:
             out.add("unique-ids", f"node id {n.id} is used more than once", f"{where_f} node {n.id}")
         ids[n.id] = n
     summary = _RankSummary()
-    colls: dict[str, list[et.Node]] = defaultdict(list)
-    coll_sig: dict[int, tuple[int, int]] = {}
-    for n in nodes:
+    colls: dict[str, list[_Facts]] = defaultdict(list)
+    for n in facts:
+        if not (n.issues or n.coll or n.p2p) and all(d in ids for d in n.deps):
+            continue  # the common case: a clean compute node
         where = f"{where_f} node {n.id} ({n.name})"
-        if n.ctrl_deps:
-            out.add("ctrl-deps-empty", f"ctrl_deps {list(n.ctrl_deps)[:5]} (put ordering in data_deps)", where)
-        missing = [d for d in n.data_deps if d not in ids]
+        for rule, msg in n.issues:
+            out.add(rule, msg, where)
+        missing = [d for d in n.deps if d not in ids]
         if missing:
             out.add("dep-exists", f"data_dep on node {missing[0]}, which does not exist", where)
-        if n.type not in ALLOWED_TYPES:
-            name = et.NodeType.Name(n.type) if n.type in et.NodeType.values() else str(n.type)
-            out.add("node-type", f"node type {name} is not one ASTRA-sim runs (use COMP, COMM_COLL, "
-                    "COMM_SEND or COMM_RECV)", where)
-            continue
-        attrs = _attr_map(n, where, out)
-        cpu = attrs.get("is_cpu_op")
-        if cpu is None:
-            out.add("is-cpu-op", "is_cpu_op is missing (older readers default it to true)", where)
-        elif cpu[0] == "bool_val" and cpu[1]:
-            out.add("is-cpu-op", "is_cpu_op is true (CPU nodes break ASTRA-sim master's statistics)", where)
-        if n.type == et.COMP_NODE:
-            if n.duration_micros < 1 and not (_int_attr(attrs, "num_ops") and _int_attr(attrs, "tensor_size")):
-                out.add("comp-duration", "COMP node without duration_micros (or num_ops and tensor_size)", where)
-            continue
-        size = _int_attr(attrs, "comm_size")
-        if n.type == et.COMM_COLL_NODE:
-            ctype = _int_attr(attrs, "comm_type")
-            if ctype is None:
-                out.add("coll-type", "comm_type is missing", where)
-                continue
-            if ctype not in SUPPORTED_COMM_TYPES:
-                out.add("coll-type", f"comm_type {ctype} is not one of "
-                        f"{', '.join(CHAKRA_TYPE_NAMES[t] for t in sorted(SUPPORTED_COMM_TYPES))}", where)
-            if size is None:
-                out.add("comm-size", "comm_size is missing", where)
-            elif size <= 0 or (splits and size < splits):
-                out.add("comm-size", f"comm_size {size} is below preferred-dataset-splits {splits} "
-                        "(ASTRA-sim divides it into zero-size chunks)", where)
-            pg = attrs.get("pg_name")
-            key = WORLD
-            if pg is not None and pg[0] == "string_val":
-                key = pg[1] or WORLD
-                if not key.isdigit():
-                    out.add("pg-name", f"pg_name {key!r} is not a decimal integer", where)
+        if n.coll is not None:
+            key = n.coll[2]
+            if key != WORLD:
+                if key not in groups:
+                    out.add("pg-name", f"pg_name {key} is not a group of {FILE_NAMES['comm_group']}", where)
                     continue
-                key = str(int(key))
-                if key != WORLD:
-                    if key not in groups:
-                        out.add("pg-name", f"pg_name {key} is not a group of {FILE_NAMES['comm_group']}", where)
-                        continue
-                    if rank not in groups[key]:
-                        out.add("pg-name", f"rank {rank} is not a member of group {key}", where)
-                        continue
+                if rank not in groups[key]:
+                    out.add("pg-name", f"rank {rank} is not a member of group {key}", where)
+                    continue
             colls[key].append(n)
-            coll_sig[n.id] = (ctype, size if size is not None else -1)
-            continue
-        # send / recv
-        is_send = n.type == et.COMM_SEND_NODE
-        src, dst, tag = (_int_attr(attrs, k) for k in ("comm_src", "comm_dst", "comm_tag"))
-        other_name = "comm_dst" if is_send else "comm_src"
-        other = dst if is_send else src
-        mine = src if is_send else dst
-        if other is None:
-            out.add("p2p-attrs", f"{other_name} is missing", where)
-            continue
-        if not 0 <= other < npus or other == rank:
-            out.add("p2p-attrs", f"{other_name} {other} is not another rank of 0..{npus - 1}", where)
-            continue
-        if mine is not None and mine != rank:
-            out.add("p2p-attrs", f"{'comm_src' if is_send else 'comm_dst'} {mine} is not this rank {rank}",
-                    where)
-            continue
-        if tag is None:
-            out.add("p2p-attrs", "comm_tag is missing", where)
-            continue
-        if size is None or size <= 0:
-            out.add("comm-size", f"comm_size {size} on a {'send' if is_send else 'recv'}", where)
-            continue
-        key = (rank, other, tag, size) if is_send else (other, rank, tag, size)
-        (sends if is_send else recvs)[key] += 1
-        where_msg.setdefault(("send" if is_send else "recv", key), where)
-
-    order = _topological_positions(nodes, ids, where_f, out)
+        elif n.p2p is not None:
+            is_send, src, dst, tag, size = n.p2p
+            other, mine = (dst, src) if is_send else (src, dst)
+            other_name = "comm_dst" if is_send else "comm_src"
+            if not 0 <= other < npus or other == rank:
+                out.add("p2p-attrs", f"{other_name} {other} is not another rank of 0..{npus - 1}", where)
+                continue
+            if mine is not None and mine != rank:
+                out.add("p2p-attrs", f"{'comm_src' if is_send else 'comm_dst'} {mine} is not this "
+                        f"rank {rank}", where)
+                continue
+            key4 = (rank, other, tag, size) if is_send else (other, rank, tag, size)
+            (sends if is_send else recvs)[key4] += 1
+            where_msg.setdefault(("send" if is_send else "recv", key4), where)
+    order = _topological_positions(facts, ids, where_f, out)
     if order is None:
         return summary
     for key, cs in colls.items():
@@ -392,23 +437,25 @@ def _check_rank(path: Path, rank: int, npus: int, splits: int | None,
                         f"previous collective {a.id} of group {key}, so ranks may issue them in "
                         "different orders", f"{where_f} node {b.id} ({b.name})")
                 break
-        summary.sequences[key] = [coll_sig[n.id] for n in cs]
-        summary.first_node[key] = f"{where_f}"
+        summary.sequences[key] = [n.coll[:2] for n in cs]
     return summary
 
 
-def _topological_positions(nodes: list[et.Node], ids: dict[int, et.Node], where: str,
+def _topological_positions(facts: list[_Facts], ids: dict[int, _Facts], where: str,
                            out: _Out) -> dict[int, int] | None:
+    if len(ids) == len(facts) and all(d < n.id for n in facts for d in n.deps):
+        # Every dependency names a smaller id: id order is topological (the exporter's case).
+        return {i: k for k, i in enumerate(sorted(ids))}
     indeg = dict.fromkeys(ids, 0)
     children: dict[int, list[int]] = defaultdict(list)
-    for n in nodes:
-        for d in set(n.data_deps):
-            if d in ids and d != n.id:
-                indeg[n.id] += 1
-                children[d].append(n.id)
-            elif d == n.id:
+    for n in ids.values():
+        for d in set(n.deps):
+            if d == n.id:
                 out.add("acyclic", "node depends on itself", f"{where} node {n.id}")
                 return None
+            if d in ids:
+                indeg[n.id] += 1
+                children[d].append(n.id)
     ready = [i for i, k in indeg.items() if k == 0]
     heapq.heapify(ready)
     pos: dict[int, int] = {}
@@ -427,15 +474,15 @@ def _topological_positions(nodes: list[et.Node], ids: dict[int, et.Node], where:
     return pos
 
 
-def _reaches(node: et.Node, target: et.Node, ids: dict[int, et.Node], pos: dict[int, int]) -> bool:
+def _reaches(node: _Facts, target: _Facts, ids: dict[int, _Facts], pos: dict[int, int]) -> bool:
     """True when ``node`` depends on ``target`` through data_deps."""
-    if target.id in node.data_deps:
+    if target.id in node.deps:
         return True
     floor = pos[target.id]
     stack = [node.id]
     seen = {node.id}
     while stack:
-        for d in ids[stack.pop()].data_deps:
+        for d in ids[stack.pop()].deps:
             if d == target.id:
                 return True
             if d in ids and d not in seen and pos[d] > floor:
@@ -444,7 +491,6 @@ def _reaches(node: et.Node, target: et.Node, ids: dict[int, et.Node], pos: dict[
     return False
 
 
-# -- the whole folder -------------------------------------------------------------------------
 def _digest(seq: list[tuple[int, int]]) -> str:
     h = hashlib.sha1(usedforsecurity=False)
     for t, s in seq:
@@ -472,6 +518,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     sends: Counter = Counter()
     recvs: Counter = Counter()
     where_msg: dict = {}
+    cache = _FactsCache(splits)
     # group -> digest -> (first rank, sequence); group -> rank -> digest
     reps: dict[str, dict[str, tuple[int, list]]] = defaultdict(dict)
     seen: dict[str, dict[int, str]] = defaultdict(dict)
@@ -480,7 +527,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
         if not path.is_file():
             out.add("files-present", f"rank {r} has no workload file (ASTRA-sim exits)", str(path))
             continue
-        s = _check_rank(path, r, npus, splits, groups, out, sends, recvs, where_msg)
+        s = _check_rank(path, r, npus, groups, out, cache, sends, recvs, where_msg)
         if s is not None:
             for key, seq in s.sequences.items():
                 d = _digest(seq)

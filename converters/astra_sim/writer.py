@@ -44,6 +44,7 @@ from .mapping import (
 )
 
 METADATA_VERSION = "0.0.4"
+MIN_NPUS = 2               # every network dimension needs more than one NPU
 A2A_TAG_BASE = 1 << 30     # tags of send/recv made from uneven all-to-all
 MAX_IR_TAG = 1 << 30       # IR tags at or above this are replaced by the P2P sequence number
 SPLIT_ATTR = "in_split_bytes"
@@ -120,6 +121,7 @@ class _Exporter:
         self.job = job
         self.opts = options
         self.world = job.world_size
+        self.npus = max(MIN_NPUS, self.world)
         self.splits = options.splits
         self.attrs = _AttrBytes()
         self.mapped: Counter[str] = Counter()
@@ -184,21 +186,38 @@ class _Exporter:
 
     # -- all-to-all -----------------------------------------------------------------------
     @staticmethod
-    def _splits_of(node: pb.Node, n: int) -> list[int]:
-        """Per-peer bytes a rank sends in an all-to-all (group order)."""
+    def _explicit_splits(node: pb.Node, n: int) -> list[int] | None:
+        """Per-peer bytes from the ``in_split_bytes`` attribute (group order), if present."""
         raw = node.attrs.get(SPLIT_ATTR, "")
-        if raw:
-            try:
-                vals = [int(v) for v in raw.replace("[", "").replace("]", "").split(",") if v.strip()]
-            except ValueError:
-                raise EchoError(f"node {node.id} ({node.name}): attribute {SPLIT_ATTR}={raw!r} "
-                                "is not a list of integers") from None
-            if len(vals) != n or min(vals) < 0:
-                raise EchoError(f"node {node.id} ({node.name}): {SPLIT_ATTR} lists {len(vals)} "
-                                f"sizes for a group of {n}")
-            return vals
-        b = node.collective.in_bytes
-        return [b // n + (1 if i < b % n else 0) for i in range(n)]
+        if not raw:
+            return None
+        try:
+            vals = [int(v) for v in raw.replace("[", "").replace("]", "").split(",") if v.strip()]
+        except ValueError:
+            raise EchoError(f"node {node.id} ({node.name}): attribute {SPLIT_ATTR}={raw!r} "
+                            "is not a list of integers") from None
+        if len(vals) != n or min(vals) < 0:
+            raise EchoError(f"node {node.id} ({node.name}): {SPLIT_ATTR} lists {len(vals)} "
+                            f"sizes for a group of {n}")
+        return vals
+
+    @staticmethod
+    def _proportional_row(send: int, outs: list[int]) -> list[int]:
+        """Bytes one rank sends to each member when only totals are known: its input split in
+        proportion to what each member receives (the independent, maximum-entropy guess; it
+        keeps every rank's send total exact and receive totals within a byte per peer).
+        Floors, then the remainder to the largest fractions (ties to the lower index)."""
+        total = sum(outs)
+        n = len(outs)
+        if total <= 0:
+            return [send // n + (1 if j < send % n else 0) for j in range(n)]
+        exact = [send * o for o in outs]
+        row = [e // total for e in exact]
+        left = send - sum(row)
+        by_frac = sorted(range(n), key=lambda j: (-(exact[j] % total), j))
+        for j in by_frac[:left]:
+            row[j] += 1
+        return row
 
     def _a2a_matrix(self, rank: int, pn: PlannedNode) -> list[list[int]] | None:
         """None when the all-to-all is even on every member (native ALL_TO_ALL), else the
@@ -219,12 +238,16 @@ class _Exporter:
             nodes = [node] * n
         else:
             nodes = [self._member_node(m, pg_id, node.collective.seq) for m in members]
-        if all(SPLIT_ATTR not in x.attrs for x in nodes) and len({x.collective.in_bytes for x in nodes}) == 1:
+        explicit = [self._explicit_splits(x, n) for x in nodes]
+        ins = [x.collective.in_bytes for x in nodes]
+        outs = [x.collective.out_bytes for x in nodes]
+        if all(e is None for e in explicit) and len(set(ins)) == 1 and len(set(outs)) == 1:
             return None
-        matrix = [self._splits_of(x, n) for x in nodes]
-        flat = {v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j}
-        if len(flat) == 1 and len({x.collective.in_bytes for x in nodes}) == 1:
-            return None
+        matrix = [e if e is not None else self._proportional_row(ins[i], outs)
+                  for i, e in enumerate(explicit)]
+        off_diag = {v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j}
+        if len(off_diag) == 1 and len(set(ins)) == 1:
+            return None  # explicit splits that are even after all
         return matrix
 
     # -- per rank -------------------------------------------------------------------------
@@ -304,7 +327,15 @@ class _Exporter:
                 data = (self._fast_rank(r, plan, heads) if heads is not None
                         else self._general_rank(r, plan, gid))
                 (dest / name).write_bytes(data)
-        for r in range(self.world):
+        for r in range(self.world, self.npus):
+            # ASTRA-sim needs at least 2 NPUs: pad with idle ranks of one 1 µs compute node.
+            idle = et.Node(id=1, name="idle (padding: ASTRA-sim needs at least 2 NPUs)",
+                           type=et.COMP_NODE, duration_micros=1)
+            idle.attr.append(_attr("is_cpu_op", bool_val=False))
+            data = self._metadata() + _delimited(idle.SerializeToString(deterministic=True))
+            (dest / f"{WORKLOAD_PREFIX}.{r}.et").write_bytes(data)
+            self.mapped["idle rank added (ASTRA-sim needs >= 2 NPUs)"] += 1
+        for r in range(self.npus):
             names.append(f"{WORKLOAD_PREFIX}.{r}.et")
         return names
 
@@ -353,7 +384,9 @@ class _Exporter:
                 next_id += 1
                 continue
             ids = []
-            self.mapped["all_to_all(uneven)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
+            how = ("in_split_bytes" if SPLIT_ATTR in pn.node.attrs
+                   else "sizes proportional to output bytes")
+            self.mapped[f"all_to_all(uneven, {how})->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
             for msg in self._a2a_messages(rank, pn, matrix, a2a_tags):
                 kind, peer, size, tag = msg
                 n = _base_node(pn, next_id, deps)
@@ -443,8 +476,8 @@ def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None
         more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
         raise CheckError(f"job fails check: {issues[0]}{more}")
     hw = job.manifest.hardware
-    net = configs.network_for(job.world_size, hw.gpus_per_node, hw.intra_node_bw_gbps,
-                              hw.inter_node_bw_gbps, opts)
+    net = configs.network_for(max(MIN_NPUS, job.world_size), hw.gpus_per_node,
+                              hw.intra_node_bw_gbps, hw.inter_node_bw_gbps, opts)
     ex = _Exporter(job, opts)
     ex.plan()
     dest = Path(dest)
@@ -470,7 +503,8 @@ def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None
     return {
         "output": str(dest),
         "workload_prefix": str(dest / WORKLOAD_PREFIX),
-        "ranks": job.world_size,
+        "ranks": net.npus,
+        "job_ranks": job.world_size,
         "files": files + sorted(FILE_NAMES.values()),
         "mapped": dict(sorted(ex.mapped.items())),
         "groups": len(ex.used_groups),

@@ -449,7 +449,9 @@ def read(paths: list[Path], options) -> Job:
         for node in g.nodes:
             if node.kind == pb.KIND_COLLECTIVE:
                 c = node.collective
-                if node.attrs.pop("echo_out_bytes_given", None) is None:
+                if "echo_out_bytes_given" in node.attrs:  # (a protobuf map's pop() inserts)
+                    del node.attrs["echo_out_bytes_given"]
+                else:
                     c.out_bytes = collective_out_bytes(c.type, c.in_bytes, sizes[c.group])
         h = g.content_hash()
         gid = by_hash.setdefault(h, g.id)

@@ -148,7 +148,8 @@ def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.No
             # comm_type would be read as one, so write a GPU COMP_NODE marked echo.kind.
             c.type = et.COMP_NODE
         attrs.append(bool_attr("is_cpu_op", False))
-    if kind not in _NATIVE_KINDS and not (kind == pb.KIND_COMM_UNKNOWN and chakra_type):
+    native = kind in _NATIVE_KINDS and not (kind == pb.KIND_MEMCPY and c.type == et.COMP_NODE)
+    if not native and not (kind == pb.KIND_COMM_UNKNOWN and chakra_type):
         attrs.append(str_attr(ECHO_PREFIX + "kind", node_kind_name(kind)))
     if n.HasField("annotations") and n.annotations.ByteSize():
         text = json.dumps(json_format.MessageToDict(n.annotations), sort_keys=True)

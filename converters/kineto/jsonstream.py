@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import json.scanner
 import re
 import zlib
 from collections.abc import Callable
@@ -31,6 +32,8 @@ _CHUNK = 1 << 20
 _MAX_VALUE_CHARS = 8 << 20
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder(parse_float=str)
+_SCAN = json.scanner.make_scanner(_DECODER)
+_SEP = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
 
 
 class _Text:
@@ -192,17 +195,32 @@ def _read_events(t: _Text, on_event: Callable[[dict], None]) -> int:
     if t.peek() == "]":
         t.pos += 1
         return 0
-    value = t.value
-    peek = t.peek
+    scan = _SCAN
+    sep = _SEP.match
     while True:
-        ev = value()
+        # Fast path: a whole event and its separator inside the buffer.
+        buf, pos = t.buf, t.pos
+        try:
+            ev, end = scan(buf, pos)
+            if end >= len(buf):
+                raise StopIteration
+        except (StopIteration, json.JSONDecodeError):
+            ev = t.value()
+            buf, end = t.buf, t.pos
+        t.pos = end
         n += 1
         if isinstance(ev, dict):
             on_event(ev)
-        c = peek()
+        m = sep(buf, end)
+        if m is not None:
+            nxt = m.end()
+            if nxt < len(buf) and buf[nxt] != "]":
+                t.pos = nxt
+                continue
+        c = t.peek()
         if c == ",":
             t.pos += 1
-            if peek() == "]":  # tolerate a trailing comma
+            if t.peek() == "]":  # tolerate a trailing comma
                 t.pos += 1
                 return n
             continue

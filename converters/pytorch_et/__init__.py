@@ -20,57 +20,39 @@ from Kineto traces of the same run (see :mod:`.link`).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from echo_et.converters.pytorch_et.job import assign_ranks, build_job
 from echo_et.converters.pytorch_et.link import link
-from echo_et.converters.pytorch_et.stream import read_head
-from echo_et.converters.pytorch_et.trace import HostTrace, load, rank_from_name
+from echo_et.converters.pytorch_et.trace import (
+    HostTrace,
+    expand_paths,
+    load,
+    looks_like_host_et,
+    rank_from_name,
+)
 from echo_et.errors import EchoError
 from echo_et.ir import Job
 
 __all__ = ["HostTrace", "link", "load", "rank_from_name", "read", "sniff"]
 
-_SCHEMA_KEY = re.compile(r'"schema"\s*:')
-_NODES_KEY = re.compile(r'"nodes"\s*:\s*\[')
-_NODE_KEYS = re.compile(r'"(?:ctrl_deps|parent|rf_id)"\s*:')
-
 
 def sniff(path: Path) -> bool:
     """A JSON object with a top-level ``schema`` and a ``nodes`` array (gzipped or not)."""
-    if not Path(path).is_file():
-        return False
-    head = read_head(path, 1 << 16)
-    if not head.lstrip().startswith("{"):
-        return False
-    nodes = _NODES_KEY.search(head)
-    if nodes is None:
-        return False
-    return bool(_SCHEMA_KEY.search(head)) or bool(_NODE_KEYS.search(head, nodes.end()))
+    return looks_like_host_et(Path(path))
 
 
 def read(paths: list[Path], options) -> Job:
-    """One Job from host traces, one file per rank (a folder stands for its files)."""
-    files: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            files.extend(sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith(".")))
-        else:
-            files.append(p)
-    if not files:
-        raise EchoError("no host execution trace given")
+    """One Job from host traces, one file per rank (a folder stands for the host traces in it)."""
+    if getattr(options, "host_et", None):
+        raise EchoError("--host-et links host traces to Kineto traces; these inputs are host "
+                        "traces already (convert them without --host-et)")
+    files = expand_paths(paths)
     traces = [load(p) for p in files]
     ranks = assign_ranks(traces, getattr(options, "rank", None))
-    name = getattr(options, "name", "") or _job_name(files)
-    job = build_job(ranks, world_hint=getattr(options, "world_size", None),
-                    step=getattr(options, "step", None), name=name)
-    host_et = list(getattr(options, "host_et", []) or [])
-    if host_et:
-        raise EchoError("--host-et links host traces to a Kineto trace; the inputs are host traces "
-                        "already (convert them directly)")
-    return job
+    return build_job(ranks, world_hint=getattr(options, "world_size", None),
+                     step=getattr(options, "step", None),
+                     name=getattr(options, "name", "") or _job_name(files))
 
 
 def _job_name(files: list[Path]) -> str:

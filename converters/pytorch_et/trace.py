@@ -9,9 +9,12 @@ from pathlib import Path
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall, PgDef
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, parse_node
-from echo_et.converters.pytorch_et.stream import iter_object
+from echo_et.converters.pytorch_et.stream import iter_object, read_head
 from echo_et.errors import EchoError
 
+_SCHEMA_KEY = re.compile(r'"schema"\s*:')
+_NODES_KEY = re.compile(r'"nodes"\s*:\s*\[')
+_NODE_KEYS = re.compile(r'"(?:ctrl_deps|parent|rf_id)"\s*:')
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # Rank in a file name: "rank3", "rank-3", "worker3", or a trailing "_3.json" / ".3.json"
 # (but not the last part of a version number such as "chakra.0.0.4.json").
@@ -57,6 +60,40 @@ class HostTrace:
             if c.pg_name == "0" or (c.pg_ref is not None and c.pg_ref in default):
                 return c.rank_field
         return None
+
+
+def looks_like_host_et(path: Path) -> bool:
+    """A JSON object with a top-level ``schema`` and a ``nodes`` array (gzipped or not)."""
+    if not path.is_file():
+        return False
+    head = read_head(path, 1 << 16)
+    if not head.lstrip().startswith("{"):
+        return False
+    nodes = _NODES_KEY.search(head)
+    if nodes is None:
+        return False
+    return bool(_SCHEMA_KEY.search(head)) or bool(_NODE_KEYS.search(head, nodes.end()))
+
+
+def expand_paths(paths: list[Path]) -> list[Path]:
+    """Files as given; a folder stands for the host traces in it (other files are ignored, so
+    one folder can hold a run's Kineto and host traces side by side)."""
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise EchoError(f"{p}: no such file or directory")
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if not q.name.startswith(".")
+                           and looks_like_host_et(q))
+            if not found:
+                raise EchoError(f"{p}: folder has no host execution trace")
+            files.extend(found)
+        else:
+            files.append(p)
+    if not files:
+        raise EchoError("no host execution trace given")
+    return files
 
 
 def load(path: Path) -> HostTrace:

@@ -98,8 +98,10 @@ def inject(
     job_path: Path = typer.Argument(..., metavar="JOB", help="Single-rank Job directory or trace."),
     output: Path = typer.Option(..., "-o", "--output", help="Job directory to write."),
     dp: int = typer.Option(..., "--dp", help="Data-parallel degree of the new Job."),
-    bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="DDP bucket cap in MiB (first bucket: 1 MiB)."),
-    first_bucket_mb: float = typer.Option(1.0, "--first-bucket-mb", help="Cap of the first bucket in MiB."),
+    bucket_mb: float | None = typer.Option(
+        None, "--bucket-mb", help="DDP bucket cap in MiB (default 25, first bucket 1 MiB, as DDP)."),
+    first_bucket_mb: float | None = typer.Option(
+        None, "--first-bucket-mb", help="Cap of the first bucket in MiB (default: as DDP)."),
     zero: int = typer.Option(0, "--zero", help="0: all-reduce buckets; 1: reduce-scatter + all-gather."),
     param_bytes: str | None = typer.Option(
         None, "--param-bytes", help="Total parameter bytes (e.g. 500M) when the trace has no gradient shapes."),

@@ -113,7 +113,9 @@ def _check_graph(graph: Graph, source: str, out: _Collector) -> None:
     for key, items in seqs.items():
         got = sorted(s for s, _ in items)
         if got != list(range(len(items))):
-            bad = next((n for s, n in sorted(items, key=lambda t: t[0]) if got.count(s) > 1), items[0][1])
+            # The first node, in sequence order, whose number is not its position.
+            ranked = sorted(items, key=lambda t: (t[0], t[1].id))
+            bad = next(n for i, (s, n) in enumerate(ranked) if s != i)
             out.add("collective-seq", f"collectives on group {key!r} are not numbered 0..{len(items) - 1}",
                     _where(source, graph, bad))
 
@@ -221,6 +223,7 @@ def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
             return out.issues
 
     groups = {g.id: g for g in m.groups}
+    member_sets: dict[int, frozenset[int]] = {}  # built on first use: O(1) membership at 100K ranks
     # group id -> list of (rank, graph id, key)
     members: dict[int, list[tuple[int, str, str]]] = defaultdict(list)
     for b in m.bindings:
@@ -238,7 +241,10 @@ def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
             if pg is None:
                 out.add("group-bound", f"group key {key!r} is bound to undefined group {b.groups[key]}", where_b)
                 continue
-            if b.rank not in pg.ranks:
+            mset = member_sets.get(pg.id)
+            if mset is None:
+                mset = member_sets[pg.id] = frozenset(pg.ranks)
+            if b.rank not in mset:
                 out.add("group-bound",
                         f"group key {key!r} is bound to group {pg.id}, which does not contain rank {b.rank}", where_b)
                 continue
@@ -265,6 +271,8 @@ def _coll_sig(nodes: list[pb.Node]) -> tuple:
 
 def _check_collective_sequences(job, groups, members, sigs, out: _Collector) -> None:
     src = job.source
+    # Signatures per (graph, key), shared by all groups: ranks that share a graph share them.
+    cache: dict[tuple[str, str], tuple] = {}
     for gid in sorted(members):
         pg = groups[gid]
         mem = members[gid]
@@ -274,9 +282,11 @@ def _check_collective_sequences(job, groups, members, sigs, out: _Collector) -> 
                 # A member with no binding for this group issues no collective on it.
                 mem.append((r, "", ""))
         ref_rank, ref_graph, ref_key = min(mem)
-        ref_nodes = sigs[ref_graph].collectives.get(ref_key, []) if ref_graph else []
-        ref = _coll_sig(ref_nodes)
-        cache: dict[tuple[str, str], tuple] = {(ref_graph, ref_key): ref}
+        ref = cache.get((ref_graph, ref_key))
+        if ref is None:
+            ref_nodes = sigs[ref_graph].collectives.get(ref_key, []) if ref_graph else []
+            ref = _coll_sig(ref_nodes)
+            cache[(ref_graph, ref_key)] = ref
         for rank, graph_id, key in sorted(mem):
             s = cache.get((graph_id, key))
             if s is None:

@@ -237,9 +237,17 @@ def load_job(job_dir: str | os.PathLike[str]) -> Job:
     return Job(manifest, loader=loader, source=str(root))
 
 
-def _graph_file_name(graph_id: str) -> str:
+def _graph_file_name(graph_id: str, taken: set[str] | None = None) -> str:
+    """``graphs/<id>.graph`` with unsafe characters replaced; when two ids map to the same
+    name (``a/b`` and ``a_b``), the later one gets a hash of its id so neither is lost."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in graph_id)
-    return f"{GRAPH_DIR}/{safe}{GRAPH_SUFFIX}"
+    rel = f"{GRAPH_DIR}/{safe}{GRAPH_SUFFIX}"
+    if taken is not None:
+        if rel in taken:
+            digest = hashlib.sha256(graph_id.encode()).hexdigest()[:12]
+            rel = f"{GRAPH_DIR}/{safe}-{digest}{GRAPH_SUFFIX}"
+        taken.add(rel)
+    return rel
 
 
 def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = True) -> Path:
@@ -258,9 +266,10 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
         manifest = pb.JobManifest()
         manifest.CopyFrom(job.manifest)
         del manifest.graphs[:]
+        taken: set[str] = set()
         for gid in job.graph_ids():
             g = job.graph(gid)
-            rel = _graph_file_name(gid)
+            rel = _graph_file_name(gid, taken)
             path = tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as f:

@@ -14,9 +14,11 @@ Rules (PyTorch DistributedDataParallel, torch/nn/parallel/distributed.py and red
   over the AccumulateGrad ops, or over the backward ops (``autograd::engine::
   evaluate_function: *`` host ops or nodes annotated phase=backward) when there are none.
 - **Buckets.** Gradients join the current bucket until it reaches its cap (the bucket may
-  exceed it by its last gradient, as in ``compute_bucket_assignment_by_size``); the first
-  bucket's cap is 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``), the others ``--bucket-mb``
-  (25 MiB by default). Gradients of different dtypes never share a bucket.
+  exceed it by its last gradient, as in ``compute_bucket_assignment_by_size``). With the
+  default cap (25 MiB) the first bucket's cap is 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``);
+  when ``--bucket-mb`` is given, the first bucket has that cap too (DDP's
+  ``_BucketCapacityConfig``: the small first bucket only comes with the default). MiB =
+  2**20 bytes. Gradients of different dtypes never share a bucket.
 - **Issue point.** A bucket is reduced when its last gradient is ready: the collective runs
   on a new communication stream, after the host op of that AccumulateGrad (DEP_DATA) and
   after the latest GPU kernel launched before it (DEP_SYNC: DDP's stream wait).
@@ -49,6 +51,7 @@ from echo_et.ir.schema import COMM_KINDS, pb
 from echo_et.passes.scale import check_gpus_per_node
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
+DEFAULT_BUCKET_MB = 25.0
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer.step"
@@ -129,11 +132,19 @@ def _grad_bytes(node: pb.Node) -> tuple[int, str] | None:
     dims = shapes[0]
     if not all(isinstance(d, int) for d in dims):
         return None
-    dtype = str(dtypes[0]) if dtypes else ""
+    dtype = _dtype_name(str(dtypes[0])) if dtypes else ""
     size = DTYPE_BYTES.get(dtype)
     if size is None:
         return None
     return math.prod(dims) * size, dtype
+
+
+def _dtype_name(text: str) -> str:
+    """'Tensor(float)' (host ET) -> 'float' (Kineto's spelling)."""
+    text = text.strip()
+    if text.startswith("Tensor(") and text.endswith(")"):
+        text = text[len("Tensor("):-1]
+    return text
 
 
 def _op_name(n: pb.Node) -> str:
@@ -237,10 +248,15 @@ def _end(n: pb.Node) -> int:
     return n.start_ns + n.duration_ns
 
 
-def inject_dp(job: Job, *, dp: int, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
-              zero: int = 0, param_bytes: int | None = None,
+def inject_dp(job: Job, *, dp: int, bucket_mb: float | None = None,
+              first_bucket_mb: float | None = None, zero: int = 0, param_bytes: int | None = None,
               gpus_per_node: int | None = None) -> tuple[Job, InjectReport]:
-    """A ``dp``-rank data-parallel Job from the single-rank ``job`` (not modified)."""
+    """A ``dp``-rank data-parallel Job from the single-rank ``job`` (not modified).
+    ``bucket_mb=None`` is DDP's default (25 MiB, first bucket 1 MiB)."""
+    if first_bucket_mb is None:
+        first_bucket_mb = DEFAULT_FIRST_BUCKET_BYTES / (1 << 20) if bucket_mb is None else bucket_mb
+    if bucket_mb is None:
+        bucket_mb = DEFAULT_BUCKET_MB
     if dp < 1:
         raise EchoError(f"--dp {dp}: must be >= 1")
     if zero not in (0, 1):
@@ -272,8 +288,8 @@ def inject_dp(job: Job, *, dp: int, bucket_mb: float = 25.0, first_bucket_mb: fl
         stream = b.stream(pb.STREAM_GPU_COMM, "nccl:dp", device=gpu.device)
         report.comm_stream = "nccl:dp (GPU communication stream)"
     else:
-        stream = b.stream(pb.STREAM_CPU_THREAD, "gloo:dp")
-        report.comm_stream = "gloo:dp (host communication thread; the trace has no GPU stream)"
+        stream = b.stream(pb.STREAM_CPU_THREAD, "host-comm:dp")
+        report.comm_stream = "host-comm:dp (host communication thread, as gloo; no GPU stream)"
     b.declare_group("dp", dp)
 
     reduce_nodes = []

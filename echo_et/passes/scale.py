@@ -15,8 +15,10 @@ Data parallelism (exact where the replicas are symmetric, which DP replicas are)
   ``keep-rank`` (default) keeps each rank's input and output (a fixed model sharded over more
   ranks with a fixed per-rank batch, as DLRM's embedding all-to-all), ``keep-peer`` keeps the
   bytes sent to each peer, so per-rank bytes grow with the group;
-- with ZeRO the optimizer updates a 1/N shard: durations of optimizer-phase math nodes are
-  scaled by D/N (an assumption: time proportional to shard size);
+- with ZeRO the optimizer updates a 1/N shard: durations of optimizer-phase math nodes (GPU
+  kernels; in a CPU-only graph the innermost host ops) are scaled by D/N (an assumption:
+  time proportional to shard size), and later nodes move earlier by the time saved (see
+  :mod:`echo_et.passes.retime`);
 - measured step times do not carry over (the scaled job was never measured): 0.
 
 What is assumed, not derived: that replica d >= D behaves like replica d mod D (same
@@ -36,6 +38,7 @@ from echo_et.ir.schema import ROLE_BY_NAME, pb
 from echo_et.passes.layout import LayoutDecision, infer_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.regroup import GroupShape, derived_ranks, group_shape
+from echo_et.passes.retime import rescale_durations
 
 A2A_POLICIES = ("keep-rank", "keep-peer")
 _MATH_KINDS = (pb.KIND_COMPUTE,)
@@ -238,6 +241,8 @@ def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: in
                                 f"{old_dp} replicas")
             g.header.group_sizes[k] = size // old_dp * new_dp
     has_kernels = any(n.kind == pb.KIND_COMPUTE for n in g.nodes)
+    parents = {d.id for n in g.nodes for d in n.deps if d.kind == pb.DEP_CONTROL}
+    factors: dict[int, float] = {}
     for n in g.nodes:
         if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group in growing:
             raise EchoError(f"graph {g.id} node {n.id} ({n.name}): send/recv on group {n.p2p.group!r}, "
@@ -246,9 +251,11 @@ def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: in
             if _resize(n.collective, old_dp, new_dp, zero, a2a):
                 report.resized_collectives += 1
         elif zero and n.annotations.phase == "optimizer" and (
-                n.kind in _MATH_KINDS or (not has_kernels and n.kind == pb.KIND_CPU_OP)):
-            n.duration_ns = max(1, round(n.duration_ns * old_dp / new_dp)) if n.duration_ns else 0
-            report.rescaled_optimizer_nodes += 1
+                n.kind in _MATH_KINDS
+                or (not has_kernels and n.kind == pb.KIND_CPU_OP and n.id not in parents)):
+            factors[n.id] = old_dp / new_dp
+    rescale_durations(g, factors)
+    report.rescaled_optimizer_nodes += len(factors)
     return g
 
 

@@ -11,56 +11,70 @@ from echo_et.sim.program import CAT_COMPUTE, CAT_COPY, CAT_NAMES, CAT_SYNC, COMM
 _COMPUTE_CATS = (CAT_COMPUTE, CAT_COPY)
 
 
-def _union_len(lo: np.ndarray, hi: np.ndarray) -> int:
-    if lo.size == 0:
-        return 0
-    order = np.argsort(lo, kind="stable")
-    lo, hi = lo[order], hi[order]
-    run_hi = np.maximum.accumulate(hi)
-    # Each interval adds what lies beyond the furthest end seen before it.
-    prev = np.concatenate(([lo[0]], run_hi[:-1]))
+def _row_union(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Union length of each row's intervals [lo, hi) (2-D arrays, one row per rank)."""
+    if lo.shape[1] == 0:
+        return np.zeros(lo.shape[0], dtype=np.int64)
+    order = np.argsort(lo, axis=1, kind="stable")
+    lo = np.take_along_axis(lo, order, axis=1)
+    hi = np.take_along_axis(hi, order, axis=1)
+    run = np.maximum.accumulate(hi, axis=1)
+    prev = np.concatenate((lo[:, :1], run[:, :-1]), axis=1)
     add = np.clip(hi - np.maximum(lo, prev), 0, None)
-    add[0] = hi[0] - lo[0]
-    return int(add.sum())
+    add[:, 0] = np.clip(hi[:, 0] - lo[:, 0], 0, None)
+    return add.sum(axis=1)
 
 
-def rank_breakdown(st) -> dict[str, int]:
-    """Step time and its breakdown for one simulated rank (see :class:`RankResult`)."""
-    prog = st.prog
-    if prog.n_items == 0:
-        return dict(step_time_ns=0, compute_ns=0, comm_ns=0, exposed_comm_ns=0, idle_ns=0,
-                    sync_wait_ns=0, host_wait_ns=0)
-    start = np.asarray(st.start, dtype=np.int64)
-    end = np.asarray(st.end, dtype=np.int64)
-    cats = np.asarray(prog.cat, dtype=np.int64)
-    step = int(end.max() - st.origin)
-    comp = np.isin(cats, _COMPUTE_CATS)
-    comm = np.isin(cats, tuple(COMM_CATS))
-    busy = comp | comm
-    compute_ns = _union_len(start[comp], end[comp])
-    comm_ns = _union_len(start[comm], end[comm])
-    busy_ns = _union_len(start[busy], end[busy])
-    if st.arrive:
-        items = np.fromiter(st.arrive.keys(), dtype=np.int64)
-        arr = np.fromiter(st.arrive.values(), dtype=np.int64)
-        sync_wait = _union_len(arr, start[items])
-    else:
-        sync_wait = 0
-    sync_items = np.flatnonzero(cats == CAT_SYNC)
-    if sync_items.size:
-        dur = np.asarray(st.dur, dtype=np.int64)[sync_items]
-        host_wait = int(np.clip(end[sync_items] - start[sync_items] - dur, 0, None).sum())
-    else:
-        host_wait = 0
-    return dict(
-        step_time_ns=step,
-        compute_ns=compute_ns,
-        comm_ns=comm_ns,
-        exposed_comm_ns=busy_ns - compute_ns,
-        idle_ns=max(0, step - busy_ns),
-        sync_wait_ns=sync_wait,
-        host_wait_ns=host_wait,
-    )
+def rank_breakdowns(states: list) -> dict[int, dict[str, int]]:
+    """Step time and its breakdown (see :class:`RankResult`) for every simulated rank,
+    vectorized over the ranks that run the same program."""
+    out: dict[int, dict[str, int]] = {}
+    by_prog: dict[int, list] = {}
+    for st in states:
+        by_prog.setdefault(id(st.prog), []).append(st)
+    for group in by_prog.values():
+        prog = group[0].prog
+        if prog.n_items == 0:
+            for st in group:
+                out[st.cls] = dict(step_time_ns=0, compute_ns=0, comm_ns=0, exposed_comm_ns=0, idle_ns=0,
+                                   sync_wait_ns=0, host_wait_ns=0)
+            continue
+        cats = np.asarray(prog.cat, dtype=np.int64)
+        comp = np.flatnonzero(np.isin(cats, _COMPUTE_CATS))
+        comm = np.flatnonzero(np.isin(cats, tuple(COMM_CATS)))
+        busy = np.union1d(comp, comm)
+        sync = np.flatnonzero(cats == CAT_SYNC)
+        rdv = np.array(sorted(prog.rendezvous), dtype=np.int64)
+        for lo_k in range(0, len(group), 512):  # bounded memory on huge jobs
+            chunk = group[lo_k:lo_k + 512]
+            start = np.array([st.start for st in chunk], dtype=np.int64)
+            end = np.array([st.end for st in chunk], dtype=np.int64)
+            origin = np.array([st.origin for st in chunk], dtype=np.int64)
+            step = end.max(axis=1) - origin
+            compute_ns = _row_union(start[:, comp], end[:, comp])
+            comm_ns = _row_union(start[:, comm], end[:, comm])
+            busy_ns = _row_union(start[:, busy], end[:, busy])
+            if rdv.size:
+                arr = np.array([[st.arrive[i] for i in rdv.tolist()] for st in chunk], dtype=np.int64)
+                wait = _row_union(arr, start[:, rdv])
+            else:
+                wait = np.zeros(len(chunk), dtype=np.int64)
+            if sync.size:
+                dur = np.array([[st.dur[i] for i in sync.tolist()] for st in chunk], dtype=np.int64)
+                host_wait = np.clip(end[:, sync] - start[:, sync] - dur, 0, None).sum(axis=1)
+            else:
+                host_wait = np.zeros(len(chunk), dtype=np.int64)
+            for k, st in enumerate(chunk):
+                out[st.cls] = dict(
+                    step_time_ns=int(step[k]),
+                    compute_ns=int(compute_ns[k]),
+                    comm_ns=int(comm_ns[k]),
+                    exposed_comm_ns=int(busy_ns[k] - compute_ns[k]),
+                    idle_ns=int(max(0, step[k] - busy_ns[k])),
+                    sync_wait_ns=int(wait[k]),
+                    host_wait_ns=int(host_wait[k]),
+                )
+    return out
 
 
 def _label(st, item: int) -> tuple[str, str]:
@@ -109,20 +123,18 @@ def critical_path(states: list, part, top: int) -> dict[str, Any]:
             t = st.arrive[item]
         else:
             t = st.start[item]
-        g = prog.gate[item]
-        t0 = t - g
-        gaps += g
         p = prog.prev[item]
         nxt = None
-        if p >= 0 and st.end[p] == t0:
-            nxt = (p, True)
+        g = prog.pgap[item]
+        if (st.end[p] if p >= 0 else st.origin) + g == t:
+            nxt = (p, True) if p >= 0 else None
         else:
-            for ref in prog.spreds[item]:
+            for ref, g2 in prog.spreds[item]:
                 q = ref >> 1
-                v = st.start[q] if ref & 1 else st.end[q]
-                if v == t0:
-                    nxt = (q, not (ref & 1))
+                if (st.start[q] if ref & 1 else st.end[q]) + g2 == t:
+                    nxt, g = (q, not (ref & 1)), g2
                     break
+        gaps += g
         if nxt is None:
             break  # reached the rank's origin
         item, at_end = nxt

@@ -23,12 +23,17 @@ a parent operator ends after its last child plus the measured tail, and:
   rendezvous item spanning its own segment;
 * dependencies between nodes of the same thread are implied by the thread order.
 
-Every item starts at ``max(end of its stream predecessor, its dependencies) + gate`` where
-``gate = max(0, measured start - latest measured predecessor time)``: in replay, with
-measured durations, every item lands exactly at its measured time. A DEP_LAUNCH dependency
-counts from the *start* of the launch call (a kernel can start before the launch returns),
-every other dependency from the end of the node it names. DEP_CONTROL (nesting) is not an
-execution constraint.
+Every item starts at ``max over its predecessors p of (time of p + gap_p)``. The
+predecessor that decided the measured start (the latest one, in measured time) keeps the
+measured gap (``gap = measured start - its measured time``: launch latency, host time
+between operators); the others get 0. In replay, with measured durations, every item lands
+exactly at its measured time; when the simulation moves a predecessor, an item that was
+waiting for its launch but is now waiting for its stream starts right after the stream
+frees instead of carrying the old launch latency along. The stream predecessor of the first
+item of a stream is the rank's origin (the earliest measured start of the graph). A
+DEP_LAUNCH dependency counts from the *start* of the launch call (a kernel can start before
+the launch returns), every other dependency from the end of the node it names. DEP_CONTROL
+(nesting) is not an execution constraint.
 """
 
 from __future__ import annotations
@@ -61,6 +66,10 @@ CAT_NAMES = {
 }
 COMM_CATS = frozenset({CAT_COLL, CAT_P2P, CAT_COMM_OTHER})
 RENDEZVOUS_CATS = frozenset({CAT_COLL, CAT_P2P})
+
+# A dependency whose measured predecessor ends this much after the dependent node started
+# contradicts the trace (a converter guessed it wrong); the simulator obeys it and counts it.
+ACAUSAL_TOLERANCE_NS = 1000
 
 _HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
 _GPU_STREAM_KINDS = frozenset({pb.STREAM_GPU_COMPUTE, pb.STREAM_GPU_COMM, pb.STREAM_GPU_COPY})
@@ -103,17 +112,19 @@ class Program:
     n_items: int = 0
     stream_of: list[int] = field(default_factory=list)      # dense stream index per item
     prev: list[int] = field(default_factory=list)           # stream predecessor item, -1 first
-    spreds: list[tuple[int, ...]] = field(default_factory=list)  # start preds: item*2 + (1 = use start)
+    spreds: list[tuple[tuple[int, int], ...]] = field(default_factory=list)  # start preds: (item*2 + use start, gap)
     epreds: list[tuple[int, ...]] = field(default_factory=list)  # end preds (sync): item ids
     succs: list[tuple[int, ...]] = field(default_factory=list)
     npreds: list[int] = field(default_factory=list)
-    gate: list[int] = field(default_factory=list)
+    pgap: list[int] = field(default_factory=list)           # gap after the stream predecessor / origin
     measured_dur: list[int] = field(default_factory=list)
     measured_start: list[int] = field(default_factory=list)
     cat: list[int] = field(default_factory=list)
     node_of: list[int] = field(default_factory=list)        # index in graph.nodes of the owner, -1 none
     rendezvous: dict[int, Rendezvous] = field(default_factory=dict)  # item -> rendezvous info
     is_rdv: list[bool] = field(default_factory=list)        # item meets other ranks
+    coll_items: list[tuple[int, str, int]] = field(default_factory=list)  # (item, key, seq)
+    p2p_items: list[tuple[int, str, int, int, bool]] = field(default_factory=list)  # (item, key, peer, seq, send)
     # per node (index in graph.nodes): the items holding its start and end
     node_start_item: list[int] = field(default_factory=list)
     node_end_item: list[int] = field(default_factory=list)
@@ -125,6 +136,7 @@ class Program:
     group_keys: list[str] = field(default_factory=list)
     ordered_keys: frozenset[str] = frozenset()  # keys used by P2P or rooted collectives
     roots: list[int] = field(default_factory=list)  # items with no predecessor at all
+    acausal_deps: int = 0        # dependencies the measured times contradict (by more than 1 us)
 
 
 def _where(graph: Graph, node: pb.Node) -> str:
@@ -244,22 +256,25 @@ def compile_graph(graph: Graph) -> Program:
             if pit not in epreds[it]:
                 epreds[it].append(pit)
 
-    prog.gate = [0] * prog.n_items
+    prog.pgap = [0] * prog.n_items
     prog.measured_start = item_mstart
+    gaps: list[list[int]] = [[] for _ in range(prog.n_items)]
     for it in range(prog.n_items):
         p = prog.prev[it]
-        ready = item_mend[p] if p >= 0 else prog.measured_origin
-        for ref in spreds[it]:
-            t = item_mstart[ref >> 1] if ref & 1 else item_mend[ref >> 1]
-            if t > ready:
-                ready = t
-        prog.gate[it] = max(0, item_mstart[it] - ready)
+        m_prev = item_mend[p] if p >= 0 else prog.measured_origin
+        m_refs = [item_mstart[ref >> 1] if ref & 1 else item_mend[ref >> 1] for ref in spreds[it]]
+        ready = max([m_prev, *m_refs])
+        prog.acausal_deps += sum(1 for m in m_refs if m > item_mstart[it] + ACAUSAL_TOLERANCE_NS)
+        gap = max(0, item_mstart[it] - ready)
+        prog.pgap[it] = gap if m_prev == ready else 0
+        gaps[it] = [gap if m == ready else 0 for m in m_refs]
         if epreds[it]:
             # A sync keeps only its measured return latency after what it waited for.
             waited = max(item_mend[q] for q in epreds[it])
+            prog.acausal_deps += sum(1 for q in epreds[it] if item_mend[q] > item_mend[it] + ACAUSAL_TOLERANCE_NS)
             prog.measured_dur[it] = max(0, item_mend[it] - max(item_mstart[it], waited))
 
-    prog.spreds = [tuple(s) for s in spreds]
+    prog.spreds = [tuple(zip(s, g, strict=True)) for s, g in zip(spreds, gaps, strict=True)]
     prog.epreds = [tuple(e) for e in epreds]
     succs: list[list[int]] = [[] for _ in range(prog.n_items)]
     npreds = [0] * prog.n_items
@@ -277,8 +292,12 @@ def compile_graph(graph: Graph) -> Program:
     prog.roots = [it for it in range(prog.n_items) if npreds[it] == 0]
 
     prog.is_rdv = [False] * prog.n_items
-    for it in prog.rendezvous:
+    for it, rv in sorted(prog.rendezvous.items()):
         prog.is_rdv[it] = True
+        if rv.peer < 0:
+            prog.coll_items.append((it, rv.key, rv.seq))
+        else:
+            prog.p2p_items.append((it, rv.key, rv.peer, rv.seq, rv.is_send))
     keys: set[str] = set(graph.header.group_sizes)
     ordered: set[str] = set()
     for r in prog.rendezvous.values():

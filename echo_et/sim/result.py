@@ -51,6 +51,9 @@ class SimResult:
     events: int
     slowdown: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    # acausal_deps: per graph, dependencies that the measured times contradict (a converter
+    # guessed them wrong); the simulation obeys them, so replay drifts where they bind
+    diagnostics: dict[str, Any] = field(default_factory=dict)
     _timeline: Any = None  # the engine state the timeline writer reads
 
     @property
@@ -73,6 +76,7 @@ class SimResult:
             "events": self.events,
             "slowdown": self.slowdown,
             "options": self.options,
+            "diagnostics": self.diagnostics,
         }
 
     def write_timeline(self, path) -> dict[str, Any]:

@@ -25,7 +25,7 @@ CC model and applies the overlap-slowdown model. A what-if experiment is a subcl
 
 Semantics (see ``docs/simulator.md``): each stream runs its items in order, one at a time;
 an item starts when its stream is free and its dependencies are done, plus the measured
-gate (see :mod:`echo_et.sim.program`); a collective starts on every member when the last
+gap (see :mod:`echo_et.sim.program`); a collective starts on every member when the last
 one arrives and ends on all of them together; a send and its recv start when both are
 posted and end together. Timing rules that depend on a rank's identity must also be
 reflected in :meth:`symmetry_key` (or run with ``symmetry=False``), because ranks found
@@ -44,6 +44,7 @@ from echo_et.errors import EchoError
 from echo_et.ir.checker import assert_valid
 from echo_et.ir.job import Job
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
+from echo_et.models.slowdown.intervals import covered_length, merge_intervals
 from echo_et.sim.program import (
     CAT_COLL,
     CAT_COMM_OTHER,
@@ -58,7 +59,7 @@ from echo_et.sim.program import (
     compile_graph,
 )
 from echo_et.sim.result import RankResult, SimResult
-from echo_et.sim.symmetry import Partition, identity_partition, placement_pattern, rank_partition
+from echo_et.sim.symmetry import Partition, identity_partition, rank_partition
 
 
 @dataclass
@@ -84,30 +85,56 @@ class SimOptions:
         }
 
 
-@dataclass
 class CommCall:
-    """One communication operation whose members have all arrived."""
+    """One communication operation whose members have all arrived.
 
-    op: str                      # collective name ("all_reduce", ...) or "send_recv"
-    coll_type: int               # CollectiveType (0 for send/recv)
-    in_bytes: int                # per-rank input bytes (send/recv: message bytes)
-    out_bytes: int
-    dtype: str
-    group: pb.ProcessGroup       # the concrete group (of the first member to arrive)
-    seq: int
-    root: int                    # group rank of the root, -1 when none
-    src: int                     # send/recv: global ranks; -1 for collectives
-    dst: int
-    measured_ns: list[int]       # each participating rank's measured kernel duration
-    ranks: list[int]             # simulated ranks taking part
-    nodes: list[pb.Node]         # their nodes
+    ``measured_ns`` (each participant's measured kernel duration), ``ranks`` and ``nodes``
+    are computed on first use."""
+
+    __slots__ = ("op", "coll_type", "in_bytes", "out_bytes", "dtype", "group", "seq", "root", "src", "dst",
+                 "_parts")
+
+    def __init__(self, op: str, coll_type: int, in_bytes: int, out_bytes: int, dtype: str, group: pb.ProcessGroup,
+                 seq: int, root: int, src: int, dst: int, parts: list):
+        self.op = op                  # collective name ("all_reduce", ...) or "send_recv"
+        self.coll_type = coll_type    # CollectiveType (0 for send/recv)
+        self.in_bytes = in_bytes      # per-rank input bytes (send/recv: message bytes)
+        self.out_bytes = out_bytes
+        self.dtype = dtype
+        self.group = group            # the concrete group (of the first member to arrive)
+        self.seq = seq
+        self.root = root              # group rank of the root, -1 when none
+        self.src = src                # send/recv: global ranks; -1 for collectives
+        self.dst = dst
+        self._parts = parts
+
+    @property
+    def measured_ns(self) -> list[int]:
+        return [st.prog.measured_dur[it] for st, it, _ in self._parts]
+
+    def shortest_measured_ns(self) -> int:
+        """The shortest participant kernel: the own time of the collective in replay."""
+        parts = self._parts
+        st0, it0, _ = parts[0]
+        if all(st.prog is st0.prog and it == it0 for st, it, _ in parts):
+            return st0.prog.measured_dur[it0]
+        return min(self.measured_ns)
+
+    @property
+    def ranks(self) -> list[int]:
+        """The simulated (representative) ranks taking part."""
+        return [st.rank for st, _, _ in self._parts]
+
+    @property
+    def nodes(self) -> list[pb.Node]:
+        return [st.node(it) for st, it, _ in self._parts]
 
 
 class _Rank:
     """Simulation state of one simulated (representative) rank."""
 
     __slots__ = ("rank", "cls", "prog", "graph", "dur", "cnt", "start", "end", "arrive", "origin",
-                 "stack", "queued", "done", "mkey", "keygroup", "pos", "dkey", "met")
+                 "stack", "queued", "done", "mkey", "mexp", "keygroup", "pos", "dkey", "met")
 
     def __init__(self, rank: int, cls: int, prog: Program, graph, origin: int):
         self.rank = rank
@@ -123,7 +150,8 @@ class _Rank:
         self.stack: list[int] = []
         self.queued = False
         self.done = 0
-        self.mkey: dict[int, tuple] = {}
+        self.mkey: dict[int, tuple] = {}    # rendezvous item -> meeting key
+        self.mexp: dict[int, int] = {}      # rendezvous item -> participants expected
         self.keygroup: dict[str, pb.ProcessGroup] = {}
         self.pos: dict[str, int] = {}
         self.dkey: Hashable = None
@@ -149,16 +177,6 @@ class _Rank:
         return f"node {n.id} ({n.name})" if n is not None else f"host gap item {item}"
 
 
-class _Meeting:
-    __slots__ = ("want", "arrived", "parts", "tmax")
-
-    def __init__(self, want: frozenset[int]):
-        self.want = want
-        self.arrived: set[int] = set()
-        self.parts: list[tuple[_Rank, int, int]] = []
-        self.tmax = 0
-
-
 class Simulator:
     """Replay: every measured duration is kept; collectives take their own time from the
     member that arrived last (the shortest measured kernel of the collective), and the
@@ -173,7 +191,7 @@ class Simulator:
         self.gpus_per_node = int(gpn if gpn else job.manifest.hardware.gpus_per_node or 0)
         self._programs: dict[str, Program] = {}
         self._states: list[_Rank] = []
-        self._meetings: dict[tuple, _Meeting] = {}
+        self._meetings: dict[tuple, list] = {}  # key -> [arrived, latest arrival, parts]
         self._active: list[_Rank] = []
         self._events = 0
         self._partition: Partition | None = None
@@ -200,10 +218,10 @@ class Simulator:
     def collective(self, call: CommCall) -> int:
         # Every member's kernel ends when the collective ends; the last to arrive waited
         # least, so its (the shortest) kernel is the collective's own time.
-        return min(call.measured_ns)
+        return call.shortest_measured_ns()
 
     def p2p(self, call: CommCall) -> int:
-        return min(call.measured_ns)
+        return call.shortest_measured_ns()
 
     def slowdown(self, node: pb.Node, duration_ns: int, overlap_ratio: float, rank: int) -> float:
         """Factor on a compute kernel's duration when ``overlap_ratio`` of it overlaps
@@ -259,11 +277,10 @@ class Simulator:
             self.gpus_per_node,
         )
         # The quotient is only used when every representative binds distinct group classes.
-        for c, r in enumerate(part.reps):
+        for r in part.reps:
             seen = [part.group_class[g] for g in self.job.binding(r).groups.values() if g in part.group_class]
             if len(seen) != len(set(seen)):
                 return identity_partition(self.job)
-        del c
         return part
 
     def _setup_states(self) -> None:
@@ -285,30 +302,36 @@ class Simulator:
             prog = self._programs[b.graph]
             st = _Rank(r, c, prog, job.graph(b.graph), self._origin[r])
             st.dkey = (b.graph, self.symmetry_key(r))
+            gclass: dict[str, int] = {}
             for key, gid in b.groups.items():
                 g = self._group_by_id.get(gid)
                 if g is None:
                     raise EchoError(f"rank {r}: group key {key!r} is bound to undefined group {gid}")
                 st.keygroup[key] = g
-                if r in g.ranks:
+                gclass[key] = part.group_class[g.id]
+                if key in prog.ordered_keys and r in g.ranks:
                     st.pos[key] = list(g.ranks).index(r)
-            for it, rv in prog.rendezvous.items():
-                g = st.keygroup.get(rv.key)
-                if g is None:
-                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: group key {rv.key!r} "
+            for key in prog.group_keys:
+                if key not in gclass and any(rv.key == key for rv in prog.rendezvous.values()):
+                    it = next(i for i, rv in prog.rendezvous.items() if rv.key == key)
+                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: group key {key!r} "
                                     "is not bound for this rank")
-                gc = part.group_class[g.id]
-                if rv.peer < 0:
-                    st.mkey[it] = ("c", gc, rv.seq)
-                    continue
-                if rv.peer >= len(g.ranks) or rv.key not in st.pos:
-                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: peer {rv.peer} is not in "
+            want = self._want
+            st.mkey = {it: ("c", gclass[key], seq) for it, key, seq in prog.coll_items}
+            st.mexp = {it: len(want[gclass[key]]) for it, key, _ in prog.coll_items}
+            peer_exp: dict[tuple[str, int], int] = {}
+            for it, key, peer, seq, is_send in prog.p2p_items:
+                g = st.keygroup[key]
+                if peer >= len(g.ranks) or key not in st.pos:
+                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: peer {peer} is not in "
                                     f"group {g.id} of size {len(g.ranks)}")
-                me = st.pos[rv.key]
-                src, dst = (me, rv.peer) if rv.is_send else (rv.peer, me)
-                partner = g.ranks[rv.peer]
-                want = frozenset({c, part.class_of[partner]}) if partner in bound else frozenset({c})
-                st.mkey[it] = ("p", gc, src, dst, rv.seq, want)
+                me = st.pos[key]
+                exp = peer_exp.get((key, peer))
+                if exp is None:
+                    exp = 2 if g.ranks[peer] in bound else 1
+                    peer_exp[(key, peer)] = exp
+                st.mkey[it] = ("p", gclass[key], me, peer, seq) if is_send else ("p", gclass[key], peer, me, seq)
+                st.mexp[it] = exp
             self._states.append(st)
 
     def _base_durations(self) -> dict[Hashable, list[int]]:
@@ -362,21 +385,33 @@ class Simulator:
 
     def _drain(self, st: _Rank) -> None:
         prog = st.prog
-        prev, spreds, epreds, gate, succs = prog.prev, prog.spreds, prog.epreds, prog.gate, prog.succs
+        prev, spreds, epreds, pgap, succs = prog.prev, prog.spreds, prog.epreds, prog.pgap, prog.succs
         is_rdv = prog.is_rdv
         dur, start, end, cnt, stack, origin = st.dur, st.start, st.end, st.cnt, st.stack, st.origin
+        arrive, mkey, mexp, meetings = st.arrive, st.mkey, st.mexp, self._meetings
         done = 0
         while stack:
             i = stack.pop()
             p = prev[i]
-            t = end[p] if p >= 0 else origin
-            for ref in spreds[i]:
-                v = start[ref >> 1] if ref & 1 else end[ref >> 1]
+            t = (end[p] if p >= 0 else origin) + pgap[i]
+            for ref, g in spreds[i]:
+                v = (start[ref >> 1] if ref & 1 else end[ref >> 1]) + g
                 if v > t:
                     t = v
-            t += gate[i]
             if is_rdv[i]:
-                self._arrive(st, i, t)
+                arrive[i] = t
+                key = mkey[i]
+                m = meetings.get(key)
+                if m is None:
+                    m = [0, t, []]
+                    meetings[key] = m
+                m[0] += 1
+                m[2].append((st, i, t))
+                if t > m[1]:
+                    m[1] = t
+                if m[0] >= mexp[i]:
+                    del meetings[key]
+                    self._complete(key, m[1], m[2])
                 continue
             start[i] = t
             for q in epreds[i]:
@@ -393,68 +428,37 @@ class Simulator:
         st.done += done
         self._events += done
 
-    def _arrive(self, st: _Rank, item: int, t: int) -> None:
-        st.arrive[item] = t
-        key = st.mkey[item]
-        m = self._meetings.get(key)
-        if m is None:
-            want = key[5] if key[0] == "p" else self._want[key[1]]
-            m = _Meeting(want)
-            self._meetings[key] = m
-        if st.cls in m.arrived and key[0] == "c":
-            raise EchoError(f"while simulating rank {st.rank} {st.describe(item)}: the rank reaches "
-                            f"collective #{key[2]} of its group twice (is one group bound under two keys?)")
-        m.arrived.add(st.cls)
-        m.parts.append((st, item, t))
-        if t > m.tmax:
-            m.tmax = t
-        if key[0] == "p":
-            complete = len(m.parts) >= (2 if len(m.want) > 1 or self._self_p2p(key) else 1)
-        else:
-            complete = m.arrived >= m.want
-        if complete:
-            del self._meetings[key]
-            self._complete(key, m)
-
-    @staticmethod
-    def _self_p2p(key: tuple) -> bool:
-        return key[2] == key[3]
-
-    def _complete(self, key: tuple, m: _Meeting) -> None:
-        st0, it0, _ = m.parts[0]
+    def _complete(self, key: tuple, tmax: int, parts: list) -> None:
+        st0, it0, _ = parts[0]
         rv0 = st0.prog.rendezvous[it0]
         group = st0.keygroup[rv0.key]
-        nodes = [st.node(it) for st, it, _ in m.parts]
-        measured = [st.prog.measured_dur[it] for st, it, _ in m.parts]
-        ranks = [st.rank for st, _, _ in m.parts]
         try:
             if key[0] == "c":
-                self._check_match(m, group)
+                self._check_match(parts, group)
                 call = CommCall(collective_name(rv0.coll_type), rv0.coll_type, rv0.in_bytes, rv0.out_bytes,
-                                rv0.dtype, group, rv0.seq, rv0.root, -1, -1, measured, ranks, nodes)  # type: ignore[arg-type]
+                                rv0.dtype, group, rv0.seq, rv0.root, -1, -1, parts)
                 own = self.collective(call)
             else:
-                self._check_p2p(m, group)
-                sender = next(((st, it) for st, it, _ in m.parts if st.prog.rendezvous[it].is_send), None)
+                self._check_p2p(parts, group)
+                sender = next(((st, it) for st, it, _ in parts if st.prog.rendezvous[it].is_send), None)
                 if sender is not None:
                     s_st, s_it = sender
                     src = s_st.rank
-                    dst = group.ranks[s_st.prog.rendezvous[s_it].peer]
+                    dst = s_st.keygroup[rv0.key].ranks[s_st.prog.rendezvous[s_it].peer]
                 else:
                     src, dst = group.ranks[key[2]], group.ranks[key[3]]
                 call = CommCall("send_recv", 0, rv0.in_bytes, rv0.out_bytes, "", group, rv0.seq, -1, src, dst,
-                                measured, ranks, nodes)  # type: ignore[arg-type]
+                                parts)
                 own = self.p2p(call)
         except EchoError as e:
             raise EchoError(f"while simulating rank {st0.rank} {st0.describe(it0)}: {e}") from None
-        s = m.tmax
-        e = s + max(0, int(own))
-        for st, it, _ in m.parts:
-            st.start[it] = s
+        e = tmax + max(0, int(own))
+        active = self._active
+        for st, it, _ in parts:
+            st.start[it] = tmax
             st.end[it] = e
-            st.met[it] = m.parts
+            st.met[it] = parts
             st.done += 1
-            self._events += 1
             cnt, stack = st.cnt, st.stack
             for q in st.prog.succs[it]:
                 c = cnt[q] - 1
@@ -463,12 +467,16 @@ class Simulator:
                     stack.append(q)
             if stack and not st.queued:
                 st.queued = True
-                self._active.append(st)
+                active.append(st)
+        self._events += len(parts)
 
-    def _check_match(self, m: _Meeting, group: pb.ProcessGroup) -> None:
-        st0, it0, _ = m.parts[0]
-        a = st0.prog.rendezvous[it0]
-        for st, it, _ in m.parts[1:]:
+    def _check_match(self, parts: list, group: pb.ProcessGroup) -> None:
+        st0, it0, _ = parts[0]
+        prog0 = st0.prog
+        a = prog0.rendezvous[it0]
+        for st, it, _ in parts[1:]:
+            if st.prog is prog0 and it == it0:
+                continue  # the same node of a shared graph
             b = st.prog.rendezvous[it]
             same = a.coll_type == b.coll_type and (
                 a.coll_type not in EQUAL_SIZE_COLLECTIVES or a.in_bytes == b.in_bytes)
@@ -478,12 +486,12 @@ class Simulator:
                     f"rank {st0.rank} {st0.describe(it0)} issues {collective_name(a.coll_type)} of {a.in_bytes} B, "
                     f"rank {st.rank} {st.describe(it)} issues {collective_name(b.coll_type)} of {b.in_bytes} B")
 
-    def _check_p2p(self, m: _Meeting, group: pb.ProcessGroup) -> None:
-        if len(m.parts) < 2:
+    def _check_p2p(self, parts: list, group: pb.ProcessGroup) -> None:
+        if len(parts) < 2:
             return
-        (sa, ia, _), (sb, ib, _) = m.parts[0], m.parts[1]
+        (sa, ia, _), (sb, ib, _) = parts[0], parts[1]
         a, b = sa.prog.rendezvous[ia], sb.prog.rendezvous[ib]
-        if a.is_send == b.is_send and not self._self_p2p(sa.mkey[ia]):
+        if a.is_send == b.is_send and sa.mkey[ia][2] != sa.mkey[ia][3]:
             raise EchoError(f"two {'sends' if a.is_send else 'recvs'} meet on group {group.id} at sequence #{a.seq}")
         if a.in_bytes != b.in_bytes:
             raise EchoError(f"mismatched send/recv on group {group.id} at sequence #{a.seq}: rank {sa.rank} "
@@ -497,10 +505,13 @@ class Simulator:
         rep_of_class = part.reps
         waiting: dict[int, tuple[_Rank, int, tuple]] = {}   # class -> (state, item, meeting key)
         edges: dict[int, list[int]] = {}
-        for key, m in self._meetings.items():
-            for st, it, _ in m.parts:
+        missing_of: dict[tuple, list[int]] = {}
+        for key, (_, _, parts) in self._meetings.items():
+            missing = sorted(self._wanted(key, parts) - {st.cls for st, _, _ in parts})
+            missing_of[key] = missing
+            for st, it, _ in parts:
                 waiting[st.cls] = (st, it, key)
-                edges.setdefault(st.cls, []).extend(sorted(m.want - m.arrived))
+                edges.setdefault(st.cls, []).extend(missing)
         # A cycle of ranks each waiting for the next: a cross-rank deadlock.
         cycle = _find_cycle(edges)
         if cycle:
@@ -515,9 +526,9 @@ class Simulator:
                     parts.append(f"rank {rep_of_class[c]} is blocked")
             return "deadlock (cyclic wait across ranks): " + "; ".join(parts)
         if self._meetings:
-            key, m = next(iter(sorted(self._meetings.items(), key=lambda kv: kv[1].parts[0][0].rank)))
-            st, it, _ = m.parts[0]
-            missing = sorted(m.want - m.arrived)
+            key, (_, _, parts) = min(self._meetings.items(), key=lambda kv: (kv[1][2][0][0].rank, kv[1][2][0][1]))
+            st, it, _ = parts[0]
+            missing = missing_of[key]
             why = []
             for c in missing:
                 other = next((s for s in self._states if s.cls == c), None)
@@ -534,6 +545,17 @@ class Simulator:
         blocked = _first_blocked(st)
         return (f"deadlock: rank {st.rank} {st.describe(blocked)} can never start (its dependencies and "
                 "stream order form a cycle)")
+
+    def _wanted(self, key: tuple, parts: list) -> frozenset[int]:
+        """The classes a meeting waits for."""
+        if key[0] == "c":
+            return self._want[key[1]]
+        st, it, _ = parts[0]
+        rv = st.prog.rendezvous[it]
+        partner = st.keygroup[rv.key].ranks[rv.peer]
+        part = self._partition
+        assert part is not None
+        return frozenset({st.cls} | ({part.class_of[partner]} if partner in part.class_of else set()))
 
     def _meeting_label(self, st: _Rank, item: int, key: tuple) -> str:
         rv = st.prog.rendezvous[item]
@@ -572,8 +594,8 @@ class Simulator:
         out = list(base)
         if not comm.any() or comp.size == 0:
             return out
-        lo, hi = _merge(start[comm], end[comm])
-        ov = _covered(lo, hi, start[comp], end[comp])
+        lo, hi = merge_intervals(start[comm], end[comm])
+        ov = covered_length(lo, hi, start[comp], end[comp])
         length = end[comp] - start[comp]
         nodes = st.graph.nodes
         for k, it in enumerate(comp.tolist()):
@@ -593,17 +615,18 @@ class Simulator:
 
     # -- results -----------------------------------------------------------------------------
     def _result(self) -> SimResult:
-        from echo_et.sim.analysis import critical_path, rank_breakdown
+        from echo_et.sim.analysis import critical_path, rank_breakdowns
 
         part = self._partition
         assert part is not None
-        per_class = {st.cls: rank_breakdown(st) for st in self._states}
+        per_class = rank_breakdowns(self._states)
         ranks: dict[int, RankResult] = {}
         for r, c in part.class_of.items():
             b = per_class[c]
             ranks[r] = RankResult(rank=r, simulated_as=part.reps[c], **b)
         cp = critical_path(self._states, part, self.options.critical_top)
         opts = self.options.to_json() | {"gpus_per_node": self.gpus_per_node}
+        acausal = {gid: p.acausal_deps for gid, p in sorted(self._programs.items()) if p.acausal_deps}
         return SimResult(
             mode=self.mode,
             ranks=ranks,
@@ -612,6 +635,7 @@ class Simulator:
             events=self._events,
             slowdown=self._slowdown_info or {"applied": False},
             options=opts,
+            diagnostics={"acausal_deps": acausal},
             _timeline=(self._states, part),
         )
 
@@ -654,35 +678,3 @@ def _find_cycle(edges: dict[int, list[int]]) -> list[int]:
             if found:
                 return found
     return []
-
-
-def _merge(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals [lo, hi) as sorted disjoint intervals."""
-    if lo.size == 0:
-        return lo, hi
-    order = np.argsort(lo, kind="stable")
-    lo, hi = lo[order], hi[order]
-    run_hi = np.maximum.accumulate(hi)
-    new = np.empty(lo.size, dtype=bool)
-    new[0] = True
-    new[1:] = lo[1:] > run_hi[:-1]
-    starts = np.flatnonzero(new)
-    ends = np.append(starts[1:], lo.size) - 1
-    return lo[starts], run_hi[ends]
-
-
-def _covered(lo: np.ndarray, hi: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Length of each [s, e) covered by the disjoint sorted intervals [lo, hi)."""
-    if lo.size == 0:
-        return np.zeros(s.size, dtype=np.int64)
-    cum = np.concatenate(([0], np.cumsum(hi - lo)))
-
-    def covered_until(x: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(lo, x, side="right")  # intervals starting at or before x
-        full = cum[np.maximum(k - 1, 0)]
-        last_lo = lo[np.maximum(k - 1, 0)]
-        last_hi = hi[np.maximum(k - 1, 0)]
-        part = np.clip(x - last_lo, 0, last_hi - last_lo)
-        return np.where(k > 0, full + part, 0)
-
-    return covered_until(e) - covered_until(s)

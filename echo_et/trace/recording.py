@@ -215,7 +215,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
         def fill() -> None:
             for outs, src in zip(output_lists, ins, strict=False):
                 for o in outs:
-                    o.copy_(src.reshape(o.shape))
+                    o.copy_(src.reshape(o.shape).clone())
 
         return self._issue("all_gather", ins, _flat(output_lists), fill=fill)
 
@@ -224,7 +224,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None) -> RecordingWork:  # noqa: A002
         def fill() -> None:
-            output.view(self._size, -1).copy_(input.reshape(1, -1))
+            output.view(self._size, -1).copy_(input.reshape(1, -1).clone())
 
         return self._issue("all_gather", [input], [output], fill=fill)
 
@@ -233,7 +233,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None) -> RecordingWork:
         def fill() -> None:
             for o, i in zip(outputs, inputs, strict=True):
-                o.view(self._size, -1).copy_(i.reshape(1, -1))
+                o.view(self._size, -1).copy_(i.reshape(1, -1).clone())
 
         return self._issue("all_gather", list(inputs), list(outputs), fill=fill)
 

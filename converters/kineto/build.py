@@ -1,0 +1,552 @@
+"""One rank's Kineto events -> one echo-et Graph.
+
+Nodes, in one order sorted by start time (so ids ascend in execution order on every
+stream):
+  host thread  KIND_CPU_OP  cpu_op / user_annotation / python_function events, with
+                            DEP_CONTROL to the innermost op containing them
+               KIND_LAUNCH  runtime/driver calls that issued GPU work (by ``correlation``)
+               KIND_SYNC    stream/device/event synchronize calls, DEP_SYNC on the GPU ops
+                            they waited for
+  GPU stream   KIND_COMPUTE kernels, KIND_MEMCPY / KIND_MEMSET, DEP_LAUNCH to their launch
+               KIND_COLLECTIVE / KIND_SEND / KIND_RECV  NCCL kernels (see comm.py)
+               KIND_COMM_UNKNOWN  communication kernels of other libraries
+  host-comm:K  collectives of host backends (gloo), one stream per group key K, with
+               DEP_CONTROL to the op that issued them
+Cross-stream event waits add DEP_SYNC between GPU ops (sync.py). Other runtime calls
+(cudaEventQuery, cudaGetDevice, ...) are not nodes; they are counted.
+
+Times are ns relative to the rank's earliest kept event (``origin_ns`` is that instant on
+the file's wall clock), so the job assembler can place ranks on one clock with
+``RankBinding.clock_offset_ns``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.schema import pb
+
+from . import comm, groups, sync
+from .events import K_CPU, K_KERNEL, K_MEMCPY, K_MEMSET, K_RUNTIME, K_SYNC_ACT, Ev, TraceFile
+from .groups import GroupUse, PgDef
+from .kernel_class import kernel_class
+from .nesting import assign_parents, host_order_key
+from .steps import Window
+from .units import CommUnit, find_units
+
+# Node roles (internal).
+_CPU, _LAUNCH, _SYNC, _GPU, _COMM, _HOSTCOMM = range(6)
+
+
+@dataclass
+class RankContext:
+    graph_id: str
+    rank: int                                  # original global rank
+    world_size: int                            # original world size (0 if unknown)
+    window: Window | None
+    pgs: dict[str, PgDef]
+    backend: str
+    job_rank: Callable[[int], int | None]      # original rank -> job rank (None: not traced)
+
+
+@dataclass
+class RankGraph:
+    graph: Graph
+    groups: dict[str, GroupUse] = field(default_factory=dict)
+    dropped: Counter = field(default_factory=Counter)
+    measured_step_ns: int = 0
+    origin_ns: int = 0                         # wall-clock ns of the graph's time 0
+
+
+@dataclass
+class _Node:
+    key: tuple
+    role: int
+    ev: Ev
+    stream: tuple                              # stream identity (see _stream_decl)
+    start: int                                 # file-clock ns
+    dur: int
+    unit: CommUnit | None = None
+    group: GroupUse | None = None
+    peer_index: int | None = None
+    launches: list[Ev] = field(default_factory=list)
+    parent: Ev | None = None
+
+
+def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
+    drop: Counter = Counter(tf.dropped)
+    win = ctx.window
+    host: list[Ev] = []
+    gpu: list[Ev] = []
+    acts: list[Ev] = []
+    for ev in tf.events:
+        if ev.kind in (K_CPU, K_RUNTIME):
+            host.append(ev)
+        elif ev.kind == K_SYNC_ACT:
+            acts.append(ev)
+        else:
+            gpu.append(ev)
+    gpu_by_corr: dict[int, list[Ev]] = defaultdict(list)
+    for g in gpu:
+        if g.corr >= 0:
+            gpu_by_corr[g.corr].append(g)
+    runtime_by_corr: dict[int, Ev] = {}
+    for ev in host:
+        if ev.kind == K_RUNTIME and ev.corr >= 0:
+            runtime_by_corr.setdefault(ev.corr, ev)
+    acts_by_corr = {a.corr: a for a in acts if a.corr >= 0}
+
+    def launch_of(g: Ev) -> Ev | None:
+        return runtime_by_corr.get(g.corr) if g.corr >= 0 else None
+
+    # Which host events become nodes: ops, launches, host syncs. Event record/wait calls
+    # only feed sync resolution.
+    role: dict[int, int] = {}
+    nesting_events: list[Ev] = []
+    sync_calls: list[Ev] = []
+    for ev in host:
+        if ev.kind == K_CPU:
+            role[ev.idx] = _CPU
+            nesting_events.append(ev)
+        elif ev.corr >= 0 and ev.corr in gpu_by_corr:
+            role[ev.idx] = _LAUNCH
+            nesting_events.append(ev)
+        elif ev.name in sync.HOST_SYNC:
+            role[ev.idx] = _SYNC
+            nesting_events.append(ev)
+            sync_calls.append(ev)
+        elif ev.name in sync.EVENT_RECORD or ev.name in sync.STREAM_WAIT:
+            nesting_events.append(ev)
+            sync_calls.append(ev)
+    by_thread: dict[tuple, list[Ev]] = defaultdict(list)
+    for ev in nesting_events:
+        by_thread[ev.thread].append(ev)
+    parents: dict[int, Ev] = {}
+    for evs in by_thread.values():
+        p, overlaps = assign_parents(evs)
+        parents.update(p)
+        if overlaps:
+            drop["nesting_overlap_guessed"] += overlaps
+
+    def in_window(ev: Ev) -> bool:
+        return win is None or win.holds(ev.ts)
+
+    # GPU ops kept with their launch (GPU work issued in the step belongs to the step).
+    kept_gpu: list[Ev] = []
+    for g in gpu:
+        launch = launch_of(g)
+        if launch is None:
+            if in_window(g):
+                kept_gpu.append(g)
+                drop["gpu_op_without_launch"] += 1
+            else:
+                drop["outside_step"] += 1
+        elif in_window(launch):
+            kept_gpu.append(g)
+        else:
+            drop["outside_step"] += 1
+    kept_gpu_ids = {g.idx for g in kept_gpu}
+
+    # Communication units over the whole file, kept when issued inside the window.
+    nccl = [g for g in gpu if g.kind == K_KERNEL and comm.is_nccl_kernel(g.name)]
+    gpu_units, host_units = find_units(host, parents, nccl, launch_of)
+    has_gpu_ops = bool(gpu)
+    has_nccl = bool(nccl)
+    host_comm_ok = not has_gpu_ops or (not has_nccl and ctx.backend not in ("nccl",))
+
+    nodes: list[_Node] = []
+    kernel_node: dict[int, _Node] = {}
+    comm_streams: set[tuple] = set()
+    for u in gpu_units:
+        ks = [k for k in u.kernels if k.idx in kept_gpu_ids]
+        if not ks:
+            continue
+        if len(ks) > 1:
+            drop["comm_kernels_merged"] += len(ks) - 1
+        first = ks[0]
+        end = max(k.end for k in ks)
+        n = _Node((first.ts, -(end - first.ts), 3, first.idx), _COMM, first, first.thread,
+                  first.ts, end - first.ts, unit=u)
+        n.launches = [launch for k in ks if (launch := launch_of(k)) is not None]
+        nodes.append(n)
+        for k in ks:
+            kernel_node[k.idx] = n
+        comm_streams.add(first.thread)
+    for u in host_units:
+        root = u.root
+        assert root is not None
+        if not in_window(root):
+            drop["outside_step"] += 1
+            continue
+        gloo = u.execution is not None and u.execution.name.startswith("gloo:")
+        if not (host_comm_ok or gloo):
+            if comm.op_collective(root.name) is not None or root.name == "record_param_comms":
+                drop["collective_op_without_kernel"] += 1
+            continue
+        span = u.execution if u.execution is not None else root
+        if u.execution is None:
+            drop["host_collective_time_from_issuing_op"] += 1
+        n = _Node((root.ts, 0, 9, root.idx), _HOSTCOMM, span, ("host-comm",), span.ts,
+                  span.dur, unit=u, parent=root)
+        nodes.append(n)
+
+    # Host nodes in the window.
+    for ev in nesting_events:
+        r = role.get(ev.idx)
+        if r is None:
+            continue
+        if not in_window(ev):
+            drop["outside_step"] += 1
+            continue
+        nodes.append(_Node(host_order_key(ev), r, ev, ("cpu",) + ev.thread, ev.ts, ev.dur,
+                           parent=parents.get(ev.idx)))
+    sync_call_ids = {c.idx for c in sync_calls}
+    for ev in host:
+        if ev.idx not in role and ev.kind == K_RUNTIME and ev.idx not in sync_call_ids:
+            if in_window(ev):
+                drop["runtime_call_without_gpu_work"] += 1
+            else:
+                drop["outside_step"] += 1
+    for ev in sync_calls:
+        if ev.idx not in role and in_window(ev):
+            drop["event_record_wait_calls"] += 1
+    # Other GPU ops.
+    for g in kept_gpu:
+        if g.idx in kernel_node:
+            continue
+        n = _Node((g.ts, -g.dur, 3, g.idx), _GPU, g, g.thread, g.ts, g.dur)
+        launch = launch_of(g)
+        if launch is not None:
+            n.launches = [launch]
+        nodes.append(n)
+        if g.kind == K_KERNEL and comm.is_other_comm_kernel(g.name):
+            comm_streams.add(g.thread)
+            drop["comm_kernel_unknown_library"] += 1
+        elif g.kind == K_KERNEL and comm.is_nccl_kernel(g.name):
+            comm_streams.add(g.thread)
+
+    if not nodes:
+        from echo_et.errors import EchoError
+
+        where = f"step {win.step}" if win else "the trace"
+        raise EchoError(f"{tf.path}: no events to convert in {where}")
+
+    # Collective details and groups (need the number of comm streams for fallback keys).
+    single_comm_stream = len(comm_streams) <= 1
+    worker_pg = _gloo_workers(host, parents, ctx) if any(n.role == _HOSTCOMM for n in nodes) else {}
+    for n in nodes:
+        if n.role not in (_COMM, _HOSTCOMM):
+            continue
+        info = _gather_info(n.unit)  # type: ignore[arg-type]
+        n.unit.info = info  # type: ignore[union-attr]
+        ex = n.unit.execution  # type: ignore[union-attr]
+        if not info.pg_name and ex is not None and ex.thread[1] in worker_pg:
+            info.pg_name = worker_pg[ex.thread[1]]
+            drop["group_from_gloo_worker_thread"] += 1
+        if n.role == _COMM and not single_comm_stream:
+            fallback = f"stream{n.stream[1]}"
+        else:
+            fallback = "0"
+        g = groups.resolve(info, ctx.rank, ctx.world_size, ctx.pgs, fallback)
+        if g.guess:
+            drop[g.guess] += 1
+        n.group = g
+        gsize = len(g.ranks)
+        if info.coll is not None and not comm.finish_sizes(info, gsize):
+            drop["collective_size_unknown"] += 1
+        if n.role == _HOSTCOMM:
+            n.stream = ("host-comm", g.key)
+
+    # Node order and ids.
+    nodes.sort(key=lambda n: n.key)
+    node_id: dict[int, int] = {}
+    for i, n in enumerate(nodes, start=1):
+        node_id[n.ev.idx] = i
+        if n.role == _COMM:
+            for k in n.unit.kernels:  # type: ignore[union-attr]
+                node_id.setdefault(k.idx, i)
+    origin = min(n.start for n in nodes)
+
+    # Cross-stream and host syncs.
+    index = sync.LaunchIndex(kept_gpu, launch_of)
+    kept_calls = [c for c in sync_calls if in_window(c)]
+    counts: Counter = Counter()
+    sync_deps: dict[int, list[int]] = defaultdict(list)
+    for waiter, waited in sync.resolve(kept_calls, acts_by_corr, runtime_by_corr, index,
+                                       _counter(counts)):
+        a, b = node_id.get(waiter.idx), node_id.get(waited.idx)
+        if a is not None and b is not None and a != b and b not in sync_deps[a]:
+            sync_deps[a].append(b)
+    drop.update(counts)
+
+    # Streams, declared in a fixed order.
+    gb = GraphBuilder(ctx.graph_id)
+    kinds = _stream_kinds(nodes)
+    sids: dict[tuple, int] = {}
+    multi_pid = len({s[1] for s in kinds if s[0] == "cpu"}) > 1
+    for s in sorted(kinds, key=_stream_sort):
+        sids[s] = gb.stream(kinds[s], _stream_name(s, multi_pid), device=_stream_device(s),
+                            native_id=_native(s))
+
+    jr = ctx.job_rank
+    builder_out = RankGraph(gb.graph, measured_step_ns=0)
+    for i, n in enumerate(nodes, start=1):
+        deps: list[tuple[int, int]] = []
+        if n.parent is not None:
+            pid = node_id.get(n.parent.idx)
+            if pid is not None and pid != i:
+                deps.append((pid, pb.DEP_CONTROL))
+        for launch in n.launches:
+            lid = node_id.get(launch.idx)
+            if lid is not None and (lid, pb.DEP_LAUNCH) not in deps:
+                deps.append((lid, pb.DEP_LAUNCH))
+        for d in sync_deps.get(i, ()):
+            deps.append((d, pb.DEP_SYNC))
+        sid = sids[n.stream]
+        kw = dict(start_ns=n.start - origin, duration_ns=n.dur, deps=deps, node_id=i)
+        _emit(gb, n, sid, kw, tf, ctx, jr, builder_out, drop)
+
+    for key, use in builder_out.groups.items():
+        mapped = [r for r in (jr(x) for x in use.ranks) if r is not None]
+        gb.declare_group(key, len(mapped))
+    g = gb.build()
+    h = g.header
+    h.attrs["kineto.file"] = tf.name
+    h.attrs["kineto.rank"] = str(ctx.rank)
+    h.attrs["kineto.rf_id_source"] = tf.rf_id_source
+    h.attrs["kineto.time_unit"] = tf.time_unit
+    if tf.display_time_unit:
+        h.attrs["kineto.display_time_unit"] = tf.display_time_unit
+    if win is not None:
+        h.attrs["kineto.step"] = str(win.step)
+    builder_out.graph = g
+    builder_out.dropped = drop
+    builder_out.origin_ns = tf.base_ns + origin
+    if win is not None:
+        builder_out.measured_step_ns = win.end - win.start
+    else:
+        builder_out.measured_step_ns = max(n.start + n.dur for n in nodes) - origin
+    return builder_out
+
+
+def _gloo_workers(host: list[Ev], parents: dict[int, Ev], ctx: RankContext) -> dict[int, str]:
+    """Threads whose outermost ops are all gloo:* exchanges, mapped to their group."""
+    gloo: set = set()
+    other: set = set()
+    for ev in host:
+        if ev.kind == K_CPU and ev.idx not in parents:
+            (gloo if ev.name.startswith("gloo:") else other).add(ev.thread)
+    workers = {th[1] for th in gloo - other}
+    return groups.gloo_worker_groups(workers, ctx.pgs, ctx.rank)
+
+
+def _counter(counts: Counter) -> Callable[[str], None]:
+    def count(reason: str) -> None:
+        counts[reason] += 1
+    return count
+
+
+def _gather_info(u: CommUnit) -> comm.CommInfo:
+    info = comm.CommInfo()
+    if u.kernels:
+        comm.merge_meta(info, u.kernels[0].args, "kernel_args")
+    for op in u.ops:
+        if op.name == "record_param_comms":
+            comm.merge_meta(info, op.args, "record_param_comms")
+    for op in u.ops:
+        if ":" in op.name and not op.name.startswith(("gloo:", "c10d::")) \
+                and "::" not in op.name:
+            comm.merge_annotation(info, op)
+    for op in u.ops:
+        if "::" in op.name:
+            comm.merge_c10d(info, op)
+    for op in u.ops:
+        if op.name.startswith("gloo:"):
+            comm.merge_annotation(info, op)
+    if u.execution is not None and u.execution not in u.ops:
+        comm.merge_annotation(info, u.execution)
+    if u.kernels:
+        comm.merge_kernel_name(info, u.kernels[0].name)
+    return info
+
+
+def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: RankContext,
+          jr: Callable[[int], int | None], out: RankGraph, drop: Counter) -> None:
+    ev = n.ev
+    if n.role in (_CPU, _LAUNCH, _SYNC):
+        kind = {_CPU: pb.KIND_CPU_OP, _LAUNCH: pb.KIND_LAUNCH, _SYNC: pb.KIND_SYNC}[n.role]
+        node = gb.cpu_op(ev.name, sid, kind=kind, correlation=max(ev.corr, 0), **kw)
+        if n.role == _CPU:
+            _cpu_payload(node, ev, tf.rf_id_source)
+        return
+    if n.role == _GPU:
+        if ev.kind == K_KERNEL:
+            if comm.is_other_comm_kernel(ev.name) or comm.is_nccl_kernel(ev.name):
+                node = gb.node(pb.KIND_COMM_UNKNOWN, ev.name, sid, **kw)
+                node.attrs["comm_library"] = "nccl" if comm.is_nccl_kernel(ev.name) else "other"
+            else:
+                gb.compute(ev.name, sid, kernel_class=kernel_class(ev.name), **kw)
+            return
+        nbytes = _bytes_of(ev, n.launches)
+        if ev.kind == K_MEMSET:
+            gb.memcpy(ev.name, sid, nbytes=nbytes, direction="memset", kind=pb.KIND_MEMSET, **kw)
+        else:
+            assert ev.kind == K_MEMCPY
+            gb.memcpy(ev.name, sid, nbytes=nbytes, direction=_direction(ev.name), **kw)
+        return
+    # Communication.
+    u = n.unit
+    assert u is not None and u.info is not None and n.group is not None
+    info, use = u.info, n.group
+    name = _comm_name(n)
+    if info.coll in (comm.SEND, comm.RECV):
+        peer = _peer_index(info, use, ctx, jr)
+        if peer is None:
+            drop["p2p_peer_unknown"] += 1
+            node = gb.node(pb.KIND_COMM_UNKNOWN, name, sid, **kw)
+            node.attrs["comm"] = str(info.coll)
+        else:
+            gb.p2p(info.coll == comm.SEND, name, sid, group=use.key, peer=peer,
+                   nbytes=info.in_bytes or 0, **kw)
+            out.groups[use.key] = use
+    elif isinstance(info.coll, int):
+        node = gb.collective(name, sid, coll_type=info.coll, group=use.key,
+                             in_bytes=info.in_bytes or 0, out_bytes=info.out_bytes,
+                             dtype=info.dtype, **kw)
+        if info.algorithm:
+            node.collective.algorithm = info.algorithm
+        out.groups[use.key] = use
+    else:
+        drop["comm_type_unknown"] += 1
+        node = gb.node(pb.KIND_COMM_UNKNOWN, name, sid, **kw)
+        node.attrs["comm_library"] = "nccl" if u.kernels else "host"
+        return
+    node = gb.graph.nodes[-1]
+    node.attrs["comm_source"] = ",".join(info.sources) or "none"
+    if use.guess:
+        node.attrs["group_guess"] = use.guess
+
+
+def _comm_name(n: _Node) -> str:
+    if n.role == _COMM:
+        return n.ev.name
+    root = n.unit.root if n.unit is not None else None
+    return root.name if root is not None else n.ev.name
+
+
+def _peer_index(info: comm.CommInfo, use: GroupUse, ctx: RankContext,
+                jr: Callable[[int], int | None]) -> int | None:
+    """The peer's index in the job's (possibly renumbered) group."""
+    p = info.peer
+    if p is None or p < 0 or p >= len(use.ranks):
+        return None
+    peer_global = use.ranks[p]
+    if peer_global == ctx.rank:
+        return None
+    mapped = [m for m in (jr(r) for r in use.ranks) if m is not None]
+    mp = jr(peer_global)
+    return mapped.index(mp) if mp is not None else None
+
+
+def _cpu_payload(node: pb.Node, ev: Ev, rf_source: str) -> None:
+    c = node.cpu
+    if rf_source == "record_function_id":
+        rf = ev.arg("Record function id")
+    else:
+        rf = ev.arg("Ev Idx")
+    if type(rf) is int:
+        c.rf_id = rf
+        node.attrs["rf_id_source"] = rf_source
+    dims = ev.arg("Input Dims")
+    if dims is not None:
+        c.shapes = _json_text(dims)
+    types = ev.arg("Input type")
+    if types is not None:
+        c.dtypes = _json_text(types)
+
+
+_JSON_CACHE: dict[str, str] = {}
+
+
+def _json_text(value) -> str:
+    """Compact JSON of a shapes/types list; many ops repeat the same lists."""
+    key = repr(value)
+    text = _JSON_CACHE.get(key)
+    if text is None:
+        text = json.dumps(value)
+        if len(_JSON_CACHE) < 100_000:
+            _JSON_CACHE[key] = text
+    return text
+
+
+def _bytes_of(ev: Ev, launches: list[Ev]) -> int:
+    b = ev.arg("bytes")
+    if type(b) is int:
+        return b
+    for launch in launches:  # HIP records the size on the runtime call only
+        s = launch.arg("size")
+        try:
+            return int(s)
+        except (TypeError, ValueError):
+            continue
+    return 0
+
+
+def _direction(name: str) -> str:
+    for d in ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "DtoA", "AtoD", "HtoA", "AtoH"):
+        if d in name:
+            return d
+    return "other"
+
+
+def _stream_kinds(nodes: list[_Node]) -> dict[tuple, int]:
+    kinds: dict[tuple, int] = {}
+    gpu_roles: dict[tuple, set[int]] = defaultdict(set)
+    for n in nodes:
+        s = n.stream
+        if s[0] == "cpu" or s[0] == "host-comm":
+            kinds[s] = pb.STREAM_CPU_THREAD
+        else:
+            if n.role == _COMM or (n.ev.kind == K_KERNEL and (
+                    comm.is_nccl_kernel(n.ev.name) or comm.is_other_comm_kernel(n.ev.name))):
+                gpu_roles[s].add(2)
+            elif n.ev.kind in (K_MEMCPY, K_MEMSET):
+                gpu_roles[s].add(1)
+            else:
+                gpu_roles[s].add(0)
+    for s, r in gpu_roles.items():
+        if 2 in r:
+            kinds[s] = pb.STREAM_GPU_COMM
+        elif r == {1}:
+            kinds[s] = pb.STREAM_GPU_COPY
+        else:
+            kinds[s] = pb.STREAM_GPU_COMPUTE
+    return kinds
+
+
+def _stream_sort(s: tuple) -> tuple:
+    group = {"cpu": 0, "host-comm": 2}.get(s[0], 1) if isinstance(s[0], str) else 1
+    return (group, tuple((0, x) if isinstance(x, int) else (1, str(x)) for x in s))
+
+
+def _stream_name(s: tuple, multi_pid: bool) -> str:
+    if s[0] == "cpu":
+        return f"cpu:{s[1]}:{s[2]}" if multi_pid else f"cpu:{s[2]}"
+    if s[0] == "host-comm":
+        return f"host-comm:{s[1]}"
+    return f"gpu{s[0]}:stream{s[1]}"
+
+
+def _stream_device(s: tuple) -> int:
+    if isinstance(s[0], str):
+        return -1
+    return s[0] if isinstance(s[0], int) else -1
+
+
+def _native(s: tuple) -> int:
+    x = s[2] if s[0] == "cpu" else (0 if s[0] == "host-comm" else s[1])
+    return x if isinstance(x, int) else 0

@@ -1,0 +1,264 @@
+"""Several Kineto files (one per rank) -> one Job.
+
+Rank of a file: ``distributedInfo.rank``, else a number in its name (``rank-3``, ``rank3``,
+``worker3``, ``...3.json``), else ``--rank`` (one file only), else 0 for a lone file.
+All files must agree on the world size and on the members of same-named process groups,
+claim distinct ranks, overlap in time and share the chosen ProfilerStep; anything else is
+refused with one line naming the file.
+
+Partial jobs (fewer files than the world size, e.g. 2 sampled ranks of 128): the Job holds
+the traced ranks renumbered 0..k-1 in rank order, its world size is k and every process
+group keeps only its traced members (renumbered the same way), so the Job passes the
+checker and simulates what was traced. The original numbers stay in the manifest attrs
+(``kineto.original_world_size``, ``kineto.original_ranks``) and in each graph's
+``kineto.rank`` attr; ``dropped["ranks_not_traced"]`` counts the missing ranks.
+
+Clock: each graph's times start at its own earliest kept event; ``RankBinding.
+clock_offset_ns`` places it on the job clock whose 0 is the job's earliest kept event
+(wall clock = ``baseTimeNanoseconds`` + ``ts`` when the file states its base).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+from echo_et.errors import EchoError
+from echo_et.ir import Job, JobBuilder
+from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
+
+from .build import RankContext, RankGraph, build_rank_graph
+from .events import TraceFile, load_trace
+from .groups import GroupUse, pg_config
+from .steps import choose_step, recording_span, window_of
+
+_NAME_RANK = [
+    re.compile(r"(?:^|[^a-z])rank[-_.]?(\d+)", re.IGNORECASE),
+    re.compile(r"(?:^|[^a-z])worker[-_.]?(\d+)", re.IGNORECASE),
+    re.compile(r"\.(\d{1,6})\.(?:pt\.trace\.)?json(?:\.gz)?$", re.IGNORECASE),
+]
+_MAX_CLOCK_GAP_NS = 60 * 10**9
+
+
+def rank_of_name(name: str) -> int | None:
+    for pat in _NAME_RANK:
+        m = pat.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _int(v) -> int | None:
+    return v if type(v) is int else None
+
+
+def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int]:
+    ranks: list[int] = []
+    for tf in files:
+        r = _int(tf.distributed.get("rank"))
+        if r is None:
+            r = rank_of_name(tf.name)
+        if r is None and len(files) == 1:
+            r = options.rank if options.rank is not None else 0
+        if r is None:
+            raise EchoError(f"{tf.path}: cannot tell its rank (no distributedInfo.rank, no "
+                            "rank in the file name); convert it alone with --rank")
+        if r < 0:
+            raise EchoError(f"{tf.path}: negative rank {r}")
+        ranks.append(r)
+    seen: dict[int, TraceFile] = {}
+    for tf, r in zip(files, ranks, strict=True):
+        if r in seen:
+            raise EchoError(f"{tf.path}: claims rank {r}, like {seen[r].path}")
+        seen[r] = tf
+    world = None
+    world_file = None
+    for tf in files:
+        ws = _int(tf.distributed.get("world_size"))
+        if ws is None:
+            continue
+        if world is not None and ws != world:
+            raise EchoError(f"{tf.path}: world size {ws} disagrees with {world} of "
+                            f"{world_file.name if world_file else '?'}; not one job")
+        world, world_file = ws, tf
+    if world is None:
+        world = options.world_size or (max(ranks) + 1)
+    for tf, r in zip(files, ranks, strict=True):
+        if r >= world:
+            raise EchoError(f"{tf.path}: rank {r} is outside world size {world}")
+    return ranks, world
+
+
+def _check_one_job(files: list[TraceFile]) -> None:
+    groups: dict[str, tuple[tuple[int, ...], TraceFile]] = {}
+    for tf in files:
+        for name, pg in pg_config(tf.distributed).items():
+            prev = groups.get(name)
+            if prev is not None and prev[0] != pg.ranks:
+                raise EchoError(f"{tf.path}: process group {name!r} has ranks "
+                                f"{list(pg.ranks)[:8]} but {prev[1].name} says "
+                                f"{list(prev[0])[:8]}; not one job")
+            groups.setdefault(name, (pg.ranks, tf))
+    if len(files) < 2:
+        return
+    spans = []
+    for tf in files:
+        lo, hi = recording_span(tf)
+        spans.append((tf.base_ns + lo, tf.base_ns + hi, tf))
+    late = max(spans, key=lambda s: s[0])
+    early = min(spans, key=lambda s: s[1])
+    if late[0] - early[1] > _MAX_CLOCK_GAP_NS:
+        gap = (late[0] - early[1]) / 1e9
+        raise EchoError(f"{late[2].path}: starts {gap:.0f} s after {early[2].name} ends; "
+                        "traces of different runs, not one job")
+    backends = {str(tf.distributed.get("backend")) for tf in files if tf.distributed.get("backend")}
+    if len(backends) > 1:
+        raise EchoError(f"{files[-1].path}: backends differ across files "
+                        f"({', '.join(sorted(backends))}); not one job")
+
+
+def _job_name(paths: list[Path], options) -> str:
+    if options.name:
+        return options.name
+    if len(paths) == 1:
+        n = paths[0].name
+        for suffix in (".gz", ".json", ".trace", ".pt"):
+            n = n.removesuffix(suffix)
+        return n
+    parents = {p.parent.name for p in paths}
+    return parents.pop() if len(parents) == 1 else "kineto"
+
+
+def read_job(paths: list[Path], options) -> Job:
+    files = [load_trace(p) for p in paths]
+    ranks, world = _ranks_and_world(files, options)
+    order = sorted(range(len(files)), key=lambda i: ranks[i])
+    files = [files[i] for i in order]
+    ranks = [ranks[i] for i in order]
+    _check_one_job(files)
+    step = choose_step(files, options.step)
+    present = sorted(ranks)
+    job_index = {r: i for i, r in enumerate(present)}
+    partial = present != list(range(world))
+
+    def job_rank(r: int) -> int | None:
+        return job_index.get(r)
+
+    built: list[tuple[int, TraceFile, RankGraph]] = []
+    for tf, r in zip(files, ranks, strict=True):
+        ctx = RankContext(
+            graph_id=f"rank{job_index[r]}", rank=r, world_size=world,
+            window=window_of(tf, step), pgs=pg_config(tf.distributed),
+            backend=str(tf.distributed.get("backend", "") or ""), job_rank=job_rank)
+        built.append((r, tf, build_rank_graph(tf, ctx)))
+        tf.events = []  # let its events go before the next rank is built
+
+    split = _split_inconsistent_groups(built, job_index) if partial else 0
+
+    jb = JobBuilder(_job_name(paths, options), len(present), source_format="kineto")
+    m = jb.job.manifest
+    m.step = step if step is not None else -1
+    m.provenance.inputs.extend(sorted(p.name for p in paths))
+    job_origin = min(rg.origin_ns for _, _, rg in built)
+    dropped: Counter = Counter()
+    for r, _tf, rg in built:
+        jb.add_graph(rg.graph)
+        bound: dict[str, int] = {}
+        for key in sorted(rg.groups):
+            use = rg.groups[key]
+            mapped = [job_index[x] for x in use.ranks if x in job_index]
+            role = "world" if (use.desc == "default_pg" or use.key == "0") \
+                and len(use.ranks) == world else 0
+            bound[key] = jb.group(mapped, name=use.name, desc=use.desc, role=role)
+        jb.bind(job_index[r], rg.graph.id, bound, measured_step_ns=rg.measured_step_ns,
+                clock_offset_ns=rg.origin_ns - job_origin)
+        dropped.update(rg.dropped)
+    for reason in sorted(dropped):
+        jb.drop(reason, dropped[reason])
+    backend = next((str(tf.distributed["backend"]) for _, tf, _ in built
+                    if tf.distributed.get("backend")), "")
+    if backend:
+        m.attrs["kineto.backend"] = backend
+    if partial:
+        jb.drop("ranks_not_traced", world - len(present))
+        jb.drop("partial_job_group_split", split)
+        m.attrs["kineto.original_world_size"] = str(world)
+        m.attrs["kineto.original_ranks"] = ",".join(str(r) for r in present)
+        m.attrs["kineto.partial"] = (f"traced {len(present)} of {world} ranks; renumbered "
+                                     "0..k-1 in rank order, groups keep traced members")
+    _hardware(jb, [tf for _, tf, _ in built], options)
+    return jb.build()
+
+
+def _collective_signature(graph, key: str) -> tuple:
+    nodes = [n for n in graph.nodes
+             if n.kind == pb.KIND_COLLECTIVE and n.collective.group == key]
+    nodes.sort(key=lambda n: n.collective.seq)
+    return tuple((n.collective.type, n.collective.in_bytes
+                  if n.collective.type in EQUAL_SIZE_COLLECTIVES else -1) for n in nodes)
+
+
+def _p2p_pairs(graph, use: GroupUse, job_index: dict[int, int], rank: int) -> dict:
+    """(sender, receiver, key) -> byte sizes in order, as this rank sees them."""
+    out: dict[tuple, list[int]] = {}
+    mapped = [job_index[r] for r in use.ranks if r in job_index]
+    me = job_index[rank]
+    for n in graph.nodes:
+        if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == use.key:
+            peer = mapped[n.p2p.peer] if n.p2p.peer < len(mapped) else -1
+            pair = (me, peer) if n.kind == pb.KIND_SEND else (peer, me)
+            out.setdefault(pair + (use.key,), []).append(n.p2p.bytes)
+    return out
+
+
+def _demote_p2p(graph, key: str) -> None:
+    for n in graph.nodes:
+        if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == key:
+            n.attrs["comm"] = "send" if n.kind == pb.KIND_SEND else "recv"
+            n.ClearField("p2p")
+            n.kind = pb.KIND_COMM_UNKNOWN
+
+
+def _split_inconsistent_groups(built: list[tuple[int, TraceFile, RankGraph]],
+                               job_index: dict[int, int]) -> int:
+    """In a partial job, a group whose traced members disagree on what they issued (sampled
+    or filtered traces) cannot be one group: each member keeps it alone (size 1) and its
+    send/recv there become communication of unknown peer. Returns how many members."""
+    members: dict[tuple, list[tuple[int, RankGraph, str]]] = {}
+    for r, _, rg in built:
+        for key, use in rg.groups.items():
+            ident = (use.name, tuple(x for x in use.ranks if x in job_index))
+            members.setdefault(ident, []).append((r, rg, key))
+    split = 0
+    for ident in sorted(members):
+        mem = members[ident]
+        if len(mem) < 2:
+            continue
+        sigs = {_collective_signature(rg.graph, key) for _, rg, key in mem}
+        sends: dict[tuple, list[int]] = {}
+        recvs: dict[tuple, list[int]] = {}
+        for r, rg, key in mem:
+            for pair, sizes in _p2p_pairs(rg.graph, rg.groups[key], job_index, r).items():
+                sender = pair[0] == job_index[r]
+                (sends if sender else recvs).setdefault(pair, sizes)
+        if len(sigs) == 1 and sends == recvs:
+            continue
+        for r, rg, key in mem:
+            use = rg.groups[key]
+            rg.groups[key] = GroupUse(key, use.name, use.desc, (r,), "partial_job_group_split")
+            rg.graph.header.group_sizes[key] = 1
+            _demote_p2p(rg.graph, key)
+            split += 1
+    return split
+
+
+def _hardware(jb: JobBuilder, files: list[TraceFile], options) -> None:
+    hw = jb.job.manifest.hardware
+    names = next((tf.device_names for tf in files if tf.device_names), [])
+    if names:
+        hw.gpu_name = names[0]
+    if options.gpus_per_node:
+        hw.gpus_per_node = options.gpus_per_node
+    elif names:
+        hw.gpus_per_node = len(names)

@@ -1,0 +1,93 @@
+"""``ProfilerStep#N`` windows: which step to keep, on every rank the same.
+
+A step is *complete* in a file when its host span lies inside the profiler's recording
+window (the ``PyTorch Profiler`` trace span when the file has one, else the span of its
+events) and, for the last step, when it is not cut short by the profiler stopping (less
+than half the median length of the earlier steps). By default the last step complete in
+every file is kept; ``--step N`` picks N, which every file must contain. Files without any
+step marker are taken whole; a mix of files with and without markers is refused (they
+cannot be one job's one step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo_et.errors import EchoError
+
+from .events import TraceFile
+
+
+@dataclass(frozen=True)
+class Window:
+    step: int            # -1 when the trace is taken whole
+    start: int           # ns on the file's clock; inclusive
+    end: int             # exclusive
+
+    def holds(self, ts: int) -> bool:
+        return self.start <= ts < self.end
+
+
+def recording_span(tf: TraceFile) -> tuple[int, int]:
+    if tf.window is not None:
+        return tf.window
+    return min(e.ts for e in tf.events), max(e.end for e in tf.events)
+
+
+def complete_steps(tf: TraceFile) -> list[int]:
+    lo, hi = recording_span(tf)
+    done = sorted(n for n, ev in tf.steps.items() if ev.ts >= lo and ev.end <= hi)
+    if len(done) >= 2:
+        # Without a schedule the profiler closes the last step when it stops, so that
+        # step holds only what ran after the last prof.step(): far shorter than the rest.
+        earlier = sorted(tf.steps[n].dur for n in done[:-1])
+        median = earlier[len(earlier) // 2]
+        if tf.steps[done[-1]].dur < median // 2:
+            done.pop()
+    return done
+
+
+def _fmt_steps(steps) -> str:
+    steps = sorted(steps)
+    if not steps:
+        return "none"
+    if len(steps) > 6:
+        return f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"
+    return ", ".join(str(s) for s in steps)
+
+
+def choose_step(files: list[TraceFile], requested: int | None) -> int | None:
+    """The step number to keep in every file, or None to keep whole traces."""
+    with_steps = [tf for tf in files if tf.steps]
+    if not with_steps:
+        if requested is not None:
+            raise EchoError(f"{files[0].path}: --step {requested}: the trace has no "
+                            "ProfilerStep markers")
+        return None
+    if len(with_steps) != len(files):
+        bare = next(tf for tf in files if not tf.steps)
+        raise EchoError(f"{bare.path}: has no ProfilerStep markers while "
+                        f"{with_steps[0].name} has; not traces of one job")
+    if requested is not None:
+        for tf in files:
+            if requested not in tf.steps:
+                raise EchoError(f"{tf.path}: no ProfilerStep#{requested} (steps: "
+                                f"{_fmt_steps(tf.steps)})")
+        return requested
+    common: set[int] | None = None
+    for tf in files:
+        done = set(complete_steps(tf))
+        common = done if common is None else common & done
+    if not common:
+        raise EchoError(f"{files[0].path}: no ProfilerStep is complete in every file ("
+                        + "; ".join(f"{tf.name}: {_fmt_steps(complete_steps(tf))}"
+                                    for tf in files[:4])
+                        + "); give --step N")
+    return max(common)
+
+
+def window_of(tf: TraceFile, step: int | None) -> Window | None:
+    if step is None:
+        return None
+    ev = tf.steps[step]
+    return Window(step, ev.ts, ev.end)

@@ -1,0 +1,242 @@
+"""simulate, validate, calibrate slowdown: compose a training step and check it against the trace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
+from echo_et.errors import EchoError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_cmd)
+    app.command("validate")(validate_cmd)
+    try:
+        from echo_et.cli.comm_cmds import calibrate_app
+    except ImportError:  # the communication model's verbs are not in this build
+        calibrate_app = typer.Typer(help="Fit model parameters from measurements.", no_args_is_help=True)
+        app.add_typer(calibrate_app, name="calibrate")
+    calibrate_app.command("slowdown")(calibrate_slowdown_cmd)
+
+
+# -- shared option handling -------------------------------------------------------------------------
+def parse_stragglers(values: list[str], world_size: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for v in values:
+        rank_s, sep, factor_s = v.partition(":")
+        try:
+            rank, factor = int(rank_s), float(factor_s)
+        except ValueError:
+            raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR, e.g. 3:1.5") from None
+        if not sep or factor <= 0:
+            raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR with FACTOR > 0")
+        if not 0 <= rank < world_size:
+            raise EchoError(f"--straggler {v!r}: rank {rank} is not in the job (world size {world_size})")
+        out[rank] = factor
+    return out
+
+
+def comm_model_for(job, profile: Path | None, preset: str | None, *, intra_bw: float | None = None,
+                   inter_bw: float | None = None, gpus_per_node: int | None = None):
+    """The CC model predict mode uses: a calibrated profile, a named preset, or the preset
+    matching the job's GPU; what-if overrides applied on top."""
+    try:
+        from echo_et.models.comm import CommModel
+    except ImportError:
+        raise EchoError("predict mode needs the communication model (echo_et.models.comm), "
+                        "which is not in this build") from None
+    if profile is not None and preset is not None:
+        raise EchoError("give --profile or --preset, not both")
+    if profile is not None:
+        model = CommModel.from_profile(profile)
+    elif preset is not None:
+        model = CommModel.preset(preset)
+    else:
+        gpu = (job.manifest.hardware.gpu_name or "").lower()
+        names = list(CommModel.preset_names())
+        match = [n for n in names if gpu and any(tok and tok in gpu for tok in n.lower().replace("-", "_").split("_"))]
+        if not match:
+            raise EchoError(f"predict mode needs --profile or --preset (the job's GPU {gpu or 'is unknown'}; "
+                            f"presets: {', '.join(names)})")
+        model = CommModel.preset(match[0])
+    over: dict[str, Any] = {}
+    if gpus_per_node:
+        over["gpus_per_node"] = gpus_per_node
+    if intra_bw is not None:
+        over["intra_bw_gbps"] = intra_bw
+    if inter_bw is not None:
+        over["inter_bw_gbps"] = inter_bw
+    return model.with_overrides(**over) if over else model
+
+
+def slowdown_model_for(path: Path | None, off: bool):
+    if off:
+        if path is not None:
+            raise EchoError("give --slowdown or --no-slowdown, not both")
+        return None
+    from echo_et.models.slowdown import SlowdownModel, default_model
+
+    return SlowdownModel.load(path) if path is not None else default_model()
+
+
+def _ms(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+
+# -- simulate ---------------------------------------------------------------------------------------
+@guarded
+def simulate_cmd(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace(s)."),
+    mode: str = typer.Option("replay", "--mode", help="replay (measured times) or predict (models)."),
+    profile: Path | None = typer.Option(None, "--profile", help="CC model calibration profile (predict)."),
+    preset: str | None = typer.Option(None, "--preset", help="CC model preset name (predict)."),
+    slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (predict; default: built in)."),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
+    timeline: Path | None = typer.Option(None, "--timeline", help="Write the simulated step as a Chrome trace."),
+    no_symmetry: bool = typer.Option(False, "--no-symmetry", help="Simulate every rank, even equivalent ones."),
+    compute_scale: float = typer.Option(1.0, "--compute-scale", help="Factor on compute time (0.5 = 2x faster)."),
+    intra_bw: float | None = typer.Option(None, "--intra-bw", help="Intra-node bandwidth, GB/s (predict)."),
+    inter_bw: float | None = typer.Option(None, "--inter-bw", help="Inter-node bandwidth, GB/s (predict)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node (placement)."),
+    straggler: list[str] = typer.Option([], "--straggler", help="RANK:FACTOR, slows a rank's non-comm time."),
+    align_start: bool = typer.Option(False, "--align-start", help="Start all ranks at 0, not measured offsets."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Simulate one training step: step time per rank, breakdown, critical path."""
+    from echo_et.sim import SimOptions, simulate
+
+    if mode not in ("replay", "predict"):
+        raise EchoError(f"--mode {mode!r}: use replay or predict")
+    if compute_scale <= 0:
+        raise EchoError("--compute-scale must be > 0")
+    if gpus_per_node is not None and gpus_per_node <= 0:
+        raise EchoError("--gpus-per-node must be > 0")
+    for flag, v in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
+        if v is not None and v <= 0:
+            raise EchoError(f"{flag} must be > 0")
+    if mode == "replay":
+        used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
+                               ("--inter-bw", inter_bw), ("--slowdown", slowdown)) if v is not None]
+        if used:
+            raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
+    if timeline is not None and timeline.exists() and timeline.is_dir():
+        raise EchoError(f"{timeline}: is a directory")
+    job = load_job_arg(job_path)
+    options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
+                         symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
+    comm = slow = None
+    if mode == "predict":
+        comm = comm_model_for(job, profile, preset, intra_bw=intra_bw, inter_bw=inter_bw,
+                              gpus_per_node=gpus_per_node)
+        slow = slowdown_model_for(slowdown, no_slowdown)
+    print(f"simulating {job.world_size} ranks ({mode})...", file=sys.stderr)
+    res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
+    out = res.to_json()
+    if timeline is not None:
+        out["timeline"] = res.write_timeline(timeline)
+    if as_json:
+        emit_json(out)
+        return
+    typer.echo(f"{mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
+               f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
+    typer.echo(f"{'rank':>6} {'step ms':>10} {'compute':>10} {'comm':>10} {'exposed':>10} {'idle':>10} {'wait':>10}")
+    shown = sorted(res.ranks)[:32]
+    for r in shown:
+        v = res.ranks[r]
+        typer.echo(f"{r:>6} {_ms(v.step_time_ns):>10} {_ms(v.compute_ns):>10} {_ms(v.comm_ns):>10} "
+                   f"{_ms(v.exposed_comm_ns):>10} {_ms(v.idle_ns):>10} {_ms(v.sync_wait_ns):>10}")
+    if len(res.ranks) > len(shown):
+        typer.echo(f"... {len(res.ranks) - len(shown)} more ranks (use --json)")
+    cp = res.critical_path
+    typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
+               + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))
+    for t in cp["top"][:5]:
+        typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
+    if timeline is not None:
+        typer.echo(f"wrote {timeline} ({out['timeline']['events']} events)")
+
+
+# -- validate ---------------------------------------------------------------------------------------
+@guarded
+def validate_cmd(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace(s) with measured step times."),
+    profile: Path | None = typer.Option(None, "--profile", help="CC model calibration profile."),
+    preset: str | None = typer.Option(None, "--preset", help="CC model preset name."),
+    slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (default: built in)."),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Replay and predict a Job and compare with each rank's measured step time."""
+    from echo_et.sim import validate
+
+    job = load_job_arg(job_path)
+    comm = comm_model_for(job, profile, preset)
+    slow = slowdown_model_for(slowdown, no_slowdown)
+    print(f"validating {job.world_size} ranks...", file=sys.stderr)
+    v = validate(job, comm_model=comm, slowdown_model=slow)
+    if as_json:
+        emit_json(v)
+        return
+    typer.echo(f"{'rank':>6} {'measured ms':>12} {'replay ms':>10} {'err %':>7} {'predict ms':>11} {'err %':>7}")
+    for r, row in v["ranks"].items():
+        typer.echo(f"{r:>6} {_ms(row['measured_step_ns']):>12} {_ms(row['replay_step_ns']):>10} "
+                   f"{_pct(row['replay_error_pct']):>7} {_ms(row['predict_step_ns']):>11} "
+                   f"{_pct(row['predict_error_pct']):>7}")
+    typer.echo(f"{'all':>6} {_ms(v['measured_step_ns']):>12} {_ms(v['replay_step_ns']):>10} "
+               f"{_pct(v['replay_error_pct']):>7} {_ms(v['predict_step_ns']):>11} {_pct(v['predict_error_pct']):>7}")
+    typer.echo(f"mean |error|: replay {_pct(v['replay_mean_abs_error_pct'])} %, "
+               f"predict {_pct(v['predict_mean_abs_error_pct'])} %")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.2f}"
+
+
+# -- calibrate slowdown -----------------------------------------------------------------------------
+@guarded
+def calibrate_slowdown_cmd(
+    source: Path = typer.Argument(..., metavar="CSV|JOB",
+                                  help="A kernel dataset (merged_features.csv) or a Job/trace with overlap."),
+    output: Path = typer.Option(..., "-o", "--output", help="Slowdown model JSON to write."),
+    folds: int = typer.Option(5, "--folds", help="Folds of the grouped-by-kernel-name cross-validation."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Fit the overlap-slowdown model (per kernel class and kernel name) and report its
+    cross-validated error, with kernel names never shared by training and test folds."""
+    from echo_et.models.slowdown import default_model, fit, read_csv_samples, samples_from_job
+    from echo_et.models.slowdown.evaluate import cross_validate
+
+    if not source.exists():
+        raise EchoError(f"{source}: no such file or directory")
+    if output.resolve() == source.resolve():
+        raise EchoError(f"{output}: output would overwrite the input")
+    if source.is_file() and source.suffix.lower() == ".csv":
+        samples = read_csv_samples(source)
+        prior = None
+    else:
+        job = load_job_arg(source)
+        samples = samples_from_job(job)
+        if not any(x.overlap > 0 for x in samples):
+            raise EchoError(f"{source}: no kernel of the job ran both alone and overlapped with communication; "
+                            "nothing to fit")
+        prior = default_model()
+    model = fit(samples, prior=prior, source=source.name)
+    model.fit["cross_validation"] = cross_validate(samples, folds, prior=prior)
+    model.save(output)
+    out = {"output": str(output), **model.to_json()}
+    if as_json:
+        emit_json(out)
+        return
+    cv = model.fit["cross_validation"]
+    typer.echo(f"wrote {output}: {model.fit['overlapped']} overlapped of {model.fit['samples']} kernels, "
+               f"{len(model.classes)} classes, {len(model.kernels)} kernel names")
+    for k, s in sorted(model.classes.items()):
+        typer.echo(f"  {k:<12} s = {s:.4f}")
+    if cv:
+        typer.echo(f"grouped {cv['folds']}-fold CV (summed overlapped time |error|, mean over folds): "
+                   f"model {cv['model']['fold_sum_abs_error_pct']:.1f} %, constant factor "
+                   f"{cv['constant']['fold_sum_abs_error_pct']:.1f} %")

@@ -1,0 +1,114 @@
+"""The parameters of the NCCL cost model: names, units, how sure a preset is of each, and
+which measurements can pin each down.
+
+A parameter set is a flat ``dict[str, float]``; protocol-specific entries are named
+``<family>.<protocol>`` (``base_us.LL128``). Profiles and presets store them nested by family
+(``{"base_us": {"LL": ...}}``); :func:`nest` / :func:`flatten` convert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from echo_et.errors import EchoError
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+# Bytes of payload per byte moved: LL sends 4 B of data with a 4 B flag, LL128 120 B of
+# every 128 B line. These are properties of the protocols, not of the hardware.
+PROTOCOL_PAYLOAD = {"LL": 0.5, "LL128": 120.0 / 128.0, "Simple": 1.0}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: what it means, and how a fit treats it.
+
+    ``sigma`` is the log-space spread of the prior around the preset value (how far data
+    may move it cheaply); ``stage`` says which measurements identify it: ``intra`` (one
+    node), ``net`` (several nodes) or ``fixed`` (not identifiable from collective timings;
+    kept at the preset value).
+    """
+
+    name: str
+    unit: str
+    stage: str
+    sigma: float
+    doc: str
+
+
+def _proto(family: str, unit: str, stage: str, sigma: float, doc: str) -> list[ParamSpec]:
+    return [ParamSpec(f"{family}.{p}", unit, stage, sigma, f"{doc} ({p})") for p in PROTOCOLS]
+
+
+SPECS: tuple[ParamSpec, ...] = (
+    ParamSpec("host_launch_us", "us", "intra", 1.0,
+              "host time per GPU and iteration when one thread drives several GPUs (nccl-tests "
+              "-g N); only used to read such measurements, never part of an estimate"),
+    ParamSpec("local_setup_us", "us", "intra", 1.0, "fixed cost of a one-rank collective (a local copy)"),
+    ParamSpec("local_copy_gbps", "GB/s", "intra", 1.0, "device-to-device copy rate of a one-rank collective"),
+    ParamSpec("nvlink_gbps", "GB/s", "intra", 0.5, "per-GPU intra-node bandwidth NCCL can use (all channels)"),
+    ParamSpec("net_gbps", "GB/s", "net", 0.7, "per-GPU inter-node bandwidth (its NIC share)"),
+    *_proto("base_us", "us", "intra", 1.0, "fixed setup of a collective kernel"),
+    *_proto("nvlink_hop_us", "us", "intra", 1.0, "latency of one intra-node step"),
+    *_proto("net_hop_us", "us", "net", 1.0, "latency of one inter-node step"),
+    ParamSpec("cap_gbps.LL", "GB/s", "intra", 1.0, "throughput limit of the LL protocol (all channels)"),
+    ParamSpec("cap_gbps.LL128", "GB/s", "intra", 1.0, "throughput limit of the LL128 protocol (all channels)"),
+    ParamSpec("tree_simple_cap_gbps", "GB/s", "net", 1.0, "throughput limit of the tree with Simple"),
+    *_proto("ramp_bytes", "B", "intra", 2.0,
+            "message size at which NCCL runs all channels; smaller messages use fewer"),
+    ParamSpec("channels", "", "intra", 0.7, "channels at full size (the ramp starts at 1/channels)"),
+    ParamSpec("ring_loop_extra_steps", "steps", "intra", 1.0,
+              "extra step-equivalents a ring spends per loop (loop start/end)"),
+    ParamSpec("tree_net_eff", "", "net", 0.3, "network efficiency of the tree relative to the ring"),
+    ParamSpec("tree_chunk_bytes", "B", "net", 1.5, "tree pipeline chunk (all channels): the fill cost"),
+    ParamSpec("reduce_gbps", "GB/s", "fixed", 0.3,
+              "reduction throughput; folds into bandwidth for all-reduce, so not fitted"),
+    ParamSpec("nvls_gbps", "GB/s", "fixed", 0.3,
+              "NVLink-SHARP all-reduce bus bandwidth inside a node; 0 where the switch has none"),
+)
+
+SPEC_BY_NAME: dict[str, ParamSpec] = {s.name: s for s in SPECS}
+NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
+
+
+def flatten(nested: Mapping[str, object], where: str) -> dict[str, float]:
+    """``{"base_us": {"LL": 5}}`` -> ``{"base_us.LL": 5.0}``, checking names and values."""
+    out: dict[str, float] = {}
+    for key, value in nested.items():
+        if isinstance(value, Mapping):
+            for sub, v in value.items():
+                out[f"{key}.{sub}"] = _number(v, f"{where}: {key}.{sub}")
+        else:
+            out[key] = _number(value, f"{where}: {key}")
+    unknown = sorted(set(out) - set(NAMES))
+    if unknown:
+        raise EchoError(f"{where}: unknown parameter(s) {', '.join(unknown)}")
+    missing = [n for n in NAMES if n not in out]
+    if missing:
+        raise EchoError(f"{where}: missing parameter(s) {', '.join(missing)}")
+    for name, v in out.items():
+        if v < 0 or (v == 0 and name != "nvls_gbps" and not name.startswith(("base_us", "ring_loop"))):
+            raise EchoError(f"{where}: parameter {name} must be positive, got {v}")
+    return out
+
+
+def nest(flat: Mapping[str, float]) -> dict[str, object]:
+    """The inverse of :func:`flatten`, in :data:`NAMES` order."""
+    out: dict[str, object] = {}
+    for name in NAMES:
+        family, _, proto = name.partition(".")
+        if proto:
+            out.setdefault(family, {})[proto] = flat[name]  # type: ignore[index]
+        else:
+            out[family] = flat[name]
+    return out
+
+
+def _number(v: object, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise EchoError(f"{where} must be a number, got {v!r}")
+    f = float(v)
+    if f != f or f in (float("inf"), float("-inf")):
+        raise EchoError(f"{where} must be finite")
+    return f

@@ -1,0 +1,566 @@
+"""Re-stage a pipeline: new stage count and/or micro-batch count, from a traced Job's
+per-layer measurements, with a regenerated 1F1B schedule.
+
+Needs nodes annotated with ``phase`` (forward / backward / optimizer), ``microbatch`` and,
+for transformer blocks, ``layer`` (the ex-situ tracer's workloads emit them). What is taken
+from the trace, per tensor-parallel rank:
+
+- per layer, the nodes of its forward and of its backward for one micro-batch (a
+  representative one: the first, which carries no gradient-synchronisation hooks unless it
+  is the only one), with their measured durations and internal dependencies;
+- the stage prologue of the first stage (embedding: the forward nodes before the first
+  layer, the backward nodes after the last) and the epilogue of the last stage (final norm,
+  head, loss);
+- the optimizer phase of the old stage of the same kind (first / middle / last), its math
+  scaled by the ratio of parameter bytes;
+- activation bytes and the stream and duration of the traced send/recv;
+- gradient sizes from the AccumulateGrad ops of each layer's backward (``cpu.shapes``),
+  else the old stage's data-parallel bytes spread evenly over its layers and extras.
+
+What is generated: layers split evenly over the new stages (contiguous, like Megatron-LM),
+the non-interleaved 1F1B order (warm-up ``min(P - s - 1, M)`` forwards, steady 1F1B,
+cool-down backwards) with send/recv on the pipeline group between neighbouring stages, the
+data-parallel gradient buckets (reverse-ready order, cap from the old buckets) issued on
+the old data-parallel stream when their last gradient is ready in the last micro-batch's
+backward, and for ZeRO-1 the all-gathers after the optimizer. Nodes of the traced step that
+belong to the schedule's machinery (unannotated host ops between micro-batches) are not
+copied; their count is reported. Units are laid out back to back on a fresh clock; the
+simulator recomposes the real timing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
+from echo_et.ir.schema import pb
+from echo_et.passes.inject import ACCUMULATE_GRAD, bucket_gradients
+from echo_et.passes.inject import Gradient as _Grad
+from echo_et.passes.inject import _grad_bytes as grad_bytes_of
+from echo_et.passes.layout import LayoutDecision
+from echo_et.passes.mesh import Mesh
+from echo_et.passes.retime import rescale_durations
+
+
+# -- reading a traced stage -----------------------------------------------------------------
+@dataclass
+class Unit:
+    """Nodes of one piece of work (a layer's forward for one micro-batch, ...)."""
+
+    nodes: list[pb.Node] = field(default_factory=list)
+
+    @property
+    def start(self) -> int:
+        return min((n.start_ns for n in self.nodes), default=0)
+
+    @property
+    def end(self) -> int:
+        return max((n.start_ns + n.duration_ns for n in self.nodes), default=0)
+
+
+@dataclass
+class StagePieces:
+    graph_id: str
+    layers: list[int]
+    fwd: dict[int, Unit]          # layer -> forward unit (representative micro-batch)
+    bwd: dict[int, Unit]
+    fwd_pre: Unit                 # before the first layer (embedding)
+    fwd_post: Unit                # after the last layer (head, loss)
+    bwd_pre: Unit                 # before the first layer's backward (loss/head backward)
+    bwd_post: Unit                # after the last (embedding backward)
+    optimizer: Unit
+    prologue: Unit
+    epilogue: Unit
+    microbatches: int
+    p2p_bytes: int = 0
+    p2p_stream: tuple[int, str] | None = None
+    p2p_duration: int = 0
+    dp_stream: tuple[int, str] | None = None
+    dp_dtype: str = ""
+    dp_bytes: int = 0             # total data-parallel bytes of this stage (unpadded estimate)
+    dp_buckets: list[int] = field(default_factory=list)
+    dropped: int = 0
+
+
+def _unit_key(n: pb.Node) -> str:
+    a = n.annotations
+    return a.phase if a.phase else ""
+
+
+def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
+    """Cut one traced stage graph into units. ``keys`` maps role -> group key ("dp", "pp")."""
+    dp_key, pp_key = keys.get("dp", ""), keys.get("pp", "")
+    by_phase_mb: dict[tuple[str, int], list[pb.Node]] = defaultdict(list)
+    optimizer = Unit()
+    rest: list[pb.Node] = []
+    p2p: list[pb.Node] = []
+    dp_colls: list[pb.Node] = []
+    streams = {s.id: (s.kind, s.name) for s in graph.header.streams}
+    for n in graph.nodes:
+        if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == pp_key:
+            p2p.append(n)
+            continue
+        if n.kind == pb.KIND_COLLECTIVE and n.collective.group == dp_key:
+            dp_colls.append(n)
+            continue
+        a = n.annotations
+        if a.phase in ("forward", "backward") and a.HasField("microbatch"):
+            by_phase_mb[(a.phase, a.microbatch)].append(n)
+        elif a.phase == "optimizer":
+            optimizer.nodes.append(n)
+        else:
+            rest.append(n)
+    if not by_phase_mb:
+        raise EchoError(f"graph {graph.id}: no node carries phase and micro-batch annotations; "
+                        "re-staging a pipeline needs a Job from `echo-et trace` (annotated layers)")
+    mbs = sorted({mb for _, mb in by_phase_mb})
+    rep = mbs[0]
+    fwd, fwd_pre, fwd_post = _split_layers(by_phase_mb.get(("forward", rep), []))
+    bwd, bwd_pre, bwd_post = _split_layers(by_phase_mb.get(("backward", rep), []))
+    annotated = [n for lst in by_phase_mb.values() for n in lst] + optimizer.nodes
+    lo = min(n.start_ns for n in annotated)
+    hi = max(n.start_ns + n.duration_ns for n in annotated)
+    prologue = Unit([n for n in rest if n.start_ns + n.duration_ns <= lo])
+    epilogue = Unit([n for n in rest if n.start_ns >= hi])
+    pieces = StagePieces(
+        graph_id=graph.id, layers=sorted(fwd), fwd=fwd, bwd=bwd, fwd_pre=fwd_pre,
+        fwd_post=fwd_post, bwd_pre=bwd_pre, bwd_post=bwd_post, optimizer=optimizer,
+        prologue=prologue, epilogue=epilogue, microbatches=len(mbs),
+        dropped=len(rest) - len(prologue.nodes) - len(epilogue.nodes),
+    )
+    sends = [n for n in p2p if n.kind == pb.KIND_SEND]
+    if p2p:
+        pieces.p2p_bytes = max(n.p2p.bytes for n in p2p)
+        pieces.p2p_stream = streams[p2p[0].stream]
+        pieces.p2p_duration = min(n.duration_ns for n in (sends or p2p))
+    if dp_colls:
+        pieces.dp_stream = streams[dp_colls[0].stream]
+        pieces.dp_dtype = dp_colls[0].collective.dtype
+        grads = [c for c in dp_colls if c.collective.type in (pb.COLL_ALL_REDUCE, pb.COLL_REDUCE_SCATTER)]
+        pieces.dp_buckets = [c.collective.in_bytes for c in grads]
+        pieces.dp_bytes = sum(pieces.dp_buckets)
+    return pieces
+
+
+def _split_layers(nodes: list[pb.Node]) -> tuple[dict[int, Unit], Unit, Unit]:
+    """Per-layer units; unannotated nodes before the first layer node are 'pre', after the
+    last 'post', in between they join the layer that precedes them."""
+    nodes = sorted(nodes, key=lambda n: (n.start_ns, n.id))
+    layered = [i for i, n in enumerate(nodes) if n.annotations.HasField("layer")]
+    units: dict[int, Unit] = defaultdict(Unit)
+    pre, post = Unit(), Unit()
+    if not layered:
+        return {}, Unit(list(nodes)), Unit()
+    first, last = layered[0], layered[-1]
+    last_end = max(nodes[i].start_ns + nodes[i].duration_ns for i in layered)
+    current = nodes[first].annotations.layer
+    for i, n in enumerate(nodes):
+        if n.annotations.HasField("layer"):
+            current = n.annotations.layer
+            units[current].nodes.append(n)
+        elif i < first:
+            pre.nodes.append(n)
+        elif i > last and n.start_ns >= last_end:
+            post.nodes.append(n)
+        else:
+            units[current].nodes.append(n)
+    return dict(units), pre, post
+
+
+# -- writing a new stage ------------------------------------------------------------------
+class _Emitter:
+    """Copies units into a GraphBuilder on a fresh clock, in schedule order."""
+
+    def __init__(self, graph_id: str, source_streams: dict[str, dict[int, pb.Stream]]):
+        self.b = GraphBuilder(graph_id)
+        self.clock = 0
+        self.source_streams = source_streams   # old graph id -> stream id -> Stream
+        self.last_nodes: list[pb.Node] = []    # nodes of the unit just emitted
+        self.waits: list[int] = []             # ids the next unit's first nodes wait for
+
+    def stream_for(self, graph_id: str, sid: int) -> int:
+        s = self.source_streams[graph_id][sid]
+        return self.b.stream(s.kind, s.name, device=s.device, native_id=s.native_id)
+
+    def unit(self, graph_id: str, unit: Unit, *, mb: int | None, stage: int,
+             scale: float = 1.0, drop_ids: frozenset[int] = frozenset()) -> list[pb.Node]:
+        nodes = [n for n in sorted(unit.nodes, key=lambda n: n.id) if n.id not in drop_ids]
+        if not nodes:
+            return []
+        if scale != 1.0:
+            tmp = Graph(pb.GraphHeader(), [_copy(n) for n in nodes])
+            parents = {d.id for n in tmp.nodes for d in n.deps if d.kind == pb.DEP_CONTROL}
+            has_kernels = any(n.kind == pb.KIND_COMPUTE for n in tmp.nodes)
+            factors = {n.id: scale for n in tmp.nodes
+                       if n.kind == pb.KIND_COMPUTE
+                       or (not has_kernels and n.kind == pb.KIND_CPU_OP and n.id not in parents)}
+            rescale_durations(tmp, factors)
+            nodes = tmp.nodes
+        start = min(n.start_ns for n in nodes)
+        shift = self.clock - start
+        ids: dict[int, int] = {}
+        made: list[pb.Node] = []
+        first_on_stream: set[int] = set()
+        for n in nodes:
+            stream = self.stream_for(graph_id, n.stream)
+            new = self._clone(n, stream, n.start_ns + shift)
+            nid = new.id
+            for d in n.deps:
+                if d.id in ids:
+                    new.deps.add(id=ids[d.id], kind=d.kind)
+            if stream not in first_on_stream:
+                first_on_stream.add(stream)
+                for w in self.waits:
+                    new.deps.add(id=w, kind=pb.DEP_SYNC)
+            if mb is not None:
+                new.annotations.microbatch = mb
+            new.annotations.stage = stage
+            ids[n.id] = nid
+            made.append(new)
+        self.waits = []
+        self.clock = max(n.start_ns + n.duration_ns for n in made)
+        self.last_nodes = made
+        return made
+
+    def _clone(self, n: pb.Node, stream: int, start: int) -> pb.Node:
+        """A copy of ``n`` (payload, annotations, attrs; no deps) made through the builder,
+        so that collective sequence numbers follow this graph's order."""
+        kw = {"start_ns": start, "duration_ns": n.duration_ns}
+        if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
+            c = n.collective
+            new = self.b.collective(n.name, stream, coll_type=c.type, group=c.group,
+                                    in_bytes=c.in_bytes, out_bytes=c.out_bytes, dtype=c.dtype,
+                                    root=c.root if c.HasField("root") else None, **kw)
+            new.collective.algorithm = c.algorithm
+        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.HasField("p2p"):
+            new = self.b.p2p(n.kind == pb.KIND_SEND, n.name, stream, group=n.p2p.group,
+                             peer=n.p2p.peer, nbytes=n.p2p.bytes, tag=n.p2p.tag, **kw)
+        else:
+            new = self.b.node(n.kind, n.name, stream, **kw)
+            which = n.WhichOneof("payload")
+            if which:
+                getattr(new, which).CopyFrom(getattr(n, which))
+        new.annotations.CopyFrom(n.annotations)
+        for k, v in n.attrs.items():
+            new.attrs[k] = v
+        return new
+
+    def p2p(self, ops: list[tuple[bool, int]], *, key: str, nbytes: int, stream: tuple[int, str],
+            duration: int, device: int) -> None:
+        """Post ``ops`` ((is_send, peer) each) together; the next unit waits for all."""
+        sid = self.b.stream(stream[0], stream[1], device=device)
+        after = max(self.last_nodes, key=lambda n: (n.start_ns + n.duration_ns, n.id), default=None)
+        made = []
+        for is_send, peer in ops:
+            deps = [(after.id, pb.DEP_SYNC)] if after is not None else []
+            n = self.b.p2p(is_send, "pp:send" if is_send else "pp:recv", sid, group=key, peer=peer,
+                           nbytes=nbytes, start_ns=self.clock, duration_ns=duration, deps=deps)
+            made.append(n)
+        self.clock += duration
+        self.waits = [n.id for n in made]
+
+
+def _copy(n: pb.Node) -> pb.Node:
+    c = pb.Node()
+    c.CopyFrom(n)
+    return c
+
+
+# -- the pass -----------------------------------------------------------------------------
+def _split(layers: list[int], stages: int) -> list[list[int]]:
+    if len(layers) % stages:
+        raise EchoError(f"--pp {stages}: the job has {len(layers)} annotated layers, which "
+                        f"{stages} stages do not divide evenly")
+    k = len(layers) // stages
+    return [layers[i * k:(i + 1) * k] for i in range(stages)]
+
+
+def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """The non-interleaved 1F1B order of ``stage``: ("F", mb) / ("B", mb) items."""
+    warmup = min(stages - stage - 1, microbatches)
+    out = [("F", mb) for mb in range(warmup)]
+    f, b = warmup, 0
+    for _ in range(microbatches - warmup):
+        out.append(("F", f))
+        f += 1
+        out.append(("B", b))
+        b += 1
+    out.extend(("B", mb) for mb in range(b, microbatches))
+    return out
+
+
+def _role_keys(job: Job, decision: LayoutDecision, rank: int) -> dict[str, str]:
+    """role -> graph-local key on ``rank``; keys of other roles cannot be re-derived."""
+    out = {}
+    for key, gid in sorted(job.binding(rank).groups.items()):
+        role = decision.roles.get(gid, "")
+        if role in ("tp", "dp", "pp") and role not in out:
+            out[role] = key
+        else:
+            raise EchoError(f"rank {rank} uses group key {key!r} (group {gid}, role {role or 'unknown'}), "
+                            "which re-staging cannot re-derive (only tp, dp and pp groups)")
+    return out
+
+
+def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | None,
+            bucket_bytes: int | None = None) -> tuple[Job, LayoutDecision, dict[str, Any]]:
+    """A Job at pipeline depth ``pp`` and ``microbatches`` micro-batches (dp, tp unchanged)."""
+    old: Mesh = decision.mesh
+    if pp < 1:
+        raise EchoError(f"--pp {pp}: must be >= 1")
+    if job.world_size != old.world:
+        raise EchoError(f"{job.source or 'job'}: {job.world_size} ranks, but layout {old.describe()} "
+                        f"has {old.world}")
+    # Read every old stage of replica 0, per tp rank.
+    pieces: dict[tuple[int, int], StagePieces] = {}
+    keys0: dict[str, str] = {}
+    streams: dict[str, dict[int, pb.Stream]] = {}
+    for t in range(old.tp):
+        for s in range(old.pp):
+            r = old.rank({"tp": t, "dp": 0, "pp": s})
+            keys = _role_keys(job, decision, r)
+            keys0 = keys0 or keys
+            g = job.graph_of(r)
+            streams[g.id] = {st.id: st for st in g.header.streams}
+            pieces[(t, s)] = read_stage(g, keys)
+    layers = sorted({layer for p in pieces.values() for layer in p.layers})
+    if not layers:
+        raise EchoError("no node carries a layer annotation; re-staging a pipeline needs a Job "
+                        "from `echo-et trace` (annotated layers)")
+    old_m = max(p.microbatches for p in pieces.values())
+    new_m = microbatches or decision.microbatches or old_m
+    if new_m < 1:
+        raise EchoError(f"--microbatches {new_m}: must be >= 1")
+    if pp > 1 and not any(p.p2p_bytes for p in pieces.values()):
+        raise EchoError("the job has no pipeline send/recv to size activations from (traced at "
+                        "pp=1); re-trace with --pp 2 or more to re-stage it")
+    split = _split(layers, pp)
+    where_layer = {layer: s for (t, s), p in pieces.items() if t == 0 for layer in p.layers}
+    ref = pieces[(0, 0)]
+    p2p_bytes = max(p.p2p_bytes for p in pieces.values())
+    p2p_src = next((p for p in pieces.values() if p.p2p_stream), ref)
+    dp_src = next((p for p in pieces.values() if p.dp_stream), None)
+    if bucket_bytes is None:
+        olds = [b for p in pieces.values() for b in p.dp_buckets]
+        bucket_bytes = max(olds) if olds else 25 << 20
+    dropped = sum(p.dropped for p in pieces.values())
+
+    new_mesh = old.with_sizes(pp=pp)
+    jb = JobBuilder(job.manifest.name, new_mesh.world, source_format=job.manifest.provenance.source_format)
+    group_ids: dict[tuple[str, tuple[int, ...]], int] = {}
+
+    def gid(role: str, ranks: list[int]) -> int:
+        k = (role, tuple(ranks))
+        if k not in group_ids:
+            group_ids[k] = jb.group(ranks, name=f"{role}{ranks[0]}", desc=role, role=role)
+        return group_ids[k]
+
+    graphs: dict[tuple[int, int], Graph] = {}
+    grad_source = ""
+    for t in range(old.tp):
+        for s in range(pp):
+            g, grad_source = _build_stage(
+                f"t{t}s{s}", t, s, pp, new_m, split[s], pieces, where_layer, old, streams,
+                keys0, p2p_bytes, p2p_src, dp_src, decision.zero, bucket_bytes, new_mesh.dp)
+            graphs[(t, s)] = g
+    # Graphs identical across tp ranks are shared (proved by content hash).
+    by_hash: dict[str, str] = {}
+    graph_of: dict[tuple[int, int], str] = {}
+    for (t, s), g in sorted(graphs.items()):
+        h = g.content_hash()
+        if h not in by_hash:
+            by_hash[h] = g.id
+            jb.add_graph(g)
+        graph_of[(t, s)] = by_hash[h]
+    roles: dict[int, str] = {}
+    for r in range(new_mesh.world):
+        c = new_mesh.coords(r)
+        groups = {}
+        for role in ("tp", "dp", "pp"):
+            key = keys0.get(role)
+            if key is None:
+                continue
+            groups[key] = gid(role, new_mesh.group_ranks(r, [role]))
+            roles[groups[key]] = role
+        jb.bind(r, graph_of[(c["tp"], c["pp"])], groups)
+    out = jb.build()
+    m = out.manifest
+    m.provenance.CopyFrom(job.manifest.provenance)
+    m.hardware.CopyFrom(job.manifest.hardware)
+    m.step = job.manifest.step
+    for k, v in job.manifest.attrs.items():
+        m.attrs[k] = v
+    for k, v in job.manifest.dropped.items():
+        m.dropped[k] = v
+    source = f"restaged({decision.source})"
+    m.layout.CopyFrom(pb.Layout(dp=new_mesh.dp, tp=new_mesh.tp, pp=pp, microbatches=new_m,
+                                zero_stage=decision.zero, ep=decision.ep, source=source))
+    new_decision = LayoutDecision(mesh=new_mesh, ep=decision.ep, microbatches=new_m,
+                                  zero=decision.zero, source=source, roles=roles,
+                                  reasons=[*decision.reasons, f"re-staged to pp={pp}, {new_m} micro-batches"])
+    info = {
+        "pp": {"from": old.pp, "to": pp}, "microbatches": {"from": old_m, "to": new_m},
+        "layers": len(layers), "layers_per_stage": [len(x) for x in split],
+        "activation_bytes": p2p_bytes, "bucket_cap_bytes": bucket_bytes,
+        "gradient_sizes": grad_source, "dropped_schedule_nodes": dropped,
+        "graphs": len(by_hash),
+    }
+    return out, new_decision, info
+
+
+def _stage_kind(s: int, n: int) -> str:
+    return "first" if s == 0 else ("last" if s == n - 1 else "middle")
+
+
+def _template_stage(kind: str, old_pp: int) -> int:
+    if kind == "first":
+        return 0
+    if kind == "last":
+        return old_pp - 1
+    return 1 if old_pp > 2 else 0
+
+
+def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, streams, keys,
+                 p2p_bytes, p2p_src, dp_src, zero, bucket_bytes, dp) -> tuple[Graph, str]:
+    e = _Emitter(graph_id, streams)
+    first, last = s == 0, s == pp - 1
+    p0, plast = pieces[(t, 0)], pieces[(t, old.pp - 1)]
+    tmpl = pieces[(t, _template_stage(_stage_kind(s, pp), old.pp))]
+    for role in ("tp", "dp", "pp"):
+        if role in keys:
+            e.b.declare_group(keys[role], {"tp": old.tp, "dp": old.dp, "pp": pp}[role])
+    pp_key = keys.get("pp", "pp")
+    device = next((st.device for st in streams[tmpl.graph_id].values()
+                   if st.kind == pb.STREAM_GPU_COMPUTE), -1)
+    dp_key = keys.get("dp", "")
+
+    e.unit(tmpl.graph_id, tmpl.prologue, mb=None, stage=s)
+    last_bwd_nodes: list[pb.Node] = []
+    unit_ends: list[tuple[pb.Node, int]] = []   # (last node of a unit with params, share key)
+
+    def forward(mb: int) -> None:
+        if first:
+            e.unit(p0.graph_id, p0.fwd_pre, mb=mb, stage=s)
+        for layer in my_layers:
+            src = pieces[(t, where_layer[layer])]
+            e.unit(src.graph_id, src.fwd[layer], mb=mb, stage=s)
+        if last:
+            e.unit(plast.graph_id, plast.fwd_post, mb=mb, stage=s)
+
+    def backward(mb: int) -> None:
+        made: list[pb.Node] = []
+        if last:
+            made += e.unit(plast.graph_id, plast.bwd_pre, mb=mb, stage=s)
+            if mb == m - 1 and made:
+                unit_ends.append((made[-1], -2))
+        for layer in reversed(my_layers):
+            src = pieces[(t, where_layer[layer])]
+            got = e.unit(src.graph_id, src.bwd[layer], mb=mb, stage=s)
+            made += got
+            if mb == m - 1 and got:
+                unit_ends.append((max(got, key=lambda n: (n.start_ns + n.duration_ns, n.id)), layer))
+        if first:
+            got = e.unit(p0.graph_id, p0.bwd_post, mb=mb, stage=s)
+            made += got
+            if mb == m - 1 and got:
+                unit_ends.append((got[-1], -1))
+        if mb == m - 1:
+            last_bwd_nodes.extend(made)
+
+    p2p = dict(key=pp_key, nbytes=p2p_bytes, stream=p2p_src.p2p_stream or (pb.STREAM_CPU_THREAD, "p2p"),
+               duration=p2p_src.p2p_duration, device=device)
+    order = one_f_one_b(s, pp, m)
+    for i, (what, mb) in enumerate(order):
+        if what == "F":
+            if not first and (i == 0 or order[i - 1][0] == "F"):
+                e.p2p([(False, s - 1)], **p2p)          # recv_forward
+            forward(mb)
+            nxt = order[i + 1] if i + 1 < len(order) else None
+            if not last:
+                if nxt is not None and nxt[0] == "B":
+                    e.p2p([(True, s + 1), (False, s + 1)], **p2p)   # send_forward_recv_backward
+                else:
+                    e.p2p([(True, s + 1)], **p2p)      # send_forward
+        else:
+            prev = order[i - 1] if i else None
+            if not last and prev is not None and prev[0] == "B":
+                e.p2p([(False, s + 1)], **p2p)          # recv_backward (cool-down)
+            backward(mb)
+            nxt = order[i + 1] if i + 1 < len(order) else None
+            if not first:
+                if nxt is not None and nxt[0] == "F":
+                    e.p2p([(True, s - 1), (False, s - 1)], **p2p)   # send_backward_recv_forward
+                else:
+                    e.p2p([(True, s - 1)], **p2p)      # send_backward
+
+    # Data-parallel gradient buckets over the last micro-batch's backward.
+    grad_source = ""
+    reduce_ids: list[int] = []
+    bucket_sizes: list[int] = []
+    dtype = dp_src.dp_dtype if dp_src else ""
+    if dp_key and dp_src is not None and dp_src.dp_stream is not None and dp > 1:
+        grads, grad_source = _gradients(last_bwd_nodes, unit_ends, pieces, t, old, my_layers, first, last)
+        buckets = bucket_gradients(grads, bucket_bytes, bucket_bytes)
+        sid = e.b.stream(dp_src.dp_stream[0], dp_src.dp_stream[1], device=device)
+        for k, bucket in enumerate(buckets):
+            size = sum(g.nbytes for g in bucket)
+            hook = bucket[-1].node
+            deps = [(hook.id, pb.DEP_SYNC)]
+            at = hook.start_ns + hook.duration_ns
+            if zero:
+                shard = math.ceil(size / dp)
+                n = e.b.collective(f"dp:reduce_scatter bucket {k}", sid, coll_type=pb.COLL_REDUCE_SCATTER,
+                                   group=dp_key, in_bytes=shard * dp, out_bytes=shard, dtype=dtype,
+                                   start_ns=at, deps=deps)
+            else:
+                n = e.b.collective(f"dp:all_reduce bucket {k}", sid, coll_type=pb.COLL_ALL_REDUCE,
+                                   group=dp_key, in_bytes=size, dtype=dtype, start_ns=at, deps=deps)
+            n.annotations.phase = "backward"
+            n.annotations.stage = s
+            reduce_ids.append(n.id)
+            bucket_sizes.append(size)
+    # Optimizer of the template stage, scaled by parameter bytes.
+    e.waits = list(reduce_ids)
+    ratio = 1.0
+    new_bytes = sum(bucket_sizes)
+    if tmpl.dp_bytes and new_bytes:
+        ratio = new_bytes / tmpl.dp_bytes
+    made = e.unit(tmpl.graph_id, tmpl.optimizer, mb=None, stage=s, scale=ratio)
+    if zero and reduce_ids:
+        tail = max(made, key=lambda n: (n.start_ns + n.duration_ns, n.id)) if made else None
+        sid = e.b.stream(dp_src.dp_stream[0], dp_src.dp_stream[1], device=device)
+        for k, size in enumerate(bucket_sizes):
+            shard = math.ceil(size / dp)
+            n = e.b.collective(f"dp:all_gather bucket {k}", sid, coll_type=pb.COLL_ALL_GATHER,
+                               group=dp_key, in_bytes=shard, out_bytes=shard * dp, dtype=dtype,
+                               start_ns=e.clock, deps=[(tail.id, pb.DEP_SYNC)] if tail else [])
+            n.annotations.phase = "optimizer"
+            n.annotations.stage = s
+    e.unit(tmpl.graph_id, tmpl.epilogue, mb=None, stage=s)
+    return e.b.build(), grad_source
+
+
+def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tuple[list[_Grad], str]:
+    """Gradients of the new stage in ready order: AccumulateGrad shapes when every one has
+    them, else each old stage's data-parallel bytes spread over its layers and extras."""
+    accs = [n for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD]
+    sized = [(grad_bytes_of(n), n) for n in accs]
+    if accs and all(sz is not None for sz, _ in sized):
+        return [_Grad(n, sz[0], "") for sz, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
+    out = []
+    for node, what in unit_ends:
+        if what >= 0:
+            src = next(p for (tt, _), p in pieces.items() if tt == t and what in p.layers)
+        else:
+            src = pieces[(t, 0)] if what == -1 else pieces[(t, old.pp - 1)]
+        shares = len(src.layers) + (1 if src.fwd_pre.nodes or src.bwd_post.nodes else 0) \
+            + (1 if src.fwd_post.nodes or src.bwd_pre.nodes else 0)
+        out.append(_Grad(node, src.dp_bytes // max(1, shares), ""))
+    return [g for g in out if g.nbytes], "old stages' data-parallel bytes spread over their layers"
+
+
+__all__ = ["StagePieces", "Unit", "one_f_one_b", "read_stage", "restage"]

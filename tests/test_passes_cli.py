@@ -1,0 +1,83 @@
+"""The layout / scale / inject verbs: JSON output, written Jobs, bad input -> one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+from test_passes_inject import make_single_gpu_job
+from test_passes_scale import make_3d_job
+from typer.testing import CliRunner
+
+from echo_et.cli.main import app
+from echo_et.ir import check_job, load_job, save_job
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def test_layout_verb_reports_how(tmp_path) -> None:
+    job, _ = make_3d_job(2, 2, 2)
+    save_job(job, tmp_path / "job")
+    res = run("layout", tmp_path / "job", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert (out["dp"], out["tp"], out["pp"], out["order"]) == (2, 2, 2, "tp-dp-pp")
+    assert out["source"] == "inferred:groups" and out["reasons"]
+    res = run("layout", tmp_path / "job", "--layout", "dp=2,tp=2,pp=2", "--json")
+    assert json.loads(res.stdout)["source"] == "declared"
+    assert "impossible" not in one_line_error(run("layout", tmp_path / "job", "--layout", "dp=3,tp=2"))
+
+
+def test_scale_verb_writes_a_checked_job(tmp_path) -> None:
+    job, _ = make_3d_job(2, 2, 2)
+    save_job(job, tmp_path / "job")
+    res = run("scale", tmp_path / "job", "--dp", "128", "--gpus-per-node", "8", "-o", tmp_path / "big", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["world_size"] == 512 and out["graphs"] == 4
+    assert out["input_layout"]["source"] == "inferred:groups"
+    big = load_job(tmp_path / "big")
+    assert check_job(big) == []
+    assert big.manifest.hardware.gpus_per_node == 8
+    # Deterministic: a second run writes the same bytes.
+    run("scale", tmp_path / "job", "--dp", "128", "--gpus-per-node", "8", "-o", tmp_path / "big2")
+    assert (tmp_path / "big" / "manifest.pb").read_bytes() == (tmp_path / "big2" / "manifest.pb").read_bytes()
+
+
+def test_scale_verb_bad_input(tmp_path) -> None:
+    job, _ = make_3d_job(2, 2, 2)
+    save_job(job, tmp_path / "job")
+    cases = [
+        (["--dp", "3", "--gpus-per-node", "8"], "gpus-per-node"),
+        (["--dp", "4", "--tp", "4"], "echo-et trace"),
+        (["--dp", "4", "--layout", "dp=4,tp=1,pp=1"], "8 ranks"),
+        (["--pp", "4"], "annotation"),
+    ]
+    for args, needle in cases:
+        res = run("scale", tmp_path / "job", *args, "-o", tmp_path / "out")
+        assert needle in one_line_error(res), (args, res.stderr)
+        assert not (tmp_path / "out").exists()
+    res = run("scale", tmp_path / "missing", "--dp", "4", "-o", tmp_path / "out")
+    one_line_error(res)
+
+
+def test_inject_verb(tmp_path) -> None:
+    save_job(make_single_gpu_job(), tmp_path / "one")
+    res = run("inject", tmp_path / "one", "--dp", "1024", "-o", tmp_path / "dp", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["world_size"] == 1024 and out["buckets"] >= 1
+    assert check_job(load_job(tmp_path / "dp")) == []
+    res = run("inject", tmp_path / "dp", "--dp", "4", "-o", tmp_path / "again")
+    assert "single-rank" in one_line_error(res)
+    assert not (tmp_path / "again").exists()
