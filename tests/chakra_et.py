@@ -8,7 +8,7 @@ from pathlib import Path
 
 from chakra.schema.protobuf import et_def_pb2 as et
 
-from conftest import SHARED_DATA, shared_path, unpack
+from conftest import shared_path, unpack
 
 ASTRA = "traces/astra-sim/examples"
 MICROBENCHMARKS = {
@@ -116,5 +116,3 @@ def feeder_trace(tmp: Path) -> Path:
     assert found, "feeder_tests_trace.tar.gz holds no chakra.0.et"
     return found[0]
 
-
-__all__ = ["SHARED_DATA"]

@@ -7,6 +7,7 @@ schema), never from the converter's own output.
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import re
 import shutil
@@ -533,3 +534,52 @@ def test_sniff(tmp_path):
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"\x00\x01\x02garbage")
     assert not chakra_conv.sniff(junk)
+
+
+def pg_init(node_id: int, groups: list[dict]) -> et.Node:
+    n = node(node_id, "## process_group:init ##", et.METADATA_NODE)
+    n.inputs.values = repr([json.dumps(groups)])
+    return n
+
+
+def test_pg_membership_from_process_group_init_metadata(tmp_path):
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [], "group_size": 4},
+              {"pg_name": "5", "pg_desc": "even", "ranks": [0, 2], "group_size": 2},
+              {"pg_name": "6", "pg_desc": "odd", "ranks": [1, 3], "group_size": 2}]
+    for r in range(4):
+        write_et(tmp_path / f"pt.{r}.et", [
+            pg_init(1, groups),
+            coll(2, "ar", comm_type=("int64_val", 0), comm_size=("int64_val", 8),
+                 pg_name=("string_val", "5" if r % 2 == 0 else "6"), data=[1]),
+        ])
+    job = read(sorted(tmp_path.glob("*.et")))
+    assert check_job(job) == []
+    got = {g.name: (list(g.ranks), g.desc) for g in job.manifest.groups}
+    assert got == {"0": ([0, 1, 2, 3], "default_pg"), "5": ([0, 2], "even"), "6": ([1, 3], "odd")}
+    d = job.manifest.dropped
+    assert d["chakra: process group membership read from process_group:init metadata"] == 2
+    assert "chakra: process group membership inferred from the ranks that use it" not in d
+    meta = nodes_of(job)[0]
+    assert meta.attrs["chakra_type"] == "METADATA_NODE"
+    assert meta.attrs["chakra_inputs_values"] == repr([json.dumps(groups)])
+
+
+def test_inconsistent_pg_metadata_falls_back_to_usage(tmp_path):
+    groups = [{"pg_name": "5", "ranks": [0], "group_size": 1}]   # but ranks 0 and 1 use it
+    for r in range(2):
+        write_et(tmp_path / f"pt.{r}.et", [
+            pg_init(1, groups),
+            coll(2, "ar", comm_type=("int64_val", 0), comm_size=("int64_val", 8),
+                 pg_name=("string_val", "5"), data=[1]),
+        ])
+    job = read(sorted(tmp_path.glob("*.et")))
+    assert {g.name: list(g.ranks) for g in job.manifest.groups}["5"] == [0, 1]
+    assert job.manifest.dropped["chakra: process group membership inferred from the ranks that use it"] == 1
+
+
+@pytest.mark.parametrize("values", ["", "[]", "['not json']", "['{\"a\": 1}']", "['[{\"pg_name\": 5}]']",
+                                    "['[{\"pg_name\": \"1\", \"ranks\": [-1]}]']"])
+def test_unparseable_pg_metadata_is_ignored(values):
+    from echo_et.converters.chakra.reader import parse_pg_config
+
+    assert parse_pg_config(values) == {}

@@ -247,13 +247,14 @@ def test_micros_rounding_rule():
 
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
-    job = read(rank_files(MICROBENCHMARKS["all_reduce"]))
+    job = built_job()
+    per_rank = len(job.graph_of(0))
     calls = {"n": 0}
     real = writer._node
 
     def failing(n, ctx, ids, lossy):
         calls["n"] += 1
-        if ctx.rank == 5:
+        if ctx.rank == 1 and calls["n"] > per_rank + 3:
             raise OSError("disk full")
         return real(n, ctx, ids, lossy)
 
@@ -261,13 +262,22 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(OSError):
         chakra_conv.write(job, out / "t")
-    assert calls["n"] == 6
+    assert calls["n"] == per_rank + 4    # rank 0 was complete, rank 1 half written
     assert os.listdir(out) == []
 
 
 def test_prefix_must_name_files(tmp_path):
-    job = read(rank_files(MICROBENCHMARKS["all_reduce"]))
+    job = built_job()
     with pytest.raises(EchoError, match="give a file prefix"):
         chakra_conv.write(job, tmp_path)
     with pytest.raises(EchoError, match="give a file prefix"):
         chakra_conv.write(job, f"{tmp_path}/sub/")
+
+
+def test_unchecked_job_with_a_bad_peer_is_refused_cleanly(tmp_path):
+    job = built_job().copy()
+    send = next(n for n in job.graph("g0").nodes if n.kind == pb.KIND_SEND)
+    send.p2p.peer = 9
+    with pytest.raises(EchoError, match=r"rank 0 node \d+ \(send\): peer 9 is outside group 'pp'"):
+        chakra_conv.write(job, tmp_path / "x" / "t")
+    assert not list((tmp_path / "x").iterdir())

@@ -169,3 +169,16 @@ def test_scale_to_many_ranks_shares_graphs_and_keeps_the_manifest_small() -> Non
     assert len(out.manifest.bindings) == 2048
     # Bindings and groups are the only per-rank cost: well under 100 bytes per rank.
     assert len(out.manifest.SerializeToString()) < 100 * out.world_size
+
+
+def test_select_ranks_keeps_contained_groups_and_refuses_straddling_ones() -> None:
+    from echo_et.passes.select import parse_ranks, select_ranks
+
+    job, mesh = make_3d_job(2, 1, 1)  # two ranks, one dp group
+    one = select_ranks(job, [1, 0])
+    assert check_job(one) == [] and one.world_size == 2
+    assert one.binding(0).graph == job.binding(1).graph
+    job3, _ = make_3d_job(2, 2, 2)
+    with pytest.raises(EchoError, match="not selected"):
+        select_ranks(job3, parse_ranks("0-3"))
+    assert parse_ranks("0-2,5") == [0, 1, 2, 5]

@@ -340,3 +340,20 @@ def test_cli_convert_bad_and_good(tmp_path):
     s = json.loads(r.stdout)
     assert s["world_size"] == len(files) and s["source_format"] == "pytorch_et"
     assert s["dropped"]["host_et_untimed_ops"] > 0
+
+
+def test_rank_from_the_trace_when_the_name_has_none(dlrm, tmp_path):
+    src = dlrm[3]
+    anon = tmp_path / "host.json"
+    anon.write_bytes(src.read_bytes())
+    doc = raw(src)
+    # record_param_comms values: [tensors, seq, pg, rank, name, in_splits, out_splits]
+    ranks = {n["inputs"][n["input_types"].index("String") - 1] for n in doc["nodes"]
+             if n["name"] == "record_param_comms" and "allreduce" in n["inputs"]}
+    assert len(ranks) == 1
+    job = read(anon)
+    (rank,) = ranks
+    assert job.manifest.dropped["host_et_rank_from_collectives"] == 1
+    traced = {b.rank for b in job.manifest.bindings if b.graph == f"rank{rank}"}
+    assert rank in traced and job.world_size == 8  # all_to_allv splits name 8 members
+    assert check_job(job) == []

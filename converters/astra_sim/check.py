@@ -428,7 +428,7 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
             where_msg.setdefault(("send" if is_send else "recv", key4), where)
     order = _topological_positions(facts, ids, where_f, out)
     if order is None:
-        return summary
+        return None
     for key, cs in colls.items():
         cs.sort(key=lambda n: order[n.id])
         for a, b in zip(cs, cs[1:], strict=False):
@@ -522,29 +522,36 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     # group -> digest -> (first rank, sequence); group -> rank -> digest
     reps: dict[str, dict[str, tuple[int, list]]] = defaultdict(dict)
     seen: dict[str, dict[int, str]] = defaultdict(dict)
+    unread: set[int] = set()   # ranks whose sequences are unknown: left out of cross-rank rules
     for r in range(npus):
         path = folder / f"{prefix}.{r}.et"
         if not path.is_file():
             out.add("files-present", f"rank {r} has no workload file (ASTRA-sim exits)", str(path))
+            unread.add(r)
             continue
         s = _check_rank(path, r, npus, groups, out, cache, sends, recvs, where_msg)
-        if s is not None:
+        if s is None:
+            unread.add(r)
+        else:
             for key, seq in s.sequences.items():
                 d = _digest(seq)
                 reps[key].setdefault(d, (r, seq))
                 seen[key][r] = d
         if out.full:
             return out.issues
-    _check_sequences(folder, prefix, npus, groups, reps, seen, out)
-    _check_p2p(sends, recvs, where_msg, out)
+    _check_sequences(folder, prefix, npus, groups, reps, seen, unread, out)
+    _check_p2p(sends, recvs, where_msg, unread, out)
     return out.issues
 
 
 def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set[int]],
-                     reps: dict, seen: dict, out: _Out) -> None:
+                     reps: dict, seen: dict, unread: set[int], out: _Out) -> None:
     empty = _digest([])
     for key in sorted(set(reps) | set(groups), key=lambda k: int(k)):
-        members = range(npus) if key == WORLD else sorted(groups.get(key, ()))
+        members = [r for r in (range(npus) if key == WORLD else sorted(groups.get(key, ())))
+                   if r not in unread]
+        if not members:
+            continue
         digests = {r: seen.get(key, {}).get(r, empty) for r in members}
         if len(set(digests.values())) <= 1:
             continue
@@ -569,8 +576,11 @@ def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set
                 return
 
 
-def _check_p2p(sends: Counter, recvs: Counter, where_msg: dict, out: _Out) -> None:
+def _check_p2p(sends: Counter, recvs: Counter, where_msg: dict, unread: set[int],
+               out: _Out) -> None:
     for key in sorted(set(sends) | set(recvs)):
+        if key[0] in unread or key[1] in unread:
+            continue
         s, r = sends.get(key, 0), recvs.get(key, 0)
         if s == r:
             continue

@@ -390,7 +390,7 @@ class _Exporter:
             for msg in self._a2a_messages(rank, pn, matrix, a2a_tags):
                 kind, peer, size, tag = msg
                 n = _base_node(pn, next_id, deps)
-                n.name = f"{pn.node.name}[{kind}:{peer}]"
+                n.name = f"{pn.node.name}[a2a#{pn.node.collective.seq} {kind}:{peer}]"
                 n.type = et.COMM_SEND_NODE if kind == "send" else et.COMM_RECV_NODE
                 src, dst = (rank, peer) if kind == "send" else (peer, rank)
                 n.attr.extend([_attr("is_cpu_op", bool_val=False),

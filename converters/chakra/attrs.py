@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Any
 
 from chakra.schema.protobuf import et_def_pb2 as et
@@ -56,15 +57,19 @@ KEPT_PREFIX = "chakra_attr."
 class AttrReader:
     """Typed access to one node's attributes; counts non-standard integer members."""
 
-    __slots__ = ("by_name", "where", "variants")
+    __slots__ = ("by_name", "_where", "variants")
 
-    def __init__(self, attrs, where: str, variants: dict[str, int]):
+    def __init__(self, attrs, where: Callable[[], str], variants: dict[str, int]):
         self.by_name: dict[str, et.AttributeProto] = {}
-        for a in attrs:
+        for a in reversed(attrs):
             # A repeated name keeps its first value, as the C++ feeders do.
-            self.by_name.setdefault(a.name, a)
-        self.where = where
+            self.by_name[a.name] = a
+        self._where = where  # called only to word an error
         self.variants = variants
+
+    @property
+    def where(self) -> str:
+        return self._where()
 
     def has(self, name: str) -> bool:
         return name in self.by_name

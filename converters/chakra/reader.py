@@ -19,6 +19,7 @@ What the mapping does, and what it counts in ``manifest.dropped`` (see docs/chak
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import defaultdict
@@ -113,6 +114,8 @@ def _plan(paths: list[Path], options) -> _Plan:
 class _RankGraph:
     graph: Graph
     keys: set[str] = field(default_factory=set)   # group keys the graph's nodes use
+    # pg_name -> (global ranks, or None for all; pg_desc), from process_group:init metadata
+    pg_config: dict[str, tuple[list[int] | None, str]] = field(default_factory=dict)
 
 
 class _FileReader:
@@ -217,7 +220,7 @@ class _FileReader:
 
     def _decide(self, n: et.Node) -> tuple[int, AttrReader]:
         """The echo-et kind of a Chakra node."""
-        r = AttrReader(n.attr, self.where(n), self.variants)
+        r = AttrReader(n.attr, lambda: self.where(n), self.variants)
         if r.has(ECHO_PREFIX + "kind"):
             name = r.str(ECHO_PREFIX + "kind")
             if name not in NODE_KIND_BY_NAME:
@@ -303,6 +306,7 @@ class _FileReader:
                 node.attrs["chakra_type"] = et.NodeType.Name(n.type)
                 if n.type == et.METADATA_NODE and n.inputs.values:
                     node.attrs["chakra_inputs_values"] = n.inputs.values
+                    rg.pg_config.update(parse_pg_config(n.inputs.values))
         elif kind == pb.KIND_COLLECTIVE:
             node = self._collective(b, rg, n, r, sid, kw)
         elif kind in (pb.KIND_SEND, pb.KIND_RECV):
@@ -374,7 +378,7 @@ class _FileReader:
 
     def _keep_rest(self, n: et.Node, r: AttrReader, node: pb.Node) -> int:
         """Keep the attributes the mapping did not consume; 1 when IOInfo was lost."""
-        used = _consumed(node.kind, n.type)
+        used = _consumed(node.kind)
         for name, a in sorted(r.by_name.items()):
             if name in used or name.startswith(ECHO_PREFIX) and name[len(ECHO_PREFIX):] in _ECHO_FIELDS:
                 continue
@@ -396,7 +400,8 @@ _ECHO_FIELDS = frozenset(
 )
 
 
-def _consumed(kind: int, chakra_type: int) -> set[str]:
+@functools.cache
+def _consumed(kind: int) -> frozenset[str]:
     """Attributes the mapping of this node turned into typed fields."""
     used = {"is_cpu_op", "chakra_id"}
     if kind == pb.KIND_COMPUTE:
@@ -411,7 +416,45 @@ def _consumed(kind: int, chakra_type: int) -> set[str]:
         used |= {"tensor_size", "stream"}
     else:
         used |= {"stream"}
-    return used
+    return frozenset(used)
+
+
+def parse_pg_config(values: str) -> dict[str, tuple[list[int] | None, str]]:
+    """Process groups from a PyTorch ``## process_group:init ##`` METADATA node, whose
+    ``inputs.values`` is the Python repr of a one-string list holding a JSON list of
+    ``{"pg_name", "pg_desc", "ranks", ...}`` (read the same way ASTRA-sim does: drop two
+    characters at each end). Empty ``ranks`` means every rank. {} when it does not parse."""
+    text = values.strip()
+    if len(text) < 4 or text[:2] not in ("['", '["') or text[-2:] not in ("']", '"]'):
+        return {}
+    try:
+        groups = json.loads(text[2:-2])
+    except ValueError:
+        return {}
+    out: dict[str, tuple[list[int] | None, str]] = {}
+    if not isinstance(groups, list):
+        return {}
+    for g in groups:
+        if not isinstance(g, dict) or not isinstance(g.get("pg_name"), str):
+            continue
+        ranks = g.get("ranks", [])
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 0 for r in ranks):
+            continue
+        out[g["pg_name"]] = (sorted(ranks) or None, str(g.get("pg_desc", "")))
+    return out
+
+
+def _members(key: str, users: set[int], config, world: int, jb: JobBuilder) -> tuple[list[int], str]:
+    """Members of group ``key``: from the metadata when it lists them consistently, else the
+    ranks that use it (a guess, counted)."""
+    if key in config:
+        ranks, desc = config[key]
+        members = list(range(world)) if ranks is None else ranks
+        if users <= set(members) and all(r < world for r in members):
+            jb.drop("chakra: process group membership read from process_group:init metadata")
+            return members, desc
+    jb.drop("chakra: process group membership inferred from the ranks that use it")
+    return sorted(users), ""
 
 
 def read(paths: list[Path], options) -> Job:
@@ -420,6 +463,7 @@ def read(paths: list[Path], options) -> Job:
     m = jb.job.manifest
     graphs: list[tuple[int, _RankGraph]] = []
     usage: dict[str, set[int]] = defaultdict(set)
+    config: dict[str, tuple[list[int] | None, str]] = {}
     for rank, path in plan.files:
         meta, rg = _FileReader(path, rank, plan.file_rank[path], plan, jb).convert()
         if rank == 0:
@@ -431,15 +475,16 @@ def read(paths: list[Path], options) -> Job:
         graphs.append((rank, rg))
         for key in rg.keys:
             usage[key].add(rank)
+        for key, value in rg.pg_config.items():
+            config.setdefault(key, value)
 
     world_gid = jb.group(range(plan.world), name=WORLD_KEY, desc="default_pg", role="world")
     group_of = {WORLD_KEY: world_gid}
     sizes = {WORLD_KEY: plan.world}
     for key in sorted(k for k in usage if k != WORLD_KEY):
-        members = sorted(usage[key])
-        group_of[key] = jb.group(members, name=key)
+        members, desc = _members(key, usage[key], config, plan.world, jb)
+        group_of[key] = jb.group(members, name=key, desc=desc)
         sizes[key] = len(members)
-        jb.drop("chakra: process group membership inferred from the ranks that use it")
 
     by_hash: dict[str, str] = {}
     for rank, rg in graphs:

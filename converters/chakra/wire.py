@@ -41,8 +41,9 @@ def unknown_in_node(node: et.Node) -> list[tuple[int, int]]:
         kind = a.WhichOneof("value")
         if kind is not None and kind.endswith("_list"):
             found += _unknown(getattr(a, kind))
-    for io in (node.inputs, node.outputs):
-        found += _unknown(io)
+    for io in ("inputs", "outputs"):
+        if node.HasField(io):
+            found += _unknown(getattr(node, io))
     return found
 
 

@@ -110,7 +110,11 @@ def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.No
     elif kind in (pb.KIND_SEND, pb.KIND_RECV):
         send = kind == pb.KIND_SEND
         c.type = et.COMM_SEND_NODE if send else et.COMM_RECV_NODE
-        peer = ctx.group(n.p2p.group).ranks[n.p2p.peer]
+        members = ctx.group(n.p2p.group).ranks
+        if n.p2p.peer >= len(members):
+            raise EchoError(f"{ctx.job.source or 'job'} rank {ctx.rank} node {n.id} ({n.name}): peer "
+                            f"{n.p2p.peer} is outside group {n.p2p.group!r} of size {len(members)}")
+        peer = members[n.p2p.peer]
         attrs.append(bool_attr("is_cpu_op", False))
         attrs.append(int_attr("comm_size", n.p2p.bytes))
         attrs.append(int_attr("comm_src", ctx.rank if send else peer))

@@ -50,7 +50,6 @@ class RankContext:
     window: Window | None
     pgs: dict[str, PgDef]
     backend: str
-    job_rank: Callable[[int], int | None]      # original rank -> job rank (None: not traced)
 
 
 @dataclass
@@ -256,8 +255,10 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             drop[g.guess] += 1
         n.group = g
         gsize = len(g.ranks)
-        if info.coll is not None and not comm.finish_sizes(info, gsize):
-            drop["collective_size_unknown"] += 1
+        if isinstance(info.coll, int) or info.coll in (comm.SEND, comm.RECV):
+            status = comm.finish_sizes(info, gsize)
+            if status:
+                drop[status] += 1
         if n.role == _HOSTCOMM:
             n.stream = ("host-comm", g.key)
 
@@ -292,7 +293,6 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
         sids[s] = gb.stream(kinds[s], _stream_name(s, multi_pid), device=_stream_device(s),
                             native_id=_native(s))
 
-    jr = ctx.job_rank
     builder_out = RankGraph(gb.graph, measured_step_ns=0)
     for i, n in enumerate(nodes, start=1):
         deps: list[tuple[int, int]] = []
@@ -308,11 +308,10 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             deps.append((d, pb.DEP_SYNC))
         sid = sids[n.stream]
         kw = dict(start_ns=n.start - origin, duration_ns=n.dur, deps=deps, node_id=i)
-        _emit(gb, n, sid, kw, tf, ctx, jr, builder_out, drop)
+        _emit(gb, n, sid, kw, tf, ctx, builder_out, drop)
 
     for key, use in builder_out.groups.items():
-        mapped = [r for r in (jr(x) for x in use.ranks) if r is not None]
-        gb.declare_group(key, len(mapped))
+        gb.declare_group(key, len(use.ranks))
     g = gb.build()
     h = g.header
     h.attrs["kineto.file"] = tf.name
@@ -375,7 +374,7 @@ def _gather_info(u: CommUnit) -> comm.CommInfo:
 
 
 def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: RankContext,
-          jr: Callable[[int], int | None], out: RankGraph, drop: Counter) -> None:
+          out: RankGraph, drop: Counter) -> None:
     ev = n.ev
     if n.role in (_CPU, _LAUNCH, _SYNC):
         kind = {_CPU: pb.KIND_CPU_OP, _LAUNCH: pb.KIND_LAUNCH, _SYNC: pb.KIND_SYNC}[n.role]
@@ -404,7 +403,7 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
     info, use = u.info, n.group
     name = _comm_name(n)
     if info.coll in (comm.SEND, comm.RECV):
-        peer = _peer_index(info, use, ctx, jr)
+        peer = _peer_index(info, use, ctx)
         if peer is None:
             drop["p2p_peer_unknown"] += 1
             node = gb.node(pb.KIND_COMM_UNKNOWN, name, sid, **kw)
@@ -438,18 +437,12 @@ def _comm_name(n: _Node) -> str:
     return root.name if root is not None else n.ev.name
 
 
-def _peer_index(info: comm.CommInfo, use: GroupUse, ctx: RankContext,
-                jr: Callable[[int], int | None]) -> int | None:
-    """The peer's index in the job's (possibly renumbered) group."""
+def _peer_index(info: comm.CommInfo, use: GroupUse, ctx: RankContext) -> int | None:
+    """The peer's index in the group (group rank), when it names another member."""
     p = info.peer
-    if p is None or p < 0 or p >= len(use.ranks):
+    if p is None or p < 0 or p >= len(use.ranks) or use.ranks[p] == ctx.rank:
         return None
-    peer_global = use.ranks[p]
-    if peer_global == ctx.rank:
-        return None
-    mapped = [m for m in (jr(r) for r in use.ranks) if m is not None]
-    mp = jr(peer_global)
-    return mapped.index(mp) if mp is not None else None
+    return p
 
 
 def _cpu_payload(node: pb.Node, ev: Ev, rf_source: str) -> None:

@@ -181,6 +181,8 @@ class CommInfo:
     coll: int | str | None = None           # CollectiveType, "send", "recv", None
     in_bytes: int | None = None
     out_bytes: int | None = None
+    in_elems: int | None = None             # element counts seen where the dtype was not
+    out_elems: int | None = None
     dtype: str = ""
     pg_name: str = ""
     pg_desc: str = ""
@@ -276,7 +278,7 @@ def _nelems(dims: Any, typ: Any) -> int | None:
     if typ == "TensorList" or (dims and all(isinstance(d, list) for d in dims)):
         if not dims:
             return None  # an unrecorded TensorList
-        parts = [_nelems(d, "") for d in dims]
+        parts = [_nelems(d, "Tensor") for d in dims]
         return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
     if not all(isinstance(d, int) for d in dims):
         return None
@@ -343,6 +345,11 @@ def merge_c10d(info: CommInfo, ev: Ev) -> None:
                 info.dtype = info.dtype or dt
             if info.out_bytes is None and n_out is not None:
                 info.out_bytes = n_out * es
+        else:  # a TensorList records shapes but no dtype
+            if info.in_elems is None:
+                info.in_elems = n_in
+            if info.out_elems is None:
+                info.out_elems = n_out
     concrete = ev.arg("Concrete Inputs")
     if info.peer is None and c in (SEND, RECV) and isinstance(concrete, list) \
             and len(concrete) > 2:
@@ -362,12 +369,23 @@ def merge_kernel_name(info: CommInfo, name: str) -> None:
         info.dtype = k.dtype
 
 
-def finish_sizes(info: CommInfo, group_size: int) -> bool:
-    """Fill output bytes from the type and the group size; False when the size is unknown."""
+def finish_sizes(info: CommInfo, group_size: int) -> str:
+    """Fill missing bytes from element counts, the type and the group size. Returns "" when
+    the sizes come from the trace, else what was guessed: "collective_dtype_guessed" (shapes
+    known, dtype not: 4-byte elements assumed) or "collective_size_unknown" (0 bytes)."""
+    status = ""
+    if info.in_bytes is None and info.in_elems is not None:
+        es = elem_size(info.dtype)
+        if es is None:
+            es = 4
+            status = "collective_dtype_guessed"
+        info.in_bytes = info.in_elems * es
+        if info.out_bytes is None and info.out_elems is not None:
+            info.out_bytes = info.out_elems * es
     if info.in_bytes is None:
         info.in_bytes = 0
         info.out_bytes = 0
-        return False
+        return "collective_size_unknown"
     if info.out_bytes is None:
         n = info.in_bytes
         gs = max(group_size, 1)
@@ -377,4 +395,4 @@ def finish_sizes(info: CommInfo, group_size: int) -> bool:
             info.out_bytes = n // gs
         else:
             info.out_bytes = n
-    return True
+    return status

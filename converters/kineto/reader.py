@@ -6,12 +6,22 @@ All files must agree on the world size and on the members of same-named process 
 claim distinct ranks, overlap in time and share the chosen ProfilerStep; anything else is
 refused with one line naming the file.
 
-Partial jobs (fewer files than the world size, e.g. 2 sampled ranks of 128): the Job holds
-the traced ranks renumbered 0..k-1 in rank order, its world size is k and every process
-group keeps only its traced members (renumbered the same way), so the Job passes the
-checker and simulates what was traced. The original numbers stay in the manifest attrs
-(``kineto.original_world_size``, ``kineto.original_ranks``) and in each graph's
-``kineto.rank`` attr; ``dropped["ranks_not_traced"]`` counts the missing ranks.
+Partial jobs (fewer files than the world size) take one of two forms, recorded in the
+manifest attr ``kineto.partial``:
+  replicated  when every process group the traced ranks use is the whole world, nothing is
+              point-to-point and the traced ranks issue the same collectives (the usual
+              single-rank trace of a data-parallel job): the Job keeps the real world size
+              and binds each untraced rank to the lowest traced rank's graph
+              (``dropped["untraced_ranks_copied"]``; their measured step time is 0, unknown);
+  renumbered  otherwise (e.g. 2 sampled ranks of 128 using unknown sub-groups): the Job
+              holds the traced ranks renumbered 0..k-1 in rank order, its world size is k,
+              every group keeps only its traced members, send/recv to untraced peers become
+              communication of unknown peer, and a group whose traced members disagree on
+              what they issued (sampled traces) is split into one group per member
+              (``dropped["partial_job_group_split"]``); ``kineto.original_world_size`` keeps
+              the real size, ``dropped["ranks_not_traced"]`` the missing count.
+Either way the Job passes the checker; each graph keeps its file's rank in the header
+attr ``kineto.rank`` and the manifest lists them in ``kineto.traced_ranks``.
 
 Clock: each graph's times start at its own earliest kept event; ``RankBinding.
 clock_offset_ns`` places it on the job clock whose 0 is the job's earliest kept event
@@ -138,30 +148,36 @@ def read_job(paths: list[Path], options) -> Job:
     ranks = [ranks[i] for i in order]
     _check_one_job(files)
     step = choose_step(files, options.step)
-    present = sorted(ranks)
-    job_index = {r: i for i, r in enumerate(present)}
-    partial = present != list(range(world))
-
-    def job_rank(r: int) -> int | None:
-        return job_index.get(r)
 
     built: list[tuple[int, TraceFile, RankGraph]] = []
     for tf, r in zip(files, ranks, strict=True):
         ctx = RankContext(
-            graph_id=f"rank{job_index[r]}", rank=r, world_size=world,
-            window=window_of(tf, step), pgs=pg_config(tf.distributed),
-            backend=str(tf.distributed.get("backend", "") or ""), job_rank=job_rank)
+            graph_id=f"rank{r}", rank=r, world_size=world, window=window_of(tf, step),
+            pgs=pg_config(tf.distributed), backend=str(tf.distributed.get("backend", "") or ""))
         built.append((r, tf, build_rank_graph(tf, ctx)))
         tf.events = []  # let its events go before the next rank is built
 
-    split = _split_inconsistent_groups(built, job_index) if partial else 0
+    traced = sorted(ranks)
+    mode = "complete"
+    if traced != list(range(world)):
+        mode = "replicated" if _replicable(built, world) else "renumbered"
+    if mode == "renumbered":
+        job_index = {r: i for i, r in enumerate(traced)}
+        _renumber(built, job_index)
+        split = _split_inconsistent_groups(built, job_index)
+        job_world = len(traced)
+    else:
+        job_index = {r: r for r in range(world)}
+        split = 0
+        job_world = world
 
-    jb = JobBuilder(_job_name(paths, options), len(present), source_format="kineto")
+    jb = JobBuilder(_job_name(paths, options), job_world, source_format="kineto")
     m = jb.job.manifest
     m.step = step if step is not None else -1
     m.provenance.inputs.extend(sorted(p.name for p in paths))
     job_origin = min(rg.origin_ns for _, _, rg in built)
     dropped: Counter = Counter()
+    bindings: dict[int, dict[str, int]] = {}
     for r, _tf, rg in built:
         jb.add_graph(rg.graph)
         bound: dict[str, int] = {}
@@ -171,24 +187,69 @@ def read_job(paths: list[Path], options) -> Job:
             role = "world" if (use.desc == "default_pg" or use.key == "0") \
                 and len(use.ranks) == world else 0
             bound[key] = jb.group(mapped, name=use.name, desc=use.desc, role=role)
+        bindings[r] = bound
         jb.bind(job_index[r], rg.graph.id, bound, measured_step_ns=rg.measured_step_ns,
                 clock_offset_ns=rg.origin_ns - job_origin)
         dropped.update(rg.dropped)
+    if mode == "replicated":
+        ref_rank, _, ref = built[0]
+        ref_binding = jb.job.binding(ref_rank)
+        for r in range(world):
+            if r not in bindings:
+                jb.bind(r, ref.graph.id, bindings[ref_rank],
+                        clock_offset_ns=ref_binding.clock_offset_ns)
+        jb.drop("untraced_ranks_copied", world - len(traced))
     for reason in sorted(dropped):
         jb.drop(reason, dropped[reason])
     backend = next((str(tf.distributed["backend"]) for _, tf, _ in built
                     if tf.distributed.get("backend")), "")
     if backend:
         m.attrs["kineto.backend"] = backend
-    if partial:
-        jb.drop("ranks_not_traced", world - len(present))
+    if mode != "complete":
+        m.attrs["kineto.traced_ranks"] = ",".join(str(r) for r in traced)
+        m.attrs["kineto.partial"] = mode
+    if mode == "renumbered":
+        jb.drop("ranks_not_traced", world - len(traced))
         jb.drop("partial_job_group_split", split)
         m.attrs["kineto.original_world_size"] = str(world)
-        m.attrs["kineto.original_ranks"] = ",".join(str(r) for r in present)
-        m.attrs["kineto.partial"] = (f"traced {len(present)} of {world} ranks; renumbered "
-                                     "0..k-1 in rank order, groups keep traced members")
     _hardware(jb, [tf for _, tf, _ in built], options)
     return jb.build()
+
+
+def _replicable(built: list[tuple[int, TraceFile, RankGraph]], world: int) -> bool:
+    """Untraced ranks can run the program of the lowest traced rank: every group used is
+    the whole world, nothing is point-to-point, and the traced ranks issue the same
+    collectives."""
+    everyone = tuple(range(world))
+    for _, _, rg in built:
+        if any(use.ranks != everyone for use in rg.groups.values()):
+            return False
+        if any(n.kind in (pb.KIND_SEND, pb.KIND_RECV) for n in rg.graph.nodes):
+            return False
+    keys = set().union(*(rg.groups for _, _, rg in built))
+    for key in keys:
+        if len({_collective_signature(rg.graph, key) for _, _, rg in built}) > 1:
+            return False
+    return True
+
+
+def _renumber(built: list[tuple[int, TraceFile, RankGraph]], job_index: dict[int, int]) -> None:
+    """Restrict groups to traced members; point-to-point peers follow (an untraced peer
+    makes the send/recv communication of unknown peer)."""
+    for _, _, rg in built:
+        for key, use in list(rg.groups.items()):
+            kept = tuple(r for r in use.ranks if r in job_index)
+            rg.graph.header.group_sizes[key] = len(kept)
+            new_pos = {r: i for i, r in enumerate(kept)}
+            for n in rg.graph.nodes:
+                if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == key:
+                    peer = use.ranks[n.p2p.peer]
+                    if peer in new_pos:
+                        n.p2p.peer = new_pos[peer]
+                    else:
+                        _demote(n)
+                        rg.dropped["p2p_peer_not_traced"] += 1
+            rg.groups[key] = GroupUse(use.key, use.name, use.desc, kept, use.guess)
 
 
 def _collective_signature(graph, key: str) -> tuple:
@@ -202,22 +263,19 @@ def _collective_signature(graph, key: str) -> tuple:
 def _p2p_pairs(graph, use: GroupUse, job_index: dict[int, int], rank: int) -> dict:
     """(sender, receiver, key) -> byte sizes in order, as this rank sees them."""
     out: dict[tuple, list[int]] = {}
-    mapped = [job_index[r] for r in use.ranks if r in job_index]
     me = job_index[rank]
     for n in graph.nodes:
         if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == use.key:
-            peer = mapped[n.p2p.peer] if n.p2p.peer < len(mapped) else -1
+            peer = job_index[use.ranks[n.p2p.peer]]
             pair = (me, peer) if n.kind == pb.KIND_SEND else (peer, me)
             out.setdefault(pair + (use.key,), []).append(n.p2p.bytes)
     return out
 
 
-def _demote_p2p(graph, key: str) -> None:
-    for n in graph.nodes:
-        if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == key:
-            n.attrs["comm"] = "send" if n.kind == pb.KIND_SEND else "recv"
-            n.ClearField("p2p")
-            n.kind = pb.KIND_COMM_UNKNOWN
+def _demote(n: pb.Node) -> None:
+    n.attrs["comm"] = "send" if n.kind == pb.KIND_SEND else "recv"
+    n.ClearField("p2p")
+    n.kind = pb.KIND_COMM_UNKNOWN
 
 
 def _split_inconsistent_groups(built: list[tuple[int, TraceFile, RankGraph]],
@@ -228,8 +286,7 @@ def _split_inconsistent_groups(built: list[tuple[int, TraceFile, RankGraph]],
     members: dict[tuple, list[tuple[int, RankGraph, str]]] = {}
     for r, _, rg in built:
         for key, use in rg.groups.items():
-            ident = (use.name, tuple(x for x in use.ranks if x in job_index))
-            members.setdefault(ident, []).append((r, rg, key))
+            members.setdefault((use.name, use.ranks), []).append((r, rg, key))
     split = 0
     for ident in sorted(members):
         mem = members[ident]
@@ -240,15 +297,16 @@ def _split_inconsistent_groups(built: list[tuple[int, TraceFile, RankGraph]],
         recvs: dict[tuple, list[int]] = {}
         for r, rg, key in mem:
             for pair, sizes in _p2p_pairs(rg.graph, rg.groups[key], job_index, r).items():
-                sender = pair[0] == job_index[r]
-                (sends if sender else recvs).setdefault(pair, sizes)
+                (sends if pair[0] == job_index[r] else recvs).setdefault(pair, sizes)
         if len(sigs) == 1 and sends == recvs:
             continue
         for r, rg, key in mem:
             use = rg.groups[key]
             rg.groups[key] = GroupUse(key, use.name, use.desc, (r,), "partial_job_group_split")
             rg.graph.header.group_sizes[key] = 1
-            _demote_p2p(rg.graph, key)
+            for n in rg.graph.nodes:
+                if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == key:
+                    _demote(n)
             split += 1
     return split
 

@@ -2,8 +2,8 @@
 
 A step is *complete* in a file when its host span lies inside the profiler's recording
 window (the ``PyTorch Profiler`` trace span when the file has one, else the span of its
-events) and, for the last step, when it is not cut short by the profiler stopping (less
-than half the median length of the earlier steps). By default the last step complete in
+events) and, for the last step, when it is not cut short by the profiler stopping (fewer
+than half the host ops of the median earlier step). By default the last step complete in
 every file is kept; ``--step N`` picks N, which every file must contain. Files without any
 step marker are taken whole; a mix of files with and without markers is refused (they
 cannot be one job's one step).
@@ -11,11 +11,12 @@ cannot be one job's one step).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
 
-from .events import TraceFile
+from .events import K_CPU, TraceFile
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,25 @@ def complete_steps(tf: TraceFile) -> list[int]:
     done = sorted(n for n, ev in tf.steps.items() if ev.ts >= lo and ev.end <= hi)
     if len(done) >= 2:
         # Without a schedule the profiler closes the last step when it stops, so that
-        # step holds only what ran after the last prof.step(): far shorter than the rest.
-        earlier = sorted(tf.steps[n].dur for n in done[:-1])
-        median = earlier[len(earlier) // 2]
-        if tf.steps[done[-1]].dur < median // 2:
+        # step holds only what ran after the last prof.step(): far fewer ops than the rest.
+        ops = _ops_per_step(tf, done)
+        earlier = sorted(ops[n] for n in done[:-1])
+        if ops[done[-1]] * 2 < earlier[len(earlier) // 2]:
             done.pop()
     return done
+
+
+def _ops_per_step(tf: TraceFile, steps: list[int]) -> dict[int, int]:
+    spans = sorted((tf.steps[n].ts, tf.steps[n].end, n) for n in steps)
+    starts = [s for s, _, _ in spans]
+    counts = dict.fromkeys(steps, 0)
+    for ev in tf.events:
+        if ev.kind != K_CPU:
+            continue
+        i = bisect_right(starts, ev.ts) - 1
+        if i >= 0 and ev.ts < spans[i][1]:
+            counts[spans[i][2]] += 1
+    return counts
 
 
 def _fmt_steps(steps) -> str:

@@ -59,11 +59,10 @@ def assign_ranks(traces: list[HostTrace], option_rank: int | None) -> list[RankT
 def plan_groups(ranks: list[RankTrace], world_hint: int | None) -> tuple[GroupPlan, int]:
     """Group key per call and the world size all ranks agree on."""
     plan = GroupPlan()
-    sizes: dict[str, Path] = {}
     world: dict[int, Path] = {}
     if world_hint:
         world[world_hint] = Path("--world-size")
-    defs = {}
+    defs: dict[str, comms.PgDef] = {}
     for rt in ranks:
         for p in rt.trace.pg_defs:
             defs.setdefault(p.name, p)
@@ -91,8 +90,6 @@ def plan_groups(ranks: list[RankTrace], world_hint: int | None) -> tuple[GroupPl
                 plan.desc.setdefault(key, c.pg_desc)
             if key == DEFAULT_GROUP and c.pg_size and not c.pg_ranks:
                 world.setdefault(c.pg_size, rt.trace.path)
-            if c.pg_size:
-                sizes.setdefault(key, rt.trace.path)
     if len(world) > 1:
         (a, pa), (b, pb_) = sorted(world.items())[:2]
         raise EchoError(f"ranks disagree on world size: {pa.name} says {a}, {pb_.name} says {b}")

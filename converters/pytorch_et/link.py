@@ -1,14 +1,18 @@
 """Linking host execution traces to a Job read from Kineto traces of the same run.
 
-Pairing: a host trace goes to the rank in its file name, else to the Kineto rank with the
-same process id, else to the rank its own collectives state, else (equal counts) by order.
+Pairing: a host trace goes to the rank in its file name, else to the rank its own
+collectives state (``record_param_comms`` carries it), else, when the counts are equal, by
+order. Ranks are the traced ones: a partial Kineto job renumbers its ranks and keeps the
+original in the graph header attr ``kineto.rank``, which pairing follows. Only the host ops
+of the Job's ``ProfilerStep`` are linked when the host trace has that step too.
 
 Per rank, host ops are linked to Kineto CPU op nodes:
 
 1. by record-function id, when the ids agree: the relation ``et rf_id == kineto id + d`` is
-   tried for d in -2..2 and kept when at least 80 % of the candidates have equal names (torch
-   >= 2.1 writes Kineto ``Record function id`` == ET ``rf_id``; HTA's 2023 pair has
-   ET ``rf_id`` == ``Ev Idx`` + 1);
+   tried for d in -2..2 and kept when at least 80 % of the candidates have equal names
+   (torch 2.13 writes Kineto ``Record function id`` == ET ``rf_id``; HTA's 2023
+   ``benchmark_simple_add`` pair has ET ``rf_id`` == ``Ev Idx`` + 1; the 2023 DLRM and
+   ``linear`` pairs agree on no offset);
 2. otherwise by aligning the op-name sequences thread by thread (:mod:`.align`): ET threads
    are paired with Kineto CPU streams by the multiset overlap of their op names.
 
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from echo_et.converters.pytorch_et.align import align
-from echo_et.converters.pytorch_et.comms import CommCall, PgDef
+from echo_et.converters.pytorch_et.comms import RECV, SEND, CommCall, PgDef
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp
 from echo_et.converters.pytorch_et.trace import HostTrace, expand_paths, load
 from echo_et.errors import EchoError
@@ -134,21 +138,29 @@ def link_graph(graph: Graph, trace: HostTrace, window: tuple[int, int] | None,
                stats: LinkStats) -> str:
     """Link one rank's graph in place (the caller owns the copy); returns the method used."""
     ops = _et_ops(trace, window)
-    cpu = [n for n in graph.nodes if n.kind == pb.KIND_CPU_OP]
-    pairs, method = _by_rf_id(cpu, ops)
+    cands = [n for n in graph.nodes if n.kind == pb.KIND_CPU_OP]
+    pairs, method = _by_rf_id(cands, ops)
     if pairs is None:
-        pairs = _by_sequence(graph, cpu, ops)
-        method = "sequence"
-        stats.by_sequence += len(pairs)
-    et_by_id = {op.id: op for op in trace.ops}
+        pairs, method = [], ""
+    done_k = {n.id for n, _ in pairs}
+    done_e = {op.id for _, op in pairs}
+    rest = _by_sequence([n for n in cands if n.id not in done_k],
+                        [op for op in ops if op.id not in done_e])
+    if rest or not method:
+        method = f"{method}+sequence" if method else "sequence"
+    stats.by_sequence += len(rest)
+    pairs += rest
     linked: dict[int, EtOp] = {}
     for node, op in pairs:
         _annotate(node, op)
         linked[node.id] = op
     stats.linked += len(pairs)
-    stats.unlinked_cpu += len(cpu) - len(pairs)
+    stats.unlinked_cpu += len(cands) - len(pairs)
     stats.unlinked_et += len(ops) - len(pairs)
-    stats.comm_filled += _fill_comms(graph, linked, _anchor_of(trace, et_by_id))
+    window_calls = [c for oid, c in trace.comms.items()
+                    if window is None or window[0] <= oid <= window[1]]
+    stats.comm_filled += _fill_comms(graph, linked, _anchor_of(trace, {op.id: op for op in trace.ops}),
+                                     window_calls)
     return method
 
 
@@ -183,7 +195,8 @@ def _by_rf_id(cpu: list[pb.Node], ops: list[EtOp]):
     return pairs, f"{source}{best:+d}" if best else source
 
 
-def _by_sequence(graph: Graph, cpu: list[pb.Node], ops: list[EtOp]) -> list[tuple[pb.Node, EtOp]]:
+def _by_sequence(cpu: list[pb.Node], ops: list[EtOp]) -> list[tuple[pb.Node, EtOp]]:
+    """Pairs by aligning op names, each ET thread with the Kineto stream it shares most with."""
     k_threads: dict[int, list[pb.Node]] = defaultdict(list)
     for n in cpu:
         k_threads[n.stream].append(n)
@@ -216,10 +229,13 @@ def _by_sequence(graph: Graph, cpu: list[pb.Node], ops: list[EtOp]) -> list[tupl
 
 
 def _annotate(node: pb.Node, op: EtOp) -> None:
-    if not node.cpu.shapes and op.in_shapes:
-        node.cpu.shapes = op.in_shapes
-    if not node.cpu.dtypes and op.in_types:
-        node.cpu.dtypes = op.in_types
+    if node.WhichOneof("payload") == "cpu":
+        if not node.cpu.shapes and op.in_shapes:
+            node.cpu.shapes = op.in_shapes
+        if not node.cpu.dtypes and op.in_types:
+            node.cpu.dtypes = op.in_types
+    elif op.in_shapes and "et_shapes" not in node.attrs:
+        node.attrs["et_shapes"] = op.in_shapes
     node.attrs["et_id"] = str(op.id)
     if op.rf_id is not None:
         node.attrs["et_rf_id"] = str(op.rf_id)
@@ -247,40 +263,66 @@ def _anchor_of(trace: HostTrace, by_id: dict[int, EtOp]) -> dict[int, CommCall]:
     return out
 
 
-def _fill_comms(graph: Graph, linked: dict[int, EtOp], anchor_of: dict[int, CommCall]) -> int:
-    """Give Kineto communication nodes what their linked host op knows and they lack."""
-    if not anchor_of:
+def _fill_comms(graph: Graph, linked: dict[int, EtOp], anchor_of: dict[int, CommCall],
+                calls: list[CommCall]) -> int:
+    """Give Kineto communication nodes what the host trace knows and they lack. A node finds
+    its call through the host op that issued it (launch / nesting deps to a linked op); the
+    rest are matched, in order, to the calls of the same type that no node claimed."""
+    if not calls:
         return 0
     by_id = {n.id: n for n in graph.nodes}
-    filled = 0
-    for n in graph.nodes:
-        if n.kind not in _COMM_KINDS:
-            continue
+    comm_nodes = [n for n in graph.nodes if n.kind in _COMM_KINDS]
+    found: dict[int, CommCall] = {}
+    for n in comm_nodes:
         call = _call_for(n, by_id, linked, anchor_of)
-        if call is None:
-            continue
-        changed = False
-        if n.kind == pb.KIND_COLLECTIVE:
-            c = n.collective
-            if not c.dtype and call.dtype:
-                c.dtype, changed = call.dtype, True
-            if not c.in_bytes and call.in_bytes:
-                c.in_bytes, changed = call.in_bytes, True
-            if not c.out_bytes and call.out_bytes:
-                c.out_bytes, changed = call.out_bytes, True
-        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV) and not n.p2p.bytes and call.in_bytes:
-            n.p2p.bytes, changed = call.in_bytes, True
-        for k, v in call.attrs.items():
-            if k not in n.attrs:
-                n.attrs[k] = v
-                changed = True
-        n.attrs.setdefault("et_id", str(call.op_id))
-        filled += changed
+        if call is not None:
+            found[n.id] = call
+    claimed = {id(c) for c in found.values()}
+    left_nodes = [n for n in comm_nodes if n.id not in found]
+    left_calls = [c for c in calls if id(c) not in claimed]
+    if left_nodes and left_calls:
+        for i, j in align([_comm_kind(n) for n in left_nodes], [c.kind for c in left_calls],
+                          second_pass=False):
+            found[left_nodes[i].id] = left_calls[j]
+    filled = 0
+    for n in comm_nodes:
+        call = found.get(n.id)
+        if call is not None:
+            filled += _fill_one(n, call)
     return filled
+
+
+def _comm_kind(n: pb.Node) -> int | str:
+    if n.kind == pb.KIND_COLLECTIVE:
+        return n.collective.type
+    return {pb.KIND_SEND: SEND, pb.KIND_RECV: RECV}.get(n.kind, "unknown")
+
+
+def _fill_one(n: pb.Node, call: CommCall) -> bool:
+    changed = False
+    if n.kind == pb.KIND_COLLECTIVE:
+        c = n.collective
+        if not c.dtype and call.dtype:
+            c.dtype, changed = call.dtype, True
+        if not c.in_bytes and call.in_bytes:
+            c.in_bytes, changed = call.in_bytes, True
+        if not c.out_bytes and call.out_bytes:
+            c.out_bytes, changed = call.out_bytes, True
+    elif n.kind in (pb.KIND_SEND, pb.KIND_RECV) and not n.p2p.bytes and call.in_bytes:
+        n.p2p.bytes, changed = call.in_bytes, True
+    for k, v in call.attrs.items():
+        if k not in n.attrs:
+            n.attrs[k] = v
+            changed = True
+    n.attrs.setdefault("et_id", str(call.op_id))
+    return changed
 
 
 def _call_for(n: pb.Node, by_id, linked, anchor_of) -> CommCall | None:
     """Walk from a comm node through its launch and nesting parents to a linked host op."""
+    op = linked.get(n.id)
+    if op is not None and op.id in anchor_of:
+        return anchor_of[op.id]
     seen = 0
     frontier = [d.id for d in n.deps if d.kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)]
     while frontier and seen < 32:

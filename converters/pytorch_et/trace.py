@@ -52,12 +52,20 @@ class HostTrace:
         return rank_from_name(self.path.name)
 
     def comm_rank(self) -> int | None:
-        """This rank as its own collectives on the default group state it (None if they don't)."""
+        """This rank as its own collectives on the default group state it (None if they don't).
+
+        ``record_param_comms`` records the caller's rank in the group (the root or the peer for
+        rooted and point-to-point calls, which are skipped). A trace without group names
+        (schema 1.0.1) counts when all its calls use one group.
+        """
         default = {p.backend_id for p in self.pg_defs if p.name == "0" and p.backend_id is not None}
+        refs = {c.pg_ref for c in self.comms.values()}
+        single_unnamed = not self.pg_defs and len(refs) == 1 and None not in refs
         for c in self.comms.values():
             if c.rank_field is None or c.is_p2p or c.root is not None:
                 continue
-            if c.pg_name == "0" or (c.pg_ref is not None and c.pg_ref in default):
+            if c.pg_name == "0" or (c.pg_ref is not None and c.pg_ref in default) \
+                    or (c.pg_name is None and single_unnamed):
                 return c.rank_field
         return None
 

@@ -32,7 +32,11 @@ def export_chakra(
     if as_json:
         emit_json(result)
     else:
-        typer.echo(f"wrote {len(result['files'])} files with prefix {output}")
+        typer.echo(f"wrote {len(result['files'])} files with prefix {output} "
+                   f"({result['nodes']} nodes, {result['bytes']} bytes)")
+        if result["lossy"]:
+            typer.echo("not representable in Chakra: "
+                       + ", ".join(f"{k}={v}" for k, v in result["lossy"].items()))
 
 
 @export_app.command("astra-sim")

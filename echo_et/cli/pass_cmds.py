@@ -19,6 +19,7 @@ def register(app: typer.Typer) -> None:
     app.command("scale")(scale)
     app.command("inject")(inject)
     app.command("sweep")(sweep)
+    app.command("select")(select)
 
 
 def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
@@ -147,7 +148,10 @@ def sweep(
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
     declared: str | None = LayoutOpt,
     mode: str = typer.Option("predict", "--mode", help="Simulation mode: predict (CC model) or replay."),
-    profile: str | None = typer.Option(None, "--profile", help="CC model profile file or preset name."),
+    profile: str | None = typer.Option(None, "--profile", help="CC model calibration profile (predict)."),
+    preset: str | None = typer.Option(None, "--preset", help="CC model preset (predict; default: the job's GPU)."),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
+    a2a: str = typer.Option("keep-rank", "--a2a", help="All-to-all on growing groups: keep-rank or keep-peer."),
     executor: str = typer.Option("local", "--executor", help="local (process pool), dask or ray."),
     workers: int | None = typer.Option(None, "--workers", help="Worker processes (local / local cluster)."),
     address: str | None = typer.Option(None, "--address",
@@ -161,7 +165,8 @@ def sweep(
     spec = SweepSpec(
         dp=_int_list(dp, "--dp"), pp=_int_list(pp, "--pp"),
         microbatches=_int_list(microbatches, "--microbatches"), zero=zero,
-        gpus_per_node=gpus_per_node, layout=declared, mode=mode, profile=profile,
+        gpus_per_node=gpus_per_node, layout=declared, mode=mode, profile=profile, preset=preset,
+        slowdown=not no_slowdown, a2a=a2a,
     )
     if not spec.dp:
         fail("--dp: give at least one data-parallel degree")
@@ -179,3 +184,23 @@ def sweep(
     else:
         typer.echo(result.table())
         typer.echo(f"wrote {', '.join(files)} in {output}")
+
+
+@guarded
+def select(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
+    output: Path = typer.Option(..., "-o", "--output", help="Job directory to write."),
+    ranks: str = typer.Option(..., "--ranks", help="Ranks to keep, e.g. 0-3,8 (renumbered in this order)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Keep a subset of ranks whose process groups lie inside it."""
+    from echo_et.passes.select import parse_ranks, select_ranks
+
+    _refuse_overwrite(output, [job_path])
+    out = select_ranks(load_job_arg(job_path), parse_ranks(ranks))
+    _save_checked(out, output)
+    if as_json:
+        emit_json({"output": str(output), "world_size": out.world_size,
+                   "graphs": len(out.graph_ids()), "groups": len(out.manifest.groups)})
+    else:
+        typer.echo(f"wrote {output}: {out.world_size} ranks, {len(out.graph_ids())} graphs")

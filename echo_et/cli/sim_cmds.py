@@ -56,13 +56,7 @@ def comm_model_for(job, profile: Path | None, preset: str | None, *, intra_bw: f
     elif preset is not None:
         model = CommModel.preset(preset)
     else:
-        gpu = (job.manifest.hardware.gpu_name or "").lower()
-        names = list(CommModel.preset_names())
-        match = [n for n in names if gpu and any(tok and tok in gpu for tok in n.lower().replace("-", "_").split("_"))]
-        if not match:
-            raise EchoError(f"predict mode needs --profile or --preset (the job's GPU {gpu or 'is unknown'}; "
-                            f"presets: {', '.join(names)})")
-        model = CommModel.preset(match[0])
+        model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
     over: dict[str, Any] = {}
     if gpus_per_node:
         over["gpus_per_node"] = gpus_per_node
@@ -81,6 +75,20 @@ def slowdown_model_for(path: Path | None, off: bool):
     from echo_et.models.slowdown import SlowdownModel, default_model
 
     return SlowdownModel.load(path) if path is not None else default_model()
+
+
+def write_sim_timeline(res, dest: Path, job) -> dict[str, Any]:
+    """The simulated step as a Chrome trace, written by the ``export chrome`` writer."""
+    from echo_et.converters.chrome import TimelineEvent, write_timeline
+
+    meta = {"job": job.manifest.name, "world_size": job.world_size, "simulated": res.mode}
+    return write_timeline((TimelineEvent(**e) for e in res.timeline_events()), dest, metadata=meta)
+
+
+def _progress(msg: str) -> None:
+    """Progress on stderr, only for a person watching (error output stays one line)."""
+    if sys.stderr.isatty():
+        print(msg, file=sys.stderr)
 
 
 def _ms(ns: int | None) -> str:
@@ -133,11 +141,11 @@ def simulate_cmd(
         comm = comm_model_for(job, profile, preset, intra_bw=intra_bw, inter_bw=inter_bw,
                               gpus_per_node=gpus_per_node)
         slow = slowdown_model_for(slowdown, no_slowdown)
-    print(f"simulating {job.world_size} ranks ({mode})...", file=sys.stderr)
+    _progress(f"simulating {job.world_size} ranks ({mode})...")
     res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
     out = res.to_json()
     if timeline is not None:
-        out["timeline"] = res.write_timeline(timeline)
+        out["timeline"] = write_sim_timeline(res, timeline, job)
     if as_json:
         emit_json(out)
         return
@@ -176,7 +184,7 @@ def validate_cmd(
     job = load_job_arg(job_path)
     comm = comm_model_for(job, profile, preset)
     slow = slowdown_model_for(slowdown, no_slowdown)
-    print(f"validating {job.world_size} ranks...", file=sys.stderr)
+    _progress(f"validating {job.world_size} ranks...")
     v = validate(job, comm_model=comm, slowdown_model=slow)
     if as_json:
         emit_json(v)

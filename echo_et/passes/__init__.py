@@ -3,13 +3,14 @@
 - :func:`infer_layout` decides dp/tp/pp/ep and the rank order (declared, manifest, inferred);
 - :func:`scale` changes the data-parallel degree and re-stages pipelines;
 - :func:`inject` turns a single-GPU trace into a data-parallel Job (DDP buckets, ZeRO-1);
-- :func:`select_ranks` / :func:`select_window` cut a Job down;
+- :func:`select_ranks` cuts a Job down to a subset of ranks;
 - :func:`sweep` simulates a grid of scaled layouts on a local pool, Dask or Ray.
 """
 
 from echo_et.passes.layout import LayoutDecision, infer_layout, parse_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.scale import ScaleReport, scale
+from echo_et.passes.select import select_ranks
 
 __all__ = [
     "LayoutDecision",
@@ -18,4 +19,5 @@ __all__ = [
     "infer_layout",
     "parse_layout",
     "scale",
+    "select_ranks",
 ]

@@ -5,9 +5,11 @@ Needs nodes annotated with ``phase`` (forward / backward / optimizer), ``microba
 for transformer blocks, ``layer`` (the ex-situ tracer's workloads emit them). What is taken
 from the trace, per tensor-parallel rank:
 
-- per layer, the nodes of its forward and of its backward for one micro-batch (a
-  representative one: the first, which carries no gradient-synchronisation hooks unless it
-  is the only one), with their measured durations and internal dependencies;
+- per layer, the nodes of its forward and of its backward for one micro-batch: the one whose
+  span is the median over the micro-batches (so one disturbed measurement does not become
+  the model; the last micro-batch's backward, which carries the gradient-synchronisation
+  hooks, is left out unless it is the only one), with measured durations and internal
+  dependencies;
 - the stage prologue of the first stage (embedding: the forward nodes before the first
   layer, the backward nodes after the last) and the epilogue of the last stage (final norm,
   head, loss);
@@ -118,9 +120,9 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
         raise EchoError(f"graph {graph.id}: no node carries phase and micro-batch annotations; "
                         "re-staging a pipeline needs a Job from `echo-et trace` (annotated layers)")
     mbs = sorted({mb for _, mb in by_phase_mb})
-    rep = mbs[0]
-    fwd, fwd_pre, fwd_post = _split_layers(by_phase_mb.get(("forward", rep), []))
-    bwd, bwd_pre, bwd_post = _split_layers(by_phase_mb.get(("backward", rep), []))
+    fwd, fwd_pre, fwd_post = _median_units(by_phase_mb, "forward", mbs)
+    # The last micro-batch's backward carries the gradient hooks: not representative.
+    bwd, bwd_pre, bwd_post = _median_units(by_phase_mb, "backward", mbs[:-1] or mbs)
     annotated = [n for lst in by_phase_mb.values() for n in lst] + optimizer.nodes
     lo = min(n.start_ns for n in annotated)
     hi = max(n.start_ns + n.duration_ns for n in annotated)
@@ -144,6 +146,24 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
         pieces.dp_buckets = [c.collective.in_bytes for c in grads]
         pieces.dp_bytes = sum(pieces.dp_buckets)
     return pieces
+
+
+def _median_units(by_phase_mb: dict[tuple[str, int], list[pb.Node]], phase: str,
+                  mbs: list[int]) -> tuple[dict[int, Unit], Unit, Unit]:
+    """Per piece (each layer, pre, post), the micro-batch whose span is the median: one
+    measurement disturbed by the machine (a descheduled thread) does not become the model."""
+    cuts = [_split_layers(by_phase_mb.get((phase, mb), [])) for mb in mbs]
+
+    def median(units: list[Unit]) -> Unit:
+        units = [u for u in units if u.nodes]
+        if not units:
+            return Unit()
+        units.sort(key=lambda u: (u.end - u.start, u.nodes[0].id))
+        return units[(len(units) - 1) // 2]
+
+    layers = sorted({layer for c in cuts for layer in c[0]})
+    per_layer = {layer: median([c[0][layer] for c in cuts if layer in c[0]]) for layer in layers}
+    return per_layer, median([c[1] for c in cuts]), median([c[2] for c in cuts])
 
 
 def _split_layers(nodes: list[pb.Node]) -> tuple[dict[int, Unit], Unit, Unit]:
@@ -252,16 +272,27 @@ class _Emitter:
     def p2p(self, ops: list[tuple[bool, int]], *, key: str, nbytes: int, stream: tuple[int, str],
             duration: int, device: int) -> None:
         """Post ``ops`` ((is_send, peer) each) together; the next unit waits for all."""
-        sid = self.b.stream(stream[0], stream[1], device=device)
         after = max(self.last_nodes, key=lambda n: (n.start_ns + n.duration_ns, n.id), default=None)
         made = []
         for is_send, peer in ops:
+            sid = self.b.stream(stream[0], p2p_stream_name(stream[1], is_send, peer), device=device)
             deps = [(after.id, pb.DEP_SYNC)] if after is not None else []
             n = self.b.p2p(is_send, "pp:send" if is_send else "pp:recv", sid, group=key, peer=peer,
                            nbytes=nbytes, start_ns=self.clock, duration_ns=duration, deps=deps)
             made.append(n)
         self.clock += duration
         self.waits = [n.id for n in made]
+
+
+def p2p_stream_name(traced: str, is_send: bool, peer: int) -> str:
+    """The stream of a send/recv to ``peer``: the tracer's ``<base>:send|recv:<peer>`` naming
+    (one stream per direction and peer, so that a send and a recv posted together do not
+    wait on each other) when the traced stream follows it, else the traced stream."""
+    for d in (":send:", ":recv:"):
+        if d in traced:
+            base = traced[:traced.rindex(d)]
+            return f"{base}:{'send' if is_send else 'recv'}:{peer}"
+    return traced
 
 
 def _copy(n: pb.Node) -> pb.Node:
@@ -279,17 +310,47 @@ def _split(layers: list[int], stages: int) -> list[list[int]]:
     return [layers[i * k:(i + 1) * k] for i in range(stages)]
 
 
-def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
-    """The non-interleaved 1F1B order of ``stage``: ("F", mb) / ("B", mb) items."""
+def schedule(stage: int, stages: int, microbatches: int) -> list[tuple]:
+    """The 1F1B order of ``stage`` with its transfers, as Megatron-LM's (and the workload's)
+    ``forward_backward_pipelining_without_interleaving`` posts them: ("F", mb), ("B", mb), and
+    ("P2P", ((is_send, peer_offset), ...)) for transfers posted together."""
+    first, last = stage == 0, stage == stages - 1
     warmup = min(stages - stage - 1, microbatches)
-    out = [("F", mb) for mb in range(warmup)]
-    f, b = warmup, 0
-    for _ in range(microbatches - warmup):
+    remaining = microbatches - warmup
+    out: list[tuple] = []
+
+    def p2p(*ops: tuple[bool, int]) -> None:
+        out.append(("P2P", ops))
+
+    f = b = 0
+    for _ in range(warmup):
+        if not first:
+            p2p((False, -1))                       # recv_forward
         out.append(("F", f))
         f += 1
+        if not last:
+            p2p((True, 1))                         # send_forward
+    if remaining and not first:
+        p2p((False, -1))                           # recv_forward
+    for i in range(remaining):
+        out.append(("F", f))
+        f += 1
+        if not last:
+            p2p((True, 1), (False, 1))             # send_forward_recv_backward
         out.append(("B", b))
         b += 1
-    out.extend(("B", mb) for mb in range(b, microbatches))
+        if not first:
+            if i == remaining - 1:
+                p2p((True, -1))                    # send_backward
+            else:
+                p2p((True, -1), (False, -1))       # send_backward_recv_forward
+    for _ in range(warmup):
+        if not last:
+            p2p((False, 1))                        # recv_backward
+        out.append(("B", b))
+        b += 1
+        if not first:
+            p2p((True, -1))                        # send_backward
     return out
 
 
@@ -315,18 +376,24 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     if job.world_size != old.world:
         raise EchoError(f"{job.source or 'job'}: {job.world_size} ranks, but layout {old.describe()} "
                         f"has {old.world}")
-    # Read every old stage of replica 0, per tp rank.
+    # Read every old stage of replica 0 (the template, as for dp scaling), per tp rank;
+    # each distinct graph once.
     pieces: dict[tuple[int, int], StagePieces] = {}
     keys0: dict[str, str] = {}
     streams: dict[str, dict[int, pb.Stream]] = {}
+    read: dict[tuple[str, tuple], StagePieces] = {}
     for t in range(old.tp):
         for s in range(old.pp):
             r = old.rank({"tp": t, "dp": 0, "pp": s})
             keys = _role_keys(job, decision, r)
             keys0 = keys0 or keys
-            g = job.graph_of(r)
-            streams[g.id] = {st.id: st for st in g.header.streams}
-            pieces[(t, s)] = read_stage(g, keys)
+            gid_ = job.binding(r).graph
+            ck = (gid_, tuple(sorted(keys.items())))
+            if ck not in read:
+                g = job.graph(gid_)
+                streams[g.id] = {st.id: st for st in g.header.streams}
+                read[ck] = read_stage(g, keys)
+            pieces[(t, s)] = read[ck]
     layers = sorted({layer for p in pieces.values() for layer in p.layers})
     if not layers:
         raise EchoError("no node carries a layer annotation; re-staging a pipeline needs a Job "
@@ -347,7 +414,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     if bucket_bytes is None:
         olds = [b for p in pieces.values() for b in p.dp_buckets]
         bucket_bytes = max(olds) if olds else 25 << 20
-    dropped = sum(p.dropped for p in pieces.values())
+    dropped = sum(p.dropped for p in read.values())
 
     new_mesh = old.with_sizes(pp=pp)
     jb = JobBuilder(job.manifest.name, new_mesh.world, source_format=job.manifest.provenance.source_format)
@@ -361,7 +428,14 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
 
     graphs: dict[tuple[int, int], Graph] = {}
     grad_source = ""
+    built: dict[tuple[str, ...], int] = {}   # tp ranks whose old stages are the same graphs
     for t in range(old.tp):
+        sig = tuple(pieces[(t, s)].graph_id for s in range(old.pp))
+        if sig in built:
+            for s in range(pp):
+                graphs[(t, s)] = graphs[(built[sig], s)]
+            continue
+        built[sig] = t
         for s in range(pp):
             g, grad_source = _build_stage(
                 f"t{t}s{s}", t, s, pp, new_m, split[s], pieces, where_layer, old, streams,
@@ -473,29 +547,13 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
 
     p2p = dict(key=pp_key, nbytes=p2p_bytes, stream=p2p_src.p2p_stream or (pb.STREAM_CPU_THREAD, "p2p"),
                duration=p2p_src.p2p_duration, device=device)
-    order = one_f_one_b(s, pp, m)
-    for i, (what, mb) in enumerate(order):
-        if what == "F":
-            if not first and (i == 0 or order[i - 1][0] == "F"):
-                e.p2p([(False, s - 1)], **p2p)          # recv_forward
-            forward(mb)
-            nxt = order[i + 1] if i + 1 < len(order) else None
-            if not last:
-                if nxt is not None and nxt[0] == "B":
-                    e.p2p([(True, s + 1), (False, s + 1)], **p2p)   # send_forward_recv_backward
-                else:
-                    e.p2p([(True, s + 1)], **p2p)      # send_forward
+    for item in schedule(s, pp, m):
+        if item[0] == "F":
+            forward(item[1])
+        elif item[0] == "B":
+            backward(item[1])
         else:
-            prev = order[i - 1] if i else None
-            if not last and prev is not None and prev[0] == "B":
-                e.p2p([(False, s + 1)], **p2p)          # recv_backward (cool-down)
-            backward(mb)
-            nxt = order[i + 1] if i + 1 < len(order) else None
-            if not first:
-                if nxt is not None and nxt[0] == "F":
-                    e.p2p([(True, s - 1), (False, s - 1)], **p2p)   # send_backward_recv_forward
-                else:
-                    e.p2p([(True, s - 1)], **p2p)      # send_backward
+            e.p2p([(is_send, s + off) for is_send, off in item[1]], **p2p)
 
     # Data-parallel gradient buckets over the last micro-batch's backward.
     grad_source = ""
@@ -563,4 +621,4 @@ def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tupl
     return [g for g in out if g.nbytes], "old stages' data-parallel bytes spread over their layers"
 
 
-__all__ = ["StagePieces", "Unit", "one_f_one_b", "read_stage", "restage"]
+__all__ = ["StagePieces", "Unit", "read_stage", "restage", "schedule"]

@@ -37,7 +37,9 @@ class SweepSpec:
     gpus_per_node: int | None = None
     layout: str | None = None
     mode: str = "predict"
-    profile: str | None = None
+    profile: str | None = None     # calibrated CC profile file (predict)
+    preset: str | None = None      # CC preset name (predict); default: the job's GPU
+    slowdown: bool = True          # overlap slowdown of compute (predict)
     a2a: str = "keep-rank"
 
     def points(self) -> list[dict[str, int | None]]:
@@ -76,17 +78,28 @@ class SweepResult:
         return "\n".join(lines)
 
 
-def comm_model_for(profile: str | None, job=None):
-    """The CC model a point is priced with: a profile file, a preset name, or the default
-    preset for the job's GPU."""
+def comm_model_for(spec: SweepSpec, job):
+    """The CC model a point is priced with: a calibrated profile, a preset, or the preset
+    matching the job's GPU (``--gpus-per-node`` applied on top)."""
     from echo_et.models.comm import CommModel
 
-    if profile and Path(profile).is_file():
-        return CommModel.load(profile)
-    if profile:
-        return CommModel.preset(profile)
-    gpu = job.manifest.hardware.gpu_name if job is not None else ""
-    return CommModel.preset_for_gpu(gpu) if hasattr(CommModel, "preset_for_gpu") else CommModel.preset(None)
+    if spec.profile and spec.preset:
+        raise EchoError("give --profile or --preset, not both")
+    if spec.profile:
+        model = CommModel.from_profile(spec.profile)
+    elif spec.preset:
+        model = CommModel.preset(spec.preset)
+    else:
+        model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
+    return model.with_overrides(gpus_per_node=spec.gpus_per_node) if spec.gpus_per_node else model
+
+
+def slowdown_model_for(spec: SweepSpec):
+    if not spec.slowdown:
+        return None
+    from echo_et.models.slowdown import default_model
+
+    return default_model()
 
 
 def run_point(job_path: str, point: dict[str, int | None], spec: SweepSpec) -> dict[str, Any]:
@@ -102,9 +115,11 @@ def run_point(job_path: str, point: dict[str, int | None], spec: SweepSpec) -> d
         scaled, report = scale(job, dp=point["dp"], pp=point["pp"],
                                microbatches=point["microbatches"], zero=spec.zero,
                                gpus_per_node=spec.gpus_per_node, layout=spec.layout, a2a=spec.a2a)
-        model = comm_model_for(spec.profile, scaled) if spec.mode == "predict" else None
+        model = slow = None
+        if spec.mode == "predict":
+            model, slow = comm_model_for(spec, scaled), slowdown_model_for(spec)
         res = simulate(scaled, spec.mode, options=SimOptions(gpus_per_node=spec.gpus_per_node),
-                       comm_model=model)
+                       comm_model=model, slowdown_model=slow)
         lay = report.output_layout
         slow = res.ranks[res.slowest_rank]
         micro = max(1, int(lay.get("microbatches") or 1))

@@ -35,6 +35,9 @@ class Predictor(Simulator):
         self._estimates: dict[Hashable, int] = {}
         self._patterns: dict[int, tuple[int, ...]] = {}
         self.unpriced = 0
+        if not self.gpus_per_node:
+            # Place ranks on nodes the way the model will, so that symmetry stays exact.
+            self.gpus_per_node = int(getattr(comm_model, "gpus_per_node", 0) or 0)
 
     def _pattern(self, group: pb.ProcessGroup) -> tuple[int, ...]:
         p = self._patterns.get(group.id)
@@ -63,7 +66,8 @@ class Predictor(Simulator):
         key = ("p", call.in_bytes, same_node if gpn > 0 else (call.src, call.dst))
         got = self._estimates.get(key)
         if got is None:
-            got = max(0, round(self.comm_model.p2p(call.in_bytes, call.src, call.dst).time_ns))
+            est = self.comm_model.p2p(call.in_bytes, call.src, call.dst, gpus_per_node=gpn or None)
+            got = max(0, round(est.time_ns))
             self._estimates[key] = got
         return got
 

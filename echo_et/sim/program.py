@@ -68,11 +68,10 @@ COMM_CATS = frozenset({CAT_COLL, CAT_P2P, CAT_COMM_OTHER})
 RENDEZVOUS_CATS = frozenset({CAT_COLL, CAT_P2P})
 
 # A dependency whose measured predecessor ends this much after the dependent node started
-# contradicts the trace (a converter guessed it wrong); the simulator obeys it and counts it.
+# contradicts the trace (a converter guessed it wrong).
 ACAUSAL_TOLERANCE_NS = 1000
 
 _HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
-_GPU_STREAM_KINDS = frozenset({pb.STREAM_GPU_COMPUTE, pb.STREAM_GPU_COMM, pb.STREAM_GPU_COPY})
 
 _DEVICE_CAT = {
     pb.KIND_COMPUTE: CAT_COMPUTE,
@@ -136,24 +135,29 @@ class Program:
     group_keys: list[str] = field(default_factory=list)
     ordered_keys: frozenset[str] = frozenset()  # keys used by P2P or rooted collectives
     roots: list[int] = field(default_factory=list)  # items with no predecessor at all
-    acausal_deps: int = 0        # dependencies the measured times contradict (by more than 1 us)
+    acausal_deps: int = 0        # dependencies the measured times contradict (dropped unless kept)
+    placeholder_comm: int = 0    # communication nodes without a measured time (ex-situ traces)
 
 
 def _where(graph: Graph, node: pb.Node) -> str:
     return f"graph {graph.id} node {node.id} ({node.name})"
 
 
-def _is_host_stream(stream: pb.Stream | None, nodes: list[pb.Node]) -> bool:
-    if stream is not None and stream.kind == pb.STREAM_CPU_THREAD:
-        return True
-    if stream is not None and stream.kind in _GPU_STREAM_KINDS:
-        return False
+def _is_host_stream(nodes: list[pb.Node]) -> bool:
+    """A stream runs host code (nested operators, boundary replay) when it holds host
+    operators; a stream of communication or kernels only (a GPU stream, or the host-side
+    communication stream of a gloo/ex-situ trace) runs its nodes one after another."""
     return any(n.kind in _HOST_KINDS for n in nodes)
 
 
-def compile_graph(graph: Graph) -> Program:
+def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     """Compile ``graph`` into a :class:`Program`. Raises EchoError on a graph the simulator
-    cannot order (a dependency on a later node of the same stream)."""
+    cannot order (a dependency on a later node of the same stream).
+
+    In a timed graph (measured start times, not all 0), a dependency whose predecessor the
+    measurement shows finishing after the dependent node started (by more than 1 us) cannot
+    have been a real constraint: a converter guessed it wrong. It is dropped and counted in
+    ``Program.acausal_deps`` unless ``keep_acausal_deps``."""
     nodes = graph.nodes
     prog = Program(graph_id=graph.id)
     index = {n.id: i for i, n in enumerate(nodes)}
@@ -167,7 +171,7 @@ def compile_graph(graph: Graph) -> Program:
         by_stream[sid].sort(key=lambda i: nodes[i].id)
         s = declared.get(sid) or pb.Stream(id=sid, name=f"stream {sid}")
         prog.streams.append(s)
-        prog.host_stream.append(_is_host_stream(declared.get(sid), [nodes[i] for i in by_stream[sid]]))
+        prog.host_stream.append(_is_host_stream([nodes[i] for i in by_stream[sid]]))
 
     has_launch = any(n.kind == pb.KIND_LAUNCH for n in nodes)
     device_compute = any(
@@ -177,6 +181,7 @@ def compile_graph(graph: Graph) -> Program:
     prog.cpu_only = not has_launch and not device_compute
     prog.measured_origin = min((n.start_ns for n in nodes), default=0)
     prog.measured_end = max((n.start_ns + n.duration_ns for n in nodes), default=0)
+    timed = any(n.start_ns for n in nodes)
 
     n_nodes = len(nodes)
     prog.node_start_item = [-1] * n_nodes
@@ -256,6 +261,16 @@ def compile_graph(graph: Graph) -> Program:
             if pit not in epreds[it]:
                 epreds[it].append(pit)
 
+    if timed:
+        for it in range(prog.n_items):
+            lim = item_mstart[it] + ACAUSAL_TOLERANCE_NS
+            bad = [ref for ref in spreds[it] if (item_mstart[ref >> 1] if ref & 1 else item_mend[ref >> 1]) > lim]
+            lim_end = item_mend[it] + ACAUSAL_TOLERANCE_NS
+            bad_end = [q for q in epreds[it] if item_mend[q] > lim_end]
+            prog.acausal_deps += len(bad) + len(bad_end)
+            if not keep_acausal_deps:
+                spreds[it] = [ref for ref in spreds[it] if ref not in bad]
+                epreds[it] = [q for q in epreds[it] if q not in bad_end]
     prog.pgap = [0] * prog.n_items
     prog.measured_start = item_mstart
     gaps: list[list[int]] = [[] for _ in range(prog.n_items)]
@@ -264,14 +279,12 @@ def compile_graph(graph: Graph) -> Program:
         m_prev = item_mend[p] if p >= 0 else prog.measured_origin
         m_refs = [item_mstart[ref >> 1] if ref & 1 else item_mend[ref >> 1] for ref in spreds[it]]
         ready = max([m_prev, *m_refs])
-        prog.acausal_deps += sum(1 for m in m_refs if m > item_mstart[it] + ACAUSAL_TOLERANCE_NS)
         gap = max(0, item_mstart[it] - ready)
         prog.pgap[it] = gap if m_prev == ready else 0
         gaps[it] = [gap if m == ready else 0 for m in m_refs]
         if epreds[it]:
             # A sync keeps only its measured return latency after what it waited for.
             waited = max(item_mend[q] for q in epreds[it])
-            prog.acausal_deps += sum(1 for q in epreds[it] if item_mend[q] > item_mend[it] + ACAUSAL_TOLERANCE_NS)
             prog.measured_dur[it] = max(0, item_mend[it] - max(item_mstart[it], waited))
 
     prog.spreds = [tuple(zip(s, g, strict=True)) for s, g in zip(spreds, gaps, strict=True)]
@@ -291,6 +304,8 @@ def compile_graph(graph: Graph) -> Program:
     prog.npreds = npreds
     prog.roots = [it for it in range(prog.n_items) if npreds[it] == 0]
 
+    prog.placeholder_comm = sum(1 for n in nodes if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
+                                and n.attrs.get("timing") == "placeholder")
     prog.is_rdv = [False] * prog.n_items
     for it, rv in sorted(prog.rendezvous.items()):
         prog.is_rdv[it] = True

@@ -79,10 +79,9 @@ class SimResult:
             "diagnostics": self.diagnostics,
         }
 
-    def write_timeline(self, path) -> dict[str, Any]:
-        """Write the simulated step as a Chrome/Perfetto trace (see :mod:`echo_et.sim.timeline`)."""
-        from echo_et.sim.timeline import write_timeline
+    def timeline_events(self, ranks: list[int] | None = None):
+        """The simulated step as ``echo_et.converters.chrome.TimelineEvent`` field dicts
+        (see :mod:`echo_et.sim.timeline`)."""
+        from echo_et.sim.timeline import timeline_events
 
-        if self._timeline is None:
-            raise ValueError("this result holds no timeline")
-        return write_timeline(self._timeline, path)
+        return timeline_events(self, ranks)

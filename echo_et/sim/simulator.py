@@ -74,6 +74,7 @@ class SimOptions:
     slowdown_iterations: int = 4               # predict: max composer <-> slowdown rounds
     check: bool = True                         # run the IR checker first
     critical_top: int = 10                     # contributors listed in the critical path
+    keep_acausal_deps: bool = False            # obey dependencies the measured times contradict
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -246,7 +247,7 @@ class Simulator:
         for r in ranks:
             gid = job.binding(r).graph
             if gid not in self._programs:
-                self._programs[gid] = compile_graph(job.graph(gid))
+                self._programs[gid] = compile_graph(job.graph(gid), keep_acausal_deps=self.options.keep_acausal_deps)
         self._partition = self._make_partition(ranks)
         self._setup_states()
         base = self._base_durations()
@@ -627,6 +628,7 @@ class Simulator:
         cp = critical_path(self._states, part, self.options.critical_top)
         opts = self.options.to_json() | {"gpus_per_node": self.gpus_per_node}
         acausal = {gid: p.acausal_deps for gid, p in sorted(self._programs.items()) if p.acausal_deps}
+        placeholders = sum(p.placeholder_comm for p in self._programs.values())
         return SimResult(
             mode=self.mode,
             ranks=ranks,
@@ -635,7 +637,8 @@ class Simulator:
             events=self._events,
             slowdown=self._slowdown_info or {"applied": False},
             options=opts,
-            diagnostics={"acausal_deps": acausal},
+            diagnostics={"acausal_deps": acausal, "acausal_deps_kept": self.options.keep_acausal_deps,
+                         "placeholder_comm_nodes": placeholders},
             _timeline=(self._states, part),
         )
 

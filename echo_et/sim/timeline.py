@@ -1,92 +1,96 @@
-"""The simulated step as a Chrome/Perfetto trace (JSON object format).
+"""The simulated step as timeline events, in the layout of ``echo-et export chrome``.
 
-Layout: one process per rank (pid = rank, named "rank R"), one track per stream (tid =
-the stream id of the graph, named after the stream), one complete ("X") event per node
-with the node's name; args carry the kind, bytes, group and sequence number of
-communication. Time in microseconds (the format's unit) with ns precision kept in the
-fraction. The wait of a collective for its last member is its own event ("wait: NAME",
-category "wait") just before the collective. Ranks that share a representative's timeline
-(symmetry) are written with that timeline.
+The simulator does not import converters (DESIGN.md section 10), so it yields plain field
+dicts that match ``echo_et.converters.chrome.TimelineEvent``; the CLI (or a user) writes
+them with that module's ``write_timeline``, so a simulated and a measured trace open side by
+side in Perfetto with the same processes, tracks and names::
+
+    from echo_et.converters.chrome import TimelineEvent, write_timeline
+    write_timeline([TimelineEvent(**e) for e in timeline_events(result)], "sim.json")
+
+Layout (the exporter's): one process per rank; one track per stream named after it (host
+threads first, then compute, communication, copy); one box per node at its simulated start
+and end (job clock, ns); collectives named "<type> <bytes>" with exact bytes, group, group
+id and size and sequence number in args, sends/recvs "send to|recv from <peer> <bytes>".
+Added by the simulator: the time a collective or P2P waited for its last member is its own
+box "wait: <name>" (category "wait") just before it, and ``args.wait_ns`` on the operation.
+Ranks that share a representative's timeline (symmetry) get that timeline.
 """
 
 from __future__ import annotations
 
-import json
-import os
+from collections.abc import Iterator
 from typing import Any
 
-from echo_et.ir.io import atomic_file
-from echo_et.ir.schema import collective_name, node_kind_name, pb
-from echo_et.sim.program import CAT_NAMES
+from echo_et.ir.schema import COMM_KINDS, STREAM_KIND_NAMES, collective_name, node_kind_name, pb
+
+_TRACK_ORDER = {
+    pb.STREAM_CPU_THREAD: 0,
+    pb.STREAM_GPU_COMPUTE: 1,
+    pb.STREAM_GPU_COMM: 2,
+    pb.STREAM_GPU_COPY: 3,
+    pb.STREAM_UNKNOWN: 4,
+}
 
 
-def _us(ns: int) -> float:
-    return round(ns / 1000.0, 3)
+def _human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
-def _node_args(node: pb.Node) -> dict[str, Any]:
-    args: dict[str, Any] = {"kind": node_kind_name(node.kind), "node": node.id}
-    which = node.WhichOneof("payload")
-    if which == "collective":
+def _name_args(st, node: pb.Node) -> tuple[str, dict[str, Any]]:
+    args: dict[str, Any] = {"id": node.id, "kind": node_kind_name(node.kind)}
+    if node.kind == pb.KIND_COLLECTIVE and node.HasField("collective"):
         c = node.collective
-        args.update(type=collective_name(c.type), bytes=c.in_bytes, out_bytes=c.out_bytes, group=c.group,
-                    seq=c.seq)
-    elif which == "p2p":
+        pg = st.keygroup[c.group]
+        args.update(op=node.name, type=collective_name(c.type), bytes=c.in_bytes, out_bytes=c.out_bytes,
+                    group=c.group, group_id=pg.id, group_size=len(pg.ranks), seq=c.seq)
+        return f"{collective_name(c.type)} {_human_bytes(c.in_bytes)}", args
+    if node.kind in (pb.KIND_SEND, pb.KIND_RECV) and node.HasField("p2p"):
         p = node.p2p
-        args.update(bytes=p.bytes, group=p.group, peer=p.peer, seq=p.seq)
-    elif which == "memcpy":
+        peer = st.keygroup[p.group].ranks[p.peer]
+        verb = "send to" if node.kind == pb.KIND_SEND else "recv from"
+        args.update(op=node.name, bytes=p.bytes, peer=peer, tag=p.tag, group=p.group)
+        return f"{verb} {peer} {_human_bytes(p.bytes)}", args
+    if node.HasField("memcpy"):
         args.update(bytes=node.memcpy.bytes, direction=node.memcpy.direction)
-    elif which == "compute" and node.compute.kernel_class:
-        from echo_et.ir.schema import KERNEL_CLASS_NAMES
-
-        args["kernel_class"] = KERNEL_CLASS_NAMES.get(node.compute.kernel_class, "other")
-    return args
+    if node.HasField("annotations") and node.annotations.phase:
+        args["phase"] = node.annotations.phase
+    return node.name, args
 
 
-def _rank_events(rank: int, st) -> list[dict[str, Any]]:
+def _rank_events(rank: int, st) -> Iterator[dict[str, Any]]:
     prog = st.prog
-    nodes = st.graph.nodes
-    ev: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                                 "args": {"name": f"rank {rank}"}},
-                                {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-                                 "args": {"sort_index": rank}}]
-    for s in prog.streams:
-        ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": s.id,
-                   "args": {"name": s.name or f"stream {s.id}"}})
-    for idx, node in enumerate(nodes):
+    streams = {s.id: s for s in prog.streams}
+    for idx, node in enumerate(st.graph.nodes):
         s_it, e_it = prog.node_start_item[idx], prog.node_end_item[idx]
         if s_it < 0 or e_it < 0:
             continue
         t0, t1 = st.start[s_it], st.end[e_it]
-        if t0 < 0 or t1 < 0:
-            continue
-        args = _node_args(node)
+        s = streams.get(node.stream)
+        track = s.name if s is not None and s.name else f"stream {node.stream}"
+        order = _TRACK_ORDER.get(s.kind if s is not None else 0, 4)
+        name, args = _name_args(st, node)
+        if s is not None:
+            args["stream_kind"] = STREAM_KIND_NAMES.get(s.kind, "unknown")
+        category = "communication" if node.kind in COMM_KINDS else node_kind_name(node.kind)
         if s_it in st.arrive:
             wait = t0 - st.arrive[s_it]
             args["wait_ns"] = wait
             if wait > 0:
-                ev.append({"ph": "X", "name": f"wait: {node.name}", "cat": "wait", "pid": rank, "tid": node.stream,
-                           "ts": _us(st.arrive[s_it]), "dur": _us(wait)})
-        ev.append({"ph": "X", "name": node.name or f"node {node.id}", "cat": CAT_NAMES.get(prog.cat[s_it], "other"),
-                   "pid": rank, "tid": node.stream, "ts": _us(t0), "dur": _us(max(0, t1 - t0)), "args": args})
-    return ev
+                yield dict(rank=rank, track=track, name=f"wait: {name}", start_ns=st.arrive[s_it],
+                           duration_ns=wait, category="wait", track_order=order, args={"id": node.id})
+        yield dict(rank=rank, track=track, name=name, start_ns=t0, duration_ns=max(0, t1 - t0),
+                   category=category, track_order=order, args=args)
 
 
-def write_timeline(state, path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write the trace for every rank; returns {"path", "events", "ranks"}."""
-    states, part = state
+def timeline_events(result, ranks: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Field dicts of ``echo_et.converters.chrome.TimelineEvent`` for every (chosen) rank."""
+    if result._timeline is None:
+        raise ValueError("this result holds no timeline")
+    states, part = result._timeline
     by_class = {st.cls: st for st in states}
-    count = 0
-    with atomic_file(path) as f:
-        f.write(b'{"displayTimeUnit": "ns", "otherData": {"producer": "echo-et simulate"}, "traceEvents": [\n')
-        first = True
-        for rank in sorted(part.class_of):
-            st = by_class[part.class_of[rank]]
-            for e in _rank_events(rank, st):
-                if not first:
-                    f.write(b",\n")
-                first = False
-                f.write(json.dumps(e, sort_keys=True).encode())
-                count += 1
-        f.write(b"\n]}\n")
-    return {"path": str(path), "events": count, "ranks": len(part.class_of)}
+    for rank in sorted(part.class_of) if ranks is None else sorted(set(ranks)):
+        yield from _rank_events(rank, by_class[part.class_of[rank]])

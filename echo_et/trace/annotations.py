@@ -10,7 +10,10 @@ Grammar (``record_function`` names)::
 
 Keys: ``phase`` (forward, backward, optimizer), ``layer`` (global layer index), ``mb``
 (micro-batch), ``stage`` (pipeline stage). The tracer turns them into ``Node.annotations``
-and removes the marker nodes from the graph. Workloads that emit none still trace; their
+and removes the marker nodes from the graph. ``echo:group=<group_desc>`` spans enclose each
+communication call of the built-in workloads: they name the process group in traces of
+real runs (gloo traces do not say which group an op used); the ex-situ tracer takes the
+group from its recording instead and drops these spans. Workloads that emit none still trace; their
 nodes simply carry no annotations.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 PREFIX = "echo:"
 INT_KEYS = ("layer", "mb", "stage")
-KEYS = ("phase", *INT_KEYS)
+KEYS = ("phase", "group", *INT_KEYS)
 
 
 def span_name(**attrs: object) -> str:

@@ -31,32 +31,9 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord
+
 BACKEND_NAME = "echo-record"
-COMM_SPAN = "echo:comm#"
-WAIT_SPAN = "echo:wait#"
-
-
-@dataclass
-class CommRecord:
-    """One communication call, as the real job would issue it."""
-
-    index: int                    # issue order on this rank (0, 1, ...)
-    op: str                       # COLLECTIVE_NAMES value, or "send" / "recv"
-    group_ranks: tuple[int, ...]  # global ranks in group-rank order
-    group_name: str
-    group_desc: str
-    in_bytes: int
-    out_bytes: int
-    dtype: str
-    peer: int | None = None       # group rank of the P2P peer
-    tag: int = 0
-    root: int | None = None       # group rank of the root of rooted collectives
-    waited: bool = False          # a wait() was seen (the completion point is known)
-    thread: int = 0               # OS thread that issued it
-
-    @property
-    def is_p2p(self) -> bool:
-        return self.op in ("send", "recv")
 
 
 @dataclass
@@ -183,7 +160,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
             in_bytes=_nbytes(ins) if in_bytes is None else in_bytes,
             out_bytes=_nbytes(outs) if out_bytes is None else out_bytes,
             dtype=_dtype_name(first.dtype) if first is not None else "",
-            peer=peer, tag=int(tag), root=root, thread=threading.get_native_id(),
+            peer=peer, tag=int(tag), root=root,
         )
         if self._recorder.enabled:
             self._recorder.add(rec)

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from echo_et.workloads.markers import comm_span
+
 
 class _Bucket:
     def __init__(self, params: list[nn.Parameter], dp: int, device, dtype):
@@ -87,11 +89,12 @@ class GradientSync:
         b = self._bucket_of[id(p)]
         b.pending -= 1
         if b.pending == 0 and self.dp > 1:
-            if self.zero:
-                b.work = dist.reduce_scatter_tensor(b.grad_shard, b.grad, group=self.group,
-                                                    async_op=True)
-            else:
-                b.work = dist.all_reduce(b.grad, group=self.group, async_op=True)
+            with comm_span(self.group):
+                if self.zero:
+                    b.work = dist.reduce_scatter_tensor(b.grad_shard, b.grad, group=self.group,
+                                                        async_op=True)
+                else:
+                    b.work = dist.all_reduce(b.grad, group=self.group, async_op=True)
 
     def arm(self) -> None:
         """Issue each bucket's collective as its gradients complete in the next backward."""
@@ -104,7 +107,8 @@ class GradientSync:
         self.armed = False
         for b in self.buckets:
             if b.work is not None:
-                b.work.wait()
+                with comm_span(self.group):
+                    b.work.wait()
                 b.work = None
             if self.zero:
                 if self.dp == 1:
@@ -117,8 +121,9 @@ class GradientSync:
         if self.zero and self.dp > 1:
             for b in self.buckets:
                 k = b.padded // self.dp
-                dist.all_gather_into_tensor(b.param_flat,
-                                            b.param_flat[self.rank * k:(self.rank + 1) * k],
-                                            group=self.group)
+                with comm_span(self.group):
+                    dist.all_gather_into_tensor(b.param_flat,
+                                                b.param_flat[self.rank * k:(self.rank + 1) * k],
+                                                group=self.group)
         for b in self.buckets:
             b.grad.zero_()

@@ -18,6 +18,12 @@ def span(**attrs: object) -> record_function:
     return record_function(span_name(**attrs))
 
 
+def comm_span(group) -> record_function:
+    """Encloses one communication call and names its process group (see
+    :mod:`echo_et.trace.annotations`)."""
+    return record_function(span_name(group=getattr(group, "group_desc", "") or "unknown"))
+
+
 def _mark(name: str) -> None:
     with record_function(name):
         pass

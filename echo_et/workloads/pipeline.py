@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from echo_et.workloads.markers import comm_span
+
 
 class StageLink:
     def __init__(self, group, shape: tuple[int, ...], dtype, device):
@@ -41,13 +43,16 @@ class StageLink:
                   recv_from: int | None) -> torch.Tensor | None:
         works = []
         if send is not None:
-            works.append(dist.isend(send.contiguous(), self._peer(send_to), group=self.group))
+            with comm_span(self.group):
+                works.append(dist.isend(send.contiguous(), self._peer(send_to), group=self.group))
         buf = None
         if recv_from is not None:
             buf = self._buffer()
-            works.append(dist.irecv(buf, self._peer(recv_from), group=self.group))
+            with comm_span(self.group):
+                works.append(dist.irecv(buf, self._peer(recv_from), group=self.group))
         for w in works:
-            w.wait()
+            with comm_span(self.group):
+                w.wait()
         return buf
 
     def recv_forward(self) -> torch.Tensor | None:

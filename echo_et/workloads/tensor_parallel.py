@@ -16,6 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from echo_et.workloads.markers import comm_span
+
 
 def _size(group) -> int:
     return dist.get_world_size(group)
@@ -33,7 +35,8 @@ class _CopyToRegion(torch.autograd.Function):
     def backward(ctx, grad):
         if _size(ctx.group) > 1:
             grad = grad.contiguous()
-            dist.all_reduce(grad, group=ctx.group)
+            with comm_span(ctx.group):
+                dist.all_reduce(grad, group=ctx.group)
         return grad, None
 
 
@@ -44,7 +47,8 @@ class _ReduceFromRegion(torch.autograd.Function):
     def forward(ctx, x, group):
         if _size(group) > 1:
             x = x.contiguous()
-            dist.all_reduce(x, group=group)
+            with comm_span(group):
+                dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
@@ -125,17 +129,20 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         logits = logits.float()
         lmax = logits.max(dim=-1)[0]
         if tp > 1:
-            dist.all_reduce(lmax, op=dist.ReduceOp.MAX, group=group)
+            with comm_span(group):
+                dist.all_reduce(lmax, op=dist.ReduceOp.MAX, group=group)
         shifted = logits - lmax.unsqueeze(-1)
         outside = (target < start) | (target >= end)
         local_t = (target - start).masked_fill(outside, 0)
         picked = shifted.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
         if tp > 1:
-            dist.all_reduce(picked, group=group)
+            with comm_span(group):
+                dist.all_reduce(picked, group=group)
         exp = shifted.exp_()
         sum_exp = exp.sum(dim=-1)
         if tp > 1:
-            dist.all_reduce(sum_exp, group=group)
+            with comm_span(group):
+                dist.all_reduce(sum_exp, group=group)
         loss = sum_exp.log() - picked
         softmax = exp.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, local_t, outside)

@@ -2,10 +2,11 @@
 
 For every (algorithm, protocol) NCCL could run, the kernel time is
 
-    setup + hops x per-hop latency + max(bytes on each resource / its bandwidth)
-          + pipeline fill + reduction
+    setup + hops x per-hop latency + max(bytes on each link / its rate) + pipeline fill
+          + reduced bytes / reduction rate
 
-with the structure of NCCL's algorithms:
+(the resources in the max are NVLink, the node's NICs and the protocol's own throughput
+limit; the reduction term is added, as in Echo's model, not overlapped), with the structure of NCCL's algorithms:
 
 - ring (all-reduce, all-gather, reduce-scatter): 2(n-1) or n-1 steps, of which 2(m-1) or
   m-1 cross a node boundary (m nodes); every rank moves (steps + loop overhead)/n of the
@@ -24,11 +25,12 @@ Small messages run on fewer channels (NCCL's per-size channel choice): the usabl
 bandwidth ramps from 1/channels at tiny sizes to all of it at ``ramp_bytes``.
 
 NCCL picks the (algorithm, protocol) its own cost table rates fastest. We model that choice
-with the same costs seen through two beliefs NCCL's table holds: the tree's inter-node
-traffic is always 2S (its table has no two-node special case), and the tree is de-rated at
-medium sizes (its tree correction factors). The kernel time is the *performance* cost of the
-chosen pair, so where NCCL picks a slower pair than the fastest, so does the model.
-CollNet (needs SHARP-capable switches) and PAT are not modelled.
+with the same costs seen through the one belief of NCCL's table that differs from the
+performance model: the tree's inter-node traffic is always 2S (its table converts the tree's
+bus bandwidth to algorithm bandwidth with a fixed factor 1/2 and has no two-node special
+case). So on two nodes NCCL runs the ring where the tree would be faster, and so does the
+model; the kernel time is the *performance* cost of the chosen pair. CollNet (needs
+SHARP-capable switches) and PAT are not modelled.
 
 Everything here is a pure function of (parameters, collective, sizes, placement).
 """
@@ -47,9 +49,6 @@ from echo_et.models.comm.topology import Placement
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                "reduce", "gather", "scatter", "barrier", "send", "recv")
 
-# NCCL's tuning table de-rates the tree for medium sizes. Modelled as a dip of the tree's
-# believed bandwidth: (depth, centre log2 bytes, width in octaves) per protocol. Selection only.
-_TREE_DIP = {"LL": (0.0, 18.5, 2.5), "LL128": (0.4, 21.0, 4.5), "Simple": (0.5, 21.0, 4.0)}
 _BARRIER_BYTES = 4  # c10d's barrier is an all-reduce of one 4-byte element
 _US = 1e-3  # bytes / (GB/s) -> us: 1 GB/s moves 1e3 bytes per us
 
@@ -99,12 +98,12 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
         t = np.maximum(t, bus / (P[f"cap_gbps.{proto}"] * r))
     if coll in ("broadcast", "reduce") and proto != "LL" and steps > 1:
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
-        t = t + (steps - 1) * np.minimum(S, P["tree_chunk_bytes"]) / (link * e * r)
+        t = t + (steps - 1) * np.minimum(S, P["tree_chunk_bytes"]) / (link * e) * _US
     return _lat(P, proto, steps - net_steps, net_steps) + t + reduced / P["reduce_gbps"] * _US
 
 
 def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.ndarray:
-    n, m, k = pl.ranks, pl.nodes, pl.per_node
+    m, k = pl.nodes, pl.per_node
     levels = math.ceil(math.log2(m))
     r = _ramp(P, S, proto) / _US
     e = PROTOCOL_PAYLOAD[proto]
@@ -113,16 +112,11 @@ def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.nd
     t_net = net_share * S / (k * P["net_gbps"] * e * P["tree_net_eff"] * r)
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
     t = np.maximum(np.maximum(t_nvl, t_net), 2 * S / (cap * r))
-    if belief:
-        depth, centre, width = _TREE_DIP[proto]
-        z = (np.log2(np.maximum(S, 1.0)) - centre) / width
-        t = t / (1.0 - depth * np.exp(-z * z))
     if proto != "LL":
         hops = 2 * (k - 1 + levels) - 1
         link = min(P["nvlink_gbps"], k * P["net_gbps"])
-        t = t + hops * np.minimum(S, P["tree_chunk_bytes"]) / (link * e * r)
-    lat = _lat(P, proto, 2 * (k - 1), 2 * levels)
-    return lat + t + S / P["reduce_gbps"] * _US
+        t = t + hops * np.minimum(S, P["tree_chunk_bytes"]) / (link * e) * _US
+    return _lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
 
 
 def _nvls(P, S: np.ndarray, pl: Placement) -> np.ndarray:

@@ -1,0 +1,157 @@
+"""Host execution trace ingest: echo-et vs chakra_converter (mlc-chakra) on the same files.
+
+    python benchmarks/ingest_host_et.py [--repeat 3] [--large N] [--markdown]
+
+For each host ET (schema >= 1.0.2: chakra_converter refuses 1.0.1) it runs, each in a fresh
+process, and reports the median wall time and the peak RSS of that process:
+
+* ``echo-et convert FILE --from pytorch_et -o DIR`` (read, check, write a Job directory);
+* ``chakra_converter PyTorch --input FILE --output OUT.et`` (the same host ET, uncompressed:
+  chakra_converter does not read gzip; decompressing is not timed);
+* ``json.load`` + a walk over the nodes (the floor any whole-file JSON reader pays).
+
+Inputs: the 1.0.2 Chakra test trace and the 1.1.0 ResNet trace from ../shared/data, the
+fixture host ET, and with ``--large N`` (needs torch) a trace made here of N training steps
+of a 6-layer transformer encoder on CPU (about 11k host ops per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "traces"
+
+JSON_WALK = (
+    "import json, sys\n"
+    "d = json.load(open(sys.argv[1]))\n"
+    "n = 0\n"
+    "for node in d['nodes']:\n"
+    "    n += len(node.get('inputs') or ()) + len(node.get('attrs') or ())\n"
+    "print(n)\n"
+)
+
+
+def run_measured(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MiB, exit code) of one child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss / 1024, proc.returncode
+
+
+def count_nodes(path: Path) -> int:
+    with (gzip.open(path, "rt") if path.name.endswith(".gz") else open(path)) as f:
+        return len(json.load(f)["nodes"])
+
+
+def make_large(dest: Path, steps: int) -> Path:
+    """A host ET of a 6-layer transformer encoder on CPU, made by a real PyTorch run."""
+    code = f"""
+import torch
+from torch.profiler import ExecutionTraceObserver
+torch.manual_seed(0)
+torch.set_num_threads(1)
+layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+model = torch.nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+opt = torch.optim.AdamW(model.parameters())
+x = torch.randn(4, 32, 64)
+et = ExecutionTraceObserver().register_callback({str(dest)!r})
+et.start()
+for _ in range({steps}):
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+et.stop()
+et.unregister_callback()
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return dest
+
+
+def inputs(tmp: Path, large: int) -> list[tuple[str, Path]]:
+    out: list[tuple[str, Path]] = []
+    tgz = SHARED / "chakra" / "tests" / "data" / "1.0.2-chakra.0.0.4.tgz"
+    if tgz.exists():
+        with tarfile.open(tgz) as tf:
+            tf.extractall(tmp, filter="data")
+        out.append(("chakra 1.0.2 test trace", tmp / "1.0.2-chakra.0.0.4.json"))
+    resnet = SHARED / "param" / "et_replay" / "tests" / "inputs" / "1.1.0-chakra.0.0.4" / "resnet_2gpu_et.json.gz"
+    if resnet.exists():
+        out.append(("param resnet_2gpu_et (1.1.0)", resnet))
+    out.append(("fixture cpu_single (1.1.1)", REPO / "fixtures" / "traces" / "cpu_single" / "rank0.et.json.gz"))
+    if large:
+        out.append((f"transformer x{large} steps (1.1.1)", make_large(tmp / "large_et.json", large)))
+    return out
+
+
+def plain_copy(path: Path, tmp: Path) -> Path:
+    if not path.name.endswith(".gz"):
+        return path
+    dest = tmp / path.name.removesuffix(".gz")
+    with gzip.open(path, "rb") as f, open(dest, "wb") as g:
+        shutil.copyfileobj(f, g)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--large", type=int, default=0, metavar="STEPS",
+                    help="also profile a transformer for STEPS steps (needs torch)")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = ap.parse_args(argv)
+    echo = [sys.executable, "-m", "echo_et.cli.main"]
+    chakra = shutil.which("chakra_converter")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_host_et.") as t:
+        tmp = Path(t)
+        for label, path in inputs(tmp, args.large):
+            plain = plain_copy(path, tmp)
+            nodes = count_nodes(path)
+            mb = plain.stat().st_size / 2**20
+            tools = {
+                "echo-et convert": echo + ["convert", str(path), "--from", "pytorch_et",
+                                           "-o", str(tmp / "job")],
+                "json.load + walk": [sys.executable, "-c", JSON_WALK, str(plain)],
+            }
+            if chakra:
+                tools["chakra_converter"] = [chakra, "PyTorch", "--input", str(plain),
+                                             "--output", str(tmp / "out.et")]
+            for tool, cmd in tools.items():
+                walls, rss, rc = [], [], 0
+                for _ in range(args.repeat):
+                    w, r, rc = run_measured(cmd, tmp)
+                    walls.append(w)
+                    rss.append(r)
+                    if rc:
+                        break
+                rows.append((label, nodes, mb, tool, statistics.median(walls), max(rss), rc))
+    head = ("input", "host ops", "JSON MiB", "tool", "wall s (median)", "peak RSS MiB", "exit")
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for lb, n, mb, tool, w, r, rc in rows:
+            print(f"| {lb} | {n} | {mb:.1f} | {tool} | {w:.2f} | {r:.0f} | {rc} |")
+    else:
+        print(f"{head[0]:34} {head[1]:>9} {head[2]:>8}  {head[3]:18} {head[4]:>15} {head[5]:>12} {head[6]:>4}")
+        for lb, n, mb, tool, w, r, rc in rows:
+            print(f"{lb:34} {n:>9} {mb:>8.1f}  {tool:18} {w:>15.2f} {r:>12.0f} {rc:>4}")
+
+
+if __name__ == "__main__":
+    main()

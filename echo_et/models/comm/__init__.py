@@ -1,0 +1,189 @@
+"""The collective-communication (CC) cost model: how long one NCCL collective kernel runs.
+
+``CommModel`` wraps a parameter set (a shipped preset or a calibrated profile) and answers
+:meth:`CommModel.estimate` / :meth:`CommModel.p2p` with the kernel time, excluding waiting
+for peers (synchronisation is the simulator's job), and the algorithm and protocol NCCL is
+modelled to pick. The model itself is in :mod:`echo_et.models.comm.nccl`; fitting in
+:mod:`~echo_et.models.comm.fit`; inputs from nccl-tests in
+:mod:`~echo_et.models.comm.nccl_tests` and from traced Jobs in
+:mod:`~echo_et.models.comm.trace`.
+
+Example::
+
+    m = CommModel.preset("a100-ib")
+    m.estimate("all_reduce", 64 << 20, list(range(16)))   # Estimate(time_ns=..., "ring", "Simple")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from echo_et.errors import EchoError
+from echo_et.models.comm import nccl
+from echo_et.models.comm.profile import Profile, load_preset, load_profile
+from echo_et.models.comm.profile import preset_names as _preset_names
+from echo_et.models.comm.topology import Placement, placement
+
+__all__ = ["COLLECTIVES", "CommModel", "Estimate"]
+
+COLLECTIVES = nccl.COLLECTIVES
+
+
+@dataclass(frozen=True)
+class Estimate:
+    time_ns: int          # kernel execution time, excluding waiting for peers
+    algorithm: str        # "ring", "tree", "nvls", "p2p", "local" (one rank), "none" (0 bytes)
+    protocol: str         # "LL", "LL128", "Simple" ("none" for 0 bytes)
+
+
+class CommModel:
+    """A parameter set plus the NCCL cost model. Immutable: what-ifs make new models."""
+
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self._cache: dict[tuple[str, int, Placement], Estimate] = {}
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_profile(cls, path: str | Path) -> CommModel:
+        return cls(load_profile(path))
+
+    load = from_profile
+
+    @classmethod
+    def preset(cls, name: str) -> CommModel:
+        return cls(load_preset(name))
+
+    @staticmethod
+    def preset_names() -> list[str]:
+        return _preset_names()
+
+    @classmethod
+    def preset_for_gpu(cls, gpu_name: str) -> CommModel:
+        """The preset whose GPU matches ``gpu_name`` (e.g. "NVIDIA A100-SXM4-40GB")."""
+        g = (gpu_name or "").lower()
+        for name in _preset_names():
+            p = load_preset(name)
+            if g and any(tok in g for tok in p.gpu_match):
+                return cls(p)
+        raise EchoError(f"no preset for GPU {gpu_name or '(unknown)'!r} "
+                        f"(presets: {', '.join(_preset_names())}); give a profile or a preset")
+
+    def with_overrides(self, *, gpus_per_node: int | None = None, intra_bw_gbps: float | None = None,
+                       inter_bw_gbps: float | None = None, intra_latency_us: float | None = None,
+                       inter_latency_us: float | None = None) -> CommModel:
+        """A what-if copy. Bandwidths replace the per-GPU NVLink / network bandwidth (NVLS
+        scales with NVLink); a latency replaces the LL per-hop latency of that link and
+        scales the LL128 and Simple hop latencies by the same factor."""
+        P = dict(self.profile.params)
+        gpn = self.profile.gpus_per_node
+        if gpus_per_node is not None:
+            gpn = _positive_int(gpus_per_node, "gpus_per_node")
+        if intra_bw_gbps is not None:
+            v = _positive(intra_bw_gbps, "intra_bw_gbps")
+            P["nvls_gbps"] *= v / P["nvlink_gbps"]
+            P["nvlink_gbps"] = v
+        if inter_bw_gbps is not None:
+            P["net_gbps"] = _positive(inter_bw_gbps, "inter_bw_gbps")
+        for value, family, label in ((intra_latency_us, "nvlink_hop_us", "intra_latency_us"),
+                                     (inter_latency_us, "net_hop_us", "inter_latency_us")):
+            if value is not None:
+                scale = _positive(value, label) / P[f"{family}.LL"]
+                for proto in ("LL", "LL128", "Simple"):
+                    P[f"{family}.{proto}"] *= scale
+        return CommModel(dataclasses.replace(self.profile, params=P, gpus_per_node=gpn))
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def calibrated(self) -> bool:
+        return self.profile.calibrated
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.profile.gpus_per_node
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def params(self) -> dict[str, float]:
+        return dict(self.profile.params)
+
+    # -- estimates ------------------------------------------------------------------------------
+    def estimate(self, coll: str, nbytes: int, ranks: Sequence[int], *, dtype: str = "float32",
+                 gpus_per_node: int | None = None) -> Estimate:
+        """Kernel time of collective ``coll`` on the group of global ``ranks``; ``nbytes`` is
+        the per-rank input (all-gather: the shard; reduce-scatter: the full buffer; gather:
+        one piece; scatter: the root's whole buffer). ``dtype`` does not change the time
+        (reduction throughput is per byte). send/recv take ``ranks=[src, dst]``."""
+        if coll not in COLLECTIVES:
+            raise EchoError(f"unknown collective {coll!r} (known: {', '.join(COLLECTIVES)})")
+        nbytes = _bytes(nbytes)
+        gpn = self.gpus_per_node if gpus_per_node is None else _positive_int(gpus_per_node, "gpus_per_node")
+        if coll in ("send", "recv"):
+            if len(ranks) != 2:
+                raise EchoError(f"{coll}: ranks must be [src, dst], got {len(ranks)} rank(s)")
+            return self.p2p(nbytes, ranks[0], ranks[1], gpus_per_node=gpn)
+        pl = placement(ranks, gpn, where=coll)
+        if nbytes == 0 and coll != "barrier":
+            return Estimate(0, "none", "none")
+        key = (coll, nbytes, pl)
+        got = self._cache.get(key)
+        if got is None:
+            t, picks = nccl.choose(self.profile.params, coll, np.array([float(nbytes)]), pl)
+            got = Estimate(_ns(t[0]), *picks[0])
+            self._cache[key] = got
+        return got
+
+    def p2p(self, nbytes: int, src: int, dst: int, *, gpus_per_node: int | None = None) -> Estimate:
+        """Kernel time of one send/recv of ``nbytes`` from global rank ``src`` to ``dst``."""
+        nbytes = _bytes(nbytes)
+        gpn = self.gpus_per_node if gpus_per_node is None else _positive_int(gpus_per_node, "gpus_per_node")
+        placement([src], gpn, where="p2p src")
+        placement([dst], gpn, where="p2p dst")
+        if nbytes == 0:
+            return Estimate(0, "none", "none")
+        P = self.profile.params
+        S = np.array([float(nbytes)])
+        if src == dst:
+            return Estimate(_ns(P["local_setup_us"] + nbytes / P["local_copy_gbps"] * 1e-3), "local", "Simple")
+        costs = nccl.p2p_costs(P, S, src // gpn == dst // gpn)
+        (algo, proto), t = min(costs.items(), key=lambda kv: float(kv[1][0]))
+        return Estimate(_ns(t[0]), algo, proto)
+
+    def estimate_sizes(self, coll: str, sizes: Sequence[int], pl: Placement
+                       ) -> tuple[np.ndarray, list[tuple[str, str]]]:
+        """Kernel times (us) and picks for many sizes on one placement (tables, fits)."""
+        if coll not in COLLECTIVES or coll in ("send", "recv"):
+            raise EchoError(f"unknown collective {coll!r}")
+        return nccl.choose(self.profile.params, coll, np.array([float(_bytes(s)) for s in sizes]), pl)
+
+
+def _ns(us: float) -> int:
+    return int(round(float(us) * 1000.0))
+
+
+def _bytes(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+        raise EchoError(f"bytes must be an integer, got {n!r}")
+    if n < 0:
+        raise EchoError(f"bytes must be >= 0, got {n}")
+    return int(n)
+
+
+def _positive(v: float, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or v == float("inf"):
+        raise EchoError(f"{what} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _positive_int(v: int, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+        raise EchoError(f"{what} must be an integer >= 1, got {v!r}")
+    return int(v)

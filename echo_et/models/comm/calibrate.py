@@ -1,0 +1,81 @@
+"""From measurements to a calibration profile: nccl-tests runs and traced kernels become
+:class:`~echo_et.models.comm.fit.Sample` s, the fit turns them into a :class:`Profile`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.models.comm import nccl_tests
+from echo_et.models.comm.fit import FitResult, Sample, calibrate
+from echo_et.models.comm.profile import Profile, load_preset, preset_names
+from echo_et.models.comm.topology import Placement, contiguous, from_nodes
+
+
+def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
+    """Where a run's ranks were: its host names when the log lists every rank, otherwise
+    ranks packed onto nodes of ``gpus_per_node``."""
+    n = run.ranks
+    if run.hosts and len(run.hosts) == n:
+        per_host: dict[str, int] = {}
+        for h in run.hosts.values():
+            per_host[h] = per_host.get(h, 0) + 1
+        host, most = max(per_host.items(), key=lambda kv: kv[1])
+        if most > gpus_per_node:
+            raise EchoError(f"{run.source}: {most} ranks ran on {host}, more than --gpus-per-node "
+                            f"{gpus_per_node}")
+        return from_nodes([run.hosts[r] for r in range(n)])
+    return contiguous(n, gpus_per_node)
+
+
+def samples_from_runs(runs: Sequence[nccl_tests.Run], gpus_per_node: int
+                      ) -> tuple[list[Sample], list[dict[str, Any]]]:
+    """Samples of every run, and one source record per run for the profile."""
+    samples: list[Sample] = []
+    sources: list[dict[str, Any]] = []
+    for run in runs:
+        pl = run_placement(run, gpus_per_node)
+        label = run.source + (f"#{run.index + 1}" if run.index else "")
+        ms, dropped, outliers = nccl_tests.measurements(run)
+        # One thread launching g GPUs bounds an iteration by g launches; MPI runs launch one.
+        host = run.gpus_per_thread
+        samples += [Sample(run.collective, m.ir_bytes, pl, m.time_us, host, label) for m in ms]
+        sources.append({
+            "kind": "nccl-tests", "file": run.source, "run": run.index + 1, "sha256": run.sha256,
+            "collective": run.collective, "ranks": pl.ranks, "nodes": pl.nodes,
+            "gpus_per_thread": run.gpus_per_thread, "samples": len(ms),
+            "dropped_sizes": dropped, "dropped_warmup_times": outliers,
+        })
+    return samples, sources
+
+
+def default_preset(gpu_names: Iterable[str]) -> str:
+    """The preset matching the GPUs a log names, else ``a100-ib``."""
+    names = " ".join(gpu_names).lower()
+    for name in preset_names():
+        if any(tok in names for tok in load_preset(name).gpu_match):
+            return name
+    return "a100-ib"
+
+
+def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], base: Profile,
+                gpus_per_node: int, name: str = "calibrated") -> tuple[Profile, FitResult]:
+    """Fit ``samples`` starting from preset ``base``; the profile records where it came from."""
+    result = calibrate(samples, base.params)
+    fit = {
+        "samples": result.samples,
+        "mape_percent": result.mape_percent,
+        "by_source": result.by_source,
+        "free_parameters": result.free,
+        "method": "MAP least squares in log space, soft-L1 loss (scale 0.05), log-normal "
+                  "prior around the preset; single-node samples fit the intra-node "
+                  "parameters, multi-node samples the network ones",
+    }
+    profile = Profile(
+        name=name, calibrated=True, gpus_per_node=gpus_per_node, params=result.params,
+        description=f"fitted from {len(sources)} source(s), starting from preset {base.name}",
+        hardware=dict(base.hardware), gpu_match=base.gpu_match, base_preset=base.name,
+        sources=tuple(sources), fit=fit,
+    )
+    return profile, result

@@ -1,0 +1,128 @@
+"""Calibration profiles and presets: one small versioned JSON format for both.
+
+A preset (``presets/<name>.json``, shipped with the package) holds spec-sheet values and is
+marked ``"calibrated": false``. A profile written by ``echo-et calibrate`` holds fitted
+values, ``"calibrated": true``, the preset it started from, its sources (file name, kind,
+sha256, collective, ranks, samples) and its fit error. Files are written deterministically:
+sorted keys, numbers rounded to 6 significant digits, no paths or timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.models.comm.params import flatten, nest
+
+SCHEMA = "echo-et/comm-profile/1"
+SIGNIFICANT_DIGITS = 6
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    calibrated: bool
+    gpus_per_node: int
+    params: dict[str, float]                      # flat parameter names, see params.py
+    description: str = ""
+    hardware: dict[str, str] = field(default_factory=dict)
+    gpu_match: tuple[str, ...] = ()
+    base_preset: str = ""
+    sources: tuple[dict[str, Any], ...] = ()
+    fit: dict[str, Any] = field(default_factory=dict)
+
+
+def preset_names() -> list[str]:
+    folder = resources.files("echo_et.models.comm") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_preset(name: str) -> Profile:
+    names = preset_names()
+    if name not in names:
+        raise EchoError(f"unknown preset {name!r} (presets: {', '.join(names)})")
+    text = (resources.files("echo_et.models.comm") / "presets" / f"{name}.json").read_text("utf-8")
+    return from_json(json.loads(text), f"preset {name}")
+
+
+def load_profile(path: str | Path) -> Profile:
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EchoError(f"{p.name}: not a JSON calibration profile ({e.__class__.__name__})") from None
+    return from_json(obj, p.name)
+
+
+def from_json(obj: Any, where: str) -> Profile:
+    if not isinstance(obj, dict):
+        raise EchoError(f"{where}: a profile must be a JSON object")
+    if obj.get("schema") != SCHEMA:
+        raise EchoError(f"{where}: schema is {obj.get('schema')!r}, expected {SCHEMA!r}")
+    params = obj.get("params")
+    if not isinstance(params, dict):
+        raise EchoError(f"{where}: no 'params' object")
+    gpn = obj.get("gpus_per_node")
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
+        raise EchoError(f"{where}: gpus_per_node must be an integer >= 1, got {gpn!r}")
+    return Profile(
+        name=str(obj.get("name", "")),
+        calibrated=bool(obj.get("calibrated", False)),
+        gpus_per_node=gpn,
+        params=flatten(params, where),
+        description=str(obj.get("description", "")),
+        hardware={str(k): str(v) for k, v in (obj.get("hardware") or {}).items()},
+        gpu_match=tuple(str(t).lower() for t in obj.get("gpu_match") or ()),
+        base_preset=str(obj.get("base_preset", "")),
+        sources=tuple(obj.get("sources") or ()),
+        fit=dict(obj.get("fit") or {}),
+    )
+
+
+def to_json(p: Profile) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": p.name,
+        "calibrated": p.calibrated,
+        "gpus_per_node": p.gpus_per_node,
+        "params": _rounded(nest(p.params)),
+    }
+    if p.description:
+        out["description"] = p.description
+    if p.hardware:
+        out["hardware"] = dict(p.hardware)
+    if p.gpu_match:
+        out["gpu_match"] = list(p.gpu_match)
+    if p.base_preset:
+        out["base_preset"] = p.base_preset
+    if p.sources:
+        out["sources"] = _rounded(list(p.sources))
+    if p.fit:
+        out["fit"] = _rounded(p.fit)
+    return out
+
+
+def dumps(p: Profile) -> str:
+    return json.dumps(to_json(p), indent=2, sort_keys=True) + "\n"
+
+
+def write_profile(p: Profile, path: str | Path) -> None:
+    from echo_et.ir.io import atomic_file
+
+    data = dumps(p).encode("utf-8")
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def _rounded(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}")
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_rounded(v) for v in obj]
+    return obj

@@ -1,0 +1,154 @@
+"""Compare an ex-situ Job with a real run of the same workload, rank by rank.
+
+What is compared (the ex-situ = in-situ test and ``benchmarks``):
+
+- the communication sequence of each rank: (type, bytes, group role) of every collective
+  and send/recv in issue order. In-situ it is read from the ``c10d::*`` host ops of the
+  converted trace (one per call, in program order), their bytes from the collective node
+  the Kineto reader made for them or, for send/recv, from the ``gloo:*`` span they started,
+  and their group from the ``echo:group=<desc>`` span the workload put around the call
+  (gloo traces do not say which group an op used). Ex-situ it is read from the Job's
+  collective/send/recv nodes, the group role from the rank's binding;
+- the host operators each rank ran, as a count per name, without what belongs to
+  communication (c10d/gloo ops and everything inside them; the tracer's issue/wait nodes)
+  and without the workload's ``echo:`` annotations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from math import prod
+
+from echo_et.ir import Graph, Job
+from echo_et.ir.schema import COLLECTIVE_NAMES, ROLE_NAMES, pb
+from echo_et.trace import annotations
+
+Comm = tuple[str, int, str]  # (type name, bytes, group role/desc)
+
+_ELEM = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
+         "bfloat16": 2, "c10::bfloat16": 2, "c10::half": 2, "long": 8, "int64": 8, "int": 4,
+         "int32": 4, "bool": 1, "unsigned char": 1, "uint8": 1, "signed char": 1, "int8": 1}
+
+
+def _c10d_type(name: str) -> str | None:
+    if not name.startswith("c10d::"):
+        return None
+    word = name[len("c10d::"):].strip("_").replace("_base", "").replace("_", "")
+    return {"allreduce": "all_reduce", "allgather": "all_gather",
+            "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
+            "broadcast": "broadcast", "reduce": "reduce", "gather": "gather",
+            "scatter": "scatter", "barrier": "barrier", "send": "send",
+            "recv": "recv"}.get(word)
+
+
+def _parents(graph: Graph) -> dict[int, int]:
+    out = {}
+    for n in graph.nodes:
+        for d in n.deps:
+            if d.kind == pb.DEP_CONTROL:
+                out[n.id] = d.id
+                break
+    return out
+
+
+def _in(a: pb.Node, b: pb.Node) -> bool:
+    """``a`` starts inside ``b`` on the same stream."""
+    return a.stream == b.stream and b.start_ns <= a.start_ns <= b.start_ns + b.duration_ns
+
+
+def in_situ_comms(graph: Graph) -> list[Comm]:
+    """The communication sequence of one rank of a converted real run (see module doc)."""
+    nodes = sorted(graph.nodes, key=lambda n: n.id)
+    parent = _parents(graph)
+    comm_of_op: dict[int, pb.Node] = {}
+    for n in nodes:
+        if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV) and n.id in parent:
+            comm_of_op[parent[n.id]] = n
+    group_spans = []
+    gloo_spans = []
+    for n in nodes:
+        parsed = annotations.parse(n.name)
+        if parsed and "group" in parsed[1]:
+            group_spans.append(n)
+        elif n.name.startswith("gloo:"):
+            gloo_spans.append(n)
+    out: list[Comm] = []
+    for n in nodes:
+        typ = _c10d_type(n.name) if n.kind == pb.KIND_CPU_OP else None
+        if typ is None:
+            continue
+        enclosing = [s for s in group_spans if _in(n, s)]
+        group = str(annotations.parse(enclosing[-1].name)[1]["group"]) if enclosing else ""
+        c = comm_of_op.get(n.id)
+        if c is not None and c.kind == pb.KIND_COLLECTIVE:
+            nbytes = int(c.collective.in_bytes)
+        elif c is not None and c.kind in (pb.KIND_SEND, pb.KIND_RECV):
+            nbytes = int(c.p2p.bytes)
+        else:
+            nbytes = _bytes_from_gloo(n, gloo_spans)
+        out.append((typ, nbytes, group))
+    return out
+
+
+def _bytes_from_gloo(op: pb.Node, gloo_spans: list[pb.Node]) -> int:
+    for s in gloo_spans:
+        if _in(s, op):
+            try:
+                dims = json.loads(s.cpu.shapes)[0]
+                dtype = json.loads(s.cpu.dtypes)[0]
+            except (ValueError, IndexError, TypeError):
+                return -1
+            return prod(dims) * _ELEM.get(str(dtype), 0)
+    return -1
+
+
+def ex_situ_comms(job: Job, rank: int) -> list[Comm]:
+    """The communication sequence of ``rank`` in an ex-situ Job, group as its role."""
+    g = job.graph_of(rank)
+    b = job.binding(rank)
+    out: list[Comm] = []
+    for n in sorted(g.nodes, key=lambda n: n.id):
+        if n.kind == pb.KIND_COLLECTIVE:
+            key = n.collective.group
+            typ, nbytes = COLLECTIVE_NAMES[n.collective.type], int(n.collective.in_bytes)
+        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV):
+            key = n.p2p.group
+            typ, nbytes = ("send" if n.kind == pb.KIND_SEND else "recv"), int(n.p2p.bytes)
+        else:
+            continue
+        pg = job.group(b.groups[key])
+        role = ROLE_NAMES.get(pg.role, "")
+        out.append((typ, nbytes, pg.desc if role in ("custom", "unknown") else role))
+    return out
+
+
+def in_situ_ops(graph: Graph) -> Counter:
+    """Host operators of one rank of a real run, without communication and annotations.
+
+    Communication-internal ops are those that start inside a ``c10d::*`` op or an
+    ``echo:group=`` span (a communication call or wait of the workload) on its thread, or
+    inside a ``gloo:*`` span on a gloo worker thread (a thread issuing no c10d op). Time
+    containment, not the converter's nesting: an async ``gloo:send`` span on the caller's
+    thread lasts until its wait and overlaps the ops issued meanwhile."""
+    c10d_streams = {n.stream for n in graph.nodes if n.name.startswith("c10d::")}
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for n in graph.nodes:
+        parsed = annotations.parse(n.name)
+        if n.name.startswith("c10d::") or (parsed and "group" in parsed[1]) or (
+                n.name.startswith("gloo:") and n.stream not in c10d_streams):
+            spans.setdefault(n.stream, []).append((n.start_ns, n.start_ns + n.duration_ns))
+    out: Counter = Counter()
+    for n in graph.nodes:
+        if n.kind != pb.KIND_CPU_OP or n.name.startswith((annotations.PREFIX, "c10d::", "gloo:")):
+            continue
+        if any(a <= n.start_ns <= b for a, b in spans.get(n.stream, ())):
+            continue
+        out[n.name] += 1
+    return out
+
+
+def ex_situ_ops(graph: Graph) -> Counter:
+    """Host operators of an ex-situ graph, without the tracer's issue nodes."""
+    return Counter(n.name for n in graph.nodes
+                   if n.kind == pb.KIND_CPU_OP and not n.name.startswith("issue:"))

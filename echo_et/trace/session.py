@@ -1,0 +1,186 @@
+"""Trace one rank: play rank r of the world on this device, profile one step, splice.
+
+Order of events for rank r (one process plays the ranks one after another):
+
+1. ``init_process_group("echo-record", rank=r, world_size=N)`` with an in-memory store;
+2. ``build_fn(ctx)`` and a warm-up step, measured for peak memory;
+3. one step under ``torch.profiler`` (CPU ops; CUDA kernels too on a GPU), exported as a
+   Kineto trace into a temporary folder and read back with the Kineto reader;
+4. the recording replaces the communication spans (:mod:`echo_et.trace.splice`);
+5. the process group is destroyed and the rank's objects freed.
+
+Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` over build, warm-up and measured
+step (minus what was allocated before the build). On CPU, the largest running sum of the
+profiler's allocation events (``profile_memory=True``) over build and warm-up: the bytes of
+live tensors, like ``max_memory_allocated``; the measured step is profiled without memory
+events so that they do not slow the timings. An allocation failure, or a peak over
+``memory_limit_bytes``, is reported as :class:`TraceOutOfMemory` naming layout and rank.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from echo_et.errors import EchoError
+from echo_et.ir import Graph
+from echo_et.trace.context import RankContext
+from echo_et.trace.layout import ParallelLayout
+from echo_et.trace.records import CommRecord
+from echo_et.trace.splice import splice
+
+KeyFn = Callable[[int, CommRecord], str]
+
+
+class TraceOutOfMemory(EchoError):
+    """A traced rank does not fit in the device memory (or the given limit)."""
+
+
+@dataclass
+class RankRun:
+    rank: int
+    graph: Graph
+    records: list[CommRecord]
+    peak_memory_bytes: int
+    measured_step_ns: int
+    wall_s: float
+    dropped: Counter = field(default_factory=Counter)
+
+
+def where(layout: ParallelLayout, rank: int) -> str:
+    return f"layout {layout.describe()}, rank {rank}"
+
+
+def _is_oom(e: BaseException) -> bool:
+    import torch
+
+    if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in text
+                                            or "out of memory" in text.lower())
+
+
+def _user_call(fn: Callable, what: str, layout: ParallelLayout, rank: int, device: str):
+    try:
+        return fn()
+    except EchoError as e:
+        msg = str(e)
+        raise type(e)(msg if f"rank {rank}" in msg else f"{where(layout, rank)}: {msg}") from None
+    except Exception as e:  # noqa: BLE001 - user code: one line, never a traceback
+        if _is_oom(e):
+            raise TraceOutOfMemory(f"{where(layout, rank)}: out of memory on {device} during "
+                                   f"{what} ({str(e).splitlines()[0][:200]})") from None
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise EchoError(f"{where(layout, rank)}: {what} raised {type(e).__name__}"
+                        f"{': ' + first if first else ''}") from None
+
+
+def _cpu_peak(prof) -> int:
+    """Largest running sum of CPU allocation events seen by ``prof``."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+              and str(e.device_type()).endswith("CPU")]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device: str,
+               key_of: KeyFn, memory_limit_bytes: int | None = None) -> RankRun:
+    """Run and profile rank ``rank`` (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from echo_et.converters import ReadOptions, read
+    from echo_et.trace.recording import BACKEND_NAME, RECORDER, register_backend
+
+    t0 = time.perf_counter()
+    register_backend()
+    if dist.is_initialized():
+        raise EchoError(f"{where(layout, rank)}: torch.distributed is already initialised in "
+                        "this process; the tracer needs to own the default process group")
+    cuda = device.startswith("cuda")
+    dev = torch.device(device)
+    dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size,
+                            store=dist.HashStore())
+    RECORDER.reset()
+    RECORDER.enabled = False
+    step = None
+    try:
+        ctx = RankContext(rank, layout, device)
+        if cuda:
+            torch.cuda.set_device(dev)
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize(dev)
+            base = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            if memory_limit_bytes:
+                total = torch.cuda.get_device_properties(dev).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, memory_limit_bytes / total), dev)
+            step = _user_call(lambda: build_fn(ctx), "build_fn", layout, rank, device)
+            if not callable(step):
+                raise EchoError(f"{where(layout, rank)}: build_fn returned "
+                                f"{type(step).__name__}, not a step function")
+            _user_call(step, "the warm-up step", layout, rank, device)
+            torch.cuda.synchronize(dev)
+        else:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as mem_prof:
+                step = _user_call(lambda: build_fn(ctx), "build_fn", layout, rank, device)
+                if not callable(step):
+                    raise EchoError(f"{where(layout, rank)}: build_fn returned "
+                                    f"{type(step).__name__}, not a step function")
+                _user_call(step, "the warm-up step", layout, rank, device)
+            peak = _cpu_peak(mem_prof)
+            del mem_prof
+            if memory_limit_bytes and peak > memory_limit_bytes:
+                raise TraceOutOfMemory(
+                    f"{where(layout, rank)}: out of memory: needs {peak} bytes of tensors, over "
+                    f"the limit of {memory_limit_bytes} bytes")
+
+        RECORDER.reset()
+        RECORDER.enabled = True
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with tempfile.TemporaryDirectory(prefix="echo-trace-") as tmp:
+            path = Path(tmp) / f"rank{rank}.json"
+            with profile(activities=activities, record_shapes=True) as prof:
+                _user_call(step, "the measured step", layout, rank, device)
+                if cuda:
+                    torch.cuda.synchronize(dev)
+            RECORDER.enabled = False
+            prof.export_chrome_trace(str(path))
+            del prof
+            job = read([path], "kineto", ReadOptions(rank=rank))
+        if cuda:
+            peak = torch.cuda.max_memory_allocated(dev) - base
+        records = list(RECORDER.records)
+        keys = [key_of(rank, r) for r in records]
+        src = next(job.graphs())
+        b = job.manifest.bindings[0]
+        dropped = Counter({k: v for k, v in job.manifest.dropped.items()
+                           if k != "ranks_not_traced"})
+        res = splice(src, records, keys, graph_id=f"rank{rank}", device=device,
+                     where=where(layout, rank))
+        dropped.update(res.dropped)
+        return RankRun(rank=rank, graph=res.graph, records=records, peak_memory_bytes=int(peak),
+                       measured_step_ns=int(b.measured_step_ns),
+                       wall_s=time.perf_counter() - t0, dropped=dropped)
+    finally:
+        RECORDER.enabled = False
+        RECORDER.reset()
+        step = None
+        dist.destroy_process_group()
+        gc.collect()
+        if cuda:
+            if memory_limit_bytes:
+                torch.cuda.set_per_process_memory_fraction(1.0, dev)
+            torch.cuda.empty_cache()

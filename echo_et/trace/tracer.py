@@ -1,0 +1,255 @@
+"""The ex-situ tracer: one device plays the distinct ranks of a dp x tp x pp job in turn.
+
+Which ranks are traced (``verify="sample"``, the default): ranks are grouped into candidate
+classes, coarse to fine, and each class is accepted only when traced samples agree:
+
+1. one class per pipeline stage (all tp and dp ranks of stage s);
+2. per (stage, tp rank);
+3. every rank on its own.
+
+For each class the lowest and the highest rank are traced (for a stage: tp 0 / dp 0 and the
+last tp / last dp rank) and their graphs' structure hashes (:mod:`echo_et.trace.identity`)
+compared. Equal hashes accept the class: its ranks share the lowest rank's graph. Different
+hashes split the class into the next level's classes, down to tracing every rank. A class
+whose graphs use a process group that is not a layout group (tp, dp, pp, world) is always
+split to single ranks, because which group an untraced rank would use cannot be derived.
+So the ranks traced are proven to share a graph by content; the untraced ranks of an
+accepted class are inferred from the two ends of the class agreeing (the rank enters the
+workload only through its layout coordinates). ``verify="all"`` traces every rank and
+groups them by hash: a full proof at world-size cost.
+
+Ranks whose graphs have equal hashes, in any class, share one graph in the Job; the graph
+keeps the timings of its lowest traced rank.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo_et.errors import CheckError, EchoError
+from echo_et.ir import Job, JobBuilder, check_job
+from echo_et.trace.identity import structure_hash
+from echo_et.trace.layout import ROLES, ParallelLayout
+from echo_et.trace.records import CommRecord
+from echo_et.trace.session import RankRun, trace_rank
+
+VERIFY_MODES = ("sample", "all")
+_UNSET_DESC = ("", "undefined")
+
+
+@dataclass
+class TraceOptions:
+    device: str = "cpu"
+    verify: str = "sample"
+    memory_limit_bytes: int | None = None
+    name: str = ""
+    command: str = ""
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass
+class TraceResult:
+    job: Job
+    traced_ranks: list[int]
+    peak_memory_bytes: dict[int, int]
+    wall_s: float
+    rank_wall_s: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def graphs(self) -> int:
+        return len(self.job.graph_ids())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "world_size": self.job.world_size,
+            "traced_ranks": len(self.traced_ranks),
+            "traced": self.traced_ranks,
+            "graphs": self.graphs,
+            "peak_memory_bytes": {str(r): b for r, b in sorted(self.peak_memory_bytes.items())},
+            "wall_s": round(self.wall_s, 3),
+        }
+
+
+def group_key(layout: ParallelLayout, rank: int, rec: CommRecord) -> str:
+    """The graph-local key of the group a record used: a layout role when its members are
+    that role's group of ``rank``, else ``world``, else the group's description or name."""
+    ranks = tuple(rec.group_ranks)
+    desc = rec.group_desc if rec.group_desc not in _UNSET_DESC else ""
+    if desc in ROLES and ranks == layout.group_ranks(desc, rank):
+        return desc
+    for role in ROLES:
+        if ranks == layout.group_ranks(role, rank):
+            return role
+    if ranks == tuple(range(layout.world_size)):
+        return "world"
+    return desc or f"pg:{rec.group_name}"
+
+
+def _layout_key(key: str) -> bool:
+    return key in ROLES or key == "world"
+
+
+class _Tracer:
+    def __init__(self, build_fn: Callable, layout: ParallelLayout, options: TraceOptions):
+        self.build_fn = build_fn
+        self.layout = layout
+        self.options = options
+        self.runs: dict[int, RankRun] = {}
+        self.hashes: dict[int, str] = {}
+        self.rep: dict[int, int] = {}          # rank -> traced rank whose graph it shares
+
+    def say(self, msg: str) -> None:
+        if self.options.progress is not None:
+            self.options.progress(msg)
+
+    def run(self, rank: int) -> str:
+        if rank not in self.runs:
+            c = self.layout.coords(rank)
+            r = trace_rank(self.build_fn, self.layout, rank, device=self.options.device,
+                           key_of=lambda rk, rec: group_key(self.layout, rk, rec),
+                           memory_limit_bytes=self.options.memory_limit_bytes)
+            self.runs[rank] = r
+            self.hashes[rank] = structure_hash(r.graph)
+            self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}): "
+                     f"{len(r.graph.nodes)} nodes, {len(r.records)} comm calls, "
+                     f"peak {r.peak_memory_bytes} B, {r.wall_s:.1f} s")
+        return self.hashes[rank]
+
+    def custom_keys(self, rank: int) -> bool:
+        g = self.runs[rank].graph
+        return any(not _layout_key(k) for k in g.header.group_sizes)
+
+    def resolve(self, members: Sequence[int], level: int) -> None:
+        levels: list[Callable[[int], Any]] = [
+            lambda r: self.layout.coords(r)["pp"],
+            lambda r: (self.layout.coords(r)["pp"], self.layout.coords(r)["tp"]),
+        ]
+        if self.options.verify == "all" or level >= len(levels):
+            for r in members:
+                self.run(r)
+                self.rep[r] = r
+            return
+        classes: dict[Any, list[int]] = {}
+        for r in members:
+            classes.setdefault(levels[level](r), []).append(r)
+        for key in sorted(classes):
+            cls = sorted(classes[key])
+            samples = sorted({cls[0], cls[-1]})
+            hashes = {self.run(s) for s in samples}
+            if len(hashes) == 1 and not any(self.custom_keys(s) for s in samples):
+                for r in cls:
+                    self.rep[r] = cls[0]
+            else:
+                why = ("graphs differ" if len(hashes) > 1 else "non-layout process groups")
+                self.say(f"class {key} ({len(cls)} ranks): {why}; splitting")
+                self.resolve(cls, level + 1)
+
+    def trace(self) -> TraceResult:
+        t0 = time.perf_counter()
+        self.resolve(list(range(self.layout.world_size)), 0)
+        job = self.assemble()
+        issues = check_job(job)
+        if issues:
+            raise CheckError(f"ex-situ job of layout {self.layout.describe()} fails the "
+                             f"checker: {issues[0]}")
+        return TraceResult(job=job, traced_ranks=sorted(self.runs),
+                           peak_memory_bytes={r: run.peak_memory_bytes
+                                              for r, run in self.runs.items()},
+                           wall_s=time.perf_counter() - t0,
+                           rank_wall_s={r: run.wall_s for r, run in self.runs.items()})
+
+    # -- job assembly ------------------------------------------------------------------
+    def assemble(self) -> Job:
+        lay = self.layout
+        opts = self.options
+        world = lay.world_size
+        jb = JobBuilder(opts.name or "ex-situ", world, source_format="ex-situ")
+        m = jb.job.manifest
+        if opts.command:
+            m.provenance.command = opts.command
+        m.layout.dp, m.layout.tp, m.layout.pp = lay.dp, lay.tp, lay.pp
+        m.layout.microbatches = lay.microbatches
+        m.layout.zero_stage = lay.zero
+        m.layout.source = "traced"
+
+        group_id: dict[tuple[str, tuple[int, ...]], int] = {}
+        for role in ROLES:
+            for i, ranks in enumerate(lay.all_groups(role)):
+                group_id[(role, ranks)] = jb.group(ranks, name=f"{role}{i}", desc=role, role=role)
+        uses_world = any("world" in self.runs[r].graph.header.group_sizes for r in self.runs)
+        if uses_world:
+            all_ranks = tuple(range(world))
+            group_id[("world", all_ranks)] = jb.group(all_ranks, name="world", desc="default_pg",
+                                                      role="world")
+
+        # One graph per distinct structure: the lowest traced rank with that hash.
+        graph_of_hash: dict[str, int] = {}
+        for r in sorted(self.runs):
+            graph_of_hash.setdefault(self.hashes[r], r)
+        used: set[int] = set()
+        for r in range(world):
+            used.add(graph_of_hash[self.hashes[self.rep[r]]])
+        dropped: Counter = Counter()
+        for g in sorted(used):
+            run = self.runs[g]
+            graph = run.graph
+            c = lay.coords(g)
+            graph.header.name = f"pp stage {c['pp']} (traced as rank {g})"
+            graph.header.attrs["trace.rank"] = str(g)
+            graph.header.attrs["trace.device"] = opts.device
+            jb.add_graph(graph)
+            dropped.update(run.dropped)
+
+        for r in range(world):
+            rep = self.rep[r]
+            gid = graph_of_hash[self.hashes[rep]]
+            groups = {role: group_id[(role, lay.group_ranks(role, r))] for role in ROLES}
+            if uses_world:
+                groups["world"] = group_id[("world", tuple(range(world)))]
+            if r in self.runs:
+                for rec in self.runs[r].records:
+                    key = group_key(lay, r, rec)
+                    if not _layout_key(key):
+                        groups[key] = jb.group(rec.group_ranks, name=rec.group_name,
+                                               desc=rec.group_desc, role="custom")
+            jb.bind(r, f"rank{gid}", groups, measured_step_ns=self.runs[gid].measured_step_ns)
+        for reason in sorted(dropped):
+            jb.drop(reason, dropped[reason])
+        m.attrs["trace.device"] = opts.device
+        m.attrs["trace.verify"] = opts.verify
+        m.attrs["trace.traced_ranks"] = ",".join(str(r) for r in sorted(self.runs))
+        m.attrs["trace.peak_memory_bytes"] = json.dumps(
+            {str(r): self.runs[r].peak_memory_bytes for r in sorted(self.runs)}, sort_keys=True)
+        return jb.build()
+
+
+def trace(build_fn: Callable, layout: ParallelLayout, options: TraceOptions | None = None, *,
+          workload_attrs: dict[str, Any] | None = None) -> TraceResult:
+    """Trace the job that ``build_fn`` defines at ``layout`` (build_fn contract:
+    :mod:`echo_et.trace.context`); returns the Job for the whole world and what it cost."""
+    options = options or TraceOptions()
+    if options.verify not in VERIFY_MODES:
+        raise EchoError(f"verify mode {options.verify!r} is not one of {', '.join(VERIFY_MODES)}")
+    if options.device != "cpu" and not options.device.startswith("cuda"):
+        raise EchoError(f"device {options.device!r}: use cpu or cuda[:N]")
+    if options.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EchoError(f"layout {layout.describe()}: device {options.device} requested but "
+                            "torch sees no CUDA device")
+    result = _Tracer(build_fn, layout, options).trace()
+    m = result.job.manifest
+    if workload_attrs:
+        m.attrs["trace.workload"] = json.dumps(workload_attrs, sort_keys=True)
+    if options.device.startswith("cuda"):
+        import torch
+
+        m.hardware.gpu_name = torch.cuda.get_device_name(options.device)
+        m.hardware.gpus_per_node = torch.cuda.device_count()
+    return result

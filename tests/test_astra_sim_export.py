@@ -1,0 +1,431 @@
+"""ASTRA-sim export: golden files, the rt_template oracle, every mapping, configs, atomicity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from chakra.schema.protobuf import et_def_pb2 as et
+from test_astra_sim_support import attr_value, attrs_of, read_et, uniform_job
+
+from conftest import shared_path
+from echo_et.converters import ReadOptions, read
+from echo_et.converters.astra_sim import ExportOptions, check_export, export
+from echo_et.converters.astra_sim.check import parse_network_yaml
+from echo_et.errors import CheckError, EchoError
+from echo_et.ir import GraphBuilder, JobBuilder
+from echo_et.ir.schema import pb
+
+MICRO = "traces/astra-sim/examples/workload/microbenchmarks"
+CUSTOM = "traces/astra-sim/examples/system/custom_collectives/custom_ring_allreduce_8npus_1MB"
+
+
+def _rank_files(folder: Path, prefix: str) -> list[Path]:
+    files = sorted(folder.glob(f"{prefix}.*.et"), key=lambda p: int(p.name.split(".")[-2]))
+    assert files, f"no {prefix}.*.et in {folder}"
+    return files
+
+
+# -- golden files ---------------------------------------------------------------------------
+@pytest.mark.parametrize("coll", ["all_reduce", "all_to_all"])
+def test_microbenchmark_golden_files_are_reproduced(tmp_path, coll):
+    src = shared_path(f"{MICRO}/{coll}/8npus_1MB")
+    originals = _rank_files(src, coll)
+    job = read([src], "chakra", ReadOptions())
+    res = export(job, tmp_path / "out")
+    assert res["ranks"] == len(originals)
+    for r, orig in enumerate(originals):
+        ometa, onodes = read_et(orig)
+        meta, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        assert meta.version == ometa.version
+        assert len(nodes) == len(onodes)
+        for a, b in zip(nodes, onodes, strict=True):
+            # Ids may differ; everything else is the same message.
+            assert (a.name, a.type, a.duration_micros, list(a.ctrl_deps)) == \
+                (b.name, b.type, b.duration_micros, list(b.ctrl_deps))
+            assert attrs_of(a) == attrs_of(b)
+            assert [x.name for x in a.attr] == [x.name for x in b.attr]
+    assert check_export(tmp_path / "out") == []
+
+
+def test_custom_ring_allreduce_round_trips_p2p_attributes(tmp_path):
+    src = shared_path(CUSTOM)
+    originals = _rank_files(src, "custom_allreduce")
+    job = read([src], "chakra", ReadOptions())
+    export(job, tmp_path / "out")
+    for r, orig in enumerate(originals):
+        _, onodes = read_et(orig)
+        _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        ours = {n.name: n for n in nodes}
+        assert sorted(ours) == sorted(n.name for n in onodes)
+        id_of = {n.id: n.name for n in onodes}
+        our_id = {n.id: n.name for n in nodes}
+        p2p = 0
+        for o in onodes:
+            n = ours[o.name]
+            assert n.type == o.type
+            if o.type in (et.COMM_SEND_NODE, et.COMM_RECV_NODE):
+                p2p += 1
+                send = o.type == et.COMM_SEND_NODE
+                # The original leaves the own end implicit (ASTRA-sim defaults it to self).
+                want_src = attr_value(o, "comm_src") if not send else r
+                want_dst = attr_value(o, "comm_dst") if send else r
+                assert attr_value(n, "comm_src") == want_src
+                assert attr_value(n, "comm_dst") == want_dst
+                assert attr_value(n, "comm_tag") == attr_value(o, "comm_tag")
+                assert attr_value(n, "comm_size") == attr_value(o, "comm_size")
+                assert attrs_of(n)["comm_size"][0] == "int64_val"
+                assert attrs_of(n)["comm_tag"][0] == "int32_val"
+            else:
+                assert n.duration_micros == o.duration_micros
+            # Every original dependency is kept (the export may add stream order).
+            assert {id_of[d] for d in o.data_deps} <= {our_id[d] for d in n.data_deps}
+        assert p2p == sum(o.type in (et.COMM_SEND_NODE, et.COMM_RECV_NODE) for o in onodes) > 0
+    assert check_export(tmp_path / "out") == []
+
+
+def test_rt_template_oracle_inputs_are_reproduced_exactly(tmp_path):
+    """ASTRA-sim's tests/rt_template: 8 NPUs on a 50 GB/s, 500 ns ring, one 1 MiB all-reduce
+    per rank (node id 1, "All-Reduce"); the reference run prints 117780 cycles per rank.
+    Our files must be byte-identical to what its gen_chakra_traces.py writes."""
+    from chakra.src.third_party.utils.protolib import encodeMessage
+
+    jb = JobBuilder("rt_template", 8)
+    world = jb.group(list(range(8)), name="0", role="world")
+    for r in range(8):
+        gb = GraphBuilder(f"g{r}")
+        s = gb.stream(pb.STREAM_GPU_COMM, "comm", device=0)
+        gb.collective("All-Reduce", s, coll_type=pb.COLL_ALL_REDUCE, group="0",
+                      in_bytes=1_048_576, node_id=1)
+        jb.add_graph(gb.build())
+        jb.bind(r, f"g{r}", {"0": world})
+    out = tmp_path / "out"
+    export(jb.build(), out, ExportOptions(topology="Ring", intra_bw=50, latency=500))
+    for npu_id in range(8):
+        oracle = tmp_path / f"chakra_trace.{npu_id}.et"
+        with open(oracle, "wb") as f:  # as tests/rt_template/inputs/workload/gen_chakra_traces.py
+            encodeMessage(f, et.GlobalMetadata(version="0.0.4"))
+            node = et.Node()
+            node.id = 1
+            node.name = "All-Reduce"
+            node.type = et.COMM_COLL_NODE
+            node.attr.append(et.AttributeProto(name="is_cpu_op", bool_val=False))
+            node.attr.append(et.AttributeProto(name="comm_type", int64_val=et.ALL_REDUCE))
+            node.attr.append(et.AttributeProto(name="comm_size", int64_val=1_048_576))
+            encodeMessage(f, node)
+        assert (out / f"workload.{npu_id}.et").read_bytes() == oracle.read_bytes()
+    net = parse_network_yaml((out / "network.yml").read_text())
+    assert net == {"topology": ["Ring"], "npus_count": ["8"], "bandwidth": ["50.0"],
+                   "latency": ["500.0"]}
+    system = json.loads((out / "system.json").read_text())
+    assert system["scheduling-policy"] == "LIFO"
+    assert system["endpoint-delay"] == 10
+    assert system["active-chunks-per-dimension"] == 1
+    assert system["preferred-dataset-splits"] == 4
+    assert system["collective-optimization"] == "localBWAware"
+    for k in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
+        assert system[f"{k}-implementation"] == ["ring"]
+    assert json.loads((out / "remote_memory.json").read_text()) == {"memory-type": "NO_MEMORY_EXPANSION"}
+
+
+# -- mappings -----------------------------------------------------------------------------------
+def _host_and_kernels(gb, r, s):
+    """Host thread launches K1 on the compute stream, synchronizes on it, then launches K2
+    on the copy stream and a memset; an unknown-library comm kernel runs on the comm stream."""
+    op = gb.cpu_op("aten::mm", s["cpu"], start_ns=0, duration_ns=50_000)
+    l1 = gb.cpu_op("cudaLaunchKernel", s["cpu"], kind=pb.KIND_LAUNCH, start_ns=1_000,
+                   duration_ns=4_000, deps=[(op.id, pb.DEP_CONTROL)])
+    k1 = gb.compute("gemm", s["compute"], start_ns=6_000, duration_ns=12_345,
+                    deps=[(l1.id, pb.DEP_LAUNCH)], flops=2e9, bytes_=4096)
+    gb.cpu_op("cudaStreamSynchronize", s["cpu"], kind=pb.KIND_SYNC, start_ns=6_000,
+              duration_ns=13_000, deps=[(k1.id, pb.DEP_SYNC)])
+    l2 = gb.cpu_op("cudaMemcpyAsync", s["cpu"], kind=pb.KIND_LAUNCH, start_ns=20_000, duration_ns=2_000)
+    gb.memcpy("Memcpy DtoH", s["copy"], nbytes=1 << 20, direction="DtoH", start_ns=23_000,
+              duration_ns=300, deps=[(l2.id, pb.DEP_LAUNCH)])
+    gb.memcpy("Memset", s["compute"], nbytes=64, direction="memset", kind=pb.KIND_MEMSET,
+              start_ns=24_000, duration_ns=2_600)
+    gb.node(pb.KIND_COMM_UNKNOWN, "hcclAllReduce_kernel", s["comm"], start_ns=30_000,
+            duration_ns=7_499)
+
+
+def test_host_nodes_fold_into_dependencies_and_device_work_becomes_comp(tmp_path):
+    job = uniform_job(2, _host_and_kernels)
+    res = export(job, tmp_path / "out")
+    _, nodes = read_et(tmp_path / "out" / "workload.0.et")
+    by_name = {n.name: n for n in nodes}
+    assert set(by_name) == {"gemm", "Memcpy DtoH", "Memset", "hcclAllReduce_kernel"}
+    assert all(n.type == et.COMP_NODE and attr_value(n, "is_cpu_op") is False for n in nodes)
+    # Measured ns rounded half up to whole µs, never below 1.
+    assert by_name["gemm"].duration_micros == 12
+    assert by_name["Memcpy DtoH"].duration_micros == 1
+    assert by_name["Memset"].duration_micros == 3
+    assert by_name["hcclAllReduce_kernel"].duration_micros == 7
+    # The copy was launched after the host waited for the GEMM: that order survives the fold.
+    assert by_name["gemm"].id in by_name["Memcpy DtoH"].data_deps
+    # Memset follows the GEMM on the same stream.
+    assert by_name["gemm"].id in by_name["Memset"].data_deps
+    # Roofline inputs are kept when known.
+    assert attr_value(by_name["gemm"], "num_ops") == 2_000_000_000
+    assert attr_value(by_name["gemm"], "tensor_size") == 4096
+    assert res["mapped"] == {
+        "comm_unknown->COMP_NODE": 2, "compute->COMP_NODE": 2, "cpu_op->folded": 2,
+        "launch->folded": 4, "memcpy->COMP_NODE": 2, "memset->COMP_NODE": 2, "sync->folded": 2,
+    }
+    assert all(n.ctrl_deps == [] for n in nodes)
+
+
+def _rooted(gb, r, s):
+    kw = {"group": "world"}
+    gb.collective("bcast", s["comm"], coll_type=pb.COLL_BROADCAST, in_bytes=1000, root=0, **kw)
+    gb.collective("reduce", s["comm"], coll_type=pb.COLL_REDUCE, in_bytes=4096, root=0, **kw)
+    gb.collective("gather", s["comm"], coll_type=pb.COLL_GATHER, in_bytes=256,
+                  out_bytes=1024 if r == 0 else 0, root=0, **kw)
+    gb.collective("scatter", s["comm"], coll_type=pb.COLL_SCATTER, in_bytes=1024 if r == 0 else 0,
+                  out_bytes=256, root=0, **kw)
+    gb.collective("barrier", s["comm"], coll_type=pb.COLL_BARRIER, in_bytes=0, **kw)
+    gb.collective("tiny", s["comm"], coll_type=pb.COLL_ALL_GATHER, in_bytes=2, **kw)
+
+
+def test_unsupported_collectives_map_to_networked_ones(tmp_path):
+    res = export(uniform_job(4, _rooted), tmp_path / "out")
+    for r in range(4):
+        _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        got = [(n.name, attr_value(n, "comm_type"), attr_value(n, "comm_size")) for n in nodes]
+        assert got == [
+            ("bcast", et.ALL_GATHER, 250),        # ceil(1000 / 4)
+            ("reduce", et.REDUCE_SCATTER, 4096),
+            ("gather", et.ALL_GATHER, 256),
+            ("scatter", et.ALL_GATHER, 256),
+            ("barrier", et.ALL_REDUCE, 8),
+            ("tiny", et.ALL_GATHER, 4),           # raised to preferred-dataset-splits
+        ]
+        # Collectives of one group are chained in issue order.
+        for a, b in zip(nodes, nodes[1:], strict=False):
+            assert a.id in b.data_deps
+    assert res["mapped"]["broadcast->ALL_GATHER"] == 4
+    assert res["mapped"]["barrier->ALL_REDUCE"] == 4
+    assert res["mapped"]["comm_size->raised to 4 B"] == 4
+    assert check_export(tmp_path / "out") == []
+
+
+def test_subgroups_get_pg_names_and_a_comm_group_file(tmp_path):
+    def build(gb, r, s):
+        gb.collective("ar_world", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096)
+        gb.collective("ag_dp", s["comm"], coll_type=pb.COLL_ALL_GATHER, group="dp", in_bytes=512)
+        gb.collective("solo", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="self", in_bytes=64)
+
+    job = uniform_job(4, build, groups={"world": [[0, 1, 2, 3]], "dp": [[0, 2], [1, 3]],
+                                        "self": [[0], [1], [2], [3]]})
+    res = export(job, tmp_path / "out")
+    groups = json.loads((tmp_path / "out" / "comm_group.json").read_text())
+    dp_ids = {g.id: list(g.ranks) for g in job.manifest.groups if g.name.startswith("dp")}
+    assert groups == {str(k): v for k, v in dp_ids.items()}
+    for r in range(4):
+        _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        assert [n.name for n in nodes] == ["ar_world", "ag_dp"]   # one-rank group folded
+        assert attr_value(nodes[0], "pg_name") is None            # world
+        pg = attr_value(nodes[1], "pg_name")
+        assert r in groups[pg]
+    assert res["mapped"]["all_reduce(one-rank group)->folded"] == 4
+    assert "--comm-group-configuration=comm_group.json" in (tmp_path / "out" / "run.sh").read_text()
+
+
+def test_p2p_peers_become_global_ranks(tmp_path):
+    def build(gb, r, s):
+        # pp group [r, partner]: group rank 0 sends to group rank 1.
+        me = 0 if r < 2 else 1
+        gb.p2p(me == 0, "act", s["comm"], group="pp", peer=1 - me, nbytes=3000, tag=7)
+
+    job = uniform_job(4, build, groups={"pp": [[0, 2], [1, 3]]})
+    export(job, tmp_path / "out")
+    for r, (kind, src, dst) in enumerate([(et.COMM_SEND_NODE, 0, 2), (et.COMM_SEND_NODE, 1, 3),
+                                         (et.COMM_RECV_NODE, 0, 2), (et.COMM_RECV_NODE, 1, 3)]):
+        _, (n,) = read_et(tmp_path / "out" / f"workload.{r}.et")
+        assert n.type == kind
+        assert (attr_value(n, "comm_src"), attr_value(n, "comm_dst")) == (src, dst)
+        assert (attr_value(n, "comm_tag"), attr_value(n, "comm_size")) == (7, 3000)
+
+
+def _sends(folder: Path, rank: int) -> dict[int, int]:
+    _, nodes = read_et(folder / f"workload.{rank}.et")
+    return {attr_value(n, "comm_dst"): attr_value(n, "comm_size")
+            for n in nodes if n.type == et.COMM_SEND_NODE}
+
+
+def test_uneven_all_to_all_with_known_splits_becomes_exact_send_recv(tmp_path):
+    splits = {0: [0, 10, 20], 1: [30, 0, 40], 2: [50, 60, 0]}
+
+    def build(gb, r, s):
+        n = gb.collective("a2a", s["comm"], coll_type=pb.COLL_ALL_TO_ALL, group="world",
+                          in_bytes=sum(splits[r]), out_bytes=sum(splits[x][r] for x in range(3)))
+        n.attrs["in_split_bytes"] = ",".join(map(str, splits[r]))
+        gb.compute("after", s["compute"], duration_ns=1000, deps=[n.id])
+
+    res = export(uniform_job(3, build), tmp_path / "out")
+    out = tmp_path / "out"
+    for r in range(3):
+        assert _sends(out, r) == {j: splits[r][j] for j in range(3) if j != r}
+        _, nodes = read_et(out / f"workload.{r}.et")
+        recvs = {attr_value(n, "comm_src"): attr_value(n, "comm_size")
+                 for n in nodes if n.type == et.COMM_RECV_NODE}
+        assert recvs == {j: splits[j][r] for j in range(3) if j != r}
+        after = next(n for n in nodes if n.name == "after")
+        comm_ids = {n.id for n in nodes if n.type != et.COMP_NODE}
+        assert comm_ids <= set(after.data_deps)   # waits for the whole exchange
+    assert res["mapped"]["all_to_all(uneven, in_split_bytes)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] == 3
+    assert check_export(out) == []
+
+
+def test_uneven_all_to_all_without_splits_uses_proportional_rule(tmp_path):
+    # Every rank sends 12 B; ranks receive 6, 12 and 18 B: each row is split 1:2:3.
+    outs = [6, 12, 18]
+
+    def build(gb, r, s):
+        gb.collective("a2a", s["comm"], coll_type=pb.COLL_ALL_TO_ALL, group="world",
+                      in_bytes=12, out_bytes=outs[r])
+
+    export(uniform_job(3, build), tmp_path / "out")
+    for r in range(3):
+        assert _sends(tmp_path / "out", r) == {j: 2 * (j + 1) for j in range(3) if j != r}
+
+
+def test_even_all_to_all_stays_a_collective(tmp_path):
+    def build(gb, r, s):
+        gb.collective("a2a", s["comm"], coll_type=pb.COLL_ALL_TO_ALL, group="world", in_bytes=4096)
+
+    res = export(uniform_job(4, build), tmp_path / "out")
+    _, (n,) = read_et(tmp_path / "out" / "workload.2.et")
+    assert (n.type, attr_value(n, "comm_type"), attr_value(n, "comm_size")) == \
+        (et.COMM_COLL_NODE, et.ALL_TO_ALL, 4096)
+    assert res["mapped"] == {"all_to_all(even)->ALL_TO_ALL": 4}
+
+
+def test_single_rank_job_gets_an_idle_partner(tmp_path):
+    res = export(uniform_job(1, lambda gb, r, s: gb.compute("k", s["compute"], duration_ns=5000)),
+                 tmp_path / "out")
+    assert res["ranks"] == 2 and res["job_ranks"] == 1
+    _, nodes = read_et(tmp_path / "out" / "workload.1.et")
+    assert len(nodes) == 1 and nodes[0].type == et.COMP_NODE
+    assert check_export(tmp_path / "out") == []
+
+
+def test_wire_encoding_is_canonical_protobuf(tmp_path):
+    """The fast path appends pre-serialised attributes; the result must equal protobuf's own
+    serialisation of the decoded node."""
+    def build(gb, r, s):
+        gb.compute("k", s["compute"], duration_ns=5000)
+        gb.collective("ag", s["comm"], coll_type=pb.COLL_ALL_GATHER, group="dp", in_bytes=512)
+        gb.p2p(r % 2 == 0, "x", s["comm"], group="dp", peer=1 - (r % 2), nbytes=64)
+
+    export(uniform_job(4, build, groups={"dp": [[0, 1], [2, 3]]}), tmp_path / "out")
+    from echo_et.ir.io import iter_delimited
+
+    for r in range(4):
+        with open(tmp_path / "out" / f"workload.{r}.et", "rb") as f:
+            msgs = list(iter_delimited(f))
+        for data in msgs[1:]:
+            assert et.Node.FromString(data).SerializeToString(deterministic=True) == data
+
+
+# -- refusals and atomicity ----------------------------------------------------------------------
+def test_unmappable_node_kind_is_an_error_naming_the_node(tmp_path):
+    job = uniform_job(2, lambda gb, r, s: gb.node(pb.KIND_UNKNOWN, "mystery_op", s["compute"]))
+    with pytest.raises(EchoError, match=r"graph g0: node 1 \(mystery_op\): node kind unknown"):
+        export(job, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_collective_type_is_an_error_naming_the_node(tmp_path):
+    job = uniform_job(2, lambda gb, r, s: gb.collective("weird", s["comm"], coll_type=pb.COLL_UNKNOWN,
+                                                       group="world", in_bytes=8))
+    with pytest.raises(EchoError, match=r"node 1 \(weird\): collective type unknown"):
+        export(job, tmp_path / "out")
+
+
+def test_job_failing_check_is_refused_with_the_checker_message(tmp_path):
+    job = uniform_job(2, lambda gb, r, s: gb.collective("ar", s["comm"], coll_type=pb.COLL_ALL_REDUCE,
+                                                       group="world", in_bytes=100 + r))
+    with pytest.raises(CheckError, match=r"job fails check: .*\[collective-sequence\]"):
+        export(job, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_to_replace_a_folder_that_is_not_an_export(tmp_path):
+    dest = tmp_path / "precious"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("keep me")
+    job = uniform_job(2, lambda gb, r, s: gb.compute("k", s["compute"], duration_ns=1000))
+    with pytest.raises(EchoError, match="not an ASTRA-sim export"):
+        export(job, dest)
+    assert (dest / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious"]
+
+
+def test_rerun_is_byte_identical_and_replaces_a_previous_export(tmp_path):
+    job = uniform_job(4, _rooted)
+    export(job, tmp_path / "a")
+    export(job, tmp_path / "b")
+    export(job, tmp_path / "b")   # replacing an earlier export is allowed
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+# -- configuration --------------------------------------------------------------------------------
+def _compute_only(world: int):
+    return uniform_job(world, lambda gb, r, s: gb.compute("k", s["compute"], duration_ns=1000))
+
+
+def test_network_defaults_and_options(tmp_path):
+    export(_compute_only(4), tmp_path / "one")
+    assert parse_network_yaml((tmp_path / "one" / "network.yml").read_text()) == {
+        "topology": ["Switch"], "npus_count": ["4"], "bandwidth": ["400.0"], "latency": ["936.25"]}
+    job = _compute_only(16)
+    export(job, tmp_path / "two", ExportOptions(gpus_per_node=4, intra_bw=300, inter_bw=25,
+                                                latency=700, topology="Ring,Switch"))
+    assert parse_network_yaml((tmp_path / "two" / "network.yml").read_text()) == {
+        "topology": ["Ring", "Switch"], "npus_count": ["4", "4"], "bandwidth": ["300.0", "25.0"],
+        "latency": ["700.0", "700.0"]}
+    system = json.loads((tmp_path / "two" / "system.json").read_text())
+    assert system["all-reduce-implementation"] == ["ring", "ring"]
+    # The Job's own hardware is the next default.
+    job.manifest.hardware.gpus_per_node = 8
+    job.manifest.hardware.intra_node_bw_gbps = 150
+    job.manifest.hardware.inter_node_bw_gbps = 12.5
+    export(job, tmp_path / "hw")
+    assert parse_network_yaml((tmp_path / "hw" / "network.yml").read_text())["bandwidth"] == \
+        ["150.0", "12.5"]
+
+
+@pytest.mark.parametrize(("opts", "message"), [
+    (ExportOptions(gpus_per_node=3), "not a multiple of 3 GPUs per node"),
+    (ExportOptions(topology="Torus"), "not one of Ring, FullyConnected, Switch"),
+    (ExportOptions(topology="Ring,Ring,Ring", gpus_per_node=4), "names 3 dimensions, the network has 2"),
+    (ExportOptions(intra_bw=-1), "--intra-bw must be positive"),
+    (ExportOptions(latency=-5), "--latency must not be negative"),
+])
+def test_bad_network_options_are_refused(tmp_path, opts, message):
+    with pytest.raises(EchoError, match=message):
+        export(_compute_only(16), tmp_path / "out", opts)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_script_is_the_exact_command(tmp_path):
+    res = export(_compute_only(4), tmp_path / "nonempty_dir")
+    run = (tmp_path / "nonempty_dir" / "run.sh").read_text()
+    assert run.startswith("#!/bin/sh\n")
+    assert '"$ASTRA_SIM_BIN" \\\n  --workload-configuration=workload \\\n' in run
+    for flag in ("--system-configuration=system.json", "--network-configuration=network.yml",
+                 "--remote-memory-configuration=remote_memory.json", "--logging-folder=log"):
+        assert flag in run
+    # No groups: no comm-group flag (and never a path containing "empty").
+    assert "--comm-group-configuration" not in run
+    assert 'cd "$(dirname "$0")"' in run
+    assert "-ne 4 ]" in run   # all 4 ranks must print their finished line
+    assert (tmp_path / "nonempty_dir" / "run.sh").stat().st_mode & 0o111
+    assert res["workload_prefix"] == str(tmp_path / "nonempty_dir" / "workload")
+    assert res["files"][:4] == [f"workload.{r}.et" for r in range(4)]

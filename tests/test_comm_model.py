@@ -1,0 +1,185 @@
+"""The NCCL cost model on the shipped presets: each algorithm and protocol regime, placement,
+what-ifs, bad input. No measurements needed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from echo_et.errors import EchoError
+from echo_et.models.comm import COLLECTIVES, CommModel, Estimate, nccl
+from echo_et.models.comm.topology import contiguous, placement
+
+GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
+PRESETS = ["a100-ib", "h100-ib", "h800-ib", "v100-ib"]
+
+
+@pytest.fixture(scope="module")
+def a100() -> CommModel:
+    return CommModel.preset("a100-ib")
+
+
+def test_presets_are_shipped_and_uncalibrated():
+    assert set(PRESETS) <= set(CommModel.preset_names())
+    for name in PRESETS:
+        m = CommModel.preset(name)
+        assert m.calibrated is False
+        assert m.gpus_per_node == 8
+        assert m.name == name
+
+
+def test_preset_for_gpu_matches_device_names():
+    assert CommModel.preset_for_gpu("NVIDIA A100-SXM4-40GB").name == "a100-ib"
+    assert CommModel.preset_for_gpu("NVIDIA H100 80GB HBM3").name == "h100-ib"
+    with pytest.raises(EchoError):
+        CommModel.preset_for_gpu("Some Future GPU")
+    with pytest.raises(EchoError, match="unknown preset"):
+        CommModel.preset("tpu-v9")
+
+
+def test_ll_for_tiny_messages_simple_for_huge(a100):
+    ranks = list(range(8))
+    assert a100.estimate("all_reduce", 8, ranks).protocol == "LL"
+    assert a100.estimate("all_reduce", 4 * KiB, ranks).protocol == "LL"
+    assert a100.estimate("all_reduce", GiB, ranks).protocol == "Simple"
+    protos = [a100.estimate("all_reduce", 1 << e, ranks).protocol for e in range(3, 31)]
+    # the protocol only ever moves towards larger lines as messages grow
+    order = {"LL": 0, "LL128": 1, "Simple": 2}
+    assert [order[p] for p in protos] == sorted(order[p] for p in protos)
+    assert "LL128" in protos  # the middle regime exists on NVLink
+
+
+def test_single_node_uses_the_ring_multi_node_switches_tree_to_ring(a100):
+    assert {a100.estimate("all_reduce", 1 << e, list(range(8))).algorithm for e in range(3, 31)} == {"ring"}
+    ranks = list(range(32))
+    assert a100.estimate("all_reduce", 4 * KiB, ranks).algorithm == "tree"
+    assert a100.estimate("all_reduce", 16 * GiB, ranks).algorithm == "ring"
+
+
+def test_only_all_reduce_has_a_tree(a100):
+    ranks = list(range(32))
+    for coll in ("all_gather", "reduce_scatter", "broadcast", "reduce"):
+        assert {a100.estimate(coll, 1 << e, ranks).algorithm for e in range(3, 31, 3)} == {"ring"}
+    for coll in ("all_to_all", "gather", "scatter"):
+        assert a100.estimate(coll, MiB, ranks).algorithm == "p2p"
+
+
+def test_nvls_only_where_the_switch_reduces():
+    h100 = CommModel.preset("h100-ib")
+    assert h100.estimate("all_reduce", GiB, list(range(8))).algorithm == "nvls"
+    assert h100.estimate("all_reduce", 4 * KiB, list(range(8))).algorithm != "nvls"
+    a100 = CommModel.preset("a100-ib")
+    assert all(a100.estimate("all_reduce", 1 << e, list(range(8))).algorithm != "nvls" for e in range(3, 31))
+
+
+def test_inter_node_costs_more_than_intra_node(a100):
+    one_node = list(range(8))
+    one_per_node = [8 * i for i in range(8)]          # same group size, every hop crosses nodes
+    for size in (4 * KiB, MiB, GiB):
+        assert a100.estimate("all_reduce", size, one_per_node).time_ns > \
+            a100.estimate("all_reduce", size, one_node).time_ns
+    assert a100.p2p(64 * MiB, 0, 9).time_ns > a100.p2p(64 * MiB, 0, 1).time_ns
+    assert a100.p2p(8, 0, 9).time_ns > a100.p2p(8, 0, 1).time_ns
+
+
+def test_more_nodes_never_speed_up_a_large_all_reduce(a100):
+    for name in PRESETS:
+        m = CommModel.preset(name)
+        times = [m.estimate("all_reduce", GiB, list(range(n))).time_ns for n in (8, 16, 32, 64, 256, 1024)]
+        assert times == sorted(times), name
+    # on a flat network the per-node bandwidth is the limit: 1024 GPUs stay within 2x of 16
+    t16 = a100.estimate("all_reduce", GiB, list(range(16))).time_ns
+    assert a100.estimate("all_reduce", GiB, list(range(1024))).time_ns < 2 * t16
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_time_never_decreases_with_bytes(name):
+    m = CommModel.preset(name)
+    sizes = np.unique(np.round(2 ** np.arange(0, 34.01, 0.1)))
+    for coll in COLLECTIVES:
+        if coll in ("send", "recv"):
+            continue
+        for n in (2, 3, 8, 9, 16, 32, 256):
+            t, _ = nccl.choose(m.profile.params, coll, sizes, contiguous(n, 8))
+            assert np.all(np.diff(t) >= -1e-9), (coll, n)
+
+
+def test_ring_all_reduce_is_reduce_scatter_plus_all_gather_at_scale(a100):
+    # NCCL's ring all-reduce is a reduce-scatter followed by an all-gather of the shards
+    ranks = list(range(8))
+    S = 4 * GiB
+    ar = a100.estimate("all_reduce", S, ranks).time_ns
+    rs = a100.estimate("reduce_scatter", S, ranks).time_ns
+    ag = a100.estimate("all_gather", S // 8, ranks).time_ns   # IR bytes: the shard
+    assert ar == pytest.approx(rs + ag, rel=0.1)
+
+
+def test_all_gather_bytes_are_the_shard(a100):
+    ranks = list(range(8))
+    # the same output buffer: 8 shards of S/8 moved vs broadcast of S
+    assert a100.estimate("all_gather", GiB // 8, ranks).time_ns < a100.estimate("all_gather", GiB, ranks).time_ns / 4
+
+
+def test_one_rank_is_a_local_copy_and_zero_bytes_cost_nothing(a100):
+    e = a100.estimate("all_reduce", MiB, [5])
+    assert e.algorithm == "local" and e.time_ns > 0
+    assert a100.estimate("all_reduce", 0, list(range(8))) == Estimate(0, "none", "none")
+    assert a100.estimate("barrier", 0, list(range(8))).time_ns > 0
+    assert a100.p2p(0, 0, 1).time_ns == 0
+
+
+def test_send_recv_through_estimate(a100):
+    assert a100.estimate("send", MiB, [0, 9]) == a100.p2p(MiB, 0, 9)
+    assert a100.estimate("recv", MiB, [3, 2]).algorithm == "p2p"
+    with pytest.raises(EchoError, match="src, dst"):
+        a100.estimate("send", MiB, [0, 1, 2])
+
+
+def test_placement_follows_gpus_per_node(a100):
+    assert placement([0, 1, 8, 9], 8) == placement([16, 17, 24, 25], 8)
+    p = placement([0, 1, 2, 8], 8)
+    assert (p.ranks, p.nodes, p.per_node) == (4, 2, 3)
+    ranks = list(range(16))
+    assert a100.estimate("all_reduce", GiB, ranks, gpus_per_node=16).time_ns < \
+        a100.estimate("all_reduce", GiB, ranks).time_ns
+
+
+def test_what_if_overrides(a100):
+    ranks16 = list(range(16))
+    faster_net = a100.with_overrides(inter_bw_gbps=2 * a100.params["net_gbps"])
+    assert faster_net.estimate("all_reduce", GiB, ranks16).time_ns < a100.estimate("all_reduce", GiB, ranks16).time_ns
+    assert faster_net.estimate("all_reduce", GiB, list(range(8))) == a100.estimate("all_reduce", GiB, list(range(8)))
+    slow_hops = a100.with_overrides(intra_latency_us=10 * a100.params["nvlink_hop_us.LL"])
+    assert slow_hops.estimate("all_reduce", 8, list(range(8))).time_ns > a100.estimate("all_reduce", 8, list(range(8))).time_ns
+    assert slow_hops.params["nvlink_hop_us.Simple"] == pytest.approx(10 * a100.params["nvlink_hop_us.Simple"])
+    assert a100.with_overrides(gpus_per_node=4).gpus_per_node == 4
+    assert a100.with_overrides(inter_latency_us=1.0).params["net_hop_us.LL"] == 1.0
+    # the original is untouched
+    assert a100.params == CommModel.preset("a100-ib").params
+    for bad in ({"gpus_per_node": 0}, {"intra_bw_gbps": -1.0}, {"inter_latency_us": 0.0}):
+        with pytest.raises(EchoError):
+            a100.with_overrides(**bad)
+
+
+def test_estimates_are_pure(a100):
+    other = CommModel.preset("a100-ib")
+    args = ("all_reduce", 3 * MiB + 7, [3, 4, 11, 12])
+    first = a100.estimate(*args)
+    a100.estimate("all_gather", MiB, list(range(64)))
+    assert a100.estimate(*args) == first == other.estimate(*args)
+    assert isinstance(first.time_ns, int)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: m.estimate("allreduce", 8, [0, 1]), "unknown collective"),
+    (lambda m: m.estimate("all_reduce", -1, [0, 1]), "bytes must be >= 0"),
+    (lambda m: m.estimate("all_reduce", 1.5, [0, 1]), "integer"),
+    (lambda m: m.estimate("all_reduce", 8, []), "at least one rank"),
+    (lambda m: m.estimate("all_reduce", 8, [0, 0]), "twice"),
+    (lambda m: m.estimate("all_reduce", 8, [-1, 2]), ">= 0"),
+    (lambda m: m.estimate("all_reduce", 8, [0, 1], gpus_per_node=0), "gpus_per_node"),
+    (lambda m: m.p2p(-5, 0, 1), "bytes must be >= 0"),
+])
+def test_bad_input_raises_echo_error(a100, call, match):
+    with pytest.raises(EchoError, match=match):
+        call(a100)
