@@ -12,7 +12,6 @@ and is then renamed into place: a failed export leaves nothing behind.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -33,8 +32,6 @@ from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
 from .mapping import (
     BARRIER_BYTES,
-    CHAKRA_ALL_TO_ALL,
-    CHAKRA_TYPE_NAMES,
     COLL,
     COMP,
     GraphPlan,
@@ -511,13 +508,8 @@ def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None
         "network": {"topology": net.topology, "npus_count": net.npus_count,
                     "bandwidth_gbps": net.bandwidth, "latency_ns": net.latency},
         "preferred_dataset_splits": opts.splits,
-        "types": sorted(CHAKRA_TYPE_NAMES.values()),
         "command": "ASTRA_SIM_BIN=<binary> sh " + str(dest / FILE_NAMES["run"]),
     }
 
 
-def read_json(path: Path) -> object:
-    return json.loads(path.read_text())
-
-
-__all__ = ["export", "round_us", "A2A_TAG_BASE", "CHAKRA_ALL_TO_ALL"]
+__all__ = ["A2A_TAG_BASE", "export", "round_us"]

@@ -121,9 +121,8 @@ class GradientSync:
         if self.zero and self.dp > 1:
             for b in self.buckets:
                 k = b.padded // self.dp
+                shard = b.param_flat[self.rank * k:(self.rank + 1) * k]
                 with comm_span(self.group):
-                    dist.all_gather_into_tensor(b.param_flat,
-                                                b.param_flat[self.rank * k:(self.rank + 1) * k],
-                                                group=self.group)
+                    dist.all_gather_into_tensor(b.param_flat, shard, group=self.group)
         for b in self.buckets:
             b.grad.zero_()

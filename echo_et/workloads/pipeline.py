@@ -43,8 +43,9 @@ class StageLink:
                   recv_from: int | None) -> torch.Tensor | None:
         works = []
         if send is not None:
+            send = send.contiguous()
             with comm_span(self.group):
-                works.append(dist.isend(send.contiguous(), self._peer(send_to), group=self.group))
+                works.append(dist.isend(send, self._peer(send_to), group=self.group))
         buf = None
         if recv_from is not None:
             buf = self._buffer()

@@ -1,0 +1,130 @@
+"""The estimate and calibrate verbs: JSON output, written profiles, bad input -> one line,
+exit 2, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import shared_path
+from test_comm_calibrate import _traced_job
+from typer.testing import CliRunner
+
+from echo_et.cli.main import app
+from echo_et.ir import save_job
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def log(n: int):
+    return shared_path(f"nccl-tests/echo-a100/nccl_{n}.log")
+
+
+def test_estimate_json_per_size():
+    res = run("estimate", "all_reduce", "--bytes", "4KiB,64MiB,1GB,512", "--ranks", "16",
+              "--gpus-per-node", "8", "--preset", "a100-ib", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert [e["bytes"] for e in out["estimates"]] == [4096, 64 << 20, 10**9, 512]
+    assert (out["nodes"], out["ranks"], out["calibrated"], out["model"]) == (2, 16, False, "a100-ib")
+    for e in out["estimates"]:
+        assert e["time_us"] > 0 and e["time_us"] == e["time_ns"] / 1000
+        assert e["protocol"] in ("LL", "LL128", "Simple")
+        assert e["algorithm"] in ("ring", "tree")
+    assert out["estimates"][0]["protocol"] == "LL"
+
+
+def test_estimate_table_and_send(tmp_path):
+    res = run("estimate", "send", "--bytes", "1MiB", "--ranks", "9")
+    assert res.exit_code == 0, res.output
+    assert "p2p" in res.stdout and "2 node(s)" in res.stdout
+
+
+@pytest.mark.parametrize("args, match", [
+    (["allreduce", "--bytes", "8", "--ranks", "2"], "unknown collective"),
+    (["all_reduce", "--bytes", "8", "--ranks", "0"], "--ranks"),
+    (["all_reduce", "--bytes", "-1", "--ranks", "2"], ">= 0"),
+    (["all_reduce", "--bytes", "12XB", "--ranks", "2"], "not a byte size"),
+    (["all_reduce", "--bytes", "8", "--ranks", "2", "--gpus-per-node", "0"], "--gpus-per-node"),
+    (["all_reduce", "--bytes", "8", "--ranks", "2", "--preset", "nope"], "unknown preset"),
+    (["send", "--bytes", "8", "--ranks", "1"], "--ranks >= 2"),
+])
+def test_estimate_bad_input(args, match):
+    assert match in one_line_error(run("estimate", *args))
+
+
+def test_calibrate_writes_a_deterministic_profile(tmp_path):
+    out1, out2 = tmp_path / "a.json", tmp_path / "b.json"
+    res = run("calibrate", "nccl-tests", log(2), log(16), "--gpus-per-node", "8", "-o", out1, "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["samples"] == sum(len(re.findall(r"^\S*\s+\d+\s+\d+\s+float", log(n).read_text(), re.M))
+                                    for n in (2, 16))
+    assert report["base_preset"] == "a100-ib"          # from the GPU the logs name
+    assert set(report["by_source"]) == {"nccl_2.log", "nccl_16.log"}
+    assert run("calibrate", "nccl-tests", log(2), log(16), "--gpus-per-node", "8", "-o", out2).exit_code == 0
+    assert out1.read_bytes() == out2.read_bytes()
+    prof = json.loads(out1.read_text())
+    assert prof["calibrated"] is True and prof["name"] == "a100-ib-calibrated"
+    assert [s["file"] for s in prof["sources"]] == ["nccl_2.log", "nccl_16.log"]
+
+    res = run("estimate", "all_reduce", "--bytes", "1MiB", "--ranks", "16", "--profile", out1, "--json")
+    assert json.loads(res.stdout)["calibrated"] is True
+
+    res = run("calibrate", "evaluate", "--profile", out1, log(2), log(32), "--json")
+    assert res.exit_code == 0, res.output
+    logs = json.loads(res.stdout)["logs"]
+    assert [r["log"] for r in logs] == ["nccl_2.log", "nccl_32.log"]
+    rows32 = re.findall(r"^\S*\s+(\d+)\s+\d+\s+float", log(32).read_text(), re.M)
+    assert [r["bytes"] for r in logs[1]["rows"]] == [int(s) for s in rows32]
+    for r in logs:
+        assert r["mape_percent"] is not None and r["mape_ge_1mib_percent"] is not None
+        assert r["median_4kib_1mib_percent"] is not None
+    res = run("calibrate", "evaluate", "--profile", out1, log(8))
+    assert res.exit_code == 0 and "nccl_8.log" in res.stdout and "MAPE >=1MiB" in res.stdout
+
+
+def test_calibrate_bad_input_leaves_nothing(tmp_path):
+    out = tmp_path / "p.json"
+    readme = shared_path("nccl-tests/echo-a100/README.md")
+    assert "not nccl-tests output" in one_line_error(
+        run("calibrate", "nccl-tests", readme, "--gpus-per-node", "8", "-o", out))
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert "--gpus-per-node" in one_line_error(
+        run("calibrate", "nccl-tests", log(16), "--gpus-per-node", "0", "-o", out))
+    assert "more than --gpus-per-node" in one_line_error(
+        run("calibrate", "nccl-tests", log(8), "--gpus-per-node", "4", "-o", out))
+    assert "unknown preset" in one_line_error(
+        run("calibrate", "nccl-tests", log(2), "--gpus-per-node", "8", "--preset", "x", "-o", out))
+    assert "No such file" in one_line_error(
+        run("calibrate", "nccl-tests", tmp_path / "missing.log", "--gpus-per-node", "8", "-o", out))
+    assert "overwrite an input" in one_line_error(
+        run("calibrate", "nccl-tests", log(2), "--gpus-per-node", "8", "-o", log(2)))
+    assert list(tmp_path.iterdir()) == []
+    assert "--profile" in one_line_error(run("calibrate", "evaluate", log(2)))
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    assert "JSON object" in one_line_error(run("calibrate", "evaluate", "--profile", bad, log(2)))
+
+
+def test_calibrate_from_a_traced_job(tmp_path):
+    job = _traced_job({r: [400_000 + 10_000 * r] for r in range(16)}, 256 << 20)
+    save_job(job, tmp_path / "job")
+    out = tmp_path / "p.json"
+    res = run("calibrate", "trace", tmp_path / "job", "--gpus-per-node", "8", "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["samples"] == 1
+    prof = json.loads(out.read_text())
+    assert prof["sources"] == [{"file": "job", "kind": "trace", "ranks": 16, "samples": 1}]
