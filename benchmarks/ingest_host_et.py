@@ -5,21 +5,24 @@
 For each host ET (schema >= 1.0.2: chakra_converter refuses 1.0.1) it runs, each in a fresh
 process, and reports the median wall time and the peak RSS of that process:
 
-* ``echo-et convert FILE --from pytorch_et -o DIR`` (read, check, write a Job directory);
+* ``echo-et convert FILE --from pytorch_et -o DIR`` (CLI start-up, read, check, write a Job
+  directory) and the reader alone as a library call (``pytorch_et.read``);
 * ``chakra_converter PyTorch --input FILE --output OUT.et`` (the same host ET, uncompressed:
   chakra_converter does not read gzip; decompressing is not timed);
 * ``json.load`` + a walk over the nodes (the floor any whole-file JSON reader pays).
 
 Inputs: the 1.0.2 Chakra test trace and the 1.1.0 ResNet trace from ../shared/data, the
 fixture host ET, and with ``--large N`` (needs torch) a trace made here of N training steps
-of a 6-layer transformer encoder on CPU (about 11k host ops per step).
+of a 6-layer transformer encoder on CPU (about 6k host ops per step).
+
+Peak RSS is the child's own high-water mark; it includes the Python interpreter (about
+10 MiB), which is why the parent keeps nothing large in memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import shutil
 import statistics
@@ -33,6 +36,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "traces"
 
+ECHO_READ = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "from echo_et.converters import ReadOptions, pytorch_et\n"
+    "job = pytorch_et.read([Path(sys.argv[1])], ReadOptions())\n"
+    "print(sum(len(g.nodes) for g in job.graphs()))\n"
+)
 JSON_WALK = (
     "import json, sys\n"
     "d = json.load(open(sys.argv[1]))\n"
@@ -54,8 +64,13 @@ def run_measured(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
 
 
 def count_nodes(path: Path) -> int:
-    with (gzip.open(path, "rt") if path.name.endswith(".gz") else open(path)) as f:
-        return len(json.load(f)["nodes"])
+    """Node count, streamed in a child process: the parent must stay small, because a child
+    started with vfork reports the parent's peak RSS as its own floor."""
+    code = ("import sys\nfrom echo_et.converters.pytorch_et.stream import iter_object\n"
+            "print(sum(ev == 'item' for ev, _, _ in iter_object(sys.argv[1])))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], check=True,
+                         capture_output=True, text=True)
+    return int(out.stdout)
 
 
 def make_large(dest: Path, steps: int) -> Path:
@@ -127,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             tools = {
                 "echo-et convert": echo + ["convert", str(path), "--from", "pytorch_et",
                                            "-o", str(tmp / "job")],
+                "echo-et read (library)": [sys.executable, "-c", ECHO_READ, str(path)],
                 "json.load + walk": [sys.executable, "-c", JSON_WALK, str(plain)],
             }
             if chakra:

@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import shared_path
 
+from conftest import shared_path
 from echo_et.errors import EchoError
 from echo_et.ir import GraphBuilder, JobBuilder, pb
 from echo_et.models.comm import CommModel, nccl_tests

@@ -7,10 +7,10 @@ import json
 import re
 
 import pytest
-from conftest import shared_path
 from test_comm_calibrate import _traced_job
 from typer.testing import CliRunner
 
+from conftest import shared_path
 from echo_et.cli.main import app
 from echo_et.ir import save_job
 

@@ -150,7 +150,8 @@ def test_what_if_overrides(a100):
     assert faster_net.estimate("all_reduce", GiB, ranks16).time_ns < a100.estimate("all_reduce", GiB, ranks16).time_ns
     assert faster_net.estimate("all_reduce", GiB, list(range(8))) == a100.estimate("all_reduce", GiB, list(range(8)))
     slow_hops = a100.with_overrides(intra_latency_us=10 * a100.params["nvlink_hop_us.LL"])
-    assert slow_hops.estimate("all_reduce", 8, list(range(8))).time_ns > a100.estimate("all_reduce", 8, list(range(8))).time_ns
+    tiny = ("all_reduce", 8, list(range(8)))
+    assert slow_hops.estimate(*tiny).time_ns > a100.estimate(*tiny).time_ns
     assert slow_hops.params["nvlink_hop_us.Simple"] == pytest.approx(10 * a100.params["nvlink_hop_us.Simple"])
     assert a100.with_overrides(gpus_per_node=4).gpus_per_node == 4
     assert a100.with_overrides(inter_latency_us=1.0).params["net_hop_us.LL"] == 1.0

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import shared_path
 
+from conftest import shared_path
 from echo_et.errors import EchoError
 from echo_et.models.comm import nccl_tests
 
@@ -92,6 +92,14 @@ def test_interleaved_mpi_output_reads_the_same(tmp_path):
     assert (a.hosts, a.gpu_names, a.rows) == (b.hosts, b.gpu_names, b.rows)
 
 
+def test_a_lost_rank_line_is_an_error(tmp_path):
+    text = log_path(16).read_text()
+    p = tmp_path / "nccl_16.log"
+    p.write_text("\n".join(ln for ln in text.splitlines() if "Rank  5 " not in ln) + "\n")
+    with pytest.raises(EchoError, match=r"rank\(s\) \[5\]"):
+        nccl_tests.read_log(p)
+
+
 def test_several_runs_in_one_file(tmp_path):
     p = tmp_path / "both.log"
     p.write_text(log_path(2).read_text() + log_path(4).read_text())
@@ -142,7 +150,8 @@ def test_reduce_scatter_and_rooted_collectives_from_the_table(tmp_path):
 
 @pytest.mark.parametrize("content, match", [
     ("hello\nworld\n", "not nccl-tests output"),
-    ("# nThread 1 nGpus 1 minBytes 8\n#  size count type redop algbw busbw\n 8 2 float sum 0 0\n", "size, count and time"),
+    ("# nThread 1 nGpus 1 minBytes 8\n#  size count type redop algbw busbw\n 8 2 float sum 0 0\n",
+     "size, count and time"),
     ("# nThread 1 nGpus 1 minBytes 8\n#  size count type redop time algbw busbw error\n", "no rows"),
 ])
 def test_bad_logs(tmp_path, content, match):

@@ -226,14 +226,6 @@ def test_negative_queue_collective_types_and_sizes(outdir):
     assert summary["dropped"].get("collective_op_without_kernel", 0) == len(idle) > 0
 
 
-def test_negative_queue_every_step_selectable(outdir):
-    path = shared_path(f"{HTA}/negative_queue_length_values_check/rank0.json.gz")
-    doc = facts.load(path)
-    first = min(facts.steps(doc))
-    job, _ = convert(outdir, "negq_first", [path], "--step", str(first))
-    assert job.binding(0).measured_step_ns == facts.steps(doc)[first]["dur"] * 1000
-
-
 # -- old kernel names ------------------------------------------------------------------------
 def test_control_old_names(outdir):
     path = shared_path(f"{HTA}/trace_diff/control/control.json.gz")

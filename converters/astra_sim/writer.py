@@ -101,10 +101,10 @@ def _base_node(pn: PlannedNode, node_id: int, deps: Iterable[int]) -> et.Node:
     out = et.Node(id=node_id, name=n.name or f"node{n.id}")
     out.data_deps.extend(deps)
     out.start_time_micros = round_us(n.start_ns)
+    out.attr.append(_attr("is_cpu_op", bool_val=False))
     if pn.role == COMP:
         out.type = et.COMP_NODE
         out.duration_micros = max(1, round_us(n.duration_ns))
-        out.attr.append(_attr("is_cpu_op", bool_val=False))
         if n.kind == pb.KIND_COMPUTE and n.compute.flops > 0 and n.compute.bytes > 0:
             out.attr.append(_attr("num_ops", int64_val=int(n.compute.flops)))
             out.attr.append(_attr("tensor_size", uint64_val=int(n.compute.bytes)))
@@ -275,9 +275,7 @@ class _Exporter:
             return [self.attrs.get("comm_type", "int64_val", comm_type_of(n)),
                     self.attrs.get("comm_size", "int64_val", size)], int(raised)
         if pn.role != COMP:  # P2P
-            raised = n.p2p.bytes == 0
-            return [self.attrs.get("is_cpu_op", "bool_val", False),
-                    self.attrs.get("comm_size", "int64_val", max(1, n.p2p.bytes))], int(raised)
+            return [self.attrs.get("comm_size", "int64_val", max(1, n.p2p.bytes))], int(n.p2p.bytes == 0)
         return [], 0
 
     def _type_of(self, pn: PlannedNode) -> int:
@@ -291,8 +289,6 @@ class _Exporter:
         base = _base_node(pn, node_id, deps)
         base.type = self._type_of(pn)
         head = base.SerializeToString(deterministic=True)
-        if pn.role == COLL:
-            head += self.attrs.get("is_cpu_op", "bool_val", False)
         tail, _ = self._static_tail(pn, gid)
         return head + b"".join(tail)
 
@@ -390,8 +386,7 @@ class _Exporter:
                 n.name = f"{pn.node.name}[a2a#{pn.node.collective.seq} {kind}:{peer}]"
                 n.type = et.COMM_SEND_NODE if kind == "send" else et.COMM_RECV_NODE
                 src, dst = (rank, peer) if kind == "send" else (peer, rank)
-                n.attr.extend([_attr("is_cpu_op", bool_val=False),
-                               _attr("comm_size", int64_val=size),
+                n.attr.extend([_attr("comm_size", int64_val=size),
                                _attr("comm_src", int32_val=src),
                                _attr("comm_dst", int32_val=dst),
                                _attr("comm_tag", int32_val=tag)])

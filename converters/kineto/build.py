@@ -159,7 +159,9 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
 
     nodes: list[_Node] = []
     kernel_node: dict[int, _Node] = {}
-    comm_streams: set[tuple] = set()
+    # Streams carrying NCCL kernels anywhere in the file (not only in the step, so that the
+    # fallback group keys do not depend on the step chosen).
+    comm_streams: set[tuple] = {k.thread for k in nccl}
     for u in gpu_units:
         ks = [k for k in u.kernels if k.idx in kept_gpu_ids]
         if not ks:
@@ -174,7 +176,6 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
         nodes.append(n)
         for k in ks:
             kernel_node[k.idx] = n
-        comm_streams.add(first.thread)
     for u in host_units:
         root = u.root
         assert root is not None
@@ -223,10 +224,7 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             n.launches = [launch]
         nodes.append(n)
         if g.kind == K_KERNEL and comm.is_other_comm_kernel(g.name):
-            comm_streams.add(g.thread)
             drop["comm_kernel_unknown_library"] += 1
-        elif g.kind == K_KERNEL and comm.is_nccl_kernel(g.name):
-            comm_streams.add(g.thread)
 
     if not nodes:
         from echo_et.errors import EchoError
@@ -266,6 +264,8 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
     nodes.sort(key=lambda n: n.key)
     node_id: dict[int, int] = {}
     for i, n in enumerate(nodes, start=1):
+        if n.role == _HOSTCOMM:
+            continue  # its event is also a host op node (or none); nothing refers to it
         node_id[n.ev.idx] = i
         if n.role == _COMM:
             for k in n.unit.kernels:  # type: ignore[union-attr]

@@ -107,6 +107,35 @@ class TraceFile:
         return self.path.name
 
 
+# Categories that are not events of their own (negative kinds).
+_TRACE, _QUIET, _GPU_ANNOTATION, _INSTANT, _UNKNOWN = -1, -2, -3, -4, -5
+
+
+def _kind_of_category(raw: Any) -> int:
+    cat = str(raw).lower()
+    if cat in _CPU_CATS:
+        return K_CPU
+    if cat.endswith(("_runtime", "_driver")) or cat == "runtime":
+        return K_RUNTIME
+    if cat in _KERNEL_CATS:
+        return K_KERNEL
+    if cat in _MEMCPY_CATS:
+        return K_MEMCPY
+    if cat in _MEMSET_CATS:
+        return K_MEMSET
+    if cat == "cuda_sync":
+        return K_SYNC_ACT
+    if cat == "trace":
+        return _TRACE
+    if cat in _QUIET_CATS:
+        return _QUIET
+    if cat == "gpu_user_annotation":
+        return _GPU_ANNOTATION
+    if cat == "cpu_instant_event":
+        return _INSTANT
+    return _UNKNOWN
+
+
 def us_to_ns(value: Any) -> int | None:
     """Microseconds (int, or the decimal text of a float) to integer ns, exactly."""
     if type(value) is int:
@@ -161,6 +190,7 @@ class _Collector:
         self.idx = 0
         self.rf_nonzero = False
         self.bandwidth_samples: list[tuple[int, int, float]] = []
+        self.kinds: dict[Any, int] = {}
 
     def __call__(self, e: dict) -> None:
         tf = self.tf
@@ -172,38 +202,27 @@ class _Collector:
                 if name not in ("Iteration Start: PyTorch Profiler", "Record Window End"):
                     tf.drop("instant_event")
             return  # metadata (M), flows (s/f/t), counters: not events of their own
-        cat = str(e.get("cat", "")).lower()
+        cat = e.get("cat", "")
+        if type(cat) is not str:
+            cat = str(cat)
+        kind = self.kinds.get(cat)
+        if kind is None:
+            kind = self.kinds[cat] = _kind_of_category(cat)
+        if kind < 0:
+            if kind == _TRACE:
+                ts, dur = us_to_ns(e.get("ts")), us_to_ns(e.get("dur"))
+                if ts is not None and dur is not None and tf.window is None:
+                    tf.window = (ts, ts + dur)
+            elif kind == _GPU_ANNOTATION:
+                tf.drop("gpu_user_annotation")
+            elif kind == _INSTANT:
+                tf.drop("instant_event")
+            elif kind == _UNKNOWN:
+                tf.drop(f"unknown_category:{str(cat).lower() or '-'}")
+            return
         args = e.get("args")
         if not isinstance(args, dict):
             args = {}
-        if cat in _CPU_CATS:
-            kind = K_CPU
-        elif cat.endswith(("_runtime", "_driver")) or cat == "runtime":
-            kind = K_RUNTIME
-        elif cat in _KERNEL_CATS:
-            kind = K_KERNEL
-        elif cat in _MEMCPY_CATS:
-            kind = K_MEMCPY
-        elif cat in _MEMSET_CATS:
-            kind = K_MEMSET
-        elif cat == "cuda_sync":
-            kind = K_SYNC_ACT
-        elif cat == "trace":
-            ts, dur = us_to_ns(e.get("ts")), us_to_ns(e.get("dur"))
-            if ts is not None and dur is not None and tf.window is None:
-                tf.window = (ts, ts + dur)
-            return
-        elif cat in _QUIET_CATS:
-            return
-        elif cat == "gpu_user_annotation":
-            tf.drop("gpu_user_annotation")
-            return
-        elif cat == "cpu_instant_event":
-            tf.drop("instant_event")
-            return
-        else:
-            tf.drop(f"unknown_category:{cat or '-'}")
-            return
         ts = us_to_ns(e.get("ts"))
         dur = us_to_ns(e.get("dur", 0))
         if ts is None or dur is None:

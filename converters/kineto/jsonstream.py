@@ -94,7 +94,8 @@ class _Text:
                 obj, end = _DECODER.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as e:
                 if self.eof or len(self.buf) - e.pos > _MAX_VALUE_CHARS:
-                    if self.eof and len(self.buf) - e.pos <= 1:
+                    if self.eof and (e.msg.startswith("Unterminated")
+                                     or e.pos >= len(self.buf.rstrip()) - 1):
                         self.fail("text ends inside a value (truncated file?)", e.pos)
                     self.fail(e.msg, e.pos)
                 self.fill()

@@ -77,11 +77,6 @@ def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int]:
         if r < 0:
             raise EchoError(f"{tf.path}: negative rank {r}")
         ranks.append(r)
-    seen: dict[int, TraceFile] = {}
-    for tf, r in zip(files, ranks, strict=True):
-        if r in seen:
-            raise EchoError(f"{tf.path}: claims rank {r}, like {seen[r].path}")
-        seen[r] = tf
     world = None
     world_file = None
     for tf in files:
@@ -92,6 +87,11 @@ def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int]:
             raise EchoError(f"{tf.path}: world size {ws} disagrees with {world} of "
                             f"{world_file.name if world_file else '?'}; not one job")
         world, world_file = ws, tf
+    seen: dict[int, TraceFile] = {}
+    for tf, r in zip(files, ranks, strict=True):
+        if r in seen:
+            raise EchoError(f"{tf.path}: claims rank {r}, like {seen[r].path}")
+        seen[r] = tf
     if world is None:
         world = options.world_size or (max(ranks) + 1)
     for tf, r in zip(files, ranks, strict=True):

@@ -65,25 +65,47 @@ def _keeps_values(name: str) -> bool:
 
 
 def _tensors(value: Any, types: Any) -> tuple[Tensor, ...]:
-    out: list[Tensor] = []
     if not isinstance(value, list) or not isinstance(types, list):
         return ()
+    out: list[Tensor] = []
     for v, t in zip(value, types, strict=False):
-        if isinstance(t, str) and "Tensor" in t:
-            collect_tensors(v, out)
+        if type(t) is str and "Tensor" in t:
+            if t.startswith("Tensor(") and type(v) is list and len(v) == 6 and type(v[5]) is str:
+                out.append((v[0], v[1], v[2], v[3], v[4], v[5]))   # the common case
+            else:
+                collect_tensors(v, out)
     return tuple(out)
 
 
 def collect_tensors(v: Any, out: list[Tensor]) -> None:
-    if not isinstance(v, list):
+    """Append every [id, storage, offset, numel, elem_bytes(, device)] list found in ``v``."""
+    if type(v) is not list:
         return
-    if 5 <= len(v) <= 6 and all(isinstance(x, int) and not isinstance(x, bool) for x in v[:5]):
-        dev = v[5] if len(v) == 6 and isinstance(v[5], str) else ""
-        if len(v) == 5 or isinstance(v[5], str):
-            out.append((v[0], v[1], v[2], v[3], v[4], dev))
-            return
+    n = len(v)
+    if (n == 6 and type(v[5]) is str or n == 5) and all(type(x) is int for x in v[:5]):
+        out.append((v[0], v[1], v[2], v[3], v[4], v[5] if n == 6 else ""))
+        return
     for x in v:
         collect_tensors(x, out)
+
+
+_TYPES_TEXT: dict[tuple, str] = {}
+
+
+def _types_text(types: Any) -> str:
+    """JSON text of a types list; ops repeat the same few lists, so the text is cached."""
+    if not types:
+        return ""
+    try:
+        key = tuple(types)
+        text = _TYPES_TEXT.get(key)
+    except TypeError:
+        return _dumps(types)
+    if text is None:
+        text = _dumps(types)
+        if len(_TYPES_TEXT) < 50_000:
+            _TYPES_TEXT[key] = text
+    return text
 
 
 def _int(v: Any, default: int = 0) -> int:
@@ -151,7 +173,7 @@ def parse_node(d: Any, where: str) -> EtOp:
         seq_id=_int(attrs.get("seq_id", -1), -1),
         op_schema=str(attrs.get("op_schema") or ""),
         in_shapes=_dumps(in_shapes),
-        in_types=_dumps(in_types),
+        in_types=_types_text(in_types),
         in_tensors=_tensors(in_values, in_types),
         out_tensors=_tensors(out_values, out_types),
     )

@@ -5,8 +5,9 @@ The simulator never touches protobuf nodes in its hot loop. Each distinct graph 
 successor lists, the measured gap ("gate") that separates each item from its latest
 predecessor, and the measured duration of each item.
 
-Device streams (GPU compute/comm/copy streams, and any stream without host operators)
-give one item per node, in node-id order.
+Device streams (GPU compute/comm/copy streams, and any stream without host operators,
+such as the host-side communication stream of a gloo or ex-situ trace) give one item per
+node, in node-id order: one node at a time, no measured gaps kept between them.
 
 Host threads carry nested operators (a CPU op contains other CPU ops, launches and syncs,
 linked to their parent by DEP_CONTROL). A host thread is replayed as its *boundary
@@ -33,7 +34,9 @@ frees instead of carrying the old launch latency along. The stream predecessor o
 item of a stream is the rank's origin (the earliest measured start of the graph). A
 DEP_LAUNCH dependency counts from the *start* of the launch call (a kernel can start before
 the launch returns), every other dependency from the end of the node it names. DEP_CONTROL
-(nesting) is not an execution constraint.
+(nesting) is not an execution constraint between host operators; a node of a device-like
+stream nested in an operator of another stream (a gloo collective under its ``c10d`` op)
+was issued by it and counts it like a launch.
 """
 
 from __future__ import annotations
@@ -143,13 +146,6 @@ def _where(graph: Graph, node: pb.Node) -> str:
     return f"graph {graph.id} node {node.id} ({node.name})"
 
 
-def _is_host_stream(nodes: list[pb.Node]) -> bool:
-    """A stream runs host code (nested operators, boundary replay) when it holds host
-    operators; a stream of communication or kernels only (a GPU stream, or the host-side
-    communication stream of a gloo/ex-situ trace) runs its nodes one after another."""
-    return any(n.kind in _HOST_KINDS for n in nodes)
-
-
 def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     """Compile ``graph`` into a :class:`Program`. Raises EchoError on a graph the simulator
     cannot order (a dependency on a later node of the same stream).
@@ -160,7 +156,12 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     ``Program.acausal_deps`` unless ``keep_acausal_deps``."""
     nodes = graph.nodes
     prog = Program(graph_id=graph.id)
-    index = {n.id: i for i, n in enumerate(nodes)}
+    # Read every node's fields once: protobuf attribute access is the slow part.
+    ids = [n.id for n in nodes]
+    kinds = [n.kind for n in nodes]
+    starts = [n.start_ns for n in nodes]
+    durs = [n.duration_ns for n in nodes]
+    index = {nid: i for i, nid in enumerate(ids)}
     by_stream: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         by_stream.setdefault(n.stream, []).append(i)
@@ -168,20 +169,20 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     stream_ids = sorted(by_stream)
     dense = {sid: k for k, sid in enumerate(stream_ids)}
     for sid in stream_ids:
-        by_stream[sid].sort(key=lambda i: nodes[i].id)
+        by_stream[sid].sort(key=ids.__getitem__)
         s = declared.get(sid) or pb.Stream(id=sid, name=f"stream {sid}")
         prog.streams.append(s)
-        prog.host_stream.append(_is_host_stream([nodes[i] for i in by_stream[sid]]))
+        prog.host_stream.append(any(kinds[i] in _HOST_KINDS for i in by_stream[sid]))
 
-    has_launch = any(n.kind == pb.KIND_LAUNCH for n in nodes)
+    has_launch = pb.KIND_LAUNCH in kinds
     device_compute = any(
-        nodes[i].kind in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
+        kinds[i] in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
         for sid in stream_ids if not prog.host_stream[dense[sid]] for i in by_stream[sid]
     )
     prog.cpu_only = not has_launch and not device_compute
-    prog.measured_origin = min((n.start_ns for n in nodes), default=0)
-    prog.measured_end = max((n.start_ns + n.duration_ns for n in nodes), default=0)
-    timed = any(n.start_ns for n in nodes)
+    prog.measured_origin = min(starts, default=0)
+    prog.measured_end = max((a + b for a, b in zip(starts, durs, strict=True)), default=0)
+    timed = any(starts)
 
     n_nodes = len(nodes)
     prog.node_start_item = [-1] * n_nodes
@@ -203,26 +204,28 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
         item_mend.append(mend)
         return it
 
-    stream_first_item: list[int] = []
+    control = pb.DEP_CONTROL
     for sid in stream_ids:
         k = dense[sid]
         members = by_stream[sid]
-        first = prog.n_items
         if prog.host_stream[k]:
             _compile_host_thread(prog, nodes, index, members, k, new_item, start_deps, end_deps, graph)
-        else:
-            for i in members:
-                n = nodes[i]
-                cat = _DEVICE_CAT.get(n.kind, CAT_OTHER)
-                it = new_item(k, cat, i, n.start_ns, n.start_ns + n.duration_ns, n.duration_ns)
-                prog.node_start_item[i] = it
-                prog.node_end_item[i] = it
-                if n.deps:
-                    start_deps[it] = [(index[d.id], d.kind) for d in n.deps
-                                      if d.kind != pb.DEP_CONTROL and d.id in index]
-                if cat in RENDEZVOUS_CATS:
-                    prog.rendezvous[it] = _rendezvous(graph, n)
-        stream_first_item.append(first)
+            continue
+        n_start, n_end = prog.node_start_item, prog.node_end_item
+        for i in members:
+            kind = kinds[i]
+            cat = _DEVICE_CAT.get(kind, CAT_OTHER)
+            it = new_item(k, cat, i, starts[i], starts[i] + durs[i], durs[i])
+            n_start[i] = it
+            n_end[i] = it
+            deps = nodes[i].deps
+            if deps:
+                # A device node nested in an operator (DEP_CONTROL) was issued by it: like a
+                # launch, it cannot start before that operator starts.
+                start_deps[it] = [(index[d.id], pb.DEP_LAUNCH if d.kind == control else d.kind)
+                                  for d in deps if d.id in index]
+            if cat in RENDEZVOUS_CATS:
+                prog.rendezvous[it] = _rendezvous(graph, nodes[i])
 
     # Stream predecessors.
     prog.prev = [-1] * prog.n_items

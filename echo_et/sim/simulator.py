@@ -114,12 +114,32 @@ class CommCall:
         return [st.prog.measured_dur[it] for st, it, _ in self._parts]
 
     def shortest_measured_ns(self) -> int:
-        """The shortest participant kernel: the own time of the collective in replay."""
+        """The shortest participant kernel: the last member to arrive waited least."""
         parts = self._parts
         st0, it0, _ = parts[0]
         if all(st.prog is st0.prog and it == it0 for st, it, _ in parts):
             return st0.prog.measured_dur[it0]
         return min(self.measured_ns)
+
+    def measured_tails_ns(self) -> int | list[int]:
+        """Replay time of each participant after the last one arrived, as measured: its
+        kernel end minus the start of the latest-starting member's kernel (job clock).
+        Gloo (and a busy CPU) does not end a collective on every rank at once; NCCL
+        kernels end within microseconds of each other. When the clocks of the ranks
+        disagree (a tail below 0 or above the member's own kernel), all get the shortest
+        kernel instead."""
+        parts = self._parts
+        st0, it0, _ = parts[0]
+        if len(parts) == 1 or all(st.prog is st0.prog and it == it0 and st.clock == st0.clock
+                                  for st, it, _ in parts):
+            return st0.prog.measured_dur[it0]
+        durs = [st.prog.measured_dur[it] for st, it, _ in parts]
+        starts = [st.prog.measured_start[it] + st.clock for st, it, _ in parts]
+        last = max(starts)
+        tails = [s + d - last for s, d in zip(starts, durs, strict=True)]
+        if all(0 <= t <= d for t, d in zip(tails, durs, strict=True)):
+            return tails
+        return min(durs)
 
     @property
     def ranks(self) -> list[int]:
@@ -135,10 +155,11 @@ class _Rank:
     """Simulation state of one simulated (representative) rank."""
 
     __slots__ = ("rank", "cls", "prog", "graph", "dur", "cnt", "start", "end", "arrive", "origin",
-                 "stack", "queued", "done", "mkey", "mexp", "keygroup", "pos", "dkey", "met")
+                 "stack", "queued", "done", "mkey", "mexp", "keygroup", "pos", "dkey", "met", "clock")
 
-    def __init__(self, rank: int, cls: int, prog: Program, graph, origin: int):
+    def __init__(self, rank: int, cls: int, prog: Program, graph, origin: int, clock: int = 0):
         self.rank = rank
+        self.clock = clock  # the rank's clock offset: measured time + clock = job clock
         self.cls = cls
         self.prog = prog
         self.graph = graph
@@ -216,13 +237,15 @@ class Simulator:
     def comm_unknown(self, node: pb.Node | None, measured_ns: int, rank: int) -> int:
         return measured_ns
 
-    def collective(self, call: CommCall) -> int:
-        # Every member's kernel ends when the collective ends; the last to arrive waited
-        # least, so its (the shortest) kernel is the collective's own time.
-        return call.shortest_measured_ns()
+    def collective(self, call: CommCall) -> int | list[int]:
+        """Own time of a collective once every member arrived: one value for all members,
+        or one per member (in ``call.ranks`` order). Replay keeps each member's measured
+        time after the last member arrived, so the waits are re-created, never counted
+        twice."""
+        return call.measured_tails_ns()
 
-    def p2p(self, call: CommCall) -> int:
-        return call.shortest_measured_ns()
+    def p2p(self, call: CommCall) -> int | list[int]:
+        return call.measured_tails_ns()
 
     def slowdown(self, node: pb.Node, duration_ns: int, overlap_ratio: float, rank: int) -> float:
         """Factor on a compute kernel's duration when ``overlap_ratio`` of it overlaps
@@ -301,7 +324,7 @@ class Simulator:
         for c, r in enumerate(part.reps):
             b = job.binding(r)
             prog = self._programs[b.graph]
-            st = _Rank(r, c, prog, job.graph(b.graph), self._origin[r])
+            st = _Rank(r, c, prog, job.graph(b.graph), self._origin[r], int(b.clock_offset_ns))
             st.dkey = (b.graph, self.symmetry_key(r))
             gclass: dict[str, int] = {}
             for key, gid in b.groups.items():
@@ -453,9 +476,15 @@ class Simulator:
                 own = self.p2p(call)
         except EchoError as e:
             raise EchoError(f"while simulating rank {st0.rank} {st0.describe(it0)}: {e}") from None
-        e = tmax + max(0, int(own))
+        if isinstance(own, list | tuple):
+            if len(own) != len(parts):
+                raise EchoError(f"while simulating rank {st0.rank} {st0.describe(it0)}: {len(own)} times for "
+                                f"{len(parts)} participants")
+            ends = [tmax + max(0, int(x)) for x in own]
+        else:
+            ends = [tmax + max(0, int(own))] * len(parts)
         active = self._active
-        for st, it, _ in parts:
+        for (st, it, _), e in zip(parts, ends, strict=True):
             st.start[it] = tmax
             st.end[it] = e
             st.met[it] = parts

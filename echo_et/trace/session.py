@@ -35,6 +35,8 @@ from echo_et.trace.records import CommRecord
 from echo_et.trace.splice import splice
 
 KeyFn = Callable[[int, CommRecord], str]
+_PARTIAL_JOB_REASONS = frozenset({"ranks_not_traced", "untraced_ranks_copied",
+                                  "partial_job_group_split"})
 
 
 class TraceOutOfMemory(EchoError):
@@ -164,15 +166,18 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
             peak = torch.cuda.max_memory_allocated(dev) - base
         records = list(RECORDER.records)
         keys = [key_of(rank, r) for r in records]
+        # The file is one rank of an N-rank world: the reader makes a partial Job of it,
+        # whose rank bookkeeping does not concern the one graph taken from it.
         src = next(job.graphs())
-        b = job.manifest.bindings[0]
         dropped = Counter({k: v for k, v in job.manifest.dropped.items()
-                           if k != "ranks_not_traced"})
+                           if k not in _PARTIAL_JOB_REASONS})
+        step_ns = (max(n.start_ns + n.duration_ns for n in src.nodes)
+                   - min(n.start_ns for n in src.nodes)) if src.nodes else 0
         res = splice(src, records, keys, graph_id=f"rank{rank}", device=device,
                      where=where(layout, rank))
         dropped.update(res.dropped)
         return RankRun(rank=rank, graph=res.graph, records=records, peak_memory_bytes=int(peak),
-                       measured_step_ns=int(b.measured_step_ns),
+                       measured_step_ns=int(step_ns),
                        wall_s=time.perf_counter() - t0, dropped=dropped)
     finally:
         RECORDER.enabled = False

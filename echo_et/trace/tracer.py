@@ -24,6 +24,7 @@ keeps the timings of its lowest traced rank.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections import Counter
@@ -151,7 +152,13 @@ class _Tracer:
 
     def trace(self) -> TraceResult:
         t0 = time.perf_counter()
-        self.resolve(list(range(self.layout.world_size)), 0)
+        # What was imported so far lives for the whole process: freezing it keeps the
+        # collections that free each rank's model from walking torch's import heap.
+        gc.freeze()
+        try:
+            self.resolve(list(range(self.layout.world_size)), 0)
+        finally:
+            gc.unfreeze()
         job = self.assemble()
         issues = check_job(job)
         if issues:

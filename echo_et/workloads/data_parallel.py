@@ -23,6 +23,11 @@ from torch import nn
 from echo_et.workloads.markers import comm_span
 
 
+# torch 2.13 renamed the tensor forms; older releases only have the old names.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 class _Bucket:
     def __init__(self, params: list[nn.Parameter], dp: int, device, dtype):
         self.params = params
@@ -91,8 +96,7 @@ class GradientSync:
         if b.pending == 0 and self.dp > 1:
             with comm_span(self.group):
                 if self.zero:
-                    b.work = dist.reduce_scatter_tensor(b.grad_shard, b.grad, group=self.group,
-                                                        async_op=True)
+                    b.work = _reduce_scatter(b.grad_shard, b.grad, group=self.group, async_op=True)
                 else:
                     b.work = dist.all_reduce(b.grad, group=self.group, async_op=True)
 
@@ -123,6 +127,6 @@ class GradientSync:
                 k = b.padded // self.dp
                 shard = b.param_flat[self.rank * k:(self.rank + 1) * k]
                 with comm_span(self.group):
-                    dist.all_gather_into_tensor(b.param_flat, shard, group=self.group)
+                    _all_gather(b.param_flat, shard, group=self.group)
         for b in self.buckets:
             b.grad.zero_()

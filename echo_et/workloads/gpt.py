@@ -103,7 +103,7 @@ class _GPTRank:
         self.sync = GradientSync(
             list(self.model.parameters()), dp_group, zero=layout.zero,
             bucket_bytes=int(cfg.bucket_mb * 1024 * 1024),
-            optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-4, foreach=False),
+            optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-4),
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),

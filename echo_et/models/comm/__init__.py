@@ -136,8 +136,8 @@ class CommModel:
         key = (coll, nbytes, pl)
         got = self._cache.get(key)
         if got is None:
-            t, picks = nccl.choose(self.profile.params, coll, np.array([float(nbytes)]), pl)
-            got = Estimate(_ns(t[0]), *picks[0])
+            t, picks = nccl.choose(self.profile.params, coll, np.float64(nbytes), pl)
+            got = Estimate(_ns(t), *picks[0])
             self._cache[key] = got
         return got
 
@@ -150,12 +150,12 @@ class CommModel:
         if nbytes == 0:
             return Estimate(0, "none", "none")
         P = self.profile.params
-        S = np.array([float(nbytes)])
+        S = np.float64(nbytes)
         if src == dst:
             return Estimate(_ns(P["local_setup_us"] + nbytes / P["local_copy_gbps"] * 1e-3), "local", "Simple")
         costs = nccl.p2p_costs(P, S, src // gpn == dst // gpn)
-        (algo, proto), t = min(costs.items(), key=lambda kv: float(kv[1][0]))
-        return Estimate(_ns(t[0]), algo, proto)
+        (algo, proto), t = min(costs.items(), key=lambda kv: float(kv[1]))
+        return Estimate(_ns(t), algo, proto)
 
     def estimate_sizes(self, coll: str, sizes: Sequence[int], pl: Placement
                        ) -> tuple[np.ndarray, list[tuple[str, str]]]:

@@ -55,6 +55,15 @@ _US = 1e-3  # bytes / (GB/s) -> us: 1 GB/s moves 1e3 bytes per us
 Costs = dict[tuple[str, str], np.ndarray]
 
 
+def _vmin(a, b):
+    """Element-wise min; builtin on scalars (estimate() prices one size at a time)."""
+    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
+
+
+def _vmax(a, b):
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
 def nccl_bytes(coll: str, nbytes: np.ndarray, ranks: int) -> np.ndarray:
     """The buffer size NCCL sizes its channels by: the total output for all-gather (IR bytes
     are the shard), the IR bytes otherwise."""
@@ -62,7 +71,7 @@ def nccl_bytes(coll: str, nbytes: np.ndarray, ranks: int) -> np.ndarray:
 
 
 def _ramp(P: Mapping[str, float], size: np.ndarray, proto: str) -> np.ndarray:
-    return np.minimum(1.0, 1.0 / P["channels"] + size / P[f"ramp_bytes.{proto}"])
+    return _vmin(1.0, 1.0 / P["channels"] + size / P[f"ramp_bytes.{proto}"])
 
 
 def _lat(P: Mapping[str, float], proto: str, intra_hops: float, net_hops: float) -> float:
@@ -93,12 +102,12 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
     e = PROTOCOL_PAYLOAD[proto]
     t = bus / (P["nvlink_gbps"] * e * r)
     if m > 1:
-        t = np.maximum(t, bus / (k * P["net_gbps"] * e * r))
+        t = _vmax(t, bus / (k * P["net_gbps"] * e * r))
     if proto != "Simple":
-        t = np.maximum(t, bus / (P[f"cap_gbps.{proto}"] * r))
+        t = _vmax(t, bus / (P[f"cap_gbps.{proto}"] * r))
     if coll in ("broadcast", "reduce") and proto != "LL" and steps > 1:
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
-        t = t + (steps - 1) * np.minimum(S, P["tree_chunk_bytes"]) / (link * e) * _US
+        t = t + (steps - 1) * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
     return _lat(P, proto, steps - net_steps, net_steps) + t + reduced / P["reduce_gbps"] * _US
 
 
@@ -111,11 +120,11 @@ def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.nd
     t_nvl = 2 * S / (P["nvlink_gbps"] * e * r)
     t_net = net_share * S / (k * P["net_gbps"] * e * P["tree_net_eff"] * r)
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
-    t = np.maximum(np.maximum(t_nvl, t_net), 2 * S / (cap * r))
+    t = _vmax(_vmax(t_nvl, t_net), 2 * S / (cap * r))
     if proto != "LL":
         hops = 2 * (k - 1 + levels) - 1
         link = min(P["nvlink_gbps"], k * P["net_gbps"])
-        t = t + hops * np.minimum(S, P["tree_chunk_bytes"]) / (link * e) * _US
+        t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
     return _lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
 
 
@@ -138,7 +147,7 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.n
     e = PROTOCOL_PAYLOAD[proto]
     t = intra / (P["nvlink_gbps"] * e * r)
     if pl.multi_node:
-        t = np.maximum(t, inter / (P["net_gbps"] * e * r))
+        t = _vmax(t, inter / (P["net_gbps"] * e * r))
     return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t
 
 
@@ -153,13 +162,10 @@ def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool) -> Costs:
     return out
 
 
-def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement,
-                    *, belief: bool = False) -> Costs:
-    """Time (us) of every (algorithm, protocol) NCCL could run for ``coll`` on ``pl``.
-
-    ``belief=True`` gives the costs as NCCL's selection sees them (see the module doc)."""
+def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement) -> Costs:
+    """Time (us) of every (algorithm, protocol) NCCL could run for ``coll`` on ``pl``."""
     if coll == "barrier":
-        coll, S = "all_reduce", np.full_like(S, float(_BARRIER_BYTES))
+        coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
     if pl.ranks == 1:
         return {("local", "Simple"): P["local_setup_us"] + S / P["local_copy_gbps"] * _US}
     out: Costs = {}
@@ -172,7 +178,7 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
     if coll == "all_reduce":
         if pl.multi_node:
             for proto in PROTOCOLS:
-                out[("tree", proto)] = _tree(P, S, pl, proto, belief=belief)
+                out[("tree", proto)] = _tree(P, S, pl, proto, belief=False)
         elif P["nvls_gbps"] > 0 and pl.ranks > 2:
             out[("nvls", "Simple")] = _nvls(P, S, pl)
     return out
@@ -184,9 +190,20 @@ def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement
     if coll not in COLLECTIVES or coll in ("send", "recv"):
         raise EchoError(f"unknown collective {coll!r}")
     S = np.asarray(S, dtype=float)
+    if S.ndim == 0:
+        S = S[()]  # a numpy scalar: the cost functions then run on plain floats
+    if coll == "barrier":
+        coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
     perf = candidate_costs(P, coll, S, pl)
-    seen = candidate_costs(P, coll, S, pl, belief=True) if "tree" in {a for a, _ in perf} else perf
+    seen = perf
+    if ("tree", "LL") in perf:  # NCCL's view differs from the performance model for the tree only
+        seen = dict(perf)
+        for proto in PROTOCOLS:
+            seen[("tree", proto)] = _tree(P, S, pl, proto, belief=True)
     keys = list(perf)
+    if np.ndim(S) == 0:  # one size: plain comparisons are much cheaper than stacking arrays
+        best = min(keys, key=lambda key: float(seen[key]))
+        return np.asarray(perf[best], dtype=float), [best]
     pick = np.stack([np.broadcast_to(seen[key], S.shape) for key in keys]).argmin(axis=0)
     times = np.stack([np.broadcast_to(perf[key], S.shape) for key in keys])
     chosen = np.take_along_axis(times, pick[None, ...], axis=0)[0]

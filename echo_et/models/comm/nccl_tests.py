@@ -153,6 +153,10 @@ def parse_text(text: str, name: str, sha256: str = "", collective: str | None = 
                 raise EchoError(f"{where}: the table has no {col!r} column")
         if not r.rows:
             raise EchoError(f"{where}: the table has no rows")
+        if r.hosts and len(r.hosts) != max(r.hosts) + 1:
+            missing = sorted(set(range(max(r.hosts) + 1)) - set(r.hosts))
+            raise EchoError(f"{where}: no device line for rank(s) {missing[:5]}, so the group size "
+                            "is unknown")
         r.collective = collective or _infer_collective(r, where)
     return runs
 

@@ -1,0 +1,193 @@
+"""scale on Jobs from the ex-situ tracer (a GPT at TP2 x PP2 x DP2): 8 -> 1,024 ranks,
+pipeline re-staging, ASTRA-sim export, and scaling == tracing at the target layout."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import pytest
+
+from conftest import FIXTURES
+from echo_et.errors import EchoError
+from echo_et.ir import check_job, load_job, save_job
+from echo_et.ir.schema import pb
+from echo_et.passes import infer_layout, scale
+from echo_et.passes.inject import _grad_bytes
+from echo_et.passes.pipeline import schedule
+
+GPT = {"layers": 4, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2}
+MICRO = 4
+
+
+def _fixture_job(dp: int, tp: int, pp: int):
+    """A committed traced Job of this layout and GPT shape under fixtures/jobs, if any."""
+    root = FIXTURES / "jobs"
+    if not root.is_dir():
+        return None
+    for d in sorted(p for p in root.iterdir() if (p / "manifest.pb").is_file()):
+        job = load_job(d)
+        lay, attrs = job.manifest.layout, job.manifest.attrs
+        work = json.loads(attrs.get("trace.workload", "{}") or "{}")
+        if ((lay.dp, lay.tp, lay.pp, lay.microbatches) == (dp, tp, pp, MICRO) and not lay.zero_stage
+                and all(work.get(k) == v for k, v in GPT.items())):
+            return job
+    return None
+
+
+@pytest.fixture(scope="session")
+def traced(tmp_path_factory):
+    """Traced GPT Jobs by (dp, tp, pp): from fixtures/jobs when one matches, else traced here
+    on CPU (a few traced ranks each: the tracer shares graphs across replicas)."""
+    cache: dict[tuple[int, int, int], object] = {}
+
+    def get(dp: int, tp: int, pp: int):
+        key = (dp, tp, pp)
+        if key not in cache:
+            job = _fixture_job(dp, tp, pp)
+            if job is None:
+                pytest.importorskip("torch")
+                from echo_et.trace.layout import ParallelLayout
+                from echo_et.trace.tracer import trace
+                from echo_et.workloads import GPTConfig, build_gpt
+
+                cfg = GPTConfig(**GPT)
+                res = trace(build_gpt(cfg), ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=MICRO),
+                            workload_attrs=cfg.to_json())
+                job = load_job(save_job(res.job, tmp_path_factory.mktemp("traced") / f"dp{dp}tp{tp}pp{pp}"))
+            cache[key] = job
+        return cache[key]
+
+    return get
+
+
+def comm_sequence(job, rank: int) -> list[tuple]:
+    """Every collective and P2P of ``rank`` in program order, with concrete group members."""
+    out = []
+    for n in job.graph_of(rank).nodes:
+        if n.kind == pb.KIND_COLLECTIVE:
+            c = n.collective
+            out.append(("coll", c.type, c.group, tuple(job.resolve_group(rank, c.group).ranks),
+                        c.in_bytes, c.out_bytes))
+        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV):
+            p = n.p2p
+            out.append(("p2p", n.kind, p.group, job.resolve_group(rank, p.group).ranks[p.peer], p.bytes))
+    return out
+
+
+def test_traced_gpt_to_1024_ranks_checks_and_simulates(traced) -> None:
+    from echo_et.models.comm import CommModel
+    from echo_et.sim import simulate
+
+    job = traced(2, 2, 2)
+    assert infer_layout(job).source == "manifest:traced"
+    out, report = scale(job, dp=128, pp=4, microbatches=8, gpus_per_node=8)
+    assert check_job(out) == []
+    assert out.world_size == 1024
+    lay = out.manifest.layout
+    assert (lay.dp, lay.tp, lay.pp, lay.microbatches) == (128, 2, 4, 8)
+    assert report.graphs <= 2 * 4  # at most one per (tp, pp): dp replicas share
+    res = simulate(out, "predict", comm_model=CommModel.preset("a100-ib"))
+    assert len(res.ranks) == 1024 and res.step_time_ns > 0
+
+
+def test_scaled_64_rank_job_exports_to_astra_sim(traced, tmp_path) -> None:
+    from echo_et.converters.astra_sim import check_export, export
+
+    out, _ = scale(traced(2, 2, 2), dp=8, pp=4, microbatches=8, gpus_per_node=8)
+    assert out.world_size == 64 and check_job(out) == []
+    res = export(out, tmp_path / "astra")
+    assert res["ranks"] == 64
+    assert check_export(tmp_path / "astra") == []
+
+
+def test_scaling_dp2_to_dp8_equals_tracing_at_dp8(traced) -> None:
+    """Same collective and P2P sequence on every rank (type, group members, bytes); same
+    program structure; the same step time once measurement noise is taken out."""
+    from echo_et.models.comm import CommModel
+    from echo_et.sim import simulate
+
+    small, direct = traced(2, 2, 2), traced(8, 2, 2)
+    scaled, _ = scale(small, dp=8)
+    assert check_job(scaled) == []
+    assert scaled.world_size == direct.world_size == 32
+    for r in range(32):
+        assert comm_sequence(scaled, r) == comm_sequence(direct, r), r
+        a, b = scaled.graph_of(r), direct.graph_of(r)
+        assert [(n.kind, n.name) for n in a.nodes] == [(n.kind, n.name) for n in b.nodes]
+    # The raw step times of the two Jobs differ by the timing noise of two CPU traces of the
+    # same program (docs/scaling.md reports it); with the direct trace's measured times put
+    # into the scaled Job, nothing else differs.
+    model = CommModel.preset("a100-ib")
+    t_direct = simulate(direct, "predict", comm_model=model).step_time_ns
+    same = scaled.copy()
+    for gid in same.graph_ids():
+        g = same.graph(gid)
+        rank = next(b.rank for b in same.manifest.bindings if b.graph == gid)
+        for n, m in zip(g.nodes, direct.graph_of(rank).nodes, strict=True):
+            n.start_ns, n.duration_ns = m.start_ns, m.duration_ns
+    for b in same.manifest.bindings:
+        b.clock_offset_ns = direct.binding(b.rank).clock_offset_ns
+    t_same = simulate(same, "predict", comm_model=model).step_time_ns
+    assert abs(t_same - t_direct) <= 0.005 * t_direct, (t_same, t_direct)
+
+
+def _layer_units(graph) -> dict[tuple[str, int, int], int]:
+    """Node count per (phase, micro-batch, layer)."""
+    c: Counter = Counter()
+    for n in graph.nodes:
+        a = n.annotations
+        if a.phase in ("forward", "backward") and a.HasField("layer"):
+            c[(a.phase, a.microbatch, a.layer)] += 1
+    return c
+
+
+def test_restage_pp2_to_pp4_keeps_per_layer_work_and_regenerates_1f1b(traced) -> None:
+    job = traced(2, 2, 2)
+    out, report = scale(job, pp=4, microbatches=6)
+    assert check_job(out) == []
+    info = report.pipeline
+    assert info["layers_per_stage"] == [1, 1, 1, 1]
+    old_units = {}
+    old_grads: dict[int, int] = defaultdict(int)
+    for gid in job.graph_ids():
+        for (phase, _mb, layer), k in _layer_units(job.graph(gid)).items():
+            old_units.setdefault((phase, layer), set()).add(k)
+        for n in job.graph(gid).nodes:
+            if n.name == "torch::autograd::AccumulateGrad" and n.annotations.HasField("layer") \
+                    and n.annotations.microbatch == 0:
+                old_grads[n.annotations.layer] += _grad_bytes(n)[0]
+    new_mesh_rank = {s: s * 4 for s in range(4)}   # tp 0, dp 0 of stage s (rank order tp-dp-pp)
+    for s, rank in new_mesh_rank.items():
+        g = out.graph_of(rank)
+        units = _layer_units(g)
+        # Stage s runs layer s, for each of the 6 micro-batches, forward and backward, with
+        # the node count of one traced micro-batch of that layer.
+        assert {k[2] for k in units} == {s}
+        assert {k[1] for k in units} == set(range(6))
+        for (phase, _mb, layer), k in units.items():
+            assert k in old_units[(phase, layer)]
+        # Send/recv exactly as the 1F1B schedule posts them.
+        ops = [(n.kind == pb.KIND_SEND, out.resolve_group(rank, n.p2p.group).ranks[n.p2p.peer])
+               for n in g.nodes if n.kind in (pb.KIND_SEND, pb.KIND_RECV)]
+        want = [(is_send, (s + off) * 4) for it in schedule(s, 4, 6) if it[0] == "P2P"
+                for is_send, off in it[1]]
+        assert ops == want
+        # The data-parallel gradient bytes of the stage are its layer's parameter bytes
+        # (plus embedding / head on the first / last stage).
+        dp_bytes = sum(n.collective.in_bytes for n in g.nodes
+                       if n.kind == pb.KIND_COLLECTIVE and n.collective.group == "dp")
+        if 0 < s < 3:
+            assert dp_bytes == old_grads[s]
+        else:
+            assert dp_bytes > old_grads[s]
+
+
+def test_pipeline_restage_needs_annotations() -> None:
+    from test_passes_scale import make_3d_job
+
+    job, _ = make_3d_job(2, 2, 2)
+    for n in job.graph("t0p0").nodes:
+        n.annotations.Clear()
+    with pytest.raises(EchoError, match="annotat"):
+        scale(job, pp=4)
