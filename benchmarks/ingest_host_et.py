@@ -1,6 +1,7 @@
 """Host execution trace ingest: echo-et vs chakra_converter (mlc-chakra) on the same files.
 
     python benchmarks/ingest_host_et.py [--repeat 3] [--large N] [--markdown]
+    python benchmarks/ingest_host_et.py --link-table
 
 For each host ET (schema >= 1.0.2: chakra_converter refuses 1.0.1) it runs, each in a fresh
 process, and reports the median wall time and the peak RSS of that process:
@@ -105,12 +106,13 @@ def inputs(tmp: Path, large: int) -> list[tuple[str, Path]]:
         with tarfile.open(tgz) as tf:
             tf.extractall(tmp, filter="data")
         out.append(("chakra 1.0.2 test trace", tmp / "1.0.2-chakra.0.0.4.json"))
-    resnet = SHARED / "param" / "et_replay" / "tests" / "inputs" / "1.1.0-chakra.0.0.4" / "resnet_2gpu_et.json.gz"
+    resnet = SHARED / "param/et_replay/tests/inputs/1.1.0-chakra.0.0.4/resnet_2gpu_et.json.gz"
     if resnet.exists():
         out.append(("param resnet_2gpu_et (1.1.0)", resnet))
-    out.append(("fixture cpu_single (1.1.1)", REPO / "fixtures" / "traces" / "cpu_single" / "rank0.et.json.gz"))
+    out.append(("fixture cpu_single (1.1.1)", REPO / "fixtures/traces/cpu_single/rank0.et.json.gz"))
     if large:
-        out.append((f"transformer x{large} steps (1.1.1)", make_large(tmp / "large_et.json", large)))
+        big = make_large(tmp / "large_et.json", large)
+        out.append((f"transformer x{large} steps (1.1.1)", big))
     return out
 
 
@@ -123,13 +125,53 @@ def plain_copy(path: Path, tmp: Path) -> Path:
     return dest
 
 
+def link_table(tmp: Path) -> None:
+    """How each real Kineto + host ET pair links (method and counts), as a Markdown table."""
+    from echo_et.converters import ReadOptions, read
+
+    inp = SHARED / "param" / "et_replay" / "tests" / "inputs"
+    hta = SHARED / "HolisticTraceAnalysis" / "tests" / "data" / "execution_trace"
+    fx = REPO / "fixtures" / "traces"
+    pairs: list[tuple[str, list[Path], list[Path]]] = [
+        ("HTA benchmark_simple_add (1.0.1)", [hta / "benchmark_simple_add_trace.json.gz"],
+         [hta / "benchmark_simple_add_et.json.gz"]),
+        ("param linear (1.0.1)", [inp / "linear_kineto.json.gz"], [inp / "linear_et.json.gz"]),
+    ]
+    if (inp / "dlrm_kineto.tar.gz").exists():
+        for name in ("dlrm_kineto.tar.gz", "dlrm_pytorch_et.tar.gz"):
+            with tarfile.open(inp / name) as tf:
+                tf.extractall(tmp, filter="data")
+        pairs.append(("param DLRM, 8 ranks (1.0.1)", sorted((tmp / "dlrm_kineto").glob("*.json")),
+                      [tmp / "dlrm_pytorch_et"]))
+    for name, label in (("cpu_single", "fixture cpu_single (1.1.1)"),
+                        ("ddp_gloo4", "fixture ddp_gloo4, 4 ranks (1.1.1)"),
+                        ("fake_pg64", "fixture fake_pg64 (1.1.1)")):
+        pairs.append((label, sorted((fx / name).glob("*.kineto.json.gz")), [fx / name]))
+    print("| pair | method (per rank) | linked | Kineto CPU ops unlinked | host ops unlinked |")
+    print("|---|---|---|---|---|")
+    for label, kineto, host in pairs:
+        if not all(p.exists() for p in kineto + host):
+            continue
+        m = read(kineto, "kineto", ReadOptions(host_et=host)).manifest
+        methods = sorted({v.split(":", 1)[1] for v in m.attrs["host_et_link_method"].split(",")})
+        print(f"| {label} | {', '.join(methods)} | {m.attrs['host_et_linked']} | "
+              f"{m.dropped.get('host_et_unlinked_cpu_ops', 0)} | "
+              f"{m.dropped.get('host_et_unlinked_et_ops', 0)} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--large", type=int, default=0, metavar="STEPS",
                     help="also profile a transformer for STEPS steps (needs torch)")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--link-table", action="store_true",
+                    help="print how the real Kineto + host ET pairs link, and exit")
     args = ap.parse_args(argv)
+    if args.link_table:
+        with tempfile.TemporaryDirectory(prefix="bench_host_et.") as t:
+            link_table(Path(t))
+        return
     echo = [sys.executable, "-m", "echo_et.cli.main"]
     chakra = shutil.which("chakra_converter")
     rows = []
@@ -164,9 +206,10 @@ def main(argv: list[str] | None = None) -> None:
         for lb, n, mb, tool, w, r, rc in rows:
             print(f"| {lb} | {n} | {mb:.1f} | {tool} | {w:.2f} | {r:.0f} | {rc} |")
     else:
-        print(f"{head[0]:34} {head[1]:>9} {head[2]:>8}  {head[3]:18} {head[4]:>15} {head[5]:>12} {head[6]:>4}")
+        print(f"{head[0]:34} {head[1]:>9} {head[2]:>8}  {head[3]:22} {head[4]:>15} "
+              f"{head[5]:>12} {head[6]:>4}")
         for lb, n, mb, tool, w, r, rc in rows:
-            print(f"{lb:34} {n:>9} {mb:>8.1f}  {tool:18} {w:>15.2f} {r:>12.0f} {rc:>4}")
+            print(f"{lb:34} {n:>9} {mb:>8.1f}  {tool:22} {w:>15.2f} {r:>12.0f} {rc:>4}")
 
 
 if __name__ == "__main__":

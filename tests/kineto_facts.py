@@ -17,11 +17,22 @@ CPU_CATS = ("cpu_op", "user_annotation", "python_function")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def load(path: Path, *, exact: bool = False) -> dict:
-    """The JSON document; with ``exact`` floats are Decimals (no rounding)."""
-    opener = gzip.open if Path(path).read_bytes()[:2] == b"\x1f\x8b" else open
-    with opener(path, "rt") as f:
-        return json.load(f, parse_float=Decimal) if exact else json.load(f)
+_LOADED: dict[tuple[str, bool], dict] = {}
+
+
+def load(path: Path, *, exact: bool = False, fresh: bool = False) -> dict:
+    """The JSON document (shared between tests: do not modify it unless ``fresh``); with
+    ``exact`` floats are Decimals (no rounding)."""
+    key = (str(path), exact)
+    if not fresh and key in _LOADED:
+        return _LOADED[key]
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rt") if gz else open(path)) as f:
+        doc = json.load(f, parse_float=Decimal) if exact else json.load(f)
+    if not fresh:
+        _LOADED[key] = doc
+    return doc
 
 
 def events(doc: dict) -> list[dict]:

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
 
+from conftest import FIXTURES
 from echo_et.converters import ReadOptions, read
 from echo_et.converters import pytorch_et as et
 from echo_et.ir import check_job, pb
@@ -92,7 +92,8 @@ def test_cpu_single():
     assert sorted(step_durations_ns(kin)) == info["profiled_steps"]
     job = kineto("cpu_single")
     assert check_job(job) == [] and job.world_size == 1 and job.manifest.step == last
-    assert job.manifest.bindings[0].measured_step_ns == pytest.approx(step_durations_ns(kin)[last], abs=1)
+    measured = job.manifest.bindings[0].measured_step_ns
+    assert measured == pytest.approx(step_durations_ns(kin)[last], abs=1)
     hjob = host("cpu_single")
     assert check_job(hjob) == [] and hjob.manifest.step == last
     names = [n.name for n in hjob.graph("rank0").nodes]
@@ -115,7 +116,8 @@ def test_ddp_gloo4_all_reduce_buckets_on_every_rank():
     kjob = kineto("ddp_gloo4")
     for r in range(world):
         kin = TRACES / "ddp_gloo4" / f"rank{r}.kineto.json.gz"
-        assert kjob.binding(r).measured_step_ns == pytest.approx(step_durations_ns(kin)[step], abs=1)
+        want = step_durations_ns(kin)[step]
+        assert kjob.binding(r).measured_step_ns == pytest.approx(want, abs=1)
 
 
 def test_fake_pg64_collective_sizes():

@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import shared_path, unpack
 from typer.testing import CliRunner
 
+from conftest import FIXTURES, shared_path, unpack
 from echo_et.cli.main import app
 
 PARAM = "traces/param/et_replay/tests/inputs"
-HTA = "traces/HolisticTraceAnalysis/tests/data"
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +64,10 @@ def test_no_events(tmp_path):
     fails(tmp_path, [p], "no events")
 
 
-def test_world_sizes_disagree(tmp_path, dlrm):
-    other = shared_path(f"{HTA}/nccl_parser_config/nccl_data.json.gz")
-    fails(tmp_path, [dlrm[0], other], "world size")
+def test_world_sizes_disagree(tmp_path):
+    gloo = sorted((FIXTURES / "kineto" / "gloo3").glob("*.json.gz"))
+    fake = sorted((FIXTURES / "kineto" / "fake64").glob("*.json.gz"))
+    fails(tmp_path, [gloo[0], fake[0]], "world size")
 
 
 def test_two_files_one_rank(tmp_path, dlrm):
@@ -105,14 +105,13 @@ def test_rank_beyond_world(tmp_path, dlrm):
 
 
 def test_conflicting_process_groups(tmp_path):
-    path = shared_path(f"{HTA}/nccl_parser_config/nccl_data.json.gz")
-    with gzip.open(path, "rt") as f:
+    gloo = sorted((FIXTURES / "kineto" / "gloo3").glob("*.json.gz"))
+    with gzip.open(gloo[1], "rt") as f:
         doc = json.load(f)
-    doc["distributedInfo"]["rank"] = 1
-    doc["distributedInfo"]["pg_config"][0]["ranks"] = [1, 0]
+    doc["distributedInfo"]["pg_config"][0]["ranks"] = [2, 1, 0]
     other = tmp_path / "rank1.json"
     other.write_text(json.dumps(doc))
-    fails(tmp_path, [path, other], "process group '0'")
+    fails(tmp_path, [gloo[0], other, gloo[2]], "process group '0'")
 
 
 def test_rank_of_unnamed_files_is_asked_for(tmp_path, dlrm):
@@ -123,13 +122,19 @@ def test_rank_of_unnamed_files_is_asked_for(tmp_path, dlrm):
     fails(tmp_path, [a, b], "cannot tell its rank")
 
 
-def test_convert_and_inspect_json(tmp_path, dlrm):
+def test_convert_and_inspect_json(tmp_path):
+    folder = FIXTURES / "kineto" / "gloo3"
     out = tmp_path / "job"
-    res = CliRunner().invoke(app, ["convert", str(dlrm[0].parent), "-o", str(out), "--json"])
+    res = CliRunner().invoke(app, ["convert", str(folder), "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
-    assert summary["world_size"] == 8 and summary["source_format"] == "kineto"
+    assert summary["world_size"] == 3 and summary["source_format"] == "kineto"
     assert summary["dropped"]["outside_step"] > 0
     res = CliRunner().invoke(app, ["inspect", str(out), "--json"])
     assert json.loads(res.stdout)["dropped"] == summary["dropped"]
     assert CliRunner().invoke(app, ["check", str(out)]).exit_code == 0
+    # byte-identical on rerun
+    again = tmp_path / "again"
+    assert CliRunner().invoke(app, ["convert", str(folder), "-o", str(again)]).exit_code == 0
+    for f in sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()):
+        assert (out / f).read_bytes() == (again / f).read_bytes(), f

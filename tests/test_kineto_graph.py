@@ -208,7 +208,7 @@ def test_syncs_from_cuda_sync_events_are_exact(tmp_path):
     assert deps(by_name(g, NCCL_AR), pb.DEP_SYNC) == [memcpy.id]
     assert deps(by_name(g, "cudaStreamSynchronize"), pb.DEP_SYNC) == \
         [by_name(g, "void gemm_kernel<float>(float*)").id]
-    assert job.manifest.dropped["sync_from_cuda_sync_events"] == 2
+    assert not [k for k in job.manifest.dropped if "heuristic" in k or "sync_stream_guessed" in k]
 
 
 def test_steps_choice_and_errors(tmp_path):

@@ -20,7 +20,7 @@ GPT = {"layers": 4, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2}
 MICRO = 4
 
 
-def _fixture_job(dp: int, tp: int, pp: int):
+def _fixture_job(dp: int, tp: int, pp: int, zero: int, micro: int):
     """A committed traced Job of this layout and GPT shape under fixtures/jobs, if any."""
     root = FIXTURES / "jobs"
     if not root.is_dir():
@@ -29,7 +29,7 @@ def _fixture_job(dp: int, tp: int, pp: int):
         job = load_job(d)
         lay, attrs = job.manifest.layout, job.manifest.attrs
         work = json.loads(attrs.get("trace.workload", "{}") or "{}")
-        if ((lay.dp, lay.tp, lay.pp, lay.microbatches) == (dp, tp, pp, MICRO) and not lay.zero_stage
+        if ((lay.dp, lay.tp, lay.pp, lay.microbatches, lay.zero_stage) == (dp, tp, pp, micro, zero)
                 and all(work.get(k) == v for k, v in GPT.items())):
             return job
     return None
@@ -37,14 +37,15 @@ def _fixture_job(dp: int, tp: int, pp: int):
 
 @pytest.fixture(scope="session")
 def traced(tmp_path_factory):
-    """Traced GPT Jobs by (dp, tp, pp): from fixtures/jobs when one matches, else traced here
-    on CPU (a few traced ranks each: the tracer shares graphs across replicas)."""
-    cache: dict[tuple[int, int, int], object] = {}
+    """Traced GPT Jobs by layout: from fixtures/jobs when one matches, else traced here on
+    CPU (a few traced ranks each: the tracer shares graphs across replicas)."""
+    cache: dict[tuple[int, ...], object] = {}
 
-    def get(dp: int, tp: int, pp: int):
-        key = (dp, tp, pp)
+    def get(dp: int, tp: int, pp: int, zero: int = 0):
+        micro = MICRO if pp > 1 else 1
+        key = (dp, tp, pp, zero, micro)
         if key not in cache:
-            job = _fixture_job(dp, tp, pp)
+            job = _fixture_job(*key)
             if job is None:
                 pytest.importorskip("torch")
                 from echo_et.trace.layout import ParallelLayout
@@ -52,9 +53,11 @@ def traced(tmp_path_factory):
                 from echo_et.workloads import GPTConfig, build_gpt
 
                 cfg = GPTConfig(**GPT)
-                res = trace(build_gpt(cfg), ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=MICRO),
+                res = trace(build_gpt(cfg), ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=micro,
+                                                           zero=zero),
                             workload_attrs=cfg.to_json())
-                job = load_job(save_job(res.job, tmp_path_factory.mktemp("traced") / f"dp{dp}tp{tp}pp{pp}"))
+                dest = tmp_path_factory.mktemp("traced") / f"dp{dp}tp{tp}pp{pp}z{zero}"
+                job = load_job(save_job(res.job, dest))
             cache[key] = job
         return cache[key]
 
@@ -130,6 +133,21 @@ def test_scaling_dp2_to_dp8_equals_tracing_at_dp8(traced) -> None:
         b.clock_offset_ns = direct.binding(b.rank).clock_offset_ns
     t_same = simulate(same, "predict", comm_model=model).step_time_ns
     assert abs(t_same - t_direct) <= 0.005 * t_direct, (t_same, t_direct)
+
+
+def test_scaling_zero1_dp2_to_dp8_equals_tracing_at_dp8(traced) -> None:
+    """ZeRO-1 shards: the reduce-scatter / all-gather sizes the scale pass derives are those
+    the workload issues when traced at dp 8 (flat buffer padded to a multiple of dp)."""
+    small, direct = traced(2, 1, 1, zero=1), traced(8, 1, 1, zero=1)
+    scaled, report = scale(small, dp=8)
+    assert check_job(scaled) == []
+    assert scaled.manifest.layout.zero_stage == 1 and report.resized_collectives > 0
+    for r in range(8):
+        assert comm_sequence(scaled, r) == comm_sequence(direct, r), r
+    kinds = {c[1] for c in comm_sequence(scaled, 0)}
+    assert kinds == {pb.COLL_REDUCE_SCATTER, pb.COLL_ALL_GATHER}
+    assert [(n.kind, n.name) for n in scaled.graph_of(0).nodes] == \
+        [(n.kind, n.name) for n in direct.graph_of(0).nodes]
 
 
 def _layer_units(graph) -> dict[tuple[str, int, int], int]:

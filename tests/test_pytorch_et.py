@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, shared_path, unpack
 
+from conftest import FIXTURES, shared_path, unpack
 from echo_et.converters import ReadOptions
 from echo_et.converters import pytorch_et as et
 from echo_et.errors import EchoError
@@ -45,6 +45,11 @@ def tensor_bytes(value) -> int:
 
 def roots(nodes: list[dict]) -> int:
     return sum(1 for n in nodes if n["name"].startswith("[pytorch|profiler|execution_"))
+
+
+def step_numbers(nodes: list[dict]) -> list[int]:
+    return sorted(int(n["name"].split("#")[1]) for n in nodes
+                  if n["name"].startswith("ProfilerStep#"))
 
 
 def colls(graph) -> list[pb.Node]:
@@ -130,7 +135,7 @@ def test_resnet_110_groups_steps_and_sizes():
     path = shared_path(f"{PARAM}/1.1.0-chakra.0.0.4/resnet_2gpu_et.json.gz")
     doc = raw(path)
     nodes = sorted(doc["nodes"], key=lambda n: n["id"])
-    steps = sorted(int(n["name"].split("#")[1]) for n in nodes if n["name"].startswith("ProfilerStep#"))
+    steps = step_numbers(nodes)
     calls = [attrs(n) for n in nodes if n["name"] == "record_param_comms"
              and attrs(n)["collective_name"] != "wait"]
     per_step = len(calls) // len(steps)
@@ -204,7 +209,7 @@ def test_shapes_and_tensor_ids_from_the_file():
 def test_step_selection_and_errors():
     path = FIXTURES / "traces" / "cpu_single" / "rank0.et.json.gz"
     doc = raw(path)
-    steps = sorted(int(n["name"].split("#")[1]) for n in doc["nodes"] if n["name"].startswith("ProfilerStep#"))
+    steps = step_numbers(doc["nodes"])
     assert len(steps) >= 2
     jobs = {s: read(path, step=s) for s in steps}
     for s, job in jobs.items():
@@ -272,8 +277,8 @@ def _node(i: int, name: str, parent: int, **extra) -> dict:
 
 def _pg_init(i: int, size: int) -> dict:
     n = _node(i, "## process_group:init ##", 1)
-    n["inputs"] = {"values": [json.dumps([{"pg_name": "0", "pg_desc": "default_pg", "ranks": [],
-                                           "group_size": size}])], "shapes": [[]], "types": ["String"]}
+    pg = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [], "group_size": size}]
+    n["inputs"] = {"values": [json.dumps(pg)], "shapes": [[]], "types": ["String"]}
     return n
 
 

@@ -16,7 +16,8 @@ def _valid(a, b, pairs) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from("abcde"), max_size=60), st.lists(st.sampled_from("abcde"), max_size=60))
+@given(st.lists(st.sampled_from("abcde"), max_size=60),
+       st.lists(st.sampled_from("abcde"), max_size=60))
 def test_pairs_are_equal_and_used_once(a, b):
     _valid(a, b, align(a, b))
 

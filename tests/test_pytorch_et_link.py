@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, shared_path, unpack
 
+from conftest import FIXTURES, shared_path, unpack
 from echo_et.converters import ReadOptions, read
 from echo_et.converters import pytorch_et as et
 from echo_et.errors import EchoError
@@ -230,7 +230,8 @@ def test_link_fills_what_kineto_lacks():
         schema = next(a["value"] for a in names if a["name"] == "op_schema")
         # The c10d op's own schema says which argument is the input buffer.
         args = [a.strip().split(" ")[-1] for a in schema.split("(", 1)[1].split(")")[0].split(",")]
-        k = next(i for i, a in enumerate(args) if a in ("input", "tensors", "input_tensor", "input_tensors"))
+        k = next(i for i, a in enumerate(args)
+                 if a in ("input", "tensors", "input_tensor", "input_tensors"))
         t = vals[k][0] if isinstance(vals[k][0], list) else vals[k]
         assert n.collective.in_bytes == t[3] * t[4]
         assert n.collective.dtype == "Float" and types[k].endswith("(float)") or \

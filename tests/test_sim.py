@@ -150,6 +150,33 @@ def test_collective_starts_when_last_member_arrives_and_wait_is_not_counted_twic
     assert res.ranks[0].idle_ns == 200  # 100-300 waiting for rank 1
 
 
+def _uneven_ends(clock1: int = 0):
+    """gloo-like: rank 0 arrives at 100 and its all-reduce ends at 400; rank 1 arrives at
+    300 and ends at 350 (ranks do not finish together)."""
+    jb = JobBuilder("gloo", 2)
+    g = jb.group([0, 1], name="0")
+    for r, (arrive, end) in enumerate(((100, 400), (300, 350))):
+        gb = GraphBuilder(f"g{r}")
+        c = gb.stream(pb.STREAM_CPU_THREAD, "host-comm:0")
+        s = gb.stream(pb.STREAM_CPU_THREAD, "main")
+        k = gb.cpu_op("work", s, start_ns=0, duration_ns=arrive)
+        gb.collective("AR", c, coll_type=pb.COLL_ALL_REDUCE, group="dp", in_bytes=64, start_ns=arrive,
+                      duration_ns=end - arrive, deps=[(k.id, pb.DEP_DATA)])
+        jb.add_graph(gb.build())
+        jb.bind(r, f"g{r}", {"dp": g}, measured_step_ns=end, clock_offset_ns=clock1 if r else 0)
+    return jb.build()
+
+
+def test_replay_keeps_each_members_measured_tail_after_the_last_arrival() -> None:
+    res = simulate(_uneven_ends())
+    assert times(res, 0)["AR"] == (300, 400) and times(res, 1)["AR"] == (300, 350)
+    assert [res.ranks[r].step_time_ns for r in (0, 1)] == [400, 350]
+    # clocks that disagree (rank 1's clock 200 ns late: its kernel would end before rank 0's
+    # aligned start): every member gets the shortest kernel instead
+    skewed = simulate(_uneven_ends(clock1=200))
+    assert times(skewed, 0)["AR"][1] - times(skewed, 0)["AR"][0] == 50
+
+
 def test_straggler_delays_the_collective_for_everyone() -> None:
     res = simulate(two_rank_allreduce(), options=SimOptions(stragglers={1: 2.0}))
     assert times(res, 0)["AR"] == (600, 650) and res.ranks[0].step_time_ns == 650
@@ -391,6 +418,21 @@ def test_3d_parallel_job_symmetry_is_exact() -> None:
         simulate(job, "predict", comm_model=comm, options=SimOptions(symmetry=False)))
     # the pipeline has a bubble: stage 0 idles while later stages work
     assert sym.ranks[0].idle_ns > 0
+
+
+@pytest.mark.parametrize("tp,pp,dp,gpus_per_node", [(4, 2, 4, 8), (4, 2, 4, 6), (2, 3, 4, 5)])
+def test_symmetry_is_exact_with_the_cc_model_irregular_placement_and_slowdown(tp, pp, dp, gpus_per_node) -> None:
+    """TP groups that straddle nodes (6 or 5 GPUs per node) are priced differently: they
+    must land in different classes, and the answer must not change."""
+    comm = pytest.importorskip("echo_et.models.comm")
+    from echo_et.models.slowdown import default_model
+
+    job = gpt_3d_job(tp, pp, dp, microbatches=4, layers=2, gpus_per_node=gpus_per_node)
+    kw = dict(comm_model=comm.CommModel.preset("a100-ib"), slowdown_model=default_model())
+    sym = simulate(job, "predict", options=SimOptions(stragglers={3: 1.2}), **kw)
+    full = simulate(job, "predict", options=SimOptions(stragglers={3: 1.2}, symmetry=False), **kw)
+    assert _per_rank(sym) == _per_rank(full)
+    assert sym.simulated_ranks < full.simulated_ranks == tp * pp * dp
 
 
 # -- override points --------------------------------------------------------------------------------

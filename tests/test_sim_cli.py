@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_sim import dp_job, two_rank_allreduce
 from typer.testing import CliRunner
 
 from conftest import shared_path
 from echo_et.cli.main import app
 from echo_et.ir import save_job
 from echo_et.sim import simulate
-from test_sim import dp_job, two_rank_allreduce
 
 runner = CliRunner()
 
@@ -162,3 +162,21 @@ def test_calibrate_slowdown_bad_inputs(tmp_path) -> None:
     d = save_job(two_rank_allreduce(), tmp_path / "j")
     assert "nothing to fit" in _one_line_error(run("calibrate", "slowdown", str(d), "-o", str(out)))
     assert not out.exists()
+
+
+@needs_comm
+def test_predict_with_a_calibrated_profile_and_a_bad_one(tmp_path) -> None:
+    logs = sorted(shared_path("nccl-tests/echo-a100").glob("nccl_*.log"))
+    prof = tmp_path / "a100.json"
+    r = run("calibrate", "nccl-tests", *map(str, logs), "--gpus-per-node", "8", "-o", str(prof))
+    assert r.exit_code == 0, r.output
+    job = save_job(dp_job(8), tmp_path / "job")
+    a = json.loads(run("simulate", str(job), "--mode", "predict", "--profile", str(prof), "--json").stdout)
+    b = json.loads(run("simulate", str(job), "--mode", "predict", "--profile", str(prof), "--intra-bw", "10",
+                       "--json").stdout)
+    assert a["mode"] == "predict" and b["step_time_ns"] > a["step_time_ns"]  # 4 ranks per node share NVLink
+    bad = tmp_path / "not_a_profile.json"
+    bad.write_text(json.dumps({"format": "echo-et-slowdown/1"}))
+    _one_line_error(run("simulate", str(job), "--mode", "predict", "--profile", str(bad)))
+    assert "not both" in _one_line_error(run("simulate", str(job), "--mode", "predict", "--profile", str(prof),
+                                              "--preset", "a100-ib"))

@@ -17,8 +17,7 @@ PREDICT_BOUND_PCT = 5.0
 
 def _kineto():
     try:
-        from echo_et.converters import ReadOptions, read
-        from echo_et.converters import load_module
+        from echo_et.converters import ReadOptions, load_module, read
 
         load_module("kineto")
     except Exception as e:  # noqa: BLE001 - the reader is another component
@@ -47,7 +46,9 @@ def test_dlrm_replay_reproduces_every_ranks_measured_step(dlrm_job) -> None:
     # The traced all-to-all kernels last from microseconds (the last rank to arrive) to
     # milliseconds (ranks that waited): replay re-creates those waits.
     assert max(rr.sync_wait_ns for rr in res.ranks.values()) > 1_000_000
-    assert res.critical_path["length_ns"] == res.step_time_ns
+    cp = res.critical_path
+    assert cp["length_ns"] == res.step_time_ns
+    assert sum(cp["by_category"].values()) == cp["length_ns"] - cp["start_offset_ns"]
 
 
 def test_dlrm_replay_with_a_straggler_slows_everybody(dlrm_job) -> None:
@@ -79,3 +80,18 @@ def test_hta_nccl_trace_replays_its_measured_step() -> None:
     for r in traced:
         measured = job.binding(r).measured_step_ns
         assert abs(res.ranks[r].step_time_ns - measured) / measured * 100 <= REPLAY_BOUND_PCT
+
+
+def test_dlrm_replayed_timeline_lines_up_with_the_measured_one(dlrm_job) -> None:
+    """Same processes, tracks and boxes as `export chrome` of the trace, and every box ends
+    when it ended in the measurement (collectives start later: their wait is its own box)."""
+    chrome = pytest.importorskip("echo_et.converters.chrome")
+    sim = chrome.chrome_trace([chrome.TimelineEvent(**e) for e in simulate(dlrm_job).timeline_events()])
+    measured = chrome.chrome_trace(chrome.job_timeline(dlrm_job))
+    assert [e for e in sim["traceEvents"] if e["ph"] == "M"] == [e for e in measured["traceEvents"] if e["ph"] == "M"]
+    sim_end = {(e["pid"], e["tid"], e["args"]["id"]): e["ts"] + e["dur"]
+               for e in sim["traceEvents"] if e["ph"] == "X" and e.get("cat") != "wait"}
+    boxes = [e for e in measured["traceEvents"] if e["ph"] == "X"]
+    assert len(sim_end) == len(boxes)
+    off = [e for e in boxes if abs(sim_end[(e["pid"], e["tid"], e["args"]["id"])] - (e["ts"] + e["dur"])) > 0.001]
+    assert not off, off[:3]

@@ -129,7 +129,7 @@ class _Exporter:
         self._coll_by_seq: dict[tuple[str, str], dict[int, pb.Node]] = {}
         self._key_of_group: dict[int, dict[int, str]] = {}
         self._group_sig: dict[int, set[tuple[str, str]]] | None = None
-        self._matrices: dict[tuple[int, int], list[list[int]] | None] = {}
+        self._matrices: dict[tuple, list[list[int]] | None] = {}
         for g in job.manifest.groups:
             if list(g.ranks) == list(range(self.world)):
                 self.world_groups.add(g.id)
@@ -219,7 +219,14 @@ class _Exporter:
     def _a2a_matrix(self, rank: int, pn: PlannedNode) -> list[list[int]] | None:
         """None when the all-to-all is even on every member (native ALL_TO_ALL), else the
         bytes matrix [sender][receiver] in group order."""
-        key = (rank, id(pn))
+        b = self.job.binding(rank)
+        coll = pn.node.collective
+        pg_id = b.groups[coll.group]
+        if self._group_signature(pg_id) == {(b.graph, coll.group)}:
+            # Every member runs this very node: the answer is the same for all such groups.
+            key: tuple = ("node", b.graph, coll.group, coll.seq)
+        else:
+            key = ("instance", pg_id, coll.seq)
         if key not in self._matrices:
             self._matrices[key] = self._compute_a2a_matrix(rank, pn)
         return self._matrices[key]

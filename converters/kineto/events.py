@@ -223,8 +223,10 @@ class _Collector:
         args = e.get("args")
         if not isinstance(args, dict):
             args = {}
-        ts = us_to_ns(e.get("ts"))
-        dur = us_to_ns(e.get("dur", 0))
+        ts = e.get("ts")
+        ts = ts * 1000 if type(ts) is int else us_to_ns(ts)
+        dur = e.get("dur", 0)
+        dur = dur * 1000 if type(dur) is int else us_to_ns(dur)
         if ts is None or dur is None:
             tf.drop("event_without_time")
             return
@@ -232,10 +234,12 @@ class _Collector:
             tf.drop("event_with_negative_duration")
             return
         name = e.get("name")
-        if not isinstance(name, str):
+        if type(name) is not str:
             name = str(name)
         name = self.names.setdefault(name, name)
-        corr = _int_arg(args.get("correlation"))
+        corr = args.get("correlation", -1)
+        if type(corr) is not int:
+            corr = _int_arg(corr)
         kept: dict[str, Any] | None = None
         if kind == K_CPU:
             thread = (e.get("pid"), e.get("tid"))

@@ -8,7 +8,8 @@ refused with one line naming the file.
 
 Partial jobs (fewer files than the world size) take one of two forms, recorded in the
 manifest attr ``kineto.partial``:
-  replicated  when every process group the traced ranks use is the whole world, nothing is
+  replicated  when the world size is stated (by a file or --world-size), every process
+              group the traced ranks use is the whole world, nothing is
               point-to-point and the traced ranks issue the same collectives (the usual
               single-rank trace of a data-parallel job): the Job keeps the real world size
               and binds each untraced rank to the lowest traced rank's graph
@@ -63,7 +64,9 @@ def _int(v) -> int | None:
     return v if type(v) is int else None
 
 
-def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int]:
+def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int, bool]:
+    """Rank of each file, the world size, and whether that size was stated (by a file or
+    ``--world-size``) rather than inferred from the highest rank."""
     ranks: list[int] = []
     for tf in files:
         r = _int(tf.distributed.get("rank"))
@@ -92,12 +95,13 @@ def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int]:
         if r in seen:
             raise EchoError(f"{tf.path}: claims rank {r}, like {seen[r].path}")
         seen[r] = tf
+    stated = world is not None or bool(options.world_size)
     if world is None:
         world = options.world_size or (max(ranks) + 1)
     for tf, r in zip(files, ranks, strict=True):
         if r >= world:
             raise EchoError(f"{tf.path}: rank {r} is outside world size {world}")
-    return ranks, world
+    return ranks, world, stated
 
 
 def _check_one_job(files: list[TraceFile]) -> None:
@@ -142,7 +146,7 @@ def _job_name(paths: list[Path], options) -> str:
 
 def read_job(paths: list[Path], options) -> Job:
     files = [load_trace(p) for p in paths]
-    ranks, world = _ranks_and_world(files, options)
+    ranks, world, world_stated = _ranks_and_world(files, options)
     order = sorted(range(len(files)), key=lambda i: ranks[i])
     files = [files[i] for i in order]
     ranks = [ranks[i] for i in order]
@@ -160,7 +164,8 @@ def read_job(paths: list[Path], options) -> Job:
     traced = sorted(ranks)
     mode = "complete"
     if traced != list(range(world)):
-        mode = "replicated" if _replicable(built, world) else "renumbered"
+        # Copying the program to ranks nobody said exist would invent them.
+        mode = "replicated" if world_stated and _replicable(built, world) else "renumbered"
     if mode == "renumbered":
         job_index = {r: i for i, r in enumerate(traced)}
         _renumber(built, job_index)

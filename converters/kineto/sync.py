@@ -142,7 +142,6 @@ def resolve(calls: list[Ev], acts_by_corr: dict[int, Ev], runtime_by_corr: dict[
                 src_stream = (act.thread[0], _int(act.arg("wait_on_stream")))
                 rec = runtime_by_corr.get(_int(act.arg("wait_on_cuda_event_record_corr_id")))
                 t_rec = rec.ts if rec is not None else c.ts
-                count("sync_from_cuda_sync_events")
             else:
                 waiting = index.stream_launched_after(c.thread, c.ts)
                 rec = None
@@ -177,16 +176,16 @@ def resolve(calls: list[Ev], acts_by_corr: dict[int, Ev], runtime_by_corr: dict[
             if producer is not None and consumer is not None and producer is not consumer:
                 deps.append((consumer, producer))
         elif name in DEVICE_SYNC:
+            device = act.thread[0] if act is not None else None
             for s in sorted(index.stream_ops, key=_stream_key):
-                if c.thread and s[0] is not None and act is not None and act.thread[0] != s[0]:
-                    continue
+                if device is not None and s[0] != device:
+                    continue  # a context sync waits for its own device only
                 g = index.last_before(s, c.ts)
                 if g is not None:
                     deps.append((c, g))
         elif name in STREAM_SYNC:
             if act is not None:
                 stream = act.thread
-                count("sync_from_cuda_sync_events")
             else:
                 stream = index.stream_launched_before(c.thread, c.ts)
                 count("stream_sync_stream_guessed")
@@ -198,7 +197,6 @@ def resolve(calls: list[Ev], acts_by_corr: dict[int, Ev], runtime_by_corr: dict[
                 stream = (act.thread[0], _int(act.arg("wait_on_stream")))
                 rec = runtime_by_corr.get(_int(act.arg("wait_on_cuda_event_record_corr_id")))
                 t = rec.ts if rec is not None else c.ts
-                count("sync_from_cuda_sync_events")
             else:
                 rec = recent_record(c.thread, c.ts, None)
                 if rec is None:

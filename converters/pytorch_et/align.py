@@ -21,7 +21,8 @@ _SMALL = 2_000_000        # n*m below which difflib finishes a range
 _KS = (1, 2, 4, 8, 16, 32)
 
 
-def align(a: Sequence[Hashable], b: Sequence[Hashable], *, second_pass: bool = True) -> list[tuple[int, int]]:
+def align(a: Sequence[Hashable], b: Sequence[Hashable], *,
+          second_pass: bool = True) -> list[tuple[int, int]]:
     """Pairs (i, j) with a[i] == b[j]; each index used at most once, sorted by i."""
     table: dict[Hashable, int] = {}
     ia = [table.setdefault(x, len(table)) for x in a]

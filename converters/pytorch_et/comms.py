@@ -77,7 +77,7 @@ def classify(name: str) -> int | str | None:
 
 
 def dtype_of_type(t: str) -> str:
-    """c10 dtype name of an ET type string such as ``Tensor(float)`` or ``GenericList[Tensor(c10::Half)]``."""
+    """c10 dtype name of an ET type (``Tensor(float)``, ``GenericList[Tensor(c10::Half)]``)."""
     m = re.search(r"Tensor\(([^)]*)\)", t)
     if not m:
         return ""
@@ -244,9 +244,10 @@ def from_record_param_comms(op: EtOp) -> CommCall | None:
     dtype = a.get("dtype") if isinstance(a.get("dtype"), str) else ""
     call.dtype = dtype or _first_dtype(op.in_types)
     size = DTYPE_BYTES.get(call.dtype, 0)
-    if size and isinstance(a.get("in_msg_nelems"), int) and isinstance(a.get("out_msg_nelems"), int):
-        call.in_bytes = a["in_msg_nelems"] * size
-        call.out_bytes = a["out_msg_nelems"] * size
+    n_in, n_out = a.get("in_msg_nelems"), a.get("out_msg_nelems")
+    if size and isinstance(n_in, int) and isinstance(n_out, int):
+        call.in_bytes = n_in * size
+        call.out_bytes = n_out * size
     else:
         call.in_bytes = tensor_bytes(op.in_tensors)
         call.out_bytes = tensor_bytes(op.out_tensors) if op.out_tensors else call.in_bytes

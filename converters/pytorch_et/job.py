@@ -50,8 +50,9 @@ def assign_ranks(traces: list[HostTrace], option_rank: int | None) -> list[RankT
     seen: dict[int, Path] = {}
     for rt in out:
         if rt.rank in seen:
-            raise EchoError(f"{rt.trace.path}: rank {rt.rank} is also claimed by {seen[rt.rank].name} "
-                            "(files of two jobs, or ranks not in the file names: use one file per rank)")
+            raise EchoError(f"{rt.trace.path}: rank {rt.rank} is also claimed by "
+                            f"{seen[rt.rank].name} (files of two jobs, or ranks not in the file "
+                            "names: use one file per rank)")
         seen[rt.rank] = rt.trace.path
     return sorted(out, key=lambda rt: rt.rank)
 
@@ -237,9 +238,9 @@ def build_job(ranks: list[RankTrace], *, world_hint: int | None, step: int | Non
         gid = graph_of[ref.rank]
         partial = [k for k in keys_of_graph[gid] if len(plan.members[k]) != world_size]
         if partial:
-            raise EchoError(f"{ref.trace.path}: the traces cover {len(traced)} of {world_size} ranks "
-                            f"and use sub-group(s) {', '.join(sorted(partial))}; give the host trace "
-                            "of every rank")
+            raise EchoError(f"{ref.trace.path}: the traces cover {len(traced)} of {world_size} "
+                            f"ranks and use sub-group(s) {', '.join(sorted(partial))}; give the "
+                            "host trace of every rank")
         for r in missing:
             jb.bind(r, gid, {k: group_ids[k] for k in sorted(keys_of_graph[gid])})
         jb.drop("host_et_untraced_ranks_copied", len(missing))
@@ -249,7 +250,8 @@ def build_job(ranks: list[RankTrace], *, world_hint: int | None, step: int | Non
     jb.drop("host_et_p2p_without_peer", stats.p2p_without_peer)
     jb.drop("host_et_parent_after_child", stats.parent_after_child)
     jb.drop("host_et_gpu_ops", sum(rt.trace.gpu_ops for rt in ranks))
-    guessed_ranks = Counter(rt.rank_source for rt in ranks if rt.rank_source in ("collectives", "order"))
+    guessed_ranks = Counter(rt.rank_source for rt in ranks
+                            if rt.rank_source in ("collectives", "order"))
     for src, count in sorted(guessed_ranks.items()):
         jb.drop(f"host_et_rank_from_{src}", count)
     m.attrs["host_et_cross_thread_deps"] = str(stats.cross_thread_deps)

@@ -2,9 +2,10 @@
 
 Pairing: a host trace goes to the rank in its file name, else to the rank its own
 collectives state (``record_param_comms`` carries it), else, when the counts are equal, by
-order. Ranks are the traced ones: a partial Kineto job renumbers its ranks and keeps the
-original in the graph header attr ``kineto.rank``, which pairing follows. Only the host ops
-of the Job's ``ProfilerStep`` are linked when the host trace has that step too.
+order. Host traces of ranks the Job does not have are left out and counted. A partial
+Kineto job renumbers its ranks and keeps the original in the graph header attr
+``kineto.rank``, which pairing follows. Only the host ops of the Job's ``ProfilerStep`` are
+linked when the host trace has that step too.
 
 Per rank, host ops are linked to Kineto CPU op nodes:
 
@@ -13,8 +14,9 @@ Per rank, host ops are linked to Kineto CPU op nodes:
    (torch 2.13 writes Kineto ``Record function id`` == ET ``rf_id``; HTA's 2023
    ``benchmark_simple_add`` pair has ET ``rf_id`` == ``Ev Idx`` + 1; the 2023 DLRM and
    ``linear`` pairs agree on no offset);
-2. otherwise by aligning the op-name sequences thread by thread (:mod:`.align`): ET threads
-   are paired with Kineto CPU streams by the multiset overlap of their op names.
+2. what ids leave unlinked (everything, when no offset fits) by aligning the op-name sequences
+   thread by thread (:mod:`.align`): ET threads are paired with Kineto CPU streams by the
+   multiset overlap of their op names.
 
 A linked Kineto node gains the host trace's input shapes/types (when it has none), the ET
 node id (``et_id``) and tensor ids (``et_in_tensors``/``et_out_tensors``); a Kineto
@@ -52,6 +54,7 @@ class LinkStats:
     unlinked_et: int = 0
     comm_filled: int = 0
     shared_graph_skipped: int = 0
+    unpaired: int = 0
     methods: dict[int, str] = field(default_factory=dict)
 
 
@@ -60,8 +63,8 @@ def link(job: Job, host_et_paths: list[Path]) -> Job:
     files = expand_paths(host_et_paths)
     traces = [load(p) for p in files]
     out = job.copy()
-    pairs = pair_traces(out, traces)
-    stats = LinkStats()
+    pairs, unpaired = pair_traces(out, traces)
+    stats = LinkStats(unpaired=unpaired)
     done: dict[str, int] = {}
     step = out.manifest.step if out.manifest.step >= 0 else None
     for rank, trace in sorted(pairs.items()):
@@ -82,39 +85,40 @@ def link(job: Job, host_et_paths: list[Path]) -> Job:
                           ("host_et_unlinked_et_ops", stats.unlinked_et),
                           ("host_et_linked_by_sequence", stats.by_sequence),
                           ("host_et_comm_filled", stats.comm_filled),
-                          ("host_et_shared_graph_skipped", stats.shared_graph_skipped)):
+                          ("host_et_shared_graph_skipped", stats.shared_graph_skipped),
+                          ("host_et_traces_unpaired", stats.unpaired)):
         if count:
             m.dropped[reason] = m.dropped.get(reason, 0) + count
     out.invalidate()
     return out
 
 
-def pair_traces(job: Job, traces: list[HostTrace]) -> dict[int, HostTrace]:
-    """Job rank -> host trace (see the module docstring for the order of rules)."""
+def pair_traces(job: Job, traces: list[HostTrace]) -> tuple[dict[int, HostTrace], int]:
+    """Job rank -> host trace (see the module docstring for the order of rules), and how many
+    host traces named a rank the Job does not have (left out)."""
     ranks = job.ranks()
     original = _original_ranks(job)
-
-    def claim(rule) -> dict[int, HostTrace] | None:
-        got: dict[int, HostTrace] = {}
-        for t in traces:
-            r = rule(t)
-            r = original.get(r) if r is not None else None
-            if r is None or r in got:
-                return None
-            got[r] = t
-        return got
-
     for rule in (lambda t: t.name_rank, lambda t: t.comm_rank()):
-        got = claim(rule)
-        if got is not None:
-            return got
+        claimed = [rule(t) for t in traces]
+        if any(r is None for r in claimed):
+            continue
+        got: dict[int, HostTrace] = {}
+        for t, r in zip(traces, claimed, strict=True):
+            jr = original.get(r)
+            if jr is not None:
+                if jr in got:
+                    raise EchoError(f"{t.path}: rank {r} is also claimed by {got[jr].path.name}")
+                got[jr] = t
+        if got:
+            return got, len(traces) - len(got)
     if len(traces) == len(ranks):
-        return dict(zip(ranks, traces, strict=True))
+        return dict(zip(ranks, traces, strict=True)), 0
     if len(traces) < len(ranks):
         raise EchoError(f"{traces[0].path}: cannot tell which of ranks {ranks[:8]} the "
                         f"{len(traces)} host trace(s) belong to (put the rank in the file name, "
                         "e.g. rank3.et.json)")
-    raise EchoError(f"{len(traces)} host traces for a job of {len(ranks)} traced ranks")
+    raise EchoError(f"{len(traces)} host traces for a job of {len(ranks)} traced ranks, and "
+                    "their ranks are not in their file names")
 
 
 def _original_ranks(job: Job) -> dict[int, int]:
@@ -159,8 +163,8 @@ def link_graph(graph: Graph, trace: HostTrace, window: tuple[int, int] | None,
     stats.unlinked_et += len(ops) - len(pairs)
     window_calls = [c for oid, c in trace.comms.items()
                     if window is None or window[0] <= oid <= window[1]]
-    stats.comm_filled += _fill_comms(graph, linked, _anchor_of(trace, {op.id: op for op in trace.ops}),
-                                     window_calls)
+    anchors = _anchor_of(trace, {op.id: op for op in trace.ops})
+    stats.comm_filled += _fill_comms(graph, linked, anchors, window_calls)
     return method
 
 

@@ -153,12 +153,14 @@ def parse_node(d: Any, where: str) -> EtOp:
         outs = d.get("outputs") or {}
         if not isinstance(ins, dict) or not isinstance(outs, dict):
             raise EchoError(f"{where}: node {d['id']} has inputs/outputs of an unknown shape")
-        in_values, in_shapes, in_types = ins.get("values", []), ins.get("shapes", []), ins.get("types", [])
+        in_values, in_shapes = ins.get("values", []), ins.get("shapes", [])
+        in_types = ins.get("types", [])
         out_values, out_types = outs.get("values", []), outs.get("types", [])
     elif "parent" in d or "input_shapes" in d:           # 1.0.1
         attrs = d
         parent = d.get("parent", 0)
-        in_values, in_shapes, in_types = d.get("inputs", []), d.get("input_shapes", []), d.get("input_types", [])
+        in_values, in_shapes = d.get("inputs", []), d.get("input_shapes", [])
+        in_types = d.get("input_types", [])
         out_values, out_types = d.get("outputs", []), d.get("output_types", [])
     else:
         raise EchoError(f"{where}: node {d['id']} has neither 'attrs' (schema >= 1.0.2) "

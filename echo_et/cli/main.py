@@ -22,8 +22,8 @@ _VERB_MODULES = [
     "echo_et.cli.export_cmds",  # export chakra|astra-sim|chrome|graphml
     "echo_et.cli.pass_cmds",
     "echo_et.cli.trace_cmds",   # trace (ex-situ)
-    "echo_et.cli.sim_cmds",     # simulate, validate, calibrate slowdown
     "echo_et.cli.comm_cmds",    # estimate, calibrate nccl-tests|trace|evaluate
+    "echo_et.cli.sim_cmds",     # simulate, validate, calibrate slowdown
 ]
 
 

@@ -18,9 +18,21 @@ def register(app: typer.Typer) -> None:
     try:
         from echo_et.cli.comm_cmds import calibrate_app
     except ImportError:  # the communication model's verbs are not in this build
+        calibrate_app = None
+    if calibrate_app is None:
         calibrate_app = typer.Typer(help="Fit model parameters from measurements.", no_args_is_help=True)
         app.add_typer(calibrate_app, name="calibrate")
+    elif not _registered_elsewhere(app, calibrate_app):
+        app.add_typer(calibrate_app, name="calibrate")
     calibrate_app.command("slowdown")(calibrate_slowdown_cmd)
+
+
+def _registered_elsewhere(app: typer.Typer, sub: typer.Typer) -> bool:
+    """Whether ``sub`` is (or will be, by its own module) added to ``app``."""
+    if any(g.typer_instance is sub for g in app.registered_groups):
+        return True
+    main = sys.modules.get("echo_et.cli.main")
+    return "echo_et.cli.comm_cmds" in getattr(main, "_VERB_MODULES", ())
 
 
 # -- shared option handling -------------------------------------------------------------------------
@@ -213,8 +225,7 @@ def calibrate_slowdown_cmd(
     folds: int = typer.Option(5, "--folds", help="Folds of the grouped-by-kernel-name cross-validation."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Fit the overlap-slowdown model (per kernel class and kernel name) and report its
-    cross-validated error, with kernel names never shared by training and test folds."""
+    """Fit the overlap-slowdown model from a kernel CSV or a Job; reports a grouped-by-kernel-name CV error."""
     from echo_et.models.slowdown import default_model, fit, read_csv_samples, samples_from_job
     from echo_et.models.slowdown.evaluate import cross_validate
 

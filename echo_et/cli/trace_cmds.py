@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 import typer
@@ -39,6 +38,7 @@ def trace(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]."),
     verify: str = typer.Option("sample", "--verify",
                                help="sample: trace the ends of each candidate class; all: every rank."),
+    warmup: int = typer.Option(1, "--warmup", help="Warm-up steps before the measured one."),
     memory_limit: int | None = typer.Option(None, "--memory-limit",
                                             help="Report out-of-memory above this many bytes per rank."),
     name: str = typer.Option("", "--name", help="Job name (default: from the workload)."),
@@ -75,8 +75,18 @@ def trace(
     def progress(msg: str) -> None:
         typer.echo(msg, err=True)
 
+    parts = ["--script", attrs["script"]] if script is not None else [
+        "--workload", "gpt", "--layers", layers, "--hidden", hidden, "--heads", heads,
+        "--seq", seq, "--micro-batch", micro_batch, "--vocab", vocab, "--dtype", dtype,
+        "--bucket-mb", bucket_mb]
+    parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
+              "--device", device, "--verify", verify, "--warmup", warmup]
+    if memory_limit is not None:
+        parts += ["--memory-limit", memory_limit]
+    command = shlex.join(["echo-et", "trace", *map(str, parts), "-o", output.name])
     opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit,
-                        name=name or _default_name(wl, layout), command=_command_line(),
+                        warmup_steps=warmup,
+                        name=name or _default_name(wl, layout), command=command,
                         progress=progress)
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)
     save_job(result.job, output)
@@ -93,8 +103,3 @@ def _default_name(wl, layout) -> str:
     z = f"-zero{layout.zero}" if layout.zero else ""
     return f"{base}-dp{layout.dp}-tp{layout.tp}-pp{layout.pp}-mb{layout.microbatches}{z}"
 
-
-def _command_line() -> str:
-    """The command as typed, without paths that name this machine."""
-    args = ["echo-et"] + [Path(a).name if Path(a).is_absolute() else a for a in sys.argv[1:]]
-    return shlex.join(args)

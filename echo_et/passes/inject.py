@@ -48,6 +48,7 @@ from typing import Any
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
 from echo_et.ir.schema import COMM_KINDS, pb
+from echo_et.passes.dtypes import DTYPE_BYTES
 from echo_et.passes.scale import check_gpus_per_node
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
@@ -56,13 +57,6 @@ ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer.step"
 
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "torch.float32": 4, "double": 8, "float64": 8, "c10::Half": 2,
-    "half": 2, "float16": 2, "torch.float16": 2, "c10::BFloat16": 2, "bfloat16": 2,
-    "torch.bfloat16": 2, "long int": 8, "int64": 8, "long": 8, "int": 4, "int32": 4,
-    "short int": 2, "int16": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "int8": 1,
-    "uint8": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
-}
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -319,9 +313,10 @@ def inject_dp(job: Job, *, dp: int, bucket_mb: float | None = None,
     backward_end = max(_end(g.node) for g in grads)
     waiter = device.first_after(backward_end) if device else None
     if waiter is None:
+        # The outermost host op that starts after the backward (nested ops share its start
+        # or start later; an enclosing ProfilerStep started before the backward).
         host = [n for n in _host_nodes(graph) if n.start_ns >= backward_end
-                and not any(d.kind == pb.DEP_CONTROL for d in n.deps)
-                and n.stream != stream and n.id not in {r.id for r in reduce_nodes}]
+                and n.stream != stream and n.kind != pb.KIND_COLLECTIVE]
         opt = [n for n in host if _op_name(n).startswith(OPTIMIZER_PREFIX)]
         waiter = min(opt or host, key=lambda n: (n.start_ns, n.id), default=None)
     if waiter is not None:

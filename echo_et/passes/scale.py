@@ -34,7 +34,8 @@ from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, Job, JobBuilder
-from echo_et.ir.schema import ROLE_BY_NAME, pb
+from echo_et.ir.schema import COMM_KINDS, ROLE_BY_NAME, pb
+from echo_et.passes.dtypes import DTYPE_BYTES
 from echo_et.passes.layout import LayoutDecision, infer_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.regroup import GroupShape, derived_ranks, group_shape
@@ -242,6 +243,8 @@ def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: in
             g.header.group_sizes[k] = size // old_dp * new_dp
     has_kernels = any(n.kind == pb.KIND_COMPUTE for n in g.nodes)
     parents = {d.id for n in g.nodes for d in n.deps if d.kind == pb.DEP_CONTROL}
+    # Host ops that issue communication are call overhead, not optimizer math.
+    parents |= {d.id for n in g.nodes if n.kind in COMM_KINDS for d in n.deps}
     factors: dict[int, float] = {}
     for n in g.nodes:
         if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group in growing:
@@ -261,16 +264,18 @@ def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: in
 
 def _resize(c: pb.CollectiveInfo, old_dp: int, new_dp: int, zero: int, a2a: str) -> bool:
     """Rewrite one collective's per-rank bytes for a group that grows from old_dp to new_dp
-    replicas; True when something changed."""
+    replicas; True when something changed. ZeRO shards are whole elements: the flat buffer
+    is padded to a multiple of new_dp elements (exact when old_dp divides new_dp)."""
     before = (c.in_bytes, c.out_bytes)
+    elem = DTYPE_BYTES.get(c.dtype, 1)
     if c.type == pb.COLL_REDUCE_SCATTER and zero:
-        full = c.in_bytes
+        full = c.in_bytes // elem
         shard = math.ceil(full / new_dp)
-        c.in_bytes, c.out_bytes = shard * new_dp, shard
+        c.in_bytes, c.out_bytes = shard * new_dp * elem, shard * elem
     elif c.type == pb.COLL_ALL_GATHER and zero:
-        full = c.out_bytes or c.in_bytes * old_dp
+        full = (c.out_bytes or c.in_bytes * old_dp) // elem
         shard = math.ceil(full / new_dp)
-        c.in_bytes, c.out_bytes = shard, shard * new_dp
+        c.in_bytes, c.out_bytes = shard * elem, shard * new_dp * elem
     elif c.type == pb.COLL_ALL_TO_ALL and a2a == "keep-peer":
         c.in_bytes = c.in_bytes * new_dp // old_dp
         c.out_bytes = c.out_bytes * new_dp // old_dp

@@ -143,11 +143,13 @@ def run_point(job_path: str, point: dict[str, int | None], spec: SweepSpec) -> d
 
 
 def _micro_batch_size(job) -> int:
-    for key in ("micro_batch", "micro_batch_size", "workload.micro_batch"):
-        v = job.manifest.attrs.get(key)
-        if v and v.isdigit():
-            return int(v)
-    return 0
+    """Sequences per micro-batch when the Job says (the tracer's ``trace.workload`` attrs)."""
+    try:
+        work = json.loads(job.manifest.attrs.get("trace.workload", "") or "{}")
+    except ValueError:
+        work = {}
+    v = work.get("micro_batch") if isinstance(work, dict) else None
+    return int(v) if isinstance(v, int) and v > 0 else 0
 
 
 def run_sweep(job_path: str | os.PathLike[str], spec: SweepSpec, *, executor: str = "local",

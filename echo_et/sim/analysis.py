@@ -88,11 +88,14 @@ def _label(st, item: int) -> tuple[str, str]:
 def critical_path(states: list, part, top: int) -> dict[str, Any]:
     """Walk back from the item that ends last on the slowest rank, always through the
     predecessor that decided each start (for a collective: the member that arrived last),
-    and add up what lies on the way. Gates (launch latency, measured gaps) count as "gap"."""
+    and add up what lies on the way. Measured gaps kept before items (launch latency, idle
+    host time between operators) count as "gap"."""
     live = [s for s in states if s.prog.n_items]
     if not live:
-        return {"length_ns": 0, "rank": -1, "by_category": {}, "top": [], "ranks": []}
+        return {"length_ns": 0, "rank": -1, "start_rank": -1, "start_offset_ns": 0, "by_category": {}, "top": [],
+                "ranks": []}
     st = max(live, key=lambda s: (max(s.end) - s.origin, -s.rank))
+    slowest = st
     item = max(range(st.prog.n_items), key=lambda i: st.end[i])
     length = st.end[item] - st.origin
     contrib: dict[tuple[str, str], list[int]] = {}
@@ -143,7 +146,11 @@ def critical_path(states: list, part, top: int) -> dict[str, Any]:
     ranked = sorted(contrib.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
     return {
         "length_ns": int(length),
-        "rank": max(live, key=lambda s: (max(s.end) - s.origin, -s.rank)).rank,
+        "rank": slowest.rank,
+        # The path may begin on a rank that started later (or earlier) than the slowest
+        # rank: by_category sums to length_ns - start_offset_ns.
+        "start_rank": st.rank,
+        "start_offset_ns": int(st.origin - slowest.origin),
         "by_category": dict(sorted(by_cat.items())),
         "top": [
             {"category": c, "name": n, "ns": int(v[0]), "count": v[1],

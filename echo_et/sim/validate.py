@@ -30,12 +30,18 @@ def measured_step(job: Job, rank: int) -> tuple[int, str]:
     b = job.binding(rank)
     if b.measured_step_ns > 0:
         return int(b.measured_step_ns), "binding"
-    g = job.graph(b.graph)
+    span = measured_span(job, rank)
+    return span, "graph span" if span else "none"
+
+
+def measured_span(job: Job, rank: int) -> int:
+    """First measured start to last measured end of the rank's graph: what replay
+    reproduces. It exceeds the ProfilerStep time when the device still works on the step
+    after the host annotation ended (no synchronisation at the end of the step)."""
+    g = job.graph(job.binding(rank).graph)
     if not g.nodes:
-        return 0, "none"
-    lo = min(n.start_ns for n in g.nodes)
-    hi = max(n.start_ns + n.duration_ns for n in g.nodes)
-    return int(hi - lo), "graph span"
+        return 0
+    return int(max(n.start_ns + n.duration_ns for n in g.nodes) - min(n.start_ns for n in g.nodes))
 
 
 def _err(sim: int, measured: int) -> float | None:
@@ -65,8 +71,9 @@ def validate(job: Job, *, comm_model: Any, slowdown_model: Any = None,
         if ep is not None:
             abs_p.append(abs(ep))
         measured_max = max(measured_max, m)
-        ranks[str(r)] = {"measured_step_ns": m, "measured_source": source, "replay_step_ns": rs,
-                         "predict_step_ns": ps, "replay_error_pct": er, "predict_error_pct": ep}
+        ranks[str(r)] = {"measured_step_ns": m, "measured_source": source, "measured_span_ns": measured_span(job, r),
+                         "replay_step_ns": rs, "predict_step_ns": ps, "replay_error_pct": er,
+                         "predict_error_pct": ep}
     return {
         "measured_step_ns": measured_max,
         "replay_step_ns": replay.step_time_ns,

@@ -3,7 +3,8 @@
 Order of events for rank r (one process plays the ranks one after another):
 
 1. ``init_process_group("echo-record", rank=r, world_size=N)`` with an in-memory store;
-2. ``build_fn(ctx)`` and a warm-up step, measured for peak memory;
+2. ``build_fn(ctx)`` and the warm-up step(s) (one by default; DDP rebuilds its buckets
+   in its second step, so DDP workloads want two), measured for peak memory;
 3. one step under ``torch.profiler`` (CPU ops; CUDA kernels too on a GPU), exported as a
    Kineto trace into a temporary folder and read back with the Kineto reader;
 4. the recording replaces the communication spans (:mod:`echo_et.trace.splice`);
@@ -96,7 +97,8 @@ def _cpu_peak(prof) -> int:
 
 
 def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device: str,
-               key_of: KeyFn, memory_limit_bytes: int | None = None) -> RankRun:
+               key_of: KeyFn, memory_limit_bytes: int | None = None,
+               warmup_steps: int = 1) -> RankRun:
     """Run and profile rank ``rank`` (see the module docstring)."""
     import torch
     import torch.distributed as dist
@@ -133,7 +135,8 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
             if not callable(step):
                 raise EchoError(f"{where(layout, rank)}: build_fn returned "
                                 f"{type(step).__name__}, not a step function")
-            _user_call(step, "the warm-up step", layout, rank, device)
+            for _ in range(warmup_steps):
+                _user_call(step, "the warm-up step", layout, rank, device)
             torch.cuda.synchronize(dev)
         else:
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as mem_prof:
@@ -141,7 +144,8 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
                 if not callable(step):
                     raise EchoError(f"{where(layout, rank)}: build_fn returned "
                                     f"{type(step).__name__}, not a step function")
-                _user_call(step, "the warm-up step", layout, rank, device)
+                for _ in range(warmup_steps):
+                    _user_call(step, "the warm-up step", layout, rank, device)
             peak = _cpu_peak(mem_prof)
             del mem_prof
             if memory_limit_bytes and peak > memory_limit_bytes:
@@ -161,7 +165,12 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
             RECORDER.enabled = False
             prof.export_chrome_trace(str(path))
             del prof
-            job = read([path], "kineto", ReadOptions(rank=rank))
+            try:
+                job = read([path], "kineto", ReadOptions(rank=rank))
+            except EchoError as e:
+                raise EchoError(f"{where(layout, rank)}: the profile of the measured step "
+                                f"cannot be converted: {str(e).replace(str(path) + ': ', '')}"
+                                ) from None
         if cuda:
             peak = torch.cuda.max_memory_allocated(dev) - base
         records = list(RECORDER.records)

@@ -48,6 +48,7 @@ class TraceOptions:
     device: str = "cpu"
     verify: str = "sample"
     memory_limit_bytes: int | None = None
+    warmup_steps: int = 1
     name: str = ""
     command: str = ""
     progress: Callable[[str], None] | None = None
@@ -113,7 +114,8 @@ class _Tracer:
             c = self.layout.coords(rank)
             r = trace_rank(self.build_fn, self.layout, rank, device=self.options.device,
                            key_of=lambda rk, rec: group_key(self.layout, rk, rec),
-                           memory_limit_bytes=self.options.memory_limit_bytes)
+                           memory_limit_bytes=self.options.memory_limit_bytes,
+                           warmup_steps=self.options.warmup_steps)
             self.runs[rank] = r
             self.hashes[rank] = structure_hash(r.graph)
             self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}): "
@@ -242,6 +244,8 @@ def trace(build_fn: Callable, layout: ParallelLayout, options: TraceOptions | No
     options = options or TraceOptions()
     if options.verify not in VERIFY_MODES:
         raise EchoError(f"verify mode {options.verify!r} is not one of {', '.join(VERIFY_MODES)}")
+    if options.warmup_steps < 0:
+        raise EchoError(f"warm-up steps must be >= 0, got {options.warmup_steps}")
     if options.device != "cpu" and not options.device.startswith("cuda"):
         raise EchoError(f"device {options.device!r}: use cpu or cuda[:N]")
     if options.device.startswith("cuda"):

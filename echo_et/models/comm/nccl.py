@@ -41,6 +41,8 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+import os
+V = set(os.environ.get("V", "").split(","))
 
 from echo_et.errors import EchoError
 from echo_et.models.comm.params import PROTOCOL_PAYLOAD, PROTOCOLS
@@ -83,7 +85,7 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
     n, m, k = pl.ranks, pl.nodes, pl.per_node
     x = P["ring_loop_extra_steps"]
     if coll == "all_reduce":
-        steps, net_steps = 2 * (n - 1), 2 * (m - 1)
+        steps, net_steps = 2 * (n - 1), (2 * (n - 1) * m / n if (m > 1 and "cyc" in V) else 2 * (m - 1))
         bus = (steps + x) / n * S
         reduced = (n - 1) / n * S
     elif coll == "all_gather":
@@ -108,7 +110,13 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
     if coll in ("broadcast", "reduce") and proto != "LL" and steps > 1:
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
         t = t + (steps - 1) * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
-    return _lat(P, proto, steps - net_steps, net_steps) + t + reduced / P["reduce_gbps"] * _US
+    if m > 1 and "floor" in V:  # NCCL: inter-node rings pay the network proxy overhead on every step
+        floor = P["net_step_us"] * (3.0 if proto == "Simple" else 1.0)
+        lat = (P[f"base_us.{proto}"] + (steps - net_steps) * max(P[f"nvlink_hop_us.{proto}"], floor)
+               + net_steps * P[f"net_hop_us.{proto}"])
+    else:
+        lat = _lat(P, proto, steps - net_steps, net_steps)
+    return lat + t + reduced / P["reduce_gbps"] * _US
 
 
 def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.ndarray:
@@ -122,9 +130,13 @@ def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.nd
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
     t = _vmax(_vmax(t_nvl, t_net), 2 * S / (cap * r))
     if proto != "LL":
-        hops = 2 * (k - 1 + levels) - 1
-        link = min(P["nvlink_gbps"], k * P["net_gbps"])
-        t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
+        if "fill" in V:
+            c = _vmin(S, P["tree_chunk_bytes"]) * _US / e
+            t = t + (2 * (k - 1) - 1) * c / P["nvlink_gbps"] + 2 * levels * c / (k * P["net_gbps"])
+        else:
+            hops = 2 * (k - 1 + levels) - 1
+            link = min(P["nvlink_gbps"], k * P["net_gbps"])
+            t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
     return _lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
 
 

@@ -52,6 +52,7 @@ SPECS: tuple[ParamSpec, ...] = (
     *_proto("base_us", "us", "intra", 1.0, "fixed setup of a collective kernel"),
     *_proto("nvlink_hop_us", "us", "intra", 1.0, "latency of one intra-node step"),
     *_proto("net_hop_us", "us", "net", 1.0, "latency of one inter-node step"),
+    ParamSpec("net_step_us", "us", "net", 0.7, "least latency of any step of a multi-node ring (proxy overhead)"),
     ParamSpec("cap_gbps.LL", "GB/s", "intra", 1.0, "throughput limit of the LL protocol (all channels)"),
     ParamSpec("cap_gbps.LL128", "GB/s", "intra", 1.0, "throughput limit of the LL128 protocol (all channels)"),
     ParamSpec("tree_simple_cap_gbps", "GB/s", "net", 1.0, "throughput limit of the tree with Simple"),

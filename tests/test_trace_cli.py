@@ -1,0 +1,74 @@
+"""``echo-et trace``: JSON output, and one-line errors with exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from echo_et.cli.main import app
+from echo_et.ir import check_job, load_job
+
+runner = CliRunner()
+TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8", "--micro-batch", "1",
+        "--vocab", "32"]
+
+
+def _run(*args: str):
+    return runner.invoke(app, ["trace", *args])
+
+
+def test_trace_gpt_json(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "job"
+    r = _run(*TINY, "--microbatches", "2", "--tp", "2", "--pp", "2", "--dp", "2", "-o", str(out),
+             "--json")
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["world_size"] == 8 and s["graphs"] == 2 and s["traced_ranks"] == 4
+    assert sorted(s["peak_memory_bytes"]) == ["0", "3", "4", "7"]
+    assert all(v > 0 for v in s["peak_memory_bytes"].values()) and s["wall_s"] > 0
+    job = load_job(out)
+    assert check_job(job) == []
+    assert job.manifest.layout.microbatches == 2
+    assert json.loads(job.manifest.attrs["trace.workload"])["layers"] == 2
+    cmd = job.manifest.provenance.command
+    assert cmd.startswith("echo-et trace --workload gpt --layers 2 --hidden 16 ")
+    assert cmd.endswith("--tp 2 --pp 2 --dp 2 --zero 0 --device cpu --verify sample --warmup 1 "
+                        "-o job")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "3", "--heads", "4", "--hidden", "24"], r"tp \(3\) must divide heads \(4\)"),
+    (["--tp", "2", "--heads", "4", "--hidden", "6"], r"heads \(4\) must divide hidden \(6\)"),
+    (["--pp", "3", "--layers", "4"], r"pp \(3\) must divide layers \(4\)"),
+    (["--dp", "2", "--tp", "2", "--world-size", "8"],
+     r"dp\*tp\*pp = 4 differs from the world size 8"),
+    (["--zero", "2"], "ZeRO stage 2 is not supported"),
+    (["--workload", "bert"], "the built-in workload is 'gpt'"),
+    (["--script", "nowhere.py:build"], "nowhere.py does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    import re
+
+    out = tmp_path / "job"
+    r = _run(*args, "-o", str(out))
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), r.stderr
+    assert "layout" in lines[0] or "workload" in lines[0] or "--script" in lines[0]
+    assert not out.exists()
+
+
+def test_user_function_raising_exit_2(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "user.py"
+    script.write_text("def build(ctx):\n    raise RuntimeError('bad config')\n")
+    out = tmp_path / "job"
+    r = _run("--script", f"{script}:build", "--dp", "2", "-o", str(out))
+    assert r.exit_code == 2
+    (line,) = [x for x in r.stderr.strip().splitlines() if x.startswith("error:")]
+    assert line == ("error: layout dp=2 tp=1 pp=1 microbatches=1, rank 0: build_fn raised "
+                    "RuntimeError: bad config")
+    assert not out.exists()
