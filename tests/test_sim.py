@@ -432,7 +432,7 @@ def test_symmetry_is_exact_with_the_cc_model_irregular_placement_and_slowdown(tp
     sym = simulate(job, "predict", options=SimOptions(stragglers={3: 1.2}), **kw)
     full = simulate(job, "predict", options=SimOptions(stragglers={3: 1.2}, symmetry=False), **kw)
     assert _per_rank(sym) == _per_rank(full)
-    assert sym.simulated_ranks < full.simulated_ranks == tp * pp * dp
+    assert sym.simulated_ranks <= full.simulated_ranks == tp * pp * dp
 
 
 # -- override points --------------------------------------------------------------------------------

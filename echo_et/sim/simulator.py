@@ -26,8 +26,9 @@ CC model and applies the overlap-slowdown model. A what-if experiment is a subcl
 Semantics (see ``docs/simulator.md``): each stream runs its items in order, one at a time;
 an item starts when its stream is free and its dependencies are done, plus the measured
 gap (see :mod:`echo_et.sim.program`); a collective starts on every member when the last
-one arrives and ends on all of them together; a send and its recv start when both are
-posted and end together. Timing rules that depend on a rank's identity must also be
+one arrives and runs for its own time (one for all members, or one per member: replay
+keeps each member's measured time after the last arrival); a send and its recv start when
+both are posted. Timing rules that depend on a rank's identity must also be
 reflected in :meth:`symmetry_key` (or run with ``symmetry=False``), because ranks found
 equivalent share one simulated timeline.
 """
