@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT = REPO.parent / "shared/data/traces/HolisticTraceAnalysis/tests/data/df_index_resolver/df_index_resolver.json.gz"
+DEFAULT = (REPO.parent / "shared/data/traces/HolisticTraceAnalysis/tests/data"
+           / "df_index_resolver/df_index_resolver.json.gz")
 
 _CHILD = r"""
 import gzip, json, resource, sys, time

@@ -211,6 +211,15 @@ def test_syncs_from_cuda_sync_events_are_exact(tmp_path):
     assert not [k for k in job.manifest.dropped if "heuristic" in k or "sync_stream_guessed" in k]
 
 
+def test_event_records_with_their_stream(tmp_path):
+    """A ``cuda_event`` activity names the stream a record was made on."""
+    evs = base_events() + [
+        {"ph": "X", "cat": "cuda_event", "name": "Event Record", "pid": 0, "tid": 22,
+         "ts": 218, "dur": 0, "args": {"device": 0, "stream": 22, "correlation": 12}}]
+    g = convert(write(tmp_path, evs)).graph_of(0)
+    assert deps(by_name(g, NCCL_AR), pb.DEP_SYNC) == [by_name(g, "Memcpy HtoD (Pinned -> Device)").id]
+
+
 def test_steps_choice_and_errors(tmp_path):
     evs = base_events() + [cpu("ProfilerStep#2", 610, 300, cat="user_annotation", **{"Ev Idx": 9})]
     p = write(tmp_path, evs)
@@ -301,3 +310,19 @@ def test_host_et_goes_to_the_linker(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "echo_et.converters.pytorch_et", types.ModuleType("x"))
     with pytest.raises(EchoError, match="linker"):
         read([p], "kineto", ReadOptions(host_et=[tmp_path / "et.json"]))
+
+
+def test_sniff(tmp_path):
+    from echo_et.converters import kineto
+
+    assert kineto.sniff(write(tmp_path, base_events()))
+    et = tmp_path / "host.json"
+    et.write_text(json.dumps({"schema": "1.0.1", "pid": 1, "nodes": []}))
+    assert not kineto.sniff(et)
+    arr = tmp_path / "array.json"
+    arr.write_text(json.dumps([{"ph": "X", "ts": 1, "dur": 1, "name": "a"}]))
+    assert kineto.sniff(arr)
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    assert kineto.sniff(broken)      # so that the reader, not "unknown format", explains it
+    assert not kineto.sniff(tmp_path / "missing.json") and not kineto.sniff(tmp_path)

@@ -209,3 +209,24 @@ def test_pipeline_restage_needs_annotations() -> None:
         n.annotations.Clear()
     with pytest.raises(EchoError, match="annotat"):
         scale(job, pp=4)
+
+
+def test_more_microbatches_on_a_zero1_job_keeps_its_shards() -> None:
+    path = FIXTURES / "jobs" / "gpt-dp4-zero1"
+    if not (path / "manifest.pb").is_file():
+        pytest.skip("fixtures/jobs/gpt-dp4-zero1 is missing")
+    job = load_job(path)
+    out, report = scale(job, microbatches=2 * job.manifest.layout.microbatches)
+    assert check_job(out) == []
+    assert report.pipeline["microbatches"]["to"] == 2 * job.manifest.layout.microbatches
+
+    def dp_colls(j):
+        return [(n.collective.type, n.collective.in_bytes, n.collective.out_bytes)
+                for n in j.graph_of(0).nodes if n.kind == pb.KIND_COLLECTIVE and n.collective.group == "dp"]
+
+    # Same gradient buffer, same ZeRO-1 reduce-scatter / all-gather, whatever the micro-batches.
+    assert dp_colls(out) == dp_colls(job)
+    per_mb = Counter(n.annotations.microbatch for n in out.graph_of(0).nodes
+                     if n.annotations.phase == "forward" and n.annotations.HasField("layer"))
+    assert sorted(per_mb) == list(range(2 * job.manifest.layout.microbatches))
+    assert len(set(per_mb.values())) == 1

@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import FIXTURES, shared_path, unpack
 from echo_et.converters import ReadOptions
@@ -145,16 +147,16 @@ def test_resnet_110_groups_steps_and_sizes():
         return [(c["collective_name"].replace("allreduce", "all_reduce"),
                  c["in_msg_nelems"] * DTYPE_BYTES[c["dtype"]], c["pg_name"]) for c in chunk]
 
-    for k, step in enumerate(steps):
-        job = read(path, step=step)
-        assert check_job(job) == []
-        assert job.manifest.step == step
-        g = job.graph(job.graph_ids()[0])
-        got = [(collective_name(n.collective.type), n.collective.in_bytes, n.collective.group)
-               for n in colls(g)]
-        assert got == expected(calls[k * per_step:(k + 1) * per_step])
+    def got(job):
+        return [(collective_name(n.collective.type), n.collective.in_bytes, n.collective.group)
+                for n in colls(job.graph(job.graph_ids()[0]))]
+
+    first = read(path, step=steps[0])
+    assert check_job(first) == [] and first.manifest.step == steps[0]
+    assert got(first) == expected(calls[:per_step])
     job = read(path)                       # default: the last step
-    assert job.manifest.step == steps[-1]
+    assert check_job(job) == [] and job.manifest.step == steps[-1]
+    assert got(job) == expected(calls[-per_step:])
     init = next(n for n in nodes if n["name"] == "## process_group:init ##")
     pg = json.loads(init["inputs"]["values"][0])[0]
     group = next(g for g in job.manifest.groups if g.name == pg["pg_name"])
@@ -361,4 +363,57 @@ def test_rank_from_the_trace_when_the_name_has_none(dlrm, tmp_path):
     assert job.manifest.dropped["host_et_rank_from_collectives"] == 1
     traced = {b.rank for b in job.manifest.bindings if b.graph == f"rank{rank}"}
     assert rank in traced and job.world_size == 8  # all_to_allv splits name 8 members
+    assert check_job(job) == []
+
+
+# -- robustness: whatever the bytes, an EchoError or a valid Job ------------------------------------
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.dictionaries(st.sampled_from(["schema", "pid", "x", "finish_ts"]), _json, max_size=4),
+       nodes=st.lists(_json, max_size=5), chunk=st.integers(1, 64), indent=st.sampled_from([None, 0, 2]))
+def test_stream_agrees_with_json_loads(tmp_path, monkeypatch, doc, nodes, chunk, indent):
+    from echo_et.converters.pytorch_et import stream
+
+    monkeypatch.setattr(stream, "_CHUNK", chunk)
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({**doc, "nodes": nodes}, indent=indent))
+    fields, items = {}, []
+    for ev, key, value in stream.iter_object(p):
+        (items.append(value) if ev == "item" else fields.__setitem__(key, value))
+    assert items == nodes and fields == doc
+    text = p.read_text()
+    cut = tmp_path / "cut.json"
+    cut.write_text(text[: len(text) // 2])
+    with pytest.raises(EchoError):
+        list(stream.iter_object(cut))
+
+
+_NODE_FIELDS = ["id", "name", "ctrl_deps", "parent", "inputs", "outputs", "attrs", "rf_id", "tid"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(_NODE_FIELDS), _json),
+                      min_size=1, max_size=6))
+def test_mutated_real_trace_never_crashes(tmp_path, edits):
+    doc = raw(FIXTURES / "traces" / "fake_pg64" / "rank0.et.json.gz")
+    interesting = [i for i, n in enumerate(doc["nodes"])
+                   if n["name"].startswith(("c10d::", "## process", "ProfilerStep"))]
+    for k, field, value in edits:
+        i = interesting[k % len(interesting)] if k % 2 else k % len(doc["nodes"])
+        doc["nodes"][i][field] = value
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(doc))
+    try:
+        job = et.read([p], ReadOptions())
+    except EchoError as e:
+        assert "\n" not in str(e)
+        return
     assert check_job(job) == []

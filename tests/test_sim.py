@@ -246,6 +246,41 @@ def test_recv_completes_after_its_send() -> None:
     assert times(res, 1)["K1"] == (600, 650)
 
 
+def late_receiver_job(nbytes: int = 1024):
+    """Rank 0 sends at 0 (10 ns) and then computes 100 ns after the send; rank 1 computes
+    200 ns before it posts the recv (measured 200-210)."""
+    jb = JobBuilder("late", 2)
+    g = jb.group([0, 1], name="pp")
+    gb = GraphBuilder("r0")
+    s, c = gb.stream(pb.STREAM_GPU_COMPUTE, "compute", device=0), gb.stream(pb.STREAM_GPU_COMM, "p2p", device=0)
+    snd = gb.p2p(True, "send", c, group="pp", peer=1, nbytes=nbytes, start_ns=0, duration_ns=10)
+    gb.compute("K0", s, start_ns=10, duration_ns=100, deps=[(snd.id, pb.DEP_SYNC)])
+    jb.add_graph(gb.build())
+    gb = GraphBuilder("r1")
+    s, c = gb.stream(pb.STREAM_GPU_COMPUTE, "compute", device=0), gb.stream(pb.STREAM_GPU_COMM, "p2p", device=0)
+    k = gb.compute("K1", s, start_ns=0, duration_ns=200)
+    gb.p2p(False, "recv", c, group="pp", peer=0, nbytes=nbytes, start_ns=200, duration_ns=10,
+           deps=[(k.id, pb.DEP_SYNC)])
+    jb.add_graph(gb.build())
+    jb.bind(0, "r0", {"pp": g})
+    jb.bind(1, "r1", {"pp": g})
+    return jb.build()
+
+
+def test_small_sends_do_not_wait_for_their_recv_large_ones_do() -> None:
+    job = late_receiver_job()
+    res = simulate(job)  # eager: replay == measured
+    assert times(res, 0) == {"send": (0, 10), "K0": (10, 110)} and times(res, 1)["recv"] == (200, 210)
+    comm = FakeComm(p2p_ns=50)
+    res = simulate(job, "predict", comm_model=comm)
+    assert times(res, 0) == {"send": (0, 50), "K0": (50, 150)}
+    assert times(res, 1)["recv"] == (200, 250)  # starts when posted, ends no earlier than the send
+    # above the eager size the send waits for the recv (rendezvous): both run 200-250
+    res = simulate(job, "predict", comm_model=comm, options=SimOptions(p2p_eager_bytes=512))
+    assert times(res, 0) == {"send": (200, 250), "K0": (250, 350)} and times(res, 1)["recv"] == (200, 250)
+    assert res.ranks[0].sync_wait_ns == 200
+
+
 def test_replay_reproduces_measured_times_of_a_two_rank_job() -> None:
     """Host thread with nested ops, launches, a sync and a collective on two ranks whose
     measured all-reduce kernels end together: every node lands at its measured time."""

@@ -100,3 +100,15 @@ def test_sweep_cli(job_dir, tmp_path) -> None:
     bad = runner.invoke(app, ["sweep", str(job_dir), "--dp", "3", "--gpus-per-node", "8", "--mode", MODE,
                               "--workers", "1", "-o", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "gpus-per-node" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_sweep_predict_prices_communication_at_each_size(job_dir) -> None:
+    """Predict mode: the dp all-reduce is priced at the new group size, so exposed
+    communication does not shrink as the job grows across nodes."""
+    res = run_sweep(job_dir, SweepSpec(dp=[2, 64], preset="a100-ib", gpus_per_node=8), workers=1)
+    small, big = res.rows
+    assert small["mode"] == big["mode"] == "predict"
+    assert big["world_size"] == 256 and big["exposed_comm_ns"] >= small["exposed_comm_ns"] > 0
+    bad = run_point(str(job_dir), {"dp": 2, "pp": None, "microbatches": None},
+                    SweepSpec(dp=[2], preset="no-such-preset"))
+    assert "no-such-preset" in bad["error"]

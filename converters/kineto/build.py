@@ -102,12 +102,20 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
     def launch_of(g: Ev) -> Ev | None:
         return runtime_by_corr.get(g.corr) if g.corr >= 0 else None
 
+    # Host events looked at in detail: the step and one more step's length after it (where
+    # gloo may still run what the step issued); the whole file when there is no step.
+    if win is None:
+        scope = host
+    else:
+        late = win.end + (win.end - win.start)
+        scope = [ev for ev in host if win.start <= ev.ts < late]
+
     # Which host events become nodes: ops, launches, host syncs. Event record/wait calls
     # only feed sync resolution.
     role: dict[int, int] = {}
     nesting_events: list[Ev] = []
     sync_calls: list[Ev] = []
-    for ev in host:
+    for ev in scope:
         if ev.kind == K_CPU:
             role[ev.idx] = _CPU
             nesting_events.append(ev)
@@ -119,20 +127,19 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             nesting_events.append(ev)
             sync_calls.append(ev)
         elif ev.name in sync.EVENT_RECORD or ev.name in sync.STREAM_WAIT:
-            nesting_events.append(ev)
             sync_calls.append(ev)
     by_thread: dict[tuple, list[Ev]] = defaultdict(list)
     for ev in nesting_events:
         by_thread[ev.thread].append(ev)
-    parents: dict[int, Ev] = {}
-    for evs in by_thread.values():
-        p, overlaps = assign_parents(evs)
-        parents.update(p)
-        if overlaps:
-            drop["nesting_overlap_guessed"] += overlaps
 
     def in_window(ev: Ev) -> bool:
         return win is None or win.holds(ev.ts)
+
+    parents: dict[int, Ev] = {}
+    for evs in by_thread.values():
+        p, overlapping = assign_parents(evs)
+        parents.update(p)
+        drop["nesting_overlap_guessed"] += sum(1 for ev in overlapping if in_window(ev))
 
     # GPU ops kept with their launch (GPU work issued in the step belongs to the step).
     kept_gpu: list[Ev] = []
@@ -152,7 +159,7 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
 
     # Communication units over the whole file, kept when issued inside the window.
     nccl = [g for g in gpu if g.kind == K_KERNEL and comm.is_nccl_kernel(g.name)]
-    gpu_units, host_units = find_units(host, parents, nccl, launch_of)
+    gpu_units, host_units = find_units(scope, parents, nccl, launch_of)
     has_gpu_ops = bool(gpu)
     has_nccl = bool(nccl)
     host_comm_ok = not has_gpu_ops or (not has_nccl and ctx.backend not in ("nccl",))
@@ -180,8 +187,7 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
         root = u.root
         assert root is not None
         if not in_window(root):
-            drop["outside_step"] += 1
-            continue
+            continue  # its ops are counted as outside the step
         gloo = u.execution is not None and u.execution.name.startswith("gloo:")
         if not (host_comm_ok or gloo):
             if comm.op_collective(root.name) is not None or root.name == "record_param_comms":
@@ -204,13 +210,14 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             continue
         nodes.append(_Node(host_order_key(ev), r, ev, ("cpu",) + ev.thread, ev.ts, ev.dur,
                            parent=parents.get(ev.idx)))
-    sync_call_ids = {c.idx for c in sync_calls}
     for ev in host:
-        if ev.idx not in role and ev.kind == K_RUNTIME and ev.idx not in sync_call_ids:
-            if in_window(ev):
-                drop["runtime_call_without_gpu_work"] += 1
-            else:
-                drop["outside_step"] += 1
+        if ev.idx in role:
+            continue
+        if not in_window(ev):
+            drop["outside_step"] += 1
+        elif ev.kind == K_RUNTIME and ev.name not in sync.EVENT_RECORD \
+                and ev.name not in sync.STREAM_WAIT and ev.corr not in gpu_by_corr:
+            drop["runtime_call_without_gpu_work"] += 1
     for ev in sync_calls:
         if ev.idx not in role and in_window(ev):
             drop["event_record_wait_calls"] += 1
@@ -234,7 +241,7 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
 
     # Collective details and groups (need the number of comm streams for fallback keys).
     single_comm_stream = len(comm_streams) <= 1
-    worker_pg = _gloo_workers(host, parents, ctx) if any(n.role == _HOSTCOMM for n in nodes) else {}
+    worker_pg = _gloo_workers(scope, parents, ctx) if any(n.role == _HOSTCOMM for n in nodes) else {}
     for n in nodes:
         if n.role not in (_COMM, _HOSTCOMM):
             continue
@@ -277,11 +284,18 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
     kept_calls = [c for c in sync_calls if in_window(c)]
     counts: Counter = Counter()
     sync_deps: dict[int, list[int]] = defaultdict(list)
+    issued = _issue_times(nodes)
     for waiter, waited in sync.resolve(kept_calls, acts_by_corr, runtime_by_corr, index,
                                        _counter(counts)):
         a, b = node_id.get(waiter.idx), node_id.get(waited.idx)
-        if a is not None and b is not None and a != b and b not in sync_deps[a]:
-            sync_deps[a].append(b)
+        if a is None or b is None or a == b or b in sync_deps[a]:
+            continue
+        if (issued[b], b) >= (issued[a], a):
+            # Only merged collectives can meet this (a wait between their launches): a
+            # dependency on later-issued work could close a cycle, so it is left out.
+            counts["sync_dep_against_issue_order"] += 1
+            continue
+        sync_deps[a].append(b)
     drop.update(counts)
 
     # Streams, declared in a fixed order.
@@ -341,6 +355,14 @@ def _gloo_workers(host: list[Ev], parents: dict[int, Ev], ctx: RankContext) -> d
             (gloo if ev.name.startswith("gloo:") else other).add(ev.thread)
     workers = {th[1] for th in gloo - other}
     return groups.gloo_worker_groups(workers, ctx.pgs, ctx.rank)
+
+
+def _issue_times(nodes: list[_Node]) -> dict[int, int]:
+    """Node id -> when its work was issued (earliest launch for GPU work, else its start)."""
+    out: dict[int, int] = {}
+    for i, n in enumerate(nodes, start=1):
+        out[i] = min(x.ts for x in n.launches) if n.launches else n.ev.ts
+    return out
 
 
 def _counter(counts: Counter) -> Callable[[str], None]:

@@ -30,7 +30,7 @@ K_RUNTIME = 2    # CUDA/HIP runtime or driver call
 K_KERNEL = 3     # GPU kernel
 K_MEMCPY = 4
 K_MEMSET = 5
-K_SYNC_ACT = 6   # GPU-side record of a synchronisation (Kineto "cuda_sync")
+K_SYNC_ACT = 6   # GPU-side record of a sync or event record (Kineto "cuda_sync", "cuda_event")
 
 GPU_KINDS = frozenset({K_KERNEL, K_MEMCPY, K_MEMSET})
 
@@ -123,7 +123,7 @@ def _kind_of_category(raw: Any) -> int:
         return K_MEMCPY
     if cat in _MEMSET_CATS:
         return K_MEMSET
-    if cat == "cuda_sync":
+    if cat in ("cuda_sync", "cuda_event"):
         return K_SYNC_ACT
     if cat == "trace":
         return _TRACE

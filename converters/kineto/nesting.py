@@ -13,11 +13,11 @@ def host_order_key(ev: Ev) -> tuple[int, int, int, int]:
     return (ev.ts, -ev.dur, ev.kind, ev.idx)
 
 
-def assign_parents(thread_events: list[Ev]) -> tuple[dict[int, Ev], int]:
+def assign_parents(thread_events: list[Ev]) -> tuple[dict[int, Ev], list[Ev]]:
     """Parent of each event (by ``Ev.idx``) among ``thread_events`` (one thread, any order),
-    and how many children outlast their parent."""
+    and the children that outlast their parent."""
     parents: dict[int, Ev] = {}
-    overlaps = 0
+    overlaps: list[Ev] = []
     stack: list[Ev] = []
     for ev in sorted(thread_events, key=host_order_key):
         ts = ev.ts
@@ -26,7 +26,7 @@ def assign_parents(thread_events: list[Ev]) -> tuple[dict[int, Ev], int]:
         if stack:
             top = stack[-1]
             if ev.ts + ev.dur > top.ts + top.dur:
-                overlaps += 1
+                overlaps.append(ev)
             parents[ev.idx] = top
         stack.append(ev)
     return parents, overlaps

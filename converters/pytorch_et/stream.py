@@ -22,6 +22,7 @@ from typing import Any
 from echo_et.errors import EchoError
 
 _WS = re.compile(r"[ \t\n\r]*")
+_NUMBER_CHARS = re.compile(r"[0-9.eE+\-]*")
 _CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -107,11 +108,17 @@ class _Scanner:
                 if self.fill():
                     continue
                 raise self.error(f"invalid JSON ({e.msg})", at=e.pos) from None
-            # A number (or literal) that ends exactly at the buffer end may continue.
-            if end >= len(self.buf) and not self.eof and self.fill():
+            # A number the buffer cuts short ("12." of "12.5") may go on in the next chunk.
+            if not self.eof and type(v) in (int, float) and self._number_tail(end) \
+                    and self.fill():
                 continue
             self.pos = end
             return v
+
+    def _number_tail(self, end: int) -> bool:
+        """Whether only number characters follow ``end`` up to the end of the buffer."""
+        m = _NUMBER_CHARS.match(self.buf, end)
+        return m is not None and m.end() == len(self.buf)
 
     def error(self, msg: str, at: int | None = None) -> EchoError:
         where = self.offset + (self.pos if at is None else at)

@@ -89,7 +89,10 @@ class LayoutDecision:
             "microbatches": self.microbatches, "zero": self.zero,
             "order": "-".join(self.mesh.order), "source": self.source,
             "reasons": list(self.reasons),
-            "group_roles": {str(k): v for k, v in sorted(self.roles.items())},
+            "role_counts": dict(sorted(Counter(self.roles.values()).items())),
+            # Per group only for small jobs: a 100,000-rank job has ~100,000 groups.
+            "group_roles": ({str(k): v for k, v in sorted(self.roles.items())}
+                            if len(self.roles) <= 64 else {}),
         }
 
 

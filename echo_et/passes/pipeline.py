@@ -40,6 +40,7 @@ from typing import Any
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
 from echo_et.ir.schema import pb
+from echo_et.passes.dtypes import DTYPE_BYTES
 from echo_et.passes.inject import ACCUMULATE_GRAD, bucket_gradients
 from echo_et.passes.inject import Gradient as _Grad
 from echo_et.passes.inject import _grad_bytes as grad_bytes_of
@@ -560,6 +561,7 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     reduce_ids: list[int] = []
     bucket_sizes: list[int] = []
     dtype = dp_src.dp_dtype if dp_src else ""
+    elem = DTYPE_BYTES.get(dtype, 1)
     if dp_key and dp_src is not None and dp_src.dp_stream is not None and dp > 1:
         grads, grad_source = _gradients(last_bwd_nodes, unit_ends, pieces, t, old, my_layers, first, last)
         buckets = bucket_gradients(grads, bucket_bytes, bucket_bytes)
@@ -570,7 +572,7 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
             deps = [(hook.id, pb.DEP_SYNC)]
             at = hook.start_ns + hook.duration_ns
             if zero:
-                shard = math.ceil(size / dp)
+                shard = math.ceil(size / elem / dp) * elem   # whole elements, padded to dp shards
                 n = e.b.collective(f"dp:reduce_scatter bucket {k}", sid, coll_type=pb.COLL_REDUCE_SCATTER,
                                    group=dp_key, in_bytes=shard * dp, out_bytes=shard, dtype=dtype,
                                    start_ns=at, deps=deps)
@@ -592,7 +594,7 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
         tail = max(made, key=lambda n: (n.start_ns + n.duration_ns, n.id)) if made else None
         sid = e.b.stream(dp_src.dp_stream[0], dp_src.dp_stream[1], device=device)
         for k, size in enumerate(bucket_sizes):
-            shard = math.ceil(size / dp)
+            shard = math.ceil(size / elem / dp) * elem
             n = e.b.collective(f"dp:all_gather bucket {k}", sid, coll_type=pb.COLL_ALL_GATHER,
                                group=dp_key, in_bytes=shard, out_bytes=shard * dp, dtype=dtype,
                                start_ns=e.clock, deps=[(tail.id, pb.DEP_SYNC)] if tail else [])

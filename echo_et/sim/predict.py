@@ -63,7 +63,7 @@ class Predictor(Simulator):
     def p2p(self, call: CommCall) -> int:
         gpn = self.gpus_per_node
         same_node = gpn > 0 and call.src // gpn == call.dst // gpn
-        key = ("p", call.in_bytes, same_node if gpn > 0 else (call.src, call.dst))
+        key = ("p", call.in_bytes, call.src == call.dst, same_node if gpn > 0 else (call.src, call.dst))
         got = self._estimates.get(key)
         if got is None:
             est = self.comm_model.p2p(call.in_bytes, call.src, call.dst, gpus_per_node=gpn or None)

@@ -76,6 +76,7 @@ class SimOptions:
     check: bool = True                         # run the IR checker first
     critical_top: int = 10                     # contributors listed in the critical path
     keep_acausal_deps: bool = False            # obey dependencies the measured times contradict
+    p2p_eager_bytes: int = 4 << 20             # sends up to this size do not wait for their recv
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +85,7 @@ class SimOptions:
             "symmetry": self.symmetry,
             "gpus_per_node": self.gpus_per_node,
             "align_start": self.align_start,
+            "p2p_eager_bytes": self.p2p_eager_bytes,
         }
 
 
@@ -156,7 +158,7 @@ class _Rank:
     """Simulation state of one simulated (representative) rank."""
 
     __slots__ = ("rank", "cls", "prog", "graph", "dur", "cnt", "start", "end", "arrive", "origin",
-                 "stack", "queued", "done", "mkey", "mexp", "keygroup", "pos", "dkey", "met", "clock")
+                 "stack", "queued", "done", "mkey", "mexp", "keygroup", "pos", "dkey", "met", "clock", "eager")
 
     def __init__(self, rank: int, cls: int, prog: Program, graph, origin: int, clock: int = 0):
         self.rank = rank
@@ -175,6 +177,7 @@ class _Rank:
         self.done = 0
         self.mkey: dict[int, tuple] = {}    # rendezvous item -> meeting key
         self.mexp: dict[int, int] = {}      # rendezvous item -> participants expected
+        self.eager: set[int] = set()        # sends that complete without waiting for their recv
         self.keygroup: dict[str, pb.ProcessGroup] = {}
         self.pos: dict[str, int] = {}
         self.dkey: Hashable = None
@@ -357,6 +360,8 @@ class Simulator:
                     peer_exp[(key, peer)] = exp
                 st.mkey[it] = ("p", gclass[key], me, peer, seq) if is_send else ("p", gclass[key], peer, me, seq)
                 st.mexp[it] = exp
+                if is_send and prog.rendezvous[it].in_bytes <= self.options.p2p_eager_bytes:
+                    st.eager.add(it)
             self._states.append(st)
 
     def _base_durations(self) -> dict[Hashable, list[int]]:
@@ -426,6 +431,9 @@ class Simulator:
             if is_rdv[i]:
                 arrive[i] = t
                 key = mkey[i]
+                if key[0] == "p":
+                    self._p2p_arrive(st, i, t, key)
+                    continue
                 m = meetings.get(key)
                 if m is None:
                     m = [0, t, []]
@@ -454,6 +462,47 @@ class Simulator:
         self._events += done
 
     def _complete(self, key: tuple, tmax: int, parts: list) -> None:
+        """All members of a collective arrived: it starts at ``tmax`` on every one of them."""
+        own = self._own_times(key, parts)
+        for (st, it, _), o in zip(parts, own, strict=True):
+            self._finish(st, it, tmax, tmax + o, parts)
+
+    def _p2p_arrive(self, st: _Rank, item: int, t: int, key: tuple) -> None:
+        """A send or recv is posted. An eager send (small message: it goes to the peer's
+        buffer) runs at once; its recv starts when both are posted and ends no earlier
+        than the send. A larger send waits for its recv (rendezvous): both start when both
+        are posted."""
+        meetings = self._meetings
+        m = meetings.get(key)
+        if m is None:
+            m = [0, t, [], -1]   # posted, latest post, parts, end of a send already done
+            meetings[key] = m
+        m[0] += 1
+        m[2].append((st, item, t))
+        if t > m[1]:
+            m[1] = t
+        eager = item in st.eager
+        if m[0] < st.mexp[item]:
+            if eager:  # the recv is not posted yet: the send does not wait for it
+                own = self._own_times(key, [(st, item, t)])[0]
+                m[3] = t + own
+                self._finish(st, item, t, t + own, [(st, item, t)])
+            return
+        del meetings[key]
+        parts, tmax, send_end = m[2], m[1], m[3]
+        own = self._own_times(key, parts)
+        for (pst, pit, pt), o in zip(parts, own, strict=True):
+            if pst.end[pit] >= 0:
+                continue  # the eager send that ran already
+            if pit in pst.eager:
+                send_end = pt + o
+                self._finish(pst, pit, pt, send_end, parts)
+        for (pst, pit, _), o in zip(parts, own, strict=True):
+            if pst.end[pit] < 0:
+                self._finish(pst, pit, tmax, max(tmax + o, send_end), parts)
+
+    def _own_times(self, key: tuple, parts: list) -> list[int]:
+        """Own time of each participant from the ``collective`` / ``p2p`` hooks."""
         st0, it0, _ = parts[0]
         rv0 = st0.prog.rendezvous[it0]
         group = st0.keygroup[rv0.key]
@@ -481,25 +530,24 @@ class Simulator:
             if len(own) != len(parts):
                 raise EchoError(f"while simulating rank {st0.rank} {st0.describe(it0)}: {len(own)} times for "
                                 f"{len(parts)} participants")
-            ends = [tmax + max(0, int(x)) for x in own]
-        else:
-            ends = [tmax + max(0, int(own))] * len(parts)
-        active = self._active
-        for (st, it, _), e in zip(parts, ends, strict=True):
-            st.start[it] = tmax
-            st.end[it] = e
-            st.met[it] = parts
-            st.done += 1
-            cnt, stack = st.cnt, st.stack
-            for q in st.prog.succs[it]:
-                c = cnt[q] - 1
-                cnt[q] = c
-                if c == 0:
-                    stack.append(q)
-            if stack and not st.queued:
-                st.queued = True
-                active.append(st)
-        self._events += len(parts)
+            return [max(0, int(x)) for x in own]
+        return [max(0, int(own))] * len(parts)
+
+    def _finish(self, st: _Rank, it: int, start: int, end: int, parts: list) -> None:
+        st.start[it] = start
+        st.end[it] = end
+        st.met[it] = parts
+        st.done += 1
+        self._events += 1
+        cnt, stack = st.cnt, st.stack
+        for q in st.prog.succs[it]:
+            c = cnt[q] - 1
+            cnt[q] = c
+            if c == 0:
+                stack.append(q)
+        if stack and not st.queued:
+            st.queued = True
+            self._active.append(st)
 
     def _check_match(self, parts: list, group: pb.ProcessGroup) -> None:
         st0, it0, _ = parts[0]
@@ -537,7 +585,13 @@ class Simulator:
         waiting: dict[int, tuple[_Rank, int, tuple]] = {}   # class -> (state, item, meeting key)
         edges: dict[int, list[int]] = {}
         missing_of: dict[tuple, list[int]] = {}
-        for key, (_, _, parts) in self._meetings.items():
+        # An eager send that ran leaves a meeting nobody waits at: only its recv can be missing.
+        pending = {k: m for k, m in self._meetings.items() if any(p[0].end[p[1]] < 0 for p in m[2])}
+        if not unfinished and not pending:
+            st, it, _ = next(iter(self._meetings.values()))[2][0]
+            return f"rank {st.rank} {st.describe(it)}: nobody receives this send (mismatched send/recv)"
+        for key, m in pending.items():
+            parts = [p for p in m[2] if p[0].end[p[1]] < 0]
             missing = sorted(self._wanted(key, parts) - {st.cls for st, _, _ in parts})
             missing_of[key] = missing
             for st, it, _ in parts:
@@ -556,9 +610,9 @@ class Simulator:
                 else:
                     parts.append(f"rank {rep_of_class[c]} is blocked")
             return "deadlock (cyclic wait across ranks): " + "; ".join(parts)
-        if self._meetings:
-            key, (_, _, parts) = min(self._meetings.items(), key=lambda kv: (kv[1][2][0][0].rank, kv[1][2][0][1]))
-            st, it, _ = parts[0]
+        if pending:
+            key, m = min(pending.items(), key=lambda kv: (kv[1][2][0][0].rank, kv[1][2][0][1]))
+            st, it, _ = next(p for p in m[2] if p[0].end[p[1]] < 0)
             missing = missing_of[key]
             why = []
             for c in missing:

@@ -102,6 +102,9 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
         reduced = S * (1.0 if coll == "reduce" else 0.0)
     r = _ramp(P, nccl_bytes(coll, S, n), proto) / _US
     e = PROTOCOL_PAYLOAD[proto]
+    if "shape" in V:
+        P = dict(P)
+        P[f"net_hop_us.{proto}"] = {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}[proto] / 2.7 * P["net_hop_us.LL"]
     t = bus / (P["nvlink_gbps"] * e * r)
     if m > 1:
         t = _vmax(t, bus / (k * P["net_gbps"] * e * r))
@@ -123,20 +126,38 @@ def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.nd
     m, k = pl.nodes, pl.per_node
     levels = math.ceil(math.log2(m))
     r = _ramp(P, S, proto) / _US
+    if "tnoramp" in V and (proto != "LL" or "tnorampLL" in V):
+        r = 1.0 / _US + 0 * S
     e = PROTOCOL_PAYLOAD[proto]
     net_share = 1.0 if (m == 2 and not belief) else 2.0
     t_nvl = 2 * S / (P["nvlink_gbps"] * e * r)
-    t_net = net_share * S / (k * P["net_gbps"] * e * P["tree_net_eff"] * r)
+    eff = P["tree_net_eff"]
+    if "teff" in V:
+        eff = (0.92 if m <= 2 else 17.8 / 24.0) * (P["tree_net_eff"] if "teffx" in V else 1.0)
+    t_net = net_share * S / (k * P["net_gbps"] * e * eff * r)
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
     t = _vmax(_vmax(t_nvl, t_net), 2 * S / (cap * r))
     if proto != "LL":
-        if "fill" in V:
+        if "achunk" in V:
+            c = _vmin(S / 8.0, P["tree_chunk_bytes"]) * _US / e
+            t = t + (2 * (k - 1) - 1) * c / P["nvlink_gbps"] + 2 * levels * c / (k * P["net_gbps"])
+        elif "fill" in V:
             c = _vmin(S, P["tree_chunk_bytes"]) * _US / e
             t = t + (2 * (k - 1) - 1) * c / P["nvlink_gbps"] + 2 * levels * c / (k * P["net_gbps"])
         else:
             hops = 2 * (k - 1 + levels) - 1
             link = min(P["nvlink_gbps"], k * P["net_gbps"])
             t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
+    if "treehop" in V:
+        ratio = {"LL": 5.0 / 2.7, "LL128": 8.5 / 4.0, "Simple": 2.0}[proto]
+        lat = (P[f"base_us.{proto}"] + 2 * (k - 1) * P[f"nvlink_hop_us.{proto}"]
+               + 2 * levels * ratio * P[f"net_hop_us.{proto}"])
+        return lat + t + S / P["reduce_gbps"] * _US
+    if "shape" in V:
+        rel = {"LL": 5.0, "LL128": 8.5, "Simple": 28.0}[proto] / 2.7
+        lat = (P[f"base_us.{proto}"] + 2 * (k - 1) * P[f"nvlink_hop_us.{proto}"]
+               + 2 * levels * rel * P["net_hop_us.LL"])
+        return lat + t + S / P["reduce_gbps"] * _US
     return _lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
 
 
