@@ -35,6 +35,11 @@ def load(path: Path, *, exact: bool = False, fresh: bool = False) -> dict:
     return doc
 
 
+def forget() -> None:
+    """Drop the shared documents (a module's tests are done with them)."""
+    _LOADED.clear()
+
+
 def events(doc: dict) -> list[dict]:
     return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
 

@@ -17,6 +17,12 @@ from echo_et.ir import check_job, load_job, pb
 from echo_et.ir.schema import collective_name
 
 HTA = "traces/HolisticTraceAnalysis/tests/data"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_documents():
+    yield
+    facts.forget()
 PARAM = "traces/param/et_replay/tests/inputs"
 _CACHE: dict[str, tuple[object, dict]] = {}
 

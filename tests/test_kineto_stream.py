@@ -69,10 +69,10 @@ def test_microsecond_text_to_exact_nanoseconds(text, ns):
 
 
 def test_doubles_would_lose_the_nanoseconds():
-    # Why floats are read as text: the double nearest this timestamp is off by more than 0 ns.
-    text = "4458676522690.655"
-    assert round(float(text) * 1000) != kev.us_to_ns(text) or \
-        float(text) * 1000 != int(Decimal(text) * 1000)
+    # Why floats are read as text: near wall-clock microseconds doubles are 0.25 us apart.
+    text = "1712195495519695.123"
+    assert kev.us_to_ns(text) == 1712195495519695123
+    assert round(float(text) * 1000) != 1712195495519695123
 
 
 @pytest.mark.parametrize("body, needle", [

@@ -18,6 +18,12 @@ from echo_et.ir import check_job, pb
 HTA = "traces/HolisticTraceAnalysis/tests/data"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forget_documents():
+    yield
+    facts.forget()
+
+
 def _bandwidth_ratios(doc) -> list[float]:
     """bytes / (dur read as us) / printed GB/s, for every memcpy/memset with a bandwidth."""
     out = []

@@ -177,6 +177,29 @@ def test_replay_keeps_each_members_measured_tail_after_the_last_arrival() -> Non
     assert times(skewed, 0)["AR"][1] - times(skewed, 0)["AR"][0] == 50
 
 
+def test_collective_inside_a_host_thread_blocks_the_thread() -> None:
+    """gloo called synchronously: the all-reduce is a leaf of the main thread's step."""
+    jb = JobBuilder("cpu", 2)
+    g = jb.group([0, 1], name="0")
+    for r, d in ((0, 100), (1, 300)):
+        gb = GraphBuilder(f"g{r}")
+        t = gb.stream(pb.STREAM_CPU_THREAD, "main")
+        step = gb.cpu_op("step", t, start_ns=0, duration_ns=400)
+        ctl = [(step.id, pb.DEP_CONTROL)]
+        gb.cpu_op("work", t, start_ns=0, duration_ns=d, deps=ctl)
+        gb.collective("AR", t, coll_type=pb.COLL_ALL_REDUCE, group="dp", in_bytes=64, start_ns=d,
+                      duration_ns=350 - d, deps=ctl)
+        gb.cpu_op("after", t, start_ns=350, duration_ns=50, deps=ctl)
+        jb.add_graph(gb.build())
+        jb.bind(r, f"g{r}", {"dp": g}, measured_step_ns=400)
+    job = jb.build()
+    res = simulate(job)
+    assert times(res, 0) == {"step": (0, 400), "work": (0, 100), "AR": (300, 350), "after": (350, 400)}
+    assert res.ranks[0].compute_ns == 400 - 50 - 200  # CPU-only: host operators are the compute
+    res = simulate(job, "predict", comm_model=FakeComm(coll_ns=1000))
+    assert times(res, 1) == {"step": (0, 1350), "work": (0, 300), "AR": (300, 1300), "after": (1300, 1350)}
+
+
 def test_straggler_delays_the_collective_for_everyone() -> None:
     res = simulate(two_rank_allreduce(), options=SimOptions(stragglers={1: 2.0}))
     assert times(res, 0)["AR"] == (600, 650) and res.ranks[0].step_time_ns == 650

@@ -86,6 +86,11 @@ def test_pipeline_1f1b_point_to_point():
     # 1F1B on 2 stages: stage 0 sends two activations before its first gradient arrives
     assert [c[0] for c in first[:3]] == ["send", "send", "recv"]
     assert first[-1][0] == "recv" and last[0][0] == "recv" and last[-1][0] == "send"
+    # activations travel in the forward phase of their micro-batch, gradients in the backward
+    p2p = [n for n in job.graph_of(0).nodes if n.kind in (pb.KIND_SEND, pb.KIND_RECV)]
+    assert sorted((n.kind, n.annotations.phase, n.annotations.microbatch) for n in p2p) == sorted(
+        [(pb.KIND_SEND, "forward", mb) for mb in range(3)]
+        + [(pb.KIND_RECV, "backward", mb) for mb in range(3)])
     layers = {n.annotations.layer for n in job.graph_of(1).nodes if n.annotations.HasField("layer")}
     assert layers == {1}   # stage 1 holds the second of the two layers
     stages = {n.annotations.stage for n in job.graph_of(1).nodes if n.annotations.HasField("stage")}

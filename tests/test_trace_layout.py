@@ -44,3 +44,12 @@ def test_group_keys_by_membership():
     assert group_key(lay, 5, _rec(range(8), "default_pg")) == "world"
     assert group_key(lay, 5, _rec((3, 5), "mesh_x")) == "mesh_x"
     assert group_key(lay, 5, _rec((3, 5), "undefined")) == "pg:7"
+
+
+def test_importing_the_tracer_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, echo_et.trace, echo_et.trace.compare, echo_et.workloads, "
+            "echo_et.cli.trace_cmds; sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -62,7 +62,9 @@ def where(layout: ParallelLayout, rank: int) -> str:
 def _is_oom(e: BaseException) -> bool:
     import torch
 
-    if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    if isinstance(e, (MemoryError, *oom_types)):
         return True
     text = str(e)
     return isinstance(e, RuntimeError) and ("can't allocate memory" in text
@@ -114,6 +116,8 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
                         "this process; the tracer needs to own the default process group")
     cuda = device.startswith("cuda")
     dev = torch.device(device)
+    if cuda and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size,
                             store=dist.HashStore())
     RECORDER.reset()

@@ -340,12 +340,9 @@ class _Splicer:
                     for k in ready:
                         deps.append((comm_node[k], pb.DEP_SYNC))
                     pending_wait[ln.stream] = [(t, k) for t, k in waits if t > ln.start_ns]
-            c = pb.Node()
-            c.CopyFrom(n)
-            c.ClearField("deps")
             copy = gb.node(n.kind, n.name, new_sid[n.stream], start_ns=start, duration_ns=dur,
                            deps=deps)
-            copy.MergeFrom(_payload_only(c))
+            _copy_payload(n, copy)
             new_id[n.id] = copy.id
             if host:
                 _annotate(copy, notes.get(n.id))
@@ -403,20 +400,18 @@ class _Splicer:
             self.dropped["ex_situ_wait_not_observed"] += len(ks)
 
 
-def _payload_only(n: pb.Node) -> pb.Node:
-    """``n`` with only its payload, annotations and attrs (ids, times, deps rebuilt)."""
-    out = pb.Node()
-    which = n.WhichOneof("payload")
+def _copy_payload(src: pb.Node, dst: pb.Node) -> None:
+    """``src``'s payload and attrs onto ``dst`` (ids, times and deps are rebuilt)."""
+    which = src.WhichOneof("payload")
     if which is not None:
-        getattr(out, which).CopyFrom(getattr(n, which))
+        getattr(dst, which).CopyFrom(getattr(src, which))
         if which == "cpu":
             # Run-specific ids: they would make two traces of one program differ.
-            out.cpu.correlation = 0
-            out.cpu.rf_id = 0
-    for k, v in n.attrs.items():
+            dst.cpu.correlation = 0
+            dst.cpu.rf_id = 0
+    for k, v in src.attrs.items():
         if k != "rf_id_source":
-            out.attrs[k] = v
-    return out
+            dst.attrs[k] = v
 
 
 def _annotate(node: pb.Node, attrs: dict[str, str | int] | None) -> None:

@@ -22,7 +22,6 @@ from torch import nn
 
 from echo_et.workloads.markers import comm_span
 
-
 # torch 2.13 renamed the tensor forms; older releases only have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

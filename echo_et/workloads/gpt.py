@@ -95,7 +95,10 @@ class _GPTRank:
         self.stage = ctx.pp_rank
         per_stage = cfg.layers // layout.pp
         self.first_layer = self.stage * per_stage
-        gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 7919 * ctx.pp_rank + ctx.tp_rank)
+        # Initialisation draws on the parameters' own device (a CPU generator cannot fill a
+        # CUDA tensor); the data is drawn on CPU and copied, as a data loader would.
+        gen = torch.Generator(device=self.device).manual_seed(
+            cfg.seed + 7919 * ctx.pp_rank + ctx.tp_rank)
         self.model = _Stage(cfg, layout, self.stage, self.first_layer, per_stage, tp_group,
                             gen=gen, device=self.device, dtype=self.dtype)
         self.link = StageLink(pp_group, (cfg.micro_batch, cfg.seq, cfg.hidden), self.dtype,

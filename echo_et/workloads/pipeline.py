@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from echo_et.workloads.markers import comm_span
+from echo_et.workloads.markers import comm_span, span
 
 
 class StageLink:
@@ -39,50 +39,63 @@ class StageLink:
     def _buffer(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device=self.device)
 
-    def _exchange(self, send: torch.Tensor | None, send_to: int,
-                  recv_from: int | None) -> torch.Tensor | None:
+    def _exchange(self, send: torch.Tensor | None, send_to: int, send_tag: dict,
+                  recv_from: int | None, recv_tag: dict) -> torch.Tensor | None:
+        """Post a send and/or a receive, then wait for both. ``*_tag`` are the annotations
+        (phase, micro-batch) of what travels."""
         works = []
         if send is not None:
             send = send.contiguous()
-            with comm_span(self.group):
+            with span(**send_tag, stage=self.stage), comm_span(self.group):
                 works.append(dist.isend(send, self._peer(send_to), group=self.group))
         buf = None
         if recv_from is not None:
             buf = self._buffer()
-            with comm_span(self.group):
+            with span(**recv_tag, stage=self.stage), comm_span(self.group):
                 works.append(dist.irecv(buf, self._peer(recv_from), group=self.group))
         for w in works:
             with comm_span(self.group):
                 w.wait()
         return buf
 
-    def recv_forward(self) -> torch.Tensor | None:
+    def recv_forward(self, mb: int) -> torch.Tensor | None:
         if self.first:
             return None
-        buf = self._exchange(None, 0, -1)
+        buf = self._exchange(None, 0, {}, -1, _fwd(mb))
         assert buf is not None
         return buf.requires_grad_()
 
-    def send_forward(self, out: torch.Tensor) -> None:
+    def send_forward(self, out: torch.Tensor, mb: int) -> None:
         if not self.last:
-            self._exchange(out.detach(), 1, None)
+            self._exchange(out.detach(), 1, _fwd(mb), None, {})
 
-    def recv_backward(self) -> torch.Tensor | None:
-        return None if self.last else self._exchange(None, 0, 1)
+    def recv_backward(self, mb: int) -> torch.Tensor | None:
+        return None if self.last else self._exchange(None, 0, {}, 1, _bwd(mb))
 
-    def send_backward(self, grad: torch.Tensor | None) -> None:
+    def send_backward(self, grad: torch.Tensor | None, mb: int) -> None:
         if not self.first and grad is not None:
-            self._exchange(grad, -1, None)
+            self._exchange(grad, -1, _bwd(mb), None, {})
 
-    def send_forward_recv_backward(self, out: torch.Tensor) -> torch.Tensor | None:
-        return None if self.last else self._exchange(out.detach(), 1, 1)
+    def send_forward_recv_backward(self, out: torch.Tensor, send_mb: int,
+                                   recv_mb: int) -> torch.Tensor | None:
+        return None if self.last else self._exchange(out.detach(), 1, _fwd(send_mb), 1,
+                                                     _bwd(recv_mb))
 
-    def send_backward_recv_forward(self, grad: torch.Tensor | None) -> torch.Tensor | None:
+    def send_backward_recv_forward(self, grad: torch.Tensor | None, send_mb: int,
+                                   recv_mb: int) -> torch.Tensor | None:
         if self.first:
             return None
-        buf = self._exchange(grad, -1, -1)
+        buf = self._exchange(grad, -1, _bwd(send_mb), -1, _fwd(recv_mb))
         assert buf is not None
         return buf.requires_grad_()
+
+
+def _fwd(mb: int) -> dict:
+    return {"phase": "forward", "mb": mb}
+
+
+def _bwd(mb: int) -> dict:
+    return {"phase": "backward", "mb": mb}
 
 
 def one_f_one_b(link: StageLink, microbatches: int,
@@ -98,30 +111,28 @@ def one_f_one_b(link: StageLink, microbatches: int,
     remaining = microbatches - warmup
     saved: list[tuple[int, torch.Tensor | None, torch.Tensor]] = []
     fwd_mb = 0
-    bwd_mb = 0
     for _ in range(warmup):
-        inp = link.recv_forward()
+        inp = link.recv_forward(fwd_mb)
         out = forward(fwd_mb, inp)
-        link.send_forward(out)
+        link.send_forward(out, fwd_mb)
         saved.append((fwd_mb, inp, out))
         fwd_mb += 1
-    inp = link.recv_forward() if remaining > 0 else None
+    inp = link.recv_forward(fwd_mb) if remaining > 0 else None
     for i in range(remaining):
         out = forward(fwd_mb, inp)
         saved.append((fwd_mb, inp, out))
+        sent_mb = fwd_mb
         fwd_mb += 1
-        out_grad = link.send_forward_recv_backward(out)
         mb, b_inp, b_out = saved.pop(0)
+        out_grad = link.send_forward_recv_backward(out, sent_mb, mb)
         in_grad = backward(mb, b_inp, b_out, out_grad)
-        bwd_mb += 1
         if i == remaining - 1:
             inp = None
-            link.send_backward(in_grad)
+            link.send_backward(in_grad, mb)
         else:
-            inp = link.send_backward_recv_forward(in_grad)
+            inp = link.send_backward_recv_forward(in_grad, mb, fwd_mb)
     for _ in range(warmup):
-        out_grad = link.recv_backward()
         mb, b_inp, b_out = saved.pop(0)
+        out_grad = link.recv_backward(mb)
         in_grad = backward(mb, b_inp, b_out, out_grad)
-        bwd_mb += 1
-        link.send_backward(in_grad)
+        link.send_backward(in_grad, mb)

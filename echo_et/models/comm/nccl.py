@@ -8,21 +8,27 @@ For every (algorithm, protocol) NCCL could run, the kernel time is
 (the resources in the max are NVLink, the node's NICs and the protocol's own throughput
 limit; the reduction term is added, as in Echo's model, not overlapped), with the structure of NCCL's algorithms:
 
-- ring (all-reduce, all-gather, reduce-scatter): 2(n-1) or n-1 steps, of which 2(m-1) or
-  m-1 cross a node boundary (m nodes); every rank moves (steps + loop overhead)/n of the
-  buffer through its NVLink and, across nodes, its node's NICs;
+- ring (all-reduce, all-gather, reduce-scatter): 2(n-1) or n-1 steps; the ring is a cycle
+  that crosses each of the m node boundaries once, so a fraction m/n of its steps go over
+  the network; every rank moves (steps + loop overhead)/n of the buffer through its NVLink
+  and, across nodes, its node's NICs;
 - tree (all-reduce across nodes): a chain inside each node and a double binary tree across
   nodes, reduce up then broadcast down, pipelined in chunks: 2((k-1) + ceil(log2 m)) hops;
   2S through NVLink; across nodes S per node when m == 2 (each node is the other's root)
-  and 2S when m > 2 (an inner node has two children);
+  and 2S when m > 2 (an inner node has two children), at a fraction of the ring's network
+  rate that depends on the node count as in NCCL's tuning (``tree_net_eff`` on two nodes,
+  ``tree_net_eff_many`` on more);
 - chain (broadcast, reduce): n-1 pipelined hops;
 - NVLS (all-reduce inside one NVSwitch node with NVLink SHARP, Hopper and later);
 - point-to-point (send/recv, all-to-all, gather, scatter).
 
 Protocols: LL (8-byte lines, half payload), LL128 (120 of 128 bytes), Simple (full
 payload, larger per-hop latency); LL and LL128 also have a throughput limit of their own.
-Small messages run on fewer channels (NCCL's per-size channel choice): the usable
-bandwidth ramps from 1/channels at tiny sizes to all of it at ``ramp_bytes``.
+Start-up: a ring (and any LL transfer) reaches its full rate only for messages of
+``ramp_bytes`` and more (fewer channels and short per-step chunks for small messages): the
+usable bandwidth ramps from 1/channels at tiny sizes to all of it at ``ramp_bytes``. A tree
+with LL128 or Simple runs every channel from a few KiB per channel (NCCL's thread thresholds)
+and pays its start-up as the pipeline fill of its chunks instead.
 
 NCCL picks the (algorithm, protocol) its own cost table rates fastest. We model that choice
 with the same costs seen through the one belief of NCCL's table that differs from the
@@ -41,8 +47,6 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
-import os
-V = set(os.environ.get("V", "").split(","))
 
 from echo_et.errors import EchoError
 from echo_et.models.comm.params import PROTOCOL_PAYLOAD, PROTOCOLS
@@ -85,15 +89,18 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
     n, m, k = pl.ranks, pl.nodes, pl.per_node
     x = P["ring_loop_extra_steps"]
     if coll == "all_reduce":
-        steps, net_steps = 2 * (n - 1), (2 * (n - 1) * m / n if (m > 1 and "cyc" in V) else 2 * (m - 1))
+        steps = 2 * (n - 1)
+        net_steps = steps * m / n if m > 1 else 0.0   # the cycle crosses m of its n links
         bus = (steps + x) / n * S
         reduced = (n - 1) / n * S
     elif coll == "all_gather":
-        steps, net_steps = n - 1, m - 1
+        steps = n - 1
+        net_steps = steps * m / n if m > 1 else 0.0
         bus = (steps + x) * S
         reduced = 0.0 * S
     elif coll == "reduce_scatter":
-        steps, net_steps = n - 1, m - 1
+        steps = n - 1
+        net_steps = steps * m / n if m > 1 else 0.0
         bus = (steps + x) / n * S
         reduced = (n - 1) / n * S
     else:  # broadcast / reduce: a pipelined chain through the ring order
@@ -102,9 +109,6 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
         reduced = S * (1.0 if coll == "reduce" else 0.0)
     r = _ramp(P, nccl_bytes(coll, S, n), proto) / _US
     e = PROTOCOL_PAYLOAD[proto]
-    if "shape" in V:
-        P = dict(P)
-        P[f"net_hop_us.{proto}"] = {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}[proto] / 2.7 * P["net_hop_us.LL"]
     t = bus / (P["nvlink_gbps"] * e * r)
     if m > 1:
         t = _vmax(t, bus / (k * P["net_gbps"] * e * r))
@@ -113,51 +117,26 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
     if coll in ("broadcast", "reduce") and proto != "LL" and steps > 1:
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
         t = t + (steps - 1) * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
-    if m > 1 and "floor" in V:  # NCCL: inter-node rings pay the network proxy overhead on every step
-        floor = P["net_step_us"] * (3.0 if proto == "Simple" else 1.0)
-        lat = (P[f"base_us.{proto}"] + (steps - net_steps) * max(P[f"nvlink_hop_us.{proto}"], floor)
-               + net_steps * P[f"net_hop_us.{proto}"])
-    else:
-        lat = _lat(P, proto, steps - net_steps, net_steps)
-    return lat + t + reduced / P["reduce_gbps"] * _US
+    return _lat(P, proto, steps - net_steps, net_steps) + t + reduced / P["reduce_gbps"] * _US
 
 
 def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.ndarray:
     m, k = pl.nodes, pl.per_node
     levels = math.ceil(math.log2(m))
-    r = _ramp(P, S, proto) / _US
-    if "tnoramp" in V and (proto != "LL" or "tnorampLL" in V):
-        r = 1.0 / _US + 0 * S
+    # LL128 / Simple trees run all channels from a few KiB per channel; their start-up is the
+    # pipeline fill below, not the ring's ramp
+    r = (_ramp(P, S, proto) if proto == "LL" else 1.0 + 0.0 * S) / _US
     e = PROTOCOL_PAYLOAD[proto]
     net_share = 1.0 if (m == 2 and not belief) else 2.0
+    eff = P["tree_net_eff"] if m <= 2 else P["tree_net_eff_many"]
     t_nvl = 2 * S / (P["nvlink_gbps"] * e * r)
-    eff = P["tree_net_eff"]
-    if "teff" in V:
-        eff = (0.92 if m <= 2 else 17.8 / 24.0) * (P["tree_net_eff"] if "teffx" in V else 1.0)
     t_net = net_share * S / (k * P["net_gbps"] * e * eff * r)
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
     t = _vmax(_vmax(t_nvl, t_net), 2 * S / (cap * r))
     if proto != "LL":
-        if "achunk" in V:
-            c = _vmin(S / 8.0, P["tree_chunk_bytes"]) * _US / e
-            t = t + (2 * (k - 1) - 1) * c / P["nvlink_gbps"] + 2 * levels * c / (k * P["net_gbps"])
-        elif "fill" in V:
-            c = _vmin(S, P["tree_chunk_bytes"]) * _US / e
-            t = t + (2 * (k - 1) - 1) * c / P["nvlink_gbps"] + 2 * levels * c / (k * P["net_gbps"])
-        else:
-            hops = 2 * (k - 1 + levels) - 1
-            link = min(P["nvlink_gbps"], k * P["net_gbps"])
-            t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
-    if "treehop" in V:
-        ratio = {"LL": 5.0 / 2.7, "LL128": 8.5 / 4.0, "Simple": 2.0}[proto]
-        lat = (P[f"base_us.{proto}"] + 2 * (k - 1) * P[f"nvlink_hop_us.{proto}"]
-               + 2 * levels * ratio * P[f"net_hop_us.{proto}"])
-        return lat + t + S / P["reduce_gbps"] * _US
-    if "shape" in V:
-        rel = {"LL": 5.0, "LL128": 8.5, "Simple": 28.0}[proto] / 2.7
-        lat = (P[f"base_us.{proto}"] + 2 * (k - 1) * P[f"nvlink_hop_us.{proto}"]
-               + 2 * levels * rel * P["net_hop_us.LL"])
-        return lat + t + S / P["reduce_gbps"] * _US
+        hops = 2 * (k - 1 + levels) - 1
+        link = min(P["nvlink_gbps"], k * P["net_gbps"])
+        t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
     return _lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
 
 

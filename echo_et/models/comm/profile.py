@@ -20,6 +20,10 @@ from echo_et.models.comm.params import flatten, nest
 
 SCHEMA = "echo-et/comm-profile/1"
 SIGNIFICANT_DIGITS = 6
+# Parameters the model gained after profiles of this schema were first written. A profile
+# without them takes them from the preset it started from (else ``a100-ib``), so older
+# profiles keep loading; everything else must be present.
+ADDED_PARAMS = ("tree_net_eff_many",)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ def from_json(obj: Any, where: str) -> Profile:
     gpn = obj.get("gpus_per_node")
     if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
         raise EchoError(f"{where}: gpus_per_node must be an integer >= 1, got {gpn!r}")
+    missing = [n for n in ADDED_PARAMS if n not in params]
+    if missing:
+        base = obj.get("base_preset")
+        defaults = load_preset(base if base in preset_names() else "a100-ib").params
+        params = {**params, **{n: defaults[n] for n in missing}}
     return Profile(
         name=str(obj.get("name", "")),
         calibrated=bool(obj.get("calibrated", False)),
