@@ -79,6 +79,19 @@ def main() -> None:
               f"| {base.bandwidth_gbps:.1f} |")
 
     print()
+    print("Fit 1-16, predict 32, per size (IR bytes; measured = min of out-of-place and in-place):")
+    print()
+    print("| bytes | measured (us) | predicted (us) | error % | algorithm/protocol |")
+    print("|---|---|---|---|---|")
+    prof16 = fits[EXPERIMENTS[1][0]][0]
+    held = samples[32]
+    pred = predict_samples(prof16.params, held)
+    _, picks = nccl.choose(prof16.params, "all_reduce", np.array([x.nbytes for x in held], dtype=float),
+                           held[0].placement)
+    for x, p, pick in zip(held, pred, picks, strict=True):
+        print(f"| {x.nbytes} | {x.time_us:.1f} | {p:.1f} | {100 * (p / x.time_us - 1):+.1f} | {'/'.join(pick)} |")
+
+    print()
     print("Algorithm/protocol the in-sample profile picks (size ranges, IR bytes):")
     prof = fits[EXPERIMENTS[0][0]][0]
     for n in LOGS[1:]:

@@ -92,6 +92,59 @@ def test_more_nodes_never_speed_up_a_large_all_reduce(a100):
     assert a100.estimate("all_reduce", GiB, list(range(1024))).time_ns < 2 * t16
 
 
+def _latency_only(**changes):
+    """a100-ib parameters with free bandwidth and only the named latencies."""
+    P = dict(CommModel.preset("a100-ib").params)
+    for name in P:
+        if name.startswith(("base_us", "nvlink_hop_us", "net_hop_us")) or name == "ring_loop_extra_steps":
+            P[name] = 0.0
+        elif name.endswith("_gbps") or name.startswith("cap_gbps"):
+            P[name] = 1e12
+    P.update(changes)
+    return P
+
+
+@pytest.mark.parametrize("coll, n, m, net_steps", [
+    ("all_reduce", 16, 2, 2 * 15 * 2 / 16),       # a cycle of 16 ranks crosses 2 of its 16 links
+    ("all_reduce", 32, 4, 2 * 31 * 4 / 32),
+    ("all_reduce", 24, 3, 2 * 23 * 3 / 24),
+    ("all_gather", 16, 2, 15 * 2 / 16),
+    ("reduce_scatter", 32, 4, 31 * 4 / 32),
+    ("all_reduce", 8, 1, 0.0),
+])
+def test_ring_steps_cross_the_network_once_per_node_boundary(coll, n, m, net_steps):
+    P = _latency_only(**{"net_hop_us.LL": 1.0})
+    t = nccl.candidate_costs(P, coll, np.float64(8.0), contiguous(n, n // m))[("ring", "LL")]
+    assert t == pytest.approx(net_steps, rel=1e-6)
+
+
+def test_tree_network_efficiency_depends_on_the_node_count():
+    P = dict(CommModel.preset("a100-ib").params)
+    two, four = contiguous(16, 8), contiguous(32, 8)
+
+    def tree(params, pl):
+        return nccl.candidate_costs(params, "all_reduce", np.float64(GiB), pl)[("tree", "Simple")]
+
+    slow_two = {**P, "tree_net_eff": 0.3}          # makes the two-node tree network-bound
+    slow_many = {**P, "tree_net_eff_many": 0.3}
+    assert tree(slow_two, two) > tree(P, two) and tree(slow_two, four) == tree(P, four)
+    assert tree(slow_many, four) > tree(P, four) and tree(slow_many, two) == tree(P, two)
+    # NCCL's tuning: a tree on 4+ nodes gets less of the network than on two (a100-ib: 0.74 vs 0.92)
+    assert P["tree_net_eff_many"] < P["tree_net_eff"] <= 1.0
+
+
+def test_only_rings_and_ll_pay_the_start_up_ramp():
+    P = dict(CommModel.preset("a100-ib").params)
+    short = {**P, **{f"ramp_bytes.{p}": P[f"ramp_bytes.{p}"] / 100 for p in ("LL", "LL128", "Simple")}}
+    S, pl = np.float64(256 * KiB), contiguous(32, 8)
+    before = nccl.candidate_costs(P, "all_reduce", S, pl)
+    after = nccl.candidate_costs(short, "all_reduce", S, pl)
+    for proto in ("LL128", "Simple"):
+        assert after[("tree", proto)] == before[("tree", proto)]   # the tree pays its pipeline fill
+        assert after[("ring", proto)] < before[("ring", proto)]
+    assert after[("tree", "LL")] < before[("tree", "LL")]
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_time_never_decreases_with_bytes(name):
     m = CommModel.preset(name)

@@ -133,7 +133,6 @@ class Program:
     streams: list[pb.Stream] = field(default_factory=list)  # dense index -> declared stream
     host_stream: list[bool] = field(default_factory=list)
     measured_origin: int = 0     # earliest measured start in the graph
-    measured_end: int = 0        # latest measured end in the graph
     cpu_only: bool = False       # no GPU work: host operators are the compute
     group_keys: list[str] = field(default_factory=list)
     ordered_keys: frozenset[str] = frozenset()  # keys used by P2P or rooted collectives
@@ -181,7 +180,6 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     )
     prog.cpu_only = not has_launch and not device_compute
     prog.measured_origin = min(starts, default=0)
-    prog.measured_end = max((a + b for a, b in zip(starts, durs, strict=True)), default=0)
     timed = any(starts)
 
     n_nodes = len(nodes)
