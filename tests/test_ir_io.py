@@ -235,3 +235,26 @@ def test_graph_ids_that_sanitise_alike_keep_separate_files(tmp_path):
     back = load_job(tmp_path / "job")
     assert len({g.path for g in back.manifest.graphs}) == 2
     assert [len(back.graph(g)) for g in ("a/b", "a_b")] == [2, 3]
+
+
+def test_outputs_get_ordinary_permissions(tmp_path) -> None:
+    """Temporary files are 0600 and temporary dirs 0700; published outputs must not be."""
+    import os
+    import stat
+
+    from echo_et.ir import GraphBuilder, JobBuilder, save_job, write_graph
+
+    gb = GraphBuilder("g0")
+    gb.compute("k", gb.stream(1, "s"), duration_ns=5)
+    jb = JobBuilder("perm", 1)
+    jb.add_graph(gb.build())
+    jb.bind(0, "g0")
+    mask = os.umask(0o022)
+    try:
+        out = save_job(jb.build(), tmp_path / "job")
+        write_graph(gb.build(), tmp_path / "g.graph")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "g.graph").stat().st_mode) == 0o644
+    assert stat.S_IMODE((out / "manifest.pb").stat().st_mode) == 0o644

@@ -48,6 +48,8 @@ def test_trace_gpt_json(tmp_path):
     (["--zero", "2"], "ZeRO stage 2 is not supported"),
     (["--workload", "bert"], "the built-in workload is 'gpt'"),
     (["--script", "nowhere.py:build"], "nowhere.py does not exist"),
+    (["--device", "tpu"], "device 'tpu': use cpu or cuda"),
+    (["--verify", "some"], "verify mode 'some' is not one of sample, all"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     import re
@@ -57,8 +59,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert r.exit_code == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(message, lines[0]), r.stderr
-    assert "layout" in lines[0] or "workload" in lines[0] or "--script" in lines[0]
     assert not out.exists()
+
+
+def test_cuda_without_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = _run(*TINY, "--device", "cuda", "-o", str(tmp_path / "job"))
+    assert r.exit_code == 2 and "torch sees no CUDA device" in r.stderr
+    assert not (tmp_path / "job").exists()
 
 
 def test_user_function_raising_exit_2(tmp_path):

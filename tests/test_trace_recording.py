@@ -9,6 +9,9 @@ dist = pytest.importorskip("torch.distributed")
 
 from echo_et.trace.recording import BACKEND_NAME, RECORDER, register_backend  # noqa: E402
 
+# The tensor forms' old names (all_gather_into_tensor, ...) are what most code still calls.
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
 
 @pytest.fixture
 def world():

@@ -24,7 +24,7 @@ from chakra.schema.protobuf import et_def_pb2 as et
 
 from echo_et.errors import CheckError, EchoError
 from echo_et.ir.checker import check_job
-from echo_et.ir.io import encode_varint
+from echo_et.ir.io import encode_varint, publish_mode
 from echo_et.ir.job import Job
 from echo_et.ir.schema import pb
 
@@ -482,6 +482,7 @@ def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    publish_mode(tmp)
     try:
         files = ex.write_rank_files(tmp)
         (tmp / FILE_NAMES["network"]).write_text(configs.network_yaml(net))

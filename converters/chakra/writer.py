@@ -22,7 +22,7 @@ from echo_et import __version__
 from echo_et.errors import EchoError
 from echo_et.ir import Job, pb
 from echo_et.ir.graph import Graph
-from echo_et.ir.io import write_delimited
+from echo_et.ir.io import publish_mode, write_delimited
 from echo_et.ir.schema import KERNEL_CLASS_NAMES, node_kind_name
 
 from .attrs import KEPT_PREFIX, bool_attr, int_attr, str_attr, text_to_attr
@@ -251,6 +251,7 @@ def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | No
             ctx = _RankContext(job, rank, pg_names)
             fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
             temps.append(tmp)
+            publish_mode(tmp)
             with os.fdopen(fd, "wb") as f:
                 meta = et.GlobalMetadata(version=CHAKRA_VERSION)
                 meta.attr.append(str_attr("schema", f"echo-et {__version__}"))

@@ -70,7 +70,8 @@ def _tensors(value: Any, types: Any) -> tuple[Tensor, ...]:
     out: list[Tensor] = []
     for v, t in zip(value, types, strict=False):
         if type(t) is str and "Tensor" in t:
-            if t.startswith("Tensor(") and type(v) is list and len(v) == 6 and type(v[5]) is str:
+            if t.startswith("Tensor(") and type(v) is list and len(v) == 6 and type(v[5]) is str \
+                    and _tensor_ints(v):
                 out.append((v[0], v[1], v[2], v[3], v[4], v[5]))   # the common case
             else:
                 collect_tensors(v, out)
@@ -82,11 +83,19 @@ def collect_tensors(v: Any, out: list[Tensor]) -> None:
     if type(v) is not list:
         return
     n = len(v)
-    if (n == 6 and type(v[5]) is str or n == 5) and all(type(x) is int for x in v[:5]):
+    if (n == 6 and type(v[5]) is str or n == 5) and _tensor_ints(v):
         out.append((v[0], v[1], v[2], v[3], v[4], v[5] if n == 6 else ""))
         return
     for x in v:
         collect_tensors(x, out)
+
+
+_MAX = 1 << 62
+
+
+def _tensor_ints(v: list) -> bool:
+    """The first five fields are ids, offset, numel, element size: plausible integers."""
+    return all(type(x) is int and -_MAX < x < _MAX for x in v[:5]) and 0 <= v[3] and 0 <= v[4]
 
 
 _TYPES_TEXT: dict[tuple, str] = {}
@@ -109,20 +118,16 @@ def _types_text(types: Any) -> str:
 
 
 def _int(v: Any, default: int = 0) -> int:
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        return int(v)
-    if isinstance(v, str):
-        try:
-            return int(v)
-        except ValueError:
-            return default
+    """An id-like integer (int64 range) from what real traces put there, else ``default``."""
     if isinstance(v, list) and v:  # Chakra-style ctrl_deps lists
-        return _int(v[0], default)
-    return default
+        v = v[0]
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        return default
+    try:
+        x = int(v)
+    except (ValueError, OverflowError):
+        return default
+    return x if -_MAX < x < _MAX else default
 
 
 def _dumps(v: Any) -> str:
@@ -147,7 +152,8 @@ def parse_node(d: Any, where: str) -> EtOp:
     name = str(d["name"])
     attrs_list = d.get("attrs")
     if isinstance(attrs_list, list):                     # 1.0.2 and later
-        attrs = {a.get("name"): a.get("value") for a in attrs_list if isinstance(a, dict)}
+        attrs = {a["name"]: a.get("value") for a in attrs_list
+                 if isinstance(a, dict) and isinstance(a.get("name"), str)}
         parent = d.get("ctrl_deps", d.get("parent", 0))
         ins = d.get("inputs") or {}
         outs = d.get("outputs") or {}
@@ -165,13 +171,19 @@ def parse_node(d: Any, where: str) -> EtOp:
     else:
         raise EchoError(f"{where}: node {d['id']} has neither 'attrs' (schema >= 1.0.2) "
                         "nor 'parent' (schema 1.0.1); unknown host ET schema")
+    in_values, in_shapes, in_types, out_values, out_types = (
+        x if isinstance(x, list) else [] for x in (in_values, in_shapes, in_types, out_values,
+                                                   out_types))
+    oid = _int(d["id"], -1)
+    if oid < 0:
+        raise EchoError(f"{where}: node id {str(d['id'])[:40]} is not a non-negative integer")
     rf = attrs.get("rf_id")
     op = EtOp(
-        id=_int(d["id"]),
+        id=oid,
         name=name,
         parent=_int(parent),
         tid=_int(attrs.get("tid", 0)),
-        rf_id=None if rf is None else _int(rf),
+        rf_id=None if rf is None else _int(rf, 0),
         seq_id=_int(attrs.get("seq_id", -1), -1),
         op_schema=str(attrs.get("op_schema") or ""),
         in_shapes=_dumps(in_shapes),
@@ -186,10 +198,9 @@ def parse_node(d: Any, where: str) -> EtOp:
     if "cat" in d:  # GPU op appended by chakra_trace_link
         op.gpu = True
     if _keeps_values(name):
-        op.in_values = in_values if isinstance(in_values, list) else []
-        op.out_values = out_values if isinstance(out_values, list) else []
-        op.attrs = {k: v for k, v in attrs.items()
-                    if k in _COMM_ATTRS} if isinstance(attrs, dict) else {}
+        op.in_values = in_values
+        op.out_values = out_values
+        op.attrs = {k: v for k, v in attrs.items() if k in _COMM_ATTRS}
     return op
 
 

@@ -165,6 +165,21 @@ def write_graph(graph: Graph, path: str | os.PathLike[str]) -> None:
         write_graph_stream(f, graph.header, graph.nodes)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish_mode(path: str | os.PathLike[str]) -> None:
+    """Give a temporary file or directory the mode a plain ``open``/``mkdir`` would have.
+
+    ``tempfile`` creates 0600 files and 0700 directories; renamed into place unchanged, a
+    user's outputs would be unreadable to their group."""
+    base = 0o777 if os.path.isdir(path) else 0o666
+    os.chmod(path, base & ~_umask())
+
+
 class atomic_file:  # noqa: N801 - used as a context manager like open()
     """Write to a temporary file beside ``path``; rename into place only on success."""
 
@@ -183,6 +198,7 @@ class atomic_file:  # noqa: N801 - used as a context manager like open()
         assert self._tmp is not None
         self._tmp.close()
         if exc_type is None:
+            publish_mode(self._tmp.name)
             os.replace(self._tmp.name, self.path)
         else:
             with contextlib.suppress(OSError):
@@ -262,6 +278,7 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
         raise EchoError(f"{dest}: exists and is not an echo-et job directory; refusing to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    publish_mode(tmp)
     try:
         manifest = pb.JobManifest()
         manifest.CopyFrom(job.manifest)

@@ -260,6 +260,7 @@ def write_outputs(result: SweepResult, outdir: str | os.PathLike[str]) -> list[s
     import shutil
     import tempfile
 
+    from echo_et.ir.io import publish_mode
     from echo_et.passes.plot import line_plot
 
     dest = Path(outdir)
@@ -267,6 +268,7 @@ def write_outputs(result: SweepResult, outdir: str | os.PathLike[str]) -> list[s
         raise EchoError(f"{dest}: exists and is not a directory")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    publish_mode(tmp)
     files = ["results.json", "table.txt"]
     try:
         (tmp / "results.json").write_text(json.dumps(result.to_json(), sort_keys=True, indent=1) + "\n")
