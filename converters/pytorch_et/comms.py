@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, Tensor, collect_tensors
+from echo_et.errors import EchoError
 from echo_et.ir.schema import pb
 
 # Element sizes of c10 ScalarType names (what record_param_comms calls dtype).
@@ -85,7 +86,18 @@ def dtype_of_type(t: str) -> str:
 
 
 def tensor_bytes(tensors: tuple[Tensor, ...] | list[Tensor]) -> int:
-    return sum(max(0, t[3]) * max(0, t[4]) for t in tensors)
+    return min(sum(max(0, t[3]) * max(0, t[4]) for t in tensors), 1 << 62)
+
+
+MAX_RANKS = 1 << 20       # more ranks than any job has: a larger number is a corrupt field
+_MAX_ELEMS = 1 << 50
+
+
+def _count(v: Any, limit: int) -> int | None:
+    """``v`` if it is an integer in [0, limit), else None."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < limit:
+        return v
+    return None
 
 
 @dataclass(slots=True)
@@ -119,11 +131,16 @@ def parse_pg_init(op: EtOp, where: str) -> list[PgDef]:
         for e in entries:
             if not isinstance(e, dict) or "pg_name" not in e:
                 continue
-            ranks = [int(r) for r in e.get("ranks") or [] if isinstance(r, int)]
-            size = int(e.get("group_size") or len(ranks) or 0)
+            raw_ranks = e.get("ranks") or []
+            ranks = [r for r in raw_ranks if _count(r, MAX_RANKS) is not None] \
+                if isinstance(raw_ranks, list) else []
+            size = _count(e.get("group_size"), MAX_RANKS + 1) or len(ranks)
+            if len(set(ranks)) != len(ranks) or (ranks and size != len(ranks)) or not size:
+                raise EchoError(f"{where}: process group {e['pg_name']!r} in "
+                                f"{PG_INIT_NAME} has inconsistent ranks/group_size")
             bid = e.get("backend_id")
             out.append(PgDef(str(e["pg_name"]), str(e.get("pg_desc") or ""), ranks, size,
-                             int(bid) if isinstance(bid, int) else None))
+                             bid if isinstance(bid, int) and not isinstance(bid, bool) else None))
         return out
     return []
 
@@ -203,7 +220,7 @@ def from_record_param_comms(op: EtOp) -> CommCall | None:
     call.attrs.setdefault("collective_name", name)
     if cname_idx is not None:
         i = cname_idx
-        if i >= 1 and isinstance(vals[i - 1], int):
+        if i >= 1 and _count(vals[i - 1], MAX_RANKS) is not None:
             call.rank_field = vals[i - 1]
         pg = vals[i - 2] if i >= 2 else None
         if isinstance(pg, list) and pg and isinstance(pg[0], str):
@@ -221,17 +238,17 @@ def from_record_param_comms(op: EtOp) -> CommCall | None:
         if len(nums) == 3:
             call.attrs.setdefault("global_rank_start", str(nums[0]))
             call.attrs.setdefault("global_rank_stride", str(nums[1]))
-            call.pg_size = nums[2]
+            call.pg_size = _count(nums[2], MAX_RANKS + 1) or None
         elif len(nums) == 1:
-            call.pg_size = nums[0]
-        elif splits and splits[0]:
+            call.pg_size = _count(nums[0], MAX_RANKS + 1) or None
+        elif splits and splits[0] and len(splits[0]) <= MAX_RANKS:
             call.pg_size = len(splits[0])      # all_to_allv splits have one entry per member
     a = op.attrs
     if isinstance(a.get("pg_name"), str) and a["pg_name"]:
         call.pg_name = a["pg_name"]
     if isinstance(a.get("pg_desc"), str) and a["pg_desc"]:
         call.pg_desc = a["pg_desc"]
-    if isinstance(a.get("pg_size"), int) and a["pg_size"] > 0:
+    if _count(a.get("pg_size"), MAX_RANKS + 1):
         call.pg_size = a["pg_size"]
     if call.pg_size and "global_rank_start" in call.attrs and "global_rank_stride" in call.attrs:
         try:
@@ -239,13 +256,13 @@ def from_record_param_comms(op: EtOp) -> CommCall | None:
             stride = int(call.attrs["global_rank_stride"])
         except ValueError:
             start, stride = -1, 0
-        if start >= 0 and stride > 0:
+        if start >= 0 and stride > 0 and start + stride * (call.pg_size - 1) < MAX_RANKS:
             call.pg_ranks = [start + k * stride for k in range(call.pg_size)]
     dtype = a.get("dtype") if isinstance(a.get("dtype"), str) else ""
     call.dtype = dtype or _first_dtype(op.in_types)
     size = DTYPE_BYTES.get(call.dtype, 0)
-    n_in, n_out = a.get("in_msg_nelems"), a.get("out_msg_nelems")
-    if size and isinstance(n_in, int) and isinstance(n_out, int):
+    n_in, n_out = _count(a.get("in_msg_nelems"), _MAX_ELEMS), _count(a.get("out_msg_nelems"), _MAX_ELEMS)
+    if size and n_in is not None and n_out is not None:
         call.in_bytes = n_in * size
         call.out_bytes = n_out * size
     else:
@@ -337,7 +354,7 @@ def from_c10d_op(op: EtOp) -> CommCall | None:
             elif low in ("root_rank", "rootrank", "root", "dstrank", "srcrank", "dst", "src",
                          "dst_rank", "src_rank"):
                 _set_rank_arg(call, vals[i])
-            elif low == "tag" and isinstance(vals[i], int):
+            elif low == "tag" and _count(vals[i], 1 << 62) is not None:
                 call.tag = vals[i]
     call.in_bytes = tensor_bytes(ins)
     call.out_bytes = tensor_bytes(outs) if outs else call.in_bytes
@@ -351,7 +368,7 @@ def from_c10d_op(op: EtOp) -> CommCall | None:
 
 
 def _set_rank_arg(call: CommCall, v: Any) -> None:
-    if isinstance(v, int) and not isinstance(v, bool):
+    if _count(v, MAX_RANKS) is not None:
         call.rank_field = v
         _set_role_fields(call)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME
-from echo_et.converters.pytorch_et.trace import HostTrace
+from echo_et.converters.pytorch_et.trace import MALFORMED, HostTrace
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder, pb
 from echo_et.ir.schema import collective_name
@@ -99,6 +99,11 @@ def plan_groups(ranks: list[RankTrace], world_hint: int | None) -> tuple[GroupPl
     if top_rank >= world_size:
         bad = ranks[-1]
         raise EchoError(f"{bad.trace.path}: rank {bad.rank} is outside the world size {world_size}")
+    for key, members in plan.members.items():
+        bad = [r for r in members if r >= world_size]
+        if bad:
+            raise EchoError(f"{ranks[0].trace.path}: process group {key!r} lists rank {bad[0]}, "
+                            f"outside the world size {world_size}")
     for key in set(plan.key_of.values()):
         if key not in plan.members:
             plan.members[key] = list(range(world_size))   # an unnamed group: assume the world
@@ -168,14 +173,14 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
         if call is not None:
             key = plan.key_of[(rt.rank, op.id)]
             size = len(plan.members[key])
-            if _emit_comm(gb, call, key, n, stats):
+            if _emit_comm(gb, call, key, size, n, stats):
                 group_sizes[key] = size
     for key, size in sorted(group_sizes.items()):
         gb.declare_group(key, size)
     return gb.build()
 
 
-def _emit_comm(gb: GraphBuilder, call: CommCall, key: str, launcher: pb.Node,
+def _emit_comm(gb: GraphBuilder, call: CommCall, key: str, size: int, launcher: pb.Node,
                stats: GraphStats) -> bool:
     device = call.device
     sid = gb.stream(pb.STREAM_GPU_COMM, f"comm {key}" if device < 0 else f"comm {key} dev {device}",
@@ -183,7 +188,7 @@ def _emit_comm(gb: GraphBuilder, call: CommCall, key: str, launcher: pb.Node,
     deps = [(launcher.id, pb.DEP_LAUNCH)]
     start = launcher.start_ns
     if call.is_p2p:
-        if call.peer is None:
+        if call.peer is None or call.peer >= size:
             stats.p2p_without_peer += 1
             return False
         n = gb.p2p(call.kind == comms.SEND, str(call.kind), sid, group=key, peer=call.peer,
@@ -192,7 +197,8 @@ def _emit_comm(gb: GraphBuilder, call: CommCall, key: str, launcher: pb.Node,
         assert isinstance(call.kind, int)
         n = gb.collective(collective_name(call.kind), sid, coll_type=call.kind, group=key,
                           in_bytes=call.in_bytes, out_bytes=call.out_bytes, dtype=call.dtype,
-                          root=call.root, deps=deps, start_ns=start)
+                          root=call.root if call.root is not None and call.root < size else None,
+                          deps=deps, start_ns=start)
     for k, v in sorted(call.attrs.items()):
         n.attrs[k] = v
     n.attrs["et_id"] = str(call.op_id)
@@ -218,7 +224,11 @@ def build_job(ranks: list[RankTrace], *, world_hint: int | None, step: int | Non
     graph_of: dict[int, str] = {}
     for rt in ranks:
         window = rt.trace.steps.get(chosen) if chosen is not None else None
-        g = build_graph(rt, f"rank{rt.rank}", plan, window, stats)
+        try:
+            g = build_graph(rt, f"rank{rt.rank}", plan, window, stats)
+        except MALFORMED as e:
+            raise EchoError(f"{rt.trace.path}: malformed host execution trace "
+                            f"({type(e).__name__}: {str(e)[:120]})") from None
         h = g.content_hash()
         gid = by_hash.get(h)
         if gid is None:
@@ -237,9 +247,12 @@ def build_job(ranks: list[RankTrace], *, world_hint: int | None, step: int | Non
         ref = ranks[0]
         gid = graph_of[ref.rank]
         partial = [k for k in keys_of_graph[gid] if len(plan.members[k]) != world_size]
+        if any(n.kind in (pb.KIND_SEND, pb.KIND_RECV) for n in jb.job.graph(gid).nodes):
+            partial.append("point-to-point")
+        partial = [p if p == "point-to-point" else f"sub-group {p!r}" for p in partial]
         if partial:
             raise EchoError(f"{ref.trace.path}: the traces cover {len(traced)} of {world_size} "
-                            f"ranks and use sub-group(s) {', '.join(sorted(partial))}; give the "
+                            f"ranks and use {', '.join(sorted(partial))} communication; give the "
                             "host trace of every rank")
         for r in missing:
             jb.bind(r, gid, {k: group_ids[k] for k in sorted(keys_of_graph[gid])})

@@ -37,7 +37,7 @@ from pathlib import Path
 from echo_et.converters.pytorch_et.align import align
 from echo_et.converters.pytorch_et.comms import RECV, SEND, CommCall, PgDef
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp
-from echo_et.converters.pytorch_et.trace import HostTrace, expand_paths, load
+from echo_et.converters.pytorch_et.trace import MALFORMED, HostTrace, expand_paths, load
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, Job, pb
 
@@ -75,7 +75,11 @@ def link(job: Job, host_et_paths: list[Path]) -> Job:
         done[gid] = rank
         graph = out.graph(gid)
         window = trace.steps.get(step) if step is not None else None
-        stats.methods[rank] = link_graph(graph, trace, window, stats)
+        try:
+            stats.methods[rank] = link_graph(graph, trace, window, stats)
+        except MALFORMED as e:
+            raise EchoError(f"{trace.path}: malformed host execution trace "
+                            f"({type(e).__name__}: {str(e)[:120]})") from None
     _merge_groups(out, traces)
     m = out.manifest
     m.attrs["host_et_linked"] = str(stats.linked)

@@ -138,9 +138,10 @@ def _dumps(v: Any) -> str:
 
 def _us_to_ns(v: Any) -> int:
     try:
-        return max(0, round(float(v) * 1000))
+        ns = float(v) * 1000
     except (TypeError, ValueError):
         return 0
+    return round(ns) if 0 <= ns < _MAX else 0
 
 
 def parse_node(d: Any, where: str) -> EtOp:

@@ -104,8 +104,20 @@ def expand_paths(paths: list[Path]) -> list[Path]:
     return files
 
 
+# Errors that malformed field values (a list where an id belongs, ...) raise in the analysis.
+MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError)
+
+
 def load(path: Path) -> HostTrace:
     """Parse ``path`` (streaming) into a HostTrace; EchoError on anything malformed."""
+    try:
+        return _load(path)
+    except MALFORMED as e:
+        raise EchoError(f"{path}: malformed host execution trace ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:120] if str(e) else ''})") from None
+
+
+def _load(path: Path) -> HostTrace:
     where = str(path)
     t = HostTrace(path=path)
     seen_schema = False
