@@ -366,7 +366,7 @@ def test_rank_from_the_trace_when_the_name_has_none(dlrm, tmp_path):
     assert check_job(job) == []
 
 
-# -- robustness: whatever the bytes, an EchoError or a valid Job ------------------------------------
+# -- robustness: whatever the bytes, an EchoError or a valid Job ---------------------------------
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False)
     | st.text(max_size=8),
@@ -376,9 +376,13 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_FIXTURE_OK = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=_FIXTURE_OK)
 @given(doc=st.dictionaries(st.sampled_from(["schema", "pid", "x", "finish_ts"]), _json, max_size=4),
-       nodes=st.lists(_json, max_size=5), chunk=st.integers(1, 64), indent=st.sampled_from([None, 0, 2]))
+       nodes=st.lists(_json, max_size=5), chunk=st.integers(1, 64),
+       indent=st.sampled_from([None, 0, 2]))
 def test_stream_agrees_with_json_loads(tmp_path, monkeypatch, doc, nodes, chunk, indent):
     from echo_et.converters.pytorch_et import stream
 
@@ -399,7 +403,7 @@ def test_stream_agrees_with_json_loads(tmp_path, monkeypatch, doc, nodes, chunk,
 _NODE_FIELDS = ["id", "name", "ctrl_deps", "parent", "inputs", "outputs", "attrs", "rf_id", "tid"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=_FIXTURE_OK)
 @given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(_NODE_FIELDS), _json),
                       min_size=1, max_size=6))
 def test_mutated_real_trace_never_crashes(tmp_path, edits):

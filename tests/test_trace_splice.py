@@ -133,3 +133,52 @@ def test_a_record_missing_from_the_profile_is_an_error():
     with pytest.raises(EchoError, match=r"rank 5: 1 recorded communication calls .*#2 all_reduce"):
         splice(_profile(), extra, ["tp", "pp", "tp"], graph_id="rank5", device="cpu",
                where="layout test, rank 5")
+
+
+def _cuda_profile():
+    """A GPU profile: host ops launching kernels; the fill inside the comm span is a memcpy."""
+    gb = GraphBuilder("rank0")
+    h = gb.stream(pb.STREAM_CPU_THREAD, "cpu:1", native_id=1)
+    d = gb.stream(pb.STREAM_GPU_COMPUTE, "gpu0:stream7", device=0, native_id=7)
+    mm = gb.cpu_op("aten::mm", h, start_ns=0, duration_ns=100).id
+    l1 = gb.cpu_op("cudaLaunchKernel", h, kind=pb.KIND_LAUNCH, start_ns=10, duration_ns=10,
+                   deps=[(mm, CTRL)]).id
+    gb.compute("gemm", d, start_ns=30, duration_ns=120, deps=[(l1, pb.DEP_LAUNCH)])
+    relu = gb.cpu_op("aten::relu", h, start_ns=170, duration_ns=25).id
+    l0 = gb.cpu_op("cudaLaunchKernel", h, kind=pb.KIND_LAUNCH, start_ns=180, duration_ns=10,
+                   deps=[(relu, CTRL)]).id
+    span = gb.cpu_op("echo:comm#0", h, start_ns=200, duration_ns=100).id
+    cp = gb.cpu_op("aten::copy_", h, start_ns=210, duration_ns=70, deps=[(span, CTRL)]).id
+    l2 = gb.cpu_op("cudaMemcpyAsync", h, kind=pb.KIND_LAUNCH, start_ns=220, duration_ns=10,
+                   deps=[(cp, CTRL)]).id
+    gb.memcpy("Memcpy DtoD", d, nbytes=64, direction="DtoD", start_ns=240, duration_ns=10,
+              deps=[(l2, pb.DEP_LAUNCH)])
+    gb.cpu_op("echo:wait#0", h, start_ns=310, duration_ns=2)
+    # launched before the collective was issued, running after it: the GPU lags the host
+    gb.compute("relu_kernel", d, start_ns=320, duration_ns=20, deps=[(l0, pb.DEP_LAUNCH)])
+    add = gb.cpu_op("aten::add", h, start_ns=400, duration_ns=50).id
+    l3 = gb.cpu_op("cudaLaunchKernel", h, kind=pb.KIND_LAUNCH, start_ns=410, duration_ns=10,
+                   deps=[(add, CTRL)]).id
+    gb.compute("add_kernel", d, start_ns=430, duration_ns=10, deps=[(l3, pb.DEP_LAUNCH)])
+    return gb.build()
+
+
+def test_gpu_streams_launch_and_stream_waits():
+    g = splice(_cuda_profile(), RECORDS[:1], ["tp"], graph_id="rank5", device="cuda",
+               where="layout test, rank 5").graph
+    assert check_graph(g) == []
+    assert not [n for n in g.nodes if n.kind == pb.KIND_MEMCPY or n.name == "aten::copy_"]
+    assert not [n for n in g.nodes if n.kind == pb.KIND_SYNC]   # the wait is a stream wait
+    streams = {s.id: s for s in g.header.streams}
+    (issue,) = _by_name(g, "issue:all_reduce")
+    (coll,) = [n for n in g.nodes if n.kind == pb.KIND_COLLECTIVE]
+    (relu,) = _by_name(g, "relu_kernel")
+    (add,) = _by_name(g, "add_kernel")
+    assert streams[coll.stream].kind == pb.STREAM_GPU_COMM
+    assert streams[coll.stream].name == "gpu0-comm:tp" and streams[coll.stream].device == 0
+    deps = {(x.id, x.kind) for x in coll.deps}
+    assert deps == {(issue.id, pb.DEP_LAUNCH), (relu.id, pb.DEP_SYNC)}
+    assert (coll.id, pb.DEP_SYNC) in {(x.id, x.kind) for x in add.deps}
+    # the 70 ns fill left the host thread; the later launch and its kernel moved with it
+    (launch,) = [n for n in g.nodes if n.kind == pb.KIND_LAUNCH and n.start_ns > 200]
+    assert (launch.start_ns, add.start_ns) == (340, 360)

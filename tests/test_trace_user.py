@@ -136,3 +136,27 @@ def test_script_spec_errors(tmp_path):
     spec = _script(tmp_path, "def other(ctx):\n    pass\n")
     with pytest.raises(EchoError, match="has no function 'build'"):
         load_script(spec)
+
+
+WORLD = """
+import torch
+import torch.distributed as dist
+
+def build(ctx):
+    def step():
+        loss = torch.ones(3).sum()
+        dist.all_reduce(loss)              # the default group: the whole world
+        dist.barrier()
+    return step
+"""
+
+
+def test_default_group_is_the_world_group(tmp_path):
+    res = trace(load_script(_script(tmp_path, WORLD)), ParallelLayout(dp=2, tp=2))
+    job = res.job
+    assert check_job(job) == [] and res.traced_ranks == [0, 3]
+    for rank in range(4):
+        pg = job.resolve_group(rank, "world")
+        assert pg.ranks == [0, 1, 2, 3] and pg.role == pb.ROLE_WORLD
+    types = [n.collective.type for n in job.graph_of(2).nodes if n.kind == pb.KIND_COLLECTIVE]
+    assert types == [pb.COLL_ALL_REDUCE, pb.COLL_BARRIER]

@@ -10,8 +10,9 @@ stream):
   GPU stream   KIND_COMPUTE kernels, KIND_MEMCPY / KIND_MEMSET, DEP_LAUNCH to their launch
                KIND_COLLECTIVE / KIND_SEND / KIND_RECV  NCCL kernels (see comm.py)
                KIND_COMM_UNKNOWN  communication kernels of other libraries
-  host-comm:K  collectives of host backends (gloo), one stream per group key K, with
-               DEP_CONTROL to the op that issued them
+  host-comm:K  collectives of host backends (gloo) of group key K, one stream per thread
+               that ran them (``host-comm:K:<tid>`` when K used several), with
+               DEP_LAUNCH (and DEP_CONTROL) to the op that issued them
 Cross-stream event waits add DEP_SYNC between GPU ops (sync.py). Other runtime calls
 (cudaEventQuery, cudaGetDevice, ...) are not nodes; they are counted.
 
@@ -198,6 +199,7 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             drop["host_collective_time_from_issuing_op"] += 1
         n = _Node((root.ts, 0, 9, root.idx), _HOSTCOMM, span, ("host-comm",), span.ts,
                   span.dur, unit=u, parent=root)
+        n.launches = [root]  # the op that issued it: it cannot start before that op does
         nodes.append(n)
 
     # Host nodes in the window.
@@ -265,10 +267,11 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             if status:
                 drop[status] += 1
         if n.role == _HOSTCOMM:
-            n.stream = ("host-comm", g.key)
+            n.stream = ("host-comm", g.key, n.ev.thread[1])
 
     # Node order and ids.
     nodes.sort(key=lambda n: n.key)
+    _host_comm_lanes(nodes)
     node_id: dict[int, int] = {}
     for i, n in enumerate(nodes, start=1):
         if n.role == _HOSTCOMM:
@@ -280,13 +283,16 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
     origin = min(n.start for n in nodes)
 
     # Cross-stream and host syncs.
-    index = sync.LaunchIndex(kept_gpu, launch_of)
+    comm_kernels = {g.idx for g in kept_gpu if g.kind == K_KERNEL and (
+        comm.is_nccl_kernel(g.name) or comm.is_other_comm_kernel(g.name))}
+    index = sync.LaunchIndex(kept_gpu, launch_of, comm_kernels)
+    regions, work_waits = _comm_regions(gpu_units, scope, parents, launch_of)
     kept_calls = [c for c in sync_calls if in_window(c)]
     counts: Counter = Counter()
     sync_deps: dict[int, list[int]] = defaultdict(list)
     issued = _issue_times(nodes)
     for waiter, waited in sync.resolve(kept_calls, acts_by_corr, runtime_by_corr, index,
-                                       _counter(counts)):
+                                       _counter(counts), regions, work_waits):
         a, b = node_id.get(waiter.idx), node_id.get(waited.idx)
         if a is None or b is None or a == b or b in sync_deps[a]:
             continue
@@ -294,6 +300,9 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             # Only merged collectives can meet this (a wait between their launches): a
             # dependency on later-issued work could close a cycle, so it is left out.
             counts["sync_dep_against_issue_order"] += 1
+            continue
+        if _contradicted(nodes[a - 1], nodes[b - 1]):
+            counts["sync_dep_contradicted_by_times"] += 1
             continue
         sync_deps[a].append(b)
     drop.update(counts)
@@ -303,9 +312,11 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
     kinds = _stream_kinds(nodes)
     sids: dict[tuple, int] = {}
     multi_pid = len({s[1] for s in kinds if s[0] == "cpu"}) > 1
+    per_key = Counter(s[1] for s in kinds if s[0] == "host-comm")
+    single = {s for s in kinds if s[0] == "host-comm" and per_key[s[1]] == 1}
     for s in sorted(kinds, key=_stream_sort):
-        sids[s] = gb.stream(kinds[s], _stream_name(s, multi_pid), device=_stream_device(s),
-                            native_id=_native(s))
+        sids[s] = gb.stream(kinds[s], _stream_name(s, multi_pid, single),
+                            device=_stream_device(s), native_id=_native(s))
 
     builder_out = RankGraph(gb.graph, measured_step_ns=0)
     for i, n in enumerate(nodes, start=1):
@@ -355,6 +366,50 @@ def _gloo_workers(host: list[Ev], parents: dict[int, Ev], ctx: RankContext) -> d
             (gloo if ev.name.startswith("gloo:") else other).add(ev.thread)
     workers = {th[1] for th in gloo - other}
     return groups.gloo_worker_groups(workers, ctx.pgs, ctx.rank)
+
+
+# A dependency the measured times break by more than this was guessed wrong (the
+# simulator's tolerance for the same test).
+_CAUSALITY_TOLERANCE_NS = 1000
+
+
+def _contradicted(waiter: _Node, waited: _Node) -> bool:
+    """Whether the measurement shows ``waiter`` going on before ``waited`` ended: a GPU op
+    starting early, or a host sync returning early (a sync may start before, it blocks)."""
+    t = waiter.start + waiter.dur if waiter.role == _SYNC else waiter.start
+    return t < waited.start + waited.dur - _CAUSALITY_TOLERANCE_NS
+
+
+def _comm_regions(units: list[CommUnit], host: list[Ev], parents: dict[int, Ev],
+                  launch_of: Callable[[Ev], Ev | None]) -> tuple[sync.Spans, sync.Spans]:
+    """Where NCCL communication ops ran on their host threads (sync.CommRegion spans), and
+    the ``record_param_comms`` outside them that launched nothing (c10d's work.wait())."""
+    spans = []
+    for u in units:
+        root = u.root
+        if root is None or not u.kernels:
+            continue
+        launches = [x.ts for k in u.kernels if (x := launch_of(k)) is not None]
+        if not launches:
+            continue
+        library = min(launches)
+        for op in u.ops:
+            if op.name.startswith(("nccl:", "rccl:")):
+                library = min(library, op.ts)
+        start, end = root.ts, root.end
+        p = parents.get(root.idx)
+        while p is not None:  # c10d's wrapper around a bare nccl:* root (older traces)
+            if p.name == "record_param_comms":
+                start, end = min(start, p.ts), max(end, p.end)
+                break
+            p = parents.get(p.idx)
+        spans.append((root.thread, start, end, sync.CommRegion(root.thread, start, library, end,
+                                                                u.kernels[0].thread)))
+    regions = sync.Spans(spans)
+    waits = [(ev.thread, ev.ts, ev.end, True) for ev in host
+             if ev.kind == K_CPU and ev.name == "record_param_comms"
+             and ev.arg("Collective name") in (None, "wait") and regions.at(ev.thread, ev.ts) is None]
+    return regions, sync.Spans(waits)
 
 
 def _issue_times(nodes: list[_Node]) -> dict[int, int]:
@@ -548,11 +603,31 @@ def _stream_sort(s: tuple) -> tuple:
     return (group, tuple((0, x) if isinstance(x, int) else (1, str(x)) for x in s))
 
 
-def _stream_name(s: tuple, multi_pid: bool) -> str:
+def _host_comm_lanes(nodes: list[_Node]) -> None:
+    """Give host communication that overlaps in time its own stream (a stream runs one node
+    at a time). Each thread that ran a group's exchanges (gloo's worker threads; the caller's
+    thread for ops timed by themselves) is a stream; should two nodes of one thread still
+    overlap, the later-issued one moves to another lane of that thread. Nodes come in id
+    (issue) order, so the assignment is deterministic."""
+    lane_ends: dict[tuple, list[int]] = defaultdict(list)
+    for n in nodes:
+        if n.role != _HOSTCOMM:
+            continue
+        ends = lane_ends[n.stream]
+        lane = next((i for i, end in enumerate(ends) if end <= n.start), len(ends))
+        if lane == len(ends):
+            ends.append(0)
+        ends[lane] = n.start + n.dur
+        n.stream = n.stream + (lane,)
+
+
+def _stream_name(s: tuple, multi_pid: bool, single: set[tuple]) -> str:
     if s[0] == "cpu":
         return f"cpu:{s[1]}:{s[2]}" if multi_pid else f"cpu:{s[2]}"
     if s[0] == "host-comm":
-        return f"host-comm:{s[1]}"
+        if s in single:
+            return f"host-comm:{s[1]}"
+        return f"host-comm:{s[1]}:{s[2]}" + (f"#{s[3]}" if s[3] else "")
     return f"gpu{s[0]}:stream{s[1]}"
 
 
@@ -563,5 +638,5 @@ def _stream_device(s: tuple) -> int:
 
 
 def _native(s: tuple) -> int:
-    x = s[2] if s[0] == "cpu" else (0 if s[0] == "host-comm" else s[1])
+    x = s[2] if s[0] in ("cpu", "host-comm") else s[1]
     return x if isinstance(x, int) else 0

@@ -4,20 +4,36 @@ Exact when the trace has Kineto's ``cuda_sync`` activities (PyTorch's
 ``enable_cuda_sync_events``): each names the waiting ``stream``, the ``wait_on_stream`` and
 the correlation id of the ``cudaEventRecord`` it waits for. Most traces lack them; then the
 call's stream is inferred from the launches around it on the same host thread, the way
-PyTorch issues them (``stream.wait_event`` right before launching on the waiting stream;
-``cudaStreamSynchronize`` on the stream last launched to), and each such guess is counted.
+PyTorch issues them, and each such guess is counted:
+
+* a thread's *current stream* is the stream of its latest launch that is not a
+  communication kernel (c10d switches to its NCCL stream only inside the collective call);
+* inside a communication op (the ``c10d::*`` / ``record_param_comms`` op that launched NCCL
+  kernels), before the library call: PyTorch's ``syncStream`` makes the NCCL stream wait for
+  the current stream (record on the current stream, wait on the NCCL stream);
+* inside the library call (the ``nccl:*`` annotation, or from the first kernel launch on):
+  NCCL records and waits events between the NCCL stream and its own internal streams, which
+  run nothing the trace shows. Such waits order nothing we can see and are skipped
+  (``event_wait_inside_comm_library``); records there are on the NCCL stream (the work's end
+  event that ``work.wait()`` later waits for);
+* elsewhere the waiting stream is the current stream (the next non-communication launch);
+  inside a ``record_param_comms`` that launched nothing (c10d's ``work.wait()``) it waits for
+  the communication stream of the latest collective launched before it;
+* ``cudaStreamSynchronize`` is on the stream last launched to.
 
 A cross-stream wait becomes a dependency of the first GPU op launched on the waiting
 stream after the wait on the last GPU op launched on the recording stream before the
 record; a host sync becomes a dependency of the sync call on the last GPU op launched
-before it on each stream it waits for.
+before it on each stream it waits for. The caller still checks every pair against the
+measured times (build.py) and drops those the trace contradicts.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from .events import Ev
 
@@ -34,18 +50,67 @@ Stream = tuple  # (device, stream)
 _SEARCH_BACK = 64  # records inspected when pairing a wait heuristically
 
 
-class LaunchIndex:
-    """Kept GPU ops by stream in launch order, and launches by host thread."""
+@dataclass(frozen=True)
+class CommRegion:
+    """Where one communication op ran on its host thread: ``start``..``end`` is the op (with
+    the ``record_param_comms`` around it, if any); from ``library`` on it is inside the
+    library call; ``stream`` is the stream of its kernels."""
 
-    def __init__(self, gpu_ops: list[Ev], launch_of: Callable[[Ev], Ev | None]):
+    thread: tuple
+    start: int
+    library: int
+    end: int
+    stream: Stream
+
+
+class Spans:
+    """Host-op spans by thread (each with a payload), to find the one holding an instant.
+    Spans of one thread are outermost ops, so they do not nest."""
+
+    def __init__(self, spans: Iterable[tuple[tuple, int, int, object]] = ()):
+        by_thread: dict[tuple, list[tuple[int, int, object]]] = defaultdict(list)
+        for thread, start, end, payload in spans:
+            by_thread[thread].append((start, end, payload))
+        self._spans: dict[tuple, list[tuple[int, int, object]]] = {}
+        self._starts: dict[tuple, list[int]] = {}
+        for th, items in by_thread.items():
+            items.sort(key=lambda x: (x[0], x[1]))
+            self._spans[th] = items
+            self._starts[th] = [x[0] for x in items]
+
+    def at(self, thread: tuple, t: int) -> object | None:
+        starts = self._starts.get(thread)
+        if not starts:
+            return None
+        i = bisect_right(starts, t) - 1
+        # Look back a little in case a short span starts inside a long one (clock rounding).
+        for j in range(i, max(-1, i - 4), -1):
+            start, end, payload = self._spans[thread][j]
+            if start <= t <= end:
+                return payload
+        return None
+
+
+class LaunchIndex:
+    """Kept GPU ops by stream in launch order, and launches by host thread (all of them, and
+    those that launched no communication kernel: the thread's current stream)."""
+
+    def __init__(self, gpu_ops: list[Ev], launch_of: Callable[[Ev], Ev | None],
+                 comm_ops: frozenset[int] | set[int] = frozenset()):
         per_stream: dict[Stream, list[tuple[int, int, Ev]]] = defaultdict(list)
         per_thread: dict[tuple, list[tuple[int, Stream]]] = defaultdict(list)
+        per_thread_local: dict[tuple, list[tuple[int, Stream]]] = defaultdict(list)
+        comm_launches: list[tuple[int, Stream]] = []
         for g in gpu_ops:
             launch = launch_of(g)
             t = launch.ts if launch is not None else g.ts
             per_stream[g.thread].append((t, g.ts, g))
             if launch is not None:
                 per_thread[launch.thread].append((launch.ts, g.thread))
+                if g.idx in comm_ops:
+                    comm_launches.append((launch.ts, g.thread))
+                else:
+                    per_thread_local[launch.thread].append((launch.ts, g.thread))
         self.stream_ops: dict[Stream, list[Ev]] = {}
         self.stream_times: dict[Stream, list[int]] = {}
         for s, items in per_stream.items():
@@ -61,6 +126,15 @@ class LaunchIndex:
             launches.sort(key=lambda x: x[0])
             self.thread_times[th] = [x[0] for x in launches]
             self.thread_streams[th] = [x[1] for x in launches]
+        self.local_times: dict[tuple, list[int]] = {}
+        self.local_streams: dict[tuple, list[Stream]] = {}
+        for th, launches in per_thread_local.items():
+            launches.sort(key=lambda x: x[0])
+            self.local_times[th] = [x[0] for x in launches]
+            self.local_streams[th] = [x[1] for x in launches]
+        comm_launches.sort(key=lambda x: x[0])
+        self.comm_times = [t for t, _ in comm_launches]
+        self.comm_streams = [s for _, s in comm_launches]
 
     def last_before(self, stream: Stream, t: int) -> Ev | None:
         times = self.stream_times.get(stream)
@@ -100,10 +174,44 @@ class LaunchIndex:
         i = bisect_right(times, t)
         return self.thread_streams[thread][i] if i < len(times) else None
 
+    def current_stream_before(self, thread: tuple, t: int) -> Stream | None:
+        """The thread's current stream at ``t``: its latest non-communication launch (else
+        its latest launch)."""
+        times = self.local_times.get(thread)
+        if times:
+            i = bisect_left(times, t) - 1
+            if i >= 0:
+                return self.local_streams[thread][i]
+        return self.stream_launched_before(thread, t)
+
+    def current_stream_after(self, thread: tuple, t: int) -> Stream | None:
+        """The stream of the thread's next non-communication launch (else its next launch)."""
+        times = self.local_times.get(thread)
+        if times:
+            i = bisect_right(times, t)
+            if i < len(times):
+                return self.local_streams[thread][i]
+        return self.stream_launched_after(thread, t)
+
+    def comm_stream_launched_before(self, t: int, avoid: Stream) -> Stream | None:
+        """The stream of the latest communication kernel launched (any thread) before ``t``."""
+        i = bisect_left(self.comm_times, t) - 1
+        stop = max(-1, i - _SEARCH_BACK)
+        while i > stop:
+            if self.comm_streams[i] != avoid:
+                return self.comm_streams[i]
+            i -= 1
+        return None
+
 
 def resolve(calls: list[Ev], acts_by_corr: dict[int, Ev], runtime_by_corr: dict[int, Ev],
-            index: LaunchIndex, count: Callable[[str], None]) -> list[tuple[Ev, Ev]]:
-    """DEP_SYNC pairs (waiter, waited-for) from the kept sync/record/wait runtime calls."""
+            index: LaunchIndex, count: Callable[[str], None], regions: Spans | None = None,
+            work_waits: Spans | None = None) -> list[tuple[Ev, Ev]]:
+    """DEP_SYNC pairs (waiter, waited-for) from the kept sync/record/wait runtime calls.
+    ``regions`` holds the communication ops (payload: CommRegion), ``work_waits`` the
+    ``record_param_comms`` ops of ``work.wait()`` (see the module docstring)."""
+    regions = regions or Spans()
+    work_waits = work_waits or Spans()
     deps: list[tuple[Ev, Ev]] = []
     records = sorted((c for c in calls if c.name in EVENT_RECORD), key=lambda c: (c.ts, c.idx))
     rec_by_thread: dict[tuple, list[Ev]] = defaultdict(list)
@@ -112,11 +220,22 @@ def resolve(calls: list[Ev], acts_by_corr: dict[int, Ev], runtime_by_corr: dict[
     rec_times = {th: [r.ts for r in rs] for th, rs in rec_by_thread.items()}
     rec_stream_cache: dict[int, Stream | None] = {}
 
+    def region_at(c: Ev) -> CommRegion | None:
+        r = regions.at(c.thread, c.ts)
+        return r if isinstance(r, CommRegion) else None
+
     def rec_stream(r: Ev) -> Stream | None:
         s = rec_stream_cache.get(r.idx, ())
         if s == ():
             act = acts_by_corr.get(r.corr)
-            s = act.thread if act is not None else index.stream_launched_before(r.thread, r.ts)
+            if act is not None:
+                s = act.thread
+            else:
+                reg = region_at(r)
+                if reg is not None and r.ts >= reg.library:
+                    s = reg.stream          # NCCL's records, and the work's end event
+                else:
+                    s = index.current_stream_before(r.thread, r.ts)
             rec_stream_cache[r.idx] = s
         return s
 
@@ -143,27 +262,39 @@ def resolve(calls: list[Ev], acts_by_corr: dict[int, Ev], runtime_by_corr: dict[
                 rec = runtime_by_corr.get(_int(act.arg("wait_on_cuda_event_record_corr_id")))
                 t_rec = rec.ts if rec is not None else c.ts
             else:
-                waiting = index.stream_launched_after(c.thread, c.ts)
-                rec = None
-                if waiting is not None:
-                    rec = recent_record(c.thread, c.ts, waiting)
-                    if rec is None:
-                        for th in rec_by_thread:
-                            if th != c.thread:
-                                cand = recent_record(th, c.ts, waiting)
-                                if cand is not None and (rec is None or cand.ts > rec.ts):
-                                    rec = cand
+                reg = region_at(c)
+                if reg is not None and c.ts >= reg.library:
+                    count("event_wait_inside_comm_library")
+                    continue
+                if reg is not None:         # syncStream: the NCCL stream waits for ours
+                    waiting = reg.stream
+                else:
+                    waiting = index.current_stream_after(c.thread, c.ts)
                 if waiting is None:
                     count("event_wait_unresolved")
                     continue
+                rec = recent_record(c.thread, c.ts, waiting)
+                if rec is None:
+                    for th in rec_by_thread:
+                        if th != c.thread:
+                            cand = recent_record(th, c.ts, waiting)
+                            if cand is not None and (rec is None or cand.ts > rec.ts):
+                                rec = cand
                 if rec is not None:
                     src_stream = rec_stream(rec)
                     t_rec = rec.ts
                     count("event_wait_paired_by_heuristic")
                 else:
-                    # No cudaEventRecord in the trace (older Kineto): the event was
-                    # recorded on the stream most recently launched to, other than ours.
-                    src_stream = index.other_stream_launched_before(c.ts, waiting)
+                    # No cudaEventRecord in the trace (older Kineto): before a collective,
+                    # the event was recorded on the current stream; in work.wait(), on the
+                    # stream of the latest collective; else on the stream most recently
+                    # launched to, other than ours.
+                    if reg is not None:
+                        src_stream = index.current_stream_before(c.thread, c.ts)
+                    elif work_waits.at(c.thread, c.ts) is not None:
+                        src_stream = index.comm_stream_launched_before(c.ts, waiting)
+                    else:
+                        src_stream = index.other_stream_launched_before(c.ts, waiting)
                     t_rec = c.ts
                     if src_stream is None:
                         count("event_wait_unresolved")

@@ -261,7 +261,8 @@ def from_record_param_comms(op: EtOp) -> CommCall | None:
     dtype = a.get("dtype") if isinstance(a.get("dtype"), str) else ""
     call.dtype = dtype or _first_dtype(op.in_types)
     size = DTYPE_BYTES.get(call.dtype, 0)
-    n_in, n_out = _count(a.get("in_msg_nelems"), _MAX_ELEMS), _count(a.get("out_msg_nelems"), _MAX_ELEMS)
+    n_in = _count(a.get("in_msg_nelems"), _MAX_ELEMS)
+    n_out = _count(a.get("out_msg_nelems"), _MAX_ELEMS)
     if size and n_in is not None and n_out is not None:
         call.in_bytes = n_in * size
         call.out_bytes = n_out * size

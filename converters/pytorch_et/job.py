@@ -132,7 +132,6 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
     gb.graph.header.attrs["source"] = "pytorch_et"
     gb.graph.header.attrs["schema"] = t.schema
     node_of: dict[int, int] = {}        # ET id -> IR id of the emitted node
-    nearest: dict[int, int] = {}        # ET id -> IR id of the nearest emitted ancestor-or-self
     thread_of: dict[int, int] = {}      # IR id -> ET thread
     writer: dict[tuple[int, int], int] = {}  # (tensor id, storage id) -> IR id of last writer
     group_sizes: dict[str, int] = {}
@@ -143,8 +142,8 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
             stats.outside_step += 1
             continue
         deps: list[tuple[int, int]] = []
-        if op.parent != op.id and op.parent in nearest:
-            deps.append((nearest[op.parent], pb.DEP_CONTROL))
+        if op.parent != op.id and op.parent in node_of:
+            deps.append((node_of[op.parent], pb.DEP_CONTROL))
         elif op.parent > op.id:
             stats.parent_after_child += 1
         for tz in op.in_tensors:
@@ -165,7 +164,6 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
         if op.out_tensors:
             n.attrs["et_out_tensors"] = ",".join(str(x[0]) for x in op.out_tensors)
         node_of[op.id] = n.id
-        nearest[op.id] = n.id
         thread_of[n.id] = op.tid
         for tz in op.out_tensors:
             writer[(tz[0], tz[1])] = n.id
@@ -183,8 +181,8 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
 def _emit_comm(gb: GraphBuilder, call: CommCall, key: str, size: int, launcher: pb.Node,
                stats: GraphStats) -> bool:
     device = call.device
-    sid = gb.stream(pb.STREAM_GPU_COMM, f"comm {key}" if device < 0 else f"comm {key} dev {device}",
-                    device=device)
+    name = f"comm {key}" if device < 0 else f"comm {key} dev {device}"
+    sid = gb.stream(pb.STREAM_GPU_COMM, name, device=device)
     deps = [(launcher.id, pb.DEP_LAUNCH)]
     start = launcher.start_ns
     if call.is_p2p:

@@ -76,7 +76,9 @@ def _user_call(fn: Callable, what: str, layout: ParallelLayout, rank: int, devic
         return fn()
     except EchoError as e:
         msg = str(e)
-        raise type(e)(msg if f"rank {rank}" in msg else f"{where(layout, rank)}: {msg}") from None
+        if f"rank {rank}" not in msg:
+            msg = f"{where(layout, rank)}: {msg.removeprefix(f'layout {layout.describe()}: ')}"
+        raise type(e)(msg) from None
     except Exception as e:  # noqa: BLE001 - user code: one line, never a traceback
         if _is_oom(e):
             raise TraceOutOfMemory(f"{where(layout, rank)}: out of memory on {device} during "

@@ -260,7 +260,14 @@ class _Splicer:
         comm_node: dict[int, int] = {}           # record index -> new node id
         issue_thread: dict[int, int] = {}        # record index -> source host stream
         pending_wait: dict[int, list[tuple[int, int]]] = defaultdict(list)  # stream -> [(t, k)]
-        last_kernel: int | None = None
+        # GPU work in launch order: NCCL starts a collective after everything already
+        # launched on the current stream, which may start after the collective's issue.
+        launched = sorted((self.by_id[self.launch[n.id]].start_ns, n.id) for n in self.nodes
+                          if n.id not in self.removed and not self.is_host(n)
+                          and n.kind in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
+                          and self.launch.get(n.id) in self.by_id)
+        launch_times = [t for t, _ in launched]
+        stream_waits: list[tuple[int, int]] = []  # (comm node id, issue time)
         keys_used: dict[str, int] = {}
 
         def new_times(n: pb.Node) -> tuple[int, int]:
@@ -297,8 +304,8 @@ class _Splicer:
                                   duration_ns=dur, deps=deps)
                 new_id[n.id] = issue.id
                 _annotate(issue, notes.get(n.id))
-                c = self._emit_comm(gb, rec, self.keys[k], issue, start + dur, last_kernel,
-                                    gpu_device)
+                c = self._emit_comm(gb, rec, self.keys[k], issue, start + dur, gpu_device)
+                stream_waits.append((c.id, n.start_ns))
                 _annotate(c, notes.get(n.id))
                 comm_node[k] = c.id
                 issue_thread[k] = n.stream
@@ -325,7 +332,7 @@ class _Splicer:
             for d in n.deps:
                 if d.kind == pb.DEP_CONTROL:
                     continue
-                if d.id in new_id and (d.id, d.kind) not in deps:
+                if d.id in new_id and (new_id[d.id], d.kind) not in deps:
                     deps.append((new_id[d.id], d.kind))
             p = kept_parent(n.id)
             if p is not None:
@@ -348,16 +355,19 @@ class _Splicer:
                 _annotate(copy, notes.get(n.id))
             elif lid is not None and lid in new_id:
                 copy.annotations.CopyFrom(gb.graph.node(new_id[lid]).annotations)
-            if not host and n.kind in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET):
-                last_kernel = copy.id
 
+        if self.gpu:
+            for cid, t in stream_waits:
+                i = bisect.bisect_right(launch_times, t) - 1
+                if i >= 0 and launched[i][1] in new_id:
+                    gb.graph.node(cid).deps.add(id=new_id[launched[i][1]], kind=pb.DEP_SYNC)
         self._wait_unobserved(gb, comm_node, issue_thread, new_sid)
         for key, size in sorted(keys_used.items()):
             gb.declare_group(key, size)
         return SpliceResult(gb.build(), self.dropped)
 
     def _emit_comm(self, gb: GraphBuilder, rec: CommRecord, key: str, issue: pb.Node,
-                   start: int, last_kernel: int | None, gpu_device: int) -> pb.Node:
+                   start: int, gpu_device: int) -> pb.Node:
         if rec.is_p2p:
             sname = f"{key}:{rec.op}:{rec.peer}"
         else:
@@ -365,8 +375,6 @@ class _Splicer:
         if self.gpu:
             sid = gb.stream(pb.STREAM_GPU_COMM, f"gpu{gpu_device}-comm:{sname}", device=gpu_device)
             deps: list[tuple[int, int]] = [(issue.id, pb.DEP_LAUNCH)]
-            if last_kernel is not None:
-                deps.append((last_kernel, pb.DEP_SYNC))
         else:
             sid = gb.stream(pb.STREAM_CPU_THREAD, f"host-comm:{sname}")
             deps = [(issue.id, pb.DEP_DATA)]
