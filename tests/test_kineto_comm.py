@@ -132,6 +132,47 @@ def test_meta_args_win_and_peers():
     assert (info.coll, info.peer, info.in_bytes) == ("recv", 0, 20)
 
 
+def test_all_to_all_split_sizes():
+    # c10d::alltoall_base_(output, input, pg, output_split_sizes, input_split_sizes, ...), as
+    # PyTorch 2.13 records it (rows of dim 0, group-rank order).
+    info = comm.CommInfo()
+    comm.merge_c10d(info, _op("c10d::alltoall_base_", [[4, 3], [3, 3], [], [], [], [], []],
+                              ["float", "float", "", "ScalarList", "ScalarList", "Scalar", "Scalar"],
+                              ["", "", "", "[1, 3]", "[1, 2]", "False", "-1"]))
+    assert (info.in_splits, info.out_splits, info.in_bytes, info.out_bytes) == ([1, 2], [1, 3], 36, 48)
+    assert comm.split_bytes(info.in_splits, info.in_bytes, 2) == ([12, 24], "")
+    assert comm.split_bytes(info.out_splits, info.out_bytes, 2) == ([12, 36], "")
+    # _c10d_functional::all_to_all_single(input, output_split_sizes, input_split_sizes, group).
+    info = comm.CommInfo()
+    comm.merge_c10d(info, _op("_c10d_functional::all_to_all_single", [[6], [], [], []],
+                              ["float", "ScalarList", "ScalarList", ""], ["", "[3, 3]", "[5, 1]", "0"]))
+    assert (info.in_splits, info.out_splits) == ([5, 1], [3, 3])
+    # alltoall_(outputs, inputs, ...): one tensor per peer.
+    info = comm.CommInfo()
+    comm.merge_c10d(info, _op("c10d::alltoall_", [[[2, 2], [1, 2]], [[3, 2], [4, 2]], [], []],
+                              ["TensorList", "TensorList", "", "Scalar"]))
+    assert (info.in_splits, info.out_splits, info.in_elems) == ([6, 8], [4, 2], 14)
+    # record_param_comms args: empty lists are even splits; truncated lists are said.
+    info = comm.CommInfo()
+    comm.merge_meta(info, {"Collective name": "all_to_allv", "In split size": "[]",
+                           "Out split size": "[]"}, "record_param_comms")
+    assert (info.in_splits, info.out_splits, info.splits_truncated) == (None, None, False)
+    comm.merge_meta(info, {"In split size": "[1, 2, ...]", "Out split size": "[2, 1]"}, "kernel_args")
+    assert (info.in_splits, info.out_splits, info.splits_truncated) == (None, [2, 1], True)
+
+
+@pytest.mark.parametrize("splits, total, group, want", [
+    (None, 40, 2, (None, "")),
+    ([1, 3], 40, 2, ([10, 30], "")),
+    ([0, 0], 0, 2, ([0, 0], "")),
+    ([1, 3], 40, 3, (None, "all_to_all_splits_inconsistent")),   # not one size per member
+    ([1, 2], 40, 2, (None, "all_to_all_splits_inconsistent")),   # 40 bytes are not 3 equal rows
+    ([0, 0], 8, 2, (None, "all_to_all_splits_inconsistent")),
+])
+def test_split_bytes(splits, total, group, want):
+    assert comm.split_bytes(splits, total, group) == want
+
+
 @pytest.mark.parametrize("dtype, size", [("Float", 4), ("BFloat16", 2), ("c10::Half", 2),
                                          ("long int", 8), ("Long", 8), ("unsigned char", 1),
                                          ("double", 8), ("Float8_e4m3fn", 1), ("nonsense", None)])

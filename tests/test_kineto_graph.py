@@ -257,7 +257,8 @@ def test_host_collectives_from_record_param_comms(tmp_path):
     (ar,) = [n for n in g.nodes if n.kind == pb.KIND_COLLECTIVE]
     assert (ar.collective.type, ar.collective.in_bytes, ar.collective.group) == (pb.COLL_ALL_REDUCE, 40, "0")
     assert ar.name == "c10d::allreduce_"
-    assert deps(ar, pb.DEP_CONTROL) == [by_name(g, "c10d::allreduce_", pb.KIND_CPU_OP).id]
+    issuer = by_name(g, "c10d::allreduce_", pb.KIND_CPU_OP).id
+    assert deps(ar, pb.DEP_CONTROL) == [issuer] and deps(ar, pb.DEP_LAUNCH) == [issuer]
     assert (ar.start_ns, ar.duration_ns) == (100_000, 200_000)
     stream = next(s for s in g.header.streams if s.id == ar.stream)
     assert stream.name == "host-comm:0" and stream.kind == pb.STREAM_CPU_THREAD

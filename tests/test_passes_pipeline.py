@@ -17,27 +17,27 @@ class _RecordingLink:
     def _p2p(self, *ops):
         self.log.append(("P2P", ops))
 
-    def recv_forward(self):
+    def recv_forward(self, mb):
         if not self.first:
             self._p2p((False, -1))
 
-    def send_forward(self, out):
+    def send_forward(self, out, mb):
         if not self.last:
             self._p2p((True, 1))
 
-    def recv_backward(self):
+    def recv_backward(self, mb):
         if not self.last:
             self._p2p((False, 1))
 
-    def send_backward(self, grad):
+    def send_backward(self, grad, mb):
         if not self.first:
             self._p2p((True, -1))
 
-    def send_forward_recv_backward(self, out):
+    def send_forward_recv_backward(self, out, send_mb, recv_mb):
         if not self.last:
             self._p2p((True, 1), (False, 1))
 
-    def send_backward_recv_forward(self, grad):
+    def send_backward_recv_forward(self, grad, send_mb, recv_mb):
         if not self.first:
             self._p2p((True, -1), (False, -1))
 

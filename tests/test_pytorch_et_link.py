@@ -149,14 +149,19 @@ def test_ddp_fixture_pairs_ranks_by_file_name_and_fills_groups():
     d = FIXTURES / "traces" / "ddp_gloo4"
     kin = sorted(d.glob("rank*.kineto.json.gz"))
     hosts = sorted(d.glob("rank*.et.json.gz"))
+    plain = read(kin, "kineto", ReadOptions())
     job = convert(kin, hosts[::-1])              # order of --host-et does not matter
-    assert check_job(job) == []
+    assert check_job(job) == check_job(plain)     # linking adds no problem of its own
     for rank, host in enumerate(hosts):
         ops = et_ops(host)
-        for n in linked(job.graph_of(rank)):
+        cpu = linked(job.graph_of(rank))
+        # Every host op but the group-definition record, which Kineto does not show.
+        assert len(cpu) == sum(1 for op in ops.values() if op["name"] != "## process_group:init ##")
+        for n in cpu:
             assert ops[int(n.attrs["et_id"])]["name"] == n.name
-        ar = [n for n in job.graph_of(rank).nodes if n.kind == pb.KIND_COLLECTIVE]
-        assert ar and all(ops[int(n.attrs["et_id"])]["name"] == "c10d::allreduce_" for n in ar)
+        comm = {n.kind: ops[int(n.attrs["et_id"])]["name"] for n in job.graph_of(rank).nodes
+                if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND)}
+        assert comm == {pb.KIND_COLLECTIVE: "c10d::allreduce_", pb.KIND_SEND: "c10d::send"}
     init = next(n for n in raw(hosts[0])["nodes"] if n["name"] == "## process_group:init ##")
     pg = json.loads(init["inputs"]["values"][0])[0]
     g = next(g for g in job.manifest.groups if g.name == pg["pg_name"])
@@ -197,13 +202,14 @@ def test_cli_convert_with_host_et(tmp_path):
 
     from echo_et.cli.main import app
 
-    d = FIXTURES / "traces" / "ddp_gloo4"
+    d = FIXTURES / "traces" / "fake_pg64"
     out = tmp_path / "job"
-    r = CliRunner().invoke(app, ["convert", *map(str, sorted(d.glob("rank*.kineto.json.gz"))),
+    r = CliRunner().invoke(app, ["convert", str(d / "rank0.kineto.json.gz"),
                                  "--host-et", str(d), "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
-    assert s["world_size"] == 4 and s["source_format"] == "kineto"
+    assert s["source_format"] == "kineto" and s["collectives"]
+    assert "host_et_unlinked_cpu_ops" not in s["dropped"]
     r = CliRunner().invoke(app, ["convert", str(d / "rank0.kineto.json.gz"), "--host-et",
                                  str(tmp_path / "missing"), "-o", str(tmp_path / "j2")])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1

@@ -267,11 +267,13 @@ def build_rank_graph(tf: TraceFile, ctx: RankContext) -> RankGraph:
             if status:
                 drop[status] += 1
         if n.role == _HOSTCOMM:
+            # One stream per thread that ran the group's exchanges (gloo's worker threads;
+            # the caller's for ops timed by themselves): a thread runs one exchange at a
+            # time, while a group's worker threads run several at once.
             n.stream = ("host-comm", g.key, n.ev.thread[1])
 
     # Node order and ids.
     nodes.sort(key=lambda n: n.key)
-    _host_comm_lanes(nodes)
     node_id: dict[int, int] = {}
     for i, n in enumerate(nodes, start=1):
         if n.role == _HOSTCOMM:
@@ -495,6 +497,8 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
                              dtype=info.dtype, **kw)
         if info.algorithm:
             node.collective.algorithm = info.algorithm
+        if info.coll == comm.ALL_TO_ALL:
+            _split_attrs(node, info, len(use.ranks), drop)
         out.groups[use.key] = use
     else:
         drop["comm_type_unknown"] += 1
@@ -505,6 +509,25 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
     node.attrs["comm_source"] = ",".join(info.sources) or "none"
     if use.guess:
         node.attrs["group_guess"] = use.guess
+
+
+# Node attrs with an all-to-all's bytes per peer (comma-separated, group-rank order), read
+# by the ASTRA-sim exporter (converters/astra_sim: in_split_bytes).
+IN_SPLIT_ATTR, OUT_SPLIT_ATTR = "in_split_bytes", "out_split_bytes"
+
+
+def _split_attrs(node: pb.Node, info: comm.CommInfo, group_size: int, drop: Counter) -> None:
+    """Uneven all-to-all: the bytes sent to / received from each peer, when the trace
+    recorded split sizes (``In/Out split size`` args, or the c10d op's split-size inputs)."""
+    if info.splits_truncated:
+        drop["all_to_all_splits_truncated"] += 1
+    for splits, total, attr in ((info.in_splits, info.in_bytes, IN_SPLIT_ATTR),
+                                (info.out_splits, info.out_bytes, OUT_SPLIT_ATTR)):
+        per_peer, why = comm.split_bytes(splits, total, group_size)
+        if why:
+            drop[why] += 1
+        elif per_peer is not None:
+            node.attrs[attr] = ",".join(str(b) for b in per_peer)
 
 
 def _comm_name(n: _Node) -> str:
@@ -603,31 +626,13 @@ def _stream_sort(s: tuple) -> tuple:
     return (group, tuple((0, x) if isinstance(x, int) else (1, str(x)) for x in s))
 
 
-def _host_comm_lanes(nodes: list[_Node]) -> None:
-    """Give host communication that overlaps in time its own stream (a stream runs one node
-    at a time). Each thread that ran a group's exchanges (gloo's worker threads; the caller's
-    thread for ops timed by themselves) is a stream; should two nodes of one thread still
-    overlap, the later-issued one moves to another lane of that thread. Nodes come in id
-    (issue) order, so the assignment is deterministic."""
-    lane_ends: dict[tuple, list[int]] = defaultdict(list)
-    for n in nodes:
-        if n.role != _HOSTCOMM:
-            continue
-        ends = lane_ends[n.stream]
-        lane = next((i for i, end in enumerate(ends) if end <= n.start), len(ends))
-        if lane == len(ends):
-            ends.append(0)
-        ends[lane] = n.start + n.dur
-        n.stream = n.stream + (lane,)
-
-
 def _stream_name(s: tuple, multi_pid: bool, single: set[tuple]) -> str:
     if s[0] == "cpu":
         return f"cpu:{s[1]}:{s[2]}" if multi_pid else f"cpu:{s[2]}"
     if s[0] == "host-comm":
         if s in single:
             return f"host-comm:{s[1]}"
-        return f"host-comm:{s[1]}:{s[2]}" + (f"#{s[3]}" if s[3] else "")
+        return f"host-comm:{s[1]}:{s[2]}"
     return f"gpu{s[0]}:stream{s[1]}"
 
 

@@ -195,6 +195,11 @@ class CommInfo:
     algorithm: str = ""
     sources: list[str] = field(default_factory=list)
     kernel_coll: int | str | None = None     # what the kernel name alone says
+    # All-to-all split sizes per peer in group-rank order, in the caller's units (rows of
+    # dim 0 for all_to_all_single, elements for a tensor list); None when not recorded.
+    in_splits: list[int] | None = None
+    out_splits: list[int] | None = None
+    splits_truncated: bool = False          # Kineto cut a long list short ("[1, 2, ...]")
 
     def note(self, source: str) -> None:
         if source not in self.sources:
@@ -267,8 +272,22 @@ def merge_meta(info: CommInfo, args: dict[str, Any] | None, source: str) -> None
             if p is not None and p >= 0:
                 info.peer = p
                 break
+    _merge_splits(info, args.get("In split size"), args.get("Out split size"))
     if used:
         info.note(source)
+
+
+def _merge_splits(info: CommInfo, ins: Any, outs: Any) -> None:
+    """Record per-peer split sizes (lists like ``"[1, 3]"``); empty lists mean even splits."""
+    for value, attr in ((ins, "in_splits"), (outs, "out_splits")):
+        if getattr(info, attr) is not None or value is None:
+            continue
+        if isinstance(value, str) and "..." in value:
+            info.splits_truncated = True
+            continue
+        parsed = _parse_rank_list(value)
+        if parsed and all(x >= 0 for x in parsed):
+            setattr(info, attr, parsed)
 
 
 def _nelems(dims: Any, typ: Any) -> int | None:
@@ -354,7 +373,37 @@ def merge_c10d(info: CommInfo, ev: Ev) -> None:
     if info.peer is None and c in (SEND, RECV) and isinstance(concrete, list) \
             and len(concrete) > 2:
         info.peer = _as_int(concrete[2])
+    if c == ALL_TO_ALL:
+        _c10d_splits(info, word, concrete, dims, types)
     info.note("c10d_op")
+
+
+# c10d all-to-all ops whose split sizes are concrete inputs: op word -> (output splits,
+# input splits) argument positions. ``alltoall_base_(output, input, pg, output_split_sizes,
+# input_split_sizes, ...)``; ``all_to_all_single(input, output_split_sizes,
+# input_split_sizes, group_name)``.
+_SPLIT_ARGS = {"alltoall_base": (3, 4), "all_to_all_single": (1, 2)}
+
+
+def _c10d_splits(info: CommInfo, word: str, concrete: Any, dims: Any, types: Any) -> None:
+    pos = _SPLIT_ARGS.get(word)
+    if pos is not None:
+        if isinstance(concrete, list) and len(concrete) > max(pos):
+            _merge_splits(info, concrete[pos[1]], concrete[pos[0]])
+        return
+    if word == "alltoall" and isinstance(dims, list) and len(dims) > 1:
+        # alltoall_(output_tensors, input_tensors, ...): one tensor per peer.
+        def per_peer(shapes: Any) -> list[int] | None:
+            if not isinstance(shapes, list) or not shapes \
+                    or not all(isinstance(x, list) for x in shapes):
+                return None
+            sizes = [_nelems(x, "Tensor") for x in shapes]
+            return None if any(x is None for x in sizes) else sizes  # type: ignore[return-value]
+
+        if info.in_splits is None:
+            info.in_splits = per_peer(dims[1])
+        if info.out_splits is None:
+            info.out_splits = per_peer(dims[0])
 
 
 def merge_kernel_name(info: CommInfo, name: str) -> None:
@@ -396,3 +445,21 @@ def finish_sizes(info: CommInfo, group_size: int) -> str:
         else:
             info.out_bytes = n
     return status
+
+
+def split_bytes(splits: list[int] | None, total_bytes: int | None, group_size: int) -> tuple[list[int] | None, str]:
+    """Per-peer bytes of an all-to-all from its split sizes: the buffer of ``total_bytes``
+    cut in proportion to the splits (rows of dim 0 all have the same size). Returns
+    (bytes per peer, "") or (None, why not): "" when there are no splits,
+    ``all_to_all_splits_inconsistent`` when they do not fit the group or the buffer."""
+    if splits is None:
+        return None, ""
+    total = sum(splits)
+    if len(splits) != group_size or total_bytes is None:
+        return None, "all_to_all_splits_inconsistent"
+    if total == 0:
+        return ([0] * group_size, "") if total_bytes == 0 else (None, "all_to_all_splits_inconsistent")
+    if total_bytes % total:
+        return None, "all_to_all_splits_inconsistent"
+    unit = total_bytes // total
+    return [x * unit for x in splits], ""

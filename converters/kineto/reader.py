@@ -39,7 +39,7 @@ from echo_et.errors import EchoError
 from echo_et.ir import Job, JobBuilder
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
 
-from .build import RankContext, RankGraph, build_rank_graph
+from .build import IN_SPLIT_ATTR, OUT_SPLIT_ATTR, RankContext, RankGraph, build_rank_graph
 from .events import TraceFile, load_trace
 from .groups import GroupUse, pg_config
 from .steps import choose_step, recording_span, window_of
@@ -245,6 +245,8 @@ def _renumber(built: list[tuple[int, TraceFile, RankGraph]], job_index: dict[int
         for key, use in list(rg.groups.items()):
             kept = tuple(r for r in use.ranks if r in job_index)
             rg.graph.header.group_sizes[key] = len(kept)
+            if kept != use.ranks:
+                rg.dropped["all_to_all_splits_of_untraced_peers"] += _forget_splits(rg.graph, key)
             new_pos = {r: i for i, r in enumerate(kept)}
             for n in rg.graph.nodes:
                 if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == key:
@@ -275,6 +277,19 @@ def _p2p_pairs(graph, use: GroupUse, job_index: dict[int, int], rank: int) -> di
             pair = (me, peer) if n.kind == pb.KIND_SEND else (peer, me)
             out.setdefault(pair + (use.key,), []).append(n.p2p.bytes)
     return out
+
+
+def _forget_splits(graph, key: str) -> int:
+    """Remove per-peer all-to-all sizes on a group that lost members (they name peers the
+    Job no longer has). Returns how many collectives had them."""
+    n_forgot = 0
+    for n in graph.nodes:
+        if n.kind == pb.KIND_COLLECTIVE and n.collective.group == key and (
+                IN_SPLIT_ATTR in n.attrs or OUT_SPLIT_ATTR in n.attrs):
+            n.attrs.pop(IN_SPLIT_ATTR, None)
+            n.attrs.pop(OUT_SPLIT_ATTR, None)
+            n_forgot += 1
+    return n_forgot
 
 
 def _demote(n: pb.Node) -> None:
@@ -309,6 +324,7 @@ def _split_inconsistent_groups(built: list[tuple[int, TraceFile, RankGraph]],
             use = rg.groups[key]
             rg.groups[key] = GroupUse(key, use.name, use.desc, (r,), "partial_job_group_split")
             rg.graph.header.group_sizes[key] = 1
+            _forget_splits(rg.graph, key)
             for n in rg.graph.nodes:
                 if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == key:
                     _demote(n)

@@ -163,20 +163,23 @@ def _find_comms(t: HostTrace) -> None:
             c = comms.from_record_param_comms(op)
             if c is not None:
                 rpc_calls[op.id] = c
-    covered: set[int] = set()
+    covered: set[int] = set()     # c10d ops whose call record_param_comms describes
     for oid in rpc_calls:
         p = by_id[oid].parent
         hops = 0
         while p in by_id and p != by_id[p].parent and hops < 64:
             if by_id[p].name.startswith("c10d::"):
                 covered.add(p)
+                break
             p = by_id[p].parent
             hops += 1
+    # Each c10d op is a call of its own, even nested in another: with async ops the ET's
+    # parent stack keeps e.g. c10d::send open, and the following c10d::recv_ lands inside it.
     c10d_calls: dict[int, CommCall] = {}
     for op in t.ops:
         if op.name.startswith("c10d::") and op.id not in covered:
             c = comms.from_c10d_op(op)
-            if c is not None and not _has_anchor_ancestor(op, by_id, c10d_calls, rpc_calls):
+            if c is not None and not _has_anchor_ancestor(op, by_id, {}, rpc_calls):
                 c10d_calls[op.id] = c
     t.comms = {**rpc_calls, **c10d_calls}
     if not t.comms:

@@ -1,0 +1,112 @@
+"""Gloo (host) collectives: concurrent exchanges on their own streams, issued by their c10d
+op like a launch; on small traces written here and on HTA's CPU-only trace."""
+
+from __future__ import annotations
+
+import json
+
+import kineto_facts as facts
+import pytest
+from test_kineto_graph import convert, cpu, deps
+
+from conftest import shared_path
+from echo_et.ir import pb
+from echo_et.sim import simulate
+
+HTA = "traces/HolisticTraceAnalysis/tests/data"
+GLOO_PG = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1],
+            "backend_config": "cpu:gloo"}]
+
+
+def _gloo_rank() -> list[dict]:
+    """Two all-reduces issued 20 us apart run at the same time on gloo's two worker threads
+    (tids 20 and 21); a third one later on the first worker."""
+    def issue(ts, n, idx):
+        return cpu("c10d::allreduce_", ts, 10, **{"Ev Idx": idx, "Input Dims": [[n]],
+                                                   "Input type": ["float"]})
+
+    def run(ts, dur, n, tid, idx):
+        return cpu("gloo:all_reduce", ts, dur, cat="user_annotation", tid=tid,
+                   **{"Ev Idx": idx, "Input Dims": [[n]], "Input type": ["float"]})
+
+    return [
+        cpu("ProfilerStep#1", 0, 1000, cat="user_annotation", **{"Ev Idx": 0}),
+        issue(100, 256, 1), issue(120, 1024, 2), issue(600, 64, 3),
+        run(105, 400, 256, 20, 4), run(125, 800, 1024, 21, 5), run(605, 100, 64, 20, 6),
+    ]
+
+
+def _write_job(tmp_path, evs=None):
+    for r in (0, 1):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps({
+            "schemaVersion": 1, "traceEvents": evs if evs is not None else _gloo_rank(),
+            "distributedInfo": {"backend": "gloo", "rank": r, "world_size": 2, "pg_config": GLOO_PG}}))
+    return tmp_path
+
+
+def test_concurrent_gloo_collectives_get_their_own_streams(tmp_path):
+    job = convert(_write_job(tmp_path))
+    g = job.graph_of(0)
+    names = {s.id: s.name for s in g.header.streams}
+    colls = sorted((n for n in g.nodes if n.kind == pb.KIND_COLLECTIVE), key=lambda n: n.id)
+    # Sequence numbers follow the issue order; bytes and times are the exchanges'.
+    assert [(n.collective.seq, n.collective.in_bytes, n.start_ns // 1000) for n in colls] == \
+        [(0, 1024, 105), (1, 4096, 125), (2, 256, 605)]
+    assert [names[n.stream] for n in colls] == ["host-comm:0:20", "host-comm:0:21", "host-comm:0:20"]
+    # Each waits for the op that issued it like a kernel for its launch (and keeps the
+    # nesting link); the issuing ops are on the caller's thread.
+    issuers = sorted((n for n in g.nodes if n.name == "c10d::allreduce_" and n.kind == pb.KIND_CPU_OP),
+                     key=lambda n: n.start_ns)
+    for c, op in zip(colls, issuers, strict=True):
+        assert deps(c, pb.DEP_LAUNCH) == [op.id] and deps(c, pb.DEP_CONTROL) == [op.id]
+        assert op.start_ns <= c.start_ns
+    # Replay keeps them concurrent: the step lasts what it measured (serialized on one
+    # stream, the second all-reduce would end at 505 + 800 = 1305 us).
+    res = simulate(job)
+    for r in (0, 1):
+        assert res.ranks[r].step_time_ns == job.binding(r).measured_step_ns == 1_000_000
+
+
+def test_a_group_on_one_thread_keeps_one_stream(tmp_path):
+    """Without the concurrent exchange (worker 21 and its issuing op), the group's exchanges
+    ran on one thread: one stream, named after the group alone."""
+    evs = [e for e in _gloo_rank() if e["tid"] != 21 and e["args"]["Ev Idx"] != 2]
+    job = convert(_write_job(tmp_path, evs))
+    g = job.graph_of(0)
+    (stream,) = {n.stream for n in g.nodes if n.kind == pb.KIND_COLLECTIVE}
+    s = next(s for s in g.header.streams if s.id == stream)
+    assert (s.name, s.kind, s.native_id) == ("host-comm:0", pb.STREAM_CPU_THREAD, 20)
+
+
+@pytest.fixture(scope="module")
+def cpu_only(tmp_path_factory):
+    from echo_et.converters import ReadOptions, read
+
+    (path,) = sorted(shared_path(f"{HTA}/cpu_only").glob("*.json.gz"))
+    job = read([path], "kineto", ReadOptions())
+    return path, job
+
+
+def test_cpu_only_overlapping_exchanges_run_concurrently(cpu_only):
+    """HTA's CPU-only trace: in the step two gloo all-reduces overlap on two worker threads.
+    Each thread is a stream, so the replay reproduces the measured step (on one stream the
+    simulator serialized them: 362 ms for 210 ms measured)."""
+    path, job = cpu_only
+    doc = facts.load(path)
+    rank = doc["distributedInfo"]["rank"]
+    win = facts.window(doc, job.manifest.step)
+    gloo = sorted((e for e in facts.events(doc) if e["name"].startswith("gloo:")
+                   and win[0] <= e["ts"] < win[1]), key=lambda e: e["ts"])
+    overlapping = [(a, b) for i, a in enumerate(gloo) for b in gloo[i + 1:]
+                   if b["ts"] < a["ts"] + a["dur"]]
+    assert overlapping and all(a["tid"] != b["tid"] for a, b in overlapping)
+    g = job.graph_of(rank)
+    names = {s.id: s.name for s in g.header.streams}
+    colls = sorted((n for n in g.nodes if n.kind == pb.KIND_COLLECTIVE), key=lambda n: n.id)
+    assert [names[n.stream] for n in colls] == [f"host-comm:0:{e['tid']}" for e in gloo]
+    assert [n.collective.seq for n in colls] == list(range(len(gloo)))
+    for sid in {n.stream for n in colls}:
+        on = [n for n in colls if n.stream == sid]
+        assert all(a.start_ns + a.duration_ns <= b.start_ns for a, b in zip(on, on[1:]))
+    res = simulate(job)
+    assert res.ranks[rank].step_time_ns == job.binding(rank).measured_step_ns
