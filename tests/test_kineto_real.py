@@ -144,6 +144,45 @@ def test_dlrm_gpu_ops_and_launches_match_the_file(outdir, dlrm_dir):
             assert json.loads(n.cpu.shapes) == e["args"]["Input Dims"]
 
 
+def test_dlrm_event_waits_of_the_collectives(outdir, dlrm_dir):
+    """No cudaEventRecord is in these files, only cudaStreamWaitEvent. Per collective, c10d
+    waits once before the NCCL call (the NCCL stream waits for the compute stream) and NCCL
+    waits three times inside its ``nccl:*`` call (for its internal streams, which run nothing
+    the trace shows): the first becomes the collective's one DEP_SYNC, on compute work that
+    ended before it started; the others no dependency at all."""
+    job, summary = convert(outdir, "dlrm", [dlrm_dir])
+    inside_total = 0
+    for f in sorted(dlrm_dir.glob("*.json")):
+        doc = facts.load(f)
+        win = facts.window(doc, job.manifest.step)
+        evs = facts.events(doc)
+        assert not [e for e in evs if e["name"] == "cudaEventRecord"]
+        waits = [e for e in evs if e["name"] == "cudaStreamWaitEvent" and win[0] <= e["ts"] < win[1]]
+        calls = [e for e in evs if e["name"].startswith("nccl:")]
+        c10d = [e for e in evs if e["name"].startswith("c10d::") and e["name"] != "c10d::wait"]
+
+        def within(w, ops):
+            return any(o["tid"] == w["tid"] and o["ts"] <= w["ts"] <= o["ts"] + o["dur"] for o in ops)
+
+        inside = [w for w in waits if within(w, calls)]
+        before = [w for w in waits if within(w, c10d) and not within(w, calls)]
+        inside_total += len(inside)
+        graph = job.graph_of(doc["distributedInfo"]["rank"])
+        streams = {s.id: s.kind for s in graph.header.streams}
+        cs = colls(graph)
+        assert len(before) == len(cs) and len(inside) == 3 * len(cs)
+        for n in cs:
+            (d,) = deps_of(n, pb.DEP_SYNC)
+            waited = graph.node(d)
+            assert streams[waited.stream] != pb.STREAM_GPU_COMM
+            assert waited.start_ns + waited.duration_ns <= n.start_ns
+    assert summary["dropped"]["event_wait_inside_comm_library"] == inside_total
+
+
+def deps_of(n, kind) -> list[int]:
+    return [d.id for d in n.deps if d.kind == kind]
+
+
 # -- modern metadata: HTA nccl_data ----------------------------------------------------------
 def test_nccl_data_collectives_from_kernel_args(outdir):
     path = shared_path(f"{HTA}/nccl_parser_config/nccl_data.json.gz")
@@ -379,3 +418,51 @@ def test_gloo3_subgroup_and_point_to_point(outdir):
     (recv,) = nodes(job.graph_of(1), pb.KIND_RECV)
     assert send.p2p.bytes == recv.p2p.bytes == 5 * 4
     assert job.resolve_group(0, send.p2p.group).ranks[send.p2p.peer] == 1
+
+
+# -- every input: no dependency the measured times contradict ---------------------------------
+def _inputs(key: str, tmp_path_factory) -> list[Path]:
+    if key == "dlrm":
+        d = unpack(shared_path(f"{PARAM}/dlrm_kineto.tar.gz"), tmp_path_factory.mktemp("dlrm_all"))
+        return [d / "dlrm_kineto"]
+    if key in ("gloo3", "fake64"):
+        return sorted((FIXTURES / "kineto" / key).glob("*.json.gz"))
+    rel = {"nccl": "nccl_parser_config/nccl_data.json.gz",
+           "negq": "negative_queue_length_values_check/rank0.json.gz",
+           "control": "trace_diff/control/control.json.gz",
+           "simple_add": "execution_trace/benchmark_simple_add_trace.json.gz"}.get(key)
+    if rel is not None:
+        return [shared_path(f"{HTA}/{rel}")]
+    if key == "sampled":
+        return [shared_path(f"{HTA}/trace_filter/sampled_rank-{r}.json.gz") for r in (0, 1)]
+    folder = {"ns": "ns_resolution_trace", "amd": "amd_trace", "cpu_only": "cpu_only",
+              "df_index": "df_index_resolver"}[key]
+    return sorted(shared_path(f"{HTA}/{folder}").glob("*.json.gz"))
+
+
+@pytest.mark.parametrize("key", ["dlrm", "nccl", "negq", "control", "ns", "amd", "cpu_only",
+                                 "df_index", "simple_add", "sampled", "gloo3", "fake64"])
+def test_no_sync_dependency_contradicts_the_measured_times(outdir, tmp_path_factory, key):
+    """Every DEP_SYNC edge holds on the rank's measured clock (1 us tolerance): a GPU op (or
+    host call) that waits starts after what it waits for ended; a host sync, which blocks
+    until then, returns after it. Pairings the times contradict are dropped and counted."""
+    job, summary = convert(outdir, key, _inputs(key, tmp_path_factory))
+    checked = 0
+    for b in job.manifest.bindings:
+        graph = job.graph(b.graph)
+        by_id = {n.id: n for n in graph.nodes}
+        for n in graph.nodes:
+            t = n.start_ns + (n.duration_ns if n.kind == pb.KIND_SYNC else 0)
+            for d in deps_of(n, pb.DEP_SYNC):
+                waited = by_id[d]
+                assert t >= waited.start_ns + waited.duration_ns - 1000, (b.rank, n.id, n.name, d)
+                checked += 1
+    if key in ("dlrm", "nccl", "negq", "control", "df_index"):
+        assert checked > 0     # these traces have cross-stream waits and host syncs
+    # Host communication streams run one exchange at a time, in id order.
+    for b in job.manifest.bindings:
+        graph = job.graph(b.graph)
+        for s in graph.header.streams:
+            if s.name.startswith("host-comm:"):
+                on = sorted((n for n in graph.nodes if n.stream == s.id), key=lambda n: n.id)
+                assert all(x.start_ns + x.duration_ns <= y.start_ns for x, y in zip(on, on[1:]))

@@ -403,7 +403,7 @@ def test_stream_agrees_with_json_loads(tmp_path, monkeypatch, doc, nodes, chunk,
 _NODE_FIELDS = ["id", "name", "ctrl_deps", "parent", "inputs", "outputs", "attrs", "rf_id", "tid"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=_FIXTURE_OK)
+@settings(max_examples=25, deadline=None, suppress_health_check=_FIXTURE_OK)
 @given(edits=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(_NODE_FIELDS), _json),
                       min_size=1, max_size=6))
 def test_mutated_real_trace_never_crashes(tmp_path, edits):
