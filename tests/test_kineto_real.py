@@ -421,10 +421,9 @@ def test_gloo3_subgroup_and_point_to_point(outdir):
 
 
 # -- every input: no dependency the measured times contradict ---------------------------------
-def _inputs(key: str, tmp_path_factory) -> list[Path]:
+def _inputs(key: str, request) -> list[Path]:
     if key == "dlrm":
-        d = unpack(shared_path(f"{PARAM}/dlrm_kineto.tar.gz"), tmp_path_factory.mktemp("dlrm_all"))
-        return [d / "dlrm_kineto"]
+        return [request.getfixturevalue("dlrm_dir")]
     if key in ("gloo3", "fake64"):
         return sorted((FIXTURES / "kineto" / key).glob("*.json.gz"))
     rel = {"nccl": "nccl_parser_config/nccl_data.json.gz",
@@ -442,11 +441,11 @@ def _inputs(key: str, tmp_path_factory) -> list[Path]:
 
 @pytest.mark.parametrize("key", ["dlrm", "nccl", "negq", "control", "ns", "amd", "cpu_only",
                                  "df_index", "simple_add", "sampled", "gloo3", "fake64"])
-def test_no_sync_dependency_contradicts_the_measured_times(outdir, tmp_path_factory, key):
+def test_no_sync_dependency_contradicts_the_measured_times(outdir, request, key):
     """Every DEP_SYNC edge holds on the rank's measured clock (1 us tolerance): a GPU op (or
     host call) that waits starts after what it waits for ended; a host sync, which blocks
     until then, returns after it. Pairings the times contradict are dropped and counted."""
-    job, summary = convert(outdir, key, _inputs(key, tmp_path_factory))
+    job, _ = convert(outdir, key, _inputs(key, request))
     checked = 0
     for b in job.manifest.bindings:
         graph = job.graph(b.graph)
@@ -465,4 +464,4 @@ def test_no_sync_dependency_contradicts_the_measured_times(outdir, tmp_path_fact
         for s in graph.header.streams:
             if s.name.startswith("host-comm:"):
                 on = sorted((n for n in graph.nodes if n.stream == s.id), key=lambda n: n.id)
-                assert all(x.start_ns + x.duration_ns <= y.start_ns for x, y in zip(on, on[1:]))
+                assert all(x.start_ns + x.duration_ns <= y.start_ns for x, y in zip(on, on[1:], strict=False))

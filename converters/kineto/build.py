@@ -13,8 +13,10 @@ stream):
   host-comm:K  collectives of host backends (gloo) of group key K, one stream per thread
                that ran them (``host-comm:K:<tid>`` when K used several), with
                DEP_LAUNCH (and DEP_CONTROL) to the op that issued them
-Cross-stream event waits add DEP_SYNC between GPU ops (sync.py). Other runtime calls
-(cudaEventQuery, cudaGetDevice, ...) are not nodes; they are counted.
+Cross-stream event waits add DEP_SYNC between GPU ops (sync.py); a sync dependency the
+measured times contradict (the waiter going on before what it waits for ended) is left out
+and counted. Other runtime calls (cudaEventQuery, cudaGetDevice, ...) are not nodes; they
+are counted.
 
 Times are ns relative to the rank's earliest kept event (``origin_ns`` is that instant on
 the file's wall clock), so the job assembler can place ranks on one clock with

@@ -324,7 +324,7 @@ def _split_inconsistent_groups(built: list[tuple[int, TraceFile, RankGraph]],
             use = rg.groups[key]
             rg.groups[key] = GroupUse(key, use.name, use.desc, (r,), "partial_job_group_split")
             rg.graph.header.group_sizes[key] = 1
-            _forget_splits(rg.graph, key)
+            rg.dropped["all_to_all_splits_of_untraced_peers"] += _forget_splits(rg.graph, key)
             for n in rg.graph.nodes:
                 if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == key:
                     _demote(n)
