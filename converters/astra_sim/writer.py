@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +22,7 @@ from chakra.schema.protobuf import et_def_pb2 as et
 
 from echo_et.errors import CheckError, EchoError
 from echo_et.ir.checker import check_job
-from echo_et.ir.io import encode_varint, publish_mode
+from echo_et.ir.io import atomic_dir, encode_varint
 from echo_et.ir.job import Job
 from echo_et.ir.schema import pb
 
@@ -448,22 +446,6 @@ class _Exporter:
                 yield "recv", members[j], matrix[j][me], tags[(pg_id, seq, members[j], "recv")]
 
 
-def _replace_dir(tmp: Path, dest: Path) -> None:
-    if dest.exists():
-        if not dest.is_dir():
-            raise EchoError(f"{dest}: exists and is not a directory")
-        if any(dest.iterdir()) and not (dest / FILE_NAMES["network"]).is_file():
-            raise EchoError(f"{dest}: exists and is not an ASTRA-sim export; refusing to replace it")
-        old = dest.with_name(f".{dest.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(dest, old)
-        os.replace(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, dest)
-
-
 def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None = None) -> dict:
     """Write ``job`` as an ASTRA-sim input folder at ``dest``; returns what was written
     (``workload_prefix``, ``ranks``, ``files``, ``mapped`` counts, network, groups)."""
@@ -480,10 +462,8 @@ def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None
     ex = _Exporter(job, opts)
     ex.plan()
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    publish_mode(tmp)
-    try:
+    with atomic_dir(dest, replaceable=lambda d: (d / FILE_NAMES["network"]).is_file(),
+                    kind="an ASTRA-sim export") as tmp:
         files = ex.write_rank_files(tmp)
         (tmp / FILE_NAMES["network"]).write_text(configs.network_yaml(net))
         (tmp / FILE_NAMES["system"]).write_text(configs.system_json(len(net.npus_count), opts.splits))
@@ -496,10 +476,6 @@ def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise EchoError(f"export fails the ASTRA-sim contract check: {problems[0]}{more}")
-        _replace_dir(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {
         "output": str(dest),
         "workload_prefix": str(dest / WORKLOAD_PREFIX),

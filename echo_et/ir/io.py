@@ -15,7 +15,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -217,6 +217,39 @@ class _HashingWriter:
         return self._f.write(data)
 
 
+@contextlib.contextmanager
+def atomic_dir(dest: str | os.PathLike[str], *, replaceable: Callable[[Path], bool] | None = None,
+               kind: str = "an earlier output") -> Iterator[Path]:
+    """Yield a temporary directory beside ``dest``; on success it replaces ``dest`` whole.
+
+    An existing non-empty ``dest`` is replaced only when ``replaceable(dest)`` says it is an
+    earlier output of the same kind, so a mistyped path never wipes a user's folder. On any
+    failure the temporary directory is removed and ``dest`` is left as it was."""
+    dest = Path(dest)
+    if dest.exists():
+        if not dest.is_dir():
+            raise EchoError(f"{dest}: exists and is not a directory")
+        if any(dest.iterdir()) and not (replaceable and replaceable(dest)):
+            raise EchoError(f"{dest}: exists and is not {kind}; refusing to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    publish_mode(tmp)
+    try:
+        yield tmp
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 # -- job directories ------------------------------------------------------------------------
 def is_job_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST_NAME).is_file()
@@ -272,14 +305,7 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
     dest = Path(job_dir)
     if dest.exists() and not overwrite:
         raise EchoError(f"{dest}: already exists")
-    if dest.exists() and not dest.is_dir():
-        raise EchoError(f"{dest}: exists and is not a directory")
-    if dest.exists() and any(dest.iterdir()) and not is_job_dir(dest):
-        raise EchoError(f"{dest}: exists and is not an echo-et job directory; refusing to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    publish_mode(tmp)
-    try:
+    with atomic_dir(dest, replaceable=is_job_dir, kind="an echo-et job directory") as tmp:
         manifest = pb.JobManifest()
         manifest.CopyFrom(job.manifest)
         del manifest.graphs[:]
@@ -296,16 +322,4 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
         if not manifest.schema_version:
             manifest.schema_version = SCHEMA_VERSION
         (tmp / MANIFEST_NAME).write_bytes(manifest.SerializeToString(deterministic=True))
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
