@@ -51,8 +51,9 @@ from pathlib import Path
 from chakra.schema.protobuf import et_def_pb2 as et
 from google.protobuf.message import DecodeError
 
+from echo_et.converters.chakra.attrs import STANDARD_FIELD
 from echo_et.errors import EchoError
-from echo_et.ir.checker import Issue
+from echo_et.ir.checker import Issue, IssueCollector
 
 from .configs import FILE_NAMES, TOPOLOGIES, WORKLOAD_PREFIX
 from .mapping import CHAKRA_TYPE_NAMES, SUPPORTED_COMM_TYPES
@@ -63,34 +64,13 @@ ALLOWED_TYPES = {
     et.COMM_SEND_NODE: "COMM_SEND_NODE",
     et.COMM_RECV_NODE: "COMM_RECV_NODE",
 }
+# The legacy feeder reads exactly these members (chakra-astrasim.md section 1.10).
 ATTR_TYPES = {
-    "is_cpu_op": "bool_val",
-    "comm_type": "int64_val",
-    "comm_size": "int64_val",
-    "comm_src": "int32_val",
-    "comm_dst": "int32_val",
-    "comm_tag": "int32_val",
-    "comm_priority": "int32_val",
-    "pg_name": "string_val",
-    "num_ops": "int64_val",
-    "tensor_size": "uint64_val",
+    **{k: STANDARD_FIELD[k] for k in ("is_cpu_op", "comm_type", "comm_size", "comm_src", "comm_dst",
+                                      "comm_tag", "comm_priority", "pg_name", "num_ops", "tensor_size")},
     "involved_dim": "bool_list",
 }
 WORLD = "0"
-
-
-class _Out:
-    def __init__(self, limit: int):
-        self.issues: list[Issue] = []
-        self.limit = limit
-
-    def add(self, rule: str, message: str, where: str) -> None:
-        if len(self.issues) < self.limit:
-            self.issues.append(Issue(rule, message, where))
-
-    @property
-    def full(self) -> bool:
-        return len(self.issues) >= self.limit
 
 
 # -- configuration files ----------------------------------------------------------------------
@@ -107,7 +87,7 @@ def parse_network_yaml(text: str) -> dict[str, list[str]]:
     return out
 
 
-def _network(folder: Path, out: _Out) -> int | None:
+def _network(folder: Path, out: IssueCollector) -> int | None:
     """Number of NPUs the network declares (None when it cannot be read)."""
     path = folder / FILE_NAMES["network"]
     where = str(path)
@@ -143,7 +123,7 @@ def _network(folder: Path, out: _Out) -> int | None:
     return math.prod(counts)
 
 
-def _json(path: Path, rule: str, out: _Out):
+def _json(path: Path, rule: str, out: IssueCollector):
     if not path.is_file():
         out.add("files-present", "file is missing", str(path))
         return None
@@ -154,7 +134,7 @@ def _json(path: Path, rule: str, out: _Out):
         return None
 
 
-def _system(folder: Path, dims: int | None, out: _Out) -> int | None:
+def _system(folder: Path, dims: int | None, out: IssueCollector) -> int | None:
     path = folder / FILE_NAMES["system"]
     cfg = _json(path, "system-config", out)
     if cfg is None:
@@ -178,14 +158,14 @@ def _system(folder: Path, dims: int | None, out: _Out) -> int | None:
     return splits
 
 
-def _remote_memory(folder: Path, out: _Out) -> None:
+def _remote_memory(folder: Path, out: IssueCollector) -> None:
     path = folder / FILE_NAMES["remote_memory"]
     cfg = _json(path, "remote-memory", out)
     if cfg is not None and (not isinstance(cfg, dict) or "memory-type" not in cfg):
         out.add("remote-memory", "no memory-type", str(path))
 
 
-def _comm_groups(folder: Path, npus: int | None, out: _Out) -> dict[str, set[int]]:
+def _comm_groups(folder: Path, npus: int | None, out: IssueCollector) -> dict[str, set[int]]:
     path = folder / FILE_NAMES["comm_group"]
     if not path.is_file():
         return {}
@@ -362,7 +342,7 @@ def _messages(data: bytes) -> Iterator[bytes]:
         i += size
 
 
-def _read_rank(path: Path, out: _Out, cache: _FactsCache) -> list[_Facts] | None:
+def _read_rank(path: Path, out: IssueCollector, cache: _FactsCache) -> list[_Facts] | None:
     where_f = str(path)
     content = path.read_bytes()
     if content[:2] == b"\x1f\x8b":
@@ -398,7 +378,7 @@ def _read_rank(path: Path, out: _Out, cache: _FactsCache) -> list[_Facts] | None
     return facts
 
 
-def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: _Out,
+def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: IssueCollector,
                 cache: _FactsCache, sends: Counter, recvs: Counter,
                 where_msg: dict) -> _RankSummary | None:
     where_f = str(path)
@@ -464,7 +444,7 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
 
 
 def _topological_positions(facts: list[_Facts], ids: dict[int, _Facts], where: str,
-                           out: _Out) -> dict[int, int] | None:
+                           out: IssueCollector) -> dict[int, int] | None:
     if len(ids) == len(facts) and all(d < n.id for n in facts for d in n.deps):
         # Every dependency names a smaller id: id order is topological (the exporter's case).
         return {i: k for k, i in enumerate(sorted(ids))}
@@ -523,7 +503,7 @@ def _digest(seq: list[tuple[int, int]]) -> str:
 def check_export(folder, *, limit: int = 100) -> list[Issue]:
     """Every violation of the ASTRA-sim input contract in an export folder (at most ``limit``)."""
     folder = Path(folder)
-    out = _Out(limit)
+    out = IssueCollector(limit)
     if not folder.is_dir():
         out.add("files-present", "not a folder", str(folder))
         return out.issues
@@ -567,7 +547,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
 
 
 def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set[int]],
-                     reps: dict, seen: dict, unread: set[int], out: _Out) -> None:
+                     reps: dict, seen: dict, unread: set[int], out: IssueCollector) -> None:
     empty = _digest([])
     for key in sorted(set(reps) | set(groups), key=lambda k: int(k)):
         members = [r for r in (range(npus) if key == WORLD else sorted(groups.get(key, ())))
@@ -599,7 +579,7 @@ def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set
 
 
 def _check_p2p(sends: Counter, recvs: Counter, where_msg: dict, unread: set[int],
-               out: _Out) -> None:
+               out: IssueCollector) -> None:
     for key in sorted(set(sends) | set(recvs)):
         if key[0] in unread or key[1] in unread:
             continue

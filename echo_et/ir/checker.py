@@ -51,7 +51,9 @@ class Issue:
         return f"{self.where}: [{self.rule}] {self.message}" if self.where else f"[{self.rule}] {self.message}"
 
 
-class _Collector:
+class IssueCollector:
+    """Collects issues up to a limit (other contract checks reuse it)."""
+
     def __init__(self, limit: int):
         self.issues: list[Issue] = []
         self.limit = limit
@@ -72,7 +74,7 @@ def _where(source: str, graph: Graph, node: pb.Node | None = None) -> str:
     return " ".join(parts)
 
 
-def check_node(node: pb.Node, stream_ids: set[int], out: _Collector, where: str) -> None:
+def check_node(node: pb.Node, stream_ids: set[int], out: IssueCollector, where: str) -> None:
     if node.stream not in stream_ids:
         out.add("stream-declared", f"stream {node.stream} is not declared", where)
     want = _PAYLOAD_OF_KIND.get(node.kind)
@@ -84,12 +86,12 @@ def check_node(node: pb.Node, stream_ids: set[int], out: _Collector, where: str)
 
 
 def check_graph(graph: Graph, *, source: str = "", limit: int = 100) -> list[Issue]:
-    out = _Collector(limit)
+    out = IssueCollector(limit)
     _check_graph(graph, source, out)
     return out.issues
 
 
-def _check_graph(graph: Graph, source: str, out: _Collector) -> None:
+def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
     stream_ids = {s.id for s in graph.header.streams}
     ids: set[int] = set()
     for n in graph.nodes:
@@ -120,7 +122,7 @@ def _check_graph(graph: Graph, source: str, out: _Collector) -> None:
                     _where(source, graph, bad))
 
 
-def _check_acyclic(graph: Graph, ids: set[int], source: str, out: _Collector) -> None:
+def _check_acyclic(graph: Graph, ids: set[int], source: str, out: IssueCollector) -> None:
     """Kahn's algorithm; on a cycle, name one node on it."""
     indeg: dict[int, int] = {i: 0 for i in ids}
     children: dict[int, list[int]] = defaultdict(list)
@@ -180,7 +182,7 @@ def _signature(graph: Graph) -> _GraphSignature:
 
 def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
     """All invariant violations of ``job`` (at most ``limit``)."""
-    out = _Collector(limit)
+    out = IssueCollector(limit)
     src = job.source
     m = job.manifest
     where_m = f"{src} manifest" if src else "manifest"
@@ -269,7 +271,7 @@ def _coll_sig(nodes: list[pb.Node]) -> tuple:
     )
 
 
-def _check_collective_sequences(job, groups, members, sigs, out: _Collector) -> None:
+def _check_collective_sequences(job, groups, members, sigs, out: IssueCollector) -> None:
     src = job.source
     # Signatures per (graph, key), shared by all groups: ranks that share a graph share them.
     cache: dict[tuple[str, str], tuple] = {}
@@ -312,7 +314,7 @@ def _check_collective_sequences(job, groups, members, sigs, out: _Collector) -> 
                 return
 
 
-def _check_p2p(job, groups, sigs, out: _Collector) -> None:
+def _check_p2p(job, groups, sigs, out: IssueCollector) -> None:
     src = job.source
     sends: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
