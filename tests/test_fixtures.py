@@ -139,10 +139,6 @@ def test_ddp_gloo4_ring_from_host_traces():
         assert p2p(job.graph_of(r)) == ring_expected(r, world, nbytes)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Kineto reader: the async gloo:send span outlasts c10d::send, so the following "
-    "c10d::recv_ starts inside it, gets nested under it and merged into the send; the host ET "
-    "keeps them apart (test_ddp_gloo4_ring_from_host_traces)"))
 def test_ddp_gloo4_ring_from_kineto():
     info = run_info("ddp_gloo4")
     world, nbytes = info["world_size"], info["ring_message_bytes"]

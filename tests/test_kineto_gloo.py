@@ -110,3 +110,56 @@ def test_cpu_only_overlapping_exchanges_run_concurrently(cpu_only):
         assert all(a.start_ns + a.duration_ns <= b.start_ns for a, b in zip(on, on[1:], strict=False))
     res = simulate(job)
     assert res.ranks[rank].step_time_ns == job.binding(rank).measured_step_ns
+
+
+def _ring_rank(rank: int) -> list[dict]:
+    """A 2-rank exchange as PyTorch 2.13 records an ``isend`` then ``irecv`` on gloo: the
+    ``gloo:send`` span opens inside ``c10d::send`` and lasts until the work's wait, so the
+    ``c10d::recv_`` issued meanwhile starts inside it (as in fixtures/traces/ddp_gloo4)."""
+    peer = 1 - rank
+
+    def p2p(name, ts, dur, idx):
+        return cpu(name, ts, dur, **{"Ev Idx": idx, "Input Dims": [[[24]], [], [], []],
+                                     "Input type": ["TensorList", "", "Scalar", "Scalar"],
+                                     "Concrete Inputs": ["", "", str(peer), "0"]})
+
+    def span(name, ts, dur, idx):
+        return cpu(name, ts, dur, cat="user_annotation",
+                   **{"Ev Idx": idx, "Input Dims": [[24]], "Input type": ["float"]})
+
+    return [
+        cpu("ProfilerStep#1", 0, 1000, cat="user_annotation", **{"Ev Idx": 0}),
+        p2p("c10d::send", 100, 50, 1), span("gloo:send", 140, 400, 2),
+        p2p("c10d::recv_", 200, 50, 3), span("gloo:recv", 240, 300, 4),
+    ]
+
+
+def test_async_gloo_send_span_does_not_swallow_the_recv(tmp_path):
+    for r in (0, 1):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps({
+            "schemaVersion": 1, "traceEvents": _ring_rank(r),
+            "distributedInfo": {"backend": "gloo", "rank": r, "world_size": 2, "pg_config": GLOO_PG}}))
+    job = convert(tmp_path)   # checks p2p-match: every send meets its recv
+    for r in (0, 1):
+        g = job.graph_of(r)
+        p2p = sorted((n for n in g.nodes if n.kind in (pb.KIND_SEND, pb.KIND_RECV)), key=lambda n: n.id)
+        assert [(n.kind, n.p2p.peer, n.p2p.bytes, n.start_ns // 1000, n.duration_ns // 1000) for n in p2p] == \
+            [(pb.KIND_SEND, 1 - r, 96, 140, 400), (pb.KIND_RECV, 1 - r, 96, 240, 300)]
+        # The recv op is a child of the step, not of the send's exchange span.
+        step = next(n for n in g.nodes if n.name == "ProfilerStep#1")
+        recv_op = next(n for n in g.nodes if n.name == "c10d::recv_" and n.kind == pb.KIND_CPU_OP)
+        assert deps(recv_op, pb.DEP_CONTROL) == [step.id]
+        assert deps(p2p[1], pb.DEP_LAUNCH) == [recv_op.id]
+
+
+def test_a_span_outlasting_its_parent_contains_only_what_the_parent_does():
+    from echo_et.converters.kineto.events import Ev
+    from echo_et.converters.kineto.nesting import assign_parents
+
+    def ev(idx, ts, dur):
+        return Ev(1, f"op{idx}", (1, 1), ts, dur, -1, idx, None)
+
+    outer, op, async_span, later, inner = ev(0, 0, 100), ev(1, 10, 20), ev(2, 25, 60), ev(3, 40, 5), ev(4, 27, 2)
+    parents, overlaps = assign_parents([outer, op, async_span, later, inner])
+    assert {k: v.idx for k, v in parents.items()} == {1: 0, 2: 1, 3: 0, 4: 2}
+    assert [e.idx for e in overlaps] == [2]
