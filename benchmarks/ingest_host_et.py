@@ -67,8 +67,8 @@ def run_measured(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
 def count_nodes(path: Path) -> int:
     """Node count, streamed in a child process: the parent must stay small, because a child
     started with vfork reports the parent's peak RSS as its own floor."""
-    code = ("import sys\nfrom echo_et.converters.pytorch_et.stream import iter_object\n"
-            "print(sum(ev == 'item' for ev, _, _ in iter_object(sys.argv[1])))")
+    code = ("import sys\nfrom echo_et.converters.jsonstream import iter_document\n"
+            "print(sum(ev == 'item' for ev, _, _ in iter_document(sys.argv[1], 'nodes')))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], check=True,
                          capture_output=True, text=True)
     return int(out.stdout)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from echo_et.converters import jsonstream as shared_stream
 from echo_et.converters.kineto import events as kev
 from echo_et.converters.kineto import jsonstream
 from echo_et.errors import EchoError
@@ -31,7 +32,7 @@ def _collect(path: Path) -> tuple[dict, list[dict]]:
 
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
 def test_events_match_json_load_across_chunk_sizes(tmp_path, monkeypatch, chunk):
-    monkeypatch.setattr(jsonstream, "_CHUNK", chunk)
+    monkeypatch.setattr(shared_stream, "_CHUNK", chunk)
     doc = _doc()
     p = tmp_path / "t.json"
     p.write_text(json.dumps(doc, indent=1))

@@ -247,13 +247,13 @@ def test_sniff():
 
 
 def test_stream_matches_json_load(monkeypatch):
-    from echo_et.converters.pytorch_et import stream
+    from echo_et.converters import jsonstream as stream
 
     path = FIXTURES / "traces" / "ddp_gloo4" / "rank1.et.json.gz"
     doc = raw(path)
     monkeypatch.setattr(stream, "_CHUNK", 7)   # every token straddles a buffer boundary
     fields, items = {}, []
-    for ev, key, value in stream.iter_object(path):
+    for ev, key, value in stream.iter_document(path, "nodes"):
         if ev == "field":
             fields[key] = value
         else:
@@ -384,20 +384,20 @@ _FIXTURE_OK = [HealthCheck.function_scoped_fixture]
        nodes=st.lists(_json, max_size=5), chunk=st.integers(1, 64),
        indent=st.sampled_from([None, 0, 2]))
 def test_stream_agrees_with_json_loads(tmp_path, monkeypatch, doc, nodes, chunk, indent):
-    from echo_et.converters.pytorch_et import stream
+    from echo_et.converters import jsonstream as stream
 
     monkeypatch.setattr(stream, "_CHUNK", chunk)
     p = tmp_path / "t.json"
     p.write_text(json.dumps({**doc, "nodes": nodes}, indent=indent))
     fields, items = {}, []
-    for ev, key, value in stream.iter_object(p):
+    for ev, key, value in stream.iter_document(p, "nodes"):
         (items.append(value) if ev == "item" else fields.__setitem__(key, value))
     assert items == nodes and fields == doc
     text = p.read_text()
     cut = tmp_path / "cut.json"
     cut.write_text(text[: len(text) // 2])
     with pytest.raises(EchoError):
-        list(stream.iter_object(cut))
+        list(stream.iter_document(cut, "nodes"))
 
 
 _NODE_FIELDS = ["id", "name", "ctrl_deps", "parent", "inputs", "outputs", "attrs", "rf_id", "tid"]

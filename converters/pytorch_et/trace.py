@@ -6,12 +6,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from echo_et.converters.jsonstream import iter_document, read_head
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall, PgDef
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, parse_node
-from echo_et.converters.pytorch_et.stream import iter_object, read_head
 from echo_et.errors import EchoError
 
+NODES_KEY = "nodes"                  # the top-level array that holds the ops
+KIND = "PyTorch host execution trace"  # what the file should be, in error messages
 _SCHEMA_KEY = re.compile(r'"schema"\s*:')
 _NODES_KEY = re.compile(r'"nodes"\s*:\s*\[')
 _NODE_KEYS = re.compile(r'"(?:ctrl_deps|parent|rf_id)"\s*:')
@@ -123,7 +125,7 @@ def _load(path: Path) -> HostTrace:
     seen_schema = False
     ops: list[EtOp] = []
     ids: set[int] = set()
-    for ev, key, value in iter_object(path):
+    for ev, key, value in iter_document(path, NODES_KEY, kind=KIND):
         if ev == "field":
             if key == "schema":
                 seen_schema = True
