@@ -53,6 +53,9 @@ _SCALAR_FIELDS = frozenset(
 # Node.attrs key under which an attribute echo-et does not interpret is kept.
 KEPT_PREFIX = "chakra_attr."
 
+# What json.dumps(value, sort_keys=True) does, without building an encoder per call.
+_JSON = json.JSONEncoder(sort_keys=True)
+
 
 class AttrReader:
     """Typed access to one node's attributes; counts non-standard integer members."""
@@ -128,7 +131,7 @@ def attr_to_text(a: et.AttributeProto) -> str | None:
         value = base64.b64encode(v).decode("ascii")
     else:
         value = v
-    return f"{field}:{json.dumps(value, sort_keys=True)}"
+    return f"{field}:{_JSON.encode(value)}"
 
 
 def text_to_attr(name: str, text: str) -> et.AttributeProto | None:

@@ -5,74 +5,238 @@ are replaced by a topological order that stays as close to the original ids as p
 ``ctrl_deps`` take part in the order too, but they are nesting, not execution order, and
 old converters wrote some that contradict ``data_deps``: when only ctrl deps stand in the
 way, the fewest needed (greedily) are given up.
+
+Everything here works on flat arrays (the ids of a rank's nodes in file order, and their
+deps concatenated, with offsets), never on decoded messages: a rank of millions of nodes
+and tens of millions of deps is ordered in a few bytes per dep. Nodes are numbered by
+their position in ascending-id order ("slots") while ordering.
 """
 
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 
-def needs_renumbering(deps: Mapping[int, Sequence[int]]) -> bool:
-    """True when some node depends on a node with an id that is not smaller than its own."""
-    return any(d >= n for n, ds in deps.items() for d in ds)
+class OrderError(Exception):
+    """The dependencies of a file cannot be ordered; the reader words the error."""
 
 
-def topological(
-    ids: Sequence[int],
-    data: Mapping[int, Sequence[int]],
-    ctrl: Mapping[int, Sequence[int]] | None = None,
-) -> tuple[list[int], dict[int, set[int]]] | None:
-    """Ids in an order where every node follows its data deps and, where possible, its ctrl
-    deps; ties go to the smaller id, so an ordered graph keeps its order. Returns the order
-    and the ctrl deps given up per node, or None when the data deps have a cycle."""
-    ctrl = ctrl or {}
-    data_in = {i: 0 for i in ids}
-    ctrl_in = {i: 0 for i in ids}
-    children: dict[int, list[tuple[int, bool]]] = {}
-    for n in ids:
-        ds = set(data.get(n, ()))
-        for d in ds:
-            data_in[n] += 1
-            children.setdefault(d, []).append((n, True))
-        for d in set(ctrl.get(n, ())) - ds:
-            ctrl_in[n] += 1
-            children.setdefault(d, []).append((n, False))
-    ready = [i for i in ids if data_in[i] == 0 and ctrl_in[i] == 0]
-    data_ready = [i for i in ids if data_in[i] == 0]
-    heapq.heapify(ready)
-    heapq.heapify(data_ready)
-    placed: set[int] = set()
-    out: list[int] = []
+class DuplicateId(OrderError):
+    def __init__(self, index: int, first: int):
+        super().__init__(index, first)
+        self.index = index   # file position of the node whose id was seen before
+        self.first = first   # file position of the first node with that id
+
+
+class MissingDataDep(OrderError):
+    def __init__(self, index: int, dep: int):
+        super().__init__(index, dep)
+        self.index = index   # file position of the node
+        self.dep = dep       # the first of its data deps that names no node
+
+
+class DataCycle(OrderError):
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index   # file position of a node on a cycle of data deps
+
+
+@dataclass
+class RankOrder:
+    """Where each node of a file goes, and its deps in the new ids."""
+
+    emit: np.ndarray         # file position of the node emitted 1st, 2nd, ...
+    new_id: np.ndarray       # echo-et id per file position (uint64)
+    data_deps: np.ndarray    # new ids of the data deps, flat in file order (repeats kept)
+    ctrl_deps: np.ndarray    # new ids of the ctrl deps kept, flat in file order (repeats kept)
+    ctrl_ptr: np.ndarray     # node i's kept ctrl deps are ctrl_deps[ctrl_ptr[i]:ctrl_ptr[i + 1]]
+    dangling_ctrl: int       # ctrl deps naming no node (dropped)
+    ctrl_given_up: int       # ctrl deps dropped because they contradict the data deps
+    renumbered: int          # nodes renumbered (0 when ids were already in dependency order)
+    ids_changed: bool        # some node's echo-et id differs from its Chakra id
+
+
+def first_duplicate(ids: np.ndarray) -> tuple[int, int] | None:
+    """(position, position of the first node with that id) of the earliest node, in file
+    order, whose id an earlier node already has; None when ids are unique."""
+    if len(ids) < 2:
+        return None
+    by_id = np.argsort(ids, kind="stable")
+    s = ids[by_id]
+    same = np.flatnonzero(s[1:] == s[:-1])
+    if not len(same):
+        return None
+    second = by_id[same + 1]          # stable sort: a later occurrence of the value
+    k = int(np.argmin(second))
+    value = s[same[k] + 1]
+    first = by_id[int(np.searchsorted(s, value, side="left"))]
+    return int(second[k]), int(first)
+
+
+def _owners(ptr: np.ndarray) -> np.ndarray:
+    """File position of the node each flat dep belongs to."""
+    return np.repeat(np.arange(len(ptr) - 1, dtype=np.int64), np.diff(ptr))
+
+
+def order_rank(ids: np.ndarray, data: np.ndarray, data_ptr: np.ndarray, ctrl: np.ndarray,
+               ctrl_ptr: np.ndarray) -> RankOrder:
+    """The emission order of one file's nodes. ``ids`` per file position (uint64); node i's
+    data deps are ``data[data_ptr[i]:data_ptr[i + 1]]`` as written (repeats allowed), its ctrl
+    deps likewise. When every dep already names a smaller id, ids are kept and nodes go in id
+    order; otherwise they are renumbered 1..N by :func:`_kahn`. Raises DuplicateId,
+    MissingDataDep or DataCycle."""
+    n = len(ids)
+    dup = first_duplicate(ids)
+    if dup is not None:
+        raise DuplicateId(*dup)
+    by_id = np.argsort(ids, kind="stable")         # slot -> file position
+    sorted_ids = ids[by_id]
+    slot = np.empty(n, dtype=np.int64)              # file position -> slot
+    slot[by_id] = np.arange(n, dtype=np.int64)
+
+    def locate(deps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not n:
+            return np.zeros(len(deps), np.int64), np.zeros(len(deps), bool)
+        at = np.minimum(np.searchsorted(sorted_ids, deps), n - 1)
+        return at, sorted_ids[at] == deps
+
+    d_at, d_found = locate(data)
+    if not d_found.all():
+        k = int(np.argmin(d_found))
+        raise MissingDataDep(int(np.searchsorted(data_ptr, k, side="right")) - 1, int(data[k]))
+    del d_found
+    c_at, c_found = locate(ctrl)
+    dangling = int(len(c_found) - np.count_nonzero(c_found))
+    d_owner = slot[_owners(data_ptr)]
+    c_file = _owners(ctrl_ptr)
+    c_owner = slot[c_file]
+
+    forward = bool((d_at >= d_owner).any()) or bool((c_at >= c_owner)[c_found].any())
+    keep = c_found
+    if not forward:
+        del d_at, d_owner, c_owner
+        emit, new_of_slot, renumbered, cut = by_id, sorted_ids, 0, 0
+    else:
+        result = _kahn(n, d_owner, d_at, c_owner[c_found], c_at[c_found])
+        if result is None:
+            raise DataCycle(int(by_id[_slot_on_cycle(n, d_owner, d_at)]))
+        del d_owner, c_owner
+        topo, given_up = result
+        emit = by_id[topo]
+        new_of_slot = np.empty(n, dtype=np.uint64)
+        new_of_slot[topo] = np.arange(1, n + 1, dtype=np.uint64)
+        renumbered = n
+        cut = sum(len(gone) for gone in given_up.values())
+        if given_up:
+            keep = c_found.copy()
+            for s, gone in given_up.items():
+                j = int(by_id[s])
+                for k in range(int(ctrl_ptr[j]), int(ctrl_ptr[j + 1])):
+                    if keep[k] and int(c_at[k]) in gone:
+                        keep[k] = False
+    kept_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(c_file[keep], minlength=n), out=kept_ptr[1:])
+    new_id = new_of_slot[slot]
+    return RankOrder(
+        emit=emit,
+        new_id=new_id,
+        data_deps=new_of_slot[d_at] if forward else data,
+        ctrl_deps=new_of_slot[c_at[keep]],
+        ctrl_ptr=kept_ptr,
+        dangling_ctrl=dangling,
+        ctrl_given_up=cut,
+        renumbered=renumbered,
+        ids_changed=bool(forward and (new_id != ids).any()),
+    )
+
+
+def _edges(n: int, child: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Distinct (child, parent) slot pairs as sorted keys child * n + parent."""
+    keys = np.sort(child.astype(np.int64) * n + parent.astype(np.int64))
+    if len(keys) < 2:
+        return keys
+    first = np.empty(len(keys), dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    return keys[first]
+
+
+def _kahn(n: int, d_child: np.ndarray, d_parent: np.ndarray, c_child: np.ndarray,
+          c_parent: np.ndarray) -> tuple[array, dict[int, set[int]]] | None:
+    """Slots in an order where every node follows its data deps and, where possible, its ctrl
+    deps; ties go to the smaller slot (id), so an ordered graph keeps its order. Returns the
+    order and the ctrl deps (slots) given up per node, or None when the data deps have a
+    cycle. The greedy rule: when no node is free of pending deps, place the smallest one whose
+    data deps are all placed and give up its pending ctrl deps."""
+    data_keys = _edges(n, d_child, d_parent)
+    ctrl_keys = _edges(n, c_child, c_parent)                 # every kept ctrl dep
+    ctrl_only = np.setdiff1d(ctrl_keys, data_keys, assume_unique=True)
+    dc, dp = np.divmod(data_keys, n)
+    cc, cp = np.divmod(ctrl_only, n)
+    data_in = array("q", np.bincount(dc, minlength=n).astype(np.int64).tobytes())
+    ctrl_in = array("q", np.bincount(cc, minlength=n).astype(np.int64).tobytes())
+    # Children of each slot, as child * 2 + (1 for a data dep, 0 for a ctrl-only one).
+    parents = np.concatenate([dp, cp])
+    by_parent = np.argsort(parents, kind="stable")
+    kids = memoryview(np.concatenate([dc * 2 + 1, cc * 2])[by_parent])
+    kid_ptr = memoryview(np.concatenate([[0], np.cumsum(np.bincount(parents, minlength=n))]))
+    # Every kept ctrl parent of each slot (keys are sorted by child), for what is given up.
+    ctrl_child, ctrl_parent = np.divmod(ctrl_keys, n)
+    cpar = memoryview(ctrl_parent)
+    cpar_ptr = memoryview(np.searchsorted(ctrl_child, np.arange(n + 1)))
+    del data_keys, ctrl_keys, ctrl_only, dc, dp, cc, cp, parents, by_parent, ctrl_child
+
+    ready = [i for i in range(n) if data_in[i] == 0 and ctrl_in[i] == 0]   # sorted: a heap
+    data_ready = [i for i in range(n) if data_in[i] == 0]
+    placed = bytearray(n)
+    out = array("q")
     given_up: dict[int, set[int]] = {}
-    while len(out) < len(data_in):
+    heappop, heappush = heapq.heappop, heapq.heappush
+    while len(out) < n:
         if ready:
-            i = heapq.heappop(ready)
-            if i in placed:
+            i = heappop(ready)
+            if placed[i]:
                 continue
         else:
-            # Stuck: only ctrl deps (or a data cycle) hold the rest back. Place the smallest
-            # node whose data deps are all done, giving up its pending ctrl deps.
-            while data_ready and data_ready[0] in placed:
-                heapq.heappop(data_ready)
+            while data_ready and placed[data_ready[0]]:
+                heappop(data_ready)
             if not data_ready:
                 return None
-            i = heapq.heappop(data_ready)
-            given_up[i] = {d for d in ctrl.get(i, ()) if d not in placed}
-        placed.add(i)
+            i = heappop(data_ready)
+            given_up[i] = {p for p in cpar[cpar_ptr[i]:cpar_ptr[i + 1]] if not placed[p]}
+        placed[i] = 1
         out.append(i)
-        for c, is_data in children.get(i, ()):
-            if c in placed:
+        for e in kids[kid_ptr[i]:kid_ptr[i + 1]]:
+            c = e >> 1
+            if placed[c]:
                 continue
-            if is_data:
-                data_in[c] -= 1
-                if data_in[c] == 0:
-                    heapq.heappush(data_ready, c)
+            if e & 1:
+                left = data_in[c] - 1
+                data_in[c] = left
+                if left == 0:
+                    heappush(data_ready, c)
+                    if ctrl_in[c] == 0:
+                        heappush(ready, c)
             else:
-                ctrl_in[c] -= 1
-            if data_in[c] == 0 and ctrl_in[c] == 0:
-                heapq.heappush(ready, c)
+                left = ctrl_in[c] - 1
+                ctrl_in[c] = left
+                if left == 0 and data_in[c] == 0:
+                    heappush(ready, c)
     return out, given_up
+
+
+def _slot_on_cycle(n: int, d_child: np.ndarray, d_parent: np.ndarray) -> int:
+    """A slot on a cycle of data deps (there must be one); only runs to word an error."""
+    keys = _edges(n, d_child, d_parent)
+    deps: dict[int, list[int]] = {i: [] for i in range(n)}
+    for key in keys.tolist():
+        deps[key // n].append(key % n)
+    return node_on_cycle(range(n), deps)
 
 
 def node_on_cycle(ids: Sequence[int], deps: Mapping[int, Sequence[int]]) -> int:

@@ -15,6 +15,13 @@ What the mapping does, and what it counts in ``manifest.dropped`` (see docs/chak
 - Times: ``*_micros`` x 1000 -> ns.
 - Groups: ``pg_name`` "", "0" or absent -> the world group (key "0"); another pg_name -> a
   group whose members are the ranks whose files use it (a guess, counted).
+
+A file is read twice and never held decoded: the first pass keeps, per node, its id, where
+its message is, its kind and its deps in flat arrays (a few bytes per node and per dep),
+which is all that ordering needs; the second decodes each node again, in the new order, and
+emits it. Errors come out as a one-pass reader meets them: malformed messages and duplicate
+ids in file order, then dependency errors, then unreadable kinds (first in program order),
+then what converting a node finds.
 """
 
 from __future__ import annotations
@@ -22,10 +29,12 @@ from __future__ import annotations
 import functools
 import json
 import re
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from chakra.schema.protobuf import et_def_pb2 as et
 from google.protobuf import json_format
 
@@ -42,8 +51,8 @@ from .mapping import (
     collective_out_bytes,
     infer_collective,
 )
-from .order import needs_renumbering, node_on_cycle, topological
-from .wire import iter_messages, looks_like_text
+from .order import DataCycle, DuplicateId, MissingDataDep, RankOrder, first_duplicate, order_rank
+from .wire import NodeFrames, looks_like_text, scan_nodes
 
 _RANK_NAME = re.compile(r"^(?P<prefix>.*)\.(?P<rank>\d+)\.et(?:\.gz)?$")
 _ET_SUFFIX = re.compile(r"\.et(?:\.gz)?$")
@@ -118,6 +127,32 @@ class _RankGraph:
     pg_config: dict[str, tuple[list[int] | None, str]] = field(default_factory=dict)
 
 
+_ECHO_KIND, _ECHO_OP, _ECHO_KERNEL_CLASS, _ECHO_CORRELATION, _ECHO_ANNOTATIONS, _ECHO_ATTR = (
+    ECHO_PREFIX + k for k in ("kind", "op", "kernel_class", "correlation", "annotations", "attr."))
+_KEEPS_SHAPES = frozenset({pb.KIND_COMPUTE, *_HOST_KINDS})   # kinds whose input shapes are kept
+
+# Marks in _Scan.kinds for a node whose kind, or whose ``stream`` attribute, did not read.
+_DECIDE_FAILED, _STREAM_FAILED = -1, -2
+
+
+@dataclass
+class _Scan:
+    """One file after the first pass: per node (file order) its id, where its message is
+    (offset, size), its kind (or a mark), and its deps flat with offsets (node i's data deps are
+    ``data[data_ptr[i]:data_ptr[i + 1]]``), in arrays of 8 bytes per value."""
+
+    meta: et.GlobalMetadata = field(default_factory=et.GlobalMetadata)
+    ids: array = field(default_factory=lambda: array("Q"))
+    offsets: array = field(default_factory=lambda: array("q"))
+    sizes: array = field(default_factory=lambda: array("q"))
+    kinds: array = field(default_factory=lambda: array("b"))
+    data: array = field(default_factory=lambda: array("Q"))
+    data_ptr: array = field(default_factory=lambda: array("q", [0]))
+    ctrl: array = field(default_factory=lambda: array("Q"))
+    ctrl_ptr: array = field(default_factory=lambda: array("q", [0]))
+    streams: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))  # CUDA stream -> kinds
+
+
 class _FileReader:
     """Converts one file; ``drop`` counts tolerances on the job."""
 
@@ -135,84 +170,139 @@ class _FileReader:
     def drop(self, reason: str, count: int = 1) -> None:
         self.jb.drop(reason, count)
 
-    # -- reading and ordering ---------------------------------------------------------------
-    def read(self) -> tuple[et.GlobalMetadata, list[et.Node]]:
-        it = iter_messages(self.path)
-        meta = next(it)
-        assert isinstance(meta, et.GlobalMetadata)
-        nodes: list[et.Node] = []
-        first_at: dict[int, int] = {}
-        for n in it:
-            assert isinstance(n, et.Node)
-            if n.id in first_at:
-                raise EchoError(f"{self.where(n)}: node id {n.id} is used twice "
-                                f"(nodes #{first_at[n.id]} and #{len(nodes)})")
-            first_at[n.id] = len(nodes)
-            nodes.append(n)
-        return meta, nodes
+    # -- pass 1: what ordering needs, in compact arrays ----------------------------------
+    def scan(self) -> _Scan:
+        """Read every node once, keeping its id, where it starts, its deps and its kind, but
+        not the message: the second pass decodes each node again when it is emitted."""
+        sc = _Scan()
+        try:
+            it = scan_nodes(self.path)
+            meta = next(it)
+            assert isinstance(meta, et.GlobalMetadata)
+            sc.meta = meta
+            ids, offsets, sizes, kinds = sc.ids, sc.offsets, sc.sizes, sc.kinds
+            data, data_ptr, ctrl, ctrl_ptr = sc.data, sc.data_ptr, sc.ctrl, sc.ctrl_ptr
+            classify, streams = self._classify, sc.streams
+            for offset, size, n in it:  # type: ignore[misc]
+                ids.append(n.id)
+                offsets.append(offset)
+                sizes.append(size)
+                deps = n.data_deps
+                if deps:
+                    data.extend(deps)
+                data_ptr.append(len(data))
+                deps = n.ctrl_deps
+                if deps:
+                    ctrl.extend(deps)
+                ctrl_ptr.append(len(ctrl))
+                kinds.append(classify(n, streams))
+        except EchoError:
+            # A node id used twice before the bad message is what a one-pass read met first.
+            self._refuse_duplicate(sc)
+            raise
+        return sc
 
-    def order(self, nodes: list[et.Node]) -> tuple[dict[int, int], dict[int, list[int]],
-                                                   dict[int, list[int]]]:
-        """New id per Chakra id, and the kept data and ctrl deps (Chakra ids)."""
-        ids = {n.id for n in nodes}
-        data: dict[int, list[int]] = {}
-        ctrl: dict[int, list[int]] = {}
-        dangling = 0
-        for n in nodes:
-            missing = [d for d in n.data_deps if d not in ids]
-            if missing:
-                if looks_like_text(list(n.data_deps)):
-                    raise EchoError(f"{self.where(n)}: data_deps read as text "
-                                    f"({bytes(x for x in n.data_deps[:16])!r}): this is a "
-                                    "pre-Oct-2023 Chakra ET (string `inputs` at field 5), whose "
-                                    "wire format is incompatible; regenerate it with a current chakra")
-                raise EchoError(f"{self.where(n)}: data_dep on node {missing[0]}, "
-                                "which is not in the file")
-            data[n.id] = list(dict.fromkeys(n.data_deps))
-            kept = [d for d in dict.fromkeys(n.ctrl_deps) if d in ids]
-            dangling += len(n.ctrl_deps) - len([d for d in n.ctrl_deps if d in ids])
-            ctrl[n.id] = kept
-        self.drop("chakra: ctrl_deps naming no node dropped", dangling)
+    def _classify(self, n: et.Node, streams: dict[int, set[int]]) -> int:
+        """The node's echo-et kind, noting the kinds on each CUDA ``stream``; a failure is
+        only marked, to be raised after the ordering errors, for the first node in the new
+        order (as converting in that order would)."""
+        try:
+            kind, r = self._decide(n)
+        except EchoError:
+            return _DECIDE_FAILED
+        if kind not in _HOST_KINDS and r.has("stream"):
+            try:
+                streams[r.int("stream")].add(kind)
+            except EchoError:
+                return _STREAM_FAILED
+        return kind
 
-        sorted_ids = sorted(ids)
-        union = {i: data[i] + [d for d in ctrl[i] if d not in data[i]] for i in sorted_ids}
-        if not needs_renumbering(union):
-            return {i: i for i in sorted_ids}, data, ctrl
-        result = topological(sorted_ids, data, ctrl)
-        if result is None:
-            bad = node_on_cycle(sorted_ids, data)
-            n = next(x for x in nodes if x.id == bad)
-            raise EchoError(f"{self.where(n)}: data_deps form a cycle through this node")
-        order, given_up = result
-        cut = 0
-        for i, gone in given_up.items():
-            cut += len(gone)
-            ctrl[i] = [d for d in ctrl[i] if d not in gone]
-        self.drop("chakra: ctrl_deps contradicting data_deps dropped", cut)
-        self.drop("chakra: node ids not in dependency order, renumbered", len(order))
-        return {old: k + 1 for k, old in enumerate(order)}, data, ctrl
+    def _node_at(self, sc: _Scan, i: int) -> et.Node:
+        with NodeFrames(self.path, sc.offsets, sc.sizes) as frames:
+            return frames.node(i, sc.ids[i])
 
-    # -- mapping --------------------------------------------------------------------------------
+    def _refuse_duplicate(self, sc: _Scan) -> None:
+        dup = first_duplicate(np.frombuffer(sc.ids, dtype=np.uint64))
+        if dup is not None:
+            i, first = dup
+            n = self._node_at(sc, i)
+            raise EchoError(f"{self.where(n)}: node id {n.id} is used twice "
+                            f"(nodes #{first} and #{i})")
+
+    def order(self, sc: _Scan) -> RankOrder:
+        """Where each node goes (see order.py); counts what the ordering dropped."""
+        u64, i64 = np.uint64, np.int64
+        try:
+            plan = order_rank(np.frombuffer(sc.ids, dtype=u64), np.frombuffer(sc.data, dtype=u64),
+                              np.frombuffer(sc.data_ptr, dtype=i64), np.frombuffer(sc.ctrl, dtype=u64),
+                              np.frombuffer(sc.ctrl_ptr, dtype=i64))
+        except DuplicateId:
+            self._refuse_duplicate(sc)
+            raise
+        except MissingDataDep as e:
+            n = self._node_at(sc, e.index)
+            if looks_like_text(list(n.data_deps)):
+                raise EchoError(f"{self.where(n)}: data_deps read as text "
+                                f"({bytes(x for x in n.data_deps[:16])!r}): this is a "
+                                "pre-Oct-2023 Chakra ET (string `inputs` at field 5), whose "
+                                "wire format is incompatible; regenerate it with a current chakra") from None
+            raise EchoError(f"{self.where(n)}: data_dep on node {e.dep}, "
+                            "which is not in the file") from None
+        except DataCycle as e:
+            n = self._node_at(sc, e.index)
+            raise EchoError(f"{self.where(n)}: data_deps form a cycle through this node") from None
+        self.drop("chakra: ctrl_deps naming no node dropped", plan.dangling_ctrl)
+        self.drop("chakra: ctrl_deps contradicting data_deps dropped", plan.ctrl_given_up)
+        self.drop("chakra: node ids not in dependency order, renumbered", plan.renumbered)
+        return plan
+
+    def _refuse_marked(self, sc: _Scan, plan: RankOrder) -> None:
+        """Raise the error of the first node, in the new order, that :meth:`_classify` marked."""
+        kinds = np.frombuffer(sc.kinds, dtype=np.int8)
+        for mark in (_DECIDE_FAILED, _STREAM_FAILED):
+            marked = np.flatnonzero(kinds[plan.emit] == mark)
+            if len(marked):
+                n = self._node_at(sc, int(plan.emit[marked[0]]))
+                _, r = self._decide(n)          # raises for _DECIDE_FAILED
+                r.int("stream")                 # raises for _STREAM_FAILED
+                raise AssertionError(f"{self.where(n)}: error did not repeat")
+
+    # -- pass 2: decode each node again, in the new order, and emit it --------------------
     def convert(self) -> tuple[et.GlobalMetadata, _RankGraph]:
-        meta, nodes = self.read()
+        sc = self.scan()
+        meta = sc.meta
         if not meta.version:
             self.drop("chakra: empty GlobalMetadata.version")
-        new_id, data, ctrl = self.order(nodes)
-        renumbered = any(k != v for k, v in new_id.items())
+        plan = self.order(sc)
+        self._refuse_marked(sc, plan)
+        stream_kinds = self._stream_kinds(sc.streams)
         b = GraphBuilder(f"rank{self.rank}", f"{self.plan.name} rank {self.rank}")
         rg = _RankGraph(b.graph)
-        by_id = {n.id: n for n in nodes}
-        decided = [(self._decide(by_id[old]), by_id[old])
-                   for old, _ in sorted(new_id.items(), key=lambda kv: kv[1])]
-        stream_kinds = self._stream_kinds(decided)
+        ids, kinds, data_ptr = sc.ids, sc.kinds, sc.data_ptr
+        # Plain-int views of the plan's arrays, without copying them.
+        data_deps, ctrl_deps = memoryview(plan.data_deps), memoryview(plan.ctrl_deps)
+        ctrl_ptr, new_ids = memoryview(plan.ctrl_ptr), memoryview(plan.new_id)
+        renumbered = plan.ids_changed
+        sc.data = sc.ctrl = array("Q")     # the plan holds what emitting needs
         io_dropped = 0
-        for (kind, r), n in decided:
-            deps = [(new_id[d], pb.DEP_DATA) for d in data[n.id]]
-            deps += [(new_id[d], pb.DEP_CONTROL) for d in ctrl[n.id]]
-            node = self._emit(b, rg, n, r, kind, new_id[n.id], deps, stream_kinds)
-            if renumbered and "chakra_id" not in node.attrs:
-                node.attrs["chakra_id"] = str(n.id)
-            io_dropped += self._keep_rest(n, r, node)
+        data_kind, ctrl_kind = pb.DEP_DATA, pb.DEP_CONTROL
+        with NodeFrames(self.path, sc.offsets, sc.sizes) as frames:
+            for i in memoryview(plan.emit):
+                n = frames.node(i, ids[i])
+                r = AttrReader(n.attr, functools.partial(self.where, n), self.variants)
+                # Deps in the order written, each once (most nodes have none or one).
+                a, z = data_ptr[i], data_ptr[i + 1]
+                deps = ([(d, data_kind) for d in dict.fromkeys(data_deps[a:z])] if z - a > 1
+                        else [(data_deps[a], data_kind)] if z > a else [])
+                a, z = ctrl_ptr[i], ctrl_ptr[i + 1]
+                if z - a > 1:
+                    deps += [(d, ctrl_kind) for d in dict.fromkeys(ctrl_deps[a:z])]
+                elif z > a:
+                    deps.append((ctrl_deps[a], ctrl_kind))
+                node = self._emit(b, rg, n, r, kinds[i], new_ids[i], deps, stream_kinds)
+                if renumbered and "chakra_id" not in node.attrs:
+                    node.attrs["chakra_id"] = str(n.id)
+                io_dropped += self._keep_rest(n, r, node)
         self.drop("chakra: tensor values and outputs (IOInfo) not kept", io_dropped)
         for reason, count in sorted(self.variants.items()):
             self.drop(reason, count)
@@ -220,9 +310,9 @@ class _FileReader:
 
     def _decide(self, n: et.Node) -> tuple[int, AttrReader]:
         """The echo-et kind of a Chakra node."""
-        r = AttrReader(n.attr, lambda: self.where(n), self.variants)
-        if r.has(ECHO_PREFIX + "kind"):
-            name = r.str(ECHO_PREFIX + "kind")
+        r = AttrReader(n.attr, functools.partial(self.where, n), self.variants)
+        if r.has(_ECHO_KIND):
+            name = r.str(_ECHO_KIND)
             if name not in NODE_KIND_BY_NAME:
                 raise EchoError(f"{self.where(n)}: unknown echo.kind {name!r}")
             return NODE_KIND_BY_NAME[name], r
@@ -247,13 +337,9 @@ class _FileReader:
         self.drop(f"chakra: {et.NodeType.Name(t)} kept as a cpu_op")
         return pb.KIND_CPU_OP, r
 
-    def _stream_kinds(self, decided) -> dict[int, int]:
+    def _stream_kinds(self, seen: dict[int, set[int]]) -> dict[int, int]:
         """Kind of each CUDA stream named by a ``stream`` attribute: comm when it carries only
         communication, copy when only memcpy, else compute."""
-        seen: dict[int, set[int]] = defaultdict(set)
-        for (kind, r), _ in decided:
-            if kind not in _HOST_KINDS and r.has("stream"):
-                seen[r.int("stream")].add(kind)
         out = {}
         for s, kinds in seen.items():
             if kinds <= _COMM_NODE_KINDS:
@@ -289,24 +375,27 @@ class _FileReader:
         sid = self._stream(b, kind, r, stream_kinds)
         kw = dict(start_ns=n.start_time_micros * 1000, duration_ns=n.duration_micros * 1000,
                   deps=deps, node_id=node_id)
-        op = r.str(ECHO_PREFIX + "op") or n.name
+        name = n.name
+        op = r.str(_ECHO_OP) or name
         if kind == pb.KIND_COMPUTE:
-            kc = r.str(ECHO_PREFIX + "kernel_class", "other")
-            node = b.compute(n.name, sid, kernel_class=KERNEL_CLASS_BY_NAME.get(kc, pb.KC_OTHER),
+            kc = r.str(_ECHO_KERNEL_CLASS, "other")
+            inputs = n.inputs
+            node = b.compute(name, sid, kernel_class=KERNEL_CLASS_BY_NAME.get(kc, pb.KC_OTHER),
                              op=op, flops=float(r.int("num_ops", 0) or 0),
-                             bytes_=r.int("tensor_size", 0) or 0, shapes=n.inputs.shapes,
-                             dtypes=n.inputs.types, **kw)
+                             bytes_=r.int("tensor_size", 0) or 0, shapes=inputs.shapes,
+                             dtypes=inputs.types, **kw)
         elif kind in _HOST_KINDS:
-            node = b.cpu_op(n.name, sid, kind=kind, op=op,
-                            correlation=r.int(ECHO_PREFIX + "correlation", 0) or 0, **kw)
-            node.cpu.rf_id = r.int("rf_id", 0) or 0
-            node.cpu.shapes = n.inputs.shapes
-            node.cpu.dtypes = n.inputs.types
-            if n.type in (et.METADATA_NODE, et.INVALID_NODE, et.COMM_COLL_NODE):
-                node.attrs["chakra_type"] = et.NodeType.Name(n.type)
-                if n.type == et.METADATA_NODE and n.inputs.values:
-                    node.attrs["chakra_inputs_values"] = n.inputs.values
-                    rg.pg_config.update(parse_pg_config(n.inputs.values))
+            node = b.cpu_op(name, sid, kind=kind, op=op,
+                            correlation=r.int(_ECHO_CORRELATION, 0) or 0, **kw)
+            cpu, inputs, t = node.cpu, n.inputs, n.type
+            cpu.rf_id = r.int("rf_id", 0) or 0
+            cpu.shapes = inputs.shapes
+            cpu.dtypes = inputs.types
+            if t in (et.METADATA_NODE, et.INVALID_NODE, et.COMM_COLL_NODE):
+                node.attrs["chakra_type"] = et.NodeType.Name(t)
+                if t == et.METADATA_NODE and inputs.values:
+                    node.attrs["chakra_inputs_values"] = inputs.values
+                    rg.pg_config.update(parse_pg_config(inputs.values))
         elif kind == pb.KIND_COLLECTIVE:
             node = self._collective(b, rg, n, r, sid, kw)
         elif kind in (pb.KIND_SEND, pb.KIND_RECV):
@@ -334,10 +423,9 @@ class _FileReader:
             node = b.node(kind, n.name, sid, **kw)
             if n.type in (et.COMM_SEND_NODE, et.COMM_RECV_NODE):
                 node.attrs["chakra_type"] = et.NodeType.Name(n.type)
-        if r.has(ECHO_PREFIX + "annotations"):
+        if r.has(_ECHO_ANNOTATIONS):
             try:
-                json_format.ParseDict(json.loads(r.str(ECHO_PREFIX + "annotations")),
-                                      node.annotations)
+                json_format.ParseDict(json.loads(r.str(_ECHO_ANNOTATIONS)), node.annotations)
             except (ValueError, json_format.ParseError) as e:
                 raise EchoError(f"{self.where(n)}: echo.annotations does not parse ({e})") from None
         if r.has("chakra_id"):
@@ -378,19 +466,22 @@ class _FileReader:
 
     def _keep_rest(self, n: et.Node, r: AttrReader, node: pb.Node) -> int:
         """Keep the attributes the mapping did not consume; 1 when IOInfo was lost."""
-        used = _consumed(node.kind)
-        for name, a in sorted(r.by_name.items()):
+        kind = node.kind
+        used = _consumed(kind)
+        by_name = r.by_name
+        for name in sorted(by_name):
             if name in used or name.startswith(ECHO_PREFIX) and name[len(ECHO_PREFIX):] in _ECHO_FIELDS:
                 continue
-            if name.startswith(ECHO_PREFIX + "attr."):
-                node.attrs[name[len(ECHO_PREFIX + "attr."):]] = r.str(name)
+            if name.startswith(_ECHO_ATTR):
+                node.attrs[name[len(_ECHO_ATTR):]] = r.str(name)
                 continue
-            text = attr_to_text(a)
+            text = attr_to_text(by_name[name])
             if text is not None:
                 node.attrs[KEPT_PREFIX + name] = text
-        lost = bool(n.inputs.values and n.type != et.METADATA_NODE) or n.HasField("outputs")
-        if node.kind not in (pb.KIND_COMPUTE, *_HOST_KINDS):
-            lost = lost or bool(n.inputs.shapes or n.inputs.types)
+        inputs = n.inputs
+        lost = bool(inputs.values and n.type != et.METADATA_NODE) or n.HasField("outputs")
+        if kind not in _KEEPS_SHAPES:
+            lost = lost or bool(inputs.shapes or inputs.types)
         return int(lost)
 
 

@@ -25,7 +25,7 @@ from echo_et.ir.graph import Graph
 from echo_et.ir.io import publish_mode, write_delimited
 from echo_et.ir.schema import KERNEL_CLASS_NAMES, node_kind_name
 
-from .attrs import KEPT_PREFIX, bool_attr, int_attr, str_attr, text_to_attr
+from .attrs import KEPT_PREFIX, STANDARD_FIELD, str_attr, text_to_attr
 from .mapping import COLL_TO_CHAKRA, ECHO_PREFIX, collective_out_bytes
 
 CHAKRA_VERSION = "1.0.0"  # what GlobalMetadata.version says; the wire schema is 0.0.4's
@@ -36,6 +36,25 @@ _NATIVE_KINDS = frozenset(
      pb.KIND_MEMCPY}
 )
 _CHAKRA_TYPE_BY_NAME = {name: value for name, value in et.NodeType.items()}
+_DEP_DATA, _DEP_CONTROL = pb.DEP_DATA, pb.DEP_CONTROL
+
+
+# An attribute to write, as (name, AttributeProto member, value): added to the node in place,
+# which costs half of building an AttributeProto and copying it in.
+AttrSpec = tuple[str, str, Any]
+
+
+def _int(name: str, value: int) -> AttrSpec:
+    """An integer attribute in its standard member (int64 when it has none)."""
+    return (name, STANDARD_FIELD.get(name, "int64_val"), int(value))
+
+
+def _bool(name: str, value: bool) -> AttrSpec:
+    return (name, "bool_val", bool(value))
+
+
+def _str(name: str, value: str) -> AttrSpec:
+    return (name, "string_val", value)
 
 
 def micros(ns: int, *, at_least_one: bool) -> int:
@@ -76,36 +95,43 @@ def _pg_names(job: Job) -> dict[int, str]:
 
 
 def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.Node:
-    c = et.Node(id=n.id, name=n.name,
+    name, duration = n.name, n.duration_ns
+    c = et.Node(id=n.id, name=name,
                 start_time_micros=micros(n.start_ns, at_least_one=False),
-                duration_micros=micros(n.duration_ns, at_least_one=True))
-    if n.duration_ns % 1000:
+                duration_micros=micros(duration, at_least_one=True))
+    if duration % 1000:
         lossy["durations rounded to whole microseconds"] += 1
     data: list[int] = []
     ctrl: list[int] = []
     for d in n.deps:
-        if d.kind == pb.DEP_CONTROL:
-            if d.id in ids:
-                ctrl.append(d.id)
+        dep_kind, dep_id = d.kind, d.id
+        if dep_kind == _DEP_CONTROL:
+            if dep_id in ids:
+                ctrl.append(dep_id)
             else:
                 lossy["ctrl deps naming no node left out"] += 1
         else:
-            if d.kind != pb.DEP_DATA:
+            if dep_kind != _DEP_DATA:
                 lossy["launch/sync deps written as data_deps"] += 1
-            data.append(d.id)
-    c.data_deps.extend(dict.fromkeys(data))
-    c.ctrl_deps.extend(dict.fromkeys(ctrl))
-    attrs: list[et.AttributeProto] = []
-    chakra_type = n.attrs.get("chakra_type", "")
+            data.append(dep_id)
+    if data:
+        c.data_deps.extend(dict.fromkeys(data))
+    if ctrl:
+        c.ctrl_deps.extend(dict.fromkeys(ctrl))
+    attrs: list[AttrSpec] = []
+    node_attrs = n.attrs
+    chakra_type = node_attrs.get("chakra_type", "")
     kind = n.kind
     if kind == pb.KIND_COMPUTE:
         c.type = et.COMP_NODE
-        attrs.append(bool_attr("is_cpu_op", False))
-        _compute_attrs(n.compute, n.name, attrs)
-        c.inputs.shapes, c.inputs.types = n.compute.shapes, n.compute.dtypes
+        attrs.append(_bool("is_cpu_op", False))
+        info = n.compute
+        _compute_attrs(info, name, attrs)
+        inputs = c.inputs
+        inputs.shapes, inputs.types = info.shapes, info.dtypes
     elif kind == pb.KIND_COLLECTIVE:
         c.type = et.COMM_COLL_NODE
-        attrs.append(bool_attr("is_cpu_op", False))
+        attrs.append(_bool("is_cpu_op", False))
         _collective_attrs(n, ctx, attrs, lossy)
     elif kind in (pb.KIND_SEND, pb.KIND_RECV):
         send = kind == pb.KIND_SEND
@@ -115,11 +141,11 @@ def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.No
             raise EchoError(f"{ctx.job.source or 'job'} rank {ctx.rank} node {n.id} ({n.name}): peer "
                             f"{n.p2p.peer} is outside group {n.p2p.group!r} of size {len(members)}")
         peer = members[n.p2p.peer]
-        attrs.append(bool_attr("is_cpu_op", False))
-        attrs.append(int_attr("comm_size", n.p2p.bytes))
-        attrs.append(int_attr("comm_src", ctx.rank if send else peer))
-        attrs.append(int_attr("comm_dst", peer if send else ctx.rank))
-        attrs.append(int_attr("comm_tag", n.p2p.tag))
+        attrs.append(_bool("is_cpu_op", False))
+        attrs.append(_int("comm_size", n.p2p.bytes))
+        attrs.append(_int("comm_src", ctx.rank if send else peer))
+        attrs.append(_int("comm_dst", peer if send else ctx.rank))
+        attrs.append(_int("comm_tag", n.p2p.tag))
     elif kind in (pb.KIND_MEMCPY, pb.KIND_MEMSET):
         direction = n.memcpy.direction
         if kind == pb.KIND_MEMCPY and direction in ("load", "store"):
@@ -129,21 +155,24 @@ def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.No
             # a GPU COMP_NODE, and so does this writer.
             c.type = et.COMP_NODE
             if direction:
-                attrs.append(str_attr(ECHO_PREFIX + "direction", direction))
-        attrs.append(bool_attr("is_cpu_op", False))
-        attrs.append(int_attr("tensor_size", n.memcpy.bytes))
+                attrs.append(_str(ECHO_PREFIX + "direction", direction))
+        attrs.append(_bool("is_cpu_op", False))
+        attrs.append(_int("tensor_size", n.memcpy.bytes))
     elif kind in (pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC):
         c.type = _CHAKRA_TYPE_BY_NAME.get(chakra_type, et.COMP_NODE)
-        attrs.append(bool_attr("is_cpu_op", True))
-        if n.cpu.op and n.cpu.op != n.name:
-            attrs.append(str_attr(ECHO_PREFIX + "op", n.cpu.op))
-        if n.cpu.correlation:
-            attrs.append(int_attr(ECHO_PREFIX + "correlation", n.cpu.correlation))
-        if n.cpu.rf_id:
-            attrs.append(int_attr("rf_id", n.cpu.rf_id))
-        c.inputs.shapes, c.inputs.types = n.cpu.shapes, n.cpu.dtypes
-        if "chakra_inputs_values" in n.attrs:
-            c.inputs.values = n.attrs["chakra_inputs_values"]
+        attrs.append(_bool("is_cpu_op", True))
+        cpu = n.cpu
+        op = cpu.op
+        if op and op != name:
+            attrs.append(_str(ECHO_PREFIX + "op", op))
+        if cpu.correlation:
+            attrs.append(_int(ECHO_PREFIX + "correlation", cpu.correlation))
+        if cpu.rf_id:
+            attrs.append(_int("rf_id", cpu.rf_id))
+        inputs = c.inputs
+        inputs.shapes, inputs.types = cpu.shapes, cpu.dtypes
+        if "chakra_inputs_values" in node_attrs:
+            inputs.values = node_attrs["chakra_inputs_values"]
     else:  # comm_unknown, unknown
         if chakra_type in ("COMM_SEND_NODE", "COMM_RECV_NODE"):
             c.type = _CHAKRA_TYPE_BY_NAME[chakra_type]
@@ -151,63 +180,71 @@ def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.No
             # Chakra cannot say "communication of an unknown kind"; a collective without
             # comm_type would be read as one, so write a GPU COMP_NODE marked echo.kind.
             c.type = et.COMP_NODE
-        attrs.append(bool_attr("is_cpu_op", False))
+        attrs.append(_bool("is_cpu_op", False))
     native = kind in _NATIVE_KINDS and not (kind == pb.KIND_MEMCPY and c.type == et.COMP_NODE)
     if not native and not (kind == pb.KIND_COMM_UNKNOWN and chakra_type):
-        attrs.append(str_attr(ECHO_PREFIX + "kind", node_kind_name(kind)))
+        attrs.append(_str(ECHO_PREFIX + "kind", node_kind_name(kind)))
     if n.HasField("annotations") and n.annotations.ByteSize():
         text = json.dumps(json_format.MessageToDict(n.annotations), sort_keys=True)
-        attrs.append(str_attr(ECHO_PREFIX + "annotations", text))
-    if "chakra_id" in n.attrs:
-        attrs.append(int_attr("chakra_id", int(n.attrs["chakra_id"])))
-    kept: list[et.AttributeProto] = []
-    for key in sorted(n.attrs):
+        attrs.append(_str(ECHO_PREFIX + "annotations", text))
+    free = dict(node_attrs) if node_attrs else {}
+    if "chakra_id" in free:
+        attrs.append(_int("chakra_id", int(free["chakra_id"])))
+    kept: list[et.AttributeProto | AttrSpec] = []
+    for key in sorted(free):
         if key.startswith(KEPT_PREFIX):
-            a = text_to_attr(key[len(KEPT_PREFIX):], n.attrs[key])
+            a = text_to_attr(key[len(KEPT_PREFIX):], free[key])
             if a is None:
                 lossy["kept Chakra attributes that do not parse left out"] += 1
             else:
                 kept.append(a)
         elif key not in ("chakra_id", "chakra_type", "chakra_inputs_values"):
-            kept.append(str_attr(f"{ECHO_PREFIX}attr.{key}", n.attrs[key]))
-    have = {a.name for a in attrs}
-    attrs.extend(a for a in kept if a.name not in have)
-    c.attr.extend(attrs)
+            kept.append(_str(f"{ECHO_PREFIX}attr.{key}", free[key]))
+    add = c.attr.add
+    for name, member, value in attrs:
+        add(**{"name": name, member: value})
+    have = {a[0] for a in attrs}
+    for a in kept:
+        if isinstance(a, tuple):
+            if a[0] not in have:
+                add(**{"name": a[0], a[1]: a[2]})
+        elif a.name not in have:
+            c.attr.append(a)
     return c
 
 
-def _compute_attrs(info: pb.ComputeInfo, name: str, attrs: list[et.AttributeProto]) -> None:
+def _compute_attrs(info: pb.ComputeInfo, name: str, attrs: list[AttrSpec]) -> None:
     if info.flops:
-        attrs.append(int_attr("num_ops", round(info.flops)))
+        attrs.append(_int("num_ops", round(info.flops)))
     if info.bytes:
-        attrs.append(int_attr("tensor_size", info.bytes))
+        attrs.append(_int("tensor_size", info.bytes))
     if info.kernel_class != pb.KC_OTHER:
-        attrs.append(str_attr(ECHO_PREFIX + "kernel_class",
-                              KERNEL_CLASS_NAMES.get(info.kernel_class, "other")))
+        attrs.append(_str(ECHO_PREFIX + "kernel_class",
+                          KERNEL_CLASS_NAMES.get(info.kernel_class, "other")))
     if info.op and info.op != name:
-        attrs.append(str_attr(ECHO_PREFIX + "op", info.op))
+        attrs.append(_str(ECHO_PREFIX + "op", info.op))
 
 
-def _collective_attrs(n: pb.Node, ctx: _RankContext, attrs: list[et.AttributeProto],
+def _collective_attrs(n: pb.Node, ctx: _RankContext, attrs: list[AttrSpec],
                       lossy: Counter) -> None:
     info = n.collective
     group = ctx.group(info.group)
     if info.type in COLL_TO_CHAKRA:
-        attrs.append(int_attr("comm_type", COLL_TO_CHAKRA[info.type]))
+        attrs.append(_int("comm_type", COLL_TO_CHAKRA[info.type]))
     else:
         lossy["collectives of unknown type written without comm_type"] += 1
-    attrs.append(int_attr("comm_size", info.in_bytes))
+    attrs.append(_int("comm_size", info.in_bytes))
     pg_name = ctx.pg_names[group.id]
     if pg_name:
-        attrs.append(str_attr("pg_name", pg_name))
+        attrs.append(_str("pg_name", pg_name))
     if info.out_bytes != collective_out_bytes(info.type, info.in_bytes, len(group.ranks)):
-        attrs.append(int_attr(ECHO_PREFIX + "out_bytes", info.out_bytes))
+        attrs.append(_int(ECHO_PREFIX + "out_bytes", info.out_bytes))
     if info.dtype:
-        attrs.append(str_attr(ECHO_PREFIX + "dtype", info.dtype))
+        attrs.append(_str(ECHO_PREFIX + "dtype", info.dtype))
     if info.HasField("root"):
-        attrs.append(int_attr(ECHO_PREFIX + "root", info.root))
+        attrs.append(_int(ECHO_PREFIX + "root", info.root))
     if info.algorithm:
-        attrs.append(str_attr(ECHO_PREFIX + "algorithm", info.algorithm))
+        attrs.append(_str(ECHO_PREFIX + "algorithm", info.algorithm))
 
 
 def _stream_attr(graph: Graph) -> dict[int, int]:
@@ -259,7 +296,8 @@ def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | No
                 for n in graph.nodes:
                     c = _node(n, ctx, ids, lossy)
                     if n.stream in streams:
-                        c.attr.append(int_attr("stream", streams[n.stream]))
+                        name, member, value = _int("stream", streams[n.stream])
+                        c.attr.add(**{"name": name, member: value})
                     write_delimited(f, c)
                     total_nodes += 1
                 total_bytes += f.tell()
