@@ -102,7 +102,8 @@ def order_rank(ids: np.ndarray, data: np.ndarray, data_ptr: np.ndarray, ctrl: np
     def locate(deps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not n:
             return np.zeros(len(deps), np.int64), np.zeros(len(deps), bool)
-        at = np.minimum(np.searchsorted(sorted_ids, deps), n - 1)
+        at = np.searchsorted(sorted_ids, deps)
+        np.minimum(at, n - 1, out=at)
         return at, sorted_ids[at] == deps
 
     d_at, d_found = locate(data)
@@ -112,7 +113,7 @@ def order_rank(ids: np.ndarray, data: np.ndarray, data_ptr: np.ndarray, ctrl: np
     del d_found
     c_at, c_found = locate(ctrl)
     dangling = int(len(c_found) - np.count_nonzero(c_found))
-    d_owner = slot[_owners(data_ptr)]
+    d_owner = np.repeat(slot, np.diff(data_ptr))    # slot of the node each data dep is of
     c_file = _owners(ctrl_ptr)
     c_owner = slot[c_file]
 
@@ -122,10 +123,13 @@ def order_rank(ids: np.ndarray, data: np.ndarray, data_ptr: np.ndarray, ctrl: np
         del d_at, d_owner, c_owner
         emit, new_of_slot, renumbered, cut = by_id, sorted_ids, 0, 0
     else:
-        result = _kahn(n, d_owner, d_at, c_owner[c_found], c_at[c_found])
-        if result is None:
-            raise DataCycle(int(by_id[_slot_on_cycle(n, d_owner, d_at)]))
+        data_keys = _edges(n, d_owner, d_at)
+        ctrl_keys = _edges(n, c_owner[c_found], c_at[c_found])   # every kept ctrl dep
         del d_owner, c_owner
+        result = _kahn(n, data_keys, ctrl_keys)
+        if result is None:
+            raise DataCycle(int(by_id[_slot_on_cycle(n, data_keys)]))
+        del data_keys, ctrl_keys
         topo, given_up = result
         emit = by_id[topo]
         new_of_slot = np.empty(n, dtype=np.uint64)
@@ -157,7 +161,10 @@ def order_rank(ids: np.ndarray, data: np.ndarray, data_ptr: np.ndarray, ctrl: np
 
 def _edges(n: int, child: np.ndarray, parent: np.ndarray) -> np.ndarray:
     """Distinct (child, parent) slot pairs as sorted keys child * n + parent."""
-    keys = np.sort(child.astype(np.int64) * n + parent.astype(np.int64))
+    keys = child.astype(np.int64)             # a copy, made into the keys in place
+    keys *= n
+    keys += parent
+    keys.sort()
     if len(keys) < 2:
         return keys
     first = np.empty(len(keys), dtype=bool)
@@ -166,30 +173,54 @@ def _edges(n: int, child: np.ndarray, parent: np.ndarray) -> np.ndarray:
     return keys[first]
 
 
-def _kahn(n: int, d_child: np.ndarray, d_parent: np.ndarray, c_child: np.ndarray,
-          c_parent: np.ndarray) -> tuple[array, dict[int, set[int]]] | None:
+def _within(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Which of ``keys`` are in ``sorted_keys`` (memory: only arrays the size of ``keys``)."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.searchsorted(sorted_keys, keys)
+    np.minimum(at, len(sorted_keys) - 1, out=at)
+    return sorted_keys[at] == keys
+
+
+def _split(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(child, parent) of edge keys."""
+    child = keys // n
+    parent = keys - child * n
+    return child, parent
+
+
+def _kahn(n: int, data_keys: np.ndarray, ctrl_keys: np.ndarray) -> tuple[array, dict[int, set[int]]] | None:
     """Slots in an order where every node follows its data deps and, where possible, its ctrl
     deps; ties go to the smaller slot (id), so an ordered graph keeps its order. Returns the
     order and the ctrl deps (slots) given up per node, or None when the data deps have a
     cycle. The greedy rule: when no node is free of pending deps, place the smallest one whose
-    data deps are all placed and give up its pending ctrl deps."""
-    data_keys = _edges(n, d_child, d_parent)
-    ctrl_keys = _edges(n, c_child, c_parent)                 # every kept ctrl dep
-    ctrl_only = np.setdiff1d(ctrl_keys, data_keys, assume_unique=True)
-    dc, dp = np.divmod(data_keys, n)
-    cc, cp = np.divmod(ctrl_only, n)
+    data deps are all placed and give up its pending ctrl deps. The deps come as the sorted
+    keys of :func:`_edges`."""
+    ctrl_only = ctrl_keys[~_within(data_keys, ctrl_keys)]
+    # Children of each slot, as child * 2 + (1 for a data dep, 0 for a ctrl-only one), by
+    # parent; the in-degrees count distinct parents.
+    dc, dp = _split(data_keys, n)
+    cc, cp = _split(ctrl_only, n)
+    del ctrl_only
     data_in = array("q", np.bincount(dc, minlength=n).astype(np.int64).tobytes())
     ctrl_in = array("q", np.bincount(cc, minlength=n).astype(np.int64).tobytes())
-    # Children of each slot, as child * 2 + (1 for a data dep, 0 for a ctrl-only one).
     parents = np.concatenate([dp, cp])
+    del dp, cp
+    dc *= 2
+    dc += 1
+    cc *= 2
+    enc = np.concatenate([dc, cc])
+    del dc, cc
     by_parent = np.argsort(parents, kind="stable")
-    kids = memoryview(np.concatenate([dc * 2 + 1, cc * 2])[by_parent])
+    kids = memoryview(enc[by_parent])
+    del enc, by_parent
     kid_ptr = memoryview(np.concatenate([[0], np.cumsum(np.bincount(parents, minlength=n))]))
+    del parents
     # Every kept ctrl parent of each slot (keys are sorted by child), for what is given up.
-    ctrl_child, ctrl_parent = np.divmod(ctrl_keys, n)
+    ctrl_child, ctrl_parent = _split(ctrl_keys, n)
     cpar = memoryview(ctrl_parent)
     cpar_ptr = memoryview(np.searchsorted(ctrl_child, np.arange(n + 1)))
-    del data_keys, ctrl_keys, ctrl_only, dc, dp, cc, cp, parents, by_parent, ctrl_child
+    del ctrl_child
 
     ready = [i for i in range(n) if data_in[i] == 0 and ctrl_in[i] == 0]   # sorted: a heap
     data_ready = [i for i in range(n) if data_in[i] == 0]
@@ -230,9 +261,9 @@ def _kahn(n: int, d_child: np.ndarray, d_parent: np.ndarray, c_child: np.ndarray
     return out, given_up
 
 
-def _slot_on_cycle(n: int, d_child: np.ndarray, d_parent: np.ndarray) -> int:
+def _slot_on_cycle(n: int, data_keys: np.ndarray) -> int:
     """A slot on a cycle of data deps (there must be one); only runs to word an error."""
-    keys = _edges(n, d_child, d_parent)
+    keys = data_keys
     deps: dict[int, list[int]] = {i: [] for i in range(n)}
     for key in keys.tolist():
         deps[key // n].append(key % n)
