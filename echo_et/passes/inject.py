@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo_et.errors import EchoError
-from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
+from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.schema import COMM_KINDS, pb
 from echo_et.passes.dtypes import DTYPE_BYTES
-from echo_et.passes.scale import check_gpus_per_node
+from echo_et.passes.scale import check_gpus_per_node, derived_job_builder
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_BUCKET_MB = 25.0
@@ -336,17 +336,8 @@ def inject_dp(job: Job, *, dp: int, bucket_mb: float | None = None,
             n.annotations.phase = "optimizer"
     report.collectives = len(buckets) * (2 if zero else 1)
 
-    jb = JobBuilder(job.manifest.name, dp, source_format=job.manifest.provenance.source_format)
+    jb = derived_job_builder(job, dp, gpus_per_node)
     m = jb.job.manifest
-    m.provenance.CopyFrom(job.manifest.provenance)
-    m.hardware.CopyFrom(job.manifest.hardware)
-    if gpus_per_node is not None:
-        m.hardware.gpus_per_node = gpus_per_node
-    m.step = job.manifest.step
-    for k, v in job.manifest.dropped.items():
-        m.dropped[k] = v
-    for k, v in job.manifest.attrs.items():
-        m.attrs[k] = v
     m.attrs["inject.rule"] = "ddp-buckets-ready-order"
     m.attrs["inject.param_source"] = report.param_source
     gid = jb.group(list(range(dp)), name="dp", desc="data parallel (injected)", role="dp")

@@ -77,6 +77,23 @@ class ScaleReport:
         }
 
 
+def derived_job_builder(job: Job, world: int, gpus_per_node: int | None) -> JobBuilder:
+    """A JobBuilder for a pass's output: provenance, hardware, step, dropped counts and
+    attributes carried over from ``job`` (passes add their own on top)."""
+    jb = JobBuilder(job.manifest.name, world, source_format=job.manifest.provenance.source_format)
+    m = jb.job.manifest
+    m.provenance.CopyFrom(job.manifest.provenance)
+    m.hardware.CopyFrom(job.manifest.hardware)
+    if gpus_per_node is not None:
+        m.hardware.gpus_per_node = gpus_per_node
+    m.step = job.manifest.step
+    for k, v in job.manifest.dropped.items():
+        m.dropped[k] = v
+    for k, v in job.manifest.attrs.items():
+        m.attrs[k] = v
+    return jb
+
+
 def check_gpus_per_node(world: int, gpus_per_node: int | None) -> None:
     if gpus_per_node is None:
         return
@@ -179,17 +196,8 @@ def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "kee
         graphs[gid] = _rescale_graph(job.graph(gid), {k: s for (g, k), s in spans_of_key.items() if g == gid},
                                      old.dp, new_dp, decision.zero, a2a, report)
 
-    jb = JobBuilder(job.manifest.name, new.world, source_format=job.manifest.provenance.source_format)
+    jb = derived_job_builder(job, new.world, gpus_per_node)
     m = jb.job.manifest
-    m.provenance.CopyFrom(job.manifest.provenance)
-    m.hardware.CopyFrom(job.manifest.hardware)
-    if gpus_per_node is not None:
-        m.hardware.gpus_per_node = gpus_per_node
-    m.step = job.manifest.step
-    for k, v in job.manifest.dropped.items():
-        m.dropped[k] = v
-    for k, v in job.manifest.attrs.items():
-        m.attrs[k] = v
     per_old: dict[int, int] = {}
     for gid, _ in order:
         per_old[gid] = per_old.get(gid, 0) + 1
