@@ -434,3 +434,9 @@ class Node(_message.Message):
     annotations: Annotations
     attrs: _containers.ScalarMap[str, str]
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[NodeKind, str]] = ..., stream: _Optional[int] = ..., start_ns: _Optional[int] = ..., duration_ns: _Optional[int] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., compute: _Optional[_Union[ComputeInfo, _Mapping]] = ..., collective: _Optional[_Union[CollectiveInfo, _Mapping]] = ..., p2p: _Optional[_Union[P2PInfo, _Mapping]] = ..., cpu: _Optional[_Union[CpuOpInfo, _Mapping]] = ..., memcpy: _Optional[_Union[MemcpyInfo, _Mapping]] = ..., annotations: _Optional[_Union[Annotations, _Mapping]] = ..., attrs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NodeList(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...

@@ -75,7 +75,7 @@ class GraphBuilder:
         if node_id is None:
             node_id = self._next_id
         self._next_id = max(self._next_id, node_id + 1)
-        n = pb.Node(
+        n = self.graph.new_node(
             id=node_id,
             name=name,
             kind=kind,
@@ -88,7 +88,7 @@ class GraphBuilder:
                 n.deps.add(id=d[0], kind=d[1])
             else:
                 n.deps.add(id=d, kind=pb.DEP_DATA)
-        return self.graph.add(n)
+        return n
 
     def compute(
         self,

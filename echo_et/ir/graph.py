@@ -2,6 +2,12 @@
 
 Like ``torch.fx.Graph``, a Graph is rewritten by passes that build a new one; ``copy()``
 exists so that a pass never edits the graph it was given.
+
+The nodes are the elements of one ``NodeList`` message rather than separate messages: they
+share its memory arena, which halves what a node costs in memory (about 0.7 KB instead of
+1.6 KB for a typical host operator, 47 instead of 115 bytes per dependency). ``nodes``
+behaves as a list of ``pb.Node`` except that putting a node in (``add``, ``append``,
+``extend``, the constructor) stores a copy: keep working on the node ``add`` returns.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ from echo_et.ir.schema import SCHEMA_VERSION, pb
 class Graph:
     """The program of one rank, or a template shared by many ranks."""
 
-    __slots__ = ("header", "nodes", "_index")
+    __slots__ = ("header", "nodes", "_store", "_index")
 
     def __init__(self, header: pb.GraphHeader | None = None, nodes: Iterable[pb.Node] = ()):
         self.header = header if header is not None else pb.GraphHeader()
         if not self.header.schema_version:
             self.header.schema_version = SCHEMA_VERSION
-        self.nodes: list[pb.Node] = list(nodes)
+        self._store = pb.NodeList()
+        self.nodes = self._store.nodes
+        self.nodes.extend(nodes)
         self._index: dict[int, pb.Node] | None = None
 
     @property
@@ -40,9 +48,22 @@ class Graph:
         return self._index[node_id]
 
     def add(self, node: pb.Node) -> pb.Node:
+        """Store a copy of ``node``; returns the stored node."""
         self.nodes.append(node)
         self._index = None
-        return node
+        return self.nodes[-1]
+
+    def new_node(self, **fields) -> pb.Node:
+        """A new node stored in place (no copy), with the given fields set."""
+        self._index = None
+        return self.nodes.add(**fields)
+
+    def add_serialized(self, data: bytes) -> pb.Node:
+        """Decode a serialised node straight into the graph's store."""
+        n = self.nodes.add()
+        n.ParseFromString(data)
+        self._index = None
+        return n
 
     def stream(self, stream_id: int) -> pb.Stream | None:
         for s in self.header.streams:
@@ -53,12 +74,11 @@ class Graph:
     def copy(self) -> Graph:
         header = pb.GraphHeader()
         header.CopyFrom(self.header)
-        nodes = []
-        for n in self.nodes:
-            c = pb.Node()
-            c.CopyFrom(n)
-            nodes.append(c)
-        return Graph(header, nodes)
+        out = Graph(header)
+        # Copy into the store through its field: a whole-message CopyFrom would leave the
+        # ``nodes`` view taken in __init__ pointing at the old (empty) field.
+        out.nodes.MergeFrom(self.nodes)
+        return out
 
     def content_hash(self, *, ignore_id: bool = True) -> str:
         """SHA-256 of the deterministic serialisation (graph id excluded by default), so that

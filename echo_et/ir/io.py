@@ -112,8 +112,10 @@ def open_maybe_gzip(path: str | os.PathLike[str]) -> BinaryIO:
 
 
 # -- graph files ----------------------------------------------------------------------------
-def iter_graph(path: str | os.PathLike[str]) -> Iterator[pb.GraphHeader | pb.Node]:
-    """Stream a graph file: the header first, then each node."""
+def iter_graph(path: str | os.PathLike[str], *, decoded: bool = True
+               ) -> Iterator[pb.GraphHeader | pb.Node | bytes]:
+    """Stream a graph file: the header first, then each node (its bytes unless
+    ``decoded``)."""
     where = str(path)
     try:
         with open_maybe_gzip(path) as f:
@@ -126,6 +128,9 @@ def iter_graph(path: str | os.PathLike[str]) -> Iterator[pb.GraphHeader | pb.Nod
             if not header.schema_version.startswith("echo-et/"):
                 raise EchoError(f"{where}: not an echo-et graph file (no echo-et header)")
             yield header
+            if not decoded:
+                yield from it
+                return
             for i, data in enumerate(it):
                 node = pb.Node()
                 try:
@@ -143,10 +148,18 @@ def iter_graph(path: str | os.PathLike[str]) -> Iterator[pb.GraphHeader | pb.Nod
 
 
 def read_graph(path: str | os.PathLike[str]) -> Graph:
-    it = iter_graph(path)
+    """A whole graph file, each node decoded straight into the graph's store."""
+    it = iter_graph(path, decoded=False)
     header = next(it)
     assert isinstance(header, pb.GraphHeader)
-    return Graph(header, it)  # type: ignore[arg-type]
+    g = Graph(header)
+    where = str(path)
+    for i, data in enumerate(it):
+        try:
+            g.add_serialized(data)  # type: ignore[arg-type]
+        except DecodeError as e:
+            raise EchoError(f"{where}: node #{i} does not decode ({e})") from None
+    return g
 
 
 def write_graph_stream(f: BinaryIO, header: pb.GraphHeader, nodes: Iterable[pb.Node]) -> int:
