@@ -36,7 +36,8 @@ def test_trace_gpt_json(tmp_path):
     cmd = job.manifest.provenance.command
     assert cmd.startswith("echo-et trace --workload gpt --layers 2 --hidden 16 ")
     assert cmd.endswith("--tp 2 --pp 2 --dp 2 --zero 0 --device cpu --verify sample --warmup 1 "
-                        "-o job")
+                        "--steps 1 -o job")
+    assert job.manifest.attrs["trace.measured_steps"] == "1"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -50,6 +51,7 @@ def test_trace_gpt_json(tmp_path):
     (["--script", "nowhere.py:build"], "nowhere.py does not exist"),
     (["--device", "tpu"], "device 'tpu': use cpu or cuda"),
     (["--verify", "some"], "verify mode 'some' is not one of sample, all"),
+    (["--steps", "0"], "measured steps must be >= 1, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     import re

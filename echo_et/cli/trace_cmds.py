@@ -39,6 +39,8 @@ def trace(
     verify: str = typer.Option("sample", "--verify",
                                help="sample: trace the ends of each candidate class; all: every rank."),
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps before the measured one."),
+    steps: int = typer.Option(1, "--steps", help="Measured steps per traced rank; each "
+                              "operator keeps its shortest time (less noise on a busy machine)."),
     memory_limit: int | None = typer.Option(None, "--memory-limit",
                                             help="Report out-of-memory above this many bytes per rank."),
     name: str = typer.Option("", "--name", help="Job name (default: from the workload)."),
@@ -80,12 +82,12 @@ def trace(
         "--seq", seq, "--micro-batch", micro_batch, "--vocab", vocab, "--dtype", dtype,
         "--bucket-mb", bucket_mb]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
-              "--device", device, "--verify", verify, "--warmup", warmup]
+              "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:
         parts += ["--memory-limit", memory_limit]
     command = shlex.join(["echo-et", "trace", *map(str, parts), "-o", output.name])
     opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit,
-                        warmup_steps=warmup,
+                        warmup_steps=warmup, measured_steps=steps,
                         name=name or _default_name(wl, layout), command=command,
                         progress=progress)
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)

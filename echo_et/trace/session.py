@@ -8,7 +8,9 @@ Order of events for rank r (one process plays the ranks one after another):
 3. one step under ``torch.profiler`` (CPU ops; CUDA kernels too on a GPU), exported as a
    Kineto trace into a temporary folder and read back with the Kineto reader;
 4. the recording replaces the communication spans (:mod:`echo_et.trace.splice`);
-5. the process group is destroyed and the rank's objects freed.
+5. with ``measured_steps`` > 1, steps 3-4 run that many times and the steps are combined,
+   each operator keeping its shortest time (:mod:`echo_et.trace.steps`);
+6. the process group is destroyed and the rank's objects freed.
 
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` over build, warm-up and measured
 step (minus what was allocated before the build). On CPU, the largest running sum of the
@@ -34,6 +36,7 @@ from echo_et.trace.context import RankContext
 from echo_et.trace.layout import ParallelLayout
 from echo_et.trace.records import CommRecord
 from echo_et.trace.splice import splice
+from echo_et.trace.steps import fastest_per_op, step_span_ns
 
 KeyFn = Callable[[int, CommRecord], str]
 _PARTIAL_JOB_REASONS = frozenset({"ranks_not_traced", "untraced_ranks_copied",
@@ -53,6 +56,60 @@ class RankRun:
     measured_step_ns: int
     wall_s: float
     dropped: Counter = field(default_factory=Counter)
+    measured_steps: int = 1
+
+
+@dataclass
+class _MeasuredStep:
+    graph: Graph
+    records: list[CommRecord]
+    keys: list[str]
+    step_ns: int
+    dropped: Counter
+
+
+def _measure_step(step: Callable, activities: list, layout: ParallelLayout, rank: int,
+                  device: str, dev, cuda: bool, key_of: KeyFn, k: int, total: int
+                  ) -> _MeasuredStep:
+    """Profile one call of ``step`` with the recorder on; splice the recording in."""
+    import torch
+    from torch.profiler import profile
+
+    from echo_et.converters import ReadOptions, read
+    from echo_et.trace.recording import RECORDER
+
+    what = "the measured step" if total == 1 else f"measured step {k + 1}"
+    RECORDER.reset()
+    RECORDER.enabled = True
+    with tempfile.TemporaryDirectory(prefix="echo-trace-") as tmp:
+        path = Path(tmp) / f"rank{rank}.json"
+        with profile(activities=activities, record_shapes=True) as prof:
+            _user_call(step, what, layout, rank, device)
+            if cuda:
+                torch.cuda.synchronize(dev)
+        RECORDER.enabled = False
+        prof.export_chrome_trace(str(path))
+        del prof
+        try:
+            job = read([path], "kineto", ReadOptions(rank=rank))
+        except EchoError as e:
+            raise EchoError(f"{where(layout, rank)}: the profile of {what} cannot be "
+                            f"converted: {str(e).replace(str(path) + ': ', '')}") from None
+    records = list(RECORDER.records)
+    RECORDER.reset()
+    keys = [key_of(rank, r) for r in records]
+    # The file is one rank of an N-rank world: the reader makes a partial Job of it,
+    # whose rank bookkeeping does not concern the one graph taken from it.
+    src = next(job.graphs())
+    dropped = Counter({k: v for k, v in job.manifest.dropped.items()
+                       if k not in _PARTIAL_JOB_REASONS})
+    step_ns = (max(n.start_ns + n.duration_ns for n in src.nodes)
+               - min(n.start_ns for n in src.nodes)) if src.nodes else 0
+    res = splice(src, records, keys, graph_id=f"rank{rank}", device=device,
+                 where=where(layout, rank))
+    dropped.update(res.dropped)
+    return _MeasuredStep(graph=res.graph, records=records, keys=keys, step_ns=int(step_ns),
+                         dropped=dropped)
 
 
 def where(layout: ParallelLayout, rank: int) -> str:
@@ -102,13 +159,12 @@ def _cpu_peak(prof) -> int:
 
 def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device: str,
                key_of: KeyFn, memory_limit_bytes: int | None = None,
-               warmup_steps: int = 1) -> RankRun:
+               warmup_steps: int = 1, measured_steps: int = 1) -> RankRun:
     """Run and profile rank ``rank`` (see the module docstring)."""
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from echo_et.converters import ReadOptions, read
     from echo_et.trace.recording import BACKEND_NAME, RECORDER, register_backend
 
     t0 = time.perf_counter()
@@ -159,40 +215,28 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
                     f"{where(layout, rank)}: out of memory: needs {peak} bytes of tensors, over "
                     f"the limit of {memory_limit_bytes} bytes")
 
-        RECORDER.reset()
-        RECORDER.enabled = True
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with tempfile.TemporaryDirectory(prefix="echo-trace-") as tmp:
-            path = Path(tmp) / f"rank{rank}.json"
-            with profile(activities=activities, record_shapes=True) as prof:
-                _user_call(step, "the measured step", layout, rank, device)
-                if cuda:
-                    torch.cuda.synchronize(dev)
-            RECORDER.enabled = False
-            prof.export_chrome_trace(str(path))
-            del prof
-            try:
-                job = read([path], "kineto", ReadOptions(rank=rank))
-            except EchoError as e:
-                raise EchoError(f"{where(layout, rank)}: the profile of the measured step "
-                                f"cannot be converted: {str(e).replace(str(path) + ': ', '')}"
-                                ) from None
+        steps: list[_MeasuredStep] = []
+        for k in range(measured_steps):
+            steps.append(_measure_step(step, activities, layout, rank, device, dev, cuda,
+                                       key_of, k, measured_steps))
         if cuda:
             peak = torch.cuda.max_memory_allocated(dev) - base
-        records = list(RECORDER.records)
-        keys = [key_of(rank, r) for r in records]
-        # The file is one rank of an N-rank world: the reader makes a partial Job of it,
-        # whose rank bookkeeping does not concern the one graph taken from it.
-        src = next(job.graphs())
-        dropped = Counter({k: v for k, v in job.manifest.dropped.items()
-                           if k not in _PARTIAL_JOB_REASONS})
-        step_ns = (max(n.start_ns + n.duration_ns for n in src.nodes)
-                   - min(n.start_ns for n in src.nodes)) if src.nodes else 0
-        res = splice(src, records, keys, graph_id=f"rank{rank}", device=device,
-                     where=where(layout, rank))
-        dropped.update(res.dropped)
-        return RankRun(rank=rank, graph=res.graph, records=records, peak_memory_bytes=int(peak),
-                       measured_step_ns=int(step_ns),
+        first = steps[0]
+        dropped = first.dropped
+        if measured_steps == 1:
+            graph, step_ns = first.graph, first.step_ns
+        else:
+            for k, s in enumerate(steps[1:], start=2):
+                if s.keys != first.keys:
+                    raise EchoError(f"{where(layout, rank)}: measured step {k} issues different "
+                                    "collectives from step 1; the workload is not repeatable, "
+                                    "trace it with one measured step")
+            graph = fastest_per_op([s.graph for s in steps], where=where(layout, rank))
+            step_ns = step_span_ns(graph)
+        return RankRun(rank=rank, graph=graph, records=first.records,
+                       peak_memory_bytes=int(peak), measured_step_ns=int(step_ns),
+                       measured_steps=measured_steps,
                        wall_s=time.perf_counter() - t0, dropped=dropped)
     finally:
         RECORDER.enabled = False

@@ -49,6 +49,7 @@ class TraceOptions:
     verify: str = "sample"
     memory_limit_bytes: int | None = None
     warmup_steps: int = 1
+    measured_steps: int = 1
     name: str = ""
     command: str = ""
     progress: Callable[[str], None] | None = None
@@ -115,7 +116,8 @@ class _Tracer:
             r = trace_rank(self.build_fn, self.layout, rank, device=self.options.device,
                            key_of=lambda rk, rec: group_key(self.layout, rk, rec),
                            memory_limit_bytes=self.options.memory_limit_bytes,
-                           warmup_steps=self.options.warmup_steps)
+                           warmup_steps=self.options.warmup_steps,
+                           measured_steps=self.options.measured_steps)
             self.runs[rank] = r
             self.hashes[rank] = structure_hash(r.graph)
             self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}): "
@@ -231,6 +233,7 @@ class _Tracer:
             jb.drop(reason, dropped[reason])
         m.attrs["trace.device"] = opts.device
         m.attrs["trace.verify"] = opts.verify
+        m.attrs["trace.measured_steps"] = str(opts.measured_steps)
         m.attrs["trace.traced_ranks"] = ",".join(str(r) for r in sorted(self.runs))
         m.attrs["trace.peak_memory_bytes"] = json.dumps(
             {str(r): self.runs[r].peak_memory_bytes for r in sorted(self.runs)}, sort_keys=True)
@@ -246,6 +249,8 @@ def trace(build_fn: Callable, layout: ParallelLayout, options: TraceOptions | No
         raise EchoError(f"verify mode {options.verify!r} is not one of {', '.join(VERIFY_MODES)}")
     if options.warmup_steps < 0:
         raise EchoError(f"warm-up steps must be >= 0, got {options.warmup_steps}")
+    if options.measured_steps < 1:
+        raise EchoError(f"measured steps must be >= 1, got {options.measured_steps}")
     if options.device != "cpu" and not options.device.startswith("cuda"):
         raise EchoError(f"device {options.device!r}: use cpu or cuda[:N]")
     if options.device.startswith("cuda"):
