@@ -158,22 +158,7 @@ def test_no_two_events_change_order_on_any_stream(params) -> None:
 
 # -- through the tracer ----------------------------------------------------------------------
 
-UNEVEN_OPS = """
-import torch
-import torch.distributed as dist
-
-def build(ctx):
-    calls = [0]
-    def step():
-        calls[0] += 1
-        x = torch.ones(8)
-        if calls[0] % 2:
-            x = torch.relu(x)              # every other call runs one op more
-        dist.all_reduce(x, group=ctx.group("dp"))
-    return step
-"""
-
-UNEVEN_COMM = """
+UNEVEN = """
 import torch
 import torch.distributed as dist
 
@@ -183,10 +168,12 @@ def build(ctx):
         calls[0] += 1
         x = torch.ones(8)
         dist.all_reduce(x, group=ctx.group("dp"))
-        if calls[0] % 2:
-            dist.all_reduce(x, group=ctx.group("dp"))
+        if calls[0] % 2:               # every other call does one thing more
+            {extra}
     return step
 """
+UNEVEN_OPS = UNEVEN.format(extra="x = torch.relu(x)")
+UNEVEN_COMM = UNEVEN.format(extra='dist.all_reduce(x, group=ctx.group("dp"))')
 
 
 def _script(tmp_path, body: str) -> str:

@@ -548,21 +548,18 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
 
     p2p = dict(key=pp_key, nbytes=p2p_bytes, stream=p2p_src.p2p_stream or (pb.STREAM_CPU_THREAD, "p2p"),
                duration=p2p_src.p2p_duration, device=device)
-    for item in schedule(s, pp, m):
-        if item[0] == "F":
-            forward(item[1])
-        elif item[0] == "B":
-            backward(item[1])
-        else:
-            e.p2p([(is_send, s + off) for is_send, off in item[1]], **p2p)
-
-    # Data-parallel gradient buckets over the last micro-batch's backward.
+    # Data-parallel gradient buckets over the last micro-batch's backward, issued (in program
+    # order) right after it, before the send of its input gradient, as DDP's hooks do.
     grad_source = ""
     reduce_ids: list[int] = []
     bucket_sizes: list[int] = []
     dtype = dp_src.dp_dtype if dp_src else ""
     elem = DTYPE_BYTES.get(dtype, 1)
-    if dp_key and dp_src is not None and dp_src.dp_stream is not None and dp > 1:
+
+    def gradient_buckets() -> None:
+        nonlocal grad_source
+        if not (dp_key and dp_src is not None and dp_src.dp_stream is not None and dp > 1):
+            return
         grads, grad_source = _gradients(last_bwd_nodes, unit_ends, pieces, t, old, my_layers, first, last)
         buckets = bucket_gradients(grads, bucket_bytes, bucket_bytes)
         sid = e.b.stream(dp_src.dp_stream[0], dp_src.dp_stream[1], device=device)
@@ -583,6 +580,17 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
             n.annotations.stage = s
             reduce_ids.append(n.id)
             bucket_sizes.append(size)
+
+    for item in schedule(s, pp, m):
+        if item[0] == "F":
+            forward(item[1])
+        elif item[0] == "B":
+            backward(item[1])
+            if item[1] == m - 1:
+                gradient_buckets()
+        else:
+            e.p2p([(is_send, s + off) for is_send, off in item[1]], **p2p)
+
     # Optimizer of the template stage, scaled by parameter bytes.
     e.waits = list(reduce_ids)
     ratio = 1.0
