@@ -201,6 +201,17 @@ def test_restage_pp2_to_pp4_keeps_per_layer_work_and_regenerates_1f1b(traced) ->
             assert dp_bytes > old_grads[s]
 
 
+def test_restage_pp2_to_pp4_issues_what_tracing_at_pp4_issues(traced) -> None:
+    """Every rank's collective and send/recv sequence (type, group members, bytes, peer) is
+    the one of the Job traced at PP4 directly: DP buckets come right after the last
+    backward, before its input gradient is sent, as DDP's hooks issue them."""
+    small, direct = traced(2, 2, 2), traced(2, 2, 4)
+    restaged, _ = scale(small, pp=4)
+    assert check_job(restaged) == [] and restaged.world_size == direct.world_size == 16
+    for r in range(16):
+        assert comm_sequence(restaged, r) == comm_sequence(direct, r), r
+
+
 def test_pipeline_restage_needs_annotations() -> None:
     from test_passes_scale import make_3d_job
 
