@@ -46,15 +46,17 @@ from echo_et.passes.inject import Gradient as _Grad
 from echo_et.passes.inject import _grad_bytes as grad_bytes_of
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
-from echo_et.passes.retime import rescale_durations
 
 
 # -- reading a traced stage -----------------------------------------------------------------
 @dataclass
 class Unit:
-    """Nodes of one piece of work (a layer's forward for one micro-batch, ...)."""
+    """Nodes of one piece of work (a layer's forward for one micro-batch, ...); ``lead_ns``
+    is the host time between the piece before it and this one in the trace (glue code that
+    belongs to neither), kept when the unit is placed in a new schedule."""
 
     nodes: list[pb.Node] = field(default_factory=list)
+    lead_ns: int = 0
 
     @property
     def start(self) -> int:
@@ -87,6 +89,7 @@ class StagePieces:
     dp_bytes: int = 0             # total data-parallel bytes of this stage (unpadded estimate)
     dp_buckets: list[int] = field(default_factory=list)
     dropped: int = 0
+    glue_ns: int = 0              # host time between two micro-batch blocks, less P2P (median)
 
 
 def _unit_key(n: pb.Node) -> str:
@@ -146,7 +149,31 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
         grads = [c for c in dp_colls if c.collective.type in (pb.COLL_ALL_REDUCE, pb.COLL_REDUCE_SCATTER)]
         pieces.dp_buckets = [c.collective.in_bytes for c in grads]
         pieces.dp_bytes = sum(pieces.dp_buckets)
+    pieces.glue_ns = _block_glue(by_phase_mb, p2p)
     return pieces
+
+
+def _block_glue(by_phase_mb: dict[tuple[str, int], list[pb.Node]], p2p: list[pb.Node]) -> int:
+    """Median time between the end of one micro-batch block (a forward or backward) and the
+    start of the next, less the P2P time in between: the schedule's own host work (posting
+    and waiting, Python), which no layer owns but every block transition pays."""
+    spans = sorted((min(n.start_ns for n in ns), max(n.start_ns + n.duration_ns for n in ns))
+                   for ns in by_phase_mb.values() if ns)
+    p2p_spans = sorted((n.start_ns, n.start_ns + n.duration_ns) for n in p2p)
+    glue = []
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        if start <= end:
+            glue.append(0)
+            continue
+        covered, at = 0, end
+        for a, b in p2p_spans:           # union of P2P time inside [end, start]
+            a, b = max(a, at), min(b, start)
+            if b > a:
+                covered += b - a
+                at = b
+        glue.append(max(0, start - end - covered))
+    glue.sort()
+    return glue[(len(glue) - 1) // 2] if glue else 0
 
 
 def _median_units(by_phase_mb: dict[tuple[str, int], list[pb.Node]], phase: str,
@@ -189,6 +216,9 @@ def _split_layers(nodes: list[pb.Node]) -> tuple[dict[int, Unit], Unit, Unit]:
             post.nodes.append(n)
         else:
             units[current].nodes.append(n)
+    ordered = sorted((u for u in [pre, *units.values(), post] if u.nodes), key=lambda u: u.start)
+    for before, unit in zip(ordered, ordered[1:], strict=False):
+        unit.lead_ns = max(0, unit.start - before.end)
     return dict(units), pre, post
 
 
@@ -213,16 +243,19 @@ class _Emitter:
         if not nodes:
             return []
         if scale != 1.0:
-            tmp = Graph(pb.GraphHeader(), [_copy(n) for n in nodes])
-            parents = {d.id for n in tmp.nodes for d in n.deps if d.kind == pb.DEP_CONTROL}
-            has_kernels = any(n.kind == pb.KIND_COMPUTE for n in tmp.nodes)
-            factors = {n.id: scale for n in tmp.nodes
-                       if n.kind == pb.KIND_COMPUTE
-                       or (not has_kernels and n.kind == pb.KIND_CPU_OP and n.id not in parents)}
-            rescale_durations(tmp, factors)
-            nodes = tmp.nodes
+            # The whole unit's timeline stretches (host loops over parameters, their
+            # kernels, the gaps between them): nesting and order are kept.
+            origin = min(n.start_ns for n in nodes)
+            scaled = []
+            for n in nodes:
+                c = _copy(n)
+                c.start_ns = origin + round((n.start_ns - origin) * scale)
+                c.duration_ns = max(0, round((n.start_ns + n.duration_ns - origin) * scale)
+                                    - (c.start_ns - origin))
+                scaled.append(c)
+            nodes = scaled
         start = min(n.start_ns for n in nodes)
-        shift = self.clock - start
+        shift = self.clock + unit.lead_ns - start
         ids: dict[int, int] = {}
         made: list[pb.Node] = []
         first_on_stream: set[int] = set()
@@ -518,6 +551,7 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     unit_ends: list[tuple[pb.Node, int]] = []   # (last node of a unit with params, share key)
 
     def forward(mb: int) -> None:
+        e.clock += tmpl.glue_ns
         if first:
             e.unit(p0.graph_id, p0.fwd_pre, mb=mb, stage=s)
         for layer in my_layers:
@@ -527,6 +561,7 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
             e.unit(plast.graph_id, plast.fwd_post, mb=mb, stage=s)
 
     def backward(mb: int) -> None:
+        e.clock += tmpl.glue_ns
         made: list[pb.Node] = []
         if last:
             made += e.unit(plast.graph_id, plast.bwd_pre, mb=mb, stage=s)
