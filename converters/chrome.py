@@ -27,21 +27,8 @@ from pathlib import Path
 from echo_et.errors import EchoError
 from echo_et.ir.io import atomic_file
 from echo_et.ir.job import Job
-from echo_et.ir.schema import (
-    COMM_KINDS,
-    STREAM_KIND_NAMES,
-    collective_name,
-    node_kind_name,
-    pb,
-)
-
-_TRACK_ORDER = {
-    pb.STREAM_CPU_THREAD: 0,
-    pb.STREAM_GPU_COMPUTE: 1,
-    pb.STREAM_GPU_COMM: 2,
-    pb.STREAM_GPU_COPY: 3,
-    pb.STREAM_UNKNOWN: 4,
-}
+from echo_et.ir.labels import node_label, node_track
+from echo_et.ir.schema import pb
 
 
 @dataclass(frozen=True)
@@ -58,35 +45,6 @@ class TimelineEvent:
     args: Mapping[str, object] = field(default_factory=dict)
 
 
-def human_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def _event_name_args(job: Job, rank: int, node: pb.Node) -> tuple[str, dict[str, object]]:
-    args: dict[str, object] = {"id": node.id, "kind": node_kind_name(node.kind)}
-    if node.kind == pb.KIND_COLLECTIVE:
-        c = node.collective
-        pg = job.resolve_group(rank, c.group)
-        args.update(op=node.name, type=collective_name(c.type), bytes=c.in_bytes,
-                    out_bytes=c.out_bytes, group=c.group, group_id=pg.id,
-                    group_size=len(pg.ranks), seq=c.seq)
-        return f"{collective_name(c.type)} {human_bytes(c.in_bytes)}", args
-    if node.kind in (pb.KIND_SEND, pb.KIND_RECV):
-        p = node.p2p
-        peer = job.resolve_group(rank, p.group).ranks[p.peer]
-        verb = "send to" if node.kind == pb.KIND_SEND else "recv from"
-        args.update(op=node.name, bytes=p.bytes, peer=peer, tag=p.tag, group=p.group)
-        return f"{verb} {peer} {human_bytes(p.bytes)}", args
-    if node.HasField("memcpy"):
-        args.update(bytes=node.memcpy.bytes, direction=node.memcpy.direction)
-    if node.HasField("annotations") and node.annotations.phase:
-        args["phase"] = node.annotations.phase
-    return node.name, args
-
-
 def job_timeline(job: Job, ranks: Sequence[int] | None = None) -> list[TimelineEvent]:
     """The measured timeline of ``job`` (each rank's node start times plus its clock offset)."""
     chosen = job.ranks() if ranks is None else sorted(set(ranks))
@@ -99,14 +57,12 @@ def job_timeline(job: Job, ranks: Sequence[int] | None = None) -> list[TimelineE
         b = job.binding(r)
         graph = job.graph(b.graph)
         streams = {s.id: s for s in graph.header.streams}
+        def group_of(key: str, rank: int = r) -> pb.ProcessGroup:
+            return job.resolve_group(rank, key)
+
         for n in graph.nodes:
-            s = streams.get(n.stream)
-            track = s.name if s is not None and s.name else f"stream {n.stream}"
-            order = _TRACK_ORDER.get(s.kind if s is not None else 0, 4)
-            name, args = _event_name_args(job, r, n)
-            if s is not None:
-                args["stream_kind"] = STREAM_KIND_NAMES.get(s.kind, "unknown")
-            category = ("communication" if n.kind in COMM_KINDS else node_kind_name(n.kind))
+            name, args = node_label(n, group_of)
+            track, order, category = node_track(n, streams, args)
             events.append(TimelineEvent(r, track, name, n.start_ns + b.clock_offset_ns,
                                         n.duration_ns, category, order, args))
     return events

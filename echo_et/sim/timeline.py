@@ -22,43 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from echo_et.ir.schema import COMM_KINDS, STREAM_KIND_NAMES, collective_name, node_kind_name, pb
-
-_TRACK_ORDER = {
-    pb.STREAM_CPU_THREAD: 0,
-    pb.STREAM_GPU_COMPUTE: 1,
-    pb.STREAM_GPU_COMM: 2,
-    pb.STREAM_GPU_COPY: 3,
-    pb.STREAM_UNKNOWN: 4,
-}
-
-
-def _human_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-def _name_args(st, node: pb.Node) -> tuple[str, dict[str, Any]]:
-    args: dict[str, Any] = {"id": node.id, "kind": node_kind_name(node.kind)}
-    if node.kind == pb.KIND_COLLECTIVE and node.HasField("collective"):
-        c = node.collective
-        pg = st.keygroup[c.group]
-        args.update(op=node.name, type=collective_name(c.type), bytes=c.in_bytes, out_bytes=c.out_bytes,
-                    group=c.group, group_id=pg.id, group_size=len(pg.ranks), seq=c.seq)
-        return f"{collective_name(c.type)} {_human_bytes(c.in_bytes)}", args
-    if node.kind in (pb.KIND_SEND, pb.KIND_RECV) and node.HasField("p2p"):
-        p = node.p2p
-        peer = st.keygroup[p.group].ranks[p.peer]
-        verb = "send to" if node.kind == pb.KIND_SEND else "recv from"
-        args.update(op=node.name, bytes=p.bytes, peer=peer, tag=p.tag, group=p.group)
-        return f"{verb} {peer} {_human_bytes(p.bytes)}", args
-    if node.HasField("memcpy"):
-        args.update(bytes=node.memcpy.bytes, direction=node.memcpy.direction)
-    if node.HasField("annotations") and node.annotations.phase:
-        args["phase"] = node.annotations.phase
-    return node.name, args
+from echo_et.ir.labels import node_label, node_track
 
 
 def _rank_events(rank: int, st) -> Iterator[dict[str, Any]]:
@@ -69,13 +33,8 @@ def _rank_events(rank: int, st) -> Iterator[dict[str, Any]]:
         if s_it < 0 or e_it < 0:
             continue
         t0, t1 = st.start[s_it], st.end[e_it]
-        s = streams.get(node.stream)
-        track = s.name if s is not None and s.name else f"stream {node.stream}"
-        order = _TRACK_ORDER.get(s.kind if s is not None else 0, 4)
-        name, args = _name_args(st, node)
-        if s is not None:
-            args["stream_kind"] = STREAM_KIND_NAMES.get(s.kind, "unknown")
-        category = "communication" if node.kind in COMM_KINDS else node_kind_name(node.kind)
+        name, args = node_label(node, st.keygroup.__getitem__)
+        track, order, category = node_track(node, streams, args)
         if s_it in st.arrive:
             wait = t0 - st.arrive[s_it]
             args["wait_ns"] = wait
