@@ -212,6 +212,44 @@ def test_restage_pp2_to_pp4_issues_what_tracing_at_pp4_issues(traced) -> None:
         assert comm_sequence(restaged, r) == comm_sequence(direct, r), r
 
 
+def _block_ops(job, rank: int) -> dict[tuple[str, int], list[str]]:
+    """Top-level host operators of each forward/backward micro-batch block, in order."""
+    g = job.graph_of(rank)
+    blocks: dict[tuple[str, int], list] = defaultdict(list)
+    for n in g.nodes:
+        a = n.annotations
+        if a.phase in ("forward", "backward") and a.HasField("microbatch"):
+            blocks[(a.phase, a.microbatch)].append(n)
+    out = {}
+    for key, nodes in blocks.items():
+        ids = {n.id for n in nodes}
+        out[key] = [n.name for n in sorted(nodes, key=lambda n: (n.start_ns, n.id))
+                    if n.kind == pb.KIND_CPU_OP
+                    and not any(d.kind == pb.DEP_CONTROL and d.id in ids for d in n.deps)]
+    return out
+
+
+def test_restaged_blocks_run_the_host_work_traced_at_pp4(traced) -> None:
+    """Each stage's blocks carry what no layer owns (receiving and sending activations and
+    gradients, the host time around them) as a stage traced at PP4 does: forward blocks
+    run the same host operators in the same order; a backward block differs at most in
+    the one autograd operator at the seam between two layers."""
+    small, direct = traced(2, 2, 2), traced(2, 2, 4)
+    restaged, _ = scale(small, pp=4)
+    for stage in range(4):
+        rank = stage * 4
+        a, b = _block_ops(restaged, rank), _block_ops(direct, rank)
+        assert sorted(a) == sorted(b)
+        for key in b:
+            if key[0] == "forward":
+                assert a[key] == b[key], (stage, key)
+            else:
+                diff = Counter(a[key]) - Counter(b[key])
+                assert sum(diff.values()) <= 1 and len(a[key]) == len(b[key]), (stage, key, diff)
+        assert any(n.startswith("issue:recv") for n in b[("forward", 0)]) == (stage > 0)
+        assert any(n.startswith("issue:send") for n in a[("forward", 0)]) == (stage < 3)
+
+
 def test_pipeline_restage_needs_annotations() -> None:
     from test_passes_scale import make_3d_job
 

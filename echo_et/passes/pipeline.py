@@ -153,6 +153,17 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
     return pieces
 
 
+def _split_at_issue(unit: Unit) -> tuple[Unit, Unit]:
+    """``unit`` cut before its first communication issue (``issue:<op>`` spans of the
+    tracer): what comes before belongs to the work before it, the rest is the P2P glue."""
+    nodes = sorted(unit.nodes, key=lambda n: (n.start_ns, n.id))
+    cut = next((i for i, n in enumerate(nodes) if n.name.startswith("issue:")), len(nodes))
+    before, after = Unit(nodes[:cut], unit.lead_ns), Unit(nodes[cut:])
+    if after.nodes:
+        after.lead_ns = max(0, after.start - before.end) if before.nodes else unit.lead_ns
+    return before, after
+
+
 def _block_glue(by_phase_mb: dict[tuple[str, int], list[pb.Node]], p2p: list[pb.Node]) -> int:
     """Median time between the end of one micro-batch block (a forward or backward) and the
     start of the next, less the P2P time in between: the schedule's own host work (posting
@@ -238,7 +249,9 @@ class _Emitter:
         return self.b.stream(s.kind, s.name, device=s.device, native_id=s.native_id)
 
     def unit(self, graph_id: str, unit: Unit, *, mb: int | None, stage: int,
-             scale: float = 1.0, drop_ids: frozenset[int] = frozenset()) -> list[pb.Node]:
+             scale: float = 1.0, drop_ids: frozenset[int] = frozenset(),
+             lead: int | None = None) -> list[pb.Node]:
+        """Copy ``unit`` to the clock (after its lead, or ``lead`` when given)."""
         nodes = [n for n in sorted(unit.nodes, key=lambda n: n.id) if n.id not in drop_ids]
         if not nodes:
             return []
@@ -255,7 +268,7 @@ class _Emitter:
                 scaled.append(c)
             nodes = scaled
         start = min(n.start_ns for n in nodes)
-        shift = self.clock + unit.lead_ns - start
+        shift = self.clock + (unit.lead_ns if lead is None else lead) - start
         ids: dict[int, int] = {}
         made: list[pb.Node] = []
         first_on_stream: set[int] = set()
@@ -550,15 +563,38 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     last_bwd_nodes: list[pb.Node] = []
     unit_ends: list[tuple[pb.Node, int]] = []   # (last node of a unit with params, share key)
 
+    # Host work at a stage's edges that no layer owns: receiving activations (a stage that is
+    # not first), sending them (not last), and the same for gradients; taken from the traced
+    # stages that had that edge, with the gap the first layer after a receive had there.
+    edges = old.pp > 1
+    p1 = pieces[(t, 1)] if edges else p0
+    recv_fwd, send_fwd = p1.fwd_pre, p0.fwd_post
+    recv_bwd = p0.bwd_pre
+    # After a non-first stage's backward: the first layer's own tail (its boundary's
+    # backward, which the trace does not attribute to the layer), then the send.
+    _, send_bwd = _split_at_issue(plast.bwd_post)
+    head = my_layers[0] if my_layers else None
+    head_src = pieces[(t, where_layer[head])] if head is not None else None
+    head_tail = (_split_at_issue(head_src.bwd_post)[0]
+                 if head_src is not None and head_src is not p0 and head_src.layers
+                 and head_src.layers[0] == head else Unit())
+    lead_after_recv_fwd = p1.fwd[min(p1.fwd)].lead_ns if edges and p1.fwd else None
+    lead_after_recv_bwd = p0.bwd[max(p0.bwd)].lead_ns if edges and p0.bwd else None
+
     def forward(mb: int) -> None:
         e.clock += tmpl.glue_ns
         if first:
             e.unit(p0.graph_id, p0.fwd_pre, mb=mb, stage=s)
-        for layer in my_layers:
+        elif edges:
+            e.unit(p1.graph_id, recv_fwd, mb=mb, stage=s)
+        for i, layer in enumerate(my_layers):
             src = pieces[(t, where_layer[layer])]
-            e.unit(src.graph_id, src.fwd[layer], mb=mb, stage=s)
+            lead = lead_after_recv_fwd if i == 0 and not first else None
+            e.unit(src.graph_id, src.fwd[layer], mb=mb, stage=s, lead=lead)
         if last:
             e.unit(plast.graph_id, plast.fwd_post, mb=mb, stage=s)
+        elif edges:
+            e.unit(p0.graph_id, send_fwd, mb=mb, stage=s)
 
     def backward(mb: int) -> None:
         e.clock += tmpl.glue_ns
@@ -567,9 +603,12 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
             made += e.unit(plast.graph_id, plast.bwd_pre, mb=mb, stage=s)
             if mb == m - 1 and made:
                 unit_ends.append((made[-1], -2))
-        for layer in reversed(my_layers):
+        elif edges:
+            e.unit(p0.graph_id, recv_bwd, mb=mb, stage=s)
+        for i, layer in enumerate(reversed(my_layers)):
             src = pieces[(t, where_layer[layer])]
-            got = e.unit(src.graph_id, src.bwd[layer], mb=mb, stage=s)
+            lead = lead_after_recv_bwd if i == 0 and not last else None
+            got = e.unit(src.graph_id, src.bwd[layer], mb=mb, stage=s, lead=lead)
             made += got
             if mb == m - 1 and got:
                 unit_ends.append((max(got, key=lambda n: (n.start_ns + n.duration_ns, n.id)), layer))
@@ -578,6 +617,10 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
             made += got
             if mb == m - 1 and got:
                 unit_ends.append((got[-1], -1))
+        elif edges:
+            if head_src is not None and head_tail.nodes:
+                e.unit(head_src.graph_id, head_tail, mb=mb, stage=s)
+            e.unit(plast.graph_id, send_bwd, mb=mb, stage=s)
         if mb == m - 1:
             last_bwd_nodes.extend(made)
 
