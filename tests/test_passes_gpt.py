@@ -250,6 +250,31 @@ def test_restaged_blocks_run_the_host_work_traced_at_pp4(traced) -> None:
         assert any(n.startswith("issue:send") for n in a[("forward", 0)]) == (stage < 3)
 
 
+def test_first_microbatch_keeps_its_own_measured_times(traced) -> None:
+    """The first micro-batch of a step runs colder than the others: its forward is copied
+    as measured, the others from the median micro-batch."""
+    small = traced(2, 2, 2)
+    restaged, _ = scale(small, pp=4)
+
+    def durations(job, rank: int, mb: int, layer: int) -> list[int]:
+        return [n.duration_ns for n in sorted(job.graph_of(rank).nodes, key=lambda n: (n.start_ns, n.id))
+                if n.annotations.phase == "forward" and n.annotations.HasField("microbatch")
+                and n.annotations.microbatch == mb and n.annotations.HasField("layer")
+                and n.annotations.layer == layer]
+
+    differs = 0
+    for layer in range(4):
+        src_rank, new_rank = (layer // 2) * 4, layer * 4    # stage layer//2 of 2 -> layer of 4
+        first = durations(small, src_rank, 0, layer)
+        assert first and durations(restaged, new_rank, 0, layer) == first
+        measured = [durations(small, src_rank, mb, layer) for mb in range(MICRO)]
+        median = durations(restaged, new_rank, 1, layer)
+        assert median in measured
+        assert all(durations(restaged, new_rank, mb, layer) == median for mb in range(2, MICRO))
+        differs += median != first
+    assert differs, "every layer's median micro-batch is its first: the test proves nothing"
+
+
 def test_pipeline_restage_needs_annotations() -> None:
     from test_passes_scale import make_3d_job
 

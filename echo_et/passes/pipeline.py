@@ -90,6 +90,16 @@ class StagePieces:
     dp_buckets: list[int] = field(default_factory=list)
     dropped: int = 0
     glue_ns: int = 0              # host time between two micro-batch blocks, less P2P (median)
+    # The first micro-batch's forward as measured (it runs colder than the median one).
+    fwd0: dict[int, Unit] = field(default_factory=dict)
+    fwd_pre0: Unit = field(default_factory=Unit)
+    fwd_post0: Unit = field(default_factory=Unit)
+
+    def forward_units(self, mb: int) -> tuple[dict[int, Unit], Unit, Unit]:
+        """(per-layer, pre, post) forward units to copy for micro-batch ``mb``."""
+        if mb == 0 and self.fwd0:
+            return self.fwd0, self.fwd_pre0, self.fwd_post0
+        return self.fwd, self.fwd_pre, self.fwd_post
 
 
 def _unit_key(n: pb.Node) -> str:
@@ -150,6 +160,9 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
         pieces.dp_buckets = [c.collective.in_bytes for c in grads]
         pieces.dp_bytes = sum(pieces.dp_buckets)
     pieces.glue_ns = _block_glue(by_phase_mb, p2p)
+    first = _split_layers(by_phase_mb.get(("forward", mbs[0]), []))
+    if sorted(first[0]) == pieces.layers:
+        pieces.fwd0, pieces.fwd_pre0, pieces.fwd_post0 = first
     return pieces
 
 
@@ -568,7 +581,6 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     # stages that had that edge, with the gap the first layer after a receive had there.
     edges = old.pp > 1
     p1 = pieces[(t, 1)] if edges else p0
-    recv_fwd, send_fwd = p1.fwd_pre, p0.fwd_post
     recv_bwd = p0.bwd_pre
     # After a non-first stage's backward: the first layer's own tail (its boundary's
     # backward, which the trace does not attribute to the layer), then the send.
@@ -578,23 +590,25 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     head_tail = (_split_at_issue(head_src.bwd_post)[0]
                  if head_src is not None and head_src is not p0 and head_src.layers
                  and head_src.layers[0] == head else Unit())
-    lead_after_recv_fwd = p1.fwd[min(p1.fwd)].lead_ns if edges and p1.fwd else None
     lead_after_recv_bwd = p0.bwd[max(p0.bwd)].lead_ns if edges and p0.bwd else None
 
     def forward(mb: int) -> None:
         e.clock += tmpl.glue_ns
         if first:
-            e.unit(p0.graph_id, p0.fwd_pre, mb=mb, stage=s)
+            e.unit(p0.graph_id, p0.forward_units(mb)[1], mb=mb, stage=s)
         elif edges:
-            e.unit(p1.graph_id, recv_fwd, mb=mb, stage=s)
+            e.unit(p1.graph_id, p1.forward_units(mb)[1], mb=mb, stage=s)
         for i, layer in enumerate(my_layers):
             src = pieces[(t, where_layer[layer])]
-            lead = lead_after_recv_fwd if i == 0 and not first else None
-            e.unit(src.graph_id, src.fwd[layer], mb=mb, stage=s, lead=lead)
+            lead = None
+            if i == 0 and not first and edges:
+                after_recv = p1.forward_units(mb)[0]
+                lead = after_recv[min(after_recv)].lead_ns
+            e.unit(src.graph_id, src.forward_units(mb)[0][layer], mb=mb, stage=s, lead=lead)
         if last:
-            e.unit(plast.graph_id, plast.fwd_post, mb=mb, stage=s)
+            e.unit(plast.graph_id, plast.forward_units(mb)[2], mb=mb, stage=s)
         elif edges:
-            e.unit(p0.graph_id, send_fwd, mb=mb, stage=s)
+            e.unit(p0.graph_id, p0.forward_units(mb)[2], mb=mb, stage=s)
 
     def backward(mb: int) -> None:
         e.clock += tmpl.glue_ns
