@@ -36,7 +36,7 @@ from echo_et.trace.context import RankContext
 from echo_et.trace.layout import ParallelLayout
 from echo_et.trace.records import CommRecord
 from echo_et.trace.splice import splice
-from echo_et.trace.steps import fastest_per_op, step_span_ns
+from echo_et.trace.steps import StepCombiner, step_span_ns
 
 KeyFn = Callable[[int, CommRecord], str]
 _PARTIAL_JOB_REASONS = frozenset({"ranks_not_traced", "untraced_ranks_copied",
@@ -61,7 +61,7 @@ class RankRun:
 
 @dataclass
 class _MeasuredStep:
-    graph: Graph
+    graph: Graph | None
     records: list[CommRecord]
     keys: list[str]
     step_ns: int
@@ -216,23 +216,28 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
                     f"the limit of {memory_limit_bytes} bytes")
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        steps: list[_MeasuredStep] = []
+        combiner = StepCombiner(where=where(layout, rank))
+        first: _MeasuredStep | None = None
         for k in range(measured_steps):
-            steps.append(_measure_step(step, activities, layout, rank, device, dev, cuda,
-                                       key_of, k, measured_steps))
+            got = _measure_step(step, activities, layout, rank, device, dev, cuda, key_of, k,
+                                measured_steps)
+            if first is None:
+                first = got
+            elif got.keys != first.keys:
+                raise EchoError(f"{where(layout, rank)}: measured step {k + 1} issues different "
+                                "collectives from step 1; the workload is not repeatable, "
+                                "trace it with one measured step")
+            if measured_steps > 1:
+                combiner.add(got.graph)
+                got.graph = None          # the combiner keeps what it needs
+        assert first is not None
         if cuda:
             peak = torch.cuda.max_memory_allocated(dev) - base
-        first = steps[0]
         dropped = first.dropped
-        if measured_steps == 1:
+        if first.graph is not None:
             graph, step_ns = first.graph, first.step_ns
         else:
-            for k, s in enumerate(steps[1:], start=2):
-                if s.keys != first.keys:
-                    raise EchoError(f"{where(layout, rank)}: measured step {k} issues different "
-                                    "collectives from step 1; the workload is not repeatable, "
-                                    "trace it with one measured step")
-            graph = fastest_per_op([s.graph for s in steps], where=where(layout, rank))
+            graph = combiner.result(copy=False)
             step_ns = step_span_ns(graph)
         return RankRun(rank=rank, graph=graph, records=first.records,
                        peak_memory_bytes=int(peak), measured_step_ns=int(step_ns),

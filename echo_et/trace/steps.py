@@ -56,9 +56,9 @@ def _gaps(graph: Graph, tops: dict[int, list[int]]) -> dict[int, int]:
     """Host gap before each top-level node after the first on its thread."""
     nodes = graph.nodes
     out: dict[int, int] = {}
-    for order in tops.values():
+    for members in tops.values():
         end = None
-        for i in order:
+        for i in sorted(members, key=lambda i: (nodes[i].start_ns, i)):
             n = nodes[i]
             if end is not None:
                 out[i] = max(0, n.start_ns - end)
@@ -66,89 +66,122 @@ def _gaps(graph: Graph, tops: dict[int, list[int]]) -> dict[int, int]:
     return out
 
 
-def _check_same_program(graphs: Sequence[Graph], where: str) -> None:
-    shape = [(n.kind, n.name, n.stream) for n in graphs[0]]
-    for k, g in enumerate(graphs[1:], start=2):
-        other = [(n.kind, n.name, n.stream) for n in g]
-        if other != shape:
-            at = next((i for i, (a, b) in enumerate(zip(shape, other, strict=False)) if a != b),
-                      min(len(shape), len(other)))
-            raise EchoError(f"{where}measured step {k} runs different operators from step 1 "
-                            f"({len(other)} vs {len(shape)} nodes, first difference at node "
-                            f"{at}); the workload is not repeatable, trace it with one "
-                            "measured step")
+class StepCombiner:
+    """Combines measured steps one at a time, holding only the fastest step's graph and the
+    shortest time of every piece so far (not all K graphs: a large rank's graph is big)."""
+
+    def __init__(self, *, where: str = ""):
+        self.prefix = f"{where}: " if where else ""
+        self.count = 0
+        self.shape: list[tuple[int, str, int]] = []
+        self.children: list[list[int]] = []
+        self.tops: dict[int, list[int]] = {}
+        self.ref: Graph | None = None
+        self.ref_span = 0
+        self.ref_self: list[int] = []
+        self.ref_gap: dict[int, int] = {}
+        self.best_self: list[int] = []
+        self.best_gap: dict[int, int] = {}
+
+    def add(self, graph: Graph) -> None:
+        """Take one measured step (the combiner may keep ``graph``: do not edit it after)."""
+        self.count += 1
+        if self.count == 1:
+            self.shape = [(n.kind, n.name, n.stream) for n in graph]
+            parent = _parents(graph)
+            self.children = [[] for _ in graph.nodes]
+            for i, p in enumerate(parent):
+                if p >= 0:
+                    self.children[p].append(i)
+            host = {st.id for st in graph.header.streams if st.kind == pb.STREAM_CPU_THREAD}
+            tops: dict[int, list[int]] = defaultdict(list)
+            for i, n in enumerate(graph.nodes):
+                if parent[i] < 0 and n.stream in host:
+                    tops[n.stream].append(i)
+            self.tops = dict(tops)
+        else:
+            other = [(n.kind, n.name, n.stream) for n in graph]
+            if other != self.shape:
+                at = next((i for i, (a, b) in enumerate(zip(self.shape, other, strict=False))
+                           if a != b), min(len(self.shape), len(other)))
+                raise EchoError(f"{self.prefix}measured step {self.count} runs different "
+                                f"operators from step 1 ({len(other)} vs {len(self.shape)} "
+                                f"nodes, first difference at node {at}); the workload is not "
+                                "repeatable, trace it with one measured step")
+        selfs = _self_times(graph, self.children)
+        gaps = _gaps(graph, self.tops)
+        span = step_span_ns(graph)
+        if self.count == 1:
+            self.best_self, self.best_gap = list(selfs), dict(gaps)
+        else:
+            self.best_self = [min(a, b) for a, b in zip(self.best_self, selfs, strict=True)]
+            for i, g in gaps.items():
+                if g < self.best_gap.get(i, g + 1):
+                    self.best_gap[i] = g
+        if self.ref is None or span < self.ref_span:
+            self.ref, self.ref_span, self.ref_self, self.ref_gap = graph, span, selfs, gaps
+
+    def result(self, *, copy: bool = True) -> Graph:
+        """The fastest step with every piece at its shortest (a copy unless ``copy`` is
+        False, which hands over the kept graph itself)."""
+        if self.ref is None:
+            raise EchoError(f"{self.prefix}no measured step to combine")
+        out = self.ref.copy() if copy else self.ref
+        if self.count == 1:
+            return out
+        nodes = out.nodes
+        children = [sorted(c, key=lambda i: (nodes[i].start_ns, i)) for c in self.children]
+        busy: dict[int, int] = defaultdict(int)
+        enclosed = {c for cs in self.children for c in cs}
+        for i, n in enumerate(nodes):
+            if i not in enclosed:
+                busy[n.stream] += n.duration_ns
+        rank_of_stream = {sid: k for k, sid in enumerate(sorted(busy, key=lambda x: (-busy[x], x)))}
+        wanted: list[tuple[int, int, int, int]] = []   # (stream rank, start, end, ns saved)
+        for i, n in enumerate(nodes):
+            prio = rank_of_stream.get(n.stream, len(rank_of_stream))
+            saved = self.ref_self[i] - self.best_self[i]
+            if saved > 0:
+                # The operator's own stretches: before, between and after what it encloses.
+                marks = [n.start_ns]
+                for c in children[i]:
+                    marks += [nodes[c].start_ns, nodes[c].start_ns + nodes[c].duration_ns]
+                marks.append(n.start_ns + n.duration_ns)
+                spans = [(marks[j], marks[j + 1]) for j in range(0, len(marks), 2)
+                         if marks[j + 1] > marks[j]]
+                total = sum(b - a for a, b in spans)
+                if total > 0:
+                    saved = min(saved, total)
+                    left = saved
+                    for j, (a, b) in enumerate(spans):
+                        part = left if j == len(spans) - 1 else saved * (b - a) // total
+                        part = min(part, b - a, left)
+                        if part > 0:
+                            wanted.append((prio, a, b, part))
+                            left -= part
+            g = self.ref_gap.get(i)
+            if g:
+                best = self.best_gap.get(i, g)
+                if best < g:
+                    wanted.append((prio, n.start_ns - g, n.start_ns, g - best))
+        squeeze = _Squeeze(wanted)
+        if squeeze:
+            for n in nodes:
+                start = squeeze(n.start_ns)
+                n.duration_ns = max(0, squeeze(n.start_ns + n.duration_ns) - start)
+                n.start_ns = max(0, start)
+        return out
 
 
 def fastest_per_op(graphs: Sequence[Graph], *, where: str = "") -> Graph:
     """One graph from several measured steps of the same program (see the module
-    docstring). The steps must run the same operators in the same order on the same
-    streams, else the workload is not repeatable and a clear error is raised."""
-    prefix = f"{where}: " if where else ""
-    if not graphs:
-        raise EchoError(f"{prefix}no measured step to combine")
-    _check_same_program(graphs, prefix)
-    ref_index = min(range(len(graphs)), key=lambda i: (step_span_ns(graphs[i]), i))
-    out = graphs[ref_index].copy()
-    if len(graphs) == 1:
-        return out
-    nodes = out.nodes
-    parent = _parents(out)
-    children: list[list[int]] = [[] for _ in nodes]
-    for i, p in enumerate(parent):
-        if p >= 0:
-            children[p].append(i)
-    for c in children:
-        c.sort(key=lambda i: (nodes[i].start_ns, i))
-    host = {s.id for s in out.header.streams if s.kind == pb.STREAM_CPU_THREAD}
-    tops: dict[int, list[int]] = defaultdict(list)
-    for i, n in enumerate(nodes):
-        if parent[i] < 0 and n.stream in host:
-            tops[n.stream].append(i)
-    for order in tops.values():
-        order.sort(key=lambda i: (nodes[i].start_ns, i))
-
-    selfs = [_self_times(g, children) for g in graphs]
-    gaps = [_gaps(g, tops) for g in graphs]
-    busy: dict[int, int] = defaultdict(int)
-    for i, n in enumerate(nodes):
-        if parent[i] < 0:
-            busy[n.stream] += n.duration_ns
-    rank_of_stream = {sid: k for k, sid in enumerate(sorted(busy, key=lambda x: (-busy[x], x)))}
-    wanted: list[tuple[int, int, int, int]] = []   # (stream rank, start, end, ns saved)
-    for i, n in enumerate(nodes):
-        prio = rank_of_stream.get(n.stream, len(rank_of_stream))
-        saved = selfs[ref_index][i] - min(s[i] for s in selfs)
-        if saved > 0:
-            # The operator's own stretches: before, between and after what it encloses.
-            marks = [n.start_ns]
-            for c in children[i]:
-                marks += [nodes[c].start_ns, nodes[c].start_ns + nodes[c].duration_ns]
-            marks.append(n.start_ns + n.duration_ns)
-            spans = [(marks[j], marks[j + 1]) for j in range(0, len(marks), 2)
-                     if marks[j + 1] > marks[j]]
-            total = sum(b - a for a, b in spans)
-            if total > 0:
-                saved = min(saved, total)
-                left = saved
-                for j, (a, b) in enumerate(spans):
-                    part = left if j == len(spans) - 1 else saved * (b - a) // total
-                    part = min(part, b - a, left)
-                    if part > 0:
-                        wanted.append((prio, a, b, part))
-                        left -= part
-        g = gaps[ref_index].get(i)
-        if g:
-            best = min(gs.get(i, g) for gs in gaps)
-            if best < g:
-                wanted.append((prio, n.start_ns - g, n.start_ns, g - best))
-    squeeze = _Squeeze(wanted)
-    if not squeeze:
-        return out
-    for n in nodes:
-        start = squeeze(n.start_ns)
-        n.duration_ns = max(0, squeeze(n.start_ns + n.duration_ns) - start)
-        n.start_ns = max(0, start)
-    return out
+    docstring); the inputs are not modified. The steps must run the same operators in the
+    same order on the same streams, else the workload is not repeatable and a clear error
+    is raised."""
+    combiner = StepCombiner(where=where)
+    for g in graphs:
+        combiner.add(g)
+    return combiner.result()
 
 
 class _Squeeze:
