@@ -81,3 +81,26 @@ def test_inject_verb(tmp_path) -> None:
     res = run("inject", tmp_path / "dp", "--dp", "4", "-o", tmp_path / "again")
     assert "single-rank" in one_line_error(res)
     assert not (tmp_path / "again").exists()
+
+
+def test_scale_output_is_byte_identical_across_processes(tmp_path) -> None:
+    """Group ids and order may not depend on hash seeds or protobuf map order: the same
+    scale, run in separate processes with different PYTHONHASHSEED, writes the same bytes."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    src = REPO / "fixtures" / "jobs" / "gpt-tp2-pp2-dp2"
+    outs = []
+    for seed in ("1", "2", "3"):
+        out = tmp_path / f"out{seed}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "echo_et.cli.main", "scale", str(src), "--dp", "4", "--pp", "4",
+             "--microbatches", "8", "-o", str(out)],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert proc.returncode == 0, proc.stderr[-1000:]
+        outs.append({p.relative_to(out).as_posix(): p.read_bytes()
+                     for p in sorted(out.rglob("*")) if p.is_file()})
+    assert outs[0] == outs[1] == outs[2]

@@ -174,7 +174,7 @@ def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "kee
         t_rank = old.rank({**c, "dp": c["dp"] % old.dp})
         b = job.binding(t_rank)
         keys: dict[str, tuple[int, int]] = {}
-        for key, gid in b.groups.items():
+        for key, gid in sorted(b.groups.items()):
             shape = shapes.get(gid)
             if shape is None:
                 raise EchoError(f"{job.source or 'job'}: rank {t_rank} binds {key!r} to undefined group {gid}")
