@@ -25,7 +25,7 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError, Message
 
 from echo_et.errors import EchoError
-from echo_et.ir.io import open_maybe_gzip
+from echo_et.ir.io import MAX_MESSAGE, open_maybe_gzip, read_exact
 
 OLD_SCHEMA_HINT = (
     "not the Chakra ET schema of Oct 2023 or later (a pre-Oct-2023 Chakra trace, whose wire "
@@ -87,7 +87,6 @@ def _has_unknown(node: et.Node) -> bool:
 
 
 _CHUNK = 1 << 20
-_MAX_MESSAGE = 1 << 31
 
 
 def iter_frames(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
@@ -127,7 +126,7 @@ def iter_frames(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
             else:
                 raise EchoError("length prefix longer than 10 bytes (not a length-delimited "
                                 "protobuf stream)")
-            if size > _MAX_MESSAGE:
+            if size > MAX_MESSAGE:
                 raise EchoError(f"message length {size} is implausible (not a length-delimited stream)")
         start = base + pos
         end = pos + size
@@ -135,18 +134,10 @@ def iter_frames(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
             data = buf[pos:end]
             pos = end
         else:
-            parts = [buf[pos:]]
-            left = end - len(buf)
-            base += len(buf)
+            rest = read_exact(f, end - len(buf))
+            data = buf[pos:] + rest
+            base += len(buf) + len(rest)
             buf, pos = b"", 0
-            while left:
-                chunk = f.read(min(left, _CHUNK))
-                if not chunk:
-                    break
-                parts.append(chunk)
-                left -= len(chunk)
-                base += len(chunk)
-            data = b"".join(parts)
             if len(data) != size:
                 raise EchoError(f"truncated message: expected {size} bytes, found {len(data)}")
         yield start, data

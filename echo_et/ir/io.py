@@ -29,7 +29,7 @@ from echo_et.ir.schema import SCHEMA_VERSION, pb
 MANIFEST_NAME = "manifest.pb"
 GRAPH_DIR = "graphs"
 GRAPH_SUFFIX = ".graph"
-_MAX_MESSAGE = 1 << 31
+MAX_MESSAGE = 1 << 31  # bytes; a longer length prefix means the stream is not length-delimited
 
 
 # -- varint framing -------------------------------------------------------------------------
@@ -76,9 +76,9 @@ def iter_delimited(f: BinaryIO) -> Iterator[bytes]:
         n = _read_varint(f)
         if n is None:
             return
-        if n > _MAX_MESSAGE:
+        if n > MAX_MESSAGE:
             raise EchoError(f"message length {n} is implausible (not a length-delimited stream)")
-        data = f.read(n) if n <= _READ_CHUNK else _read_exact(f, n)
+        data = f.read(n) if n <= _READ_CHUNK else read_exact(f, n)
         if len(data) != n:
             raise EchoError(f"truncated message: expected {n} bytes, found {len(data)}")
         yield data
@@ -87,7 +87,7 @@ def iter_delimited(f: BinaryIO) -> Iterator[bytes]:
 _READ_CHUNK = 1 << 20
 
 
-def _read_exact(f: BinaryIO, n: int) -> bytes:
+def read_exact(f: BinaryIO, n: int) -> bytes:
     """Up to ``n`` bytes, read in chunks so that a corrupt length prefix near 2 GiB does not
     allocate 2 GiB before the truncation is noticed."""
     parts = []
