@@ -46,6 +46,7 @@ from echo_et.passes.inject import Gradient as _Grad
 from echo_et.passes.inject import _grad_bytes as grad_bytes_of
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
+from echo_et.trace.records import ISSUE_PREFIX
 
 
 # -- reading a traced stage -----------------------------------------------------------------
@@ -170,7 +171,7 @@ def _split_at_issue(unit: Unit) -> tuple[Unit, Unit]:
     """``unit`` cut before its first communication issue (``issue:<op>`` spans of the
     tracer): what comes before belongs to the work before it, the rest is the P2P glue."""
     nodes = sorted(unit.nodes, key=lambda n: (n.start_ns, n.id))
-    cut = next((i for i, n in enumerate(nodes) if n.name.startswith("issue:")), len(nodes))
+    cut = next((i for i, n in enumerate(nodes) if n.name.startswith(ISSUE_PREFIX)), len(nodes))
     before, after = Unit(nodes[:cut], unit.lead_ns), Unit(nodes[cut:])
     if after.nodes:
         after.lead_ns = max(0, after.start - before.end) if before.nodes else unit.lead_ns

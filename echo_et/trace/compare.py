@@ -23,6 +23,7 @@ from math import prod
 from echo_et.ir import Graph, Job
 from echo_et.ir.schema import COLLECTIVE_NAMES, ROLE_NAMES, pb
 from echo_et.trace import annotations
+from echo_et.trace.records import ISSUE_PREFIX
 
 Comm = tuple[str, int, str]  # (type name, bytes, group role/desc)
 
@@ -151,4 +152,4 @@ def in_situ_ops(graph: Graph) -> Counter:
 def ex_situ_ops(graph: Graph) -> Counter:
     """Host operators of an ex-situ graph, without the tracer's issue nodes."""
     return Counter(n.name for n in graph.nodes
-                   if n.kind == pb.KIND_CPU_OP and not n.name.startswith("issue:"))
+                   if n.kind == pb.KIND_CPU_OP and not n.name.startswith(ISSUE_PREFIX))

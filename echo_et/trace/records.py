@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 COMM_SPAN = "echo:comm#"
 WAIT_SPAN = "echo:wait#"
+ISSUE_PREFIX = "issue:"   # host operator the splice puts where a call was issued ("issue:send")
 
 
 @dataclass

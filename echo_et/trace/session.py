@@ -103,8 +103,7 @@ def _measure_step(step: Callable, activities: list, layout: ParallelLayout, rank
     src = next(job.graphs())
     dropped = Counter({k: v for k, v in job.manifest.dropped.items()
                        if k not in _PARTIAL_JOB_REASONS})
-    step_ns = (max(n.start_ns + n.duration_ns for n in src.nodes)
-               - min(n.start_ns for n in src.nodes)) if src.nodes else 0
+    step_ns = step_span_ns(src)
     res = splice(src, records, keys, graph_id=f"rank{rank}", device=device,
                  where=where(layout, rank))
     dropped.update(res.dropped)

@@ -39,7 +39,7 @@ from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder
 from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
 from echo_et.trace import annotations
-from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord, span_index
+from echo_et.trace.records import COMM_SPAN, ISSUE_PREFIX, WAIT_SPAN, CommRecord, span_index
 
 _HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
 _GPU_STREAMS = frozenset({pb.STREAM_GPU_COMPUTE, pb.STREAM_GPU_COPY, pb.STREAM_GPU_COMM})
@@ -300,7 +300,7 @@ class _Splicer:
                 p = kept_parent(n.id)
                 if p is not None:
                     deps.append((p, pb.DEP_CONTROL))
-                issue = gb.cpu_op(f"issue:{rec.op}", new_sid[n.stream], start_ns=start,
+                issue = gb.cpu_op(f"{ISSUE_PREFIX}{rec.op}", new_sid[n.stream], start_ns=start,
                                   duration_ns=dur, deps=deps)
                 new_id[n.id] = issue.id
                 _annotate(issue, notes.get(n.id))
