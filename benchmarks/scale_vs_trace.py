@@ -25,28 +25,14 @@ import statistics
 import time
 
 from echo_et.ir import Job, check_job
-from echo_et.ir.schema import pb
 from echo_et.models.comm import CommModel
 from echo_et.passes import scale
 from echo_et.sim import simulate
+from echo_et.trace.compare import comm_sequence
 from echo_et.trace.layout import ParallelLayout
 from echo_et.trace.steps import fastest_per_op, step_span_ns
 from echo_et.trace.tracer import TraceOptions, trace
 from echo_et.workloads import GPTConfig, Workload
-
-
-def comm_sequence(job: Job, rank: int) -> list[tuple]:
-    """Every collective and P2P of ``rank`` in program order, with concrete group members."""
-    out: list[tuple] = []
-    for n in job.graph_of(rank).nodes:
-        if n.kind == pb.KIND_COLLECTIVE:
-            c = n.collective
-            out.append(("coll", c.type, tuple(job.resolve_group(rank, c.group).ranks),
-                        c.in_bytes, c.out_bytes))
-        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV):
-            p = n.p2p
-            out.append(("p2p", n.kind, job.resolve_group(rank, p.group).ranks[p.peer], p.bytes))
-    return out
 
 
 def best_of(jobs: list[Job]) -> Job:

@@ -15,6 +15,7 @@ from echo_et.ir.schema import pb
 from echo_et.passes import infer_layout, scale
 from echo_et.passes.inject import _grad_bytes
 from echo_et.passes.pipeline import schedule
+from echo_et.trace.compare import comm_sequence
 
 GPT = {"layers": 4, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2}
 MICRO = 4
@@ -62,20 +63,6 @@ def traced(tmp_path_factory):
         return cache[key]
 
     return get
-
-
-def comm_sequence(job, rank: int) -> list[tuple]:
-    """Every collective and P2P of ``rank`` in program order, with concrete group members."""
-    out = []
-    for n in job.graph_of(rank).nodes:
-        if n.kind == pb.KIND_COLLECTIVE:
-            c = n.collective
-            out.append(("coll", c.type, c.group, tuple(job.resolve_group(rank, c.group).ranks),
-                        c.in_bytes, c.out_bytes))
-        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV):
-            p = n.p2p
-            out.append(("p2p", n.kind, p.group, job.resolve_group(rank, p.group).ranks[p.peer], p.bytes))
-    return out
 
 
 def test_traced_gpt_to_1024_ranks_checks_and_simulates(traced) -> None:

@@ -104,6 +104,23 @@ def _bytes_from_gloo(op: pb.Node, gloo_spans: list[pb.Node]) -> int:
     return -1
 
 
+def comm_sequence(job: Job, rank: int) -> list[tuple]:
+    """Every collective and P2P of ``rank`` in program order, with concrete group members:
+    ("coll", type, key, members, in bytes, out bytes) or ("p2p", kind, key, peer rank,
+    bytes). Two Jobs that agree on it issue the same communication on that rank."""
+    out: list[tuple] = []
+    for n in job.graph_of(rank).nodes:
+        if n.kind == pb.KIND_COLLECTIVE:
+            c = n.collective
+            out.append(("coll", c.type, c.group, tuple(job.resolve_group(rank, c.group).ranks),
+                        c.in_bytes, c.out_bytes))
+        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV):
+            p = n.p2p
+            out.append(("p2p", n.kind, p.group, job.resolve_group(rank, p.group).ranks[p.peer],
+                        p.bytes))
+    return out
+
+
 def ex_situ_comms(job: Job, rank: int) -> list[Comm]:
     """The communication sequence of ``rank`` in an ex-situ Job, group as its role."""
     g = job.graph_of(rank)
