@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from .check import check_export
 from .configs import ExportOptions
-from .writer import export
+from .writer import ExportPlan, export
 
 write = export
 
-__all__ = ["ExportOptions", "check_export", "export", "write"]
+__all__ = ["ExportOptions", "ExportPlan", "check_export", "export", "write"]

@@ -20,11 +20,14 @@ Each rule has a name, reported with every problem:
   dep-exists         every data_dep names a node of the file
   acyclic            data_deps form a DAG (else nodes are silently never issued)
   node-type          only COMP, COMM_COLL, COMM_SEND and COMM_RECV nodes
-  is-cpu-op          is_cpu_op is present, a bool, and false (no CPU nodes)
+  is-cpu-op          is_cpu_op is present and a bool, and true only on COMP nodes (ASTRA-sim
+                     throws "Comm node should not be on CPU" for a communication node)
   attr-type          attributes carry the exact types the legacy reader reads (comm_type and
                      comm_size int64, comm_src/dst/tag/priority int32, pg_name string,
                      num_ops int64, tensor_size uint64), each at most once
-  comp-duration      a COMP node has duration_micros >= 1 (or num_ops and tensor_size)
+  comp-duration      with roofline-enabled in system.json, a GPU COMP node carries num_ops and
+                     tensor_size (ASTRA-sim throws without them); otherwise duration_micros is run
+                     as is (0 runs as 1 ns)
   coll-type          comm_type is ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER or ALL_TO_ALL
   comm-size          comm_size present; >= preferred-dataset-splits on collectives, > 0 on P2P
   pg-name            pg_name is "0"/absent (world) or a group of comm_group.json holding the rank
@@ -134,14 +137,15 @@ def _json(path: Path, rule: str, out: IssueCollector):
         return None
 
 
-def _system(folder: Path, dims: int | None, out: IssueCollector) -> int | None:
+def _system(folder: Path, dims: int | None, out: IssueCollector) -> tuple[int | None, bool]:
+    """preferred-dataset-splits (None when invalid) and whether roofline is on."""
     path = folder / FILE_NAMES["system"]
     cfg = _json(path, "system-config", out)
     if cfg is None:
-        return None
+        return None, False
     if not isinstance(cfg, dict):
         out.add("system-config", "not a JSON object", str(path))
-        return None
+        return None, False
     splits = cfg.get("preferred-dataset-splits")
     if not isinstance(splits, int) or isinstance(splits, bool) or splits < 1:
         out.add("system-config", f"preferred-dataset-splits is {splits!r}; it must be an integer >= 1 "
@@ -155,7 +159,7 @@ def _system(folder: Path, dims: int | None, out: IssueCollector) -> int | None:
         elif impl is not None and (not isinstance(impl, list) or (dims and len(impl) != dims)):
             out.add("system-config", f"{key} must list one algorithm per network dimension ({dims})",
                     str(path))
-    return splits
+    return splits, bool(cfg.get("roofline-enabled", 0))
 
 
 def _remote_memory(folder: Path, out: IssueCollector) -> None:
@@ -231,7 +235,7 @@ def _int_attr(attrs: dict, name: str) -> int | None:
     return int(v[1])
 
 
-def _facts(data: bytes, splits: int | None) -> _Facts | str:
+def _facts(data: bytes, splits: int | None, roofline: bool = False) -> _Facts | str:
     """Facts of one node message, or a decode error message."""
     n = et.Node()
     try:
@@ -257,13 +261,16 @@ def _facts(data: bytes, splits: int | None) -> _Facts | str:
         if want is not None and kind != want:
             issues.append(("attr-type", f"attribute {a.name} is {kind or 'unset'}, ASTRA-sim reads {want}"))
     cpu = attrs.get("is_cpu_op")
+    on_cpu = cpu is not None and cpu[0] == "bool_val" and bool(cpu[1])
     if cpu is None:
         issues.append(("is-cpu-op", "is_cpu_op is missing (older readers default it to true)"))
-    elif cpu[0] == "bool_val" and cpu[1]:
-        issues.append(("is-cpu-op", "is_cpu_op is true (CPU nodes break ASTRA-sim master's statistics)"))
+    elif on_cpu and n.type != et.COMP_NODE:
+        issues.append(("is-cpu-op", "is_cpu_op is true on a communication node (ASTRA-sim throws "
+                       "\"Comm node should not be on CPU\")"))
     if n.type == et.COMP_NODE:
-        if n.duration_micros < 1 and not (_int_attr(attrs, "num_ops") and _int_attr(attrs, "tensor_size")):
-            issues.append(("comp-duration", "COMP node without duration_micros (or num_ops and tensor_size)"))
+        if roofline and not on_cpu and not (_int_attr(attrs, "num_ops") and _int_attr(attrs, "tensor_size")):
+            issues.append(("comp-duration", "GPU COMP node without num_ops and tensor_size while "
+                           "roofline-enabled is on (ASTRA-sim throws)"))
         return _Facts(**base, issues=tuple(issues))
     size = _int_attr(attrs, "comm_size")
     if n.type == et.COMM_COLL_NODE:
@@ -304,15 +311,16 @@ def _facts(data: bytes, splits: int | None) -> _Facts | str:
 
 
 class _FactsCache:
-    def __init__(self, splits: int | None, limit: int = 200_000):
+    def __init__(self, splits: int | None, limit: int = 200_000, roofline: bool = False):
         self.splits = splits
+        self.roofline = roofline
         self.limit = limit
         self._d: dict[bytes, _Facts | str] = {}
 
     def get(self, data: bytes) -> _Facts | str:
         f = self._d.get(data)
         if f is None:
-            f = _facts(data, self.splits)
+            f = _facts(data, self.splits, self.roofline)
             if len(self._d) >= self.limit:
                 self._d.clear()
             self._d[data] = f
@@ -511,7 +519,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     dims = None
     if npus is not None:
         dims = len(parse_network_yaml((folder / FILE_NAMES["network"]).read_text()).get("topology", []))
-    splits = _system(folder, dims, out)
+    splits, roofline = _system(folder, dims, out)
     _remote_memory(folder, out)
     groups = _comm_groups(folder, npus, out)
     if npus is None:
@@ -520,7 +528,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     sends: Counter = Counter()
     recvs: Counter = Counter()
     where_msg: dict = {}
-    cache = _FactsCache(splits)
+    cache = _FactsCache(splits, roofline=roofline)
     # group -> digest -> (first rank, sequence); group -> rank -> digest
     reps: dict[str, dict[str, tuple[int, list]]] = defaultdict(dict)
     seen: dict[str, dict[int, str]] = defaultdict(dict)

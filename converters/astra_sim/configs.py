@@ -38,7 +38,10 @@ FILE_NAMES = {
     "remote_memory": "remote_memory.json",
     "comm_group": "comm_group.json",
     "run": "run.sh",
+    "offsets": "start_offsets.json",
 }
+LOCAL_MEM_BW = 1600       # GB/s, system.json local-mem-bw (ASTRA-sim's example value)
+ENDPOINT_DELAY_NS = 10    # system.json endpoint-delay
 
 
 @dataclass
@@ -46,9 +49,12 @@ class ExportOptions:
     gpus_per_node: int | None = None
     intra_bw: float | None = None     # GB/s
     inter_bw: float | None = None     # GB/s
-    latency: float | None = None      # ns
+    latency: float | None = None      # ns, every dimension
+    intra_latency: float | None = None  # ns, first dimension (overrides ``latency``)
+    inter_latency: float | None = None  # ns, second dimension (overrides ``latency``)
     topology: str | None = None       # one name, or one per dimension separated by commas
     splits: int = DEFAULT_SPLITS
+    align_start: bool = False         # start every rank at 0 instead of its measured offset
 
 
 @dataclass
@@ -81,10 +87,16 @@ def network_for(world_size: int, hw_gpus_per_node: int, hw_intra: float, hw_inte
     gpn = opts.gpus_per_node or hw_gpus_per_node or DEFAULT_GPUS_PER_NODE
     intra = opts.intra_bw or hw_intra or DEFAULT_INTRA_BW
     inter = opts.inter_bw or hw_inter or DEFAULT_INTER_BW
+    for v, what in ((opts.intra_latency, "intra-node latency"), (opts.inter_latency, "inter-node latency")):
+        if v is not None and v < 0:
+            raise EchoError(f"{what} must not be negative, got {v}")
     lat = DEFAULT_LATENCY_NS if opts.latency is None else float(opts.latency)
+    lat_intra = lat if opts.intra_latency is None else float(opts.intra_latency)
+    lat_inter = lat if opts.inter_latency is None else float(opts.inter_latency)
     if world_size <= gpn or gpn == 1:
         counts = [world_size]
         bws = [intra if world_size <= gpn else inter]
+        lats = [lat_intra if world_size <= gpn else lat_inter]
     else:
         if world_size % gpn:
             raise EchoError(
@@ -93,8 +105,9 @@ def network_for(world_size: int, hw_gpus_per_node: int, hw_intra: float, hw_inte
             )
         counts = [gpn, world_size // gpn]
         bws = [intra, inter]
+        lats = [lat_intra, lat_inter]
     topo = _topology(opts.topology, len(counts))
-    return Network(topo, counts, [float(b) for b in bws], [lat] * len(counts))
+    return Network(topo, counts, [float(b) for b in bws], lats)
 
 
 def _topology(spec: str | None, dims: int) -> list[str]:
@@ -133,7 +146,7 @@ def system_json(dims: int, splits: int) -> str:
         raise EchoError(f"preferred-dataset-splits must be >= 1, got {splits}")
     cfg = {
         "scheduling-policy": "LIFO",
-        "endpoint-delay": 10,
+        "endpoint-delay": ENDPOINT_DELAY_NS,
         "active-chunks-per-dimension": 1,
         "preferred-dataset-splits": splits,
         "all-reduce-implementation": ["ring"] * dims,
@@ -141,7 +154,7 @@ def system_json(dims: int, splits: int) -> str:
         "reduce-scatter-implementation": ["ring"] * dims,
         "all-to-all-implementation": ["ring"] * dims,
         "collective-optimization": "localBWAware",
-        "local-mem-bw": 1600,
+        "local-mem-bw": LOCAL_MEM_BW,
         "boost-mode": 0,
         "roofline-enabled": 0,
     }
@@ -150,6 +163,12 @@ def system_json(dims: int, splits: int) -> str:
 
 def remote_memory_json() -> str:
     return json.dumps({"memory-type": "NO_MEMORY_EXPANSION"}, indent=2) + "\n"
+
+
+def offsets_json(offsets_us: dict[int, int], npus: int) -> str:
+    """Each rank's start offset in µs (its first node's length): a rank's step in ASTRA-sim is
+    its finish cycles minus 1000 x its offset."""
+    return json.dumps({"start_offset_us": [int(offsets_us.get(r, 0)) for r in range(npus)]}) + "\n"
 
 
 def comm_group_json(groups: dict[int, list[int]]) -> str:

@@ -1,10 +1,10 @@
 """Writing an ASTRA-sim export: one ``workload.{rank}.et`` per rank plus its configuration.
 
-Each distinct graph is planned once (:mod:`.mapping`); ranks bound to it differ only in
-process-group ids, peers and tags, which are appended to pre-serialised node bytes, so
-exporting thousands of ranks that share a graph costs little more than writing the bytes.
-Only graphs with an uneven all-to-all (sent as per-peer send/recv, whose count and sizes
-depend on the rank) are built message by message.
+Each distinct graph is planned once (:mod:`.plan`); ranks bound to it differ only in their
+start offset (the first node), process-group ids, peers and tags, which are appended to
+pre-serialised node bytes, so exporting thousands of ranks that share a graph costs little
+more than writing the bytes. Only graphs with an uneven all-to-all (sent as per-peer
+send/recv, whose count and sizes depend on the rank) are built message by message.
 
 The folder is written under a temporary name, passes the contract check (:mod:`.check`)
 and is then renamed into place: a failed export leaves nothing behind.
@@ -28,15 +28,8 @@ from echo_et.ir.schema import pb
 
 from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
-from .mapping import (
-    BARRIER_BYTES,
-    COLL,
-    COMP,
-    GraphPlan,
-    PlannedNode,
-    comm_type_of,
-    plan_graph,
-)
+from .mapping import BARRIER_BYTES, comm_type_of
+from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, plan_graph
 
 METADATA_VERSION = "0.0.4"
 MIN_NPUS = 2               # every network dimension needs more than one NPU
@@ -94,20 +87,26 @@ def _coll_size(node: pb.Node, group_size: int, splits: int) -> tuple[int, bool]:
     return size, False
 
 
-def _base_node(pn: PlannedNode, node_id: int, deps: Iterable[int]) -> et.Node:
+def exported_us(pn: PlannedNode) -> int:
+    """The whole microseconds a COMP node runs: its end and start are rounded on the graph's
+    clock, so the lengths of back-to-back nodes add up to the rounded total (no drift)."""
+    return max(0, round_us(pn.end_ns) - round_us(pn.start_ns))
+
+
+def _base_node(pn: PlannedNode, node_id: int, deps: Iterable[int], is_cpu: bool,
+               origin_ns: int = 0) -> et.Node:
     n = pn.node
-    out = et.Node(id=node_id, name=n.name or f"node{n.id}")
+    out = et.Node(id=node_id, name=pn.name)
     out.data_deps.extend(deps)
-    out.start_time_micros = round_us(n.start_ns)
-    out.attr.append(_attr("is_cpu_op", bool_val=False))
+    out.start_time_micros = round_us(max(0, pn.start_ns - origin_ns))
+    out.attr.append(_attr("is_cpu_op", bool_val=is_cpu))
     if pn.role == COMP:
         out.type = et.COMP_NODE
-        out.duration_micros = max(1, round_us(n.duration_ns))
-        if n.kind == pb.KIND_COMPUTE and n.compute.flops > 0 and n.compute.bytes > 0:
+        out.duration_micros = exported_us(pn)
+        if (pn.lane == GPU and n is not None and n.kind == pb.KIND_COMPUTE and n.compute.flops > 0
+                and n.compute.bytes > 0):
             out.attr.append(_attr("num_ops", int64_val=int(n.compute.flops)))
             out.attr.append(_attr("tensor_size", uint64_val=int(n.compute.bytes)))
-    else:
-        out.duration_micros = round_us(n.duration_ns)
     return out
 
 
@@ -120,6 +119,10 @@ class _Exporter:
         self.splits = options.splits
         self.attrs = _AttrBytes()
         self.mapped: Counter[str] = Counter()
+        self.merged: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter()
+        self.offsets_us: dict[int, int] = {}
         self.used_groups: dict[int, list[int]] = {}
         self.world_groups: set[int] = set()
         self.plans: dict[str, GraphPlan] = {}
@@ -152,6 +155,12 @@ class _Exporter:
             except EchoError as e:
                 raise EchoError(f"graph {gid}: {e}") from None
             self.key_sizes[gid] = sizes
+        # Each rank starts at its measured offset from the earliest rank (on the job clock).
+        raw = {r: self.plans[self.job.binding(r).graph].origin_ns + self.job.binding(r).clock_offset_ns
+               for r in self.job.ranks()}
+        low = min(raw.values(), default=0)
+        for r, v in raw.items():
+            self.offsets_us[r] = 0 if self.opts.align_start else round_us(v - low)
 
     def _colls(self, graph_id: str, key: str) -> dict[int, pb.Node]:
         k = (graph_id, key)
@@ -291,19 +300,33 @@ class _Exporter:
         return et.COMM_SEND_NODE if pn.node.kind == pb.KIND_SEND else et.COMM_RECV_NODE
 
     def _head(self, pn: PlannedNode, node_id: int, deps: Iterable[int], gid: str) -> bytes:
-        base = _base_node(pn, node_id, deps)
+        plan = self.plans[gid]
+        base = _base_node(pn, node_id, deps, plan.is_cpu(pn), plan.origin_ns)
         base.type = self._type_of(pn)
         head = base.SerializeToString(deterministic=True)
         tail, _ = self._static_tail(pn, gid)
         return head + b"".join(tail)
 
+    def _start_node(self, rank: int, plan: GraphPlan) -> bytes:
+        """The rank's first node: its measured start offset, on the lane its host time uses."""
+        pn = plan.nodes[0]
+        n = et.Node(id=1, name=pn.name, type=et.COMP_NODE, duration_micros=self.offsets_us[rank])
+        n.start_time_micros = 0
+        n.attr.append(_attr("is_cpu_op", bool_val=plan.is_cpu(pn)))
+        return n.SerializeToString(deterministic=True)
+
     def _count_static(self, plan: GraphPlan, gid: str, ranks: int) -> None:
-        for label, count in plan.folded.items():
-            self.mapped[label] += count * ranks
+        for what, counts in (("merged", plan.merged), ("dropped", plan.dropped)):
+            for label, count in counts.items():
+                getattr(self, what)[label] += count * ranks
+        for key, v in plan.stats.items():
+            self.stats[key] += v * ranks
         for pn in plan.nodes:
             if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
                 continue  # counted per rank: even or uneven
-            self.mapped[pn.label] += ranks
+            lane = "cpu" if plan.is_cpu(pn) else "gpu"
+            label = pn.label.replace("COMP_NODE", f"COMP_NODE({lane})") if pn.role == COMP else pn.label
+            self.mapped[label] += ranks
             _, raised = self._static_tail(pn, gid)
             if raised:
                 what = "comm_size" if pn.role == COLL else "p2p bytes 0"
@@ -337,6 +360,20 @@ class _Exporter:
             names.append(f"{WORKLOAD_PREFIX}.{r}.et")
         return names
 
+    def time_report(self) -> dict:
+        """What the export did with the measured time, summed over ranks, and the ranks whose
+        measured busy time lost more than 1 % (no counterpart in the export)."""
+        out = {k: int(v) for k, v in sorted(self.stats.items())}
+        lossy = []
+        for r in self.job.ranks():
+            st = self.plans[self.job.binding(r).graph].stats
+            busy, lost = st.get("busy_ns", 0), st.get("lost_busy_ns", 0)
+            if busy and lost > 0.01 * busy:
+                lossy.append({"rank": r, "busy_ns": busy, "lost_ns": lost,
+                              "lost_pct": round(100.0 * lost / busy, 2)})
+        out["ranks_losing_over_1pct"] = lossy
+        return out
+
     def _uneven_any(self, rank: int, plan: GraphPlan) -> bool:
         return any(pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL
                    and self._a2a_matrix(rank, pn) is not None for pn in plan.nodes)
@@ -348,7 +385,9 @@ class _Exporter:
     def _fast_rank(self, rank: int, plan: GraphPlan, heads: list[bytes]) -> bytes:
         parts = [self._metadata()]
         for pn, head in zip(plan.nodes, heads, strict=True):
-            if pn.role == COLL:
+            if pn.index == 0:
+                data = self._start_node(rank, plan)
+            elif pn.role == COLL:
                 if pn.node.collective.type == pb.COLL_ALL_TO_ALL:
                     self.mapped["all_to_all(even)->ALL_TO_ALL"] += 1
                 data = head + self._pg_attr(rank, pn.node.collective.group)
@@ -367,6 +406,11 @@ class _Exporter:
         a2a_tags = self._a2a_tags(rank, plan)
         for pn in plan.nodes:
             deps = sorted({i for d in pn.deps for i in out_ids[d]})
+            if pn.index == 0:
+                parts.append(_delimited(self._start_node(rank, plan)))
+                out_ids.append([next_id])
+                next_id += 1
+                continue
             matrix = (self._a2a_matrix(rank, pn)
                       if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL else None)
             if matrix is None:
@@ -387,7 +431,7 @@ class _Exporter:
             self.mapped[f"all_to_all(uneven, {how})->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
             for msg in self._a2a_messages(rank, pn, matrix, a2a_tags):
                 kind, peer, size, tag = msg
-                n = _base_node(pn, next_id, deps)
+                n = _base_node(pn, next_id, deps, False, plan.origin_ns)
                 n.name = f"{pn.node.name}[a2a#{pn.node.collective.seq} {kind}:{peer}]"
                 n.type = et.COMM_SEND_NODE if kind == "send" else et.COMM_RECV_NODE
                 src, dst = (rank, peer) if kind == "send" else (peer, rank)
@@ -446,49 +490,84 @@ class _Exporter:
                 yield "recv", members[j], matrix[j][me], tags[(pg_id, seq, members[j], "recv")]
 
 
+class ExportPlan:
+    """An export planned but not yet written: :meth:`write` writes the folder, :meth:`view`
+    gives the exported nodes as an echo-et Job (for echo-et's own replay of the export)."""
+
+    def __init__(self, job: Job, options: ExportOptions | None = None):
+        opts = options or ExportOptions()
+        issues = check_job(job)
+        if issues:
+            more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+            raise CheckError(f"job fails check: {issues[0]}{more}")
+        hw = job.manifest.hardware
+        self.job = job
+        self.options = opts
+        self.network = configs.network_for(max(MIN_NPUS, job.world_size), hw.gpus_per_node,
+                                           hw.intra_node_bw_gbps, hw.inter_node_bw_gbps, opts)
+        self._ex = _Exporter(job, opts)
+        self._ex.plan()
+
+    @property
+    def plans(self) -> dict[str, GraphPlan]:
+        return self._ex.plans
+
+    @property
+    def offsets_us(self) -> dict[int, int]:
+        """Each rank's start offset (whole µs) as written in its first node."""
+        return dict(self._ex.offsets_us)
+
+    def view(self) -> Job:
+        from .view import view_job
+
+        return view_job(self.job, self._ex.plans, self._ex.offsets_us)
+
+    def write(self, dest: str | os.PathLike[str]) -> dict:
+        """Write the folder at ``dest`` (atomically, after the contract check); returns what
+        was written (``workload_prefix``, ``ranks``, ``files``, ``mapped``/``merged``/
+        ``dropped`` counts, ``time``, ``start_offsets_us``, network, groups)."""
+        from .check import check_export
+
+        ex, net, opts = self._ex, self.network, self.options
+        dest = Path(dest)
+        with atomic_dir(dest, replaceable=lambda d: (d / FILE_NAMES["network"]).is_file(),
+                        kind="an ASTRA-sim export") as tmp:
+            files = ex.write_rank_files(tmp)
+            (tmp / FILE_NAMES["network"]).write_text(configs.network_yaml(net))
+            (tmp / FILE_NAMES["system"]).write_text(configs.system_json(len(net.npus_count), opts.splits))
+            (tmp / FILE_NAMES["remote_memory"]).write_text(configs.remote_memory_json())
+            (tmp / FILE_NAMES["comm_group"]).write_text(configs.comm_group_json(ex.used_groups))
+            (tmp / FILE_NAMES["offsets"]).write_text(configs.offsets_json(ex.offsets_us, net.npus))
+            run = tmp / FILE_NAMES["run"]
+            run.write_text(configs.run_sh(net.npus, bool(ex.used_groups)))
+            run.chmod(0o755)
+            problems = check_export(tmp)
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                raise EchoError(f"export fails the ASTRA-sim contract check: {problems[0]}{more}")
+        return {
+            "output": str(dest),
+            "workload_prefix": str(dest / WORKLOAD_PREFIX),
+            "ranks": net.npus,
+            "job_ranks": self.job.world_size,
+            "files": files + sorted(FILE_NAMES.values()),
+            "mapped": dict(sorted(ex.mapped.items())),
+            "merged": dict(sorted(ex.merged.items())),
+            "dropped": dict(sorted(ex.dropped.items())),
+            "time": ex.time_report(),
+            "start_offsets_us": {str(r): v for r, v in sorted(ex.offsets_us.items()) if v},
+            "groups": len(ex.used_groups),
+            "network": {"topology": net.topology, "npus_count": net.npus_count,
+                        "bandwidth_gbps": net.bandwidth, "latency_ns": net.latency},
+            "preferred_dataset_splits": opts.splits,
+            "command": "ASTRA_SIM_BIN=<binary> sh " + str(dest / FILE_NAMES["run"]),
+        }
+
+
 def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None = None) -> dict:
     """Write ``job`` as an ASTRA-sim input folder at ``dest``; returns what was written
-    (``workload_prefix``, ``ranks``, ``files``, ``mapped`` counts, network, groups)."""
-    from .check import check_export
-
-    opts = options or ExportOptions()
-    issues = check_job(job)
-    if issues:
-        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
-        raise CheckError(f"job fails check: {issues[0]}{more}")
-    hw = job.manifest.hardware
-    net = configs.network_for(max(MIN_NPUS, job.world_size), hw.gpus_per_node,
-                              hw.intra_node_bw_gbps, hw.inter_node_bw_gbps, opts)
-    ex = _Exporter(job, opts)
-    ex.plan()
-    dest = Path(dest)
-    with atomic_dir(dest, replaceable=lambda d: (d / FILE_NAMES["network"]).is_file(),
-                    kind="an ASTRA-sim export") as tmp:
-        files = ex.write_rank_files(tmp)
-        (tmp / FILE_NAMES["network"]).write_text(configs.network_yaml(net))
-        (tmp / FILE_NAMES["system"]).write_text(configs.system_json(len(net.npus_count), opts.splits))
-        (tmp / FILE_NAMES["remote_memory"]).write_text(configs.remote_memory_json())
-        (tmp / FILE_NAMES["comm_group"]).write_text(configs.comm_group_json(ex.used_groups))
-        run = tmp / FILE_NAMES["run"]
-        run.write_text(configs.run_sh(net.npus, bool(ex.used_groups)))
-        run.chmod(0o755)
-        problems = check_export(tmp)
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise EchoError(f"export fails the ASTRA-sim contract check: {problems[0]}{more}")
-    return {
-        "output": str(dest),
-        "workload_prefix": str(dest / WORKLOAD_PREFIX),
-        "ranks": net.npus,
-        "job_ranks": job.world_size,
-        "files": files + sorted(FILE_NAMES.values()),
-        "mapped": dict(sorted(ex.mapped.items())),
-        "groups": len(ex.used_groups),
-        "network": {"topology": net.topology, "npus_count": net.npus_count,
-                    "bandwidth_gbps": net.bandwidth, "latency_ns": net.latency},
-        "preferred_dataset_splits": opts.splits,
-        "command": "ASTRA_SIM_BIN=<binary> sh " + str(dest / FILE_NAMES["run"]),
-    }
+    (see :meth:`ExportPlan.write`)."""
+    return ExportPlan(job, options).write(dest)
 
 
-__all__ = ["A2A_TAG_BASE", "export", "round_us"]
+__all__ = ["A2A_TAG_BASE", "ExportPlan", "export", "exported_us", "round_us"]

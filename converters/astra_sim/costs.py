@@ -1,0 +1,138 @@
+"""How long ASTRA-sim's analytical backend takes for one collective or send, from the
+network and system files this exporter writes: what a network fit needs to match a
+communication model (``echo_et.experiments.astra_sim``).
+
+Measured on the real binaries (congestion-unaware, current and legacy reader alike; ring
+algorithms, 1 active chunk per dimension, ``preferred-dataset-splits`` P, ``endpoint-delay``
+E, ``local-mem-bw`` M) and exact within about 1 % for collectives on one dimension:
+
+* a collective of C bytes on a ring of N NPUs is P chunks, each of ``steps`` ring steps; a
+  step costs ``hops x latency + E`` (``hops``: 2 through a Switch, 1 on a Ring or
+  FullyConnected dimension), and the bytes cost ``bus x C / bandwidth`` plus, for the
+  reducing collectives, ``1.61 x 2(N-1)/N x C / M`` of local memory traffic;
+* bandwidths are read as GiB/s (2^30 bytes per second per GB/s of the file);
+* steps and bus factors per type: all-reduce 2(N-1) and 2(N-1)/N; all-gather (C the
+  per-rank shard) N-1 and N-1; reduce-scatter (C the full input) N-1 and (N-1)/N;
+  all-to-all (ring algorithm) N(N-1)/2 and (N-1)/2;
+* a send costs ``hops x latency + C / bandwidth`` (no chunking);
+* a group smaller than the whole network runs as one ring over its members; each hop uses
+  the parameters of the lowest dimension in which the two NPUs differ, and the ring runs at
+  the pace of its slowest hop;
+* a collective of the whole multi-dimensional network runs one phase per dimension: the
+  latencies add up, the phases pipeline, so the bytes cost the slowest phase's (each phase
+  on the data it sees: all-reduce and reduce-scatter shrink it by the dimension's size going
+  outwards, all-gather grows it going inwards from the outermost dimension). This part is
+  an approximation (within about 20 % of the binary on two-dimensional networks, see
+  ``tests/test_astra_sim_costs.py``); one-dimensional rings are exact within 1 %.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .configs import DEFAULT_SPLITS, ENDPOINT_DELAY_NS, LOCAL_MEM_BW
+from .mapping import CHAKRA_ALL_GATHER, CHAKRA_ALL_REDUCE, CHAKRA_ALL_TO_ALL, CHAKRA_REDUCE_SCATTER
+
+GIB_PER_GB = 2**30 / 1e9      # ASTRA-sim reads a bandwidth of 1 "GB/s" as 2^30 bytes/s
+MEM_FACTOR = 1.6103           # local memory passes of a reducing ring step, per 2(N-1)/N
+HOPS = {"Switch": 2, "Ring": 1, "FullyConnected": 1}
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One network dimension: topology, NPUs, bandwidth (GB/s) and link latency (ns)."""
+
+    topology: str
+    npus: int
+    bandwidth: float
+    latency: float
+
+
+def _steps_bus_mem(comm_type: int, n: int) -> tuple[float, float, float]:
+    if comm_type == CHAKRA_ALL_REDUCE:
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n, MEM_FACTOR * 2.0 * (n - 1) / n
+    if comm_type == CHAKRA_ALL_GATHER:
+        return float(n - 1), float(n - 1), 0.0
+    if comm_type == CHAKRA_REDUCE_SCATTER:
+        return float(n - 1), (n - 1) / n, MEM_FACTOR * 2.0 * (n - 1) / n
+    if comm_type == CHAKRA_ALL_TO_ALL:
+        return n * (n - 1) / 2.0, (n - 1) / 2.0, 0.0
+    raise ValueError(f"comm_type {comm_type} is not networked by ASTRA-sim")
+
+
+def ring_latency_part(comm_type: int, n: int, dim: Dim, splits: int = DEFAULT_SPLITS,
+                      endpoint_ns: float = ENDPOINT_DELAY_NS) -> float:
+    steps, _, _ = _steps_bus_mem(comm_type, n)
+    return splits * steps * (HOPS.get(dim.topology, 1) * dim.latency + endpoint_ns)
+
+
+def ring_bytes_part(comm_type: int, n: int, size: float, dim: Dim,
+                    local_mem_bw: float = LOCAL_MEM_BW) -> float:
+    _, bus, mem = _steps_bus_mem(comm_type, n)
+    return bus * size / (dim.bandwidth * GIB_PER_GB) + mem * size / (local_mem_bw * GIB_PER_GB)
+
+
+def ring_ns(comm_type: int, n: int, size: float, dim: Dim, splits: int = DEFAULT_SPLITS) -> float:
+    """One collective on a one-dimensional ring of ``n`` NPUs with ``dim``'s parameters."""
+    if n <= 1:
+        return 0.0
+    return ring_latency_part(comm_type, n, dim, splits) + ring_bytes_part(comm_type, n, size, dim)
+
+
+def coordinates(npu: int, dims: list[Dim]) -> list[int]:
+    out = []
+    for d in dims:
+        out.append(npu % d.npus)
+        npu //= d.npus
+    return out
+
+
+def hop_dim(a: int, b: int, dims: list[Dim]) -> int:
+    """The dimension whose parameters a message from NPU ``a`` to NPU ``b`` pays: the lowest
+    one in which their coordinates differ."""
+    ca, cb = coordinates(a, dims), coordinates(b, dims)
+    for k, (x, y) in enumerate(zip(ca, cb, strict=True)):
+        if x != y:
+            return k
+    return 0
+
+
+def collective_ns(comm_type: int, size: int, members: list[int], dims: list[Dim],
+                  splits: int = DEFAULT_SPLITS) -> float:
+    """ASTRA-sim's time for one collective of ``size`` bytes (``comm_size``) on the NPUs
+    ``members`` (in the order comm_group.json lists them) of the network ``dims``."""
+    n = len(members)
+    total = 1
+    for d in dims:
+        total *= d.npus
+    if n <= 1:
+        return 0.0
+    if n < total or len(dims) == 1:
+        # One ring over the members, at the pace of its slowest hop.
+        worst = 0.0
+        for k in range(n):
+            d = dims[hop_dim(members[k], members[(k + 1) % n], dims)]
+            worst = max(worst, ring_ns(comm_type, n, size, d, splits))
+        return worst
+    lat = 0.0
+    slowest = 0.0
+    data = float(size)
+    # All-gather runs from the outermost dimension in (its data grows); the others from the
+    # innermost out (all-reduce and reduce-scatter shrink theirs).
+    for d in (reversed(dims) if comm_type == CHAKRA_ALL_GATHER else dims):
+        lat += ring_latency_part(comm_type, d.npus, d, splits)
+        slowest = max(slowest, ring_bytes_part(comm_type, d.npus, data, d))
+        if comm_type in (CHAKRA_ALL_REDUCE, CHAKRA_REDUCE_SCATTER):
+            data /= d.npus
+        elif comm_type == CHAKRA_ALL_GATHER:
+            data *= d.npus
+    return lat + slowest
+
+
+def send_ns(size: int, src: int, dst: int, dims: list[Dim]) -> float:
+    """ASTRA-sim's time for one send of ``size`` bytes from NPU ``src`` to ``dst``."""
+    d = dims[hop_dim(src, dst, dims)]
+    return HOPS.get(d.topology, 1) * d.latency + size / (d.bandwidth * GIB_PER_GB)
+
+
+__all__ = ["Dim", "collective_ns", "coordinates", "hop_dim", "ring_ns", "send_ns"]
