@@ -25,6 +25,8 @@ kept is :mod:`.plan`.
 
 from __future__ import annotations
 
+import math
+
 from echo_et.errors import EchoError
 from echo_et.ir.schema import collective_name, node_kind_name, pb
 
@@ -73,6 +75,28 @@ def comm_type_of(node: pb.Node) -> int:
             "has no ASTRA-sim equivalent"
         )
     return COLLECTIVE_MAP[c.type]
+
+
+def comm_size_of(coll_type: int, in_bytes: int, out_bytes: int, group_size: int,
+                 splits: int) -> tuple[int, bool]:
+    """``comm_size`` of a mapped collective, and whether it had to be raised to ``splits``
+    (below that ASTRA-sim divides the data into zero-size chunks and hangs)."""
+    if coll_type == pb.COLL_BROADCAST:
+        size = math.ceil(in_bytes / group_size) if in_bytes else 0
+    elif coll_type == pb.COLL_SCATTER:
+        size = out_bytes
+    elif coll_type == pb.COLL_BARRIER:
+        size = max(BARRIER_BYTES, splits)
+    else:
+        size = in_bytes
+    if size < splits:
+        return splits, True
+    return size, False
+
+
+def chakra_type_of(coll_type: int) -> int | None:
+    """The Chakra collective a traced collective type is written as (None: none)."""
+    return COLLECTIVE_MAP.get(coll_type)
 
 
 def mapping_label(node: pb.Node) -> str:

@@ -477,7 +477,7 @@ class _Planner:
                 b = removed_at[a]
                 deps = {prev} | sinks.get(b, set()) | extra
                 used.add(b)
-                pn = self.new(COMP, HOST, None, "host waits", b, b, deps, "host wait->COMP_NODE(join)")
+                pn = self.new(COMP, HOST, None, "host waits", b, b, deps, "host wait (join)->COMP_NODE")
                 self.stats["host_waits_elastic"] += 1
                 self.stats["host_wait_ns_elastic"] += b - a
                 while points[k] < b:
@@ -491,7 +491,7 @@ class _Planner:
         last_t = points[-1]
         if sinks.get(last_t) and last_t not in used:
             pn = self.new(COMP, HOST, None, "host waits", last_t, last_t, {prev} | sinks[last_t],
-                          "host wait->COMP_NODE(join)")
+                          "host wait (join)->COMP_NODE")
             node_ending_at[last_t] = pn.index
         for t, waiting in self.sources.items():
             src = node_ending_at.get(t)

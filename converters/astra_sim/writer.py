@@ -12,7 +12,6 @@ and is then renamed into place: a failed export leaves nothing behind.
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -28,7 +27,7 @@ from echo_et.ir.schema import pb
 
 from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
-from .mapping import BARRIER_BYTES, comm_type_of
+from .mapping import comm_size_of, comm_type_of
 from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, plan_graph
 
 METADATA_VERSION = "0.0.4"
@@ -72,19 +71,8 @@ def _delimited(data: bytes) -> bytes:
 
 # -- what a planned node becomes --------------------------------------------------------------
 def _coll_size(node: pb.Node, group_size: int, splits: int) -> tuple[int, bool]:
-    """comm_size of a mapped collective, and whether it had to be raised to ``splits``."""
     c = node.collective
-    if c.type == pb.COLL_BROADCAST:
-        size = math.ceil(c.in_bytes / group_size) if c.in_bytes else 0
-    elif c.type == pb.COLL_SCATTER:
-        size = c.out_bytes
-    elif c.type == pb.COLL_BARRIER:
-        size = max(BARRIER_BYTES, splits)
-    else:
-        size = c.in_bytes
-    if size < splits:
-        return splits, True
-    return size, False
+    return comm_size_of(c.type, c.in_bytes, c.out_bytes, group_size, splits)
 
 
 def exported_us(pn: PlannedNode) -> int:
@@ -161,6 +149,8 @@ class _Exporter:
         low = min(raw.values(), default=0)
         for r, v in raw.items():
             self.offsets_us[r] = 0 if self.opts.align_start else round_us(v - low)
+        # With every rank starting at 0 the start node says nothing: it is left out.
+        self.omit_start = not any(self.offsets_us.values())
 
     def _colls(self, graph_id: str, key: str) -> dict[int, pb.Node]:
         k = (graph_id, key)
@@ -325,7 +315,7 @@ class _Exporter:
             if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
                 continue  # counted per rank: even or uneven
             lane = "cpu" if plan.is_cpu(pn) else "gpu"
-            label = pn.label.replace("COMP_NODE", f"COMP_NODE({lane})") if pn.role == COMP else pn.label
+            label = pn.label.replace("COMP_NODE", f"COMP_NODE({lane})", 1) if pn.role == COMP else pn.label
             self.mapped[label] += ranks
             _, raised = self._static_tail(pn, gid)
             if raised:
@@ -341,7 +331,9 @@ class _Exporter:
             self._count_static(plan, gid, len(ranks))
             heads = None
             if not plan.has_all_to_all or not any(self._uneven_any(r, plan) for r in ranks):
-                heads = [self._head(pn, pn.index + 1, (d + 1 for d in pn.deps), gid)
+                shift = 0 if self.omit_start else 1
+                heads = [b"" if pn.index == 0 and self.omit_start else
+                         self._head(pn, pn.index + shift, (d + shift for d in pn.deps if d or shift), gid)
                          for pn in plan.nodes]
             for r in ranks:
                 name = f"{WORKLOAD_PREFIX}.{r}.et"
@@ -386,6 +378,8 @@ class _Exporter:
         parts = [self._metadata()]
         for pn, head in zip(plan.nodes, heads, strict=True):
             if pn.index == 0:
+                if self.omit_start:
+                    continue
                 data = self._start_node(rank, plan)
             elif pn.role == COLL:
                 if pn.node.collective.type == pb.COLL_ALL_TO_ALL:
@@ -407,6 +401,9 @@ class _Exporter:
         for pn in plan.nodes:
             deps = sorted({i for d in pn.deps for i in out_ids[d]})
             if pn.index == 0:
+                if self.omit_start:
+                    out_ids.append([])
+                    continue
                 parts.append(_delimited(self._start_node(rank, plan)))
                 out_ids.append([next_id])
                 next_id += 1

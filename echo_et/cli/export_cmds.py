@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
+from echo_et.errors import EchoError
 
 export_app = typer.Typer(help="Export a Job to another format.", no_args_is_help=True)
 
@@ -43,36 +44,77 @@ def export_chakra(
 @guarded
 def export_astra_sim(
     job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
-    output: Path = typer.Option(..., "-o", "--output", help="Folder to write (replaced if it "
-                                "is a previous export)."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node",
+    output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Folder to write (replaced "
+                                "if it is a previous export)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar="N",
                                              help="GPUs per node (default: the Job's, else 8)."),
-    intra_bw: float | None = typer.Option(None, "--intra-bw", help="Intra-node GB/s per GPU "
-                                          "(default: the Job's, else 400)."),
-    inter_bw: float | None = typer.Option(None, "--inter-bw", help="Inter-node GB/s per GPU "
-                                          "(default: the Job's, else 50)."),
-    latency: float | None = typer.Option(None, "--latency", help="Link latency in ns "
-                                         "(default 936.25)."),
-    topology: str | None = typer.Option(None, "--topology", help="Ring, FullyConnected or "
-                                        "Switch, one for all dimensions or one per dimension "
-                                        "separated by commas (default Switch)."),
-    splits: int = typer.Option(4, "--splits", help="ASTRA-sim preferred-dataset-splits."),
+    intra_bw: float | None = typer.Option(None, "--intra-bw", metavar="GBPS", help="Intra-node GB/s per GPU "
+                                          "(default: the Job's, else 400; kept by a fit)."),
+    inter_bw: float | None = typer.Option(None, "--inter-bw", metavar="GBPS", help="Inter-node GB/s per GPU "
+                                          "(default: the Job's, else 50; kept by a fit)."),
+    latency: float | None = typer.Option(None, "--latency", metavar="NS", help="Link latency in ns "
+                                         "(default 936.25; kept by a fit)."),
+    topology: str | None = typer.Option(None, "--topology", metavar="NAME[,NAME]", help="Ring, "
+                                        "FullyConnected or Switch, one for all dimensions or one per "
+                                        "dimension separated by commas (default Switch)."),
+    splits: int = typer.Option(4, "--splits", metavar="N", help="ASTRA-sim preferred-dataset-splits."),
+    profile: Path | None = typer.Option(None, "--profile", metavar="FILE", help="Fit the network's "
+                                        "bandwidth and latency to this CC model calibration profile."),
+    preset: str | None = typer.Option(None, "--preset", metavar="NAME", help="Fit the network's "
+                                      "bandwidth and latency to this CC model preset (e.g. a100-ib)."),
+    measured_network: bool = typer.Option(False, "--measured-network", help="Fit the network's "
+                                          "bandwidth and latency to the job's own measured collectives."),
+    align_start: bool = typer.Option(False, "--align-start", help="Start every rank at 0 instead "
+                                     "of its measured start offset."),
     as_json: bool = JsonOpt,
 ) -> None:
     """ASTRA-sim input folder: workload.{rank}.et per rank, network/system/memory/group
-    configuration and run.sh; checked against the ASTRA-sim contract before it is kept."""
-    from echo_et.converters.astra_sim import ExportOptions, export
+    configuration and run.sh; checked against the ASTRA-sim contract before it is kept, and
+    replayed by echo-et (expected step)."""
+    from echo_et.converters.astra_sim import ExportOptions
+    from echo_et.experiments.astra_sim import export_with_report
 
+    if profile is not None and preset is not None:
+        raise EchoError("give --profile or --preset, not both")
+    if measured_network and (profile is not None or preset is not None):
+        raise EchoError("give --measured-network or a CC model (--profile/--preset), not both")
     job = load_job_arg(job_path)
+    model = None
+    if profile is not None or preset is not None:
+        from echo_et.cli.sim_cmds import comm_model_for
+
+        model = comm_model_for(job, profile, preset)
     opts = ExportOptions(gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
-                         latency=latency, topology=topology, splits=splits)
-    result = export(job, output, opts)
+                         latency=latency, topology=topology, splits=splits, align_start=align_start)
+    result = export_with_report(job, output, opts, comm_model=model, measured_network=measured_network)
+    for lossy in result["time"]["ranks_losing_over_1pct"]:
+        typer.echo(f"warning: rank {lossy['rank']}: {lossy['lost_pct']} % of its measured busy time "
+                   f"({lossy['lost_ns']} of {lossy['busy_ns']} ns) has no counterpart in the export", err=True)
     if as_json:
         emit_json(result)
         return
     typer.echo(f"wrote {result['ranks']} rank files to {output} "
                f"({result['groups']} communicator groups)")
     typer.echo("mapped: " + ", ".join(f"{k}={v}" for k, v in result["mapped"].items()))
+    if result["merged"]:
+        typer.echo("merged: " + ", ".join(f"{k}={v}" for k, v in result["merged"].items()))
+    if result["dropped"]:
+        typer.echo("dropped: " + ", ".join(f"{k}={v}" for k, v in result["dropped"].items()))
+    net = result["network"]
+    typer.echo("network: " + ", ".join(f"{t} x{n} {b:.4g} GB/s {x:.4g} ns" for t, n, b, x in zip(
+        net["topology"], net["npus_count"], net["bandwidth_gbps"], net["latency_ns"], strict=True)))
+    fit = result.get("network_fit")
+    if fit:
+        typer.echo(f"network fitted to {fit['source']}: max |error| {fit['max_abs_error_pct']} %")
+        typer.echo(f"  {'collective':<16} {'bytes':>12} {'ranks':>5} {'target us':>10} {'astra us':>10} {'err %':>7}")
+        for row in fit["residuals"]:
+            err = "-" if row["error_pct"] is None else f"{row['error_pct']:+.1f}"
+            typer.echo(f"  {row['collective']:<16} {row['bytes']:>12} {row['group_size']:>5} "
+                       f"{row['target_ns'] / 1e3:>10.2f} {row['astra_sim_ns'] / 1e3:>10.2f} {err:>7}")
+    if result.get("expected_step_ns") is not None:
+        typer.echo(f"expected step {result['expected_step_ns'] / 1e6:.3f} ms (echo-et replay of the export, "
+                   f"{result['expected_comm']} communication); echo-et replay of the job "
+                   f"{result['replay_step_ns'] / 1e6:.3f} ms")
     typer.echo(f"run: {result['command']}")
 
 

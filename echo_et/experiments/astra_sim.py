@@ -1,0 +1,464 @@
+"""An ASTRA-sim export that says what it promises: the network fitted to a communication
+model (or to the job's own measured collectives), and echo-et's replay of exactly what was
+exported (``expected_step_ns``).
+
+The converter (:mod:`echo_et.converters.astra_sim`) only writes what it is given; this module
+decides the network values and runs the simulator, which converters may not import:
+
+* :func:`fit_network` chooses a bandwidth and a link latency per network dimension so that
+  ASTRA-sim's time for each collective and send of the job (its analytical cost,
+  :mod:`echo_et.converters.astra_sim.costs`) is as close as possible, in relative terms, to
+  the target: the CC model's estimate (``--profile``/``--preset``) or the collective's own
+  time in echo-et's replay of the trace (``--measured-network``). The report lists every
+  distinct (collective, bytes, group size) with both times and the residual error.
+* :func:`export_with_report` plans the export, replays the job and the export in echo-et's
+  simulator and writes the folder. ``expected_step_ns`` is the export's step (each rank's
+  end minus its start offset, the slowest rank) with the communication times the network
+  is meant to reproduce: the model's, or else the measured ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from echo_et.converters.astra_sim import ExportOptions, ExportPlan
+from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE, Network, network_for
+from echo_et.converters.astra_sim.costs import Dim, collective_ns, send_ns
+from echo_et.converters.astra_sim.mapping import chakra_type_of, comm_size_of
+from echo_et.errors import EchoError
+from echo_et.ir.job import Job
+from echo_et.ir.schema import collective_name, pb
+from echo_et.sim import CommCall, Predictor, SimOptions, Simulator
+
+MIN_NPUS = 2
+BW_RANGE = (0.01, 1e5)        # GB/s searched
+LAT_RANGE = (0.0, 1e6)        # ns searched
+
+
+# -- what the communication takes ---------------------------------------------------------------
+class _Recorder(Simulator):
+    """Replay that remembers each collective's and send/recv's own time per rank."""
+
+    def __init__(self, job: Job, options: SimOptions | None = None):
+        super().__init__(job, options)
+        self.own: dict[Hashable, dict[int, int]] = {}
+        self.calls: dict[Hashable, tuple[int, int, int, tuple[int, ...], int, int]] = {}
+
+    def _keep(self, key: Hashable, call: CommCall, t: int | list[int]) -> None:
+        times = t if isinstance(t, list | tuple) else [t] * len(call.ranks)
+        self.own[key] = {r: int(x) for r, x in zip(call.ranks, times, strict=True)}
+        self.calls[key] = (call.coll_type, call.in_bytes, call.out_bytes, tuple(call.group.ranks),
+                           call.src, call.dst)
+
+    def collective(self, call: CommCall):
+        t = super().collective(call)
+        self._keep(("c", call.group.id, call.seq), call, t)
+        return t
+
+    def p2p(self, call: CommCall):
+        t = super().p2p(call)
+        self._keep(("p", call.group.id, call.src, call.dst, call.seq), call, t)
+        return t
+
+
+class _ExportReplay(Simulator):
+    """Replay of the export's view with given own times for its communication."""
+
+    def __init__(self, job: Job, options: SimOptions, own: dict[Hashable, dict[int, int]]):
+        super().__init__(job, options)
+        self.own = own
+
+    def _lookup(self, key: Hashable, call: CommCall, fallback):
+        rec = self.own.get(key)
+        if rec is None:
+            return fallback(call)
+        top = max(rec.values(), default=0)
+        return [rec.get(r, top) for r in call.ranks]
+
+    def collective(self, call: CommCall):
+        return self._lookup(("c", call.group.id, call.seq), call, super().collective)
+
+    def p2p(self, call: CommCall):
+        return self._lookup(("p", call.group.id, call.src, call.dst, call.seq), call, super().p2p)
+
+
+def _view_options() -> SimOptions:
+    # ASTRA-sim sends never wait for their receive; its nodes start exactly when ready.
+    return SimOptions(p2p_eager_bytes=1 << 62, check=False, critical_top=0)
+
+
+# -- fitting the network ------------------------------------------------------------------------
+@dataclass
+class Sample:
+    """One distinct communication of the job and the time ASTRA-sim should give it."""
+
+    what: str                  # "all_reduce", ..., "send"
+    comm_type: int             # Chakra type (-1 for send)
+    size: int                  # comm_size as exported
+    members: tuple[int, ...]   # collective: group ranks; send: (src, dst)
+    target_ns: float
+    count: int = 1
+
+
+@dataclass
+class NetworkFit:
+    source: str                             # "model:<name>" or "measured"
+    network: Network
+    samples: list[Sample] = field(default_factory=list)
+    fixed: tuple[str, ...] = ()
+
+    def predict(self, s: Sample, dims: list[Dim] | None = None) -> float:
+        dims = dims or _dims(self.network)
+        if s.comm_type < 0:
+            return send_ns(s.size, s.members[0], s.members[1], dims)
+        return collective_ns(s.comm_type, s.size, list(s.members), dims)
+
+    def residuals(self) -> list[dict[str, Any]]:
+        """Per distinct (collective, bytes, group size): target, ASTRA-sim's time, error %."""
+        dims = _dims(self.network)
+        rows: dict[tuple, dict[str, Any]] = {}
+        for s in self.samples:
+            p = self.predict(s, dims)
+            key = (s.what, s.size, len(s.members))
+            row = rows.setdefault(key, {"collective": s.what, "bytes": s.size, "group_size": len(s.members),
+                                        "count": 0, "target_ns": 0.0, "astra_sim_ns": 0.0})
+            row["count"] += s.count
+            row["target_ns"] += s.target_ns * s.count
+            row["astra_sim_ns"] += p * s.count
+        out = []
+        for key in sorted(rows):
+            row = rows[key]
+            t, a = row["target_ns"] / row["count"], row["astra_sim_ns"] / row["count"]
+            row["target_ns"], row["astra_sim_ns"] = round(t), round(a)
+            row["error_pct"] = round(100.0 * (a - t) / t, 2) if t > 0 else None
+            out.append(row)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        res = self.residuals()
+        errs = [abs(r["error_pct"]) for r in res if r["error_pct"] is not None]
+        return {"source": self.source, "fixed": list(self.fixed),
+                "bandwidth_gbps": [round(b, 4) for b in self.network.bandwidth],
+                "latency_ns": [round(x, 2) for x in self.network.latency],
+                "residuals": res,
+                "max_abs_error_pct": round(max(errs), 2) if errs else None}
+
+
+def _dims(net: Network) -> list[Dim]:
+    return [Dim(t, n, b, x) for t, n, b, x in zip(net.topology, net.npus_count, net.bandwidth, net.latency,
+                                                  strict=True)]
+
+
+def _gpn(net: Network) -> int:
+    return net.npus_count[0] if len(net.npus_count) > 1 else 0
+
+
+def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Sample]:
+    """Every distinct collective and send of the job priced by the CC model."""
+    seen: dict[tuple, Sample] = {}
+    gpn = net.npus_count[0] if len(net.npus_count) > 1 else max(net.npus, 1)
+    for r in job.ranks():
+        b = job.binding(r)
+        g = job.graph(b.graph)
+        for n in g.nodes:
+            if n.kind == pb.KIND_COLLECTIVE:
+                c = n.collective
+                ctype = chakra_type_of(c.type)
+                group = job.resolve_group(r, c.group)
+                if ctype is None or len(group.ranks) <= 1:
+                    continue
+                size, _ = comm_size_of(c.type, c.in_bytes, c.out_bytes, len(group.ranks), splits)
+                key = ("c", c.type, c.in_bytes, c.out_bytes, group.id)
+                if key in seen:
+                    continue
+                est = model.estimate(collective_name(c.type), int(c.in_bytes), list(group.ranks),
+                                     dtype=c.dtype or "float32", gpus_per_node=gpn)
+                seen[key] = Sample(collective_name(c.type), ctype, size, tuple(group.ranks), float(est.time_ns),
+                                   len(group.ranks))
+            elif n.kind == pb.KIND_SEND:
+                group = job.resolve_group(r, n.p2p.group)
+                dst = group.ranks[n.p2p.peer]
+                key = ("p", n.p2p.bytes, r, dst)
+                if key in seen or dst == r:
+                    continue
+                est = model.p2p(int(n.p2p.bytes), r, dst, gpus_per_node=gpn)
+                seen[key] = Sample("send", -1, max(1, int(n.p2p.bytes)), (r, dst), float(est.time_ns))
+    return _merge_samples(seen.values())
+
+
+def _measured_samples(job: Job, rec: _Recorder, splits: int) -> list[Sample]:
+    """Every collective and send of the replay with its own time (the slowest member's)."""
+    placeholders = _placeholder_keys(job)
+    seen: list[Sample] = []
+    for key, (ctype_ir, in_b, out_b, ranks, src, dst) in rec.calls.items():
+        t = max(rec.own[key].values(), default=0)
+        if t <= 0 or (key[0], key[1]) in placeholders:
+            continue
+        if key[0] == "c":
+            ctype = chakra_type_of(ctype_ir)
+            if ctype is None or len(ranks) <= 1:
+                continue
+            size, _ = comm_size_of(ctype_ir, in_b, out_b, len(ranks), splits)
+            seen.append(Sample(collective_name(ctype_ir), ctype, size, ranks, float(t)))
+        elif src != dst:
+            seen.append(Sample("send", -1, max(1, in_b), (src, dst), float(t)))
+    return _merge_samples(seen)
+
+
+def _placeholder_keys(job: Job) -> set[tuple[str, int]]:
+    """(kind, group id) of communication traced without a measured time."""
+    out: set[tuple[str, int]] = set()
+    for r in job.ranks():
+        b = job.binding(r)
+        for n in job.graph(b.graph).nodes:
+            if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV) and n.attrs.get("timing") == "placeholder":
+                key = n.collective.group if n.kind == pb.KIND_COLLECTIVE else n.p2p.group
+                out.add(("c" if n.kind == pb.KIND_COLLECTIVE else "p", b.groups[key]))
+    return out
+
+
+def _merge_samples(samples) -> list[Sample]:
+    """Samples that ASTRA-sim prices alike (same type, size, members) become one, with the
+    mean target."""
+    acc: dict[tuple, list] = {}
+    for s in samples:
+        key = (s.what, s.comm_type, s.size, s.members)
+        a = acc.setdefault(key, [0.0, 0])
+        a[0] += s.target_ns * s.count
+        a[1] += s.count
+    return [Sample(k[0], k[1], k[2], k[3], v[0] / v[1], v[1]) for k, v in sorted(acc.items())]
+
+
+def fit_network(samples: list[Sample], base: Network, source: str, *, fixed_bw: dict[int, float] | None = None,
+                fixed_lat: dict[int, float] | None = None) -> NetworkFit:
+    """Bandwidth and latency per dimension minimising the mean squared log ratio between
+    ASTRA-sim's time and the target over ``samples`` (weighted by count); values in
+    ``fixed_bw``/``fixed_lat`` (dimension -> value) are kept."""
+    fixed_bw, fixed_lat = dict(fixed_bw or {}), dict(fixed_lat or {})
+    samples = [s for s in samples if s.target_ns > 0]
+    if not samples:
+        raise EchoError(f"no communication with a known time to fit the network to ({source})")
+    ndim = len(base.npus_count)
+    used = set()
+    probe = _dims(base)
+    for s in samples:
+        used |= _dims_used(s, probe)
+    bw = list(base.bandwidth)
+    lat = list(base.latency)
+    params: list[tuple[str, int]] = []
+    for d in range(ndim):
+        if d in used and d not in fixed_bw:
+            params.append(("bw", d))
+        if d in used and d not in fixed_lat:
+            params.append(("lat", d))
+    for d, v in fixed_bw.items():
+        bw[d] = v
+    for d, v in fixed_lat.items():
+        lat[d] = v
+    weights = np.array([s.count for s in samples], dtype=float)
+    targets = np.log(np.array([s.target_ns for s in samples], dtype=float))
+
+    def loss(bw_: list[float], lat_: list[float]) -> float:
+        net = replace(base, bandwidth=bw_, latency=lat_)
+        dims = _dims(net)
+        fit = NetworkFit(source, net)
+        pred = np.array([max(fit.predict(s, dims), 1e-3) for s in samples])
+        return float(np.sum(weights * (np.log(pred) - targets) ** 2) / np.sum(weights))
+
+    def to_u(kind: str, v: float) -> float:
+        return math.log(v) if kind == "bw" else math.log1p(v)
+
+    def from_u(kind: str, u: float) -> float:
+        return math.exp(u) if kind == "bw" else math.expm1(u)
+
+    bounds = {"bw": (math.log(BW_RANGE[0]), math.log(BW_RANGE[1])),
+              "lat": (math.log1p(LAT_RANGE[0]), math.log1p(LAT_RANGE[1]))}
+    best = loss(bw, lat)
+    for _round in range(12):
+        before = best
+        for kind, d in params:
+            vec = bw if kind == "bw" else lat
+
+            def f(u: float, vec=vec, kind=kind, d=d) -> float:
+                old = vec[d]
+                vec[d] = from_u(kind, u)
+                try:
+                    return loss(bw, lat)
+                finally:
+                    vec[d] = old
+
+            lo, hi = bounds[kind]
+            u = _golden(f, lo, hi, to_u(kind, vec[d]))
+            val = f(u)
+            if val < best:
+                vec[d] = from_u(kind, u)
+                best = val
+        if before - best < 1e-9:
+            break
+    net = replace(base, bandwidth=[float(b) for b in bw], latency=[float(x) for x in lat])
+    fixed = tuple([f"bandwidth[{d}]" for d in sorted(fixed_bw)] + [f"latency[{d}]" for d in sorted(fixed_lat)])
+    return NetworkFit(source, net, samples, fixed)
+
+
+def _dims_used(s: Sample, dims: list[Dim]) -> set[int]:
+    from echo_et.converters.astra_sim.costs import hop_dim
+
+    total = math.prod(d.npus for d in dims)
+    m = list(s.members)
+    if s.comm_type >= 0 and len(m) == total and len(dims) > 1:
+        return set(range(len(dims)))
+    if s.comm_type < 0:
+        return {hop_dim(m[0], m[1], dims)}
+    return {hop_dim(m[k], m[(k + 1) % len(m)], dims) for k in range(len(m))}
+
+
+def _golden(f, lo: float, hi: float, start: float) -> float:
+    """Minimise ``f`` on [lo, hi]: a coarse scan (the loss is not unimodal everywhere when a
+    latency and a bandwidth trade off), then golden-section search around the best point."""
+    grid = np.linspace(lo, hi, 41)
+    vals = [f(float(u)) for u in grid]
+    k = int(np.argmin(vals))
+    if f(start) <= vals[k]:
+        center = start
+        step = (hi - lo) / 40
+    else:
+        center = float(grid[k])
+        step = (hi - lo) / 40
+    a, b = max(lo, center - step), min(hi, center + step)
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(40):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+# -- the export with its report ------------------------------------------------------------------
+def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, comm_model: Any = None,
+                       measured_network: bool = False, expected: bool = True) -> dict[str, Any]:
+    """Fit the network if asked (``comm_model`` or ``measured_network``), write the export,
+    and replay it: the export's result plus ``network_fit``, ``replay_step_ns`` (echo-et's
+    replay of the job), ``expected_step_ns`` and ``expected_comm`` ("model" or "measured")."""
+    opts = options or ExportOptions()
+    if comm_model is not None and measured_network:
+        raise EchoError("fit the network to a communication model or to the measured collectives, not both")
+    hw = job.manifest.hardware
+    base = network_for(max(MIN_NPUS, job.world_size), hw.gpus_per_node, hw.intra_node_bw_gbps,
+                       hw.inter_node_bw_gbps, opts)
+    rec: _Recorder | None = None
+    replay_ns = None
+    if expected or measured_network:
+        rec = _Recorder(job, SimOptions(critical_top=0))
+        replay_ns = rec.run().step_time_ns
+    fit = None
+    if comm_model is not None or measured_network:
+        if comm_model is not None:
+            samples = _model_samples(job, comm_model, base, opts.splits)
+            source = f"model:{getattr(comm_model, 'name', 'model')}"
+        else:
+            assert rec is not None
+            samples = _measured_samples(job, rec, opts.splits)
+            source = "measured"
+        fixed_bw, fixed_lat = _fixed(opts, job, len(base.npus_count))
+        fit = fit_network(samples, base, source, fixed_bw=fixed_bw, fixed_lat=fixed_lat)
+        opts = _with_network(opts, fit.network)
+    plan = ExportPlan(job, opts)
+    result = plan.write(dest)
+    result["network_fit"] = fit.to_json() if fit is not None else None
+    if expected:
+        assert rec is not None
+        view = plan.view()
+        if comm_model is not None:
+            sim = Predictor(view, _view_options(), comm_model=comm_model)
+            sim.gpus_per_node = _gpn(plan.network) or sim.gpus_per_node
+            res = sim.run()
+            result["expected_comm"] = "model"
+        else:
+            res = _ExportReplay(view, _view_options(), rec.own).run()
+            result["expected_comm"] = "measured"
+        result["expected_step_ns"] = res.step_time_ns
+        result["expected_rank_step_ns"] = {str(r): v.step_time_ns for r, v in sorted(res.ranks.items())}
+        result["replay_step_ns"] = replay_ns
+    return result
+
+
+def _fixed(opts: ExportOptions, job: Job, ndim: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Network values the user gave explicitly: kept by the fit."""
+    bw: dict[int, float] = {}
+    lat: dict[int, float] = {}
+    if ndim == 1:
+        gpn = opts.gpus_per_node or job.manifest.hardware.gpus_per_node or DEFAULT_GPUS_PER_NODE
+        given = opts.intra_bw if max(MIN_NPUS, job.world_size) <= gpn else opts.inter_bw
+        if given is not None:
+            bw[0] = float(given)
+    else:
+        if opts.intra_bw is not None:
+            bw[0] = float(opts.intra_bw)
+        if opts.inter_bw is not None:
+            bw[1] = float(opts.inter_bw)
+    if opts.latency is not None:
+        for d in range(ndim):
+            lat[d] = float(opts.latency)
+    return bw, lat
+
+
+def _with_network(opts: ExportOptions, net: Network) -> ExportOptions:
+    """Options that make the converter write exactly ``net``."""
+    if len(net.npus_count) == 1:
+        # One dimension takes the intra- or the inter-node values: give both.
+        return replace(opts, intra_bw=net.bandwidth[0], inter_bw=net.bandwidth[0],
+                       intra_latency=net.latency[0], inter_latency=net.latency[0])
+    return replace(opts, intra_bw=net.bandwidth[0], inter_bw=net.bandwidth[1],
+                   intra_latency=net.latency[0], inter_latency=net.latency[1])
+
+
+# -- running the real simulator -------------------------------------------------------------------
+_FINISHED = re.compile(r"sys\[(\d+)\] finished, (\d+) cycles")
+
+
+def run_astra_sim(folder, binary, *, timeout_s: float = 3600) -> dict[str, Any]:
+    """Run an export's ``run.sh`` with the ASTRA-sim ``binary``; every rank's finish time
+    (cycles = ns), its step (finish minus its start offset from ``start_offsets.json``), the
+    job's step (the slowest rank's) and the wall time of the run. Raises EchoError when the
+    binary fails or a rank never finishes."""
+    folder = Path(folder).resolve()
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(["sh", str(folder / "run.sh")], cwd=folder, capture_output=True, text=True,
+                              timeout=timeout_s, env={**os.environ, "ASTRA_SIM_BIN": str(binary)})
+    except subprocess.TimeoutExpired:
+        raise EchoError(f"ASTRA-sim ({binary}) did not finish {folder} within {timeout_s:.0f} s") from None
+    wall = time.perf_counter() - t0
+    out = (folder / "log" / "stdout.txt").read_text(errors="replace") if (folder / "log" / "stdout.txt").is_file() \
+        else proc.stdout
+    finished = {int(a): int(b) for a, b in _FINISHED.findall(out)}
+    if proc.returncode != 0:
+        tail = (proc.stderr or out).strip().splitlines()[-1:] or ["(no output)"]
+        raise EchoError(f"ASTRA-sim ({binary}) failed on {folder}: {tail[0]}")
+    offsets_path = folder / "start_offsets.json"
+    offsets = json.loads(offsets_path.read_text())["start_offset_us"] if offsets_path.is_file() else []
+    steps = {r: c - 1000 * (offsets[r] if r < len(offsets) else 0) for r, c in finished.items()}
+    return {"finished_cycles": finished, "rank_step_ns": steps, "step_ns": max(steps.values(), default=0),
+            "wall_s": round(wall, 3), "stats_lines": "Wall time" in out,
+            "statistics_failed": "Only GPU and COMM types are supported" in out}
+
+
+__all__ = ["NetworkFit", "Sample", "export_with_report", "fit_network", "run_astra_sim"]
