@@ -149,30 +149,125 @@ def _host_and_kernels(gb, r, s):
             duration_ns=7_499)
 
 
-def test_host_nodes_fold_into_dependencies_and_device_work_becomes_comp(tmp_path):
+def test_host_time_becomes_cpu_nodes_and_every_node_starts_at_its_measured_time(tmp_path):
     job = uniform_job(2, _host_and_kernels)
     res = export(job, tmp_path / "out")
     _, nodes = read_et(tmp_path / "out" / "workload.0.et")
-    by_name = {n.name: n for n in nodes}
-    assert set(by_name) == {"gemm", "Memcpy DtoH", "Memset", "hcclAllReduce_kernel"}
-    assert all(n.type == et.COMP_NODE and attr_value(n, "is_cpu_op") is False for n in nodes)
-    # Measured ns rounded half up to whole µs, never below 1.
-    assert by_name["gemm"].duration_micros == 12
-    assert by_name["Memcpy DtoH"].duration_micros == 1
-    assert by_name["Memset"].duration_micros == 3
-    assert by_name["hcclAllReduce_kernel"].duration_micros == 7
-    # The copy was launched after the host waited for the GEMM: that order survives the fold.
-    assert by_name["gemm"].id in by_name["Memcpy DtoH"].data_deps
-    # Memset follows the GEMM on the same stream.
-    assert by_name["gemm"].id in by_name["Memset"].data_deps
-    # Roofline inputs are kept when known.
-    assert attr_value(by_name["gemm"], "num_ops") == 2_000_000_000
-    assert attr_value(by_name["gemm"], "tensor_size") == 4096
-    assert res["mapped"] == {
-        "comm_unknown->COMP_NODE": 2, "compute->COMP_NODE": 2, "cpu_op->folded": 2,
-        "launch->folded": 4, "memcpy->COMP_NODE": 2, "memset->COMP_NODE": 2, "sync->folded": 2,
-    }
+    got = [(n.name, n.duration_micros, attr_value(n, "is_cpu_op")) for n in nodes]
+    # Host lane: 0-6 µs, the sync's wait (6-18.345 µs) as a join on the GEMM, 18-23, 23-50.
+    # GPU lane: the GEMM at its measured 6 µs (the launch latency stays host time), the copy
+    # at 23, its idle gap before the memset added to it, the memset and the gap to the
+    # unknown-library kernel, which ends at 37.499 µs.
+    assert got == [("host", 6, True), ("gemm", 12, False), ("host waits", 0, True), ("host", 5, True),
+                   ("Memcpy DtoH", 1, False), ("host", 27, True), ("Memset", 6, False),
+                   ("hcclAllReduce_kernel", 7, False)]
+    by = {(n.name, n.duration_micros): n for n in nodes}
+    host1, gemm, join = by[("host", 6)], by[("gemm", 12)], by[("host waits", 0)]
+    host2, copy, host3 = by[("host", 5)], by[("Memcpy DtoH", 1)], by[("host", 27)]
+    memset, hccl = by[("Memset", 6)], by[("hcclAllReduce_kernel", 7)]
+    assert list(gemm.data_deps) == [host1.id]                  # the host reached its start
+    assert sorted(join.data_deps) == [host1.id, gemm.id]       # the sync waits for the GEMM
+    assert list(host2.data_deps) == [join.id]
+    assert sorted(copy.data_deps) == [gemm.id, host2.id]       # GPU lane order + launch
+    assert list(host3.data_deps) == [host2.id]
+    assert sorted(memset.data_deps) == [gemm.id, copy.id]     # stream order + lane order
+    assert list(hccl.data_deps) == [memset.id]
+    assert attr_value(gemm, "num_ops") == 2_000_000_000       # roofline inputs kept when known
+    assert attr_value(gemm, "tensor_size") == 4096
     assert all(n.ctrl_deps == [] for n in nodes)
+    assert res["mapped"] == {
+        "comm_unknown->COMP_NODE": 2, "compute->COMP_NODE": 2, "host time->COMP_NODE(cpu)": 6,
+        "host wait (join)->COMP_NODE(cpu)": 2, "memcpy->COMP_NODE": 2, "memset->COMP_NODE": 2,
+    }
+    assert res["merged"] == {"cpu_op (into host segments)": 2, "launch (into host segments)": 4,
+                             "sync (into host segments)": 2}
+    t = res["time"]
+    assert (t["host_waits_elastic"], t["host_wait_ns_elastic"]) == (2, 2 * 12_345)
+    assert t["gpu_gaps_added_ns"] == 2 * (700 + 3_400)
+    assert t["lost_busy_ns"] == 0 and t["ranks_losing_over_1pct"] == []
+    assert check_export(tmp_path / "out") == []
+
+
+def test_the_export_view_replays_to_the_measured_step(tmp_path):
+    from echo_et.converters.astra_sim import ExportPlan
+    from echo_et.sim import simulate
+
+    job = uniform_job(2, _host_and_kernels)
+    view = ExportPlan(job).view()
+    assert simulate(view).step_time_ns == simulate(job).step_time_ns == 50_000
+
+
+def test_overlapping_kernels_of_two_streams_are_clipped_to_one_gpu_lane(tmp_path):
+    def build(gb, r, s):
+        a = gb.compute("a", s["compute"], start_ns=0, duration_ns=10_000)
+        gb.compute("b", s["copy"], start_ns=4_000, duration_ns=10_000)      # overlaps a by 6 µs
+        gb.compute("c", s["copy"], start_ns=15_000, duration_ns=2_000)
+        gb.compute("inside", s["comm"], start_ns=15_500, duration_ns=1_000)  # within c
+        gb.compute("d", s["compute"], start_ns=20_000, duration_ns=1_000, deps=[a.id])
+
+    res = export(uniform_job(2, build), tmp_path / "out")
+    _, nodes = read_et(tmp_path / "out" / "workload.1.et")
+    assert [(n.name, n.duration_micros) for n in nodes] == [("a", 10), ("b", 5), ("c", 5), ("d", 1)]
+    assert res["merged"] == {"compute (covered by a concurrent kernel)": 2}
+    assert res["time"]["gpu_clipped_ns"] == 2 * (6_000 + 1_000)
+    for prev, n in zip(nodes, nodes[1:], strict=False):
+        assert prev.id in n.data_deps                          # one GPU node at a time
+
+
+def test_cpu_only_graph_exports_host_operators_as_compute(tmp_path):
+    def build(gb, r, s):
+        fwd = gb.cpu_op("forward", s["cpu"], start_ns=0, duration_ns=40_000)
+        issue = gb.cpu_op("issue:all_reduce", s["cpu"], start_ns=40_000, duration_ns=2_000,
+                          deps=[(fwd.id, pb.DEP_CONTROL)])
+        ar = gb.collective("all_reduce", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world",
+                           in_bytes=4096, start_ns=42_000, duration_ns=0, deps=[(issue.id, pb.DEP_DATA)])
+        gb.cpu_op("wait:all_reduce", s["cpu"], kind=pb.KIND_SYNC, start_ns=43_000, duration_ns=5_000,
+                  deps=[(ar.id, pb.DEP_SYNC)])
+
+    res = export(uniform_job(2, build), tmp_path / "out")
+    _, nodes = read_et(tmp_path / "out" / "workload.0.et")
+    comp = [n for n in nodes if n.type == et.COMP_NODE]
+    # No GPU work: the host operators are the compute, written as GPU compute nodes.
+    assert sum(n.duration_micros for n in comp) == 48
+    assert all(attr_value(n, "is_cpu_op") is False for n in nodes)
+    coll = next(n for n in nodes if n.type == et.COMM_COLL_NODE)
+    before = {n.id for n in comp if n.start_time_micros + n.duration_micros <= 42}
+    assert set(coll.data_deps) <= before and coll.data_deps
+    assert res["mapped"]["host compute->COMP_NODE"] >= 2
+
+
+def test_concurrent_communication_is_serialised_and_counted(tmp_path):
+    def build(gb, r, s):
+        gb.collective("x", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+                      start_ns=0, duration_ns=10_000)
+        gb.collective("y", s["copy"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+                      start_ns=2_000, duration_ns=10_000)
+
+    res = export(uniform_job(2, build), tmp_path / "out")
+    _, (x, y) = read_et(tmp_path / "out" / "workload.0.et")
+    assert x.id in y.data_deps
+    assert (res["time"]["comm_serialised"], res["time"]["comm_serialised_ns"]) == (2, 2 * 8_000)
+
+
+def test_ranks_keep_their_measured_start_offsets(tmp_path):
+    def build(gb, r, s):
+        gb.compute("k", s["compute"], start_ns=0, duration_ns=5_000)
+        gb.collective("ar", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+                      start_ns=5_000, duration_ns=1_000)
+
+    job = uniform_job(3, build)
+    for r, off in enumerate([0, 7_400, 2_600]):
+        job.manifest.bindings[r].clock_offset_ns = off
+    res = export(job, tmp_path / "out")
+    assert res["start_offsets_us"] == {"1": 7, "2": 3}
+    assert json.loads((tmp_path / "out" / "start_offsets.json").read_text()) == {"start_offset_us": [0, 7, 3]}
+    _, nodes = read_et(tmp_path / "out" / "workload.1.et")
+    assert (nodes[0].name, nodes[0].duration_micros) == ("start (rank offset)", 7)
+    assert nodes[0].id in nodes[1].data_deps
+    res = export(job, tmp_path / "aligned", ExportOptions(align_start=True))
+    assert res["start_offsets_us"] == {}
+    _, nodes = read_et(tmp_path / "aligned" / "workload.1.et")
+    assert [n.name for n in nodes] == ["k", "ar"]
 
 
 def _rooted(gb, r, s):
@@ -227,7 +322,7 @@ def test_subgroups_get_pg_names_and_a_comm_group_file(tmp_path):
         assert attr_value(nodes[0], "pg_name") is None            # world
         pg = attr_value(nodes[1], "pg_name")
         assert r in groups[pg]
-    assert res["mapped"]["all_reduce(one-rank group)->folded"] == 4
+    assert res["dropped"]["all_reduce(one-rank group)"] == 4
     assert "--comm-group-configuration=comm_group.json" in (tmp_path / "out" / "run.sh").read_text()
 
 

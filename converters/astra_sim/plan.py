@@ -163,6 +163,7 @@ class _Planner:
         self.merged: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
         self.stats: dict[str, int] = {"gpu_clipped_ns": 0, "gpu_gaps_added_ns": 0, "comm_gaps_dropped_ns": 0,
+                                      "comm_serialised": 0, "comm_serialised_ns": 0,
                                       "host_waits_elastic": 0, "host_wait_ns_elastic": 0,
                                       "acausal_deps_dropped": 0, "lost_busy_ns": 0}
         self.sources: dict[int, list[int]] = {}   # host time -> planned indices waiting for the host there
@@ -349,7 +350,7 @@ class _Planner:
             lp = last.get(lane)
             if lp is not None:
                 deps.add(lp.index)
-                if lp.end_ns > ready:
+                if lp.end_ns >= ready:  # on a tie the lane decides: the gap stays on the lane
                     ready, gate = lp.end_ns, "lane"
             if s.cls in ("comm", "block") and n.kind == pb.KIND_COLLECTIVE:
                 prev = last_coll.get(n.collective.group)
@@ -372,6 +373,10 @@ class _Planner:
                     self.stats["gpu_clipped_ns"] += cursor - start
                     start = cursor
             elif lane == COMM and timed and lp is not None and start < lp.end_ns:
+                # Ran concurrently with the previous communication (another stream or thread):
+                # ASTRA-sim runs one at a time.
+                self.stats["comm_serialised"] += 1
+                self.stats["comm_serialised_ns"] += lp.end_ns - start
                 start = lp.end_ns
             gap = start - ready if timed else 0
             if gap > 0:

@@ -312,10 +312,11 @@ class _Exporter:
         for key, v in plan.stats.items():
             self.stats[key] += v * ranks
         for pn in plan.nodes:
+            if pn.index == 0 and self.omit_start:
+                continue
             if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
                 continue  # counted per rank: even or uneven
-            lane = "cpu" if plan.is_cpu(pn) else "gpu"
-            label = pn.label.replace("COMP_NODE", f"COMP_NODE({lane})", 1) if pn.role == COMP else pn.label
+            label = pn.label + "(cpu)" if pn.role == COMP and plan.is_cpu(pn) else pn.label
             self.mapped[label] += ranks
             _, raised = self._static_tail(pn, gid)
             if raised:

@@ -44,6 +44,7 @@ from echo_et.sim import CommCall, Predictor, SimOptions, Simulator
 MIN_NPUS = 2
 BW_RANGE = (0.01, 1e5)        # GB/s searched
 LAT_RANGE = (0.0, 1e6)        # ns searched
+PRIOR_WEIGHT = 1e-4           # pull of the default network in the fit (log units)
 
 
 # -- what the communication takes ---------------------------------------------------------------
@@ -268,13 +269,20 @@ def fit_network(samples: list[Sample], base: Network, source: str, *, fixed_bw: 
         lat[d] = v
     weights = np.array([s.count for s in samples], dtype=float)
     targets = np.log(np.array([s.target_ns for s in samples], dtype=float))
+    prior_bw = [math.log(b) for b in base.bandwidth]
+    prior_lat = [math.log1p(x) for x in base.latency]
 
     def loss(bw_: list[float], lat_: list[float]) -> float:
         net = replace(base, bandwidth=bw_, latency=lat_)
         dims = _dims(net)
         fit = NetworkFit(source, net)
         pred = np.array([max(fit.predict(s, dims), 1e-3) for s in samples])
-        return float(np.sum(weights * (np.log(pred) - targets) ** 2) / np.sum(weights))
+        err = float(np.sum(weights * (np.log(pred) - targets) ** 2) / np.sum(weights))
+        # A weak pull towards the default network: among values the samples cannot tell
+        # apart (a bandwidth no size depends on), keep the usual one.
+        pull = sum((math.log(b) - p) ** 2 for b, p in zip(bw_, prior_bw, strict=True))
+        pull += sum((math.log1p(x) - p) ** 2 for x, p in zip(lat_, prior_lat, strict=True))
+        return err + PRIOR_WEIGHT * pull
 
     def to_u(kind: str, v: float) -> float:
         return math.log(v) if kind == "bw" else math.log1p(v)
