@@ -180,8 +180,12 @@ def test_rule_node_type(broken):
 def test_rule_is_cpu_op(broken):
     _edit(broken, 0, lambda meta, nodes: _drop_attr(_node(nodes, "k1"), "is_cpu_op"))
     assert _rules(broken) == {"is-cpu-op"}
+    # A CPU compute node is fine (host time); a communication node on the CPU is not.
     _edit(broken, 0, lambda meta, nodes: _set_attr(_node(nodes, "k1"), "is_cpu_op", bool_val=True))
-    assert "is_cpu_op is true" in check_export(broken)[0].message
+    assert check_export(broken) == []
+    _edit(broken, 0, lambda meta, nodes: _set_attr(_node(nodes, "ar"), "is_cpu_op", bool_val=True))
+    assert _rules(broken) == {"is-cpu-op"}
+    assert "Comm node should not be on CPU" in check_export(broken)[0].message
 
 
 def test_rule_attr_type(broken):
@@ -193,8 +197,36 @@ def test_rule_attr_type(broken):
 
 
 def test_rule_comp_duration(broken):
+    # duration_micros 0 runs as 1 ns; with roofline on, a GPU node needs num_ops/tensor_size.
     _edit(broken, 2, lambda meta, nodes: _node(nodes, "k1").ClearField("duration_micros"))
+    assert check_export(broken) == []
+    system = json.loads((broken / "system.json").read_text())
+    (broken / "system.json").write_text(json.dumps({**system, "roofline-enabled": 1, "peak-perf": 900}))
     assert _rules(broken) == {"comp-duration"}
+
+
+def test_rule_collective_deadlock(tmp_path):
+    def build(gb, r, s):
+        if r == 2:
+            gb.compute("idle", s["compute"], duration_ns=1000)
+            return
+        first, second = ("x", "y") if r == 0 else ("y", "x")
+        a = gb.collective(first, s["comm"], coll_type=pb.COLL_ALL_REDUCE, group=first, in_bytes=4096)
+        gb.collective(second, s["comm"], coll_type=pb.COLL_ALL_REDUCE, group=second, in_bytes=4096,
+                      deps=[a.id])
+
+    # Two groups of the same two ranks, used in opposite orders by the two.
+    job = uniform_job(3, build, groups={"x": [[0, 1]], "y": [[0, 1]]})
+    with pytest.raises(Exception, match="collective-deadlock"):
+        export(job, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_rule_start_offsets(broken):
+    (broken / "start_offsets.json").write_text(json.dumps({"start_offset_us": [0, -3, 0, 0]}))
+    assert _rules(broken) == {"start-offsets"}
+    (broken / "start_offsets.json").write_text(json.dumps({"start_offset_us": [0, 0]}))
+    assert _rules(broken) == {"start-offsets"}
 
 
 def test_rule_coll_type(broken):

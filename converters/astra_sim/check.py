@@ -37,6 +37,10 @@ Each rule has a name, reported with every problem:
   p2p-attrs          send: comm_dst (another rank) and comm_tag, comm_src absent or self;
                      recv: comm_src (another rank) and comm_tag, comm_dst absent or self
   p2p-match          every send has exactly one recv with equal (src, dst, tag, size)
+  collective-deadlock no two ranks issue the collectives of two groups in opposite orders (each
+                     rank runs them one after the other: both would wait for ever)
+  start-offsets      start_offsets.json, when present, lists one whole, non-negative number of
+                     µs per rank
 """
 
 from __future__ import annotations
@@ -211,6 +215,8 @@ def workload_prefix(folder: Path) -> str:
 @dataclass
 class _RankSummary:
     sequences: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # (group, k) -> (group, k): the rank issues the first collective before the second
+    order: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -448,6 +454,14 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
                         "different orders", f"{where_f} node {b.id} ({b.name})")
                 break
         summary.sequences[key] = [n.coll[:2] for n in cs]
+    # The order this rank issues collectives of different groups in, where it is fixed.
+    merged = sorted(((order[n.id], key, k, n) for key, cs in colls.items() for k, n in enumerate(cs)),
+                    key=lambda x: x[0])
+    for (_, ka, ia, a), (_, kb, ib, b) in zip(merged, merged[1:], strict=False):
+        if ka != kb and _reaches(b, a, ids, order):
+            summary.order.append(((ka, ia), (kb, ib)))
+    for key, cs in colls.items():
+        summary.order.extend(((key, k), (key, k + 1)) for k in range(len(cs) - 1))
     return summary
 
 
@@ -533,6 +547,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     reps: dict[str, dict[str, tuple[int, list]]] = defaultdict(dict)
     seen: dict[str, dict[int, str]] = defaultdict(dict)
     unread: set[int] = set()   # ranks whose sequences are unknown: left out of cross-rank rules
+    edges: dict[tuple[str, int], dict[tuple[str, int], int]] = {}  # issue order -> first rank seen
     for r in range(npus):
         path = folder / f"{prefix}.{r}.et"
         if not path.is_file():
@@ -543,6 +558,8 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
         if s is None:
             unread.add(r)
         else:
+            for a, b in s.order:
+                edges.setdefault(a, {}).setdefault(b, r)
             for key, seq in s.sequences.items():
                 d = _digest(seq)
                 reps[key].setdefault(d, (r, seq))
@@ -550,6 +567,8 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
         if out.full:
             return out.issues
     _check_sequences(folder, prefix, npus, groups, reps, seen, unread, out)
+    _check_cross_order(folder, prefix, edges, out)
+    _check_offsets(folder, npus, out)
     _check_p2p(sends, recvs, where_msg, unread, out)
     return out.issues
 
@@ -584,6 +603,49 @@ def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set
             out.add("collective-sequence", msg, str(folder / f"{prefix}.{r}.et"))
             if out.full:
                 return
+
+
+def _check_cross_order(folder: Path, prefix: str, edges: dict, out: IssueCollector) -> None:
+    """A cycle in the issue order of collective instances across ranks: a deadlock."""
+    color: dict[tuple[str, int], int] = {}
+    for start in sorted(edges):
+        if start in color:
+            continue
+        stack = [(start, iter(sorted(edges.get(start, {}))))]
+        color[start] = 1
+        path = [start]
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                color[node] = 2
+                stack.pop()
+                path.pop()
+                continue
+            if color.get(nxt) == 1:
+                cyc = path[path.index(nxt):] + [nxt]
+                a, b = cyc[0], cyc[1]
+                ra, rb = edges[a][b], edges[cyc[-2]][cyc[-1]]
+                name = lambda x: f"#{x[1]} on {'world' if x[0] == WORLD else 'group ' + x[0]}"  # noqa: E731
+                out.add("collective-deadlock", f"rank {ra} issues collective {name(a)} before {name(b)}, "
+                        f"but rank {rb} issues {name(cyc[-2])} before {name(cyc[-1])}: each waits for the "
+                        "other for ever", str(folder / f"{prefix}.{rb}.et"))
+                return
+            if nxt not in color:
+                color[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, iter(sorted(edges.get(nxt, {})))))
+
+
+def _check_offsets(folder: Path, npus: int, out: IssueCollector) -> None:
+    path = folder / FILE_NAMES["offsets"]
+    if not path.is_file():
+        return
+    cfg = _json(path, "start-offsets", out)
+    vals = cfg.get("start_offset_us") if isinstance(cfg, dict) else None
+    if (not isinstance(vals, list) or len(vals) != npus
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals)):
+        out.add("start-offsets", f"start_offset_us must list {npus} whole, non-negative numbers of µs", str(path))
 
 
 def _check_p2p(sends: Counter, recvs: Counter, where_msg: dict, unread: set[int],

@@ -127,6 +127,12 @@ class _Node:
         self.pi = -1                 # planned index
 
 
+def _label(s: _Node) -> str:
+    if s.cls == "solo":
+        return f"{collective_name(s.n.collective.type)}(one-rank group)->COMP_NODE"
+    return mapping_label(s.n)
+
+
 def _busy_union(nodes) -> int:
     iv = sorted((n.start_ns, n.start_ns + n.duration_ns) for n in nodes if n.duration_ns > 0)
     total, cur_s, cur_e = 0, None, None
@@ -182,7 +188,11 @@ class _Planner:
                 if n.kind == pb.KIND_COLLECTIVE:
                     comm_type_of(n)  # raises for types ASTRA-sim cannot express
                     if self.group_sizes.get(n.collective.group, 0) <= 1:
-                        self.st.append(_Node(i, n, "fold"))
+                        # Nothing to send: its measured time stays, as compute (host time on a
+                        # host thread); without a time it is folded into dependencies.
+                        cls = "fold" if n.duration_ns <= 0 else (
+                            "host" if n.stream in self.host_streams else "solo")
+                        self.st.append(_Node(i, n, cls))
                         continue
                 cls = "block" if n.stream in self.host_streams else ("recv" if n.kind == pb.KIND_RECV else "comm")
                 if cls == "block":
@@ -345,7 +355,7 @@ class _Planner:
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
                 self.stats["lost_busy_ns"] += n.duration_ns
                 continue
-            lane = {"gpu": GPU, "comm": COMM, "block": COMM, "recv": RECV, "block-recv": RECV}[s.cls]
+            lane = {"gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV, "block-recv": RECV}[s.cls]
             s.lane = lane
             lp = last.get(lane)
             if lp is not None:
@@ -396,7 +406,7 @@ class _Planner:
             role = COMP if lane == GPU else (COLL if n.kind == pb.KIND_COLLECTIVE else P2P)
             if lane != GPU:
                 end = max(end, start)
-            pn = self.new(role, lane, n, n.name or f"node{n.id}", start, end, deps, mapping_label(n))
+            pn = self.new(role, lane, n, n.name or f"node{n.id}", start, end, deps, _label(s))
             if host_t is not None:
                 self.sources.setdefault(host_t, []).append(pn.index)
             s.out, s.end, s.pi = {pn.index}, end, pn.index
@@ -506,6 +516,83 @@ class _Planner:
                 pn = self.planned[w]
                 pn.deps = sorted(set(pn.deps) | {src})
 
+    # -- graphs without measured times --------------------------------------------------------
+    def plan_untimed(self) -> None:
+        """No timeline to cut (every start is the same, as in SimAI workloads or Chakra files
+        from the PyTorch converter): each node is one node of its lane, in program order,
+        with its own duration (Chakra's host durations are exclusive, so they add up)."""
+        st, nodes, index = self.st, self.nodes, self.index
+        self.start = self.new(COMP, HOST, None, "start (rank offset)", -1, -1, (), "start offset->COMP_NODE")
+        preds: dict[int, list[int]] = {}
+        last_on_stream: dict[int, int] = {}
+        for i in sorted(range(len(nodes)), key=lambda i: nodes[i].id):
+            n = nodes[i]
+            ps = []
+            if st[i].cls != "host" and n.stream in last_on_stream:
+                ps.append(last_on_stream[n.stream])
+            last_on_stream[n.stream] = i
+            for d in n.deps:
+                j = index.get(d.id)
+                if j is None:
+                    raise EchoError(f"node {n.id} ({n.name}): dependency on missing node {d.id}")
+                if j == i or (d.kind == pb.DEP_CONTROL and not (st[j].cls == "host" and st[i].cls != "host")):
+                    continue
+                ps.append(j)
+            preds[i] = ps
+        indeg = {i: 0 for i in preds}
+        children: dict[int, list[int]] = {}
+        for i, ps in preds.items():
+            for p in set(ps):
+                indeg[i] += 1
+                children.setdefault(p, []).append(i)
+        heap = [(nodes[i].id, i) for i, k in indeg.items() if k == 0]
+        heapq.heapify(heap)
+        last: dict[str, PlannedNode] = {HOST: self.start}
+        last_coll: dict[str, PlannedNode] = {}
+        done = 0
+        while heap:
+            _, i = heapq.heappop(heap)
+            done += 1
+            for c in children.get(i, ()):
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    heapq.heappush(heap, (nodes[c].id, c))
+            s, n = st[i], st[i].n
+            deps: set[int] = set()
+            for j in preds[i]:
+                deps |= st[j].out
+            if s.cls == "fold":
+                s.out = deps
+                self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
+                self.stats["lost_busy_ns"] += n.duration_ns
+                continue
+            lane = {"host": HOST, "gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV,
+                    "block-recv": RECV}[s.cls]
+            if lane in last:
+                deps.add(last[lane].index)
+            if not deps:
+                deps.add(self.start.index)
+            if lane in (COMM,) and n.kind == pb.KIND_COLLECTIVE:
+                prev = last_coll.get(n.collective.group)
+                if prev is not None:
+                    deps.add(prev.index)
+            if lane == HOST:
+                role, label = COMP, ("host compute->COMP_NODE" if self.cpu_only else "host time->COMP_NODE")
+            else:
+                role, label = (COMP if lane == GPU else COLL if n.kind == pb.KIND_COLLECTIVE else P2P), _label(s)
+            pn = self.new(role, lane, n, n.name or f"node{n.id}", 0, n.duration_ns if role == COMP else 0,
+                          deps, label)
+            s.out = {pn.index}
+            if lane != RECV:
+                last[lane] = pn
+            if role == COLL:
+                last_coll[n.collective.group] = pn
+        if done != len(nodes):
+            stuck = min((i for i, k in indeg.items() if k > 0), key=lambda i: nodes[i].id)
+            n = nodes[stuck]
+            raise EchoError(f"node {n.id} ({n.name}): its dependencies and its stream order form a cycle, "
+                            "so no program order exists to export")
+
     # -- output ------------------------------------------------------------------------------
     def finish(self) -> list[PlannedNode]:
         """The planned nodes in a topological order, earliest start first; indices rewritten."""
@@ -546,14 +633,17 @@ def plan_graph(graph: Graph, group_sizes: dict[str, int]) -> GraphPlan:
     bound to (the same for every rank bound to the graph)."""
     p = _Planner(graph, group_sizes)
     p.classify()
-    p.predecessors()
-    p.plan_lanes()
-    p.plan_host()
+    if p.timed:
+        p.predecessors()
+        p.plan_lanes()
+        p.plan_host()
+    else:
+        p.plan_untimed()
     nodes = p.finish()
     mapped: dict[str, int] = {}
     for pn in nodes:
         mapped[pn.label] = mapped.get(pn.label, 0) + 1
-    busy = _busy_union(graph.nodes)
+    busy = _busy_union(graph.nodes) if p.timed else sum(n.duration_ns for n in graph.nodes)
     p.stats["busy_ns"] = busy
     host_cpu = bool(p.host_streams) and not p.cpu_only
     has_a2a = any(pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL for pn in nodes)

@@ -510,6 +510,18 @@ class ExportPlan:
     def plans(self) -> dict[str, GraphPlan]:
         return self._ex.plans
 
+    def with_network(self, options: ExportOptions) -> ExportPlan:
+        """The same plan with the network of ``options`` (bandwidths, latencies, topology);
+        the node lists do not depend on the network."""
+        hw = self.job.manifest.hardware
+        if (options.splits, options.align_start) != (self.options.splits, self.options.align_start):
+            return ExportPlan(self.job, options)
+        out = ExportPlan.__new__(ExportPlan)
+        out.job, out.options, out._ex = self.job, options, self._ex
+        out.network = configs.network_for(max(MIN_NPUS, self.job.world_size), hw.gpus_per_node,
+                                          hw.intra_node_bw_gbps, hw.inter_node_bw_gbps, options)
+        return out
+
     @property
     def offsets_us(self) -> dict[int, int]:
         """Each rank's start offset (whole µs) as written in its first node."""

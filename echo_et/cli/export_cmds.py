@@ -90,6 +90,8 @@ def export_astra_sim(
     for lossy in result["time"]["ranks_losing_over_1pct"]:
         typer.echo(f"warning: rank {lossy['rank']}: {lossy['lost_pct']} % of its measured busy time "
                    f"({lossy['lost_ns']} of {lossy['busy_ns']} ns) has no counterpart in the export", err=True)
+    if result.get("expected_error"):
+        typer.echo(f"warning: no expected step: {result['expected_error']}", err=True)
     if as_json:
         emit_json(result)
         return

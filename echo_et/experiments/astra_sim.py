@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from echo_et.converters.astra_sim import ExportOptions, ExportPlan
-from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE, Network, network_for
+from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE, Network
 from echo_et.converters.astra_sim.costs import Dim, collective_ns, send_ns
 from echo_et.converters.astra_sim.mapping import chakra_type_of, comm_size_of
 from echo_et.errors import EchoError
@@ -368,14 +368,20 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
     opts = options or ExportOptions()
     if comm_model is not None and measured_network:
         raise EchoError("fit the network to a communication model or to the measured collectives, not both")
-    hw = job.manifest.hardware
-    base = network_for(max(MIN_NPUS, job.world_size), hw.gpus_per_node, hw.intra_node_bw_gbps,
-                       hw.inter_node_bw_gbps, opts)
+    plan = ExportPlan(job, opts)      # refuses a job that fails the IR check, before anything runs
+    base = plan.network
     rec: _Recorder | None = None
     replay_ns = None
+    why_not = None
     if expected or measured_network:
         rec = _Recorder(job, SimOptions(critical_top=0))
-        replay_ns = rec.run().step_time_ns
+        try:
+            replay_ns = rec.run().step_time_ns
+        except EchoError as e:
+            if measured_network:
+                raise EchoError(f"cannot fit the network to the measured collectives: echo-et cannot "
+                                f"replay the job ({e})") from None
+            rec, why_not = None, str(e)
     fit = None
     if comm_model is not None or measured_network:
         if comm_model is not None:
@@ -387,11 +393,13 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
             source = "measured"
         fixed_bw, fixed_lat = _fixed(opts, job, len(base.npus_count))
         fit = fit_network(samples, base, source, fixed_bw=fixed_bw, fixed_lat=fixed_lat)
-        opts = _with_network(opts, fit.network)
-    plan = ExportPlan(job, opts)
+        plan = plan.with_network(_with_network(opts, fit.network))
     result = plan.write(dest)
     result["network_fit"] = fit.to_json() if fit is not None else None
-    if expected:
+    result["expected_step_ns"] = None
+    if why_not is not None:
+        result["expected_error"] = f"echo-et cannot replay the job: {why_not}"
+    elif expected:
         assert rec is not None
         view = plan.view()
         if comm_model is not None:
