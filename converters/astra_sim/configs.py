@@ -55,6 +55,7 @@ class ExportOptions:
     topology: str | None = None       # one name, or one per dimension separated by commas
     splits: int = DEFAULT_SPLITS
     align_start: bool = False         # start every rank at 0 instead of its measured offset
+    host_time: str = "keep"           # "keep" (CPU nodes) or "fold" (only the order it imposes)
 
 
 @dataclass

@@ -133,21 +133,6 @@ def _label(s: _Node) -> str:
     return mapping_label(s.n)
 
 
-def _busy_union(nodes) -> int:
-    iv = sorted((n.start_ns, n.start_ns + n.duration_ns) for n in nodes if n.duration_ns > 0)
-    total, cur_s, cur_e = 0, None, None
-    for s, e in iv:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
 class _Planner:
     def __init__(self, graph: Graph, group_sizes: dict[str, int]):
         self.graph = graph
@@ -176,6 +161,7 @@ class _Planner:
         self.sinks: dict[int, set[int]] = {}      # host time -> planned indices the host waits for there
         self.waits: list[tuple[int, int, int]] = []  # (start, end, host stream) of removable waits
         self._pending_sinks: list[tuple[int, list[int]]] = []  # (host time, waited node indices)
+        self.stats_wait: dict[int, int] = {}   # join node index -> length of the wait it replaces
         self.st: list[_Node] = []
 
     def count(self, d: dict[str, int], key: str, k: int = 1) -> None:
@@ -353,7 +339,6 @@ class _Planner:
             if s.cls == "fold":
                 s.out, s.host_t, s.end = deps, host_t, max(ready, n.start_ns + n.duration_ns)
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
-                self.stats["lost_busy_ns"] += n.duration_ns
                 continue
             lane = {"gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV, "block-recv": RECV}[s.cls]
             s.lane = lane
@@ -493,6 +478,7 @@ class _Planner:
                 deps = {prev} | sinks.get(b, set()) | extra
                 used.add(b)
                 pn = self.new(COMP, HOST, None, "host waits", b, b, deps, "host wait (join)->COMP_NODE")
+                self.stats_wait[pn.index] = b - a
                 self.stats["host_waits_elastic"] += 1
                 self.stats["host_wait_ns_elastic"] += b - a
                 while points[k] < b:
@@ -564,7 +550,6 @@ class _Planner:
             if s.cls == "fold":
                 s.out = deps
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
-                self.stats["lost_busy_ns"] += n.duration_ns
                 continue
             lane = {"host": HOST, "gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV,
                     "block-recv": RECV}[s.cls]
@@ -628,24 +613,84 @@ class _Planner:
         return out
 
 
-def plan_graph(graph: Graph, group_sizes: dict[str, int]) -> GraphPlan:
+def _intervals_len(iv: list[tuple[int, int]]) -> int:
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(iv):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return total + (cur_e - cur_s if cur_e is not None else 0)
+
+
+def _lost_busy(graph: Graph, nodes: list[PlannedNode], waits: list[tuple[int, int]], timed: bool) -> tuple[int, int]:
+    """The rank's measured busy time (every node, every stream) and how much of it no exported
+    node (nor a wait the export re-creates) covers."""
+    if not timed:
+        busy = sum(n.duration_ns for n in graph.nodes)
+        kept = sum(pn.duration_ns if pn.role == COMP else pn.node.duration_ns for pn in nodes if pn.node is not None)
+        kept += sum(pn.duration_ns for pn in nodes if pn.node is None and pn.index != 0)
+        return busy, max(0, busy - kept)
+    measured = [(n.start_ns, n.start_ns + n.duration_ns) for n in graph.nodes if n.duration_ns > 0]
+    covered = [(pn.start_ns, pn.end_ns) for pn in nodes if pn.end_ns > pn.start_ns and pn.index != 0]
+    covered += [(pn.node.start_ns, pn.node.start_ns + pn.node.duration_ns) for pn in nodes
+                if pn.role != COMP and pn.node is not None]
+    covered += waits
+    busy = _intervals_len(measured)
+    return busy, max(0, _intervals_len(measured + covered) - _intervals_len(covered))
+
+
+def _fold_host(nodes: list[PlannedNode]) -> tuple[list[PlannedNode], int]:
+    """Leave the host lane out: its order survives as dependencies between the nodes it
+    linked (a kernel launched after a wait depends on what the wait waited for)."""
+    reach: dict[int, set[int]] = {}
+    out: list[PlannedNode] = []
+    folded = 0
+    for pn in nodes:
+        deps: set[int] = set()
+        for d in pn.deps:
+            deps |= reach[d] if d in reach else {d}
+        if pn.lane == HOST and pn.index != 0:
+            reach[pn.index] = deps
+            folded += 1
+            continue
+        pn.deps = sorted(deps)
+        out.append(pn)
+    new_index = {pn.index: k for k, pn in enumerate(out)}
+    for k, pn in enumerate(out):
+        pn.index = k
+        pn.deps = sorted({new_index[d] for d in pn.deps})
+    return out, folded
+
+
+def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = False) -> GraphPlan:
     """Plan the export of ``graph``; ``group_sizes`` gives the size of the group each key is
-    bound to (the same for every rank bound to the graph)."""
+    bound to (the same for every rank bound to the graph). ``fold_host`` leaves host time
+    out (only the order it imposes stays): for readers whose statistics fail on CPU nodes,
+    at the cost of the time, which the plan reports as lost."""
     p = _Planner(graph, group_sizes)
     p.classify()
+    waits: list[tuple[int, int]] = []
     if p.timed:
         p.predecessors()
         p.plan_lanes()
         p.plan_host()
+        waits = [(pn.start_ns - p.stats_wait.get(pn.index, 0), pn.start_ns) for pn in p.planned
+                 if pn.label.startswith("host wait")]
     else:
         p.plan_untimed()
     nodes = p.finish()
+    if fold_host and p.host_streams:
+        nodes, folded = _fold_host(nodes)
+        p.count(p.dropped, "host time (--host-time fold)", folded)
+        waits = []
     mapped: dict[str, int] = {}
     for pn in nodes:
         mapped[pn.label] = mapped.get(pn.label, 0) + 1
-    busy = _busy_union(graph.nodes) if p.timed else sum(n.duration_ns for n in graph.nodes)
-    p.stats["busy_ns"] = busy
-    host_cpu = bool(p.host_streams) and not p.cpu_only
+    p.stats["busy_ns"], p.stats["lost_busy_ns"] = _lost_busy(graph, nodes, waits, p.timed)
+    host_cpu = bool(p.host_streams) and not p.cpu_only and not fold_host
     has_a2a = any(pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL for pn in nodes)
     return GraphPlan(graph.id, nodes, mapped, p.merged, p.dropped, p.stats, host_cpu, p.cpu_only,
                      p.origin, has_a2a)

@@ -139,7 +139,7 @@ class _Exporter:
                             f"({sizes[key]} and {size}); ASTRA-sim export needs one size per key"
                         )
             try:
-                self.plans[gid] = plan_graph(graph, sizes)
+                self.plans[gid] = plan_graph(graph, sizes, fold_host=self.opts.host_time == "fold")
             except EchoError as e:
                 raise EchoError(f"graph {gid}: {e}") from None
             self.key_sizes[gid] = sizes
@@ -494,6 +494,8 @@ class ExportPlan:
 
     def __init__(self, job: Job, options: ExportOptions | None = None):
         opts = options or ExportOptions()
+        if opts.host_time not in ("keep", "fold"):
+            raise EchoError(f"host time {opts.host_time!r}: use keep or fold")
         issues = check_job(job)
         if issues:
             more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
@@ -514,7 +516,8 @@ class ExportPlan:
         """The same plan with the network of ``options`` (bandwidths, latencies, topology);
         the node lists do not depend on the network."""
         hw = self.job.manifest.hardware
-        if (options.splits, options.align_start) != (self.options.splits, self.options.align_start):
+        if ((options.splits, options.align_start, options.host_time)
+                != (self.options.splits, self.options.align_start, self.options.host_time)):
             return ExportPlan(self.job, options)
         out = ExportPlan.__new__(ExportPlan)
         out.job, out.options, out._ex = self.job, options, self._ex

@@ -66,6 +66,10 @@ def export_astra_sim(
                                           "bandwidth and latency to the job's own measured collectives."),
     align_start: bool = typer.Option(False, "--align-start", help="Start every rank at 0 instead "
                                      "of its measured start offset."),
+    host_time: str = typer.Option("keep", "--host-time", metavar="keep|fold", help="keep: host "
+                                  "threads' time as CPU compute nodes; fold: leave it out and keep "
+                                  "only the order it imposes (ASTRA-sim master's statistics fail on "
+                                  "CPU nodes; the lost time is reported)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """ASTRA-sim input folder: workload.{rank}.et per rank, network/system/memory/group
@@ -85,7 +89,8 @@ def export_astra_sim(
 
         model = comm_model_for(job, profile, preset)
     opts = ExportOptions(gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
-                         latency=latency, topology=topology, splits=splits, align_start=align_start)
+                         latency=latency, topology=topology, splits=splits, align_start=align_start,
+                         host_time=host_time)
     result = export_with_report(job, output, opts, comm_model=model, measured_network=measured_network)
     for lossy in result["time"]["ranks_losing_over_1pct"]:
         typer.echo(f"warning: rank {lossy['rank']}: {lossy['lost_pct']} % of its measured busy time "
