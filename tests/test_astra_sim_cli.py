@@ -66,3 +66,71 @@ def test_missing_job_and_bad_option_exit_2(tmp_path):
                               "--topology", "Hypercube"])
     assert res.exit_code == 2 and "Hypercube" in res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def _timed_job_dir(tmp_path):
+    def build(gb, r, s):
+        op = gb.cpu_op("step", s["cpu"], start_ns=0, duration_ns=60_000)
+        launch = gb.cpu_op("cudaLaunchKernel", s["cpu"], kind=pb.KIND_LAUNCH, start_ns=1_000,
+                           duration_ns=2_000, deps=[(op.id, pb.DEP_CONTROL)])
+        k = gb.compute("k", s["compute"], start_ns=5_000, duration_ns=20_000, deps=[(launch.id, pb.DEP_LAUNCH)])
+        ar = gb.collective("ar", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=1 << 20,
+                           start_ns=25_000, duration_ns=15_000, deps=[k.id])
+        gb.cpu_op("cudaStreamSynchronize", s["cpu"], kind=pb.KIND_SYNC, start_ns=30_000,
+                  duration_ns=12_000, deps=[(ar.id, pb.DEP_SYNC)])
+    return save_job(uniform_job(2, build), tmp_path / "job")
+
+
+def test_export_fits_the_network_to_a_preset_and_reports_the_expected_step(tmp_path):
+    job = _timed_job_dir(tmp_path)
+    res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out"), "--preset",
+                              "a100-ib", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    fit = out["network_fit"]
+    assert fit["source"].startswith("model:") and len(fit["bandwidth_gbps"]) == 1
+    (row,) = fit["residuals"]
+    assert (row["collective"], row["bytes"], row["group_size"]) == ("all_reduce", 1 << 20, 2)
+    assert abs(row["error_pct"]) < 1                       # one size: the fit is exact
+    assert out["network"]["bandwidth_gbps"] == fit["bandwidth_gbps"]
+    assert out["expected_comm"] == "model" and out["replay_step_ns"] == 60_000
+    assert out["expected_step_ns"] > 0
+    text = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out"), "--preset",
+                               "a100-ib"])
+    assert "network fitted to model:" in text.stdout and "expected step" in text.stdout
+
+
+def test_export_measured_network_and_expected_step_keep_the_replay(tmp_path):
+    job = _timed_job_dir(tmp_path)
+    res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out"),
+                              "--measured-network", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["network_fit"]["source"] == "measured"
+    assert out["expected_comm"] == "measured"
+    assert out["expected_step_ns"] == out["replay_step_ns"] == 60_000
+    assert out["time"]["host_waits_elastic"] == 2 and out["merged"]["sync (into host segments)"] == 2
+
+
+def test_export_warns_when_busy_time_has_no_counterpart(tmp_path):
+    job = _timed_job_dir(tmp_path)
+    res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out"),
+                              "--host-time", "fold", "--json"])
+    assert res.exit_code == 0
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("warning: rank")]
+    assert len(warnings) == 2 and "has no counterpart in the export" in warnings[0]
+    out = json.loads(res.stdout)
+    assert out["dropped"]["host time (--host-time fold)"] > 0
+    assert out["expected_step_ns"] < out["replay_step_ns"]
+    clean = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out2"), "--json"])
+    assert "warning" not in clean.stderr
+
+
+def test_export_network_source_options_are_exclusive(tmp_path):
+    job = _timed_job_dir(tmp_path)
+    for extra in (["--preset", "a100-ib", "--measured-network"], ["--preset", "a100-ib", "--profile", "x.json"],
+                  ["--preset", "no-such-preset"], ["--host-time", "drop"]):
+        res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "o"), *extra])
+        assert res.exit_code == 2, extra
+        assert len(res.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "o").exists()

@@ -314,7 +314,8 @@ def fit_network(samples: list[Sample], base: Network, source: str, *, fixed_bw: 
                 best = val
         if before - best < 1e-9:
             break
-    net = replace(base, bandwidth=[float(b) for b in bw], latency=[float(x) for x in lat])
+    # Rounded as written to network.yml and reported.
+    net = replace(base, bandwidth=[round(float(b), 4) for b in bw], latency=[round(float(x), 2) for x in lat])
     fixed = tuple([f"bandwidth[{d}]" for d in sorted(fixed_bw)] + [f"latency[{d}]" for d in sorted(fixed_lat)])
     return NetworkFit(source, net, samples, fixed)
 
