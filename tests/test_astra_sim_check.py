@@ -285,3 +285,25 @@ def test_rule_p2p_match(broken):
     issues = check_export(broken)
     assert {i.rule for i in issues} == {"p2p-match"}
     assert any("from rank 0 to rank 2" in i.message for i in issues)
+
+
+def test_rule_world_numbering(tmp_path):
+    # Ranks 0 and 1 run a collective on their pair, then one on the world (no pg_name);
+    # rank 2 only the world one: ASTRA-sim's world counter differs, every rank hangs.
+    def build(gb, r, s):
+        prev = []
+        if r < 2:
+            prev = [gb.collective("pair", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="pair",
+                                  in_bytes=4096).id]
+        gb.collective("all", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096, deps=prev)
+
+    job = uniform_job(3, build, groups={"world": [[0, 1, 2]], "pair": [[0, 1], [2]]})
+    out = tmp_path / "out"
+    export(job, out)
+    # The export gives the world an explicit group, so it passes ...
+    assert check_export(out) == []
+    assert json.loads((out / "comm_group.json").read_text()).keys() >= {"1"}
+    # ... and written as the implicit world, the same nodes break the rule.
+    for r in range(3):
+        _edit(out, r, lambda meta, nodes: _drop_attr(_node(nodes, "all"), "pg_name"))
+    assert _rules(out) == {"world-numbering"}

@@ -41,6 +41,11 @@ Each rule has a name, reported with every problem:
                      rank runs them one after the other: both would wait for ever)
   start-offsets      start_offsets.json, when present, lists one whole, non-negative number of
                      µs per rank
+  world-numbering    collectives on the implicit world (no pg_name) are preceded on every rank
+                     by the same number of collectives of smaller groups: ASTRA-sim numbers
+                     world collectives with a counter those advance too, and ranks whose
+                     counts differ pair the wrong collectives and hang (give the world an
+                     explicit group instead)
 """
 
 from __future__ import annotations
@@ -217,6 +222,8 @@ class _RankSummary:
     sequences: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     # (group, k) -> (group, k): the rank issues the first collective before the second
     order: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
+    # per world collective (pg_name absent), the collectives of other groups issued before it
+    world_prefix: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -462,6 +469,12 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
             summary.order.append(((ka, ia), (kb, ib)))
     for key, cs in colls.items():
         summary.order.extend(((key, k), (key, k + 1)) for k in range(len(cs) - 1))
+    others = 0
+    for _, key, _, _ in merged:
+        if key == WORLD:
+            summary.world_prefix.append(others)
+        else:
+            others += 1
     return summary
 
 
@@ -548,6 +561,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     seen: dict[str, dict[int, str]] = defaultdict(dict)
     unread: set[int] = set()   # ranks whose sequences are unknown: left out of cross-rank rules
     edges: dict[tuple[str, int], dict[tuple[str, int], int]] = {}  # issue order -> first rank seen
+    prefixes: dict[int, list[int]] = {}
     for r in range(npus):
         path = folder / f"{prefix}.{r}.et"
         if not path.is_file():
@@ -560,6 +574,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
         else:
             for a, b in s.order:
                 edges.setdefault(a, {}).setdefault(b, r)
+            prefixes[r] = s.world_prefix
             for key, seq in s.sequences.items():
                 d = _digest(seq)
                 reps[key].setdefault(d, (r, seq))
@@ -568,6 +583,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
             return out.issues
     _check_sequences(folder, prefix, npus, groups, reps, seen, unread, out)
     _check_cross_order(folder, prefix, edges, out)
+    _check_world_numbering(folder, prefix, prefixes, out)
     _check_offsets(folder, npus, out)
     _check_p2p(sends, recvs, where_msg, unread, out)
     return out.issues
@@ -635,6 +651,21 @@ def _check_cross_order(folder: Path, prefix: str, edges: dict, out: IssueCollect
                 color[nxt] = 1
                 path.append(nxt)
                 stack.append((nxt, iter(sorted(edges.get(nxt, {})))))
+
+
+def _check_world_numbering(folder: Path, prefix: str, prefixes: dict[int, list[int]], out: IssueCollector) -> None:
+    if not prefixes or not any(any(p) for p in prefixes.values()):
+        return
+    ref_rank = min(prefixes)
+    ref = prefixes[ref_rank]
+    for r in sorted(prefixes):
+        mine = prefixes[r]
+        k = next((i for i, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b), None)
+        if k is not None:
+            out.add("world-numbering", f"world collective #{k} follows {mine[k]} collective(s) of smaller groups "
+                    f"here but {ref[k]} on rank {ref_rank}: ASTRA-sim would pair the wrong world collectives "
+                    "and hang", str(folder / f"{prefix}.{r}.et"))
+            return
 
 
 def _check_offsets(folder: Path, npus: int, out: IssueCollector) -> None:

@@ -113,6 +113,8 @@ class _Exporter:
         self.offsets_us: dict[int, int] = {}
         self.used_groups: dict[int, list[int]] = {}
         self.world_groups: set[int] = set()
+        self.explicit_world = False
+        self._coll_keys: dict[str, set[str]] = {}
         self.plans: dict[str, GraphPlan] = {}
         self.key_sizes: dict[str, dict[str, int]] = {}
         self._coll_by_seq: dict[tuple[str, str], dict[int, pb.Node]] = {}
@@ -149,6 +151,17 @@ class _Exporter:
         low = min(raw.values(), default=0)
         for r, v in raw.items():
             self.offsets_us[r] = 0 if self.opts.align_start else round_us(v - low)
+        # ASTRA-sim numbers collectives on the implicit world with a counter that collectives
+        # of smaller groups advance too, so a rank that ran more of those pairs its world
+        # collectives with the wrong ones and every rank hangs: when smaller groups are used,
+        # the world is written as an explicit group of every NPU as well.
+        used: set[int] = set()
+        for r in self.job.ranks():
+            b = self.job.binding(r)
+            keys = self._coll_keys.setdefault(b.graph, {pn.node.collective.group for pn in self.plans[b.graph].nodes
+                                                        if pn.role == COLL})
+            used.update(b.groups[k] for k in keys)
+        self.explicit_world = any(g not in self.world_groups for g in used)
         # With every rank starting at 0 the start node says nothing: it is left out.
         self.omit_start = not any(self.offsets_us.values())
 
@@ -254,7 +267,7 @@ class _Exporter:
     # -- per rank -------------------------------------------------------------------------
     def _pg_attr(self, rank: int, key: str) -> bytes:
         pg_id = self.job.binding(rank).groups[key]
-        if pg_id in self.world_groups:
+        if pg_id in self.world_groups and not self.explicit_world:
             return b""
         if pg_id not in self.used_groups:
             self.used_groups[pg_id] = list(self.job.group(pg_id).ranks)

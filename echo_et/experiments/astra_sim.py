@@ -398,6 +398,7 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
     result = plan.write(dest)
     result["network_fit"] = fit.to_json() if fit is not None else None
     result["expected_step_ns"] = None
+    result["replay_step_ns"] = replay_ns
     if why_not is not None:
         result["expected_error"] = f"echo-et cannot replay the job: {why_not}"
     elif expected:
@@ -413,7 +414,6 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
             result["expected_comm"] = "measured"
         result["expected_step_ns"] = res.step_time_ns
         result["expected_rank_step_ns"] = {str(r): v.step_time_ns for r, v in sorted(res.ranks.items())}
-        result["replay_step_ns"] = replay_ns
     return result
 
 
