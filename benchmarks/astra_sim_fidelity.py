@@ -34,6 +34,7 @@ from echo_et.converters import ReadOptions, read
 from echo_et.errors import EchoError
 from echo_et.experiments.astra_sim import export_with_report, run_astra_sim
 from echo_et.ir import load_job
+from echo_et.ir.schema import pb
 from echo_et.models.comm import CommModel
 from echo_et.sim import simulate
 from echo_et.sim.validate import measured_step
@@ -78,7 +79,8 @@ def inputs(tmp: Path) -> list[tuple[str, object, dict]]:
     for name, rel in (("DDP gloo, 4 CPU processes", "fixtures/traces/ddp_gloo4"),
                       ("gloo collectives, 3 CPU processes", "fixtures/kineto/gloo3")):
         folder = REPO / rel
-        out.append((name, lambda f=folder: read(sorted(f.glob("*.json.gz")), "kineto", ReadOptions()),
+        out.append((name, lambda f=folder: read(sorted(p for p in f.glob("*.json.gz") if ".et." not in p.name),
+                                                "kineto", ReadOptions()),
                     {"network": "measured"}))
     chakra = DATA / "traces/chakra/tests/data/feeder_tests_trace.tar.gz"
     if chakra.exists():
@@ -111,10 +113,12 @@ def measure(name: str, job, how: dict, out: Path, binaries: list[str]) -> dict:
     net = how["network"]
     model = None if net in ("measured", "default") else CommModel.preset(net)
     t0 = time.perf_counter()
-    res = export_with_report(job, out, comm_model=model, measured_network=net == "measured")
+    res = export_with_report(job, out, comm_model=model, measured_network=net == "measured", fit_splits=True)
     export_s = time.perf_counter() - t0
-    placeholder = any(n.attrs.get("timing") == "placeholder" for g in job.graphs() for n in g.nodes
-                      if n.kind in (2, 3, 4))
+    comm = [n for g in job.graphs() for n in g.nodes if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)]
+    # Communication without a measured time: ex-situ placeholders, SimAI workloads.
+    placeholder = bool(comm) and all(n.attrs.get("timing") == "placeholder" or n.duration_ns == 0 for n in comm)
+    timed = any(len({n.start_ns for n in g.nodes}) > 1 for g in job.graphs())
     try:
         if placeholder and model is not None:
             echo = simulate(job, "predict", comm_model=model).step_time_ns
@@ -124,7 +128,9 @@ def measure(name: str, job, how: dict, out: Path, binaries: list[str]) -> dict:
             echo_mode = "replay"
     except EchoError:
         echo, echo_mode = None, "cannot simulate"
-    measured = max((measured_step(job, r)[0] for r in job.ranks()), default=0) or None
+    # A step was measured only where the graph has a timeline (SimAI workloads and Chakra
+    # files from the PyTorch converter have none).
+    measured = (max((measured_step(job, r)[0] for r in job.ranks()), default=0) or None) if timed else None
     row = {"name": name, "ranks": job.world_size, "network": net, "measured": measured, "echo": echo,
            "echo_mode": echo_mode, "export": res.get("expected_step_ns"), "export_s": export_s,
            "fit_err": (res["network_fit"] or {}).get("max_abs_error_pct"), "astra": {}}

@@ -97,23 +97,28 @@ def hop_dim(a: int, b: int, dims: list[Dim]) -> int:
     return 0
 
 
-def collective_ns(comm_type: int, size: int, members: list[int], dims: list[Dim],
-                  splits: int = DEFAULT_SPLITS) -> float:
-    """ASTRA-sim's time for one collective of ``size`` bytes (``comm_size``) on the NPUs
-    ``members`` (in the order comm_group.json lists them) of the network ``dims``."""
+def collective_shape(members: list[int], dims: list[Dim]) -> tuple:
+    """What of a group's placement ASTRA-sim's time depends on: ("hier",) for the whole
+    multi-dimensional network, else ("ring", n, the dimensions its hops use)."""
     n = len(members)
     total = 1
     for d in dims:
         total *= d.npus
-    if n <= 1:
-        return 0.0
-    if n < total or len(dims) == 1:
+    if n == total and len(dims) > 1:
+        return ("hier",)
+    if len(dims) == 1:
+        return ("ring", n, (0,))
+    return ("ring", n, tuple(sorted({hop_dim(members[k], members[(k + 1) % n], dims) for k in range(n)})))
+
+
+def shaped_ns(comm_type: int, size: float, shape: tuple, dims: list[Dim], splits: int = DEFAULT_SPLITS) -> float:
+    """:func:`collective_ns` for a group of the given :func:`collective_shape`."""
+    if shape[0] == "ring":
+        n = shape[1]
+        if n <= 1:
+            return 0.0
         # One ring over the members, at the pace of its slowest hop.
-        worst = 0.0
-        for k in range(n):
-            d = dims[hop_dim(members[k], members[(k + 1) % n], dims)]
-            worst = max(worst, ring_ns(comm_type, n, size, d, splits))
-        return worst
+        return max(ring_ns(comm_type, n, size, dims[d], splits) for d in shape[2])
     lat = 0.0
     slowest = 0.0
     data = float(size)
@@ -129,10 +134,20 @@ def collective_ns(comm_type: int, size: int, members: list[int], dims: list[Dim]
     return lat + slowest
 
 
+def collective_ns(comm_type: int, size: int, members: list[int], dims: list[Dim],
+                  splits: int = DEFAULT_SPLITS) -> float:
+    """ASTRA-sim's time for one collective of ``size`` bytes (``comm_size``) on the NPUs
+    ``members`` (in the order comm_group.json lists them) of the network ``dims``."""
+    if len(members) <= 1:
+        return 0.0
+    return shaped_ns(comm_type, size, collective_shape(members, dims), dims, splits)
+
+
 def send_ns(size: int, src: int, dst: int, dims: list[Dim]) -> float:
     """ASTRA-sim's time for one send of ``size`` bytes from NPU ``src`` to ``dst``."""
     d = dims[hop_dim(src, dst, dims)]
     return HOPS.get(d.topology, 1) * d.latency + size / (d.bandwidth * GIB_PER_GB)
 
 
-__all__ = ["Dim", "collective_ns", "coordinates", "hop_dim", "ring_ns", "send_ns"]
+__all__ = ["Dim", "collective_ns", "collective_shape", "coordinates", "hop_dim", "ring_ns", "send_ns",
+           "shaped_ns"]

@@ -529,11 +529,11 @@ class ExportPlan:
         """The same plan with the network of ``options`` (bandwidths, latencies, topology);
         the node lists do not depend on the network."""
         hw = self.job.manifest.hardware
-        if ((options.splits, options.align_start, options.host_time)
-                != (self.options.splits, self.options.align_start, self.options.host_time)):
+        if (options.align_start, options.host_time) != (self.options.align_start, self.options.host_time):
             return ExportPlan(self.job, options)
         out = ExportPlan.__new__(ExportPlan)
         out.job, out.options, out._ex = self.job, options, self._ex
+        self._ex.opts, self._ex.splits = options, options.splits   # sizes are set at writing
         out.network = configs.network_for(max(MIN_NPUS, self.job.world_size), hw.gpus_per_node,
                                           hw.intra_node_bw_gbps, hw.inter_node_bw_gbps, options)
         return out

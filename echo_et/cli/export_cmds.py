@@ -57,7 +57,9 @@ def export_astra_sim(
     topology: str | None = typer.Option(None, "--topology", metavar="NAME[,NAME]", help="Ring, "
                                         "FullyConnected or Switch, one for all dimensions or one per "
                                         "dimension separated by commas (default Switch)."),
-    splits: int = typer.Option(4, "--splits", metavar="N", help="ASTRA-sim preferred-dataset-splits."),
+    splits: int | None = typer.Option(None, "--splits", metavar="N", help="ASTRA-sim "
+                                      "preferred-dataset-splits (default 4; a network fit may choose "
+                                      "1 or 2 when that fits the collectives better)."),
     profile: Path | None = typer.Option(None, "--profile", metavar="FILE", help="Fit the network's "
                                         "bandwidth and latency to this CC model calibration profile."),
     preset: str | None = typer.Option(None, "--preset", metavar="NAME", help="Fit the network's "
@@ -89,9 +91,11 @@ def export_astra_sim(
 
         model = comm_model_for(job, profile, preset)
     opts = ExportOptions(gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
-                         latency=latency, topology=topology, splits=splits, align_start=align_start,
+                         latency=latency, topology=topology, splits=4 if splits is None else splits,
+                         align_start=align_start,
                          host_time=host_time)
-    result = export_with_report(job, output, opts, comm_model=model, measured_network=measured_network)
+    result = export_with_report(job, output, opts, comm_model=model, measured_network=measured_network,
+                                fit_splits=splits is None)
     for lossy in result["time"]["ranks_losing_over_1pct"]:
         typer.echo(f"warning: rank {lossy['rank']}: {lossy['lost_pct']} % of its measured busy time "
                    f"({lossy['lost_ns']} of {lossy['busy_ns']} ns) has no counterpart in the export", err=True)
@@ -112,7 +116,8 @@ def export_astra_sim(
         net["topology"], net["npus_count"], net["bandwidth_gbps"], net["latency_ns"], strict=True)))
     fit = result.get("network_fit")
     if fit:
-        typer.echo(f"network fitted to {fit['source']}: max |error| {fit['max_abs_error_pct']} %")
+        typer.echo(f"network fitted to {fit['source']} (preferred-dataset-splits "
+                   f"{fit['preferred_dataset_splits']}): max |error| {fit['max_abs_error_pct']} %")
         typer.echo(f"  {'collective':<16} {'bytes':>12} {'ranks':>5} {'target us':>10} {'astra us':>10} {'err %':>7}")
         for row in fit["residuals"]:
             err = "-" if row["error_pct"] is None else f"{row['error_pct']:+.1f}"

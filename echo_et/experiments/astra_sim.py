@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from echo_et.converters.astra_sim import ExportOptions, ExportPlan
-from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE, Network
-from echo_et.converters.astra_sim.costs import Dim, collective_ns, send_ns
+from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE, DEFAULT_SPLITS, Network
+from echo_et.converters.astra_sim.costs import GIB_PER_GB, HOPS, Dim, collective_ns, send_ns, shaped_ns
 from echo_et.converters.astra_sim.mapping import chakra_type_of, comm_size_of
 from echo_et.errors import EchoError
 from echo_et.ir.job import Job
@@ -45,6 +45,7 @@ MIN_NPUS = 2
 BW_RANGE = (0.01, 1e5)        # GB/s searched
 LAT_RANGE = (0.0, 1e6)        # ns searched
 PRIOR_WEIGHT = 1e-4           # pull of the default network in the fit (log units)
+SPLIT_CHOICES = (4, 2, 1)     # preferred-dataset-splits a fit may choose
 
 
 # -- what the communication takes ---------------------------------------------------------------
@@ -110,6 +111,7 @@ class Sample:
     members: tuple[int, ...]   # collective: group ranks; send: (src, dst)
     target_ns: float
     count: int = 1
+    shape: tuple = ()          # costs.collective_shape, or ("send", dim)
 
 
 @dataclass
@@ -118,18 +120,25 @@ class NetworkFit:
     network: Network
     samples: list[Sample] = field(default_factory=list)
     fixed: tuple[str, ...] = ()
+    splits: int = DEFAULT_SPLITS             # preferred-dataset-splits the times assume
+    loss: float = 0.0                        # mean squared log ratio, weighted by count
 
     def predict(self, s: Sample, dims: list[Dim] | None = None) -> float:
         dims = dims or _dims(self.network)
+        if s.shape and s.shape[0] == "send":
+            d = dims[s.shape[1]]
+            return HOPS.get(d.topology, 1) * d.latency + s.size / (d.bandwidth * GIB_PER_GB)
         if s.comm_type < 0:
             return send_ns(s.size, s.members[0], s.members[1], dims)
-        return collective_ns(s.comm_type, s.size, list(s.members), dims)
+        if s.shape:
+            return shaped_ns(s.comm_type, s.size, s.shape, dims, self.splits)
+        return collective_ns(s.comm_type, s.size, list(s.members), dims, self.splits)
 
     def residuals(self) -> list[dict[str, Any]]:
         """Per distinct (collective, bytes, group size): target, ASTRA-sim's time, error %."""
         dims = _dims(self.network)
         rows: dict[tuple, dict[str, Any]] = {}
-        for s in self.samples:
+        for s in _by_shape(self.samples, dims):
             p = self.predict(s, dims)
             key = (s.what, s.size, len(s.members))
             row = rows.setdefault(key, {"collective": s.what, "bytes": s.size, "group_size": len(s.members),
@@ -149,7 +158,7 @@ class NetworkFit:
     def to_json(self) -> dict[str, Any]:
         res = self.residuals()
         errs = [abs(r["error_pct"]) for r in res if r["error_pct"] is not None]
-        return {"source": self.source, "fixed": list(self.fixed),
+        return {"source": self.source, "fixed": list(self.fixed), "preferred_dataset_splits": self.splits,
                 "bandwidth_gbps": [round(b, 4) for b in self.network.bandwidth],
                 "latency_ns": [round(x, 2) for x in self.network.latency],
                 "residuals": res,
@@ -242,10 +251,11 @@ def _merge_samples(samples) -> list[Sample]:
 
 
 def fit_network(samples: list[Sample], base: Network, source: str, *, fixed_bw: dict[int, float] | None = None,
-                fixed_lat: dict[int, float] | None = None) -> NetworkFit:
+                fixed_lat: dict[int, float] | None = None, splits: int = DEFAULT_SPLITS) -> NetworkFit:
     """Bandwidth and latency per dimension minimising the mean squared log ratio between
-    ASTRA-sim's time and the target over ``samples`` (weighted by count); values in
-    ``fixed_bw``/``fixed_lat`` (dimension -> value) are kept."""
+    ASTRA-sim's time and the target over ``samples`` (weighted by count), for a system file
+    with ``splits`` preferred-dataset-splits; values in ``fixed_bw``/``fixed_lat``
+    (dimension -> value) are kept."""
     fixed_bw, fixed_lat = dict(fixed_bw or {}), dict(fixed_lat or {})
     samples = [s for s in samples if s.target_ns > 0]
     if not samples:
@@ -267,6 +277,8 @@ def fit_network(samples: list[Sample], base: Network, source: str, *, fixed_bw: 
         bw[d] = v
     for d, v in fixed_lat.items():
         lat[d] = v
+    report = samples
+    samples = _by_shape(samples, _dims(base))
     weights = np.array([s.count for s in samples], dtype=float)
     targets = np.log(np.array([s.target_ns for s in samples], dtype=float))
     prior_bw = [math.log(b) for b in base.bandwidth]
@@ -275,7 +287,7 @@ def fit_network(samples: list[Sample], base: Network, source: str, *, fixed_bw: 
     def loss(bw_: list[float], lat_: list[float]) -> float:
         net = replace(base, bandwidth=bw_, latency=lat_)
         dims = _dims(net)
-        fit = NetworkFit(source, net)
+        fit = NetworkFit(source, net, splits=splits)
         pred = np.array([max(fit.predict(s, dims), 1e-3) for s in samples])
         err = float(np.sum(weights * (np.log(pred) - targets) ** 2) / np.sum(weights))
         # A weak pull towards the default network: among values the samples cannot tell
@@ -317,7 +329,27 @@ def fit_network(samples: list[Sample], base: Network, source: str, *, fixed_bw: 
     # Rounded as written to network.yml and reported.
     net = replace(base, bandwidth=[round(float(b), 4) for b in bw], latency=[round(float(x), 2) for x in lat])
     fixed = tuple([f"bandwidth[{d}]" for d in sorted(fixed_bw)] + [f"latency[{d}]" for d in sorted(fixed_lat)])
-    return NetworkFit(source, net, samples, fixed)
+    out = NetworkFit(source, net, report, fixed, splits)
+    out.loss = loss(list(net.bandwidth), list(net.latency))
+    return out
+
+
+def _by_shape(samples: list[Sample], dims: list[Dim]) -> list[Sample]:
+    """Samples ASTRA-sim prices alike (type, size and what of the placement matters) become
+    one, with the count-weighted mean target: the fit evaluates each once."""
+    from echo_et.converters.astra_sim.costs import collective_shape, hop_dim
+
+    acc: dict[tuple, list] = {}
+    for s in samples:
+        if s.comm_type < 0:
+            shape: tuple = ("send", hop_dim(s.members[0], s.members[1], dims))
+        else:
+            shape = collective_shape(list(s.members), dims)
+        key = (s.what, s.comm_type, s.size, shape)
+        a = acc.setdefault(key, [0.0, 0, s.members])
+        a[0] += s.target_ns * s.count
+        a[1] += s.count
+    return [Sample(k[0], k[1], k[2], v[2], v[0] / v[1], v[1], k[3]) for k, v in sorted(acc.items(), key=str)]
 
 
 def _dims_used(s: Sample, dims: list[Dim]) -> set[int]:
@@ -362,10 +394,14 @@ def _golden(f, lo: float, hi: float, start: float) -> float:
 
 # -- the export with its report ------------------------------------------------------------------
 def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, comm_model: Any = None,
-                       measured_network: bool = False, expected: bool = True) -> dict[str, Any]:
+                       measured_network: bool = False, expected: bool = True,
+                       fit_splits: bool = False) -> dict[str, Any]:
     """Fit the network if asked (``comm_model`` or ``measured_network``), write the export,
     and replay it: the export's result plus ``network_fit``, ``replay_step_ns`` (echo-et's
-    replay of the job), ``expected_step_ns`` and ``expected_comm`` ("model" or "measured")."""
+    replay of the job), ``expected_step_ns`` and ``expected_comm`` ("model" or "measured").
+    With ``fit_splits`` the fit also chooses preferred-dataset-splits (1, 2 or 4): fewer
+    chunks mean fewer latencies per collective, which matches NCCL's ring better at small
+    sizes; on a tie the options' value stays."""
     opts = options or ExportOptions()
     if comm_model is not None and measured_network:
         raise EchoError("fit the network to a communication model or to the measured collectives, not both")
@@ -393,8 +429,14 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
             samples = _measured_samples(job, rec, opts.splits)
             source = "measured"
         fixed_bw, fixed_lat = _fixed(opts, job, len(base.npus_count))
-        fit = fit_network(samples, base, source, fixed_bw=fixed_bw, fixed_lat=fixed_lat)
-        plan = plan.with_network(_with_network(opts, fit.network))
+        fit = fit_network(samples, base, source, fixed_bw=fixed_bw, fixed_lat=fixed_lat, splits=opts.splits)
+        for splits in (SPLIT_CHOICES if fit_splits else ()):
+            if splits == fit.splits:
+                continue
+            other = fit_network(samples, base, source, fixed_bw=fixed_bw, fixed_lat=fixed_lat, splits=splits)
+            if other.loss < 0.98 * fit.loss:
+                fit = other
+        plan = plan.with_network(replace(_with_network(opts, fit.network), splits=fit.splits))
     result = plan.write(dest)
     result["network_fit"] = fit.to_json() if fit is not None else None
     result["expected_step_ns"] = None
