@@ -4,14 +4,19 @@ feeder and feeder v3 of ASTRA-sim master (``../shared/docs/reference/chakra-astr
 sections 4 and 7).
 
 - :func:`export` (also ``write``): Job -> folder with ``workload.{rank}.et``, ``network.yml``,
-  ``system.json``, ``remote_memory.json``, ``comm_group.json`` and ``run.sh``.
+  ``system.json``, ``remote_memory.json``, ``comm_group.json``, ``start_offsets.json`` and
+  ``run.sh``; :class:`ExportPlan` plans once, writes, and gives the exported nodes as a Job
+  (:meth:`ExportPlan.view`) for echo-et's own replay of the export.
 - :func:`check_export`: the contract check, run on every export and by
   ``echo-et check --astra-sim``.
+- :mod:`.costs`: ASTRA-sim's time for a collective or send on a given network.
 
-What is lost: host (CPU) time, which is folded into dependencies; the overlap of copies
-with kernels (copies become compute nodes); sub-microsecond precision (ASTRA-sim reads
-integer microseconds); collective types ASTRA-sim cannot network are approximated (see
-:mod:`.mapping`), and every such mapping is counted in the export's ``mapped``.
+The time is kept (:mod:`.plan`): host threads become CPU compute nodes, kernels GPU compute
+nodes, communication COMM nodes, with the launch and wait dependencies between them, so
+that every node starts at its measured time. What is lost, and counted: concurrency
+ASTRA-sim cannot express (several GPU streams, several communication streams), and
+sub-microsecond precision; collective types ASTRA-sim cannot network are approximated (see
+:mod:`.mapping`), every mapping counted in the export's ``mapped``.
 """
 
 from __future__ import annotations
