@@ -125,7 +125,7 @@ def measure(name: str, job, how: dict, out: Path, binaries: list[str]) -> dict:
             echo_mode = "predict"
         else:
             echo = res["replay_step_ns"]
-            echo_mode = "replay"
+            echo_mode = "replay" if echo is not None else "cannot replay"
     except EchoError:
         echo, echo_mode = None, "cannot simulate"
     # A step was measured only where the graph has a timeline (SimAI workloads and Chakra
