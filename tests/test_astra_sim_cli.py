@@ -124,6 +124,10 @@ def test_export_warns_when_busy_time_has_no_counterpart(tmp_path):
     assert out["expected_step_ns"] < out["replay_step_ns"]
     clean = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out2"), "--json"])
     assert "warning" not in clean.stderr
+    quick = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out3"), "--json",
+                                "--no-expected"])
+    assert quick.exit_code == 0
+    assert json.loads(quick.stdout)["expected_step_ns"] is None
 
 
 def test_export_network_source_options_are_exclusive(tmp_path):

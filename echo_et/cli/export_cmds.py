@@ -72,6 +72,8 @@ def export_astra_sim(
                                   "threads' time as CPU compute nodes; fold: leave it out and keep "
                                   "only the order it imposes (ASTRA-sim master's statistics fail on "
                                   "CPU nodes; the lost time is reported)."),
+    no_expected: bool = typer.Option(False, "--no-expected", help="Skip echo-et's replay of the job "
+                                     "and of the export (no expected step; faster on huge jobs)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """ASTRA-sim input folder: workload.{rank}.et per rank, network/system/memory/group
@@ -95,7 +97,7 @@ def export_astra_sim(
                          align_start=align_start,
                          host_time=host_time)
     result = export_with_report(job, output, opts, comm_model=model, measured_network=measured_network,
-                                fit_splits=splits is None)
+                                fit_splits=splits is None, expected=not no_expected)
     for lossy in result["time"]["ranks_losing_over_1pct"]:
         typer.echo(f"warning: rank {lossy['rank']}: {lossy['lost_pct']} % of its measured busy time "
                    f"({lossy['lost_ns']} of {lossy['busy_ns']} ns) has no counterpart in the export", err=True)
