@@ -76,6 +76,10 @@ def inputs(tmp: Path) -> list[tuple[str, object, dict]]:
             return read(sorted(p for p in folder.rglob("*.json") if p.is_file()), "kineto", ReadOptions())
         out.append(("DLRM Kineto, 8x V100", load_dlrm, {"network": "measured"}))
         out.append(("DLRM Kineto, 8x V100", load_dlrm, {"network": "v100-ib"}))
+    hta = DATA / "traces/HolisticTraceAnalysis/tests/data/trace_filter"
+    if hta.exists():
+        out.append(("HTA sampled ranks 0-1 of 128 (A100)",
+                    lambda: read(sorted(hta.glob("*.json.gz")), "kineto", ReadOptions()), {"network": "measured"}))
     for name, rel in (("DDP gloo, 4 CPU processes", "fixtures/traces/ddp_gloo4"),
                       ("gloo collectives, 3 CPU processes", "fixtures/kineto/gloo3")):
         folder = REPO / rel

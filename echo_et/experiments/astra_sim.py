@@ -178,10 +178,13 @@ def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Samp
     """Every distinct collective and send of the job priced by the CC model."""
     seen: dict[tuple, Sample] = {}
     gpn = net.npus_count[0] if len(net.npus_count) > 1 else max(net.npus, 1)
+    comm_of: dict[str, list[pb.Node]] = {}
     for r in job.ranks():
         b = job.binding(r)
-        g = job.graph(b.graph)
-        for n in g.nodes:
+        if b.graph not in comm_of:
+            comm_of[b.graph] = [n for n in job.graph(b.graph).nodes
+                                if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND)]
+        for n in comm_of[b.graph]:
             if n.kind == pb.KIND_COLLECTIVE:
                 c = n.collective
                 ctype = chakra_type_of(c.type)
