@@ -527,3 +527,23 @@ def test_run_script_is_the_exact_command(tmp_path):
     assert (tmp_path / "nonempty_dir" / "run.sh").stat().st_mode & 0o111
     assert res["workload_prefix"] == str(tmp_path / "nonempty_dir" / "workload")
     assert res["files"][:4] == [f"workload.{r}.et" for r in range(4)]
+
+
+def test_a_wait_is_elastic_only_where_no_other_host_thread_works(tmp_path):
+    from echo_et.converters.astra_sim import ExportPlan
+    from echo_et.sim import simulate
+
+    def build(gb, r, s):
+        t2 = gb.stream(pb.STREAM_CPU_THREAD, "thread 2")
+        launch = gb.cpu_op("cudaLaunchKernel", s["cpu"], kind=pb.KIND_LAUNCH, start_ns=0, duration_ns=1_000)
+        k = gb.compute("k", s["compute"], start_ns=1_000, duration_ns=20_000, deps=[(launch.id, pb.DEP_LAUNCH)])
+        gb.cpu_op("cudaStreamSynchronize", s["cpu"], kind=pb.KIND_SYNC, start_ns=2_000, duration_ns=20_000,
+                  deps=[(k.id, pb.DEP_SYNC)])
+        # Another thread works from 5 to 9 µs, inside the wait (2 to 21 µs).
+        gb.cpu_op("other thread", t2, start_ns=5_000, duration_ns=4_000)
+
+    job = uniform_job(2, build)
+    res = export(job, tmp_path / "out")
+    # Only 9 to 21 µs of the wait is cut out (the other thread's boundaries stay host time).
+    assert res["time"]["host_wait_ns_elastic"] == 2 * 12_000
+    assert simulate(ExportPlan(job).view()).step_time_ns == simulate(job).step_time_ns == 22_000

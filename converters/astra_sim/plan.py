@@ -112,19 +112,20 @@ class GraphPlan:
 class _Node:
     """Planning state of one IR node."""
 
-    __slots__ = ("i", "n", "cls", "lane", "preds", "hpreds", "out", "host_t", "end", "pi")
+    __slots__ = ("i", "n", "cls", "preds", "hpreds", "out", "host_t", "end")
 
     def __init__(self, i: int, n: pb.Node, cls: str):
         self.i = i
         self.n = n
-        self.cls = cls               # host, gpu, comm, recv, block, fold
-        self.lane = ""
+        # host: on a host thread; gpu: device compute; solo: collective of a one-rank group
+        # (kept as compute); comm / recv: communication of a device stream; block /
+        # block-recv: communication a host thread blocks in; fold: no time, no counterpart
+        self.cls = cls
         self.preds: list[int] = []   # non-host predecessors (indices into the graph's nodes)
         self.hpreds: list[int] = []  # host cut times this node waits for
         self.out: set[int] = set()   # planned indices a dependent must wait for
         self.host_t: int | None = None  # host cut a dependent must wait for (folded nodes)
         self.end = 0                 # exported end (measured time)
-        self.pi = -1                 # planned index
 
 
 def _label(s: _Node) -> str:
@@ -158,7 +159,6 @@ class _Planner:
                                       "host_waits_elastic": 0, "host_wait_ns_elastic": 0,
                                       "acausal_deps_dropped": 0, "lost_busy_ns": 0}
         self.sources: dict[int, list[int]] = {}   # host time -> planned indices waiting for the host there
-        self.sinks: dict[int, set[int]] = {}      # host time -> planned indices the host waits for there
         self.waits: list[tuple[int, int, int]] = []  # (start, end, host stream) of removable waits
         self._pending_sinks: list[tuple[int, list[int]]] = []  # (host time, waited node indices)
         self.stats_wait: dict[int, int] = {}   # join node index -> length of the wait it replaces
@@ -341,7 +341,6 @@ class _Planner:
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
                 continue
             lane = {"gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV, "block-recv": RECV}[s.cls]
-            s.lane = lane
             lp = last.get(lane)
             if lp is not None:
                 deps.add(lp.index)
@@ -394,7 +393,7 @@ class _Planner:
             pn = self.new(role, lane, n, n.name or f"node{n.id}", start, end, deps, _label(s))
             if host_t is not None:
                 self.sources.setdefault(host_t, []).append(pn.index)
-            s.out, s.end, s.pi = {pn.index}, end, pn.index
+            s.out, s.end = {pn.index}, end
             if lane == GPU:
                 cursor = end
                 last[GPU] = pn
