@@ -39,6 +39,7 @@ from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
+from echo_et.ir.conventions import ISSUE_PREFIX
 from echo_et.ir.schema import pb
 from echo_et.passes.dtypes import DTYPE_BYTES
 from echo_et.passes.inject import ACCUMULATE_GRAD, bucket_gradients
@@ -46,7 +47,6 @@ from echo_et.passes.inject import Gradient as _Grad
 from echo_et.passes.inject import _grad_bytes as grad_bytes_of
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
-from echo_et.trace.records import ISSUE_PREFIX
 
 
 # -- reading a traced stage -----------------------------------------------------------------

@@ -21,9 +21,9 @@ from collections import Counter
 from math import prod
 
 from echo_et.ir import Graph, Job
+from echo_et.ir.conventions import ISSUE_PREFIX
 from echo_et.ir.schema import COLLECTIVE_NAMES, ROLE_NAMES, pb
 from echo_et.trace import annotations
-from echo_et.trace.records import ISSUE_PREFIX
 
 Comm = tuple[str, int, str]  # (type name, bytes, group role/desc)
 
