@@ -37,9 +37,7 @@ left to the simulator's communication model (measured durations do not exist): 0
 
 from __future__ import annotations
 
-import ast
 import bisect
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -48,13 +46,17 @@ from typing import Any
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.schema import COMM_KINDS, pb
-from echo_et.passes.dtypes import DTYPE_BYTES
-from echo_et.passes.scale import check_gpus_per_node, derived_job_builder
+from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
+from echo_et.passes.gradients import (
+    ACCUMULATE_GRAD,
+    EVALUATE_PREFIX,
+    Gradient,
+    bucket_gradients,
+    grad_bytes,
+)
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_BUCKET_MB = 25.0
-ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
-EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer.step"
 
 
@@ -71,13 +73,6 @@ def parse_bytes(text: str) -> int:
     if value <= 0:
         raise EchoError(f"--param-bytes {text!r}: must be positive")
     return value
-
-
-@dataclass
-class Gradient:
-    node: pb.Node          # the host op at which the gradient is ready
-    nbytes: int
-    dtype: str
 
 
 @dataclass
@@ -104,43 +99,6 @@ class InjectReport:
 
 
 # -- reading the trace ----------------------------------------------------------------------
-def _parse_list(text: str) -> list:
-    if not text:
-        return []
-    try:
-        v = json.loads(text)
-    except ValueError:
-        try:
-            v = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return [s.strip() for s in text.split(",")] if "[" not in text else []
-    return v if isinstance(v, list) else [v]
-
-
-def _grad_bytes(node: pb.Node) -> tuple[int, str] | None:
-    """Bytes and dtype of the gradient an AccumulateGrad op receives, from its first input."""
-    shapes = _parse_list(node.cpu.shapes) if node.HasField("cpu") else []
-    dtypes = _parse_list(node.cpu.dtypes) if node.HasField("cpu") else []
-    if not shapes or not isinstance(shapes[0], list):
-        return None
-    dims = shapes[0]
-    if not all(isinstance(d, int) for d in dims):
-        return None
-    dtype = _dtype_name(str(dtypes[0])) if dtypes else ""
-    size = DTYPE_BYTES.get(dtype)
-    if size is None:
-        return None
-    return math.prod(dims) * size, dtype
-
-
-def _dtype_name(text: str) -> str:
-    """'Tensor(float)' (host ET) -> 'float' (Kineto's spelling)."""
-    text = text.strip()
-    if text.startswith("Tensor(") and text.endswith(")"):
-        text = text[len("Tensor("):-1]
-    return text
-
-
 def _op_name(n: pb.Node) -> str:
     return n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name
 
@@ -157,7 +115,7 @@ def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient
     if not accs:
         accs = [n for n in host if _op_name(n) == EVALUATE_PREFIX + ACCUMULATE_GRAD]
     if accs and param_bytes is None:
-        sized = [(_grad_bytes(n), n) for n in accs]
+        sized = [(grad_bytes(n), n) for n in accs]
         if all(s is not None for s, _ in sized):
             return [Gradient(n, s[0], s[1]) for s, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
         missing = sum(1 for s, _ in sized if s is None)
@@ -182,28 +140,6 @@ def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient
     each, rest = divmod(param_bytes, len(anchors))
     grads = [Gradient(n, each + (1 if i < rest else 0), "") for i, n in enumerate(anchors)]
     return [g for g in grads if g.nbytes], source
-
-
-def bucket_gradients(grads: list[Gradient], first_cap: int, cap: int) -> list[list[Gradient]]:
-    """DDP's bucket assignment over gradients in ready order (one open bucket per dtype)."""
-    buckets: list[list[Gradient]] = []
-    open_: dict[str, tuple[list[Gradient], int]] = {}
-    closed: dict[str, int] = {}
-    for g in grads:
-        members, size = open_.get(g.dtype, ([], 0))
-        members.append(g)
-        size += g.nbytes
-        limit = cap if closed.get(g.dtype) else first_cap
-        if size >= limit:
-            buckets.append(members)
-            closed[g.dtype] = closed.get(g.dtype, 0) + 1
-            open_.pop(g.dtype, None)
-        else:
-            open_[g.dtype] = (members, size)
-    # Buckets still open at the end are reduced when their last gradient is ready.
-    buckets.extend(m for m, _ in open_.values())
-    buckets.sort(key=lambda b: (b[-1].node.start_ns + b[-1].node.duration_ns, b[-1].node.id))
-    return buckets
 
 
 # -- rewriting ------------------------------------------------------------------------------

@@ -38,13 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo_et.errors import EchoError
-from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
+from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.conventions import ISSUE_PREFIX
 from echo_et.ir.schema import pb
+from echo_et.passes.derive import derived_job_builder
 from echo_et.passes.dtypes import DTYPE_BYTES
-from echo_et.passes.inject import ACCUMULATE_GRAD, bucket_gradients
-from echo_et.passes.inject import Gradient as _Grad
-from echo_et.passes.inject import _grad_bytes as grad_bytes_of
+from echo_et.passes.gradients import ACCUMULATE_GRAD, Gradient, bucket_gradients, grad_bytes
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
 
@@ -478,7 +477,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     dropped = sum(p.dropped for p in read.values())
 
     new_mesh = old.with_sizes(pp=pp)
-    jb = JobBuilder(job.manifest.name, new_mesh.world, source_format=job.manifest.provenance.source_format)
+    jb = derived_job_builder(job, new_mesh.world, None)
     group_ids: dict[tuple[str, tuple[int, ...]], int] = {}
 
     def gid(role: str, ranks: list[int]) -> int:
@@ -524,13 +523,6 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
         jb.bind(r, graph_of[(c["tp"], c["pp"])], groups)
     out = jb.build()
     m = out.manifest
-    m.provenance.CopyFrom(job.manifest.provenance)
-    m.hardware.CopyFrom(job.manifest.hardware)
-    m.step = job.manifest.step
-    for k, v in job.manifest.attrs.items():
-        m.attrs[k] = v
-    for k, v in job.manifest.dropped.items():
-        m.dropped[k] = v
     source = f"restaged({decision.source})"
     m.layout.CopyFrom(pb.Layout(dp=new_mesh.dp, tp=new_mesh.tp, pp=pp, microbatches=new_m,
                                 zero_stage=decision.zero, ep=decision.ep, source=source))
@@ -705,13 +697,13 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     return e.b.build(), grad_source
 
 
-def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tuple[list[_Grad], str]:
+def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tuple[list[Gradient], str]:
     """Gradients of the new stage in ready order: AccumulateGrad shapes when every one has
     them, else each old stage's data-parallel bytes spread over its layers and extras."""
     accs = [n for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD]
-    sized = [(grad_bytes_of(n), n) for n in accs]
+    sized = [(grad_bytes(n), n) for n in accs]
     if accs and all(sz is not None for sz, _ in sized):
-        return [_Grad(n, sz[0], "") for sz, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
+        return [Gradient(n, sz[0], "") for sz, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
     out = []
     for node, what in unit_ends:
         if what >= 0:
@@ -720,7 +712,7 @@ def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tupl
             src = pieces[(t, 0)] if what == -1 else pieces[(t, old.pp - 1)]
         shares = len(src.layers) + (1 if src.fwd_pre.nodes or src.bwd_post.nodes else 0) \
             + (1 if src.fwd_post.nodes or src.bwd_pre.nodes else 0)
-        out.append(_Grad(node, src.dp_bytes // max(1, shares), ""))
+        out.append(Gradient(node, src.dp_bytes // max(1, shares), ""))
     return [g for g in out if g.nbytes], "old stages' data-parallel bytes spread over their layers"
 
 
