@@ -86,7 +86,7 @@ def test_dlrm_replayed_timeline_lines_up_with_the_measured_one(dlrm_job) -> None
     """Same processes, tracks and boxes as `export chrome` of the trace, and every box ends
     when it ended in the measurement (collectives start later: their wait is its own box)."""
     chrome = pytest.importorskip("echo_et.converters.chrome")
-    sim = chrome.chrome_trace([chrome.TimelineEvent(**e) for e in simulate(dlrm_job).timeline_events()])
+    sim = chrome.chrome_trace(list(simulate(dlrm_job).timeline_events()))
     measured = chrome.chrome_trace(chrome.job_timeline(dlrm_job))
     assert [e for e in sim["traceEvents"] if e["ph"] == "M"] == [e for e in measured["traceEvents"] if e["ph"] == "M"]
     sim_end = {(e["pid"], e["tid"], e["args"]["id"]): e["ts"] + e["dur"]

@@ -91,10 +91,10 @@ def slowdown_model_for(path: Path | None, off: bool):
 
 def write_sim_timeline(res, dest: Path, job) -> dict[str, Any]:
     """The simulated step as a Chrome trace, written by the ``export chrome`` writer."""
-    from echo_et.converters.chrome import TimelineEvent, write_timeline
+    from echo_et.converters.chrome import write_timeline
 
     meta = {"job": job.manifest.name, "world_size": job.world_size, "simulated": res.mode}
-    return write_timeline((TimelineEvent(**e) for e in res.timeline_events()), dest, metadata=meta)
+    return write_timeline(res.timeline_events(), dest, metadata=meta)
 
 
 def _progress(msg: str) -> None:
