@@ -48,7 +48,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import GraphBuilder, Job, JobBuilder
 from echo_et.ir.schema import pb
 
@@ -381,7 +381,7 @@ def read(paths: list[Path], options) -> Job:
     wl = parse(path)
     world = options.world_size or wl.header.get("all_gpus", 0)
     if not world:
-        raise EchoError(f"{where}: the header has no all_gpus; give --world-size")
+        raise OptionError("world_size", f"{where}: the header has no all_gpus; give the world size")
     lay = layout_for(wl, world, where)
     jb = JobBuilder(options.name or path.stem, world, source_format="simai")
     m = jb.job.manifest

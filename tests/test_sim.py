@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from echo_et.errors import CheckError, EchoError
+from echo_et.experiments.synthetic import gpt_3d_job
 from echo_et.ir import GraphBuilder, JobBuilder, check_job, pb
 from echo_et.sim import Predictor, SimOptions, Simulator, simulate
-from echo_et.sim.synthetic import gpt_3d_job
 
 
 def times(result, rank: int) -> dict[str, tuple[int, int]]:

@@ -156,10 +156,13 @@ def sweep(
     workers: int | None = typer.Option(None, "--workers", help="Worker processes (local / local cluster)."),
     address: str | None = typer.Option(None, "--address",
                                        help="Scheduler address (dask tcp://host:8786, ray ray://host:10001)."),
+    plot: bool | None = typer.Option(None, "--plot/--no-plot",
+                                     help="Draw step_time.png (default: when matplotlib is installed)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate); table, JSON and PNG."""
-    from echo_et.passes.sweep import SweepSpec, run_sweep, write_outputs
+    from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
+    from echo_et.experiments.sweep import SweepSpec, run_sweep, write_outputs
 
     _refuse_overwrite(output, [job_path])
     spec = SweepSpec(
@@ -170,15 +173,20 @@ def sweep(
     )
     if not spec.dp:
         fail("--dp: give at least one data-parallel degree")
+    if plot and not have_matplotlib():
+        fail(f"--plot needs matplotlib ({INSTALL_HINT})")
+    if plot is None and not have_matplotlib():
+        typer.echo(f"note: matplotlib is not installed, step_time.png is skipped ({INSTALL_HINT})", err=True)
+    draw = have_matplotlib() if plot is None else plot
 
     def progress(done: int, total: int, row: dict) -> None:
         label = f"dp={row['dp']} pp={row['pp']} mb={row['microbatches']}"
         state = row.get("error") or f"{row['step_time_ns'] / 1e6:.3f} ms"
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 
-    result = run_sweep(job_path, spec, executor=executor, workers=workers, address=address,
+    result = run_sweep(load_job_arg(job_path), spec, executor=executor, workers=workers, address=address,
                        progress=progress)
-    files = write_outputs(result, output)
+    files = write_outputs(result, output, plot=draw)
     if as_json:
         emit_json({"output": str(output), "files": files, **result.to_json()})
     else:

@@ -7,7 +7,7 @@ attributes survive every rewrite the same way.
 
 from __future__ import annotations
 
-from echo_et.errors import EchoError
+from echo_et.errors import OptionError
 from echo_et.ir import Job, JobBuilder
 
 
@@ -32,7 +32,7 @@ def check_gpus_per_node(world: int, gpus_per_node: int | None) -> None:
     if gpus_per_node is None:
         return
     if gpus_per_node < 1:
-        raise EchoError(f"--gpus-per-node {gpus_per_node}: must be >= 1")
+        raise OptionError("gpus_per_node", f"GPUs per node must be >= 1, got {gpus_per_node}")
     if world % gpus_per_node:
-        raise EchoError(f"world size {world} is not a multiple of --gpus-per-node {gpus_per_node} "
-                        f"(nodes would be partly filled)")
+        raise OptionError("gpus_per_node", f"world size {world} is not a multiple of {gpus_per_node} GPUs "
+                                           "per node (nodes would be partly filled)")

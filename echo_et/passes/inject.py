@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.schema import COMM_KINDS, pb
 from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
@@ -67,11 +67,11 @@ def parse_bytes(text: str) -> int:
     """'500M' / '1.5GiB' / '123456' -> bytes (K, M, G, T are binary: 1024-based)."""
     m = _SIZE_RE.match(text)
     if not m:
-        raise EchoError(f"--param-bytes {text!r}: expected a size like 500M, 1.5G or 123456")
+        raise OptionError("param_bytes", f"{text!r}: expected a size like 500M, 1.5G or 123456")
     mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
     value = int(float(m.group(1)) * mult)
     if value <= 0:
-        raise EchoError(f"--param-bytes {text!r}: must be positive")
+        raise OptionError("param_bytes", f"{text!r}: must be positive")
     return value
 
 
@@ -119,13 +119,14 @@ def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient
         if all(s is not None for s, _ in sized):
             return [Gradient(n, s[0], s[1]) for s, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
         missing = sum(1 for s, _ in sized if s is None)
-        raise EchoError(f"{missing} of {len(accs)} AccumulateGrad ops have no usable shape/dtype "
-                        "(trace recorded without record_shapes?); give --param-bytes")
+        raise OptionError("param_bytes", f"{missing} of {len(accs)} AccumulateGrad ops have no usable "
+                                         "shape/dtype (trace recorded without record_shapes?); give the "
+                                         "total parameter bytes")
     if param_bytes is None:
-        raise EchoError("the trace has no AccumulateGrad ops to size gradients from; give "
-                        "--param-bytes (total parameter bytes) to spread over the backward ops")
+        raise OptionError("param_bytes", "the trace has no AccumulateGrad ops to size gradients from; "
+                                         "give the total parameter bytes to spread over the backward ops")
     anchors = accs
-    source = f"--param-bytes spread over {len(accs)} AccumulateGrad ops"
+    source = f"parameter bytes given, spread over {len(accs)} AccumulateGrad ops"
     if not anchors:
         anchors = [n for n in host if _op_name(n).startswith(EVALUATE_PREFIX)]
         if not anchors:
@@ -136,7 +137,7 @@ def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient
             raise EchoError("the trace has no backward pass (no AccumulateGrad, no "
                             "autograd::engine::evaluate_function ops, no phase=backward nodes); "
                             "cannot place gradient buckets")
-        source = f"--param-bytes spread over {len(anchors)} backward ops"
+        source = f"parameter bytes given, spread over {len(anchors)} backward ops"
     each, rest = divmod(param_bytes, len(anchors))
     grads = [Gradient(n, each + (1 if i < rest else 0), "") for i, n in enumerate(anchors)]
     return [g for g in grads if g.nbytes], source
@@ -188,11 +189,11 @@ def inject_dp(job: Job, *, dp: int, bucket_mb: float | None = None,
     if bucket_mb is None:
         bucket_mb = DEFAULT_BUCKET_MB
     if dp < 1:
-        raise EchoError(f"--dp {dp}: must be >= 1")
+        raise OptionError("dp", f"dp must be >= 1, got {dp}")
     if zero not in (0, 1):
-        raise EchoError(f"--zero {zero}: only 0 (all-reduce) and 1 (reduce-scatter + all-gather)")
+        raise OptionError("zero", f"ZeRO stage must be 0 (all-reduce) or 1 (reduce-scatter + all-gather), got {zero}")
     if bucket_mb <= 0 or first_bucket_mb <= 0:
-        raise EchoError("--bucket-mb and --first-bucket-mb must be positive")
+        raise OptionError("bucket_mb", f"bucket caps must be positive, got {bucket_mb} and {first_bucket_mb} MiB")
     check_gpus_per_node(dp, gpus_per_node)
     if job.world_size != 1:
         raise EchoError(f"{job.source or 'job'}: inject needs a single-rank trace, this job has "

@@ -37,7 +37,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.conventions import ISSUE_PREFIX
 from echo_et.ir.schema import pb
@@ -364,8 +364,8 @@ def _copy(n: pb.Node) -> pb.Node:
 # -- the pass -----------------------------------------------------------------------------
 def _split(layers: list[int], stages: int) -> list[list[int]]:
     if len(layers) % stages:
-        raise EchoError(f"--pp {stages}: the job has {len(layers)} annotated layers, which "
-                        f"{stages} stages do not divide evenly")
+        raise OptionError("pp", f"the job has {len(layers)} annotated layers, which {stages} stages "
+                                "do not divide evenly")
     k = len(layers) // stages
     return [layers[i * k:(i + 1) * k] for i in range(stages)]
 
@@ -432,7 +432,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     """A Job at pipeline depth ``pp`` and ``microbatches`` micro-batches (dp, tp unchanged)."""
     old: Mesh = decision.mesh
     if pp < 1:
-        raise EchoError(f"--pp {pp}: must be >= 1")
+        raise OptionError("pp", f"pp must be >= 1, got {pp}")
     if job.world_size != old.world:
         raise EchoError(f"{job.source or 'job'}: {job.world_size} ranks, but layout {old.describe()} "
                         f"has {old.world}")
@@ -461,10 +461,10 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     old_m = max(p.microbatches for p in pieces.values())
     new_m = microbatches or decision.microbatches or old_m
     if new_m < 1:
-        raise EchoError(f"--microbatches {new_m}: must be >= 1")
+        raise OptionError("microbatches", f"micro-batches must be >= 1, got {new_m}")
     if pp > 1 and not any(p.p2p_bytes for p in pieces.values()):
-        raise EchoError("the job has no pipeline send/recv to size activations from (traced at "
-                        "pp=1); re-trace with --pp 2 or more to re-stage it")
+        raise OptionError("pp", "the job has no pipeline send/recv to size activations from (traced at "
+                                "pp=1); re-trace it with pp >= 2 to re-stage it")
     split = _split(layers, pp)
     where_layer = {layer: s for (t, s), p in pieces.items() if t == 0 for layer in p.layers}
     ref = pieces[(0, 0)]

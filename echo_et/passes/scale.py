@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, Job
 from echo_et.ir.schema import COMM_KINDS, ROLE_BY_NAME, pb
 from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
@@ -94,22 +94,23 @@ def scale(
     decision = layout if isinstance(layout, LayoutDecision) else infer_layout(job, layout)
     report = ScaleReport(input_layout=decision.to_json(), a2a=a2a)
     if a2a not in A2A_POLICIES:
-        raise EchoError(f"--a2a {a2a!r}: expected one of {', '.join(A2A_POLICIES)}")
+        raise OptionError("a2a", f"unknown all-to-all policy {a2a!r}: expected one of {', '.join(A2A_POLICIES)}")
     if tp is not None and tp != decision.tp:
         raise EchoError(f"changing tensor parallelism ({decision.tp} -> {tp}) changes kernel shapes, "
                         f"which a trace cannot tell: re-trace at tp={tp} with `echo-et trace`")
     new_dp = decision.dp if dp is None else dp
     if new_dp < 1:
-        raise EchoError(f"--dp {new_dp}: must be >= 1")
+        raise OptionError("dp", f"dp must be >= 1, got {new_dp}")
     if zero is not None and zero not in (0, 1):
-        raise EchoError(f"--zero {zero}: only ZeRO stages 0 and 1 are supported")
+        raise OptionError("zero", f"only ZeRO stages 0 and 1 are supported, got {zero}")
     if zero is not None and zero != decision.zero:
         if decision.zero and not zero:
-            raise EchoError("the job shards gradients (ZeRO-1); turning that into all-reduce is "
-                            "not supported: re-trace with --zero 0")
+            raise OptionError("zero", "the job shards gradients (ZeRO-1); turning that into all-reduce is "
+                                      "not supported: re-trace it with ZeRO stage 0")
         if zero and not decision.zero:
-            raise EchoError("the job all-reduces gradients (ZeRO-0); turn it into ZeRO-1 with "
-                            "`echo-et inject` on a single-rank trace, or re-trace with --zero 1")
+            raise OptionError("zero", "the job all-reduces gradients (ZeRO-0); turn it into ZeRO-1 by "
+                                      "injecting data parallelism into a single-rank trace, or re-trace "
+                                      "it with ZeRO stage 1")
 
     world = new_dp * decision.tp * (pp or decision.pp)
     check_gpus_per_node(world, gpus_per_node)

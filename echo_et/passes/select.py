@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job
 from echo_et.passes.derive import derived_job_builder
 
@@ -29,9 +29,9 @@ def parse_ranks(text: str) -> list[int]:
             else:
                 out.append(int(part))
         except ValueError:
-            raise EchoError(f"--ranks {text!r}: expected ranks like 0-3,8") from None
+            raise OptionError("ranks", f"{text!r}: expected ranks like 0-3,8") from None
     if not out:
-        raise EchoError(f"--ranks {text!r}: no rank given")
+        raise OptionError("ranks", f"{text!r}: no rank given")
     return out
 
 
