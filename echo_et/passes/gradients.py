@@ -11,8 +11,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import pb
-from echo_et.passes.dtypes import DTYPE_BYTES
 
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
@@ -49,7 +49,7 @@ def grad_bytes(node: pb.Node) -> tuple[int, str] | None:
     if not all(isinstance(d, int) for d in dims):
         return None
     dtype = _dtype_name(str(dtypes[0])) if dtypes else ""
-    size = DTYPE_BYTES.get(dtype)
+    size = dtype_size(dtype)
     if size is None:
         return None
     return math.prod(dims) * size, dtype

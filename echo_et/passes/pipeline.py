@@ -40,9 +40,9 @@ from typing import Any
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.conventions import ISSUE_PREFIX
+from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import pb
 from echo_et.passes.derive import derived_job_builder
-from echo_et.passes.dtypes import DTYPE_BYTES
 from echo_et.passes.gradients import ACCUMULATE_GRAD, Gradient, bucket_gradients, grad_bytes
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
@@ -639,7 +639,7 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     reduce_ids: list[int] = []
     bucket_sizes: list[int] = []
     dtype = dp_src.dp_dtype if dp_src else ""
-    elem = DTYPE_BYTES.get(dtype, 1)
+    elem = dtype_size(dtype) or 1
 
     def gradient_buckets() -> None:
         nonlocal grad_source

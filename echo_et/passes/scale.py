@@ -34,9 +34,9 @@ from typing import Any
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, Job
+from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import COMM_KINDS, ROLE_BY_NAME, pb
 from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
-from echo_et.passes.dtypes import DTYPE_BYTES
 from echo_et.passes.layout import LayoutDecision, infer_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.regroup import GroupShape, derived_ranks, group_shape
@@ -250,7 +250,7 @@ def _resize(c: pb.CollectiveInfo, old_dp: int, new_dp: int, zero: int, a2a: str)
     replicas; True when something changed. ZeRO shards are whole elements: the flat buffer
     is padded to a multiple of new_dp elements (exact when old_dp divides new_dp)."""
     before = (c.in_bytes, c.out_bytes)
-    elem = DTYPE_BYTES.get(c.dtype, 1)
+    elem = dtype_size(c.dtype) or 1
     if c.type == pb.COLL_REDUCE_SCATTER and zero:
         full = c.in_bytes // elem
         shard = math.ceil(full / new_dp)
