@@ -274,3 +274,35 @@ def test_flag_debt_is_still_debt() -> None:
     for module in FLAG_DEBT:
         texts = [t for _, t in _error_strings(ast.parse(MODULES[module].read_text()))]
         assert any(FLAG.search(t) for t in texts), f"{module} is clean: remove it from FLAG_DEBT"
+
+
+# -- tests that fail when the code breaks ----------------------------------------------------
+def _test_files() -> list[Path]:
+    return sorted((REPO / "tests").glob("*.py"))
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def test_no_test_skips_on_the_projects_own_failures() -> None:
+    """A skip is for an absent external input (shared data, a binary, an optional package),
+    never for the project's own exception or its own module: no ``pytest.skip`` inside an
+    ``except`` handler, no ``importorskip`` of an ``echo_et`` module, and every
+    ``importorskip`` says why."""
+    bad = []
+    for path in _test_files():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ExceptHandler):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Call) and _call_name(inner) in ("skip", "xfail"):
+                        bad.append(f"{path.name}:{inner.lineno}: skip inside an except handler")
+            if isinstance(node, ast.Call) and _call_name(node) == "importorskip":
+                arg = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else ""
+                if str(arg).startswith("echo_et"):
+                    bad.append(f"{path.name}:{node.lineno}: importorskip of the project's own {arg}")
+                if not any(k.arg == "reason" for k in node.keywords):
+                    bad.append(f"{path.name}:{node.lineno}: importorskip({arg!r}) without a reason")
+    assert not bad, "\n".join(bad)

@@ -482,7 +482,7 @@ def test_3d_parallel_job_symmetry_is_exact() -> None:
 def test_symmetry_is_exact_with_the_cc_model_irregular_placement_and_slowdown(tp, pp, dp, gpus_per_node) -> None:
     """TP groups that straddle nodes (6 or 5 GPUs per node) are priced differently: they
     must land in different classes, and the answer must not change."""
-    comm = pytest.importorskip("echo_et.models.comm")
+    from echo_et.models import comm
     from echo_et.models.slowdown import default_model
 
     job = gpt_3d_job(tp, pp, dp, microbatches=4, layers=2, gpus_per_node=gpus_per_node)
