@@ -16,6 +16,7 @@ from echo_et.errors import EchoError, OptionError
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
+GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes)."
 
 
 def fail(message: str, code: int = 2) -> None:

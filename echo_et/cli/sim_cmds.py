@@ -145,6 +145,8 @@ def simulate_cmd(
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
     if timeline is not None and timeline.exists() and timeline.is_dir():
         raise EchoError(f"{timeline}: is a directory")
+    if timeline is not None and not timeline.parent.is_dir():
+        raise EchoError(f"--timeline {timeline}: folder {timeline.parent} does not exist (create it first)")
     job = load_job_arg(job_path)
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
@@ -187,7 +189,7 @@ def validate_cmd(
     profile: Path | None = typer.Option(None, "--profile", help="CC model calibration profile."),
     preset: str | None = typer.Option(None, "--preset", help="CC model preset name."),
     slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (default: built in)."),
-    no_slowdown: bool = typer.Option(False, "--no-slowdown"),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Replay and predict a Job and compare with each rank's measured step time."""
@@ -210,6 +212,8 @@ def validate_cmd(
                f"{_pct(v['replay_error_pct']):>7} {_ms(v['predict_step_ns']):>11} {_pct(v['predict_error_pct']):>7}")
     typer.echo(f"mean |error|: replay {_pct(v['replay_mean_abs_error_pct'])} %, "
                f"predict {_pct(v['predict_mean_abs_error_pct'])} %")
+    if v.get("measured_caveat"):
+        typer.echo(f"note: {v['measured_caveat']}.")
 
 
 def _pct(x: float | None) -> str:
