@@ -11,6 +11,7 @@ from echo_et.models.comm import nccl_tests
 from echo_et.models.comm.fit import FitResult, Sample, calibrate
 from echo_et.models.comm.profile import Profile, load_preset, preset_names
 from echo_et.models.comm.topology import Placement, contiguous, from_nodes
+from echo_et.models.comm.tuning import VERSIONS
 
 
 def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
@@ -60,9 +61,28 @@ def default_preset(gpu_names: Iterable[str]) -> str:
 
 
 def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], base: Profile,
-                gpus_per_node: int, name: str = "calibrated") -> tuple[Profile, FitResult]:
-    """Fit ``samples`` starting from preset ``base``; the profile records where it came from."""
-    result = calibrate(samples, base.params)
+                gpus_per_node: int, name: str = "calibrated", nccl_version: str | None = None
+                ) -> tuple[Profile, FitResult]:
+    """Fit ``samples`` starting from preset ``base``; the profile records where it came from.
+
+    ``nccl_version`` is the NCCL release whose choices the measurements ran (default: the
+    preset's); ``"auto"`` fits once per modelled release and keeps the one that fits these
+    samples best (the choice is made on the fitted samples only)."""
+    system = base.nccl
+    tried: dict[str, float] = {}
+    if nccl_version == "auto":
+        best: tuple[float, str, FitResult] | None = None
+        for version in VERSIONS:
+            r = calibrate(samples, base.params, system.with_version(version))
+            tried[version] = r.mape_percent
+            if best is None or r.mape_percent < best[0]:
+                best = (r.mape_percent, version, r)
+        assert best is not None
+        system, result = system.with_version(best[1]), best[2]
+    else:
+        if nccl_version is not None:
+            system = system.with_version(nccl_version)
+        result = calibrate(samples, base.params, system)
     fit = {
         "samples": result.samples,
         "mape_percent": result.mape_percent,
@@ -70,12 +90,15 @@ def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], ba
         "free_parameters": result.free,
         "method": "MAP least squares in log space, soft-L1 loss (scale 0.05), log-normal "
                   "prior around the preset; single-node samples fit the intra-node "
-                  "parameters, multi-node samples the network ones",
+                  "parameters, multi-node samples the network ones; each sample is timed for "
+                  "the algorithm, protocol and channels NCCL " + system.version + " chooses",
     }
+    if tried:
+        fit["nccl_version_mape_percent"] = tried
     profile = Profile(
         name=name, calibrated=True, gpus_per_node=gpus_per_node, params=result.params,
         description=f"fitted from {len(sources)} source(s), starting from preset {base.name}",
         hardware=dict(base.hardware), gpu_match=base.gpu_match, base_preset=base.name,
-        sources=tuple(sources), fit=fit,
+        sources=tuple(sources), fit=fit, nccl=system,
     )
     return profile, result

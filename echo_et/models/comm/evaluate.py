@@ -12,6 +12,7 @@ from echo_et.models.comm import nccl
 from echo_et.models.comm.calibrate import samples_from_runs
 from echo_et.models.comm.fit import Sample, predict_samples
 from echo_et.models.comm.nccl_tests import Run
+from echo_et.models.comm.tuning import NcclSystem
 
 KIB, MIB = 1 << 10, 1 << 20
 BANDS = (("lt_64kib", 0, 64 * KIB), ("64kib_1mib", 64 * KIB, MIB), ("ge_1mib", MIB, None))
@@ -47,26 +48,27 @@ def evaluate_samples(samples: Sequence[Sample], predict: Callable[[Sequence[Samp
     return summary(sizes, errors_percent(predict(samples), meas))
 
 
-def evaluate_runs(params: Mapping[str, float], runs: Sequence[Run], gpus_per_node: int
-                  ) -> list[dict[str, Any]]:
-    """Per run: the error summary and every size (measured, predicted, error, pick)."""
+def evaluate_runs(params: Mapping[str, float], runs: Sequence[Run], gpus_per_node: int,
+                  system: NcclSystem, mode: str = "nccl") -> list[dict[str, Any]]:
+    """Per run: the error summary and every size (measured, predicted, error, choice)."""
     out = []
     for run in runs:
         samples, sources = samples_from_runs([run], gpus_per_node)
         if not samples:
             raise EchoError(f"{run.source}: no usable measurements")
-        pred = predict_samples(params, samples)
+        pred = predict_samples(params, samples, system, mode)
         meas = np.array([s.time_us for s in samples])
         err = errors_percent(pred, meas)
         sizes = np.array([s.nbytes for s in samples], dtype=float)
-        _, picks = nccl.choose(params, run.collective, sizes, samples[0].placement)
+        _, picks = nccl.choose(params, run.collective, sizes, samples[0].placement, system, mode)
         src = sources[0]
         report = {"log": run.source, "run": run.index + 1, "collective": run.collective,
                   "ranks": src["ranks"], "nodes": src["nodes"], **summary(sizes, err)}
         report["rows"] = [
             {"bytes": s.nbytes, "measured_us": s.time_us, "predicted_us": float(p),
-             "error_percent": float(e), "algorithm": a, "protocol": pr}
-            for s, p, e, (a, pr) in zip(samples, pred, err, picks, strict=True)
+             "error_percent": float(e), "algorithm": c.algorithm, "protocol": c.protocol,
+             "channels": c.channels}
+            for s, p, e, c in zip(samples, pred, err, picks, strict=True)
         ]
         out.append(report)
     return out
