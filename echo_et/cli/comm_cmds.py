@@ -164,13 +164,13 @@ def calibrate_nccl_tests_cmd(
 
     if gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    _check_version(nccl_version, auto=True)
     _refuse_overwrite(output, logs)
     runs = _read_logs(logs, collective)
     samples, sources = samples_from_runs(runs, gpus_per_node)
     base = load_preset(preset or default_preset(g for r in runs for g in r.gpu_names))
     typer.echo(f"fitting {len(samples)} measurements from {len(runs)} run(s), starting from "
                f"preset {base.name} ...", err=True)
-    _check_version(nccl_version, auto=True)
     prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated",
                                nccl_version)
     write_profile(prof, output)
@@ -201,6 +201,7 @@ def calibrate_trace_cmd(
 
     if gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    _check_version(nccl_version, auto=True)
     _refuse_overwrite(output, jobs)
     samples = []
     sources: list[dict[str, Any]] = []
@@ -216,7 +217,6 @@ def calibrate_trace_cmd(
         raise EchoError("no collective kernels with sizes, groups of >= 2 ranks and durations in "
                         f"{', '.join(p.name for p in jobs)}")
     base = load_preset(preset or default_preset(gpus))
-    _check_version(nccl_version, auto=True)
     prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated",
                                nccl_version)
     write_profile(prof, output)
