@@ -39,7 +39,7 @@ def test_estimate_json_per_size():
     out = json.loads(res.stdout)
     assert [e["bytes"] for e in out["estimates"]] == [4096, 64 << 20, 10**9, 512]
     assert (out["nodes"], out["ranks"], out["calibrated"], out["model"]) == (2, 16, False, "a100-ib")
-    assert out["nccl_version"] == "2.17.1" and out["choice"] == "nccl"
+    assert out["nccl_version"] == "2.7.5" and out["choice"] == "nccl"
     for e in out["estimates"]:
         assert e["time_us"] > 0 and e["time_us"] == e["time_ns"] / 1000
         assert e["protocol"] in ("LL", "LL128", "Simple")

@@ -82,10 +82,8 @@ def from_json(obj: Any, where: str) -> Profile:
         params = _with_defaults(params, {n: defaults[n] for n in missing})
     if "nccl" in obj:
         nccl = NcclSystem.from_json(obj["nccl"], where)
-    elif base in preset_names():    # written before the model knew NCCL's tuner
-        nccl = load_preset(base).nccl
-    else:
-        raise EchoError(f"{where}: no 'nccl' section (the NCCL release and node facts)")
+    else:    # written before the model knew NCCL's tuner: the preset it started from (else a100-ib)
+        nccl = load_preset(base if base in preset_names() else "a100-ib").nccl
     return Profile(
         name=str(obj.get("name", "")),
         calibrated=bool(obj.get("calibrated", False)),

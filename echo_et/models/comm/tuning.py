@@ -495,10 +495,13 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
         # NVLS: all-reduce inside one Hopper NVSwitch node with NVLink SHARP (2.17.1, 2.20.3)
         if (rel.nvls_lat and coll == "all_reduce" and m == 1 and node.nvls and node.compute_capability >= 90
                 and node.intra == "nvswitch" and n > 2):
-            speeds = rel.speeds_intra_sm90
-            s = speeds[_first_at_most(speeds, node.intra_bw / n)]
-            ratio = 0.75 if system.version == "2.17.1" else 5.0 / 6.0
-            bw[(coll, "nvls", "Simple")] = min(n * s, 370.0) * ratio
+            if system.version == "2.17.1":     # NVLS is rated at the ring graph's NVSwitch speed
+                ring = graphs["ring"]
+                bw[(coll, "nvls", "Simple")] = min(ring.channels * ring.bw_intra, 370.0) * 0.75
+            else:                                # assumed NVLS graph: one channel per GPU
+                speeds = rel.speeds_intra_sm90
+                s = speeds[_first_at_most(speeds, node.intra_bw / n)]
+                bw[(coll, "nvls", "Simple")] = n * s * 5.0 / 6.0
             lat[(coll, "nvls", "Simple")] = rel.nvls_lat
 
     for key in list(bw):
