@@ -323,9 +323,9 @@ def calibrate_evaluate_cmd(
     held = None if hold_out == "multi-node" else list(range(len(runs)))
     cv = cross_validate(runs, gpn, base, nccl_version or "auto", held)
     if plot is not None:
-        from echo_et.models.comm.plots import write_plots
+        from echo_et.models.comm.plots import cross_validation_sets, write_plots
 
-        write_plots(plot, _plot_sets(runs, cv), gpn)
+        write_plots(plot, cross_validation_sets(runs, cv), gpn)
     cv.pop("profiles")
     if as_json:
         emit_json({"gpus_per_node": gpn, "base_preset": base.name, **cv})
@@ -340,17 +340,6 @@ def calibrate_evaluate_cmd(
                        f"{_pct(b['mape_ge_1mib_percent']):>16} {_pct(b['median_4kib_1mib_percent']):>15}")
     typer.echo(">=1MiB: MAPE over sizes >= 1 MiB; 4K-1M: median absolute error over 4 KiB - 1 MiB; "
                "baseline: latency + log2(N) + bytes/bandwidth")
-
-
-def _plot_sets(runs, cv) -> dict:
-    """What the plots show: in-sample predictions of every log, leave-one-out ones of the held-out logs."""
-    profiles = cv["profiles"]
-    labels = [r.source + (f"#{r.index + 1}" if r.index else "") for r in runs]
-    sets = {"in-sample": [(run, profiles["in_sample"]) for run in runs]}
-    held = [(run, profiles[lab]) for run, lab in zip(runs, labels, strict=True) if lab in profiles]
-    if held:
-        sets["leave-one-out"] = held
-    return sets
 
 
 def _pct(v: float | None) -> str:

@@ -44,7 +44,19 @@ def _save(fig, path: Path) -> None:
     from echo_et.ir.io import atomic_file
 
     with atomic_file(path) as f:
-        fig.savefig(f, format="png", dpi=110, metadata={"Software": None})
+        fig.savefig(f, format="png", dpi=80, metadata={"Software": None})
+
+
+def cross_validation_sets(runs: Sequence[Run], cv: Mapping) -> dict[str, list[tuple[Run, Profile]]]:
+    """What the plots show of :func:`~echo_et.models.comm.evaluate.cross_validate`: every log
+    predicted in sample, and each held-out log predicted by the fit that did not see it."""
+    profiles = cv["profiles"]
+    labels = [r.source + (f"#{r.index + 1}" if r.index else "") for r in runs]
+    sets = {"in-sample": [(run, profiles["in_sample"]) for run in runs]}
+    held = [(run, profiles[lab]) for run, lab in zip(runs, labels, strict=True) if lab in profiles]
+    if held:
+        sets["leave-one-out"] = held
+    return sets
 
 
 def write_plots(dest: Path, sets: Mapping[str, Sequence[tuple[Run, Profile]]], gpus_per_node: int) -> list[Path]:
