@@ -1,9 +1,11 @@
 """The collective-communication (CC) cost model: how long one NCCL collective kernel runs.
 
-``CommModel`` wraps a parameter set (a shipped preset or a calibrated profile) and answers
-:meth:`CommModel.estimate` / :meth:`CommModel.p2p` with the kernel time, excluding waiting
-for peers (synchronisation is the simulator's job), and the algorithm and protocol NCCL is
-modelled to pick. The model itself is in :mod:`echo_et.models.comm.nccl`; fitting in
+``CommModel`` wraps a parameter set (a shipped preset or a calibrated profile, with the NCCL
+release and node it emulates) and answers :meth:`CommModel.estimate` / :meth:`CommModel.p2p`
+/ :meth:`CommModel.time_ns` with the kernel time, excluding waiting for peers
+(synchronisation is the simulator's job), and the algorithm, protocol and channels NCCL
+itself picks. NCCL's choice is emulated in :mod:`echo_et.models.comm.tuning`, its timing in
+:mod:`echo_et.models.comm.nccl`; fitting in
 :mod:`~echo_et.models.comm.fit`; inputs from nccl-tests in
 :mod:`~echo_et.models.comm.nccl_tests` and from traced Jobs in
 :mod:`~echo_et.models.comm.trace`.
@@ -11,7 +13,7 @@ modelled to pick. The model itself is in :mod:`echo_et.models.comm.nccl`; fittin
 Example::
 
     m = CommModel.preset("a100-ib")
-    m.estimate("all_reduce", 64 << 20, list(range(16)))   # Estimate(time_ns=..., "ring", "Simple")
+    m.estimate("all_reduce", 64 << 20, list(range(16)))   # Estimate(time_ns=..., "ring", "Simple", 16)
 """
 
 from __future__ import annotations
