@@ -45,7 +45,7 @@ def test_cross_validation_reports_in_sample_and_held_out_errors(tmp_path):
 
 
 def test_plots_are_deterministic(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install 'echo-et[plot]')")
     from echo_et.models.comm.plots import write_plots
 
     prof = load_preset("a100-ib")
