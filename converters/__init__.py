@@ -59,8 +59,10 @@ def expand_inputs(paths: list[Path]) -> list[Path]:
             if not files:
                 raise EchoError(f"{p}: folder has no files")
             out.extend(files)
-        else:
+        elif p.is_dir() or p.is_file():
             out.append(p)
+        else:
+            raise EchoError(f"{p}: not a regular file (a FIFO, device or socket)")
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import signal
 
 import typer
 
@@ -45,7 +46,13 @@ for _name in _VERB_MODULES:
     importlib.import_module(_name).register(app)
 
 
+def _terminate(signum: int, frame) -> None:
+    # SIGTERM unwinds like Ctrl-C, so temporary outputs are removed on the way out.
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     app()
 
 

@@ -31,6 +31,7 @@ MAX_WORLD_SIZE = 1 << 18
 MAX_GPUS_PER_NODE = 1024        # NVL576 racks count as one node
 MAX_MICROBATCHES = 4096
 MAX_PIPELINE_STAGES = 4096
+MAX_GRAPH_NODES = 1 << 20       # nodes a pass may build into one graph (1-2 GB in memory, minutes)
 MAX_GROUPS = 1 << 22            # process groups of one job (2 per rank and axis at 100K ranks)
 MAX_BANDWIDTH_GBPS = 1e6        # GB/s per GPU; a petabyte per second is not a link
 MAX_FACTOR = 1e6                # a what-if factor (compute scale, straggler slowdown)
