@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo_et.errors import EchoError
-from echo_et.ir.limits import MAX_GRAPH_NODES
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
+from echo_et.ir.limits import MAX_GRAPH_NODES
 from echo_et.ir.schema import pb
 from echo_et.passes.dtypes import DTYPE_BYTES
 from echo_et.passes.inject import ACCUMULATE_GRAD, bucket_gradients
