@@ -26,11 +26,13 @@ the file's wall clock), so the job assembler can place ranks on one clock with
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.limits import MAX_BYTES, checked_int
 from echo_et.ir.schema import pb
 
 from . import comm, groups, sync
@@ -580,15 +582,25 @@ def _json_text(value) -> str:
 
 def _bytes_of(ev: Ev, launches: list[Ev]) -> int:
     b = ev.arg("bytes")
-    if type(b) is int:
-        return b
+    if b is not None:
+        return _checked_bytes(b, "bytes", ev)
     for launch in launches:  # HIP records the size on the runtime call only
         s = launch.arg("size")
-        try:
-            return int(s)
-        except (TypeError, ValueError):
-            continue
+        if s is not None:
+            return _checked_bytes(s, "size", launch)
     return 0
+
+
+def _checked_bytes(value, field: str, ev: Ev) -> int:
+    """A byte count from an event's args: an integer (or integral number text) in
+    0..MAX_BYTES, else one EchoError naming the event."""
+    if type(value) is str:  # floats are kept as their text
+        try:
+            f = float(value)
+        except ValueError:
+            f = math.nan
+        value = int(f) if math.isfinite(f) and f.is_integer() and abs(f) <= MAX_BYTES else value
+    return checked_int(value, f"{field} of {ev.name[:60]!r}", hi=MAX_BYTES)
 
 
 def _direction(name: str) -> str:

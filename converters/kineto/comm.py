@@ -28,6 +28,7 @@ from functools import lru_cache
 from math import prod
 from typing import Any
 
+from echo_et.ir.limits import MAX_BYTES
 from echo_et.ir.schema import pb
 
 from .events import Ev
@@ -299,11 +300,12 @@ def _nelems(dims: Any, typ: Any) -> int | None:
             return None  # an unrecorded TensorList
         parts = [_nelems(d, "Tensor") for d in dims]
         return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
-    if not all(isinstance(d, int) for d in dims):
-        return None
+    if not all(type(d) is int and 0 <= d <= MAX_BYTES for d in dims):
+        return None  # not a shape (a float, a negative or absurd size): the size stays unknown
     if not typ or typ in ("Scalar", "ScalarList", "GenericList", ""):
         return None
-    return prod(dims) if dims else 1
+    n = prod(dims) if dims else 1
+    return n if n <= MAX_BYTES else None
 
 
 def _first_dtype(typ: Any) -> str:
