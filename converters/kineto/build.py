@@ -35,7 +35,7 @@ from echo_et.ir import Graph, GraphBuilder
 from echo_et.ir.limits import MAX_BYTES, checked_int
 from echo_et.ir.schema import pb
 
-from . import comm, groups, sync
+from . import comm, comm_kernels, groups, sync
 from .events import K_CPU, K_KERNEL, K_MEMCPY, K_MEMSET, K_RUNTIME, K_SYNC_ACT, Ev, TraceFile
 from .groups import GroupUse, PgDef
 from .kernel_class import kernel_class
@@ -469,7 +469,7 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
         if ev.kind == K_KERNEL:
             if comm.is_other_comm_kernel(ev.name) or comm.is_nccl_kernel(ev.name):
                 node = gb.node(pb.KIND_COMM_UNKNOWN, ev.name, sid, **kw)
-                node.attrs["comm_library"] = "nccl" if comm.is_nccl_kernel(ev.name) else "other"
+                node.attrs["comm_library"] = comm_kernels.library(ev.name) or "other"
             else:
                 gb.compute(ev.name, sid, kernel_class=kernel_class(ev.name), **kw)
             return

@@ -31,6 +31,7 @@ from typing import Any
 from echo_et.ir.limits import MAX_BYTES
 from echo_et.ir.schema import pb
 
+from . import comm_kernels
 from .events import Ev
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = pb.COLL_ALL_REDUCE, pb.COLL_ALL_GATHER, pb.COLL_REDUCE_SCATTER
@@ -126,23 +127,14 @@ _KERNEL_DTYPE = re.compile(
     re.IGNORECASE)
 _OLD_NCCL = re.compile(r"^nccl([A-Za-z]+?)(ring|tree|collnet)?(ll128|ll|simple)?kernel",
                        re.IGNORECASE)
-# Kernels of other communication libraries (or hand-written collectives): communication
-# of unknown cost model, never compute.
-_OTHER_COMM = re.compile(
-    r"(?:^|[^a-z])(gloo|mscclpp|msccl|nvshmem|cutlass_comm|deep_?ep|userbuffers|uccl|hccl|"
-    r"oneccl|cross_device_reduce|multimem|symm_mem|one_shot_all_reduce|two_shot_all_reduce)"
-    r"|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv",
-    re.IGNORECASE)
-
-
 @lru_cache(maxsize=65536)
 def is_nccl_kernel(name: str) -> bool:
     return bool(_NCCL_KERNEL.match(name))
 
 
-@lru_cache(maxsize=65536)
 def is_other_comm_kernel(name: str) -> bool:
-    return not is_nccl_kernel(name) and bool(_OTHER_COMM.search(name.split("(", 1)[0]))
+    """A communication kernel of another library than NCCL/RCCL (see comm_kernels)."""
+    return not is_nccl_kernel(name) and comm_kernels.is_comm_kernel(name)
 
 
 @dataclass

@@ -172,6 +172,10 @@ def simulate_cmd(
                    f"{_ms(v.exposed_comm_ns):>10} {_ms(v.idle_ns):>10} {_ms(v.sync_wait_ns):>10}")
     if len(res.ranks) > len(shown):
         typer.echo(f"... {len(res.ranks) - len(shown)} more ranks (use --json)")
+    kept = res.diagnostics.get("comm_kept_at_measured_time") or {}
+    if kept:
+        typer.echo("kept at measured time (communication no model prices): "
+                   + ", ".join(f"{k}={v}" for k, v in kept.items()))
     cp = res.critical_path
     typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
                + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))
