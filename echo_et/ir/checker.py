@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo_et.errors import CheckError
@@ -117,18 +118,24 @@ def _where(source: str, graph: Graph, node: pb.Node | None = None) -> str:
 
 
 # -- node -------------------------------------------------------------------------------------
-def check_node(node: pb.Node, stream_ids: set[int], out: IssueCollector, where: str) -> None:
-    """stream-declared, payload-kind, node-times, node-values."""
-    if node.stream not in stream_ids:
-        out.add("stream-declared", f"stream {node.stream} is not declared", where)
+def check_node(node: pb.Node, stream_ids: set[int], out: IssueCollector, where: str | Callable[[], str]) -> None:
+    """stream-declared, payload-kind, duration, node-values. ``where`` may be a function that
+    makes the location text, called only when there is something to report."""
     have = node.WhichOneof("payload")
     allowed = ALLOWED_PAYLOADS.get(node.kind)
+    s, d = node.start_ns, node.duration_ns
+    if (node.stream in stream_ids and allowed is not None and have in allowed and s >= 0 and d >= 0
+            and s + d <= MAX_NS and (have is None or have == "cpu")):
+        return  # the common case, decided without building the location text
+    if callable(where):
+        where = where()
+    if node.stream not in stream_ids:
+        out.add("stream-declared", f"stream {node.stream} is not declared", where)
     if allowed is None:
         out.add("payload-kind", f"node kind {node.kind} is not a known kind", where)
     elif have not in allowed:
         out.add("payload-kind", f"{node_kind_name(node.kind)} node carries {have or 'no'} payload "
                 f"(allowed: {', '.join(sorted(p or 'none' for p in allowed))})", where)
-    s, d = node.start_ns, node.duration_ns
     if s < 0 or d < 0:
         out.add("duration", f"negative time (start {s} ns, duration {d} ns)", where)
     elif s + d > MAX_NS:
@@ -171,7 +178,7 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
                 f"this echo-et reads {SCHEMA_VERSION!r}", _where(source, graph))
     stream_ids = {s.id for s in graph.header.streams}
     for n in graph.nodes:
-        check_node(n, stream_ids, out, _where(source, graph, n))
+        check_node(n, stream_ids, out, lambda n=n: _where(source, graph, n))
         if out.full:
             return
     ids = check_node_ids(graph, source, out)
