@@ -8,6 +8,7 @@ import signal
 import typer
 
 from echo_et import __version__
+from echo_et.cli.common import OneLineErrors
 
 app = typer.Typer(
     name="echo-et",
@@ -15,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineErrors,
 )
 
 # Each module defines register(app). Keep one line per module.
