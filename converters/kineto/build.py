@@ -32,6 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo_et.ir import Graph, GraphBuilder
+
+try:  # a fast canonical key for the shapes-text cache; optional
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None  # type: ignore[assignment]
 from echo_et.ir.limits import MAX_BYTES, checked_int
 from echo_et.ir.schema import pb
 
@@ -566,12 +571,16 @@ def _cpu_payload(node: pb.Node, ev: Ev, rf_source: str) -> None:
         c.dtypes = _json_text(types)
 
 
-_JSON_CACHE: dict[str, str] = {}
+_JSON_CACHE: dict[bytes | str, str] = {}
 
 
 def _json_text(value) -> str:
-    """Compact JSON of a shapes/types list; many ops repeat the same lists."""
-    key = repr(value)
+    """JSON text of a shapes/types list; many ops repeat the same lists, so the text is cached
+    under orjson's (fast, canonical) encoding of the value."""
+    try:
+        key: bytes | str = _orjson.dumps(value) if _orjson is not None else repr(value)
+    except TypeError:  # an integer beyond 64 bits
+        key = repr(value)
     text = _JSON_CACHE.get(key)
     if text is None:
         text = json.dumps(value)

@@ -162,6 +162,12 @@ def _plausible_us(value: Any) -> bool:
 
 def _decimal_text_to_milli(s: str) -> int | None:
     """``"12.3456"`` -> 12346 (value x 1000, rounded half to even), without floats."""
+    i = s.find(".")
+    if 0 < i == len(s) - 4 and s[0] != "-":   # the common "1234.567": its digits are the answer
+        try:
+            return int(s[:i] + s[i + 1:])
+        except ValueError:
+            pass
     if "e" in s or "E" in s or s.count(".") > 1:
         try:
             d = Decimal(s)
