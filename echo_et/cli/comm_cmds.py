@@ -9,6 +9,7 @@ import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
+from echo_et.ir import limits
 
 calibrate_app = typer.Typer(
     help="Fit model parameters from measurements.",
@@ -68,7 +69,7 @@ def estimate_cmd(
         raise EchoError(f"--ranks must be >= 1, got {ranks}")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
-    byte_list = parse_byte_list(sizes)
+    byte_list = [limits.checked_int(b, "--bytes", hi=limits.MAX_BYTES) for b in parse_byte_list(sizes)]
     model = _model(profile, preset)
     gpn = gpus_per_node or model.gpus_per_node
     if collective in ("send", "recv"):
