@@ -9,6 +9,7 @@ import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
+from echo_et.ir import limits
 
 calibrate_app = typer.Typer(
     help="Fit model parameters from measurements.",
@@ -95,7 +96,7 @@ def estimate_cmd(
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     if choice not in ("nccl", "fastest", "both"):
         raise EchoError(f"--choice must be nccl, fastest or both, got {choice!r}")
-    byte_list = parse_byte_list(sizes)
+    byte_list = [limits.checked_int(b, "--bytes", hi=limits.MAX_BYTES) for b in parse_byte_list(sizes)]
     for b in byte_list:
         if b <= 0:
             raise EchoError(f"--bytes must be positive, got {b}")
