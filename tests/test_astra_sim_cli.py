@@ -120,7 +120,7 @@ def test_export_warns_when_busy_time_has_no_counterpart(tmp_path):
     warnings = [line for line in res.stderr.splitlines() if line.startswith("warning: rank")]
     assert len(warnings) == 2 and "has no counterpart in the export" in warnings[0]
     out = json.loads(res.stdout)
-    assert out["dropped"]["host time (--host-time fold)"] > 0
+    assert out["dropped"]["host time (folded)"] > 0
     assert out["expected_step_ns"] < out["replay_step_ns"]
     clean = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out2"), "--json"])
     assert "warning" not in clean.stderr

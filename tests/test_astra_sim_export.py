@@ -13,7 +13,7 @@ from conftest import shared_path
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.astra_sim import ExportOptions, check_export, export
 from echo_et.converters.astra_sim.check import parse_network_yaml
-from echo_et.errors import CheckError, EchoError
+from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir import GraphBuilder, JobBuilder
 from echo_et.ir.schema import pb
 
@@ -499,16 +499,19 @@ def test_network_defaults_and_options(tmp_path):
         ["150.0", "12.5"]
 
 
-@pytest.mark.parametrize(("opts", "message"), [
-    (ExportOptions(gpus_per_node=3), "not a multiple of 3 GPUs per node"),
-    (ExportOptions(topology="Torus"), "not one of Ring, FullyConnected, Switch"),
-    (ExportOptions(topology="Ring,Ring,Ring", gpus_per_node=4), "names 3 dimensions, the network has 2"),
-    (ExportOptions(intra_bw=-1), "--intra-bw must be positive"),
-    (ExportOptions(latency=-5), "--latency must not be negative"),
+@pytest.mark.parametrize(("opts", "option", "message"), [
+    (ExportOptions(gpus_per_node=3), "gpus_per_node", "not a multiple of 3 GPUs per node"),
+    (ExportOptions(topology="Torus"), "topology", "not one of Ring, FullyConnected, Switch"),
+    (ExportOptions(topology="Ring,Ring,Ring", gpus_per_node=4), "topology", "names 3 dimensions, the network has 2"),
+    (ExportOptions(intra_bw=-1), "intra_bw", "intra-node bandwidth must be positive"),
+    (ExportOptions(latency=-5), "latency", "latency must not be negative"),
+    (ExportOptions(host_time="drop"), "host_time", "use keep or fold"),
 ])
-def test_bad_network_options_are_refused(tmp_path, opts, message):
-    with pytest.raises(EchoError, match=message):
+def test_bad_network_options_are_refused(tmp_path, opts, option, message):
+    # The library speaks of values and names its option; the CLI maps it to its flag.
+    with pytest.raises(OptionError, match=message) as e:
         export(_compute_only(16), tmp_path / "out", opts)
+    assert e.value.option == option
     assert list(tmp_path.iterdir()) == []
 
 

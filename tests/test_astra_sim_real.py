@@ -16,7 +16,6 @@ from test_astra_sim_support import attr_value, read_et
 from conftest import SHARED_DATA, shared_path, unpack
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.astra_sim import check_export, export
-from echo_et.errors import EchoError
 from echo_et.ir.schema import pb
 
 
@@ -24,18 +23,9 @@ from echo_et.ir.schema import pb
 @pytest.fixture(scope="module")
 def dlrm(tmp_path_factory):
     archive = shared_path("traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz")
-    try:
-        from echo_et.converters import kineto  # noqa: F401
-    except ImportError:
-        pytest.skip("the Kineto reader (converters/kineto) is not in this build yet")
     folder = unpack(archive, tmp_path_factory.mktemp("dlrm"))
     files = sorted(p for p in folder.rglob("*.json") if p.is_file())
-    try:
-        job = read(files, "kineto", ReadOptions())
-    except EchoError as e:
-        if "not available" in str(e):
-            pytest.skip(f"the Kineto reader is not usable yet: {e}")
-        raise
+    job = read(files, "kineto", ReadOptions())
     return files, job
 
 
@@ -102,25 +92,28 @@ def test_dlrm_uneven_all_to_all_keeps_each_rank_totals(dlrm, tmp_path):
 
 # -- Chakra feeder test trace ------------------------------------------------------------------
 def test_chakra_feeder_trace_exports(tmp_path):
+    from echo_et.experiments.astra_sim import export_with_report
+
     archive = shared_path("traces/chakra/tests/data/feeder_tests_trace.tar.gz")
     src = next(unpack(archive, tmp_path / "in").rglob("chakra.0.et"))
     _, onodes = read_et(src)
     gpu_comp = [n for n in onodes if n.type == et.COMP_NODE and attr_value(n, "is_cpu_op") is False]
     job = read([src], "chakra", ReadOptions())
-    res = export(job, tmp_path / "out")
+    res = export_with_report(job, tmp_path / "out")
     assert check_export(tmp_path / "out") == []
     assert res["ranks"] == 2 and res["job_ranks"] == 1   # one traced rank, one idle partner
+    # The reader lays the file out on a timeline; the export keeps it: its replay is the job's.
+    assert res["expected_step_ns"] == res["replay_step_ns"]
+    assert res["time"]["ranks_losing_over_1pct"] == []
     _, nodes = read_et(tmp_path / "out" / "workload.0.et")
-    # The file has no timeline (every start is 0): each node is written one for one.
-    comp = Counter((n.name, n.duration_micros) for n in nodes
-                   if n.type == et.COMP_NODE and attr_value(n, "is_cpu_op") is False)
-    want = Counter((o.name, o.duration_micros) for o in gpu_comp)
-    assert want - comp == Counter()
-    cpu = [n for n in nodes if attr_value(n, "is_cpu_op")]
-    # (the reader keeps its 14 COMM_COLL nodes marked is_cpu_op=true as host operators)
-    assert len(cpu) == sum(1 for o in onodes if o.type in (et.COMP_NODE, et.COMM_COLL_NODE)
-                           and attr_value(o, "is_cpu_op"))
-    # Its collectives ran on a group of one rank here: nothing to communicate, the time stays.
+    kernels = [n for n in nodes if n.type == et.COMP_NODE and attr_value(n, "is_cpu_op") is False]
+    covered = res["merged"].get("compute (covered by a concurrent kernel)", 0)
+    # Every GPU kernel of the file is written, or merged into a kernel that covers it.
+    assert res["mapped"]["compute->COMP_NODE"] + covered == len(gpu_comp)
+    assert {n.name for n in kernels} <= {o.name for o in gpu_comp} | {o.name for o in onodes
+                                                                      if o.type == et.COMM_COLL_NODE}
+    assert any(attr_value(n, "is_cpu_op") for n in nodes)     # host time kept
+    # Its collectives ran on a group of one rank here: nothing to send, the time stays.
     assert not [n for n in nodes if n.type != et.COMP_NODE]
     assert res["mapped"]["all_reduce(one-rank group)->COMP_NODE"] >= 1
 

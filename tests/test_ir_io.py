@@ -140,8 +140,20 @@ def test_graphs_load_lazily(tmp_path):
     (tmp_path / "job" / "graphs" / "shared.graph").write_bytes(b"\x05abc")
     job = load_job(tmp_path / "job")           # the manifest alone
     assert job.world_size == 2
-    with pytest.raises(EchoError, match="shared.graph: truncated"):
+    with pytest.raises(EchoError, match="shared.graph: content does not match the manifest's sha256"):
         job.graph("shared")
+    rehash(tmp_path / "job")                   # damaged consistently: the framing error shows
+    with pytest.raises(EchoError, match="shared.graph: truncated"):
+        load_job(tmp_path / "job").graph("shared")
+
+
+def rehash(job_dir) -> None:
+    """Record the graph files' current SHA-256 in the manifest (a consistent edit)."""
+    m = pb.JobManifest()
+    m.ParseFromString((job_dir / "manifest.pb").read_bytes())
+    for ref in m.graphs:
+        ref.sha256 = hashlib.sha256((job_dir / ref.path).read_bytes()).hexdigest()
+    (job_dir / "manifest.pb").write_bytes(m.SerializeToString())
 
 
 def test_save_is_deterministic(tmp_path):
@@ -209,6 +221,7 @@ def test_graph_id_must_match_manifest(tmp_path):
     save_job(small_job(), tmp_path / "job")
     other = small_graph("other")
     write_graph(other, tmp_path / "job" / "graphs" / "shared.graph")
+    rehash(tmp_path / "job")
     job = load_job(tmp_path / "job")
     with pytest.raises(EchoError, match="header id 'other' differs from manifest 'shared'"):
         job.graph("shared")
@@ -258,3 +271,22 @@ def test_outputs_get_ordinary_permissions(tmp_path) -> None:
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "g.graph").stat().st_mode) == 0o644
     assert stat.S_IMODE((out / "manifest.pb").stat().st_mode) == 0o644
+
+
+def test_a_job_pickles_with_its_graphs(tmp_path):
+    """A sweep ships a Job to worker processes: a lazily loaded Job pickles whole, and the
+    copy has the same graphs (content hashes) and manifest."""
+    import pickle
+
+    jb = JobBuilder("p", 2)
+    jb.add_graph(small_graph("g"))
+    jb.bind(0, "g")
+    jb.bind(1, "g")
+    save_job(jb.build(), tmp_path / "job")
+    lazy = load_job(tmp_path / "job")
+    back = pickle.loads(pickle.dumps(lazy))
+    assert back.manifest == lazy.manifest and back.source == lazy.source
+    assert back.graph("g").content_hash() == lazy.graph("g").content_hash()
+    g = back.graph("g")
+    g.new_node(id=10_000, name="added")  # the nodes view is still the graph's own store
+    assert len(pickle.loads(pickle.dumps(g)).nodes) == len(lazy.graph("g").nodes) + 1

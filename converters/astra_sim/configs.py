@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 
 TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
 DEFAULT_GPUS_PER_NODE = 8
@@ -70,27 +70,28 @@ class Network:
         return math.prod(self.npus_count)
 
 
-def _positive(value: float | None, what: str) -> None:
+def _positive(value: float | None, option: str, what: str) -> None:
     if value is not None and not value > 0:
-        raise EchoError(f"{what} must be positive, got {value}")
+        raise OptionError(option, f"{what} must be positive, got {value}")
 
 
 def network_for(world_size: int, hw_gpus_per_node: int, hw_intra: float, hw_inter: float,
                 opts: ExportOptions) -> Network:
     """The network of a cluster with ``world_size`` GPUs, from options and Job hardware."""
-    _positive(opts.intra_bw, "--intra-bw")
-    _positive(opts.inter_bw, "--inter-bw")
-    _positive(opts.gpus_per_node, "--gpus-per-node")
+    _positive(opts.intra_bw, "intra_bw", "intra-node bandwidth")
+    _positive(opts.inter_bw, "inter_bw", "inter-node bandwidth")
+    _positive(opts.gpus_per_node, "gpus_per_node", "GPUs per node")
     if opts.latency is not None and opts.latency < 0:
-        raise EchoError(f"--latency must not be negative, got {opts.latency}")
+        raise OptionError("latency", f"latency must not be negative, got {opts.latency}")
     if world_size < 2:
         raise EchoError(f"ASTRA-sim needs at least 2 NPUs; the job has {world_size}")
     gpn = opts.gpus_per_node or hw_gpus_per_node or DEFAULT_GPUS_PER_NODE
     intra = opts.intra_bw or hw_intra or DEFAULT_INTRA_BW
     inter = opts.inter_bw or hw_inter or DEFAULT_INTER_BW
-    for v, what in ((opts.intra_latency, "intra-node latency"), (opts.inter_latency, "inter-node latency")):
+    for v, option, what in ((opts.intra_latency, "intra_latency", "intra-node latency"),
+                            (opts.inter_latency, "inter_latency", "inter-node latency")):
         if v is not None and v < 0:
-            raise EchoError(f"{what} must not be negative, got {v}")
+            raise OptionError(option, f"{what} must not be negative, got {v}")
     lat = DEFAULT_LATENCY_NS if opts.latency is None else float(opts.latency)
     lat_intra = lat if opts.intra_latency is None else float(opts.intra_latency)
     lat_inter = lat if opts.inter_latency is None else float(opts.inter_latency)
@@ -100,9 +101,9 @@ def network_for(world_size: int, hw_gpus_per_node: int, hw_intra: float, hw_inte
         lats = [lat_intra if world_size <= gpn else lat_inter]
     else:
         if world_size % gpn:
-            raise EchoError(
-                f"world size {world_size} is not a multiple of {gpn} GPUs per node "
-                "(set --gpus-per-node)"
+            raise OptionError(
+                "gpus_per_node",
+                f"world size {world_size} is not a multiple of {gpn} GPUs per node (give the GPUs per node)",
             )
         counts = [gpn, world_size // gpn]
         bws = [intra, inter]
@@ -119,12 +120,12 @@ def _topology(spec: str | None, dims: int) -> list[str]:
     out = []
     for s in names:
         if s.lower() not in by_lower:
-            raise EchoError(f"--topology {s!r}: not one of {', '.join(TOPOLOGIES)}")
+            raise OptionError("topology", f"topology {s!r}: not one of {', '.join(TOPOLOGIES)}")
         out.append(by_lower[s.lower()])
     if len(out) == 1:
         out *= dims
     if len(out) != dims:
-        raise EchoError(f"--topology names {len(out)} dimensions, the network has {dims}")
+        raise OptionError("topology", f"topology names {len(out)} dimensions, the network has {dims}")
     return out
 
 
@@ -144,7 +145,7 @@ def network_yaml(net: Network) -> str:
 
 def system_json(dims: int, splits: int) -> str:
     if splits < 1:
-        raise EchoError(f"preferred-dataset-splits must be >= 1, got {splits}")
+        raise OptionError("splits", f"preferred-dataset-splits must be >= 1, got {splits}")
     cfg = {
         "scheduling-policy": "LIFO",
         "endpoint-delay": ENDPOINT_DELAY_NS,

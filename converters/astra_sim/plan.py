@@ -109,6 +109,17 @@ class GraphPlan:
         return False
 
 
+def round_us(ns: int) -> int:
+    """Nanoseconds to whole microseconds, half up (ASTRA-sim reads integer µs)."""
+    return max(0, (int(ns) + 500) // 1000)
+
+
+def exported_us(pn: PlannedNode) -> int:
+    """The whole microseconds a COMP node runs: its end and start are rounded on the graph's
+    clock, so the lengths of back-to-back nodes add up to the rounded total (no drift)."""
+    return max(0, round_us(pn.end_ns) - round_us(pn.start_ns))
+
+
 class _Node:
     """Planning state of one IR node."""
 
@@ -683,7 +694,7 @@ def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = F
     nodes = p.finish()
     if fold_host and p.host_streams:
         nodes, folded = _fold_host(nodes)
-        p.count(p.dropped, "host time (--host-time fold)", folded)
+        p.count(p.dropped, "host time (folded)", folded)
         waits = []
     mapped: dict[str, int] = {}
     for pn in nodes:
@@ -695,4 +706,5 @@ def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = F
                      p.origin, has_a2a)
 
 
-__all__ = ["COLL", "COMM", "COMP", "GPU", "HOST", "P2P", "RECV", "GraphPlan", "PlannedNode", "plan_graph"]
+__all__ = ["COLL", "COMM", "COMP", "GPU", "HOST", "P2P", "RECV", "GraphPlan", "PlannedNode", "exported_us",
+           "plan_graph", "round_us"]

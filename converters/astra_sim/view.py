@@ -18,15 +18,13 @@ from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
 from echo_et.ir.schema import pb
 
-from .plan import COMM, COMP, GPU, HOST, RECV, GraphPlan
+from .plan import COMM, COMP, GPU, HOST, RECV, GraphPlan, exported_us
 
 LANE_STREAMS = {HOST: (0, "astra:host", pb.STREAM_CPU_THREAD), GPU: (1, "astra:gpu", pb.STREAM_GPU_COMPUTE),
                 COMM: (2, "astra:comm", pb.STREAM_GPU_COMM)}
 
 
 def view_graph(plan: GraphPlan, header: pb.GraphHeader) -> Graph:
-    from .writer import exported_us
-
     g = Graph()
     g.header.id = plan.graph_id
     g.header.name = header.name

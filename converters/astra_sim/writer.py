@@ -19,7 +19,7 @@ from pathlib import Path
 
 from chakra.schema.protobuf import et_def_pb2 as et
 
-from echo_et.errors import CheckError, EchoError
+from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir.checker import check_job
 from echo_et.ir.io import atomic_dir, encode_varint
 from echo_et.ir.job import Job
@@ -28,7 +28,7 @@ from echo_et.ir.schema import pb
 from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
 from .mapping import comm_size_of, comm_type_of
-from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, plan_graph
+from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, exported_us, plan_graph, round_us
 
 METADATA_VERSION = "0.0.4"
 MIN_NPUS = 2               # every network dimension needs more than one NPU
@@ -39,11 +39,6 @@ _ATTR_FIELD = b"\x52"      # Node.attr: field 10, wire type 2
 
 
 # -- small encoders ---------------------------------------------------------------------------
-def round_us(ns: int) -> int:
-    """Nanoseconds to whole microseconds, half up (ASTRA-sim reads integer µs)."""
-    return max(0, (int(ns) + 500) // 1000)
-
-
 def _attr(name: str, **value) -> et.AttributeProto:
     return et.AttributeProto(name=name, **value)
 
@@ -73,12 +68,6 @@ def _delimited(data: bytes) -> bytes:
 def _coll_size(node: pb.Node, group_size: int, splits: int) -> tuple[int, bool]:
     c = node.collective
     return comm_size_of(c.type, c.in_bytes, c.out_bytes, group_size, splits)
-
-
-def exported_us(pn: PlannedNode) -> int:
-    """The whole microseconds a COMP node runs: its end and start are rounded on the graph's
-    clock, so the lengths of back-to-back nodes add up to the rounded total (no drift)."""
-    return max(0, round_us(pn.end_ns) - round_us(pn.start_ns))
 
 
 def _base_node(pn: PlannedNode, node_id: int, deps: Iterable[int], is_cpu: bool,
@@ -508,7 +497,7 @@ class ExportPlan:
     def __init__(self, job: Job, options: ExportOptions | None = None):
         opts = options or ExportOptions()
         if opts.host_time not in ("keep", "fold"):
-            raise EchoError(f"host time {opts.host_time!r}: use keep or fold")
+            raise OptionError("host_time", f"host time {opts.host_time!r}: use keep or fold")
         issues = check_job(job)
         if issues:
             more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
@@ -596,4 +585,4 @@ def export(job: Job, dest: str | os.PathLike[str], options: ExportOptions | None
     return ExportPlan(job, options).write(dest)
 
 
-__all__ = ["A2A_TAG_BASE", "ExportPlan", "export", "exported_us", "round_us"]
+__all__ = ["A2A_TAG_BASE", "ExportPlan", "export"]

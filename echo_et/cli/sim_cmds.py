@@ -10,6 +10,7 @@ import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
+from echo_et.ir import limits
 
 
 def register(app: typer.Typer) -> None:
@@ -44,8 +45,8 @@ def parse_stragglers(values: list[str], world_size: int) -> dict[int, float]:
             rank, factor = int(rank_s), float(factor_s)
         except ValueError:
             raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR, e.g. 3:1.5") from None
-        if not sep or factor <= 0:
-            raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR with FACTOR > 0")
+        if not sep or not 0 < factor <= limits.MAX_FACTOR:  # (NaN fails too)
+            raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR with 0 < FACTOR <= {limits.MAX_FACTOR:g}")
         if not 0 <= rank < world_size:
             raise EchoError(f"--straggler {v!r}: rank {rank} is not in the job (world size {world_size})")
         out[rank] = factor
@@ -91,10 +92,10 @@ def slowdown_model_for(path: Path | None, off: bool):
 
 def write_sim_timeline(res, dest: Path, job) -> dict[str, Any]:
     """The simulated step as a Chrome trace, written by the ``export chrome`` writer."""
-    from echo_et.converters.chrome import TimelineEvent, write_timeline
+    from echo_et.converters.chrome import write_timeline
 
     meta = {"job": job.manifest.name, "world_size": job.world_size, "simulated": res.mode}
-    return write_timeline((TimelineEvent(**e) for e in res.timeline_events()), dest, metadata=meta)
+    return write_timeline(res.timeline_events(), dest, metadata=meta)
 
 
 def _progress(msg: str) -> None:
@@ -145,6 +146,8 @@ def simulate_cmd(
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
     if timeline is not None and timeline.exists() and timeline.is_dir():
         raise EchoError(f"{timeline}: is a directory")
+    if timeline is not None and not timeline.parent.is_dir():
+        raise EchoError(f"--timeline {timeline}: folder {timeline.parent} does not exist (create it first)")
     job = load_job_arg(job_path)
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
@@ -171,6 +174,10 @@ def simulate_cmd(
                    f"{_ms(v.exposed_comm_ns):>10} {_ms(v.idle_ns):>10} {_ms(v.sync_wait_ns):>10}")
     if len(res.ranks) > len(shown):
         typer.echo(f"... {len(res.ranks) - len(shown)} more ranks (use --json)")
+    kept = res.diagnostics.get("comm_kept_at_measured_time") or {}
+    if kept:
+        typer.echo("kept at measured time (communication no model prices): "
+                   + ", ".join(f"{k}={v}" for k, v in kept.items()))
     cp = res.critical_path
     typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
                + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))
@@ -187,7 +194,7 @@ def validate_cmd(
     profile: Path | None = typer.Option(None, "--profile", help="CC model calibration profile."),
     preset: str | None = typer.Option(None, "--preset", help="CC model preset name."),
     slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (default: built in)."),
-    no_slowdown: bool = typer.Option(False, "--no-slowdown"),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Replay and predict a Job and compare with each rank's measured step time."""
@@ -210,6 +217,8 @@ def validate_cmd(
                f"{_pct(v['replay_error_pct']):>7} {_ms(v['predict_step_ns']):>11} {_pct(v['predict_error_pct']):>7}")
     typer.echo(f"mean |error|: replay {_pct(v['replay_mean_abs_error_pct'])} %, "
                f"predict {_pct(v['predict_mean_abs_error_pct'])} %")
+    if v.get("measured_caveat"):
+        typer.echo(f"note: {v['measured_caveat']}.")
 
 
 def _pct(x: float | None) -> str:

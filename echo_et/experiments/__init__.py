@@ -1,1 +1,11 @@
-"""Studies that combine passes, models and the simulator (sweeps, exports checked by replay)."""
+"""Experiments: what combines passes, models and the simulator into a study.
+
+- :mod:`echo_et.experiments.sweep`: scale a Job to every point of a layout grid and simulate
+  each point, on a local process pool, Dask or Ray;
+- :mod:`echo_et.experiments.plots`: charts of those results (matplotlib, an optional extra);
+- :mod:`echo_et.experiments.synthetic`: synthetic Jobs for simulator tests and benchmarks;
+- :mod:`echo_et.experiments.astra_sim`: the ASTRA-sim export with its network fitted to the
+  communication model (or the trace) and echo-et's replay of what was exported.
+
+This part sits above passes, models and sim and below the CLI (docs/architecture.md).
+"""

@@ -3,8 +3,10 @@
 - :func:`infer_layout` decides dp/tp/pp/ep and the rank order (declared, manifest, inferred);
 - :func:`scale` changes the data-parallel degree and re-stages pipelines;
 - :func:`inject` turns a single-GPU trace into a data-parallel Job (DDP buckets, ZeRO-1);
-- :func:`select_ranks` cuts a Job down to a subset of ranks;
-- :func:`sweep` simulates a grid of scaled layouts on a local pool, Dask or Ray.
+- :func:`select_ranks` cuts a Job down to a subset of ranks.
+
+A sweep over layouts (scale + simulate) combines passes with the simulator, so it lives in
+:mod:`echo_et.experiments.sweep`.
 """
 
 from echo_et.passes.layout import LayoutDecision, infer_layout, parse_layout
