@@ -15,11 +15,9 @@ from echo_et.sim import Predictor, SimOptions, Simulator, simulate
 def times(result, rank: int) -> dict[str, tuple[int, int]]:
     """Simulated (start, end) of every node of ``rank``, by node name."""
     tl = result.timeline
-    st = next(s for s in tl.states if s.cls == tl.partition.class_of[rank])
-    out = {}
-    for idx, n in enumerate(st.graph.nodes):
-        out[n.name] = (st.start[st.prog.node_start_item[idx]], st.end[st.prog.node_end_item[idx]])
-    return out
+    graph = tl.state_of(rank).graph
+    by_id = tl.node_times(rank)
+    return {n.name: by_id[n.id] for n in graph.nodes if n.id in by_id}
 
 
 def one_rank_job(build) -> object:

@@ -44,12 +44,36 @@ class RankResult:
 
 @dataclass(frozen=True)
 class SimTimeline:
-    """Where each node of each simulated rank ran: the engine's per-class states (start and
-    end of every node, the time it arrived at a collective) and the partition that maps a
-    rank to the class whose timeline it shares. Read by :mod:`echo_et.sim.timeline`."""
+    """Where each node of each simulated rank ran: the engine's per-class states
+    (:class:`echo_et.sim.state.RankState`: start and end of every item, the time it arrived
+    at a collective) and the partition that maps a rank to the class whose timeline it
+    shares. Read by :mod:`echo_et.sim.timeline`."""
 
-    states: list[Any]
-    partition: Any  # echo_et.sim.symmetry.Partition
+    states: list[Any]   # echo_et.sim.state.RankState, one per class
+    partition: Any      # echo_et.sim.symmetry.Partition
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.partition.class_of)
+
+    def state_of(self, rank: int) -> Any:
+        """The RankState whose timeline ``rank`` has (its class representative's)."""
+        c = self.partition.class_of[rank]
+        st = self.states[c]
+        if st.class_id != c:  # states are made in class order; be safe if that ever changes
+            st = next(s for s in self.states if s.class_id == c)
+        return st
+
+    def node_times(self, rank: int) -> dict[int, tuple[int, int]]:
+        """Node id -> simulated (start, end) in job-clock ns, for every node of ``rank``'s
+        graph that ran."""
+        st = self.state_of(rank)
+        out = {}
+        for idx, node in enumerate(st.graph.nodes):
+            span = st.node_span(idx)
+            if span is not None:
+                out[node.id] = span
+        return out
 
 
 @dataclass

@@ -23,23 +23,26 @@ from collections.abc import Iterator
 
 from echo_et.ir.labels import node_label, node_track
 from echo_et.ir.timeline import TimelineEvent
+from echo_et.sim.state import RankState
 
 
-def _rank_events(rank: int, st) -> Iterator[TimelineEvent]:
-    prog = st.prog
+def _rank_events(rank: int, st: RankState) -> Iterator[TimelineEvent]:
+    prog = st.program
     streams = {s.id: s for s in prog.streams}
     for idx, node in enumerate(st.graph.nodes):
-        s_it, e_it = prog.node_start_item[idx], prog.node_end_item[idx]
-        if s_it < 0 or e_it < 0:
+        span = st.node_span(idx)
+        if span is None:
             continue
-        t0, t1 = st.start[s_it], st.end[e_it]
-        name, args = node_label(node, st.keygroup.__getitem__)
+        t0, t1 = span
+        s_it = prog.node_start_item[idx]
+        name, args = node_label(node, st.group_of_key.__getitem__)
         track, order, category = node_track(node, streams, args)
-        if s_it in st.arrive:
-            wait = t0 - st.arrive[s_it]
+        if s_it in st.item_arrival:
+            arrival = st.item_arrival[s_it]
+            wait = t0 - arrival
             args["wait_ns"] = wait
             if wait > 0:
-                yield TimelineEvent(rank=rank, track=track, name=f"wait: {name}", start_ns=st.arrive[s_it],
+                yield TimelineEvent(rank=rank, track=track, name=f"wait: {name}", start_ns=arrival,
                                     duration_ns=wait, category="wait", track_order=order,
                                     args={"id": node.id})
         yield TimelineEvent(rank=rank, track=track, name=name, start_ns=t0, duration_ns=max(0, t1 - t0),
@@ -51,6 +54,5 @@ def timeline_events(result, ranks: list[int] | None = None) -> Iterator[Timeline
     if result.timeline is None:
         raise ValueError("this result holds no timeline")
     tl = result.timeline
-    by_class = {st.cls: st for st in tl.states}
-    for rank in sorted(tl.partition.class_of) if ranks is None else sorted(set(ranks)):
-        yield from _rank_events(rank, by_class[tl.partition.class_of[rank]])
+    for rank in tl.ranks if ranks is None else sorted(set(ranks)):
+        yield from _rank_events(rank, tl.state_of(rank))
