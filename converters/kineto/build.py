@@ -589,6 +589,12 @@ def _gather_info(u: CommUnit) -> comm.CommInfo:
     for op in u.ops:
         if op.name == "record_param_comms":
             comm.merge_meta(info, op.args, "record_param_comms")
+    # A backend annotation that carries record_param_comms' args (echo-et's own timelines
+    # write them on gloo:* spans of host-thread collectives).
+    spans = [*u.ops, *([u.execution] if u.execution is not None and u.execution not in u.ops else [])]
+    for op in spans:
+        if op.name.startswith("gloo:") and op.arg("Collective name") is not None:
+            comm.merge_meta(info, op.args, "annotation_args")
     for op in u.ops:
         if ":" in op.name and not op.name.startswith(("gloo:", "c10d::")) \
                 and "::" not in op.name:

@@ -40,7 +40,7 @@ def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
         if prog.n_items == 0:
             for st in group:
                 out[st.class_id] = dict(step_time_ns=0, compute_ns=0, comm_ns=0, exposed_comm_ns=0, idle_ns=0,
-                                        sync_wait_ns=0, host_wait_ns=0)
+                                        bubble_ns=0, sync_wait_ns=0, host_wait_ns=0)
             continue
         cats = np.asarray(prog.category, dtype=np.int64)
         comp = np.flatnonzero(np.isin(cats, _COMPUTE_CATS))
@@ -60,8 +60,13 @@ def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
             if rdv.size:
                 arr = np.array([[st.item_arrival[i] for i in rdv.tolist()] for st in chunk], dtype=np.int64)
                 wait = _row_union(arr, start[:, rdv])
+                # waiting for peers that nothing else hides: the bubble
+                held_ns = _row_union(np.concatenate((start[:, busy], arr), axis=1),
+                                     np.concatenate((end[:, busy], start[:, rdv]), axis=1))
+                bubble = held_ns - busy_ns
             else:
                 wait = np.zeros(len(chunk), dtype=np.int64)
+                bubble = np.zeros(len(chunk), dtype=np.int64)
             if sync.size:
                 dur = np.array([[st.durations[i] for i in sync.tolist()] for st in chunk], dtype=np.int64)
                 host_wait = np.clip(end[:, sync] - start[:, sync] - dur, 0, None).sum(axis=1)
@@ -74,6 +79,7 @@ def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
                     comm_ns=int(comm_ns[k]),
                     exposed_comm_ns=int(busy_ns[k] - compute_ns[k]),
                     idle_ns=int(max(0, step[k] - busy_ns[k])),
+                    bubble_ns=int(bubble[k]),
                     sync_wait_ns=int(wait[k]),
                     host_wait_ns=int(host_wait[k]),
                 )

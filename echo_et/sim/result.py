@@ -13,9 +13,13 @@ class RankResult:
     compute_ns       time the rank's device runs compute or copies (union over streams)
     comm_ns          time communication transfers run (union; the wait for partners excluded)
     exposed_comm_ns  communication not hidden behind compute
-    idle_ns          step time with neither compute nor communication running: the bubble
-                     (waiting for partners, for the host, for a pipeline stage)
-    sync_wait_ns     time spent waiting for the last member of a collective / the P2P peer
+    idle_ns          step time with neither compute nor communication running (waiting for
+                     partners, for the host, for a pipeline stage)
+    bubble_ns        the part of idle_ns spent waiting for the last member of a collective
+                     or for a P2P peer (pipeline bubbles, stragglers); idle_ns - bubble_ns is
+                     the rest (host-bound gaps, launch latency)
+    sync_wait_ns     time spent waiting for the last member of a collective / the P2P peer,
+                     hidden or not
     host_wait_ns     time host threads block in synchronisation calls waiting for the device
     """
 
@@ -28,6 +32,7 @@ class RankResult:
     sync_wait_ns: int
     host_wait_ns: int
     simulated_as: int  # the representative rank whose timeline this rank shares
+    bubble_ns: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -36,6 +41,7 @@ class RankResult:
             "comm_ns": self.comm_ns,
             "exposed_comm_ns": self.exposed_comm_ns,
             "idle_ns": self.idle_ns,
+            "bubble_ns": self.bubble_ns,
             "sync_wait_ns": self.sync_wait_ns,
             "host_wait_ns": self.host_wait_ns,
             "simulated_as": self.simulated_as,
@@ -51,6 +57,14 @@ class SimTimeline:
 
     states: list[Any]   # echo_et.sim.state.RankState, one per class
     partition: Any      # echo_et.sim.symmetry.Partition
+    job: Any = None     # the simulated Job: a rank's group keys resolve through its own binding
+
+    def group_of(self, rank: int) -> Any:
+        """``key -> ProcessGroup`` for ``rank`` (its own groups, not its representative's)."""
+        if self.job is not None:
+            job = self.job
+            return lambda key: job.resolve_group(rank, key)
+        return self.state_of(rank).group_of_key.__getitem__
 
     @property
     def ranks(self) -> list[int]:

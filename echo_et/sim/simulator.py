@@ -730,7 +730,7 @@ class Simulator:
             options=opts,
             diagnostics={"acausal_deps": acausal, "acausal_deps_kept": self.options.keep_acausal_deps,
                          "placeholder_comm_nodes": placeholders},
-            timeline=SimTimeline(self._states, part),
+            timeline=SimTimeline(self._states, part, self.job),
         )
 
 
