@@ -1,11 +1,16 @@
-"""Accuracy of the NCCL cost model on the shared nccl-tests logs (A100, 1-32 GPUs), side by
-side with a 3-parameter alpha-beta baseline fitted on the same data. Prints markdown tables.
+"""Accuracy of the collective model on the shared nccl-tests logs (A100, 1-32 GPUs), next to the
+3-parameter baseline (latency + log2(N) + bytes/bandwidth) fitted on the same data. Prints
+markdown tables (CPU time of the fits depends on the machine; the errors do not).
 
-    python benchmarks/comm_accuracy.py [--data ../shared/data/nccl-tests/echo-a100]
+    python benchmarks/comm_accuracy.py [--data ../shared/data] [--quick]
 
-Experiments: in-sample (fit on all logs, error per log); extrapolation (fit on 1-16 GPUs,
-predict 32; fit on 1-8, predict 16 and 32), with the error per size band. Errors are absolute
-percentage errors of the predicted nccl-tests time per size; MAPE = their mean.
+1. in-sample (fit on all six logs) and leave-one-log-out (fit without the 16- or the 32-GPU
+   log, predict it) errors, NCCL release chosen on each fit's own logs (``auto``);
+2. the same leave-one-out errors for each modelled NCCL release held fixed (sensitivity);
+3. leave-one-out with vTrain's single-node all-reduce tables added to the fitted logs;
+4. per size, fit without the 32-GPU log: measured, predicted, error, NCCL's choice;
+5. what the in-sample profile predicts for 64 and 128 GPUs (8 per node).
+``--quick`` runs 1 and 4 only.
 """
 
 from __future__ import annotations
@@ -20,91 +25,98 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from echo_et.models.comm import nccl, nccl_tests  # noqa: E402
-from echo_et.models.comm.baseline import AlphaBeta  # noqa: E402
-from echo_et.models.comm.calibrate import fit_profile, samples_from_runs  # noqa: E402
-from echo_et.models.comm.evaluate import evaluate_samples  # noqa: E402
+from echo_et.models.comm import CommModel, nccl  # noqa: E402
+from echo_et.models.comm.calibrate import read_measurements, samples_from_runs  # noqa: E402
+from echo_et.models.comm.evaluate import cross_validate  # noqa: E402
 from echo_et.models.comm.fit import predict_samples  # noqa: E402
 from echo_et.models.comm.profile import load_preset  # noqa: E402
+from echo_et.models.comm.topology import contiguous  # noqa: E402
+from echo_et.models.comm.tuning import VERSIONS  # noqa: E402
 
 LOGS = (1, 2, 4, 8, 16, 32)
-EXPERIMENTS = (
-    ("in-sample (fit 1-32)", LOGS, LOGS),
-    ("fit 1-16, predict 32", (1, 2, 4, 8, 16), (32,)),
-    ("fit 1-8, predict 16 and 32", (1, 2, 4, 8), (16, 32)),
-)
 
 
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def table(cv: dict, kinds=("in_sample", "leave_one_out")) -> None:
+    print("| experiment | log | NCCL | model MAPE >=1MiB | model median 4KiB-1MiB | model MAPE all "
+          "| baseline MAPE >=1MiB | baseline median 4KiB-1MiB | baseline MAPE all |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind in kinds:
+        for r in cv[kind]:
+            m, b = r["model"], r["baseline"]
+            label = "in-sample (fit 1-32)" if kind == "in_sample" else f"fit without {r['log']}"
+            print(f"| {label} | {r['log']} ({r['ranks']} GPUs) | {r['nccl']} | {pct(m['mape_ge_1mib_percent'])} "
+                  f"| {pct(m['median_4kib_1mib_percent'])} | {pct(m['mape_percent'])} "
+                  f"| {pct(b['mape_ge_1mib_percent'])} | {pct(b['median_4kib_1mib_percent'])} "
+                  f"| {pct(b['mape_percent'])} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/nccl-tests/echo-a100")
-    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared/data")
+    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    samples = {}
-    for n in LOGS:
-        runs = nccl_tests.read_log(args.data / f"nccl_{n}.log")
-        samples[n] = samples_from_runs(runs, args.gpus_per_node)[0]
+    base = load_preset("a100-ib")
+    runs = [r for n in LOGS for r in read_measurements(args.data / f"nccl-tests/echo-a100/nccl_{n}.log")]
 
-    print("| experiment | log | sizes | model MAPE all | model MAPE <64KiB | model MAPE 64KiB-1MiB "
-          "| model MAPE >=1MiB | model median 4KiB-1MiB | alpha-beta MAPE all | alpha-beta MAPE >=1MiB "
-          "| alpha-beta median 4KiB-1MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    fits = {}
-    for label, train, test in EXPERIMENTS:
-        train_samples = [s for n in train for s in samples[n]]
-        t0 = time.perf_counter()
-        prof, _ = fit_profile(train_samples, [], load_preset("a100-ib"), args.gpus_per_node)
-        fit_s = time.perf_counter() - t0
-        fits[label] = (prof, fit_s)
-        base = AlphaBeta.fit(train_samples)
-        for n in test:
-            ours = evaluate_samples(samples[n], lambda s, P=prof.params: predict_samples(P, s))
-            theirs = evaluate_samples(samples[n], base.predict)
-            print(f"| {label} | nccl_{n}.log ({n} GPUs) | {ours['sizes']} | {pct(ours['mape_percent'])} "
-                  f"| {pct(ours['mape_lt_64kib_percent'])} | {pct(ours['mape_64kib_1mib_percent'])} "
-                  f"| {pct(ours['mape_ge_1mib_percent'])} | {pct(ours['median_4kib_1mib_percent'])} "
-                  f"| {pct(theirs['mape_percent'])} | {pct(theirs['mape_ge_1mib_percent'])} "
-                  f"| {pct(theirs['median_4kib_1mib_percent'])} |")
+    t0 = time.perf_counter()
+    cv = cross_validate(runs, 8, base, "auto")
+    print(f"## 1. In-sample and leave-one-log-out (NCCL release: auto; {time.perf_counter() - t0:.0f} s CPU-timed)")
+    print()
+    table(cv)
+    prof = cv["profiles"]["in_sample"]
+    print()
+    print("Release fit errors (multi-node samples, %) per fit: " + "; ".join(
+        f"{k}: " + ", ".join(f"{v} {e:.2f}" for v, e in p.fit["nccl_version_mape_percent"].items())
+        for k, p in cv["profiles"].items()))
+
+    if not args.quick:
+        print()
+        print("## 2. Leave-one-log-out with the NCCL release held fixed")
+        print()
+        for version in VERSIONS:
+            fixed = cross_validate(runs, 8, base, version)
+            table(fixed, ("leave_one_out",))
+            print()
+        print("## 3. Leave-one-log-out with vTrain's 2-8 GPU all-reduce tables added to the fitted logs")
+        print()
+        tables = sorted((args.data / "measurements/vtrain-a100/trace/a100").glob("AR_GPU*_LUT"))
+        extra = [r for t in tables for r in read_measurements(t)]
+        with_tables = cross_validate(runs + extra, 8, base, "auto",
+                                     held_out=[LOGS.index(16), LOGS.index(32)])
+        table(with_tables, ("leave_one_out",))
 
     print()
-    print("| experiment | fit time (s) | alpha (us) | beta (us/log2 N) | bandwidth (GB/s) |")
+    print("## 4. Fit without the 32-GPU log, per size (IR bytes; measured = min of out-of-place and in-place)")
+    print()
+    p32 = cv["profiles"]["nccl_32.log"]
+    held = samples_from_runs([runs[LOGS.index(32)]], 8)[0]
+    pred = predict_samples(p32.params, held, p32.nccl)
+    _, picks = nccl.choose(p32.params, "all_reduce", np.array([x.nbytes for x in held], dtype=float),
+                           held[0].placement, p32.nccl)
+    print(f"NCCL {p32.nccl.version}")
+    print()
+    print("| bytes | measured (us) | predicted (us) | error % | algorithm/protocol/channels |")
     print("|---|---|---|---|---|")
-    for label, train, _ in EXPERIMENTS:
-        base = AlphaBeta.fit([s for n in train for s in samples[n]])
-        print(f"| {label} | {fits[label][1]:.1f} | {base.alpha_us:.1f} | {base.beta_us:.1f} "
-              f"| {base.bandwidth_gbps:.1f} |")
+    for x, p, c in zip(held, pred, picks, strict=True):
+        print(f"| {x.nbytes} | {x.time_us:.1f} | {p:.1f} | {100 * (p / x.time_us - 1):+.1f} "
+              f"| {c.algorithm}/{c.protocol}/{c.channels} |")
 
-    print()
-    print("Fit 1-16, predict 32, per size (IR bytes; measured = min of out-of-place and in-place):")
-    print()
-    print("| bytes | measured (us) | predicted (us) | error % | algorithm/protocol |")
-    print("|---|---|---|---|---|")
-    prof16 = fits[EXPERIMENTS[1][0]][0]
-    held = samples[32]
-    pred = predict_samples(prof16.params, held)
-    _, picks = nccl.choose(prof16.params, "all_reduce", np.array([x.nbytes for x in held], dtype=float),
-                           held[0].placement)
-    for x, p, pick in zip(held, pred, picks, strict=True):
-        print(f"| {x.nbytes} | {x.time_us:.1f} | {p:.1f} | {100 * (p / x.time_us - 1):+.1f} | {'/'.join(pick)} |")
-
-    print()
-    print("Algorithm/protocol the in-sample profile picks (size ranges, IR bytes):")
-    prof = fits[EXPERIMENTS[0][0]][0]
-    for n in LOGS[1:]:
-        s = samples[n]
-        _, picks = nccl.choose(prof.params, "all_reduce", np.array([x.nbytes for x in s], dtype=float),
-                               s[0].placement)
-        spans: list[str] = []
-        start = 0
-        for i in range(1, len(s) + 1):
-            if i == len(s) or picks[i] != picks[start]:
-                spans.append(f"{'/'.join(picks[start])} {s[start].nbytes}-{s[i - 1].nbytes}")
-                start = i
-        print(f"- {n} GPUs: " + "; ".join(spans))
+    if not args.quick:
+        print()
+        print("## 5. Predicted all-reduce on 64 and 128 GPUs (8 per node), in-sample profile")
+        print()
+        model = CommModel(prof)
+        sizes = [1 << e for e in (12, 16, 17, 20, 24, 26, 28, 30, 32)]
+        print("| GPUs | " + " | ".join(str(s) for s in sizes) + " |")
+        print("|---|" + "---|" * len(sizes))
+        for n in (64, 128):
+            t, cs = model.estimate_sizes("all_reduce", sizes, contiguous(n, 8))
+            print(f"| {n} | " + " | ".join(f"{x:.0f} us {c.algorithm}/{c.protocol}/{c.channels}"
+                                          for x, c in zip(t, cs, strict=True)) + " |")
 
 
 if __name__ == "__main__":

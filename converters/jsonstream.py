@@ -25,6 +25,11 @@ from typing import IO, Any
 
 from echo_et.errors import EchoError
 
+try:  # a faster decoder for whole batches of elements (see _batch); optional
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib path still works
+    _orjson = None  # type: ignore[assignment]
+
 _CHUNK = 1 << 20
 # A decode error this far before the end of the buffered text cannot be a value cut by the
 # chunk boundary: it is a real syntax error (and the rest of the file need not be read).
@@ -246,6 +251,42 @@ def _object(t: _Text, o: _Options) -> Iterator[Event]:
         t.fail(f"expected ',' or '}}' after the value of {key!r}, found {c!r}")
 
 
+# A line holding only the end of one element and the separator, then a line opening the next:
+# where pretty-printed profiler JSON (Kineto, host ETs) puts its element boundaries.
+_LINE_BOUNDARY = re.compile(r"\n[ \t]*\}[ \t]*,[ \t]*\r?\n[ \t]*(?=\{)")
+_BATCH_CHARS = 1 << 20
+_BATCH_TRIES = 3
+
+
+def _batch(t: _Text, o: _Options) -> list | None:
+    """Several whole elements at once, decoded by orjson (several times faster than the
+    stdlib scanner), or None when no batch can be cut here.
+
+    A batch ends at the last element boundary the text seems to have (a line-pretty
+    boundary, see ``_LINE_BOUNDARY``); ``"[" + batch + "]"`` decoding as a JSON array proves
+    the cut is a real boundary (a JSON parser is deterministic: the same prefix of the array
+    leaves it in the same state, and only the state "between elements" accepts "]"). A cut
+    that does not decode (a guess inside an element, or text orjson refuses: NaN, integers
+    beyond 64 bits) is never used: the caller decodes element by element instead."""
+    if len(t.buf) - t.pos < _BATCH_CHARS and not t.eof:
+        t.fill()
+    buf, pos = t.buf, t.pos
+    if o.parse_float is not None or _orjson is None or len(buf) - pos < 4096:
+        return None
+    ends = [m for m in _LINE_BOUNDARY.finditer(buf, max(pos, len(buf) - (64 << 10)))]
+    if not ends:
+        ends = [m for m in _LINE_BOUNDARY.finditer(buf, pos)][-_BATCH_TRIES:]
+    for m in reversed(ends[-_BATCH_TRIES:]):
+        end = buf.rindex("}", m.start(), m.end()) + 1
+        try:
+            items = _orjson.loads("[" + buf[pos:end] + "]")
+        except _orjson.JSONDecodeError:
+            continue
+        t.pos = m.end()
+        return items
+    return None
+
+
 def _array(t: _Text, o: _Options) -> Iterator[Event]:
     """Consume the ``[...]`` of the streamed array (a trailing comma is tolerated)."""
     key, on_item, objects_only = o.array_key, o.on_item, o.objects_only
@@ -256,7 +297,25 @@ def _array(t: _Text, o: _Options) -> Iterator[Event]:
     else:
         scan = t.scan
         sep = _SEP.match
+        slow_until = 0   # after a batch that would not cut, decode one by one up to here
         while True:
+            if t.pos + t.dropped >= slow_until:
+                items = _batch(t, o)
+                if items is None:
+                    slow_until = t.dropped + len(t.buf)
+                else:
+                    n += len(items)
+                    if on_item is None:
+                        for item in items:
+                            yield ("item", key, item)
+                    elif objects_only:
+                        for item in items:
+                            if type(item) is dict:
+                                on_item(item)
+                    else:
+                        for item in items:
+                            on_item(item)
+                    continue
             # Fast path: a whole element and its separator inside the buffer (a separator after
             # it also proves that a number was not cut short by the end of the buffer).
             buf = t.buf

@@ -51,6 +51,14 @@ from pathlib import Path
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import GraphBuilder, Job, JobBuilder
 from echo_et.ir.collectives import SIMAI_NAMES
+from echo_et.ir.limits import (
+    INT64_MAX,
+    MAX_BYTES,
+    MAX_MICROBATCHES,
+    MAX_NS,
+    MAX_PIPELINE_STAGES,
+    MAX_WORLD_SIZE,
+)
 from echo_et.ir.schema import pb
 
 POLICIES = (
@@ -114,18 +122,28 @@ def sniff(path: Path) -> bool:
     return lines[0].split()[0] in POLICIES and lines[1].strip().isdigit()
 
 
-def _int(tok: str, where: str, what: str) -> int:
+def _int(tok: str, where: str, what: str, hi: int = INT64_MAX) -> int:
     try:
         v = int(tok)
     except ValueError:
-        raise EchoError(f"{where}: {what} {tok!r} is not an integer") from None
+        raise EchoError(f"{where}: {what} {tok[:40]!r} is not an integer") from None
     if v < 0 and what != "reserved column":
         raise EchoError(f"{where}: {what} {v} is negative")
+    if abs(v) > hi:
+        raise EchoError(f"{where}: {what} {tok[:40]} is out of range (at most {hi})")
     return v
+
+
+# Largest value of each header key: counts bound the work and memory a conversion spends.
+_HEADER_MAX = {"tp": MAX_WORLD_SIZE, "ep": MAX_WORLD_SIZE, "pp": MAX_PIPELINE_STAGES,
+               "vpp": MAX_PIPELINE_STAGES, "ga": MAX_MICROBATCHES, "all_gpus": MAX_WORLD_SIZE,
+               "checkpoints": 1 << 20, "checkpoint_initiates": 1 << 20, "pp_comm": MAX_BYTES}
 
 
 def _parse_header(line: str, where: str) -> tuple[str, dict[str, int]]:
     toks = line.split()
+    if not toks:
+        raise EchoError(f"{where}: line 1 is empty; a SimAI workload starts with its parallelism policy")
     policy = toks[0]
     if policy not in POLICIES:
         raise EchoError(f"{where}: line 1: {policy!r} is not a SimAI parallelism policy "
@@ -135,7 +153,8 @@ def _parse_header(line: str, where: str) -> tuple[str, dict[str, int]]:
     while i < len(toks):
         key = toks[i].rstrip(":")
         if key in _HEADER_KEYS and i + 1 < len(toks):
-            header[_HEADER_KEYS[key]] = _int(toks[i + 1], f"{where}: line 1", key)
+            name = _HEADER_KEYS[key]
+            header[name] = _int(toks[i + 1], f"{where}: line 1", key, _HEADER_MAX[name])
             i += 2
             if key in ("checkpoints", "checkpoint_initiates"):
                 i += header[_HEADER_KEYS[key]]  # the layer indices that follow the count
@@ -145,7 +164,7 @@ def _parse_header(line: str, where: str) -> tuple[str, dict[str, int]]:
 
 
 def _comm(type_tok: str, size_tok: str, default_group: str, where: str, what: str) -> Comm | None:
-    size = _int(size_tok, where, f"{what} bytes")
+    size = _int(size_tok, where, f"{what} bytes", MAX_BYTES)
     if type_tok == "NONE":
         return None
     base, group = type_tok, default_group
@@ -195,13 +214,13 @@ def parse(path: Path) -> Workload:
         _int(vals[1], w, "reserved column")
         layers.append(Layer(
             name=vals[0], line=row[0][1],
-            fwd_ns=_int(vals[2], w, "forward compute time"),
+            fwd_ns=_int(vals[2], w, "forward compute time", MAX_NS),
             fwd_comm=_comm(vals[3], vals[4], default_fwd, w, "forward comm"),
-            ig_ns=_int(vals[5], w, "input-gradient compute time"),
+            ig_ns=_int(vals[5], w, "input-gradient compute time", MAX_NS),
             ig_comm=_comm(vals[6], vals[7], default_fwd, w, "input-gradient comm"),
-            wg_ns=_int(vals[8], w, "weight-gradient compute time"),
+            wg_ns=_int(vals[8], w, "weight-gradient compute time", MAX_NS),
             wg_comm=_comm(vals[9], vals[10], default_wg, w, "weight-gradient comm"),
-            update_ns=_int(vals[11], w, "update time"),
+            update_ns=_int(vals[11], w, "update time", MAX_NS),
         ))
     return Workload(policy, header, layers, ignored_tokens=len(toks) - need,
                     missing_layers=missing)

@@ -74,7 +74,9 @@ def random_dag(draw_deps: list[list[int]], colls: list[int]):
         elif i % 2:
             b.compute(f"k{i}", gpu, deps=valid, duration_ns=i)
         else:
-            b.cpu_op(f"op{i}", cpu, deps=valid, duration_ns=i)
+            # Host ops one after another: a host thread nests ops by their measured times,
+            # so all-zero starts would put every op inside the first (stream-order).
+            b.cpu_op(f"op{i}", cpu, deps=valid, duration_ns=i, start_ns=100 * i)
     return b
 
 

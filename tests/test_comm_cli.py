@@ -39,11 +39,31 @@ def test_estimate_json_per_size():
     out = json.loads(res.stdout)
     assert [e["bytes"] for e in out["estimates"]] == [4096, 64 << 20, 10**9, 512]
     assert (out["nodes"], out["ranks"], out["calibrated"], out["model"]) == (2, 16, False, "a100-ib")
+    assert out["nccl_version"] == "2.7.5" and out["choice"] == "nccl"
     for e in out["estimates"]:
         assert e["time_us"] > 0 and e["time_us"] == e["time_ns"] / 1000
         assert e["protocol"] in ("LL", "LL128", "Simple")
         assert e["algorithm"] in ("ring", "tree")
+        assert 1 <= e["channels"] <= 32
     assert out["estimates"][0]["protocol"] == "LL"
+    assert out["estimates"][0]["channels"] == 1            # 4 KiB: one channel (NCCL's thread threshold)
+
+
+def test_estimate_compares_nccl_with_the_fastest_choice():
+    res = run("estimate", "all_reduce", "--bytes", "16KiB,128KiB,32MiB,1GiB", "--ranks", "32", "--gpus-per-node", "8",
+              "--choice", "both", "--nccl-version", "2.7.5", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["nccl_version"] == "2.7.5" and out["choice"] == "both"
+    for e in out["estimates"]:
+        f = e["fastest"]
+        assert e["nccl_over_fastest"] == pytest.approx(e["time_ns"] / f["time_ns"]) and e["nccl_over_fastest"] >= 1
+        assert f["algorithm"] in ("ring", "tree") and 1 <= f["channels"] <= 16
+    fast = run("estimate", "all_reduce", "--bytes", "32MiB", "--ranks", "32", "--choice", "fastest", "--json",
+               "--nccl-version", "2.7.5")
+    assert json.loads(fast.stdout)["estimates"][0]["time_ns"] == out["estimates"][2]["fastest"]["time_ns"]
+    table = run("estimate", "all_reduce", "--bytes", "1MiB", "--ranks", "32", "--choice", "both")
+    assert table.exit_code == 0 and "fastest" in table.stdout and "tree/LL128/16" in table.stdout
 
 
 def test_estimate_table_and_send(tmp_path):
@@ -56,6 +76,12 @@ def test_estimate_table_and_send(tmp_path):
     (["allreduce", "--bytes", "8", "--ranks", "2"], "unknown collective"),
     (["all_reduce", "--bytes", "8", "--ranks", "0"], "--ranks"),
     (["all_reduce", "--bytes", "-1", "--ranks", "2"], ">= 0"),
+    (["all_reduce", "--bytes", "0", "--ranks", "2"], "positive"),
+    (["all_reduce", "--bytes", "4KiB,0", "--ranks", "2"], "positive"),
+    (["all_reduce", "--bytes", "8", "--ranks", "16", "--world", "8"], "larger than the world"),
+    (["all_reduce", "--bytes", "8", "--ranks", "2", "--world", "0"], "--world"),
+    (["all_reduce", "--bytes", "8", "--ranks", "2", "--choice", "best"], "--choice"),
+    (["all_reduce", "--bytes", "8", "--ranks", "2", "--nccl-version", "2.99.9"], "unknown NCCL version"),
     (["all_reduce", "--bytes", "12XB", "--ranks", "2"], "not a byte size"),
     (["all_reduce", "--bytes", "8", "--ranks", "2", "--gpus-per-node", "0"], "--gpus-per-node"),
     (["all_reduce", "--bytes", "8", "--ranks", "2", "--preset", "nope"], "unknown preset"),
@@ -113,7 +139,15 @@ def test_calibrate_bad_input_leaves_nothing(tmp_path):
     assert "overwrite an input" in one_line_error(
         run("calibrate", "nccl-tests", log(2), "--gpus-per-node", "8", "-o", log(2)))
     assert list(tmp_path.iterdir()) == []
-    assert "--profile" in one_line_error(run("calibrate", "evaluate", log(2)))
+    assert "--hold-out" in one_line_error(run("calibrate", "evaluate", log(2), "--hold-out", "some"))
+    assert "--nccl-version" in one_line_error(run("calibrate", "nccl-tests", log(2), "--gpus-per-node", "8",
+                                                  "-o", out, "--nccl-version", "2.99"))
+    no_table = tmp_path / "header_only.log"
+    no_table.write_text("\n".join(log(2).read_text().splitlines()[:5]) + "\n")
+    assert "no table header" in one_line_error(run("calibrate", "evaluate", no_table))
+    assert "no table header" in one_line_error(run("calibrate", "nccl-tests", no_table, "--gpus-per-node", "8",
+                                                   "-o", out))
+    no_table.unlink()
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     assert "JSON object" in one_line_error(run("calibrate", "evaluate", "--profile", bad, log(2)))

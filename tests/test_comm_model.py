@@ -146,15 +146,21 @@ def test_only_rings_and_ll_pay_the_start_up_ramp():
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_time_never_decreases_with_bytes(name):
+def test_time_drops_with_bytes_only_where_nccl_changes_its_choice(name):
     m = CommModel.preset(name)
-    sizes = np.unique(np.round(2 ** np.arange(0, 34.01, 0.1)))
+    sizes = np.unique(np.round(2 ** np.arange(0, 34.01, 0.25)))
     for coll in COLLECTIVES:
         if coll in ("send", "recv"):
             continue
         for n in (2, 3, 8, 9, 16, 32, 256):
-            t, _ = nccl.choose(m.profile.params, coll, sizes, contiguous(n, 8))
-            assert np.all(np.diff(t) >= -1e-9), (coll, n)
+            pl = contiguous(n, 8)
+            fast, _ = nccl.choose(m.profile.params, coll, sizes, pl, m.nccl, "fastest")
+            assert np.all(np.diff(fast) >= -1e-9), (coll, n)     # every candidate grows with size
+            t, picks = nccl.choose(m.profile.params, coll, sizes, pl, m.nccl)
+            pairs = [(c.algorithm, c.protocol) for c in picks]
+            for i in np.flatnonzero(np.diff(t) < -1e-9):
+                assert pairs[i] != pairs[i + 1], (coll, n, sizes[i])
+            assert np.all(t >= fast - 1e-9)                      # NCCL's pick is never faster
 
 
 def test_ring_all_reduce_is_reduce_scatter_plus_all_gather_at_scale(a100):

@@ -140,8 +140,20 @@ def test_graphs_load_lazily(tmp_path):
     (tmp_path / "job" / "graphs" / "shared.graph").write_bytes(b"\x05abc")
     job = load_job(tmp_path / "job")           # the manifest alone
     assert job.world_size == 2
-    with pytest.raises(EchoError, match="shared.graph: truncated"):
+    with pytest.raises(EchoError, match="shared.graph: content does not match the manifest's sha256"):
         job.graph("shared")
+    rehash(tmp_path / "job")                   # damaged consistently: the framing error shows
+    with pytest.raises(EchoError, match="shared.graph: truncated"):
+        load_job(tmp_path / "job").graph("shared")
+
+
+def rehash(job_dir) -> None:
+    """Record the graph files' current SHA-256 in the manifest (a consistent edit)."""
+    m = pb.JobManifest()
+    m.ParseFromString((job_dir / "manifest.pb").read_bytes())
+    for ref in m.graphs:
+        ref.sha256 = hashlib.sha256((job_dir / ref.path).read_bytes()).hexdigest()
+    (job_dir / "manifest.pb").write_bytes(m.SerializeToString())
 
 
 def test_save_is_deterministic(tmp_path):
@@ -209,6 +221,7 @@ def test_graph_id_must_match_manifest(tmp_path):
     save_job(small_job(), tmp_path / "job")
     other = small_graph("other")
     write_graph(other, tmp_path / "job" / "graphs" / "shared.graph")
+    rehash(tmp_path / "job")
     job = load_job(tmp_path / "job")
     with pytest.raises(EchoError, match="header id 'other' differs from manifest 'shared'"):
         job.graph("shared")

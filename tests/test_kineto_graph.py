@@ -170,7 +170,7 @@ def test_collectives_from_args_and_from_host_ops(tmp_path):
     assert job.manifest.dropped["comm_kernels_merged"] == 1
     # A kernel of another communication library: communication, type unknown, never compute.
     other = by_name(g, "void cross_device_reduce_1stage<float, 2>(float*)")
-    assert other.kind == pb.KIND_COMM_UNKNOWN and other.attrs["comm_library"] == "other"
+    assert other.kind == pb.KIND_COMM_UNKNOWN and other.attrs["comm_library"] == "custom_allreduce"
     assert job.manifest.dropped["comm_kernel_unknown_library"] == 1
     # The one traced rank of two stands for both (same program, world group only).
     assert job.world_size == 2 and job.binding(1).graph == job.binding(0).graph

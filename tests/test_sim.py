@@ -115,8 +115,17 @@ def test_dependency_on_a_later_node_of_the_same_stream_is_refused() -> None:
         gb.compute("a", s, duration_ns=10, deps=[(2, pb.DEP_DATA)])
         gb.compute("b", s, duration_ns=10)
 
+    # The checker reports it (so `check` refuses what `simulate` refuses) ...
+    jb = JobBuilder("t", 1)
+    gb = GraphBuilder("g")
+    build(gb)
+    jb.add_graph(gb.build())
+    jb.bind(0, "g")
+    job = jb.build()
+    assert [i.rule for i in check_job(job)] == ["stream-order"]
+    # ... and the simulator, run without the checker, still refuses it by itself.
     with pytest.raises(EchoError, match="runs after it on the same stream"):
-        simulate(one_rank_job(build))
+        simulate(job, options=SimOptions(check=False))
 
 
 # -- collectives and P2P ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,7 @@ class AttrReader:
             return int(getattr(a, field))
         if field in _FLOAT_FIELDS:
             v = getattr(a, field)
-            if v == int(v):
+            if math.isfinite(v) and v == int(v):
                 self._note(name, field)
                 return int(v)
         raise EchoError(f"{self.where}: attribute {name} holds {field or 'no value'}, "

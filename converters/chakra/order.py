@@ -295,3 +295,32 @@ def node_on_cycle(ids: Sequence[int], deps: Mapping[int, Sequence[int]]) -> int:
         seen.add(node)
         node = min(d for d in deps[node] if d in left)
     return node
+
+
+def lay_out_untimed(graph) -> int:
+    """Give an untimed graph (every start 0) start times: each node as soon as its stream is
+    free and its dependencies allow (the end of a data or sync dependency, the start of a
+    launch or control one), visiting nodes in id order (program order here). Returns the
+    number of nodes laid out, 0 when the graph has times.
+
+    echo-et reads a host thread's nesting from start times and durations: with every start at
+    0, each host operator would sit inside the first one, and a dependency on an earlier
+    operator could never be met. Laid out this way, nothing nests and every dependency
+    holds."""
+    nodes = graph.nodes
+    if not nodes or any(n.start_ns for n in nodes):
+        return 0
+    start: dict[int, int] = {}
+    end: dict[int, int] = {}
+    stream_free: dict[int, int] = {}
+    by_id = sorted(range(len(nodes)), key=lambda i: nodes[i].id)
+    for i in by_id:
+        n = nodes[i]
+        t = stream_free.get(n.stream, 0)
+        for d in n.deps:
+            if d.id in start:
+                t = max(t, start[d.id] if d.kind in (1, 3) else end[d.id])  # DEP_LAUNCH, DEP_CONTROL
+        n.start_ns = t
+        start[n.id] = t
+        end[n.id] = stream_free[n.stream] = t + n.duration_ns
+    return len(nodes)

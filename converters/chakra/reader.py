@@ -40,7 +40,9 @@ from google.protobuf import json_format
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import GraphBuilder, Job, JobBuilder, pb
+from echo_et.ir.checker import IssueCollector, check_stream_order
 from echo_et.ir.graph import Graph
+from echo_et.ir.limits import MAX_BYTES, MAX_NS, checked_int, ns_of
 from echo_et.ir.schema import KERNEL_CLASS_BY_NAME, NODE_KIND_BY_NAME
 
 from .attrs import KEPT_PREFIX, AttrReader, attr_to_text
@@ -51,9 +53,10 @@ from .mapping import (
     collective_out_bytes,
     infer_collective,
 )
-from .order import DataCycle, DuplicateId, MissingDataDep, RankOrder, first_duplicate, order_rank
+from .order import DataCycle, DuplicateId, MissingDataDep, RankOrder, first_duplicate, lay_out_untimed, order_rank
 from .wire import NodeFrames, looks_like_text, scan_nodes
 
+_MAX_MICROS = MAX_NS // 1000
 _RANK_NAME = re.compile(r"^(?P<prefix>.*)\.(?P<rank>\d+)\.et(?:\.gz)?$")
 _ET_SUFFIX = re.compile(r"\.et(?:\.gz)?$")
 
@@ -304,9 +307,19 @@ class _FileReader:
                     node.attrs["chakra_id"] = str(n.id)
                 io_dropped += self._keep_rest(n, r, node)
         self.drop("chakra: tensor values and outputs (IOInfo) not kept", io_dropped)
+        self._repair_order(rg.graph)
         for reason, count in sorted(self.variants.items()):
             self.drop(reason, count)
         return meta, rg
+
+    def _repair_order(self, graph: Graph) -> None:
+        """An untimed graph whose host operators depend on each other (Chakra files made from
+        host ETs without times) cannot be ordered by nesting: it is laid out in dependency order
+        instead, counted."""
+        out = IssueCollector(1)
+        check_stream_order(graph, "", out)
+        if out.issues:
+            self.drop("chakra: untimed nodes given start times in dependency order", lay_out_untimed(graph))
 
     def _decide(self, n: et.Node) -> tuple[int, AttrReader]:
         """The echo-et kind of a Chakra node."""
@@ -360,6 +373,16 @@ class _FileReader:
                 else _COMPUTE)
         return b.stream(_STREAM_KIND[name], name, device=0)
 
+    def _ns(self, n: et.Node, field: str, micros: int) -> int:
+        if micros <= _MAX_MICROS:
+            return micros * 1000
+        return ns_of(micros, field, scale=1000.0, where=self.where(n))
+
+    def _count(self, n: et.Node, r: AttrReader, name: str, hi: int = MAX_BYTES, default: int | None = 0):
+        """A size or count attribute: a whole number in 0..``hi``."""
+        v = r.int(name)
+        return default if v is None else checked_int(v, name, hi=hi, where=self.where(n))
+
     def _global_to_job_rank(self, n: et.Node, g: int, attr: str) -> int:
         if self.plan.world == 1:
             if g == self.own_rank:
@@ -373,16 +396,16 @@ class _FileReader:
     def _emit(self, b: GraphBuilder, rg: _RankGraph, n: et.Node, r: AttrReader, kind: int,
               node_id: int, deps, stream_kinds) -> pb.Node:
         sid = self._stream(b, kind, r, stream_kinds)
-        kw = dict(start_ns=n.start_time_micros * 1000, duration_ns=n.duration_micros * 1000,
-                  deps=deps, node_id=node_id)
+        kw = dict(start_ns=self._ns(n, "start_time_micros", n.start_time_micros),
+                  duration_ns=self._ns(n, "duration_micros", n.duration_micros), deps=deps, node_id=node_id)
         name = n.name
         op = r.str(_ECHO_OP) or name
         if kind == pb.KIND_COMPUTE:
             kc = r.str(_ECHO_KERNEL_CLASS, "other")
             inputs = n.inputs
             node = b.compute(name, sid, kernel_class=KERNEL_CLASS_BY_NAME.get(kc, pb.KC_OTHER),
-                             op=op, flops=float(r.int("num_ops", 0) or 0),
-                             bytes_=r.int("tensor_size", 0) or 0, shapes=inputs.shapes,
+                             op=op, flops=float(self._count(n, r, "num_ops", 2 ** 62)),
+                             bytes_=self._count(n, r, "tensor_size"), shapes=inputs.shapes,
                              dtypes=inputs.types, **kw)
         elif kind in _HOST_KINDS:
             node = b.cpu_op(name, sid, kind=kind, op=op,
@@ -407,7 +430,7 @@ class _FileReader:
                 raise EchoError(f"{self.where(n)}: {own_attr} {own} is not this file's rank "
                                 f"{self.own_rank}")
             peer = self._global_to_job_rank(n, r.int(attr), attr)
-            size = r.int("comm_size")
+            size = self._count(n, r, "comm_size", default=None)
             if size is None:
                 self.drop("chakra: send/recv without comm_size (0 bytes)")
             node = b.p2p(send, n.name, sid, group=WORLD_KEY, peer=peer, nbytes=size or 0,
@@ -417,7 +440,7 @@ class _FileReader:
             direction = r.str(ECHO_PREFIX + "direction") or (
                 "load" if n.type == et.MEM_LOAD_NODE else "store" if n.type == et.MEM_STORE_NODE
                 else "")
-            node = b.memcpy(n.name, sid, nbytes=r.int("tensor_size", 0) or 0,
+            node = b.memcpy(n.name, sid, nbytes=self._count(n, r, "tensor_size"),
                             direction=direction, kind=kind, **kw)
         else:  # comm_unknown, unknown
             node = b.node(kind, n.name, sid, **kw)
@@ -447,7 +470,7 @@ class _FileReader:
         else:
             coll = pb.COLL_UNKNOWN
             self.drop("chakra: collective with an unknown comm_type (unknown)")
-        size = r.int("comm_size")
+        size = self._count(n, r, "comm_size", default=None)
         if size is None:
             self.drop("chakra: collective without comm_size (0 bytes)")
             size = 0

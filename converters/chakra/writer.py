@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from echo_et import __version__
 from echo_et.errors import EchoError
 from echo_et.ir import Job, pb
 from echo_et.ir.graph import Graph
-from echo_et.ir.io import publish_mode, write_delimited
+from echo_et.ir.io import output_errors, publish_file, temp_file_beside, write_delimited
 from echo_et.ir.schema import KERNEL_CLASS_NAMES, node_kind_name
 
 from .attrs import KEPT_PREFIX, STANDARD_FIELD, str_attr, text_to_attr
@@ -271,7 +270,6 @@ def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | No
     if not ranks:
         raise EchoError(f"{job.source or 'job'}: has no ranks to write")
     files = _output_files(prefix, ranks)
-    files[0].parent.mkdir(parents=True, exist_ok=True)
     pg_names = _pg_names(job)
     lossy: Counter = Counter()
     temps: list[str] = []
@@ -286,10 +284,9 @@ def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | No
                 ids = id_sets.setdefault(graph.id, {n.id for n in graph.nodes})
             streams = _stream_attr(graph)
             ctx = _RankContext(job, rank, pg_names)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+            fd, tmp = temp_file_beside(dest)
             temps.append(tmp)
-            publish_mode(tmp)
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(fd, "wb") as f, output_errors(dest, Path(tmp)):
                 meta = et.GlobalMetadata(version=CHAKRA_VERSION)
                 meta.attr.append(str_attr("schema", f"echo-et {__version__}"))
                 write_delimited(f, meta)
@@ -302,7 +299,7 @@ def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | No
                     total_nodes += 1
                 total_bytes += f.tell()
         for tmp, dest in zip(temps, files, strict=True):
-            os.replace(tmp, dest)
+            publish_file(tmp, dest)
         temps = []
     finally:
         for tmp in temps:

@@ -26,6 +26,7 @@ the file's wall clock), so the job assembler can place ranks on one clock with
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,9 +34,15 @@ from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
 from echo_et.ir import Graph, GraphBuilder
+
+try:  # a fast canonical key for the shapes-text cache; optional
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None  # type: ignore[assignment]
+from echo_et.ir.limits import MAX_BYTES, checked_int
 from echo_et.ir.schema import pb
 
-from . import comm, groups, sync
+from . import comm, comm_kernels, groups, sync
 from .events import K_CPU, K_KERNEL, K_MEMCPY, K_MEMSET, K_RUNTIME, K_SYNC_ACT, Ev, TraceFile
 from .groups import GroupUse, PgDef
 from .kernel_class import kernel_class
@@ -625,7 +632,7 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
         if ev.kind == K_KERNEL:
             if comm.is_other_comm_kernel(ev.name) or comm.is_nccl_kernel(ev.name):
                 node = gb.node(pb.KIND_COMM_UNKNOWN, ev.name, sid, **kw)
-                node.attrs["comm_library"] = "nccl" if comm.is_nccl_kernel(ev.name) else "other"
+                node.attrs["comm_library"] = comm_kernels.library(ev.name) or "other"
             else:
                 gb.compute(ev.name, sid, kernel_class=kernel_class(ev.name), **kw)
             return
@@ -722,12 +729,16 @@ def _cpu_payload(node: pb.Node, ev: Ev, rf_source: str) -> None:
         c.dtypes = _json_text(types)
 
 
-_JSON_CACHE: dict[str, str] = {}
+_JSON_CACHE: dict[bytes | str, str] = {}
 
 
 def _json_text(value) -> str:
-    """Compact JSON of a shapes/types list; many ops repeat the same lists."""
-    key = repr(value)
+    """JSON text of a shapes/types list; many ops repeat the same lists, so the text is cached
+    under orjson's (fast, canonical) encoding of the value."""
+    try:
+        key: bytes | str = _orjson.dumps(value) if _orjson is not None else repr(value)
+    except TypeError:  # an integer beyond 64 bits
+        key = repr(value)
     text = _JSON_CACHE.get(key)
     if text is None:
         text = json.dumps(value)
@@ -738,15 +749,25 @@ def _json_text(value) -> str:
 
 def _bytes_of(ev: Ev, launches: list[Ev]) -> int:
     b = ev.arg("bytes")
-    if type(b) is int:
-        return b
+    if b is not None:
+        return _checked_bytes(b, "bytes", ev)
     for launch in launches:  # HIP records the size on the runtime call only
         s = launch.arg("size")
-        try:
-            return int(s)
-        except (TypeError, ValueError):
-            continue
+        if s is not None:
+            return _checked_bytes(s, "size", launch)
     return 0
+
+
+def _checked_bytes(value, field: str, ev: Ev) -> int:
+    """A byte count from an event's args: an integer (or integral number text) in
+    0..MAX_BYTES, else one EchoError naming the event."""
+    if type(value) is str:  # floats are kept as their text
+        try:
+            f = float(value)
+        except ValueError:
+            f = math.nan
+        value = int(f) if math.isfinite(f) and f.is_integer() and abs(f) <= MAX_BYTES else value
+    return checked_int(value, f"{field} of {ev.name[:60]!r}", hi=MAX_BYTES)
 
 
 def _direction(name: str) -> str:

@@ -37,8 +37,10 @@ from echo_et.ir.collectives import (
     normalize_comm,
 )
 from echo_et.ir.dtypes import dtype_size
+from echo_et.ir.limits import MAX_BYTES
 from echo_et.ir.schema import pb
 
+from . import comm_kernels
 from .events import Ev
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = pb.COLL_ALL_REDUCE, pb.COLL_ALL_GATHER, pb.COLL_REDUCE_SCATTER
@@ -90,18 +92,10 @@ _KERNEL_DTYPE = re.compile(
     re.IGNORECASE)
 _OLD_NCCL = re.compile(r"^nccl([A-Za-z]+?)(ring|tree|collnet)?(ll128|ll|simple)?kernel",
                        re.IGNORECASE)
-# Kernels of other communication libraries (or hand-written collectives): communication
-# of unknown cost model, never compute.
-_OTHER_COMM = re.compile(
-    r"(?:^|[^a-z])(gloo|mscclpp|msccl|nvshmem|cutlass_comm|deep_?ep|userbuffers|uccl|hccl|"
-    r"oneccl|cross_device_reduce|multimem|symm_mem|one_shot_all_reduce|two_shot_all_reduce)"
-    r"|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv",
-    re.IGNORECASE)
-
-
 @lru_cache(maxsize=65536)
 def is_other_comm_kernel(name: str) -> bool:
-    return not is_nccl_kernel(name) and bool(_OTHER_COMM.search(name.split("(", 1)[0]))
+    """A communication kernel of another library than NCCL/RCCL (see comm_kernels)."""
+    return not is_nccl_kernel(name) and comm_kernels.is_comm_kernel(name)
 
 
 @dataclass
@@ -255,11 +249,12 @@ def _nelems(dims: Any, typ: Any) -> int | None:
             return None  # an unrecorded TensorList
         parts = [_nelems(d, "Tensor") for d in dims]
         return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
-    if not all(isinstance(d, int) for d in dims):
-        return None
+    if not all(type(d) is int and 0 <= d <= MAX_BYTES for d in dims):
+        return None  # not a shape (a float, a negative or absurd size): the size stays unknown
     if not typ or typ in ("Scalar", "ScalarList", "GenericList", ""):
         return None
-    return prod(dims) if dims else 1
+    n = prod(dims) if dims else 1
+    return n if n <= MAX_BYTES else None
 
 
 def _first_dtype(typ: Any) -> str:

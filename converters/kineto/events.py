@@ -14,6 +14,7 @@ file that has such memcpys and the reader follows its verdict.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_NS
 
 from .jsonstream import read_document
 
@@ -136,22 +138,44 @@ def _kind_of_category(raw: Any) -> int:
     return _UNKNOWN
 
 
+_OUT_OF_RANGE = MAX_NS + 1
+
+
 def us_to_ns(value: Any) -> int | None:
-    """Microseconds (int, or the decimal text of a float) to integer ns, exactly."""
+    """Microseconds (int, or the decimal text of a float) to integer ns, exactly; None for
+    what is not a finite number."""
     if type(value) is int:
         return value * 1000
     if isinstance(value, str):
+        if len(value) > 40:  # a number of 40 digits is no time; Decimal would build it anyway
+            return _OUT_OF_RANGE
         return _decimal_text_to_milli(value)
     if isinstance(value, float):
-        return round(value * 1000)
+        return round(value * 1000) if math.isfinite(value) else None
     return None
+
+
+def _plausible_us(value: Any) -> bool:
+    ns = us_to_ns(value)
+    return ns is not None and -MAX_NS <= ns <= MAX_NS
 
 
 def _decimal_text_to_milli(s: str) -> int | None:
     """``"12.3456"`` -> 12346 (value x 1000, rounded half to even), without floats."""
+    i = s.find(".")
+    if 0 < i == len(s) - 4 and s[0] != "-":   # the common "1234.567": its digits are the answer
+        try:
+            return int(s[:i] + s[i + 1:])
+        except ValueError:
+            pass
     if "e" in s or "E" in s or s.count(".") > 1:
         try:
-            return int((Decimal(s) * 1000).to_integral_value(rounding=ROUND_HALF_EVEN))
+            d = Decimal(s)
+            if not d.is_finite():
+                return None
+            if d.adjusted() > 18:  # beyond any time: never build its integer (1e999999999)
+                return _OUT_OF_RANGE if d > 0 else -_OUT_OF_RANGE
+            return int((d * 1000).to_integral_value(rounding=ROUND_HALF_EVEN))
         except ArithmeticError:
             return None
     neg = s.startswith("-")
@@ -223,13 +247,17 @@ class _Collector:
         args = e.get("args")
         if not isinstance(args, dict):
             args = {}
-        ts = e.get("ts")
-        ts = ts * 1000 if type(ts) is int else us_to_ns(ts)
-        dur = e.get("dur", 0)
-        dur = dur * 1000 if type(dur) is int else us_to_ns(dur)
+        raw_ts = e.get("ts")
+        ts = raw_ts * 1000 if type(raw_ts) is int else us_to_ns(raw_ts)
+        raw_dur = e.get("dur", 0)
+        dur = raw_dur * 1000 if type(raw_dur) is int else us_to_ns(raw_dur)
         if ts is None or dur is None:
+            if isinstance(raw_ts, float) or isinstance(raw_dur, float):  # NaN, Infinity
+                self._refuse_time(e, raw_ts, raw_dur)
             tf.drop("event_without_time")
             return
+        if not (-MAX_NS <= ts <= MAX_NS and dur <= MAX_NS):
+            self._refuse_time(e, raw_ts, raw_dur)
         if dur < 0:
             tf.drop("event_with_negative_duration")
             return
@@ -286,6 +314,12 @@ class _Collector:
             m = STEP_RE.match(name)
             if m:
                 tf.steps.setdefault(int(m.group(1)), ev)
+
+    def _refuse_time(self, e: dict, ts: Any, dur: Any) -> None:
+        field, value = ("ts", ts) if not _plausible_us(ts) else ("dur", dur)
+        name = str(e.get("name"))[:60]
+        raise EchoError(f"{self.tf.path}: event #{self.tf.raw_event_count - 1} ({name}): {field} = "
+                        f"{str(value)[:40]} is not a finite time in microseconds within the int64 ns range")
 
     def finish(self) -> None:
         self.tf.rf_id_source = "record_function_id" if self.rf_nonzero else "ev_idx"

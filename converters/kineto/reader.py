@@ -37,6 +37,7 @@ from pathlib import Path
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job, JobBuilder
+from echo_et.ir.limits import MAX_WORLD_SIZE, checked_int
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
 
 from .build import IN_SPLIT_ATTR, OUT_SPLIT_ATTR, RankContext, RankGraph, build_rank_graph
@@ -79,13 +80,15 @@ def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int, b
                                       "rank in the file name); convert it alone and give its rank")
         if r < 0:
             raise EchoError(f"{tf.path}: negative rank {r}")
+        checked_int(r, "rank", hi=MAX_WORLD_SIZE - 1, where=str(tf.path))
         ranks.append(r)
     world = None
     world_file = None
     for tf in files:
-        ws = _int(tf.distributed.get("world_size"))
-        if ws is None:
+        raw = tf.distributed.get("world_size")
+        if raw is None:
             continue
+        ws = checked_int(raw, "distributedInfo.world_size", lo=1, hi=MAX_WORLD_SIZE, where=str(tf.path))
         if world is not None and ws != world:
             raise EchoError(f"{tf.path}: world size {ws} disagrees with {world} of "
                             f"{world_file.name if world_file else '?'}; not one job")
@@ -158,7 +161,11 @@ def read_job(paths: list[Path], options) -> Job:
         ctx = RankContext(
             graph_id=f"rank{r}", rank=r, world_size=world, window=window_of(tf, step),
             pgs=pg_config(tf.distributed), backend=str(tf.distributed.get("backend", "") or ""))
-        built.append((r, tf, build_rank_graph(tf, ctx)))
+        try:
+            built.append((r, tf, build_rank_graph(tf, ctx)))
+        except EchoError as e:
+            msg = str(e)
+            raise EchoError(msg if msg.startswith(str(tf.path)) else f"{tf.path}: {msg}") from None
         tf.events = []  # let its events go before the next rank is built
 
     traced = sorted(ranks)

@@ -20,6 +20,11 @@ from typing import Any
 
 from echo_et.errors import EchoError
 
+try:  # shapes text is made several times faster by orjson; json gives the same text
+    import orjson as _orjson
+except ImportError:  # pragma: no cover
+    _orjson = None  # type: ignore[assignment]
+
 # A tensor in a host ET is [tensor_id, storage_id, offset, numel, elem_bytes, device]
 # (older traces omit the device).
 Tensor = tuple[int, int, int, int, int, str]
@@ -65,17 +70,20 @@ def _keeps_values(name: str) -> bool:
 
 
 def _tensors(value: Any, types: Any) -> tuple[Tensor, ...]:
-    if not isinstance(value, list) or not isinstance(types, list):
+    if type(value) is not list or type(types) is not list:
         return ()
     out: list[Tensor] = []
     for v, t in zip(value, types, strict=False):
         if type(t) is str and "Tensor" in t:
-            if t.startswith("Tensor(") and type(v) is list and len(v) == 6 and type(v[5]) is str \
-                    and _tensor_ints(v):
-                out.append((v[0], v[1], v[2], v[3], v[4], v[5]))   # the common case
-            else:
-                collect_tensors(v, out)
-    return tuple(out)
+            if t.startswith("Tensor(") and type(v) is list and len(v) == 6:
+                a, b, c, d, e, f = v   # the common case, checked inline (this runs per input)
+                if (type(f) is str and type(a) is int and type(b) is int and type(c) is int
+                        and type(d) is int and type(e) is int and -_MAX < a < _MAX and -_MAX < b < _MAX
+                        and -_MAX < c < _MAX and 0 <= d < _MAX and 0 <= e < _MAX):
+                    out.append((a, b, c, d, e, f))
+                    continue
+            collect_tensors(v, out)
+    return tuple(out) if out else ()
 
 
 def collect_tensors(v: Any, out: list[Tensor]) -> None:
@@ -119,6 +127,8 @@ def _types_text(types: Any) -> str:
 
 def _int(v: Any, default: int = 0) -> int:
     """An id-like integer (int64 range) from what real traces put there, else ``default``."""
+    if type(v) is int:
+        return v if -_MAX < v < _MAX else default
     if isinstance(v, list) and v:  # Chakra-style ctrl_deps lists
         v = v[0]
     if isinstance(v, bool) or not isinstance(v, int | float | str):
@@ -136,6 +146,33 @@ def _dumps(v: Any) -> str:
     return json.dumps(v, separators=(", ", ": "))
 
 
+_SHAPE_CHARS = b"0123456789[],-"
+# One copy of each name and shapes text: ops repeat a few hundred of them (memory).
+_NAMES: dict[str, str] = {}
+_SHAPES: dict[str, str] = {}
+
+
+def _shared(text: str) -> str:
+    if len(_SHAPES) >= 200_000:
+        return text
+    return _SHAPES.setdefault(text, text)
+
+
+def _shapes_text(v: Any) -> str:
+    """``_dumps`` of a shapes list, by orjson when the list holds only integers (then its
+    compact text with ", " separators is exactly json.dumps's, several times faster)."""
+    if not v:
+        return ""
+    if _orjson is not None:
+        try:
+            raw = _orjson.dumps(v)
+        except (TypeError, ValueError):
+            raw = b"?"
+        if not raw.translate(None, _SHAPE_CHARS):
+            return raw.replace(b",", b", ").decode()
+    return json.dumps(v, separators=(", ", ": "))
+
+
 def _us_to_ns(v: Any) -> int:
     try:
         ns = float(v) * 1000
@@ -150,11 +187,15 @@ def parse_node(d: Any, where: str) -> EtOp:
         raise EchoError(f"{where}: a node is a {type(d).__name__}, not an object")
     if "id" not in d or "name" not in d:
         raise EchoError(f"{where}: node without id/name ({_dumps(d)[:80]})")
-    name = str(d["name"])
+    name = d["name"]
+    name = (_NAMES.setdefault(name, name) if len(_NAMES) < 200_000 else name) if type(name) is str else str(name)
     attrs_list = d.get("attrs")
-    if isinstance(attrs_list, list):                     # 1.0.2 and later
-        attrs = {a["name"]: a.get("value") for a in attrs_list
-                 if isinstance(a, dict) and isinstance(a.get("name"), str)}
+    if type(attrs_list) is list:                         # 1.0.2 and later
+        try:
+            attrs = {a["name"]: a["value"] for a in attrs_list}   # the common case
+        except (KeyError, TypeError):
+            attrs = {a["name"]: a.get("value") for a in attrs_list
+                     if isinstance(a, dict) and isinstance(a.get("name"), str)}
         parent = d.get("ctrl_deps", d.get("parent", 0))
         ins = d.get("inputs") or {}
         outs = d.get("outputs") or {}
@@ -172,13 +213,21 @@ def parse_node(d: Any, where: str) -> EtOp:
     else:
         raise EchoError(f"{where}: node {d['id']} has neither 'attrs' (schema >= 1.0.2) "
                         "nor 'parent' (schema 1.0.1); unknown host ET schema")
-    in_values, in_shapes, in_types, out_values, out_types = (
-        x if isinstance(x, list) else [] for x in (in_values, in_shapes, in_types, out_values,
-                                                   out_types))
+    if type(in_values) is not list:
+        in_values = []
+    if type(in_shapes) is not list:
+        in_shapes = []
+    if type(in_types) is not list:
+        in_types = []
+    if type(out_values) is not list:
+        out_values = []
+    if type(out_types) is not list:
+        out_types = []
     oid = _int(d["id"], -1)
     if oid < 0:
         raise EchoError(f"{where}: node id {str(d['id'])[:40]} is not a non-negative integer")
     rf = attrs.get("rf_id")
+    keep = _keeps_values(name)
     op = EtOp(
         id=oid,
         name=name,
@@ -186,8 +235,8 @@ def parse_node(d: Any, where: str) -> EtOp:
         tid=_int(attrs.get("tid", 0)),
         rf_id=None if rf is None else _int(rf, 0),
         seq_id=_int(attrs.get("seq_id", -1), -1),
-        op_schema=str(attrs.get("op_schema") or ""),
-        in_shapes=_dumps(in_shapes),
+        op_schema=str(attrs.get("op_schema") or "") if keep else "",   # only comms read it
+        in_shapes=_shared(_shapes_text(in_shapes)),
         in_types=_types_text(in_types),
         in_tensors=_tensors(in_values, in_types),
         out_tensors=_tensors(out_values, out_types),
@@ -198,7 +247,7 @@ def parse_node(d: Any, where: str) -> EtOp:
         op.timed = True
     if "cat" in d:  # GPU op appended by chakra_trace_link
         op.gpu = True
-    if _keeps_values(name):
+    if keep:
         op.in_values = in_values
         op.out_values = out_values
         op.attrs = {k: v for k, v in attrs.items() if k in _COMM_ATTRS}

@@ -9,6 +9,7 @@ import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
+from echo_et.ir import limits
 
 calibrate_app = typer.Typer(
     help="Fit model parameters from measurements.",
@@ -37,27 +38,48 @@ def _model(profile: Path | None, preset: str | None):
 
 
 def _read_logs(logs: list[Path], collective: str | None):
-    from echo_et.models.comm import nccl_tests
+    from echo_et.models.comm.calibrate import read_measurements
 
     if not logs:
         raise EchoError("no nccl-tests logs given")
-    return [run for log in logs for run in nccl_tests.read_log(log, collective)]
+    return [run for log in logs for run in read_measurements(log, collective)]
+
+
+_VERSION_HELP = "NCCL release whose choices to emulate: 2.7.5, 2.17.1 or 2.20.3 (default: the model's)."
+_CHOICE_HELP = ("nccl: time what NCCL's tuner runs; fastest: the algorithm/protocol this model rates "
+                "fastest among those NCCL enables (what a tuned NCCL_ALGO/NCCL_PROTO would run); "
+                "both: report both and their ratio.")
+
+
+_FIT_VERSION_HELP = ("NCCL release whose choices the measurements ran: 2.7.5, 2.17.1, 2.20.3, or auto (fit "
+                     "each, keep the one that explains the multi-node measurements best). Default: the preset's.")
+
+
+def _with_version(model, version: str | None):
+    return model if version is None else model.with_nccl_version(version)
 
 
 # -- estimate ---------------------------------------------------------------------------------------
 @guarded
 def estimate_cmd(
-    collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, all_to_all, "
+    collective: str = typer.Argument(..., metavar="COLLECTIVE",
+                                     help="all_reduce, all_gather, reduce_scatter, all_to_all, "
                                      "broadcast, reduce, gather, scatter, barrier, send, recv."),
-    sizes: str = typer.Option(..., "--bytes", help="Per-rank input bytes, comma-separated; units "
-                              "allowed (4KiB, 64MiB, 1GB)."),
-    ranks: int = typer.Option(..., "--ranks", help="Group size: ranks 0..N-1 (send/recv: 0 -> N-1)."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=_GPN_HELP + " Default: the model's."),
-    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile (JSON)."),
-    preset: str | None = typer.Option(None, "--preset", help="Uncalibrated preset (default a100-ib)."),
+    sizes: str = typer.Option(..., "--bytes", metavar="B[,B...]", help="Per-rank input bytes, comma-separated; "
+                              "units allowed (4KiB, 64MiB, 1GB)."),
+    ranks: int = typer.Option(..., "--ranks", metavar="N", help="Group size: ranks 0..N-1 (send/recv: 0 -> N-1)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar="G",
+                                             help=_GPN_HELP + " Default: the model's."),
+    world: int | None = typer.Option(None, "--world", metavar="W",
+                                     help="World size of the job; the group must fit in it (default: N)."),
+    profile: Path | None = typer.Option(None, "--profile", metavar="PROFILE", help="Calibration profile (JSON)."),
+    preset: str | None = typer.Option(None, "--preset", metavar="NAME", help="Uncalibrated preset (default a100-ib)."),
+    choice: str = typer.Option("nccl", "--choice", metavar="nccl|fastest|both", help=_CHOICE_HELP),
+    nccl_version: str | None = typer.Option(None, "--nccl-version", metavar="VERSION", help=_VERSION_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Predict one collective's kernel time per message size, and NCCL's algorithm/protocol."""
+    """Predict one collective's kernel time per message size, with the algorithm, protocol and
+    channels NCCL chooses."""
     from echo_et.models.comm import COLLECTIVES
     from echo_et.models.comm.topology import contiguous
     from echo_et.models.comm.units import parse_byte_list
@@ -66,10 +88,19 @@ def estimate_cmd(
         raise EchoError(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVES)})")
     if ranks < 1:
         raise EchoError(f"--ranks must be >= 1, got {ranks}")
+    if world is not None and world < 1:
+        raise EchoError(f"--world must be >= 1, got {world}")
+    if world is not None and ranks > world:
+        raise EchoError(f"the group (--ranks {ranks}) is larger than the world (--world {world})")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
-    byte_list = parse_byte_list(sizes)
-    model = _model(profile, preset)
+    if choice not in ("nccl", "fastest", "both"):
+        raise EchoError(f"--choice must be nccl, fastest or both, got {choice!r}")
+    byte_list = [limits.checked_int(b, "--bytes", hi=limits.MAX_BYTES) for b in parse_byte_list(sizes)]
+    for b in byte_list:
+        if b <= 0:
+            raise EchoError(f"--bytes must be positive, got {b}")
+    model = _with_version(_model(profile, preset), nccl_version)
     gpn = gpus_per_node or model.gpus_per_node
     if collective in ("send", "recv"):
         if ranks < 2:
@@ -80,19 +111,35 @@ def estimate_cmd(
     pl = contiguous(ranks, gpn)
     rows = []
     for b in byte_list:
-        e = model.estimate(collective, b, group, gpus_per_node=gpn)
-        rows.append({"bytes": b, "time_us": e.time_ns / 1000.0, "time_ns": e.time_ns,
-                     "algorithm": e.algorithm, "protocol": e.protocol})
+        row: dict[str, Any] = {"bytes": b}
+        for mode in (("nccl", "fastest") if choice == "both" else (choice,)):
+            e = model.estimate(collective, b, group, gpus_per_node=gpn, choice=mode)
+            entry = {"time_us": e.time_ns / 1000.0, "time_ns": e.time_ns, "algorithm": e.algorithm,
+                     "protocol": e.protocol, "channels": e.channels}
+            if mode == choice or (choice == "both" and mode == "nccl"):
+                row.update(entry)
+            else:
+                row["fastest"] = entry
+        if choice == "both":
+            row["nccl_over_fastest"] = row["time_ns"] / max(1, row["fastest"]["time_ns"])
+        rows.append(row)
     out = {"collective": collective, "ranks": ranks, "gpus_per_node": gpn, "nodes": pl.nodes,
-           "model": model.name, "calibrated": model.calibrated, "estimates": rows}
+           "model": model.name, "calibrated": model.calibrated, "nccl_version": model.nccl_version,
+           "choice": choice, "estimates": rows}
     if as_json:
         emit_json(out)
         return
     typer.echo(f"{collective} on {ranks} rank(s), {pl.nodes} node(s) of {gpn} GPUs; model "
-               f"{model.name} ({'calibrated' if model.calibrated else 'uncalibrated preset'})")
-    typer.echo(f"{'bytes':>14} {'time_us':>12}  algorithm/protocol")
+               f"{model.name} ({'calibrated' if model.calibrated else 'uncalibrated preset'}), "
+               f"choices of NCCL {model.nccl_version}" + ("" if choice == "nccl" else f" ({choice})"))
+    head = f"{'bytes':>14} {'time_us':>12}  algorithm/protocol/channels"
+    typer.echo(head + ("   fastest: time_us  algorithm/protocol/channels" if choice == "both" else ""))
     for r in rows:
-        typer.echo(f"{r['bytes']:>14} {r['time_us']:>12.2f}  {r['algorithm']}/{r['protocol']}")
+        line = f"{r['bytes']:>14} {r['time_us']:>12.2f}  {r['algorithm']}/{r['protocol']}/{r['channels']}"
+        if choice == "both":
+            f = r["fastest"]
+            line = f"{line:<58} {f['time_us']:>12.2f}  {f['algorithm']}/{f['protocol']}/{f['channels']}"
+        typer.echo(line)
 
 
 # -- calibrate nccl-tests ---------------------------------------------------------------------------
@@ -108,23 +155,27 @@ def calibrate_nccl_tests_cmd(
                                       "one matching the GPU the logs name)."),
     name: str | None = typer.Option(None, "--name", help="Name stored in the profile "
                                     "(default: <preset>-calibrated)."),
+    nccl_version: str | None = typer.Option(None, "--nccl-version", metavar="auto|VERSION",
+                                            help=_FIT_VERSION_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Fit a calibration profile from nccl-tests logs."""
+    """Fit a calibration profile from nccl-tests logs (or all-reduce lookup tables)."""
     from echo_et.models.comm.calibrate import default_preset, fit_profile, samples_from_runs
     from echo_et.models.comm.profile import load_preset, write_profile
 
     if gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    _check_version(nccl_version, auto=True)
     _refuse_overwrite(output, logs)
     runs = _read_logs(logs, collective)
     samples, sources = samples_from_runs(runs, gpus_per_node)
     base = load_preset(preset or default_preset(g for r in runs for g in r.gpu_names))
     typer.echo(f"fitting {len(samples)} measurements from {len(runs)} run(s), starting from "
                f"preset {base.name} ...", err=True)
-    prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated")
+    prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated",
+                               nccl_version)
     write_profile(prof, output)
-    _report_fit(output, base.name, result, as_json)
+    _report_fit(output, base.name, result, as_json, prof.nccl.version)
 
 
 @calibrate_app.command("trace")
@@ -137,6 +188,8 @@ def calibrate_trace_cmd(
                                       "one matching the jobs' GPU)."),
     name: str | None = typer.Option(None, "--name", help="Name stored in the profile "
                                     "(default: <preset>-calibrated)."),
+    nccl_version: str | None = typer.Option(None, "--nccl-version", metavar="auto|VERSION",
+                                            help=_FIT_VERSION_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Fit a calibration profile from the collective kernels of traced jobs.
@@ -149,6 +202,7 @@ def calibrate_trace_cmd(
 
     if gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    _check_version(nccl_version, auto=True)
     _refuse_overwrite(output, jobs)
     samples = []
     sources: list[dict[str, Any]] = []
@@ -164,9 +218,10 @@ def calibrate_trace_cmd(
         raise EchoError("no collective kernels with sizes, groups of >= 2 ranks and durations in "
                         f"{', '.join(p.name for p in jobs)}")
     base = load_preset(preset or default_preset(gpus))
-    prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated")
+    prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated",
+                               nccl_version)
     write_profile(prof, output)
-    _report_fit(output, base.name, result, as_json)
+    _report_fit(output, base.name, result, as_json, prof.nccl.version)
 
 
 def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
@@ -174,14 +229,22 @@ def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
         raise EchoError(f"{output}: output would overwrite an input")
 
 
-def _report_fit(output: Path, base: str, result, as_json: bool) -> None:
+def _check_version(version: str | None, auto: bool) -> None:
+    from echo_et.models.comm.tuning import VERSIONS
+
+    allowed = VERSIONS + (("auto",) if auto else ())
+    if version is not None and version not in allowed:
+        raise EchoError(f"--nccl-version must be one of {', '.join(allowed)}, got {version!r}")
+
+
+def _report_fit(output: Path, base: str, result, as_json: bool, version: str) -> None:
     if as_json:
         emit_json({"output": str(output), "base_preset": base, "samples": result.samples,
                    "mape_percent": result.mape_percent, "by_source": result.by_source,
-                   "free_parameters": result.free})
+                   "free_parameters": result.free, "nccl_version": version})
         return
     typer.echo(f"wrote {output}: {result.samples} measurements, fit error (MAPE) "
-               f"{result.mape_percent:.1f}% (preset {base})")
+               f"{result.mape_percent:.1f}% (preset {base}, choices of NCCL {version})")
     for src, r in result.by_source.items():
         typer.echo(f"  {src:<32} {r['samples']:>4} sizes  MAPE {r['mape_percent']:5.1f}%")
 
@@ -190,36 +253,94 @@ def _report_fit(output: Path, base: str, result, as_json: bool) -> None:
 @calibrate_app.command("evaluate")
 @guarded
 def calibrate_evaluate_cmd(
-    logs: list[Path] = typer.Argument(..., help="nccl-tests output files to compare against."),
-    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile (JSON)."),
-    preset: str | None = typer.Option(None, "--preset", help="Evaluate a preset instead."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=_GPN_HELP + " Default: the model's."),
-    collective: str | None = typer.Option(None, "--collective", help="Collective the logs measure."),
+    logs: list[Path] = typer.Argument(..., metavar="LOG...", help="nccl-tests output files (or lookup tables)."),
+    profile: Path | None = typer.Option(None, "--profile", metavar="PROFILE",
+                                        help="Evaluate this calibration profile (no fitting)."),
+    preset: str | None = typer.Option(None, "--preset", metavar="NAME", help="Evaluate a preset instead."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar="G",
+                                             help=_GPN_HELP + " Default: the model's (8 for fits)."),
+    collective: str | None = typer.Option(None, "--collective", metavar="NAME",
+                                          help="Collective the logs measure."),
+    nccl_version: str | None = typer.Option(None, "--nccl-version", metavar="auto|VERSION",
+                                            help="With --profile/--preset: emulate this release instead of the "
+                                            "model's. Without: the release the fits assume (default auto, "
+                                            "chosen on each fit's own logs)."),
+    choice: str = typer.Option("nccl", "--choice", metavar="nccl|fastest",
+                               help="With --profile/--preset: time NCCL's choice or the fastest."),
+    hold_out: str = typer.Option("multi-node", "--hold-out", metavar="multi-node|all",
+                                 help="Without --profile: which logs to leave out in turn (each one is fitted "
+                                 "without it and predicted)."),
+    plot: Path | None = typer.Option(None, "--plot", metavar="DIR",
+                                     help="Write PNG plots (needs matplotlib): measured vs predicted time per "
+                                     "log, and NCCL's choice regions."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Compare a profile's predictions with measured nccl-tests times, per log.
+    """How well the model predicts measured nccl-tests times.
 
-    Reports the mean absolute percentage error over all sizes and over sizes >= 1 MiB, and
-    the median error over 4 KiB - 1 MiB."""
-    from echo_et.models.comm.evaluate import evaluate_runs
+    With --profile or --preset: that model's error per log. Without: calibrate from the logs
+    and report in-sample errors (fit on every log) and leave-one-log-out errors (fit without a
+    log, predict it), next to the 3-parameter baseline (latency + log2(N) + bytes/bandwidth)
+    fitted the same way. Errors: MAPE over sizes >= 1 MiB and the median absolute error over
+    4 KiB - 1 MiB."""
+    from echo_et.models.comm.evaluate import cross_validate, evaluate_runs
 
-    if profile is None and preset is None:
-        raise EchoError("give --profile (or --preset)")
-    model = _model(profile, preset)
-    gpn = gpus_per_node or model.gpus_per_node
-    if gpn < 1:
-        raise EchoError(f"--gpus-per-node must be >= 1, got {gpn}")
-    reports = evaluate_runs(model.profile.params, _read_logs(logs, collective), gpn)
-    if as_json:
-        emit_json({"model": model.name, "calibrated": model.calibrated, "gpus_per_node": gpn,
-                   "logs": reports})
+    if choice not in ("nccl", "fastest"):
+        raise EchoError(f"--choice must be nccl or fastest, got {choice!r}")
+    if hold_out not in ("multi-node", "all"):
+        raise EchoError(f"--hold-out must be multi-node or all, got {hold_out!r}")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    runs = _read_logs(logs, collective)
+    if profile is not None or preset is not None:
+        _check_version(nccl_version, auto=False)
+        model = _with_version(_model(profile, preset), nccl_version)
+        gpn = gpus_per_node or model.gpus_per_node
+        reports = evaluate_runs(model.profile.params, runs, gpn, model.nccl, choice)
+        if plot is not None:
+            from echo_et.models.comm.plots import write_plots
+
+            write_plots(plot, {"evaluated": [(run, model.profile) for run in runs]}, gpn)
+        if as_json:
+            emit_json({"model": model.name, "calibrated": model.calibrated, "gpus_per_node": gpn,
+                       "nccl_version": model.nccl_version, "choice": choice, "logs": reports})
+            return
+        typer.echo(f"model {model.name} ({'calibrated' if model.calibrated else 'uncalibrated preset'}), "
+                   f"choices of NCCL {model.nccl_version}")
+        typer.echo(f"{'log':<28} {'ranks':>5} {'sizes':>5} {'MAPE all':>9} {'MAPE >=1MiB':>12} "
+                   f"{'median 4KiB-1MiB':>17}")
+        for r in reports:
+            typer.echo(f"{r['log']:<28} {r['ranks']:>5} {r['sizes']:>5} {_pct(r['mape_percent']):>9} "
+                       f"{_pct(r['mape_ge_1mib_percent']):>12} {_pct(r['median_4kib_1mib_percent']):>17}")
         return
-    typer.echo(f"model {model.name} ({'calibrated' if model.calibrated else 'uncalibrated preset'})")
-    typer.echo(f"{'log':<28} {'ranks':>5} {'sizes':>5} {'MAPE all':>9} {'MAPE >=1MiB':>12} "
-               f"{'median 4KiB-1MiB':>17}")
-    for r in reports:
-        typer.echo(f"{r['log']:<28} {r['ranks']:>5} {r['sizes']:>5} {_pct(r['mape_percent']):>9} "
-                   f"{_pct(r['mape_ge_1mib_percent']):>12} {_pct(r['median_4kib_1mib_percent']):>17}")
+
+    from echo_et.models.comm.calibrate import default_preset
+    from echo_et.models.comm.profile import load_preset
+
+    _check_version(nccl_version, auto=True)
+    gpn = gpus_per_node or 8
+    base = load_preset(default_preset(g for r in runs for g in r.gpu_names))
+    typer.echo(f"fitting {len(runs)} run(s) and leaving each {'multi-node ' if hold_out == 'multi-node' else ''}"
+               "one out in turn ...", err=True)
+    held = None if hold_out == "multi-node" else list(range(len(runs)))
+    cv = cross_validate(runs, gpn, base, nccl_version or "auto", held)
+    if plot is not None:
+        from echo_et.models.comm.plots import cross_validation_sets, write_plots
+
+        write_plots(plot, cross_validation_sets(runs, cv), gpn)
+    cv.pop("profiles")
+    if as_json:
+        emit_json({"gpus_per_node": gpn, "base_preset": base.name, **cv})
+        return
+    typer.echo(f"{'experiment':<14} {'log':<24} {'ranks':>5} {'NCCL':>6} {'model >=1MiB':>13} "
+               f"{'model 4K-1M':>12} {'baseline >=1MiB':>16} {'baseline 4K-1M':>15}")
+    for kind, label in (("in_sample", "in-sample"), ("leave_one_out", "leave-one-out")):
+        for r in cv[kind]:
+            m, b = r["model"], r["baseline"]
+            typer.echo(f"{label:<14} {r['log']:<24} {r['ranks']:>5} {r['nccl']:>6} "
+                       f"{_pct(m['mape_ge_1mib_percent']):>13} {_pct(m['median_4kib_1mib_percent']):>12} "
+                       f"{_pct(b['mape_ge_1mib_percent']):>16} {_pct(b['median_4kib_1mib_percent']):>15}")
+    typer.echo(">=1MiB: MAPE over sizes >= 1 MiB; 4K-1M: median absolute error over 4 KiB - 1 MiB; "
+               "baseline: latency + log2(N) + bytes/bandwidth")
 
 
 def _pct(v: float | None) -> str:

@@ -3,20 +3,46 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from echo_et.errors import EchoError, OptionError
+from echo_et.ir import limits
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
 GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes)."
+
+
+# Typer bundles its own click; its base error class is reached through a public subclass.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+class OneLineErrors(TyperGroup):
+    """The root command group: a usage error (an option that does not parse, a missing
+    argument) is one line on stderr and exit 2, like every other bad input."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _CLICK_ERROR as e:
+            typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -26,16 +52,22 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def guarded(fn: F) -> F:
-    """Turn EchoError (and unreadable-input errors) into a one-line message and exit 2."""
+    """Check every numeric option against its bounds (:data:`OPTION_BOUNDS`), then turn
+    EchoError (and unreadable-input errors) into a one-line message and exit 2."""
+    flags = _flags_of(fn)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            check_options(kwargs, flags)
             return fn(*args, **kwargs)
         except EchoError as e:
             fail(error_line(e))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
-            fail(f"{e.filename}: {e.strerror}")
+        except OSError as e:
+            where = e.filename if e.filename is not None else "error"
+            fail(f"{where}: {e.strerror or e}")
+        except MemoryError:
+            fail("out of memory (the input asks for more than this machine has)")
         except KeyboardInterrupt:
             fail("interrupted", 130)
 
@@ -56,6 +88,60 @@ def error_line(e: EchoError) -> str:
     library's errors speak of values and the CLI says which option held the value."""
     line = str(e).splitlines()[0] if str(e) else type(e).__name__
     return f"{flag_of(e.option)}: {line}" if isinstance(e, OptionError) else line
+
+
+# Bounds of numeric options, by flag: (low, high) for integers; (low, high, low excluded) for
+# floats. An option not listed is still refused when it is not finite or beyond int64.
+OPTION_BOUNDS: dict[str, tuple] = {
+    "--ranks": (1, limits.MAX_WORLD_SIZE),
+    "--world-size": (1, limits.MAX_WORLD_SIZE),
+    "--rank": (0, limits.MAX_WORLD_SIZE - 1),
+    "--gpus-per-node": (1, limits.MAX_GPUS_PER_NODE),
+    "--dp": (1, limits.MAX_WORLD_SIZE),
+    "--tp": (1, limits.MAX_WORLD_SIZE),
+    "--pp": (1, limits.MAX_PIPELINE_STAGES),
+    "--microbatches": (1, limits.MAX_MICROBATCHES),
+    "--splits": (1, 1 << 16),
+    "--workers": (1, 4096),
+    "--folds": (2, 1000),
+    "--step": (0, limits.MAX_NS),
+    "--compute-scale": (0.0, limits.MAX_FACTOR, True),
+    "--intra-bw": (0.0, limits.MAX_BANDWIDTH_GBPS, True),
+    "--inter-bw": (0.0, limits.MAX_BANDWIDTH_GBPS, True),
+    "--latency": (0.0, 1e12, False),
+    "--bucket-mb": (0.0, 1e9, True),
+    "--first-bucket-mb": (0.0, 1e9, True),
+}
+
+
+def _flags_of(fn: Callable[..., Any]) -> dict[str, str]:
+    """Python parameter name -> its long flag, for the typer options of ``fn``."""
+    out = {}
+    for name, p in inspect.signature(fn).parameters.items():
+        decls = getattr(p.default, "param_decls", None) or ()
+        longs = [d for d in decls if isinstance(d, str) and d.startswith("--")]
+        if longs:
+            out[name] = longs[0]
+    return out
+
+
+def check_options(values: dict[str, Any], flags: dict[str, str]) -> None:
+    """One EchoError naming the flag for the first numeric option out of its bounds."""
+    for name, value in values.items():
+        flag = flags.get(name)
+        if flag is None or value is None or isinstance(value, bool):
+            continue
+        items = value if isinstance(value, list | tuple) else [value]
+        bounds = OPTION_BOUNDS.get(flag)
+        for v in items:
+            if isinstance(v, bool):
+                continue
+            if isinstance(v, float):
+                lo, hi, lo_open = bounds if bounds and len(bounds) == 3 else (-math.inf, math.inf, False)
+                limits.checked_float(v, flag, lo=lo, hi=hi, lo_open=lo_open)
+            elif isinstance(v, int):
+                lo, hi = bounds[:2] if bounds and len(bounds) == 2 else (-limits.INT64_MAX, limits.INT64_MAX)
+                limits.checked_int(v, flag, lo=lo, hi=hi)
 
 
 def emit_json(obj: Any) -> None:

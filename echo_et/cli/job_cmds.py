@@ -95,6 +95,9 @@ def inspect(
     typer.echo("nodes: " + (", ".join(f"{k}={v}" for k, v in s["nodes"].items()) or "none"))
     typer.echo("collectives: " + (", ".join(f"{k}={v}" for k, v in s["collectives"].items()) or "none"))
     typer.echo(f"communication: {s['comm_bytes']} bytes issued over all ranks")
+    if s["comm_libraries"]:
+        typer.echo("communication kernels no model prices (by library): "
+                   + ", ".join(f"{k}={v}" for k, v in s["comm_libraries"].items()))
     typer.echo(f"process groups: {s['group_count']}")
     if s["dropped"]:
         typer.echo("dropped/guessed: " + ", ".join(f"{k}={v}" for k, v in s["dropped"].items()))

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import importlib
+import signal
 
 import typer
 
 from echo_et import __version__
+from echo_et.cli.common import OneLineErrors
 from echo_et.cli.helptext import EchoGroup, polish
+
+
+class RootGroup(OneLineErrors, EchoGroup):
+    """The root command: readable help (EchoGroup) and one-line usage errors (OneLineErrors)."""
+
 
 app = typer.Typer(
     name="echo-et",
@@ -15,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    cls=EchoGroup,
+    cls=RootGroup,
 )
 
 # Each module defines register(app). Keep one line per module.
@@ -48,7 +55,13 @@ for _name in _VERB_MODULES:
 polish(app)
 
 
+def _terminate(signum: int, frame) -> None:
+    # SIGTERM unwinds like Ctrl-C, so temporary outputs are removed on the way out.
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     app()
 
 

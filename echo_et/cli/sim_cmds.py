@@ -10,6 +10,7 @@ import typer
 
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
+from echo_et.ir import limits
 
 
 def register(app: typer.Typer) -> None:
@@ -44,8 +45,8 @@ def parse_stragglers(values: list[str], world_size: int) -> dict[int, float]:
             rank, factor = int(rank_s), float(factor_s)
         except ValueError:
             raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR, e.g. 3:1.5") from None
-        if not sep or factor <= 0:
-            raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR with FACTOR > 0")
+        if not sep or not 0 < factor <= limits.MAX_FACTOR:  # (NaN fails too)
+            raise EchoError(f"--straggler {v!r}: expected RANK:FACTOR with 0 < FACTOR <= {limits.MAX_FACTOR:g}")
         if not 0 <= rank < world_size:
             raise EchoError(f"--straggler {v!r}: rank {rank} is not in the job (world size {world_size})")
         out[rank] = factor
@@ -197,6 +198,10 @@ def simulate_cmd(
                    f"{_ms(v.exposed_comm_ns):>10} {_ms(v.idle_ns):>10} {_ms(v.sync_wait_ns):>10}")
     if len(res.ranks) > len(shown):
         typer.echo(f"... {len(res.ranks) - len(shown)} more ranks (use --json)")
+    kept = res.diagnostics.get("comm_kept_at_measured_time") or {}
+    if kept:
+        typer.echo("kept at measured time (communication no model prices): "
+                   + ", ".join(f"{k}={v}" for k, v in kept.items()))
     cp = res.critical_path
     typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
                + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))

@@ -7,13 +7,35 @@ invariants right without repeating the bookkeeping.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
+from echo_et.errors import EchoError
 from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
+from echo_et.ir.limits import MAX_BYTES, MAX_NS
 from echo_et.ir.schema import ROLE_BY_NAME, SCHEMA_VERSION, pb
 
 DepSpec = int | tuple[int, int]  # node id, or (node id, DepKind)
+
+
+def _sized(value: float, field: str, name: str, hi: int) -> int:
+    """An int for a protobuf field, refused (one EchoError naming the node) when it is not a
+    finite number within +-``hi``: nothing a producer builds can overflow a field."""
+    if type(value) is not int:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise EchoError(f"node {name[:60]!r}: {field} = {value} is not a finite number")
+        value = int(value)
+    if not -hi <= value <= hi:
+        raise EchoError(f"node {name[:60]!r}: {field} = {value} is out of range (at most {hi})")
+    return value
+
+
+def _bytes(value: float, field: str, name: str) -> int:
+    v = _sized(value, field, name, MAX_BYTES)
+    if v < 0:
+        raise EchoError(f"node {name[:60]!r}: {field} = {v} is negative")
+    return v
 
 
 class GraphBuilder:
@@ -80,8 +102,8 @@ class GraphBuilder:
             name=name,
             kind=kind,
             stream=stream,
-            start_ns=int(start_ns),
-            duration_ns=int(duration_ns),
+            start_ns=_sized(start_ns, "start_ns", name, MAX_NS),
+            duration_ns=_sized(duration_ns, "duration_ns", name, MAX_NS),
         )
         for d in deps:
             if isinstance(d, tuple):
@@ -106,8 +128,10 @@ class GraphBuilder:
         n = self.node(pb.KIND_COMPUTE, name, stream, **kw)
         n.compute.op = op or name
         n.compute.kernel_class = kernel_class
+        if not math.isfinite(flops):
+            raise EchoError(f"node {name[:60]!r}: flops = {flops} is not a finite number")
         n.compute.flops = flops
-        n.compute.bytes = bytes_
+        n.compute.bytes = _bytes(bytes_, "bytes", name)
         n.compute.shapes = shapes
         n.compute.dtypes = dtypes
         return n
@@ -129,8 +153,8 @@ class GraphBuilder:
         c = n.collective
         c.type = coll_type
         c.group = group
-        c.in_bytes = int(in_bytes)
-        c.out_bytes = int(in_bytes if out_bytes is None else out_bytes)
+        c.in_bytes = _bytes(in_bytes, "in_bytes", name)
+        c.out_bytes = _bytes(in_bytes if out_bytes is None else out_bytes, "out_bytes", name)
         c.dtype = dtype
         c.seq = self._coll_seq.get(group, 0)
         self._coll_seq[group] = c.seq + 1
@@ -154,7 +178,7 @@ class GraphBuilder:
         key = (group, peer, 1 if send else 0)
         n.p2p.group = group
         n.p2p.peer = peer
-        n.p2p.bytes = int(nbytes)
+        n.p2p.bytes = _bytes(nbytes, "bytes", name)
         n.p2p.tag = tag
         n.p2p.seq = self._p2p_seq.get(key, 0)
         self._p2p_seq[key] = n.p2p.seq + 1
@@ -170,7 +194,7 @@ class GraphBuilder:
     def memcpy(self, name: str, stream: int, *, nbytes: int, direction: str,
                kind: int = pb.KIND_MEMCPY, **kw) -> pb.Node:
         n = self.node(kind, name, stream, **kw)
-        n.memcpy.bytes = int(nbytes)
+        n.memcpy.bytes = _bytes(nbytes, "bytes", name)
         n.memcpy.direction = direction
         return n
 

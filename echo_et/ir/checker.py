@@ -1,44 +1,87 @@
-"""Invariants of the IR, checked like ``onnx.checker``: one ``check_*`` function per level.
+"""Invariants of the IR, checked like ``onnx.checker``: one ``check_*`` function per rule group.
 
-Each problem is a :class:`Issue` naming the rule it breaks and where (file, graph, node).
-``check_graph`` needs only one graph; ``check_job`` adds the cross-rank rules (bindings,
-group membership, equal collective sequences, matched send/recv), computing each graph's
-signatures once so that cost grows with distinct graphs, not with world size.
+Each problem is an :class:`Issue` naming the rule it breaks and where (file, graph, node,
+manifest entry). The groups, from the smallest thing up:
 
-Rules:
-  unique-ids          node ids are unique in a graph
-  dep-exists          every dependency names a node of the same graph
-  acyclic             dependencies form a DAG
-  stream-declared     every node's stream is declared in the graph header
-  payload-kind        a node's payload matches its kind (collective -> collective, ...)
-  duration            durations and start times are not negative
-  collective-seq      collectives on one group key are numbered 0..k-1
-  world-size          the ranks bound are exactly 0..world_size-1
-  binding-graph       every binding names a graph of the job
-  group-defined       group ids are unique and >= 1, members in range and unique
-  group-bound         every group key a graph uses is bound, to a group containing the rank
-  group-size          a graph's declared group size equals the bound group's size
-  collective-sequence every member of a group issues the same collective sequence on it
-                      (type and order always; bytes for all-reduce, all-gather,
-                      reduce-scatter, broadcast)
-  p2p-match           every send has one recv on its peer with the same bytes, in order
+  check_node                 one node: its stream, payload, times and values
+  check_node_ids             ids of one graph
+  check_dependencies         dependencies of one graph
+  check_stream_order         what the order of each stream makes impossible
+  check_collective_numbering sequence numbers of one graph's collectives
+  check_graph                all graph-level groups above
+  check_manifest             schema version, world size, layout, hardware
+  check_groups               the process groups
+  check_bindings             the rank -> graph bindings and the groups they resolve to
+  check_collective_sequences every member of a group issues the same collectives on it
+  check_p2p                  every send has its recv
+  check_job                  all of it; graph signatures are computed once per distinct
+                             graph, so cost grows with distinct graphs, not world size
+
+``check`` is the authority the other commands rely on: a Job it accepts is one that
+``simulate``, ``scale`` and every exporter accept. The rules (``RULES``) say exactly what
+that takes.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from echo_et.errors import CheckError
 from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
-from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, node_kind_name, pb
+from echo_et.ir.limits import MAX_BANDWIDTH_GBPS, MAX_BYTES, MAX_GPUS_PER_NODE, MAX_NS, MAX_WORLD_SIZE
+from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, SCHEMA_VERSION, collective_name, node_kind_name, pb
 
-_PAYLOAD_OF_KIND = {
-    pb.KIND_COLLECTIVE: "collective",
-    pb.KIND_SEND: "p2p",
-    pb.KIND_RECV: "p2p",
+RULES: dict[str, str] = {
+    # node
+    "stream-declared": "every node's stream is declared in the graph header",
+    "payload-kind": "a node carries only the payload its kind allows (collective -> collective, "
+                    "send/recv -> p2p, compute -> compute, host kinds -> cpu, memcpy/memset -> memcpy)",
+    "duration": "start and duration are >= 0 ns and their sum fits int64 (< 2**62 ns)",
+    "node-values": "byte counts fit int64 (< 2**53), FLOPs are finite and >= 0, ranks and peers fit",
+    # graph
+    "unique-ids": "node ids are unique in a graph",
+    "dep-exists": "every dependency names a node of the same graph",
+    "acyclic": "dependencies form a DAG",
+    "stream-order": "no node waits for a node that its own stream runs after it (device streams "
+                    "run in node-id order; host threads nest by measured start and duration)",
+    "collective-seq": "collectives on one group key are numbered 0..k-1",
+    # manifest
+    "schema-version": f"the manifest and graph headers are of schema {SCHEMA_VERSION}",
+    "world-size": f"1 <= world size <= {MAX_WORLD_SIZE} and the ranks bound are exactly 0..world_size-1",
+    "layout": "a declared layout has dp, tp, pp >= 1, and its product divides the world size",
+    "hardware": f"gpus per node <= {MAX_GPUS_PER_NODE}; bandwidths finite, >= 0 and <= {MAX_BANDWIDTH_GBPS:g} GB/s",
+    "group-defined": "group ids are unique and >= 1, members non-empty, in range and unique",
+    # bindings and cross-rank
+    "binding-graph": "every binding names a graph of the job",
+    "group-bound": "every group key a graph uses is bound, to a group containing the rank",
+    "group-size": "a graph's declared group size equals the bound group's size",
+    "collective-root": "a rooted collective's root is a rank of its group",
+    "collective-sequence": "every member of a group issues the same collective sequence on it (type and "
+                           "order always; bytes for all-reduce, all-gather, reduce-scatter, broadcast)",
+    "p2p-match": "every send has one recv on its peer with the same bytes, in order; peers are in the group",
 }
+
+# What payload each node kind may carry (None: no payload).
+ALLOWED_PAYLOADS: dict[int, frozenset[str | None]] = {
+    pb.KIND_UNKNOWN: frozenset({None, "compute", "cpu"}),
+    pb.KIND_COMPUTE: frozenset({None, "compute"}),
+    pb.KIND_COLLECTIVE: frozenset({"collective"}),
+    pb.KIND_SEND: frozenset({"p2p"}),
+    pb.KIND_RECV: frozenset({"p2p"}),
+    pb.KIND_CPU_OP: frozenset({None, "cpu"}),
+    pb.KIND_LAUNCH: frozenset({None, "cpu"}),
+    pb.KIND_MEMCPY: frozenset({None, "memcpy"}),
+    pb.KIND_MEMSET: frozenset({None, "memcpy"}),
+    pb.KIND_SYNC: frozenset({None, "cpu"}),
+    pb.KIND_COMM_UNKNOWN: frozenset({None}),
+}
+# Kinds that make a stream a host thread (the simulator orders those by time and nesting).
+HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
+ROOTED_COLLECTIVES = frozenset({pb.COLL_BROADCAST, pb.COLL_REDUCE, pb.COLL_GATHER, pb.COLL_SCATTER})
 
 
 @dataclass(frozen=True)
@@ -74,33 +117,94 @@ def _where(source: str, graph: Graph, node: pb.Node | None = None) -> str:
     return " ".join(parts)
 
 
-def check_node(node: pb.Node, stream_ids: set[int], out: IssueCollector, where: str) -> None:
+# -- node -------------------------------------------------------------------------------------
+def check_node(node: pb.Node, stream_ids: set[int], out: IssueCollector, where: str | Callable[[], str]) -> None:
+    """stream-declared, payload-kind, duration, node-values. ``where`` may be a function that
+    makes the location text, called only when there is something to report."""
+    have = node.WhichOneof("payload")
+    allowed = ALLOWED_PAYLOADS.get(node.kind)
+    s, d = node.start_ns, node.duration_ns
+    if (node.stream in stream_ids and allowed is not None and have in allowed and s >= 0 and d >= 0
+            and s + d <= MAX_NS and (have is None or have == "cpu")):
+        return  # the common case, decided without building the location text
+    if callable(where):
+        where = where()
     if node.stream not in stream_ids:
         out.add("stream-declared", f"stream {node.stream} is not declared", where)
-    want = _PAYLOAD_OF_KIND.get(node.kind)
-    have = node.WhichOneof("payload")
-    if want is not None and have != want:
-        out.add("payload-kind", f"{node_kind_name(node.kind)} node carries {have or 'no'} payload", where)
-    if node.duration_ns < 0 or node.start_ns < 0:
-        out.add("duration", f"negative time (start {node.start_ns} ns, duration {node.duration_ns} ns)", where)
+    if allowed is None:
+        out.add("payload-kind", f"node kind {node.kind} is not a known kind", where)
+    elif have not in allowed:
+        out.add("payload-kind", f"{node_kind_name(node.kind)} node carries {have or 'no'} payload "
+                f"(allowed: {', '.join(sorted(p or 'none' for p in allowed))})", where)
+    if s < 0 or d < 0:
+        out.add("duration", f"negative time (start {s} ns, duration {d} ns)", where)
+    elif s + d > MAX_NS:
+        out.add("duration", f"start {s} ns + duration {d} ns is beyond {MAX_NS} ns", where)
+    if have is not None:
+        _check_payload_values(node, have, out, where)
 
 
+def _check_payload_values(node: pb.Node, have: str, out: IssueCollector, where: str) -> None:
+    if have == "collective":
+        c = node.collective
+        big = max(c.in_bytes, c.out_bytes)
+        if big > MAX_BYTES:
+            out.add("node-values", f"collective of {big} bytes is beyond {MAX_BYTES} bytes", where)
+    elif have == "p2p":
+        if node.p2p.bytes > MAX_BYTES:
+            out.add("node-values", f"{node_kind_name(node.kind)} of {node.p2p.bytes} bytes is beyond "
+                    f"{MAX_BYTES} bytes", where)
+    elif have == "compute":
+        c = node.compute
+        if c.bytes > MAX_BYTES:
+            out.add("node-values", f"compute of {c.bytes} bytes is beyond {MAX_BYTES} bytes", where)
+        if not (math.isfinite(c.flops) and c.flops >= 0):
+            out.add("node-values", f"FLOPs {c.flops} is not a finite number >= 0", where)
+    elif have == "memcpy" and node.memcpy.bytes > MAX_BYTES:
+        out.add("node-values", f"copy of {node.memcpy.bytes} bytes is beyond {MAX_BYTES} bytes", where)
+
+
+# -- graph ------------------------------------------------------------------------------------
 def check_graph(graph: Graph, *, source: str = "", limit: int = 100) -> list[Issue]:
+    """Every graph-level rule of ``graph`` (at most ``limit`` issues)."""
     out = IssueCollector(limit)
     _check_graph(graph, source, out)
     return out.issues
 
 
 def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
+    if graph.header.schema_version != SCHEMA_VERSION:
+        out.add("schema-version", f"graph header is of schema {graph.header.schema_version!r}, "
+                f"this echo-et reads {SCHEMA_VERSION!r}", _where(source, graph))
     stream_ids = {s.id for s in graph.header.streams}
+    for n in graph.nodes:
+        check_node(n, stream_ids, out, lambda n=n: _where(source, graph, n))
+        if out.full:
+            return
+    ids = check_node_ids(graph, source, out)
+    if out.full:
+        return
+    before = len(out.issues)
+    check_dependencies(graph, ids, source, out)
+    if out.full:
+        return
+    if len(out.issues) == before:  # stream order means nothing across a broken dependency
+        check_stream_order(graph, source, out)
+    check_collective_numbering(graph, source, out)
+
+
+def check_node_ids(graph: Graph, source: str, out: IssueCollector) -> set[int]:
+    """unique-ids. Returns the set of ids."""
     ids: set[int] = set()
     for n in graph.nodes:
         if n.id in ids:
             out.add("unique-ids", f"node id {n.id} is used more than once", _where(source, graph, n))
         ids.add(n.id)
-        check_node(n, stream_ids, out, _where(source, graph, n))
-        if out.full:
-            return
+    return ids
+
+
+def check_dependencies(graph: Graph, ids: set[int], source: str, out: IssueCollector) -> None:
+    """dep-exists, acyclic."""
     for n in graph.nodes:
         for d in n.deps:
             if d.id not in ids:
@@ -108,18 +212,6 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
             elif d.id == n.id:
                 out.add("acyclic", "node depends on itself", _where(source, graph, n))
     _check_acyclic(graph, ids, source, out)
-    seqs: dict[str, list[tuple[int, pb.Node]]] = defaultdict(list)
-    for n in graph.nodes:
-        if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
-            seqs[n.collective.group].append((n.collective.seq, n))
-    for key, items in seqs.items():
-        got = sorted(s for s, _ in items)
-        if got != list(range(len(items))):
-            # The first node, in sequence order, whose number is not its position.
-            ranked = sorted(items, key=lambda t: (t[0], t[1].id))
-            bad = next(n for i, (s, n) in enumerate(ranked) if s != i)
-            out.add("collective-seq", f"collectives on group {key!r} are not numbered 0..{len(items) - 1}",
-                    _where(source, graph, bad))
 
 
 def _check_acyclic(graph: Graph, ids: set[int], source: str, out: IssueCollector) -> None:
@@ -156,20 +248,200 @@ def _check_acyclic(graph: Graph, ids: set[int], source: str, out: IssueCollector
         out.add("acyclic", f"dependency cycle through node {stuck}", _where(source, graph, graph.node(stuck)))
 
 
-# -- job level --------------------------------------------------------------------------------
+def stream_positions(graph: Graph) -> dict[int, tuple[int, int]]:
+    """Where each node starts and ends in its stream's order, as (start position, end
+    position) in one sequence per stream.
+
+    A device stream runs its nodes one at a time in node-id order: node k of the stream
+    starts at 2k and ends at 2k+1. A host thread (a stream holding host operators) nests
+    its nodes by measured start and duration, visited in node-id order: a node starts inside
+    every earlier node that has not ended by its start. This is the order the simulator
+    executes; a dependency against it can never be met."""
+    nodes = graph.nodes
+    by_stream: dict[int, list[int]] = defaultdict(list)
+    for i, n in enumerate(nodes):
+        by_stream[n.stream].append(i)
+    pos: dict[int, tuple[int, int]] = {}
+    for members in by_stream.values():
+        members.sort(key=lambda i: nodes[i].id)
+        if not any(nodes[i].kind in HOST_KINDS for i in members):
+            for k, i in enumerate(members):
+                pos[nodes[i].id] = (2 * k, 2 * k + 1)
+            continue
+        start_at: dict[int, int] = {}
+        b = 0
+        stack: list[int] = []
+        for i in members:
+            n = nodes[i]
+            while stack and nodes[stack[-1]].start_ns + nodes[stack[-1]].duration_ns <= n.start_ns:
+                j = stack.pop()
+                pos[nodes[j].id] = (start_at[j], b)
+                b += 1
+            start_at[i] = b
+            b += 1
+            stack.append(i)
+        while stack:
+            j = stack.pop()
+            pos[nodes[j].id] = (start_at[j], b)
+            b += 1
+    return pos
+
+
+def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
+    """stream-order: a node cannot wait (data or sync: for the end; launch: for the start) on
+    a node its own stream runs after it. On a host thread, control dependencies (nesting) are
+    not execution order and a sync node ends, not starts, on what it waits for; on a device
+    stream a control dependency means "issued by", a wait for the start."""
+    stream_of = {n.id: n.stream for n in graph.nodes}
+    host = {n.stream for n in graph.nodes if n.kind in HOST_KINDS}
+    pairs = []
+    for n in graph.nodes:
+        on_host = n.stream in host
+        if on_host and n.kind == pb.KIND_SYNC:
+            continue
+        for d in n.deps:
+            if d.id != n.id and stream_of.get(d.id, -1) == n.stream and not (on_host and d.kind == pb.DEP_CONTROL):
+                pairs.append((n, d))
+    if not pairs:
+        return
+    pos = stream_positions(graph)
+    for n, d in pairs:
+        mine = pos[n.id][0]
+        dstart, dend = pos[d.id]
+        launch = d.kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
+        if (dstart if launch else dend) > mine:
+            other = graph.node(d.id)
+            what = "starts" if launch else "ends"
+            out.add("stream-order", f"waits for node {other.id} ({other.name}), which {what} after it "
+                    f"on the same stream {n.stream}", _where(source, graph, n))
+            if out.full:
+                return
+
+
+def check_collective_numbering(graph: Graph, source: str, out: IssueCollector) -> None:
+    """collective-seq."""
+    seqs: dict[str, list[tuple[int, pb.Node]]] = defaultdict(list)
+    for n in graph.nodes:
+        if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
+            seqs[n.collective.group].append((n.collective.seq, n))
+    for key, items in seqs.items():
+        got = sorted(s for s, _ in items)
+        if got != list(range(len(items))):
+            # The first node, in sequence order, whose number is not its position.
+            ranked = sorted(items, key=lambda t: (t[0], t[1].id))
+            bad = next(n for i, (s, n) in enumerate(ranked) if s != i)
+            out.add("collective-seq", f"collectives on group {key!r} are not numbered 0..{len(items) - 1}",
+                    _where(source, graph, bad))
+
+
+# -- manifest ---------------------------------------------------------------------------------
+def _where_manifest(job: Job) -> str:
+    return f"{job.source} manifest" if job.source else "manifest"
+
+
+def check_manifest(job: Job, out: IssueCollector) -> None:
+    """schema-version, world-size (its range), layout, hardware."""
+    m = job.manifest
+    where = _where_manifest(job)
+    if m.schema_version != SCHEMA_VERSION:
+        out.add("schema-version", f"manifest is of schema {m.schema_version!r}, this echo-et reads "
+                f"{SCHEMA_VERSION!r}", where)
+    if not 1 <= m.world_size <= MAX_WORLD_SIZE:
+        out.add("world-size", f"world size {m.world_size} is not in 1..{MAX_WORLD_SIZE}", where)
+    lay = m.layout
+    axes = {k: getattr(lay, k) for k in ("dp", "tp", "pp")}
+    if any(axes.values()):
+        zero = [k for k, v in axes.items() if v == 0]
+        if zero:
+            out.add("layout", f"layout declares {', '.join(f'{k}={v}' for k, v in axes.items())}: "
+                    f"{'/'.join(zero)} must be >= 1", where)
+        else:
+            prod = axes["dp"] * axes["tp"] * axes["pp"] * max(lay.cp, 1)
+            if m.world_size and m.world_size % prod:
+                out.add("layout", f"layout dp{axes['dp']} x tp{axes['tp']} x pp{axes['pp']}"
+                        f"{f' x cp{lay.cp}' if lay.cp > 1 else ''} = {prod} ranks does not divide "
+                        f"world size {m.world_size}", where)
+    hw = m.hardware
+    if hw.gpus_per_node > MAX_GPUS_PER_NODE:
+        out.add("hardware", f"gpus per node {hw.gpus_per_node} is beyond {MAX_GPUS_PER_NODE}", where)
+    for name in ("intra_node_bw_gbps", "inter_node_bw_gbps"):
+        v = getattr(hw, name)
+        if not (math.isfinite(v) and 0 <= v <= MAX_BANDWIDTH_GBPS):
+            out.add("hardware", f"{name} = {v} is not a finite number in 0..{MAX_BANDWIDTH_GBPS:g}", where)
+
+
+def check_groups(job: Job, out: IssueCollector) -> None:
+    """group-defined."""
+    m = job.manifest
+    where = _where_manifest(job)
+    group_ids: set[int] = set()
+    for g in m.groups:
+        if g.id < 1 or g.id in group_ids:
+            out.add("group-defined", f"process group id {g.id} is not unique and >= 1", where)
+        group_ids.add(g.id)
+        if not g.ranks:
+            out.add("group-defined", f"process group {g.id} has no members", where)
+        elif len(set(g.ranks)) != len(g.ranks):
+            out.add("group-defined", f"process group {g.id} lists a rank twice", where)
+        bad = [r for r in g.ranks if r >= m.world_size]
+        if bad:
+            out.add("group-defined",
+                    f"process group {g.id} has rank {bad[0]} outside world size {m.world_size}", where)
+        if out.full:
+            return
+
+
+def _check_rank_cover(job: Job, out: IssueCollector) -> None:
+    """world-size: the bindings cover 0..world_size-1 exactly (without materialising a range
+    as long as a corrupt world size)."""
+    m = job.manifest
+    ranks = [b.rank for b in m.bindings]
+    world = m.world_size
+    distinct = set(ranks)
+    if len(ranks) == world and len(distinct) == world and (not ranks or max(ranks) == world - 1):
+        return
+    in_range = {r for r in distinct if r < world}
+    extra = sorted(r for r in distinct if r >= world)
+    dup = len(ranks) - len(distinct)
+    detail = []
+    if len(in_range) < world:
+        missing = []
+        for r in range(world):
+            if r not in in_range:
+                missing.append(r)
+                if len(missing) == 5:
+                    break
+        detail.append(f"missing ranks {missing}" + (f" ({world - len(in_range)} in all)"
+                                                     if world - len(in_range) > len(missing) else ""))
+    if extra:
+        detail.append(f"ranks beyond world size {extra[:5]}")
+    if dup:
+        detail.append(f"{dup} duplicate bindings")
+    out.add("world-size", f"bindings do not cover ranks 0..{world - 1}: {', '.join(detail)}",
+            _where_manifest(job))
+
+
+# -- bindings and cross-rank ------------------------------------------------------------------
 @dataclass
 class _GraphSignature:
     collectives: dict[str, list[pb.Node]]           # group key -> nodes by seq
     p2p: dict[tuple[str, int, bool], list[pb.Node]]  # (key, peer, is_send) -> nodes by seq
     keys: set[str]
+    max_root: dict[str, pb.Node] = field(default_factory=dict)  # key -> rooted node of the highest root
 
 
 def _signature(graph: Graph) -> _GraphSignature:
     colls: dict[str, list[pb.Node]] = defaultdict(list)
     p2p: dict[tuple[str, int, bool], list[pb.Node]] = defaultdict(list)
+    max_root: dict[str, pb.Node] = {}
     for n in graph.nodes:
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
-            colls[n.collective.group].append(n)
+            c = n.collective
+            colls[c.group].append(n)
+            if c.HasField("root"):
+                top = max_root.get(c.group)
+                if top is None or c.root > top.collective.root:
+                    max_root[c.group] = n
         elif n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.HasField("p2p"):
             p2p[(n.p2p.group, n.p2p.peer, n.kind == pb.KIND_SEND)].append(n)
     for v in colls.values():
@@ -177,63 +449,26 @@ def _signature(graph: Graph) -> _GraphSignature:
     for v in p2p.values():
         v.sort(key=lambda n: n.p2p.seq)
     keys = set(colls) | {k[0] for k in p2p} | set(graph.header.group_sizes)
-    return _GraphSignature(dict(colls), dict(p2p), keys)
+    return _GraphSignature(dict(colls), dict(p2p), keys, max_root)
 
 
-def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
-    """All invariant violations of ``job`` (at most ``limit``)."""
-    out = IssueCollector(limit)
-    src = job.source
+def check_bindings(job: Job, sigs: dict[str, _GraphSignature], out: IssueCollector
+                   ) -> dict[int, list[tuple[int, str, str]]]:
+    """world-size (coverage), binding-graph, group-bound, group-size, collective-root.
+    Returns group id -> [(rank, graph id, key)] for the sequence rules."""
+    _check_rank_cover(job, out)
     m = job.manifest
-    where_m = f"{src} manifest" if src else "manifest"
-
-    # groups
-    group_ids: set[int] = set()
-    for g in m.groups:
-        if g.id < 1 or g.id in group_ids:
-            out.add("group-defined", f"process group id {g.id} is not unique and >= 1", where_m)
-        group_ids.add(g.id)
-        if len(set(g.ranks)) != len(g.ranks):
-            out.add("group-defined", f"process group {g.id} lists a rank twice", where_m)
-        bad = [r for r in g.ranks if r >= m.world_size]
-        if bad:
-            out.add("group-defined",
-                    f"process group {g.id} has rank {bad[0]} outside world size {m.world_size}", where_m)
-
-    # bindings
-    ranks = [b.rank for b in m.bindings]
-    if sorted(ranks) != list(range(m.world_size)):
-        missing = sorted(set(range(m.world_size)) - set(ranks))
-        extra = sorted(set(ranks) - set(range(m.world_size)))
-        dup = len(ranks) - len(set(ranks))
-        detail = []
-        if missing:
-            detail.append(f"missing ranks {missing[:5]}")
-        if extra:
-            detail.append(f"ranks beyond world size {extra[:5]}")
-        if dup:
-            detail.append(f"{dup} duplicate bindings")
-        out.add("world-size", f"bindings do not cover ranks 0..{m.world_size - 1}: {', '.join(detail)}", where_m)
-
-    graph_ids = set(job.graph_ids())
-    sigs: dict[str, _GraphSignature] = {}
-    for gid in sorted(graph_ids):
-        graph = job.graph(gid)
-        _check_graph(graph, src, out)
-        sigs[gid] = _signature(graph)
-        if out.full:
-            return out.issues
-
+    where_m = _where_manifest(job)
     groups = {g.id: g for g in m.groups}
     member_sets: dict[int, frozenset[int]] = {}  # built on first use: O(1) membership at 100K ranks
-    # group id -> list of (rank, graph id, key)
     members: dict[int, list[tuple[int, str, str]]] = defaultdict(list)
+    root_checked: set[tuple[str, str, int]] = set()
     for b in m.bindings:
         where_b = f"{where_m} rank {b.rank}"
-        if b.graph not in graph_ids:
+        sig = sigs.get(b.graph)
+        if sig is None:
             out.add("binding-graph", f"bound to graph {b.graph!r}, which the job does not have", where_b)
             continue
-        sig = sigs[b.graph]
         header = job.graph(b.graph).header
         for key in sorted(sig.keys):
             if key not in b.groups:
@@ -254,13 +489,39 @@ def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
             if want and want != len(pg.ranks):
                 out.add("group-size", f"graph {b.graph} expects group {key!r} of size {want}, "
                         f"bound group {pg.id} has {len(pg.ranks)}", where_b)
+            rooted = sig.max_root.get(key)
+            if rooted is not None and (b.graph, key, pg.id) not in root_checked:
+                root_checked.add((b.graph, key, pg.id))
+                if rooted.collective.root >= len(pg.ranks):
+                    out.add("collective-root", f"{collective_name(rooted.collective.type)} on group {key!r} "
+                            f"has root {rooted.collective.root}, outside bound group {pg.id} of "
+                            f"{len(pg.ranks)} ranks", f"{where_b} node {rooted.id} ({rooted.name})")
             members[pg.id].append((b.rank, b.graph, key))
         if out.full:
-            return out.issues
+            break
+    return members
 
-    _check_collective_sequences(job, groups, members, sigs, out)
+
+def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
+    """All invariant violations of ``job`` (at most ``limit``)."""
+    out = IssueCollector(limit)
+    check_manifest(job, out)
+    check_groups(job, out)
+    if out.full or not 1 <= job.manifest.world_size <= MAX_WORLD_SIZE:
+        return out.issues
+    sigs: dict[str, _GraphSignature] = {}
+    for gid in sorted(set(job.graph_ids())):
+        graph = job.graph(gid)
+        _check_graph(graph, job.source, out)
+        sigs[gid] = _signature(graph)
+        if out.full:
+            return out.issues
+    members = check_bindings(job, sigs, out)
+    if out.full:
+        return out.issues
+    check_collective_sequences(job, members, sigs, out)
     if not out.full:
-        _check_p2p(job, groups, sigs, out)
+        check_p2p(job, sigs, out)
     return out.issues
 
 
@@ -271,8 +532,11 @@ def _coll_sig(nodes: list[pb.Node]) -> tuple:
     )
 
 
-def _check_collective_sequences(job, groups, members, sigs, out: IssueCollector) -> None:
+def check_collective_sequences(job: Job, members: dict[int, list[tuple[int, str, str]]],
+                               sigs: dict[str, _GraphSignature], out: IssueCollector) -> None:
+    """collective-sequence."""
     src = job.source
+    groups = {g.id: g for g in job.manifest.groups}
     # Signatures per (graph, key), shared by all groups: ranks that share a graph share them.
     cache: dict[tuple[str, str], tuple] = {}
     for gid in sorted(members):
@@ -314,8 +578,10 @@ def _check_collective_sequences(job, groups, members, sigs, out: IssueCollector)
                 return
 
 
-def _check_p2p(job, groups, sigs, out: IssueCollector) -> None:
+def check_p2p(job: Job, sigs: dict[str, _GraphSignature], out: IssueCollector) -> None:
+    """p2p-match."""
     src = job.source
+    groups = {g.id: g for g in job.manifest.groups}
     sends: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
     recvs: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
     for b in job.manifest.bindings:

@@ -10,11 +10,16 @@ that a failed write never leaves a half-written Job.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import hashlib
 import os
+import re
 import shutil
+import stat
 import tempfile
+import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -101,9 +106,29 @@ def read_exact(f: BinaryIO, n: int) -> bytes:
     return b"".join(parts)
 
 
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a regular file for binary reading; a FIFO, device or socket in its place is refused
+    (reading one would block forever or never end)."""
+    f = open(path, "rb", opener=_nonblocking_opener)  # noqa: SIM115 - returned to the caller
+    try:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise EchoError(f"{path}: not a regular file (a FIFO, device or socket)")
+        os.set_blocking(f.fileno(), True)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _nonblocking_opener(path: str, flags: int) -> int:
+    # O_NONBLOCK: opening a FIFO with no writer would otherwise block before fstat can refuse it.
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
 def open_maybe_gzip(path: str | os.PathLike[str]) -> BinaryIO:
     """Open for binary reading, transparently un-gzipping when the file starts with 1f 8b."""
-    f = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    f = open_regular(path)
     magic = f.read(2)
     f.seek(0)
     if magic == b"\x1f\x8b":
@@ -143,8 +168,18 @@ def iter_graph(path: str | os.PathLike[str], *, decoded: bool = True
         raise EchoError(msg if msg.startswith(where) else f"{where}: {msg}") from None
     except DecodeError as e:
         raise EchoError(f"{where}: not an echo-et graph file ({e})") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise EchoError(f"{where}: cannot read ({e})") from None
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise EchoError(f"{where}: cannot read ({_reason(e)})") from None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, zlib.error):
+        return f"corrupt gzip data: {e}"
+    if isinstance(e, EOFError):
+        return "truncated gzip data"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__
 
 
 def read_graph(path: str | os.PathLike[str]) -> Graph:
@@ -160,6 +195,29 @@ def read_graph(path: str | os.PathLike[str]) -> Graph:
         except DecodeError as e:
             raise EchoError(f"{where}: node #{i} does not decode ({e})") from None
     return g
+
+
+def matches_sha256(path: str | os.PathLike[str], expected: str) -> bool:
+    """Whether the file's bytes, or its un-gzipped content, have SHA-256 ``expected``
+    (``save_job`` hashes what it writes; a graph file gzipped afterwards may keep either)."""
+    try:
+        with open_regular(path) as raw:
+            h = hashlib.sha256()
+            while chunk := raw.read(_READ_CHUNK):
+                h.update(chunk)
+        if h.hexdigest() == expected:
+            return True
+        with open_maybe_gzip(path) as f:
+            if not isinstance(f, gzip.GzipFile):
+                return False
+            h = hashlib.sha256()
+            while chunk := f.read(_READ_CHUNK):
+                h.update(chunk)
+        return h.hexdigest() == expected
+    except EchoError:
+        raise
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise EchoError(f"{path}: cannot read ({_reason(e)})") from None
 
 
 def write_graph_stream(f: BinaryIO, header: pb.GraphHeader, nodes: Iterable[pb.Node]) -> int:
@@ -193,29 +251,169 @@ def publish_mode(path: str | os.PathLike[str]) -> None:
     os.chmod(path, base & ~_umask())
 
 
+# -- outputs: temporary names, stale leftovers, errors that name the user's path ---------------
+# A temporary output is ``.NAME.PID-RANDOM.tmp`` beside NAME (``.old`` for the previous output
+# moved aside while a directory is replaced): the PID tells a later run whether the writer is
+# still alive, so that the leftovers of killed runs are removed and a live writer's are not.
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[A-Za-z0-9_]+\.(?:tmp|old)$")
+# Errors that say the output cannot be written (as opposed to an input that cannot be read).
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES,
+                            errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY,
+                            errno.EXDEV, errno.ENAMETOOLONG, errno.EIO})
+
+
+def _temp_prefix(dest: Path) -> str:
+    return f".{dest.name}.{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: a process of another user holds that pid
+        return True
+    return True
+
+
+def stale_outputs(dest: str | os.PathLike[str]) -> list[Path]:
+    """Temporary outputs beside ``dest`` left by runs that were killed (their process is
+    gone): hidden ``.NAME.PID-*.tmp`` files or folders and ``.NAME.PID-*.old`` folders."""
+    dest = Path(dest)
+    try:
+        entries = list(os.scandir(dest.parent))
+    except OSError:
+        return []
+    out = []
+    for e in entries:
+        m = _TEMP.match(e.name)
+        if m and m.group("name") == dest.name and not _pid_alive(int(m.group("pid"))):
+            out.append(Path(e.path))
+    return sorted(out)
+
+
+def remove_stale_outputs(dest: str | os.PathLike[str]) -> list[Path]:
+    """Remove what :func:`stale_outputs` finds; returns what was removed."""
+    removed = []
+    for p in stale_outputs(dest):
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+        except OSError:
+            pass  # another run removed it first, or it is not ours to remove
+    return removed
+
+
+def check_output_file(path: str | os.PathLike[str]) -> Path:
+    """Refuse an output file path that names a directory or anything but a regular file
+    (a device, a FIFO, a socket): those are never replaced."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        return p
+    except OSError as e:
+        raise EchoError(f"{p}: cannot write ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise EchoError(f"{p}: is a directory (give a file name)")
+    if not stat.S_ISREG(st.st_mode):
+        raise EchoError(f"{p}: exists and is not a regular file (a device, FIFO or socket); "
+                        "refusing to replace it")
+    return p
+
+
+def _is_output_error(e: OSError, tmp: Path | None) -> bool:
+    name = e.filename if isinstance(e.filename, str) else None
+    if tmp is not None and name is not None and (name == str(tmp) or name.startswith(str(tmp) + os.sep)):
+        return True
+    return name is None and e.errno in _OUTPUT_ERRNOS
+
+
+@contextlib.contextmanager
+def output_errors(dest: str | os.PathLike[str], tmp: Path | None = None) -> Iterator[None]:
+    """Turn an OSError met while writing ``dest`` (through ``tmp``) into one EchoError that names
+    ``dest``, the user's path, never the temporary name."""
+    try:
+        yield
+    except EchoError:
+        raise
+    except OSError as e:
+        if not _is_output_error(e, tmp):
+            raise
+        raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
+
+
+def _prepare_parent(dest: Path) -> None:
+    with output_errors(dest):
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise EchoError(f"{dest}: cannot write ({dest.parent} is not a directory)") from None
+        except OSError as e:
+            raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
+    remove_stale_outputs(dest)
+
+
+def temp_file_beside(dest: str | os.PathLike[str]) -> tuple[int, str]:
+    """``(fd, name)`` of a new temporary file beside ``dest`` (0600 until published), named so
+    that a later run recognises it if this one is killed. Checks ``dest`` and its folder."""
+    dest = check_output_file(dest)
+    _prepare_parent(dest)
+    with output_errors(dest):
+        try:
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=_temp_prefix(dest), suffix=".tmp")
+        except OSError as e:
+            raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
+    return fd, tmp
+
+
+def publish_file(tmp: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """Rename a finished temporary file onto ``dest`` (the last of concurrent writers wins)."""
+    dest = Path(dest)
+    check_output_file(dest)  # it may have become a directory or a device meanwhile
+    with output_errors(dest, Path(tmp)):
+        publish_mode(tmp)
+        os.replace(tmp, dest)
+
+
 class atomic_file:  # noqa: N801 - used as a context manager like open()
-    """Write to a temporary file beside ``path``; rename into place only on success."""
+    """Write to a temporary file beside ``path``; rename into place only on success.
+
+    ``path`` must be a regular file or not exist; any failure removes the temporary file and
+    is reported against ``path``."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self._tmp: tempfile._TemporaryFileWrapper[bytes] | None = None
+        self._tmp: BinaryIO | None = None
+        self._name = ""
 
     def __enter__(self) -> BinaryIO:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = tempfile.NamedTemporaryFile(
-            "wb", dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp", delete=False
-        )
-        return self._tmp  # type: ignore[return-value]
+        fd, self._name = temp_file_beside(self.path)
+        self._tmp = os.fdopen(fd, "wb")
+        return self._tmp
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type, exc, tb) -> bool:
         assert self._tmp is not None
-        self._tmp.close()
-        if exc_type is None:
-            publish_mode(self._tmp.name)
-            os.replace(self._tmp.name, self.path)
-        else:
+        try:
+            with output_errors(self.path, Path(self._name)):
+                self._tmp.close()
+                if exc_type is None:
+                    publish_file(self._name, self.path)
+        except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(self._tmp.name)
+                os.unlink(self._name)
+            raise
+        if exc_type is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._name)
+            if issubclass(exc_type, OSError) and _is_output_error(exc, Path(self._name)):
+                raise EchoError(f"{self.path}: cannot write ({exc.strerror or exc})") from None
+        return False
 
 
 class _HashingWriter:
@@ -230,6 +428,9 @@ class _HashingWriter:
         return self._f.write(data)
 
 
+_REPLACE_TRIES = 50
+
+
 @contextlib.contextmanager
 def atomic_dir(dest: str | os.PathLike[str], *, replaceable: Callable[[Path], bool] | None = None,
                kind: str = "an earlier output") -> Iterator[Path]:
@@ -237,30 +438,63 @@ def atomic_dir(dest: str | os.PathLike[str], *, replaceable: Callable[[Path], bo
 
     An existing non-empty ``dest`` is replaced only when ``replaceable(dest)`` says it is an
     earlier output of the same kind, so a mistyped path never wipes a user's folder. On any
-    failure the temporary directory is removed and ``dest`` is left as it was."""
+    failure the temporary directory is removed and ``dest`` is left as it was. Concurrent
+    writers of one ``dest`` all succeed, the last one's output stays; a writer that cannot get
+    its turn after many tries says the output is in use. Leftovers of killed runs beside
+    ``dest`` are removed first."""
     dest = Path(dest)
-    if dest.exists():
-        if not dest.is_dir():
-            raise EchoError(f"{dest}: exists and is not a directory")
-        if any(dest.iterdir()) and not (replaceable and replaceable(dest)):
-            raise EchoError(f"{dest}: exists and is not {kind}; refusing to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    publish_mode(tmp)
+    _check_dest_dir(dest, replaceable, kind)
+    _prepare_parent(dest)
+    with output_errors(dest):
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent))
+        except OSError as e:
+            raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
     try:
-        yield tmp
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
+        with output_errors(dest, tmp):
+            publish_mode(tmp)
+            yield tmp
+            _check_dest_dir(dest, replaceable, kind)
+            _swap_in(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind: str) -> None:
+    if dest.is_symlink() or dest.exists():
+        if not dest.is_dir() or dest.is_symlink():
+            raise EchoError(f"{dest}: exists and is not a directory")
+        try:
+            nonempty = any(dest.iterdir())
+        except OSError as e:
+            raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
+        if nonempty and not (replaceable and replaceable(dest)):
+            raise EchoError(f"{dest}: exists and is not {kind}; refusing to replace it")
+
+
+def _swap_in(tmp: Path, dest: Path) -> None:
+    """Rename ``tmp`` onto ``dest``, moving an existing ``dest`` aside first (a rename cannot
+    replace a non-empty directory). Another writer may swap in between: then try again."""
+    for _ in range(_REPLACE_TRIES):
+        old = None
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".old", dir=dest.parent))
+            try:
+                os.replace(dest, old / "d")
+            except FileNotFoundError:  # another writer moved it aside first
+                pass
+        try:
+            os.replace(tmp, dest)
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        finally:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        time.sleep(0.01)
+    raise EchoError(f"{dest}: output in use (another run keeps replacing it); try again")
 
 
 # -- job directories ------------------------------------------------------------------------
@@ -269,31 +503,76 @@ def is_job_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def read_manifest(job_dir: str | os.PathLike[str]) -> pb.JobManifest:
+    """The manifest of a Job directory, with its graph references proven safe to follow: each
+    a relative path inside the directory, listed once, with a SHA-256 digest."""
     p = Path(job_dir) / MANIFEST_NAME
     if not p.is_file():
         raise EchoError(f"{job_dir}: not an echo-et job directory (no {MANIFEST_NAME})")
     m = pb.JobManifest()
     try:
-        m.ParseFromString(p.read_bytes())
+        with open_regular(p) as f:
+            data = f.read(MAX_MESSAGE + 1)
+        if len(data) > MAX_MESSAGE:
+            raise EchoError(f"{p}: manifest is larger than {MAX_MESSAGE} bytes")
+        m.ParseFromString(data)
     except DecodeError as e:
         raise EchoError(f"{p}: manifest does not decode ({e})") from None
+    except OSError as e:
+        raise EchoError(f"{p}: cannot read ({_reason(e)})") from None
     if not m.schema_version.startswith("echo-et/"):
         raise EchoError(f"{p}: not an echo-et manifest")
+    _check_graph_refs(m, Path(job_dir), p)
     return m
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_graph_refs(m: pb.JobManifest, root: Path, where: Path) -> None:
+    ids: set[str] = set()
+    paths: set[str] = set()
+    for ref in m.graphs:
+        what = f"{where}: graph {ref.id!r}"
+        if ref.id in ids:
+            raise EchoError(f"{what} is listed twice")
+        ids.add(ref.id)
+        rel = Path(ref.path)
+        if not ref.path or rel.is_absolute() or ".." in rel.parts or "\\" in ref.path:
+            raise EchoError(f"{what}: path {ref.path!r} is not a relative path inside the job directory")
+        norm = rel.as_posix()
+        if norm in paths:
+            raise EchoError(f"{what}: file {ref.path!r} is also another graph's")
+        paths.add(norm)
+        if not _SHA256.match(ref.sha256):
+            raise EchoError(f"{what}: sha256 {ref.sha256!r} is not a SHA-256 hex digest")
+
+
 def load_job(job_dir: str | os.PathLike[str]) -> Job:
-    """Open a Job directory; graphs are read when first used."""
+    """Open a Job directory; graphs are read when first used, each checked against the
+    manifest (inside the directory, its SHA-256, its node count, its id)."""
     root = Path(job_dir)
     manifest = read_manifest(root)
-    paths = {g.id: root / g.path for g in manifest.graphs}
+    refs = {g.id: g for g in manifest.graphs}
 
     def loader(graph_id: str) -> Graph:
-        if graph_id not in paths:
+        ref = refs.get(graph_id)
+        if ref is None:
             raise EchoError(f"{root}: graph {graph_id!r} is not listed in the manifest")
-        g = read_graph(paths[graph_id])
+        path = root / ref.path
+        try:
+            inside = path.resolve().is_relative_to(root.resolve())
+        except OSError as e:
+            raise EchoError(f"{path}: cannot read ({_reason(e)})") from None
+        if not inside:
+            raise EchoError(f"{path}: leads outside the job directory {root}")
+        if not matches_sha256(path, ref.sha256):
+            raise EchoError(f"{path}: content does not match the manifest's sha256 (the file was changed "
+                            "or damaged)")
+        g = read_graph(path)
         if g.id != graph_id:
-            raise EchoError(f"{paths[graph_id]}: header id {g.id!r} differs from manifest {graph_id!r}")
+            raise EchoError(f"{path}: header id {g.id!r} differs from manifest {graph_id!r}")
+        if ref.nodes != len(g.nodes):
+            raise EchoError(f"{path}: holds {len(g.nodes)} nodes, the manifest says {ref.nodes}")
         return g
 
     return Job(manifest, loader=loader, source=str(root))

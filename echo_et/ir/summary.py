@@ -26,6 +26,21 @@ def graph_counts(graph) -> tuple[Counter, Counter, int]:
     return kinds, colls, comm_bytes
 
 
+def comm_libraries(job: Job) -> dict[str, int]:
+    """Communication kernels that no collective model prices (``comm_unknown`` nodes), by the
+    library the converter recognised, over all ranks: the simulator keeps their measured time."""
+    ranks_of = job.ranks_of_graph()
+    out: Counter = Counter()
+    for gid in job.graph_ids():
+        mult = len(ranks_of.get(gid, []))
+        if not mult:
+            continue
+        for n in job.graph(gid).nodes:
+            if n.kind == pb.KIND_COMM_UNKNOWN:
+                out[n.attrs.get("comm_library") or "unknown"] += mult
+    return dict(sorted(out.items()))
+
+
 def summarize(job: Job) -> dict[str, Any]:
     m = job.manifest
     ranks_of = job.ranks_of_graph()
@@ -54,6 +69,7 @@ def summarize(job: Job) -> dict[str, Any]:
         "nodes": dict(sorted(nodes.items())),
         "collectives": dict(sorted(colls.items())),
         "comm_bytes": comm_bytes,
+        "comm_libraries": comm_libraries(job),
         "dropped": dict(sorted(m.dropped.items())),
         "groups": [
             {"id": g.id, "name": g.name, "desc": g.desc, "size": len(g.ranks),

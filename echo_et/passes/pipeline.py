@@ -41,6 +41,7 @@ from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.conventions import ISSUE_PREFIX
 from echo_et.ir.dtypes import dtype_size
+from echo_et.ir.limits import MAX_GRAPH_NODES
 from echo_et.ir.schema import pb
 from echo_et.passes.derive import derived_job_builder
 from echo_et.passes.gradients import ACCUMULATE_GRAD, Gradient, bucket_gradients, grad_bytes
@@ -462,6 +463,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     new_m = microbatches or decision.microbatches or old_m
     if new_m < 1:
         raise OptionError("microbatches", f"micro-batches must be >= 1, got {new_m}")
+    _refuse_unbounded(job, old_m, new_m, decision.mesh.pp, pp)
     if pp > 1 and not any(p.p2p_bytes for p in pieces.values()):
         raise OptionError("pp", "the job has no pipeline send/recv to size activations from (traced at "
                                 "pp=1); re-trace it with pp >= 2 to re-stage it")
@@ -539,6 +541,17 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
         "graphs": len(by_hash),
     }
     return out, new_decision, info
+
+
+def _refuse_unbounded(job: Job, old_m: int, new_m: int, old_pp: int, pp: int) -> None:
+    """The work a re-staging costs grows with the graphs it makes: refuse, before building
+    them, graphs larger than any one rank's program plausibly is (limits.MAX_GRAPH_NODES)."""
+    biggest = max((len(job.graph(gid).nodes) for gid in job.graph_ids()), default=0)
+    estimate = biggest * new_m / max(old_m, 1) * max(1.0, old_pp / max(pp, 1))
+    if estimate > MAX_GRAPH_NODES:
+        raise EchoError(f"{new_m} micro-batches at pipeline depth {pp} would make graphs of about "
+                        f"{int(estimate):,} nodes (from {biggest:,} at {old_m} micro-batches); the limit is "
+                        f"{MAX_GRAPH_NODES:,}")
 
 
 def _stage_kind(s: int, n: int) -> str:

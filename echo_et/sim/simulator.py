@@ -45,6 +45,7 @@ from echo_et.errors import EchoError
 from echo_et.ir.checker import assert_valid
 from echo_et.ir.job import Job
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
+from echo_et.ir.summary import comm_libraries
 from echo_et.models.slowdown.intervals import covered_length, merge_intervals
 from echo_et.sim.program import (
     CAT_COLL,
@@ -729,7 +730,9 @@ class Simulator:
             slowdown=self._slowdown_info or {"applied": False},
             options=opts,
             diagnostics={"acausal_deps": acausal, "acausal_deps_kept": self.options.keep_acausal_deps,
-                         "placeholder_comm_nodes": placeholders},
+                         "placeholder_comm_nodes": placeholders,
+                         # communication of libraries the CC model does not price: measured time kept
+                         "comm_kept_at_measured_time": comm_libraries(self.job)},
             timeline=SimTimeline(self._states, part, self.job),
         )
 

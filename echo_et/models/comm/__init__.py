@@ -1,9 +1,11 @@
 """The collective-communication (CC) cost model: how long one NCCL collective kernel runs.
 
-``CommModel`` wraps a parameter set (a shipped preset or a calibrated profile) and answers
-:meth:`CommModel.estimate` / :meth:`CommModel.p2p` with the kernel time, excluding waiting
-for peers (synchronisation is the simulator's job), and the algorithm and protocol NCCL is
-modelled to pick. The model itself is in :mod:`echo_et.models.comm.nccl`; fitting in
+``CommModel`` wraps a parameter set (a shipped preset or a calibrated profile, with the NCCL
+release and node it emulates) and answers :meth:`CommModel.estimate` / :meth:`CommModel.p2p`
+/ :meth:`CommModel.time_ns` with the kernel time, excluding waiting for peers
+(synchronisation is the simulator's job), and the algorithm, protocol and channels NCCL
+itself picks. NCCL's choice is emulated in :mod:`echo_et.models.comm.tuning`, its timing in
+:mod:`echo_et.models.comm.nccl`; fitting in
 :mod:`~echo_et.models.comm.fit`; inputs from nccl-tests in
 :mod:`~echo_et.models.comm.nccl_tests` and from traced Jobs in
 :mod:`~echo_et.models.comm.trace`.
@@ -11,7 +13,7 @@ modelled to pick. The model itself is in :mod:`echo_et.models.comm.nccl`; fittin
 Example::
 
     m = CommModel.preset("a100-ib")
-    m.estimate("all_reduce", 64 << 20, list(range(16)))   # Estimate(time_ns=..., "ring", "Simple")
+    m.estimate("all_reduce", 64 << 20, list(range(16)))   # Estimate(time_ns=..., "ring", "Simple", 16)
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from echo_et.errors import EchoError
-from echo_et.models.comm import nccl
+from echo_et.models.comm import nccl, tuning
 from echo_et.models.comm.profile import Profile, load_preset, load_profile
 from echo_et.models.comm.profile import preset_names as _preset_names
-from echo_et.models.comm.topology import Placement, placement
+from echo_et.models.comm.topology import Placement, from_nodes, placement
+from echo_et.models.comm.tuning import NcclSystem
 
-__all__ = ["COLLECTIVES", "CommModel", "Estimate"]
+__all__ = ["COLLECTIVES", "CommModel", "Estimate", "NcclSystem"]
 
 COLLECTIVES = nccl.COLLECTIVES
 
@@ -39,6 +42,7 @@ class Estimate:
     time_ns: int          # kernel execution time, excluding waiting for peers
     algorithm: str        # "ring", "tree", "nvls", "p2p", "local" (one rank), "none" (0 bytes)
     protocol: str         # "LL", "LL128", "Simple" ("none" for 0 bytes)
+    channels: int = 0     # channels (thread blocks) NCCL runs it on; 0 for none/local
 
 
 class CommModel:
@@ -46,7 +50,7 @@ class CommModel:
 
     def __init__(self, profile: Profile):
         self.profile = profile
-        self._cache: dict[tuple[str, int, Placement], Estimate] = {}
+        self._cache: dict[tuple[str, int, Placement, str], Estimate] = {}
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -98,6 +102,10 @@ class CommModel:
                     P[f"{family}.{proto}"] *= scale
         return CommModel(dataclasses.replace(self.profile, params=P, gpus_per_node=gpn))
 
+    def with_nccl_version(self, version: str) -> CommModel:
+        """A copy that chooses as NCCL ``version`` would (one of ``tuning.VERSIONS``)."""
+        return CommModel(dataclasses.replace(self.profile, nccl=self.profile.nccl.with_version(version)))
+
     # -- properties ---------------------------------------------------------------------------
     @property
     def calibrated(self) -> bool:
@@ -115,15 +123,28 @@ class CommModel:
     def params(self) -> dict[str, float]:
         return dict(self.profile.params)
 
+    @property
+    def nccl_version(self) -> str:
+        return self.profile.nccl.version
+
+    @property
+    def nccl(self) -> NcclSystem:
+        return self.profile.nccl
+
     # -- estimates ------------------------------------------------------------------------------
     def estimate(self, coll: str, nbytes: int, ranks: Sequence[int], *, dtype: str = "float32",
-                 gpus_per_node: int | None = None) -> Estimate:
+                 gpus_per_node: int | None = None, choice: str = "nccl") -> Estimate:
         """Kernel time of collective ``coll`` on the group of global ``ranks``; ``nbytes`` is
         the per-rank input (all-gather: the shard; reduce-scatter: the full buffer; gather:
         one piece; scatter: the root's whole buffer). ``dtype`` does not change the time
-        (reduction throughput is per byte). send/recv take ``ranks=[src, dst]``."""
+        (reduction throughput is per byte). send/recv take ``ranks=[src, dst]``.
+
+        ``choice="nccl"`` (default) times what NCCL's tuner runs; ``"fastest"`` the
+        algorithm/protocol this model rates fastest among those NCCL has enabled."""
         if coll not in COLLECTIVES:
             raise EchoError(f"unknown collective {coll!r} (known: {', '.join(COLLECTIVES)})")
+        if choice not in nccl.CHOICE_MODES:
+            raise EchoError(f"unknown choice {choice!r} (known: {', '.join(nccl.CHOICE_MODES)})")
         nbytes = _bytes(nbytes)
         gpn = self.gpus_per_node if gpus_per_node is None else _positive_int(gpus_per_node, "gpus_per_node")
         if coll in ("send", "recv"):
@@ -133,13 +154,26 @@ class CommModel:
         pl = placement(ranks, gpn, where=coll)
         if nbytes == 0 and coll != "barrier":
             return Estimate(0, "none", "none")
-        key = (coll, nbytes, pl)
+        key = (coll, nbytes, pl, choice)
         got = self._cache.get(key)
         if got is None:
-            t, picks = nccl.choose(self.profile.params, coll, np.float64(nbytes), pl)
-            got = Estimate(_ns(t), *picks[0])
+            t, picks = nccl.choose(self.profile.params, coll, np.float64(nbytes), pl, self.profile.nccl, choice)
+            c = picks[0]
+            got = Estimate(_ns(t), c.algorithm, c.protocol, c.channels)
             self._cache[key] = got
         return got
+
+    def time_ns(self, coll: str, nbytes: int, group_size: int, *, gpus_per_node: int | None = None,
+                choice: str = "nccl") -> int:
+        """Kernel time (ns) of ``coll`` on a group of ``group_size`` ranks packed onto nodes of
+        ``gpus_per_node`` (ranks 0..N-1; send/recv: rank 0 to rank N-1). The stable entry
+        point for tools that only know a group's shape (e.g. deriving network parameters)."""
+        n = _positive_int(group_size, "group_size")
+        if coll in ("send", "recv"):
+            if n < 2:
+                raise EchoError(f"{coll} needs a group of two or more ranks")
+            return self.estimate(coll, nbytes, [0, n - 1], gpus_per_node=gpus_per_node).time_ns
+        return self.estimate(coll, nbytes, list(range(n)), gpus_per_node=gpus_per_node, choice=choice).time_ns
 
     def p2p(self, nbytes: int, src: int, dst: int, *, gpus_per_node: int | None = None) -> Estimate:
         """Kernel time of one send/recv of ``nbytes`` from global rank ``src`` to ``dst``."""
@@ -152,17 +186,20 @@ class CommModel:
         P = self.profile.params
         S = np.float64(nbytes)
         if src == dst:
-            return Estimate(_ns(P["local_setup_us"] + nbytes / P["local_copy_gbps"] * 1e-3), "local", "Simple")
-        costs = nccl.p2p_costs(P, S, src // gpn == dst // gpn)
-        (algo, proto), t = min(costs.items(), key=lambda kv: float(kv[1]))
-        return Estimate(_ns(t), algo, proto)
+            return Estimate(_ns(P["local_setup_us"] + nbytes / P["local_copy_gbps"] * 1e-3), "local", "Simple", 1)
+        same_node = src // gpn == dst // gpn
+        pair = from_nodes([0, 0] if same_node else [0, 1])
+        c = tuning.choose(self.profile.nccl, pair, "send", nbytes)
+        t = nccl.p2p_costs(P, S, same_node)[("p2p", c.protocol)]
+        return Estimate(_ns(t), c.algorithm, c.protocol, c.channels)
 
-    def estimate_sizes(self, coll: str, sizes: Sequence[int], pl: Placement
-                       ) -> tuple[np.ndarray, list[tuple[str, str]]]:
-        """Kernel times (us) and picks for many sizes on one placement (tables, fits)."""
+    def estimate_sizes(self, coll: str, sizes: Sequence[int], pl: Placement, choice: str = "nccl"
+                       ) -> tuple[np.ndarray, list[tuning.Choice]]:
+        """Kernel times (us) and choices for many sizes on one placement (tables, fits)."""
         if coll not in COLLECTIVES or coll in ("send", "recv"):
             raise EchoError(f"unknown collective {coll!r}")
-        return nccl.choose(self.profile.params, coll, np.array([float(_bytes(s)) for s in sizes]), pl)
+        return nccl.choose(self.profile.params, coll, np.array([float(_bytes(s)) for s in sizes]), pl,
+                           self.profile.nccl, choice)
 
 
 def _ns(us: float) -> int:

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError
-from echo_et.models.comm import nccl_tests
+from echo_et.models.comm import lut, nccl_tests
 from echo_et.models.comm.fit import FitResult, Sample, calibrate
 from echo_et.models.comm.profile import Profile, load_preset, preset_names
 from echo_et.models.comm.topology import Placement, contiguous, from_nodes
+from echo_et.models.comm.tuning import VERSIONS
 
 
 def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
@@ -42,7 +44,8 @@ def samples_from_runs(runs: Sequence[nccl_tests.Run], gpus_per_node: int
         host = run.gpus_per_thread
         samples += [Sample(run.collective, m.ir_bytes, pl, m.time_us, host, label) for m in ms]
         sources.append({
-            "kind": "nccl-tests", "file": run.source, "run": run.index + 1, "sha256": run.sha256,
+            "kind": "lut" if tuple(run.columns) == lut.COLUMNS else "nccl-tests", "file": run.source,
+            "run": run.index + 1, "sha256": run.sha256,
             "collective": run.collective, "ranks": pl.ranks, "nodes": pl.nodes,
             "gpus_per_thread": run.gpus_per_thread, "samples": len(ms),
             "dropped_sizes": dropped, "dropped_warmup_times": outliers,
@@ -60,9 +63,28 @@ def default_preset(gpu_names: Iterable[str]) -> str:
 
 
 def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], base: Profile,
-                gpus_per_node: int, name: str = "calibrated") -> tuple[Profile, FitResult]:
-    """Fit ``samples`` starting from preset ``base``; the profile records where it came from."""
-    result = calibrate(samples, base.params)
+                gpus_per_node: int, name: str = "calibrated", nccl_version: str | None = None
+                ) -> tuple[Profile, FitResult]:
+    """Fit ``samples`` starting from preset ``base``; the profile records where it came from.
+
+    ``nccl_version`` is the NCCL release whose choices the measurements ran (default: the
+    preset's); ``"auto"`` fits once per modelled release and keeps the one whose fit explains
+    the multi-node samples best (made on the fitted samples only, never on held-out ones)."""
+    system = base.nccl
+    tried: dict[str, float] = {}
+    if nccl_version == "auto":
+        best: tuple[float, str, FitResult] | None = None
+        for version in VERSIONS:
+            r = calibrate(samples, base.params, system.with_version(version))
+            tried[version] = _choice_error(r, samples)
+            if best is None or tried[version] < best[0]:
+                best = (tried[version], version, r)
+        assert best is not None
+        system, result = system.with_version(best[1]), best[2]
+    else:
+        if nccl_version is not None:
+            system = system.with_version(nccl_version)
+        result = calibrate(samples, base.params, system)
     fit = {
         "samples": result.samples,
         "mape_percent": result.mape_percent,
@@ -70,12 +92,31 @@ def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], ba
         "free_parameters": result.free,
         "method": "MAP least squares in log space, soft-L1 loss (scale 0.05), log-normal "
                   "prior around the preset; single-node samples fit the intra-node "
-                  "parameters, multi-node samples the network ones",
+                  "parameters, multi-node samples the network ones; each sample is timed for "
+                  "the algorithm, protocol and channels NCCL " + system.version + " chooses",
     }
+    if tried:
+        fit["nccl_version_mape_percent"] = tried   # multi-node samples' fit error per release
     profile = Profile(
         name=name, calibrated=True, gpus_per_node=gpus_per_node, params=result.params,
         description=f"fitted from {len(sources)} source(s), starting from preset {base.name}",
         hardware=dict(base.hardware), gpu_match=base.gpu_match, base_preset=base.name,
-        sources=tuple(sources), fit=fit,
+        sources=tuple(sources), fit=fit, nccl=system,
     )
     return profile, result
+
+
+def _choice_error(result: FitResult, samples: Sequence[Sample]) -> float:
+    """What tells NCCL releases apart: the fit error on the multi-node samples (where the
+    releases choose differently), or on all samples when none spans nodes."""
+    multi = {s.source for s in samples if s.placement.multi_node}
+    rows = [v for k, v in result.by_source.items() if k in multi] or list(result.by_source.values())
+    n = sum(v["samples"] for v in rows)
+    return sum(v["mape_percent"] * v["samples"] for v in rows) / n
+
+
+def read_measurements(path: str | Path, collective: str | None = None) -> list[nccl_tests.Run]:
+    """Runs from nccl-tests output or from a lookup table (``lut``), told apart by content."""
+    if lut.is_lut(path):
+        return lut.read_lut(path, collective=collective or "all_reduce")
+    return nccl_tests.read_log(path, collective)

@@ -36,6 +36,7 @@ from echo_et.errors import EchoError
 from echo_et.models.comm import nccl
 from echo_et.models.comm.params import SPECS
 from echo_et.models.comm.topology import Placement
+from echo_et.models.comm.tuning import NcclSystem
 
 SOFT_L1_SCALE = 0.05      # residual (log ratio) where the loss turns linear
 PRIOR_WEIGHT = 0.1        # weight of a one-sigma move away from the preset
@@ -65,15 +66,17 @@ class FitResult:
     by_source: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def predict_samples(P: Mapping[str, float], samples: Sequence[Sample]) -> np.ndarray:
-    """The model's prediction of each sample's measured time (us)."""
+def predict_samples(P: Mapping[str, float], samples: Sequence[Sample], system: NcclSystem,
+                    mode: str = "nccl") -> np.ndarray:
+    """The model's prediction of each sample's measured time (us), for what ``system``'s NCCL
+    runs (``mode="nccl"``) or the fastest enabled choice (``"fastest"``)."""
     out = np.empty(len(samples))
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
         groups[(s.coll, s.placement, s.host_gpus)].append(i)
     for (coll, pl, g), idx in groups.items():
         S = np.array([samples[i].nbytes for i in idx], dtype=float)
-        t, _ = nccl.choose(P, coll, S, pl)
+        t, _ = nccl.choose(P, coll, S, pl, system, mode)
         if g > 0:
             h = P["host_launch_us"] * g
             t = (t ** SMOOTH_MAX_POWER + h ** SMOOTH_MAX_POWER) ** (1.0 / SMOOTH_MAX_POWER)
@@ -81,8 +84,9 @@ def predict_samples(P: Mapping[str, float], samples: Sequence[Sample]) -> np.nda
     return out
 
 
-def calibrate(samples: Sequence[Sample], prior: Mapping[str, float]) -> FitResult:
-    """Fit the parameters to ``samples``, starting from and regularised towards ``prior``."""
+def calibrate(samples: Sequence[Sample], prior: Mapping[str, float], system: NcclSystem) -> FitResult:
+    """Fit the parameters to ``samples``, starting from and regularised towards ``prior``;
+    what runs for each sample is what ``system``'s NCCL chooses (fixed, not fitted)."""
     if not samples:
         raise EchoError("calibrate: no measurements to fit")
     for s in samples:
@@ -96,17 +100,17 @@ def calibrate(samples: Sequence[Sample], prior: Mapping[str, float]) -> FitResul
     multi = [s for s in samples if s.placement.multi_node]
     if single:
         names = [sp.name for sp in SPECS if sp.stage == "intra"]
-        P = _fit_stage(single, names, P, prior, starts=1)
+        P = _fit_stage(single, names, P, prior, system, starts=1)
         free += names
     if multi:
         names = [sp.name for sp in SPECS if sp.stage == "net"]
-        P = _fit_stage(multi, names, P, prior, starts=NET_STARTS)
+        P = _fit_stage(multi, names, P, prior, system, starts=NET_STARTS)
         free += names
-    return _report(P, samples, free)
+    return _report(P, samples, free, system)
 
 
-def _report(P: dict[str, float], samples: Sequence[Sample], free: list[str]) -> FitResult:
-    pred = predict_samples(P, samples)
+def _report(P: dict[str, float], samples: Sequence[Sample], free: list[str], system: NcclSystem) -> FitResult:
+    pred = predict_samples(P, samples, system)
     meas = np.array([s.time_us for s in samples])
     err = np.abs(pred / meas - 1) * 100
     by: dict[str, list[float]] = defaultdict(list)
@@ -119,7 +123,7 @@ def _report(P: dict[str, float], samples: Sequence[Sample], free: list[str]) -> 
 
 
 def _fit_stage(samples: Sequence[Sample], names: list[str], start: dict[str, float],
-               prior: Mapping[str, float], starts: int) -> dict[str, float]:
+               prior: Mapping[str, float], system: NcclSystem, starts: int) -> dict[str, float]:
     meas = np.log(np.array([s.time_us for s in samples]))
     centre = np.array([math.log(prior[n]) for n in names])
     sigma = np.array([next(sp.sigma for sp in SPECS if sp.name == n) for n in names])
@@ -128,7 +132,7 @@ def _fit_stage(samples: Sequence[Sample], names: list[str], start: dict[str, flo
         P = dict(start)
         P.update({n: math.exp(t) for n, t in zip(names, th, strict=True)})
         with np.errstate(all="ignore"):
-            r = np.log(predict_samples(P, samples)) - meas
+            r = np.log(predict_samples(P, samples, system)) - meas
         return r, PRIOR_WEIGHT * (th - centre) / sigma
 
     rng = np.random.default_rng(0)

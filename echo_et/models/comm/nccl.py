@@ -1,60 +1,62 @@
-"""A white-box model of how NCCL moves the bytes of one collective.
+"""A white-box model of how long NCCL takes to move the bytes of one collective.
 
-For every (algorithm, protocol) NCCL could run, the kernel time is
+What runs is NCCL's own choice (:mod:`~echo_et.models.comm.tuning`: algorithm, protocol and
+channel count as NCCL's tuner picks them); this module times that choice. For one
+(algorithm, protocol) on ``c`` channels the kernel time is
 
-    setup + hops x per-hop latency + max(bytes on each link / its rate) + pipeline fill
-          + reduced bytes / reduction rate
+    setup + hops x per-hop latency + c x (per-channel cost + network hops x per-hop proxy cost)
+          + max(bytes on each link / its rate) + pipeline fill + reduced bytes / reduction rate
 
 (the resources in the max are NVLink, the node's NICs and the protocol's own throughput
-limit; the reduction term is added, as in Echo's model, not overlapped), with the structure of NCCL's algorithms:
+limit; the reduction term is added, as in Echo's model, not overlapped), with the structure
+of NCCL's algorithms:
 
 - ring (all-reduce, all-gather, reduce-scatter): 2(n-1) or n-1 steps; the ring is a cycle
   that crosses each of the m node boundaries once, so a fraction m/n of its steps go over
   the network; every rank moves (steps + loop overhead)/n of the buffer through its NVLink
   and, across nodes, its node's NICs;
-- tree (all-reduce across nodes): a chain inside each node and a double binary tree across
-  nodes, reduce up then broadcast down, pipelined in chunks: 2((k-1) + ceil(log2 m)) hops;
-  2S through NVLink; across nodes S per node when m == 2 (each node is the other's root)
-  and 2S when m > 2 (an inner node has two children), at a fraction of the ring's network
-  rate that depends on the node count as in NCCL's tuning (``tree_net_eff`` on two nodes,
+- tree (all-reduce): a chain inside each node and a double binary tree across nodes, reduce
+  up then broadcast down, pipelined in chunks: 2((k-1) + ceil(log2 m)) hops; 2S through
+  NVLink; across nodes S per node when m == 2 (each node is the other's root) and 2S when
+  m > 2 (an inner node has two children), at a fraction of the ring's network rate that
+  depends on the node count as in NCCL's tuning (``tree_net_eff`` on two nodes,
   ``tree_net_eff_many`` on more);
 - chain (broadcast, reduce): n-1 pipelined hops;
 - NVLS (all-reduce inside one NVSwitch node with NVLink SHARP, Hopper and later);
-- point-to-point (send/recv, all-to-all, gather, scatter).
+- point-to-point (send/recv; all-to-all, gather, scatter as grouped send/recv, with a serial
+  cost per peer).
 
 Protocols: LL (8-byte lines, half payload), LL128 (120 of 128 bytes), Simple (full
 payload, larger per-hop latency); LL and LL128 also have a throughput limit of their own.
-Start-up: a ring (and any LL transfer) reaches its full rate only for messages of
-``ramp_bytes`` and more (fewer channels and short per-step chunks for small messages): the
-usable bandwidth ramps from 1/channels at tiny sizes to all of it at ``ramp_bytes``. A tree
-with LL128 or Simple runs every channel from a few KiB per channel (NCCL's thread thresholds)
-and pays its start-up as the pipeline fill of its chunks instead.
+Channels: NCCL runs a small message on few channels (its per-thread thresholds) and every
+channel costs a little serial work (the kernel sets it up; across nodes the proxy thread
+posts each channel's sends and receives): that is what makes a 4-node LL tree take 107 us at
+64 KiB on 16 channels and 58 us at 4 KiB on one. Start-up: a ring (and any LL transfer)
+reaches its full rate only for messages of ``ramp_bytes`` and more (short per-step chunks):
+the usable bandwidth ramps from 1/channels at tiny sizes to all of it at ``ramp_bytes``. A
+tree with LL128 or Simple pays its start-up as the pipeline fill of its chunks instead.
 
-NCCL picks the (algorithm, protocol) its own cost table rates fastest. We model that choice
-with the same costs seen through the one belief of NCCL's table that differs from the
-performance model: the tree's inter-node traffic is always 2S (its table converts the tree's
-bus bandwidth to algorithm bandwidth with a fixed factor 1/2 and has no two-node special
-case). So on two nodes NCCL runs the ring where the tree would be faster, and so does the
-model; the kernel time is the *performance* cost of the chosen pair. CollNet (needs
-SHARP-capable switches) and PAT are not modelled.
-
-Everything here is a pure function of (parameters, collective, sizes, placement).
+Everything here is a pure function of (parameters, NCCL system, collective, sizes, placement).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from echo_et.errors import EchoError
+from echo_et.models.comm import tuning
 from echo_et.models.comm.params import PROTOCOL_PAYLOAD, PROTOCOLS
 from echo_et.models.comm.topology import Placement
+from echo_et.models.comm.tuning import Choice, NcclSystem
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                "reduce", "gather", "scatter", "barrier", "send", "recv")
 
+CHOICE_MODES = ("nccl", "fastest")
 _BARRIER_BYTES = 4  # c10d's barrier is an all-reduce of one 4-byte element
 _US = 1e-3  # bytes / (GB/s) -> us: 1 GB/s moves 1e3 bytes per us
 
@@ -80,12 +82,38 @@ def _ramp(P: Mapping[str, float], size: np.ndarray, proto: str) -> np.ndarray:
     return _vmin(1.0, 1.0 / P["channels"] + size / P[f"ramp_bytes.{proto}"])
 
 
+@dataclass(frozen=True)
+class Channels:
+    """How many channels a candidate runs on: ``used`` per size (NCCL's per-message count)
+    out of the communicator's ``total``."""
+
+    used: np.ndarray | float
+    total: int
+
+
+FULL = Channels(1.0, 1)
+
+
+def _rate(P: Mapping[str, float], size: np.ndarray, proto: str, ch: Channels) -> np.ndarray:
+    """Fraction of the full bandwidth a message gets: the start-up ramp (few channels and
+    short per-step chunks for small messages)."""
+    return _ramp(P, size, proto)
+
+
+def _chan(P: Mapping[str, float], proto: str, ch: Channels, net_hops: float) -> np.ndarray:
+    """Serial work per channel: setting up each channel, and per channel and network hop the
+    proxy thread's post of a send or receive."""
+    if ch.total <= 1:
+        return 0.0
+    return (P["chan_us"] + P["net_chan_us"] * net_hops) * ch.used
+
+
 def _lat(P: Mapping[str, float], proto: str, intra_hops: float, net_hops: float) -> float:
     return (P[f"base_us.{proto}"] + intra_hops * P[f"nvlink_hop_us.{proto}"]
             + net_hops * P[f"net_hop_us.{proto}"])
 
 
-def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
+def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels) -> np.ndarray:
     n, m, k = pl.ranks, pl.nodes, pl.per_node
     x = P["ring_loop_extra_steps"]
     if coll == "all_reduce":
@@ -107,7 +135,7 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
         steps, net_steps = n - 1, m - 1
         bus = S * 1.0
         reduced = S * (1.0 if coll == "reduce" else 0.0)
-    r = _ramp(P, nccl_bytes(coll, S, n), proto) / _US
+    r = _rate(P, nccl_bytes(coll, S, n), proto, ch) / _US
     e = PROTOCOL_PAYLOAD[proto]
     t = bus / (P["nvlink_gbps"] * e * r)
     if m > 1:
@@ -117,27 +145,30 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
     if coll in ("broadcast", "reduce") and proto != "LL" and steps > 1:
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
         t = t + (steps - 1) * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
-    return _lat(P, proto, steps - net_steps, net_steps) + t + reduced / P["reduce_gbps"] * _US
+    return (_lat(P, proto, steps - net_steps, net_steps) + t + reduced / P["reduce_gbps"] * _US
+            + _chan(P, proto, ch, net_steps))
 
 
-def _tree(P, S: np.ndarray, pl: Placement, proto: str, *, belief: bool) -> np.ndarray:
+def _tree(P, S: np.ndarray, pl: Placement, proto: str, ch: Channels) -> np.ndarray:
     m, k = pl.nodes, pl.per_node
     levels = math.ceil(math.log2(m))
     # LL128 / Simple trees run all channels from a few KiB per channel; their start-up is the
     # pipeline fill below, not the ring's ramp
-    r = (_ramp(P, S, proto) if proto == "LL" else 1.0 + 0.0 * S) / _US
+    r = (_rate(P, S, proto, ch) if proto == "LL" else 1.0 + 0.0 * S) / _US
     e = PROTOCOL_PAYLOAD[proto]
-    net_share = 1.0 if (m == 2 and not belief) else 2.0
+    net_share = 1.0 if m == 2 else 2.0
     eff = P["tree_net_eff"] if m <= 2 else P["tree_net_eff_many"]
-    t_nvl = 2 * S / (P["nvlink_gbps"] * e * r)
-    t_net = net_share * S / (k * P["net_gbps"] * e * eff * r)
+    t = 2 * S / (P["nvlink_gbps"] * e * r)
+    if m > 1:
+        t = _vmax(t, net_share * S / (k * P["net_gbps"] * e * eff * r))
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
-    t = _vmax(_vmax(t_nvl, t_net), 2 * S / (cap * r))
+    t = _vmax(t, 2 * S / (cap * r))
     if proto != "LL":
-        hops = 2 * (k - 1 + levels) - 1
-        link = min(P["nvlink_gbps"], k * P["net_gbps"])
+        hops = max(1, 2 * (k - 1 + levels) - 1)
+        link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
         t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
-    return _lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
+    return (_lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
+            + _chan(P, proto, ch, 2 * levels))
 
 
 def _nvls(P, S: np.ndarray, pl: Placement) -> np.ndarray:
@@ -147,7 +178,9 @@ def _nvls(P, S: np.ndarray, pl: Placement) -> np.ndarray:
 
 
 def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
-    """all-to-all, gather, scatter: NCCL runs them as grouped sends and receives."""
+    """all-to-all, gather, scatter: NCCL runs them as grouped sends and receives, one
+    operation per peer, each with its serial per-channel cost (and its proxy post across
+    nodes); the bytes share NVLink and the NICs."""
     n, k = pl.ranks, pl.per_node
     if coll == "all_to_all":      # each rank sends S/n to every other rank
         intra, inter = (k - 1) / n * S, (n - k) / n * S
@@ -160,7 +193,8 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.n
     t = intra / (P["nvlink_gbps"] * e * r)
     if pl.multi_node:
         t = _vmax(t, inter / (P["net_gbps"] * e * r))
-    return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t
+    per_peer = (n - 1) * P["chan_us"] + (n - k) * P["net_chan_us"]   # every rank has n-1 peers
+    return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t + per_peer
 
 
 def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool) -> Costs:
@@ -170,12 +204,16 @@ def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool) -> Costs:
         r = _ramp(P, S, proto) / _US
         e = PROTOCOL_PAYLOAD[proto]
         bw = P["nvlink_gbps"] if same_node else P["net_gbps"]
-        out[("p2p", proto)] = _lat(P, proto, 1 if same_node else 0, 0 if same_node else 1) + S / (bw * e * r)
+        out[("p2p", proto)] = (_lat(P, proto, 1 if same_node else 0, 0 if same_node else 1) + S / (bw * e * r)
+                               + P["chan_us"] + (0.0 if same_node else P["net_chan_us"]))
     return out
 
 
-def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement) -> Costs:
-    """Time (us) of every (algorithm, protocol) NCCL could run for ``coll`` on ``pl``."""
+def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement,
+                    channels: Mapping[tuple[str, str], Channels] | None = None) -> Costs:
+    """Time (us) of every (algorithm, protocol) NCCL could run for ``coll`` on ``pl``, each on
+    ``channels[(algorithm, protocol)]`` (default: all channels)."""
+    channels = channels or {}
     if coll == "barrier":
         coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
     if pl.ranks == 1:
@@ -186,37 +224,64 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
             out[("p2p", proto)] = _p2p_pattern(P, coll, S, pl, proto)
         return out
     for proto in PROTOCOLS:
-        out[("ring", proto)] = _ring(P, coll, S, pl, proto)
+        out[("ring", proto)] = _ring(P, coll, S, pl, proto, channels.get(("ring", proto), FULL))
     if coll == "all_reduce":
-        if pl.multi_node:
-            for proto in PROTOCOLS:
-                out[("tree", proto)] = _tree(P, S, pl, proto, belief=False)
-        elif P["nvls_gbps"] > 0 and pl.ranks > 2:
+        for proto in PROTOCOLS:
+            out[("tree", proto)] = _tree(P, S, pl, proto, channels.get(("tree", proto), FULL))
+        if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:
             out[("nvls", "Simple")] = _nvls(P, S, pl)
     return out
 
 
-def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement
-           ) -> tuple[np.ndarray, list[tuple[str, str]]]:
-    """Kernel time (us) per size and the (algorithm, protocol) NCCL is modelled to pick."""
+def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], scalar: bool
+              ) -> dict[tuple[str, str], Channels]:
+    """NCCL's channel count for every candidate and size."""
+    if pl.ranks < 2 or coll not in tuning.FUNCTIONS:
+        return {}
+    table = tuning.table_for(system, pl)
+    out = {}
+    for algo, proto in tuning.candidates(system, pl, coll):
+        used = [tuning.channels_threads(table, pl, algo, proto, tuning.nccl_function_bytes(coll, b, pl.ranks))[0]
+                for b in sizes]
+        out[(algo, proto)] = Channels(float(used[0]) if scalar else np.array(used, dtype=float), table.channels)
+    return out
+
+
+def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement, system: NcclSystem,
+           mode: str = "nccl") -> tuple[np.ndarray, list[Choice]]:
+    """Kernel time (us) per size and what runs: with ``mode="nccl"`` the (algorithm, protocol,
+    channels) NCCL's own tuner picks (:mod:`~echo_et.models.comm.tuning`), timed by this
+    performance model; with ``mode="fastest"`` the pair this model rates fastest among those
+    NCCL has enabled (what a tuned NCCL_ALGO/NCCL_PROTO would run), with NCCL's channels."""
     if coll not in COLLECTIVES or coll in ("send", "recv"):
         raise EchoError(f"unknown collective {coll!r}")
+    if mode not in CHOICE_MODES:
+        raise EchoError(f"unknown choice {mode!r} (known: {', '.join(CHOICE_MODES)})")
     S = np.asarray(S, dtype=float)
-    if S.ndim == 0:
+    scalar = S.ndim == 0
+    if scalar:
         S = S[()]  # a numpy scalar: the cost functions then run on plain floats
     if coll == "barrier":
         coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
-    perf = candidate_costs(P, coll, S, pl)
-    seen = perf
-    if ("tree", "LL") in perf:  # NCCL's view differs from the performance model for the tree only
-        seen = dict(perf)
-        for proto in PROTOCOLS:
-            seen[("tree", proto)] = _tree(P, S, pl, proto, belief=True)
-    keys = list(perf)
-    if np.ndim(S) == 0:  # one size: plain comparisons are much cheaper than stacking arrays
-        best = min(keys, key=lambda key: float(seen[key]))
-        return np.asarray(perf[best], dtype=float), [best]
-    pick = np.stack([np.broadcast_to(seen[key], S.shape) for key in keys]).argmin(axis=0)
-    times = np.stack([np.broadcast_to(perf[key], S.shape) for key in keys])
-    chosen = np.take_along_axis(times, pick[None, ...], axis=0)[0]
-    return chosen, [keys[i] for i in np.atleast_1d(pick).tolist()]
+    sizes = [int(S)] if scalar else [int(x) for x in np.ravel(S)]
+    perf = candidate_costs(P, coll, S, pl, _channels(system, pl, coll, sizes, scalar))
+    if pl.ranks == 1:
+        picks = [Choice("local", "Simple", 1, 0, -1.0)] * len(sizes)
+    elif mode == "nccl":
+        picks = [tuning.choose(system, pl, coll, b) for b in sizes]
+    else:
+        enabled = [key for key in tuning.candidates(system, pl, coll) if key in perf]
+        picks = []
+        for i, b in enumerate(sizes):
+            best = min(enabled, key=lambda key: float(np.ravel(perf[key])[i] if not scalar else perf[key]))
+            picks.append(tuning.with_pair(system, pl, coll, b, *best))
+    for c in picks:
+        if (c.algorithm, c.protocol) not in perf:
+            raise EchoError(f"{coll}: NCCL runs {c.algorithm}/{c.protocol} here, which the parameters "
+                            "cannot price (nvls_gbps is 0?)")
+    if scalar:
+        c = picks[0]
+        return np.asarray(perf[(c.algorithm, c.protocol)], dtype=float), picks
+    times = np.array([np.ravel(np.broadcast_to(perf[(c.algorithm, c.protocol)], S.shape))[i]
+                      for i, c in enumerate(picks)], dtype=float).reshape(S.shape)
+    return times, picks

@@ -17,13 +17,14 @@ from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.models.comm.params import flatten, nest
+from echo_et.models.comm.tuning import NcclSystem
 
 SCHEMA = "echo-et/comm-profile/1"
 SIGNIFICANT_DIGITS = 6
 # Parameters the model gained after profiles of this schema were first written. A profile
 # without them takes them from the preset it started from (else ``a100-ib``), so older
 # profiles keep loading; everything else must be present.
-ADDED_PARAMS = ("tree_net_eff_many",)
+ADDED_PARAMS = ("tree_net_eff_many", "chan_us", "net_chan_us")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Profile:
     base_preset: str = ""
     sources: tuple[dict[str, Any], ...] = ()
     fit: dict[str, Any] = field(default_factory=dict)
+    nccl: NcclSystem = field(default_factory=NcclSystem)   # the NCCL release and node NCCL sees
 
 
 def preset_names() -> list[str]:
@@ -73,11 +75,15 @@ def from_json(obj: Any, where: str) -> Profile:
     gpn = obj.get("gpus_per_node")
     if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
         raise EchoError(f"{where}: gpus_per_node must be an integer >= 1, got {gpn!r}")
-    missing = [n for n in ADDED_PARAMS if n not in params]
+    base = obj.get("base_preset")
+    missing = [n for n in ADDED_PARAMS if not _has(params, n)]
     if missing:
-        base = obj.get("base_preset")
         defaults = load_preset(base if base in preset_names() else "a100-ib").params
-        params = {**params, **{n: defaults[n] for n in missing}}
+        params = _with_defaults(params, {n: defaults[n] for n in missing})
+    if "nccl" in obj:
+        nccl = NcclSystem.from_json(obj["nccl"], where)
+    else:    # written before the model knew NCCL's tuner: the preset it started from (else a100-ib)
+        nccl = load_preset(base if base in preset_names() else "a100-ib").nccl
     return Profile(
         name=str(obj.get("name", "")),
         calibrated=bool(obj.get("calibrated", False)),
@@ -89,7 +95,27 @@ def from_json(obj: Any, where: str) -> Profile:
         base_preset=str(obj.get("base_preset", "")),
         sources=tuple(obj.get("sources") or ()),
         fit=dict(obj.get("fit") or {}),
+        nccl=nccl,
     )
+
+
+def _has(nested: dict, name: str) -> bool:
+    family, _, proto = name.partition(".")
+    value = nested.get(family)
+    return value is not None if not proto else isinstance(value, dict) and proto in value
+
+
+def _with_defaults(nested: dict, defaults: dict[str, float]) -> dict:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in nested.items()}
+    for name, value in defaults.items():
+        family, _, proto = name.partition(".")
+        if proto:
+            fam = out.setdefault(family, {})
+            if isinstance(fam, dict):
+                fam[proto] = value
+        else:
+            out[family] = value
+    return out
 
 
 def to_json(p: Profile) -> dict[str, Any]:
@@ -99,6 +125,7 @@ def to_json(p: Profile) -> dict[str, Any]:
         "calibrated": p.calibrated,
         "gpus_per_node": p.gpus_per_node,
         "params": _rounded(nest(p.params)),
+        "nccl": _rounded(p.nccl.to_json()),
     }
     if p.description:
         out["description"] = p.description

@@ -1,0 +1,652 @@
+"""What NCCL itself would run: algorithm, protocol, channels and threads for one collective.
+
+This emulates NCCL's own tuner, not the fastest choice: NCCL picks the (algorithm, protocol)
+its internal cost table rates fastest, ``latency + bytes / bandwidth``, built once per
+communicator from its topology search, and then trims the channel and thread count to the
+message size. Those tables are not the truth about a cluster (they are NVIDIA's fixed
+estimates), which is why NCCL's choice is sometimes slower than another option and why
+measured curves have steps (the shared 32-GPU log: 64 KiB slower than 128 KiB, where the tree
+switches from LL to LL128).
+
+Facts and constants come from NVIDIA's NCCL sources (github.com/NVIDIA/nccl), read for two
+releases and restated here, not copied:
+
+``2.7.5`` (commit 01afd20a; its ``makefiles/version.mk`` says 2.7.5)
+    ``src/graph/tuning.cc``: base latencies, per-hop latencies by link (NVLink, PCI,
+    network), the LL128 per-channel limits per collective, the A100 bus bandwidth cap (235
+    GB/s), the tree limits (80/110 GB/s, 105/130 GB/s for LL128 on A100), the tree
+    correction factors, the LL latency factor 1.8 across nodes, the ring plateau factor
+    1.9; ``src/graph/search.cc``: the speed list of the graph search and the channel
+    duplication of graphs faster than 25 GB/s per channel; connect.cc: the communicator
+    runs twice the searched channels.
+``2.20.3`` (commit b6475625; version.mk 2.20.3)
+    the same files: new base/hop latencies, per-channel limits by GPU generation and node
+    count (``llMaxBws``, ``perChMaxTreeBws``, ...), the network overhead per ring step by host
+    CPU (1 us Intel, 2 us AMD, x3 for Simple), ring inter-node steps 2 x nodes, the plateau
+    factor 1.4 from Ampere on, NVLS (Hopper NVSwitch) and separate speed lists for Hopper.
+
+Both releases: LL128 is enabled only on Volta/Ampere(/Hopper) with NVLink inside the node and
+a GPU-to-NIC path through PCIe switches only (PIX/PXB); per-thread work thresholds of 8 B
+(LL, x ranks for the ring), 8 B (LL128) and 64 B (Simple), 512 threads (LL, Simple) and 640
+(LL128): a message of ``S`` bytes runs on the most channels ``c`` with ``c x threads x
+threshold <= S``.
+
+What is modelled: ring, tree, NVLS (single Hopper node, 2.20.3), the five collectives NCCL
+tunes (broadcast, reduce, all-gather, reduce-scatter, all-reduce) and grouped send/recv
+(all-to-all, gather, scatter, send, recv: NCCL's p2p path, Simple, and LL up to 16 KiB per
+peer in 2.20.3). Not modelled: CollNet (needs SHARP switches and NCCL's CollNet plugin),
+NVLS-tree across nodes, PAT (2.23+), user overrides (NCCL_ALGO, NCCL_PROTO, NCCL_*CHANNELS),
+tuner plugins, and aggregation of several collectives in one group (each op is tuned alone).
+
+The graph search itself (which rings and trees NCCL finds in a node) is reduced to its result
+for the node layouts the presets describe: GPUs behind an NVSwitch (or a PCIe switch) with one
+NIC per GPU or per pair of GPUs. The search takes the fastest per-channel speed of the
+release's speed list that the GPU-NIC path (across nodes) or the GPU's NVLinks (inside a node)
+can carry, as many channels of it as the links allow, keeps a slower speed only when it gives
+more total bandwidth, and duplicates channels faster than 25 GB/s (halving their speed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from echo_et.errors import EchoError
+from echo_et.models.comm.topology import Placement
+
+VERSIONS = ("2.7.5", "2.17.1", "2.20.3")
+PROTOCOLS = ("LL", "LL128", "Simple")
+# NCCL's collectives in its own order (ncclFunc_t) and the IR names that map to them.
+FUNCTIONS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
+P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv")
+
+# path types NCCL orders GPU-GPU and GPU-NIC paths by (closest first)
+PATH_TYPES = ("LOC", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
+
+LL_MAX_THREADS, LL128_MAX_THREADS, SIMPLE_MAX_THREADS = 512, 640, 512
+THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+MAX_CHANNELS = 32
+P2P_LL_THRESHOLD = 16384          # 2.20.3: send/recv of at most this many bytes use LL
+NET_CHANNELS_PER_PEER = 2         # NCCL_NCHANNELS_PER_NET_PEER default
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What NCCL's topology detection sees in one node."""
+
+    compute_capability: int = 80      # 70 Volta, 80 Ampere, 90 Hopper
+    cpu_vendor: str = "AMD"           # "AMD", "Intel" or "other" (2.20.3 tunes LL and ring steps by it)
+    intra: str = "nvswitch"           # "nvswitch", "nvlink" (direct links) or "pcie"
+    intra_bw: float = 240.0           # GB/s one GPU moves to its peers (NVLinks x NCCL's per-link rate)
+    nics_per_node: int = 8
+    nic_bw: float = 25.0              # GB/s of one NIC as NCCL rates it (link Gb/s / 8)
+    gpu_nic_bw: float = 24.0          # GB/s of the GPU-NIC PCIe path (NCCL: Gen4 x16 = 24)
+    gpu_nic_path: str = "PIX"         # path type GPU -> nearest NIC
+    nvls: bool = False                # NVSwitch with NVLink SHARP (Hopper)
+
+    def check(self, where: str) -> NodeFacts:
+        if self.cpu_vendor not in ("AMD", "Intel", "other"):
+            raise EchoError(f"{where}: cpu_vendor must be AMD, Intel or other, got {self.cpu_vendor!r}")
+        if self.intra not in ("nvswitch", "nvlink", "pcie"):
+            raise EchoError(f"{where}: intra must be nvswitch, nvlink or pcie, got {self.intra!r}")
+        if self.gpu_nic_path not in PATH_TYPES[3:]:
+            raise EchoError(f"{where}: gpu_nic_path must be one of {', '.join(PATH_TYPES[3:])}")
+        for name in ("intra_bw", "nic_bw", "gpu_nic_bw"):
+            if not getattr(self, name) > 0:
+                raise EchoError(f"{where}: {name} must be > 0")
+        if self.nics_per_node < 1 or self.compute_capability < 60:
+            raise EchoError(f"{where}: nics_per_node must be >= 1 and compute_capability >= 60")
+        return self
+
+
+@dataclass(frozen=True)
+class NcclSystem:
+    """A release of NCCL on a kind of node: everything NCCL's choice depends on besides the
+    group and the message."""
+
+    version: str = "2.7.5"
+    node: NodeFacts = field(default_factory=NodeFacts)
+
+    def __post_init__(self):
+        if self.version not in VERSIONS:
+            raise EchoError(f"unknown NCCL version {self.version!r} (modelled: {', '.join(VERSIONS)})")
+
+    def to_json(self) -> dict:
+        n = self.node
+        return {"version": self.version, "node": {
+            "compute_capability": n.compute_capability, "cpu_vendor": n.cpu_vendor, "intra": n.intra,
+            "intra_bw": n.intra_bw, "nics_per_node": n.nics_per_node, "nic_bw": n.nic_bw,
+            "gpu_nic_bw": n.gpu_nic_bw, "gpu_nic_path": n.gpu_nic_path, "nvls": n.nvls}}
+
+    @classmethod
+    def from_json(cls, obj: object, where: str) -> NcclSystem:
+        if not isinstance(obj, dict):
+            raise EchoError(f"{where}: 'nccl' must be an object")
+        node = obj.get("node", {})
+        if not isinstance(node, dict):
+            raise EchoError(f"{where}: 'nccl.node' must be an object")
+        known = set(NodeFacts.__dataclass_fields__)
+        unknown = sorted(set(node) - known)
+        if unknown:
+            raise EchoError(f"{where}: unknown NCCL node fact(s) {', '.join(unknown)}")
+        try:
+            facts = NodeFacts(**node).check(where)
+        except TypeError as e:
+            raise EchoError(f"{where}: bad NCCL node facts ({e})") from None
+        return cls(version=str(obj.get("version", "")), node=facts)
+
+    def with_version(self, version: str) -> NcclSystem:
+        return NcclSystem(version=version, node=self.node)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The result of NCCL's search for one algorithm: channels and per-channel GB/s."""
+
+    channels: int
+    bw_intra: float
+    bw_inter: float
+    type_intra: str
+    type_inter: str
+    same_channels: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    algorithm: str        # "ring", "tree", "nvls", "p2p"
+    protocol: str         # "LL", "LL128", "Simple"
+    channels: int         # channels (thread blocks) the kernel runs on for this message
+    threads: int          # threads per channel
+    nccl_time_us: float   # NCCL's own estimate of the time (its cost table, not ours)
+
+
+# -- the releases' constants ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Release:
+    """One release's tuning constants and rules (facts read from its sources)."""
+
+    base_lat: dict[tuple[str, str], float]
+    hw_lat: dict[tuple[str, str, str], float]          # (hw, algo, proto)
+    tree_correction: dict[str, tuple[float, ...]]      # per protocol, powers of two from 64 B
+    speeds_intra: tuple[float, ...]
+    speeds_inter: tuple[float, ...]
+    speeds_intra_sm90: tuple[float, ...] = ()
+    speeds_inter_sm90: tuple[float, ...] = ()
+    ll_intra_factor: float = 1.0        # LL intra-node hop latency factor across nodes
+    ring_inter_steps_all_nodes: bool = True   # all-reduce ring network steps 2m (else 2(m-1))
+    net_overhead: bool = False          # ring steps cost at least the proxy's post (by CPU)
+    caps: str = "gen"                   # "2.7": per-collective LL128 limits; "gen": per GPU generation
+    bus_cap: bool = True                # A100 (235) / H100 (370) bus bandwidth cap
+    dup: str = "end"                    # when channels > 25 GB/s are duplicated: "end", "pass1"
+    ring_pass2: bool = False            # pass 2 also speeds up rings
+    total_stop: bool = True             # the search stops once it uses all of a GPU's bandwidth
+    nvls_lat: float = 0.0               # NVLS latency (us); 0: no NVLS
+
+
+def _lat_table(values: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]]):
+    out = {}
+    for hw, (tree, ring) in values.items():
+        for proto, t, r in zip(PROTOCOLS, tree, ring, strict=True):
+            out[(hw, "tree", proto)] = t
+            out[(hw, "ring", proto)] = r
+    return out
+
+
+_TREE_CORRECTION_22 = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9)}
+_TREE_CORRECTION_23 = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9)}
+_OLD_BASE_LAT = {("tree", "LL"): 4.4, ("tree", "LL128"): 4.4, ("tree", "Simple"): 0.0,
+                 ("ring", "LL"): 3.6, ("ring", "LL128"): 10.0, ("ring", "Simple"): 8.4}
+
+RELEASES: dict[str, _Release] = {
+    "2.7.5": _Release(
+        base_lat=_OLD_BASE_LAT,
+        hw_lat=_lat_table({"nvlink": ((0.52, 1.2, 28.0), (0.47, 1.9, 3.4)),
+                           "pci": ((1.0, 1.9, 28.0), (1.0, 2.5, 5.7)),
+                           "net": ((5.0, 8.5, 50.0), (2.7, 4.0, 9.6))}),
+        tree_correction=_TREE_CORRECTION_22,
+        speeds_intra=(42.0, 24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2,
+                      0.24, 0.12),
+        speeds_inter=(42.0, 24.0, 21.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2,
+                      0.24, 0.12),
+        ll_intra_factor=1.8, ring_inter_steps_all_nodes=False, caps="2.7", total_stop=False,
+    ),
+    "2.17.1": _Release(
+        base_lat=_OLD_BASE_LAT,
+        hw_lat=_lat_table({"nvlink": ((0.52, 1.25, 28.0), (0.47, 1.9, 3.4)),
+                           "pci": ((1.0, 1.9, 28.0), (1.0, 2.5, 5.7)),
+                           "net": ((5.0, 8.5, 28.0), (2.7, 4.0, 9.6))}),
+        tree_correction=_TREE_CORRECTION_23,
+        speeds_intra=(44.0, 30.0, 22.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+        speeds_inter=(48.0, 30.0, 28.0, 24.0, 22.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0,
+                      2.4, 1.2, 0.24, 0.12),
+        speeds_intra_sm90=(66.0, 33.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0),
+        speeds_inter_sm90=(48.0, 45.0, 30.0, 24.0, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
+        ll_intra_factor=1.8, nvls_lat=40.0,
+    ),
+    "2.20.3": _Release(
+        base_lat={("tree", "LL"): 6.8, ("tree", "LL128"): 14.0, ("tree", "Simple"): 0.0,
+                  ("ring", "LL"): 6.6, ("ring", "LL128"): 14.0, ("ring", "Simple"): 8.4},
+        hw_lat=_lat_table({"nvlink": ((0.6, 1.25, 28.0), (0.6, 1.9, 3.4)),
+                           "pci": ((1.0, 1.9, 28.0), (1.0, 2.5, 5.7)),
+                           "net": ((5.0, 8.5, 28.0), (2.7, 4.0, 14.0))}),
+        tree_correction=_TREE_CORRECTION_23,
+        speeds_intra=(40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+        speeds_inter=(48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0,
+                      2.4, 1.2, 0.24, 0.12),
+        speeds_intra_sm90=(60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0),
+        speeds_inter_sm90=(48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4,
+                           1.2, 0.24, 0.12),
+        net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True, nvls_lat=23.0,
+    ),
+}
+
+# LL128 per-channel limits per collective (2.7.5), in FUNCTIONS order
+_LL128_MAX_BW_PER_CH_275 = dict(zip(FUNCTIONS, (18.8, 12.0, 18.3, 15.2, 16.7), strict=True))
+# 2.17.1 / 2.20.3 per-channel limits: [generation: Volta, Ampere, Hopper][nodes: 1, 2, 4+];
+# LL: by GPU on one node, by host CPU across nodes (row 0 Intel, row 1 AMD)
+_GEN = {70: 0, 80: 1, 90: 2}
+_LL_MAX_BWS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (87.7, 22.5, 19.0))
+_LL128_MAX_BW_PER_CH_2171 = (20.0, 20.0, 36.7)
+_PER_CH_MAX_RING_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
+_PER_CH_MAX_TREE_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
+_PER_CH_MAX_TREE = {"2.17.1": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 33.0)),
+                    "2.20.3": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))}
+
+
+# -- the graph search, reduced to its result ------------------------------------------------------------
+def _first_at_most(speeds: tuple[float, ...], limit: float) -> int:
+    i = 0
+    while i < len(speeds) - 1 and speeds[i] > limit + 1e-9:
+        i += 1
+    return i
+
+
+def _search(speeds: tuple[float, ...], limit: float, fit, max_channels: int, total: float | None
+            ) -> tuple[int, float]:
+    """Pass 1 of NCCL's search: from the fastest speed the path can carry, try slower speeds
+    (while they are more than .49 of the best so far) and keep strictly more total bandwidth;
+    stop once a GPU's whole bandwidth is used (``total``, releases that check it)."""
+    i = _first_at_most(speeds, limit)
+    best_n, best_s = 0, 0.0
+    while True:
+        s = speeds[i]
+        n = min(max_channels, fit(s))
+        if n >= 1 and n * s > best_n * best_s + 1e-9:
+            best_n, best_s = n, s
+            if total is not None and n * s >= total - 1e-9:
+                break
+        if i + 1 >= len(speeds) or (best_n and speeds[i + 1] / best_s <= 0.49):
+            break
+        i += 1
+    if best_n == 0:       # NCCL falls back to one channel of 0.1 GB/s ("simple order")
+        return 1, 0.1
+    return best_n, best_s
+
+
+def _dup(version: str, cc: int, n: int, bw_intra: float, max_channels: int) -> int:
+    """Channels after NCCL duplicates a fast graph (its speeds are divided by the factor)."""
+    if version == "2.7.5":
+        dup = bw_intra >= 25.0
+    elif version == "2.17.1":
+        dup = (cc <= 80 and bw_intra >= 25.0) or (cc <= 90 and bw_intra >= 50.0)
+    else:
+        dup = bw_intra >= 25.0 and not (cc > 80 and bw_intra < 50.0 and n > 4)
+    return min(2 * n, max_channels) if dup else n
+
+
+def search_graphs(system: NcclSystem, pl: Placement) -> dict[str, Graph]:
+    """The ring and tree graphs NCCL's search would find for this group (per node: ``k``
+    GPUs of the group, all of the node's NICs)."""
+    node, version = system.node, system.version
+    rel = RELEASES[version]
+    k, m = pl.per_node, pl.nodes
+    cc = node.compute_capability
+    sm90 = bool(rel.speeds_intra_sm90) and cc >= 90
+    type_intra = "NVL" if node.intra in ("nvswitch", "nvlink") else "PHB"
+    type_inter = node.gpu_nic_path
+    eps = 1e-6
+
+    if m == 1:
+        speeds = rel.speeds_intra_sm90 if sm90 else rel.speeds_intra
+        per_gpu = node.intra_bw
+
+        def fit(s: float) -> int:
+            return int(per_gpu / s + eps) if k > 1 else MAX_CHANNELS
+
+        limit = per_gpu if k > 1 else 5000.0
+    else:
+        speeds = rel.speeds_inter_sm90 if sm90 else rel.speeds_inter
+        nic_path = min(node.nic_bw, node.gpu_nic_bw)
+        nics = min(node.nics_per_node, k)
+
+        def fit(s: float) -> int:
+            per_nic = int(nic_path / s + eps)
+            return min(nics * per_nic, int(node.intra_bw / s + eps) if k > 1 else MAX_CHANNELS)
+
+        limit = nic_path
+    total = node.intra_bw if rel.total_stop and m == 1 and k > 1 else None
+
+    def graph(max_channels: int, tree: bool) -> tuple[int, float, float]:
+        tot = None if total is None else (total * k / (k - 1) if tree and version == "2.20.3" else total)
+        n, s = _search(speeds, limit, fit, max_channels, tot)
+        s_intra = s_inter = s
+        if rel.dup == "pass1":
+            d = _dup(version, cc, n, s, max_channels)
+            if d > n:
+                s_intra = s_inter = s / math.ceil(d / n)
+                n = d
+        # pass 2: faster rings (2.20.3) / a faster intra-node part for trees
+        i = _first_at_most(speeds, s_inter)
+        if tree:
+            while i > 0 and s_intra < 2 * s_inter and speeds[i - 1] * n <= node.intra_bw + eps and m > 1:
+                i -= 1
+                s_intra = speeds[i]
+        elif rel.ring_pass2:
+            while i > 0 and fit(speeds[i - 1]) >= n and speeds[i - 1] <= limit + eps:
+                i -= 1
+                s_intra = s_inter = speeds[i]
+        if rel.dup == "end":
+            d = _dup(version, cc, n, s_intra, max_channels)
+            if d > n:
+                f = math.ceil(d / n)
+                s_intra, s_inter, n = s_intra / f, s_inter / f, d
+        return n, s_intra, s_inter
+
+    ring_n, ring_intra, ring_inter = graph(MAX_CHANNELS // 2, tree=False)
+    tree_n, tree_intra, tree_inter = graph(ring_n, tree=True)
+    same = m == 1
+    return {
+        "ring": Graph(ring_n, ring_intra, ring_inter, type_intra, type_inter, same),
+        "tree": Graph(tree_n, tree_intra, tree_inter, type_intra, type_inter, same),
+    }
+
+
+# -- the cost table ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Table:
+    """NCCL's per-communicator tuning: algorithm bandwidth (GB/s) and latency (us) per
+    (collective, algorithm, protocol); 0 bandwidth = not available."""
+
+    bandwidth: dict[tuple[str, str, str], float]
+    latency: dict[tuple[str, str, str], float]
+    channels: int                                   # the communicator's channels
+    max_threads: dict[tuple[str, str], int]
+    graphs: dict[str, Graph]
+
+
+def _ll128_enabled(system: NcclSystem, g: Graph) -> bool:
+    cc = system.node.compute_capability
+    order = PATH_TYPES.index
+    if system.version == "2.7.5":
+        return order(g.type_inter) <= order("PXB") and order(g.type_intra) <= order("NVL") and cc in (70, 80)
+    inter_ok = order(g.type_inter) <= order("PXB") or (cc >= 90 and order(g.type_inter) <= order("PXN"))
+    intra_ok = order(g.type_intra) <= order("NVL" if system.version == "2.17.1" else "NVB")
+    return inter_ok and intra_ok and cc in (70, 80, 90)
+
+
+def _net_overhead(system: NcclSystem) -> float:
+    return 2.0 if system.node.cpu_vendor == "AMD" else 1.0
+
+
+def _bus_bw(system: NcclSystem, g: Graph, coll: str, algo: str, proto: str, m: int, ppn: float) -> float:
+    """NCCL's bus bandwidth (GB/s) of one (collective, algorithm, protocol) on a graph."""
+    version, node = system.version, system.node
+    rel = RELEASES[version]
+    cc = node.compute_capability
+    gen = _GEN[min(max(cc // 10 * 10, 70), 90)]
+    nidx = 0 if m == 1 else 1 if m == 2 else 2
+    bus = g.channels * (g.bw_intra if m <= 2 else g.bw_inter)
+    if rel.bus_cap:
+        if cc == 80 or (version != "2.7.5" and gen == 1):
+            bus = min(bus, 235.0)
+        elif version != "2.7.5" and gen == 2:
+            bus = min(bus, 370.0)
+    ll_ratio = 0.25 if (m > 1 or coll in ("all_reduce", "reduce")) else 1.0 / 3.0
+    if rel.caps == "2.7":
+        per_coll = _LL128_MAX_BW_PER_CH_275[coll]
+        if algo == "ring" and proto == "LL":
+            bus *= ll_ratio
+        if algo == "ring" and proto == "LL128":
+            bus = min(bus * (0.7 if ppn < 2 else 0.92), per_coll * g.channels)
+        if algo == "tree":
+            cc80 = cc == 80
+            max_tree = ((105.0 if cc80 and proto == "LL128" else 80.0) if m > 2 else
+                        (130.0 if cc80 and proto == "LL128" else 110.0))
+            bus = min(bus * 0.9, max_tree)
+            if proto == "LL":
+                bus /= 3.8
+            if proto == "LL128":
+                bus = min(bus * (7.0 / 9.0 if m == 1 else 0.915), per_coll * g.channels * 7.0 / 9.0)
+        return bus
+    cpu_row = 1 if node.cpu_vendor == "AMD" else 0
+    ll_max = _LL_MAX_BWS[gen if m == 1 else cpu_row][nidx]
+    ring_ll128 = (_LL128_MAX_BW_PER_CH_2171[gen] if version == "2.17.1" else _PER_CH_MAX_RING_LL128[gen][nidx])
+    tree_ll128 = (_LL128_MAX_BW_PER_CH_2171[gen] if version == "2.17.1" else _PER_CH_MAX_TREE_LL128[gen][nidx])
+    if algo == "ring" and proto == "LL":
+        bus = min(ll_max, bus * ll_ratio)
+    if algo == "ring" and proto == "LL128":
+        bus = min(bus * (0.7 if ppn < 2 else 0.92), g.channels * ring_ll128)
+    if algo == "tree":
+        bus = min(bus * 0.92, g.channels * _PER_CH_MAX_TREE[version][gen][nidx])
+        if proto == "LL":
+            bus = min(bus / 3.8, ll_max)
+        if proto == "LL128":
+            bus = min(bus * (7.0 / 9.0 if m == 1 else 120.0 / 128.0), g.channels * tree_ll128)
+    return bus
+
+
+def tune(system: NcclSystem, pl: Placement) -> Table:
+    """NCCL's cost table for a communicator on ``pl`` (``ncclTopoTuneModel``)."""
+    if pl.ranks < 2:
+        raise EchoError("NCCL tunes groups of two or more ranks")
+    graphs = search_graphs(system, pl)
+    rel = RELEASES[system.version]
+    node = system.node
+    n, m = pl.ranks, pl.nodes
+    ppn = n / m
+    bw: dict[tuple[str, str, str], float] = {}
+    lat: dict[tuple[str, str, str], float] = {}
+
+    for coll in FUNCTIONS:
+        nsteps = 2 * (n - 1) if coll == "all_reduce" else n - 1 if coll in ("all_gather", "reduce_scatter") else n
+        if coll == "all_reduce":
+            inter_steps = (2 * m if m > 1 else 0) if rel.ring_inter_steps_all_nodes else 2 * (m - 1)
+        else:
+            inter_steps = m - 1 if coll in ("all_gather", "reduce_scatter") else m
+        for algo in ("tree", "ring"):
+            if algo == "tree" and coll != "all_reduce":
+                continue
+            g = graphs[algo]
+            intra_hw = "nvlink" if g.type_intra == "NVL" else "pci"
+            hw = intra_hw if m == 1 else "net"
+            for proto in PROTOCOLS:
+                ratio = n / nsteps if algo == "ring" else 0.5
+                bw[(coll, algo, proto)] = _bus_bw(system, g, coll, algo, proto, m, ppn) * ratio
+
+                t = rel.base_lat[(algo, proto)]
+                intra_lat = rel.hw_lat[(intra_hw, algo, proto)]
+                inter_lat = rel.hw_lat[("net", algo, proto)]
+                if m > 1 and proto == "LL":
+                    intra_lat *= rel.ll_intra_factor
+                if algo == "ring":
+                    if coll in ("reduce", "broadcast"):
+                        step = rel.hw_lat[(hw, algo, proto)]
+                        if g.same_channels:
+                            t += step
+                        else:
+                            if proto == "Simple":
+                                step = rel.hw_lat[(hw, "tree", proto)]
+                            t += nsteps * step
+                    else:
+                        if rel.net_overhead and m > 1:
+                            overhead = _net_overhead(system) * (3.0 if proto == "Simple" else 1.0)
+                            intra_lat = max(intra_lat, overhead)
+                        t += (nsteps - inter_steps) * intra_lat + inter_steps * inter_lat
+                else:
+                    t += 2 * ((n // m - 1) * intra_lat + int(math.log2(m)) * inter_lat)
+                lat[(coll, algo, proto)] = t
+        # NVLS: all-reduce inside one Hopper NVSwitch node with NVLink SHARP (2.17.1, 2.20.3)
+        if (rel.nvls_lat and coll == "all_reduce" and m == 1 and node.nvls and node.compute_capability >= 90
+                and node.intra == "nvswitch" and n > 2):
+            if system.version == "2.17.1":     # NVLS is rated at the ring graph's NVSwitch speed
+                ring = graphs["ring"]
+                bw[(coll, "nvls", "Simple")] = min(ring.channels * ring.bw_intra, 370.0) * 0.75
+            else:                                # assumed NVLS graph: one channel per GPU
+                speeds = rel.speeds_intra_sm90
+                s = speeds[_first_at_most(speeds, node.intra_bw / n)]
+                bw[(coll, "nvls", "Simple")] = n * s * 5.0 / 6.0
+            lat[(coll, "nvls", "Simple")] = rel.nvls_lat
+
+    for key in list(bw):
+        coll, algo, proto = key
+        if proto == "LL128" and algo in graphs and not _ll128_enabled(system, graphs[algo]):
+            bw[key] = 0.0
+
+    ring = graphs["ring"]
+    simple_threads = 256 if ring.bw_intra * ring.channels <= 12.0 else SIMPLE_MAX_THREADS
+    max_threads = {("ring", "LL"): LL_MAX_THREADS, ("tree", "LL"): LL_MAX_THREADS,
+                   ("ring", "LL128"): LL128_MAX_THREADS, ("tree", "LL128"): LL128_MAX_THREADS,
+                   ("ring", "Simple"): simple_threads, ("tree", "Simple"): SIMPLE_MAX_THREADS,
+                   ("nvls", "Simple"): SIMPLE_MAX_THREADS}
+    channels = min(MAX_CHANNELS, 2 * min(graphs["ring"].channels, graphs["tree"].channels))
+    return Table(bw, lat, channels, max_threads, graphs)
+
+
+@lru_cache(maxsize=4096)
+def table_for(system: NcclSystem, pl: Placement) -> Table:
+    return tune(system, pl)
+
+
+def _log2i(x: int) -> int:
+    return x.bit_length() - 1 if x > 0 else 0
+
+
+def nccl_time(system: NcclSystem, table: Table, pl: Placement, coll: str, algo: str, proto: str,
+              nbytes: int) -> float:
+    """NCCL's estimate (``ncclTopoGetAlgoTime``); -1 when the pair is not available."""
+    bw = table.bandwidth.get((coll, algo, proto), 0.0)
+    if bw <= 0:
+        return -1.0
+    lat = table.latency[(coll, algo, proto)]
+    rel = RELEASES[system.version]
+    log_size = _log2i(nbytes >> 6)
+    corr = rel.tree_correction[proto]
+    if algo == "tree" and log_size < len(corr):
+        bw *= corr[log_size]
+    if algo == "ring" and proto == "Simple" and pl.nodes > 1 and coll == "all_reduce":
+        cc = system.node.compute_capability
+        if system.version == "2.7.5":
+            if nbytes >= pl.ranks / 16.0 * 65536:
+                lat *= 1.9
+        elif system.version == "2.17.1":
+            if nbytes >= pl.ranks / 16.0 * 65536:
+                lat *= 1.9 if cc < 90 else 1.5
+        elif nbytes / (table.channels * pl.ranks) >= 64:
+            lat *= 1.9 if cc < 80 else 1.4
+    return lat + nbytes / (1000.0 * bw)
+
+
+def channels_threads(table: Table, pl: Placement, algo: str, proto: str, nbytes: int) -> tuple[int, int]:
+    """NCCL's channel and thread count for one message: fewer channels (then fewer threads)
+    until every thread has its minimum share of the bytes."""
+    nc = table.channels
+    nt = table.max_threads[(algo, proto)]
+    if algo == "nvls":
+        return nc, SIMPLE_MAX_THREADS
+    threshold = THREAD_THRESHOLD[proto] * (pl.ranks if (algo == "ring" and proto == "LL") else 1)
+    while nbytes < nc * nt * threshold:
+        if nc >= 2:
+            nc -= 1
+        elif nt % 128 == 0:
+            nt //= 2
+        else:
+            break
+    if proto == "Simple":
+        nt += 32 + (96 if algo == "tree" else 0)
+    return nc, max(nt, 96)
+
+
+def nccl_function_bytes(coll: str, ir_bytes: int, ranks: int) -> int:
+    """The byte count NCCL tunes by: the whole output for all-gather (IR bytes are the
+    shard), the buffer otherwise."""
+    return ir_bytes * ranks if coll == "all_gather" else ir_bytes
+
+
+def candidates(system: NcclSystem, pl: Placement, coll: str) -> list[tuple[str, str]]:
+    """The (algorithm, protocol) pairs NCCL has enabled for ``coll`` on this group."""
+    if coll in P2P_COLLECTIVES:
+        return [("p2p", "LL"), ("p2p", "Simple")] if system.version != "2.7.5" else [("p2p", "Simple")]
+    table = table_for(system, pl)
+    return [(a, p) for (c, a, p), bw in table.bandwidth.items() if c == coll and bw > 0]
+
+
+def choose(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> Choice:
+    """What NCCL runs for ``coll`` of ``ir_bytes`` (IR convention) on the group ``pl``."""
+    return _choose(system, pl, coll, int(ir_bytes))
+
+
+@lru_cache(maxsize=65536)
+def _choose(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> Choice:
+    if pl.ranks < 2:
+        raise EchoError("NCCL's choice needs two or more ranks")
+    if coll in P2P_COLLECTIVES:
+        return _p2p_choice(system, pl, coll, ir_bytes)
+    if coll not in FUNCTIONS:
+        raise EchoError(f"NCCL does not tune {coll!r}")
+    table = table_for(system, pl)
+    nbytes = nccl_function_bytes(coll, ir_bytes, pl.ranks)
+    best: tuple[float, str, str] | None = None
+    for algo in ("tree", "ring", "nvls"):         # NCCL's loop order: the first of equal times wins
+        for proto in PROTOCOLS:
+            t = nccl_time(system, table, pl, coll, algo, proto, nbytes)
+            if t >= 0 and (best is None or t < best[0]):
+                best = (t, algo, proto)
+    if best is None:
+        raise EchoError(f"no algorithm/protocol available for {coll}")
+    t, algo, proto = best
+    nc, nt = channels_threads(table, pl, algo, proto, nbytes)
+    return Choice(algo, proto, nc, nt, t)
+
+
+def with_pair(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int, algo: str, proto: str) -> Choice:
+    """The channels and threads NCCL would give ``(algo, proto)`` if it ran that pair (what a
+    tuned NCCL_ALGO/NCCL_PROTO setting gets)."""
+    if coll in P2P_COLLECTIVES:
+        c = _p2p_choice(system, pl, coll, ir_bytes)
+        return Choice("p2p", proto, c.channels, c.threads, c.nccl_time_us)
+    table = table_for(system, pl)
+    nbytes = nccl_function_bytes(coll, ir_bytes, pl.ranks)
+    nc, nt = channels_threads(table, pl, algo, proto, nbytes)
+    return Choice(algo, proto, nc, nt, nccl_time(system, table, pl, coll, algo, proto, nbytes))
+
+
+def p2p_channels(system: NcclSystem, pl: Placement) -> tuple[int, int]:
+    """(channels for all send/recv, channels per peer): a power of two of the communicator's
+    channels, two per peer across nodes (NCCL_NCHANNELS_PER_NET_PEER)."""
+    comm = table_for(system, pl).channels if pl.ranks > 1 else 1
+    total = 1 << (max(1, comm) - 1).bit_length()
+    per_peer = min(total, NET_CHANNELS_PER_PEER) if pl.nodes > 1 else total
+    return total, 1 << (max(1, per_peer) - 1).bit_length()
+
+
+def _p2p_choice(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> Choice:
+    n = pl.ranks
+    per_peer_bytes = {"all_to_all": ir_bytes // max(1, n), "gather": ir_bytes,
+                      "scatter": ir_bytes // max(1, n)}.get(coll, ir_bytes)
+    proto = "Simple"
+    if system.version != "2.7.5" and per_peer_bytes <= P2P_LL_THRESHOLD:
+        proto = "LL"
+    total, per_peer = p2p_channels(system, pl)
+    peers = 1 if coll in ("send", "recv") else max(1, n - 1)
+    nmin = per_peer
+    while nmin * n > total and nmin > 1:      # one channel per operation when many peers
+        nmin //= 2
+    channels = per_peer if peers == 1 else nmin
+    return Choice("p2p", proto, channels, SIMPLE_MAX_THREADS, -1.0)
