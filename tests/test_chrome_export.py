@@ -1,8 +1,10 @@
-"""Chrome/Perfetto timeline export: layout, ns precision, labels, determinism, CLI."""
+"""Timeline export in Kineto's trace schema: layout, ns precision, collective metadata,
+correlation, determinism, both forms (a folder of rank files, one file), CLI."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -12,75 +14,124 @@ from typer.testing import CliRunner
 from conftest import shared_path, unpack
 from echo_et.cli.main import app
 from echo_et.converters import ReadOptions, read
-from echo_et.converters.chrome import TimelineEvent, job_timeline, write, write_timeline
+from echo_et.converters.chrome import (
+    HOST_PID_BASE,
+    TimelineEvent,
+    chrome_trace,
+    job_timeline,
+    kineto_traces,
+    write,
+    write_timeline,
+)
 from echo_et.errors import EchoError
 from echo_et.ir import save_job
 from echo_et.ir.schema import pb
 
+NCCL_KERNEL = re.compile(r"^nccl.*Kernel")   # what HTA (and our reader) call communication
+
 
 def _build(gb, r, s):
     op = gb.cpu_op("aten::mm", s["cpu"], start_ns=1_000_000 + 1_234, duration_ns=10_001)
+    launch = gb.cpu_op("cudaLaunchKernel", s["cpu"], kind=pb.KIND_LAUNCH, start_ns=1_000_000 + 2_000,
+                       duration_ns=3_000, deps=[(op.id, pb.DEP_CONTROL)])
     k = gb.compute("gemm", s["compute"], start_ns=1_000_000 + 5_678, duration_ns=12_345,
-                   deps=[(op.id, pb.DEP_LAUNCH)])
+                   deps=[(launch.id, pb.DEP_LAUNCH)])
     gb.collective("nccl:all_reduce", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world",
-                  in_bytes=3 << 20, start_ns=1_000_000 + 20_000 + r, duration_ns=99_999,
+                  in_bytes=3 << 20, dtype="bf16", start_ns=1_000_000 + 20_000 + r, duration_ns=99_999,
                   deps=[k.id])
     gb.p2p(r == 0, "nccl:send" if r == 0 else "nccl:recv", s["comm"], group="world",
            peer=1 - r, nbytes=512, start_ns=1_200_000, duration_ns=1)
 
 
-def _boxes(trace):
-    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
+def _boxes(trace, *, steps: bool = False):
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"
+            and (steps or not e["name"].startswith("ProfilerStep#"))]
 
 
-def test_layout_precision_and_labels(tmp_path):
+def test_per_rank_trace_is_kineto_schema():
     job = uniform_job(2, _build)
     job.manifest.bindings[1].clock_offset_ns = 7   # rank 1's clock is 7 ns behind the job clock
-    res = write(job, tmp_path / "t.json")
-    trace = json.loads((tmp_path / "t.json").read_text())
-    assert trace["displayTimeUnit"] == "ns"
-    assert trace["otherData"]["time_origin_ns"] == 1_001_234
-    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
-    assert {(e["pid"], e["args"]["name"]) for e in meta if e["name"] == "process_name"} == \
-        {(0, "rank 0"), (1, "rank 1")}
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
-    # Host thread first, then compute, then communication; one track per stream used.
-    assert [threads[(0, t)] for t in range(3)] == ["thread 1", "stream 7", "stream 20"]
-    boxes = _boxes(trace)
-    assert res == {"output": str(tmp_path / "t.json"), "events": 8, "ranks": 2, "tracks": 6}
-    gemm = next(b for b in boxes if b["name"] == "gemm" and b["pid"] == 0)
-    assert gemm["ts"] == 4.444 and gemm["dur"] == 12.345         # µs, ns kept
-    ar = next(b for b in boxes if b["pid"] == 1 and b["args"].get("type") == "all_reduce")
-    assert ar["name"] == "all_reduce 3.0 MiB"
-    assert ar["ts"] == 18.774                                     # 20_001 + 7 - 1_234 ns
-    assert ar["args"]["bytes"] == 3 << 20 and ar["args"]["group_size"] == 2
-    assert ar["args"]["op"] == "nccl:all_reduce"
-    send = next(b for b in boxes if b["pid"] == 0 and b["name"].startswith("send"))
-    assert send["name"] == "send to 1 512 B" and send["dur"] == 0.001
-    assert all(b["tid"] in {t for (p, t) in threads if p == b["pid"]} for b in boxes)
+    traces = kineto_traces(job_timeline(job), job)
+    assert sorted(traces) == [0, 1]
+    t0, t1 = traces[0], traces[1]
+    assert t0["schemaVersion"] == 1 and t0["displayTimeUnit"] == "ms"
+    assert t0["baseTimeNanoseconds"] == 1_001_234            # the job-clock instant of ts 0
+    info = t1["distributedInfo"]
+    assert (info["rank"], info["world_size"], info["backend"]) == (1, 2, "nccl")
+    assert info["pg_config"] == [{"pg_name": "world0", "pg_desc": "world0", "backend_config": "cuda:nccl",
+                                  "pg_size": 2, "ranks": [0, 1]}]
+    boxes = _boxes(t1)
+    cats = Counter(b["cat"] for b in boxes)
+    assert cats == {"cpu_op": 1, "cuda_runtime": 1, "kernel": 3}
+    gemm = next(b for b in boxes if b["name"] == "gemm")
+    assert gemm["ts"] == 4.451 and gemm["dur"] == 12.345       # µs with ns kept: 5_678 + 7 - 1_234
+    assert gemm["pid"] == 0 and gemm["tid"] == gemm["args"]["stream"] > 0 and gemm["args"]["device"] == 0
+    launch = next(b for b in boxes if b["cat"] == "cuda_runtime")
+    assert launch["pid"] == HOST_PID_BASE + 1 and launch["args"]["correlation"] == gemm["args"]["correlation"] > 0
+    flows = [e for e in t1["traceEvents"] if e["ph"] in ("s", "f")]
+    assert {(e["ph"], e["id"]) for e in flows} == {("s", launch["args"]["correlation"]),
+                                                   ("f", launch["args"]["correlation"])}
+    ar = next(b for b in boxes if b["args"].get("Collective name") == "allreduce")
+    assert NCCL_KERNEL.match(ar["name"]) and ar["args"]["op"] == "nccl:all_reduce"
+    assert ar["args"]["In msg nelems"] == (3 << 20) // 2 and ar["args"]["dtype"] == "BFloat16"
+    assert ar["args"]["Group size"] == 2 and ar["args"]["Process Group Name"] == "world0"
+    assert ar["args"]["Process Group Ranks"] == "[0, 1]"
+    recv = next(b for b in boxes if b["args"].get("Collective name") == "recv")
+    assert recv["args"]["Src Rank"] == 0 and recv["args"]["In msg nelems"] == 512 and recv["dur"] == 0.001
+    step = next(b for b in _boxes(t1, steps=True) if b["name"].startswith("ProfilerStep#"))
+    assert step["cat"] == "user_annotation" and step["pid"] == HOST_PID_BASE + 1
+    ends = [b["ts"] + b["dur"] for b in boxes]
+    assert step["ts"] == min(b["ts"] for b in boxes) and step["ts"] + step["dur"] == pytest.approx(max(ends))
+    names = {(e["pid"], e["args"]["labels"]) for e in t0["traceEvents"] if e["name"] == "process_labels"}
+    assert names == {(HOST_PID_BASE, "CPU"), (0, "GPU 0")}
 
 
-def test_rerun_is_byte_identical(tmp_path):
+def test_one_file_keeps_ranks_apart():
     job = uniform_job(2, _build)
-    write(job, tmp_path / "a.json")
-    write(job, tmp_path / "b.json")
-    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    trace = chrome_trace(job_timeline(job), job)
+    boxes = _boxes(trace)
+    hosts = {b["pid"] for b in boxes if b["cat"] in ("cpu_op", "cuda_runtime")}
+    gpus = {b["pid"] for b in boxes if b["cat"] == "kernel"}
+    assert hosts == {HOST_PID_BASE, HOST_PID_BASE + 1} and len(gpus) == 2 and not hosts & gpus
+    assert trace["distributedInfo"]["ranks"] == [0, 1]
 
 
-def test_write_timeline_takes_any_events(tmp_path):
-    """The simulator writes its simulated timeline with the same function."""
-    events = [TimelineEvent(3, "compute", "k", 500, 1500, "compute", 1, {"x": 1}),
-              TimelineEvent(3, "comm", "all_reduce 1 KiB", 1000, 250, "communication", 2),
-              TimelineEvent(0, "compute", "k", 0, 10, "compute", 1)]
+def test_both_forms_are_byte_identical_on_rerun(tmp_path):
+    job = uniform_job(2, _build)
+    for dest in ("a.json", "a.json.gz", "folder"):
+        write(job, tmp_path / dest)
+        first = {p.name: p.read_bytes() for p in sorted((tmp_path / dest).glob("*"))} \
+            if (tmp_path / dest).is_dir() else (tmp_path / dest).read_bytes()
+        write(job, tmp_path / dest)                     # an earlier output is replaced
+        again = {p.name: p.read_bytes() for p in sorted((tmp_path / dest).glob("*"))} \
+            if (tmp_path / dest).is_dir() else (tmp_path / dest).read_bytes()
+        assert first and first == again
+    assert sorted(p.name for p in (tmp_path / "folder").iterdir()) == ["rank-0.json", "rank-1.json"]
+    # HTA finds a file's rank by the text '"rank": N'
+    assert '"rank": 1,' in (tmp_path / "folder" / "rank-1.json").read_text()
+
+
+def test_a_folder_that_is_no_timeline_is_not_replaced(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(EchoError, match="refusing to replace"):
+        write(uniform_job(2, _build), tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_write_timeline_takes_hand_made_events(tmp_path):
+    events = [TimelineEvent(3, "compute", "k", 500, 1500, "kernel", 1, {"x": 1}),
+              TimelineEvent(3, "host", "step", 0, 2500, "cpu_op", 0),
+              TimelineEvent(0, "compute", "k", 0, 10, "kernel", 1)]
     res = write_timeline(events, tmp_path / "sim.json", metadata={"mode": "predict"},
                          process_label="simulated rank")
     trace = json.loads((tmp_path / "sim.json").read_text())
-    assert res["events"] == 3 and res["ranks"] == 2
+    assert res["events"] == 3 and res["ranks"] == 2 and res["files"] == 1
     assert trace["otherData"]["mode"] == "predict"
-    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
-    assert names == {0: "simulated rank 0", 3: "simulated rank 3"}
-    k3 = next(b for b in _boxes(trace) if b["pid"] == 3 and b["name"] == "k")
-    assert (k3["ts"], k3["dur"], k3["cat"], k3["args"]) == (0.5, 1.5, "compute", {"x": 1})
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"simulated rank 0", "simulated rank 3"}
+    k3 = next(b for b in _boxes(trace) if b["name"] == "k" and b["ts"] == 0.5)
+    assert (k3["dur"], k3["cat"], k3["args"]["x"], k3["args"]["stream"] > 0) == (1.5, "kernel", 1, True)
 
 
 def test_rank_selection_and_unknown_rank(tmp_path):
@@ -97,25 +148,46 @@ def test_cli_export_chrome(tmp_path):
                               "--rank", "1", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["ranks"] == 1
+    res = runner.invoke(app, ["export", "chrome", str(job), "-o", str(tmp_path / "trace")])
+    assert res.exit_code == 0, res.output
+    assert "2 file(s)" in res.stdout and (tmp_path / "trace" / "rank-1.json").is_file()
     bad = runner.invoke(app, ["export", "chrome", str(job), "-o", str(tmp_path / "u.json"),
                               "--rank", "9"])
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "u.json").exists()
+    missing = runner.invoke(app, ["export", "chrome", str(job), "-o", str(tmp_path / "no" / "t")])
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr
 
 
-def test_dlrm_measured_timeline(tmp_path):
+def _dlrm(tmp_path):
     archive = shared_path("traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz")
     files = sorted(unpack(archive, tmp_path / "in").rglob("*.json"))
-    job = read(files, "kineto", ReadOptions())
-    write(job, tmp_path / "dlrm.json")
-    trace = json.loads((tmp_path / "dlrm.json").read_text())
-    boxes = _boxes(trace)
-    per_rank = Counter(b["pid"] for b in boxes)
-    assert per_rank == {r: len(job.graph_of(r).nodes) for r in range(8)}
+    return files, read(files, "kineto", ReadOptions())
+
+
+def test_dlrm_measured_timeline_and_round_trip(tmp_path):
+    files, job = _dlrm(tmp_path)
+    write(job, tmp_path / "dlrm")
     for r, f in enumerate(files):
+        trace = json.loads((tmp_path / "dlrm" / f"rank-{r}.json").read_text())
+        assert trace["distributedInfo"]["rank"] == r
+        ours = [b for b in _boxes(trace) if b["cat"] == "kernel" and b["args"].get("Collective name") == "allreduce"]
         kernels = [e for e in json.loads(f.read_text())["traceEvents"]
                    if e.get("cat") == "kernel" and e.get("name", "").startswith("ncclKernel_AllReduce")]
-        ours = [b for b in boxes if b["pid"] == r and b["name"].startswith("all_reduce ")]
         assert len(ours) == len(kernels)
+        assert all(NCCL_KERNEL.match(b["name"]) for b in ours)
         # Kineto's own µs durations survive (to the ns the IR keeps).
         assert sorted(round(b["dur"], 3) for b in ours) == sorted(round(k["dur"], 3) for k in kernels)
+        per_cat = Counter(b["cat"] for b in _boxes(trace))
+        assert per_cat["kernel"] > 0 and per_cat["cuda_runtime"] > 0 and per_cat["cpu_op"] > 0
+    # Our own reader takes the folder back: the same collectives, the same replayed step.
+    from echo_et.sim import simulate
+
+    again = read([tmp_path / "dlrm"], "kineto", ReadOptions())
+    assert again.world_size == 8
+    for r in range(8):
+        def colls(j, rank=r):
+            return [(n.collective.type, n.collective.in_bytes) for n in j.graph_of(rank).nodes
+                    if n.kind == pb.KIND_COLLECTIVE]
+        assert colls(again) == colls(job)
+    assert simulate(again).step_time_ns == simulate(job).step_time_ns

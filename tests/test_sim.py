@@ -15,11 +15,9 @@ from echo_et.sim import Predictor, SimOptions, Simulator, simulate
 def times(result, rank: int) -> dict[str, tuple[int, int]]:
     """Simulated (start, end) of every node of ``rank``, by node name."""
     tl = result.timeline
-    st = next(s for s in tl.states if s.cls == tl.partition.class_of[rank])
-    out = {}
-    for idx, n in enumerate(st.graph.nodes):
-        out[n.name] = (st.start[st.prog.node_start_item[idx]], st.end[st.prog.node_end_item[idx]])
-    return out
+    graph = tl.state_of(rank).graph
+    by_id = tl.node_times(rank)
+    return {n.name: by_id[n.id] for n in graph.nodes if n.id in by_id}
 
 
 def one_rank_job(build) -> object:
@@ -157,6 +155,10 @@ def test_collective_starts_when_last_member_arrives_and_wait_is_not_counted_twic
     assert res.ranks[0].sync_wait_ns == 200 and res.ranks[1].sync_wait_ns == 0
     assert res.ranks[0].comm_ns == 50 and res.ranks[0].step_time_ns == 350
     assert res.ranks[0].idle_ns == 200  # 100-300 waiting for rank 1
+    assert res.ranks[0].bubble_ns == 200 and res.ranks[1].bubble_ns == 0  # all of it waiting for a peer
+    # the timeline shows the kernel as a profiler would: from arrival, the wait inside
+    ar0 = next(e for e in res.timeline_events([0]) if e.name.startswith("all_reduce"))
+    assert (ar0.start_ns, ar0.duration_ns, ar0.args["wait_ns"]) == (100, 250, 200)
 
 
 def _uneven_ends(clock1: int = 0):
@@ -558,24 +560,30 @@ def test_timeline_has_the_export_chrome_layout(tmp_path) -> None:
 
     job = dp_job(4)
     res = simulate(job)
-    out = chrome.write_timeline(list(res.timeline_events()), tmp_path / "t.json")
-    doc = json.loads((tmp_path / "t.json").read_text())
-    ev = doc["traceEvents"]
-    boxes = [e for e in ev if e["ph"] == "X"]
-    assert out["events"] == len(boxes) and out["ranks"] == 4
-    names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {"rank 0", "rank 1", "rank 2", "rank 3"}
+    out = chrome.write_timeline(list(res.timeline_events()), tmp_path / "t", job=job)
+    assert out["files"] == 4 and out["ranks"] == 4
+    doc = json.loads((tmp_path / "t" / "rank-2.json").read_text())
+    boxes = [e for e in doc["traceEvents"] if e["ph"] == "X" and not e["name"].startswith("ProfilerStep")]
     graph = job.graph("replica")
-    per_rank = [e for e in boxes if e["pid"] == 2 and e.get("cat") != "wait"]
-    assert len(per_rank) == len(graph.nodes)
-    ar = next(e for e in per_rank if e["args"].get("op") == "ar0")
-    assert ar["name"] == "all_reduce 1.0 MiB" and ar["args"]["bytes"] == 1 << 20 and ar["args"]["seq"] == 0
-    # the same processes, tracks and names as the measured timeline of `export chrome`
-    measured = chrome.chrome_trace(chrome.job_timeline(job))
-    key = {(e["pid"], e["tid"], e["name"]) for e in measured["traceEvents"] if e["ph"] == "X"}
-    assert key == {(e["pid"], e["tid"], e["name"]) for e in boxes if e.get("cat") != "wait"}
-    tracks = [e for e in measured["traceEvents"] if e["ph"] == "M"]
-    assert tracks == [e for e in ev if e["ph"] == "M"]
-    again = tmp_path / "t2.json"
-    chrome.write_timeline(list(simulate(job).timeline_events()), again)
-    assert again.read_bytes() == (tmp_path / "t.json").read_bytes()  # deterministic
+    assert len(boxes) == len(graph.nodes)
+    ar = next(e for e in boxes if e["args"].get("op") == "ar0")
+    assert ar["cat"] == "kernel" and ar["args"]["Collective name"] == "allreduce"
+    assert ar["args"]["bytes"] == 1 << 20 and ar["args"]["seq"] == 0 and "wait_ns" in ar["args"]
+    # the same processes, threads and names as the measured timeline of `export chrome`
+    measured = chrome.kineto_traces(chrome.job_timeline(job), job)[2]
+    def key(events):
+        return {(e["pid"], e["tid"], e["name"]) for e in events if e["ph"] == "X"}
+    assert key(measured["traceEvents"]) == key(doc["traceEvents"])
+    assert [e for e in measured["traceEvents"] if e["ph"] == "M"] == [e for e in doc["traceEvents"] if e["ph"] == "M"]
+    chrome.write_timeline(list(simulate(job).timeline_events()), tmp_path / "t2", job=job)
+    assert (tmp_path / "t2" / "rank-2.json").read_bytes() == (tmp_path / "t" / "rank-2.json").read_bytes()
+
+
+def test_symmetric_ranks_keep_their_own_groups_on_the_timeline() -> None:
+    """Rank 5 shares rank 1's simulated timeline, but its collectives are on its own groups."""
+    job = gpt_3d_job(2, 2, 2, microbatches=2, layers=1)
+    res = simulate(job)
+    assert res.ranks[5].simulated_as != 5
+    ids = {e.args["group_id"] for e in res.timeline_events([5]) if "group_id" in e.args}
+    mine = set(job.binding(5).groups.values())
+    assert ids and ids <= mine

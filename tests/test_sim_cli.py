@@ -54,8 +54,18 @@ def test_simulate_timeline(job_dir, tmp_path) -> None:
     r = run("simulate", str(job_dir), "--timeline", str(out), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
-    assert {e["pid"] for e in doc["traceEvents"]} == set(range(8))
+    assert doc["distributedInfo"]["ranks"] == list(range(8))
+    assert len({e["pid"] for e in doc["traceEvents"] if e.get("cat") == "kernel"}) == 8
     assert json.loads(r.stdout)["timeline"]["events"] > 0
+    # a folder of rank files, only the ranks asked for
+    r = run("simulate", str(job_dir), "--timeline", str(tmp_path / "trace"), "--timeline-rank", "3",
+            "--timeline-rank", "6", "--json")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "trace").iterdir()) == ["rank-3.json", "rank-6.json"]
+    assert json.loads(r.stdout)["timeline"]["ranks"] == 2
+    bad = run("simulate", str(job_dir), "--timeline", str(tmp_path / "t2"), "--timeline-rank", "8")
+    assert bad.exit_code == 2 and "--timeline-rank 8" in bad.stderr and not (tmp_path / "t2").exists()
+    assert run("simulate", str(job_dir), "--timeline-rank", "1").exit_code == 2
 
 
 def test_simulate_predict_with_preset_and_what_ifs(job_dir) -> None:

@@ -161,3 +161,15 @@ def load_job_arg(path: Path, fmt: str | None = None):
     from echo_et.converters import ReadOptions, read
 
     return read([path], fmt, ReadOptions())
+
+
+def check_output_path(flag: str, dest: Path | None, *, file_only: bool = False) -> None:
+    """Refuse, before any work, an output whose folder is missing or that is a folder where
+    a file is meant."""
+    if dest is None:
+        return
+    is_file = file_only or dest.name.lower().endswith((".json", ".json.gz", ".png"))
+    if is_file and dest.exists() and dest.is_dir():
+        raise EchoError(f"{dest}: is a directory")
+    if not dest.parent.is_dir():
+        raise EchoError(f"{flag} {dest}: folder {dest.parent} does not exist (create it first)")

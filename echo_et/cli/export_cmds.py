@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
+from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
 
 export_app = typer.Typer(help="Export a Job to another format.", no_args_is_help=True)
@@ -136,19 +136,21 @@ def export_astra_sim(
 @guarded
 def export_chrome(
     job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
-    output: Path = typer.Option(..., "-o", "--output", help="Chrome trace JSON file to write."),
+    output: Path = typer.Option(..., "-o", "--output", help="A folder of rank-R.json (HolisticTraceAnalysis, "
+                                "echo-et convert) or one .json / .json.gz file (Perfetto)."),
     rank: list[int] = typer.Option([], "--rank", help="Only these ranks (repeatable)."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """The measured timeline as a Chrome/Perfetto trace: a process per rank, a track per stream."""
+    """The measured timeline in Kineto's trace schema (what torch.profiler writes), for HTA and Perfetto."""
     from echo_et.converters import chrome
 
+    check_output_path("--output", output)
     result = chrome.write(load_job_arg(job_path), output, rank or None)
     if as_json:
         emit_json(result)
     else:
         typer.echo(f"wrote {output}: {result['events']} events, {result['ranks']} ranks, "
-                   f"{result['tracks']} tracks")
+                   f"{result['tracks']} tracks, {result['files']} file(s)")
 
 
 @export_app.command("graphml")

@@ -29,6 +29,7 @@ METAVARS: dict[str, str] = {
     "--bytes": "SIZE", "--slowdown": "PATH", "--timeline": "PATH", "--compute-scale": "FACTOR",
     "--intra-bw": "GB/s", "--inter-bw": "GB/s", "--straggler": "RANK:FACTOR", "--latency": "NS",
     "--topology": "TOPOLOGY", "--splits": "N", "--collective": "NAME", "--folds": "N",
+    "--timeline-rank": "RANK", "--plot": "FILE.png",
 }
 # (verb, flag) -> metavar where a verb reads the flag differently.
 VERB_METAVARS: dict[tuple[str, str], str] = {

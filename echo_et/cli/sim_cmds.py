@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
+from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
 from echo_et.ir import limits
 
@@ -90,12 +90,24 @@ def slowdown_model_for(path: Path | None, off: bool):
     return SlowdownModel.load(path) if path is not None else default_model()
 
 
-def write_sim_timeline(res, dest: Path, job) -> dict[str, Any]:
-    """The simulated step as a Chrome trace, written by the ``export chrome`` writer."""
+def write_sim_timeline(res, dest: Path, job, ranks: list[int] | None = None) -> dict[str, Any]:
+    """The simulated step in Kineto's trace schema, written by the ``export chrome`` writer."""
     from echo_et.converters.chrome import write_timeline
 
-    meta = {"job": job.manifest.name, "world_size": job.world_size, "simulated": res.mode}
-    return write_timeline(res.timeline_events(), dest, metadata=meta)
+    if ranks:
+        bad = sorted(set(ranks) - set(res.ranks))
+        if bad:
+            raise EchoError(f"--timeline-rank {bad[0]}: not a rank of the job (world size {job.world_size})")
+    meta = {"world_size": job.world_size, "simulated": res.mode}
+    return write_timeline(res.timeline_events(ranks or None), dest, job=job, metadata=meta)
+
+
+def require_matplotlib() -> None:
+    """A plot was asked for: say so before any work when matplotlib is missing."""
+    from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
+
+    if not have_matplotlib():
+        raise EchoError(f"--plot needs matplotlib, which is not installed ({INSTALL_HINT})")
 
 
 def _progress(msg: str) -> None:
@@ -117,7 +129,13 @@ def simulate_cmd(
     preset: str | None = typer.Option(None, "--preset", help="CC model preset name (predict)."),
     slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (predict; default: built in)."),
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
-    timeline: Path | None = typer.Option(None, "--timeline", help="Write the simulated step as a Chrome trace."),
+    timeline: Path | None = typer.Option(None, "--timeline", help="Write the simulated step in Kineto's trace "
+                                          "schema: a folder of rank-R.json (HolisticTraceAnalysis, echo-et "
+                                          "convert) or one .json / .json.gz file (Perfetto)."),
+    timeline_rank: list[int] = typer.Option([], "--timeline-rank", help="Only this rank in the timeline "
+                                            "(repeatable; default: every rank)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Draw each rank's step as compute / exposed "
+                                     "communication / bubble / idle into this PNG (matplotlib)."),
     no_symmetry: bool = typer.Option(False, "--no-symmetry", help="Simulate every rank, even equivalent ones."),
     compute_scale: float = typer.Option(1.0, "--compute-scale", help="Factor on compute time (0.5 = 2x faster)."),
     intra_bw: float | None = typer.Option(None, "--intra-bw", help="Intra-node bandwidth, GB/s (predict)."),
@@ -144,10 +162,12 @@ def simulate_cmd(
                                ("--inter-bw", inter_bw), ("--slowdown", slowdown)) if v is not None]
         if used:
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
-    if timeline is not None and timeline.exists() and timeline.is_dir():
-        raise EchoError(f"{timeline}: is a directory")
-    if timeline is not None and not timeline.parent.is_dir():
-        raise EchoError(f"--timeline {timeline}: folder {timeline.parent} does not exist (create it first)")
+    check_output_path("--timeline", timeline)
+    check_output_path("--plot", plot, file_only=True)
+    if timeline_rank and timeline is None:
+        raise EchoError("--timeline-rank needs --timeline")
+    if plot is not None:
+        require_matplotlib()
     job = load_job_arg(job_path)
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
@@ -160,7 +180,11 @@ def simulate_cmd(
     res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
     out = res.to_json()
     if timeline is not None:
-        out["timeline"] = write_sim_timeline(res, timeline, job)
+        out["timeline"] = write_sim_timeline(res, timeline, job, timeline_rank)
+    if plot is not None:
+        from echo_et.experiments.plots import rank_breakdown_plot
+
+        out["plot"] = str(rank_breakdown_plot(res, plot, title=f"{job.manifest.name or job_path.name}: {mode}"))
     if as_json:
         emit_json(out)
         return
@@ -184,7 +208,10 @@ def simulate_cmd(
     for t in cp["top"][:5]:
         typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
     if timeline is not None:
-        typer.echo(f"wrote {timeline} ({out['timeline']['events']} events)")
+        t = out["timeline"]
+        typer.echo(f"wrote {timeline} ({t['events']} events, {t['ranks']} ranks, {t['files']} file(s))")
+    if plot is not None:
+        typer.echo(f"wrote {plot}")
 
 
 # -- validate ---------------------------------------------------------------------------------------
@@ -195,16 +222,25 @@ def validate_cmd(
     preset: str | None = typer.Option(None, "--preset", help="CC model preset name."),
     slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (default: built in)."),
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
+    plot: Path | None = typer.Option(None, "--plot", help="Draw measured, replayed and predicted step time "
+                                     "per rank into this PNG (matplotlib)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Replay and predict a Job and compare with each rank's measured step time."""
     from echo_et.sim import validate
 
+    check_output_path("--plot", plot, file_only=True)
+    if plot is not None:
+        require_matplotlib()
     job = load_job_arg(job_path)
     comm = comm_model_for(job, profile, preset)
     slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"validating {job.world_size} ranks...")
     v = validate(job, comm_model=comm, slowdown_model=slow)
+    if plot is not None:
+        from echo_et.experiments.plots import validation_plot
+
+        v = {**v, "plot": str(validation_plot(v, plot, title=job.manifest.name or job_path.name))}
     if as_json:
         emit_json(v)
         return
@@ -219,6 +255,8 @@ def validate_cmd(
                f"predict {_pct(v['predict_mean_abs_error_pct'])} %")
     if v.get("measured_caveat"):
         typer.echo(f"note: {v['measured_caveat']}.")
+    if plot is not None:
+        typer.echo(f"wrote {plot}")
 
 
 def _pct(x: float | None) -> str:
@@ -232,6 +270,8 @@ def calibrate_slowdown_cmd(
                                   help="A kernel dataset (merged_features.csv) or a Job/trace with overlap."),
     output: Path = typer.Option(..., "-o", "--output", help="Slowdown model JSON to write."),
     folds: int = typer.Option(5, "--folds", help="Folds of the grouped-by-kernel-name cross-validation."),
+    plot: Path | None = typer.Option(None, "--plot", help="Draw each overlapped kernel's cross-validated "
+                                     "predicted vs measured duration into this PNG (matplotlib)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Fit the overlap-slowdown model from a kernel CSV or a Job; reports a grouped-by-kernel-name CV error."""
@@ -242,6 +282,9 @@ def calibrate_slowdown_cmd(
         raise EchoError(f"{source}: no such file or directory")
     if output.resolve() == source.resolve():
         raise EchoError(f"{output}: output would overwrite the input")
+    check_output_path("--plot", plot, file_only=True)
+    if plot is not None:
+        require_matplotlib()
     if source.is_file() and source.suffix.lower() == ".csv":
         samples = read_csv_samples(source)
         prior = None
@@ -254,8 +297,21 @@ def calibrate_slowdown_cmd(
         prior = default_model()
     model = fit(samples, prior=prior, source=source.name)
     model.fit["cross_validation"] = cross_validate(samples, folds, prior=prior)
+    preds = None
+    if plot is not None:
+        from echo_et.models.slowdown.evaluate import cross_validated_predictions
+
+        preds = cross_validated_predictions(samples, folds, prior=prior)
+        if preds is None:
+            raise EchoError(f"{source}: fewer than two overlapped kernel names; nothing to cross-validate or plot")
     model.save(output)
     out = {"output": str(output), **model.to_json()}
+    if plot is not None:
+        from echo_et.experiments.plots import slowdown_prediction_plot
+
+        n_folds = model.fit["cross_validation"].get("folds", folds)
+        out["plot"] = str(slowdown_prediction_plot(
+            preds, plot, title=f"{source.name}: predicted vs measured (grouped {n_folds}-fold CV)"))
     if as_json:
         emit_json(out)
         return
@@ -268,3 +324,5 @@ def calibrate_slowdown_cmd(
         typer.echo(f"grouped {cv['folds']}-fold CV (summed overlapped time |error|, mean over folds): "
                    f"model {cv['model']['fold_sum_abs_error_pct']:.1f} %, constant factor "
                    f"{cv['constant']['fold_sum_abs_error_pct']:.1f} %")
+    if plot is not None:
+        typer.echo(f"wrote {plot}")

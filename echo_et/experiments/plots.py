@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError
+from echo_et.ir.io import atomic_file
 
 INSTALL_HINT = "pip install 'echo-et[plot]'"
 
@@ -70,6 +71,148 @@ def sweep_step_time_plot(rows: Iterable[Mapping[str, Any]], dest: str | os.PathL
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
+    return _save(fig, dest)
+
+
+def _save(fig, dest: str | os.PathLike[str]) -> Path:
+    """PNG without the software stamp (PNG has no date), written atomically."""
     dest = Path(dest)
-    fig.savefig(dest, format="png", metadata={"Software": None})
+    with atomic_file(dest) as f:
+        fig.savefig(f, format="png", metadata={"Software": None})
     return dest
+
+
+# -- simulate: where each rank's step goes --------------------------------------------------------
+BREAKDOWN_PARTS = ("compute", "exposed communication", "bubble", "idle")
+MAX_BARS = 48
+
+
+def breakdown_rows(result) -> list[dict[str, Any]]:
+    """The bars of :func:`rank_breakdown_plot`, in ms: per rank (or, past ``MAX_BARS``
+    ranks, per group of ranks sharing one simulated timeline, slowest first) its compute,
+    exposed communication, bubble (waiting for peers, not hidden) and idle (the rest of the
+    step: host-bound gaps, launch latency). The four add up to the step time."""
+    ranks = sorted(result.ranks.values(), key=lambda r: r.rank)
+    groups: dict[tuple, list] = {}
+    if len(ranks) > MAX_BARS:
+        for r in ranks:
+            key = (r.step_time_ns, r.compute_ns, r.exposed_comm_ns, r.bubble_ns, r.idle_ns)
+            groups.setdefault(key, []).append(r)
+        chosen = sorted(groups.values(), key=lambda g: (-g[0].step_time_ns, g[0].rank))[:MAX_BARS]
+    else:
+        chosen = [[r] for r in ranks]
+    rows = []
+    for members in chosen:
+        r = members[0]
+        label = f"{r.rank}" if len(members) == 1 else f"{r.rank} (+{len(members) - 1})"
+        rows.append({
+            "label": label, "ranks": [m.rank for m in members], "step_ms": r.step_time_ns / 1e6,
+            "compute": r.compute_ns / 1e6, "exposed communication": r.exposed_comm_ns / 1e6,
+            "bubble": r.bubble_ns / 1e6, "idle": (r.idle_ns - r.bubble_ns) / 1e6,
+        })
+    return rows
+
+
+_COLOURS = {"compute": "#4C72B0", "exposed communication": "#DD8452", "bubble": "#C44E52", "idle": "#BBBBBB",
+            "measured": "#333333", "replay": "#4C72B0", "predict": "#DD8452"}
+
+
+def rank_breakdown_plot(result, dest: str | os.PathLike[str], *, title: str = "") -> Path:
+    """Stacked bars: each rank's simulated step split into compute, exposed communication,
+    bubble and idle (:func:`breakdown_rows`)."""
+    rows = breakdown_rows(result)
+    if not rows:
+        raise EchoError("the result holds no rank to plot")
+    width = min(16.0, max(6.4, 0.28 * len(rows) + 2.5))
+    fig = _figure(width, 4.8)
+    ax = fig.add_subplot()
+    xs = list(range(len(rows)))
+    bottom = [0.0] * len(rows)
+    for part in BREAKDOWN_PARTS:
+        vals = [row[part] for row in rows]
+        ax.bar(xs, vals, bottom=bottom, color=_COLOURS[part], label=part, width=0.8)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(xs, [row["label"] for row in rows], rotation=90 if len(rows) > 16 else 0, fontsize="small")
+    ax.set_xlabel("rank" if all(len(r["ranks"]) == 1 for r in rows) else "rank (+ ranks with the same step)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title(title or "simulated step per rank")
+    ax.set_ylim(0, max(bottom) * 1.18 or 1.0)   # room for the legend above the bars
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper center", ncol=len(BREAKDOWN_PARTS))
+    fig.tight_layout()
+    return _save(fig, dest)
+
+
+# -- validate: measured vs simulated -----------------------------------------------------------------
+def validation_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per rank: measured, replayed and predicted step time in ms (None where unknown)."""
+    def ms(v: Any) -> float | None:
+        return None if v is None else v / 1e6
+
+    return [{"rank": int(r), "measured": ms(row.get("measured_step_ns")), "replay": ms(row.get("replay_step_ns")),
+             "predict": ms(row.get("predict_step_ns"))}
+            for r, row in sorted(report.get("ranks", {}).items(), key=lambda kv: int(kv[0]))]
+
+
+def validation_plot(report: Mapping[str, Any], dest: str | os.PathLike[str], *, title: str = "") -> Path:
+    """Grouped bars per rank: measured, replayed and predicted step time (``validate``)."""
+    rows = validation_rows(report)[:MAX_BARS]
+    if not rows:
+        raise EchoError("the validation holds no rank to plot")
+    width = min(16.0, max(6.4, 0.45 * len(rows) + 2.5))
+    fig = _figure(width, 4.8)
+    ax = fig.add_subplot()
+    series = ("measured", "replay", "predict")
+    w = 0.8 / len(series)
+    for k, name in enumerate(series):
+        xs = [i - 0.4 + w * (k + 0.5) for i in range(len(rows))]
+        vals = [row[name] if row[name] is not None else 0.0 for row in rows]
+        ax.bar(xs, vals, width=w, color=_COLOURS[name], label=name)
+    ax.set_xticks(range(len(rows)), [str(r["rank"]) for r in rows], fontsize="small")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("step time (ms)")
+    err = report.get("predict_error_pct")
+    suffix = f" (predict {err:+.1f} % overall)" if isinstance(err, int | float) else ""
+    ax.set_title((title or "measured vs simulated step") + suffix)
+    top = max((row[k] or 0.0) for row in rows for k in series)
+    ax.set_ylim(0, top * 1.18 or 1.0)   # room for the legend above the bars
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper center", ncol=len(series))
+    fig.tight_layout()
+    return _save(fig, dest)
+
+
+# -- the slowdown model: predicted vs measured kernel durations -----------------------------------
+def slowdown_prediction_plot(predictions: Mapping[str, Any], dest: str | os.PathLike[str], *,
+                             title: str = "") -> Path:
+    """Scatter of every overlapped kernel's measured duration against the duration predicted
+    by a model that never saw its kernel name (grouped cross-validation: ``predictions``
+    from ``echo_et.models.slowdown.evaluate.cross_validated_predictions``), log-log, with
+    no slowdown (isolated duration) for reference and the line where prediction = measure."""
+    import numpy as np
+
+    ov = np.asarray(predictions["overlapped"], dtype=bool)
+    obs = np.asarray(predictions["observed"], dtype=float)[ov] / 1e3
+    if obs.size == 0:
+        raise EchoError("no overlapped kernel to plot")
+    fig = _figure(6.4, 6.0)
+    ax = fig.add_subplot()
+    for key, label, colour, marker in (("isolated", "no slowdown (isolated)", "#BBBBBB", "x"),
+                                       ("constant", "constant s", "#55A868", "^"),
+                                       ("model", "echo-et (per class)", "#4C72B0", "o")):
+        pred = np.asarray(predictions[key], dtype=float)[ov] / 1e3
+        ax.scatter(obs, pred, s=10, c=colour, marker=marker, label=label, alpha=0.7, linewidths=0.5)
+    lo = max(1e-3, float(min(obs.min(), np.asarray(predictions["model"], dtype=float)[ov].min() / 1e3)) * 0.8)
+    hi = float(obs.max()) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="#333333", linewidth=0.8, label="predicted = measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured overlapped duration (µs)")
+    ax.set_ylabel("predicted duration (µs)")
+    ax.set_title(title or "overlap slowdown: predicted vs measured (grouped CV)")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize="small", loc="upper left")
+    fig.tight_layout()
+    return _save(fig, dest)

@@ -149,3 +149,34 @@ def find_collective(text: str, *, sendrecv: int | None = ALL_TO_ALL) -> int | No
         if pattern in s:
             return sendrecv if pattern == "sendrecv" else coll
     return None
+
+
+# -- the spellings writers use ----------------------------------------------------------------
+# The ``Collective name`` PyTorch's ``record_param_comms`` writes (Kineto kernel and op args).
+PYTORCH_NAMES: dict[Comm, str] = {
+    ALL_REDUCE: "allreduce", ALL_GATHER: "_allgather_base", REDUCE_SCATTER: "_reduce_scatter_base",
+    ALL_TO_ALL: "all_to_all", BROADCAST: "broadcast", REDUCE: "reduce", GATHER: "gather",
+    SCATTER: "scatter", BARRIER: "barrier", SEND: "send", RECV: "recv",
+}
+# The operation word of an NCCL kernel: NCCL runs all-to-all, gather, scatter and
+# point-to-point as grouped send/recv, and a barrier as a one-element all-reduce.
+_NCCL_WORDS: dict[Comm, str] = {
+    ALL_REDUCE: "AllReduce", ALL_GATHER: "AllGather", REDUCE_SCATTER: "ReduceScatter",
+    BROADCAST: "Broadcast", REDUCE: "Reduce", BARRIER: "AllReduce",
+}
+
+
+def pytorch_collective_name(comm: Comm) -> str:
+    """What PyTorch writes as ``Collective name`` for ``comm`` (``"unknown"`` if nothing)."""
+    return PYTORCH_NAMES.get(comm, "unknown")
+
+
+def nccl_kernel_name(comm: Comm) -> str:
+    """An NCCL kernel name in the form NCCL 2.19+ gives its kernels, e.g.
+    ``ncclDevKernel_AllReduce_Sum_RING_LL(ncclDevKernelArgsStorage<4096ul>)``; point-to-point
+    and all-to-all run as ``ncclDevKernel_SendRecv``."""
+    word = _NCCL_WORDS.get(comm)
+    if word is None:
+        return "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    op = "_Sum" if word in ("AllReduce", "ReduceScatter", "Reduce") else ""
+    return f"ncclDevKernel_{word}{op}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"

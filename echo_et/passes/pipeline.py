@@ -499,9 +499,11 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
             continue
         built[sig] = t
         for s in range(pp):
-            g, grad_source = _build_stage(
-                f"t{t}s{s}", t, s, pp, new_m, split[s], pieces, where_layer, old, streams,
-                keys0, p2p_bytes, p2p_src, dp_src, decision.zero, bucket_bytes, new_mesh.dp)
+            g, grad_source = _StageBuilder(StageInputs(
+                graph_id=f"t{t}s{s}", tp_rank=t, stage=s, stages=pp, microbatches=new_m, layers=split[s],
+                pieces=pieces, stage_of_layer=where_layer, old_mesh=old, streams=streams, keys=keys0,
+                p2p_bytes=p2p_bytes, p2p_source=p2p_src, dp_source=dp_src, zero=decision.zero,
+                bucket_bytes=bucket_bytes, dp=new_mesh.dp)).build()
             graphs[(t, s)] = g
     # Graphs identical across tp ranks are shared (proved by content hash).
     by_hash: dict[str, str] = {}
@@ -564,153 +566,222 @@ def _template_stage(kind: str, old_pp: int) -> int:
     return 1 if old_pp > 2 else 0
 
 
-def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, streams, keys,
-                 p2p_bytes, p2p_src, dp_src, zero, bucket_bytes, dp) -> tuple[Graph, str]:
-    e = _Emitter(graph_id, streams)
-    first, last = s == 0, s == pp - 1
-    p0, plast = pieces[(t, 0)], pieces[(t, old.pp - 1)]
-    tmpl = pieces[(t, _template_stage(_stage_kind(s, pp), old.pp))]
-    for role in ("tp", "dp", "pp"):
-        if role in keys:
-            e.b.declare_group(keys[role], {"tp": old.tp, "dp": old.dp, "pp": pp}[role])
-    pp_key = keys.get("pp", "pp")
-    device = next((st.device for st in streams[tmpl.graph_id].values()
-                   if st.kind == pb.STREAM_GPU_COMPUTE), -1)
-    dp_key = keys.get("dp", "")
+@dataclass(frozen=True)
+class StageInputs:
+    """What building one stage of the re-staged pipeline reads."""
 
-    e.unit(tmpl.graph_id, tmpl.prologue, mb=None, stage=s)
-    last_bwd_nodes: list[pb.Node] = []
-    unit_ends: list[tuple[pb.Node, int]] = []   # (last node of a unit with params, share key)
+    graph_id: str
+    tp_rank: int                                   # the tensor-parallel rank whose graphs these are
+    stage: int                                     # the new stage, 0 .. stages - 1
+    stages: int                                    # new pipeline depth
+    microbatches: int                              # new micro-batch count
+    layers: list[int]                              # the layers this stage runs, in order
+    pieces: dict[tuple[int, int], StagePieces]     # (tp rank, old stage) -> what was read from it
+    stage_of_layer: dict[int, int]                 # layer -> old stage that ran it
+    old_mesh: Mesh
+    streams: dict[str, dict[int, pb.Stream]]       # old graph id -> stream id -> Stream
+    keys: dict[str, str]                           # role (tp, dp, pp) -> graph-local group key
+    p2p_bytes: int                                 # activation bytes of a pipeline send/recv
+    p2p_source: StagePieces                        # the old stage whose send/recv stream and time are copied
+    dp_source: StagePieces | None                  # the old stage whose data-parallel stream and dtype are used
+    zero: int                                      # ZeRO stage (0 or 1)
+    bucket_bytes: int                              # gradient bucket cap
+    dp: int                                        # data-parallel degree
 
-    # Host work at a stage's edges that no layer owns: receiving activations (a stage that is
-    # not first), sending them (not last), and the same for gradients; taken from the traced
-    # stages that had that edge, with the gap the first layer after a receive had there.
-    edges = old.pp > 1
-    p1 = pieces[(t, 1)] if edges else p0
-    recv_bwd = p0.bwd_pre
-    # After a non-first stage's backward: the first layer's own tail (its boundary's
-    # backward, which the trace does not attribute to the layer), then the send.
-    _, send_bwd = _split_at_issue(plast.bwd_post)
-    head = my_layers[0] if my_layers else None
-    head_src = pieces[(t, where_layer[head])] if head is not None else None
-    head_tail = (_split_at_issue(head_src.bwd_post)[0]
-                 if head_src is not None and head_src is not p0 and head_src.layers
-                 and head_src.layers[0] == head else Unit())
-    lead_after_recv_bwd = p0.bwd[max(p0.bwd)].lead_ns if edges and p0.bwd else None
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
 
-    def forward(mb: int) -> None:
-        e.clock += tmpl.glue_ns
-        if first:
+    @property
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
+
+    def old_piece(self, old_stage: int) -> StagePieces:
+        return self.pieces[(self.tp_rank, old_stage)]
+
+    def piece_of_layer(self, layer: int) -> StagePieces:
+        return self.old_piece(self.stage_of_layer[layer])
+
+
+class _StageBuilder:
+    """One new stage's graph, in schedule order: prologue, the 1F1B items (forwards,
+    backwards, pipeline send/recv; the data-parallel gradient buckets after the last
+    micro-batch's backward), the optimizer (scaled by parameter bytes; ZeRO-1 all-gathers
+    after it) and the epilogue."""
+
+    def __init__(self, inputs: StageInputs):
+        self.inp = x = inputs
+        self.e = _Emitter(x.graph_id, x.streams)
+        old = x.old_mesh
+        self.p0, self.plast = x.old_piece(0), x.old_piece(old.pp - 1)
+        self.template = x.old_piece(_template_stage(_stage_kind(x.stage, x.stages), old.pp))
+        self.pp_key = x.keys.get("pp", "pp")
+        self.dp_key = x.keys.get("dp", "")
+        self.device = next((st.device for st in x.streams[self.template.graph_id].values()
+                            if st.kind == pb.STREAM_GPU_COMPUTE), -1)
+        # Host work at a stage's edges that no layer owns: receiving activations (a stage
+        # that is not first), sending them (not last), and the same for gradients; taken
+        # from the traced stages that had that edge, with the gap the first layer after a
+        # receive had there.
+        self.edges = old.pp > 1
+        self.p1 = x.old_piece(1) if self.edges else self.p0
+        self.recv_bwd = self.p0.bwd_pre
+        # After a non-first stage's backward: the first layer's own tail (its boundary's
+        # backward, which the trace does not attribute to the layer), then the send.
+        _, self.send_bwd = _split_at_issue(self.plast.bwd_post)
+        head = x.layers[0] if x.layers else None
+        self.head_src = x.piece_of_layer(head) if head is not None else None
+        hs = self.head_src
+        self.head_tail = (_split_at_issue(hs.bwd_post)[0]
+                          if hs is not None and hs is not self.p0 and hs.layers and hs.layers[0] == head
+                          else Unit())
+        self.lead_after_recv_bwd = self.p0.bwd[max(self.p0.bwd)].lead_ns if self.edges and self.p0.bwd else None
+        # What the last micro-batch's backward leaves for the gradient buckets.
+        self.last_bwd_nodes: list[pb.Node] = []
+        self.unit_ends: list[tuple[pb.Node, int]] = []   # (last node of a unit with params, share key)
+        self.grad_source = ""
+        self.reduce_ids: list[int] = []
+        self.bucket_sizes: list[int] = []
+        self.dtype = x.dp_source.dp_dtype if x.dp_source else ""
+        self.elem = dtype_size(self.dtype) or 1
+
+    def build(self) -> tuple[Graph, str]:
+        x, e = self.inp, self.e
+        old = x.old_mesh
+        for role in ("tp", "dp", "pp"):
+            if role in x.keys:
+                e.b.declare_group(x.keys[role], {"tp": old.tp, "dp": old.dp, "pp": x.stages}[role])
+        e.unit(self.template.graph_id, self.template.prologue, mb=None, stage=x.stage)
+        p2p_src = x.p2p_source
+        p2p = dict(key=self.pp_key, nbytes=x.p2p_bytes,
+                   stream=p2p_src.p2p_stream or (pb.STREAM_CPU_THREAD, "p2p"),
+                   duration=p2p_src.p2p_duration, device=self.device)
+        for item in schedule(x.stage, x.stages, x.microbatches):
+            if item[0] == "F":
+                self.forward(item[1])
+            elif item[0] == "B":
+                self.backward(item[1])
+                if item[1] == x.microbatches - 1:
+                    self.gradient_buckets()
+            else:
+                e.p2p([(is_send, x.stage + off) for is_send, off in item[1]], **p2p)
+        self.optimizer()
+        e.unit(self.template.graph_id, self.template.epilogue, mb=None, stage=x.stage)
+        return e.b.build(), self.grad_source
+
+    def forward(self, mb: int) -> None:
+        x, e, p0, p1, plast = self.inp, self.e, self.p0, self.p1, self.plast
+        s = x.stage
+        e.clock += self.template.glue_ns
+        if x.first:
             e.unit(p0.graph_id, p0.forward_units(mb)[1], mb=mb, stage=s)
-        elif edges:
+        elif self.edges:
             e.unit(p1.graph_id, p1.forward_units(mb)[1], mb=mb, stage=s)
-        for i, layer in enumerate(my_layers):
-            src = pieces[(t, where_layer[layer])]
+        for i, layer in enumerate(x.layers):
+            src = x.piece_of_layer(layer)
             lead = None
-            if i == 0 and not first and edges:
+            if i == 0 and not x.first and self.edges:
                 after_recv = p1.forward_units(mb)[0]
                 lead = after_recv[min(after_recv)].lead_ns
             e.unit(src.graph_id, src.forward_units(mb)[0][layer], mb=mb, stage=s, lead=lead)
-        if last:
+        if x.last:
             e.unit(plast.graph_id, plast.forward_units(mb)[2], mb=mb, stage=s)
-        elif edges:
+        elif self.edges:
             e.unit(p0.graph_id, p0.forward_units(mb)[2], mb=mb, stage=s)
 
-    def backward(mb: int) -> None:
-        e.clock += tmpl.glue_ns
+    def backward(self, mb: int) -> None:
+        x, e, p0, plast = self.inp, self.e, self.p0, self.plast
+        s, final = x.stage, mb == x.microbatches - 1
+        e.clock += self.template.glue_ns
         made: list[pb.Node] = []
-        if last:
+        if x.last:
             made += e.unit(plast.graph_id, plast.bwd_pre, mb=mb, stage=s)
-            if mb == m - 1 and made:
-                unit_ends.append((made[-1], -2))
-        elif edges:
-            e.unit(p0.graph_id, recv_bwd, mb=mb, stage=s)
-        for i, layer in enumerate(reversed(my_layers)):
-            src = pieces[(t, where_layer[layer])]
-            lead = lead_after_recv_bwd if i == 0 and not last else None
+            if final and made:
+                self.unit_ends.append((made[-1], -2))
+        elif self.edges:
+            e.unit(p0.graph_id, self.recv_bwd, mb=mb, stage=s)
+        for i, layer in enumerate(reversed(x.layers)):
+            src = x.piece_of_layer(layer)
+            lead = self.lead_after_recv_bwd if i == 0 and not x.last else None
             got = e.unit(src.graph_id, src.bwd[layer], mb=mb, stage=s, lead=lead)
             made += got
-            if mb == m - 1 and got:
-                unit_ends.append((max(got, key=lambda n: (n.start_ns + n.duration_ns, n.id)), layer))
-        if first:
+            if final and got:
+                self.unit_ends.append((max(got, key=lambda n: (n.start_ns + n.duration_ns, n.id)), layer))
+        if x.first:
             got = e.unit(p0.graph_id, p0.bwd_post, mb=mb, stage=s)
             made += got
-            if mb == m - 1 and got:
-                unit_ends.append((got[-1], -1))
-        elif edges:
-            if head_src is not None and head_tail.nodes:
-                e.unit(head_src.graph_id, head_tail, mb=mb, stage=s)
-            e.unit(plast.graph_id, send_bwd, mb=mb, stage=s)
-        if mb == m - 1:
-            last_bwd_nodes.extend(made)
+            if final and got:
+                self.unit_ends.append((got[-1], -1))
+        elif self.edges:
+            if self.head_src is not None and self.head_tail.nodes:
+                e.unit(self.head_src.graph_id, self.head_tail, mb=mb, stage=s)
+            e.unit(plast.graph_id, self.send_bwd, mb=mb, stage=s)
+        if final:
+            self.last_bwd_nodes.extend(made)
 
-    p2p = dict(key=pp_key, nbytes=p2p_bytes, stream=p2p_src.p2p_stream or (pb.STREAM_CPU_THREAD, "p2p"),
-               duration=p2p_src.p2p_duration, device=device)
-    # Data-parallel gradient buckets over the last micro-batch's backward, issued (in program
-    # order) right after it, before the send of its input gradient, as DDP's hooks do.
-    grad_source = ""
-    reduce_ids: list[int] = []
-    bucket_sizes: list[int] = []
-    dtype = dp_src.dp_dtype if dp_src else ""
-    elem = dtype_size(dtype) or 1
+    def _dp_stream(self) -> int:
+        dp_src = self.inp.dp_source
+        assert dp_src is not None and dp_src.dp_stream is not None
+        return self.e.b.stream(dp_src.dp_stream[0], dp_src.dp_stream[1], device=self.device)
 
-    def gradient_buckets() -> None:
-        nonlocal grad_source
-        if not (dp_key and dp_src is not None and dp_src.dp_stream is not None and dp > 1):
+    def _shard_bytes(self, size: int) -> int:
+        """A ZeRO shard of ``size`` bytes: whole elements, padded to dp shards."""
+        return math.ceil(size / self.elem / self.inp.dp) * self.elem
+
+    def gradient_buckets(self) -> None:
+        """Data-parallel gradient buckets over the last micro-batch's backward, issued (in
+        program order) right after it, before the send of its input gradient, as DDP's
+        hooks do."""
+        x, e = self.inp, self.e
+        dp_src = x.dp_source
+        if not (self.dp_key and dp_src is not None and dp_src.dp_stream is not None and x.dp > 1):
             return
-        grads, grad_source = _gradients(last_bwd_nodes, unit_ends, pieces, t, old, my_layers, first, last)
-        buckets = bucket_gradients(grads, bucket_bytes, bucket_bytes)
-        sid = e.b.stream(dp_src.dp_stream[0], dp_src.dp_stream[1], device=device)
+        grads, self.grad_source = _gradients(self.last_bwd_nodes, self.unit_ends, x)
+        buckets = bucket_gradients(grads, x.bucket_bytes, x.bucket_bytes)
+        sid = self._dp_stream()
         for k, bucket in enumerate(buckets):
             size = sum(g.nbytes for g in bucket)
             hook = bucket[-1].node
             deps = [(hook.id, pb.DEP_SYNC)]
             at = hook.start_ns + hook.duration_ns
-            if zero:
-                shard = math.ceil(size / elem / dp) * elem   # whole elements, padded to dp shards
+            if x.zero:
+                shard = self._shard_bytes(size)
                 n = e.b.collective(f"dp:reduce_scatter bucket {k}", sid, coll_type=pb.COLL_REDUCE_SCATTER,
-                                   group=dp_key, in_bytes=shard * dp, out_bytes=shard, dtype=dtype,
+                                   group=self.dp_key, in_bytes=shard * x.dp, out_bytes=shard, dtype=self.dtype,
                                    start_ns=at, deps=deps)
             else:
                 n = e.b.collective(f"dp:all_reduce bucket {k}", sid, coll_type=pb.COLL_ALL_REDUCE,
-                                   group=dp_key, in_bytes=size, dtype=dtype, start_ns=at, deps=deps)
+                                   group=self.dp_key, in_bytes=size, dtype=self.dtype, start_ns=at, deps=deps)
             n.annotations.phase = "backward"
-            n.annotations.stage = s
-            reduce_ids.append(n.id)
-            bucket_sizes.append(size)
+            n.annotations.stage = x.stage
+            self.reduce_ids.append(n.id)
+            self.bucket_sizes.append(size)
 
-    for item in schedule(s, pp, m):
-        if item[0] == "F":
-            forward(item[1])
-        elif item[0] == "B":
-            backward(item[1])
-            if item[1] == m - 1:
-                gradient_buckets()
-        else:
-            e.p2p([(is_send, s + off) for is_send, off in item[1]], **p2p)
-
-    # Optimizer of the template stage, scaled by parameter bytes.
-    e.waits = list(reduce_ids)
-    ratio = 1.0
-    new_bytes = sum(bucket_sizes)
-    if tmpl.dp_bytes and new_bytes:
-        ratio = new_bytes / tmpl.dp_bytes
-    made = e.unit(tmpl.graph_id, tmpl.optimizer, mb=None, stage=s, scale=ratio)
-    if zero and reduce_ids:
+    def optimizer(self) -> None:
+        """The template stage's optimizer, scaled by parameter bytes, after the gradient
+        buckets; for ZeRO-1, the all-gathers of the updated shards after it."""
+        x, e, tmpl = self.inp, self.e, self.template
+        e.waits = list(self.reduce_ids)
+        ratio = 1.0
+        new_bytes = sum(self.bucket_sizes)
+        if tmpl.dp_bytes and new_bytes:
+            ratio = new_bytes / tmpl.dp_bytes
+        made = e.unit(tmpl.graph_id, tmpl.optimizer, mb=None, stage=x.stage, scale=ratio)
+        if not (x.zero and self.reduce_ids):
+            return
         tail = max(made, key=lambda n: (n.start_ns + n.duration_ns, n.id)) if made else None
-        sid = e.b.stream(dp_src.dp_stream[0], dp_src.dp_stream[1], device=device)
-        for k, size in enumerate(bucket_sizes):
-            shard = math.ceil(size / elem / dp) * elem
+        sid = self._dp_stream()
+        for k, size in enumerate(self.bucket_sizes):
+            shard = self._shard_bytes(size)
             n = e.b.collective(f"dp:all_gather bucket {k}", sid, coll_type=pb.COLL_ALL_GATHER,
-                               group=dp_key, in_bytes=shard, out_bytes=shard * dp, dtype=dtype,
+                               group=self.dp_key, in_bytes=shard, out_bytes=shard * x.dp, dtype=self.dtype,
                                start_ns=e.clock, deps=[(tail.id, pb.DEP_SYNC)] if tail else [])
             n.annotations.phase = "optimizer"
-            n.annotations.stage = s
-    e.unit(tmpl.graph_id, tmpl.epilogue, mb=None, stage=s)
-    return e.b.build(), grad_source
+            n.annotations.stage = x.stage
 
 
-def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tuple[list[Gradient], str]:
+def _gradients(nodes: list[pb.Node], unit_ends: list[tuple[pb.Node, int]],
+               inputs: StageInputs) -> tuple[list[Gradient], str]:
     """Gradients of the new stage in ready order: AccumulateGrad shapes when every one has
     them, else each old stage's data-parallel bytes spread over its layers and extras."""
     accs = [n for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD]
@@ -718,11 +789,12 @@ def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tupl
     if accs and all(sz is not None for sz, _ in sized):
         return [Gradient(n, sz[0], "") for sz, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
     out = []
+    t = inputs.tp_rank
     for node, what in unit_ends:
         if what >= 0:
-            src = next(p for (tt, _), p in pieces.items() if tt == t and what in p.layers)
+            src = next(p for (tt, _), p in inputs.pieces.items() if tt == t and what in p.layers)
         else:
-            src = pieces[(t, 0)] if what == -1 else pieces[(t, old.pp - 1)]
+            src = inputs.old_piece(0) if what == -1 else inputs.old_piece(inputs.old_mesh.pp - 1)
         shares = len(src.layers) + (1 if src.fwd_pre.nodes or src.bwd_post.nodes else 0) \
             + (1 if src.fwd_post.nodes or src.bwd_pre.nodes else 0)
         out.append(Gradient(node, src.dp_bytes // max(1, shares), ""))

@@ -42,6 +42,7 @@ was issued by it and counts it like a launch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from echo_et.errors import EchoError
 from echo_et.ir.graph import Graph
@@ -105,28 +106,68 @@ class Rendezvous:
     is_send: bool
 
 
+class StartPred(NamedTuple):
+    """A cross-stream predecessor that gates an item's start: the item starts no earlier
+    than ``gap`` ns after the *start* (``from_start``: a launch call, which a kernel may
+    outlive) or the *end* of item ``item``.
+
+    ``Program.start_preds`` stores plain ``(item, from_start, gap)`` tuples of this layout,
+    because the simulator's inner loop unpacks them (``for item, from_start, gap in
+    program.start_preds[i]``) and CPython unpacks an exact tuple about twice as fast as a
+    NamedTuple; ``StartPred(*t)`` names one."""
+
+    item: int
+    from_start: bool
+    gap: int
+
+
+StartPredTuple = tuple[int, bool, int]   # the stored form of a StartPred
+
+
+class CollectiveItem(NamedTuple):
+    """A collective item: where it meets its group (graph-local key) and its sequence.
+    (``Program.collective_items`` stores plain tuples of this layout, unpacked per rank.)"""
+
+    item: int
+    key: str
+    seq: int
+
+
+class P2PItem(NamedTuple):
+    """A send or recv item: its group key, the peer's position in that group, its sequence
+    number on (group, peer, direction) and its direction. (``Program.p2p_items`` stores
+    plain tuples of this layout.)"""
+
+    item: int
+    key: str
+    peer: int
+    seq: int
+    is_send: bool
+
+
 @dataclass
 class Program:
     """One distinct graph, compiled. Lists (not numpy) because the inner loop indexes them
-    one element at a time, which is faster on Python lists."""
+    one element at a time, which is faster on Python lists. An item is an index into every
+    per-item list."""
 
     graph_id: str
     n_items: int = 0
     stream_of: list[int] = field(default_factory=list)      # dense stream index per item
-    prev: list[int] = field(default_factory=list)           # stream predecessor item, -1 first
-    spreds: list[tuple[tuple[int, int], ...]] = field(default_factory=list)  # start preds: (item*2 + use start, gap)
-    epreds: list[tuple[int, ...]] = field(default_factory=list)  # end preds (sync): item ids
-    succs: list[tuple[int, ...]] = field(default_factory=list)
-    npreds: list[int] = field(default_factory=list)
-    pgap: list[int] = field(default_factory=list)           # gap after the stream predecessor / origin
+    stream_prev: list[int] = field(default_factory=list)    # previous item on the same stream, -1 first
+    stream_gap: list[int] = field(default_factory=list)     # gap after stream_prev (or the origin)
+    start_preds: list[tuple[StartPredTuple, ...]] = field(default_factory=list)  # cross-stream start gates
+    end_waits: list[tuple[int, ...]] = field(default_factory=list)  # items whose end a sync's end waits for
+    successors: list[tuple[int, ...]] = field(default_factory=list)  # items this one gates
+    pred_count: list[int] = field(default_factory=list)     # distinct predecessors of each item
     measured_dur: list[int] = field(default_factory=list)
     measured_start: list[int] = field(default_factory=list)
-    cat: list[int] = field(default_factory=list)
+    category: list[int] = field(default_factory=list)       # CAT_* of each item
     node_of: list[int] = field(default_factory=list)        # index in graph.nodes of the owner, -1 none
     rendezvous: dict[int, Rendezvous] = field(default_factory=dict)  # item -> rendezvous info
-    is_rdv: list[bool] = field(default_factory=list)        # item meets other ranks
-    coll_items: list[tuple[int, str, int]] = field(default_factory=list)  # (item, key, seq)
-    p2p_items: list[tuple[int, str, int, int, bool]] = field(default_factory=list)  # (item, key, peer, seq, send)
+    is_rendezvous: list[bool] = field(default_factory=list)  # item meets other ranks
+    collective_items: list[tuple[int, str, int]] = field(default_factory=list)         # CollectiveItem layout
+    p2p_items: list[tuple[int, str, int, int, bool]] = field(default_factory=list)     # P2PItem layout
     # per node (index in graph.nodes): the items holding its start and end
     node_start_item: list[int] = field(default_factory=list)
     node_end_item: list[int] = field(default_factory=list)
@@ -140,9 +181,64 @@ class Program:
     acausal_deps: int = 0        # dependencies the measured times contradict (dropped unless kept)
     placeholder_comm: int = 0    # communication nodes without a measured time (ex-situ traces)
 
+    def predecessors(self, item: int) -> set[int]:
+        """Every item ``item`` waits for: its stream predecessor, its start gates and, for
+        a sync, what its end waits for."""
+        preds: set[int] = set()
+        if self.stream_prev[item] >= 0:
+            preds.add(self.stream_prev[item])
+        preds.update(q for q, _, _ in self.start_preds[item])
+        preds.update(self.end_waits[item])
+        return preds
+
 
 def _where(graph: Graph, node: pb.Node) -> str:
     return f"graph {graph.id} node {node.id} ({node.name})"
+
+
+# A start gate while compiling: (item, from_start), before its gap is known.
+_Gate = tuple[int, bool]
+
+
+@dataclass
+class _Compilation:
+    """What compiling one graph carries between its phases."""
+
+    graph: Graph
+    keep_acausal_deps: bool
+    prog: Program
+    nodes: list[pb.Node] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    durs: list[int] = field(default_factory=list)
+    index: dict[int, int] = field(default_factory=dict)      # node id -> index in graph.nodes
+    by_stream: dict[int, list[int]] = field(default_factory=dict)  # stream id -> node indices, id order
+    stream_ids: list[int] = field(default_factory=list)      # declared order: dense index -> stream id
+    # Raw (node-level) dependencies, resolved to items once every item exists.
+    start_deps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # item -> [(node idx, dep kind)]
+    end_deps: dict[int, list[int]] = field(default_factory=dict)               # item -> [node idx]
+    item_mstart: list[int] = field(default_factory=list)     # measured start / end of each item
+    item_mend: list[int] = field(default_factory=list)
+    gates: list[list[_Gate]] = field(default_factory=list)   # per item, resolved start gates
+    waits: list[list[int]] = field(default_factory=list)     # per item, resolved end waits
+
+    def new_item(self, stream_k: int, cat: int, owner: int, mstart: int, mend: int, mdur: int) -> int:
+        prog = self.prog
+        it = prog.n_items
+        prog.n_items += 1
+        prog.stream_of.append(stream_k)
+        prog.category.append(cat)
+        prog.node_of.append(owner)
+        prog.measured_dur.append(max(0, mdur))
+        self.item_mstart.append(mstart)
+        self.item_mend.append(mend)
+        return it
+
+    def gate_time(self, gate: _Gate) -> int:
+        """The measured time a gate counts from (the start or the end of its item)."""
+        item, from_start = gate
+        return self.item_mstart[item] if from_start else self.item_mend[item]
 
 
 def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
@@ -153,97 +249,97 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     measurement shows finishing after the dependent node started (by more than 1 us) cannot
     have been a real constraint: a converter guessed it wrong. It is dropped and counted in
     ``Program.acausal_deps`` unless ``keep_acausal_deps``."""
-    nodes = graph.nodes
-    prog = Program(graph_id=graph.id)
-    # Read every node's fields once: protobuf attribute access is the slow part.
-    ids = [n.id for n in nodes]
-    kinds = [n.kind for n in nodes]
-    starts = [n.start_ns for n in nodes]
-    durs = [n.duration_ns for n in nodes]
-    index = {nid: i for i, nid in enumerate(ids)}
-    by_stream: dict[int, list[int]] = {}
-    for i, n in enumerate(nodes):
-        by_stream.setdefault(n.stream, []).append(i)
-    declared = {s.id: s for s in graph.header.streams}
-    stream_ids = sorted(by_stream)
-    dense = {sid: k for k, sid in enumerate(stream_ids)}
-    for sid in stream_ids:
-        by_stream[sid].sort(key=ids.__getitem__)
-        s = declared.get(sid) or pb.Stream(id=sid, name=f"stream {sid}")
-        prog.streams.append(s)
-        prog.host_stream.append(any(kinds[i] in _HOST_KINDS for i in by_stream[sid]))
+    c = _Compilation(graph, keep_acausal_deps, Program(graph_id=graph.id))
+    _read_nodes(c)
+    _make_items(c)
+    _link_stream_order(c.prog)
+    _resolve_dependencies(c)
+    if any(c.starts):
+        _drop_acausal(c)
+    _measure_gaps(c)
+    _link_successors(c.prog)
+    _index_rendezvous(c)
+    return c.prog
 
-    has_launch = pb.KIND_LAUNCH in kinds
+
+def _read_nodes(c: _Compilation) -> None:
+    """Read every node's fields once (protobuf attribute access is the slow part) and
+    declare the streams in id order."""
+    prog = c.prog
+    c.nodes = nodes = c.graph.nodes
+    c.ids = [n.id for n in nodes]
+    c.kinds = kinds = [n.kind for n in nodes]
+    c.starts = [n.start_ns for n in nodes]
+    c.durs = [n.duration_ns for n in nodes]
+    c.index = {nid: i for i, nid in enumerate(c.ids)}
+    for i, n in enumerate(nodes):
+        c.by_stream.setdefault(n.stream, []).append(i)
+    declared = {s.id: s for s in c.graph.header.streams}
+    c.stream_ids = sorted(c.by_stream)
+    for sid in c.stream_ids:
+        c.by_stream[sid].sort(key=c.ids.__getitem__)
+        prog.streams.append(declared.get(sid) or pb.Stream(id=sid, name=f"stream {sid}"))
+        prog.host_stream.append(any(kinds[i] in _HOST_KINDS for i in c.by_stream[sid]))
     device_compute = any(
         kinds[i] in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
-        for sid in stream_ids if not prog.host_stream[dense[sid]] for i in by_stream[sid]
+        for k, sid in enumerate(c.stream_ids) if not prog.host_stream[k] for i in c.by_stream[sid]
     )
-    prog.cpu_only = not has_launch and not device_compute
-    prog.measured_origin = min(starts, default=0)
-    timed = any(starts)
+    prog.cpu_only = pb.KIND_LAUNCH not in kinds and not device_compute
+    prog.measured_origin = min(c.starts, default=0)
+    prog.node_start_item = [-1] * len(nodes)
+    prog.node_end_item = [-1] * len(nodes)
 
-    n_nodes = len(nodes)
-    prog.node_start_item = [-1] * n_nodes
-    prog.node_end_item = [-1] * n_nodes
-    # Raw (node-level) dependencies resolved after all items exist.
-    start_deps: dict[int, list[tuple[int, int]]] = {}   # item -> [(node idx, dep kind)]
-    end_deps: dict[int, list[int]] = {}                 # item -> [node idx]
-    item_mstart: list[int] = []
-    item_mend: list[int] = []
 
-    def new_item(stream_k: int, cat: int, owner: int, mstart: int, mend: int, mdur: int) -> int:
-        it = prog.n_items
-        prog.n_items += 1
-        prog.stream_of.append(stream_k)
-        prog.cat.append(cat)
-        prog.node_of.append(owner)
-        prog.measured_dur.append(max(0, mdur))
-        item_mstart.append(mstart)
-        item_mend.append(mend)
-        return it
-
+def _make_items(c: _Compilation) -> None:
+    """Items of every stream, stream by stream: boundary segments of host threads, one item
+    per node of device streams. Records each item's raw dependencies."""
+    prog, nodes, kinds, starts, durs = c.prog, c.nodes, c.kinds, c.starts, c.durs
     control = pb.DEP_CONTROL
-    for sid in stream_ids:
-        k = dense[sid]
-        members = by_stream[sid]
+    for k, sid in enumerate(c.stream_ids):
+        members = c.by_stream[sid]
         if prog.host_stream[k]:
-            _compile_host_thread(prog, nodes, index, members, k, new_item, start_deps, end_deps, graph)
+            _compile_host_thread(c, members, k)
             continue
         n_start, n_end = prog.node_start_item, prog.node_end_item
         for i in members:
-            kind = kinds[i]
-            cat = _DEVICE_CAT.get(kind, CAT_OTHER)
-            it = new_item(k, cat, i, starts[i], starts[i] + durs[i], durs[i])
+            cat = _DEVICE_CAT.get(kinds[i], CAT_OTHER)
+            it = c.new_item(k, cat, i, starts[i], starts[i] + durs[i], durs[i])
             n_start[i] = it
             n_end[i] = it
             deps = nodes[i].deps
             if deps:
                 # A device node nested in an operator (DEP_CONTROL) was issued by it: like a
                 # launch, it cannot start before that operator starts.
-                start_deps[it] = [(index[d.id], pb.DEP_LAUNCH if d.kind == control else d.kind)
-                                  for d in deps if d.id in index]
+                c.start_deps[it] = [(c.index[d.id], pb.DEP_LAUNCH if d.kind == control else d.kind)
+                                    for d in deps if d.id in c.index]
             if cat in RENDEZVOUS_CATS:
-                prog.rendezvous[it] = _rendezvous(graph, nodes[i])
+                prog.rendezvous[it] = _rendezvous(c.graph, nodes[i])
 
-    # Stream predecessors.
-    prog.prev = [-1] * prog.n_items
+
+def _link_stream_order(prog: Program) -> None:
+    prog.stream_prev = [-1] * prog.n_items
     for it in range(1, prog.n_items):
         if prog.stream_of[it] == prog.stream_of[it - 1]:
-            prog.prev[it] = it - 1
+            prog.stream_prev[it] = it - 1
 
-    # Resolve dependencies to item references and compute gates.
-    spreds: list[list[int]] = [[] for _ in range(prog.n_items)]
-    epreds: list[list[int]] = [[] for _ in range(prog.n_items)]
-    for it, deps in start_deps.items():
+
+def _resolve_dependencies(c: _Compilation) -> None:
+    """Node-level dependencies -> item gates. A DEP_LAUNCH counts from the start of the
+    launch's item, any other kind from the end of the node's last item; a dependency on an
+    earlier item of the same stream is implied by stream order."""
+    prog, nodes, graph = c.prog, c.nodes, c.graph
+    c.gates = [[] for _ in range(prog.n_items)]
+    c.waits = [[] for _ in range(prog.n_items)]
+    for it, deps in c.start_deps.items():
         k = prog.stream_of[it]
         for j, kind in deps:
             if prog.node_start_item[j] < 0:
                 continue
             if kind == pb.DEP_LAUNCH:
-                ref = prog.node_start_item[j] * 2 + 1
+                gate = (prog.node_start_item[j], True)
             else:
-                ref = prog.node_end_item[j] * 2
-            pit = ref >> 1
+                gate = (prog.node_end_item[j], False)
+            pit = gate[0]
             if prog.stream_of[pit] == k:
                 if pit >= it:
                     n = nodes[prog.node_of[it]] if prog.node_of[it] >= 0 else None
@@ -251,69 +347,82 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
                     raise EchoError(f"{where}: depends on node {nodes[j].id} ({nodes[j].name}), which runs "
                                     "after it on the same stream")
                 continue  # implied by stream order
-            if ref not in spreds[it]:
-                spreds[it].append(ref)
-    for it, deps in end_deps.items():
+            if gate not in c.gates[it]:
+                c.gates[it].append(gate)
+    for it, deps in c.end_deps.items():
         k = prog.stream_of[it]
         for j in deps:
             pit = prog.node_end_item[j]
             if pit < 0 or prog.stream_of[pit] == k:
                 continue
-            if pit not in epreds[it]:
-                epreds[it].append(pit)
+            if pit not in c.waits[it]:
+                c.waits[it].append(pit)
 
-    if timed:
-        for it in range(prog.n_items):
-            lim = item_mstart[it] + ACAUSAL_TOLERANCE_NS
-            bad = [ref for ref in spreds[it] if (item_mstart[ref >> 1] if ref & 1 else item_mend[ref >> 1]) > lim]
-            lim_end = item_mend[it] + ACAUSAL_TOLERANCE_NS
-            bad_end = [q for q in epreds[it] if item_mend[q] > lim_end]
-            prog.acausal_deps += len(bad) + len(bad_end)
-            if not keep_acausal_deps:
-                spreds[it] = [ref for ref in spreds[it] if ref not in bad]
-                epreds[it] = [q for q in epreds[it] if q not in bad_end]
-    prog.pgap = [0] * prog.n_items
-    prog.measured_start = item_mstart
-    gaps: list[list[int]] = [[] for _ in range(prog.n_items)]
+
+def _drop_acausal(c: _Compilation) -> None:
+    """Count (and drop, unless kept) the dependencies the measured times contradict."""
+    prog = c.prog
     for it in range(prog.n_items):
-        p = prog.prev[it]
-        m_prev = item_mend[p] if p >= 0 else prog.measured_origin
-        m_refs = [item_mstart[ref >> 1] if ref & 1 else item_mend[ref >> 1] for ref in spreds[it]]
-        ready = max([m_prev, *m_refs])
-        gap = max(0, item_mstart[it] - ready)
-        prog.pgap[it] = gap if m_prev == ready else 0
-        gaps[it] = [gap if m == ready else 0 for m in m_refs]
-        if epreds[it]:
-            # A sync keeps only its measured return latency after what it waited for.
-            waited = max(item_mend[q] for q in epreds[it])
-            prog.measured_dur[it] = max(0, item_mend[it] - max(item_mstart[it], waited))
+        lim = c.item_mstart[it] + ACAUSAL_TOLERANCE_NS
+        bad = [g for g in c.gates[it] if c.gate_time(g) > lim]
+        lim_end = c.item_mend[it] + ACAUSAL_TOLERANCE_NS
+        bad_end = [q for q in c.waits[it] if c.item_mend[q] > lim_end]
+        prog.acausal_deps += len(bad) + len(bad_end)
+        if not c.keep_acausal_deps:
+            c.gates[it] = [g for g in c.gates[it] if g not in bad]
+            c.waits[it] = [q for q in c.waits[it] if q not in bad_end]
 
-    prog.spreds = [tuple(zip(s, g, strict=True)) for s, g in zip(spreds, gaps, strict=True)]
-    prog.epreds = [tuple(e) for e in epreds]
+
+def _measure_gaps(c: _Compilation) -> None:
+    """The measured gap each item keeps after the predecessor that decided its start (the
+    latest one, in measured time); 0 after the others. A sync keeps only its measured
+    return latency after what it waited for."""
+    prog = c.prog
+    mstart, mend = c.item_mstart, c.item_mend
+    prog.stream_gap = [0] * prog.n_items
+    prog.measured_start = mstart
+    start_preds: list[tuple[StartPredTuple, ...]] = []
+    for it in range(prog.n_items):
+        p = prog.stream_prev[it]
+        m_prev = mend[p] if p >= 0 else prog.measured_origin
+        m_gates = [c.gate_time(g) for g in c.gates[it]]
+        ready = max([m_prev, *m_gates])
+        gap = max(0, mstart[it] - ready)
+        prog.stream_gap[it] = gap if m_prev == ready else 0
+        start_preds.append(tuple((q, from_start, gap if m == ready else 0)     # StartPred layout
+                                 for (q, from_start), m in zip(c.gates[it], m_gates, strict=True)))
+        if c.waits[it]:
+            waited = max(mend[q] for q in c.waits[it])
+            prog.measured_dur[it] = max(0, mend[it] - max(mstart[it], waited))
+    prog.start_preds = start_preds
+    prog.end_waits = [tuple(w) for w in c.waits]
+
+
+def _link_successors(prog: Program) -> None:
     succs: list[list[int]] = [[] for _ in range(prog.n_items)]
-    npreds = [0] * prog.n_items
+    pred_count = [0] * prog.n_items
     for it in range(prog.n_items):
-        preds = set()
-        if prog.prev[it] >= 0:
-            preds.add(prog.prev[it])
-        preds.update(ref >> 1 for ref in spreds[it])
-        preds.update(epreds[it])
-        npreds[it] = len(preds)
+        preds = prog.predecessors(it)
+        pred_count[it] = len(preds)
         for p in preds:
             succs[p].append(it)
-    prog.succs = [tuple(s) for s in succs]
-    prog.npreds = npreds
-    prog.roots = [it for it in range(prog.n_items) if npreds[it] == 0]
+    prog.successors = [tuple(s) for s in succs]
+    prog.pred_count = pred_count
+    prog.roots = [it for it in range(prog.n_items) if pred_count[it] == 0]
 
-    prog.placeholder_comm = sum(1 for n in nodes if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
+
+def _index_rendezvous(c: _Compilation) -> None:
+    """Which items meet other ranks, on which group keys; which keys need member order."""
+    prog, graph = c.prog, c.graph
+    prog.placeholder_comm = sum(1 for n in c.nodes if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
                                 and n.attrs.get("timing") == "placeholder")
-    prog.is_rdv = [False] * prog.n_items
+    prog.is_rendezvous = [False] * prog.n_items
     for it, rv in sorted(prog.rendezvous.items()):
-        prog.is_rdv[it] = True
+        prog.is_rendezvous[it] = True
         if rv.peer < 0:
-            prog.coll_items.append((it, rv.key, rv.seq))
+            prog.collective_items.append((it, rv.key, rv.seq))                       # CollectiveItem
         else:
-            prog.p2p_items.append((it, rv.key, rv.peer, rv.seq, rv.is_send))
+            prog.p2p_items.append((it, rv.key, rv.peer, rv.seq, rv.is_send))         # P2PItem
     keys: set[str] = set(graph.header.group_sizes)
     ordered: set[str] = set()
     for r in prog.rendezvous.values():
@@ -322,7 +431,6 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
             ordered.add(r.key)
     prog.group_keys = sorted(keys)
     prog.ordered_keys = frozenset(ordered)
-    return prog
 
 
 def _rendezvous(graph: Graph, n: pb.Node) -> Rendezvous:
@@ -339,8 +447,9 @@ def _rendezvous(graph: Graph, n: pb.Node) -> Rendezvous:
                       n.kind == pb.KIND_SEND)
 
 
-def _compile_host_thread(prog, nodes, index, members, k, new_item, start_deps, end_deps, graph) -> None:
+def _compile_host_thread(c: _Compilation, members: list[int], k: int) -> None:
     """Cut one host thread into boundary segments (see the module docstring)."""
+    prog, nodes, index = c.prog, c.nodes, c.index
     # Boundaries in nesting order: (measured time, node index, is_start).
     bounds: list[tuple[int, int, bool]] = []
     stack: list[int] = []
@@ -389,7 +498,7 @@ def _compile_host_thread(prog, nodes, index, members, k, new_item, start_deps, e
                 cat = CAT_COPY
             elif kind == pb.KIND_COMM_UNKNOWN:
                 cat = CAT_COMM_OTHER
-        seg = new_item(k, cat, owner, t, max(t, t_next), t_next - t)
+        seg = c.new_item(k, cat, owner, t, max(t, t_next), t_next - t)
         seg_of_boundary.append(seg)
 
     for b in range(n_b):
@@ -408,11 +517,11 @@ def _compile_host_thread(prog, nodes, index, members, k, new_item, start_deps, e
         cross = [(d.id, d.kind) for d in n.deps if d.kind != pb.DEP_CONTROL]
         if (n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV) and not children.get(i)
                 and s_it == e_it):
-            prog.cat[s_it] = CAT_COLL if n.kind == pb.KIND_COLLECTIVE else CAT_P2P
-            prog.rendezvous[s_it] = _rendezvous(graph, n)
+            prog.category[s_it] = CAT_COLL if n.kind == pb.KIND_COLLECTIVE else CAT_P2P
+            prog.rendezvous[s_it] = _rendezvous(c.graph, n)
         if not cross:
             continue
         if n.kind == pb.KIND_SYNC:
-            end_deps.setdefault(e_it, []).extend(index[d_id] for d_id, _ in cross if d_id in index)
+            c.end_deps.setdefault(e_it, []).extend(index[d_id] for d_id, _ in cross if d_id in index)
         else:
-            start_deps.setdefault(s_it, []).extend((index[d_id], kd) for d_id, kd in cross if d_id in index)
+            c.start_deps.setdefault(s_it, []).extend((index[d_id], kd) for d_id, kd in cross if d_id in index)

@@ -13,9 +13,13 @@ class RankResult:
     compute_ns       time the rank's device runs compute or copies (union over streams)
     comm_ns          time communication transfers run (union; the wait for partners excluded)
     exposed_comm_ns  communication not hidden behind compute
-    idle_ns          step time with neither compute nor communication running: the bubble
-                     (waiting for partners, for the host, for a pipeline stage)
-    sync_wait_ns     time spent waiting for the last member of a collective / the P2P peer
+    idle_ns          step time with neither compute nor communication running (waiting for
+                     partners, for the host, for a pipeline stage)
+    bubble_ns        the part of idle_ns spent waiting for the last member of a collective
+                     or for a P2P peer (pipeline bubbles, stragglers); idle_ns - bubble_ns is
+                     the rest (host-bound gaps, launch latency)
+    sync_wait_ns     time spent waiting for the last member of a collective / the P2P peer,
+                     hidden or not
     host_wait_ns     time host threads block in synchronisation calls waiting for the device
     """
 
@@ -28,6 +32,7 @@ class RankResult:
     sync_wait_ns: int
     host_wait_ns: int
     simulated_as: int  # the representative rank whose timeline this rank shares
+    bubble_ns: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {
@@ -36,6 +41,7 @@ class RankResult:
             "comm_ns": self.comm_ns,
             "exposed_comm_ns": self.exposed_comm_ns,
             "idle_ns": self.idle_ns,
+            "bubble_ns": self.bubble_ns,
             "sync_wait_ns": self.sync_wait_ns,
             "host_wait_ns": self.host_wait_ns,
             "simulated_as": self.simulated_as,
@@ -44,12 +50,44 @@ class RankResult:
 
 @dataclass(frozen=True)
 class SimTimeline:
-    """Where each node of each simulated rank ran: the engine's per-class states (start and
-    end of every node, the time it arrived at a collective) and the partition that maps a
-    rank to the class whose timeline it shares. Read by :mod:`echo_et.sim.timeline`."""
+    """Where each node of each simulated rank ran: the engine's per-class states
+    (:class:`echo_et.sim.state.RankState`: start and end of every item, the time it arrived
+    at a collective) and the partition that maps a rank to the class whose timeline it
+    shares. Read by :mod:`echo_et.sim.timeline`."""
 
-    states: list[Any]
-    partition: Any  # echo_et.sim.symmetry.Partition
+    states: list[Any]   # echo_et.sim.state.RankState, one per class
+    partition: Any      # echo_et.sim.symmetry.Partition
+    job: Any = None     # the simulated Job: a rank's group keys resolve through its own binding
+
+    def group_of(self, rank: int) -> Any:
+        """``key -> ProcessGroup`` for ``rank`` (its own groups, not its representative's)."""
+        if self.job is not None:
+            job = self.job
+            return lambda key: job.resolve_group(rank, key)
+        return self.state_of(rank).group_of_key.__getitem__
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.partition.class_of)
+
+    def state_of(self, rank: int) -> Any:
+        """The RankState whose timeline ``rank`` has (its class representative's)."""
+        c = self.partition.class_of[rank]
+        st = self.states[c]
+        if st.class_id != c:  # states are made in class order; be safe if that ever changes
+            st = next(s for s in self.states if s.class_id == c)
+        return st
+
+    def node_times(self, rank: int) -> dict[int, tuple[int, int]]:
+        """Node id -> simulated (start, end) in job-clock ns, for every node of ``rank``'s
+        graph that ran."""
+        st = self.state_of(rank)
+        out = {}
+        for idx, node in enumerate(st.graph.nodes):
+            span = st.node_span(idx)
+            if span is not None:
+                out[node.id] = span
+        return out
 
 
 @dataclass

@@ -61,7 +61,10 @@ from echo_et.sim.program import (
     compile_graph,
 )
 from echo_et.sim.result import RankResult, SimResult, SimTimeline
+from echo_et.sim.state import CollectiveKey, Meeting, MeetingKey, P2PKey, Participant, ParticipantTuple, RankState
 from echo_et.sim.symmetry import Partition, identity_partition, rank_partition
+
+_new_tuple = tuple.__new__
 
 
 @dataclass
@@ -100,7 +103,7 @@ class CommCall:
                  "_parts")
 
     def __init__(self, op: str, coll_type: int, in_bytes: int, out_bytes: int, dtype: str, group: pb.ProcessGroup,
-                 seq: int, root: int, src: int, dst: int, parts: list):
+                 seq: int, root: int, src: int, dst: int, parts: list[ParticipantTuple]):
         self.op = op                  # collective name ("all_reduce", ...) or "send_recv"
         self.coll_type = coll_type    # CollectiveType (0 for send/recv)
         self.in_bytes = in_bytes      # per-rank input bytes (send/recv: message bytes)
@@ -115,14 +118,14 @@ class CommCall:
 
     @property
     def measured_ns(self) -> list[int]:
-        return [st.prog.measured_dur[it] for st, it, _ in self._parts]
+        return [st.program.measured_dur[it] for st, it, _ in self._parts]
 
     def shortest_measured_ns(self) -> int:
         """The shortest participant kernel: the last member to arrive waited least."""
         parts = self._parts
         st0, it0, _ = parts[0]
-        if all(st.prog is st0.prog and it == it0 for st, it, _ in parts):
-            return st0.prog.measured_dur[it0]
+        if all(st.program is st0.program and it == it0 for st, it, _ in parts):
+            return st0.program.measured_dur[it0]
         return min(self.measured_ns)
 
     def measured_tails_ns(self) -> int | list[int]:
@@ -134,11 +137,11 @@ class CommCall:
         kernel instead."""
         parts = self._parts
         st0, it0, _ = parts[0]
-        if len(parts) == 1 or all(st.prog is st0.prog and it == it0 and st.clock == st0.clock
-                                  for st, it, _ in parts):
-            return st0.prog.measured_dur[it0]
-        durs = [st.prog.measured_dur[it] for st, it, _ in parts]
-        starts = [st.prog.measured_start[it] + st.clock for st, it, _ in parts]
+        if len(parts) == 1 or all(st.program is st0.program and it == it0 and st.clock_offset_ns == st0.clock_offset_ns
+                                  for st, it, _ in parts):  # the same node of one shared graph, one clock
+            return st0.program.measured_dur[it0]
+        durs = [st.program.measured_dur[it] for st, it, _ in parts]
+        starts = [st.program.measured_start[it] + st.clock_offset_ns for st, it, _ in parts]
         last = max(starts)
         tails = [s + d - last for s, d in zip(starts, durs, strict=True)]
         if all(0 <= t <= d for t, d in zip(tails, durs, strict=True)):
@@ -155,59 +158,15 @@ class CommCall:
         return [st.node(it) for st, it, _ in self._parts]
 
 
-class _Rank:
-    """Simulation state of one simulated (representative) rank."""
-
-    __slots__ = ("rank", "cls", "prog", "graph", "dur", "cnt", "start", "end", "arrive", "origin",
-                 "stack", "queued", "done", "mkey", "mexp", "keygroup", "pos", "dkey", "met", "clock", "eager")
-
-    def __init__(self, rank: int, cls: int, prog: Program, graph, origin: int, clock: int = 0):
-        self.rank = rank
-        self.clock = clock  # the rank's clock offset: measured time + clock = job clock
-        self.cls = cls
-        self.prog = prog
-        self.graph = graph
-        self.origin = origin
-        self.dur: list[int] = []
-        self.cnt: list[int] = []
-        self.start: list[int] = []
-        self.end: list[int] = []
-        self.arrive: dict[int, int] = {}
-        self.stack: list[int] = []
-        self.queued = False
-        self.done = 0
-        self.mkey: dict[int, tuple] = {}    # rendezvous item -> meeting key
-        self.mexp: dict[int, int] = {}      # rendezvous item -> participants expected
-        self.eager: set[int] = set()        # sends that complete without waiting for their recv
-        self.keygroup: dict[str, pb.ProcessGroup] = {}
-        self.pos: dict[str, int] = {}
-        self.dkey: Hashable = None
-        self.met: dict[int, list[tuple[_Rank, int, int]]] = {}  # rendezvous item -> all participants
-
-    def reset(self, dur: list[int]) -> None:
-        n = self.prog.n_items
-        self.dur = dur
-        self.cnt = list(self.prog.npreds)
-        self.start = [-1] * n
-        self.end = [-1] * n
-        self.arrive = {}
-        self.met = {}
-        self.stack = list(reversed(self.prog.roots))
-        self.done = 0
-
-    def node(self, item: int) -> pb.Node | None:
-        idx = self.prog.node_of[item]
-        return self.graph.nodes[idx] if idx >= 0 else None
-
-    def describe(self, item: int) -> str:
-        n = self.node(item)
-        return f"node {n.id} ({n.name})" if n is not None else f"host gap item {item}"
-
-
 class Simulator:
-    """Replay: every measured duration is kept; collectives take their own time from the
-    member that arrived last (the shortest measured kernel of the collective), and the
-    simulator re-creates the waits. See the module docstring for the override map."""
+    """Replay: every measured duration is kept, and the simulator re-creates the waits
+    between ranks. A collective (or send/recv) starts on every member when the last one
+    arrives; each member then runs for its measured *tail*: its measured kernel end minus
+    the measured start of the latest-starting member's kernel (job clock), so the measured
+    wait inside the kernel is not counted twice. When the ranks' clocks disagree (a tail
+    below 0 or longer than the member's own kernel), every member gets the shortest
+    measured kernel instead (see :meth:`CommCall.measured_tails_ns`). See the module
+    docstring for the override map."""
 
     mode = "replay"
 
@@ -217,12 +176,14 @@ class Simulator:
         gpn = self.options.gpus_per_node
         self.gpus_per_node = int(gpn if gpn else job.manifest.hardware.gpus_per_node or 0)
         self._programs: dict[str, Program] = {}
-        self._states: list[_Rank] = []
-        self._meetings: dict[tuple, list] = {}  # key -> [arrived, latest arrival, parts]
-        self._active: list[_Rank] = []
+        self._states: list[RankState] = []
+        self._meetings: dict[MeetingKey, Meeting] = {}
+        self._active: list[RankState] = []    # ranks with ready items (each once: RankState.queued)
         self._events = 0
         self._partition: Partition | None = None
-        self._want: dict[int, frozenset[int]] = {}
+        self._origin: dict[int, int] = {}
+        self._members_of: dict[int, frozenset[int]] = {}  # group class -> rank classes that meet on it
+        self._meeting_size_of: dict[int, int] = {}       # group class -> members a collective waits for
         self._group_by_id = {g.id: g for g in job.manifest.groups}
         self._slowdown_info: dict[str, Any] = {}
 
@@ -279,7 +240,7 @@ class Simulator:
         self._partition = self._make_partition(ranks)
         self._setup_states()
         base = self._base_durations()
-        durs = {id(st): base[st.dkey] for st in self._states}
+        durs = {id(st): base[st.durations_key] for st in self._states}
         self._simulate(durs)
         if self.uses_slowdown():
             self._iterate_slowdown(base)
@@ -313,67 +274,99 @@ class Simulator:
         return part
 
     def _setup_states(self) -> None:
+        """One RankState per class representative, with its groups bound and the meeting
+        key of each of its rendezvous items."""
         job = self.job
         part = self._partition
         assert part is not None
         self._states = []
-        incid: dict[int, set[tuple[int, str]]] = {}
-        for r in job.ranks():
-            for key, gid in job.binding(r).groups.items():
-                incid.setdefault(gid, set()).add((part.class_of[r], key))
-        for gid, inc in incid.items():
-            gc = part.group_class[gid]
-            if gc not in self._want:
-                self._want[gc] = frozenset(c for c, _ in inc)
+        self._members_of = self._group_members(part)
+        self._meeting_size_of = {gc: len(members) for gc, members in self._members_of.items()}
         bound = set(job.ranks())
         for c, r in enumerate(part.reps):
             b = job.binding(r)
             prog = self._programs[b.graph]
-            st = _Rank(r, c, prog, job.graph(b.graph), self._origin[r], int(b.clock_offset_ns))
-            st.dkey = (b.graph, self.symmetry_key(r))
-            gclass: dict[str, int] = {}
-            for key, gid in b.groups.items():
-                g = self._group_by_id.get(gid)
-                if g is None:
-                    raise EchoError(f"rank {r}: group key {key!r} is bound to undefined group {gid}")
-                st.keygroup[key] = g
-                gclass[key] = part.group_class[g.id]
-                if key in prog.ordered_keys and r in g.ranks:
-                    st.pos[key] = list(g.ranks).index(r)
-            for key in prog.group_keys:
-                if key not in gclass and any(rv.key == key for rv in prog.rendezvous.values()):
-                    it = next(i for i, rv in prog.rendezvous.items() if rv.key == key)
-                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: group key {key!r} "
-                                    "is not bound for this rank")
-            want = self._want
-            st.mkey = {it: ("c", gclass[key], seq) for it, key, seq in prog.coll_items}
-            st.mexp = {it: len(want[gclass[key]]) for it, key, _ in prog.coll_items}
-            peer_exp: dict[tuple[str, int], int] = {}
-            for it, key, peer, seq, is_send in prog.p2p_items:
-                g = st.keygroup[key]
-                if peer >= len(g.ranks) or key not in st.pos:
-                    raise EchoError(f"while simulating rank {r} {st.describe(it)}: peer {peer} is not in "
-                                    f"group {g.id} of size {len(g.ranks)}")
-                me = st.pos[key]
-                exp = peer_exp.get((key, peer))
-                if exp is None:
-                    exp = 2 if g.ranks[peer] in bound else 1
-                    peer_exp[(key, peer)] = exp
-                st.mkey[it] = ("p", gclass[key], me, peer, seq) if is_send else ("p", gclass[key], peer, me, seq)
-                st.mexp[it] = exp
-                if is_send and prog.rendezvous[it].in_bytes <= self.options.p2p_eager_bytes:
-                    st.eager.add(it)
+            st = RankState(r, c, prog, job.graph(b.graph), self._origin[r], int(b.clock_offset_ns),
+                           durations_key=(b.graph, self.symmetry_key(r)))
+            group_class = self._bind_groups(st, b)
+            self._collective_meetings(st, group_class)
+            self._p2p_meetings(st, group_class, bound)
             self._states.append(st)
 
+    def _group_members(self, part: Partition) -> dict[int, frozenset[int]]:
+        """Group class -> the rank classes bound to a group of that class (who a collective
+        on it waits for)."""
+        incidence: dict[int, set[tuple[int, str]]] = {}
+        for r in self.job.ranks():
+            for key, gid in self.job.binding(r).groups.items():
+                incidence.setdefault(gid, set()).add((part.class_of[r], key))
+        out: dict[int, frozenset[int]] = {}
+        for gid, inc in incidence.items():
+            gc = part.group_class[gid]
+            if gc not in out:
+                out[gc] = frozenset(c for c, _ in inc)
+        return out
+
+    def _bind_groups(self, st: RankState, binding: pb.RankBinding) -> dict[str, int]:
+        """Resolve the rank's group keys; returns key -> group class."""
+        part = self._partition
+        assert part is not None
+        prog, r = st.program, st.rank
+        group_class: dict[str, int] = {}
+        for key, gid in binding.groups.items():
+            g = self._group_by_id.get(gid)
+            if g is None:
+                raise EchoError(f"rank {r}: group key {key!r} is bound to undefined group {gid}")
+            st.group_of_key[key] = g
+            group_class[key] = part.group_class[g.id]
+            if key in prog.ordered_keys and r in g.ranks:
+                st.position_in_group[key] = list(g.ranks).index(r)
+        for key in prog.group_keys:
+            if key not in group_class and any(rv.key == key for rv in prog.rendezvous.values()):
+                it = next(i for i, rv in prog.rendezvous.items() if rv.key == key)
+                raise EchoError(f"while simulating rank {r} {st.describe(it)}: group key {key!r} "
+                                "is not bound for this rank")
+        return group_class
+
+    def _collective_meetings(self, st: RankState, group_class: dict[str, int]) -> None:
+        # tuple.__new__(CollectiveKey, ...) is CollectiveKey(...) without its Python-level
+        # __new__: this runs for every collective of every simulated rank.
+        size = self._meeting_size_of
+        items = st.program.collective_items
+        st.meeting_key.update({it: _new_tuple(CollectiveKey, (group_class[key], seq)) for it, key, seq in items})
+        st.meeting_size.update({it: size[group_class[key]] for it, key, _ in items})
+
+    def _p2p_meetings(self, st: RankState, group_class: dict[str, int], bound: set[int]) -> None:
+        """A send and its recv meet under one key (sender position, receiver position); a
+        peer outside the job (a partial job) never comes, so only the local end is expected."""
+        expected: dict[tuple[str, int], int] = {}
+        for it, key, peer, seq, is_send in st.program.p2p_items:
+            g = st.group_of_key[key]
+            if peer >= len(g.ranks) or key not in st.position_in_group:
+                raise EchoError(f"while simulating rank {st.rank} {st.describe(it)}: peer {peer} is not in "
+                                f"group {g.id} of size {len(g.ranks)}")
+            me = st.position_in_group[key]
+            size = expected.get((key, peer))
+            if size is None:
+                size = 2 if g.ranks[peer] in bound else 1
+                expected[(key, peer)] = size
+            st.meeting_key[it] = _new_tuple(P2PKey, (group_class[key], me, peer, seq) if is_send
+                                            else (group_class[key], peer, me, seq))
+            st.meeting_size[it] = size
+            if is_send and st.program.rendezvous[it].in_bytes <= self.options.p2p_eager_bytes:
+                st.eager_sends.add(it)
+
     def _base_durations(self) -> dict[Hashable, list[int]]:
+        """Each item's duration from the override points (rendezvous items get theirs when
+        their members meet), once per distinct ``durations_key``."""
         out: dict[Hashable, list[int]] = {}
         for st in self._states:
-            if st.dkey in out:
+            if st.durations_key in out:
                 continue
-            prog, nodes, rank = st.prog, st.graph.nodes, st.rank
+            prog, nodes, rank = st.program, st.graph.nodes, st.rank
             durs = [0] * prog.n_items
             for it in range(prog.n_items):
-                cat = prog.cat[it]
+                cat = prog.category[it]
                 if cat in RENDEZVOUS_CATS:
                     continue
                 idx = prog.node_of[it]
@@ -393,82 +386,91 @@ class Simulator:
                 except EchoError as e:
                     raise EchoError(f"while simulating rank {rank} {st.describe(it)}: {e}") from None
                 durs[it] = max(0, int(d))
-            out[st.dkey] = durs
+            out[st.durations_key] = durs
         return out
 
     # -- the event loop ----------------------------------------------------------------------
     def _simulate(self, durs: dict[int, list[int]]) -> None:
+        """Run every rank until no rank has a ready item. A rank runs (``_drain``) until it
+        blocks at a meeting; the last member to arrive finishes the meeting and queues the
+        ranks it unblocked."""
         self._meetings = {}
         self._events = 0
         self._active = []
         for st in self._states:
             st.reset(durs[id(st)])
-            if st.stack:
+            if st.ready:
                 st.queued = True
                 self._active.append(st)
         while self._active:
             st = self._active.pop()
             st.queued = False
             self._drain(st)
-        unfinished = [st for st in self._states if st.done < st.prog.n_items]
+        unfinished = [st for st in self._states if st.items_done < st.program.n_items]
         if unfinished or self._meetings:
             raise EchoError(self._deadlock_message(unfinished))
 
-    def _drain(self, st: _Rank) -> None:
-        prog = st.prog
-        prev, spreds, epreds, pgap, succs = prog.prev, prog.spreds, prog.epreds, prog.pgap, prog.succs
-        is_rdv = prog.is_rdv
-        dur, start, end, cnt, stack, origin = st.dur, st.start, st.end, st.cnt, st.stack, st.origin
-        arrive, mkey, mexp, meetings = st.arrive, st.mkey, st.mexp, self._meetings
+    def _drain(self, st: RankState) -> None:
+        """The hot loop: run the rank's ready items in stack order. An item starts at the
+        latest of (its stream predecessor's end or the origin) + stream gap and every start
+        gate's time + gap; a sync also ends no earlier than what it waits for. A rendezvous
+        item arrives at its meeting instead of running."""
+        prog = st.program
+        stream_prev, stream_gap, start_preds, end_waits, successors = (
+            prog.stream_prev, prog.stream_gap, prog.start_preds, prog.end_waits, prog.successors)
+        is_rendezvous, category = prog.is_rendezvous, prog.category
+        dur, start, end, pending, ready, origin = (
+            st.durations, st.item_start, st.item_end, st.pending_preds, st.ready, st.origin_ns)
+        arrival, meeting_key, meeting_size, meetings = st.item_arrival, st.meeting_key, st.meeting_size, self._meetings
         done = 0
-        while stack:
-            i = stack.pop()
-            p = prev[i]
-            t = (end[p] if p >= 0 else origin) + pgap[i]
-            for ref, g in spreds[i]:
-                v = (start[ref >> 1] if ref & 1 else end[ref >> 1]) + g
+        while ready:
+            i = ready.pop()
+            p = stream_prev[i]
+            t = (end[p] if p >= 0 else origin) + stream_gap[i]
+            for q, from_start, g in start_preds[i]:
+                v = (start[q] if from_start else end[q]) + g
                 if v > t:
                     t = v
-            if is_rdv[i]:
-                arrive[i] = t
-                key = mkey[i]
-                if key[0] == "p":
+            if is_rendezvous[i]:
+                arrival[i] = t
+                key = meeting_key[i]
+                if category[i] == CAT_P2P:
                     self._p2p_arrive(st, i, t, key)
                     continue
                 m = meetings.get(key)
                 if m is None:
-                    m = [0, t, []]
+                    m = Meeting(0, t, [])
                     meetings[key] = m
-                m[0] += 1
-                m[2].append((st, i, t))
-                if t > m[1]:
-                    m[1] = t
-                if m[0] >= mexp[i]:
+                m.arrived += 1
+                m.parts.append((st, i, t))
+                if t > m.last_arrival_ns:
+                    m.last_arrival_ns = t
+                if m.arrived >= meeting_size[i]:
                     del meetings[key]
-                    self._complete(key, m[1], m[2])
+                    self._complete(key, m.last_arrival_ns, m.parts)
                 continue
             start[i] = t
-            for q in epreds[i]:
+            for q in end_waits[i]:
                 v = end[q]
                 if v > t:
                     t = v
             end[i] = t + dur[i]
             done += 1
-            for s in succs[i]:
-                c = cnt[s] - 1
-                cnt[s] = c
+            for s in successors[i]:
+                c = pending[s] - 1
+                pending[s] = c
                 if c == 0:
-                    stack.append(s)
-        st.done += done
+                    ready.append(s)
+        st.items_done += done
         self._events += done
 
-    def _complete(self, key: tuple, tmax: int, parts: list) -> None:
-        """All members of a collective arrived: it starts at ``tmax`` on every one of them."""
+    def _complete(self, key: MeetingKey, start_ns: int, parts: list[ParticipantTuple]) -> None:
+        """All members of a collective arrived: it starts at ``start_ns`` on every one of them."""
         own = self._own_times(key, parts)
         for (st, it, _), o in zip(parts, own, strict=True):
-            self._finish(st, it, tmax, tmax + o, parts)
+            self._finish(st, it, start_ns, start_ns + o, parts)
 
-    def _p2p_arrive(self, st: _Rank, item: int, t: int, key: tuple) -> None:
+    def _p2p_arrive(self, st: RankState, item: int, t: int, key: MeetingKey) -> None:
         """A send or recv is posted. An eager send (small message: it goes to the peer's
         buffer) runs at once; its recv starts when both are posted and ends no earlier
         than the send. A larger send waits for its recv (rendezvous): both start when both
@@ -476,52 +478,53 @@ class Simulator:
         meetings = self._meetings
         m = meetings.get(key)
         if m is None:
-            m = [0, t, [], -1]   # posted, latest post, parts, end of a send already done
+            m = Meeting(0, t, [])
             meetings[key] = m
-        m[0] += 1
-        m[2].append((st, item, t))
-        if t > m[1]:
-            m[1] = t
-        eager = item in st.eager
-        if m[0] < st.mexp[item]:
+        m.arrived += 1
+        m.parts.append((st, item, t))
+        if t > m.last_arrival_ns:
+            m.last_arrival_ns = t
+        eager = item in st.eager_sends
+        if m.arrived < st.meeting_size[item]:
             if eager:  # the recv is not posted yet: the send does not wait for it
-                own = self._own_times(key, [(st, item, t)])[0]
-                m[3] = t + own
-                self._finish(st, item, t, t + own, [(st, item, t)])
+                alone = [(st, item, t)]
+                own = self._own_times(key, alone)[0]
+                m.eager_send_end_ns = t + own
+                self._finish(st, item, t, t + own, alone)
             return
         del meetings[key]
-        parts, tmax, send_end = m[2], m[1], m[3]
+        parts, tmax, send_end = m.parts, m.last_arrival_ns, m.eager_send_end_ns
         own = self._own_times(key, parts)
         for (pst, pit, pt), o in zip(parts, own, strict=True):
-            if pst.end[pit] >= 0:
+            if pst.item_end[pit] >= 0:
                 continue  # the eager send that ran already
-            if pit in pst.eager:
+            if pit in pst.eager_sends:
                 send_end = pt + o
                 self._finish(pst, pit, pt, send_end, parts)
         for (pst, pit, _), o in zip(parts, own, strict=True):
-            if pst.end[pit] < 0:
+            if pst.item_end[pit] < 0:
                 self._finish(pst, pit, tmax, max(tmax + o, send_end), parts)
 
-    def _own_times(self, key: tuple, parts: list) -> list[int]:
+    def _own_times(self, key: MeetingKey, parts: list[ParticipantTuple]) -> list[int]:
         """Own time of each participant from the ``collective`` / ``p2p`` hooks."""
         st0, it0, _ = parts[0]
-        rv0 = st0.prog.rendezvous[it0]
-        group = st0.keygroup[rv0.key]
+        rv0 = st0.program.rendezvous[it0]
+        group = st0.group_of_key[rv0.key]
         try:
-            if key[0] == "c":
+            if isinstance(key, CollectiveKey):
                 self._check_match(parts, group)
                 call = CommCall(collective_name(rv0.coll_type), rv0.coll_type, rv0.in_bytes, rv0.out_bytes,
                                 rv0.dtype, group, rv0.seq, rv0.root, -1, -1, parts)
                 own = self.collective(call)
             else:
                 self._check_p2p(parts, group)
-                sender = next(((st, it) for st, it, _ in parts if st.prog.rendezvous[it].is_send), None)
+                sender = next(((st, it) for st, it, _ in parts if st.program.rendezvous[it].is_send), None)
                 if sender is not None:
                     s_st, s_it = sender
                     src = s_st.rank
-                    dst = s_st.keygroup[rv0.key].ranks[s_st.prog.rendezvous[s_it].peer]
+                    dst = s_st.group_of_key[rv0.key].ranks[s_st.program.rendezvous[s_it].peer]
                 else:
-                    src, dst = group.ranks[key[2]], group.ranks[key[3]]
+                    src, dst = group.ranks[key.sender], group.ranks[key.receiver]
                 call = CommCall("send_recv", 0, rv0.in_bytes, rv0.out_bytes, "", group, rv0.seq, -1, src, dst,
                                 parts)
                 own = self.p2p(call)
@@ -534,30 +537,32 @@ class Simulator:
             return [max(0, int(x)) for x in own]
         return [max(0, int(own))] * len(parts)
 
-    def _finish(self, st: _Rank, it: int, start: int, end: int, parts: list) -> None:
-        st.start[it] = start
-        st.end[it] = end
-        st.met[it] = parts
-        st.done += 1
+    def _finish(self, st: RankState, it: int, start: int, end: int, parts: list[ParticipantTuple]) -> None:
+        """A rendezvous item ran from ``start`` to ``end``: release its successors and queue
+        the rank if it has ready items again."""
+        st.item_start[it] = start
+        st.item_end[it] = end
+        st.participants[it] = parts
+        st.items_done += 1
         self._events += 1
-        cnt, stack = st.cnt, st.stack
-        for q in st.prog.succs[it]:
-            c = cnt[q] - 1
-            cnt[q] = c
+        pending, ready = st.pending_preds, st.ready
+        for q in st.program.successors[it]:
+            c = pending[q] - 1
+            pending[q] = c
             if c == 0:
-                stack.append(q)
-        if stack and not st.queued:
+                ready.append(q)
+        if ready and not st.queued:
             st.queued = True
             self._active.append(st)
 
-    def _check_match(self, parts: list, group: pb.ProcessGroup) -> None:
+    def _check_match(self, parts: list[ParticipantTuple], group: pb.ProcessGroup) -> None:
         st0, it0, _ = parts[0]
-        prog0 = st0.prog
+        prog0 = st0.program
         a = prog0.rendezvous[it0]
         for st, it, _ in parts[1:]:
-            if st.prog is prog0 and it == it0:
+            if st.program is prog0 and it == it0:
                 continue  # the same node of a shared graph
-            b = st.prog.rendezvous[it]
+            b = st.program.rendezvous[it]
             same = a.coll_type == b.coll_type and (
                 a.coll_type not in EQUAL_SIZE_COLLECTIVES or a.in_bytes == b.in_bytes)
             if not same:
@@ -566,12 +571,14 @@ class Simulator:
                     f"rank {st0.rank} {st0.describe(it0)} issues {collective_name(a.coll_type)} of {a.in_bytes} B, "
                     f"rank {st.rank} {st.describe(it)} issues {collective_name(b.coll_type)} of {b.in_bytes} B")
 
-    def _check_p2p(self, parts: list, group: pb.ProcessGroup) -> None:
+    def _check_p2p(self, parts: list[ParticipantTuple], group: pb.ProcessGroup) -> None:
         if len(parts) < 2:
             return
         (sa, ia, _), (sb, ib, _) = parts[0], parts[1]
-        a, b = sa.prog.rendezvous[ia], sb.prog.rendezvous[ib]
-        if a.is_send == b.is_send and sa.mkey[ia][2] != sa.mkey[ia][3]:
+        a, b = sa.program.rendezvous[ia], sb.program.rendezvous[ib]
+        key = sa.meeting_key[ia]
+        assert isinstance(key, P2PKey)
+        if a.is_send == b.is_send and key.sender != key.receiver:
             raise EchoError(f"two {'sends' if a.is_send else 'recvs'} meet on group {group.id} at sequence #{a.seq}")
         if a.in_bytes != b.in_bytes:
             raise EchoError(f"mismatched send/recv on group {group.id} at sequence #{a.seq}: rank {sa.rank} "
@@ -579,74 +586,75 @@ class Simulator:
                             f"passes {b.in_bytes} B")
 
     # -- deadlocks ---------------------------------------------------------------------------
-    def _deadlock_message(self, unfinished: list[_Rank]) -> str:
+    def _deadlock_message(self, unfinished: list[RankState]) -> str:
         part = self._partition
         assert part is not None
         rep_of_class = part.reps
-        waiting: dict[int, tuple[_Rank, int, tuple]] = {}   # class -> (state, item, meeting key)
+        waiting: dict[int, tuple[RankState, int, MeetingKey]] = {}   # class -> (state, item, meeting key)
         edges: dict[int, list[int]] = {}
-        missing_of: dict[tuple, list[int]] = {}
+        missing_of: dict[MeetingKey, list[int]] = {}
         # An eager send that ran leaves a meeting nobody waits at: only its recv can be missing.
-        pending = {k: m for k, m in self._meetings.items() if any(p[0].end[p[1]] < 0 for p in m[2])}
+        pending = {k: m for k, m in self._meetings.items()
+                   if any(Participant(*p).unfinished() for p in m.parts)}
         if not unfinished and not pending:
-            st, it, _ = next(iter(self._meetings.values()))[2][0]
+            st, it, _ = next(iter(self._meetings.values())).parts[0]
             return f"rank {st.rank} {st.describe(it)}: nobody receives this send (mismatched send/recv)"
         for key, m in pending.items():
-            parts = [p for p in m[2] if p[0].end[p[1]] < 0]
-            missing = sorted(self._wanted(key, parts) - {st.cls for st, _, _ in parts})
+            parts = [p for p in m.parts if Participant(*p).unfinished()]
+            missing = sorted(self._wanted(key, parts) - {st.class_id for st, _, _ in parts})
             missing_of[key] = missing
             for st, it, _ in parts:
-                waiting[st.cls] = (st, it, key)
-                edges.setdefault(st.cls, []).extend(missing)
+                waiting[st.class_id] = (st, it, key)
+                edges.setdefault(st.class_id, []).extend(missing)
         # A cycle of ranks each waiting for the next: a cross-rank deadlock.
         cycle = _find_cycle(edges)
         if cycle:
-            parts = []
+            lines = []
             for k, c in enumerate(cycle):
                 nxt = cycle[(k + 1) % len(cycle)]
                 if c in waiting:
                     st, it, key = waiting[c]
-                    parts.append(f"rank {st.rank} waits at {st.describe(it)} ({self._meeting_label(st, it, key)}) "
+                    lines.append(f"rank {st.rank} waits at {st.describe(it)} ({self._meeting_label(st, it, key)}) "
                                  f"for rank {rep_of_class[nxt]}")
                 else:
-                    parts.append(f"rank {rep_of_class[c]} is blocked")
-            return "deadlock (cyclic wait across ranks): " + "; ".join(parts)
+                    lines.append(f"rank {rep_of_class[c]} is blocked")
+            return "deadlock (cyclic wait across ranks): " + "; ".join(lines)
         if pending:
-            key, m = min(pending.items(), key=lambda kv: (kv[1][2][0][0].rank, kv[1][2][0][1]))
-            st, it, _ = next(p for p in m[2] if p[0].end[p[1]] < 0)
+            key, m = min(pending.items(), key=lambda kv: (kv[1].parts[0][0].rank, kv[1].parts[0][1]))
+            st, it, _ = next(p for p in m.parts if Participant(*p).unfinished())
             missing = missing_of[key]
             why = []
             for c in missing:
-                other = next((s for s in self._states if s.cls == c), None)
+                other = next((s for s in self._states if s.class_id == c), None)
                 if other is None:
                     continue
-                if other.done >= other.prog.n_items:
+                if other.items_done >= other.program.n_items:
                     why.append(f"rank {other.rank} finished without issuing it")
                 else:
-                    blocked = _first_blocked(other)
+                    blocked = other.first_unfinished()
                     why.append(f"rank {other.rank} never reaches it (stuck at {other.describe(blocked)})")
             return (f"deadlock: rank {st.rank} waits at {st.describe(it)} ({self._meeting_label(st, it, key)}) "
                     f"for ranks {[rep_of_class[c] for c in missing]}: " + "; ".join(why))
         st = unfinished[0]
-        blocked = _first_blocked(st)
+        blocked = st.first_unfinished()
         return (f"deadlock: rank {st.rank} {st.describe(blocked)} can never start (its dependencies and "
                 "stream order form a cycle)")
 
-    def _wanted(self, key: tuple, parts: list) -> frozenset[int]:
+    def _wanted(self, key: MeetingKey, parts: list[ParticipantTuple]) -> frozenset[int]:
         """The classes a meeting waits for."""
-        if key[0] == "c":
-            return self._want[key[1]]
+        if isinstance(key, CollectiveKey):
+            return self._members_of[key.group_class]
         st, it, _ = parts[0]
-        rv = st.prog.rendezvous[it]
-        partner = st.keygroup[rv.key].ranks[rv.peer]
+        rv = st.program.rendezvous[it]
+        partner = st.group_of_key[rv.key].ranks[rv.peer]
         part = self._partition
         assert part is not None
-        return frozenset({st.cls} | ({part.class_of[partner]} if partner in part.class_of else set()))
+        return frozenset({st.class_id} | ({part.class_of[partner]} if partner in part.class_of else set()))
 
-    def _meeting_label(self, st: _Rank, item: int, key: tuple) -> str:
-        rv = st.prog.rendezvous[item]
-        g = st.keygroup[rv.key]
-        if key[0] == "c":
+    def _meeting_label(self, st: RankState, item: int, key: MeetingKey) -> str:
+        rv = st.program.rendezvous[item]
+        g = st.group_of_key[rv.key]
+        if isinstance(key, CollectiveKey):
             return f"{collective_name(rv.coll_type)} #{rv.seq} on group {g.id}"
         verb = "send to" if rv.is_send else "recv from"
         return f"{verb} rank {g.ranks[rv.peer]} #{rv.seq} on group {g.id}"
@@ -660,7 +668,7 @@ class Simulator:
         for rounds in range(1, limit + 1):  # noqa: B007 - reported below
             durs = {}
             for st in self._states:
-                durs[id(st)] = self._slowed(st, base[st.dkey])
+                durs[id(st)] = self._slowed(st, base[st.durations_key])
             self._simulate(durs)
             steps = self._step_times()
             # converged: no rank's step time moved by more than 0.05 %
@@ -670,12 +678,12 @@ class Simulator:
             prev_steps = steps
         self._slowdown_info = {"applied": True, "rounds": rounds, "converged": converged}
 
-    def _slowed(self, st: _Rank, base: list[int]) -> list[int]:
-        prog = st.prog
-        cats = np.asarray(prog.cat)
+    def _slowed(self, st: RankState, base: list[int]) -> list[int]:
+        prog = st.program
+        cats = np.asarray(prog.category)
         host = np.asarray(prog.host_stream)[np.asarray(prog.stream_of, dtype=np.int64)] if prog.n_items else cats
-        start = np.asarray(st.start, dtype=np.int64)
-        end = np.asarray(st.end, dtype=np.int64)
+        start = np.asarray(st.item_start, dtype=np.int64)
+        end = np.asarray(st.item_end, dtype=np.int64)
         comm = np.isin(cats, (CAT_COLL, CAT_P2P, CAT_COMM_OTHER))
         comp = np.flatnonzero((cats == CAT_COMPUTE) & ~host.astype(bool))
         out = list(base)
@@ -698,7 +706,7 @@ class Simulator:
         return out
 
     def _step_times(self) -> dict[int, int]:
-        return {st.cls: (max(st.end) - st.origin if st.end else 0) for st in self._states}
+        return {st.class_id: (max(st.item_end) - st.origin_ns if st.item_end else 0) for st in self._states}
 
     # -- results -----------------------------------------------------------------------------
     def _result(self) -> SimResult:
@@ -727,7 +735,7 @@ class Simulator:
                          "placeholder_comm_nodes": placeholders,
                          # communication of libraries the CC model does not price: measured time kept
                          "comm_kept_at_measured_time": comm_libraries(self.job)},
-            timeline=SimTimeline(self._states, part),
+            timeline=SimTimeline(self._states, part, self.job),
         )
 
 
@@ -736,13 +744,6 @@ def _group_label(g: pb.ProcessGroup) -> str:
     shown = ", ".join(str(r) for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
     name = f"{g.name} " if g.name else ""
     return f"{name}ranks [{shown}]"
-
-
-def _first_blocked(st: _Rank) -> int:
-    for it in range(st.prog.n_items):
-        if st.end[it] < 0:
-            return it
-    return 0
 
 
 def _find_cycle(edges: dict[int, list[int]]) -> list[int]:

@@ -40,6 +40,8 @@ class Partition:
 
 
 class _Interner:
+    """Small consecutive ids for hashable values (colours), in order of first use."""
+
     def __init__(self) -> None:
         self.ids: dict[Hashable, int] = {}
 
@@ -88,8 +90,9 @@ def rank_partition(
     intern = _Interner()
     ranks = job.ranks()
     groups = {g.id: g for g in job.manifest.groups}
-    incid: dict[int, list[tuple[int, str]]] = {gid: [] for gid in groups}
-    ordered: set[int] = set()
+    # Who is bound to each group, under which graph-local key.
+    members: dict[int, list[tuple[int, str]]] = {gid: [] for gid in groups}
+    ordered: set[int] = set()    # groups where a member's position matters (P2P, rooted)
     bindings = {}
     for r in ranks:
         b = job.binding(r)
@@ -97,50 +100,53 @@ def rank_partition(
         bindings[r] = keys
         okeys = ordered_keys(b.graph)
         for key, gid in keys.items():
-            if gid in incid:
-                incid[gid].append((r, key))
+            if gid in members:
+                members[gid].append((r, key))
                 if key in okeys:
                     ordered.add(gid)
     position = {gid: {x: i for i, x in enumerate(g.ranks)} for gid, g in groups.items() if gid in ordered}
 
-    base_rank = {r: intern(("rank", job.binding(r).graph, rank_key(r))) for r in ranks}
-    base_group = {gid: intern(("group", len(g.ranks), placement_pattern(list(g.ranks), gpus_per_node),
+    # Colour refinement: a rank's colour is its own key plus the colours of its groups; a
+    # group's colour is its shape plus the colours of its members; repeat until the number
+    # of colours stops growing.
+    rank_base = {r: intern(("rank", job.binding(r).graph, rank_key(r))) for r in ranks}
+    group_base = {gid: intern(("group", len(g.ranks), placement_pattern(list(g.ranks), gpus_per_node),
                                gid in ordered))
                   for gid, g in groups.items()}
-    rcol = dict(base_rank)
-    gcol = dict(base_group)
-    n_r, n_g = len(set(rcol.values())), len(set(gcol.values()))
+    rank_colour = dict(rank_base)
+    group_colour = dict(group_base)
+    n_rank_colours, n_group_colours = len(set(rank_colour.values())), len(set(group_colour.values()))
     while True:
-        new_g = {}
-        for gid, inc in incid.items():
+        new_group = {}
+        for gid, inc in members.items():
             if gid in ordered:
                 pos = position[gid]
-                sig: tuple = tuple(sorted((pos[x], rcol[x], key) for x, key in inc))
+                sig: tuple = tuple(sorted((pos[x], rank_colour[x], key) for x, key in inc))
             else:
-                sig = tuple(sorted((rcol[x], key) for x, key in inc))
-            new_g[gid] = intern((base_group[gid], sig))
-        new_r = {}
+                sig = tuple(sorted((rank_colour[x], key) for x, key in inc))
+            new_group[gid] = intern((group_base[gid], sig))
+        new_rank = {}
         for r in ranks:
             sig = tuple(sorted(
-                (key, new_g[gid], position[gid][r] if gid in ordered else -1)
-                for key, gid in bindings[r].items() if gid in new_g
+                (key, new_group[gid], position[gid][r] if gid in ordered else -1)
+                for key, gid in bindings[r].items() if gid in new_group
             ))
-            new_r[r] = intern((base_rank[r], sig))
-        m_r, m_g = len(set(new_r.values())), len(set(new_g.values()))
-        rcol, gcol = new_r, new_g
-        if m_r == n_r and m_g == n_g:
+            new_rank[r] = intern((rank_base[r], sig))
+        m_r, m_g = len(set(new_rank.values())), len(set(new_group.values()))
+        rank_colour, group_colour = new_rank, new_group
+        if m_r == n_rank_colours and m_g == n_group_colours:
             break
-        n_r, n_g = m_r, m_g
+        n_rank_colours, n_group_colours = m_r, m_g
 
     class_ids: dict[int, int] = {}
     class_of: dict[int, int] = {}
     reps: list[int] = []
     members: dict[int, list[int]] = {}
     for r in ranks:  # ascending, so the representative is the smallest rank
-        c = class_ids.get(rcol[r])
+        c = class_ids.get(rank_colour[r])
         if c is None:
             c = len(reps)
-            class_ids[rcol[r]] = c
+            class_ids[rank_colour[r]] = c
             reps.append(r)
             members[c] = []
         class_of[r] = c
@@ -148,5 +154,5 @@ def rank_partition(
     gclass_ids: dict[int, int] = {}
     group_class = {}
     for gid in sorted(groups):
-        group_class[gid] = gclass_ids.setdefault(gcol[gid], len(gclass_ids))
+        group_class[gid] = gclass_ids.setdefault(group_colour[gid], len(gclass_ids))
     return Partition(class_of, reps, group_class, members)

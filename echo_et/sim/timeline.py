@@ -1,49 +1,41 @@
 """The simulated step as timeline events, in the layout of ``echo-et export chrome``.
 
 The simulator does not import converters (docs/architecture.md), so it yields the IR's
-:class:`echo_et.ir.timeline.TimelineEvent`; the CLI (or a user) writes them with
-``echo_et.converters.chrome.write_timeline``, so a simulated and a measured trace open side
-by side in Perfetto with the same processes, tracks and names::
+:class:`echo_et.ir.timeline.TimelineEvent`, made by the same function as the measured
+timeline (:func:`echo_et.ir.timeline.graph_events`); the CLI (or a user) writes them in
+Kineto's trace schema with ``echo_et.converters.chrome.write_timeline``, so a simulated and
+a measured step open side by side in Perfetto and HolisticTraceAnalysis::
 
     from echo_et.converters.chrome import write_timeline
-    write_timeline(result.timeline_events(), "sim.json")
+    write_timeline(result.timeline_events(), "sim-trace", job=job)   # rank-<R>.json each
 
-Layout (the exporter's): one process per rank; one track per stream named after it (host
-threads first, then compute, communication, copy); one box per node at its simulated start
-and end (job clock, ns); collectives named "<type> <bytes>" with exact bytes, group, group
-id and size and sequence number in args, sends/recvs "send to|recv from <peer> <bytes>".
-Added by the simulator: the time a collective or P2P waited for its last member is its own
-box "wait: <name>" (category "wait") just before it, and ``args.wait_ns`` on the operation.
-Ranks that share a representative's timeline (symmetry) get that timeline.
+A collective or send/recv box starts when its rank reached it (as the profiler records an
+NCCL kernel, which spins until its peers arrive) and ends when its transfer ends;
+``args.wait_ns`` is the part spent waiting for the last member. Ranks that share a
+representative's timeline (symmetry) get that timeline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from echo_et.ir.labels import node_label, node_track
-from echo_et.ir.timeline import TimelineEvent
+from echo_et.ir.timeline import NodeSpan, TimelineEvent, graph_events
+from echo_et.sim.state import RankState
 
 
-def _rank_events(rank: int, st) -> Iterator[TimelineEvent]:
-    prog = st.prog
-    streams = {s.id: s for s in prog.streams}
-    for idx, node in enumerate(st.graph.nodes):
-        s_it, e_it = prog.node_start_item[idx], prog.node_end_item[idx]
-        if s_it < 0 or e_it < 0:
-            continue
-        t0, t1 = st.start[s_it], st.end[e_it]
-        name, args = node_label(node, st.keygroup.__getitem__)
-        track, order, category = node_track(node, streams, args)
-        if s_it in st.arrive:
-            wait = t0 - st.arrive[s_it]
-            args["wait_ns"] = wait
-            if wait > 0:
-                yield TimelineEvent(rank=rank, track=track, name=f"wait: {name}", start_ns=st.arrive[s_it],
-                                    duration_ns=wait, category="wait", track_order=order,
-                                    args={"id": node.id})
-        yield TimelineEvent(rank=rank, track=track, name=name, start_ns=t0, duration_ns=max(0, t1 - t0),
-                            category=category, track_order=order, args=args)
+def _node_span(st: RankState, idx: int) -> NodeSpan | None:
+    span = st.node_span(idx)
+    if span is None:
+        return None
+    start, end = span
+    arrival = st.item_arrival.get(st.program.node_start_item[idx])
+    if arrival is None:
+        return start, end, None
+    return arrival, end, start - arrival
+
+
+def _rank_events(rank: int, st: RankState, group_of) -> Iterator[TimelineEvent]:
+    yield from graph_events(rank, st.graph, lambda idx: _node_span(st, idx), group_of)
 
 
 def timeline_events(result, ranks: list[int] | None = None) -> Iterator[TimelineEvent]:
@@ -51,6 +43,8 @@ def timeline_events(result, ranks: list[int] | None = None) -> Iterator[Timeline
     if result.timeline is None:
         raise ValueError("this result holds no timeline")
     tl = result.timeline
-    by_class = {st.cls: st for st in tl.states}
-    for rank in sorted(tl.partition.class_of) if ranks is None else sorted(set(ranks)):
-        yield from _rank_events(rank, by_class[tl.partition.class_of[rank]])
+    known = set(tl.ranks)
+    for rank in tl.ranks if ranks is None else sorted(set(ranks)):
+        if rank not in known:
+            raise ValueError(f"rank {rank} is not in the simulated job")
+        yield from _rank_events(rank, tl.state_of(rank), tl.group_of(rank))

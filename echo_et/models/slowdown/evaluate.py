@@ -54,15 +54,18 @@ def error_metrics(pred: np.ndarray, obs: np.ndarray, folds: np.ndarray | None = 
     return {k: round(v, 4) for k, v in out.items()}
 
 
-def cross_validate(samples: list[Sample], folds: int = 5, *, prior: SlowdownModel | None = None) -> dict[str, Any]:
-    """Grouped k-fold error of the fitted model and of a constant factor (one time-weighted
-    ``s`` for every kernel), over overlapped kernels. Empty when fewer than two kernel
-    names overlapped."""
+def cross_validated_predictions(samples: list[Sample], folds: int = 5, *,
+                                prior: SlowdownModel | None = None) -> dict[str, np.ndarray] | None:
+    """Each sample's duration predicted by a model fitted without its kernel name (grouped
+    k-fold): ``observed``, ``isolated``, ``model`` (fitted per class/kernel), ``constant``
+    (one time-weighted ``s``), ``overlapped`` (mask) and ``fold``, one entry per sample.
+    None when fewer than two kernel names overlapped."""
     groups = {x.group for x in samples if x.overlap > 0}
     if len(groups) < 2:
-        return {}
+        return None
     fold = np.array(grouped_folds(samples, folds))
-    obs = np.array([x.observed_ns for x in samples])
+    obs = np.array([x.observed_ns for x in samples], dtype=float)
+    iso = np.array([x.isolated_ns for x in samples], dtype=float)
     ov = np.array([x.overlap > 0 for x in samples])
     pred_m = np.zeros(len(samples))
     pred_c = np.zeros(len(samples))
@@ -76,10 +79,21 @@ def cross_validate(samples: list[Sample], folds: int = 5, *, prior: SlowdownMode
         c = SlowdownModel(global_s=fit(train, per_kernel=False).global_s, classes={}, kernels={}, max_factor=1e9)
         pred_m[test] = [predict_ns(m, samples[i]) for i in test]
         pred_c[test] = [predict_ns(c, samples[i]) for i in test]
+    return {"observed": obs, "isolated": iso, "model": pred_m, "constant": pred_c, "overlapped": ov, "fold": fold}
+
+
+def cross_validate(samples: list[Sample], folds: int = 5, *, prior: SlowdownModel | None = None) -> dict[str, Any]:
+    """Grouped k-fold error of the fitted model and of a constant factor (one time-weighted
+    ``s`` for every kernel), over overlapped kernels. Empty when fewer than two kernel
+    names overlapped."""
+    p = cross_validated_predictions(samples, folds, prior=prior)
+    if p is None:
+        return {}
+    ov, fold, obs = p["overlapped"], p["fold"], p["observed"]
     return {
         "folds": int(len(set(fold.tolist()))),
         "grouped_by": "kernel name",
         "overlapped": int(ov.sum()),
-        "model": error_metrics(pred_m[ov], obs[ov], fold[ov]),
-        "constant": error_metrics(pred_c[ov], obs[ov], fold[ov]),
+        "model": error_metrics(p["model"][ov], obs[ov], fold[ov]),
+        "constant": error_metrics(p["constant"][ov], obs[ov], fold[ov]),
     }
