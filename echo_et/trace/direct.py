@@ -114,6 +114,13 @@ class _Template:
     uses: int = 0
 
 
+@dataclass
+class _Region:
+    events: list
+    labels: dict
+    out_meta: tuple | None
+
+
 class _Replayed(torch.autograd.Function):
     """Stands in for a unit that was not executed: the output's shape without the work; its
     backward copies the template's backward events."""
@@ -143,6 +150,7 @@ class DirectRecorder(TorchDispatchMode):
         self._open: list[int] = []      # kinds of the open record_function spans (LIFO)
         self._suppress = 0
         self._templates: dict[Hashable, _Template] = {}
+        self._regions: dict[Hashable, _Region] = {}
         self._capturing: list[tuple[_Template, int]] = []   # (template, start index)
         self.stats: Counter = Counter()
         self._records: Callable[[], list[CommRecord]] | None = None
@@ -162,8 +170,9 @@ class DirectRecorder(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def forget_units(self) -> None:
-        """Forget the templates of repeated units."""
+        """Forget the templates of repeated units and regions."""
         self._templates = {}
+        self._regions = {}
 
     def reset(self) -> None:
         """Forget the events (not the templates of repeated units)."""
@@ -245,7 +254,7 @@ class DirectRecorder(TorchDispatchMode):
                 del self._capturing[i]
                 t.backward = self.events[start:]
                 for slot in t.waiting:
-                    slot.events = _relabel(t.backward, t.layer, slot.layer)
+                    slot.events = _relabel(t.backward, {"layer": (t.layer, slot.layer)})
                 t.waiting = []
                 break
 
@@ -271,7 +280,7 @@ class DirectRecorder(TorchDispatchMode):
             return out
         t.uses += 1
         self.stats["units_replayed"] += 1
-        self._extend(_relabel(t.forward, t.layer, layer))
+        self._extend(_relabel(t.forward, {"layer": (t.layer, layer)}))
         if t.backward == [] or not x.requires_grad or not torch.is_grad_enabled():
             size, stride, dtype = t.out_meta
             with torch.no_grad():
@@ -280,11 +289,44 @@ class DirectRecorder(TorchDispatchMode):
 
     def replay_backward(self, t: _Template, layer: int | None) -> None:
         if t.backward is not None:
-            self._extend(_relabel(t.backward, t.layer, layer))
+            self._extend(_relabel(t.backward, {"layer": (t.layer, layer)}))
             return
         slot = _Slot(t, layer)
         t.waiting.append(slot)
         self.events.append((SLOT, slot))
+
+    def region(self, key: Hashable, run: Callable[[], Any], labels: dict[str, Any],
+               replay: bool | None = None) -> tuple[Any, bool]:
+        """``(run(), False)`` the first time ``key`` is seen (its events are kept), then
+        ``(stand-in, True)``: copies of those events with the annotation values of
+        ``labels`` substituted, and a tensor like the first run's result (or None) instead of
+        running. ``replay``: True refuses to run (the caller's state cannot run it), False
+        always runs (and keeps the events if ``key`` is new)."""
+        active = self.replay and self.recording and not self._suppress
+        t = self._regions.get(key) if active and replay is not False else None
+        if t is None:
+            if replay:
+                raise EchoError(f"repeated region {key!r}: no recording to replay")
+            start = len(self.events)
+            out = run()
+            if active and key not in self._regions:
+                try:
+                    events = _flatten(self.events[start:])
+                except EchoError:
+                    events = None      # a unit inside still waits for its backward
+                if events is not None and (out is None or isinstance(out, torch.Tensor)):
+                    meta = None if out is None else (tuple(out.shape), tuple(out.stride()),
+                                                     out.dtype, out.device)
+                    self._regions[key] = _Region(events, dict(labels), meta)
+                    self.stats["regions_run"] += 1
+            return out, False
+        self.stats["regions_replayed"] += 1
+        self._extend(_relabel(t.events, {k: (t.labels.get(k), v) for k, v in labels.items()}))
+        if t.out_meta is None:
+            return None, True
+        size, stride, dtype, device = t.out_meta
+        with torch.no_grad():
+            return torch.empty_strided(size, stride, dtype=dtype, device=device), True
 
     def _extend(self, events: list) -> None:
         self.events.extend(_copied(events))
@@ -327,15 +369,21 @@ def _flatten(events: list) -> list:
     return out
 
 
-def _relabel(events: list, old: int | None, new: int | None) -> list:
-    """``events`` with annotation layer ``old`` replaced by ``new``."""
-    if old == new or old is None:
+def _relabel(events: list, subs: dict[str, tuple[Any, Any]]) -> list:
+    """``events`` with annotation values replaced: ``subs[key] = (old, new)``."""
+    subs = {k: v for k, v in subs.items() if v[0] is not None and v[0] != v[1]}
+    if not subs:
         return events
     out = []
     for e in events:
-        kind = e[0]
-        if kind in (SPAN_IN, MARK_BEGIN, MARK_END) and e[1].get("layer") == old:
-            out.append((kind, {**e[1], "layer": new}))
+        if e[0] in (SPAN_IN, MARK_BEGIN, MARK_END):
+            attrs = e[1]
+            changed = None
+            for k, (old, new) in subs.items():
+                if attrs.get(k) == old:
+                    changed = changed if changed is not None else dict(attrs)
+                    changed[k] = new
+            out.append((e[0], changed) if changed is not None else e)
         else:
             out.append(e)
     return out

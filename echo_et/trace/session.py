@@ -307,8 +307,9 @@ def _trace_rank_meta(build_fn: Callable, layout: ParallelLayout, rank: int, *, k
         res = build_graph(events, lambda rec: key_of(rank, rec), graph_id=f"rank{rank}",
                           where=where(layout, rank))
         dropped = Counter(res.dropped)
-        if recorder.stats["units_replayed"]:
-            res.graph.header.attrs["trace.units_replayed"] = str(recorder.stats["units_replayed"])
+        for what in ("units_replayed", "regions_replayed"):
+            if recorder.stats[what]:
+                res.graph.header.attrs[f"trace.{what}"] = str(recorder.stats[what])
         return RankRun(rank=rank, graph=res.graph, records=res.records, peak_memory_bytes=0,
                        measured_step_ns=0, wall_s=time.perf_counter() - t0, dropped=dropped,
                        measured_steps=1)

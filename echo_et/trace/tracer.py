@@ -16,7 +16,11 @@ split to single ranks, because which group an untraced rank would use cannot be 
 So the ranks traced are proven to share a graph by content; the untraced ranks of an
 accepted class are inferred from the two ends of the class agreeing (the rank enters the
 workload only through its layout coordinates). ``verify="all"`` traces every rank and
-groups them by hash: a full proof at world-size cost.
+groups them by hash: a full proof at world-size cost. ``verify="stage"`` traces only the
+lowest rank of each pipeline stage and gives it to the whole stage: for workloads whose
+tensor-parallel ranks and data-parallel replicas are symmetric by construction (the built-in
+GPT: proven for small models by tracing every rank, tests/test_trace_meta.py); a stage graph
+that uses a process group outside the layout is refused.
 
 Ranks whose graphs have equal hashes, in any class, share one graph in the Job; the graph
 keeps the timings of its lowest traced rank.
@@ -39,7 +43,7 @@ from echo_et.trace.layout import DERIVED_ROLES, ROLES, ParallelLayout
 from echo_et.trace.records import CommRecord
 from echo_et.trace.session import RankRun, trace_rank
 
-VERIFY_MODES = ("sample", "all")
+VERIFY_MODES = ("sample", "all", "stage")
 _UNSET_DESC = ("", "undefined")
 
 
@@ -151,6 +155,14 @@ class _Tracer:
             classes.setdefault(levels[level](r), []).append(r)
         for key in sorted(classes):
             cls = sorted(classes[key])
+            if self.options.verify == "stage":
+                self.run(cls[0])
+                if self.custom_keys(cls[0]):
+                    raise EchoError(f"layout {self.layout.describe()}: rank {cls[0]} uses a process "
+                                    "group outside the layout; trace it with verify sample or all")
+                for r in cls:
+                    self.rep[r] = cls[0]
+                continue
             samples = sorted({cls[0], cls[-1]})
             hashes = {self.run(s) for s in samples}
             if len(hashes) == 1 and not any(self.custom_keys(s) for s in samples):

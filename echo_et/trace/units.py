@@ -1,4 +1,5 @@
-"""Repeated units of work, for workloads: ``repeat_unit(key, fn, x, layer=i)``.
+"""Repeated units of work, for workloads: ``repeat_unit(key, fn, x, layer=i)`` and
+``repeat_region(key, run, mb=m)``.
 
 A workload marks a piece of its step that repeats (a transformer layer: the same code for
 every layer and every micro-batch) so that a meta-device trace records it once and copies it
@@ -23,3 +24,19 @@ def repeat_unit(key: Hashable, fn: Callable[[Any], Any], x, *, layer: int | None
 
     rec = active_recorder()
     return fn(x) if rec is None else rec.unit(key, fn, x, layer)
+
+
+def repeat_region(key: Hashable, run: Callable[[], Any], *, replay: bool | None = None,
+                  **labels: Any) -> tuple[Any, bool]:
+    """``(run(), False)``, or, when a meta-device trace already recorded a region with this
+    ``key``, ``(stand-in, True)``: the recorded events again (annotation values such as
+    ``mb=3`` substituted from ``labels``) and a tensor of the first run's result's shape
+    (or None) instead of running. A region is a whole piece of the step that repeats without
+    depending on what ran before (a micro-batch's forward; its backward, replayed exactly
+    when its forward was: ``replay=True`` refuses to run, ``replay=False`` always runs)."""
+    from echo_et.trace.direct import active_recorder
+
+    rec = active_recorder()
+    if rec is None:
+        return run(), False
+    return rec.region(key, run, labels, replay=replay)

@@ -203,8 +203,20 @@ class _GPTRank:
                                generator=data_gen)
         self.inputs = tokens[..., :-1].contiguous().to(self.device)
         self.labels = tokens[..., 1:].contiguous().to(self.device)
+        self._replayed: set[int] = set()     # micro-batches whose forward was a recording
 
     def _forward(self, mb: int, inp):
+        from echo_et.trace.units import repeat_region
+
+        # A micro-batch's forward (and backward) is the same work for every micro-batch: a
+        # meta-device trace records the first and copies it (:mod:`echo_et.trace.units`).
+        key = ("gpt-forward", self._replay_ok(mb), inp is None)
+        out, replayed = repeat_region(key, lambda: self._run_forward(mb, inp), mb=mb)
+        if replayed:
+            self._replayed.add(mb)
+        return out
+
+    def _run_forward(self, mb: int, inp):
         from echo_et.workloads.markers import span
 
         with span(phase="forward", mb=mb, stage=self.stage):
@@ -220,6 +232,16 @@ class _GPTRank:
         return not (self.sync.overlap and mb == self.ctx.layout.microbatches - 1)
 
     def _backward(self, mb: int, inp, out, out_grad):
+        from echo_et.trace.units import repeat_region
+
+        run = functools.partial(self._run_backward, mb, inp, out, out_grad)
+        key = ("gpt-backward", mb == self.ctx.layout.microbatches - 1 and self.sync.overlap,
+               inp is None)
+        replay = mb in self._replayed
+        self._replayed.discard(mb)
+        return repeat_region(key, run, replay=replay, mb=mb)[0]
+
+    def _run_backward(self, mb: int, inp, out, out_grad):
         import torch
 
         from echo_et.workloads.markers import span
@@ -262,7 +284,12 @@ def _stage_class():
 
     from echo_et.trace.units import repeat_unit
     from echo_et.workloads.markers import backward_begins_here, backward_ends_here, span
-    from echo_et.workloads.megatron import checkpoint, dropout, megatron_block_class
+    from echo_et.workloads.megatron import (
+        causal_mask,
+        checkpoint,
+        dropout,
+        megatron_block_class,
+    )
     from echo_et.workloads.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
@@ -319,8 +346,12 @@ def _stage_class():
                     ids = torch.arange(cfg.seq, device=device).unsqueeze(0)
                     self.register_buffer("pos_ids", ids.expand(cfg.micro_batch, -1).contiguous(),
                                          persistent=False)
-            block = megatron_block_class() if self.megatron else Block
-            self.blocks = nn.ModuleList(block(cfg, layout.tp, group, **kw) for _ in range(count))
+            if self.megatron:
+                mask = causal_mask(cfg.seq, device)
+                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, mask=mask,
+                                                                   **kw) for _ in range(count))
+            else:
+                self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
             if self.last:
                 self.ln_f = nn.LayerNorm(cfg.hidden, device=device, dtype=dtype)
                 if not cfg.tie_embeddings:

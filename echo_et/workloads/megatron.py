@@ -46,6 +46,12 @@ def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor
     return residual + dropout(x + bias, p)
 
 
+def causal_mask(seq: int, device) -> torch.Tensor:
+    """True above the diagonal (the positions a token may not attend to), made on the CPU
+    (a meta device has no fast ``triu``) and moved."""
+    return torch.ones(seq, seq, dtype=torch.bool).triu(1).to(device)
+
+
 @functools.cache
 def megatron_block_class():
     from echo_et.workloads.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -53,7 +59,7 @@ def megatron_block_class():
     class MegatronBlock(nn.Module):
         """One transformer layer on ``[s, b, h]`` input (see the module docstring)."""
 
-        def __init__(self, cfg, tp: int, group, *, gen, device, dtype):
+        def __init__(self, cfg, tp: int, group, *, gen, device, dtype, mask=None):
             super().__init__()
             h = cfg.hidden
             kw = {"gen": gen, "device": device, "dtype": dtype}
@@ -67,7 +73,8 @@ def megatron_block_class():
             self.ln2 = nn.LayerNorm(h, device=device, dtype=dtype)
             self.fc1 = ColumnParallelLinear(h, cfg.ffn_mult * h, group, skip_bias_add=True, **kw)
             self.fc2 = RowParallelLinear(cfg.ffn_mult * h, h, group, skip_bias_add=True, **kw)
-            mask = torch.ones(cfg.seq, cfg.seq, dtype=torch.bool, device=device).triu(1)
+            if mask is None:
+                mask = causal_mask(cfg.seq, device)
             self.register_buffer("mask", mask, persistent=False)
 
         def attention(self, x: torch.Tensor):
