@@ -19,7 +19,8 @@ like a GPU trace without its host side:
 - ``gpu0-compute`` (GPU compute stream): one compute node per operator, payload
   ``compute`` with ``op``, ``kernel_class``, ``shapes`` and ``dtypes`` in the text form the
   Kineto reader gives CPU operators (the profiler's "Input Dims" / "Input type": one entry
-  per schema argument), ``duration_ns = 0``;
+  per schema argument), ``attrs["out_shapes"]`` (JSON list of output shapes) unless the
+  output is shaped like the first input, ``duration_ns = 0``;
 - communication on ``gpu0-comm:<key>`` (collectives) and ``gpu0-comm:<key>:send|recv:<peer>``
   (point-to-point), with NCCL's stream semantics: a communication node has DEP_SYNC on the
   last compute node issued before it (and on what the compute stream waited for since); the
@@ -62,7 +63,7 @@ from echo_et.trace.ops import kernel_class, runs_kernel
 from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord, span_index
 
 # Event kinds. Events are tuples (kind, payload...), cheap to copy.
-OP = 0          # (OP, name, shapes_text, dtypes_text)
+OP = 0          # (OP, name, shapes_text, dtypes_text, out_shapes_text or "")
 SPAN_IN = 1     # (SPAN_IN, attrs)
 SPAN_OUT = 2    # (SPAN_OUT,)
 MARK_BEGIN = 3  # (MARK_BEGIN, attrs)
@@ -197,7 +198,7 @@ class DirectRecorder(TorchDispatchMode):
             name = func._schema.name
             if runs_kernel(name, func.is_view):
                 shapes, dtypes = _arg_texts(func, args, kwargs)
-                self.events.append((OP, name, shapes, dtypes))
+                self.events.append((OP, name, shapes, dtypes, _out_text(out, args)))
         return out
 
     def _span_enter(self, name: str, handle) -> None:
@@ -423,6 +424,16 @@ def _arg_texts(func, args: tuple, kwargs: dict) -> tuple[str, str]:
     return _json(shapes), _json(types)
 
 
+def _out_text(out: Any, args: tuple) -> str:
+    """Output shapes (JSON) when they are not simply the first input's shape, else ""."""
+    outs = out if isinstance(out, tuple | list) else (out,)
+    shapes = [list(o.shape) if isinstance(o, torch.Tensor) else [] for o in outs]
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is not None and len(shapes) == 1 and shapes[0] == list(first.shape):
+        return ""
+    return _json(shapes)
+
+
 def _shape_of(v: Any) -> list:
     if isinstance(v, torch.Tensor):
         return list(v.shape)
@@ -502,6 +513,8 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
             c.kernel_class = kernel_class(e[1])
             c.shapes = e[2]
             c.dtypes = e[3]
+            if e[4]:
+                n.attrs["out_shapes"] = e[4]
             for w in waited:
                 n.deps.add(id=w, kind=pb.DEP_SYNC)
             waited = []

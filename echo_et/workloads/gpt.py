@@ -274,6 +274,17 @@ class _GPTRank:
             self.sync.finish_and_step(before_step=self._sync_embedding)
 
 
+def _gpu_attention(q, k, v):
+    """Causal attention as a GPU's dispatcher runs it (a meta tensor would take the math
+    fallback): flash attention for 16-bit inputs, memory-efficient attention for float32."""
+    import torch
+
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0,
+                                                                  True)[0]
+
+
 @functools.cache
 def _stage_class():
     """The nn.Module classes, defined on first use so that importing this module needs no
@@ -316,7 +327,10 @@ def _stage_class():
             b, s, _ = x.shape
             qkv = self.qkv(x).view(b, s, 3, self.local_heads, self.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-            ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if x.device.type == "meta":
+                ctx = _gpu_attention(q, k, v)
+            else:
+                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.proj(ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
