@@ -110,18 +110,17 @@ def calibrate_compute_cmd(
         sources.append({"file": f.name, "kind": "layers", "sha256": data.sha256(f),
                         "samples": sum(1 for s in ls if s.source == "layers"), "excluded": len(ex)})
     fitted = [s for s in samples if s.source in ("kernels", "layers")]
-    res = fit.fit(fitted, prior)
+    fitted_profile, stages = fit.calibrate(fitted, prior)
     per_source: dict[str, Any] = {}
     for src in sorted({s.source for s in samples}):
         sel = [s for s in samples if s.source == src]
-        per_source[src] = fit.summary(fit.errors(sel, res.profile))
+        per_source[src] = fit.summary(fit.errors(sel, fitted_profile))
     key = prior.gpu.key
-    profile = replace(res.profile, name=name or key, calibrated=True,
+    profile = replace(fitted_profile, name=name or key, calibrated=True,
                       description=f"{prior.gpu.name} data sheet; efficiencies fitted by `echo-et calibrate compute` "
                                   f"on {', '.join(s['file'] for s in sources)}",
                       sources=tuple(sources),
-                      fit={"k_half": res.k_half, "rounds": res.rounds, "in_sample": per_source,
-                           "excluded": excluded})
+                      fit={"stages": stages, "in_sample": per_source, "excluded": excluded})
     write_profile(profile, output)
     out = {"output": str(output), "name": profile.name, "gpu": key, "params": profile.params,
            "fit": profile.fit, "sources": sources}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from echo_et.models.compute.fit import Sample, sample_from_ops
+from echo_et.models.compute.fit import END_TO_END_PARAMS, Sample, sample_from_ops
 from echo_et.models.compute.fit import fit as _fit
 from echo_et.models.compute.gpus import DATASHEETS, GpuSpec, gpu_names, resolve_gpu
 from echo_et.models.compute.model import ComputeModel
@@ -27,9 +27,6 @@ from echo_et.models.compute.profile import ComputeProfile, load_preset, load_pro
 
 __all__ = ["DATASHEETS", "GUESSED", "NO_SHAPES", "NO_WORK", "PRICED", "ComputeModel", "ComputeProfile", "GpuSpec",
            "Sample", "fit_end_to_end", "gpu_names", "load_preset", "load_profile", "resolve_gpu", "write_profile"]
-
-# Parameters an end-to-end fit adjusts: what an iteration's time is most sensitive to.
-END_TO_END_PARAMS = ("kernel_overhead_ns", "gemm_eff.tensor", "attn_eff.fwd", "attn_eff.bwd")
 
 
 def fit_end_to_end(samples: Iterable[tuple[Sequence[tuple[Any, float]], float, float]], prior: ComputeModel, *,

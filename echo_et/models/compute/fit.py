@@ -12,9 +12,10 @@ inverse efficiencies. The fit alternates: decide each kernel's side with the cur
 parameters, then solve a weighted linear least-squares problem on *relative* errors
 ((model - measured) / measured), bounded (every efficiency in [0.02, 1] - the L2 one up to 4 -, overhead in
 [0, 50 us]), until the sides stop changing. ``gemm_k_half`` is chosen on a small grid.
-Priors keep unconstrained parameters sane: each efficiency is pulled (with the weight of
-about two typical samples) toward the profile it starts from, and each memory class (not the L2-resident
-one) toward a shared memory efficiency, so a class with no samples takes what the other classes show.
+Priors keep unconstrained parameters sane: each efficiency is pulled (with the weight of a
+tenth of a typical sample) toward the profile it starts from, and each memory class (not the
+L2-resident one) toward a shared memory efficiency, so a class with no samples takes what the
+other classes show.
 Each source (kernels, layers, iterations) weighs the same in total, whatever its size.
 Deterministic: same samples, same result.
 """
@@ -37,9 +38,16 @@ from echo_et.models.compute.profile import ComputeProfile
 from echo_et.models.compute.roofline import EFF_MAX, EFF_PARAMS, PARAM_DEFAULTS, parts
 
 PARAM_NAMES = tuple(PARAM_DEFAULTS)
+# What each source may set (None: everything). Kernels measured one by one identify every
+# efficiency; per-layer times only the tensor-core GEMM and attention efficiencies (the rest
+# of a layer is small and already known); iterations what an iteration is most sensitive to.
+LAYER_PARAMS = ("gemm_eff.tensor", "attn_eff.fwd", "attn_eff.bwd")
+END_TO_END_PARAMS = ("kernel_overhead_ns", "gemm_eff.tensor", "attn_eff.fwd", "attn_eff.bwd")
+STAGES: tuple[tuple[str, tuple[str, ...] | None], ...] = (("kernels", None), ("layers", LAYER_PARAMS),
+                                                          ("iterations", END_TO_END_PARAMS))
 
 K_HALF_GRID = (0.0, 32.0, 64.0, 128.0, 256.0)
-PRIOR_SAMPLES = 2.0
+PRIOR_SAMPLES = 0.1
 EFF_BOUNDS = (0.02, 1.0)
 OVERHEAD_BOUNDS = (0.0, 50_000.0)
 MAX_ROUNDS = 30
@@ -230,6 +238,26 @@ def _bounded_lstsq(a: np.ndarray, b: np.ndarray, names: list[str], pinned: dict[
     return {n: min(max(out[n], _bounds(n)[0]), _bounds(n)[1]) for n in names}
 
 
+def calibrate(samples: Sequence[Sample], prior: ComputeProfile) -> tuple[ComputeProfile, list[dict[str, Any]]]:
+    """Fit in stages, one per source (``STAGES``): each stage starts from (and is pulled
+    toward) the previous stage's profile and frees only the parameters its source can
+    identify. Sources not in ``STAGES`` (e.g. ``layers-excluded``) are not fitted."""
+    current = prior
+    done: list[dict[str, Any]] = []
+    for source, free in STAGES:
+        sel = [s for s in samples if s.source == source]
+        if not sel:
+            continue
+        fixed = () if free is None else tuple(n for n in PARAM_NAMES if n not in free)
+        res = fit(sel, current, fixed=fixed)
+        current = res.profile
+        done.append({"source": source, "samples": len(sel), "free": list(free or PARAM_NAMES),
+                     "rounds": res.rounds, "k_half": res.k_half})
+    if not done:
+        raise EchoError("no samples to fit the compute model on")
+    return current, done
+
+
 # -- evaluation ---------------------------------------------------------------------------------
 def errors(samples: Sequence[Sample], profile: ComputeProfile) -> list[float]:
     """Signed relative error of each sample, in percent."""
@@ -245,9 +273,9 @@ def summary(errs: Sequence[float]) -> dict[str, float]:
 
 
 def leave_group_out(samples: Sequence[Sample], prior: ComputeProfile, *, key=lambda s: s.group,
-                    only_source: str | None = None, **kw: Any) -> list[tuple[Sample, float]]:
+                    only_source: str | None = None) -> list[tuple[Sample, float]]:
     """Held-out relative error (percent) of every sample of ``only_source`` (all when None):
-    each group is predicted by a fit on all samples outside that group."""
+    each group is predicted by :func:`calibrate` on all samples outside that group."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
         if only_source is None or s.source == only_source:
@@ -256,7 +284,7 @@ def leave_group_out(samples: Sequence[Sample], prior: ComputeProfile, *, key=lam
     for g in sorted(groups):
         held = set(groups[g])
         train = [s for i, s in enumerate(samples) if i not in held]
-        prof = fit(train, prior, **kw).profile
+        prof = calibrate(train, prior)[0]
         for i in groups[g]:
             s = samples[i]
             out.append((s, 100.0 * (predict(s, prof) - s.measured_ns) / s.measured_ns))
