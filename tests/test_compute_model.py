@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from conftest import shared_path
 
+from conftest import shared_path
 from echo_et.errors import EchoError
 from echo_et.models.compute import ComputeModel, gpu_names, resolve_gpu
 from echo_et.models.compute import kernels as K

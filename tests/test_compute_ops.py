@@ -94,7 +94,8 @@ def test_attention_backward_is_2_5x_forward_and_efficient_backward_adds_delta_ke
     fwd = one(cost("aten::_scaled_dot_product_flash_attention", [q, q, q]))
     bwd = one(cost("aten::_scaled_dot_product_flash_attention_backward", [q, q, q, q, q]))
     assert bwd.kind == K.ATTN_BWD and bwd.flops == pytest.approx(2.5 * fwd.flops)
-    eff = cost("aten::_efficient_attention_backward", [([2, 256, 4, 64], BF)] * 4 + [([], "")] + [([2, 256, 4, 64], BF)])
+    q4 = ([2, 256, 4, 64], BF)
+    eff = cost("aten::_efficient_attention_backward", [q4] * 4 + [([], "")] + [q4])
     assert eff.status == PRICED and [k.kind for k in eff.kernels] == [K.MEM, K.MEM, K.MEM, K.ATTN_BWD]
 
 
