@@ -8,6 +8,13 @@ from typing import Any
 
 import typer
 
+from echo_et.cli.cluster_opts import (
+    cluster_from_options,
+    gpu_opt,
+    gpus_per_node_opt,
+    inter_bw_opt,
+    intra_bw_opt,
+)
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
 
@@ -52,30 +59,27 @@ def parse_stragglers(values: list[str], world_size: int) -> dict[int, float]:
     return out
 
 
-def comm_model_for(job, profile: Path | None, preset: str | None, *, intra_bw: float | None = None,
-                   inter_bw: float | None = None, gpus_per_node: int | None = None):
+def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
     """The CC model predict mode uses: a calibrated profile, a named preset, or the preset
-    matching the job's GPU; what-if overrides applied on top."""
+    matching the cluster's (else the job's) GPU; the cluster's GPUs per node and bandwidths
+    (given, else the job's own) applied on top."""
     try:
         from echo_et.models.comm import CommModel
     except ImportError:
         raise EchoError("predict mode needs the communication model (echo_et.models.comm), "
                         "which is not in this build") from None
+    from echo_et.models.cluster import Cluster
+
     if profile is not None and preset is not None:
         raise EchoError("give --profile or --preset, not both")
+    cluster = (cluster or Cluster()).over(Cluster.from_job(job))
     if profile is not None:
         model = CommModel.from_profile(profile)
     elif preset is not None:
         model = CommModel.preset(preset)
     else:
-        model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
-    over: dict[str, Any] = {}
-    if gpus_per_node:
-        over["gpus_per_node"] = gpus_per_node
-    if intra_bw is not None:
-        over["intra_bw_gbps"] = intra_bw
-    if inter_bw is not None:
-        over["inter_bw_gbps"] = inter_bw
+        model = CommModel.preset_for_gpu(cluster.gpu or job.manifest.hardware.gpu_name)
+    over = cluster.comm_overrides(model.gpus_per_node)
     return model.with_overrides(**over) if over else model
 
 
@@ -119,9 +123,10 @@ def simulate_cmd(
     timeline: Path | None = typer.Option(None, "--timeline", help="Write the simulated step as a Chrome trace."),
     no_symmetry: bool = typer.Option(False, "--no-symmetry", help="Simulate every rank, even equivalent ones."),
     compute_scale: float = typer.Option(1.0, "--compute-scale", help="Factor on compute time (0.5 = 2x faster)."),
-    intra_bw: float | None = typer.Option(None, "--intra-bw", help="Intra-node bandwidth, GB/s (predict)."),
-    inter_bw: float | None = typer.Option(None, "--inter-bw", help="Inter-node bandwidth, GB/s (predict)."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node (placement)."),
+    gpu: str | None = gpu_opt("Target GPU (predict; default: the job's)"),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    gpus_per_node: int | None = gpus_per_node_opt(),
     straggler: list[str] = typer.Option([], "--straggler", help="RANK:FACTOR, slows a rank's non-comm time."),
     align_start: bool = typer.Option(False, "--align-start", help="Start all ranks at 0, not measured offsets."),
     compute_profile: Path | None = typer.Option(
@@ -136,14 +141,10 @@ def simulate_cmd(
         raise EchoError(f"--mode {mode!r}: use replay or predict")
     if compute_scale <= 0:
         raise EchoError("--compute-scale must be > 0")
-    if gpus_per_node is not None and gpus_per_node <= 0:
-        raise EchoError("--gpus-per-node must be > 0")
-    for flag, v in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
-        if v is not None and v <= 0:
-            raise EchoError(f"{flag} must be > 0")
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     if mode == "replay":
         used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
-                               ("--inter-bw", inter_bw), ("--slowdown", slowdown),
+                               ("--inter-bw", inter_bw), ("--slowdown", slowdown), ("--gpu", gpu),
                                ("--compute-profile", compute_profile)) if v is not None]
         if used:
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
@@ -156,9 +157,8 @@ def simulate_cmd(
     if mode == "predict":
         from echo_et.cli.compute_cmds import retime_for_gpu
 
-        job, retime = retime_for_gpu(job, None, compute_profile)
-        comm = comm_model_for(job, profile, preset, intra_bw=intra_bw, inter_bw=inter_bw,
-                              gpus_per_node=gpus_per_node)
+        job, retime = retime_for_gpu(job, cluster.gpu, compute_profile)
+        comm = comm_model_for(job, profile, preset, cluster)
         slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"simulating {job.world_size} ranks ({mode})...")
     res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
@@ -199,17 +199,23 @@ def validate_cmd(
     profile: Path | None = typer.Option(None, "--profile", help="CC model calibration profile."),
     preset: str | None = typer.Option(None, "--preset", help="CC model preset name."),
     slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (default: built in)."),
-    no_slowdown: bool = typer.Option(False, "--no-slowdown"),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
+    gpu: str | None = gpu_opt("GPU the prediction is for (default: the job's)"),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    gpus_per_node: int | None = gpus_per_node_opt(),
     as_json: bool = JsonOpt,
 ) -> None:
     """Replay and predict a Job and compare with each rank's measured step time."""
-    from echo_et.sim import validate
+    from echo_et.sim import SimOptions, validate
 
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     job = load_job_arg(job_path)
-    comm = comm_model_for(job, profile, preset)
+    comm = comm_model_for(job, profile, preset, cluster)
     slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"validating {job.world_size} ranks...")
-    v = validate(job, comm_model=comm, slowdown_model=slow)
+    v = validate(job, comm_model=comm, slowdown_model=slow,
+                 options=SimOptions(gpus_per_node=cluster.gpus_per_node))
     if as_json:
         emit_json(v)
         return

@@ -8,13 +8,26 @@ projections row-parallel (one all-reduce each in forward and in backward). A ste
 1F1B schedule over ``microbatches`` micro-batches, then the data-parallel gradient
 synchronisation (all-reduce, or ZeRO-1 reduce-scatter + all-gather) and Adam.
 
+``GPTConfig.megatron(...)`` (the ``megatron-gpt`` workload) is the same model as
+Megatron-DeepSpeed trains it for GPT pretraining (:mod:`echo_et.workloads.megatron`): the
+``[s, b, h]`` layer with Megatron's unfused core attention and dropout, the vocabulary
+padded to a multiple of 128 x tp, the word embedding shared by the first and the last
+pipeline stage as the output layer (its gradient all-reduced between them before the
+optimizer, over the "embd" group), the data-parallel gradients reduced in one all-reduce
+after the backward pass, and fp32 master weights with a global gradient norm (all-reduced
+over the model-parallel "mp" group) and fused Adam. ``recompute`` (either model) runs each
+layer under a full activation checkpoint.
+
 Every forward/backward/optimizer phase, micro-batch, pipeline stage and layer is marked
-with the span names of :mod:`echo_et.trace.annotations`.
+with the span names of :mod:`echo_et.trace.annotations`; each layer is a repeated unit
+(:func:`echo_et.trace.units.repeat_unit`) that a meta-device trace records once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -23,6 +36,10 @@ from echo_et.trace.context import RankContext
 from echo_et.trace.layout import ParallelLayout
 
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTIONS = ("sdpa", "megatron")
+GRAD_SYNCS = ("overlap", "after-backward")
+OPTIMIZERS = ("adam", "megatron")
+MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
 @dataclass(frozen=True)
@@ -37,10 +54,34 @@ class GPTConfig:
     dtype: str = "float32"
     bucket_mb: float = 25.0
     seed: int = 1234
+    attention: str = "sdpa"          # sdpa | megatron ([s, b, h], baddbmm + softmax + bmm)
+    dropout: float = 0.0             # attention and hidden dropout
+    vocab_multiple: int = 1          # vocabulary padded to a multiple of this x tp
+    tie_embeddings: bool = False     # the word embedding is the output layer too
+    recompute: bool = False          # full activation checkpointing, one layer each
+    grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
+    optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
+
+    @classmethod
+    def megatron(cls, **kw) -> GPTConfig:
+        """Megatron-DeepSpeed's GPT pretraining defaults (see the module docstring); keyword
+        arguments override them."""
+        base = {"attention": "megatron", "dropout": 0.1, "vocab_multiple": 128,
+                "tie_embeddings": True, "grad_sync": "after-backward", "optimizer": "megatron",
+                "dtype": "float16", "vocab": MEGATRON_VOCAB}
+        return cls(**{**base, **kw})
+
+    @property
+    def flavor(self) -> str:
+        return "megatron-gpt" if self.attention == "megatron" else "gpt"
+
+    def replace(self, **kw) -> GPTConfig:
+        return dataclasses.replace(self, **kw)
 
     def validate(self, layout: ParallelLayout) -> None:
         where = f"layout {layout.describe()}"
-        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "ffn_mult"):
+        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "ffn_mult",
+                     "vocab_multiple"):
             if int(getattr(self, name)) < 1:
                 raise EchoError(f"{where}: gpt {name} must be >= 1, got {getattr(self, name)}")
         if self.hidden % self.heads:
@@ -55,15 +96,46 @@ class GPTConfig:
             raise EchoError(f"{where}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.bucket_mb <= 0:
             raise EchoError(f"{where}: bucket size must be > 0 MB, got {self.bucket_mb}")
+        if self.attention not in ATTENTIONS:
+            raise EchoError(f"{where}: attention {self.attention!r} is not one of "
+                            f"{', '.join(ATTENTIONS)}")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise EchoError(f"{where}: gradient sync {self.grad_sync!r} is not one of "
+                            f"{', '.join(GRAD_SYNCS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise EchoError(f"{where}: optimizer {self.optimizer!r} is not one of "
+                            f"{', '.join(OPTIMIZERS)}")
+        if self.optimizer == "megatron" and layout.zero:
+            raise EchoError(f"{where}: the megatron optimizer runs without ZeRO (zero = 0)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
+
+    def padded_vocab(self, tp: int) -> int:
+        """The vocabulary rounded up to a multiple of ``vocab_multiple`` x tp."""
+        step = self.vocab_multiple * tp
+        return int(math.ceil(self.vocab / step) * step)
 
     def parameters(self) -> int:
         """Parameters of the whole (unsplit) model, for reports."""
         h, f = self.hidden, self.hidden * self.ffn_mult
         block = 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h
-        return self.layers * block + self.vocab * h + self.seq * h + 2 * h + h * self.vocab + self.vocab
+        v = self.padded_vocab(1)
+        head = 0 if self.tie_embeddings else h * v + v
+        return self.layers * block + v * h + self.seq * h + 2 * h + head
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per pipeline: global batch / (micro-batch x dp), which must divide."""
+    if global_batch < 1:
+        raise EchoError(f"global batch must be >= 1, got {global_batch}")
+    per = micro_batch * dp
+    if global_batch % per:
+        raise EchoError(f"global batch ({global_batch}) is not a multiple of micro-batch x dp "
+                        f"({micro_batch} x {dp} = {per})")
+    return global_batch // per
 
 
 def build_gpt(cfg: GPTConfig) -> Callable[[RankContext], Callable[[], None]]:
@@ -93,20 +165,38 @@ class _GPTRank:
         self.device = torch.device(ctx.device)
         self.dtype = getattr(torch, cfg.dtype)
         self.stage = ctx.pp_rank
+        self.megatron = cfg.attention == "megatron"
         per_stage = cfg.layers // layout.pp
         self.first_layer = self.stage * per_stage
         # Initialisation draws on the parameters' own device (a CPU generator cannot fill a
-        # CUDA tensor); the data is drawn on CPU and copied, as a data loader would.
-        gen = torch.Generator(device=self.device).manual_seed(
-            cfg.seed + 7919 * ctx.pp_rank + ctx.tp_rank)
+        # CUDA tensor); the data is drawn on CPU and copied, as a data loader would. On the
+        # meta device there are no values to draw (gen None).
+        gen = None if self.device.type == "meta" else torch.Generator(
+            device=self.device).manual_seed(cfg.seed + 7919 * ctx.pp_rank + ctx.tp_rank)
         self.model = _Stage(cfg, layout, self.stage, self.first_layer, per_stage, tp_group,
                             gen=gen, device=self.device, dtype=self.dtype)
-        self.link = StageLink(pp_group, (cfg.micro_batch, cfg.seq, cfg.hidden), self.dtype,
-                              self.device)
+        shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
+                 else (cfg.micro_batch, cfg.seq, cfg.hidden))
+        self.link = StageLink(pp_group, shape, self.dtype, self.device)
+        # The shared word embedding lives on the first and the last stage; Megatron
+        # all-reduces its gradient between them.
+        self.embd_group = None
+        if cfg.tie_embeddings and layout.pp > 1 and (self.link.first or self.link.last):
+            self.embd_group = ctx.group("embd")
+        if cfg.optimizer == "megatron":
+            from echo_et.workloads.megatron import MixedPrecisionAdam
+
+            mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
+
+            def factory(ps):
+                return MixedPrecisionAdam(ps, mp_group)
+        else:
+            def factory(ps):
+                return torch.optim.Adam(ps, lr=1e-4)
         self.sync = GradientSync(
             list(self.model.parameters()), dp_group, zero=layout.zero,
-            bucket_bytes=int(cfg.bucket_mb * 1024 * 1024),
-            optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-4),
+            bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
+            overlap=cfg.grad_sync == "overlap",
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
@@ -119,10 +209,15 @@ class _GPTRank:
 
         with span(phase="forward", mb=mb, stage=self.stage):
             x = self.inputs[mb] if inp is None else inp
-            out = self.model(x)
+            out = self.model(x, replay=self._replay_ok(mb))
             if self.link.last:
                 out = self.model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
             return out
+
+    def _replay_ok(self, mb: int) -> bool:
+        """Layers may be recorded once unless an overlapped gradient sync watches their
+        gradients (the last micro-batch's backward)."""
+        return not (self.sync.overlap and mb == self.ctx.layout.microbatches - 1)
 
     def _backward(self, mb: int, inp, out, out_grad):
         import torch
@@ -138,13 +233,23 @@ class _GPTRank:
                 torch.autograd.backward(out, grad_tensors=out_grad)
             return None if inp is None else inp.grad
 
+    def _sync_embedding(self) -> None:
+        import torch.distributed as dist
+
+        from echo_et.workloads.markers import comm_span
+
+        if self.embd_group is None:
+            return
+        with comm_span(self.embd_group):
+            dist.all_reduce(self.model.word_weight().grad, group=self.embd_group)
+
     def step(self) -> None:
         from echo_et.workloads.markers import span
         from echo_et.workloads.pipeline import one_f_one_b
 
         one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):
-            self.sync.finish_and_step()
+            self.sync.finish_and_step(before_step=self._sync_embedding)
 
 
 @functools.cache
@@ -155,12 +260,14 @@ def _stage_class():
     import torch.nn.functional as F
     from torch import nn
 
+    from echo_et.trace.units import repeat_unit
     from echo_et.workloads.markers import backward_begins_here, backward_ends_here, span
+    from echo_et.workloads.megatron import checkpoint, dropout, megatron_block_class
     from echo_et.workloads.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
         VocabParallelEmbedding,
-        padded_vocab,
+        copy_to_region,
         vocab_parallel_cross_entropy,
         vocab_range,
     )
@@ -196,36 +303,78 @@ def _stage_class():
             kw = {"gen": gen, "device": device, "dtype": dtype}
             self.cfg = cfg
             self.group = group
+            self.megatron = cfg.attention == "megatron"
             self.first = stage == 0
             self.last = stage == layout.pp - 1
             self.first_layer = first_layer
-            self.vocab = padded_vocab(cfg.vocab, layout.tp)
+            self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)
                 self.pos = nn.Parameter(torch.empty(cfg.seq, cfg.hidden, device=device,
                                                     dtype=dtype))
-                with torch.no_grad():
-                    self.pos.normal_(0.0, 0.02, generator=gen)
-            self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
+                if gen is not None:
+                    with torch.no_grad():
+                        self.pos.normal_(0.0, 0.02, generator=gen)
+                if self.megatron:
+                    ids = torch.arange(cfg.seq, device=device).unsqueeze(0)
+                    self.register_buffer("pos_ids", ids.expand(cfg.micro_batch, -1).contiguous(),
+                                         persistent=False)
+            block = megatron_block_class() if self.megatron else Block
+            self.blocks = nn.ModuleList(block(cfg, layout.tp, group, **kw) for _ in range(count))
             if self.last:
                 self.ln_f = nn.LayerNorm(cfg.hidden, device=device, dtype=dtype)
-                self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, **kw)
+                if not cfg.tie_embeddings:
+                    self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, **kw)
+                elif not self.first:
+                    # The last stage's copy of the word embedding (Megatron keeps one there
+                    # and all-reduces its gradient with the first stage's).
+                    local = self.vocab // torch.distributed.get_world_size(group)
+                    self.head_weight = nn.Parameter(torch.empty(local, cfg.hidden,
+                                                                device=device, dtype=dtype))
+                if self.megatron:
+                    mask = torch.ones(cfg.micro_batch * cfg.seq, device=device, dtype=torch.float32)
+                    self.register_buffer("loss_mask", mask, persistent=False)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def word_weight(self) -> torch.Tensor:
+            """The word embedding as the output layer sees it (tied embeddings)."""
+            return self.embed.weight if self.first else self.head_weight
+
+        def _layer(self, block, x: torch.Tensor, layer: int) -> torch.Tensor:
+            with span(layer=layer):
+                x = backward_ends_here(x, layer=layer)
+                x = checkpoint(block, x) if self.cfg.recompute else block(x)
+                return backward_begins_here(x, layer=layer)
+
+        def forward(self, x: torch.Tensor, replay: bool = True) -> torch.Tensor:
             if self.first:
-                x = self.embed(x) + self.pos
+                if self.megatron:
+                    x = self.embed(x) + F.embedding(self.pos_ids, self.pos)
+                    x = dropout(x.transpose(0, 1).contiguous(), self.cfg.dropout)
+                else:
+                    x = self.embed(x) + self.pos
             for i, block in enumerate(self.blocks):
                 layer = self.first_layer + i
-                with span(layer=layer):
-                    x = backward_ends_here(x, layer=layer)
-                    x = block(x)
-                    x = backward_begins_here(x, layer=layer)
+                if replay:
+                    x = repeat_unit(("gpt-layer", self.cfg.recompute), functools.partial(
+                        self._layer, block, layer=layer), x, layer=layer)
+                else:
+                    x = self._layer(block, x, layer)
             if self.last:
-                x = self.head(self.ln_f(x))
+                x = self.ln_f(x)
+                if self.megatron:
+                    x = x.transpose(0, 1).contiguous()
+                if self.cfg.tie_embeddings:
+                    x = F.linear(copy_to_region(x, self.group), self.word_weight())
+                else:
+                    x = self.head(x)
             return x
 
         def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             start, end = vocab_range(self.vocab, self.group)
+            if self.megatron:
+                losses = vocab_parallel_cross_entropy(logits.float(), labels, self.group, start,
+                                                      end)
+                return torch.sum(losses.view(-1) * self.loss_mask) / self.loss_mask.sum()
             return vocab_parallel_cross_entropy(logits, labels, self.group, start, end).mean()
 
     return Stage
