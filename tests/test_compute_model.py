@@ -201,3 +201,24 @@ def test_aicb_layers_and_the_physically_impossible_ones():
     l7 = read_aicb_layers(base / "L7B-M1-C04_Llama7B_megatron_tp2_pp1_mbs1_A100.txt")
     samples, excluded = layer_samples(l7, 312e12)
     assert len(excluded) == 2 and all(s.source == "layers-excluded" for s in samples)
+
+
+def test_fit_end_to_end_recovers_the_tensor_gemm_efficiency_and_keeps_the_rest():
+    from dataclasses import replace
+
+    from echo_et.models.compute import fit_end_to_end
+    from echo_et.models.compute.layers import LayerShape, layer_backward, layer_forward
+
+    prior = ComputeModel.preset("a100")
+    truth = ComputeModel(replace(prior.profile, params={**prior.profile.params, "gemm_eff.tensor": 0.55}))
+    samples = []
+    for hidden, tp, layers in ((1024, 1, 24), (2048, 2, 12), (2048, 4, 24), (4096, 8, 16)):
+        shape = LayerShape("gpt", hidden, 16, 4 * hidden, 1024, 4, tp, "fp16")
+        calls = [(c, layers) for block in (*layer_forward(shape), *layer_backward(shape)) for c in block]
+        rest = 5e6
+        measured = rest + sum(n * truth.op_time_ns(c.op, c.shapes, c.dtypes, c.attrs) for c, n in calls)
+        samples.append((calls, rest, measured))
+    fitted = fit_end_to_end(samples, prior, params=("gemm_eff.tensor",))
+    assert fitted.profile.params["gemm_eff.tensor"] == pytest.approx(0.55, rel=0.03)
+    same = {k: v for k, v in fitted.profile.params.items() if k != "gemm_eff.tensor"}
+    assert same == {k: v for k, v in prior.profile.params.items() if k != "gemm_eff.tensor"}

@@ -222,3 +222,22 @@ def test_calibrate_compute_reproduces_the_shipped_a100_preset(tmp_path):
     assert r.returncode == 0, r.stderr
     shipped = (resources.files("echo_et.models.compute") / "presets" / "a100.json").read_text("utf-8")
     assert out.read_text("utf-8") == shipped
+
+
+def test_simulate_gpu_option_retimes_and_unknown_gpu_lists_the_presets(tmp_path):
+    d = tmp_path / "job"
+    save_job(meta_job(), d)
+    r = run("simulate", str(d), "--mode", "predict", "--gpu", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    h = json.loads(r.stdout)
+    r = run("simulate", str(d), "--mode", "predict", "--gpu", "v100", "--json")
+    v = json.loads(r.stdout)
+    assert h["compute_retime"]["gpu"] == "h100" and v["compute_retime"]["gpu"] == "v100"
+    assert h["step_time_ns"] < v["step_time_ns"]
+    r = run("simulate", str(d), "--mode", "predict", "--gpu", "b300")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "unknown GPU 'b300' (presets: a100, a100-80gb, h100, h800, v100)" in r.stderr
+    timed = tmp_path / "timed"
+    save_job(meta_job(timed=True, gpu="NVIDIA A100-SXM4-40GB"), timed)
+    r = run("simulate", str(timed), "--mode", "predict", "--json")
+    assert r.returncode == 0 and "compute_retime" not in json.loads(r.stdout)   # measured times by default
