@@ -226,7 +226,8 @@ def read_kernel_samples(path: str | Path) -> tuple[list[Sample], list[Excluded]]
         cost = ops.op_cost(c.op, c.shapes, c.dtypes, c.attrs.get("out_shapes", ""))
         total = sum(_ns(x, p, 0) for x in rs)
         samples.append(Sample(tuple((k, 1.0) for k in cost.kernels), total, group=rs[-1]["kShortName"],
-                              source="kernels", label=f"wte.embedding_bwd [{len(rs)} kernels]"))
+                              source="kernels",
+                              label=f"wte.embedding_bwd [embedding_dense_backward: sort path, {len(rs)} kernels]"))
     return samples, excluded
 
 
