@@ -129,6 +129,9 @@ def simulate_cmd(
     gpus_per_node: int | None = gpus_per_node_opt(),
     straggler: list[str] = typer.Option([], "--straggler", help="RANK:FACTOR, slows a rank's non-comm time."),
     align_start: bool = typer.Option(False, "--align-start", help="Start all ranks at 0, not measured offsets."),
+    compute_profile: Path | None = typer.Option(
+        None, "--compute-profile", metavar="PROFILE.json",
+        help="Compute-model profile (from `calibrate compute`) to retime every compute node with (predict)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate one training step: step time per rank, breakdown, critical path."""
@@ -141,8 +144,8 @@ def simulate_cmd(
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     if mode == "replay":
         used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
-                               ("--inter-bw", inter_bw), ("--slowdown", slowdown), ("--gpu", gpu))
-                if v is not None]
+                               ("--inter-bw", inter_bw), ("--slowdown", slowdown), ("--gpu", gpu),
+                               ("--compute-profile", compute_profile)) if v is not None]
         if used:
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
     if timeline is not None and timeline.exists() and timeline.is_dir():
@@ -150,18 +153,26 @@ def simulate_cmd(
     job = load_job_arg(job_path)
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
-    comm = slow = None
+    comm = slow = retime = None
     if mode == "predict":
+        from echo_et.cli.compute_cmds import retime_for_gpu
+
+        job, retime = retime_for_gpu(job, cluster.gpu, compute_profile)
         comm = comm_model_for(job, profile, preset, cluster)
         slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"simulating {job.world_size} ranks ({mode})...")
     res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
     out = res.to_json()
+    if retime is not None:
+        out["compute_retime"] = retime
     if timeline is not None:
         out["timeline"] = write_sim_timeline(res, timeline, job)
     if as_json:
         emit_json(out)
         return
+    if retime is not None:
+        typer.echo(f"compute retimed for {retime['gpu']} (profile {retime['profile']}): {retime['nodes']} nodes, "
+                   + ", ".join(f"{k} {v}" for k, v in retime["by_status"].items()))
     typer.echo(f"{mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
                f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
     typer.echo(f"{'rank':>6} {'step ms':>10} {'compute':>10} {'comm':>10} {'exposed':>10} {'idle':>10} {'wait':>10}")

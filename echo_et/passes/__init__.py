@@ -4,9 +4,11 @@
 - :func:`scale` changes the data-parallel degree and re-stages pipelines;
 - :func:`inject` turns a single-GPU trace into a data-parallel Job (DDP buckets, ZeRO-1);
 - :func:`select_ranks` cuts a Job down to a subset of ranks;
+- :func:`retime_compute` times every compute node for a GPU with the compute model;
 - :func:`sweep` simulates a grid of scaled layouts on a local pool, Dask or Ray.
 """
 
+from echo_et.passes.compute_retime import RetimeReport, retime_compute
 from echo_et.passes.layout import LayoutDecision, infer_layout, parse_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.scale import ScaleReport, scale
@@ -15,9 +17,11 @@ from echo_et.passes.select import select_ranks
 __all__ = [
     "LayoutDecision",
     "Mesh",
+    "RetimeReport",
     "ScaleReport",
     "infer_layout",
     "parse_layout",
+    "retime_compute",
     "scale",
     "select_ranks",
 ]
