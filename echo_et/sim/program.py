@@ -86,7 +86,7 @@ _DEVICE_CAT = {
     pb.KIND_COMM_UNKNOWN: CAT_COMM_OTHER,
     pb.KIND_CPU_OP: CAT_HOST,
     pb.KIND_LAUNCH: CAT_HOST,
-    pb.KIND_SYNC: CAT_HOST,
+    pb.KIND_SYNC: CAT_SYNC,
 }
 
 
@@ -180,7 +180,10 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     )
     prog.cpu_only = not has_launch and not device_compute
     prog.measured_origin = min(starts, default=0)
-    timed = any(starts)
+    # An untimed graph (a meta-device trace, ``trace.timing = "untimed"``) has no measured
+    # layout, only durations: host threads are plain sequences like device streams.
+    untimed = graph.header.attrs.get("trace.timing") == "untimed"
+    timed = any(starts) and not untimed
 
     n_nodes = len(nodes)
     prog.node_start_item = [-1] * n_nodes
@@ -206,7 +209,7 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     for sid in stream_ids:
         k = dense[sid]
         members = by_stream[sid]
-        if prog.host_stream[k]:
+        if prog.host_stream[k] and not untimed:
             _compile_host_thread(prog, nodes, index, members, k, new_item, start_deps, end_deps, graph)
             continue
         n_start, n_end = prog.node_start_item, prog.node_end_item

@@ -192,7 +192,7 @@ def kernel_ops(graph: Graph) -> list[Op]:
     operator that is dispatch-level, i.e. not composite (``echo_et.trace.ops.decomposed``)
     and not inside another dispatch-level operator, and that runs a kernel
     (``echo_et.trace.ops.runs_kernel``)."""
-    from echo_et.trace.ops import decomposed, runs_kernel
+    from echo_et.trace.ops import KERNEL_NAMESPACES, decomposed, runs_kernel
 
     computes = [n for n in graph.nodes if n.kind == pb.KIND_COMPUTE and n.compute.op]
     if computes and not any(n.kind == pb.KIND_CPU_OP for n in graph.nodes):
@@ -205,7 +205,7 @@ def kernel_ops(graph: Graph) -> list[Op]:
         got = level.get(nid)
         if got is None:
             n = by_id[nid]
-            here = n.name.startswith("aten::") and not decomposed(n.name)
+            here = n.name.startswith(KERNEL_NAMESPACES) and not decomposed(n.name)
             p = parent.get(nid)
             got = here or (p is not None and p in by_id and inside(p))
             level[nid] = got
@@ -213,7 +213,7 @@ def kernel_ops(graph: Graph) -> list[Op]:
 
     out: list[Op] = []
     for n in sorted(graph.nodes, key=lambda n: (n.start_ns, n.id)):
-        if n.kind != pb.KIND_CPU_OP or not n.name.startswith("aten::") or decomposed(n.name):
+        if n.kind != pb.KIND_CPU_OP or not n.name.startswith(KERNEL_NAMESPACES) or decomposed(n.name):
             continue
         p = parent.get(n.id)
         if p is not None and p in by_id and inside(p):

@@ -25,6 +25,13 @@ like a GPU trace without its host side:
   (point-to-point), with NCCL's stream semantics: a communication node has DEP_SYNC on the
   last compute node issued before it (and on what the compute stream waited for since); the
   first compute node after a ``wait()`` has DEP_SYNC on the communication waited for;
+- the host that issues this work, on ``host:0``: one KIND_LAUNCH node (``cpu.op`` = the
+  operator or ``c10d::<collective>``) before each compute and communication node, which
+  depends on it (DEP_LAUNCH), and a KIND_SYNC node wherever the workload blocks the host on
+  the device (an ``echo:sync`` span: ``torch.cuda.synchronize()``, ``.item()``), with DEP_SYNC
+  on the last node of every device stream so far. A compute model gives launches their host
+  cost; an iteration whose kernels are shorter than that is then bound by the host, as real
+  eager PyTorch runs of small models are;
 - annotations (phase, layer, micro-batch, stage) as the profiler-based splice gives them;
 - every start time 0 (an untimed layout: the simulator adds no gaps and keeps every
   dependency); header attribute ``trace.timing = "untimed"``.
@@ -71,6 +78,10 @@ MARK_END = 4    # (MARK_END, attrs)
 COMM = 5        # (COMM, CommRecord)
 WAIT = 6        # (WAIT, CommRecord)
 SLOT = 7        # (SLOT, _Slot): a unit's backward, filled when its template is known
+SYNC = 8        # (SYNC,): the host waits for the device (``echo:sync``)
+
+SYNC_SPAN = "echo:sync"
+HOST_STREAM = "host:0"
 
 COMPUTE_STREAM = "gpu0-compute"
 COMM_STREAM_PREFIX = "gpu0-comm:"
@@ -212,6 +223,9 @@ class DirectRecorder(TorchDispatchMode):
                 self.events.append((COMM, recs[k]))
                 self._suppress += 1
                 kind = 1
+            elif name == SYNC_SPAN:
+                if not self._suppress:
+                    self.events.append((SYNC,))
             else:
                 k = span_index(name, WAIT_SPAN)
                 if k is not None:
@@ -476,7 +490,9 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
     """The device graph of one rank from its flat event list (see the module docstring)."""
     gb = GraphBuilder(graph_id)
     gb.graph.header.attrs["trace.timing"] = "untimed"
+    host = gb.stream(pb.STREAM_CPU_THREAD, HOST_STREAM)
     compute = gb.stream(pb.STREAM_GPU_COMPUTE, COMPUTE_STREAM, device=0)
+    last_on: dict[int, int] = {}                 # device stream -> its last node
     comm_streams: dict[str, int] = {}
     stack: list[tuple[str, dict, dict]] = []     # (kind, raw attrs, merged attrs)
     current: dict = {}
@@ -506,8 +522,11 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
     for e in events:
         kind = e[0]
         if kind == OP:
-            n = new_node(id=next_id, name=e[1], kind=pb.KIND_COMPUTE, stream=compute)
-            next_id += 1
+            launch = new_node(id=next_id, name="launch", kind=pb.KIND_LAUNCH, stream=host)
+            launch.cpu.op = e[1]
+            n = new_node(id=next_id + 1, name=e[1], kind=pb.KIND_COMPUTE, stream=compute)
+            n.deps.add(id=next_id, kind=pb.DEP_LAUNCH)
+            next_id += 2
             c = n.compute
             c.op = e[1]
             c.kernel_class = kernel_class(e[1])
@@ -520,6 +539,13 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
             waited = []
             annotate(n)
             last_compute = n.id
+            last_on[compute] = n.id
+        elif kind == SYNC:
+            n = new_node(id=next_id, name="sync", kind=pb.KIND_SYNC, stream=host)
+            next_id += 1
+            for nid in sorted(last_on.values()):
+                n.deps.add(id=nid, kind=pb.DEP_SYNC)
+            annotate(n)
         elif kind == SPAN_IN:
             merged = {**current, **e[1]}
             stack.append(("span", e[1], merged))
@@ -549,7 +575,10 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
             if sid is None:
                 sid = gb.stream(pb.STREAM_GPU_COMM, COMM_STREAM_PREFIX + sname, device=0)
                 comm_streams[sname] = sid
-            deps: list[tuple[int, int]] = []
+            launch = new_node(id=next_id, name="launch", kind=pb.KIND_LAUNCH, stream=host)
+            launch.cpu.op = f"c10d::{rec.op}"
+            deps: list[tuple[int, int]] = [(next_id, pb.DEP_LAUNCH)]
+            next_id += 1
             if last_compute is not None:
                 deps.append((last_compute, pb.DEP_SYNC))
             deps.extend((w, pb.DEP_SYNC) for w in waited)
@@ -569,7 +598,9 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
             next_id = gb._next_id
             n.attrs["timing"] = "placeholder"
             annotate(n)
+            annotate(launch)
             comm_of[id(e[1])] = n.id
+            last_on[sid] = n.id
         elif kind == WAIT:
             nid = comm_of.get(id(e[1]))
             if nid is not None and nid not in waited:

@@ -82,9 +82,11 @@ def kernel_class(name: str) -> int:
         return pb.KC_CONV
     if "adam" in name or "sgd" in name:
         return pb.KC_OPTIMIZER
+    if "softmax" in name:
+        return pb.KC_REDUCTION
     if name in _REDUCTION:
         return pb.KC_REDUCTION
-    if name.startswith(("aten::", "prims::")):
+    if name.startswith(("aten::", "prims::", "echo::")):
         return pb.KC_ELEMENTWISE
     return pb.KC_OTHER
 
@@ -144,9 +146,12 @@ def is_view_name(name: str) -> bool:
     return found
 
 
+KERNEL_NAMESPACES = ("aten::", "echo::")   # echo:: = fused kernels (echo_et.workloads.fused)
+
+
 def runs_kernel(name: str, is_view: bool | None = None) -> bool:
     """Whether a dispatch-level operator launches work on the device (not a view, an
     allocation or bookkeeping)."""
-    if name in NO_KERNEL or not name.startswith("aten::"):
+    if name in NO_KERNEL or not name.startswith(KERNEL_NAMESPACES):
         return False
     return not (is_view if is_view is not None else is_view_name(name))

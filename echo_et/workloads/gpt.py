@@ -162,6 +162,7 @@ class _GPTRank:
         layout = ctx.layout
         ctx.make_groups()
         tp_group, dp_group, pp_group = ctx.group("tp"), ctx.group("dp"), ctx.group("pp")
+        self.dp_group = dp_group
         self.device = torch.device(ctx.device)
         self.dtype = getattr(torch, cfg.dtype)
         self.stage = ctx.pp_rank
@@ -177,7 +178,7 @@ class _GPTRank:
                             gen=gen, device=self.device, dtype=self.dtype)
         shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
                  else (cfg.micro_batch, cfg.seq, cfg.hidden))
-        self.link = StageLink(pp_group, shape, self.dtype, self.device)
+        self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron)
         # The shared word embedding lives on the first and the last stage; Megatron
         # all-reduces its gradient between them.
         self.embd_group = None
@@ -224,7 +225,23 @@ class _GPTRank:
             out = self.model(x, replay=self._replay_ok(mb))
             if self.link.last:
                 out = self.model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
+                if self.megatron:
+                    self._report_loss(out)
             return out
+
+    def _report_loss(self, loss) -> None:
+        """Megatron averages each micro-batch's loss over the data-parallel group for its
+        log (``average_losses_across_data_parallel_group``): one small all-reduce."""
+        import torch
+        import torch.distributed as dist
+
+        from echo_et.workloads.markers import comm_span
+
+        with torch.no_grad():
+            averaged = loss.clone().detach().view(1)
+            with comm_span(self.dp_group):
+                dist.all_reduce(averaged, group=self.dp_group)
+            averaged.div_(self.ctx.layout.dp)
 
     def _replay_ok(self, mb: int) -> bool:
         """Layers may be recorded once unless an overlapped gradient sync watches their
@@ -295,12 +312,7 @@ def _stage_class():
 
     from echo_et.trace.units import repeat_unit
     from echo_et.workloads.markers import backward_begins_here, backward_ends_here, span
-    from echo_et.workloads.megatron import (
-        causal_mask,
-        checkpoint,
-        dropout,
-        megatron_block_class,
-    )
+    from echo_et.workloads.megatron import checkpoint, dropout, megatron_block_class
     from echo_et.workloads.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
@@ -361,9 +373,8 @@ def _stage_class():
                     self.register_buffer("pos_ids", ids.expand(cfg.micro_batch, -1).contiguous(),
                                          persistent=False)
             if self.megatron:
-                mask = causal_mask(cfg.seq, device)
-                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, mask=mask,
-                                                                   **kw) for _ in range(count))
+                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, **kw)
+                                            for _ in range(count))
             else:
                 self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
             if self.last:

@@ -3,22 +3,22 @@
 
 - :func:`megatron_block_class`: a pre-LayerNorm transformer layer in Megatron's
   ``[sequence, batch, hidden]`` layout: column-parallel QKV; core attention as Megatron runs it
-  without flash attention (``baddbmm`` of Q and K^T scaled by 1/sqrt(d), the causal mask and
-  softmax, attention dropout, ``bmm`` with V, one copy back to ``[s, b, h]``); row-parallel
-  output projection whose bias is added with the residual (``bias_dropout_add``); MLP with
-  the first bias fused into the GeLU (``bias_gelu``) and the second added with the residual;
+  without flash attention (a batched GEMM of Q and K^T, the fused scale + causal mask +
+  softmax kernel, attention dropout, ``bmm`` with V, one copy back to ``[s, b, h]``);
+  row-parallel output projection whose bias is added with the residual (fused
+  ``bias_dropout_add``); MLP with the first bias fused into the GeLU (``bias_gelu``) and the
+  second added with the residual (:mod:`echo_et.workloads.fused`);
 - :class:`CheckpointFunction`: full activation recomputation, one layer per checkpoint
   (``--recompute-activations`` / ``--checkpoint-activations``): the forward runs without
   keeping activations; the backward runs the layer's forward again (its tensor-parallel
   all-reduces included) and then its backward;
 - :class:`MixedPrecisionAdam`: Megatron's optimizer step for 16-bit models with fp32 master
   weights: model gradients copied to fp32, their global L2 norm (all-reduced over the
-  model-parallel group) for clipping, fused Adam on the fp32 master weights (what apex's
+  model-parallel group, then read on the host) for clipping, fused Adam on the fp32 master weights (what apex's
   ``FusedAdam`` does), and the updated weights copied back to the 16-bit model.
 
 Kernels Megatron fuses with its JIT (``bias_gelu``, ``bias_dropout_add``) or with custom
-CUDA code (``scaled_upper_triang_masked_softmax``) run here as their unfused parts; the
-compute model is calibrated on end-to-end times, which absorbs the difference.
+CUDA code (``scaled_upper_triang_masked_softmax``) are single ``echo::`` operators here.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from echo_et.workloads.markers import comm_span
+from echo_et.workloads.markers import comm_span, device_sync
 
 
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -43,23 +42,20 @@ def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
 
 def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                      p: float) -> torch.Tensor:
-    return residual + dropout(x + bias, p)
+    from echo_et.workloads import fused
 
-
-def causal_mask(seq: int, device) -> torch.Tensor:
-    """True above the diagonal (the positions a token may not attend to), made on the CPU
-    (a meta device has no fast ``triu``) and moved."""
-    return torch.ones(seq, seq, dtype=torch.bool).triu(1).to(device)
+    return fused.bias_dropout_add(x, bias, residual, p)[0]
 
 
 @functools.cache
 def megatron_block_class():
+    from echo_et.workloads import fused
     from echo_et.workloads.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     class MegatronBlock(nn.Module):
         """One transformer layer on ``[s, b, h]`` input (see the module docstring)."""
 
-        def __init__(self, cfg, tp: int, group, *, gen, device, dtype, mask=None):
+        def __init__(self, cfg, tp: int, group, *, gen, device, dtype):
             super().__init__()
             h = cfg.hidden
             kw = {"gen": gen, "device": device, "dtype": dtype}
@@ -73,9 +69,6 @@ def megatron_block_class():
             self.ln2 = nn.LayerNorm(h, device=device, dtype=dtype)
             self.fc1 = ColumnParallelLinear(h, cfg.ffn_mult * h, group, skip_bias_add=True, **kw)
             self.fc2 = RowParallelLinear(cfg.ffn_mult * h, h, group, skip_bias_add=True, **kw)
-            if mask is None:
-                mask = causal_mask(cfg.seq, device)
-            self.register_buffer("mask", mask, persistent=False)
 
         def attention(self, x: torch.Tensor):
             s, b, _ = x.shape
@@ -85,10 +78,11 @@ def megatron_block_class():
             q = q.view(s, b * np_, hn).transpose(0, 1)
             k = k.view(s, b * np_, hn).transpose(0, 1)
             v = v.view(s, b * np_, hn).transpose(0, 1)
-            scores = torch.empty(b * np_, s, s, dtype=x.dtype, device=x.device)
-            scores = torch.baddbmm(scores, q, k.transpose(1, 2), beta=0.0, alpha=self.norm)
-            scores = scores.view(b, np_, s, s).masked_fill(self.mask, -10000.0)
-            probs = dropout(torch.softmax(scores, dim=-1), self.p)
+            # Megatron: baddbmm with beta = 0 (a plain batched GEMM), then its fused
+            # scale + causal mask + softmax kernel.
+            scores = torch.bmm(q, k.transpose(1, 2)).view(b, np_, s, s)
+            probs = fused.scaled_upper_triang_masked_softmax(scores, self.norm)
+            probs = dropout(probs, self.p)
             ctx = torch.bmm(probs.view(b * np_, s, s), v)
             ctx = ctx.view(b, np_, s, hn).permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
             return self.proj(ctx)
@@ -97,7 +91,7 @@ def megatron_block_class():
             out, bias = self.attention(self.ln1(x))
             x = bias_dropout_add(out, bias, x, self.p)
             h4, b4 = self.fc1(self.ln2(x))
-            out, bias = self.fc2(F.gelu(h4 + b4))
+            out, bias = self.fc2(fused.bias_gelu(h4, b4))
             return bias_dropout_add(out, bias, x, self.p)
 
     return MegatronBlock
@@ -159,6 +153,7 @@ class MixedPrecisionAdam:
             with comm_span(self.mp_group):
                 dist.all_reduce(total, group=self.mp_group)
         total = total ** 0.5
+        device_sync(total.device)     # Megatron reads the norm on the host (.item())
         torch._foreach_add_(self.steps, 1)
         torch._fused_adam_(self.main, grads, self.exp_avg, self.exp_avg_sq, [], self.steps,
                            amsgrad=False, maximize=False, **self.hp)
