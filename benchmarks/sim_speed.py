@@ -1,4 +1,4 @@
-"""Simulator speed: a GPT-like TP x PP x DP step (``echo_et.sim.synthetic.gpt_3d_job``:
+"""Simulator speed: a GPT-like TP x PP x DP step (``echo_et.experiments.synthetic.gpt_3d_job``:
 1F1B over micro-batches, TP all-reduces, PP send/recv, DP all-reduce) at 1,024 and 8,192
 ranks, ranks bound to one shared graph per pipeline stage.
 
@@ -27,9 +27,9 @@ LAYOUTS = {  # world size -> (tp, pp, dp)
 
 
 def one(world: int, symmetry: bool, mode: str, microbatches: int, layers: int) -> dict:
+    from echo_et.experiments.synthetic import gpt_3d_job
     from echo_et.ir import check_job
     from echo_et.sim import SimOptions, simulate
-    from echo_et.sim.synthetic import gpt_3d_job
 
     tp, pp, dp = LAYOUTS[world]
     t0 = time.perf_counter()

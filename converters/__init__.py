@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 
 # Input formats in detection order (most specific sniffers first).
 READERS: dict[str, str] = {
@@ -78,7 +78,7 @@ def detect(paths: list[Path]) -> str:
                 fmt = name
                 break
         if fmt is None:
-            raise EchoError(f"{p}: cannot tell the format (use --from: {', '.join(READERS)})")
+            raise OptionError("format", f"{p}: cannot tell the format (name it: {', '.join(READERS)})")
         found.add(fmt)
     if len(found) > 1:
         raise EchoError(f"inputs mix formats ({', '.join(sorted(found))}); convert them separately")

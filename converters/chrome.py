@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from echo_et.errors import EchoError
@@ -29,20 +28,9 @@ from echo_et.ir.io import atomic_file
 from echo_et.ir.job import Job
 from echo_et.ir.labels import node_label, node_track
 from echo_et.ir.schema import pb
+from echo_et.ir.timeline import TimelineEvent
 
-
-@dataclass(frozen=True)
-class TimelineEvent:
-    """One box on a timeline: what ran, on which rank and track, when (job clock, ns)."""
-
-    rank: int
-    track: str                  # track (thread) name, e.g. the stream name
-    name: str
-    start_ns: int
-    duration_ns: int
-    category: str = ""          # e.g. "compute", "collective", "send"
-    track_order: int = 0        # tracks of a rank are sorted by (track_order, track)
-    args: Mapping[str, object] = field(default_factory=dict)
+__all__ = ["TimelineEvent", "chrome_trace", "job_timeline", "write", "write_timeline"]
 
 
 def job_timeline(job: Job, ranks: Sequence[int] | None = None) -> list[TimelineEvent]:

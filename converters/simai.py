@@ -48,8 +48,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import GraphBuilder, Job, JobBuilder
+from echo_et.ir.collectives import SIMAI_NAMES
 from echo_et.ir.schema import pb
 
 POLICIES = (
@@ -58,13 +59,7 @@ POLICIES = (
     "HYBRID_CUSTOMIZED", "DISTRIBUTED_INFERENCE",
 )
 SUPPORTED = frozenset(POLICIES[:7])
-_COMM_TYPES = {
-    "ALLREDUCE": pb.COLL_ALL_REDUCE,
-    "ALLGATHER": pb.COLL_ALL_GATHER,
-    "REDUCESCATTER": pb.COLL_REDUCE_SCATTER,
-    "ALLTOALL": pb.COLL_ALL_TO_ALL,
-    "BROADCAST": pb.COLL_BROADCAST,
-}
+_COMM_TYPES = SIMAI_NAMES  # the format's exact tokens; the IR keeps every collective spelling
 _SUFFIX_GROUP = {"_EP": "ep", "_DP_EP": "dp_ep"}
 _HEADER_KEYS = {
     "model_parallel_NPU_group": "tp", "ep": "ep", "pp": "pp", "vpp": "vpp", "ga": "ga",
@@ -381,7 +376,7 @@ def read(paths: list[Path], options) -> Job:
     wl = parse(path)
     world = options.world_size or wl.header.get("all_gpus", 0)
     if not world:
-        raise EchoError(f"{where}: the header has no all_gpus; give --world-size")
+        raise OptionError("world_size", f"{where}: the header has no all_gpus; give the world size")
     lay = layout_for(wl, world, where)
     jb = JobBuilder(options.name or path.stem, world, source_format="simai")
     m = jb.job.manifest

@@ -16,7 +16,6 @@ from test_astra_sim_support import attr_value, read_et
 from conftest import SHARED_DATA, shared_path, unpack
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.astra_sim import check_export, export
-from echo_et.errors import EchoError
 from echo_et.ir.schema import pb
 
 
@@ -24,18 +23,9 @@ from echo_et.ir.schema import pb
 @pytest.fixture(scope="module")
 def dlrm(tmp_path_factory):
     archive = shared_path("traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz")
-    try:
-        from echo_et.converters import kineto  # noqa: F401
-    except ImportError:
-        pytest.skip("the Kineto reader (converters/kineto) is not in this build yet")
     folder = unpack(archive, tmp_path_factory.mktemp("dlrm"))
     files = sorted(p for p in folder.rglob("*.json") if p.is_file())
-    try:
-        job = read(files, "kineto", ReadOptions())
-    except EchoError as e:
-        if "not available" in str(e):
-            pytest.skip(f"the Kineto reader is not usable yet: {e}")
-        raise
+    job = read(files, "kineto", ReadOptions())
     return files, job
 
 

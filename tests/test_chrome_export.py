@@ -106,10 +106,7 @@ def test_cli_export_chrome(tmp_path):
 def test_dlrm_measured_timeline(tmp_path):
     archive = shared_path("traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz")
     files = sorted(unpack(archive, tmp_path / "in").rglob("*.json"))
-    try:
-        job = read(files, "kineto", ReadOptions())
-    except EchoError as e:
-        pytest.skip(f"Kineto reader not usable yet: {e}")
+    job = read(files, "kineto", ReadOptions())
     write(job, tmp_path / "dlrm.json")
     trace = json.loads((tmp_path / "dlrm.json").read_text())
     boxes = _boxes(trace)

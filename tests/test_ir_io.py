@@ -258,3 +258,22 @@ def test_outputs_get_ordinary_permissions(tmp_path) -> None:
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "g.graph").stat().st_mode) == 0o644
     assert stat.S_IMODE((out / "manifest.pb").stat().st_mode) == 0o644
+
+
+def test_a_job_pickles_with_its_graphs(tmp_path):
+    """A sweep ships a Job to worker processes: a lazily loaded Job pickles whole, and the
+    copy has the same graphs (content hashes) and manifest."""
+    import pickle
+
+    jb = JobBuilder("p", 2)
+    jb.add_graph(small_graph("g"))
+    jb.bind(0, "g")
+    jb.bind(1, "g")
+    save_job(jb.build(), tmp_path / "job")
+    lazy = load_job(tmp_path / "job")
+    back = pickle.loads(pickle.dumps(lazy))
+    assert back.manifest == lazy.manifest and back.source == lazy.source
+    assert back.graph("g").content_hash() == lazy.graph("g").content_hash()
+    g = back.graph("g")
+    g.new_node(id=10_000, name="added")  # the nodes view is still the graph's own store
+    assert len(pickle.loads(pickle.dumps(g)).nodes) == len(lazy.graph("g").nodes) + 1

@@ -104,3 +104,17 @@ def test_scale_output_is_byte_identical_across_processes(tmp_path) -> None:
         outs.append({p.relative_to(out).as_posix(): p.read_bytes()
                      for p in sorted(out.rglob("*")) if p.is_file()})
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_library_option_errors_come_out_with_the_flag(tmp_path) -> None:
+    """The passes raise OptionError naming a value; the CLI names the flag that held it."""
+    job, _ = make_3d_job(2, 2, 2)
+    save_job(job, tmp_path / "job")
+    line = one_line_error(run("scale", tmp_path / "job", "--dp", "3", "--gpus-per-node", "8",
+                              "-o", tmp_path / "out"))
+    assert line == ("error: --gpus-per-node: world size 12 is not a multiple of 8 GPUs per node "
+                    "(nodes would be partly filled)")
+    assert one_line_error(run("scale", tmp_path / "job", "--dp", "4", "--a2a", "x", "-o", tmp_path / "out")
+                          ).startswith("error: --a2a: unknown all-to-all policy 'x'")
+    assert one_line_error(run("layout", tmp_path / "job", "--layout", "dp=x")
+                          ).startswith("error: --layout: 'dp=x'")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import GraphBuilder, JobBuilder, check_job
 from echo_et.ir.schema import pb
 from echo_et.passes.inject import bucket_gradients, inject_dp, parse_bytes
@@ -121,8 +121,9 @@ def test_inject_zero1_reduce_scatter_then_all_gather() -> None:
 
 def test_inject_cpu_only_trace_uses_host_comm_thread_and_param_bytes_fallback() -> None:
     job = make_single_gpu_job(gpu=False, shapes=False)
-    with pytest.raises(EchoError, match="--param-bytes"):
+    with pytest.raises(OptionError, match="total parameter bytes") as err:
         inject_dp(job, dp=4)
+    assert err.value.option == "param_bytes"
     out, report = inject_dp(job, dp=4, param_bytes=parse_bytes("60M"))
     assert check_job(out) == []
     assert report.param_bytes == 60 * MiB and report.gradients == len(GRADS)
@@ -150,7 +151,9 @@ def test_inject_refuses_bad_input() -> None:
     out, _ = inject_dp(job, dp=2)
     with pytest.raises(EchoError, match="single-rank"):
         inject_dp(out, dp=4)
-    with pytest.raises(EchoError, match="gpus-per-node"):
+    with pytest.raises(OptionError, match="12 is not a multiple of 8 GPUs per node") as err:
         inject_dp(job, dp=12, gpus_per_node=8)
-    with pytest.raises(EchoError, match="param-bytes"):
+    assert err.value.option == "gpus_per_node"
+    with pytest.raises(OptionError, match="expected a size") as err:
         parse_bytes("lots")
+    assert err.value.option == "param_bytes"

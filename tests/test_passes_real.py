@@ -20,8 +20,7 @@ DDP_GLOO4 = FIXTURES / "traces" / "ddp_gloo4"
 
 
 def _need(p: Path) -> Path:
-    if not p.exists():
-        pytest.skip(f"fixture {p} is missing")
+    assert p.exists(), f"the shipped fixture {p} is missing"
     return p
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import GraphBuilder, JobBuilder, check_job
 from echo_et.ir.schema import pb
 from echo_et.passes import infer_layout, scale
@@ -155,8 +155,9 @@ def test_scale_refuses_tp_and_bad_inputs() -> None:
     job, _ = make_3d_job(2, 2, 2)
     with pytest.raises(EchoError, match="echo-et trace"):
         scale(job, tp=4)
-    with pytest.raises(EchoError, match="gpus-per-node"):
+    with pytest.raises(OptionError, match="not a multiple of 8 GPUs per node") as err:
         scale(job, dp=3, gpus_per_node=8)
+    assert err.value.option == "gpus_per_node"
     with pytest.raises(EchoError, match="ZeRO"):
         scale(job, dp=4, zero=1)
 

@@ -14,11 +14,6 @@ from echo_et.converters import pytorch_et as et
 from echo_et.errors import EchoError
 from echo_et.ir import check_job, pb
 
-try:
-    from echo_et.converters import kineto  # noqa: F401  (the reader linking builds on)
-except ImportError:  # pragma: no cover - only while the Kineto reader is missing
-    pytest.skip("needs echo_et.converters.kineto (the Kineto reader)", allow_module_level=True)
-
 PARAM = "traces/param/et_replay/tests/inputs"
 HTA_ET = "traces/HolisticTraceAnalysis/tests/data/execution_trace"
 ROOT = "[pytorch|profiler|execution_"

@@ -7,15 +7,15 @@ from dataclasses import dataclass
 import pytest
 
 from echo_et.errors import CheckError, EchoError
+from echo_et.experiments.synthetic import gpt_3d_job
 from echo_et.ir import GraphBuilder, JobBuilder, check_job, pb
 from echo_et.sim import Predictor, SimOptions, Simulator, simulate
-from echo_et.sim.synthetic import gpt_3d_job
 
 
 def times(result, rank: int) -> dict[str, tuple[int, int]]:
     """Simulated (start, end) of every node of ``rank``, by node name."""
-    states, part = result._timeline
-    st = next(s for s in states if s.cls == part.class_of[rank])
+    tl = result.timeline
+    st = next(s for s in tl.states if s.cls == tl.partition.class_of[rank])
     out = {}
     for idx, n in enumerate(st.graph.nodes):
         out[n.name] = (st.start[st.prog.node_start_item[idx]], st.end[st.prog.node_end_item[idx]])
@@ -482,7 +482,7 @@ def test_3d_parallel_job_symmetry_is_exact() -> None:
 def test_symmetry_is_exact_with_the_cc_model_irregular_placement_and_slowdown(tp, pp, dp, gpus_per_node) -> None:
     """TP groups that straddle nodes (6 or 5 GPUs per node) are priced differently: they
     must land in different classes, and the answer must not change."""
-    comm = pytest.importorskip("echo_et.models.comm")
+    from echo_et.models import comm
     from echo_et.models.slowdown import default_model
 
     job = gpt_3d_job(tp, pp, dp, microbatches=4, layers=2, gpus_per_node=gpus_per_node)
@@ -549,7 +549,7 @@ def test_timeline_has_the_export_chrome_layout(tmp_path) -> None:
 
     job = dp_job(4)
     res = simulate(job)
-    out = chrome.write_timeline([chrome.TimelineEvent(**e) for e in res.timeline_events()], tmp_path / "t.json")
+    out = chrome.write_timeline(list(res.timeline_events()), tmp_path / "t.json")
     doc = json.loads((tmp_path / "t.json").read_text())
     ev = doc["traceEvents"]
     boxes = [e for e in ev if e["ph"] == "X"]
@@ -568,5 +568,5 @@ def test_timeline_has_the_export_chrome_layout(tmp_path) -> None:
     tracks = [e for e in measured["traceEvents"] if e["ph"] == "M"]
     assert tracks == [e for e in ev if e["ph"] == "M"]
     again = tmp_path / "t2.json"
-    chrome.write_timeline([chrome.TimelineEvent(**e) for e in simulate(job).timeline_events()], again)
+    chrome.write_timeline(list(simulate(job).timeline_events()), again)
     assert again.read_bytes() == (tmp_path / "t.json").read_bytes()  # deterministic

@@ -20,17 +20,6 @@ def run(*args: str):
     return runner.invoke(app, list(args))
 
 
-def _has_comm() -> bool:
-    try:
-        import echo_et.models.comm  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_comm = pytest.mark.skipif(not _has_comm(), reason="the CC model (echo_et.models.comm) is not in this build")
-
-
 @pytest.fixture()
 def job_dir(tmp_path):
     return save_job(dp_job(8), tmp_path / "job")
@@ -69,7 +58,6 @@ def test_simulate_timeline(job_dir, tmp_path) -> None:
     assert json.loads(r.stdout)["timeline"]["events"] > 0
 
 
-@needs_comm
 def test_simulate_predict_with_preset_and_what_ifs(job_dir) -> None:
     base = json.loads(run("simulate", str(job_dir), "--mode", "predict", "--preset", "a100-ib", "--json").stdout)
     assert base["mode"] == "predict" and base["slowdown"]["applied"]
@@ -84,7 +72,6 @@ def test_simulate_predict_with_preset_and_what_ifs(job_dir) -> None:
     assert one_node["step_time_ns"] < slow_net["step_time_ns"]  # all 8 ranks on one node now
 
 
-@needs_comm
 def test_validate_json_and_table(tmp_path) -> None:
     job = two_rank_allreduce()
     job.manifest.hardware.gpu_name = "NVIDIA A100-SXM4-40GB"
@@ -119,11 +106,10 @@ def test_bad_inputs_exit_2_with_one_line(job_dir, tmp_path) -> None:
     assert "is a directory" in _one_line_error(run("simulate", str(job_dir), "--timeline", str(tmp_path / "dir.json")))
     sd = tmp_path / "sd.json"
     sd.write_text("[]")
-    if _has_comm():
-        msg = _one_line_error(run("simulate", str(job_dir), "--mode", "predict", "--preset", "a100-ib",
-                                  "--slowdown", str(sd)))
-        assert "not an echo-et slowdown model" in msg
-        assert "preset" in _one_line_error(run("simulate", str(job_dir), "--mode", "predict", "--preset", "nope"))
+    msg = _one_line_error(run("simulate", str(job_dir), "--mode", "predict", "--preset", "a100-ib",
+                              "--slowdown", str(sd)))
+    assert "not an echo-et slowdown model" in msg
+    assert "preset" in _one_line_error(run("simulate", str(job_dir), "--mode", "predict", "--preset", "nope"))
 
 
 def test_deadlock_is_an_error_on_the_cli(tmp_path) -> None:
@@ -146,10 +132,9 @@ def test_calibrate_slowdown_from_csv(tmp_path) -> None:
     before = out.read_bytes()
     assert run("calibrate", "slowdown", str(csv), "-o", str(out), "--json").exit_code == 0
     assert out.read_bytes() == before  # deterministic
-    if _has_comm():
-        job = save_job(dp_job(8), tmp_path / "job")
-        r = run("simulate", str(job), "--mode", "predict", "--preset", "a100-ib", "--slowdown", str(out), "--json")
-        assert r.exit_code == 0, r.output
+    job = save_job(dp_job(8), tmp_path / "job")
+    r = run("simulate", str(job), "--mode", "predict", "--preset", "a100-ib", "--slowdown", str(out), "--json")
+    assert r.exit_code == 0, r.output
 
 
 def test_calibrate_slowdown_bad_inputs(tmp_path) -> None:
@@ -164,7 +149,6 @@ def test_calibrate_slowdown_bad_inputs(tmp_path) -> None:
     assert not out.exists()
 
 
-@needs_comm
 def test_predict_with_a_calibrated_profile_and_a_bad_one(tmp_path) -> None:
     logs = sorted(shared_path("nccl-tests/echo-a100").glob("nccl_*.log"))
     prof = tmp_path / "a100.json"

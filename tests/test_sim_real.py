@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import shared_path, unpack
+from echo_et.converters import ReadOptions, read
 from echo_et.ir import check_job
 from echo_et.sim import SimOptions, simulate, validate
 
@@ -15,19 +16,8 @@ REPLAY_BOUND_PCT = 0.5
 PREDICT_BOUND_PCT = 5.0
 
 
-def _kineto():
-    try:
-        from echo_et.converters import ReadOptions, load_module, read
-
-        load_module("kineto")
-    except Exception as e:  # noqa: BLE001 - the reader is another component
-        pytest.skip(f"the Kineto reader is not available ({e})")
-    return read, ReadOptions
-
-
 @pytest.fixture(scope="module")
 def dlrm_job(tmp_path_factory):
-    read, ReadOptions = _kineto()
     archive = shared_path("traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz")
     root = unpack(archive, tmp_path_factory.mktemp("dlrm"))
     job = read([root / "dlrm_kineto"], "kineto", ReadOptions())
@@ -59,7 +49,7 @@ def test_dlrm_replay_with_a_straggler_slows_everybody(dlrm_job) -> None:
 
 
 def test_dlrm_validate_with_v100_preset(dlrm_job) -> None:
-    comm = pytest.importorskip("echo_et.models.comm")
+    from echo_et.models import comm
     from echo_et.models.slowdown import default_model
 
     v = validate(dlrm_job, comm_model=comm.CommModel.preset("v100-ib"), slowdown_model=default_model())
@@ -71,7 +61,6 @@ def test_dlrm_validate_with_v100_preset(dlrm_job) -> None:
 
 
 def test_hta_nccl_trace_replays_its_measured_step() -> None:
-    read, ReadOptions = _kineto()
     path = shared_path("traces/HolisticTraceAnalysis/tests/data/nccl_parser_config/nccl_data.json.gz")
     job = read([path], "kineto", ReadOptions())
     traced = [r for r in job.ranks() if job.binding(r).measured_step_ns > 0]
@@ -85,8 +74,8 @@ def test_hta_nccl_trace_replays_its_measured_step() -> None:
 def test_dlrm_replayed_timeline_lines_up_with_the_measured_one(dlrm_job) -> None:
     """Same processes, tracks and boxes as `export chrome` of the trace, and every box ends
     when it ended in the measurement (collectives start later: their wait is its own box)."""
-    chrome = pytest.importorskip("echo_et.converters.chrome")
-    sim = chrome.chrome_trace([chrome.TimelineEvent(**e) for e in simulate(dlrm_job).timeline_events()])
+    from echo_et.converters import chrome
+    sim = chrome.chrome_trace(list(simulate(dlrm_job).timeline_events()))
     measured = chrome.chrome_trace(chrome.job_timeline(dlrm_job))
     assert [e for e in sim["traceEvents"] if e["ph"] == "M"] == [e for e in measured["traceEvents"] if e["ph"] == "M"]
     sim_end = {(e["pid"], e["tid"], e["args"]["id"]): e["ts"] + e["dur"]

@@ -13,7 +13,7 @@ from conftest import SHARED_DATA, shared_path
 from echo_et.cli.main import app
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.simai import parse, sniff
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import check_job, load_job
 from echo_et.ir.schema import pb
 
@@ -168,8 +168,9 @@ def test_world_size_override_and_bad_layouts():
     with pytest.raises(EchoError, match="is not a multiple of EP 16"):
         read([path], "simai", ReadOptions(world_size=24 * 8))
     aicb = shared_path("workloads/aicb/workload/simAI/micro_test/all_reduce.txt")
-    with pytest.raises(EchoError, match="no all_gpus; give --world-size"):
+    with pytest.raises(OptionError, match="no all_gpus; give the world size") as err:
         read([aicb], "simai", ReadOptions())
+    assert err.value.option == "world_size"
 
 
 @pytest.mark.parametrize(("body", "message"), [

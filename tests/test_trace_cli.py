@@ -20,7 +20,7 @@ def _run(*args: str):
 
 
 def test_trace_gpt_json(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
     out = tmp_path / "job"
     r = _run(*TINY, "--microbatches", "2", "--tp", "2", "--pp", "2", "--dp", "2", "-o", str(out),
              "--json")
@@ -65,7 +65,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 
 
 def test_cuda_without_a_gpu(tmp_path):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     r = _run(*TINY, "--device", "cuda", "-o", str(tmp_path / "job"))
@@ -74,7 +74,7 @@ def test_cuda_without_a_gpu(tmp_path):
 
 
 def test_user_function_raising_exit_2(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
     script = tmp_path / "user.py"
     script.write_text("def build(ctx):\n    raise RuntimeError('bad config')\n")
     out = tmp_path / "job"

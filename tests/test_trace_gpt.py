@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
 
 from echo_et.ir import check_job  # noqa: E402
 from echo_et.ir.schema import pb  # noqa: E402

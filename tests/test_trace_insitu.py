@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
 
 from echo_et.converters import ReadOptions, read  # noqa: E402
 from echo_et.ir import check_job  # noqa: E402

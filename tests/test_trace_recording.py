@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+dist = pytest.importorskip("torch.distributed", reason="this torch build has no torch.distributed")
 
 from echo_et.trace.recording import BACKEND_NAME, RECORDER, register_backend  # noqa: E402
 

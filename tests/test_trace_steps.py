@@ -187,7 +187,7 @@ def _script(tmp_path, body: str) -> str:
     (UNEVEN_COMM, "measured step 2 issues different collectives from step 1"),
 ])
 def test_a_workload_whose_steps_differ_is_refused(tmp_path, body, message) -> None:
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
     from echo_et.trace.layout import ParallelLayout
     from echo_et.trace.tracer import TraceOptions, trace
     from echo_et.workloads import load_script
@@ -200,7 +200,7 @@ def test_a_workload_whose_steps_differ_is_refused(tmp_path, body, message) -> No
 
 def test_trace_cli_with_several_measured_steps(tmp_path) -> None:
     """Same program and collectives as one measured step; no piece longer than there."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
     from typer.testing import CliRunner
 
     from echo_et.cli.main import app

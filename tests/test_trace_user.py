@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
 
 from echo_et.converters import ReadOptions, read  # noqa: E402
 from echo_et.errors import EchoError  # noqa: E402

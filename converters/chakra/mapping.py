@@ -5,6 +5,7 @@ from __future__ import annotations
 from chakra.schema.protobuf import et_def_pb2 as et
 
 from echo_et.ir import pb
+from echo_et.ir.collectives import find_collective
 
 # Graph-local key of the world group: c10d's name of the default process group, which is
 # also what Chakra's pg_name "" / "0" means.
@@ -37,30 +38,12 @@ COLL_TO_CHAKRA: dict[int, int] = {
     pb.COLL_BARRIER: et.BARRIER,
 }
 
-# Substrings of a normalised node name (lower case, no "_" or "-"), most specific first,
-# as Chakra's PyTorch converter matches NCCL kernel names; "sendrecv" is how NCCL runs
-# all-to-all.
-_NAME_PATTERNS: tuple[tuple[str, int], ...] = (
-    ("allreduce", pb.COLL_ALL_REDUCE),
-    ("reducescatter", pb.COLL_REDUCE_SCATTER),
-    ("allgather", pb.COLL_ALL_GATHER),
-    ("alltoall", pb.COLL_ALL_TO_ALL),
-    ("sendrecv", pb.COLL_ALL_TO_ALL),
-    ("broadcast", pb.COLL_BROADCAST),
-    ("barrier", pb.COLL_BARRIER),
-    ("reduce", pb.COLL_REDUCE),
-    ("gather", pb.COLL_GATHER),
-    ("scatter", pb.COLL_SCATTER),
-)
-
-
 def infer_collective(name: str) -> int:
-    """The collective type a node name spells, COLL_UNKNOWN when it spells none."""
-    s = name.lower().replace("_", "").replace("-", "")
-    for pattern, coll in _NAME_PATTERNS:
-        if pattern in s:
-            return coll
-    return pb.COLL_UNKNOWN
+    """The collective type a node name spells (the most specific collective word in it, as
+    Chakra's PyTorch converter matches NCCL kernel names; "sendrecv" is how NCCL runs
+    all-to-all), COLL_UNKNOWN when it spells none."""
+    coll = find_collective(name)
+    return pb.COLL_UNKNOWN if coll is None else coll
 
 
 def collective_out_bytes(coll: int, in_bytes: int, group_size: int) -> int:

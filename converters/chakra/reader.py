@@ -38,7 +38,7 @@ import numpy as np
 from chakra.schema.protobuf import et_def_pb2 as et
 from google.protobuf import json_format
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import GraphBuilder, Job, JobBuilder, pb
 from echo_et.ir.graph import Graph
 from echo_et.ir.schema import KERNEL_CLASS_BY_NAME, NODE_KIND_BY_NAME
@@ -114,7 +114,7 @@ def _plan(paths: list[Path], options) -> _Plan:
         raise EchoError(f"Chakra files of ranks {missing[:8]} are missing: a job needs "
                         f"PREFIX.0.et .. PREFIX.{world - 1}.et")
     if options.world_size is not None and options.world_size != world:
-        raise EchoError(f"--world-size {options.world_size} but {world} rank files were given")
+        raise OptionError("world_size", f"world size {options.world_size} asked for, but {world} rank files were given")
     files = sorted(by_rank.items())
     return _Plan(files, {p: r for r, p in files}, world, options.name or prefixes.pop())
 

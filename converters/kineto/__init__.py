@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job
 
 from .jsonstream import open_text_source
@@ -59,7 +59,7 @@ def read(paths: list[Path], options) -> Job:
         try:
             from echo_et.converters.pytorch_et import link
         except ImportError:
-            raise EchoError("--host-et needs the PyTorch execution-trace linker "
+            raise OptionError("host_et", "linking host execution traces needs the PyTorch execution-trace linker "
                             "(echo_et.converters.pytorch_et.link), which this build lacks"
                             ) from None
         return link(job, list(options.host_et))

@@ -28,6 +28,15 @@ from functools import lru_cache
 from math import prod
 from typing import Any
 
+from echo_et.ir.collectives import (
+    BACKEND_PREFIXES,
+    C10D_PREFIXES,
+    collective_word,
+    is_nccl_kernel,
+    kernel_collective,
+    normalize_comm,
+)
+from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import pb
 
 from .events import Ev
@@ -37,49 +46,14 @@ ALL_TO_ALL, BROADCAST, REDUCE = pb.COLL_ALL_TO_ALL, pb.COLL_BROADCAST, pb.COLL_R
 GATHER, SCATTER, BARRIER = pb.COLL_GATHER, pb.COLL_SCATTER, pb.COLL_BARRIER
 SEND, RECV = "send", "recv"
 
-# Normalised collective words (lower case, no '_', no 'base'/'coalesced'/... decoration).
-_WORDS: dict[str, int | str] = {
-    "allreduce": ALL_REDUCE, "allgather": ALL_GATHER, "allgatherintotensor": ALL_GATHER,
-    "allgatherv": ALL_GATHER, "reducescatter": REDUCE_SCATTER,
-    "reducescattertensor": REDUCE_SCATTER, "reducescatterv": REDUCE_SCATTER,
-    "alltoall": ALL_TO_ALL, "alltoallv": ALL_TO_ALL, "alltoallsingle": ALL_TO_ALL,
-    "broadcast": BROADCAST, "bcast": BROADCAST, "reduce": REDUCE, "gather": GATHER,
-    "scatter": SCATTER, "barrier": BARRIER, "monitoredbarrier": BARRIER,
-    "send": SEND, "recv": RECV, "recvanysource": RECV, "isend": SEND, "irecv": RECV,
-}
-_DECORATION = re.compile(r"base|coalesced|single(?=$)|_")
-
-# Element sizes by the dtype names Kineto and c10d print.
-_ELEM_SIZE: dict[str, int] = {
-    "float": 4, "float32": 4, "f32": 4, "double": 8, "float64": 8, "f64": 8,
-    "half": 2, "float16": 2, "f16": 2, "bfloat16": 2, "bf16": 2,
-    "long": 8, "longint": 8, "int64": 8, "int64t": 8, "i64": 8, "uint64": 8, "u64": 8,
-    "int": 4, "int32": 4, "i32": 4, "uint32": 4, "u32": 4, "unsignedint": 4,
-    "short": 2, "shortint": 2, "int16": 2, "uint16": 2,
-    "char": 1, "signedchar": 1, "int8": 1, "int8t": 1, "i8": 1, "byte": 1,
-    "unsignedchar": 1, "uint8": 1, "uint8t": 1, "u8": 1, "bool": 1,
-    "complexfloat": 8, "complex<float>": 8, "complexdouble": 16, "complex<double>": 16,
-    "complexhalf": 4, "float8e4m3fn": 1, "float8e5m2": 1, "float8e4m3fnuz": 1,
-    "float8e5m2fnuz": 1, "fp8e4m3": 1, "fp8e5m2": 1, "f8e4m3": 1, "f8e5m2": 1,
-}
 
 
 def elem_size(dtype: str | None) -> int | None:
-    if not dtype:
-        return None
-    key = dtype.lower().replace("c10::", "").replace("_", "").replace(" ", "")
-    return _ELEM_SIZE.get(key)
-
-
-def collective_word(word: str) -> int | str | None:
-    """``allreduce``, ``_allgather_base``, ``all_to_all``, ``reduce_scatter_tensor_coalesced``
-    -> a CollectiveType or "send"/"recv"; None for non-collectives (wait, init, ...)."""
-    w = _DECORATION.sub("", word.lower().strip().rstrip("_"))
-    return _WORDS.get(w)
+    """Bytes per element of a dtype as Kineto and c10d print it (see :mod:`echo_et.ir.dtypes`)."""
+    return dtype_size(dtype)
 
 
 # -- host ops that issue communication -------------------------------------------------------
-_C10D_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
 # c10d ops whose first input is the output tensor(s) and second the input tensor(s).
 _OUTPUT_FIRST = frozenset({
     "alltoall_base", "allgather_base", "reduce_scatter_base", "allgather", "reduce_scatter",
@@ -89,15 +63,10 @@ _OUTPUT_FIRST = frozenset({
 
 
 def op_collective(name: str) -> int | str | None:
-    """The collective a host op or annotation stands for, from its name alone."""
-    if name.startswith(("nccl:", "gloo:", "rccl:", "mpi:", "ucc:", "xccl:")):
-        word = name.split(":", 1)[1].split(" ", 1)[0]
-        return collective_word(word)
-    if name.startswith(_C10D_PREFIXES):
-        word = name.split("::", 1)[1]
-        if word.startswith(("wait", "work", "_wait")):
-            return None
-        return collective_word(word.rstrip("_").replace("_into_tensor", "intotensor"))
+    """The collective a host op or annotation stands for, from its name alone: only backend
+    annotations (``nccl:all_reduce``) and c10d ops issue communication."""
+    if name.startswith(BACKEND_PREFIXES) or name.startswith(C10D_PREFIXES):
+        return normalize_comm(name)
     return None
 
 
@@ -112,10 +81,6 @@ def is_comm_op(ev: Ev) -> bool:
 
 
 # -- NCCL and other communication kernels ----------------------------------------------------
-_NCCL_KERNEL = re.compile(r"^(?:void\s+)?(?:nccl|rccl)", re.IGNORECASE)
-_KERNEL_COLL = re.compile(
-    r"(allreduce|allgather|reducescatter|alltoall|broadcast|sendrecv|reduce|send|recv|"
-    r"gather|scatter)", re.IGNORECASE)
 _KERNEL_ALGO = re.compile(r"(?:^|_)(ring|tree|collnetdirect|collnetchain|collnet|nvlstree|"
                           r"nvls|pat)(?=_|$)", re.IGNORECASE)
 _KERNEL_PROTO = re.compile(r"(?:^|_)(ll128|ll|simple)(?=_|$)", re.IGNORECASE)
@@ -135,11 +100,6 @@ _OTHER_COMM = re.compile(
 
 
 @lru_cache(maxsize=65536)
-def is_nccl_kernel(name: str) -> bool:
-    return bool(_NCCL_KERNEL.match(name))
-
-
-@lru_cache(maxsize=65536)
 def is_other_comm_kernel(name: str) -> bool:
     return not is_nccl_kernel(name) and bool(_OTHER_COMM.search(name.split("(", 1)[0]))
 
@@ -155,11 +115,7 @@ def parse_nccl_kernel(name: str) -> KernelName:
     body = name.split("(", 1)[0]
     if body.startswith("void "):
         body = body[5:]
-    m = _KERNEL_COLL.search(body[4:])  # skip the nccl/rccl prefix
-    coll: int | str | None = None
-    if m:
-        word = m.group(1).lower()
-        coll = "sendrecv" if word == "sendrecv" else collective_word(word)
+    coll = kernel_collective(body)
     algo = ""
     am = _KERNEL_ALGO.search(body)
     pm = _KERNEL_PROTO.search(body)

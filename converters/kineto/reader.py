@@ -35,7 +35,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job, JobBuilder
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
 
@@ -75,8 +75,8 @@ def _ranks_and_world(files: list[TraceFile], options) -> tuple[list[int], int, b
         if r is None and len(files) == 1:
             r = options.rank if options.rank is not None else 0
         if r is None:
-            raise EchoError(f"{tf.path}: cannot tell its rank (no distributedInfo.rank, no "
-                            "rank in the file name); convert it alone with --rank")
+            raise OptionError("rank", f"{tf.path}: cannot tell its rank (no distributedInfo.rank, no "
+                                      "rank in the file name); convert it alone and give its rank")
         if r < 0:
             raise EchoError(f"{tf.path}: negative rank {r}")
         ranks.append(r)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 
 from .events import K_CPU, TraceFile
 
@@ -75,8 +75,8 @@ def choose_step(files: list[TraceFile], requested: int | None) -> int | None:
     with_steps = [tf for tf in files if tf.steps]
     if not with_steps:
         if requested is not None:
-            raise EchoError(f"{files[0].path}: --step {requested}: the trace has no "
-                            "ProfilerStep markers")
+            raise OptionError("step", f"{files[0].path}: step {requested} asked for, but the trace has no "
+                                      "ProfilerStep markers")
         return None
     if len(with_steps) != len(files):
         bare = next(tf for tf in files if not tf.steps)
@@ -93,10 +93,10 @@ def choose_step(files: list[TraceFile], requested: int | None) -> int | None:
         done = set(complete_steps(tf))
         common = done if common is None else common & done
     if not common:
-        raise EchoError(f"{files[0].path}: no ProfilerStep is complete in every file ("
-                        + "; ".join(f"{tf.name}: {_fmt_steps(complete_steps(tf))}"
-                                    for tf in files[:4])
-                        + "); give --step N")
+        raise OptionError("step", f"{files[0].path}: no ProfilerStep is complete in every file ("
+                          + "; ".join(f"{tf.name}: {_fmt_steps(complete_steps(tf))}"
+                                      for tf in files[:4])
+                          + "); choose a step")
     return max(common)
 
 

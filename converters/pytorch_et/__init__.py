@@ -31,7 +31,7 @@ from echo_et.converters.pytorch_et.trace import (
     looks_like_host_et,
     rank_from_name,
 )
-from echo_et.errors import EchoError
+from echo_et.errors import OptionError
 from echo_et.ir import Job
 
 __all__ = ["HostTrace", "link", "load", "rank_from_name", "read", "sniff"]
@@ -45,8 +45,8 @@ def sniff(path: Path) -> bool:
 def read(paths: list[Path], options) -> Job:
     """One Job from host traces, one file per rank (a folder stands for the host traces in it)."""
     if getattr(options, "host_et", None):
-        raise EchoError("--host-et links host traces to Kineto traces; these inputs are host "
-                        "traces already (convert them without --host-et)")
+        raise OptionError("host_et", "host traces link to Kineto traces; these inputs are host traces "
+                                     "already (convert them without linking)")
     files = expand_paths(paths)
     traces = [load(p) for p in files]
     ranks = assign_ranks(traces, getattr(options, "rank", None))

@@ -24,57 +24,20 @@ from typing import Any
 
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, Tensor, collect_tensors
 from echo_et.errors import EchoError
+from echo_et.ir.collectives import BACKEND_PREFIXES, RECV, SEND, normalize_comm
+from echo_et.ir.dtypes import c10_name, dtype_size
 from echo_et.ir.schema import pb
 
-# Element sizes of c10 ScalarType names (what record_param_comms calls dtype).
-DTYPE_BYTES: dict[str, int] = {
-    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
-    "Char": 1, "Byte": 1, "Bool": 1, "ComplexHalf": 4, "ComplexFloat": 8, "ComplexDouble": 16,
-    "UInt16": 2, "UInt32": 4, "UInt64": 8, "Float8_e5m2": 1, "Float8_e4m3fn": 1,
-    "Float8_e5m2fnuz": 1, "Float8_e4m3fnuz": 1, "QInt8": 1, "QUInt8": 1, "QInt32": 4,
-}
-# C++ element type names in "Tensor(<type>)" -> c10 ScalarType names.
-_CTYPE_TO_DTYPE = {
-    "float": "Float", "double": "Double", "c10::Half": "Half", "c10::BFloat16": "BFloat16",
-    "long int": "Long", "long": "Long", "int64_t": "Long", "int": "Int", "short int": "Short",
-    "short": "Short", "signed char": "Char", "unsigned char": "Byte", "bool": "Bool",
-    "c10::complex<float>": "ComplexFloat", "c10::complex<double>": "ComplexDouble",
-    "c10::complex<c10::Half>": "ComplexHalf",
-}
-
-BACKEND_PREFIXES = ("nccl:", "gloo:", "fake:", "mpi:", "ucc:", "xccl:")
 _ROOTED = frozenset({pb.COLL_BROADCAST, pb.COLL_REDUCE, pb.COLL_GATHER, pb.COLL_SCATTER})
 
-SEND = "send"
-RECV = "recv"
 
 
 def classify(name: str) -> int | str | None:
-    """CollectiveType for a collective name, SEND/RECV for point-to-point, None otherwise.
-
-    Accepts record_param_comms names (``allreduce``, ``all_to_allv``, ``_allgather_base``),
-    c10d op names (``c10d::reduce_scatter_tensor_coalesced_``) and backend ops
-    (``nccl:all_reduce``).
-    """
-    s = name.rsplit(":", 1)[-1].lower().replace("_", "").replace("-", "")
-    if not s or "wait" in s or "coalescing" in s or s in ("init", "split", "abort"):
-        return None
-    for key, value in (
-        ("alltoall", pb.COLL_ALL_TO_ALL), ("allgather", pb.COLL_ALL_GATHER),
-        ("reducescatter", pb.COLL_REDUCE_SCATTER), ("allreduce", pb.COLL_ALL_REDUCE),
-        ("broadcast", pb.COLL_BROADCAST), ("barrier", pb.COLL_BARRIER),
-    ):
-        if key in s:
-            return value
-    if s.startswith("send") or s.startswith("isend"):
-        return SEND
-    if s.startswith("recv") or s.startswith("irecv"):
-        return RECV
-    for key, value in (("gather", pb.COLL_GATHER), ("scatter", pb.COLL_SCATTER),
-                       ("reduce", pb.COLL_REDUCE)):
-        if s.startswith(key):
-            return value
-    return None
+    """CollectiveType for a collective name, SEND/RECV for point-to-point, None otherwise:
+    record_param_comms names (``allreduce``, ``all_to_allv``, ``_allgather_base``), c10d op
+    names (``c10d::reduce_scatter_tensor_coalesced_``) and backend ops (``nccl:all_reduce``),
+    read by the IR's one normaliser (:func:`echo_et.ir.collectives.normalize_comm`)."""
+    return normalize_comm(name)
 
 
 def dtype_of_type(t: str) -> str:
@@ -82,7 +45,7 @@ def dtype_of_type(t: str) -> str:
     m = re.search(r"Tensor\(([^)]*)\)", t)
     if not m:
         return ""
-    return _CTYPE_TO_DTYPE.get(m.group(1), m.group(1))
+    return c10_name(m.group(1)) or m.group(1)
 
 
 def tensor_bytes(tensors: tuple[Tensor, ...] | list[Tensor]) -> int:
@@ -260,7 +223,7 @@ def from_record_param_comms(op: EtOp) -> CommCall | None:
             call.pg_ranks = [start + k * stride for k in range(call.pg_size)]
     dtype = a.get("dtype") if isinstance(a.get("dtype"), str) else ""
     call.dtype = dtype or _first_dtype(op.in_types)
-    size = DTYPE_BYTES.get(call.dtype, 0)
+    size = dtype_size(call.dtype) or 0
     n_in = _count(a.get("in_msg_nelems"), _MAX_ELEMS)
     n_out = _count(a.get("out_msg_nelems"), _MAX_ELEMS)
     if size and n_in is not None and n_out is not None:
@@ -394,7 +357,7 @@ def is_comm_candidate(op: EtOp) -> str:
 
 
 __all__ = [
-    "BACKEND_PREFIXES", "DTYPE_BYTES", "PG_INIT_NAME", "RECV", "SEND", "CommCall", "PgDef",
+    "BACKEND_PREFIXES", "PG_INIT_NAME", "RECV", "SEND", "CommCall", "PgDef",
     "classify", "dtype_of_type", "from_c10d_op", "from_record_param_comms", "is_comm_candidate",
     "parse_pg_init", "tensor_bytes",
 ]

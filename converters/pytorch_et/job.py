@@ -10,7 +10,7 @@ from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME
 from echo_et.converters.pytorch_et.trace import MALFORMED, HostTrace
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder, pb
 from echo_et.ir.schema import collective_name
 
@@ -21,7 +21,7 @@ DEFAULT_GROUP = "0"
 class RankTrace:
     rank: int
     trace: HostTrace
-    rank_source: str            # "file name", "--rank", "collectives", "order"
+    rank_source: str            # "file name", "given rank", "collectives", "order"
 
 
 @dataclass
@@ -35,13 +35,13 @@ class GroupPlan:
 
 
 def assign_ranks(traces: list[HostTrace], option_rank: int | None) -> list[RankTrace]:
-    """Rank of each trace: from its file name, else --rank (single file), else from its own
+    """Rank of each trace: from its file name, else the given rank (single file), else from its own
     collectives, else its position. Two traces claiming one rank is an error."""
     out: list[RankTrace] = []
     for i, t in enumerate(traces):
         r, src = t.name_rank, "file name"
         if r is None and option_rank is not None and len(traces) == 1:
-            r, src = option_rank, "--rank"
+            r, src = option_rank, "given rank"
         if r is None:
             r, src = t.comm_rank(), "collectives"
         if r is None:
@@ -62,7 +62,7 @@ def plan_groups(ranks: list[RankTrace], world_hint: int | None) -> tuple[GroupPl
     plan = GroupPlan()
     world: dict[int, Path] = {}
     if world_hint:
-        world[world_hint] = Path("--world-size")
+        world[world_hint] = Path("the given world size")
     defs: dict[str, comms.PgDef] = {}
     for rt in ranks:
         for p in rt.trace.pg_defs:
@@ -275,8 +275,8 @@ def choose_step(ranks: list[RankTrace], step: int | None) -> int | None:
     with_steps = [rt for rt in ranks if rt.trace.steps]
     if not with_steps:
         if step is not None:
-            raise EchoError(f"{ranks[0].trace.path}: --step {step}: the host trace has no "
-                            "ProfilerStep markers")
+            raise OptionError("step", f"{ranks[0].trace.path}: step {step} asked for, but the host trace "
+                                      "has no ProfilerStep markers")
         return None
     if step is not None:
         for rt in with_steps:

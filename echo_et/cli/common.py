@@ -11,11 +11,12 @@ from typing import Any, TypeVar
 
 import typer
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
+GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes)."
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -32,13 +33,29 @@ def guarded(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except EchoError as e:
-            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+            fail(error_line(e))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
             fail(f"{e.filename}: {e.strerror}")
         except KeyboardInterrupt:
             fail("interrupted", 130)
 
     return wrapper  # type: ignore[return-value]
+
+
+# Library option names whose flag is not simply "--" + the name with dashes.
+FLAG_OF_OPTION = {"format": "--from"}
+
+
+def flag_of(option: str) -> str:
+    """The command-line flag for a library option name (``gpus_per_node`` -> ``--gpus-per-node``)."""
+    return FLAG_OF_OPTION.get(option, "--" + option.replace("_", "-"))
+
+
+def error_line(e: EchoError) -> str:
+    """The one line a verb prints for ``e``; an option error is prefixed with its flag, the
+    library's errors speak of values and the CLI says which option held the value."""
+    line = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{flag_of(e.option)}: {line}" if isinstance(e, OptionError) else line
 
 
 def emit_json(obj: Any) -> None:

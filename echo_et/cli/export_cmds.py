@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 @export_app.command("chakra")
 @guarded
 def export_chakra(
-    job_path: Path = typer.Argument(..., metavar="JOB"),
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
     output: str = typer.Option(..., "-o", "--output", help="Prefix: writes PREFIX.{rank}.et"),
     as_json: bool = JsonOpt,
 ) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from echo_et.cli.common import JsonOpt, emit_json, fail, guarded, load_job_arg
+from echo_et.cli.common import GPN_HELP, JsonOpt, emit_json, fail, guarded, load_job_arg
 
 
 def register(app: typer.Typer) -> None:
@@ -24,7 +24,7 @@ def convert(
     step: int | None = typer.Option(None, "--step", help="ProfilerStep#N to keep (default: last complete)."),
     host_et: list[Path] = typer.Option([], "--host-et", help="Host execution trace(s) to link (file or folder)."),
     world_size: int | None = typer.Option(None, "--world-size", help="World size, for formats that lack it."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=GPN_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Convert traces (Kineto, PyTorch ET, Chakra ET, SimAI) into an echo-et Job directory."""

@@ -7,6 +7,7 @@ import importlib
 import typer
 
 from echo_et import __version__
+from echo_et.cli.helptext import EchoGroup, polish
 
 app = typer.Typer(
     name="echo-et",
@@ -14,6 +15,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=EchoGroup,
 )
 
 # Each module defines register(app). Keep one line per module.
@@ -44,6 +46,7 @@ def _root(
 
 for _name in _VERB_MODULES:
     importlib.import_module(_name).register(app)
+polish(app)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from echo_et.cli.common import JsonOpt, emit_json, fail, guarded, load_job_arg
+from echo_et.cli.common import GPN_HELP, JsonOpt, emit_json, fail, guarded, load_job_arg
 
 LayoutOpt = typer.Option(None, "--layout",
                          help="Declare the input layout, e.g. dp=2,tp=2,pp=2[,order=tp-dp-pp].")
@@ -66,7 +66,7 @@ def scale(
     tp: int | None = typer.Option(None, "--tp", help="Refused unless unchanged: re-trace instead."),
     microbatches: int | None = typer.Option(None, "--microbatches", help="Micro-batches per step (1F1B)."),
     zero: int | None = typer.Option(None, "--zero", help="ZeRO stage of the job (0 or 1); detected when omitted."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=GPN_HELP),
     declared: str | None = LayoutOpt,
     a2a: str = typer.Option("keep-rank", "--a2a",
                             help="All-to-all on growing groups: keep-rank (per-rank bytes) or keep-peer."),
@@ -106,7 +106,7 @@ def inject(
     zero: int = typer.Option(0, "--zero", help="0: all-reduce buckets; 1: reduce-scatter + all-gather."),
     param_bytes: str | None = typer.Option(
         None, "--param-bytes", help="Total parameter bytes (e.g. 500M) when the trace has no gradient shapes."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=GPN_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Turn a single-GPU trace into a data-parallel Job: DDP gradient buckets on a comm stream."""
@@ -144,8 +144,8 @@ def sweep(
     dp: str = typer.Option(..., "--dp", help="Data-parallel degrees, e.g. 8,64,512."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
     microbatches: str | None = typer.Option(None, "--microbatches", help="Micro-batch counts, e.g. 4,8."),
-    zero: int | None = typer.Option(None, "--zero"),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node"),
+    zero: int | None = typer.Option(None, "--zero", help="ZeRO stage of the scaled jobs: 0 or 1 (default: the job's)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=GPN_HELP),
     declared: str | None = LayoutOpt,
     mode: str = typer.Option("predict", "--mode", help="Simulation mode: predict (CC model) or replay."),
     profile: str | None = typer.Option(None, "--profile", help="CC model calibration profile (predict)."),
@@ -156,10 +156,13 @@ def sweep(
     workers: int | None = typer.Option(None, "--workers", help="Worker processes (local / local cluster)."),
     address: str | None = typer.Option(None, "--address",
                                        help="Scheduler address (dask tcp://host:8786, ray ray://host:10001)."),
+    plot: bool | None = typer.Option(None, "--plot/--no-plot",
+                                     help="Draw step_time.png (default: when matplotlib is installed)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate); table, JSON and PNG."""
-    from echo_et.passes.sweep import SweepSpec, run_sweep, write_outputs
+    from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
+    from echo_et.experiments.sweep import SweepSpec, run_sweep, write_outputs
 
     _refuse_overwrite(output, [job_path])
     spec = SweepSpec(
@@ -170,15 +173,20 @@ def sweep(
     )
     if not spec.dp:
         fail("--dp: give at least one data-parallel degree")
+    if plot and not have_matplotlib():
+        fail(f"--plot needs matplotlib ({INSTALL_HINT})")
+    if plot is None and not have_matplotlib():
+        typer.echo(f"note: matplotlib is not installed, step_time.png is skipped ({INSTALL_HINT})", err=True)
+    draw = have_matplotlib() if plot is None else plot
 
     def progress(done: int, total: int, row: dict) -> None:
         label = f"dp={row['dp']} pp={row['pp']} mb={row['microbatches']}"
         state = row.get("error") or f"{row['step_time_ns'] / 1e6:.3f} ms"
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 
-    result = run_sweep(job_path, spec, executor=executor, workers=workers, address=address,
+    result = run_sweep(load_job_arg(job_path), spec, executor=executor, workers=workers, address=address,
                        progress=progress)
-    files = write_outputs(result, output)
+    files = write_outputs(result, output, plot=draw)
     if as_json:
         emit_json({"output": str(output), "files": files, **result.to_json()})
     else:

@@ -95,10 +95,10 @@ def slowdown_model_for(path: Path | None, off: bool):
 
 def write_sim_timeline(res, dest: Path, job) -> dict[str, Any]:
     """The simulated step as a Chrome trace, written by the ``export chrome`` writer."""
-    from echo_et.converters.chrome import TimelineEvent, write_timeline
+    from echo_et.converters.chrome import write_timeline
 
     meta = {"job": job.manifest.name, "world_size": job.world_size, "simulated": res.mode}
-    return write_timeline((TimelineEvent(**e) for e in res.timeline_events()), dest, metadata=meta)
+    return write_timeline(res.timeline_events(), dest, metadata=meta)
 
 
 def _progress(msg: str) -> None:
@@ -150,6 +150,8 @@ def simulate_cmd(
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
     if timeline is not None and timeline.exists() and timeline.is_dir():
         raise EchoError(f"{timeline}: is a directory")
+    if timeline is not None and not timeline.parent.is_dir():
+        raise EchoError(f"--timeline {timeline}: folder {timeline.parent} does not exist (create it first)")
     job = load_job_arg(job_path)
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
@@ -228,6 +230,8 @@ def validate_cmd(
                f"{_pct(v['replay_error_pct']):>7} {_ms(v['predict_step_ns']):>11} {_pct(v['predict_error_pct']):>7}")
     typer.echo(f"mean |error|: replay {_pct(v['replay_mean_abs_error_pct'])} %, "
                f"predict {_pct(v['predict_mean_abs_error_pct'])} %")
+    if v.get("measured_caveat"):
+        typer.echo(f"note: {v['measured_caveat']}.")
 
 
 def _pct(x: float | None) -> str:

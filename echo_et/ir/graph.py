@@ -71,6 +71,10 @@ class Graph:
                 return s
         return None
 
+    def __reduce__(self):
+        """Pickle as two serialised messages (a sweep ships a Job to worker processes)."""
+        return (_graph_from_bytes, (self.header.SerializeToString(), self._store.SerializeToString()))
+
     def copy(self) -> Graph:
         header = pb.GraphHeader()
         header.CopyFrom(self.header)
@@ -95,3 +99,10 @@ class Graph:
             h.update(len(data).to_bytes(8, "little"))
             h.update(data)
         return h.hexdigest()
+
+
+def _graph_from_bytes(header: bytes, store: bytes) -> Graph:
+    g = Graph(pb.GraphHeader.FromString(header))
+    # Merge through the field, not the message: the ``nodes`` view must stay the store's.
+    g.nodes.MergeFrom(pb.NodeList.FromString(store).nodes)
+    return g

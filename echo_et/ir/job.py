@@ -105,8 +105,17 @@ class Job:
             v.sort()
         return out
 
+    def __reduce__(self):
+        """Pickle with every graph loaded (a lazy loader reads files a worker may not see)."""
+        graphs = {gid: self.graph(gid) for gid in self.graph_ids()}
+        return (_job_from_bytes, (self.manifest.SerializeToString(), graphs, self.source))
+
     def copy(self) -> Job:
         """A deep copy with every graph loaded; passes edit the copy, never the input."""
         m = pb.JobManifest()
         m.CopyFrom(self.manifest)
         return Job(m, {gid: self.graph(gid).copy() for gid in self.graph_ids()}, source=self.source)
+
+
+def _job_from_bytes(manifest: bytes, graphs: dict[str, Graph], source: str) -> Job:
+    return Job(pb.JobManifest.FromString(manifest), graphs, source=source)

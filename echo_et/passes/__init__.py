@@ -4,8 +4,10 @@
 - :func:`scale` changes the data-parallel degree and re-stages pipelines;
 - :func:`inject` turns a single-GPU trace into a data-parallel Job (DDP buckets, ZeRO-1);
 - :func:`select_ranks` cuts a Job down to a subset of ranks;
-- :func:`retime_compute` times every compute node for a GPU with the compute model;
-- :func:`sweep` simulates a grid of scaled layouts on a local pool, Dask or Ray.
+- :func:`retime_compute` times every compute node for a GPU with the compute model.
+
+A sweep over layouts (scale + simulate) combines passes with the simulator, so it lives in
+:mod:`echo_et.experiments.sweep`.
 """
 
 from echo_et.passes.compute_retime import RetimeReport, retime_compute

@@ -37,24 +37,26 @@ left to the simulator's communication model (measured durations do not exist): 0
 
 from __future__ import annotations
 
-import ast
 import bisect
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job
 from echo_et.ir.schema import COMM_KINDS, pb
-from echo_et.passes.dtypes import DTYPE_BYTES
-from echo_et.passes.scale import check_gpus_per_node, derived_job_builder
+from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
+from echo_et.passes.gradients import (
+    ACCUMULATE_GRAD,
+    EVALUATE_PREFIX,
+    Gradient,
+    bucket_gradients,
+    grad_bytes,
+)
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_BUCKET_MB = 25.0
-ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
-EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer.step"
 
 
@@ -65,19 +67,12 @@ def parse_bytes(text: str) -> int:
     """'500M' / '1.5GiB' / '123456' -> bytes (K, M, G, T are binary: 1024-based)."""
     m = _SIZE_RE.match(text)
     if not m:
-        raise EchoError(f"--param-bytes {text!r}: expected a size like 500M, 1.5G or 123456")
+        raise OptionError("param_bytes", f"{text!r}: expected a size like 500M, 1.5G or 123456")
     mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
     value = int(float(m.group(1)) * mult)
     if value <= 0:
-        raise EchoError(f"--param-bytes {text!r}: must be positive")
+        raise OptionError("param_bytes", f"{text!r}: must be positive")
     return value
-
-
-@dataclass
-class Gradient:
-    node: pb.Node          # the host op at which the gradient is ready
-    nbytes: int
-    dtype: str
 
 
 @dataclass
@@ -104,43 +99,6 @@ class InjectReport:
 
 
 # -- reading the trace ----------------------------------------------------------------------
-def _parse_list(text: str) -> list:
-    if not text:
-        return []
-    try:
-        v = json.loads(text)
-    except ValueError:
-        try:
-            v = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return [s.strip() for s in text.split(",")] if "[" not in text else []
-    return v if isinstance(v, list) else [v]
-
-
-def _grad_bytes(node: pb.Node) -> tuple[int, str] | None:
-    """Bytes and dtype of the gradient an AccumulateGrad op receives, from its first input."""
-    shapes = _parse_list(node.cpu.shapes) if node.HasField("cpu") else []
-    dtypes = _parse_list(node.cpu.dtypes) if node.HasField("cpu") else []
-    if not shapes or not isinstance(shapes[0], list):
-        return None
-    dims = shapes[0]
-    if not all(isinstance(d, int) for d in dims):
-        return None
-    dtype = _dtype_name(str(dtypes[0])) if dtypes else ""
-    size = DTYPE_BYTES.get(dtype)
-    if size is None:
-        return None
-    return math.prod(dims) * size, dtype
-
-
-def _dtype_name(text: str) -> str:
-    """'Tensor(float)' (host ET) -> 'float' (Kineto's spelling)."""
-    text = text.strip()
-    if text.startswith("Tensor(") and text.endswith(")"):
-        text = text[len("Tensor("):-1]
-    return text
-
-
 def _op_name(n: pb.Node) -> str:
     return n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name
 
@@ -157,17 +115,18 @@ def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient
     if not accs:
         accs = [n for n in host if _op_name(n) == EVALUATE_PREFIX + ACCUMULATE_GRAD]
     if accs and param_bytes is None:
-        sized = [(_grad_bytes(n), n) for n in accs]
+        sized = [(grad_bytes(n), n) for n in accs]
         if all(s is not None for s, _ in sized):
             return [Gradient(n, s[0], s[1]) for s, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
         missing = sum(1 for s, _ in sized if s is None)
-        raise EchoError(f"{missing} of {len(accs)} AccumulateGrad ops have no usable shape/dtype "
-                        "(trace recorded without record_shapes?); give --param-bytes")
+        raise OptionError("param_bytes", f"{missing} of {len(accs)} AccumulateGrad ops have no usable "
+                                         "shape/dtype (trace recorded without record_shapes?); give the "
+                                         "total parameter bytes")
     if param_bytes is None:
-        raise EchoError("the trace has no AccumulateGrad ops to size gradients from; give "
-                        "--param-bytes (total parameter bytes) to spread over the backward ops")
+        raise OptionError("param_bytes", "the trace has no AccumulateGrad ops to size gradients from; "
+                                         "give the total parameter bytes to spread over the backward ops")
     anchors = accs
-    source = f"--param-bytes spread over {len(accs)} AccumulateGrad ops"
+    source = f"parameter bytes given, spread over {len(accs)} AccumulateGrad ops"
     if not anchors:
         anchors = [n for n in host if _op_name(n).startswith(EVALUATE_PREFIX)]
         if not anchors:
@@ -178,32 +137,10 @@ def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient
             raise EchoError("the trace has no backward pass (no AccumulateGrad, no "
                             "autograd::engine::evaluate_function ops, no phase=backward nodes); "
                             "cannot place gradient buckets")
-        source = f"--param-bytes spread over {len(anchors)} backward ops"
+        source = f"parameter bytes given, spread over {len(anchors)} backward ops"
     each, rest = divmod(param_bytes, len(anchors))
     grads = [Gradient(n, each + (1 if i < rest else 0), "") for i, n in enumerate(anchors)]
     return [g for g in grads if g.nbytes], source
-
-
-def bucket_gradients(grads: list[Gradient], first_cap: int, cap: int) -> list[list[Gradient]]:
-    """DDP's bucket assignment over gradients in ready order (one open bucket per dtype)."""
-    buckets: list[list[Gradient]] = []
-    open_: dict[str, tuple[list[Gradient], int]] = {}
-    closed: dict[str, int] = {}
-    for g in grads:
-        members, size = open_.get(g.dtype, ([], 0))
-        members.append(g)
-        size += g.nbytes
-        limit = cap if closed.get(g.dtype) else first_cap
-        if size >= limit:
-            buckets.append(members)
-            closed[g.dtype] = closed.get(g.dtype, 0) + 1
-            open_.pop(g.dtype, None)
-        else:
-            open_[g.dtype] = (members, size)
-    # Buckets still open at the end are reduced when their last gradient is ready.
-    buckets.extend(m for m, _ in open_.values())
-    buckets.sort(key=lambda b: (b[-1].node.start_ns + b[-1].node.duration_ns, b[-1].node.id))
-    return buckets
 
 
 # -- rewriting ------------------------------------------------------------------------------
@@ -252,11 +189,11 @@ def inject_dp(job: Job, *, dp: int, bucket_mb: float | None = None,
     if bucket_mb is None:
         bucket_mb = DEFAULT_BUCKET_MB
     if dp < 1:
-        raise EchoError(f"--dp {dp}: must be >= 1")
+        raise OptionError("dp", f"dp must be >= 1, got {dp}")
     if zero not in (0, 1):
-        raise EchoError(f"--zero {zero}: only 0 (all-reduce) and 1 (reduce-scatter + all-gather)")
+        raise OptionError("zero", f"ZeRO stage must be 0 (all-reduce) or 1 (reduce-scatter + all-gather), got {zero}")
     if bucket_mb <= 0 or first_bucket_mb <= 0:
-        raise EchoError("--bucket-mb and --first-bucket-mb must be positive")
+        raise OptionError("bucket_mb", f"bucket caps must be positive, got {bucket_mb} and {first_bucket_mb} MiB")
     check_gpus_per_node(dp, gpus_per_node)
     if job.world_size != 1:
         raise EchoError(f"{job.source or 'job'}: inject needs a single-rank trace, this job has "

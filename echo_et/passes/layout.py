@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job
 from echo_et.ir.schema import ROLE_NAMES, collective_name, pb
 from echo_et.passes.mesh import AXES, DEFAULT_ORDER, Mesh, parse_order
@@ -105,19 +105,19 @@ def parse_layout(text: str) -> dict[str, Any]:
         if not part:
             continue
         if "=" not in part:
-            raise EchoError(f"--layout {text!r}: expected key=value pairs like dp=2,tp=2,pp=2")
+            raise OptionError("layout", f"{text!r}: expected key=value pairs like dp=2,tp=2,pp=2")
         k, v = (s.strip().lower() for s in part.split("=", 1))
         if k == "order":
             out["order"] = parse_order(v)
             continue
         if k not in _LAYOUT_KEYS:
-            raise EchoError(f"--layout {text!r}: unknown key {k!r} (known: {', '.join(_LAYOUT_KEYS)}, order)")
+            raise OptionError("layout", f"{text!r}: unknown key {k!r} (known: {', '.join(_LAYOUT_KEYS)}, order)")
         try:
             n = int(v)
         except ValueError:
-            raise EchoError(f"--layout {text!r}: {k}={v!r} is not an integer") from None
+            raise OptionError("layout", f"{text!r}: {k}={v!r} is not an integer") from None
         if n < 0 or (n == 0 and k in ("dp", "tp", "pp")):
-            raise EchoError(f"--layout {text!r}: {k} must be positive")
+            raise OptionError("layout", f"{text!r}: {k} must be positive")
         out[k] = n
     return out
 
@@ -304,8 +304,8 @@ def infer_layout(job: Job, declared: str | dict[str, Any] | None = None) -> Layo
         tp, pp = int(spec.get("tp", 1)), int(spec.get("pp", 1))
         dp = int(spec.get("dp", world // max(1, tp * pp)))
         if dp * tp * pp != world:
-            raise EchoError(f"--layout: dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp}, but the job has "
-                            f"{world} ranks")
+            raise OptionError("layout", f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp}, but the job has "
+                                        f"{world} ranks")
         fixed = {"dp": dp, "tp": tp, "pp": pp}
         source = "declared"
         reasons.append(f"declared dp={dp},tp={tp},pp={pp}")
@@ -326,8 +326,8 @@ def infer_layout(job: Job, declared: str | dict[str, Any] | None = None) -> Layo
                            f"{'-'.join(orders[0])} assumed")
             best = _Candidate(mesh, (), {})
         else:
-            raise EchoError("layout: the process groups do not form a tp x dp x pp mesh in any "
-                            "rank order; give it with --layout dp=..,tp=..,pp=..[,order=tp-dp-pp]")
+            raise OptionError("layout", "the process groups do not form a tp x dp x pp mesh in any "
+                                        "rank order; declare the layout (dp=..,tp=..,pp=..[,order=tp-dp-pp])")
     else:
         cands.sort(key=lambda c: c.score, reverse=True)
         best = cands[0]

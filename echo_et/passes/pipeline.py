@@ -37,16 +37,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import EchoError
-from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder
+from echo_et.errors import EchoError, OptionError
+from echo_et.ir import Graph, GraphBuilder, Job
+from echo_et.ir.conventions import ISSUE_PREFIX
+from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import pb
-from echo_et.passes.dtypes import DTYPE_BYTES
-from echo_et.passes.inject import ACCUMULATE_GRAD, bucket_gradients
-from echo_et.passes.inject import Gradient as _Grad
-from echo_et.passes.inject import _grad_bytes as grad_bytes_of
+from echo_et.passes.derive import derived_job_builder
+from echo_et.passes.gradients import ACCUMULATE_GRAD, Gradient, bucket_gradients, grad_bytes
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
-from echo_et.trace.records import ISSUE_PREFIX
 
 
 # -- reading a traced stage -----------------------------------------------------------------
@@ -365,8 +364,8 @@ def _copy(n: pb.Node) -> pb.Node:
 # -- the pass -----------------------------------------------------------------------------
 def _split(layers: list[int], stages: int) -> list[list[int]]:
     if len(layers) % stages:
-        raise EchoError(f"--pp {stages}: the job has {len(layers)} annotated layers, which "
-                        f"{stages} stages do not divide evenly")
+        raise OptionError("pp", f"the job has {len(layers)} annotated layers, which {stages} stages "
+                                "do not divide evenly")
     k = len(layers) // stages
     return [layers[i * k:(i + 1) * k] for i in range(stages)]
 
@@ -433,7 +432,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     """A Job at pipeline depth ``pp`` and ``microbatches`` micro-batches (dp, tp unchanged)."""
     old: Mesh = decision.mesh
     if pp < 1:
-        raise EchoError(f"--pp {pp}: must be >= 1")
+        raise OptionError("pp", f"pp must be >= 1, got {pp}")
     if job.world_size != old.world:
         raise EchoError(f"{job.source or 'job'}: {job.world_size} ranks, but layout {old.describe()} "
                         f"has {old.world}")
@@ -462,10 +461,10 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     old_m = max(p.microbatches for p in pieces.values())
     new_m = microbatches or decision.microbatches or old_m
     if new_m < 1:
-        raise EchoError(f"--microbatches {new_m}: must be >= 1")
+        raise OptionError("microbatches", f"micro-batches must be >= 1, got {new_m}")
     if pp > 1 and not any(p.p2p_bytes for p in pieces.values()):
-        raise EchoError("the job has no pipeline send/recv to size activations from (traced at "
-                        "pp=1); re-trace with --pp 2 or more to re-stage it")
+        raise OptionError("pp", "the job has no pipeline send/recv to size activations from (traced at "
+                                "pp=1); re-trace it with pp >= 2 to re-stage it")
     split = _split(layers, pp)
     where_layer = {layer: s for (t, s), p in pieces.items() if t == 0 for layer in p.layers}
     ref = pieces[(0, 0)]
@@ -478,7 +477,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     dropped = sum(p.dropped for p in read.values())
 
     new_mesh = old.with_sizes(pp=pp)
-    jb = JobBuilder(job.manifest.name, new_mesh.world, source_format=job.manifest.provenance.source_format)
+    jb = derived_job_builder(job, new_mesh.world, None)
     group_ids: dict[tuple[str, tuple[int, ...]], int] = {}
 
     def gid(role: str, ranks: list[int]) -> int:
@@ -524,13 +523,6 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
         jb.bind(r, graph_of[(c["tp"], c["pp"])], groups)
     out = jb.build()
     m = out.manifest
-    m.provenance.CopyFrom(job.manifest.provenance)
-    m.hardware.CopyFrom(job.manifest.hardware)
-    m.step = job.manifest.step
-    for k, v in job.manifest.attrs.items():
-        m.attrs[k] = v
-    for k, v in job.manifest.dropped.items():
-        m.dropped[k] = v
     source = f"restaged({decision.source})"
     m.layout.CopyFrom(pb.Layout(dp=new_mesh.dp, tp=new_mesh.tp, pp=pp, microbatches=new_m,
                                 zero_stage=decision.zero, ep=decision.ep, source=source))
@@ -647,7 +639,7 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     reduce_ids: list[int] = []
     bucket_sizes: list[int] = []
     dtype = dp_src.dp_dtype if dp_src else ""
-    elem = DTYPE_BYTES.get(dtype, 1)
+    elem = dtype_size(dtype) or 1
 
     def gradient_buckets() -> None:
         nonlocal grad_source
@@ -705,13 +697,13 @@ def _build_stage(graph_id, t, s, pp, m, my_layers, pieces, where_layer, old, str
     return e.b.build(), grad_source
 
 
-def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tuple[list[_Grad], str]:
+def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tuple[list[Gradient], str]:
     """Gradients of the new stage in ready order: AccumulateGrad shapes when every one has
     them, else each old stage's data-parallel bytes spread over its layers and extras."""
     accs = [n for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD]
-    sized = [(grad_bytes_of(n), n) for n in accs]
+    sized = [(grad_bytes(n), n) for n in accs]
     if accs and all(sz is not None for sz, _ in sized):
-        return [_Grad(n, sz[0], "") for sz, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
+        return [Gradient(n, sz[0], "") for sz, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
     out = []
     for node, what in unit_ends:
         if what >= 0:
@@ -720,7 +712,7 @@ def _gradients(nodes, unit_ends, pieces, t, old, my_layers, first, last) -> tupl
             src = pieces[(t, 0)] if what == -1 else pieces[(t, old.pp - 1)]
         shares = len(src.layers) + (1 if src.fwd_pre.nodes or src.bwd_post.nodes else 0) \
             + (1 if src.fwd_post.nodes or src.bwd_pre.nodes else 0)
-        out.append(_Grad(node, src.dp_bytes // max(1, shares), ""))
+        out.append(Gradient(node, src.dp_bytes // max(1, shares), ""))
     return [g for g in out if g.nbytes], "old stages' data-parallel bytes spread over their layers"
 
 

@@ -32,10 +32,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import EchoError
-from echo_et.ir import Graph, Job, JobBuilder
+from echo_et.errors import EchoError, OptionError
+from echo_et.ir import Graph, Job
+from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import COMM_KINDS, ROLE_BY_NAME, pb
-from echo_et.passes.dtypes import DTYPE_BYTES
+from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
 from echo_et.passes.layout import LayoutDecision, infer_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.regroup import GroupShape, derived_ranks, group_shape
@@ -77,33 +78,6 @@ class ScaleReport:
         }
 
 
-def derived_job_builder(job: Job, world: int, gpus_per_node: int | None) -> JobBuilder:
-    """A JobBuilder for a pass's output: provenance, hardware, step, dropped counts and
-    attributes carried over from ``job`` (passes add their own on top)."""
-    jb = JobBuilder(job.manifest.name, world, source_format=job.manifest.provenance.source_format)
-    m = jb.job.manifest
-    m.provenance.CopyFrom(job.manifest.provenance)
-    m.hardware.CopyFrom(job.manifest.hardware)
-    if gpus_per_node is not None:
-        m.hardware.gpus_per_node = gpus_per_node
-    m.step = job.manifest.step
-    for k, v in job.manifest.dropped.items():
-        m.dropped[k] = v
-    for k, v in job.manifest.attrs.items():
-        m.attrs[k] = v
-    return jb
-
-
-def check_gpus_per_node(world: int, gpus_per_node: int | None) -> None:
-    if gpus_per_node is None:
-        return
-    if gpus_per_node < 1:
-        raise EchoError(f"--gpus-per-node {gpus_per_node}: must be >= 1")
-    if world % gpus_per_node:
-        raise EchoError(f"world size {world} is not a multiple of --gpus-per-node {gpus_per_node} "
-                        f"(nodes would be partly filled)")
-
-
 def scale(
     job: Job,
     *,
@@ -120,22 +94,23 @@ def scale(
     decision = layout if isinstance(layout, LayoutDecision) else infer_layout(job, layout)
     report = ScaleReport(input_layout=decision.to_json(), a2a=a2a)
     if a2a not in A2A_POLICIES:
-        raise EchoError(f"--a2a {a2a!r}: expected one of {', '.join(A2A_POLICIES)}")
+        raise OptionError("a2a", f"unknown all-to-all policy {a2a!r}: expected one of {', '.join(A2A_POLICIES)}")
     if tp is not None and tp != decision.tp:
         raise EchoError(f"changing tensor parallelism ({decision.tp} -> {tp}) changes kernel shapes, "
                         f"which a trace cannot tell: re-trace at tp={tp} with `echo-et trace`")
     new_dp = decision.dp if dp is None else dp
     if new_dp < 1:
-        raise EchoError(f"--dp {new_dp}: must be >= 1")
+        raise OptionError("dp", f"dp must be >= 1, got {new_dp}")
     if zero is not None and zero not in (0, 1):
-        raise EchoError(f"--zero {zero}: only ZeRO stages 0 and 1 are supported")
+        raise OptionError("zero", f"only ZeRO stages 0 and 1 are supported, got {zero}")
     if zero is not None and zero != decision.zero:
         if decision.zero and not zero:
-            raise EchoError("the job shards gradients (ZeRO-1); turning that into all-reduce is "
-                            "not supported: re-trace with --zero 0")
+            raise OptionError("zero", "the job shards gradients (ZeRO-1); turning that into all-reduce is "
+                                      "not supported: re-trace it with ZeRO stage 0")
         if zero and not decision.zero:
-            raise EchoError("the job all-reduces gradients (ZeRO-0); turn it into ZeRO-1 with "
-                            "`echo-et inject` on a single-rank trace, or re-trace with --zero 1")
+            raise OptionError("zero", "the job all-reduces gradients (ZeRO-0); turn it into ZeRO-1 by "
+                                      "injecting data parallelism into a single-rank trace, or re-trace "
+                                      "it with ZeRO stage 1")
 
     world = new_dp * decision.tp * (pp or decision.pp)
     check_gpus_per_node(world, gpus_per_node)
@@ -275,7 +250,7 @@ def _resize(c: pb.CollectiveInfo, old_dp: int, new_dp: int, zero: int, a2a: str)
     replicas; True when something changed. ZeRO shards are whole elements: the flat buffer
     is padded to a multiple of new_dp elements (exact when old_dp divides new_dp)."""
     before = (c.in_bytes, c.out_bytes)
-    elem = DTYPE_BYTES.get(c.dtype, 1)
+    elem = dtype_size(c.dtype) or 1
     if c.type == pb.COLL_REDUCE_SCATTER and zero:
         full = c.in_bytes // elem
         shard = math.ceil(full / new_dp)

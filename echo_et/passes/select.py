@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from echo_et.errors import EchoError
-from echo_et.ir import Job, JobBuilder
+from echo_et.errors import EchoError, OptionError
+from echo_et.ir import Job
+from echo_et.passes.derive import derived_job_builder
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -28,9 +29,9 @@ def parse_ranks(text: str) -> list[int]:
             else:
                 out.append(int(part))
         except ValueError:
-            raise EchoError(f"--ranks {text!r}: expected ranks like 0-3,8") from None
+            raise OptionError("ranks", f"{text!r}: expected ranks like 0-3,8") from None
     if not out:
-        raise EchoError(f"--ranks {text!r}: no rank given")
+        raise OptionError("ranks", f"{text!r}: no rank given")
     return out
 
 
@@ -43,15 +44,8 @@ def select_ranks(job: Job, ranks: Sequence[int]) -> Job:
     if bad:
         raise EchoError(f"select: rank {bad[0]} is outside the job's {job.world_size} ranks")
     new_of = {r: i for i, r in enumerate(ranks)}
-    jb = JobBuilder(job.manifest.name, len(ranks), source_format=job.manifest.provenance.source_format)
+    jb = derived_job_builder(job, len(ranks), None)
     m = jb.job.manifest
-    m.provenance.CopyFrom(job.manifest.provenance)
-    m.hardware.CopyFrom(job.manifest.hardware)
-    m.step = job.manifest.step
-    for k, v in job.manifest.dropped.items():
-        m.dropped[k] = v
-    for k, v in job.manifest.attrs.items():
-        m.attrs[k] = v
     m.attrs["select.ranks"] = ",".join(str(r) for r in ranks) if len(ranks) <= 64 else f"{len(ranks)} ranks"
     new_gid: dict[int, int] = {}
     used_graphs: set[str] = set()

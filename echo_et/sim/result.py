@@ -42,6 +42,16 @@ class RankResult:
         }
 
 
+@dataclass(frozen=True)
+class SimTimeline:
+    """Where each node of each simulated rank ran: the engine's per-class states (start and
+    end of every node, the time it arrived at a collective) and the partition that maps a
+    rank to the class whose timeline it shares. Read by :mod:`echo_et.sim.timeline`."""
+
+    states: list[Any]
+    partition: Any  # echo_et.sim.symmetry.Partition
+
+
 @dataclass
 class SimResult:
     mode: str
@@ -54,7 +64,7 @@ class SimResult:
     # acausal_deps: per graph, dependencies that the measured times contradict (a converter
     # guessed them wrong); the simulation obeys them, so replay drifts where they bind
     diagnostics: dict[str, Any] = field(default_factory=dict)
-    _timeline: Any = None  # the engine state the timeline writer reads
+    timeline: SimTimeline | None = field(default=None, repr=False)
 
     @property
     def step_time_ns(self) -> int:
@@ -80,7 +90,7 @@ class SimResult:
         }
 
     def timeline_events(self, ranks: list[int] | None = None):
-        """The simulated step as ``echo_et.converters.chrome.TimelineEvent`` field dicts
+        """The simulated step as :class:`echo_et.ir.timeline.TimelineEvent` boxes
         (see :mod:`echo_et.sim.timeline`)."""
         from echo_et.sim.timeline import timeline_events
 

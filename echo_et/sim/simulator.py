@@ -59,7 +59,7 @@ from echo_et.sim.program import (
     Program,
     compile_graph,
 )
-from echo_et.sim.result import RankResult, SimResult
+from echo_et.sim.result import RankResult, SimResult, SimTimeline
 from echo_et.sim.symmetry import Partition, identity_partition, rank_partition
 
 
@@ -724,7 +724,7 @@ class Simulator:
             options=opts,
             diagnostics={"acausal_deps": acausal, "acausal_deps_kept": self.options.keep_acausal_deps,
                          "placeholder_comm_nodes": placeholders},
-            _timeline=(self._states, part),
+            timeline=SimTimeline(self._states, part),
         )
 
 

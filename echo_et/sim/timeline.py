@@ -1,12 +1,12 @@
 """The simulated step as timeline events, in the layout of ``echo-et export chrome``.
 
-The simulator does not import converters (DESIGN.md section 10), so it yields plain field
-dicts that match ``echo_et.converters.chrome.TimelineEvent``; the CLI (or a user) writes
-them with that module's ``write_timeline``, so a simulated and a measured trace open side by
-side in Perfetto with the same processes, tracks and names::
+The simulator does not import converters (docs/architecture.md), so it yields the IR's
+:class:`echo_et.ir.timeline.TimelineEvent`; the CLI (or a user) writes them with
+``echo_et.converters.chrome.write_timeline``, so a simulated and a measured trace open side
+by side in Perfetto with the same processes, tracks and names::
 
-    from echo_et.converters.chrome import TimelineEvent, write_timeline
-    write_timeline([TimelineEvent(**e) for e in timeline_events(result)], "sim.json")
+    from echo_et.converters.chrome import write_timeline
+    write_timeline(result.timeline_events(), "sim.json")
 
 Layout (the exporter's): one process per rank; one track per stream named after it (host
 threads first, then compute, communication, copy); one box per node at its simulated start
@@ -20,12 +20,12 @@ Ranks that share a representative's timeline (symmetry) get that timeline.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from echo_et.ir.labels import node_label, node_track
+from echo_et.ir.timeline import TimelineEvent
 
 
-def _rank_events(rank: int, st) -> Iterator[dict[str, Any]]:
+def _rank_events(rank: int, st) -> Iterator[TimelineEvent]:
     prog = st.prog
     streams = {s.id: s for s in prog.streams}
     for idx, node in enumerate(st.graph.nodes):
@@ -39,17 +39,18 @@ def _rank_events(rank: int, st) -> Iterator[dict[str, Any]]:
             wait = t0 - st.arrive[s_it]
             args["wait_ns"] = wait
             if wait > 0:
-                yield dict(rank=rank, track=track, name=f"wait: {name}", start_ns=st.arrive[s_it],
-                           duration_ns=wait, category="wait", track_order=order, args={"id": node.id})
-        yield dict(rank=rank, track=track, name=name, start_ns=t0, duration_ns=max(0, t1 - t0),
-                   category=category, track_order=order, args=args)
+                yield TimelineEvent(rank=rank, track=track, name=f"wait: {name}", start_ns=st.arrive[s_it],
+                                    duration_ns=wait, category="wait", track_order=order,
+                                    args={"id": node.id})
+        yield TimelineEvent(rank=rank, track=track, name=name, start_ns=t0, duration_ns=max(0, t1 - t0),
+                            category=category, track_order=order, args=args)
 
 
-def timeline_events(result, ranks: list[int] | None = None) -> Iterator[dict[str, Any]]:
-    """Field dicts of ``echo_et.converters.chrome.TimelineEvent`` for every (chosen) rank."""
-    if result._timeline is None:
+def timeline_events(result, ranks: list[int] | None = None) -> Iterator[TimelineEvent]:
+    """The boxes of every (chosen) rank, from the result's :class:`SimTimeline`."""
+    if result.timeline is None:
         raise ValueError("this result holds no timeline")
-    states, part = result._timeline
-    by_class = {st.cls: st for st in states}
-    for rank in sorted(part.class_of) if ranks is None else sorted(set(ranks)):
-        yield from _rank_events(rank, by_class[part.class_of[rank]])
+    tl = result.timeline
+    by_class = {st.cls: st for st in tl.states}
+    for rank in sorted(tl.partition.class_of) if ranks is None else sorted(set(ranks)):
+        yield from _rank_events(rank, by_class[tl.partition.class_of[rank]])

@@ -44,6 +44,28 @@ def measured_span(job: Job, rank: int) -> int:
     return int(max(n.start_ns + n.duration_ns for n in g.nodes) - min(n.start_ns for n in g.nodes))
 
 
+def measured_caveat(job: Job) -> str | None:
+    """One sentence on why this Job's measured step and its simulated one are not like for
+    like, from its provenance; None when they are.
+
+    A Job traced ex-situ measured each traced rank alone, under a recording process group:
+    its "measured" step is that rank's compute (and host work) with communication that
+    returned at once, no waiting for other ranks and no pipeline bubble. Replay and
+    predict compose all ranks, with their collectives and waits, so they take longer than
+    that by design; and compute timed on a CPU is CPU time, not what a GPU would take."""
+    if job.manifest.provenance.source_format != "ex-situ":
+        return None
+    device = job.manifest.attrs.get("trace.device", "") or "cpu"
+    on_cpu = device.startswith("cpu")
+    where = "on CPU" if on_cpu else f"on {device}"
+    steps = job.manifest.attrs.get("trace.measured_steps", "1")
+    return (f"this Job was traced ex-situ {where} under a recording process group ({steps} measured "
+            f"step{'s' if steps != '1' else ''}): a rank's measured step is its own compute with no real "
+            "communication and no waiting for other ranks, while replay and predict compose every rank "
+            "with its collectives and pipeline waits, so the errors compare different things"
+            + ("; its compute times are CPU times" if on_cpu else ""))
+
+
 def _err(sim: int, measured: int) -> float | None:
     if measured <= 0:
         return None
@@ -87,4 +109,5 @@ def validate(job: Job, *, comm_model: Any, slowdown_model: Any = None,
         "ranks": ranks,
         "simulated_ranks": {"replay": replay.simulated_ranks, "predict": predict.simulated_ranks},
         "slowdown": predict.slowdown,
+        "measured_caveat": measured_caveat(job),
     }

@@ -21,26 +21,19 @@ from collections import Counter
 from math import prod
 
 from echo_et.ir import Graph, Job
+from echo_et.ir.collectives import collective_word
+from echo_et.ir.conventions import ISSUE_PREFIX
+from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import COLLECTIVE_NAMES, ROLE_NAMES, pb
 from echo_et.trace import annotations
-from echo_et.trace.records import ISSUE_PREFIX
 
 Comm = tuple[str, int, str]  # (type name, bytes, group role/desc)
-
-_ELEM = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
-         "bfloat16": 2, "c10::bfloat16": 2, "c10::half": 2, "long": 8, "int64": 8, "int": 4,
-         "int32": 4, "bool": 1, "unsigned char": 1, "uint8": 1, "signed char": 1, "int8": 1}
-
 
 def _c10d_type(name: str) -> str | None:
     if not name.startswith("c10d::"):
         return None
-    word = name[len("c10d::"):].strip("_").replace("_base", "").replace("_", "")
-    return {"allreduce": "all_reduce", "allgather": "all_gather",
-            "reducescatter": "reduce_scatter", "alltoall": "all_to_all",
-            "broadcast": "broadcast", "reduce": "reduce", "gather": "gather",
-            "scatter": "scatter", "barrier": "barrier", "send": "send",
-            "recv": "recv"}.get(word)
+    c = collective_word(name[len("c10d::"):])
+    return COLLECTIVE_NAMES[c] if isinstance(c, int) else c
 
 
 def _parents(graph: Graph) -> dict[int, int]:
@@ -100,7 +93,7 @@ def _bytes_from_gloo(op: pb.Node, gloo_spans: list[pb.Node]) -> int:
                 dtype = json.loads(s.cpu.dtypes)[0]
             except (ValueError, IndexError, TypeError):
                 return -1
-            return prod(dims) * _ELEM.get(str(dtype), 0)
+            return prod(dims) * (dtype_size(str(dtype)) or 0)
     return -1
 
 

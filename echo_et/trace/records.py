@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from echo_et.ir.conventions import ISSUE_PREFIX
+
 COMM_SPAN = "echo:comm#"
 WAIT_SPAN = "echo:wait#"
-ISSUE_PREFIX = "issue:"   # host operator the splice puts where a call was issued ("issue:send")
+__all__ = ["COMM_SPAN", "ISSUE_PREFIX", "WAIT_SPAN", "CommRecord", "span_index"]
 
 
 @dataclass

@@ -34,6 +34,7 @@ from echo_et.errors import EchoError
 from echo_et.ir import Graph
 from echo_et.trace.context import RankContext
 from echo_et.trace.layout import ParallelLayout
+from echo_et.trace.quiet import profiler_chatter_filtered
 from echo_et.trace.records import CommRecord
 from echo_et.trace.splice import splice
 from echo_et.trace.steps import StepCombiner, step_span_ns
@@ -83,7 +84,7 @@ def _measure_step(step: Callable, activities: list, layout: ParallelLayout, rank
     RECORDER.enabled = True
     with tempfile.TemporaryDirectory(prefix="echo-trace-") as tmp:
         path = Path(tmp) / f"rank{rank}.json"
-        with profile(activities=activities, record_shapes=True) as prof:
+        with profiler_chatter_filtered(), profile(activities=activities, record_shapes=True) as prof:
             _user_call(step, what, layout, rank, device)
             if cuda:
                 torch.cuda.synchronize(dev)
@@ -203,7 +204,8 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
                 _user_call(step, "the warm-up step", layout, rank, device)
             torch.cuda.synchronize(dev)
         else:
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as mem_prof:
+            with profiler_chatter_filtered(), \
+                    profile(activities=[ProfilerActivity.CPU], profile_memory=True) as mem_prof:
                 step = _user_call(lambda: build_fn(ctx), "build_fn", layout, rank, device)
                 if not callable(step):
                     raise EchoError(f"{where(layout, rank)}: build_fn returned "

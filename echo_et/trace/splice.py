@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.conventions import ISSUE_PREFIX
 from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
 from echo_et.trace import annotations
-from echo_et.trace.records import COMM_SPAN, ISSUE_PREFIX, WAIT_SPAN, CommRecord, span_index
+from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord, span_index
 
 _HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
 _GPU_STREAMS = frozenset({pb.STREAM_GPU_COMPUTE, pb.STREAM_GPU_COPY, pb.STREAM_GPU_COMM})

@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from echo_et.errors import EchoError
+from echo_et.ir.collectives import find_collective
+from echo_et.ir.dtypes import dtype_size
+from echo_et.ir.schema import collective_name
 
 WARMUP_ROWS = 4
 WARMUP_FACTOR = 1.25
@@ -51,13 +54,6 @@ _PREFIX = re.compile(r"\[\d+,\d+\]<(stdout|stderr)>:")
 _HEADER = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+"
                    r"\[[^\]]*\]\s*(.*)$")
-_TYPE_BYTES = {"int8": 1, "uint8": 1, "char": 1, "int32": 4, "uint32": 4, "int": 4, "int64": 8,
-               "uint64": 8, "half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4,
-               "double": 8, "float64": 8, "f8e4m3": 1, "f8e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-_NAME_HINTS = (("allreduce", "all_reduce"), ("allgather", "all_gather"),
-               ("reducescatter", "reduce_scatter"), ("alltoall", "all_to_all"),
-               ("broadcast", "broadcast"), ("reduce", "reduce"), ("gather", "gather"),
-               ("scatter", "scatter"))
 SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 
 
@@ -198,17 +194,14 @@ def _time(tok: str) -> float | None:
 
 
 def _infer_collective(run: Run, where: str) -> str:
-    stem = re.sub(r"[^a-z]", "", run.source.lower())
-    for hint, coll in _NAME_HINTS:
-        if hint in stem:
-            if coll not in SUPPORTED:
-                break
-            return coll
+    named = find_collective(re.sub(r"[^a-z]", "", run.source.lower()), sendrecv=None)
+    if named is not None and collective_name(named) in SUPPORTED:
+        return collective_name(named)
     row = run.rows[-1]  # the largest size: its count is never rounded to 0
     reduces = row.redop.lower() not in ("none", "")
     if "root" in run.columns:
         return "reduce" if reduces else "broadcast"
-    width = _TYPE_BYTES.get(row.dtype.lower())
+    width = dtype_size(row.dtype)
     if width is None or row.count == 0:
         raise EchoError(f"{where}: cannot tell which collective this is (type {row.dtype!r}); "
                         "pass --collective")

@@ -9,8 +9,10 @@ over an existing executor, never a scheduler of our own:
 - ``ray``: ``ray.init(address=...)`` (or a local Ray started for the sweep) and one remote
   task per point.
 
-Workers read the Job from its path, so on a remote cluster the path must be visible to the
-workers (a shared file system); nothing else travels but the point and the options.
+The caller loads the Job once (the CLI reads a Job directory or converts a trace) and the
+sweep ships it to the workers once (a process-pool initializer, ``Client.scatter``,
+``ray.put``), so a remote cluster needs no shared file system. Options that every point
+shares are checked once, before anything fans out (:func:`check_sweep`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
+from echo_et.ir import Job
+from echo_et.ir.io import atomic_dir
 
 EXECUTORS = ("local", "dask", "ray")
+MODES = ("predict", "replay")
+OUTPUT_FILES = ("results.json", "table.txt")
+PLOT_FILE = "step_time.png"
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ def comm_model_for(spec: SweepSpec, job):
     from echo_et.models.comm import CommModel
 
     if spec.profile and spec.preset:
-        raise EchoError("give --profile or --preset, not both")
+        raise OptionError("preset", "give a calibrated profile or a preset, not both")
     if spec.profile:
         model = CommModel.from_profile(spec.profile)
     elif spec.preset:
@@ -102,16 +109,14 @@ def slowdown_model_for(spec: SweepSpec):
     return default_model()
 
 
-def run_point(job_path: str, point: dict[str, int | None], spec: SweepSpec) -> dict[str, Any]:
+def run_point(job: Job, point: dict[str, int | None], spec: SweepSpec) -> dict[str, Any]:
     """Scale and simulate one point; errors come back as a row with ``error`` (a bad point
     never stops the sweep)."""
     row: dict[str, Any] = dict(point)
     try:
-        from echo_et.cli.common import load_job_arg
         from echo_et.passes.scale import scale
         from echo_et.sim import SimOptions, simulate
 
-        job = load_job_arg(Path(job_path))
         scaled, report = scale(job, dp=point["dp"], pp=point["pp"],
                                microbatches=point["microbatches"], zero=spec.zero,
                                gpus_per_node=spec.gpus_per_node, layout=spec.layout, a2a=spec.a2a)
@@ -138,8 +143,14 @@ def run_point(job_path: str, point: dict[str, int | None], spec: SweepSpec) -> d
             "simulated_ranks": res.simulated_ranks, "mode": res.mode,
         })
     except EchoError as e:
-        row["error"] = str(e).splitlines()[0]
+        row["error"] = error_text(e)
     return row
+
+
+def error_text(e: EchoError) -> str:
+    """One line; an option error names the option (the library's name for it)."""
+    line = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{e.option}: {line}" if isinstance(e, OptionError) else line
 
 
 def _micro_batch_size(job) -> int:
@@ -152,21 +163,72 @@ def _micro_batch_size(job) -> int:
     return int(v) if isinstance(v, int) and v > 0 else 0
 
 
-def run_sweep(job_path: str | os.PathLike[str], spec: SweepSpec, *, executor: str = "local",
+def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: str | None = None
+                ) -> list[str | None]:
+    """Check once, before fanning out, what every point shares: the executor, the mode, the
+    layout, the scaling options and the models; an error here is raised, not repeated per
+    point. Returns, per point of ``spec.points()``, the error it is certain to hit (the
+    world size it would have does not fill whole nodes) or None."""
+    from echo_et.passes.derive import check_gpus_per_node
+    from echo_et.passes.layout import infer_layout
+    from echo_et.passes.scale import A2A_POLICIES
+
+    if executor not in EXECUTORS:
+        raise OptionError("executor", f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    if spec.mode not in MODES:
+        raise OptionError("mode", f"unknown mode {spec.mode!r}: expected predict or replay")
+    if address and executor == "local":
+        raise OptionError("address", "a scheduler address needs the dask or ray executor")
+    if not spec.dp:
+        raise OptionError("dp", "give at least one data-parallel degree")
+    bad = [v for v in [*spec.dp, *spec.pp, *spec.microbatches] if v < 1]
+    if bad:
+        raise OptionError("dp" if bad[0] in spec.dp else "pp" if bad[0] in spec.pp else "microbatches",
+                          f"degrees must be >= 1, got {bad[0]}")
+    if spec.zero is not None and spec.zero not in (0, 1):
+        raise OptionError("zero", f"only ZeRO stages 0 and 1 are supported, got {spec.zero}")
+    if spec.a2a not in A2A_POLICIES:
+        raise OptionError("a2a", f"unknown all-to-all policy {spec.a2a!r}: expected one of {', '.join(A2A_POLICIES)}")
+    if spec.gpus_per_node is not None and spec.gpus_per_node < 1:
+        raise OptionError("gpus_per_node", f"GPUs per node must be >= 1, got {spec.gpus_per_node}")
+    decision = infer_layout(job, spec.layout)
+    if spec.mode == "predict":
+        comm_model_for(spec, job)   # an unknown preset or unreadable profile fails here, once
+        slowdown_model_for(spec)
+    problems: list[str | None] = []
+    for p in spec.points():
+        world = p["dp"] * decision.tp * (p["pp"] or decision.pp)
+        try:
+            check_gpus_per_node(world, spec.gpus_per_node)
+            problems.append(None)
+        except EchoError as e:
+            problems.append(error_text(e))
+    if problems and all(problems):
+        raise OptionError("gpus_per_node", f"no sweep point fills whole nodes; first: {problems[0]}")
+    return problems
+
+
+def run_sweep(job: Job, spec: SweepSpec, *, executor: str = "local",
               workers: int | None = None, address: str | None = None,
               progress: Callable[[int, int, dict], None] | None = None) -> SweepResult:
-    if executor not in EXECUTORS:
-        raise EchoError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
-    if spec.mode not in ("predict", "replay"):
-        raise EchoError(f"--mode {spec.mode!r}: expected predict or replay")
-    if address and executor == "local":
-        raise EchoError("--address needs --executor dask or ray")
-    path = str(Path(job_path))
-    if not Path(path).exists():
-        raise EchoError(f"{path}: no such file or directory")
+    """Every point of ``spec`` scaled from ``job`` and simulated on ``executor``."""
+    problems = check_sweep(job, spec, executor=executor, address=address)
     points = spec.points()
+    todo = [(i, p) for i, p in enumerate(points) if problems[i] is None]
+    rows: list[dict[str, Any]] = [_tag(i, {**p, "error": problems[i]}) for i, p in enumerate(points)
+                                  if problems[i] is not None]
+    for k, r in enumerate(rows, 1):
+        if progress:
+            progress(k, len(points), r)
     run = {"local": _run_local, "dask": _run_dask, "ray": _run_ray}[executor]
-    rows = run(path, points, spec, workers, address, progress)
+
+    def report(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if progress:
+            progress(len(rows), len(points), row)
+
+    run(job, todo, spec, workers, address, report)
+    rows = _finish(rows)
     if rows and all(r.get("error") for r in rows):
         raise EchoError(f"every sweep point failed; first: {rows[0]['error']}")
     return SweepResult(rows, spec, executor)
@@ -184,25 +246,39 @@ def _finish(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_local(path, points, spec, workers, address, progress) -> list[dict[str, Any]]:
+_WORKER_JOB: Job | None = None
+
+
+def _set_worker_job(job: Job) -> None:
+    global _WORKER_JOB
+    _WORKER_JOB = job
+
+
+def _run_in_worker(point: dict[str, int | None], spec: SweepSpec) -> dict[str, Any]:
+    assert _WORKER_JOB is not None, "the worker was started without its job"
+    return run_point(_WORKER_JOB, point, spec)
+
+
+def _run_local(job, todo, spec, workers, address, report) -> None:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    n = max(1, min(workers or os.cpu_count() or 1, len(points)))
-    rows = []
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futs = {pool.submit(run_point, path, p, spec): i for i, p in enumerate(points)}
+    if not todo:
+        return
+    n = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    with ProcessPoolExecutor(max_workers=n, initializer=_set_worker_job, initargs=(job,)) as pool:
+        futs = {pool.submit(_run_in_worker, p, spec): i for i, p in todo}
         for fut in as_completed(futs):
-            rows.append(_tag(futs[fut], fut.result()))
-            if progress:
-                progress(len(rows), len(points), rows[-1])
-    return _finish(rows)
+            report(_tag(futs[fut], fut.result()))
 
 
-def _run_dask(path, points, spec, workers, address, progress) -> list[dict[str, Any]]:
+def _run_dask(job, todo, spec, workers, address, report) -> None:
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
-        raise EchoError("--executor dask needs dask.distributed (pip install 'dask[distributed]')") from None
+        raise OptionError("executor", "the dask executor needs dask.distributed "
+                                      "(pip install 'dask[distributed]')") from None
+    if not todo:
+        return
     cluster = None
     if address:
         client = Client(address)
@@ -210,87 +286,62 @@ def _run_dask(path, points, spec, workers, address, progress) -> list[dict[str, 
         cluster = LocalCluster(n_workers=max(1, workers or 1), threads_per_worker=1,
                                processes=bool(workers and workers > 1), dashboard_address=None)
         client = Client(cluster)
-    rows = []
     try:
-        futs = [client.submit(run_point, path, p, spec, pure=False) for p in points]
-        index = {f.key: i for i, f in enumerate(futs)}
+        shared = client.scatter(job, broadcast=True)
+        futs = [client.submit(run_point, shared, p, spec, pure=False) for _, p in todo]
+        index = {f.key: i for f, (i, _) in zip(futs, todo, strict=True)}
         for fut in as_completed(futs):
-            rows.append(_tag(index[fut.key], fut.result()))
-            if progress:
-                progress(len(rows), len(points), rows[-1])
+            report(_tag(index[fut.key], fut.result()))
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
-    return _finish(rows)
 
 
-def _run_ray(path, points, spec, workers, address, progress) -> list[dict[str, Any]]:
+def _run_ray(job, todo, spec, workers, address, report) -> None:
     try:
         import ray
     except ImportError:
-        raise EchoError("--executor ray needs ray (pip install ray)") from None
+        raise OptionError("executor", "the ray executor needs ray (pip install ray)") from None
+    if not todo:
+        return
     started = not ray.is_initialized()
     if started:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=max(1, workers or 1), log_to_driver=False, include_dashboard=False)
-    rows = []
     try:
         task = ray.remote(run_point)
-        refs = [task.remote(path, p, spec) for p in points]
-        index = {r: i for i, r in enumerate(refs)}
+        shared = ray.put(job)
+        refs = [task.remote(shared, p, spec) for _, p in todo]
+        index = {r: i for r, (i, _) in zip(refs, todo, strict=True)}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                rows.append(_tag(index[ref], ray.get(ref)))
-                if progress:
-                    progress(len(rows), len(points), rows[-1])
+                report(_tag(index[ref], ray.get(ref)))
     finally:
         if started:
             ray.shutdown()
-    return _finish(rows)
 
 
-def write_outputs(result: SweepResult, outdir: str | os.PathLike[str]) -> list[str]:
-    """results.json, table.txt and step_time.png (when a point succeeded), written to a
-    temporary folder and renamed into place."""
-    import shutil
-    import tempfile
+def is_sweep_dir(path: Path) -> bool:
+    """An earlier sweep's output folder (which a new sweep may replace)."""
+    return (path / OUTPUT_FILES[0]).is_file() and (path / OUTPUT_FILES[1]).is_file()
 
-    from echo_et.ir.io import publish_mode
-    from echo_et.passes.plot import line_plot
 
-    dest = Path(outdir)
-    if dest.exists() and not dest.is_dir():
-        raise EchoError(f"{dest}: exists and is not a directory")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
-    publish_mode(tmp)
-    files = ["results.json", "table.txt"]
-    try:
+def write_outputs(result: SweepResult, outdir: str | os.PathLike[str], *, plot: bool = True) -> list[str]:
+    """results.json, table.txt and (with ``plot``, when a point succeeded) step_time.png,
+    published together with the IR's atomic directory writer: a failure leaves ``outdir``
+    as it was, and an existing folder is replaced only when it holds an earlier sweep."""
+    files = list(OUTPUT_FILES)
+    with atomic_dir(outdir, replaceable=is_sweep_dir, kind="an echo-et sweep folder") as tmp:
         (tmp / "results.json").write_text(json.dumps(result.to_json(), sort_keys=True, indent=1) + "\n")
         (tmp / "table.txt").write_text(result.table() + "\n")
-        series: dict[str, list[tuple[float, float]]] = {}
-        for r in result.rows:
-            if r.get("error"):
-                continue
-            label = f"tp={r['tp']} pp={r['pp']} mb={r['microbatches']}"
-            series.setdefault(label, []).append((r["world_size"], r["step_time_ns"] / 1e6))
-        if series:
-            png = line_plot(series, title="step time vs world size", xlabel="world size (gpus)",
-                            ylabel="step time (ms)")
-            (tmp / "step_time.png").write_bytes(png)
-            files.append("step_time.png")
-        if dest.exists():
-            for f in files:
-                os.replace(tmp / f, dest / f)
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if plot and any(not r.get("error") for r in result.rows):
+            from echo_et.experiments.plots import sweep_step_time_plot
+
+            sweep_step_time_plot(result.rows, tmp / PLOT_FILE)
+            files.append(PLOT_FILE)
     return files

@@ -1,0 +1,85 @@
+"""Gradients as DDP sees them: which host op makes each one ready, its size, and DDP's buckets.
+
+Shared by :mod:`echo_et.passes.inject` (data parallelism for a single-GPU trace) and
+:mod:`echo_et.passes.pipeline` (re-staged pipelines rebuild their gradient buckets).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from dataclasses import dataclass
+
+from echo_et.ir.dtypes import dtype_size
+from echo_et.ir.schema import pb
+
+ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
+
+
+@dataclass
+class Gradient:
+    node: pb.Node          # the host op at which the gradient is ready
+    nbytes: int
+    dtype: str
+
+
+# -- reading the trace ----------------------------------------------------------------------
+def _parse_list(text: str) -> list:
+    if not text:
+        return []
+    try:
+        v = json.loads(text)
+    except ValueError:
+        try:
+            v = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return [s.strip() for s in text.split(",")] if "[" not in text else []
+    return v if isinstance(v, list) else [v]
+
+
+def grad_bytes(node: pb.Node) -> tuple[int, str] | None:
+    """Bytes and dtype of the gradient an AccumulateGrad op receives, from its first input."""
+    shapes = _parse_list(node.cpu.shapes) if node.HasField("cpu") else []
+    dtypes = _parse_list(node.cpu.dtypes) if node.HasField("cpu") else []
+    if not shapes or not isinstance(shapes[0], list):
+        return None
+    dims = shapes[0]
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    dtype = _dtype_name(str(dtypes[0])) if dtypes else ""
+    size = dtype_size(dtype)
+    if size is None:
+        return None
+    return math.prod(dims) * size, dtype
+
+
+def _dtype_name(text: str) -> str:
+    """'Tensor(float)' (host ET) -> 'float' (Kineto's spelling)."""
+    text = text.strip()
+    if text.startswith("Tensor(") and text.endswith(")"):
+        text = text[len("Tensor("):-1]
+    return text
+
+
+def bucket_gradients(grads: list[Gradient], first_cap: int, cap: int) -> list[list[Gradient]]:
+    """DDP's bucket assignment over gradients in ready order (one open bucket per dtype)."""
+    buckets: list[list[Gradient]] = []
+    open_: dict[str, tuple[list[Gradient], int]] = {}
+    closed: dict[str, int] = {}
+    for g in grads:
+        members, size = open_.get(g.dtype, ([], 0))
+        members.append(g)
+        size += g.nbytes
+        limit = cap if closed.get(g.dtype) else first_cap
+        if size >= limit:
+            buckets.append(members)
+            closed[g.dtype] = closed.get(g.dtype, 0) + 1
+            open_.pop(g.dtype, None)
+        else:
+            open_[g.dtype] = (members, size)
+    # Buckets still open at the end are reduced when their last gradient is ready.
+    buckets.extend(m for m, _ in open_.values())
+    buckets.sort(key=lambda b: (b[-1].node.start_ns + b[-1].node.duration_ns, b[-1].node.id))
+    return buckets

@@ -1,0 +1,125 @@
+"""A first run that tells the truth: readable --help, a pytest summary, no profiler noise,
+one-line errors for output folders that do not exist, and validate saying what an ex-situ
+measurement is."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+
+import click
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from conftest import FIXTURES, REPO
+from echo_et.cli.main import app
+from echo_et.ir import save_job
+
+runner = CliRunner()
+PYTHON_TYPE = re.compile(r"<(?:int|str|bool|float|path|list\[[^\]]*\]|Path)>|\b(?:TEXT|INTEGER|FLOAT|BOOLEAN)\b")
+PRESETS = sorted(p.stem for p in (REPO / "echo_et" / "models" / "comm" / "presets").glob("*.json"))
+
+
+def _commands(cmd: click.Command, path: tuple[str, ...] = ()):
+    yield path, cmd
+    for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+        yield from _commands(sub, (*path, name))
+
+
+COMMANDS = list(_commands(get_command(app)))
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=lambda p: " ".join(p) or "echo-et")
+def test_help_shows_what_to_type_not_python_types(path) -> None:
+    res = runner.invoke(app, [*path, "--help"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert not PYTHON_TYPE.search(res.stdout), res.stdout
+
+
+def test_every_option_of_every_verb_has_help_and_a_metavar() -> None:
+    ctx = click.Context(get_command(app))
+    missing = []
+    for path, cmd in COMMANDS:
+        for p in cmd.params:
+            where = f"{' '.join(path)} {p.opts[0]}"
+            if not getattr(p, "help", None):
+                missing.append(f"{where}: no help")
+            if isinstance(p, click.Option) and not p.is_flag and not p.metavar:
+                missing.append(f"{where}: no metavar")
+            shown = p.display_type_rich(ctx) if hasattr(p, "display_type_rich") else None
+            if shown and PYTHON_TYPE.search(shown):
+                missing.append(f"{where}: shows {shown}")
+    assert not missing, "\n".join(missing)
+
+
+def test_preset_help_lists_the_presets() -> None:
+    assert PRESETS
+    for verb in (["simulate"], ["validate"], ["sweep"], ["estimate"]):
+        out = runner.invoke(app, [*verb, "--help"], terminal_width=200).stdout
+        assert all(name in out for name in PRESETS), (verb, out)
+
+
+def test_pytest_q_prints_its_summary() -> None:
+    """``addopts = "-q"`` plus ``-q`` on the command line silences the summary line."""
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-q" not in str(conf.get("addopts", "")).split()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/test_ir_vocab.py", "-k", "strict_words"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^1 passed", proc.stdout, re.MULTILINE), proc.stdout
+
+
+def test_profiler_chatter_is_filtered_and_the_rest_passed_on(capfd) -> None:
+    import os
+
+    from echo_et.trace.quiet import profiler_chatter_filtered
+
+    with profiler_chatter_filtered():
+        os.write(2, b"USDT:2026-12-03 09:26:53 27791:27791 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"STAGE:2026-12-03 09:27:20 28549:28549 SyncActivityProfilerHandler.cpp:51] Completed Stage\n")
+        os.write(2, b"ERROR:2026-12-03 09:26:53 1:1 CuptiActivityApi.cpp:9] a real problem\n")
+        print("a user's warning", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "STAGE" not in err
+    assert "a real problem" in err and "a user's warning" in err
+
+
+def test_trace_keeps_profiler_noise_off_the_terminal(tmp_path) -> None:
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+    tiny = ["--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "8", "--micro-batch", "1", "--vocab", "32"]
+    proc = subprocess.run([sys.executable, "-m", "echo_et.cli.main", "trace", *tiny, "--steps", "3",
+                           "-o", str(tmp_path / "job")], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "USDT" not in proc.stderr and "profiler_start" not in proc.stderr, proc.stderr
+    assert "traced rank 0" in proc.stderr  # the tracer's own progress still shows
+
+
+def test_simulate_timeline_into_a_missing_folder_is_one_line(tmp_path) -> None:
+    from test_sim import dp_job
+
+    job = save_job(dp_job(2), tmp_path / "job")
+    dest = tmp_path / "nope" / "step.json"
+    res = runner.invoke(app, ["simulate", str(job), "--timeline", str(dest)])
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0] and "--timeline" in lines[0]
+    assert not (tmp_path / "nope").exists()
+
+
+def test_validate_says_why_an_ex_situ_job_differs(tmp_path) -> None:
+    out = runner.invoke(app, ["validate", str(FIXTURES / "jobs" / "gpt-tp2-pp2-dp2"), "--preset", "a100-ib"])
+    assert out.exit_code == 0, out.output
+    note = out.stdout.strip().splitlines()[-1]
+    assert note.startswith("note: this Job was traced ex-situ on CPU under a recording process group")
+    assert "no real communication" in note and "CPU times" in note
+    from test_sim import dp_job
+
+    job = save_job(dp_job(2), tmp_path / "job")  # not traced ex-situ: nothing to explain
+    res = runner.invoke(app, ["validate", str(job), "--preset", "a100-ib", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["measured_caveat"] is None
