@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import typer
 
-from echo_et.errors import EchoError
-
 BW_HELP = ("Values with units: 150GB/s, 800Gb/s (bits), 25GiB/s; per GPU unless followed by "
            "/node (shared by the node's GPUs). A bare number is GB/s per GPU.")
 
 
 def gpu_opt(what: str = "Target GPU") -> typer.models.OptionInfo:
     return typer.Option(None, "--gpu", metavar="NAME",
-                        help=f"{what}: a preset name (a100, h100, h800, v100).")
+                        help=f"{what}: a preset name (a100, a100-80gb, h100, h800, v100) or the name "
+                        "CUDA reports.")
 
 
 def gpus_per_node_opt() -> typer.models.OptionInfo:
@@ -34,19 +33,9 @@ def inter_bw_opt() -> typer.models.OptionInfo:
 
 def cluster_from_options(gpu: str | None, gpus_per_node: int | None, intra_bw: str | None,
                          inter_bw: str | None):
-    """A :class:`echo_et.models.cluster.Cluster` from the options; errors name the flag."""
+    """A :class:`echo_et.models.cluster.Cluster` from the options (an OptionError names the
+    option that held a bad value)."""
     from echo_et.models.cluster import Cluster
 
-    if gpus_per_node is not None and gpus_per_node < 1:
-        raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
-    for flag, v in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
-        if v is not None:
-            try:
-                Cluster.parse(**{flag[2:].replace("-", "_"): v})
-            except EchoError as e:
-                raise EchoError(f"{flag}: {e}") from None
-    try:
-        return Cluster.parse(gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
-                             inter_bw=inter_bw)
-    except EchoError as e:
-        raise EchoError(f"--gpu: {e}" if gpu is not None and "GPU" in str(e) else str(e)) from None
+    return Cluster.parse(gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
+                         inter_bw=inter_bw)

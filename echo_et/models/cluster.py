@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.models.comm.units import Bandwidth, parse_bandwidth
 
 
@@ -28,7 +28,7 @@ class Cluster:
     def __post_init__(self) -> None:
         if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool)
                                                or int(self.gpus_per_node) < 1):
-            raise EchoError(f"gpus per node must be >= 1, got {self.gpus_per_node}")
+            raise OptionError("gpus_per_node", f"GPUs per node must be >= 1, got {self.gpus_per_node}")
 
     @classmethod
     def parse(cls, *, gpu: str | None = None, gpus_per_node: int | None = None,
@@ -37,9 +37,12 @@ class Cluster:
         :func:`echo_et.models.comm.units.parse_bandwidth`; the GPU name is checked against
         the presets."""
         if gpu is not None:
-            gpu = gpu_preset_name(gpu)
+            try:
+                gpu = gpu_preset_name(gpu)
+            except EchoError as e:
+                raise OptionError("gpu", str(e)) from None
         return cls(gpu=gpu, gpus_per_node=gpus_per_node,
-                   intra_bw=_bw(intra_bw), inter_bw=_bw(inter_bw))
+                   intra_bw=_bw(intra_bw, "intra_bw"), inter_bw=_bw(inter_bw, "inter_bw"))
 
     @classmethod
     def from_job(cls, job) -> Cluster:
@@ -97,40 +100,27 @@ class Cluster:
                 "inter_bw_gbps_per_gpu": None if self.inter_bw is None else self.inter_bw.per_gpu(gpn)}
 
 
-def _bw(v: str | float | None) -> Bandwidth | None:
+def _bw(v: str | float | None, option: str) -> Bandwidth | None:
     if v is None:
         return None
     if isinstance(v, Bandwidth):
         return v
-    return parse_bandwidth(str(v))
+    try:
+        return parse_bandwidth(str(v))
+    except EchoError as e:
+        raise OptionError(option, str(e)) from None
 
 
 def known_gpus() -> list[str]:
-    """GPU names that have presets (of the compute model where it exists, else of the
-    collective model)."""
-    try:
-        from echo_et.models.compute import gpu_names  # type: ignore[attr-defined]
-    except ImportError:
-        gpu_names = None
-    if gpu_names is not None:
-        return sorted(gpu_names())
-    from echo_et.models.comm.profile import load_preset, preset_names
+    """GPU names that have presets (the compute model's)."""
+    from echo_et.models.compute import gpu_names
 
-    names: set[str] = set()
-    for p in preset_names():
-        match = load_preset(p).gpu_match
-        if match:
-            names.add(match[0])
-    return sorted(names)
+    return gpu_names()
 
 
 def gpu_preset_name(name: str) -> str:
-    """The preset GPU name ``name`` stands for (case-insensitive; "A100-SXM4-80GB" is a100)."""
-    n = str(name).strip().lower()
-    known = known_gpus()
-    if n in known:
-        return n
-    for k in known:
-        if n.startswith(k) or f" {k}" in n or f"-{k}" in n:
-            return k
-    raise EchoError(f"unknown GPU {name!r} (presets: {', '.join(known)})")
+    """The preset GPU name ``name`` stands for ("A100", "NVIDIA A100-SXM4-40GB" -> a100);
+    unknown -> one line listing the presets."""
+    from echo_et.models.compute import resolve_gpu
+
+    return resolve_gpu(name)

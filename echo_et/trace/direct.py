@@ -208,7 +208,7 @@ class DirectRecorder(TorchDispatchMode):
         if self.recording and not self._suppress:
             name = func._schema.name
             if runs_kernel(name, func.is_view):
-                shapes, dtypes = _arg_texts(func, args, kwargs)
+                shapes, dtypes = _arg_texts(func._schema, args, kwargs)
                 self.events.append((OP, name, shapes, dtypes, _out_text(out, args)))
         return out
 
@@ -418,14 +418,14 @@ def _json(value: Any) -> str:
     return got
 
 
-def _arg_texts(func, args: tuple, kwargs: dict) -> tuple[str, str]:
+def _arg_texts(schema, args: tuple, kwargs: dict) -> tuple[str, str]:
     """(shapes, dtypes) of every schema argument, like the profiler's "Input Dims" and
     "Input type" (a Python number passed for a Tensor argument is the 0-dim "wrapped number"
     tensor the profiler sees; strings and devices are "")."""
     shapes: list = []
     types: list = []
     pos = 0
-    for a in func._schema.arguments:
+    for a in schema.arguments:
         if not a.kwarg_only and pos < len(args):
             v = args[pos]
             pos += 1
@@ -505,6 +505,8 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
     dropped: Counter = Counter()
     new_node = gb.graph.new_node
     next_id = 1
+    coll_seq: dict[str, int] = {}
+    p2p_seq: dict[tuple, int] = {}
 
     def annotate(n: pb.Node) -> None:
         if not current:
@@ -582,20 +584,36 @@ def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, gra
             if last_compute is not None:
                 deps.append((last_compute, pb.DEP_SYNC))
             deps.extend((w, pb.DEP_SYNC) for w in waited)
-            gb._next_id = next_id
             if rec.is_p2p:
                 assert rec.peer is not None
-                n = gb.p2p(rec.op == "send", rec.op, sid, group=key, peer=rec.peer,
-                           nbytes=rec.in_bytes if rec.op == "send" else rec.out_bytes,
-                           tag=rec.tag, deps=deps)
+                send = rec.op == "send"
+                n = new_node(id=next_id, name=rec.op, stream=sid,
+                             kind=pb.KIND_SEND if send else pb.KIND_RECV)
+                pkey = (key, rec.peer, send)
+                n.p2p.group = key
+                n.p2p.peer = rec.peer
+                n.p2p.bytes = rec.in_bytes if send else rec.out_bytes
+                n.p2p.tag = rec.tag
+                n.p2p.seq = p2p_seq.get(pkey, 0)
+                p2p_seq[pkey] = n.p2p.seq + 1
             else:
                 coll = COLLECTIVE_BY_NAME.get(rec.op)
                 if coll is None:
                     raise EchoError(f"{where}: unknown collective {rec.op!r} in the recording")
-                n = gb.collective(rec.op, sid, coll_type=coll, group=key, in_bytes=rec.in_bytes,
-                                  out_bytes=rec.out_bytes, dtype=rec.dtype, root=rec.root,
-                                  deps=deps)
-            next_id = gb._next_id
+                n = new_node(id=next_id, name=rec.op, stream=sid, kind=pb.KIND_COLLECTIVE)
+                c = n.collective
+                c.type = coll
+                c.group = key
+                c.in_bytes = rec.in_bytes
+                c.out_bytes = rec.out_bytes
+                c.dtype = rec.dtype
+                c.seq = coll_seq.get(key, 0)
+                coll_seq[key] = c.seq + 1
+                if rec.root is not None:
+                    c.root = rec.root
+            next_id += 1
+            for d, dk in deps:
+                n.deps.add(id=d, kind=dk)
             n.attrs["timing"] = "placeholder"
             annotate(n)
             annotate(launch)
