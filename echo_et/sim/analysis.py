@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -85,11 +86,12 @@ def _label(st, item: int) -> tuple[str, str]:
     return cat, node.name or f"node {node.id}"
 
 
-def critical_path(states: list, part, top: int) -> dict[str, Any]:
+def critical_path(states: list, part, top: int, nodes: Counter | None = None) -> dict[str, Any]:
     """Walk back from the item that ends last on the slowest rank, always through the
     predecessor that decided each start (for a collective: the member that arrived last),
     and add up what lies on the way. Measured gaps kept before items (launch latency, idle
-    host time between operators) count as "gap"."""
+    host time between operators) count as "gap". ``nodes``, when given, counts how often each
+    node (graph id, index in the graph) lies on the path with a non-zero time."""
     live = [s for s in states if s.prog.n_items]
     if not live:
         return {"length_ns": 0, "rank": -1, "start_rank": -1, "start_offset_ns": 0, "by_category": {}, "top": [],
@@ -115,9 +117,13 @@ def critical_path(states: list, part, top: int) -> dict[str, Any]:
             cat, name = _label(st, item)
             if ep:
                 _add(contrib, by_cat, cat, name, st.dur[item])
+                if nodes is not None and st.dur[item] > 0 and prog.node_of[item] >= 0:
+                    nodes[(prog.graph_id, prog.node_of[item])] += 1
                 item = ep[0]
                 continue
             _add(contrib, by_cat, cat, name, e - s)
+            if nodes is not None and e > s and prog.node_of[item] >= 0:
+                nodes[(prog.graph_id, prog.node_of[item])] += 1
         # find what decided this item's start (or, for a rendezvous, its last arrival)
         if item in st.met:
             last = max(st.met[item], key=lambda p: p[2])
