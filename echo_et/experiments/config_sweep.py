@@ -113,9 +113,9 @@ def read_configs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def _value(where: str, line: int, column: str, text: str) -> int | float | None:
+    if column in OPTIONAL and text == "":
+        return None
     if column == "measured_ms":
-        if text == "":
-            return None
         try:
             v = float(text)
         except ValueError:
