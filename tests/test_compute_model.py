@@ -222,3 +222,16 @@ def test_fit_end_to_end_recovers_the_tensor_gemm_efficiency_and_keeps_the_rest()
     assert fitted.profile.params["gemm_eff.tensor"] == pytest.approx(0.55, rel=0.03)
     same = {k: v for k, v in fitted.profile.params.items() if k != "gemm_eff.tensor"}
     assert same == {k: v for k, v in prior.profile.params.items() if k != "gemm_eff.tensor"}
+
+
+def test_fit_end_to_end_fits_the_host_launch_time_from_launch_nodes():
+    from echo_et.ir.schema import pb
+    from echo_et.models.compute import fit_end_to_end
+
+    prior = ComputeModel.preset("a100")
+    launch = pb.Node(kind=pb.KIND_LAUNCH, name="launch:aten::add")
+    add = pb.ComputeInfo(op="aten::add", shapes="[[1024], [1024]]", dtypes='["float", "float"]')
+    samples = [([(launch, n), (add, n)], 1e6, 1e6 + n * (38_000 + prior.op_time_ns(add.op, add.shapes, add.dtypes)))
+               for n in (100, 400, 1600, 6400)]
+    fitted = fit_end_to_end(samples, prior, params=("host_launch_ns",))
+    assert fitted.profile.params["host_launch_ns"] == pytest.approx(38_000, rel=0.02)

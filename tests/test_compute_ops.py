@@ -183,3 +183,14 @@ def test_unknown_operator_is_guessed_and_missing_shapes_reported():
     assert g.status == GUESSED and len(g.kernels) == 1 and g.kernels[0].bytes == 2 * 16 * 4
     assert op_cost("aten::mm", "", "").status == NO_SHAPES
     assert op_cost("aten::mm", "not json", "[]").status == NO_SHAPES
+
+
+def test_megatron_fused_kernels_are_one_memory_bound_kernel_each():
+    x = ([4, 8, 16], "c10::Half")
+    n = 4 * 8 * 16
+    sm = one(cost("echo::scaled_upper_triang_masked_softmax", [x, ([], "Scalar")]))
+    assert sm.cls == "softmax" and sm.bytes == 2 * n * 2
+    assert one(cost("echo::scaled_upper_triang_masked_softmax_backward", [x, x, ([], "Scalar")])).bytes == 3 * n * 2
+    bda = one(cost("echo::bias_dropout_add", [x, ([16], "c10::Half"), x, ([], "Scalar")]))
+    assert bda.bytes == (n + 16 + n + n) * 2 + n      # x, bias, residual, out, and the keep mask
+    assert one(cost("echo::bias_gelu", [x, ([16], "c10::Half")])).bytes == (n + 16 + n) * 2

@@ -241,3 +241,19 @@ def test_simulate_gpu_option_retimes_and_unknown_gpu_lists_the_presets(tmp_path)
     save_job(meta_job(timed=True, gpu="NVIDIA A100-SXM4-40GB"), timed)
     r = run("simulate", str(timed), "--mode", "predict", "--json")
     assert r.returncode == 0 and "compute_retime" not in json.loads(r.stdout)   # measured times by default
+
+
+def test_untimed_host_launches_get_the_host_launch_time():
+    job = meta_job()
+    g = job.graph("g0")
+    gb = GraphBuilder.extend(g)
+    host = gb.stream(pb.STREAM_CPU_THREAD, "host:0")
+    for n in [n for n in g.nodes if n.kind == pb.KIND_COMPUTE]:
+        launch = gb.cpu_op(f"launch:{n.name}", host, kind=pb.KIND_LAUNCH, op=n.name)
+        n.deps.add(id=launch.id, kind=pb.DEP_LAUNCH)
+    model = ComputeModel.preset("a100")
+    out, rep = retime_compute(job, model)
+    launches = [n for n in out.graph("g0").nodes if n.kind == pb.KIND_LAUNCH]
+    assert len(launches) == 3 and rep.by_status["host_launch"] == 3
+    assert all(n.duration_ns == model.host_launch_ns > 0 for n in launches)
+    assert all(n.attrs["timing"] == "model:a100" for n in launches)

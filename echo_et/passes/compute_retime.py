@@ -14,6 +14,10 @@ as GPU traces and meta-device traces have them. Each gets ``duration_ns`` from t
   FLOP rates (GEMM, attention, convolution kernels) or of HBM bandwidths (the rest), when
   the trace's GPU is known; otherwise it keeps its measured time.
 
+In an untimed graph, every host launch node (the meta-device tracer writes one per issued
+operator) gets the model's ``host_launch_ns``: the host issuing operators can then bound the
+iteration, as PyTorch eager does on a real GPU.
+
 Timed graphs (measured start times) are re-laid out so that no dependency is broken: every
 timestamp moves by the time gained or lost by the retimed nodes that ended before it (a host
 operator waiting for a kernel, or enclosing it, grows or shrinks with it). Untimed graphs
@@ -28,18 +32,34 @@ import bisect
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, Job
 from echo_et.ir.schema import pb
-from echo_et.models.compute import ComputeModel, resolve_gpu
-from echo_et.models.compute import ops as compute_ops
-from echo_et.models.compute.gpus import DATASHEETS, GpuSpec
 
+# How a node was timed (the first four are the model's answers for an operator).
+PRICED, NO_WORK, GUESSED, NO_SHAPES = "priced", "no_work", "guessed", "no_shapes"
 FROM_OP = "from_launching_op"
 SCALED = "scaled"
 KEPT = "kept"
+LAUNCH = "host_launch"
+
+
+class ComputeTimer(Protocol):
+    """What the pass needs from a compute model (``echo_et.models.compute.ComputeModel``
+    is one; passes do not import models, the caller hands it in)."""
+
+    name: str           # profile name, recorded in attrs["timing"]
+    gpu: str            # preset name
+    gpu_name: str       # product name, written to the manifest
+    host_launch_ns: int
+
+    def op_cost(self, op: str, shapes: str, dtypes: str, attrs: dict[str, str]) -> tuple[int, str]: ...
+
+    def memcpy_ns(self, nbytes: int, memset: bool = False) -> int: ...
+
+    def kernel_scale(self, source_gpu: str, kernel_name: str, compute_bound: bool) -> float | None: ...
 _COMPUTE_BOUND = frozenset({pb.KC_GEMM, pb.KC_ATTENTION, pb.KC_CONV})
 _DEVICE_STREAMS = frozenset({pb.STREAM_GPU_COMPUTE, pb.STREAM_GPU_COMM, pb.STREAM_GPU_COPY})
 
@@ -64,10 +84,10 @@ class RetimeReport:
                 "graphs_without_compute": self.graphs_without_compute}
 
 
-def retime_compute(job: Job, model: ComputeModel) -> tuple[Job, RetimeReport]:
+def retime_compute(job: Job, model: ComputeTimer) -> tuple[Job, RetimeReport]:
     """A copy of ``job`` with every compute node timed by ``model`` (see the module doc)."""
-    src = _source_gpu(job.manifest.hardware.gpu_name)
-    report = RetimeReport(gpu=model.gpu, profile=model.name, source_gpu=src.key if src else "")
+    src = job.manifest.hardware.gpu_name
+    report = RetimeReport(gpu=model.gpu, profile=model.name, source_gpu=src)
     out = job.copy()
     for gid in out.graph_ids():
         g = out.graph(gid)
@@ -78,7 +98,10 @@ def retime_compute(job: Job, model: ComputeModel) -> tuple[Job, RetimeReport]:
         if any(n.start_ns for n in g.nodes):
             _warp(g, new)
         else:
-            for n in g.nodes:
+            for n in g.nodes:   # untimed: the host issues each operator in host_launch_ns
+                if n.kind == pb.KIND_LAUNCH and n.id not in new:
+                    new[n.id] = model.host_launch_ns
+                    report.by_status[LAUNCH] += 1
                 if n.id in new:
                     n.duration_ns = new[n.id]
         timing = f"model:{model.name}"
@@ -89,17 +112,10 @@ def retime_compute(job: Job, model: ComputeModel) -> tuple[Job, RetimeReport]:
         raise EchoError(f"{job.source or 'job'}: no GPU compute nodes to retime (a CPU-only trace?); "
                         "trace on a GPU or on the meta device")
     hw = out.manifest.hardware
-    hw.gpu_name = model.profile.gpu.name
+    hw.gpu_name = model.gpu_name
     out.manifest.attrs["compute.gpu"] = model.gpu
     out.manifest.attrs["compute.profile"] = model.name
     return out, report
-
-
-def _source_gpu(name: str) -> GpuSpec | None:
-    try:
-        return DATASHEETS[resolve_gpu(name)] if name else None
-    except EchoError:
-        return None
 
 
 _OPERATOR = re.compile(r"^\w+::\w[\w.]*$")   # aten::mm, aten::add.Tensor, flash_attn::_flash_attn_forward
@@ -110,7 +126,7 @@ def _is_operator(name: str) -> bool:
     return bool(_OPERATOR.match(name))
 
 
-def _durations(g: Graph, model: ComputeModel, src: GpuSpec | None, report: RetimeReport) -> dict[int, int]:
+def _durations(g: Graph, model: ComputeTimer, src: str, report: RetimeReport) -> dict[int, int]:
     device = {s.id for s in g.header.streams if s.kind in _DEVICE_STREAMS}
     by_id = {n.id: n for n in g.nodes}
     targets = [n for n in g.nodes if n.stream in device and _retimable(n)]
@@ -122,15 +138,15 @@ def _durations(g: Graph, model: ComputeModel, src: GpuSpec | None, report: Retim
         report.nodes += 1
         report.compute_ns_before += n.duration_ns
         if n.kind in (pb.KIND_MEMCPY, pb.KIND_MEMSET):
-            new[n.id] = _copy_ns(n, model)
-            report.by_status[compute_ops.PRICED] += 1
+            new[n.id] = model.memcpy_ns(n.memcpy.bytes, memset=n.kind == pb.KIND_MEMSET)
+            report.by_status[PRICED] += 1
             continue
         c = n.compute
         op = c.op or n.name
         if _is_operator(op) or c.shapes:
             ns, status = model.op_cost(op, c.shapes, c.dtypes, dict(n.attrs))
             report.by_status[status] += 1
-            if status == compute_ops.GUESSED:
+            if status == GUESSED:
                 report.guessed_ops[op] += 1
             new[n.id] = ns
             continue
@@ -142,7 +158,7 @@ def _durations(g: Graph, model: ComputeModel, src: GpuSpec | None, report: Retim
     for pid, kernels in pending.items():
         p = by_id[pid]
         ns, status = model.op_cost(p.cpu.op or p.name, p.cpu.shapes, p.cpu.dtypes, dict(p.attrs))
-        if status != compute_ops.PRICED:
+        if status != PRICED:
             for k in kernels:
                 new[k.id] = _fallback(k, model, src, report)
             continue
@@ -164,14 +180,6 @@ def _retimable(n: pb.Node) -> bool:
     return n.kind == pb.KIND_MEMCPY and n.memcpy.direction == "DtoD"
 
 
-def _copy_ns(n: pb.Node, model: ComputeModel) -> int:
-    from echo_et.models.compute import kernels as K
-
-    b = n.memcpy.bytes
-    k = K.mem("fill", b) if n.kind == pb.KIND_MEMSET else K.mem("copy", 2 * b)
-    return round(model.kernel_ns(k))
-
-
 def _launching_op(n: pb.Node, by_id: dict[int, pb.Node]) -> pb.Node | None:
     """The innermost CPU operator with shapes above the launch that issued kernel ``n``."""
     launch = next((by_id.get(d.id) for d in n.deps if d.kind == pb.DEP_LAUNCH), None)
@@ -185,19 +193,13 @@ def _launching_op(n: pb.Node, by_id: dict[int, pb.Node]) -> pb.Node | None:
     return None
 
 
-def _fallback(n: pb.Node, model: ComputeModel, src: GpuSpec | None, report: RetimeReport) -> int:
-    dst = model.profile.gpu
-    if src is None or src.key == dst.key:
+def _fallback(n: pb.Node, model: ComputeTimer, src: str, report: RetimeReport) -> int:
+    factor = model.kernel_scale(src, n.compute.op or n.name, n.compute.kernel_class in _COMPUTE_BOUND)
+    if factor is None:
         report.by_status[KEPT] += 1
         return n.duration_ns
     report.by_status[SCALED] += 1
-    if n.compute.kernel_class in _COMPUTE_BOUND:
-        name = (n.compute.op or n.name).lower()
-        math = "fp32" if ("sgemm" in name or "f32" in name) and "tf32" not in name else "fp16"
-        ratio = src.peak_flops(math) / dst.peak_flops(math)
-    else:
-        ratio = src.hbm_gbps / dst.hbm_gbps
-    return max(1, round(n.duration_ns * ratio))
+    return max(1, round(n.duration_ns * factor))
 
 
 def _warp(g: Graph, new: dict[int, int]) -> None:

@@ -13,8 +13,8 @@ parameters, then solve a weighted linear least-squares problem on *relative* err
 ((model - measured) / measured), bounded (every efficiency in [0.02, 1] - the L2 one up to 4 -, overhead in
 [0, 50 us]), until the sides stop changing. ``gemm_k_half`` is chosen on a small grid.
 Priors keep unconstrained parameters sane: each efficiency is pulled (with the weight of a
-tenth of a typical sample) toward the profile it starts from, and each memory class (not the
-L2-resident one) toward a shared memory efficiency, so a class with no samples takes what the
+thousandth of a typical sample) toward the profile it starts from, and each memory class (not the
+L2-resident one; a tenth of a sample) toward a shared memory efficiency, so a class with no samples takes what the
 other classes show.
 Each source (kernels, layers, iterations) weighs the same in total, whatever its size.
 Deterministic: same samples, same result.
@@ -39,17 +39,21 @@ from echo_et.models.compute.roofline import EFF_MAX, EFF_PARAMS, PARAM_DEFAULTS,
 
 PARAM_NAMES = tuple(PARAM_DEFAULTS)
 # What each source may set (None: everything). Kernels measured one by one identify every
-# efficiency; per-layer times only the tensor-core GEMM and attention efficiencies (the rest
-# of a layer is small and already known); iterations what an iteration is most sensitive to.
-LAYER_PARAMS = ("gemm_eff.tensor", "attn_eff.fwd", "attn_eff.bwd")
-END_TO_END_PARAMS = ("kernel_overhead_ns", "gemm_eff.tensor", "attn_eff.fwd", "attn_eff.bwd")
+# efficiency; a handful of per-layer times only the tensor-core GEMM efficiency (GEMMs are
+# most of a layer; freeing attention too lets a few inconsistent layer times drive it to
+# nonsense); iterations what an iteration is most sensitive to.
+LAYER_PARAMS = ("gemm_eff.tensor",)
+END_TO_END_PARAMS = ("kernel_overhead_ns", "host_launch_ns", "gemm_eff.tensor", "attn_eff.fwd", "attn_eff.bwd")
 STAGES: tuple[tuple[str, tuple[str, ...] | None], ...] = (("kernels", None), ("layers", LAYER_PARAMS),
                                                           ("iterations", END_TO_END_PARAMS))
 
 K_HALF_GRID = (0.0, 32.0, 64.0, 128.0, 256.0)
-PRIOR_SAMPLES = 0.1
+PRIOR_SAMPLES = 0.001     # pull of each parameter toward the profile a fit starts from
+SHRINK_SAMPLES = 0.1      # pull of each memory class toward the shared memory efficiency
 EFF_BOUNDS = (0.02, 1.0)
 OVERHEAD_BOUNDS = (0.0, 50_000.0)
+HOST_LAUNCH_BOUNDS = (0.0, 200_000.0)
+_TIMES = frozenset({"kernel_overhead_ns", "host_launch_ns"})  # fitted as times, not inverse efficiencies
 MAX_ROUNDS = 30
 _MEM_GLOBAL = "mem_eff.*"   # shared memory efficiency the classes shrink toward (not stored)
 
@@ -62,16 +66,21 @@ class Sample:
     group: str = ""          # what a grouped split keeps together
     source: str = ""         # "kernels", "layers", "iterations", ...
     label: str = ""
+    launches: float = 0.0    # host launches in the measured time (each costs host_launch_ns)
 
 
 def sample_from_ops(calls: Iterable[tuple[Any, float]], measured_ns: float, offset_ns: float = 0.0,
                     group: str = "", source: str = "", label: str = "") -> Sample:
     """A sample from operator calls: (pb.ComputeInfo | pb.Node | layers.OpCall, count)."""
     items: list[tuple[Kernel, float]] = []
+    launches = 0.0
     for c, count in calls:
+        if isinstance(c, pb.Node) and c.kind == pb.KIND_LAUNCH:
+            launches += float(count)
+            continue
         for k in op_kernels(c):
             items.append((k, float(count)))
-    return Sample(tuple(items), float(measured_ns), float(offset_ns), group, source, label)
+    return Sample(tuple(items), float(measured_ns), float(offset_ns), group, source, label, launches)
 
 
 def op_kernels(c: Any) -> tuple[Kernel, ...]:
@@ -91,7 +100,7 @@ def op_kernels(c: Any) -> tuple[Kernel, ...]:
 # -- prediction ---------------------------------------------------------------------------------
 def predict(sample: Sample, profile: ComputeProfile) -> float:
     p, gpu = profile.params, profile.gpu
-    t = sample.offset_ns
+    t = sample.offset_ns + sample.launches * p["host_launch_ns"]
     for k, n in sample.items:
         cp, cns, mp, mns = parts(k, gpu, p, profile.fp32_matmul)
         v = mns / p[mp]
@@ -114,7 +123,7 @@ def fit(samples: Sequence[Sample], prior: ComputeProfile, *, fixed: Iterable[str
         source_weights: dict[str, float] | None = None) -> FitResult:
     """Fit ``prior``'s efficiencies and overhead to ``samples``; ``fixed`` names parameters to
     keep (e.g. ``("gemm_k_half",)``). Returns the profile with the fitted parameters."""
-    samples = [s for s in samples if s.measured_ns > 0 and s.items]
+    samples = [s for s in samples if s.measured_ns > 0 and (s.items or s.launches)]
     if not samples:
         raise EchoError("no samples to fit the compute model on")
     fixed = set(fixed)
@@ -138,20 +147,21 @@ def _weights(samples: Sequence[Sample], source_weights: dict[str, float]) -> np.
 
 def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: ComputeProfile, fixed: set[str],
                  source_weights: dict[str, float]) -> FitResult:
-    names = ["kernel_overhead_ns", *EFF_PARAMS, _MEM_GLOBAL]
+    names = ["kernel_overhead_ns", "host_launch_ns", *EFF_PARAMS, _MEM_GLOBAL]
     idx = {n: i for i, n in enumerate(names)}
     w = _weights(samples, source_weights)
     lam = PRIOR_SAMPLES * float(np.median(w))
+    lam_shrink = SHRINK_SAMPLES * float(np.median(w))
     # Parts do not depend on the efficiencies: compute them once.
     gpu = start.gpu
     pre = [[(n, parts(k, gpu, start.params, start.fp32_matmul)) for k, n in s.items] for s in samples]
     mem_prior = float(np.mean([1.0 / prior.params[f"mem_eff.{c}"] for c in MEM_CLASSES]))
     shrunk = {f"mem_eff.{c}" for c in MEM_CLASSES}
-    x0 = {n: (start.params[n] if n == "kernel_overhead_ns" else 1.0 / start.params[n]) for n in names[:-1]}
+    x0 = {n: (start.params[n] if n in _TIMES else 1.0 / start.params[n]) for n in names[:-1]}
     x0[_MEM_GLOBAL] = mem_prior
     xp = dict(x0)
     for n in names[:-1]:
-        if n in fixed or n == "kernel_overhead_ns":
+        if n in fixed or n in _TIMES:
             continue
         xp[n] = 1.0 / prior.params[n]
     x = dict(x0)
@@ -172,6 +182,7 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
                     a[i, idx[cp]] += n * cns
                 else:
                     a[i, idx[mp]] += n * mns
+            a[i, idx["host_launch_ns"]] += s.launches
             rhs[i] = s.measured_ns - s.offset_ns
             scale = math.sqrt(w[i]) / s.measured_ns
             a[i] *= scale
@@ -182,13 +193,14 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
                 prior_rows.append(_unit(len(names), idx[n], math.sqrt(lam) * 0.1 / mem_prior))
                 prior_rhs.append(math.sqrt(lam) * 0.1)
             elif n in shrunk:
-                r = _unit(len(names), idx[n], math.sqrt(lam) / mem_prior)
-                r[idx[_MEM_GLOBAL]] = -math.sqrt(lam) / mem_prior
+                r = _unit(len(names), idx[n], math.sqrt(lam_shrink) / mem_prior)
+                r[idx[_MEM_GLOBAL]] = -math.sqrt(lam_shrink) / mem_prior
                 prior_rows.append(r)
                 prior_rhs.append(0.0)
             else:
-                prior_rows.append(_unit(len(names), idx[n], math.sqrt(lam) / xp[n]))
-                prior_rhs.append(math.sqrt(lam))
+                ref = max(xp[n], 1.0)
+                prior_rows.append(_unit(len(names), idx[n], math.sqrt(lam) / ref))
+                prior_rhs.append(math.sqrt(lam) * xp[n] / ref)
         big_a = np.vstack([a, np.array(prior_rows)])
         big_b = np.concatenate([rhs, np.array(prior_rhs)])
         x = _bounded_lstsq(big_a, big_b, names, {n: x0[n] for n in fixed if n in idx})
@@ -196,7 +208,7 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
     for n in names[:-1]:
         if n in fixed:
             continue
-        params[n] = x[n] if n == "kernel_overhead_ns" else 1.0 / x[n]
+        params[n] = x[n] if n in _TIMES else 1.0 / x[n]
     prof = replace(start, params=params)
     pred = np.array([predict(s, prof) for s in samples])
     meas = np.array([s.measured_ns for s in samples])
@@ -213,6 +225,8 @@ def _unit(n: int, i: int, v: float) -> np.ndarray:
 def _bounds(name: str) -> tuple[float, float]:
     if name == "kernel_overhead_ns":
         return OVERHEAD_BOUNDS
+    if name == "host_launch_ns":
+        return HOST_LAUNCH_BOUNDS
     return 1.0 / EFF_MAX.get(name, EFF_BOUNDS[1]), 1.0 / EFF_BOUNDS[0]
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from echo_et.errors import EchoError
 from echo_et.ir.schema import pb
+from echo_et.models.compute import kernels as K
 from echo_et.models.compute import ops
+from echo_et.models.compute.gpus import DATASHEETS, resolve_gpu
 from echo_et.models.compute.kernels import Kernel
 from echo_et.models.compute.profile import ComputeProfile, load_preset, load_profile, write_profile
 from echo_et.models.compute.roofline import kernel_time_ns
@@ -47,7 +50,41 @@ class ComputeModel:
 
     @property
     def gpu(self) -> str:
+        """The GPU's preset name (``a100``)."""
         return self.profile.gpu.key
+
+    @property
+    def gpu_name(self) -> str:
+        """The GPU's product name (``A100-SXM4-40GB``), what a Job manifest records."""
+        return self.profile.gpu.name
+
+    @property
+    def host_launch_ns(self) -> int:
+        """Host time to issue one operator (given to launch nodes of untimed graphs)."""
+        return round(self.profile.params["host_launch_ns"])
+
+    def memcpy_ns(self, nbytes: int, memset: bool = False) -> int:
+        """A device-to-device copy (reads and writes ``nbytes``) or a memset (writes them)."""
+        k = K.mem("fill", nbytes) if memset else K.mem("copy", 2 * nbytes)
+        return round(self.kernel_ns(k))
+
+    def kernel_scale(self, source_gpu: str, kernel_name: str, compute_bound: bool) -> float | None:
+        """Factor from a kernel measured on ``source_gpu`` (any spelling) to this GPU, for a
+        kernel the operator tables cannot price: the ratio of peak FLOP rates (compute-bound
+        kernels; FP32 for ``sgemm``/``f32`` names, else FP16 tensor) or of HBM bandwidths.
+        None when the source GPU is unknown or is this GPU."""
+        try:
+            src = DATASHEETS[resolve_gpu(source_gpu)] if source_gpu else None
+        except EchoError:
+            return None
+        dst = self.profile.gpu
+        if src is None or src.key == dst.key:
+            return None
+        if compute_bound:
+            name = kernel_name.lower()
+            math = "fp32" if ("sgemm" in name or "f32" in name) and "tf32" not in name else "fp16"
+            return src.peak_flops(math) / dst.peak_flops(math)
+        return src.hbm_gbps / dst.hbm_gbps
 
     # -- pricing ----------------------------------------------------------------------------
     def kernel_ns(self, kernel: Kernel) -> float:

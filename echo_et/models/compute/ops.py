@@ -499,6 +499,26 @@ MEMORY_OPS = {
     "aten::randperm": _created,
     "aten::scalar_tensor": _created,
 }
+# Megatron's fused kernels as the meta-device tracer records them (echo_et.workloads.fused):
+# one memory-bound kernel each, reading the inputs and writing the outputs once.
+MEMORY_OPS.update({
+    "echo::scaled_upper_triang_masked_softmax": lambda a: _softmax(a, False),
+    "echo::scaled_upper_triang_masked_softmax_backward": lambda a: _softmax(a, True),
+    "echo::bias_gelu": lambda a: _elementwise(a),
+    "echo::bias_gelu_backward": lambda a: _elementwise(a),
+    "echo::bias_dropout_add": lambda a: _with_mask(_elementwise(a)),
+    "echo::bias_dropout_add_backward": lambda a: _elementwise(a),
+})
+
+
+def _with_mask(ks: list[K.Kernel] | None) -> list[K.Kernel] | None:
+    """Also writes a one-byte keep mask per output element (dropout)."""
+    if not ks:
+        return ks
+    k = ks[0]
+    return [K.mem(k.cls, k.bytes + k.flops, flops=k.flops)]
+
+
 REDUCTION_OPS = frozenset(f"aten::{n}" for n in (
     "sum", "mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm", "std", "var", "var_mean", "std_mean",
     "prod", "all", "any", "argmax", "argmin", "logsumexp", "nansum", "count_nonzero", "cumsum", "cumprod",

@@ -25,6 +25,9 @@ SCHEMA = "echo-et/compute-profile/1"
 SIGNIFICANT_DIGITS = 6
 FITTED_PRESET = "a100"
 FP32_MATMUL = ("fp32", "tf32")
+# Parameters added after profiles of this schema were first written: a profile without them
+# takes the default, so older profiles keep loading.
+ADDED_PARAMS = ("host_launch_ns",)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ def check_params(params: dict[str, float], where: str) -> dict[str, float]:
     unknown = sorted(set(params) - set(PARAM_DEFAULTS))
     if unknown:
         raise EchoError(f"{where}: unknown parameter {unknown[0]} (known: {', '.join(sorted(PARAM_DEFAULTS))})")
+    params = {**{n: PARAM_DEFAULTS[n] for n in ADDED_PARAMS if n not in params}, **params}
     missing = sorted(set(PARAM_DEFAULTS) - set(params))
     if missing:
         raise EchoError(f"{where}: missing parameter {missing[0]}")

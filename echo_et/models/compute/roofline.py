@@ -15,7 +15,10 @@
   as three TF32 products (PyTorch's memory-efficient kernel on sm80+): peak = TF32 peak / 3,
   with its own efficiency ``attn_eff.fp32``;
 - overhead: a fixed per-kernel time (launch and ramp), so an operator that launches several
-  kernels pays it several times.
+  kernels pays it several times;
+- ``host_launch_ns``: not part of a kernel's time; the host time to issue one operator
+  (PyTorch eager dispatch + launch), given to the launch nodes of an untimed graph so that a
+  host-bound iteration is host-bound in the simulation too.
 
 Which numbers are which: the GPU's SM count, peaks and bandwidth come from its data sheet
 (:mod:`~echo_et.models.compute.gpus`); ``gemm_eff``, ``attn_eff``, ``mem_eff``, ``k_half`` and
@@ -45,6 +48,7 @@ L2_RESIDENT_FRACTION = 0.5   # a memory-bound kernel moving at most this share o
 # Fitted parameters: name -> default (an uncalibrated guess used as the fit's prior).
 PARAM_DEFAULTS: dict[str, float] = {
     "kernel_overhead_ns": 2500.0,
+    "host_launch_ns": 10000.0,
     "gemm_eff.tensor": 0.70,
     "gemm_eff.simt": 0.70,
     "gemm_k_half": 64.0,
