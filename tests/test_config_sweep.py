@@ -18,7 +18,7 @@ from echo_et.experiments.config_sweep import (
     workload_for,
 )
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="meta-device tracing needs torch (the trace extra)")
 runner = CliRunner()
 
 HEADER = "layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="meta-device tracing needs torch (the trace extra)")
 
 from echo_et.ir.schema import pb  # noqa: E402
 from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
