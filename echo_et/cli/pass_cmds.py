@@ -148,7 +148,7 @@ def sweep(
     configs: Path | None = typer.Option(None, "--configs", metavar="CONFIGS.csv",
                                         help="Model configurations to trace on the meta device and predict, one per "
                                              "row: layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp"
-                                             "[,vocab][,measured_ms] (docs/sweep-configs.md)."),
+                                             "[,vocab][,measured_ms] (docs/predict.md)."),
     dp: str | None = typer.Option(None, "--dp", metavar="N,N,...",
                                   help="Data-parallel degrees, e.g. 8,64,512 (JOB sweeps)."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
