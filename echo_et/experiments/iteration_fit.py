@@ -165,8 +165,9 @@ def simulate_row(task: tuple) -> dict[str, Any]:
     """One configuration simulated with one compute profile (a worker's task):
     ``(row, ConfigSweepOptions, profile path, want the critical path, cache folder)`` ->
     ``{"predicted_ms": ..., "path": wire form}`` or ``{"error": ...}``."""
-    from echo_et.experiments.config_sweep import predict_job
+    from echo_et.experiments.config_sweep import predict_job, quiet_gc
 
+    quiet_gc()
     row, opts, profile, want_path, cache = task
     opts = replace(opts, compute_profile=str(profile))
     try:

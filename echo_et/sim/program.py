@@ -308,8 +308,9 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     prog.npreds = npreds
     prog.roots = [it for it in range(prog.n_items) if npreds[it] == 0]
 
-    prog.placeholder_comm = sum(1 for n in nodes if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
-                                and n.attrs.get("timing") == "placeholder")
+    comm_kinds = (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
+    prog.placeholder_comm = sum(1 for i, k in enumerate(kinds) if k in comm_kinds
+                                and nodes[i].attrs.get("timing") == "placeholder")
     prog.is_rdv = [False] * prog.n_items
     for it, rv in sorted(prog.rendezvous.items()):
         prog.is_rdv[it] = True
