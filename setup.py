@@ -8,5 +8,6 @@ packages += ["echo_et.converters", *(f"echo_et.converters.{p}" for p in find_pac
 setup(
     packages=packages,
     package_dir={"echo_et": "echo_et", "echo_et.converters": "converters"},
-    package_data={"echo_et": ["py.typed", "data/*.json", "models/comm/presets/*.json"]},
+    package_data={"echo_et": ["py.typed", "data/*.json", "models/comm/presets/*.json",
+                              "models/compute/presets/*.json"]},
 )

@@ -47,9 +47,9 @@ def test_trace_gpt_json(tmp_path):
     (["--dp", "2", "--tp", "2", "--world-size", "8"],
      r"dp\*tp\*pp = 4 differs from the world size 8"),
     (["--zero", "2"], "ZeRO stage 2 is not supported"),
-    (["--workload", "bert"], "the built-in workload is 'gpt'"),
+    (["--workload", "bert"], "the built-in workloads are gpt and megatron-gpt"),
     (["--script", "nowhere.py:build"], "nowhere.py does not exist"),
-    (["--device", "tpu"], "device 'tpu': use cpu or cuda"),
+    (["--device", "tpu"], "device 'tpu': use cpu, meta or cuda"),
     (["--verify", "some"], "verify mode 'some' is not one of sample, all"),
     (["--steps", "0"], "measured steps must be >= 1, got 0"),
 ])

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
+from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt
 from echo_et.cli.common import GPN_HELP, JsonOpt, emit_json, fail, guarded, load_job_arg
 
 LayoutOpt = typer.Option(None, "--layout",
@@ -139,9 +141,16 @@ def _int_list(text: str | None, what: str) -> list[int]:
 
 @guarded
 def sweep(
-    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory (or trace) to scale."),
-    output: Path = typer.Option(..., "-o", "--output", help="Folder for results.json, table.txt, step_time.png."),
-    dp: str = typer.Option(..., "--dp", help="Data-parallel degrees, e.g. 8,64,512."),
+    job_path: Path | None = typer.Argument(None, metavar="[JOB]",
+                                           help="Job directory (or trace) to scale (not with --configs)."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="DIR",
+                                help="Folder for results.json, table.txt and the plot."),
+    configs: Path | None = typer.Option(None, "--configs", metavar="CONFIGS.csv",
+                                        help="Model configurations to trace on the meta device and predict, one per "
+                                             "row: layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp"
+                                             "[,vocab][,measured_ms] (docs/predict.md)."),
+    dp: str | None = typer.Option(None, "--dp", metavar="N,N,...",
+                                  help="Data-parallel degrees, e.g. 8,64,512 (JOB sweeps)."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
     microbatches: str | None = typer.Option(None, "--microbatches", help="Micro-batch counts, e.g. 4,8."),
     zero: int | None = typer.Option(None, "--zero", help="ZeRO stage of the scaled jobs: 0 or 1 (default: the job's)."),
@@ -158,9 +167,42 @@ def sweep(
                                        help="Scheduler address (dask tcp://host:8786, ray ray://host:10001)."),
     plot: bool | None = typer.Option(None, "--plot/--no-plot",
                                      help="Draw step_time.png (default: when matplotlib is installed)."),
+    gpu: str | None = gpu_opt("Target GPU (--configs; default a100)"),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    recompute: bool = typer.Option(False, "--recompute",
+                                   help="--configs: full activation checkpointing (each layer's forward "
+                                        "runs again in its backward)."),
+    compute_profile: Path | None = typer.Option(None, "--compute-profile", metavar="PROFILE.json",
+                                                help="--configs: calibrated compute profile (default: the GPU's "
+                                                     "preset)."),
+    dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE",
+                              help="--configs: model dtype: float16, bfloat16 or float32."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Simulate every combination of a grid of layouts (scale + simulate); table, JSON and PNG."""
+    """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
+    trace and predict every model configuration of a CSV; table, JSON and PNG."""
+    if configs is not None:
+        from echo_et.cli.config_sweep_cmds import config_sweep
+
+        used = [f for f, v in (("JOB", job_path), ("--dp", dp), ("--pp", pp), ("--microbatches", microbatches),
+                               ("--zero", zero), ("--layout", declared), ("--preset", preset)) if v is not None]
+        if used or mode != "predict":
+            fail(f"{', '.join(used) or '--mode'} cannot be combined with --configs")
+        config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
+                     inter_bw=inter_bw, recompute=recompute, compute_profile=compute_profile,
+                     comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
+                     workers=workers, address=address, plot=plot, as_json=as_json)
+        return
+    if job_path is None:
+        fail("give a JOB to scale, or --configs CONFIGS.csv")
+    if dp is None:
+        fail("--dp: give at least one data-parallel degree")
+    used = [f for f, v in (("--gpu", gpu), ("--compute-profile", compute_profile)) if v is not None]
+    if recompute:
+        used.append("--recompute")
+    if used:
+        fail(f"{', '.join(used)} only apply with --configs")
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.experiments.sweep import SweepSpec, run_sweep, write_outputs
 
@@ -171,6 +213,13 @@ def sweep(
         gpus_per_node=gpus_per_node, layout=declared, mode=mode, profile=profile, preset=preset,
         slowdown=not no_slowdown, a2a=a2a,
     )
+    job = load_job_arg(job_path)
+    if intra_bw is not None or inter_bw is not None:
+        from echo_et.models.cluster import Cluster
+
+        cl = cluster_from_options(None, gpus_per_node, intra_bw, inter_bw).over(Cluster.from_job(job))
+        gpn = cl.gpus_per_node or 8
+        spec = replace(spec, intra_bw_gbps=cl.intra_gbps(gpn), inter_bw_gbps=cl.inter_gbps(gpn))
     if not spec.dp:
         fail("--dp: give at least one data-parallel degree")
     if plot and not have_matplotlib():
@@ -184,7 +233,7 @@ def sweep(
         state = row.get("error") or f"{row['step_time_ns'] / 1e6:.3f} ms"
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 
-    result = run_sweep(load_job_arg(job_path), spec, executor=executor, workers=workers, address=address,
+    result = run_sweep(job, spec, executor=executor, workers=workers, address=address,
                        progress=progress)
     files = write_outputs(result, output, plot=draw)
     if as_json:

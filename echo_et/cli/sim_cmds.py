@@ -8,6 +8,13 @@ from typing import Any
 
 import typer
 
+from echo_et.cli.cluster_opts import (
+    cluster_from_options,
+    gpu_opt,
+    gpus_per_node_opt,
+    inter_bw_opt,
+    intra_bw_opt,
+)
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
 from echo_et.ir import limits
@@ -53,30 +60,27 @@ def parse_stragglers(values: list[str], world_size: int) -> dict[int, float]:
     return out
 
 
-def comm_model_for(job, profile: Path | None, preset: str | None, *, intra_bw: float | None = None,
-                   inter_bw: float | None = None, gpus_per_node: int | None = None):
+def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
     """The CC model predict mode uses: a calibrated profile, a named preset, or the preset
-    matching the job's GPU; what-if overrides applied on top."""
+    matching the cluster's (else the job's) GPU; the cluster's GPUs per node and bandwidths
+    (given, else the job's own) applied on top."""
     try:
         from echo_et.models.comm import CommModel
     except ImportError:
         raise EchoError("predict mode needs the communication model (echo_et.models.comm), "
                         "which is not in this build") from None
+    from echo_et.models.cluster import Cluster
+
     if profile is not None and preset is not None:
         raise EchoError("give --profile or --preset, not both")
+    cluster = (cluster or Cluster()).over(Cluster.from_job(job))
     if profile is not None:
         model = CommModel.from_profile(profile)
     elif preset is not None:
         model = CommModel.preset(preset)
     else:
-        model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
-    over: dict[str, Any] = {}
-    if gpus_per_node:
-        over["gpus_per_node"] = gpus_per_node
-    if intra_bw is not None:
-        over["intra_bw_gbps"] = intra_bw
-    if inter_bw is not None:
-        over["inter_bw_gbps"] = inter_bw
+        model = CommModel.preset_for_gpu(cluster.gpu or job.manifest.hardware.gpu_name)
+    over = cluster.comm_overrides(model.gpus_per_node)
     return model.with_overrides(**over) if over else model
 
 
@@ -138,11 +142,15 @@ def simulate_cmd(
                                      "communication / bubble / idle into this PNG (matplotlib)."),
     no_symmetry: bool = typer.Option(False, "--no-symmetry", help="Simulate every rank, even equivalent ones."),
     compute_scale: float = typer.Option(1.0, "--compute-scale", help="Factor on compute time (0.5 = 2x faster)."),
-    intra_bw: float | None = typer.Option(None, "--intra-bw", help="Intra-node bandwidth, GB/s (predict)."),
-    inter_bw: float | None = typer.Option(None, "--inter-bw", help="Inter-node bandwidth, GB/s (predict)."),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help="GPUs per node (placement)."),
+    gpu: str | None = gpu_opt("Target GPU (predict; default: the job's)"),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    gpus_per_node: int | None = gpus_per_node_opt(),
     straggler: list[str] = typer.Option([], "--straggler", help="RANK:FACTOR, slows a rank's non-comm time."),
     align_start: bool = typer.Option(False, "--align-start", help="Start all ranks at 0, not measured offsets."),
+    compute_profile: Path | None = typer.Option(
+        None, "--compute-profile", metavar="PROFILE.json",
+        help="Compute-model profile (from `calibrate compute`) to retime every compute node with (predict)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate one training step: step time per rank, breakdown, critical path."""
@@ -152,14 +160,11 @@ def simulate_cmd(
         raise EchoError(f"--mode {mode!r}: use replay or predict")
     if compute_scale <= 0:
         raise EchoError("--compute-scale must be > 0")
-    if gpus_per_node is not None and gpus_per_node <= 0:
-        raise EchoError("--gpus-per-node must be > 0")
-    for flag, v in (("--intra-bw", intra_bw), ("--inter-bw", inter_bw)):
-        if v is not None and v <= 0:
-            raise EchoError(f"{flag} must be > 0")
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     if mode == "replay":
         used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
-                               ("--inter-bw", inter_bw), ("--slowdown", slowdown)) if v is not None]
+                               ("--inter-bw", inter_bw), ("--slowdown", slowdown), ("--gpu", gpu),
+                               ("--compute-profile", compute_profile)) if v is not None]
         if used:
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
     check_output_path("--timeline", timeline)
@@ -171,14 +176,18 @@ def simulate_cmd(
     job = load_job_arg(job_path)
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
-    comm = slow = None
+    comm = slow = retime = None
     if mode == "predict":
-        comm = comm_model_for(job, profile, preset, intra_bw=intra_bw, inter_bw=inter_bw,
-                              gpus_per_node=gpus_per_node)
+        from echo_et.cli.compute_cmds import retime_for_gpu
+
+        job, retime = retime_for_gpu(job, cluster.gpu, compute_profile)
+        comm = comm_model_for(job, profile, preset, cluster)
         slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"simulating {job.world_size} ranks ({mode})...")
     res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
     out = res.to_json()
+    if retime is not None:
+        out["compute_retime"] = retime
     if timeline is not None:
         out["timeline"] = write_sim_timeline(res, timeline, job, timeline_rank)
     if plot is not None:
@@ -188,6 +197,9 @@ def simulate_cmd(
     if as_json:
         emit_json(out)
         return
+    if retime is not None:
+        typer.echo(f"compute retimed for {retime['gpu']} (profile {retime['profile']}): {retime['nodes']} nodes, "
+                   + ", ".join(f"{k} {v}" for k, v in retime["by_status"].items()))
     typer.echo(f"{mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
                f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
     typer.echo(f"{'rank':>6} {'step ms':>10} {'compute':>10} {'comm':>10} {'exposed':>10} {'idle':>10} {'wait':>10}")
@@ -224,19 +236,25 @@ def validate_cmd(
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     plot: Path | None = typer.Option(None, "--plot", help="Draw measured, replayed and predicted step time "
                                      "per rank into this PNG (matplotlib)."),
+    gpu: str | None = gpu_opt("GPU the prediction is for (default: the job's)"),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    gpus_per_node: int | None = gpus_per_node_opt(),
     as_json: bool = JsonOpt,
 ) -> None:
     """Replay and predict a Job and compare with each rank's measured step time."""
-    from echo_et.sim import validate
+    from echo_et.sim import SimOptions, validate
 
     check_output_path("--plot", plot, file_only=True)
     if plot is not None:
         require_matplotlib()
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     job = load_job_arg(job_path)
-    comm = comm_model_for(job, profile, preset)
+    comm = comm_model_for(job, profile, preset, cluster)
     slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"validating {job.world_size} ranks...")
-    v = validate(job, comm_model=comm, slowdown_model=slow)
+    v = validate(job, comm_model=comm, slowdown_model=slow,
+                 options=SimOptions(gpus_per_node=cluster.gpus_per_node))
     if plot is not None:
         from echo_et.experiments.plots import validation_plot
 

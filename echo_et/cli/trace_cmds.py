@@ -7,6 +7,13 @@ from pathlib import Path
 
 import typer
 
+from echo_et.cli.cluster_opts import (
+    cluster_from_options,
+    gpu_opt,
+    gpus_per_node_opt,
+    inter_bw_opt,
+    intra_bw_opt,
+)
 from echo_et.cli.common import JsonOpt, emit_json, fail, guarded
 
 
@@ -17,7 +24,10 @@ def register(app: typer.Typer) -> None:
 @guarded
 def trace(
     output: Path = typer.Option(..., "-o", "--output", help="Job directory to write."),
-    workload: str = typer.Option("gpt", "--workload", help="Built-in workload (gpt)."),
+    workload: str = typer.Option("gpt", "--workload", metavar="NAME",
+                                 help="Built-in workload: gpt, or megatron-gpt (Megatron-DeepSpeed's GPT "
+                                      "pretraining: padded vocabulary, tied embeddings, fused kernels, one DP "
+                                      "all-reduce after the backward, fp32 master weights)."),
     script: str | None = typer.Option(None, "--script",
                                       help="User workload: path/to/file.py:build_fn (see docs/tracer.md)."),
     layers: int = typer.Option(2, "--layers", help="GPT: transformer layers."),
@@ -25,19 +35,39 @@ def trace(
     heads: int = typer.Option(4, "--heads", help="GPT: attention heads."),
     seq: int = typer.Option(32, "--seq", help="GPT: sequence length."),
     micro_batch: int = typer.Option(2, "--micro-batch", help="GPT: sequences per micro-batch."),
-    vocab: int = typer.Option(256, "--vocab", help="GPT: vocabulary size."),
-    dtype: str = typer.Option("float32", "--dtype", help="GPT: float32, bfloat16 or float16."),
+    vocab: int | None = typer.Option(None, "--vocab", metavar="N",
+                                     help="GPT: vocabulary size (default 256; megatron-gpt: 50257, padded "
+                                          "to a multiple of 128 x tp)."),
+    dtype: str | None = typer.Option(None, "--dtype", metavar="DTYPE",
+                                     help="GPT: float32, bfloat16 or float16 (default float32; megatron-gpt: "
+                                          "float16)."),
+    recompute: bool = typer.Option(False, "--recompute",
+                                   help="GPT: full activation checkpointing (each layer's forward runs again "
+                                        "in its backward)."),
+    grad_sync: str | None = typer.Option(None, "--grad-sync", metavar="MODE",
+                                         help="GPT: overlap (bucketed all-reduces during the backward; gpt's "
+                                              "default) or after-backward (one all-reduce; megatron-gpt's)."),
+    global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
+                                            help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
-    microbatches: int = typer.Option(1, "--microbatches", help="Micro-batches per step."),
+    microbatches: int | None = typer.Option(None, "--microbatches", metavar="N",
+                                            help="Micro-batches per step (default 1, or from --global-batch)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1)."),
     world_size: int | None = typer.Option(None, "--world-size",
                                           help="Expected world size (must equal dp*tp*pp)."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]."),
-    verify: str = typer.Option("sample", "--verify",
-                               help="sample: trace the ends of each candidate class; all: every rank."),
+    device: str = typer.Option("cpu", "--device", metavar="DEVICE",
+                               help="cpu, cuda[:N], or meta (no memory, no time: shapes only; a compute "
+                                    "model times it, see docs/tracer.md)."),
+    verify: str = typer.Option("sample", "--verify", metavar="MODE",
+                               help="sample: trace the ends of each candidate class; all: every rank; stage: "
+                                    "the first rank of each pipeline stage (symmetric workloads)."),
+    gpu: str | None = gpu_opt("GPU the Job is for (recorded in its manifest; default: the traced device's)"),
+    gpus_per_node: int | None = gpus_per_node_opt(),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps before the measured one."),
     steps: int = typer.Option(1, "--steps", help="Measured steps per traced rank; each "
                               "operator keeps its shortest time (less noise on a busy machine)."),
@@ -54,7 +84,16 @@ def trace(
     from echo_et.trace.tracer import TraceOptions
     from echo_et.trace.tracer import trace as run_trace
     from echo_et.workloads import GPTConfig, Workload
+    from echo_et.workloads.gpt import microbatches_for
 
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
+    if global_batch is not None:
+        m = microbatches_for(global_batch, micro_batch, dp)
+        if microbatches is not None and microbatches != m:
+            raise EchoError(f"--microbatches {microbatches} disagrees with --global-batch {global_batch} "
+                            f"(= {m} micro-batches of {micro_batch} on {dp} data-parallel ranks)")
+        microbatches = m
+    microbatches = microbatches or 1
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero)
     if world_size is not None:
         layout.check_world_size(world_size)
@@ -64,13 +103,15 @@ def trace(
         wl = Workload(script=script)
         attrs = {"script": Path(script.rpartition(":")[0]).name + ":" + script.rpartition(":")[2]}
     else:
-        if workload != "gpt":
-            raise EchoError(f"--workload {workload!r}: the built-in workload is 'gpt' "
+        if workload not in ("gpt", "megatron-gpt"):
+            raise EchoError(f"--workload {workload!r}: the built-in workloads are gpt and megatron-gpt "
                             "(or give --script file.py:build_fn)")
-        cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq,
-                        micro_batch=micro_batch, vocab=vocab, dtype=dtype, bucket_mb=bucket_mb)
+        kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync)) if v is not None}
+        make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
+        cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
+                   bucket_mb=bucket_mb, recompute=recompute, **kw)
         wl = Workload(gpt=cfg)
-        attrs = {"workload": "gpt", **cfg.to_json()}
+        attrs = {"workload": workload, **cfg.to_json()}
     wl.validate(layout)
     build_fn = wl.build_fn()
 
@@ -78,19 +119,24 @@ def trace(
         typer.echo(msg, err=True)
 
     parts = ["--script", attrs["script"]] if script is not None else [
-        "--workload", "gpt", "--layers", layers, "--hidden", hidden, "--heads", heads,
-        "--seq", seq, "--micro-batch", micro_batch, "--vocab", vocab, "--dtype", dtype,
-        "--bucket-mb", bucket_mb]
+        "--workload", workload, "--layers", layers, "--hidden", hidden, "--heads", heads,
+        "--seq", seq, "--micro-batch", micro_batch, "--vocab", cfg.vocab, "--dtype", cfg.dtype,
+        "--bucket-mb", bucket_mb, "--grad-sync", cfg.grad_sync] + (["--recompute"] if recompute else [])
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:
         parts += ["--memory-limit", memory_limit]
+    for flag, v in (("--gpu", cluster.gpu), ("--gpus-per-node", gpus_per_node), ("--intra-bw", intra_bw),
+                    ("--inter-bw", inter_bw)):
+        if v is not None:
+            parts += [flag, v]
     command = shlex.join(["echo-et", "trace", *map(str, parts), "-o", output.name])
     opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit,
                         warmup_steps=warmup, measured_steps=steps,
                         name=name or _default_name(wl, layout), command=command,
                         progress=progress)
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)
+    cluster.write_hardware(result.job.manifest)
     save_job(result.job, output)
     summary = {"output": str(output), "layout": layout.describe(), **result.summary()}
     if as_json:
@@ -101,7 +147,7 @@ def trace(
 
 
 def _default_name(wl, layout) -> str:
-    base = "gpt" if wl.gpt is not None else Path(str(wl.script).rpartition(":")[0]).stem
+    base = wl.gpt.flavor if wl.gpt is not None else Path(str(wl.script).rpartition(":")[0]).stem
     z = f"-zero{layout.zero}" if layout.zero else ""
     return f"{base}-dp{layout.dp}-tp{layout.tp}-pp{layout.pp}-mb{layout.microbatches}{z}"
 

@@ -216,3 +216,59 @@ def slowdown_prediction_plot(predictions: Mapping[str, Any], dest: str | os.Path
     ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     return _save(fig, dest)
+
+
+def predicted_vs_measured_plot(rows: Iterable[Mapping[str, Any]], dest: str | os.PathLike[str], *,
+                               title: str = "predicted vs measured iteration time") -> Path:
+    """A 640x640 PNG: predicted against measured time (ms, log axes), one colour per layout
+    family (``family``), with the y = x line and +-10 % bands."""
+    pts = [(float(r["measured_ms"]), float(r["predicted_ms"]), str(r.get("family", "")))
+           for r in rows if r.get("measured_ms") and r.get("predicted_ms") is not None]
+    if not pts:
+        raise EchoError("no row with both a measurement and a prediction to plot")
+    fig = _figure(6.4, 6.4)
+    ax = fig.add_subplot()
+    for fam in sorted({f for _, _, f in pts}):
+        sel = [(m, p) for m, p, f in pts if f == fam]
+        ax.scatter([m for m, _ in sel], [p for _, p in sel], s=10, alpha=0.6, label=fam or None)
+    lo = min(min(m, p) for m, p, _ in pts) * 0.8
+    hi = max(max(m, p) for m, p, _ in pts) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="y = x")
+    for f in (0.9, 1.1):
+        ax.plot([lo, hi], [lo * f, hi * f], color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("predicted (ms)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3, which="both")
+    if any(f for _, _, f in pts):
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, dest)
+
+
+def error_histogram_plot(errors: Mapping[str, Iterable[float]], dest: str | os.PathLike[str], *,
+                         title: str = "prediction error") -> Path:
+    """A 720x420 PNG: histograms of signed errors (%), one per series."""
+    series = {k: [float(x) for x in v] for k, v in errors.items()}
+    if not any(series.values()):
+        raise EchoError("no error to plot")
+    fig = _figure(7.2, 4.2)
+    ax = fig.add_subplot()
+    lo = min(min(v) for v in series.values() if v)
+    hi = max(max(v) for v in series.values() if v)
+    span = max(abs(lo), abs(hi), 1.0)
+    bins = [(-span + 2 * span * i / 40) for i in range(41)]
+    for label, vals in series.items():
+        if vals:
+            ax.hist(vals, bins=bins, alpha=0.5, label=label)
+    ax.axvline(0, color="black", linewidth=1)
+    ax.set_xlabel("error (%) = (predicted - measured) / measured")
+    ax.set_ylabel("configurations")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, dest)

@@ -48,6 +48,8 @@ class SweepSpec:
     preset: str | None = None      # CC preset name (predict); default: the job's GPU
     slowdown: bool = True          # overlap slowdown of compute (predict)
     a2a: str = "keep-rank"
+    intra_bw_gbps: float | None = None   # what-if bandwidths, GB/s per GPU (predict)
+    inter_bw_gbps: float | None = None
 
     def points(self) -> list[dict[str, int | None]]:
         pps: list[int | None] = list(self.pp) or [None]
@@ -98,7 +100,10 @@ def comm_model_for(spec: SweepSpec, job):
         model = CommModel.preset(spec.preset)
     else:
         model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
-    return model.with_overrides(gpus_per_node=spec.gpus_per_node) if spec.gpus_per_node else model
+    over = {k: v for k, v in (("gpus_per_node", spec.gpus_per_node),
+                              ("intra_bw_gbps", spec.intra_bw_gbps),
+                              ("inter_bw_gbps", spec.inter_bw_gbps)) if v}
+    return model.with_overrides(**over) if over else model
 
 
 def slowdown_model_for(spec: SweepSpec):

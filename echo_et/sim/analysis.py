@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +118,12 @@ class _PathWalk:
         self.by_cat[cat] = self.by_cat.get(cat, 0) + ns
 
 
+def _count_node(nodes: Counter | None, st: RankState, item: int, ns: int) -> None:
+    """Count the node behind ``item`` once more on the critical path (fits use the counts)."""
+    if nodes is not None and ns > 0 and st.program.node_of[item] >= 0:
+        nodes[(st.program.graph_id, st.program.node_of[item])] += 1
+
+
 def _deciding_predecessor(st: RankState, item: int, t: int) -> tuple[tuple[int, bool] | None, int]:
     """The predecessor whose time plus gap equals ``t`` (the item's start): (item, whether
     the path continues from its end), or None at the rank's origin; and the gap kept."""
@@ -131,11 +138,13 @@ def _deciding_predecessor(st: RankState, item: int, t: int) -> tuple[tuple[int, 
     return None, g
 
 
-def critical_path(states: list[RankState], part: Partition, top: int) -> dict[str, Any]:
+def critical_path(states: list[RankState], part: Partition, top: int,
+                  nodes: Counter | None = None) -> dict[str, Any]:
     """Walk back from the item that ends last on the slowest rank, always through the
     predecessor that decided each start (for a collective: the member that arrived last),
     and add up what lies on the way. Measured gaps kept before items (launch latency, idle
-    host time between operators) count as "gap"."""
+    host time between operators) count as "gap". ``nodes``, when given, counts how often each
+    node (graph id, index in the graph) lies on the path with a non-zero time."""
     live = [s for s in states if s.program.n_items]
     if not live:
         return {"length_ns": 0, "rank": -1, "start_rank": -1, "start_offset_ns": 0, "by_category": {}, "top": [],
@@ -159,9 +168,11 @@ def critical_path(states: list[RankState], part: Partition, top: int) -> dict[st
             cat, name = _label(st, item)
             if ep:
                 walk.add(cat, name, st.durations[item])
+                _count_node(nodes, st, item, st.durations[item])
                 item = ep[0]
                 continue
             walk.add(cat, name, e - s)
+            _count_node(nodes, st, item, e - s)
         # find what decided this item's start (or, for a rendezvous, its last arrival)
         if item in st.participants:
             last = Participant(*max(st.participants[item], key=lambda p: p[2]))   # the last to arrive

@@ -87,7 +87,7 @@ _DEVICE_CAT = {
     pb.KIND_COMM_UNKNOWN: CAT_COMM_OTHER,
     pb.KIND_CPU_OP: CAT_HOST,
     pb.KIND_LAUNCH: CAT_HOST,
-    pb.KIND_SYNC: CAT_HOST,
+    pb.KIND_SYNC: CAT_SYNC,
 }
 
 
@@ -222,6 +222,7 @@ class _Compilation:
     item_mend: list[int] = field(default_factory=list)
     gates: list[list[_Gate]] = field(default_factory=list)   # per item, resolved start gates
     waits: list[list[int]] = field(default_factory=list)     # per item, resolved end waits
+    untimed: bool = False                                    # durations only (meta-device traces)
 
     def new_item(self, stream_k: int, cat: int, owner: int, mstart: int, mend: int, mdur: int) -> int:
         prog = self.prog
@@ -254,7 +255,7 @@ def compile_graph(graph: Graph, *, keep_acausal_deps: bool = False) -> Program:
     _make_items(c)
     _link_stream_order(c.prog)
     _resolve_dependencies(c)
-    if any(c.starts):
+    if any(c.starts) and not c.untimed:
         _drop_acausal(c)
     _measure_gaps(c)
     _link_successors(c.prog)
@@ -288,6 +289,9 @@ def _read_nodes(c: _Compilation) -> None:
     prog.measured_origin = min(c.starts, default=0)
     prog.node_start_item = [-1] * len(nodes)
     prog.node_end_item = [-1] * len(nodes)
+    # An untimed graph (a meta-device trace, ``trace.timing = "untimed"``) has no measured
+    # layout, only durations: host threads are plain sequences like device streams.
+    c.untimed = c.graph.header.attrs.get("trace.timing") == "untimed"
 
 
 def _make_items(c: _Compilation) -> None:
@@ -297,7 +301,7 @@ def _make_items(c: _Compilation) -> None:
     control = pb.DEP_CONTROL
     for k, sid in enumerate(c.stream_ids):
         members = c.by_stream[sid]
-        if prog.host_stream[k]:
+        if prog.host_stream[k] and not c.untimed:
             _compile_host_thread(c, members, k)
             continue
         n_start, n_end = prog.node_start_item, prog.node_end_item

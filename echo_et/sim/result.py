@@ -103,6 +103,8 @@ class SimResult:
     # guessed them wrong); the simulation obeys them, so replay drifts where they bind
     diagnostics: dict[str, Any] = field(default_factory=dict)
     timeline: SimTimeline | None = field(default=None, repr=False)
+    # with SimOptions(critical_nodes=True): (graph id, node index) -> times on the critical path
+    critical_nodes: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
 
     @property
     def step_time_ns(self) -> int:

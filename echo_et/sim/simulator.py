@@ -35,6 +35,7 @@ equivalent share one simulated timeline.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,7 @@ class SimOptions:
     critical_top: int = 10                     # contributors listed in the critical path
     keep_acausal_deps: bool = False            # obey dependencies the measured times contradict
     p2p_eager_bytes: int = 4 << 20             # sends up to this size do not wait for their recv
+    critical_nodes: bool = False               # count the nodes on the critical path (fits)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -719,7 +721,8 @@ class Simulator:
         for r, c in part.class_of.items():
             b = per_class[c]
             ranks[r] = RankResult(rank=r, simulated_as=part.reps[c], **b)
-        cp = critical_path(self._states, part, self.options.critical_top)
+        nodes: Counter | None = Counter() if self.options.critical_nodes else None
+        cp = critical_path(self._states, part, self.options.critical_top, nodes=nodes)
         opts = self.options.to_json() | {"gpus_per_node": self.gpus_per_node}
         acausal = {gid: p.acausal_deps for gid, p in sorted(self._programs.items()) if p.acausal_deps}
         placeholders = sum(p.placeholder_comm for p in self._programs.values())
@@ -736,6 +739,7 @@ class Simulator:
                          # communication of libraries the CC model does not price: measured time kept
                          "comm_kept_at_measured_time": comm_libraries(self.job)},
             timeline=SimTimeline(self._states, part, self.job),
+            critical_nodes=dict(nodes) if nodes is not None else {},
         )
 
 

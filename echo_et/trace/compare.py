@@ -163,3 +163,70 @@ def ex_situ_ops(graph: Graph) -> Counter:
     """Host operators of an ex-situ graph, without the tracer's issue nodes."""
     return Counter(n.name for n in graph.nodes
                    if n.kind == pb.KIND_CPU_OP and not n.name.startswith(ISSUE_PREFIX))
+
+
+# -- operator sequences (meta-device traces against CPU traces) -----------------------------------
+Op = tuple[str, str, str, tuple]  # (name, shapes, dtypes, (phase, layer, microbatch, stage))
+
+
+def _notes(n: pb.Node) -> tuple:
+    a = n.annotations
+    return (a.phase, a.layer if a.HasField("layer") else None,
+            a.microbatch if a.HasField("microbatch") else None,
+            a.stage if a.HasField("stage") else None)
+
+
+def kernel_ops(graph: Graph) -> list[Op]:
+    """The operators of a rank that run kernels, in program order, with their argument shapes
+    and types and their annotations.
+
+    A device graph (a meta-device trace: compute nodes carry the dispatch-level operator)
+    gives its compute nodes. A host graph (a CPU trace: nested operators) gives each
+    operator that is dispatch-level, i.e. not composite (``echo_et.trace.ops.decomposed``)
+    and not inside another dispatch-level operator, and that runs a kernel
+    (``echo_et.trace.ops.runs_kernel``)."""
+    from echo_et.trace.ops import KERNEL_NAMESPACES, decomposed, runs_kernel
+
+    computes = [n for n in graph.nodes if n.kind == pb.KIND_COMPUTE and n.compute.op]
+    if computes and not any(n.kind == pb.KIND_CPU_OP for n in graph.nodes):
+        return [(n.compute.op, n.compute.shapes, n.compute.dtypes, _notes(n)) for n in computes]
+    parent = _parents(graph)
+    by_id = {n.id: n for n in graph.nodes}
+    level: dict[int, bool] = {}   # node id -> it or an ancestor is a dispatch-level operator
+
+    def inside(nid: int) -> bool:
+        got = level.get(nid)
+        if got is None:
+            n = by_id[nid]
+            here = n.name.startswith(KERNEL_NAMESPACES) and not decomposed(n.name)
+            p = parent.get(nid)
+            got = here or (p is not None and p in by_id and inside(p))
+            level[nid] = got
+        return got
+
+    out: list[Op] = []
+    for n in sorted(graph.nodes, key=lambda n: (n.start_ns, n.id)):
+        if n.kind != pb.KIND_CPU_OP or not n.name.startswith(KERNEL_NAMESPACES) or decomposed(n.name):
+            continue
+        p = parent.get(n.id)
+        if p is not None and p in by_id and inside(p):
+            continue
+        if runs_kernel(n.name):
+            out.append((n.name, n.cpu.shapes, n.cpu.dtypes, _notes(n)))
+    return out
+
+
+def comm_ops(graph: Graph) -> list[tuple]:
+    """Collectives and send/recv of a graph in node order: (kind, type or op, group key,
+    bytes, peer, seq, annotations)."""
+    out = []
+    for n in graph.nodes:
+        if n.kind == pb.KIND_COLLECTIVE:
+            c = n.collective
+            out.append(("collective", COLLECTIVE_NAMES.get(c.type, "?"), c.group, c.in_bytes,
+                        c.out_bytes, c.seq, _notes(n)))
+        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV):
+            p = n.p2p
+            out.append(("send" if n.kind == pb.KIND_SEND else "recv", p.group, p.peer, p.bytes,
+                        p.tag, p.seq, _notes(n)))
+    return out

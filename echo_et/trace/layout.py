@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from echo_et.errors import EchoError
 
 ROLES = ("tp", "dp", "pp")
+# Groups derived from the layout that not every rank belongs to: "embd" (Megatron's
+# embedding group: the first and the last pipeline stage of the same tp and dp coordinates,
+# which share the word embedding) and "mp" (Megatron's model-parallel group: every tp and pp
+# rank of one data-parallel replica).
+DERIVED_ROLES = ("embd", "mp")
 
 
 @dataclass(frozen=True)
@@ -57,13 +62,24 @@ class ParallelLayout:
         return tp + self.tp * (dp + self.dp * pp)
 
     def group_ranks(self, role: str, rank: int) -> tuple[int, ...]:
-        """Global ranks of ``rank``'s group of ``role`` ("tp", "dp", "pp" or "world"),
-        in group-rank order."""
+        """Global ranks of ``rank``'s group of ``role`` ("tp", "dp", "pp", "world", or a
+        derived role: "embd", "mp"), in group-rank order. A middle pipeline stage's "embd"
+        group is that of its tp and dp coordinates, which it is not a member of."""
         if role == "world":
             return tuple(range(self.world_size))
         c = self.coords(rank)
+        if role == "embd":
+            stages = (0,) if self.pp == 1 else (0, self.pp - 1)
+            return tuple(self.rank_of(c["tp"], c["dp"], s) for s in stages)
+        if role == "mp":
+            return tuple(self.rank_of(t, c["dp"], s) for s in range(self.pp) for t in range(self.tp))
+        if role not in ROLES:
+            raise EchoError(f"layout {self.describe()}: unknown group role {role!r}")
         n = {"tp": self.tp, "dp": self.dp, "pp": self.pp}[role]
         return tuple(self.rank_of(**{**c, role: i}) for i in range(n))
+
+    def is_member(self, role: str, rank: int) -> bool:
+        return rank in self.group_ranks(role, rank)
 
     def all_groups(self, role: str) -> list[tuple[int, ...]]:
         """Every group of ``role``, ordered by first rank."""

@@ -335,5 +335,5 @@ def register_backend() -> None:
         _REGISTERED = True
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
-                                  devices=["cpu", "cuda"])
+                                  devices=["cpu", "cuda", "meta"])
     _REGISTERED = True

@@ -159,8 +159,11 @@ def _cpu_peak(prof) -> int:
 
 def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device: str,
                key_of: KeyFn, memory_limit_bytes: int | None = None,
-               warmup_steps: int = 1, measured_steps: int = 1) -> RankRun:
+               warmup_steps: int = 1, measured_steps: int = 1, replay: bool = True) -> RankRun:
     """Run and profile rank ``rank`` (see the module docstring)."""
+    if device == "meta":
+        return _trace_rank_meta(build_fn, layout, rank, key_of=key_of,
+                                warmup_steps=warmup_steps, replay=replay)
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -254,3 +257,67 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
             if memory_limit_bytes:
                 torch.cuda.set_per_process_memory_fraction(1.0, dev)
             torch.cuda.empty_cache()
+
+
+def _trace_rank_meta(build_fn: Callable, layout: ParallelLayout, rank: int, *, key_of: KeyFn,
+                     warmup_steps: int, replay: bool) -> RankRun:
+    """Record rank ``rank`` on the meta device (:mod:`echo_et.trace.direct`): no profiler,
+    nothing timed, nothing allocated. The warm-up step(s) run recorded (so that repeated
+    units are replayed there too) and are then forgotten."""
+    import torch.distributed as dist
+
+    from echo_et.trace.direct import DirectRecorder, build_graph
+    from echo_et.trace.recording import BACKEND_NAME, RECORDER, register_backend
+
+    t0 = time.perf_counter()
+    register_backend()
+    if dist.is_initialized():
+        raise EchoError(f"{where(layout, rank)}: torch.distributed is already initialised in "
+                        "this process; the tracer needs to own the default process group")
+    dist.init_process_group(BACKEND_NAME, rank=rank, world_size=layout.world_size,
+                            store=dist.HashStore())
+    RECORDER.reset()
+    RECORDER.enabled = False
+    recorder = DirectRecorder(replay=replay)
+    recorder.attach(lambda: RECORDER.records)
+    step = None
+    try:
+        ctx = RankContext(rank, layout, "meta")
+        step = _user_call(lambda: build_fn(ctx), "build_fn", layout, rank, "meta")
+        if not callable(step):
+            raise EchoError(f"{where(layout, rank)}: build_fn returned "
+                            f"{type(step).__name__}, not a step function")
+        with recorder:
+            for _ in range(warmup_steps):
+                RECORDER.reset()
+                RECORDER.enabled = True
+                recorder.recording = True
+                _user_call(step, "the warm-up step", layout, rank, "meta")
+                recorder.recording = False
+                recorder.reset()
+                recorder.forget_units()
+            RECORDER.reset()
+            RECORDER.enabled = True
+            recorder.recording = True
+            _user_call(step, "the measured step", layout, rank, "meta")
+            recorder.recording = False
+        RECORDER.enabled = False
+        try:
+            events = recorder.flat_events()
+        except EchoError as e:
+            raise EchoError(f"{where(layout, rank)}: {e}") from None
+        res = build_graph(events, lambda rec: key_of(rank, rec), graph_id=f"rank{rank}",
+                          where=where(layout, rank))
+        dropped = Counter(res.dropped)
+        for what in ("units_replayed", "regions_replayed"):
+            if recorder.stats[what]:
+                res.graph.header.attrs[f"trace.{what}"] = str(recorder.stats[what])
+        return RankRun(rank=rank, graph=res.graph, records=res.records, peak_memory_bytes=0,
+                       measured_step_ns=0, wall_s=time.perf_counter() - t0, dropped=dropped,
+                       measured_steps=1)
+    finally:
+        RECORDER.enabled = False
+        RECORDER.reset()
+        step = None
+        dist.destroy_process_group()
+        gc.collect()

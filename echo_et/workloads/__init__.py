@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.workloads.gpt import GPTConfig, build_gpt
 
 __all__ = ["GPTConfig", "Workload", "build_gpt", "load_script"]
@@ -49,25 +49,25 @@ def load_script(spec: str) -> Callable:
     """The function named by ``path/to/user.py:function``."""
     path_s, sep, fn_name = spec.rpartition(":")
     if not sep or not path_s or not fn_name:
-        raise EchoError(f"--script {spec!r}: expected path/to/file.py:function")
+        raise OptionError("script", f"{spec!r}: expected path/to/file.py:function")
     path = Path(path_s)
     if not path.is_file():
-        raise EchoError(f"--script {spec!r}: {path} does not exist")
+        raise OptionError("script", f"{spec!r}: {path} does not exist")
     mod_name = f"echo_user_{abs(hash(str(path.resolve())))}"
     module = sys.modules.get(mod_name)
     if module is None:
         loader_spec = importlib.util.spec_from_file_location(mod_name, path)
         if loader_spec is None or loader_spec.loader is None:
-            raise EchoError(f"--script {spec!r}: cannot load {path} as a Python module")
+            raise OptionError("script", f"{spec!r}: cannot load {path} as a Python module")
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[mod_name] = module
         try:
             loader_spec.loader.exec_module(module)
         except Exception as e:  # noqa: BLE001 - user code: report, never a traceback
             del sys.modules[mod_name]
-            raise EchoError(f"--script {spec!r}: importing {path} raised "
+            raise OptionError("script", f"{spec!r}: importing {path} raised "
                             f"{type(e).__name__}: {e}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise EchoError(f"--script {spec!r}: {path} has no function {fn_name!r}")
+        raise OptionError("script", f"{spec!r}: {path} has no function {fn_name!r}")
     return fn

@@ -12,6 +12,10 @@ DDP and Megatron-LM's overlapped grad reduce:
 
 Buckets are filled in reverse parameter order (close to the order gradients become ready)
 and padded to a multiple of the data-parallel size so that every shard is equal.
+
+With ``overlap=False`` (Megatron-DeepSpeed's local DDP, vTrain's "bucketing off") the
+gradients live in one flat buffer and are reduced after the backward pass: the buffer is
+divided by the data-parallel size and all-reduced at once, before the optimizer.
 """
 
 from __future__ import annotations
@@ -41,13 +45,16 @@ class GradientSync:
     """Bucketed gradient reduction over ``group`` for ``params`` (see the module docstring)."""
 
     def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
-                 optimizer_factory):
+                 optimizer_factory, overlap: bool = True):
         self.group = group
         self.dp = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.zero = zero
+        self.overlap = overlap
         self.armed = False
         params = [p for p in params if p.requires_grad]
+        if not overlap:
+            bucket_bytes = sum(p.numel() * p.element_size() for p in params) + 1
         device, dtype = params[0].device, params[0].dtype
         self.buckets: list[_Bucket] = []
         current: list[nn.Parameter] = []
@@ -88,7 +95,7 @@ class GradientSync:
         return p
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if not self.armed:
+        if not self.armed or not self.overlap:
             return
         b = self._bucket_of[id(p)]
         b.pending -= 1
@@ -105,9 +112,24 @@ class GradientSync:
         for b in self.buckets:
             b.pending = len(b.params)
 
-    def finish_and_step(self) -> None:
-        """Wait for the gradient collectives, average, update, and (ZeRO-1) gather."""
+    def finish_and_step(self, before_step=None) -> None:
+        """Wait for the gradient collectives, average, update, and (ZeRO-1) gather.
+        ``before_step()`` runs between the reduction and the optimizer (Megatron all-reduces
+        the shared embedding's gradient there)."""
         self.armed = False
+        if not self.overlap and self.dp > 1:
+            for b in self.buckets:
+                target = b.grad_shard if self.zero else b.grad
+                b.grad.div_(self.dp)
+                with comm_span(self.group):
+                    if self.zero:
+                        _reduce_scatter(target, b.grad, group=self.group)
+                    else:
+                        dist.all_reduce(b.grad, group=self.group)
+            if before_step is not None:
+                before_step()
+            self._step()
+            return
         for b in self.buckets:
             if b.work is not None:
                 with comm_span(self.group):
@@ -120,6 +142,11 @@ class GradientSync:
                     b.grad_shard.div_(self.dp)
             elif self.dp > 1:
                 b.grad.div_(self.dp)
+        if before_step is not None:
+            before_step()
+        self._step()
+
+    def _step(self) -> None:
         self.optimizer.step()
         if self.zero and self.dp > 1:
             for b in self.buckets:

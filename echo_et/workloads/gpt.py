@@ -8,13 +8,26 @@ projections row-parallel (one all-reduce each in forward and in backward). A ste
 1F1B schedule over ``microbatches`` micro-batches, then the data-parallel gradient
 synchronisation (all-reduce, or ZeRO-1 reduce-scatter + all-gather) and Adam.
 
+``GPTConfig.megatron(...)`` (the ``megatron-gpt`` workload) is the same model as
+Megatron-DeepSpeed trains it for GPT pretraining (:mod:`echo_et.workloads.megatron`): the
+``[s, b, h]`` layer with Megatron's unfused core attention and dropout, the vocabulary
+padded to a multiple of 128 x tp, the word embedding shared by the first and the last
+pipeline stage as the output layer (its gradient all-reduced between them before the
+optimizer, over the "embd" group), the data-parallel gradients reduced in one all-reduce
+after the backward pass, and fp32 master weights with a global gradient norm (all-reduced
+over the model-parallel "mp" group) and fused Adam. ``recompute`` (either model) runs each
+layer under a full activation checkpoint.
+
 Every forward/backward/optimizer phase, micro-batch, pipeline stage and layer is marked
-with the span names of :mod:`echo_et.trace.annotations`.
+with the span names of :mod:`echo_et.trace.annotations`; each layer is a repeated unit
+(:func:`echo_et.trace.units.repeat_unit`) that a meta-device trace records once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -23,6 +36,10 @@ from echo_et.trace.context import RankContext
 from echo_et.trace.layout import ParallelLayout
 
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTIONS = ("sdpa", "megatron")
+GRAD_SYNCS = ("overlap", "after-backward")
+OPTIMIZERS = ("adam", "megatron")
+MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
 @dataclass(frozen=True)
@@ -37,10 +54,34 @@ class GPTConfig:
     dtype: str = "float32"
     bucket_mb: float = 25.0
     seed: int = 1234
+    attention: str = "sdpa"          # sdpa | megatron ([s, b, h], baddbmm + softmax + bmm)
+    dropout: float = 0.0             # attention and hidden dropout
+    vocab_multiple: int = 1          # vocabulary padded to a multiple of this x tp
+    tie_embeddings: bool = False     # the word embedding is the output layer too
+    recompute: bool = False          # full activation checkpointing, one layer each
+    grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
+    optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
+
+    @classmethod
+    def megatron(cls, **kw) -> GPTConfig:
+        """Megatron-DeepSpeed's GPT pretraining defaults (see the module docstring); keyword
+        arguments override them."""
+        base = {"attention": "megatron", "dropout": 0.1, "vocab_multiple": 128,
+                "tie_embeddings": True, "grad_sync": "after-backward", "optimizer": "megatron",
+                "dtype": "float16", "vocab": MEGATRON_VOCAB}
+        return cls(**{**base, **kw})
+
+    @property
+    def flavor(self) -> str:
+        return "megatron-gpt" if self.attention == "megatron" else "gpt"
+
+    def replace(self, **kw) -> GPTConfig:
+        return dataclasses.replace(self, **kw)
 
     def validate(self, layout: ParallelLayout) -> None:
         where = f"layout {layout.describe()}"
-        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "ffn_mult"):
+        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "ffn_mult",
+                     "vocab_multiple"):
             if int(getattr(self, name)) < 1:
                 raise EchoError(f"{where}: gpt {name} must be >= 1, got {getattr(self, name)}")
         if self.hidden % self.heads:
@@ -55,15 +96,46 @@ class GPTConfig:
             raise EchoError(f"{where}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.bucket_mb <= 0:
             raise EchoError(f"{where}: bucket size must be > 0 MB, got {self.bucket_mb}")
+        if self.attention not in ATTENTIONS:
+            raise EchoError(f"{where}: attention {self.attention!r} is not one of "
+                            f"{', '.join(ATTENTIONS)}")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise EchoError(f"{where}: gradient sync {self.grad_sync!r} is not one of "
+                            f"{', '.join(GRAD_SYNCS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise EchoError(f"{where}: optimizer {self.optimizer!r} is not one of "
+                            f"{', '.join(OPTIMIZERS)}")
+        if self.optimizer == "megatron" and layout.zero:
+            raise EchoError(f"{where}: the megatron optimizer runs without ZeRO (zero = 0)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
+
+    def padded_vocab(self, tp: int) -> int:
+        """The vocabulary rounded up to a multiple of ``vocab_multiple`` x tp."""
+        step = self.vocab_multiple * tp
+        return int(math.ceil(self.vocab / step) * step)
 
     def parameters(self) -> int:
         """Parameters of the whole (unsplit) model, for reports."""
         h, f = self.hidden, self.hidden * self.ffn_mult
         block = 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h
-        return self.layers * block + self.vocab * h + self.seq * h + 2 * h + h * self.vocab + self.vocab
+        v = self.padded_vocab(1)
+        head = 0 if self.tie_embeddings else h * v + v
+        return self.layers * block + v * h + self.seq * h + 2 * h + head
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per pipeline: global batch / (micro-batch x dp), which must divide."""
+    if global_batch < 1:
+        raise EchoError(f"global batch must be >= 1, got {global_batch}")
+    per = micro_batch * dp
+    if global_batch % per:
+        raise EchoError(f"global batch ({global_batch}) is not a multiple of micro-batch x dp "
+                        f"({micro_batch} x {dp} = {per})")
+    return global_batch // per
 
 
 def build_gpt(cfg: GPTConfig) -> Callable[[RankContext], Callable[[], None]]:
@@ -90,41 +162,103 @@ class _GPTRank:
         layout = ctx.layout
         ctx.make_groups()
         tp_group, dp_group, pp_group = ctx.group("tp"), ctx.group("dp"), ctx.group("pp")
+        self.dp_group = dp_group
         self.device = torch.device(ctx.device)
         self.dtype = getattr(torch, cfg.dtype)
         self.stage = ctx.pp_rank
+        self.megatron = cfg.attention == "megatron"
         per_stage = cfg.layers // layout.pp
         self.first_layer = self.stage * per_stage
         # Initialisation draws on the parameters' own device (a CPU generator cannot fill a
-        # CUDA tensor); the data is drawn on CPU and copied, as a data loader would.
-        gen = torch.Generator(device=self.device).manual_seed(
-            cfg.seed + 7919 * ctx.pp_rank + ctx.tp_rank)
+        # CUDA tensor); the data is drawn on CPU and copied, as a data loader would. On the
+        # meta device there are no values to draw (gen None).
+        gen = None if self.device.type == "meta" else torch.Generator(
+            device=self.device).manual_seed(cfg.seed + 7919 * ctx.pp_rank + ctx.tp_rank)
         self.model = _Stage(cfg, layout, self.stage, self.first_layer, per_stage, tp_group,
                             gen=gen, device=self.device, dtype=self.dtype)
-        self.link = StageLink(pp_group, (cfg.micro_batch, cfg.seq, cfg.hidden), self.dtype,
-                              self.device)
+        shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
+                 else (cfg.micro_batch, cfg.seq, cfg.hidden))
+        self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron)
+        # The shared word embedding lives on the first and the last stage; Megatron
+        # all-reduces its gradient between them.
+        self.embd_group = None
+        if cfg.tie_embeddings and layout.pp > 1 and (self.link.first or self.link.last):
+            self.embd_group = ctx.group("embd")
+        if cfg.optimizer == "megatron":
+            from echo_et.workloads.megatron import MixedPrecisionAdam
+
+            mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
+
+            def factory(ps):
+                return MixedPrecisionAdam(ps, mp_group)
+        else:
+            def factory(ps):
+                return torch.optim.Adam(ps, lr=1e-4)
         self.sync = GradientSync(
             list(self.model.parameters()), dp_group, zero=layout.zero,
-            bucket_bytes=int(cfg.bucket_mb * 1024 * 1024),
-            optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-4),
+            bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
+            overlap=cfg.grad_sync == "overlap",
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
                                generator=data_gen)
         self.inputs = tokens[..., :-1].contiguous().to(self.device)
         self.labels = tokens[..., 1:].contiguous().to(self.device)
+        self._replayed: set[int] = set()     # micro-batches whose forward was a recording
 
     def _forward(self, mb: int, inp):
+        from echo_et.trace.units import repeat_region
+
+        # A micro-batch's forward (and backward) is the same work for every micro-batch: a
+        # meta-device trace records the first and copies it (:mod:`echo_et.trace.units`).
+        key = ("gpt-forward", self._replay_ok(mb), inp is None)
+        out, replayed = repeat_region(key, lambda: self._run_forward(mb, inp), mb=mb)
+        if replayed:
+            self._replayed.add(mb)
+        return out
+
+    def _run_forward(self, mb: int, inp):
         from echo_et.workloads.markers import span
 
         with span(phase="forward", mb=mb, stage=self.stage):
             x = self.inputs[mb] if inp is None else inp
-            out = self.model(x)
+            out = self.model(x, replay=self._replay_ok(mb))
             if self.link.last:
                 out = self.model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
+                if self.megatron:
+                    self._report_loss(out)
             return out
 
+    def _report_loss(self, loss) -> None:
+        """Megatron averages each micro-batch's loss over the data-parallel group for its
+        log (``average_losses_across_data_parallel_group``): one small all-reduce."""
+        import torch
+        import torch.distributed as dist
+
+        from echo_et.workloads.markers import comm_span
+
+        with torch.no_grad():
+            averaged = loss.clone().detach().view(1)
+            with comm_span(self.dp_group):
+                dist.all_reduce(averaged, group=self.dp_group)
+            averaged.div_(self.ctx.layout.dp)
+
+    def _replay_ok(self, mb: int) -> bool:
+        """Layers may be recorded once unless an overlapped gradient sync watches their
+        gradients (the last micro-batch's backward)."""
+        return not (self.sync.overlap and mb == self.ctx.layout.microbatches - 1)
+
     def _backward(self, mb: int, inp, out, out_grad):
+        from echo_et.trace.units import repeat_region
+
+        run = functools.partial(self._run_backward, mb, inp, out, out_grad)
+        key = ("gpt-backward", mb == self.ctx.layout.microbatches - 1 and self.sync.overlap,
+               inp is None)
+        replay = mb in self._replayed
+        self._replayed.discard(mb)
+        return repeat_region(key, run, replay=replay, mb=mb)[0]
+
+    def _run_backward(self, mb: int, inp, out, out_grad):
         import torch
 
         from echo_et.workloads.markers import span
@@ -138,13 +272,34 @@ class _GPTRank:
                 torch.autograd.backward(out, grad_tensors=out_grad)
             return None if inp is None else inp.grad
 
+    def _sync_embedding(self) -> None:
+        import torch.distributed as dist
+
+        from echo_et.workloads.markers import comm_span
+
+        if self.embd_group is None:
+            return
+        with comm_span(self.embd_group):
+            dist.all_reduce(self.model.word_weight().grad, group=self.embd_group)
+
     def step(self) -> None:
         from echo_et.workloads.markers import span
         from echo_et.workloads.pipeline import one_f_one_b
 
         one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):
-            self.sync.finish_and_step()
+            self.sync.finish_and_step(before_step=self._sync_embedding)
+
+
+def _gpu_attention(q, k, v):
+    """Causal attention as a GPU's dispatcher runs it (a meta tensor would take the math
+    fallback): flash attention for 16-bit inputs, memory-efficient attention for float32."""
+    import torch
+
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0,
+                                                                  True)[0]
 
 
 @functools.cache
@@ -155,12 +310,14 @@ def _stage_class():
     import torch.nn.functional as F
     from torch import nn
 
+    from echo_et.trace.units import repeat_unit
     from echo_et.workloads.markers import backward_begins_here, backward_ends_here, span
+    from echo_et.workloads.megatron import checkpoint, dropout, megatron_block_class
     from echo_et.workloads.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
         VocabParallelEmbedding,
-        padded_vocab,
+        copy_to_region,
         vocab_parallel_cross_entropy,
         vocab_range,
     )
@@ -182,7 +339,10 @@ def _stage_class():
             b, s, _ = x.shape
             qkv = self.qkv(x).view(b, s, 3, self.local_heads, self.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-            ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if x.device.type == "meta":
+                ctx = _gpu_attention(q, k, v)
+            else:
+                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.proj(ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,36 +356,81 @@ def _stage_class():
             kw = {"gen": gen, "device": device, "dtype": dtype}
             self.cfg = cfg
             self.group = group
+            self.megatron = cfg.attention == "megatron"
             self.first = stage == 0
             self.last = stage == layout.pp - 1
             self.first_layer = first_layer
-            self.vocab = padded_vocab(cfg.vocab, layout.tp)
+            self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)
                 self.pos = nn.Parameter(torch.empty(cfg.seq, cfg.hidden, device=device,
                                                     dtype=dtype))
-                with torch.no_grad():
-                    self.pos.normal_(0.0, 0.02, generator=gen)
-            self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
+                if gen is not None:
+                    with torch.no_grad():
+                        self.pos.normal_(0.0, 0.02, generator=gen)
+                if self.megatron:
+                    ids = torch.arange(cfg.seq, device=device).unsqueeze(0)
+                    self.register_buffer("pos_ids", ids.expand(cfg.micro_batch, -1).contiguous(),
+                                         persistent=False)
+            if self.megatron:
+                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, **kw)
+                                            for _ in range(count))
+            else:
+                self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
             if self.last:
                 self.ln_f = nn.LayerNorm(cfg.hidden, device=device, dtype=dtype)
-                self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, **kw)
+                if not cfg.tie_embeddings:
+                    self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, **kw)
+                elif not self.first:
+                    # The last stage's copy of the word embedding (Megatron keeps one there
+                    # and all-reduces its gradient with the first stage's).
+                    local = self.vocab // torch.distributed.get_world_size(group)
+                    self.head_weight = nn.Parameter(torch.empty(local, cfg.hidden,
+                                                                device=device, dtype=dtype))
+                if self.megatron:
+                    mask = torch.ones(cfg.micro_batch * cfg.seq, device=device, dtype=torch.float32)
+                    self.register_buffer("loss_mask", mask, persistent=False)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def word_weight(self) -> torch.Tensor:
+            """The word embedding as the output layer sees it (tied embeddings)."""
+            return self.embed.weight if self.first else self.head_weight
+
+        def _layer(self, block, x: torch.Tensor, layer: int) -> torch.Tensor:
+            with span(layer=layer):
+                x = backward_ends_here(x, layer=layer)
+                x = checkpoint(block, x) if self.cfg.recompute else block(x)
+                return backward_begins_here(x, layer=layer)
+
+        def forward(self, x: torch.Tensor, replay: bool = True) -> torch.Tensor:
             if self.first:
-                x = self.embed(x) + self.pos
+                if self.megatron:
+                    x = self.embed(x) + F.embedding(self.pos_ids, self.pos)
+                    x = dropout(x.transpose(0, 1).contiguous(), self.cfg.dropout)
+                else:
+                    x = self.embed(x) + self.pos
             for i, block in enumerate(self.blocks):
                 layer = self.first_layer + i
-                with span(layer=layer):
-                    x = backward_ends_here(x, layer=layer)
-                    x = block(x)
-                    x = backward_begins_here(x, layer=layer)
+                if replay:
+                    x = repeat_unit(("gpt-layer", self.cfg.recompute), functools.partial(
+                        self._layer, block, layer=layer), x, layer=layer)
+                else:
+                    x = self._layer(block, x, layer)
             if self.last:
-                x = self.head(self.ln_f(x))
+                x = self.ln_f(x)
+                if self.megatron:
+                    x = x.transpose(0, 1).contiguous()
+                if self.cfg.tie_embeddings:
+                    x = F.linear(copy_to_region(x, self.group), self.word_weight())
+                else:
+                    x = self.head(x)
             return x
 
         def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             start, end = vocab_range(self.vocab, self.group)
+            if self.megatron:
+                losses = vocab_parallel_cross_entropy(logits.float(), labels, self.group, start,
+                                                      end)
+                return torch.sum(losses.view(-1) * self.loss_mask) / self.loss_mask.sum()
             return vocab_parallel_cross_entropy(logits, labels, self.group, start, end).mean()
 
     return Stage

@@ -24,6 +24,14 @@ def comm_span(group) -> record_function:
     return record_function(span_name(group=getattr(group, "group_desc", "") or "unknown"))
 
 
+def device_sync(device) -> None:
+    """Block the host until the device is done (``torch.cuda.synchronize()`` on a GPU; what
+    ``.item()`` does too), marked ``echo:sync`` for the meta-device tracer."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    _mark("echo:sync")
+
+
 def _mark(name: str) -> None:
     with record_function(name):
         pass

@@ -13,17 +13,21 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from echo_et.workloads.markers import comm_span, span
+from echo_et.workloads.markers import comm_span, device_sync, span
 
 
 class StageLink:
-    def __init__(self, group, shape: tuple[int, ...], dtype, device):
+    """``sync_after``: block the host on the device after every exchange, as Megatron-LM's
+    ``_communicate`` does (``torch.cuda.synchronize()`` after ``batch_isend_irecv``)."""
+
+    def __init__(self, group, shape: tuple[int, ...], dtype, device, *, sync_after: bool = False):
         self.group = group
         self.stage = dist.get_rank(group)
         self.stages = dist.get_world_size(group)
         self.shape = shape
         self.dtype = dtype
         self.device = device
+        self.sync_after = sync_after
 
     @property
     def first(self) -> bool:
@@ -56,6 +60,8 @@ class StageLink:
         for w in works:
             with comm_span(self.group):
                 w.wait()
+        if self.sync_after and works:
+            device_sync(self.device)
         return buf
 
     def recv_forward(self, mb: int) -> torch.Tensor | None:

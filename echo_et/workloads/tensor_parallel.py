@@ -64,35 +64,50 @@ def reduce_from_region(x: torch.Tensor, group) -> torch.Tensor:
     return _ReduceFromRegion.apply(x, group) if _size(group) > 1 else x
 
 
-def _init(weight: torch.Tensor, gen: torch.Generator) -> None:
+def _init(weight: torch.Tensor, gen: torch.Generator | None) -> None:
+    if gen is None:          # the meta device: nothing to draw
+        return
     with torch.no_grad():
         weight.normal_(0.0, 0.02, generator=gen)
 
 
 class ColumnParallelLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype):
+    """``skip_bias_add``: return ``(x @ W^T, bias)`` and let the caller fuse the bias into
+    what follows, as Megatron-LM's layers do."""
+
+    def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
+                 skip_bias_add: bool = False):
         super().__init__()
         self.group = group
+        self.skip_bias_add = skip_bias_add
         local = out_features // _size(group)
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(local, device=device, dtype=dtype))
         _init(self.weight, gen)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_region(x, self.group), self.weight, self.bias)
+    def forward(self, x: torch.Tensor):
+        x = copy_to_region(x, self.group)
+        if self.skip_bias_add:
+            return F.linear(x, self.weight), self.bias
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype):
+    def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
+                 skip_bias_add: bool = False):
         super().__init__()
         self.group = group
+        self.skip_bias_add = skip_bias_add
         local = in_features // _size(group)
         self.weight = nn.Parameter(torch.empty(out_features, local, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
         _init(self.weight, gen)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_region(F.linear(x, self.weight), self.group) + self.bias
+    def forward(self, x: torch.Tensor):
+        out = reduce_from_region(F.linear(x, self.weight), self.group)
+        if self.skip_bias_add:
+            return out, self.bias
+        return out + self.bias
 
 
 def vocab_range(vocab: int, group) -> tuple[int, int]:
@@ -162,6 +177,9 @@ def vocab_parallel_cross_entropy(logits, target, group, start: int, end: int) ->
     return _VocabParallelCrossEntropy.apply(logits, target, group, start, end)
 
 
-def padded_vocab(vocab: int, tp: int) -> int:
-    """The vocabulary rounded up so that every tensor-parallel rank holds an equal slice."""
-    return int(math.ceil(vocab / tp) * tp)
+def padded_vocab(vocab: int, tp: int, multiple: int = 1) -> int:
+    """The vocabulary rounded up to a multiple of ``multiple`` x tp, so that every
+    tensor-parallel rank holds an equal slice (Megatron-LM pads to 128 x tp:
+    ``--make-vocab-size-divisible-by 128``)."""
+    step = multiple * tp
+    return int(math.ceil(vocab / step) * step)

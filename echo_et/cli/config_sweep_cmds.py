@@ -1,0 +1,61 @@
+"""sweep --configs: trace every model configuration of a CSV on the meta device and predict it
+(:mod:`echo_et.experiments.config_sweep`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from echo_et.cli.cluster_opts import cluster_from_options
+from echo_et.cli.common import emit_json, fail
+from echo_et.errors import OptionError
+
+
+def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node: int | None,
+                 intra_bw: str | None, inter_bw: str | None, recompute: bool,
+                 compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
+                 executor: str, workers: int | None, address: str | None, plot: bool | None,
+                 as_json: bool) -> None:
+    from echo_et.experiments.config_sweep import (
+        ConfigSweepOptions,
+        read_configs,
+        run_config_sweep,
+        write_outputs,
+    )
+    from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
+    from echo_et.workloads.gpt import DTYPES
+
+    if not configs.is_file():
+        fail(f"{configs}: no such file")
+    if output.resolve() == configs.resolve():
+        fail(f"{output}: output would overwrite an input")
+    if dtype not in DTYPES:
+        raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
+    for p in (compute_profile, Path(comm_profile) if comm_profile else None):
+        if p is not None and not p.is_file():
+            fail(f"{p}: no such file")
+    cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
+    rows = read_configs(configs)
+    if plot and not have_matplotlib():
+        fail(f"--plot needs matplotlib ({INSTALL_HINT})")
+    draw = have_matplotlib() if plot is None else plot
+    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
+                              compute_profile=str(compute_profile) if compute_profile else None,
+                              comm_profile=comm_profile, slowdown=slowdown)
+
+    def progress(done: int, total: int, row: dict) -> None:
+        label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp"))
+        state = row.get("error") or f"{row['predicted_ms']:.3f} ms"
+        print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
+
+    result = run_config_sweep(rows, opts, executor=executor, workers=workers, address=address,
+                              progress=progress)
+    files = write_outputs(result, output, plot=draw)
+    if as_json:
+        emit_json({"output": str(output), "files": files, "wall_s": round(result.wall_s, 3),
+                   **result.to_json()})
+    else:
+        typer.echo(result.table())
+        typer.echo(f"wrote {', '.join(files)} in {output} ({result.wall_s:.1f} s)")

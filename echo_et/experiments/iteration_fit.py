@@ -1,0 +1,213 @@
+"""Fit the compute model's end-to-end parameters to measured training iterations.
+
+A measured iteration time is the length of the step's critical path, and that path depends on
+the parameters: an iteration is bound by the GPU, or (small models, small micro-batches) by
+the host issuing its kernels one by one. So every configuration is simulated once under two
+*bounding* models made from the prior alone (:func:`bound_samples`):
+
+- ``gpu``: the prior with a free host (every kernel issued at once): the GPU-bound path;
+- ``host``: the prior with a host so slow (1 ms per operator) that the GPU never binds: the
+  host-bound path (issue chain, and the syncs where the host waits for the device).
+
+Each gives the operators on its critical path with their counts and the rest of the path
+(communication, waits) in ns. A configuration's time under parameters ``p`` is then taken as
+the longer of its two paths re-priced with ``p`` (:func:`path_ns`). :func:`fit_iterations`
+alternates: fit ``p`` with ``echo_et.models.compute.fit_end_to_end`` on each configuration's
+currently longer path, re-choose, until the choice settles; as that finds a local optimum it
+starts from several choices (the longer path under the prior with a host issue time of 5 to
+80 us) and keeps the fit with the smallest training error. Predictions are then made by the
+full simulation with the fitted model (the two paths only steer the fit).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.ir.schema import pb
+
+HOST_STARTS_NS = (5e3, 10e3, 20e3, 40e3, 80e3)
+BOUND_HOST_NS = 1e6
+
+
+@dataclass
+class PathSample:
+    """The operators on one simulated critical path: (node, times on the path), plus the
+    rest of the path in ns."""
+
+    calls: list[tuple[pb.Node, int]]
+    rest_ns: float
+
+    def to_wire(self) -> tuple[list[tuple[bytes, int]], float]:
+        """A picklable form (protobuf messages do not pickle)."""
+        return [(n.SerializeToString(), c) for n, c in self.calls], self.rest_ns
+
+    @classmethod
+    def from_wire(cls, wire: tuple[list[tuple[bytes, int]], float]) -> PathSample:
+        return cls([(pb.Node.FromString(b), c) for b, c in wire[0]], wire[1])
+
+
+def path_sample(res, timed) -> PathSample:
+    """The critical path of a simulation made with ``SimOptions(critical_nodes=True)``:
+    compute and launch nodes with their counts (one representative per distinct operator
+    call), and the rest of the path."""
+    reps: dict[tuple, list] = {}
+    on_path_ns = 0
+    for (gid, idx), count in res.critical_nodes.items():
+        n = timed.graph(gid).nodes[idx]
+        if n.kind not in (pb.KIND_COMPUTE, pb.KIND_LAUNCH):
+            continue
+        info = n.compute if n.kind == pb.KIND_COMPUTE else n.cpu
+        key = (n.kind, info.op, info.shapes, info.dtypes, n.attrs.get("out_shapes", ""))
+        on_path_ns += count * n.duration_ns
+        if key in reps:
+            reps[key][1] += count
+        else:
+            node = pb.Node()
+            node.CopyFrom(n)
+            del node.deps[:]
+            reps[key] = [node, count]
+    return PathSample([(n, c) for n, c in reps.values()], max(0.0, res.step_time_ns - on_path_ns))
+
+
+def bounding_profiles(prior, folder: Path) -> tuple[Path, Path]:
+    """The two bounding models of ``prior`` written as profiles in ``folder``:
+    (free host, slow host)."""
+    from echo_et.models.compute import ComputeModel
+
+    out = []
+    for name, h in (("bound-gpu.json", 0.0), ("bound-host.json", BOUND_HOST_NS)):
+        p = folder / name
+        ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": h})).save(p)
+        out.append(p)
+    return out[0], out[1]
+
+
+def path_ns(sample: PathSample, model) -> float:
+    """A path's length under ``model``: its operators re-priced, the rest as simulated."""
+    t = sample.rest_ns
+    for node, count in sample.calls:
+        t += count * (model.host_launch_ns if node.kind == pb.KIND_LAUNCH else model.time_ns(node))
+    return t
+
+
+def predicted_ns(gpu: PathSample, host: PathSample, model) -> float:
+    return max(path_ns(gpu, model), path_ns(host, model))
+
+
+def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prior, *,
+                   starts: Sequence[float] = HOST_STARTS_NS, max_rounds: int = 8,
+                   fit: Callable[..., Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """``prior``'s end-to-end parameters fitted to ``samples`` = (gpu path, host path,
+    measured ns) per configuration (see the module docstring). Returns the model and what
+    the fit did (start, rounds, host-bound configurations, training error)."""
+    from echo_et.models.compute import ComputeModel, fit_end_to_end
+
+    fit = fit or fit_end_to_end
+    if not samples:
+        raise EchoError("no measured iterations to fit")
+
+    def longer(model) -> list[bool]:
+        return [path_ns(g, model) >= path_ns(h, model) for g, h, _ in samples]
+
+    def error(model) -> float:
+        return statistics.fmean(abs(math.log(predicted_ns(g, h, model) / m)) for g, h, m in samples)
+
+    best: tuple | None = None
+    for start_ns in starts:
+        start = ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": start_ns}))
+        choice = longer(start)
+        rounds = 0
+        model = prior
+        for _ in range(max_rounds):
+            rounds += 1
+            model = fit([((g if c else h).calls, (g if c else h).rest_ns, m)
+                         for (g, h, m), c in zip(samples, choice, strict=True)], prior)
+            new = longer(model)
+            if new == choice:
+                break
+            choice = new
+        e = error(model)
+        if best is None or e < best[0]:
+            best = (e, model, choice, rounds, start_ns)
+    assert best is not None
+    e, model, choice, rounds, start_ns = best
+    return model, {"start_host_launch_ns": start_ns, "rounds": rounds,
+                   "host_bound": sum(1 for c in choice if not c), "configurations": len(samples),
+                   "train_mean_abs_log_error": round(e, 5)}
+
+
+# -- simulating the configurations -----------------------------------------------------------------
+def _row_job(row: dict[str, Any], opts, cache: str | None):
+    """The row's traced Job, kept in ``cache`` (a folder) between runs when given."""
+    from echo_et.experiments.config_sweep import trace_row
+    from echo_et.ir import load_job, save_job
+
+    if not cache:
+        return trace_row(row, opts)
+    key = "-".join(str(row[k]) for k in ("layers", "hidden", "heads", "seq", "micro_batch",
+                                          "global_batch", "tp", "pp", "dp"))
+    key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(opts.recompute)}"
+    d = Path(cache) / key
+    if (d / "manifest.pb").is_file():
+        return load_job(d)
+    job = trace_row(row, opts)
+    save_job(job, d)
+    return job
+
+
+def simulate_row(task: tuple) -> dict[str, Any]:
+    """One configuration simulated with one compute profile (a worker's task):
+    ``(row, ConfigSweepOptions, profile path, want the critical path, cache folder)`` ->
+    ``{"predicted_ms": ..., "path": wire form}`` or ``{"error": ...}``."""
+    from echo_et.experiments.config_sweep import predict_job, quiet_gc
+
+    quiet_gc()
+    row, opts, profile, want_path, cache = task
+    opts = replace(opts, compute_profile=str(profile))
+    try:
+        job = _row_job(row, opts, cache)
+        res, timed = predict_job(job, opts, critical_nodes=want_path)
+    except EchoError as e:
+        return {"error": str(e).splitlines()[0]}
+    out: dict[str, Any] = {"predicted_ms": res.step_time_ns / 1e6}
+    if want_path:
+        out["path"] = path_sample(res, timed).to_wire()
+    return out
+
+
+def bound_samples(rows: Sequence[dict[str, Any]], opts, prior, folder: Path, *,
+                  workers: int = 1, cache: str | None = None,
+                  run: Callable[[list[tuple]], list[dict]] | None = None
+                  ) -> list[tuple[PathSample, PathSample] | None]:
+    """Each row's (gpu-bound, host-bound) critical path under ``prior``'s bounding models
+    (None for a row that cannot run). ``run`` maps tasks to results (default: a local
+    process pool of ``workers``)."""
+    gpu_p, host_p = bounding_profiles(prior, folder)
+    tasks = [(r, opts, p, True, cache) for p in (gpu_p, host_p) for r in rows]
+    got = (run or _pool_map(workers))(tasks)
+    n = len(rows)
+    out: list[tuple[PathSample, PathSample] | None] = []
+    for g, h in zip(got[:n], got[n:], strict=True):
+        if "path" in g and "path" in h:
+            out.append((PathSample.from_wire(g["path"]), PathSample.from_wire(h["path"])))
+        else:
+            out.append(None)
+    return out
+
+
+def _pool_map(workers: int) -> Callable[[list[tuple]], list[dict]]:
+    def run(tasks: list[tuple]) -> list[dict]:
+        if workers <= 1:
+            return [simulate_row(t) for t in tasks]
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(simulate_row, tasks, chunksize=1))
+
+    return run

@@ -1,0 +1,126 @@
+"""The cluster a prediction is for, as people state it: a GPU name, GPUs per node, and the
+intra- and inter-node bandwidths with their units (``150GB/s``, ``800Gb/s/node``).
+
+A :class:`Cluster` is what ``trace``, ``simulate``, ``sweep`` and ``validate`` share: it is
+written into a Job's manifest (``hardware``) by the tracer, read back from it, and turned into
+the what-if overrides of the collective model. Bandwidths keep the form they were given in
+(per GPU or per node) until the GPUs per node are known; the IR and the collective model hold
+GB/s per GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from echo_et.errors import EchoError, OptionError
+from echo_et.models.comm.units import Bandwidth, parse_bandwidth
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpu: str | None = None             # a preset GPU name ("a100") or a device name
+    gpus_per_node: int | None = None
+    intra_bw: Bandwidth | None = None  # NVLink-class bandwidth inside a node
+    inter_bw: Bandwidth | None = None  # network bandwidth between nodes
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool)
+                                               or int(self.gpus_per_node) < 1):
+            raise OptionError("gpus_per_node", f"GPUs per node must be >= 1, got {self.gpus_per_node}")
+
+    @classmethod
+    def parse(cls, *, gpu: str | None = None, gpus_per_node: int | None = None,
+              intra_bw: str | float | None = None, inter_bw: str | float | None = None) -> Cluster:
+        """From text as typed: bandwidths are parsed by
+        :func:`echo_et.models.comm.units.parse_bandwidth`; the GPU name is checked against
+        the presets."""
+        if gpu is not None:
+            try:
+                gpu = gpu_preset_name(gpu)
+            except EchoError as e:
+                raise OptionError("gpu", str(e)) from None
+        return cls(gpu=gpu, gpus_per_node=gpus_per_node,
+                   intra_bw=_bw(intra_bw, "intra_bw"), inter_bw=_bw(inter_bw, "inter_bw"))
+
+    @classmethod
+    def from_job(cls, job) -> Cluster:
+        """What a Job's manifest says about its hardware (bandwidths there are per GPU)."""
+        h = job.manifest.hardware
+        return cls(gpu=h.gpu_name or None, gpus_per_node=int(h.gpus_per_node) or None,
+                   intra_bw=Bandwidth(h.intra_node_bw_gbps) if h.intra_node_bw_gbps > 0 else None,
+                   inter_bw=Bandwidth(h.inter_node_bw_gbps) if h.inter_node_bw_gbps > 0 else None)
+
+    def over(self, base: Cluster) -> Cluster:
+        """This cluster's settings, with ``base``'s where this one has none."""
+        return Cluster(**{f.name: getattr(self, f.name) if getattr(self, f.name) is not None
+                          else getattr(base, f.name) for f in dataclasses.fields(self)})
+
+    def intra_gbps(self, gpus_per_node: int | None = None) -> float | None:
+        """Intra-node GB/s per GPU (None: not given)."""
+        return None if self.intra_bw is None else self.intra_bw.per_gpu(
+            self.gpus_per_node or gpus_per_node)
+
+    def inter_gbps(self, gpus_per_node: int | None = None) -> float | None:
+        """Inter-node GB/s per GPU (None: not given); a per-node rate is shared by the node's
+        GPUs."""
+        return None if self.inter_bw is None else self.inter_bw.per_gpu(
+            self.gpus_per_node or gpus_per_node)
+
+    def comm_overrides(self, default_gpus_per_node: int | None) -> dict[str, Any]:
+        """Keyword arguments for ``CommModel.with_overrides``."""
+        gpn = self.gpus_per_node or default_gpus_per_node
+        out: dict[str, Any] = {}
+        if self.gpus_per_node:
+            out["gpus_per_node"] = self.gpus_per_node
+        if self.intra_bw is not None:
+            out["intra_bw_gbps"] = self.intra_bw.per_gpu(gpn)
+        if self.inter_bw is not None:
+            out["inter_bw_gbps"] = self.inter_bw.per_gpu(gpn)
+        return out
+
+    def write_hardware(self, manifest, default_gpus_per_node: int | None = None) -> None:
+        """Record this cluster in a (mutable, not yet built) Job manifest."""
+        h = manifest.hardware
+        if self.gpu:
+            h.gpu_name = self.gpu
+        gpn = self.gpus_per_node or default_gpus_per_node
+        if self.gpus_per_node:
+            h.gpus_per_node = self.gpus_per_node
+        if self.intra_bw is not None:
+            h.intra_node_bw_gbps = self.intra_bw.per_gpu(gpn)
+        if self.inter_bw is not None:
+            h.inter_node_bw_gbps = self.inter_bw.per_gpu(gpn)
+
+    def to_json(self, default_gpus_per_node: int | None = None) -> dict[str, Any]:
+        gpn = self.gpus_per_node or default_gpus_per_node
+        return {"gpu": self.gpu, "gpus_per_node": gpn,
+                "intra_bw_gbps_per_gpu": None if self.intra_bw is None else self.intra_bw.per_gpu(gpn),
+                "inter_bw_gbps_per_gpu": None if self.inter_bw is None else self.inter_bw.per_gpu(gpn)}
+
+
+def _bw(v: str | float | None, option: str) -> Bandwidth | None:
+    if v is None:
+        return None
+    if isinstance(v, Bandwidth):
+        return v
+    try:
+        return parse_bandwidth(str(v))
+    except EchoError as e:
+        raise OptionError(option, str(e)) from None
+
+
+def known_gpus() -> list[str]:
+    """GPU names that have presets (the compute model's)."""
+    from echo_et.models.compute import gpu_names
+
+    return gpu_names()
+
+
+def gpu_preset_name(name: str) -> str:
+    """The preset GPU name ``name`` stands for ("A100", "NVIDIA A100-SXM4-40GB" -> a100);
+    unknown -> one line listing the presets."""
+    from echo_et.models.compute import resolve_gpu
+
+    return resolve_gpu(name)

@@ -1,0 +1,127 @@
+"""GPU data sheets: the hardware numbers the compute model starts from.
+
+Every number here is a vendor data-sheet (or architecture white-paper) value, never fitted.
+Peak FLOP rates are dense (no structured sparsity). ``clock_mhz`` is the boost clock the
+data-sheet tensor peak implies (SMs x tensor FLOPs per clock x clock = tensor peak).
+
+Sources:
+- V100: NVIDIA Tesla V100 GPU data sheet (SXM2) and the Volta architecture white paper
+  (80 SMs, 1530 MHz boost; 15.7 TFLOPS FP32, 125 TFLOPS FP16 tensor, 900 GB/s HBM2).
+  V100 has no BF16 or TF32 tensor cores: those dtypes run at the FP32 rate.
+- A100: NVIDIA A100 Tensor Core GPU data sheet and architecture white paper
+  (108 SMs, 1410 MHz; 19.5 FP32, 156 TF32, 312 FP16/BF16 tensor TFLOPS; 1,555 GB/s HBM2 on
+  the 40 GB SXM4, 2,039 GB/s HBM2e on the 80 GB SXM4; 40 MB L2).
+- H100: NVIDIA H100 Tensor Core GPU data sheet (SXM5) and Hopper white paper (132 SMs;
+  67 FP32, 494.7 TF32, 989.4 FP16/BF16, 1,978.9 FP8 tensor TFLOPS dense; 3,350 GB/s HBM3;
+  50 MB L2).
+- H800: NVIDIA H800 Tensor Core GPU data sheet (SXM5): the H100 SXM5 compute and HBM3
+  (FP64 cut to 1 TFLOPS, NVLink cut to 400 GB/s, which is the comm model's concern).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from echo_et.errors import EchoError
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    key: str                      # preset name, e.g. "a100"
+    name: str                     # product name
+    sm_count: int
+    clock_mhz: float
+    hbm_gbps: float               # GB/s (1e9 bytes/s)
+    memory_gb: float
+    l2_mb: float
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # fp64, fp32, tf32, fp16, bf16, fp8
+    tensor: tuple[str, ...] = ()  # math classes that run on tensor cores
+    source: str = ""
+
+    def peak_flops(self, math: str) -> float:
+        """Peak FLOP/s for a math class, falling back to the nearest slower class the GPU has
+        (BF16 on V100 runs at the FP32 rate, FP8 on A100 at the FP16 rate)."""
+        order = {"fp8": ("fp8", "fp16", "fp32"), "fp16": ("fp16", "fp32"), "bf16": ("bf16", "fp32"),
+                 "tf32": ("tf32", "fp32"), "fp32": ("fp32",), "fp64": ("fp64", "fp32")}[math]
+        for m in order:
+            v = self.peak_tflops.get(m)
+            if v:
+                return v * 1e12
+        raise EchoError(f"GPU {self.key}: no peak FLOP rate for {math}")
+
+    def uses_tensor_cores(self, math: str) -> bool:
+        return math in self.tensor and bool(self.peak_tflops.get(math))
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "name": self.name, "sm_count": self.sm_count, "clock_mhz": self.clock_mhz,
+                "hbm_gbps": self.hbm_gbps, "memory_gb": self.memory_gb, "l2_mb": self.l2_mb,
+                "peak_tflops": dict(self.peak_tflops), "tensor": list(self.tensor), "source": self.source}
+
+    @staticmethod
+    def from_json(obj: dict, where: str) -> GpuSpec:
+        try:
+            spec = GpuSpec(key=str(obj["key"]), name=str(obj["name"]), sm_count=int(obj["sm_count"]),
+                           clock_mhz=float(obj["clock_mhz"]), hbm_gbps=float(obj["hbm_gbps"]),
+                           memory_gb=float(obj.get("memory_gb", 0)), l2_mb=float(obj.get("l2_mb", 0)),
+                           peak_tflops={str(k): float(v) for k, v in obj["peak_tflops"].items()},
+                           tensor=tuple(str(t) for t in obj.get("tensor", ())), source=str(obj.get("source", "")))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise EchoError(f"{where}: bad 'gpu' block ({e.__class__.__name__}: {e})") from None
+        if spec.sm_count < 1 or spec.hbm_gbps <= 0 or not spec.peak_tflops.get("fp32"):
+            raise EchoError(f"{where}: 'gpu' needs sm_count >= 1, hbm_gbps > 0 and peak_tflops.fp32")
+        return spec
+
+
+_A100 = dict(sm_count=108, clock_mhz=1410.0, l2_mb=40.0,
+             peak_tflops={"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+             tensor=("tf32", "fp16", "bf16"))
+_H100 = dict(sm_count=132, clock_mhz=1830.0, l2_mb=50.0, hbm_gbps=3350.0, memory_gb=80.0,
+             tensor=("tf32", "fp16", "bf16", "fp8"))
+
+DATASHEETS: dict[str, GpuSpec] = {
+    "v100": GpuSpec("v100", "Tesla V100-SXM2-32GB", sm_count=80, clock_mhz=1530.0, hbm_gbps=900.0,
+                    memory_gb=32.0, l2_mb=6.0, peak_tflops={"fp64": 7.8, "fp32": 15.7, "fp16": 125.0},
+                    tensor=("fp16",), source="NVIDIA Tesla V100 data sheet (SXM2); Volta white paper"),
+    "a100": GpuSpec("a100", "A100-SXM4-40GB", hbm_gbps=1555.0, memory_gb=40.0,
+                    source="NVIDIA A100 Tensor Core GPU data sheet (SXM4 40GB); Ampere white paper",
+                    **_A100),  # type: ignore[arg-type]
+    "a100-80gb": GpuSpec("a100-80gb", "A100-SXM4-80GB", hbm_gbps=2039.0, memory_gb=80.0,
+                         source="NVIDIA A100 Tensor Core GPU data sheet (SXM4 80GB); Ampere white paper",
+                         **_A100),  # type: ignore[arg-type]
+    "h100": GpuSpec("h100", "H100-SXM5-80GB",
+                    peak_tflops={"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4,
+                                 "fp8": 1978.9},
+                    source="NVIDIA H100 Tensor Core GPU data sheet (SXM5); Hopper white paper",
+                    **_H100),  # type: ignore[arg-type]
+    "h800": GpuSpec("h800", "H800-SXM5-80GB",
+                    peak_tflops={"fp64": 1.0, "fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4,
+                                 "fp8": 1978.9},
+                    source="NVIDIA H800 Tensor Core GPU data sheet (SXM5)",
+                    **_H100),  # type: ignore[arg-type]
+}
+
+# Spellings seen in traces and manifests ("NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB").
+_MATCH = (("h800", "h800"), ("h100", "h100"), ("a100", "a100"), ("v100", "v100"))
+
+
+def gpu_names() -> list[str]:
+    """The GPU presets, by name."""
+    return sorted(DATASHEETS)
+
+
+def resolve_gpu(name: str) -> str:
+    """The preset name for ``name``: a preset name, or a product name as CUDA reports it
+    (e.g. "NVIDIA A100-SXM4-80GB" -> "a100-80gb"). Unknown -> one-line EchoError."""
+    g = (name or "").strip().lower().replace("_", "-")
+    if g in DATASHEETS:
+        return g
+    for token, key in _MATCH:
+        if token in g:
+            if key == "a100" and "80g" in g:
+                return "a100-80gb"
+            return key
+    raise EchoError(f"unknown GPU {name!r} (presets: {', '.join(gpu_names())})")
+
+
+def datasheet(name: str) -> GpuSpec:
+    return DATASHEETS[resolve_gpu(name)]

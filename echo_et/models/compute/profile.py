@@ -1,0 +1,188 @@
+"""Compute-model profiles: one small versioned JSON file for presets and fitted profiles.
+
+A profile is a GPU data sheet (``gpu``, see :mod:`~echo_et.models.compute.gpus`) plus the
+fitted efficiency parameters (``params``), settings, and, for a fitted profile, its sources
+(file name, kind, sha256, samples) and fit errors. The shipped ``a100`` preset is the profile
+``echo-et calibrate compute`` fits from ``../shared/data``; the other presets pair their own
+data sheet with the a100 efficiencies (``"calibrated": false``: not measured on that GPU).
+Files are deterministic: sorted keys, numbers rounded to 6 significant digits, no paths or
+timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.models.compute.gpus import DATASHEETS, GpuSpec, gpu_names, resolve_gpu
+from echo_et.models.compute.roofline import EFF_MAX, PARAM_DEFAULTS
+
+SCHEMA = "echo-et/compute-profile/1"
+SIGNIFICANT_DIGITS = 6
+FITTED_PRESET = "a100"
+FP32_MATMUL = ("fp32", "tf32")
+# Parameters added after profiles of this schema were first written: a profile without them
+# takes the default, so older profiles keep loading.
+ADDED_PARAMS = ("host_launch_ns",)
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    name: str
+    gpu: GpuSpec
+    params: dict[str, float]
+    calibrated: bool = False
+    fp32_matmul: str = "fp32"          # "tf32" when torch.backends.cuda.matmul.allow_tf32 is on
+    description: str = ""
+    params_from: str = ""              # the profile the efficiencies were fitted as, when transferred
+    sources: tuple[dict[str, Any], ...] = ()
+    fit: dict[str, Any] = field(default_factory=dict)
+
+    def for_gpu(self, key: str) -> ComputeProfile:
+        """These efficiencies on another GPU's data sheet (a what-if: not measured there)."""
+        key = resolve_gpu(key)
+        if key == self.gpu.key:
+            return self
+        return replace(self, name=f"{key}:{self.name}", gpu=DATASHEETS[key], calibrated=False,
+                       params_from=self.params_from or self.name,
+                       description=f"{DATASHEETS[key].name} data sheet with the efficiencies of profile "
+                                   f"{self.name!r} (fitted on {self.gpu.name}; not measured on this GPU)")
+
+
+def default_profile(gpu: str) -> ComputeProfile:
+    """A GPU's data sheet with the default (unfitted) efficiencies: the prior a fit starts from."""
+    key = resolve_gpu(gpu)
+    return ComputeProfile(name=f"{key}-defaults", gpu=DATASHEETS[key], params=dict(PARAM_DEFAULTS),
+                          description=f"{DATASHEETS[key].name} data sheet with default efficiencies (not fitted)")
+
+
+def preset_names() -> list[str]:
+    return gpu_names()
+
+
+def load_preset(name: str) -> ComputeProfile:
+    key = resolve_gpu(name)
+    text = (resources.files("echo_et.models.compute") / "presets" / f"{FITTED_PRESET}.json").read_text("utf-8")
+    fitted = from_json(json.loads(text), f"preset {FITTED_PRESET}")
+    return fitted.for_gpu(key)
+
+
+def load_profile(path: str | Path) -> ComputeProfile:
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text("utf-8"))
+    except FileNotFoundError:
+        raise EchoError(f"{p}: no such compute profile") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EchoError(f"{p.name}: not a JSON compute profile ({e.__class__.__name__})") from None
+    return from_json(obj, p.name)
+
+
+def flatten(nested: dict[str, Any], where: str, prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in nested.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, where, name + "."))
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out[name] = float(v)
+        else:
+            raise EchoError(f"{where}: parameter {name} must be a number, got {v!r}")
+    return out
+
+
+def nest(flat: dict[str, float]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in flat.items():
+        head, _, tail = k.partition(".")
+        if tail:
+            out.setdefault(head, {})[tail] = v
+        else:
+            out[head] = v
+    return out
+
+
+def check_params(params: dict[str, float], where: str) -> dict[str, float]:
+    unknown = sorted(set(params) - set(PARAM_DEFAULTS))
+    if unknown:
+        raise EchoError(f"{where}: unknown parameter {unknown[0]} (known: {', '.join(sorted(PARAM_DEFAULTS))})")
+    params = {**{n: PARAM_DEFAULTS[n] for n in ADDED_PARAMS if n not in params}, **params}
+    missing = sorted(set(PARAM_DEFAULTS) - set(params))
+    if missing:
+        raise EchoError(f"{where}: missing parameter {missing[0]}")
+    for k, v in params.items():
+        if "_eff." in k and not 0.0 < v <= EFF_MAX.get(k, 1.0):
+            raise EchoError(f"{where}: {k} must be in (0, {EFF_MAX.get(k, 1.0):g}], got {v}")
+        if v < 0:
+            raise EchoError(f"{where}: {k} must be >= 0, got {v}")
+    return params
+
+
+def from_json(obj: Any, where: str) -> ComputeProfile:
+    if not isinstance(obj, dict):
+        raise EchoError(f"{where}: a compute profile must be a JSON object")
+    if obj.get("schema") != SCHEMA:
+        raise EchoError(f"{where}: schema is {obj.get('schema')!r}, expected {SCHEMA!r}")
+    if not isinstance(obj.get("params"), dict):
+        raise EchoError(f"{where}: no 'params' object")
+    if not isinstance(obj.get("gpu"), dict):
+        raise EchoError(f"{where}: no 'gpu' object (the data sheet)")
+    fp32 = str((obj.get("settings") or {}).get("fp32_matmul", "fp32"))
+    if fp32 not in FP32_MATMUL:
+        raise EchoError(f"{where}: settings.fp32_matmul must be one of {', '.join(FP32_MATMUL)}, got {fp32!r}")
+    return ComputeProfile(
+        name=str(obj.get("name", "")),
+        gpu=GpuSpec.from_json(obj["gpu"], where),
+        params=check_params(flatten(obj["params"], where), where),
+        calibrated=bool(obj.get("calibrated", False)),
+        fp32_matmul=fp32,
+        description=str(obj.get("description", "")),
+        params_from=str(obj.get("params_from", "")),
+        sources=tuple(obj.get("sources") or ()),
+        fit=dict(obj.get("fit") or {}),
+    )
+
+
+def to_json(p: ComputeProfile) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": p.name,
+        "calibrated": p.calibrated,
+        "gpu": _rounded(p.gpu.to_json()),
+        "params": _rounded(nest(p.params)),
+        "settings": {"fp32_matmul": p.fp32_matmul},
+    }
+    for key, val in (("description", p.description), ("params_from", p.params_from)):
+        if val:
+            out[key] = val
+    if p.sources:
+        out["sources"] = _rounded(list(p.sources))
+    if p.fit:
+        out["fit"] = _rounded(p.fit)
+    return out
+
+
+def dumps(p: ComputeProfile) -> str:
+    return json.dumps(to_json(p), indent=2, sort_keys=True) + "\n"
+
+
+def write_profile(p: ComputeProfile, path: str | Path) -> None:
+    from echo_et.ir.io import atomic_file
+
+    data = dumps(p).encode("utf-8")
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def _rounded(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}")
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_rounded(v) for v in obj]
+    return obj

@@ -1,0 +1,636 @@
+"""Meta-device tracing: record a rank's step as the operators a GPU would run, not as time.
+
+On the ``meta`` device every tensor keeps its shape and dtype and no memory is allocated, so
+one CPU core can run the training step of any model size. Nothing is timed (meta kernels
+have no device time: a compute model times them later). Instead of the profiler (whose tree
+on meta shows the Python decompositions meta kernels run), a ``TorchDispatchMode``
+(:class:`DirectRecorder`) sees each operator once, at the dispatch level: after autograd
+and after composite operators (``aten::linear``) are decomposed, which is what a GPU launches
+as kernels. Operators that launch no kernel (views, allocations; :mod:`echo_et.trace.ops`)
+are left out.
+
+The recorder keeps one event list per rank, in program order: operators, the workload's
+annotation spans and backward markers (:mod:`echo_et.trace.annotations`; the dispatch mode
+sees ``record_function`` enter/exit as operators), and the recording process group's
+communication calls (``echo:comm#k`` spans, whose local output fills are skipped) and
+waits (``echo:wait#k``). :func:`build_graph` turns the list into the rank's graph, shaped
+like a GPU trace without its host side:
+
+- ``gpu0-compute`` (GPU compute stream): one compute node per operator, payload
+  ``compute`` with ``op``, ``kernel_class``, ``shapes`` and ``dtypes`` in the text form the
+  Kineto reader gives CPU operators (the profiler's "Input Dims" / "Input type": one entry
+  per schema argument), ``attrs["out_shapes"]`` (JSON list of output shapes) unless the
+  output is shaped like the first input, ``duration_ns = 0``;
+- communication on ``gpu0-comm:<key>`` (collectives) and ``gpu0-comm:<key>:send|recv:<peer>``
+  (point-to-point), with NCCL's stream semantics: a communication node has DEP_SYNC on the
+  last compute node issued before it (and on what the compute stream waited for since); the
+  first compute node after a ``wait()`` has DEP_SYNC on the communication waited for;
+- the host that issues this work, on ``host:0``: one KIND_LAUNCH node (``cpu.op`` = the
+  operator or ``c10d::<collective>``) before each compute and communication node, which
+  depends on it (DEP_LAUNCH), and a KIND_SYNC node wherever the workload blocks the host on
+  the device (an ``echo:sync`` span: ``torch.cuda.synchronize()``, ``.item()``), with DEP_SYNC
+  on the last node of every device stream so far. A compute model gives launches their host
+  cost; an iteration whose kernels are shorter than that is then bound by the host, as real
+  eager PyTorch runs of small models are;
+- annotations (phase, layer, micro-batch, stage) as the profiler-based splice gives them;
+- every start time 0 (an untimed layout: the simulator adds no gaps and keeps every
+  dependency); header attribute ``trace.timing = "untimed"``.
+
+**Repeated work is recorded once** (:meth:`DirectRecorder.unit`): a workload marks a unit of
+work that repeats with the same inputs (a transformer layer, for each layer and each
+micro-batch). The first time a unit runs with a given key it runs for real and its events
+are kept as a template: its forward events, and its backward events (from its ``begin``
+marker to its ``end`` marker) when the autograd engine runs them. Every later run with the
+same key does not execute: its forward events are copied from the template (layer index
+substituted) and an autograd Function stands in for it, whose backward copies the template's
+backward events. A backward that runs before the template's own backward was seen (the
+first micro-batch's later layers) leaves a placeholder that is filled once it is. The
+result is the event list a full run would give (tests prove it against full CPU traces).
+
+Imports torch: only the tracer imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from echo_et.errors import EchoError
+from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
+from echo_et.trace import annotations
+from echo_et.trace.ops import kernel_class, runs_kernel
+from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord, span_index
+
+# Event kinds. Events are tuples (kind, payload...), cheap to copy.
+OP = 0          # (OP, name, shapes_text, dtypes_text, out_shapes_text or "")
+SPAN_IN = 1     # (SPAN_IN, attrs)
+SPAN_OUT = 2    # (SPAN_OUT,)
+MARK_BEGIN = 3  # (MARK_BEGIN, attrs)
+MARK_END = 4    # (MARK_END, attrs)
+COMM = 5        # (COMM, CommRecord)
+WAIT = 6        # (WAIT, CommRecord)
+SLOT = 7        # (SLOT, _Slot): a unit's backward, filled when its template is known
+SYNC = 8        # (SYNC,): the host waits for the device (``echo:sync``)
+
+SYNC_SPAN = "echo:sync"
+HOST_STREAM = "host:0"
+
+COMPUTE_STREAM = "gpu0-compute"
+COMM_STREAM_PREFIX = "gpu0-comm:"
+
+_RF_ENTER = torch.ops.profiler._record_function_enter_new.default
+_RF_EXITS = frozenset(getattr(torch.ops.profiler._record_function_exit, o)
+                      for o in torch.ops.profiler._record_function_exit.overloads())
+
+_DTYPE_TEXT = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int",
+    torch.int16: "short int", torch.int8: "signed char", torch.uint8: "unsigned char",
+    torch.bool: "bool", torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+_LOCAL = threading.local()
+
+
+def active_recorder() -> DirectRecorder | None:
+    """The recorder tracing this thread, if any."""
+    return getattr(_LOCAL, "recorder", None)
+
+
+@dataclass
+class _Slot:
+    """Where a unit's backward goes before its template's backward is known."""
+
+    template: _Template
+    layer: int | None
+    events: list | None = None
+
+
+@dataclass
+class _Template:
+    key: Hashable
+    layer: int | None
+    forward: list
+    out_meta: tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
+    backward: list | None = None
+    waiting: list[_Slot] = field(default_factory=list)
+    uses: int = 0
+
+
+@dataclass
+class _Region:
+    events: list
+    labels: dict
+    out_meta: tuple | None
+
+
+class _Replayed(torch.autograd.Function):
+    """Stands in for a unit that was not executed: the output's shape without the work; its
+    backward copies the template's backward events."""
+
+    @staticmethod
+    def forward(ctx, x, recorder, template, layer):
+        ctx.recorder, ctx.template, ctx.layer = recorder, template, layer
+        ctx.x_meta = (tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
+        size, stride, dtype = template.out_meta
+        return torch.empty_strided(size, stride, dtype=dtype, device=x.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.recorder.replay_backward(ctx.template, ctx.layer)
+        size, stride, dtype, device = ctx.x_meta
+        return torch.empty_strided(size, stride, dtype=dtype, device=device), None, None, None
+
+
+class DirectRecorder(TorchDispatchMode):
+    """Records dispatch-level operators, annotation spans and communication of one rank."""
+
+    def __init__(self, *, replay: bool = True):
+        super().__init__()
+        self.events: list[tuple] = []
+        self.replay = replay
+        self.recording = False
+        self._open: list[int] = []      # kinds of the open record_function spans (LIFO)
+        self._suppress = 0
+        self._templates: dict[Hashable, _Template] = {}
+        self._regions: dict[Hashable, _Region] = {}
+        self._capturing: list[tuple[_Template, int]] = []   # (template, start index)
+        self.stats: Counter = Counter()
+        self._records: Callable[[], list[CommRecord]] | None = None
+
+    # -- lifetime ------------------------------------------------------------------------
+    def attach(self, records: Callable[[], list[CommRecord]]) -> None:
+        """``records()`` is the recording process group's record list (record k is the call
+        of span ``echo:comm#k``)."""
+        self._records = records
+
+    def __enter__(self):
+        _LOCAL.recorder = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _LOCAL.recorder = None
+        return super().__exit__(*exc)
+
+    def forget_units(self) -> None:
+        """Forget the templates of repeated units and regions."""
+        self._templates = {}
+        self._regions = {}
+
+    def reset(self) -> None:
+        """Forget the events (not the templates of repeated units)."""
+        self.events = []
+        self._open = []
+        self._suppress = 0
+        self._capturing = []
+        self.stats = Counter()
+
+    # -- dispatch --------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _RF_ENTER:
+            handle = func(*args, **kwargs)
+            self._span_enter(args[0], handle)
+            return handle
+        if func in _RF_EXITS:
+            self._span_exit(args[0])
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.recording and not self._suppress:
+            name = func._schema.name
+            if runs_kernel(name, func.is_view):
+                shapes, dtypes = _arg_texts(func._schema, args, kwargs)
+                self.events.append((OP, name, shapes, dtypes, _out_text(out, args)))
+        return out
+
+    def _span_enter(self, name: str, handle) -> None:
+        kind = 0
+        if self.recording:
+            k = span_index(name, COMM_SPAN)
+            if k is not None:
+                recs = self._records() if self._records is not None else []
+                if not 0 <= k < len(recs):
+                    raise EchoError(f"communication span {name} has no record")
+                self.events.append((COMM, recs[k]))
+                self._suppress += 1
+                kind = 1
+            elif name == SYNC_SPAN:
+                if not self._suppress:
+                    self.events.append((SYNC,))
+            else:
+                k = span_index(name, WAIT_SPAN)
+                if k is not None:
+                    recs = self._records() if self._records is not None else []
+                    if 0 <= k < len(recs):
+                        self.events.append((WAIT, recs[k]))
+                elif not self._suppress:
+                    parsed = annotations.parse(name)
+                    if parsed is not None:
+                        what, attrs = parsed
+                        if what == "span":
+                            self.events.append((SPAN_IN, attrs))
+                            kind = 2
+                        elif what == "begin":
+                            self._on_begin(attrs)
+                        else:
+                            self._on_end(attrs)
+        self._open.append(kind)
+
+    def _span_exit(self, handle) -> None:
+        kind = self._open.pop() if self._open else 0
+        if kind == 1:
+            self._suppress -= 1
+        elif kind == 2:
+            self.events.append((SPAN_OUT,))
+
+    def _on_begin(self, attrs: dict) -> None:
+        self.events.append((MARK_BEGIN, attrs))
+        layer = attrs.get("layer")
+        for t in self._templates.values():
+            if t.backward is None and t.layer == layer and not any(c[0] is t for c in self._capturing):
+                self._capturing.append((t, len(self.events) - 1))
+                break
+
+    def _on_end(self, attrs: dict) -> None:
+        self.events.append((MARK_END, attrs))
+        layer = attrs.get("layer")
+        for i in range(len(self._capturing) - 1, -1, -1):
+            t, start = self._capturing[i]
+            if t.layer == layer:
+                del self._capturing[i]
+                t.backward = self.events[start:]
+                for slot in t.waiting:
+                    slot.events = _relabel(t.backward, {"layer": (t.layer, slot.layer)})
+                t.waiting = []
+                break
+
+    # -- repeated units -------------------------------------------------------------------
+    def unit(self, key: Hashable, fn: Callable[[Any], Any], x, layer: int | None):
+        """Run ``fn(x)`` as a unit of repeated work (see the module docstring)."""
+        if not (self.replay and self.recording) or self._suppress:
+            return fn(x)
+        full_key = (key, tuple(x.shape), tuple(x.stride()), x.dtype, x.requires_grad,
+                    x.is_leaf, torch.is_grad_enabled())
+        t = self._templates.get(full_key)
+        if t is None:
+            start = len(self.events)
+            out = fn(x)
+            if not isinstance(out, torch.Tensor):
+                return out
+            t = _Template(key=full_key, layer=layer, forward=self.events[start:],
+                          out_meta=(tuple(out.shape), tuple(out.stride()), out.dtype))
+            if not (out.requires_grad and torch.is_grad_enabled()):
+                t.backward = []
+            self._templates[full_key] = t
+            self.stats["units_run"] += 1
+            return out
+        t.uses += 1
+        self.stats["units_replayed"] += 1
+        self._extend(_relabel(t.forward, {"layer": (t.layer, layer)}))
+        if t.backward == [] or not x.requires_grad or not torch.is_grad_enabled():
+            size, stride, dtype = t.out_meta
+            with torch.no_grad():
+                return torch.empty_strided(size, stride, dtype=dtype, device=x.device)
+        return _Replayed.apply(x, self, t, layer)
+
+    def replay_backward(self, t: _Template, layer: int | None) -> None:
+        if t.backward is not None:
+            self._extend(_relabel(t.backward, {"layer": (t.layer, layer)}))
+            return
+        slot = _Slot(t, layer)
+        t.waiting.append(slot)
+        self.events.append((SLOT, slot))
+
+    def region(self, key: Hashable, run: Callable[[], Any], labels: dict[str, Any],
+               replay: bool | None = None) -> tuple[Any, bool]:
+        """``(run(), False)`` the first time ``key`` is seen (its events are kept), then
+        ``(stand-in, True)``: copies of those events with the annotation values of
+        ``labels`` substituted, and a tensor like the first run's result (or None) instead of
+        running. ``replay``: True refuses to run (the caller's state cannot run it), False
+        always runs (and keeps the events if ``key`` is new)."""
+        active = self.replay and self.recording and not self._suppress
+        t = self._regions.get(key) if active and replay is not False else None
+        if t is None:
+            if replay:
+                raise EchoError(f"repeated region {key!r}: no recording to replay")
+            start = len(self.events)
+            out = run()
+            if active and key not in self._regions:
+                try:
+                    events = _flatten(self.events[start:])
+                except EchoError:
+                    events = None      # a unit inside still waits for its backward
+                if events is not None and (out is None or isinstance(out, torch.Tensor)):
+                    meta = None if out is None else (tuple(out.shape), tuple(out.stride()),
+                                                     out.dtype, out.device)
+                    self._regions[key] = _Region(events, dict(labels), meta)
+                    self.stats["regions_run"] += 1
+            return out, False
+        self.stats["regions_replayed"] += 1
+        self._extend(_relabel(t.events, {k: (t.labels.get(k), v) for k, v in labels.items()}))
+        if t.out_meta is None:
+            return None, True
+        size, stride, dtype, device = t.out_meta
+        with torch.no_grad():
+            return torch.empty_strided(size, stride, dtype=dtype, device=device), True
+
+    def _extend(self, events: list) -> None:
+        self.events.extend(_copied(events))
+
+    # -- results -------------------------------------------------------------------------
+    def flat_events(self) -> list[tuple]:
+        """The events with every placeholder replaced by its (copied) backward."""
+        return _flatten(self.events)
+
+
+def _copied(events: list) -> list:
+    """Copies of ``events`` for another run of the same work: communication gets fresh
+    records (its own issue order and wait)."""
+    out = []
+    fresh: dict[int, CommRecord] = {}
+    for e in events:
+        kind = e[0]
+        if kind == COMM:
+            rec = replace(e[1], index=-1, waited=False)
+            fresh[id(e[1])] = rec
+            out.append((COMM, rec))
+        elif kind == WAIT:
+            out.append((WAIT, fresh.get(id(e[1]), e[1])))
+        else:
+            out.append(e)
+    return out
+
+
+def _flatten(events: list) -> list:
+    out: list = []
+    for e in events:
+        if e[0] == SLOT:
+            slot = e[1]
+            if slot.events is None:
+                raise EchoError("a repeated unit's backward ran but its template's backward "
+                                "never did; trace without unit replay")
+            out.extend(_copied(_flatten(slot.events)))
+        else:
+            out.append(e)
+    return out
+
+
+def _relabel(events: list, subs: dict[str, tuple[Any, Any]]) -> list:
+    """``events`` with annotation values replaced: ``subs[key] = (old, new)``."""
+    subs = {k: v for k, v in subs.items() if v[0] is not None and v[0] != v[1]}
+    if not subs:
+        return events
+    out = []
+    for e in events:
+        if e[0] in (SPAN_IN, MARK_BEGIN, MARK_END):
+            attrs = e[1]
+            changed = None
+            for k, (old, new) in subs.items():
+                if attrs.get(k) == old:
+                    changed = changed if changed is not None else dict(attrs)
+                    changed[k] = new
+            out.append((e[0], changed) if changed is not None else e)
+        else:
+            out.append(e)
+    return out
+
+
+# -- operator arguments as the profiler writes them ---------------------------------------------
+_TEXT_CACHE: dict[Any, str] = {}
+
+
+def _json(value: Any) -> str:
+    key = repr(value)
+    got = _TEXT_CACHE.get(key)
+    if got is None:
+        got = json.dumps(value)
+        if len(_TEXT_CACHE) < 200_000:
+            _TEXT_CACHE[key] = got
+    return got
+
+
+def _arg_texts(schema, args: tuple, kwargs: dict) -> tuple[str, str]:
+    """(shapes, dtypes) of every schema argument, like the profiler's "Input Dims" and
+    "Input type" (a Python number passed for a Tensor argument is the 0-dim "wrapped number"
+    tensor the profiler sees; strings and devices are "")."""
+    shapes: list = []
+    types: list = []
+    pos = 0
+    for a in schema.arguments:
+        if not a.kwarg_only and pos < len(args):
+            v = args[pos]
+            pos += 1
+        elif a.name in kwargs:
+            v = kwargs[a.name]
+        else:
+            v = a.default_value if a.has_default_value() else None
+        shapes.append(_shape_of(v))
+        types.append(_type_of(v, a))
+    return _json(shapes), _json(types)
+
+
+def _out_text(out: Any, args: tuple) -> str:
+    """Output shapes (JSON) when they are not simply the first input's shape, else ""."""
+    outs = out if isinstance(out, tuple | list) else (out,)
+    shapes = [list(o.shape) if isinstance(o, torch.Tensor) else [] for o in outs]
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is not None and len(shapes) == 1 and shapes[0] == list(first.shape):
+        return ""
+    return _json(shapes)
+
+
+def _shape_of(v: Any) -> list:
+    if isinstance(v, torch.Tensor):
+        return list(v.shape)
+    if isinstance(v, list | tuple) and v and all(isinstance(t, torch.Tensor) or t is None for t in v):
+        return [list(t.shape) if t is not None else [] for t in v]
+    return []
+
+
+_WRAPPED = {bool: "bool", int: "long int", float: "double", complex: "c10::complex<double>"}
+
+
+def _type_of(v: Any, arg) -> str:
+    if isinstance(v, torch.Tensor):
+        return _DTYPE_TEXT.get(v.dtype, str(v.dtype).removeprefix("torch."))
+    if isinstance(v, list | tuple):
+        if v and all(isinstance(t, torch.Tensor) or t is None for t in v):
+            return "TensorList"
+        return "TensorList" if "Tensor" in str(arg.type) else "ScalarList"
+    if v is None or isinstance(v, str | torch.device):
+        return ""
+    if isinstance(v, bool | int | float | complex) and str(arg.type) == "Tensor":
+        return _WRAPPED[type(v)]
+    if isinstance(v, bool | int | float | complex | torch.SymInt | torch.SymFloat | torch.dtype
+                  | torch.layout | torch.memory_format):
+        return "Scalar"
+    return ""
+
+
+# -- the graph ----------------------------------------------------------------------------------
+@dataclass
+class DirectResult:
+    graph: Graph
+    records: list[CommRecord]
+    keys: list[str]
+    dropped: Counter
+
+
+def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, graph_id: str,
+                where: str) -> DirectResult:
+    """The device graph of one rank from its flat event list (see the module docstring)."""
+    gb = GraphBuilder(graph_id)
+    gb.graph.header.attrs["trace.timing"] = "untimed"
+    host = gb.stream(pb.STREAM_CPU_THREAD, HOST_STREAM)
+    compute = gb.stream(pb.STREAM_GPU_COMPUTE, COMPUTE_STREAM, device=0)
+    last_on: dict[int, int] = {}                 # device stream -> its last node
+    comm_streams: dict[str, int] = {}
+    stack: list[tuple[str, dict, dict]] = []     # (kind, raw attrs, merged attrs)
+    current: dict = {}
+    last_compute: int | None = None
+    waited: list[int] = []                       # comm nodes the compute stream waits for
+    comm_of: dict[int, int] = {}                 # id(record) -> node id
+    records: list[CommRecord] = []
+    keys: list[str] = []
+    keys_used: dict[str, int] = {}
+    dropped: Counter = Counter()
+    new_node = gb.graph.new_node
+    next_id = 1
+    coll_seq: dict[str, int] = {}
+    p2p_seq: dict[tuple, int] = {}
+
+    def annotate(n: pb.Node) -> None:
+        if not current:
+            return
+        a = n.annotations
+        if "phase" in current:
+            a.phase = str(current["phase"])
+        if "layer" in current:
+            a.layer = int(current["layer"])
+        if "mb" in current:
+            a.microbatch = int(current["mb"])
+        if "stage" in current:
+            a.stage = int(current["stage"])
+
+    for e in events:
+        kind = e[0]
+        if kind == OP:
+            launch = new_node(id=next_id, name="launch", kind=pb.KIND_LAUNCH, stream=host)
+            launch.cpu.op = e[1]
+            n = new_node(id=next_id + 1, name=e[1], kind=pb.KIND_COMPUTE, stream=compute)
+            n.deps.add(id=next_id, kind=pb.DEP_LAUNCH)
+            next_id += 2
+            c = n.compute
+            c.op = e[1]
+            c.kernel_class = kernel_class(e[1])
+            c.shapes = e[2]
+            c.dtypes = e[3]
+            if e[4]:
+                n.attrs["out_shapes"] = e[4]
+            for w in waited:
+                n.deps.add(id=w, kind=pb.DEP_SYNC)
+            waited = []
+            annotate(n)
+            last_compute = n.id
+            last_on[compute] = n.id
+        elif kind == SYNC:
+            n = new_node(id=next_id, name="sync", kind=pb.KIND_SYNC, stream=host)
+            next_id += 1
+            for nid in sorted(last_on.values()):
+                n.deps.add(id=nid, kind=pb.DEP_SYNC)
+            annotate(n)
+        elif kind == SPAN_IN:
+            merged = {**current, **e[1]}
+            stack.append(("span", e[1], merged))
+            current = merged
+        elif kind == MARK_BEGIN:
+            merged = {**current, **e[1]}
+            stack.append(("mark", e[1], merged))
+            current = merged
+        elif kind in (SPAN_OUT, MARK_END):
+            want = "span" if kind == SPAN_OUT else "mark"
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] == want and (kind == SPAN_OUT or stack[i][1] == e[1]):
+                    del stack[i]
+                    break
+            else:
+                dropped["ex_situ_annotation_end_without_begin"] += 1
+            current = stack[-1][2] if stack else {}
+        elif kind == COMM:
+            rec: CommRecord = e[1]
+            rec = replace(rec, index=len(records))
+            key = key_of(rec)
+            records.append(rec)
+            keys.append(key)
+            keys_used[key] = len(rec.group_ranks)
+            sname = f"{key}:{rec.op}:{rec.peer}" if rec.is_p2p else key
+            sid = comm_streams.get(sname)
+            if sid is None:
+                sid = gb.stream(pb.STREAM_GPU_COMM, COMM_STREAM_PREFIX + sname, device=0)
+                comm_streams[sname] = sid
+            launch = new_node(id=next_id, name="launch", kind=pb.KIND_LAUNCH, stream=host)
+            launch.cpu.op = f"c10d::{rec.op}"
+            deps: list[tuple[int, int]] = [(next_id, pb.DEP_LAUNCH)]
+            next_id += 1
+            if last_compute is not None:
+                deps.append((last_compute, pb.DEP_SYNC))
+            deps.extend((w, pb.DEP_SYNC) for w in waited)
+            if rec.is_p2p:
+                assert rec.peer is not None
+                send = rec.op == "send"
+                n = new_node(id=next_id, name=rec.op, stream=sid,
+                             kind=pb.KIND_SEND if send else pb.KIND_RECV)
+                pkey = (key, rec.peer, send)
+                n.p2p.group = key
+                n.p2p.peer = rec.peer
+                n.p2p.bytes = rec.in_bytes if send else rec.out_bytes
+                n.p2p.tag = rec.tag
+                n.p2p.seq = p2p_seq.get(pkey, 0)
+                p2p_seq[pkey] = n.p2p.seq + 1
+            else:
+                coll = COLLECTIVE_BY_NAME.get(rec.op)
+                if coll is None:
+                    raise EchoError(f"{where}: unknown collective {rec.op!r} in the recording")
+                n = new_node(id=next_id, name=rec.op, stream=sid, kind=pb.KIND_COLLECTIVE)
+                c = n.collective
+                c.type = coll
+                c.group = key
+                c.in_bytes = rec.in_bytes
+                c.out_bytes = rec.out_bytes
+                c.dtype = rec.dtype
+                c.seq = coll_seq.get(key, 0)
+                coll_seq[key] = c.seq + 1
+                if rec.root is not None:
+                    c.root = rec.root
+            next_id += 1
+            for d, dk in deps:
+                n.deps.add(id=d, kind=dk)
+            n.attrs["timing"] = "placeholder"
+            annotate(n)
+            annotate(launch)
+            comm_of[id(e[1])] = n.id
+            last_on[sid] = n.id
+        elif kind == WAIT:
+            nid = comm_of.get(id(e[1]))
+            if nid is not None and nid not in waited:
+                waited.append(nid)
+        elif kind == SLOT:
+            raise EchoError(f"{where}: internal: unfilled placeholder in a flat event list")
+    if stack:
+        dropped["ex_situ_annotation_begin_without_end"] += sum(1 for s in stack if s[0] == "mark")
+    waited_ids = {id(e[1]) for e in events if e[0] == WAIT}
+    for e in events:
+        if e[0] == COMM and id(e[1]) not in waited_ids:
+            dropped["ex_situ_wait_not_observed"] += 1
+    for key, size in sorted(keys_used.items()):
+        gb.declare_group(key, size)
+    return DirectResult(gb.build(), records, keys, dropped)

@@ -1,0 +1,147 @@
+"""Megatron-LM's fused kernels as single operators (namespace ``echo``), so that a trace
+records one kernel where Megatron launches one.
+
+Megatron fuses, on a GPU:
+
+- ``scaled_upper_triang_masked_softmax``: scale, causal mask and softmax of the attention
+  scores in one CUDA kernel (its ``FusedScaleMaskSoftmax``), and one kernel for its backward;
+- ``bias_gelu``: the first MLP bias and the GeLU (tanh approximation), TorchScript-fused,
+  forward and backward;
+- ``bias_dropout_add``: bias, dropout and the residual add after the attention and MLP
+  outputs, TorchScript-fused (its backward: one kernel for the gradient through the dropout;
+  the bias gradient is a reduction).
+
+Here each is a ``torch.library`` custom operator whose implementation runs the unfused
+PyTorch operators (so CPU runs compute the same values) and whose fake (meta) kernel only
+makes the output: a meta-device trace and a CPU trace both see ``echo::<name>`` once. A
+compute model prices them as memory-bound kernels (each reads its inputs and writes its
+outputs once).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _causal(x: Tensor) -> Tensor:
+    s = x.shape[-1]
+    return torch.ones(x.shape[-2], s, dtype=torch.bool, device=x.device).triu(1)
+
+
+# -- scale + causal mask + softmax ----------------------------------------------------------------
+@torch.library.custom_op("echo::scaled_upper_triang_masked_softmax", mutates_args=())
+def scaled_upper_triang_masked_softmax(x: Tensor, scale: float) -> Tensor:
+    return torch.softmax((x * scale).masked_fill(_causal(x), -10000.0), dim=-1)
+
+
+@scaled_upper_triang_masked_softmax.register_fake
+def _(x: Tensor, scale: float) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("echo::scaled_upper_triang_masked_softmax_backward", mutates_args=())
+def scaled_upper_triang_masked_softmax_backward(grad: Tensor, probs: Tensor, scale: float) -> Tensor:
+    return torch._softmax_backward_data(grad, probs, -1, probs.dtype) * scale
+
+
+@scaled_upper_triang_masked_softmax_backward.register_fake
+def _(grad: Tensor, probs: Tensor, scale: float) -> Tensor:
+    return torch.empty_like(grad)
+
+
+def _softmax_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output)
+    ctx.scale = inputs[1]
+
+
+def _softmax_grad(ctx, grad):
+    (probs,) = ctx.saved_tensors
+    return scaled_upper_triang_masked_softmax_backward(grad, probs, ctx.scale), None
+
+
+scaled_upper_triang_masked_softmax.register_autograd(_softmax_grad, setup_context=_softmax_setup)
+
+
+# -- bias + GeLU --------------------------------------------------------------------------------------
+@torch.library.custom_op("echo::bias_gelu", mutates_args=())
+def bias_gelu(x: Tensor, bias: Tensor) -> Tensor:
+    y = x + bias
+    return y * 0.5 * (1.0 + torch.tanh(_GELU_C * y * (1.0 + 0.044715 * y * y)))
+
+
+@bias_gelu.register_fake
+def _(x: Tensor, bias: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("echo::bias_gelu_backward", mutates_args=())
+def bias_gelu_backward(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
+    y = x + bias
+    t = torch.tanh(_GELU_C * y * (1.0 + 0.044715 * y * y))
+    d = 0.5 * y * ((1 - t * t) * (_GELU_C + 0.1070322243 * y * y)) + 0.5 * (1 + t)
+    return grad * d
+
+
+@bias_gelu_backward.register_fake
+def _(grad: Tensor, x: Tensor, bias: Tensor) -> Tensor:
+    return torch.empty_like(grad)
+
+
+def _gelu_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1])
+
+
+def _gelu_grad(ctx, grad):
+    x, bias = ctx.saved_tensors
+    gx = bias_gelu_backward(grad, x, bias)
+    return gx, gx.sum(dim=tuple(range(gx.dim() - 1)))
+
+
+bias_gelu.register_autograd(_gelu_grad, setup_context=_gelu_setup)
+
+
+# -- bias + dropout + residual add --------------------------------------------------------------------
+@torch.library.custom_op("echo::bias_dropout_add", mutates_args=())
+def bias_dropout_add(x: Tensor, bias: Tensor, residual: Tensor, p: float) -> tuple[Tensor, Tensor]:
+    y = x + bias
+    if p > 0:
+        keep = torch.rand_like(y, dtype=torch.float32) >= p
+        y = y * keep / (1.0 - p)
+    else:
+        keep = torch.ones_like(y, dtype=torch.bool)
+    return residual + y, keep
+
+
+@bias_dropout_add.register_fake
+def _(x: Tensor, bias: Tensor, residual: Tensor, p: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+
+
+@torch.library.custom_op("echo::bias_dropout_add_backward", mutates_args=())
+def bias_dropout_add_backward(grad: Tensor, keep: Tensor, p: float) -> Tensor:
+    return grad * keep / (1.0 - p) if p > 0 else grad.clone()
+
+
+@bias_dropout_add_backward.register_fake
+def _(grad: Tensor, keep: Tensor, p: float) -> Tensor:
+    return torch.empty_like(grad)
+
+
+def _bda_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output[1])
+    ctx.p = inputs[3]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _bda_grad(ctx, grad, _keep_grad):
+    (keep,) = ctx.saved_tensors
+    gx = bias_dropout_add_backward(grad, keep, ctx.p)
+    return gx, gx.sum(dim=tuple(range(gx.dim() - 1))), grad, None
+
+
+bias_dropout_add.register_autograd(_bda_grad, setup_context=_bda_setup)

@@ -1,0 +1,161 @@
+"""The parts of the built-in GPT that follow Megatron-LM / Megatron-DeepSpeed's GPT pretraining
+(``GPTConfig.megatron()``), kernel for kernel where plain PyTorch allows:
+
+- :func:`megatron_block_class`: a pre-LayerNorm transformer layer in Megatron's
+  ``[sequence, batch, hidden]`` layout: column-parallel QKV; core attention as Megatron runs it
+  without flash attention (a batched GEMM of Q and K^T, the fused scale + causal mask +
+  softmax kernel, attention dropout, ``bmm`` with V, one copy back to ``[s, b, h]``);
+  row-parallel output projection whose bias is added with the residual (fused
+  ``bias_dropout_add``); MLP with the first bias fused into the GeLU (``bias_gelu``) and the
+  second added with the residual (:mod:`echo_et.workloads.fused`);
+- :class:`CheckpointFunction`: full activation recomputation, one layer per checkpoint
+  (``--recompute-activations`` / ``--checkpoint-activations``): the forward runs without
+  keeping activations; the backward runs the layer's forward again (its tensor-parallel
+  all-reduces included) and then its backward;
+- :class:`MixedPrecisionAdam`: Megatron's optimizer step for 16-bit models with fp32 master
+  weights: model gradients copied to fp32, their global L2 norm (all-reduced over the
+  model-parallel group, then read on the host) for clipping, fused Adam on the fp32 master weights (what apex's
+  ``FusedAdam`` does), and the updated weights copied back to the 16-bit model.
+
+Kernels Megatron fuses with its JIT (``bias_gelu``, ``bias_dropout_add``) or with custom
+CUDA code (``scaled_upper_triang_masked_softmax``) are single ``echo::`` operators here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from echo_et.workloads.markers import comm_span, device_sync
+
+
+def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout as one kernel (``native_dropout``, what CUDA runs), or nothing when p = 0."""
+    if p <= 0:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
+def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                     p: float) -> torch.Tensor:
+    from echo_et.workloads import fused
+
+    return fused.bias_dropout_add(x, bias, residual, p)[0]
+
+
+@functools.cache
+def megatron_block_class():
+    from echo_et.workloads import fused
+    from echo_et.workloads.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    class MegatronBlock(nn.Module):
+        """One transformer layer on ``[s, b, h]`` input (see the module docstring)."""
+
+        def __init__(self, cfg, tp: int, group, *, gen, device, dtype):
+            super().__init__()
+            h = cfg.hidden
+            kw = {"gen": gen, "device": device, "dtype": dtype}
+            self.np = cfg.heads // tp
+            self.hn = h // cfg.heads
+            self.p = cfg.dropout
+            self.norm = 1.0 / math.sqrt(self.hn)
+            self.ln1 = nn.LayerNorm(h, device=device, dtype=dtype)
+            self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw)
+            self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw)
+            self.ln2 = nn.LayerNorm(h, device=device, dtype=dtype)
+            self.fc1 = ColumnParallelLinear(h, cfg.ffn_mult * h, group, skip_bias_add=True, **kw)
+            self.fc2 = RowParallelLinear(cfg.ffn_mult * h, h, group, skip_bias_add=True, **kw)
+
+        def attention(self, x: torch.Tensor):
+            s, b, _ = x.shape
+            np_, hn = self.np, self.hn
+            mixed = self.qkv(x).view(s, b, np_, 3 * hn)
+            q, k, v = mixed.split(hn, dim=-1)
+            q = q.view(s, b * np_, hn).transpose(0, 1)
+            k = k.view(s, b * np_, hn).transpose(0, 1)
+            v = v.view(s, b * np_, hn).transpose(0, 1)
+            # Megatron: baddbmm with beta = 0 (a plain batched GEMM), then its fused
+            # scale + causal mask + softmax kernel.
+            scores = torch.bmm(q, k.transpose(1, 2)).view(b, np_, s, s)
+            probs = fused.scaled_upper_triang_masked_softmax(scores, self.norm)
+            probs = dropout(probs, self.p)
+            ctx = torch.bmm(probs.view(b * np_, s, s), v)
+            ctx = ctx.view(b, np_, s, hn).permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
+            return self.proj(ctx)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, bias = self.attention(self.ln1(x))
+            x = bias_dropout_add(out, bias, x, self.p)
+            h4, b4 = self.fc1(self.ln2(x))
+            out, bias = self.fc2(fused.bias_gelu(h4, b4))
+            return bias_dropout_add(out, bias, x, self.p)
+
+    return MegatronBlock
+
+
+class CheckpointFunction(torch.autograd.Function):
+    """Megatron's reentrant activation checkpoint: ``forward`` runs ``fn`` without keeping its
+    activations; ``backward`` runs ``fn`` again with them and back-propagates through it."""
+
+    @staticmethod
+    def forward(ctx, fn, x):
+        ctx.fn = fn
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return fn(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = ctx.fn(x)
+        torch.autograd.backward(out, grad)
+        return None, x.grad
+
+
+def checkpoint(fn, x: torch.Tensor) -> torch.Tensor:
+    return CheckpointFunction.apply(fn, x)
+
+
+class MixedPrecisionAdam:
+    """Adam with Megatron's float16 optimizer around it (see the module docstring). With a
+    float32 model there are no master copies: Adam runs on the model's weights."""
+
+    def __init__(self, params: list[nn.Parameter], mp_group, *, lr: float = 1e-4,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.1):
+        self.params = [p for p in params if p.requires_grad]
+        self.mp_group = mp_group
+        self.hp = {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps,
+                   "weight_decay": weight_decay}
+        self.mixed = any(p.dtype != torch.float32 for p in self.params)
+        with torch.no_grad():
+            self.main = ([p.detach().float() for p in self.params] if self.mixed
+                         else [p.detach() for p in self.params])
+            self.exp_avg = [torch.zeros_like(m) for m in self.main]
+            self.exp_avg_sq = [torch.zeros_like(m) for m in self.main]
+            self.steps = [torch.zeros((), dtype=torch.float32, device=m.device) for m in self.main]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad for p in self.params]
+        if self.mixed:
+            grads = [g.float() for g in grads]
+        # Gradient clipping needs the global norm: local squares, summed over the model.
+        norms = torch._foreach_norm(grads, 2.0)
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0) ** 2.0
+        if self.mp_group is not None and dist.get_world_size(self.mp_group) > 1:
+            with comm_span(self.mp_group):
+                dist.all_reduce(total, group=self.mp_group)
+        total = total ** 0.5
+        device_sync(total.device)     # Megatron reads the norm on the host (.item())
+        torch._foreach_add_(self.steps, 1)
+        torch._fused_adam_(self.main, grads, self.exp_avg, self.exp_avg_sq, [], self.steps,
+                           amsgrad=False, maximize=False, **self.hp)
+        if self.mixed:
+            torch._foreach_copy_([p.data for p in self.params], self.main)

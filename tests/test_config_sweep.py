@@ -1,0 +1,152 @@
+"""sweep --configs: every CSV row traced on the meta device and predicted, in row order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from echo_et.cli.main import app
+from echo_et.errors import EchoError, OptionError
+from echo_et.experiments.config_sweep import (
+    ConfigSweepOptions,
+    layout_family,
+    predict_row,
+    read_configs,
+    run_config_sweep,
+    workload_for,
+)
+
+pytest.importorskip("torch", reason="meta-device tracing needs torch (the trace extra)")
+runner = CliRunner()
+
+HEADER = "layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp"
+TINY = dict(layers=2, hidden=64, heads=4, seq=32, micro_batch=1, global_batch=4, tp=2, pp=1, dp=2)
+
+
+def _csv(tmp_path, text: str):
+    p = tmp_path / "configs.csv"
+    p.write_text(text)
+    return p
+
+
+def test_read_configs(tmp_path) -> None:
+    p = _csv(tmp_path, "\ufeff" + HEADER + ",vocab,measured_ms\n2,64,4,32,1,4,2,1,2,1000,12.5\n"
+                       " 4 ,64,4,32,2,8,1,2,2,,\n")
+    rows = read_configs(p)
+    assert rows[0] == {**TINY, "vocab": 1000, "measured_ms": 12.5}
+    assert rows[1]["layers"] == 4 and rows[1]["vocab"] is None and rows[1]["measured_ms"] is None
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp\n1,2,3,4,5,6,7,8\n", "missing column 'dp'"),
+    (HEADER + ",speed\n" + "1," * 9 + "2\n", "unknown column 'speed'"),
+    (HEADER + "\n2,64,4,32,1,4,two,1,2\n", "line 2: tp 'two' is not an integer"),
+    (HEADER + ",measured_ms\n2,64,4,32,1,4,2,1,2,-3\n", "measured_ms '-3'"),
+    (HEADER + "\n", "no configuration rows"),
+    ("", "empty"),
+])
+def test_read_configs_refuses(tmp_path, text, needle) -> None:
+    with pytest.raises(OptionError) as e:
+        read_configs(_csv(tmp_path, text))
+    assert e.value.option == "configs" and needle in str(e.value)
+
+
+def test_workload_for_names_the_numbers() -> None:
+    opts = ConfigSweepOptions()
+    for bad, needle in (({"tp": 3}, "tp (3) must divide heads (4)"),
+                        ({"pp": 3, "tp": 1}, "pp (3) must divide layers (2)"),
+                        ({"global_batch": 5}, "global batch (5) is not a multiple of micro-batch x dp (1 x 2 = 2)")):
+        with pytest.raises(EchoError, match=r".*") as e:
+            workload_for({**TINY, **bad}, opts)
+        assert needle in str(e.value)
+    cfg, lay = workload_for(TINY, opts)
+    assert lay.microbatches == 2 and cfg.vocab == 50257 and cfg.padded_vocab(2) == 50432
+
+
+def test_layout_family() -> None:
+    assert layout_family({"tp": 4, "pp": 2, "dp": 1}) == "tp-heavy"
+    assert layout_family({"tp": 1, "pp": 4, "dp": 2}) == "pp-heavy"
+    assert layout_family({"tp": 2, "pp": 1, "dp": 4}) == "dp-heavy"
+    assert layout_family({"tp": 2, "pp": 2, "dp": 1}) == "mixed"
+    assert layout_family({"tp": 1, "pp": 1, "dp": 1}) == "single"
+
+
+def test_predict_row_and_its_breakdown() -> None:
+    row = predict_row({**TINY, "measured_ms": 1.0}, ConfigSweepOptions(recompute=True))
+    assert "error" not in row, row
+    assert row["predicted_ms"] > 0
+    assert row["error_pct"] == pytest.approx(100 * (row["predicted_ms"] - 1.0), rel=1e-3)
+    assert row["compute_ms"] > 0 and row["compute_ms"] <= row["predicted_ms"] + 1e-6
+    assert row["family"] == "mixed"
+    # recomputation re-runs the forward: more compute on the same configuration
+    plain = predict_row({**TINY, "measured_ms": 1.0}, ConfigSweepOptions(recompute=False))
+    assert plain["compute_ms"] < row["compute_ms"]
+
+
+def test_sweep_cli_rows_in_order_with_errors_and_mape(tmp_path) -> None:
+    p = _csv(tmp_path, HEADER + ",measured_ms\n"
+                               "2,64,4,32,1,4,2,1,2,5.0\n"
+                               "2,64,4,32,1,4,3,1,1,5.0\n"      # tp 3 does not divide 4 heads
+                               "2,64,4,32,2,4,1,2,1,\n")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["sweep", "--configs", str(p), "-o", str(out), "--recompute", "--gpu", "a100",
+                            "--gpus-per-node", "8", "--intra-bw", "150GB/s", "--inter-bw", "800Gb/s/node",
+                            "--workers", "1", "--no-plot", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    rows = got["rows"]
+    assert [x["tp"] for x in rows] == [2, 3, 1]
+    assert isinstance(rows[0]["predicted_ms"], float) and rows[0]["error_pct"] is not None
+    assert "tp (3) must divide heads (4)" in rows[1]["error"]
+    assert rows[2]["error_pct"] is None and rows[2]["predicted_ms"] > 0
+    assert got["mape_pct"] == pytest.approx(abs(rows[0]["error_pct"]))
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rows"] == rows and saved["options"]["cluster"]["inter_bw_gbps_per_gpu"] == 12.5
+    assert "MAPE" in (out / "table.txt").read_text()
+
+
+@pytest.mark.parametrize("extra, text, needle", [
+    (["--gpu", "tpu"], HEADER + "\n2,64,4,32,1,4,2,1,2\n", "--gpu: unknown GPU 'tpu' (presets: a100"),
+    ([], "layers,hidden\n1,2\n", "--configs: configs.csv: missing column 'heads'"),
+    ([], HEADER + ",color\n" + "1," * 9 + "red\n", "unknown column 'color'"),
+    (["--intra-bw", "quick"], HEADER + "\n2,64,4,32,1,4,2,1,2\n", "--intra-bw:"),
+    (["--dp", "2"], HEADER + "\n2,64,4,32,1,4,2,1,2\n", "cannot be combined with --configs"),
+])
+def test_sweep_cli_bad_input_writes_nothing(tmp_path, extra, text, needle) -> None:
+    p = _csv(tmp_path, text)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["sweep", "--configs", str(p), "-o", str(out), *extra])
+    assert r.exit_code == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not out.exists()
+
+
+def test_every_row_failing_is_an_error() -> None:
+    with pytest.raises(EchoError, match="no configuration could run"):
+        run_config_sweep([{**TINY, "tp": 3}], ConfigSweepOptions(), workers=1)
+
+
+def test_trace_cli_global_batch_and_cluster(tmp_path) -> None:
+    out = tmp_path / "job"
+    r = runner.invoke(app, ["trace", "--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "4",
+                            "--seq", "32", "--micro-batch", "1", "--global-batch", "6", "--dp", "3",
+                            "--device", "meta", "--verify", "stage", "--warmup", "0", "--recompute",
+                            "--gpu", "h100", "--gpus-per-node", "4", "--inter-bw", "400Gb/s/node",
+                            "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    from echo_et.ir import load_job
+
+    job = load_job(out)
+    assert job.manifest.layout.microbatches == 2
+    h = job.manifest.hardware
+    assert h.gpu_name == "h100" and h.gpus_per_node == 4 and h.inter_node_bw_gbps == pytest.approx(12.5)
+    assert json.loads(job.manifest.attrs["trace.workload"])["recompute"] is True
+    bad = runner.invoke(app, ["trace", "--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads",
+                              "4", "--micro-batch", "2", "--global-batch", "6", "--dp", "2", "--device", "meta",
+                              "-o", str(tmp_path / "bad")])
+    assert bad.exit_code == 2
+    assert "global batch (6) is not a multiple of micro-batch x dp (2 x 2 = 4)" in bad.stderr
+    assert not (tmp_path / "bad").exists()
