@@ -29,6 +29,10 @@ try:  # a faster decoder for whole batches of elements (see _batch); optional
     import orjson as _orjson
 except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib path still works
     _orjson = None  # type: ignore[assignment]
+try:  # typed batches: only the fields a reader declares are decoded (see element_type)
+    import msgspec as _msgspec
+except ImportError:  # pragma: no cover - msgspec is a dependency; the generic path still works
+    _msgspec = None  # type: ignore[assignment]
 
 _CHUNK = 1 << 20
 # A decode error this far before the end of the buffered text cannot be a value cut by the
@@ -166,7 +170,8 @@ class _Text:
 
 def iter_document(path: str | os.PathLike[str], array_key: str, *,
                   parse_float: Callable[[str], Any] | None = None, accept_array: bool = False,
-                  kind: str = "JSON document", lengths: dict[str, Any] | None = None) -> Iterator[Event]:
+                  kind: str = "JSON document", lengths: dict[str, Any] | None = None,
+                  element_type: Any = None) -> Iterator[Event]:
     """Stream the top-level object of ``path``, decoding ``array_key`` one element at a time.
 
     ``parse_float`` is passed to the JSON decoder (``str`` keeps the literal text, for exact
@@ -174,8 +179,21 @@ def iter_document(path: str | os.PathLike[str], array_key: str, *,
     (Chrome's JSON array format). ``kind`` names what the file should be, in error messages.
     ``lengths``, when given, receives ``array_key`` -> element count once the array is read
     (an empty array yields no event, so this is how to tell it from a missing one).
+
+    ``element_type`` (a ``msgspec.Struct`` class) makes elements come, where they can, as
+    instances of it: msgspec decodes only the fields it declares and skips the rest, several
+    times faster than building every dict. An element that does not fit the type (a field
+    of another type, a missing required field) comes as the plain decoded value instead, so
+    the caller takes both: the type is a fast path, never a filter.
     """
-    return _events(path, _Options(array_key, parse_float, accept_array, kind, lengths, None, False))
+    return _events(path, _Options(array_key, parse_float, accept_array, kind, lengths, None, False,
+                                  _typed_decoder(element_type)))
+
+
+def _typed_decoder(element_type: Any) -> Any:
+    if element_type is None or _msgspec is None:
+        return None
+    return _msgspec.json.Decoder(list[element_type])
 
 
 def read_document(path: str | os.PathLike[str], on_item: Callable[[Any], None], array_key: str, *,
@@ -201,6 +219,7 @@ class _Options:
     lengths: dict[str, Any] | None
     on_item: Callable[[Any], None] | None  # elements go here instead of being yielded
     objects_only: bool                     # with on_item: pass only the JSON objects
+    typed: Any = None                      # msgspec decoder of a list of element_type
 
 
 def _events(path: str | os.PathLike[str], o: _Options) -> Iterator[Event]:
@@ -278,10 +297,18 @@ def _batch(t: _Text, o: _Options) -> list | None:
         ends = [m for m in _LINE_BOUNDARY.finditer(buf, pos)][-_BATCH_TRIES:]
     for m in reversed(ends[-_BATCH_TRIES:]):
         end = buf.rindex("}", m.start(), m.end()) + 1
-        try:
-            items = _orjson.loads("[" + buf[pos:end] + "]")
-        except _orjson.JSONDecodeError:
-            continue
+        text = "[" + buf[pos:end] + "]"
+        items = None
+        if o.typed is not None:
+            try:
+                items = o.typed.decode(text)
+            except _msgspec.DecodeError:  # a bad cut, or elements that do not fit the type
+                pass
+        if items is None:
+            try:
+                items = _orjson.loads(text)
+            except _orjson.JSONDecodeError:
+                continue
         t.pos = m.end()
         return items
     return None

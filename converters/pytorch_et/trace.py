@@ -9,7 +9,7 @@ from pathlib import Path
 from echo_et.converters.jsonstream import iter_document, read_head
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall, PgDef
-from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, parse_node
+from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, NodeStruct, parse_node, parse_struct
 from echo_et.errors import EchoError
 
 NODES_KEY = "nodes"                  # the top-level array that holds the ops
@@ -125,7 +125,7 @@ def _load(path: Path) -> HostTrace:
     seen_schema = False
     ops: list[EtOp] = []
     ids: set[int] = set()
-    for ev, key, value in iter_document(path, NODES_KEY, kind=KIND):
+    for ev, key, value in iter_document(path, NODES_KEY, kind=KIND, element_type=NodeStruct):
         if ev == "field":
             if key == "schema":
                 seen_schema = True
@@ -133,7 +133,7 @@ def _load(path: Path) -> HostTrace:
             elif key == "pid" and isinstance(value, int):
                 t.pid = value
             continue
-        op = parse_node(value, where)
+        op = parse_struct(value, where) if type(value) is NodeStruct else parse_node(value, where)
         if op.id in ids:
             raise EchoError(f"{where}: node id {op.id} appears twice")
         ids.add(op.id)
