@@ -176,6 +176,8 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
     if graph.header.schema_version != SCHEMA_VERSION:
         out.add("schema-version", f"graph header is of schema {graph.header.schema_version!r}, "
                 f"this echo-et reads {SCHEMA_VERSION!r}", _where(source, graph))
+    if _graph_rules_hold(graph, source, out):
+        return
     stream_ids = {s.id for s in graph.header.streams}
     for n in graph.nodes:
         check_node(n, stream_ids, out, lambda n=n: _where(source, graph, n))
@@ -191,6 +193,52 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
     if len(out.issues) == before:  # stream order means nothing across a broken dependency
         check_stream_order(graph, source, out)
     check_collective_numbering(graph, source, out)
+
+
+def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> bool:
+    """The graph-level rules in one pass, for the common graph: nodes in increasing id order,
+    each depending only on earlier ones, nothing out of range. Then unique ids, existing
+    dependencies and acyclicity follow from the order, the node rules are checked inline, and
+    only stream order (when some dependency stays on its stream) and collective numbering
+    remain to run. Returns False, having added nothing, at the first thing off the common
+    path: the rule-by-rule check then runs and words what is wrong."""
+    stream_ids = {s.id for s in graph.header.streams}
+    stream_of: dict[int, int] = {}
+    host: set[int] = set()
+    same_stream: list[tuple[int, int, int]] = []   # (stream, node kind, dep kind) of deps on it
+    probe = IssueCollector(1)
+    host_kinds, allowed_of, max_ns = HOST_KINDS, ALLOWED_PAYLOADS, MAX_NS
+    last = -1
+    for n in graph.nodes:
+        nid, kind, st = n.id, n.kind, n.stream
+        if nid <= last:
+            return False
+        last = nid
+        have = n.WhichOneof("payload")
+        allowed = allowed_of.get(kind)
+        s, d = n.start_ns, n.duration_ns
+        if not (st in stream_ids and allowed is not None and have in allowed and s >= 0 and d >= 0
+                and s + d <= max_ns):
+            return False
+        if have is not None and have != "cpu":
+            _check_payload_values(n, have, probe, "")
+            if probe.issues:
+                return False
+        for dep in n.deps:
+            did = dep.id
+            dst = stream_of.get(did)
+            if dst is None:   # a later node, itself, or none: not the common case
+                return False
+            if dst == st:
+                same_stream.append((st, kind, dep.kind))
+        stream_of[nid] = st
+        if kind in host_kinds:
+            host.add(st)
+    sync, control = pb.KIND_SYNC, pb.DEP_CONTROL
+    if any(not (st in host and (kind == sync or dk == control)) for st, kind, dk in same_stream):
+        check_stream_order(graph, source, out)
+    check_collective_numbering(graph, source, out)
+    return True
 
 
 def check_node_ids(graph: Graph, source: str, out: IssueCollector) -> set[int]:
