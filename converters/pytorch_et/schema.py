@@ -306,11 +306,8 @@ _RAW_TYPES: dict[bytes, tuple[list, str, tuple[tuple[int, bool], ...]]] = {}
 _RAW_CACHE_MAX = 100_000
 
 
-def _raw_shapes(raw: Any) -> str:
-    """parse_node's shapes text from the raw JSON of a ``shapes`` field."""
-    if raw is _UNSET:
-        return ""
-    key = bytes(raw)
+def _raw_shapes(key: bytes) -> str:
+    """parse_node's shapes text from the raw JSON of a ``shapes`` field (cached)."""
     text = _RAW_SHAPES.get(key)
     if text is None:
         v = json.loads(key)
@@ -323,12 +320,10 @@ def _raw_shapes(raw: Any) -> str:
 _NO_TYPES: tuple[list, str, tuple] = ([], "", ())
 
 
-def _raw_types(raw: Any) -> tuple[list, str, tuple[tuple[int, bool], ...]]:
+def _raw_types(key: bytes) -> tuple[list, str, tuple[tuple[int, bool], ...]]:
     """The decoded list (never changed by the caller), parse_node's text of a ``types``
-    field and the positions of its tensors (what _tensors looks at), from its raw JSON."""
-    if raw is _UNSET:
-        return _NO_TYPES
-    key = bytes(raw)
+    field and the positions of its tensors (what _tensors looks at), from its raw JSON
+    (cached)."""
     got = _RAW_TYPES.get(key)
     if got is None:
         v = json.loads(key)
@@ -365,24 +360,9 @@ def parse_struct(d: Any, where: str) -> EtOp:
     """parse_node for a NodeStruct: the same EtOp from the typed decode."""
     name = d.name
     name = (_NAMES.setdefault(name, name) if len(_NAMES) < 200_000 else name) if type(name) is str else str(name)
-    rf = None
-    tid: Any = 0
-    seq: Any = -1
-    schema: Any = ""
+    attrs = {a.name: a.value for a in d.attrs}   # later entries win, as in parse_node
+    get = attrs.get
     keep = _keeps_values(name)
-    comm_attrs: dict[str, Any] = {}
-    for a in d.attrs:  # later entries win, as in a dict
-        k = a.name
-        if k == "rf_id":
-            rf = a.value
-        elif k == "tid":
-            tid = a.value
-        elif k == "seq_id":
-            seq = a.value
-        elif k == "op_schema":
-            schema = a.value
-        elif keep and k in _COMM_ATTRS:
-            comm_attrs[k] = a.value
     parent = d.ctrl_deps
     if parent is _UNSET:
         parent = d.parent
@@ -395,30 +375,45 @@ def parse_struct(d: Any, where: str) -> EtOp:
         in_values = ins.values
         if type(in_values) is not list:
             in_values = []
-        in_shapes = _raw_shapes(ins.shapes)
-        _, in_types_text, in_slots = _raw_types(ins.types)
+        raw = ins.shapes
+        if raw is _UNSET:
+            in_shapes = ""
+        else:
+            in_shapes = _RAW_SHAPES.get(key := bytes(raw)) or _raw_shapes(key)
+        raw = ins.types
+        _, in_types_text, in_slots = _NO_TYPES if raw is _UNSET else (
+            _RAW_TYPES.get(key := bytes(raw)) or _raw_types(key))
     if outs is None:
         out_values, out_slots = [], ()
     else:
         out_values = outs.values
         if type(out_values) is not list:
             out_values = []
-        out_slots = _raw_types(outs.types)[2]
-    oid = _int(d.id, -1)
-    if oid < 0:
-        raise EchoError(f"{where}: node id {str(d.id)[:40]} is not a non-negative integer")
+        raw = outs.types
+        out_slots = () if raw is _UNSET else (_RAW_TYPES.get(key := bytes(raw)) or _raw_types(key))[2]
+    # _int inline for the common value (an int in range), the call otherwise
+    oid = d.id
+    if type(oid) is not int or not 0 <= oid < _MAX:
+        oid = _int(oid, -1)
+        if oid < 0:
+            raise EchoError(f"{where}: node id {str(d.id)[:40]} is not a non-negative integer")
+    if type(parent) is not int or not -_MAX < parent < _MAX:
+        parent = _int(parent)
+    tid = get("tid", 0)
+    if type(tid) is not int or not -_MAX < tid < _MAX:
+        tid = _int(tid)
+    rf = get("rf_id")
+    if rf is not None and (type(rf) is not int or not -_MAX < rf < _MAX):
+        rf = _int(rf, 0)
+    seq = get("seq_id", -1)
+    if type(seq) is not int or not -_MAX < seq < _MAX:
+        seq = _int(seq, -1)
     op = EtOp(
-        id=oid,
-        name=name,
-        parent=_int(parent),
-        tid=_int(tid),
-        rf_id=None if rf is None else _int(rf, 0),
-        seq_id=_int(seq, -1),
-        op_schema=str(schema or "") if keep else "",
-        in_shapes=in_shapes,
-        in_types=in_types_text,
-        in_tensors=_tensors_at(in_values, in_slots) if in_slots else (),
-        out_tensors=_tensors_at(out_values, out_slots) if out_slots else (),
+        oid, name, parent, tid, rf, seq,
+        str(get("op_schema") or "") if keep else "",
+        in_shapes, in_types_text,
+        _tensors_at(in_values, in_slots) if in_slots else (),
+        _tensors_at(out_values, out_slots) if out_slots else (),
     )
     if d.ts is not _UNSET or d.inclusive_dur is not _UNSET or d.dur is not _UNSET:
         op.start_ns = _us_to_ns(0 if d.ts is _UNSET else d.ts)
@@ -432,5 +427,5 @@ def parse_struct(d: Any, where: str) -> EtOp:
     if keep:
         op.in_values = in_values
         op.out_values = out_values
-        op.attrs = comm_attrs
+        op.attrs = {k: v for k, v in attrs.items() if k in _COMM_ATTRS}
     return op

@@ -10,19 +10,25 @@ from echo_et.ir.schema import ROLE_NAMES, collective_name, node_kind_name, pb
 
 
 def graph_counts(graph) -> tuple[Counter, Counter, int]:
-    kinds: Counter = Counter()
+    by_kind: Counter = Counter()
     colls: Counter = Counter()
     comm_bytes = 0
+    coll, send, recv = pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV
     for n in graph.nodes:
-        kinds[node_kind_name(n.kind)] += 1
-        if n.kind == pb.KIND_COLLECTIVE:
-            colls[collective_name(n.collective.type)] += 1
-            comm_bytes += n.collective.in_bytes
-        elif n.kind == pb.KIND_SEND:
+        k = n.kind   # read once: each field read of a node is a call
+        by_kind[k] += 1
+        if k == coll:
+            c = n.collective
+            colls[collective_name(c.type)] += 1
+            comm_bytes += c.in_bytes
+        elif k == send:
             colls["send"] += 1
             comm_bytes += n.p2p.bytes
-        elif n.kind == pb.KIND_RECV:
+        elif k == recv:
             colls["recv"] += 1
+    kinds: Counter = Counter()
+    for k, v in by_kind.items():
+        kinds[node_kind_name(k)] += v
     return kinds, colls, comm_bytes
 
 
@@ -35,8 +41,9 @@ def comm_libraries(job: Job) -> dict[str, int]:
         mult = len(ranks_of.get(gid, []))
         if not mult:
             continue
+        unknown = pb.KIND_COMM_UNKNOWN
         for n in job.graph(gid).nodes:
-            if n.kind == pb.KIND_COMM_UNKNOWN:
+            if n.kind == unknown:
                 out[n.attrs.get("comm_library") or "unknown"] += mult
     return dict(sorted(out.items()))
 
