@@ -198,13 +198,15 @@ def _typed_decoder(element_type: Any) -> Any:
 
 def read_document(path: str | os.PathLike[str], on_item: Callable[[Any], None], array_key: str, *,
                   parse_float: Callable[[str], Any] | None = None, accept_array: bool = False,
-                  kind: str = "JSON document", objects_only: bool = False) -> dict[str, Any]:
+                  kind: str = "JSON document", objects_only: bool = False,
+                  element_type: Any = None) -> dict[str, Any]:
     """Call ``on_item`` for each element of ``array_key`` in file order (only the JSON objects
     with ``objects_only``) and return the other top-level keys, plus ``array_key`` mapped to
     the number of elements when the array was there. The other options are those of
     :func:`iter_document`; this is the faster way when every element goes to one function."""
     fields: dict[str, Any] = {}
-    opts = _Options(array_key, parse_float, accept_array, kind, fields, on_item, objects_only)
+    opts = _Options(array_key, parse_float, accept_array, kind, fields, on_item, objects_only,
+                    _typed_decoder(element_type))
     for _, key, value in _events(path, opts):
         fields[key] = value
     return fields
@@ -277,14 +279,15 @@ _BATCH_CHARS = 1 << 20
 _BATCH_TRIES = 3
 
 
-def _batch(t: _Text, o: _Options) -> list | None:
+def _batch(t: _Text, o: _Options) -> tuple[list, bool] | None:
     """Several whole elements at once, decoded by orjson (several times faster than the
     stdlib scanner), or None when no batch can be cut here.
 
     A batch ends at the last element boundary the text seems to have (a line-pretty
     boundary, see ``_LINE_BOUNDARY``); ``"[" + batch + "]"`` decoding as a JSON array proves
     the cut is a real boundary (a JSON parser is deterministic: the same prefix of the array
-    leaves it in the same state, and only the state "between elements" accepts "]"). A cut
+    leaves it in the same state, and only the state "between elements" accepts "]"). The flag
+    says whether the typed decoder made them (then every one is an object). A cut
     that does not decode (a guess inside an element, or text orjson refuses: NaN, integers
     beyond 64 bits) is never used: the caller decodes element by element instead."""
     if len(t.buf) - t.pos < _BATCH_CHARS and not t.eof:
@@ -298,19 +301,19 @@ def _batch(t: _Text, o: _Options) -> list | None:
     for m in reversed(ends[-_BATCH_TRIES:]):
         end = buf.rindex("}", m.start(), m.end()) + 1
         text = "[" + buf[pos:end] + "]"
-        items = None
         if o.typed is not None:
             try:
                 items = o.typed.decode(text)
+                t.pos = m.end()
+                return items, True
             except _msgspec.DecodeError:  # a bad cut, or elements that do not fit the type
                 pass
-        if items is None:
-            try:
-                items = _orjson.loads(text)
-            except _orjson.JSONDecodeError:
-                continue
+        try:
+            items = _orjson.loads(text)
+        except _orjson.JSONDecodeError:
+            continue
         t.pos = m.end()
-        return items
+        return items, False
     return None
 
 
@@ -327,15 +330,16 @@ def _array(t: _Text, o: _Options) -> Iterator[Event]:
         slow_until = 0   # after a batch that would not cut, decode one by one up to here
         while True:
             if t.pos + t.dropped >= slow_until:
-                items = _batch(t, o)
-                if items is None:
+                got = _batch(t, o)
+                if got is None:
                     slow_until = t.dropped + len(t.buf)
                 else:
+                    items, typed = got
                     n += len(items)
                     if on_item is None:
                         for item in items:
                             yield ("item", key, item)
-                    elif objects_only:
+                    elif objects_only and not typed:
                         for item in items:
                             if type(item) is dict:
                                 on_item(item)

@@ -347,9 +347,9 @@ def _tensors_at(value: list, slots: tuple[tuple[int, bool], ...]) -> tuple[Tenso
         v = value[i]
         if simple and type(v) is list and len(v) == 6:
             a, b, c, d, e, f = v
-            if (type(f) is str and type(a) is int and type(b) is int and type(c) is int
-                    and type(d) is int and type(e) is int and -_MAX < a < _MAX and -_MAX < b < _MAX
-                    and -_MAX < c < _MAX and 0 <= d < _MAX and 0 <= e < _MAX):
+            if (type(f) is str and type(a) is type(b) is type(c) is type(d) is type(e) is int
+                    and -_MAX < a < _MAX and -_MAX < b < _MAX and -_MAX < c < _MAX
+                    and 0 <= d < _MAX and 0 <= e < _MAX):
                 out.append((a, b, c, d, e, f))
                 continue
         collect_tensors(v, out)

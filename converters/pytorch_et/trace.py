@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from echo_et.converters.jsonstream import iter_document, read_head
+from echo_et.converters.jsonstream import read_document, read_head
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall, PgDef
 from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, NodeStruct, parse_node, parse_struct
@@ -122,25 +123,28 @@ def load(path: Path) -> HostTrace:
 def _load(path: Path) -> HostTrace:
     where = str(path)
     t = HostTrace(path=path)
-    seen_schema = False
     ops: list[EtOp] = []
     ids: set[int] = set()
-    for ev, key, value in iter_document(path, NODES_KEY, kind=KIND, element_type=NodeStruct):
-        if ev == "field":
-            if key == "schema":
-                seen_schema = True
-                t.schema = str(value)
-            elif key == "pid" and isinstance(value, int):
-                t.pid = value
-            continue
+    gpu_ops = 0
+
+    def on_node(value: Any) -> None:
+        nonlocal gpu_ops
         op = parse_struct(value, where) if type(value) is NodeStruct else parse_node(value, where)
         if op.id in ids:
             raise EchoError(f"{where}: node id {op.id} appears twice")
         ids.add(op.id)
         if op.gpu:
-            t.gpu_ops += 1
-            continue
-        ops.append(op)
+            gpu_ops += 1
+        else:
+            ops.append(op)
+
+    fields = read_document(path, on_node, NODES_KEY, kind=KIND, element_type=NodeStruct)
+    t.gpu_ops = gpu_ops
+    seen_schema = "schema" in fields
+    if seen_schema:
+        t.schema = str(fields["schema"])
+    if isinstance(fields.get("pid"), int):
+        t.pid = fields["pid"]
     if not seen_schema:
         raise EchoError(f"{where}: no top-level 'schema'; not a PyTorch host execution trace")
     if not ops:

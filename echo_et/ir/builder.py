@@ -132,6 +132,10 @@ class GraphBuilder:
         deps: Iterable[DepSpec] = (),
         node_id: int | None = None,
     ) -> pb.Node:
+        return self._new(kind, name, stream, start_ns, duration_ns, deps, node_id)
+
+    def _new(self, kind: int, name: str, stream: int, start_ns: int, duration_ns: int,
+             deps: Iterable[DepSpec], node_id: int | None) -> pb.Node:
         if node_id is None:
             node_id = self._next_id
         if node_id >= self._next_id:
@@ -232,8 +236,9 @@ class GraphBuilder:
 
     def cpu_op(self, name: str, stream: int, *, kind: int = pb.KIND_CPU_OP, op: str = "",
                correlation: int = 0, rf_id: int = 0, shapes: str = "", dtypes: str = "",
-               **kw) -> pb.Node:
-        n = self.node(kind, name, stream, **kw)
+               start_ns: int = 0, duration_ns: int = 0, deps: Iterable[DepSpec] = (),
+               node_id: int | None = None) -> pb.Node:
+        n = self._new(kind, name, stream, start_ns, duration_ns, deps, node_id)
         c = n.cpu
         c.op = op or name   # sets the payload even when empty
         if correlation:
