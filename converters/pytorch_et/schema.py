@@ -300,6 +300,7 @@ class NodeStruct(msgspec.Struct, gc=False):
     cat: Any = _UNSET
 
 
+_NAME_INFO: dict[str, tuple[str, bool]] = {}   # name -> (its shared copy, _keeps_values)
 _RAW_SHAPES: dict[bytes, str] = {}
 # raw JSON of a types list -> (the list, its text, where its tensors are: (index, "Tensor(...)"))
 _RAW_TYPES: dict[bytes, tuple[list, str, tuple[tuple[int, bool], ...]]] = {}
@@ -359,10 +360,15 @@ def _tensors_at(value: list, slots: tuple[tuple[int, bool], ...]) -> tuple[Tenso
 def parse_struct(d: Any, where: str) -> EtOp:
     """parse_node for a NodeStruct: the same EtOp from the typed decode."""
     name = d.name
-    name = (_NAMES.setdefault(name, name) if len(_NAMES) < 200_000 else name) if type(name) is str else str(name)
+    info = _NAME_INFO.get(name) if type(name) is str else None
+    if info is None:
+        name = (_NAMES.setdefault(name, name) if len(_NAMES) < 200_000 else name) if type(name) is str else str(name)
+        info = (name, _keeps_values(name))
+        if len(_NAME_INFO) < 200_000:
+            _NAME_INFO[name] = info
+    name, keep = info
     attrs = {a.name: a.value for a in d.attrs}   # later entries win, as in parse_node
     get = attrs.get
-    keep = _keeps_values(name)
     parent = d.ctrl_deps
     if parent is _UNSET:
         parent = d.parent

@@ -162,9 +162,16 @@ def _load(path: Path) -> HostTrace:
 def _find_comms(t: HostTrace) -> None:
     """Pick one anchor per communication call: record_param_comms when present, else the c10d
     op, else (only in traces with neither) the backend op."""
+    # The ops that can anchor a call, found by name once (a trace has a few hundred names).
+    names = {op.name for op in t.ops}
+    wanted = {n for n in names if n == "record_param_comms" or n.startswith("c10d::")
+              or n.startswith(comms.BACKEND_PREFIXES)}
+    cands = [op for op in t.ops if op.name in wanted] if wanted else []
+    if not cands:
+        return
     by_id = {op.id: op for op in t.ops}
     rpc_calls: dict[int, CommCall] = {}
-    for op in t.ops:
+    for op in cands:
         if op.name == "record_param_comms":
             c = comms.from_record_param_comms(op)
             if c is not None:
@@ -182,14 +189,14 @@ def _find_comms(t: HostTrace) -> None:
     # Each c10d op is a call of its own, even nested in another: with async ops the ET's
     # parent stack keeps e.g. c10d::send open, and the following c10d::recv_ lands inside it.
     c10d_calls: dict[int, CommCall] = {}
-    for op in t.ops:
+    for op in cands:
         if op.name.startswith("c10d::") and op.id not in covered:
             c = comms.from_c10d_op(op)
             if c is not None and not _has_anchor_ancestor(op, by_id, {}, rpc_calls):
                 c10d_calls[op.id] = c
     t.comms = {**rpc_calls, **c10d_calls}
     if not t.comms:
-        for op in t.ops:
+        for op in cands:
             if op.name.startswith(comms.BACKEND_PREFIXES):
                 c = comms.from_c10d_op(op)
                 if c is not None and not _has_anchor_ancestor(op, by_id, t.comms, {}):
@@ -218,10 +225,14 @@ def _find_steps(t: HostTrace) -> None:
     step_of: dict[int, int] = {}
     starts: dict[int, int] = {}
     last: dict[int, int] = {}
-    for op in t.ops:
-        m = _STEP.match(op.name)
+    step_names = {}
+    for name in {op.name for op in t.ops}:
+        m = _STEP.match(name)
         if m:
-            n = int(m.group(1))
+            step_names[name] = int(m.group(1))
+    for op in t.ops:
+        n = step_names.get(op.name)
+        if n is not None:
             starts[n] = op.id
             step_of[op.id] = n
             last[n] = op.id
