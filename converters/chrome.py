@@ -58,7 +58,7 @@ from echo_et.ir.collectives import (
     pytorch_collective_name,
 )
 from echo_et.ir.dtypes import c10_name, dtype_size
-from echo_et.ir.io import atomic_dir, atomic_file
+from echo_et.ir.io import atomic_dir, atomic_file, check_output_file
 from echo_et.ir.job import Job
 from echo_et.ir.labels import (
     KINETO_ANNOTATION,
@@ -473,6 +473,10 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
         with atomic_file(dest) as f:
             f.write(_dump(trace, dest.name.lower().endswith(".gz")))
         return _summary(dest, [trace], 1)
+    if dest.exists() and not dest.is_dir():
+        check_output_file(dest)   # a device, FIFO or socket: never replaced
+        raise EchoError(f"{dest}: exists and is not a directory (a timeline folder is written there; "
+                        "give a .json name for one file)")
     traces = kineto_traces(events, job, metadata=metadata, process_label=process_label)
     if not traces:
         raise EchoError("no events to write")

@@ -123,3 +123,21 @@ def test_validate_says_why_an_ex_situ_job_differs(tmp_path) -> None:
     res = runner.invoke(app, ["validate", str(job), "--preset", "a100-ib", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["measured_caveat"] is None
+
+
+def test_readme_main_job_prints_the_number_the_readme_explains(tmp_path, monkeypatch) -> None:
+    """The README's main job runs on the shipped fixture and prints the step time the README
+    quotes and explains (re-trace the fixture, and this says the README must follow)."""
+    import shlex
+
+    readme = (FIXTURES.parent / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith("echo-et simulate fixtures/"))
+    quoted = re.search(r"It prints `(predict: step time [\d.]+ ms \(slowest rank \d+\))`", readme)
+    assert quoted, "the README says what the main job prints"
+    args = shlex.split(command)[1:]
+    args = [str(FIXTURES.parent / a) if a.startswith("fixtures/") else a for a in args]
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith(quoted.group(1))
+    assert (tmp_path / "step-trace" / "rank-0.json").is_file() and (tmp_path / "step.png").is_file()

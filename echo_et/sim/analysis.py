@@ -8,24 +8,32 @@ from typing import Any
 import numpy as np
 
 from echo_et.sim.program import CAT_COMPUTE, CAT_COPY, CAT_NAMES, CAT_SYNC, COMM_CATS
-from echo_et.sim.state import RankState
+from echo_et.sim.state import Participant, RankState
 from echo_et.sim.symmetry import Partition
 
 _COMPUTE_CATS = (CAT_COMPUTE, CAT_COPY)
 
 
-def _row_union(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Union length of each row's intervals [lo, hi) (2-D arrays, one row per rank)."""
+def _row_unions(lo: np.ndarray, hi: np.ndarray, subsets: list[np.ndarray]) -> list[np.ndarray]:
+    """Union length of each row's intervals [lo, hi) (2-D arrays, one row per rank), for
+    each subset of the columns (a boolean mask each), with one sort for all of them: a
+    column outside the subset becomes the empty interval [lo, lo), which adds nothing and,
+    the columns being sorted by lo, moves no later interval's overlap."""
+    rows = lo.shape[0]
     if lo.shape[1] == 0:
-        return np.zeros(lo.shape[0], dtype=np.int64)
+        return [np.zeros(rows, dtype=np.int64) for _ in subsets]
     order = np.argsort(lo, axis=1, kind="stable")
     lo = np.take_along_axis(lo, order, axis=1)
     hi = np.take_along_axis(hi, order, axis=1)
-    run = np.maximum.accumulate(hi, axis=1)
-    prev = np.concatenate((lo[:, :1], run[:, :-1]), axis=1)
-    add = np.clip(hi - np.maximum(lo, prev), 0, None)
-    add[:, 0] = np.clip(hi[:, 0] - lo[:, 0], 0, None)
-    return add.sum(axis=1)
+    out = []
+    for mask in subsets:
+        h = np.where(mask[order], hi, lo)
+        run = np.maximum.accumulate(h, axis=1)
+        prev = np.concatenate((lo[:, :1], run[:, :-1]), axis=1)
+        add = np.clip(h - np.maximum(lo, prev), 0, None)
+        add[:, 0] = np.clip(h[:, 0] - lo[:, 0], 0, None)
+        out.append(add.sum(axis=1))
+    return out
 
 
 def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
@@ -43,30 +51,27 @@ def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
                                         bubble_ns=0, sync_wait_ns=0, host_wait_ns=0)
             continue
         cats = np.asarray(prog.category, dtype=np.int64)
-        comp = np.flatnonzero(np.isin(cats, _COMPUTE_CATS))
-        comm = np.flatnonzero(np.isin(cats, tuple(COMM_CATS)))
-        busy = np.union1d(comp, comm)
+        is_comp = np.isin(cats, _COMPUTE_CATS)
+        is_comm = np.isin(cats, tuple(COMM_CATS))
         sync = np.flatnonzero(cats == CAT_SYNC)
         rdv = np.array(sorted(prog.rendezvous), dtype=np.int64)
+        # Columns: every item [start, end), then every rendezvous item's wait [arrival, start).
+        no_wait = np.zeros(rdv.size, dtype=bool)
+        subsets = [np.concatenate((is_comp, no_wait)), np.concatenate((is_comm, no_wait)),
+                   np.concatenate((is_comp | is_comm, no_wait)),
+                   np.concatenate((is_comp | is_comm, ~no_wait)),              # busy or waiting
+                   np.concatenate((np.zeros(cats.size, dtype=bool), ~no_wait))]  # waiting
         for lo_k in range(0, len(group), 512):  # bounded memory on huge jobs
             chunk = group[lo_k:lo_k + 512]
             start = np.array([st.item_start for st in chunk], dtype=np.int64)
             end = np.array([st.item_end for st in chunk], dtype=np.int64)
             origin = np.array([st.origin_ns for st in chunk], dtype=np.int64)
             step = end.max(axis=1) - origin
-            compute_ns = _row_union(start[:, comp], end[:, comp])
-            comm_ns = _row_union(start[:, comm], end[:, comm])
-            busy_ns = _row_union(start[:, busy], end[:, busy])
-            if rdv.size:
-                arr = np.array([[st.item_arrival[i] for i in rdv.tolist()] for st in chunk], dtype=np.int64)
-                wait = _row_union(arr, start[:, rdv])
-                # waiting for peers that nothing else hides: the bubble
-                held_ns = _row_union(np.concatenate((start[:, busy], arr), axis=1),
-                                     np.concatenate((end[:, busy], start[:, rdv]), axis=1))
-                bubble = held_ns - busy_ns
-            else:
-                wait = np.zeros(len(chunk), dtype=np.int64)
-                bubble = np.zeros(len(chunk), dtype=np.int64)
+            arr = np.array([[st.item_arrival[i] for i in rdv.tolist()] for st in chunk],
+                           dtype=np.int64).reshape(len(chunk), rdv.size)
+            compute_ns, comm_ns, busy_ns, held_ns, wait = _row_unions(
+                np.concatenate((start, arr), axis=1), np.concatenate((end, start[:, rdv]), axis=1), subsets)
+            bubble = held_ns - busy_ns   # waiting for peers that nothing else hides
             if sync.size:
                 dur = np.array([[st.durations[i] for i in sync.tolist()] for st in chunk], dtype=np.int64)
                 host_wait = np.clip(end[:, sync] - start[:, sync] - dur, 0, None).sum(axis=1)
@@ -159,7 +164,7 @@ def critical_path(states: list[RankState], part: Partition, top: int) -> dict[st
             walk.add(cat, name, e - s)
         # find what decided this item's start (or, for a rendezvous, its last arrival)
         if item in st.participants:
-            last = max(st.participants[item], key=lambda p: p.arrival_ns)
+            last = Participant(*max(st.participants[item], key=lambda p: p[2]))   # the last to arrive
             st, item = last.state, last.item
             t = st.item_arrival[item]
         else:

@@ -109,16 +109,24 @@ class Rendezvous:
 class StartPred(NamedTuple):
     """A cross-stream predecessor that gates an item's start: the item starts no earlier
     than ``gap`` ns after the *start* (``from_start``: a launch call, which a kernel may
-    outlive) or the *end* of item ``item``. The simulator's inner loop unpacks it
-    positionally: ``for item, from_start, gap in program.start_preds[i]``."""
+    outlive) or the *end* of item ``item``.
+
+    ``Program.start_preds`` stores plain ``(item, from_start, gap)`` tuples of this layout,
+    because the simulator's inner loop unpacks them (``for item, from_start, gap in
+    program.start_preds[i]``) and CPython unpacks an exact tuple about twice as fast as a
+    NamedTuple; ``StartPred(*t)`` names one."""
 
     item: int
     from_start: bool
     gap: int
 
 
+StartPredTuple = tuple[int, bool, int]   # the stored form of a StartPred
+
+
 class CollectiveItem(NamedTuple):
-    """A collective item: where it meets its group (graph-local key) and its sequence."""
+    """A collective item: where it meets its group (graph-local key) and its sequence.
+    (``Program.collective_items`` stores plain tuples of this layout, unpacked per rank.)"""
 
     item: int
     key: str
@@ -127,7 +135,8 @@ class CollectiveItem(NamedTuple):
 
 class P2PItem(NamedTuple):
     """A send or recv item: its group key, the peer's position in that group, its sequence
-    number on (group, peer, direction) and its direction."""
+    number on (group, peer, direction) and its direction. (``Program.p2p_items`` stores
+    plain tuples of this layout.)"""
 
     item: int
     key: str
@@ -147,7 +156,7 @@ class Program:
     stream_of: list[int] = field(default_factory=list)      # dense stream index per item
     stream_prev: list[int] = field(default_factory=list)    # previous item on the same stream, -1 first
     stream_gap: list[int] = field(default_factory=list)     # gap after stream_prev (or the origin)
-    start_preds: list[tuple[StartPred, ...]] = field(default_factory=list)  # cross-stream start gates
+    start_preds: list[tuple[StartPredTuple, ...]] = field(default_factory=list)  # cross-stream start gates
     end_waits: list[tuple[int, ...]] = field(default_factory=list)  # items whose end a sync's end waits for
     successors: list[tuple[int, ...]] = field(default_factory=list)  # items this one gates
     pred_count: list[int] = field(default_factory=list)     # distinct predecessors of each item
@@ -157,8 +166,8 @@ class Program:
     node_of: list[int] = field(default_factory=list)        # index in graph.nodes of the owner, -1 none
     rendezvous: dict[int, Rendezvous] = field(default_factory=dict)  # item -> rendezvous info
     is_rendezvous: list[bool] = field(default_factory=list)  # item meets other ranks
-    collective_items: list[CollectiveItem] = field(default_factory=list)
-    p2p_items: list[P2PItem] = field(default_factory=list)
+    collective_items: list[tuple[int, str, int]] = field(default_factory=list)         # CollectiveItem layout
+    p2p_items: list[tuple[int, str, int, int, bool]] = field(default_factory=list)     # P2PItem layout
     # per node (index in graph.nodes): the items holding its start and end
     node_start_item: list[int] = field(default_factory=list)
     node_end_item: list[int] = field(default_factory=list)
@@ -178,7 +187,7 @@ class Program:
         preds: set[int] = set()
         if self.stream_prev[item] >= 0:
             preds.add(self.stream_prev[item])
-        preds.update(p.item for p in self.start_preds[item])
+        preds.update(q for q, _, _ in self.start_preds[item])
         preds.update(self.end_waits[item])
         return preds
 
@@ -372,7 +381,7 @@ def _measure_gaps(c: _Compilation) -> None:
     mstart, mend = c.item_mstart, c.item_mend
     prog.stream_gap = [0] * prog.n_items
     prog.measured_start = mstart
-    start_preds: list[tuple[StartPred, ...]] = []
+    start_preds: list[tuple[StartPredTuple, ...]] = []
     for it in range(prog.n_items):
         p = prog.stream_prev[it]
         m_prev = mend[p] if p >= 0 else prog.measured_origin
@@ -380,7 +389,7 @@ def _measure_gaps(c: _Compilation) -> None:
         ready = max([m_prev, *m_gates])
         gap = max(0, mstart[it] - ready)
         prog.stream_gap[it] = gap if m_prev == ready else 0
-        start_preds.append(tuple(StartPred(q, from_start, gap if m == ready else 0)
+        start_preds.append(tuple((q, from_start, gap if m == ready else 0)     # StartPred layout
                                  for (q, from_start), m in zip(c.gates[it], m_gates, strict=True)))
         if c.waits[it]:
             waited = max(mend[q] for q in c.waits[it])
@@ -411,9 +420,9 @@ def _index_rendezvous(c: _Compilation) -> None:
     for it, rv in sorted(prog.rendezvous.items()):
         prog.is_rendezvous[it] = True
         if rv.peer < 0:
-            prog.collective_items.append(CollectiveItem(it, rv.key, rv.seq))
+            prog.collective_items.append((it, rv.key, rv.seq))                       # CollectiveItem
         else:
-            prog.p2p_items.append(P2PItem(it, rv.key, rv.peer, rv.seq, rv.is_send))
+            prog.p2p_items.append((it, rv.key, rv.peer, rv.seq, rv.is_send))         # P2PItem
     keys: set[str] = set(graph.header.group_sizes)
     ordered: set[str] = set()
     for r in prog.rendezvous.values():

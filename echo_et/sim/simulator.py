@@ -61,8 +61,10 @@ from echo_et.sim.program import (
     compile_graph,
 )
 from echo_et.sim.result import RankResult, SimResult, SimTimeline
-from echo_et.sim.state import CollectiveKey, Meeting, MeetingKey, P2PKey, Participant, RankState
+from echo_et.sim.state import CollectiveKey, Meeting, MeetingKey, P2PKey, Participant, ParticipantTuple, RankState
 from echo_et.sim.symmetry import Partition, identity_partition, rank_partition
+
+_new_tuple = tuple.__new__
 
 
 @dataclass
@@ -101,7 +103,7 @@ class CommCall:
                  "_parts")
 
     def __init__(self, op: str, coll_type: int, in_bytes: int, out_bytes: int, dtype: str, group: pb.ProcessGroup,
-                 seq: int, root: int, src: int, dst: int, parts: list[Participant]):
+                 seq: int, root: int, src: int, dst: int, parts: list[ParticipantTuple]):
         self.op = op                  # collective name ("all_reduce", ...) or "send_recv"
         self.coll_type = coll_type    # CollectiveType (0 for send/recv)
         self.in_bytes = in_bytes      # per-rank input bytes (send/recv: message bytes)
@@ -117,12 +119,6 @@ class CommCall:
     @property
     def measured_ns(self) -> list[int]:
         return [st.program.measured_dur[it] for st, it, _ in self._parts]
-
-    def _one_measurement(self) -> bool:
-        """Every participant is the same node of one shared graph on one clock."""
-        st0, it0, _ = self._parts[0]
-        return all(st.program is st0.program and it == it0 and st.clock_offset_ns == st0.clock_offset_ns
-                   for st, it, _ in self._parts)
 
     def shortest_measured_ns(self) -> int:
         """The shortest participant kernel: the last member to arrive waited least."""
@@ -141,7 +137,8 @@ class CommCall:
         kernel instead."""
         parts = self._parts
         st0, it0, _ = parts[0]
-        if len(parts) == 1 or self._one_measurement():
+        if len(parts) == 1 or all(st.program is st0.program and it == it0 and st.clock_offset_ns == st0.clock_offset_ns
+                                  for st, it, _ in parts):  # the same node of one shared graph, one clock
             return st0.program.measured_dur[it0]
         durs = [st.program.measured_dur[it] for st, it, _ in parts]
         starts = [st.program.measured_start[it] + st.clock_offset_ns for st, it, _ in parts]
@@ -186,6 +183,7 @@ class Simulator:
         self._partition: Partition | None = None
         self._origin: dict[int, int] = {}
         self._members_of: dict[int, frozenset[int]] = {}  # group class -> rank classes that meet on it
+        self._meeting_size_of: dict[int, int] = {}       # group class -> members a collective waits for
         self._group_by_id = {g.id: g for g in job.manifest.groups}
         self._slowdown_info: dict[str, Any] = {}
 
@@ -283,6 +281,7 @@ class Simulator:
         assert part is not None
         self._states = []
         self._members_of = self._group_members(part)
+        self._meeting_size_of = {gc: len(members) for gc, members in self._members_of.items()}
         bound = set(job.ranks())
         for c, r in enumerate(part.reps):
             b = job.binding(r)
@@ -330,9 +329,12 @@ class Simulator:
         return group_class
 
     def _collective_meetings(self, st: RankState, group_class: dict[str, int]) -> None:
-        for it, key, seq in st.program.collective_items:
-            st.meeting_key[it] = CollectiveKey(group_class[key], seq)
-            st.meeting_size[it] = len(self._members_of[group_class[key]])
+        # tuple.__new__(CollectiveKey, ...) is CollectiveKey(...) without its Python-level
+        # __new__: this runs for every collective of every simulated rank.
+        size = self._meeting_size_of
+        items = st.program.collective_items
+        st.meeting_key.update({it: _new_tuple(CollectiveKey, (group_class[key], seq)) for it, key, seq in items})
+        st.meeting_size.update({it: size[group_class[key]] for it, key, _ in items})
 
     def _p2p_meetings(self, st: RankState, group_class: dict[str, int], bound: set[int]) -> None:
         """A send and its recv meet under one key (sender position, receiver position); a
@@ -348,8 +350,8 @@ class Simulator:
             if size is None:
                 size = 2 if g.ranks[peer] in bound else 1
                 expected[(key, peer)] = size
-            st.meeting_key[it] = (P2PKey(group_class[key], me, peer, seq) if is_send
-                                  else P2PKey(group_class[key], peer, me, seq))
+            st.meeting_key[it] = _new_tuple(P2PKey, (group_class[key], me, peer, seq) if is_send
+                                            else (group_class[key], peer, me, seq))
             st.meeting_size[it] = size
             if is_send and st.program.rendezvous[it].in_bytes <= self.options.p2p_eager_bytes:
                 st.eager_sends.add(it)
@@ -440,7 +442,7 @@ class Simulator:
                     m = Meeting(0, t, [])
                     meetings[key] = m
                 m.arrived += 1
-                m.parts.append(Participant(st, i, t))
+                m.parts.append((st, i, t))
                 if t > m.last_arrival_ns:
                     m.last_arrival_ns = t
                 if m.arrived >= meeting_size[i]:
@@ -462,7 +464,7 @@ class Simulator:
         st.items_done += done
         self._events += done
 
-    def _complete(self, key: MeetingKey, start_ns: int, parts: list[Participant]) -> None:
+    def _complete(self, key: MeetingKey, start_ns: int, parts: list[ParticipantTuple]) -> None:
         """All members of a collective arrived: it starts at ``start_ns`` on every one of them."""
         own = self._own_times(key, parts)
         for (st, it, _), o in zip(parts, own, strict=True):
@@ -479,13 +481,13 @@ class Simulator:
             m = Meeting(0, t, [])
             meetings[key] = m
         m.arrived += 1
-        m.parts.append(Participant(st, item, t))
+        m.parts.append((st, item, t))
         if t > m.last_arrival_ns:
             m.last_arrival_ns = t
         eager = item in st.eager_sends
         if m.arrived < st.meeting_size[item]:
             if eager:  # the recv is not posted yet: the send does not wait for it
-                alone = [Participant(st, item, t)]
+                alone = [(st, item, t)]
                 own = self._own_times(key, alone)[0]
                 m.eager_send_end_ns = t + own
                 self._finish(st, item, t, t + own, alone)
@@ -503,7 +505,7 @@ class Simulator:
             if pst.item_end[pit] < 0:
                 self._finish(pst, pit, tmax, max(tmax + o, send_end), parts)
 
-    def _own_times(self, key: MeetingKey, parts: list[Participant]) -> list[int]:
+    def _own_times(self, key: MeetingKey, parts: list[ParticipantTuple]) -> list[int]:
         """Own time of each participant from the ``collective`` / ``p2p`` hooks."""
         st0, it0, _ = parts[0]
         rv0 = st0.program.rendezvous[it0]
@@ -535,7 +537,7 @@ class Simulator:
             return [max(0, int(x)) for x in own]
         return [max(0, int(own))] * len(parts)
 
-    def _finish(self, st: RankState, it: int, start: int, end: int, parts: list[Participant]) -> None:
+    def _finish(self, st: RankState, it: int, start: int, end: int, parts: list[ParticipantTuple]) -> None:
         """A rendezvous item ran from ``start`` to ``end``: release its successors and queue
         the rank if it has ready items again."""
         st.item_start[it] = start
@@ -553,7 +555,7 @@ class Simulator:
             st.queued = True
             self._active.append(st)
 
-    def _check_match(self, parts: list[Participant], group: pb.ProcessGroup) -> None:
+    def _check_match(self, parts: list[ParticipantTuple], group: pb.ProcessGroup) -> None:
         st0, it0, _ = parts[0]
         prog0 = st0.program
         a = prog0.rendezvous[it0]
@@ -569,7 +571,7 @@ class Simulator:
                     f"rank {st0.rank} {st0.describe(it0)} issues {collective_name(a.coll_type)} of {a.in_bytes} B, "
                     f"rank {st.rank} {st.describe(it)} issues {collective_name(b.coll_type)} of {b.in_bytes} B")
 
-    def _check_p2p(self, parts: list[Participant], group: pb.ProcessGroup) -> None:
+    def _check_p2p(self, parts: list[ParticipantTuple], group: pb.ProcessGroup) -> None:
         if len(parts) < 2:
             return
         (sa, ia, _), (sb, ib, _) = parts[0], parts[1]
@@ -593,12 +595,12 @@ class Simulator:
         missing_of: dict[MeetingKey, list[int]] = {}
         # An eager send that ran leaves a meeting nobody waits at: only its recv can be missing.
         pending = {k: m for k, m in self._meetings.items()
-                   if any(p.state.item_end[p.item] < 0 for p in m.parts)}
+                   if any(Participant(*p).unfinished() for p in m.parts)}
         if not unfinished and not pending:
             st, it, _ = next(iter(self._meetings.values())).parts[0]
             return f"rank {st.rank} {st.describe(it)}: nobody receives this send (mismatched send/recv)"
         for key, m in pending.items():
-            parts = [p for p in m.parts if p.state.item_end[p.item] < 0]
+            parts = [p for p in m.parts if Participant(*p).unfinished()]
             missing = sorted(self._wanted(key, parts) - {st.class_id for st, _, _ in parts})
             missing_of[key] = missing
             for st, it, _ in parts:
@@ -618,8 +620,8 @@ class Simulator:
                     lines.append(f"rank {rep_of_class[c]} is blocked")
             return "deadlock (cyclic wait across ranks): " + "; ".join(lines)
         if pending:
-            key, m = min(pending.items(), key=lambda kv: (kv[1].parts[0].state.rank, kv[1].parts[0].item))
-            st, it, _ = next(p for p in m.parts if p.state.item_end[p.item] < 0)
+            key, m = min(pending.items(), key=lambda kv: (kv[1].parts[0][0].rank, kv[1].parts[0][1]))
+            st, it, _ = next(p for p in m.parts if Participant(*p).unfinished())
             missing = missing_of[key]
             why = []
             for c in missing:
@@ -638,7 +640,7 @@ class Simulator:
         return (f"deadlock: rank {st.rank} {st.describe(blocked)} can never start (its dependencies and "
                 "stream order form a cycle)")
 
-    def _wanted(self, key: MeetingKey, parts: list[Participant]) -> frozenset[int]:
+    def _wanted(self, key: MeetingKey, parts: list[ParticipantTuple]) -> frozenset[int]:
         """The classes a meeting waits for."""
         if isinstance(key, CollectiveKey):
             return self._members_of[key.group_class]

@@ -46,11 +46,21 @@ MeetingKey = CollectiveKey | P2PKey
 
 
 class Participant(NamedTuple):
-    """One member at a meeting: its rank state, its item, and when it arrived (ns)."""
+    """One member at a meeting: its rank state, its item, and when it arrived (ns).
+
+    ``Meeting.parts`` stores plain ``(state, item, arrival_ns)`` tuples of this layout (the
+    event loop makes one per arrival and unpacks them; exact tuples are the fastest to do
+    both); ``Participant(*p)`` names one."""
 
     state: RankState
     item: int
     arrival_ns: int
+
+    def unfinished(self) -> bool:
+        return self.state.item_end[self.item] < 0
+
+
+ParticipantTuple = tuple["RankState", int, int]   # the stored form of a Participant
 
 
 @dataclass(slots=True)
@@ -59,7 +69,7 @@ class Meeting:
 
     arrived: int                       # members arrived so far
     last_arrival_ns: int               # the latest arrival: the start of a collective
-    parts: list[Participant]
+    parts: list[ParticipantTuple]
     eager_send_end_ns: int = -1        # P2P: end of an eager send that already ran
 
 
@@ -90,7 +100,7 @@ class RankState:
     eager_sends: set[int] = field(default_factory=set)  # sends that complete without waiting for their recv
     group_of_key: dict[str, pb.ProcessGroup] = field(default_factory=dict)  # graph-local key -> group
     position_in_group: dict[str, int] = field(default_factory=dict)  # ordered key -> this rank's position
-    participants: dict[int, list[Participant]] = field(default_factory=dict)  # rendezvous item -> all members
+    participants: dict[int, list[ParticipantTuple]] = field(default_factory=dict)  # rendezvous item -> all members
 
     def reset(self, durations: list[int]) -> None:
         n = self.program.n_items
