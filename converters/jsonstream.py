@@ -187,13 +187,15 @@ def iter_document(path: str | os.PathLike[str], array_key: str, *,
     the caller takes both: the type is a fast path, never a filter.
     """
     return _events(path, _Options(array_key, parse_float, accept_array, kind, lengths, None, False,
-                                  _typed_decoder(element_type)))
+                                  _typed_decoder(element_type, parse_float)))
 
 
-def _typed_decoder(element_type: Any) -> Any:
+def _typed_decoder(element_type: Any, parse_float: Callable[[str], Any] | None) -> Any:
+    """msgspec's decoder of a list of ``element_type``; a float in a field of type Any goes
+    to ``parse_float`` as its literal text, as with the stdlib decoder."""
     if element_type is None or _msgspec is None:
         return None
-    return _msgspec.json.Decoder(list[element_type])
+    return _msgspec.json.Decoder(list[element_type], float_hook=parse_float)
 
 
 def read_document(path: str | os.PathLike[str], on_item: Callable[[Any], None], array_key: str, *,
@@ -206,7 +208,7 @@ def read_document(path: str | os.PathLike[str], on_item: Callable[[Any], None], 
     :func:`iter_document`; this is the faster way when every element goes to one function."""
     fields: dict[str, Any] = {}
     opts = _Options(array_key, parse_float, accept_array, kind, fields, on_item, objects_only,
-                    _typed_decoder(element_type))
+                    _typed_decoder(element_type, parse_float))
     for _, key, value in _events(path, opts):
         fields[key] = value
     return fields
@@ -293,7 +295,9 @@ def _batch(t: _Text, o: _Options) -> tuple[list, bool] | None:
     if len(t.buf) - t.pos < _BATCH_CHARS and not t.eof:
         t.fill()
     buf, pos = t.buf, t.pos
-    if o.parse_float is not None or _orjson is None or len(buf) - pos < 4096:
+    # orjson cannot keep floats as text (parse_float): then only a typed decoder batches.
+    generic = o.parse_float is None and _orjson is not None
+    if not (generic or o.typed is not None) or len(buf) - pos < 4096:
         return None
     ends = [m for m in _LINE_BOUNDARY.finditer(buf, max(pos, len(buf) - (64 << 10)))]
     if not ends:
@@ -308,6 +312,8 @@ def _batch(t: _Text, o: _Options) -> tuple[list, bool] | None:
                 return items, True
             except _msgspec.DecodeError:  # a bad cut, or elements that do not fit the type
                 pass
+        if not generic:
+            continue
         try:
             items = _orjson.loads(text)
         except _orjson.JSONDecodeError:
