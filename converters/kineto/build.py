@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
+import msgspec
+
 from echo_et.ir import Graph, GraphBuilder
 
 try:  # a fast canonical key for the shapes-text cache; optional
@@ -162,8 +164,10 @@ class RankGraph:
     origin_ns: int = 0                         # wall-clock ns of the graph's time 0
 
 
-@dataclass
-class _Node:
+class _Node(msgspec.Struct, eq=False):
+    """A node to be: a struct (made for every host op; cheaper to build than a dataclass),
+    compared by identity."""
+
     key: tuple                                 # NodeOrder (host ops: nesting.host_order_key)
     role: int
     ev: Ev
@@ -173,7 +177,7 @@ class _Node:
     unit: CommUnit | None = None
     group: GroupUse | None = None
     peer_index: int | None = None
-    launches: list[Ev] = field(default_factory=list)
+    launches: list[Ev] = msgspec.field(default_factory=list)
     parent: Ev | None = None
 
 

@@ -389,8 +389,34 @@ class _Collector:
         a = e.args
         if a is None:
             a = _NO_ARGS
-        ts = raw_ts * 1000 if type(raw_ts) is int else us_to_ns(raw_ts)
-        dur = raw_dur * 1000 if type(raw_dur) is int else us_to_ns(raw_dur)
+        # us_to_ns, with its common cases inline: an int, or "1234.567" (its digits are the
+        # answer); anything else goes through it.
+        if type(raw_ts) is int:
+            ts = raw_ts * 1000
+        else:
+            ts = None
+            if type(raw_ts) is str and len(raw_ts) <= 40:
+                i = raw_ts.find(".")
+                if 0 < i == len(raw_ts) - 4 and raw_ts[0] != "-":
+                    try:
+                        ts = int(raw_ts[:i] + raw_ts[i + 1:])
+                    except ValueError:
+                        pass
+            if ts is None:
+                ts = us_to_ns(raw_ts)
+        if type(raw_dur) is int:
+            dur = raw_dur * 1000
+        else:
+            dur = None
+            if type(raw_dur) is str and len(raw_dur) <= 40:
+                i = raw_dur.find(".")
+                if 0 < i == len(raw_dur) - 4 and raw_dur[0] != "-":
+                    try:
+                        dur = int(raw_dur[:i] + raw_dur[i + 1:])
+                    except ValueError:
+                        pass
+            if dur is None:
+                dur = us_to_ns(raw_dur)
         if ts is None or dur is None:
             if isinstance(raw_ts, float) or isinstance(raw_dur, float):  # pragma: no cover - not JSON msgspec reads
                 self._refuse_time({"name": None if e.name is _UNSET else e.name}, raw_ts, raw_dur)

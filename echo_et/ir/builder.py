@@ -41,6 +41,7 @@ def _bytes(value: float, field: str, name: str) -> int:
 _VARINT1 = [bytes([i]) for i in range(128)]
 _DEP_FIELD = b"\x3a"   # Node.deps (field 7, length-delimited)
 _U63 = 1 << 63
+_KIND_FIELD = [b""] + [b"\x10" + _VARINT1[k] for k in range(1, 128)]   # Dep.kind, unset when 0
 
 
 def _varint(v: int) -> bytes:
@@ -58,6 +59,13 @@ def _add_deps(n: pb.Node, deps: Iterable[DepSpec]) -> None:
     """Append ``deps`` to ``n.deps``: plain ids and kinds as one encoded block merged in one
     call (a third of the cost of ``deps.add`` each); anything else through ``deps.add``, which
     refuses what the field cannot hold."""
+    if type(deps) is list and len(deps) == 1:   # the common case, without the loop
+        d = deps[0]
+        i, k = d if type(d) is tuple else (d, pb.DEP_DATA)
+        if type(i) is int and type(k) is int and 0 <= i < _U63 and 0 <= k < 128:
+            body = b"\x08" + _varint(i) + _KIND_FIELD[k]
+            n.MergeFromString(_DEP_FIELD + _VARINT1[len(body)] + body)
+            return
     parts: list[bytes] = []
     for d in deps:
         if type(d) is tuple:
@@ -70,7 +78,7 @@ def _add_deps(n: pb.Node, deps: Iterable[DepSpec]) -> None:
                 parts = []
             n.deps.add(id=i, kind=k)
             continue
-        body = b"\x08" + _varint(i) + (b"\x10" + _VARINT1[k] if k else b"")
+        body = b"\x08" + _varint(i) + _KIND_FIELD[k]
         parts.append(_DEP_FIELD + _VARINT1[len(body)] + body)
     if parts:
         n.MergeFromString(b"".join(parts))
