@@ -94,23 +94,21 @@ def _kept(a: Any, keys: tuple[str, ...], into: dict[str, Any] | None = None) -> 
     return out
 
 
-class Ev:
+class Ev(msgspec.Struct, eq=False, gc=False):
     """One kept event. ``thread`` is (pid, tid) for host events and (device, stream) for
     GPU events; ``ts``/``dur`` are ns on the file's own clock (``TraceFile.base_ns`` + ts
-    is wall-clock ns when the file states its base)."""
+    is wall-clock ns when the file states its base). A struct (a trace makes hundreds of
+    thousands), compared by identity, not tracked by the garbage collector (it holds JSON
+    values only, never a cycle)."""
 
-    __slots__ = ("kind", "name", "thread", "ts", "dur", "corr", "idx", "args")
-
-    def __init__(self, kind: int, name: str, thread: tuple, ts: int, dur: int, corr: int,
-                 idx: int, args: dict[str, Any] | None):
-        self.kind = kind
-        self.name = name
-        self.thread = thread
-        self.ts = ts
-        self.dur = dur
-        self.corr = corr
-        self.idx = idx
-        self.args = args
+    kind: int
+    name: str
+    thread: tuple
+    ts: int
+    dur: int
+    corr: int
+    idx: int
+    args: dict[str, Any] | None
 
     @property
     def end(self) -> int:
@@ -459,7 +457,7 @@ class _Collector:
                 _kept(a, COMM_ARG_KEYS, kept)
                 if a.concrete_inputs is not _UNSET:
                     kept["Concrete Inputs"] = a.concrete_inputs
-            if not self.rf_nonzero and _int_arg(None if rf is _UNSET else rf):
+            if not self.rf_nonzero and rf is not _UNSET and (rf if type(rf) is int else _int_arg(rf)):
                 self.rf_nonzero = True
         elif kind == K_RUNTIME:
             thread = (pid, tid)
