@@ -126,3 +126,88 @@ def test_dangling_dependency_is_caught(deps, data):
     issues = check_job(job)
     assert [i.rule for i in issues] == ["dep-exists"]
     assert f"node {victim.id} " in issues[0].where and str(missing) in issues[0].message
+
+
+# -- the one-pass common case agrees with the rule-by-rule check -----------------------------------
+host_spec = st.tuples(
+    st.sampled_from([pb.KIND_CPU_OP, pb.KIND_SYNC, pb.KIND_LAUNCH, pb.KIND_COMPUTE, pb.KIND_COLLECTIVE]),
+    st.lists(st.tuples(st.integers(0, 14), st.sampled_from([pb.DEP_DATA, pb.DEP_CONTROL, pb.DEP_LAUNCH,
+                                                             pb.DEP_SYNC])), max_size=3),
+    st.integers(0, 3),                          # stream (0..2 declared)
+    st.integers(-5, 400), st.integers(-5, 300),  # start, duration
+    st.integers(-3, 3),                         # id shift: out of order, duplicate ids
+)
+
+
+def _issues_both_ways(job):
+    from unittest import mock
+
+    from echo_et.ir import checker
+
+    fast = check_job(job)
+    with mock.patch.object(checker, "_graph_rules_hold", lambda *a: None):
+        slow = check_job(job)
+    return fast, slow
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=st.lists(host_spec, min_size=1, max_size=12), earlier_only=st.booleans(),
+       shift=st.booleans(), world=st.integers(1, 2))
+def test_one_pass_check_agrees_with_rule_by_rule(spec, earlier_only, shift, world):
+    b = GraphBuilder("g")
+    for k in range(3):
+        b.stream(pb.STREAM_CPU_THREAD if k < 2 else pb.STREAM_GPU_COMPUTE, f"s{k}")
+    nid = 0
+    for i, (kind, deps, stream, start, dur, dshift) in enumerate(spec, start=1):
+        nid = max(1, nid + 1 + (dshift if shift else 0))
+        if earlier_only:
+            deps = [(d % i, k) for d, k in deps if i > 1 and d % i >= 1]
+        if kind == pb.KIND_COLLECTIVE:
+            n = b.collective(f"n{i}", stream, coll_type=pb.COLL_ALL_REDUCE, group="w", in_bytes=8,
+                             deps=deps, node_id=nid)
+        else:
+            n = b.node(kind, f"n{i}", stream, deps=deps, node_id=nid)
+        n.start_ns, n.duration_ns = start, dur
+        if kind in (pb.KIND_CPU_OP, pb.KIND_SYNC, pb.KIND_LAUNCH) and i % 3 == 0:
+            n.cpu.op = "x"
+    b.declare_group("w", world)
+    jb = JobBuilder("g", world)
+    gid = jb.group(range(world), name="0")
+    jb.add_graph(b.build())
+    for r in range(world):
+        jb.bind(r, "g", {"w": gid})
+    fast, slow = _issues_both_ways(jb.build())
+    assert fast == slow
+
+
+def test_one_pass_check_is_taken_and_agrees_on_real_jobs():
+    from conftest import FIXTURES
+    from echo_et.converters import read
+    from echo_et.ir import checker
+
+    for paths in (sorted((FIXTURES / "traces" / "ddp_gloo4").glob("*.et.json.gz")),
+                  sorted((FIXTURES / "traces" / "ddp_gloo4").glob("*.kineto.json.gz")),
+                  sorted((FIXTURES / "kineto" / "gloo3").glob("*.json*"))):
+        job = read(paths)
+        for gid in job.graph_ids():
+            assert checker._graph_rules_hold(job.graph(gid), "", checker.IssueCollector(100)) is not None
+        fast, slow = _issues_both_ways(job)
+        assert fast == slow == []
+
+
+def test_one_pass_check_still_runs_stream_order():
+    """A host op that waits for the end of the op it runs inside: the one-pass path takes the
+    graph (ids in order, deps on earlier nodes) and still reports the stream-order issue."""
+    from echo_et.ir import checker
+
+    b = GraphBuilder("g")
+    t = b.stream(pb.STREAM_CPU_THREAD, "t")
+    outer = b.cpu_op("outer", t, start_ns=0, duration_ns=100)
+    b.cpu_op("inner", t, start_ns=10, duration_ns=5, deps=[(outer.id, pb.DEP_DATA)])
+    jb = JobBuilder("g", 1)
+    jb.add_graph(b.build())
+    jb.bind(0, "g", {})
+    job = jb.build()
+    assert checker._graph_rules_hold(job.graph("g"), "", checker.IssueCollector(100)) is not None
+    fast, slow = _issues_both_ways(job)
+    assert fast == slow and [i.rule for i in fast] == ["stream-order"]

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
+import msgspec
+
 from echo_et.ir import Graph, GraphBuilder
 
 try:  # a fast canonical key for the shapes-text cache; optional
@@ -52,6 +54,7 @@ from .units import CommUnit, find_units
 
 # Node roles (internal): what a node of the graph stands for.
 _CPU, _LAUNCH, _SYNC, _GPU, _COMM, _HOSTCOMM = range(6)
+_HOST_KINDS = {_CPU: pb.KIND_CPU_OP, _LAUNCH: pb.KIND_LAUNCH, _SYNC: pb.KIND_SYNC}
 
 
 class StreamFamily(StrEnum):
@@ -161,8 +164,10 @@ class RankGraph:
     origin_ns: int = 0                         # wall-clock ns of the graph's time 0
 
 
-@dataclass
-class _Node:
+class _Node(msgspec.Struct, eq=False):
+    """A node to be: a struct (made for every host op; cheaper to build than a dataclass),
+    compared by identity."""
+
     key: tuple                                 # NodeOrder (host ops: nesting.host_order_key)
     role: int
     ev: Ev
@@ -172,7 +177,7 @@ class _Node:
     unit: CommUnit | None = None
     group: GroupUse | None = None
     peer_index: int | None = None
-    launches: list[Ev] = field(default_factory=list)
+    launches: list[Ev] = msgspec.field(default_factory=list)
     parent: Ev | None = None
 
 
@@ -352,15 +357,20 @@ class _RankBuild:
     def _host_nodes(self) -> None:
         """Host nodes in the window; what is left out is counted."""
         drop = self.drop
+        role, parents, win, nodes = self.role, self.parents, self.win, self.nodes
+        lanes: dict[tuple, StreamKey] = {}   # one StreamKey per thread
         for ev in self.nesting_events:
-            r = self.role.get(ev.idx)
+            r = role.get(ev.idx)
             if r is None:
                 continue
-            if not self.in_window(ev):
+            if win is not None and not win.holds(ev.ts):
                 drop["outside_step"] += 1
                 continue
-            self.nodes.append(_Node(host_order_key(ev), r, ev, StreamKey.of_host(ev), ev.ts, ev.dur,
-                                    parent=self.parents.get(ev.idx)))
+            lane = lanes.get(ev.thread)
+            if lane is None:
+                lane = lanes[ev.thread] = StreamKey.of_host(ev)
+            nodes.append(_Node(host_order_key(ev), r, ev, lane, ev.ts, ev.dur, None, None, None, [],
+                               parents.get(ev.idx)))
         for ev in self.host:
             if ev.idx in self.role:
                 continue
@@ -483,18 +493,44 @@ class _RankBuild:
         gb = GraphBuilder(ctx.graph_id)
         sids = self._declare_streams(gb)
         out = RankGraph(gb.graph, measured_step_ns=0)
+        rf_source = tf.rf_id_source
+        rf_key = "Record function id" if rf_source == "record_function_id" else "Ev Idx"
+        control, launch_dep, sync_dep = pb.DEP_CONTROL, pb.DEP_LAUNCH, pb.DEP_SYNC
         for i, n in enumerate(nodes, start=1):
             deps: list[tuple[int, int]] = []
             if n.parent is not None:
                 pid = node_id.get(n.parent.idx)
                 if pid is not None and pid != i:
-                    deps.append((pid, pb.DEP_CONTROL))
+                    deps.append((pid, control))
             for launch in n.launches:
                 lid = node_id.get(launch.idx)
-                if lid is not None and (lid, pb.DEP_LAUNCH) not in deps:
-                    deps.append((lid, pb.DEP_LAUNCH))
-            for d in sync_deps.get(i, ()):
-                deps.append((d, pb.DEP_SYNC))
+                if lid is not None and (lid, launch_dep) not in deps:
+                    deps.append((lid, launch_dep))
+            if i in sync_deps:
+                for d in sync_deps[i]:
+                    deps.append((d, sync_dep))
+            role = n.role
+            kind = _HOST_KINDS.get(role)
+            if kind is not None:
+                # Host nodes (most of a graph): _emit and _cpu_payload in one builder call.
+                ev = n.ev
+                rf = shapes = dtypes = None
+                if role == _CPU and ev.args:
+                    args = ev.args
+                    rf = args.get(rf_key)
+                    dims = args.get("Input Dims")
+                    if dims is not None:
+                        shapes = _json_text(dims)
+                    types = args.get("Input type")
+                    if types is not None:
+                        dtypes = _json_text(types)
+                has_rf = type(rf) is int
+                node = gb.cpu_op(ev.name, sids[n.stream], kind=kind, correlation=max(ev.corr, 0),
+                                 rf_id=rf if has_rf else 0, shapes=shapes or "", dtypes=dtypes or "",
+                                 start_ns=n.start - origin, duration_ns=n.dur, deps=deps, node_id=i)
+                if has_rf:
+                    node.attrs["rf_id_source"] = rf_source
+                continue
             kw = dict(start_ns=n.start - origin, duration_ns=n.dur, deps=deps, node_id=i)
             _emit(gb, n, sids[n.stream], kw, tf, ctx, out, self.drop)
 

@@ -21,6 +21,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from echo_et.errors import EchoError
 from echo_et.ir.limits import MAX_NS
 
@@ -53,24 +55,60 @@ _CPU_ARG_KEYS = ("Record function id", "Ev Idx", "Input Dims", "Input type")
 _SYNC_ARG_KEYS = ("stream", "wait_on_stream", "wait_on_cuda_event_record_corr_id")
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
+# -- typed decoding -------------------------------------------------------------------------
+# An event as msgspec decodes it straight from the text: only the fields and args the
+# collector reads (a host op's "Input Strides", "External id"... are skipped unread), into
+# structs the garbage collector does not track. Floats arrive as their literal text (the
+# decoder's float_hook, as parse_float for the stdlib), so times stay exact. An event that
+# does not fit (args that are not an object, NaN) comes as a dict and goes through the same
+# rules in _Collector.__call__; _Collector.typed gives the same Ev (tests/test_kineto_fastpath.py).
+_UNSET: Any = msgspec.UNSET
+_ARG_KEYS = ("correlation", *_CPU_ARG_KEYS, *COMM_ARG_KEYS, "Concrete Inputs", "size", "stream",
+             "device", "wait_on_stream", "wait_on_cuda_event_record_corr_id", "bytes",
+             "memory bandwidth (GB/s)")
+_ARG_ATTR = {k: re.sub(r"\W+", "_", k.lower()).strip("_") for k in dict.fromkeys(_ARG_KEYS)}
+EventArgs = msgspec.defstruct(
+    "EventArgs", [(a, Any, msgspec.field(default=_UNSET, name=k)) for k, a in _ARG_ATTR.items()],
+    gc=False)
+_NO_ARGS = EventArgs()
 
-class Ev:
+
+class KinetoEvent(msgspec.Struct, gc=False):
+    ph: Any = _UNSET
+    cat: Any = _UNSET
+    name: Any = _UNSET
+    pid: Any = _UNSET
+    tid: Any = _UNSET
+    ts: Any = _UNSET
+    dur: Any = _UNSET
+    args: EventArgs | None = None  # type: ignore[valid-type]
+
+
+def _kept(a: Any, keys: tuple[str, ...], into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{k: args[k] for k in keys if k in args}`` for EventArgs (into ``into`` if given)."""
+    out = {} if into is None else into
+    for k in keys:
+        v = getattr(a, _ARG_ATTR[k])
+        if v is not _UNSET:
+            out[k] = v
+    return out
+
+
+class Ev(msgspec.Struct, eq=False, gc=False):
     """One kept event. ``thread`` is (pid, tid) for host events and (device, stream) for
     GPU events; ``ts``/``dur`` are ns on the file's own clock (``TraceFile.base_ns`` + ts
-    is wall-clock ns when the file states its base)."""
+    is wall-clock ns when the file states its base). A struct (a trace makes hundreds of
+    thousands), compared by identity, not tracked by the garbage collector (it holds JSON
+    values only, never a cycle)."""
 
-    __slots__ = ("kind", "name", "thread", "ts", "dur", "corr", "idx", "args")
-
-    def __init__(self, kind: int, name: str, thread: tuple, ts: int, dur: int, corr: int,
-                 idx: int, args: dict[str, Any] | None):
-        self.kind = kind
-        self.name = name
-        self.thread = thread
-        self.ts = ts
-        self.dur = dur
-        self.corr = corr
-        self.idx = idx
-        self.args = args
+    kind: int
+    name: str
+    thread: tuple
+    ts: int
+    dur: int
+    corr: int
+    idx: int
+    args: dict[str, Any] | None
 
     @property
     def end(self) -> int:
@@ -315,6 +353,152 @@ class _Collector:
             if m:
                 tf.steps.setdefault(int(m.group(1)), ev)
 
+    def typed(self, e: KinetoEvent) -> None:
+        """__call__ for a KinetoEvent: the same rules, read from the struct's fields."""
+        tf = self.tf
+        tf.raw_event_count += 1
+        ph = e.ph
+        if ph != "X":
+            if ph == "i" or ph == "I":
+                name = None if e.name is _UNSET else e.name
+                if name not in ("Iteration Start: PyTorch Profiler", "Record Window End"):
+                    tf.drop("instant_event")
+            return
+        cat = "" if e.cat is _UNSET else e.cat
+        if type(cat) is not str:
+            cat = str(cat)
+        kind = self.kinds.get(cat)
+        if kind is None:
+            kind = self.kinds[cat] = _kind_of_category(cat)
+        raw_ts = None if e.ts is _UNSET else e.ts
+        raw_dur = 0 if e.dur is _UNSET else e.dur
+        if kind < 0:
+            if kind == _TRACE:
+                ts, dur = us_to_ns(raw_ts), us_to_ns(None if e.dur is _UNSET else e.dur)
+                if ts is not None and dur is not None and tf.window is None:
+                    tf.window = (ts, ts + dur)
+            elif kind == _GPU_ANNOTATION:
+                tf.drop("gpu_user_annotation")
+            elif kind == _INSTANT:
+                tf.drop("instant_event")
+            elif kind == _UNKNOWN:
+                tf.drop(f"unknown_category:{str(cat).lower() or '-'}")
+            return
+        a = e.args
+        if a is None:
+            a = _NO_ARGS
+        # us_to_ns, with its common cases inline: an int, or "1234.567" (its digits are the
+        # answer); anything else goes through it.
+        if type(raw_ts) is int:
+            ts = raw_ts * 1000
+        else:
+            ts = None
+            if type(raw_ts) is str and len(raw_ts) <= 40:
+                i = raw_ts.find(".")
+                if 0 < i == len(raw_ts) - 4 and raw_ts[0] != "-":
+                    try:
+                        ts = int(raw_ts[:i] + raw_ts[i + 1:])
+                    except ValueError:
+                        pass
+            if ts is None:
+                ts = us_to_ns(raw_ts)
+        if type(raw_dur) is int:
+            dur = raw_dur * 1000
+        else:
+            dur = None
+            if type(raw_dur) is str and len(raw_dur) <= 40:
+                i = raw_dur.find(".")
+                if 0 < i == len(raw_dur) - 4 and raw_dur[0] != "-":
+                    try:
+                        dur = int(raw_dur[:i] + raw_dur[i + 1:])
+                    except ValueError:
+                        pass
+            if dur is None:
+                dur = us_to_ns(raw_dur)
+        if ts is None or dur is None:
+            if isinstance(raw_ts, float) or isinstance(raw_dur, float):  # pragma: no cover - not JSON msgspec reads
+                self._refuse_time({"name": None if e.name is _UNSET else e.name}, raw_ts, raw_dur)
+            tf.drop("event_without_time")
+            return
+        if not (-MAX_NS <= ts <= MAX_NS and dur <= MAX_NS):
+            self._refuse_time({"name": None if e.name is _UNSET else e.name}, raw_ts, raw_dur)
+        if dur < 0:
+            tf.drop("event_with_negative_duration")
+            return
+        name = None if e.name is _UNSET else e.name
+        if type(name) is not str:
+            name = str(name)
+        name = self.names.setdefault(name, name)
+        corr = a.correlation
+        if corr is _UNSET:
+            corr = -1
+        elif type(corr) is not int:
+            corr = _int_arg(corr)
+        pid = None if e.pid is _UNSET else e.pid
+        tid = None if e.tid is _UNSET else e.tid
+        kept: dict[str, Any] | None = None
+        if kind == K_CPU:
+            thread = (pid, tid)
+            kept = {}
+            rf = a.record_function_id
+            if rf is not _UNSET:
+                kept["Record function id"] = rf
+            v = a.ev_idx
+            if v is not _UNSET:
+                kept["Ev Idx"] = v
+            v = a.input_dims
+            if v is not _UNSET:
+                kept["Input Dims"] = v
+            v = a.input_type
+            if v is not _UNSET:
+                kept["Input type"] = v
+            if a.collective_name is not _UNSET or name.startswith(("c10d::", "gloo:", "nccl:")) \
+                    or name == "record_param_comms":
+                _kept(a, COMM_ARG_KEYS, kept)
+                if a.concrete_inputs is not _UNSET:
+                    kept["Concrete Inputs"] = a.concrete_inputs
+            if not self.rf_nonzero and rf is not _UNSET and (rf if type(rf) is int else _int_arg(rf)):
+                self.rf_nonzero = True
+        elif kind == K_RUNTIME:
+            thread = (pid, tid)
+            if a.size is not _UNSET or a.stream is not _UNSET:
+                kept = _kept(a, ("size", "stream"))
+        elif kind == K_SYNC_ACT:
+            thread = (_int_arg(pid if a.device is _UNSET else a.device),
+                      _int_arg(tid if a.stream is _UNSET else a.stream))
+            kept = _kept(a, _SYNC_ARG_KEYS)
+        else:
+            thread = (_int_arg(pid if a.device is _UNSET else a.device),
+                      _int_arg(tid if a.stream is _UNSET else a.stream))
+            if a.bytes is not _UNSET or a.collective_name is not _UNSET:
+                kept = _kept(a, COMM_ARG_KEYS)
+                if a.bytes is not _UNSET:
+                    kept["bytes"] = a.bytes
+                    bw = None if a.memory_bandwidth_gb_s is _UNSET else a.memory_bandwidth_gb_s
+                    if kind != K_KERNEL and bw and len(self.bandwidth_samples) < 64:
+                        b = _int_arg(a.bytes)
+                        try:
+                            bwf = float(bw)
+                        except (TypeError, ValueError):
+                            bwf = 0.0
+                        if b and dur > 0 and bwf > 0:
+                            self.bandwidth_samples.append((b, dur, bwf))
+        ev = Ev(kind, name, thread, ts, dur, corr if corr is not None else -1, self.idx,
+                kept or None)
+        self.idx += 1
+        tf.events.append(ev)
+        if kind == K_CPU and name.startswith("ProfilerStep#"):
+            m = STEP_RE.match(name)
+            if m:
+                tf.steps.setdefault(int(m.group(1)), ev)
+
+    def on_event(self, e: Any) -> None:
+        """The stream reader's callback: typed events and plain dicts alike."""
+        if type(e) is KinetoEvent:
+            self.typed(e)
+        else:
+            self(e)
+
     def _refuse_time(self, e: dict, ts: Any, dur: Any) -> None:
         field, value = ("ts", ts) if not _plausible_us(ts) else ("dur", dur)
         name = str(e.get("name"))[:60]
@@ -346,7 +530,7 @@ def load_trace(path: Path) -> TraceFile:
     """Read one Kineto file into a TraceFile (raises EchoError naming the file)."""
     tf = TraceFile(Path(path))
     col = _Collector(tf)
-    meta = read_document(tf.path, col)
+    meta = read_document(tf.path, col.on_event, KinetoEvent)
     col.finish()
     if "traceEvents" not in meta:
         raise EchoError(f"{path}: no 'traceEvents' array: not a Kineto trace")

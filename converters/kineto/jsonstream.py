@@ -21,8 +21,10 @@ from echo_et.converters.jsonstream import read_document as _read_document
 __all__ = ["open_text_source", "read_document"]
 
 
-def read_document(path: Path, on_event: Callable[[dict], None]) -> dict[str, Any]:
+def read_document(path: Path, on_event: Callable[[Any], None], element_type: Any = None) -> dict[str, Any]:
     """Call ``on_event`` for each object in ``traceEvents`` in file order and return the other
-    top-level keys, with ``traceEvents`` mapped to the number of entries when present."""
+    top-level keys, with ``traceEvents`` mapped to the number of entries when present. With
+    ``element_type`` (a msgspec struct), events come as instances of it where they fit
+    (see :func:`echo_et.converters.jsonstream.iter_document`), else as dicts."""
     return _read_document(path, on_event, "traceEvents", objects_only=True, parse_float=str,
-                          accept_array=True, kind="Kineto trace")
+                          accept_array=True, kind="Kineto trace", element_type=element_type)

@@ -135,41 +135,48 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
     thread_of: dict[int, int] = {}      # IR id -> ET thread
     writer: dict[tuple[int, int], int] = {}  # (tensor id, storage id) -> IR id of last writer
     group_sizes: dict[str, int] = {}
+    stream_of_tid: dict[int, int] = {}
+    control, data = pb.DEP_CONTROL, pb.DEP_DATA
     for op in t.ops:
         if op.is_root or op.name == PG_INIT_NAME:
             continue
-        if window is not None and not window[0] <= op.id <= window[1]:
+        oid, parent, tid = op.id, op.parent, op.tid
+        if window is not None and not window[0] <= oid <= window[1]:
             stats.outside_step += 1
             continue
         deps: list[tuple[int, int]] = []
-        if op.parent != op.id and op.parent in node_of:
-            deps.append((node_of[op.parent], pb.DEP_CONTROL))
-        elif op.parent > op.id:
+        if parent != oid and parent in node_of:
+            deps.append((node_of[parent], control))
+        elif parent > oid:
             stats.parent_after_child += 1
-        for tz in op.in_tensors:
+        ins = op.in_tensors
+        for tz in ins:
             w = writer.get((tz[0], tz[1]))
-            if w is not None and thread_of[w] != op.tid and (w, pb.DEP_DATA) not in deps:
-                deps.append((w, pb.DEP_DATA))
+            if w is not None and thread_of[w] != tid and (w, data) not in deps:
+                deps.append((w, data))
                 stats.cross_thread_deps += 1
-        sid = gb.stream(pb.STREAM_CPU_THREAD, f"thread {op.tid}", native_id=op.tid)
-        n = gb.cpu_op(op.name, sid, start_ns=op.start_ns, duration_ns=op.duration_ns, deps=deps)
+        sid = stream_of_tid.get(tid)
+        if sid is None:
+            sid = stream_of_tid[tid] = gb.stream(pb.STREAM_CPU_THREAD, f"thread {tid}", native_id=tid)
+        n = gb.cpu_op(op.name, sid, start_ns=op.start_ns, duration_ns=op.duration_ns, deps=deps,
+                      rf_id=op.rf_id or 0, shapes=op.in_shapes, dtypes=op.in_types)
         if not op.timed:
             stats.untimed += 1
-        n.cpu.rf_id = op.rf_id or 0
-        n.cpu.shapes = op.in_shapes
-        n.cpu.dtypes = op.in_types
-        n.attrs["et_id"] = str(op.id)
-        if op.in_tensors:
-            n.attrs["et_in_tensors"] = ",".join(str(x[0]) for x in op.in_tensors)
-        if op.out_tensors:
-            n.attrs["et_out_tensors"] = ",".join(str(x[0]) for x in op.out_tensors)
-        node_of[op.id] = n.id
-        thread_of[n.id] = op.tid
-        for tz in op.out_tensors:
-            writer[(tz[0], tz[1])] = n.id
-        call = t.comms.get(op.id)
+        attrs = n.attrs
+        attrs["et_id"] = str(oid)
+        if ins:
+            attrs["et_in_tensors"] = ",".join([str(x[0]) for x in ins])
+        outs = op.out_tensors
+        if outs:
+            attrs["et_out_tensors"] = ",".join([str(x[0]) for x in outs])
+        nid = n.id
+        node_of[oid] = nid
+        thread_of[nid] = tid
+        for tz in outs:
+            writer[(tz[0], tz[1])] = nid
+        call = t.comms.get(oid)
         if call is not None:
-            key = plan.key_of[(rt.rank, op.id)]
+            key = plan.key_of[(rt.rank, oid)]
             size = len(plan.members[key])
             if _emit_comm(gb, call, key, size, n, stats):
                 group_sizes[key] = size
@@ -227,7 +234,8 @@ def build_job(ranks: list[RankTrace], *, world_hint: int | None, step: int | Non
         except MALFORMED as e:
             raise EchoError(f"{rt.trace.path}: malformed host execution trace "
                             f"({type(e).__name__}: {str(e)[:120]})") from None
-        h = g.content_hash()
+        # Identical programs share one graph; a single rank has nothing to share with.
+        h = g.content_hash() if len(ranks) > 1 else ""
         gid = by_hash.get(h)
         if gid is None:
             gid = by_hash[h] = g.id

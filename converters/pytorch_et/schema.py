@@ -15,8 +15,9 @@ old (or the reverse) still reads. Only what the IR and linking need is kept.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from echo_et.errors import EchoError
 
@@ -33,8 +34,11 @@ PROCESS_ROOT_PREFIX = "[pytorch|profiler|execution_"
 PG_INIT_NAME = "## process_group:init ##"
 
 
-@dataclass(slots=True)
-class EtOp:
+class EtOp(msgspec.Struct, gc=False):
+    """One host op. A struct the garbage collector does not track (it holds no cycles):
+    a trace makes hundreds of thousands of them, and tracked objects make every collection
+    walk them all again."""
+
     id: int
     name: str
     parent: int
@@ -50,9 +54,9 @@ class EtOp:
     duration_ns: int = 0
     timed: bool = False
     # Raw argument values, kept only for the few nodes that need them (comms, pg init).
-    in_values: list[Any] = field(default_factory=list)
-    out_values: list[Any] = field(default_factory=list)
-    attrs: dict[str, Any] = field(default_factory=dict)
+    in_values: list[Any] = msgspec.field(default_factory=list)
+    out_values: list[Any] = msgspec.field(default_factory=list)
+    attrs: dict[str, Any] = msgspec.field(default_factory=dict)
     gpu: bool = False         # a GPU op appended by chakra_trace_link
 
     @property
@@ -258,3 +262,176 @@ _COMM_ATTRS = frozenset({
     "collective_name", "dtype", "in_msg_nelems", "out_msg_nelems", "in_split_size",
     "out_split_size", "global_rank_start", "global_rank_stride", "pg_name", "pg_desc", "pg_size",
 })
+
+
+# -- typed fast path ------------------------------------------------------------------------
+# The nodes of schema 1.0.2 and later, as msgspec decodes them straight from the text: only
+# the fields parse_node reads are declared (strides, output shapes, attr types are skipped
+# unread), shapes and types come as their raw JSON text (ops repeat a few hundred of them:
+# each is decoded once, see _raw_shapes/_raw_types) and the structs are not tracked by the
+# garbage collector. A node that does not fit (1.0.1's flat shape, a field of another type)
+# is decoded as a dict by the stream reader and goes through parse_node: the result is the
+# same EtOp either way (tests/test_pytorch_et.py compares the two on every real trace).
+_UNSET: Any = msgspec.UNSET
+
+
+class ArgsStruct(msgspec.Struct, gc=False):
+    values: Any = _UNSET
+    shapes: msgspec.Raw = _UNSET
+    types: msgspec.Raw = _UNSET
+
+
+class AttrStruct(msgspec.Struct, gc=False):
+    name: str
+    value: Any = None
+
+
+class NodeStruct(msgspec.Struct, gc=False):
+    id: Any
+    name: Any
+    attrs: list[AttrStruct]
+    ctrl_deps: Any = _UNSET
+    parent: Any = _UNSET
+    inputs: ArgsStruct | None = None
+    outputs: ArgsStruct | None = None
+    ts: Any = _UNSET
+    inclusive_dur: Any = _UNSET
+    dur: Any = _UNSET
+    cat: Any = _UNSET
+
+
+_NAME_INFO: dict[str, tuple[str, bool]] = {}   # name -> (its shared copy, _keeps_values)
+_RAW_SHAPES: dict[bytes, str] = {}
+# raw JSON of a types list -> (the list, its text, where its tensors are: (index, "Tensor(...)"))
+_RAW_TYPES: dict[bytes, tuple[list, str, tuple[tuple[int, bool], ...]]] = {}
+_RAW_CACHE_MAX = 100_000
+
+
+def _raw_shapes(key: bytes) -> str:
+    """parse_node's shapes text from the raw JSON of a ``shapes`` field (cached)."""
+    text = _RAW_SHAPES.get(key)
+    if text is None:
+        v = json.loads(key)
+        text = _shared(_shapes_text(v if type(v) is list else []))
+        if len(_RAW_SHAPES) < _RAW_CACHE_MAX:
+            _RAW_SHAPES[key] = text
+    return text
+
+
+_NO_TYPES: tuple[list, str, tuple] = ([], "", ())
+
+
+def _raw_types(key: bytes) -> tuple[list, str, tuple[tuple[int, bool], ...]]:
+    """The decoded list (never changed by the caller), parse_node's text of a ``types``
+    field and the positions of its tensors (what _tensors looks at), from its raw JSON
+    (cached)."""
+    got = _RAW_TYPES.get(key)
+    if got is None:
+        v = json.loads(key)
+        if type(v) is not list:
+            v = []
+        slots = tuple((i, t.startswith("Tensor(")) for i, t in enumerate(v)
+                      if type(t) is str and "Tensor" in t)
+        got = (v, _types_text(v), slots)
+        if len(_RAW_TYPES) < _RAW_CACHE_MAX:
+            _RAW_TYPES[key] = got
+    return got
+
+
+def _tensors_at(value: list, slots: tuple[tuple[int, bool], ...]) -> tuple[Tensor, ...]:
+    """_tensors(value, types) for the tensor positions of ``types``."""
+    out: list[Tensor] = []
+    n = len(value)
+    for i, simple in slots:
+        if i >= n:
+            break
+        v = value[i]
+        if simple and type(v) is list and len(v) == 6:
+            a, b, c, d, e, f = v
+            if (type(f) is str and type(a) is type(b) is type(c) is type(d) is type(e) is int
+                    and -_MAX < a < _MAX and -_MAX < b < _MAX and -_MAX < c < _MAX
+                    and 0 <= d < _MAX and 0 <= e < _MAX):
+                out.append((a, b, c, d, e, f))
+                continue
+        collect_tensors(v, out)
+    return tuple(out) if out else ()
+
+
+def parse_struct(d: Any, where: str) -> EtOp:
+    """parse_node for a NodeStruct: the same EtOp from the typed decode."""
+    name = d.name
+    info = _NAME_INFO.get(name) if type(name) is str else None
+    if info is None:
+        name = (_NAMES.setdefault(name, name) if len(_NAMES) < 200_000 else name) if type(name) is str else str(name)
+        info = (name, _keeps_values(name))
+        if len(_NAME_INFO) < 200_000:
+            _NAME_INFO[name] = info
+    name, keep = info
+    attrs = {a.name: a.value for a in d.attrs}   # later entries win, as in parse_node
+    get = attrs.get
+    parent = d.ctrl_deps
+    if parent is _UNSET:
+        parent = d.parent
+        if parent is _UNSET:
+            parent = 0
+    ins, outs = d.inputs, d.outputs
+    if ins is None:
+        in_values, in_shapes, in_types_text, in_slots = [], "", "", ()
+    else:
+        in_values = ins.values
+        if type(in_values) is not list:
+            in_values = []
+        raw = ins.shapes
+        if raw is _UNSET:
+            in_shapes = ""
+        else:
+            in_shapes = _RAW_SHAPES.get(key := bytes(raw)) or _raw_shapes(key)
+        raw = ins.types
+        _, in_types_text, in_slots = _NO_TYPES if raw is _UNSET else (
+            _RAW_TYPES.get(key := bytes(raw)) or _raw_types(key))
+    if outs is None:
+        out_values, out_slots = [], ()
+    else:
+        out_values = outs.values
+        if type(out_values) is not list:
+            out_values = []
+        raw = outs.types
+        out_slots = () if raw is _UNSET else (_RAW_TYPES.get(key := bytes(raw)) or _raw_types(key))[2]
+    # _int inline for the common value (an int in range), the call otherwise
+    oid = d.id
+    if type(oid) is not int or not 0 <= oid < _MAX:
+        oid = _int(oid, -1)
+        if oid < 0:
+            raise EchoError(f"{where}: node id {str(d.id)[:40]} is not a non-negative integer")
+    if type(parent) is not int or not -_MAX < parent < _MAX:
+        parent = _int(parent)
+    tid = get("tid", 0)
+    if type(tid) is not int or not -_MAX < tid < _MAX:
+        tid = _int(tid)
+    rf = get("rf_id")
+    if rf is not None and (type(rf) is not int or not -_MAX < rf < _MAX):
+        rf = _int(rf, 0)
+    seq = get("seq_id", -1)
+    if type(seq) is not int or not -_MAX < seq < _MAX:
+        seq = _int(seq, -1)
+    op = EtOp(
+        oid, name, parent, tid, rf, seq,
+        str(get("op_schema") or "") if keep else "",
+        in_shapes, in_types_text,
+        _tensors_at(in_values, in_slots) if in_slots else (),
+        _tensors_at(out_values, out_slots) if out_slots else (),
+    )
+    if d.ts is not _UNSET or d.inclusive_dur is not _UNSET or d.dur is not _UNSET:
+        op.start_ns = _us_to_ns(0 if d.ts is _UNSET else d.ts)
+        dur = d.inclusive_dur
+        if dur is _UNSET:
+            dur = 0 if d.dur is _UNSET else d.dur
+        op.duration_ns = _us_to_ns(dur)
+        op.timed = True
+    if d.cat is not _UNSET:
+        op.gpu = True
+    if keep:
+        op.in_values = in_values
+        op.out_values = out_values
+        op.attrs = {k: v for k, v in attrs.items() if k in _COMM_ATTRS}
+    return op

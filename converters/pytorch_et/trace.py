@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from echo_et.converters.jsonstream import iter_document, read_head
+from echo_et.converters.jsonstream import read_document, read_head
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall, PgDef
-from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, parse_node
+from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, NodeStruct, parse_node, parse_struct
 from echo_et.errors import EchoError
 
 NODES_KEY = "nodes"                  # the top-level array that holds the ops
@@ -122,25 +123,28 @@ def load(path: Path) -> HostTrace:
 def _load(path: Path) -> HostTrace:
     where = str(path)
     t = HostTrace(path=path)
-    seen_schema = False
     ops: list[EtOp] = []
     ids: set[int] = set()
-    for ev, key, value in iter_document(path, NODES_KEY, kind=KIND):
-        if ev == "field":
-            if key == "schema":
-                seen_schema = True
-                t.schema = str(value)
-            elif key == "pid" and isinstance(value, int):
-                t.pid = value
-            continue
-        op = parse_node(value, where)
+    gpu_ops = 0
+
+    def on_node(value: Any) -> None:
+        nonlocal gpu_ops
+        op = parse_struct(value, where) if type(value) is NodeStruct else parse_node(value, where)
         if op.id in ids:
             raise EchoError(f"{where}: node id {op.id} appears twice")
         ids.add(op.id)
         if op.gpu:
-            t.gpu_ops += 1
-            continue
-        ops.append(op)
+            gpu_ops += 1
+        else:
+            ops.append(op)
+
+    fields = read_document(path, on_node, NODES_KEY, kind=KIND, element_type=NodeStruct)
+    t.gpu_ops = gpu_ops
+    seen_schema = "schema" in fields
+    if seen_schema:
+        t.schema = str(fields["schema"])
+    if isinstance(fields.get("pid"), int):
+        t.pid = fields["pid"]
     if not seen_schema:
         raise EchoError(f"{where}: no top-level 'schema'; not a PyTorch host execution trace")
     if not ops:
@@ -158,9 +162,16 @@ def _load(path: Path) -> HostTrace:
 def _find_comms(t: HostTrace) -> None:
     """Pick one anchor per communication call: record_param_comms when present, else the c10d
     op, else (only in traces with neither) the backend op."""
+    # The ops that can anchor a call, found by name once (a trace has a few hundred names).
+    names = {op.name for op in t.ops}
+    wanted = {n for n in names if n == "record_param_comms" or n.startswith("c10d::")
+              or n.startswith(comms.BACKEND_PREFIXES)}
+    cands = [op for op in t.ops if op.name in wanted] if wanted else []
+    if not cands:
+        return
     by_id = {op.id: op for op in t.ops}
     rpc_calls: dict[int, CommCall] = {}
-    for op in t.ops:
+    for op in cands:
         if op.name == "record_param_comms":
             c = comms.from_record_param_comms(op)
             if c is not None:
@@ -178,14 +189,14 @@ def _find_comms(t: HostTrace) -> None:
     # Each c10d op is a call of its own, even nested in another: with async ops the ET's
     # parent stack keeps e.g. c10d::send open, and the following c10d::recv_ lands inside it.
     c10d_calls: dict[int, CommCall] = {}
-    for op in t.ops:
+    for op in cands:
         if op.name.startswith("c10d::") and op.id not in covered:
             c = comms.from_c10d_op(op)
             if c is not None and not _has_anchor_ancestor(op, by_id, {}, rpc_calls):
                 c10d_calls[op.id] = c
     t.comms = {**rpc_calls, **c10d_calls}
     if not t.comms:
-        for op in t.ops:
+        for op in cands:
             if op.name.startswith(comms.BACKEND_PREFIXES):
                 c = comms.from_c10d_op(op)
                 if c is not None and not _has_anchor_ancestor(op, by_id, t.comms, {}):
@@ -214,10 +225,14 @@ def _find_steps(t: HostTrace) -> None:
     step_of: dict[int, int] = {}
     starts: dict[int, int] = {}
     last: dict[int, int] = {}
-    for op in t.ops:
-        m = _STEP.match(op.name)
+    step_names = {}
+    for name in {op.name for op in t.ops}:
+        m = _STEP.match(name)
         if m:
-            n = int(m.group(1))
+            step_names[name] = int(m.group(1))
+    for op in t.ops:
+        n = step_names.get(op.name)
+        if n is not None:
             starts[n] = op.id
             step_of[op.id] = n
             last[n] = op.id

@@ -81,6 +81,7 @@ ALLOWED_PAYLOADS: dict[int, frozenset[str | None]] = {
 }
 # Kinds that make a stream a host thread (the simulator orders those by time and nesting).
 HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
+_COMM_KINDS = frozenset({pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV})   # what _signature collects
 ROOTED_COLLECTIVES = frozenset({pb.COLL_BROADCAST, pb.COLL_REDUCE, pb.COLL_GATHER, pb.COLL_SCATTER})
 
 
@@ -172,10 +173,15 @@ def check_graph(graph: Graph, *, source: str = "", limit: int = 100) -> list[Iss
     return out.issues
 
 
-def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
+def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | None:
+    """The graph rules; returns the node kinds the graph has when the one-pass check took it
+    (None otherwise)."""
     if graph.header.schema_version != SCHEMA_VERSION:
         out.add("schema-version", f"graph header is of schema {graph.header.schema_version!r}, "
                 f"this echo-et reads {SCHEMA_VERSION!r}", _where(source, graph))
+    kinds = _graph_rules_hold(graph, source, out)
+    if kinds is not None:
+        return kinds
     stream_ids = {s.id for s in graph.header.streams}
     for n in graph.nodes:
         check_node(n, stream_ids, out, lambda n=n: _where(source, graph, n))
@@ -191,6 +197,55 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> None:
     if len(out.issues) == before:  # stream order means nothing across a broken dependency
         check_stream_order(graph, source, out)
     check_collective_numbering(graph, source, out)
+
+
+def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int] | None:
+    """The graph-level rules in one pass, for the common graph: nodes in increasing id order,
+    each depending only on earlier ones, nothing out of range. Then unique ids, existing
+    dependencies and acyclicity follow from the order, the node rules are checked inline, and
+    only stream order (when some dependency stays on its stream) and collective numbering
+    remain to run. Returns the node kinds seen, or None, having added nothing, at the first
+    thing off the common path: the rule-by-rule check then runs and words what is wrong."""
+    stream_ids = {s.id for s in graph.header.streams}
+    stream_of: dict[int, int] = {}
+    host: set[int] = set()
+    same_stream: list[tuple[int, int, int]] = []   # (stream, node kind, dep kind) of deps on it
+    probe = IssueCollector(1)
+    host_kinds, allowed_of, max_ns = HOST_KINDS, ALLOWED_PAYLOADS, MAX_NS
+    kinds: set[int] = set()
+    last = -1
+    for n in graph.nodes:
+        nid, kind, st = n.id, n.kind, n.stream
+        if nid <= last:
+            return None
+        last = nid
+        have = n.WhichOneof("payload")
+        allowed = allowed_of.get(kind)
+        s, d = n.start_ns, n.duration_ns
+        if not (st in stream_ids and allowed is not None and have in allowed and s >= 0 and d >= 0
+                and s + d <= max_ns):
+            return None
+        if have is not None and have != "cpu":
+            _check_payload_values(n, have, probe, "")
+            if probe.issues:
+                return None
+        for dep in n.deps:
+            did = dep.id
+            dst = stream_of.get(did)
+            if dst is None:   # a later node, itself, or none: not the common case
+                return None
+            if dst == st:
+                same_stream.append((st, kind, dep.kind))
+        stream_of[nid] = st
+        kinds.add(kind)
+        if kind in host_kinds:
+            host.add(st)
+    sync, control = pb.KIND_SYNC, pb.DEP_CONTROL
+    if any(not (st in host and (kind == sync or dk == control)) for st, kind, dk in same_stream):
+        check_stream_order(graph, source, out)
+    if pb.KIND_COLLECTIVE in kinds:
+        check_collective_numbering(graph, source, out)
+    return kinds
 
 
 def check_node_ids(graph: Graph, source: str, out: IssueCollector) -> set[int]:
@@ -512,8 +567,9 @@ def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
     sigs: dict[str, _GraphSignature] = {}
     for gid in sorted(set(job.graph_ids())):
         graph = job.graph(gid)
-        _check_graph(graph, job.source, out)
-        sigs[gid] = _signature(graph)
+        kinds = _check_graph(graph, job.source, out)
+        sigs[gid] = _signature(graph) if kinds is None or not kinds.isdisjoint(_COMM_KINDS) else \
+            _GraphSignature({}, {}, set(graph.header.group_sizes))
         if out.full:
             return out.issues
     members = check_bindings(job, sigs, out)

@@ -224,11 +224,27 @@ def write_graph_stream(f: BinaryIO, header: pb.GraphHeader, nodes: Iterable[pb.N
     if not header.schema_version:
         header.schema_version = SCHEMA_VERSION
     write_delimited(f, header)
+    global _SHORT_PREFIXES
+    if _SHORT_PREFIXES is None:
+        _SHORT_PREFIXES = [encode_varint(i) for i in range(1 << 14)]
+    prefixes = _SHORT_PREFIXES
     count = 0
+    block: list[bytes] = []   # framed nodes written a few thousand at a time: fewer calls
     for n in nodes:
-        write_delimited(f, n)
+        data = n.SerializeToString(deterministic=True)
+        size = len(data)
+        block.append(prefixes[size] if size < 16384 else encode_varint(size))
+        block.append(data)
         count += 1
+        if len(block) >= 8192:
+            f.write(b"".join(block))
+            block.clear()
+    if block:
+        f.write(b"".join(block))
     return count
+
+
+_SHORT_PREFIXES: list[bytes] | None = None   # varint lengths 0..16383, made on first use
 
 
 def write_graph(graph: Graph, path: str | os.PathLike[str]) -> None:

@@ -10,20 +10,36 @@ from echo_et.ir.schema import ROLE_NAMES, collective_name, node_kind_name, pb
 
 
 def graph_counts(graph) -> tuple[Counter, Counter, int]:
-    kinds: Counter = Counter()
+    kinds, colls, comm_bytes, _ = _graph_counts(graph)
+    return kinds, colls, comm_bytes
+
+
+def _graph_counts(graph) -> tuple[Counter, Counter, int, Counter]:
+    """Node kinds, collectives, bytes issued and communication kernels of unknown libraries,
+    in one pass (each field read of a node is a call)."""
+    by_kind: Counter = Counter()
     colls: Counter = Counter()
+    libs: Counter = Counter()
     comm_bytes = 0
+    coll, send, recv, unknown = pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV, pb.KIND_COMM_UNKNOWN
     for n in graph.nodes:
-        kinds[node_kind_name(n.kind)] += 1
-        if n.kind == pb.KIND_COLLECTIVE:
-            colls[collective_name(n.collective.type)] += 1
-            comm_bytes += n.collective.in_bytes
-        elif n.kind == pb.KIND_SEND:
+        k = n.kind
+        by_kind[k] += 1
+        if k == coll:
+            c = n.collective
+            colls[collective_name(c.type)] += 1
+            comm_bytes += c.in_bytes
+        elif k == send:
             colls["send"] += 1
             comm_bytes += n.p2p.bytes
-        elif n.kind == pb.KIND_RECV:
+        elif k == recv:
             colls["recv"] += 1
-    return kinds, colls, comm_bytes
+        elif k == unknown:
+            libs[n.attrs.get("comm_library") or "unknown"] += 1
+    kinds: Counter = Counter()
+    for k, v in by_kind.items():
+        kinds[node_kind_name(k)] += v
+    return kinds, colls, comm_bytes, libs
 
 
 def comm_libraries(job: Job) -> dict[str, int]:
@@ -35,8 +51,9 @@ def comm_libraries(job: Job) -> dict[str, int]:
         mult = len(ranks_of.get(gid, []))
         if not mult:
             continue
+        unknown = pb.KIND_COMM_UNKNOWN
         for n in job.graph(gid).nodes:
-            if n.kind == pb.KIND_COMM_UNKNOWN:
+            if n.kind == unknown:
                 out[n.attrs.get("comm_library") or "unknown"] += mult
     return dict(sorted(out.items()))
 
@@ -47,11 +64,15 @@ def summarize(job: Job) -> dict[str, Any]:
     nodes: Counter = Counter()
     colls: Counter = Counter()
     comm_bytes = 0
+    libs: Counter = Counter()
     per_graph = []
     for gid in job.graph_ids():
         g = job.graph(gid)
-        k, c, b = graph_counts(g)
+        k, c, b, lib = _graph_counts(g)
         mult = len(ranks_of.get(gid, []))
+        for key, v in lib.items():
+            if mult:
+                libs[key] += v * mult
         for key, v in k.items():
             nodes[key] += v * mult
         for key, v in c.items():
@@ -69,7 +90,7 @@ def summarize(job: Job) -> dict[str, Any]:
         "nodes": dict(sorted(nodes.items())),
         "collectives": dict(sorted(colls.items())),
         "comm_bytes": comm_bytes,
-        "comm_libraries": comm_libraries(job),
+        "comm_libraries": dict(sorted(libs.items())),   # = comm_libraries(job), same pass
         "dropped": dict(sorted(m.dropped.items())),
         "groups": [
             {"id": g.id, "name": g.name, "desc": g.desc, "size": len(g.ranks),
