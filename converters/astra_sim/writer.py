@@ -216,8 +216,9 @@ class _Exporter:
         return row
 
     def _a2a_matrix(self, rank: int, pn: PlannedNode) -> list[list[int]] | None:
-        """None when the all-to-all is even on every member (native ALL_TO_ALL), else the
-        bytes matrix [sender][receiver] in group order."""
+        """The bytes matrix [sender][receiver] in group order of an all-to-all written as
+        per-peer send/recv; None when it is written as ASTRA-sim's ALL_TO_ALL (even on every
+        member, with the ``ring`` all-to-all mapping)."""
         b = self.job.binding(rank)
         coll = pn.node.collective
         pg_id = b.groups[coll.group]
@@ -244,14 +245,21 @@ class _Exporter:
         explicit = [self._explicit_splits(x, n) for x in nodes]
         ins = [x.collective.in_bytes for x in nodes]
         outs = [x.collective.out_bytes for x in nodes]
-        if all(e is None for e in explicit) and len(set(ins)) == 1 and len(set(outs)) == 1:
+        ring = self.opts.all_to_all == "ring"
+        if ring and all(e is None for e in explicit) and len(set(ins)) == 1 and len(set(outs)) == 1:
             return None
         matrix = [e if e is not None else self._proportional_row(ins[i], outs)
                   for i, e in enumerate(explicit)]
         off_diag = {v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j}
-        if len(off_diag) == 1 and len(set(ins)) == 1:
+        if ring and len(off_diag) == 1 and len(set(ins)) == 1:
             return None  # explicit splits that are even after all
         return matrix
+
+    @staticmethod
+    def _is_even(matrix: list[list[int]]) -> bool:
+        """Every rank sends every other the same bytes (up to the remainder of a division)."""
+        off = [v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j]
+        return max(off, default=0) - min(off, default=0) <= 1
 
     # -- per rank -------------------------------------------------------------------------
     def _pg_attr(self, rank: int, key: str) -> bytes:
@@ -333,7 +341,7 @@ class _Exporter:
             ranks = ranks_of[gid]
             self._count_static(plan, gid, len(ranks))
             heads = None
-            if not plan.has_all_to_all or not any(self._uneven_any(r, plan) for r in ranks):
+            if not plan.has_all_to_all or not any(self._a2a_p2p_any(r, plan) for r in ranks):
                 shift = 0 if self.omit_start else 1
                 heads = [b"" if pn.index == 0 and self.omit_start else
                          self._head(pn, pn.index + shift, (d + shift for d in pn.deps if d or shift), gid)
@@ -369,7 +377,7 @@ class _Exporter:
         out["ranks_losing_over_1pct"] = lossy
         return out
 
-    def _uneven_any(self, rank: int, plan: GraphPlan) -> bool:
+    def _a2a_p2p_any(self, rank: int, plan: GraphPlan) -> bool:
         return any(pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL
                    and self._a2a_matrix(rank, pn) is not None for pn in plan.nodes)
 
@@ -426,9 +434,12 @@ class _Exporter:
                 next_id += 1
                 continue
             ids = []
-            how = ("in_split_bytes" if SPLIT_ATTR in pn.node.attrs
-                   else "sizes proportional to output bytes")
-            self.mapped[f"all_to_all(uneven, {how})->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
+            if self._is_even(matrix):
+                self.mapped["all_to_all(even)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
+            else:
+                how = ("in_split_bytes" if SPLIT_ATTR in pn.node.attrs
+                       else "sizes proportional to output bytes")
+                self.mapped[f"all_to_all(uneven, {how})->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
             for msg in self._a2a_messages(rank, pn, matrix, a2a_tags):
                 kind, peer, size, tag = msg
                 n = _base_node(pn, next_id, deps, False, plan.origin_ns)
@@ -498,6 +509,9 @@ class ExportPlan:
         opts = options or ExportOptions()
         if opts.host_time not in ("keep", "fold"):
             raise OptionError("host_time", f"host time {opts.host_time!r}: use keep or fold")
+        if opts.all_to_all not in configs.ALL_TO_ALL_MAPPINGS:
+            raise OptionError("all_to_all", f"all-to-all mapping {opts.all_to_all!r}: use "
+                              + " or ".join(configs.ALL_TO_ALL_MAPPINGS))
         issues = check_job(job)
         if issues:
             more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
@@ -518,7 +532,8 @@ class ExportPlan:
         """The same plan with the network of ``options`` (bandwidths, latencies, topology);
         the node lists do not depend on the network."""
         hw = self.job.manifest.hardware
-        if (options.align_start, options.host_time) != (self.options.align_start, self.options.host_time):
+        if ((options.align_start, options.host_time, options.all_to_all)
+                != (self.options.align_start, self.options.host_time, self.options.all_to_all)):
             return ExportPlan(self.job, options)
         out = ExportPlan.__new__(ExportPlan)
         out.job, out.options, out._ex = self.job, options, self._ex

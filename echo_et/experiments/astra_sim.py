@@ -34,8 +34,18 @@ import numpy as np
 
 from echo_et.converters.astra_sim import ExportOptions, ExportPlan
 from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE, DEFAULT_SPLITS, Network
-from echo_et.converters.astra_sim.costs import GIB_PER_GB, HOPS, Dim, collective_ns, send_ns, shaped_ns
-from echo_et.converters.astra_sim.mapping import chakra_type_of, comm_size_of
+from echo_et.converters.astra_sim.costs import (
+    GIB_PER_GB,
+    HOPS,
+    Dim,
+    all_to_all_p2p_ns,
+    all_to_all_p2p_shaped_ns,
+    collective_ns,
+    peer_dims,
+    send_ns,
+    shaped_ns,
+)
+from echo_et.converters.astra_sim.mapping import CHAKRA_ALL_TO_ALL, chakra_type_of, comm_size_of
 from echo_et.errors import EchoError
 from echo_et.ir.job import Job
 from echo_et.ir.schema import collective_name, pb
@@ -46,6 +56,8 @@ BW_RANGE = (0.01, 1e5)        # GB/s searched
 LAT_RANGE = (0.0, 1e6)        # ns searched
 PRIOR_WEIGHT = 1e-4           # pull of the default network in the fit (log units)
 SPLIT_CHOICES = (4, 2, 1)     # preferred-dataset-splits a fit may choose
+SEND = -1                     # Sample.comm_type of a send
+A2A_P2P = -2                  # Sample.comm_type of an all-to-all written as per-peer send/recv
 
 
 # -- what the communication takes ---------------------------------------------------------------
@@ -106,12 +118,12 @@ class Sample:
     """One distinct communication of the job and the time ASTRA-sim should give it."""
 
     what: str                  # "all_reduce", ..., "send"
-    comm_type: int             # Chakra type (-1 for send)
+    comm_type: int             # Chakra type; SEND, or A2A_P2P (an all-to-all as per-peer send/recv)
     size: int                  # comm_size as exported
     members: tuple[int, ...]   # collective: group ranks; send: (src, dst)
     target_ns: float
     count: int = 1
-    shape: tuple = ()          # costs.collective_shape, or ("send", dim)
+    shape: tuple = ()          # costs.collective_shape, ("send", dim) or ("a2a-p2p", costs.peer_dims)
 
 
 @dataclass
@@ -128,6 +140,10 @@ class NetworkFit:
         if s.shape and s.shape[0] == "send":
             d = dims[s.shape[1]]
             return HOPS.get(d.topology, 1) * d.latency + s.size / (d.bandwidth * GIB_PER_GB)
+        if s.shape and s.shape[0] == "a2a-p2p":
+            return all_to_all_p2p_shaped_ns(s.size, len(s.members), s.shape[1], dims)
+        if s.comm_type == A2A_P2P:
+            return all_to_all_p2p_ns(s.size, list(s.members), dims)
         if s.comm_type < 0:
             return send_ns(s.size, s.members[0], s.members[1], dims)
         if s.shape:
@@ -174,7 +190,11 @@ def _gpn(net: Network) -> int:
     return net.npus_count[0] if len(net.npus_count) > 1 else 0
 
 
-def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Sample]:
+def _sample_type(ctype: int, all_to_all: str) -> int:
+    return A2A_P2P if ctype == CHAKRA_ALL_TO_ALL and all_to_all == "p2p" else ctype
+
+
+def _model_samples(job: Job, model: Any, net: Network, splits: int, all_to_all: str = "p2p") -> list[Sample]:
     """Every distinct collective and send of the job priced by the CC model."""
     seen: dict[tuple, Sample] = {}
     gpn = net.npus_count[0] if len(net.npus_count) > 1 else max(net.npus, 1)
@@ -197,8 +217,8 @@ def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Samp
                     continue
                 est = model.estimate(collective_name(c.type), int(c.in_bytes), list(group.ranks),
                                      dtype=c.dtype or "float32", gpus_per_node=gpn)
-                seen[key] = Sample(collective_name(c.type), ctype, size, tuple(group.ranks), float(est.time_ns),
-                                   len(group.ranks))
+                seen[key] = Sample(collective_name(c.type), _sample_type(ctype, all_to_all), size, tuple(group.ranks),
+                                   float(est.time_ns), len(group.ranks))
             elif n.kind == pb.KIND_SEND:
                 group = job.resolve_group(r, n.p2p.group)
                 dst = group.ranks[n.p2p.peer]
@@ -206,11 +226,11 @@ def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Samp
                 if key in seen or dst == r:
                     continue
                 est = model.p2p(int(n.p2p.bytes), r, dst, gpus_per_node=gpn)
-                seen[key] = Sample("send", -1, max(1, int(n.p2p.bytes)), (r, dst), float(est.time_ns))
+                seen[key] = Sample("send", SEND, max(1, int(n.p2p.bytes)), (r, dst), float(est.time_ns))
     return _merge_samples(seen.values())
 
 
-def _measured_samples(job: Job, rec: _Recorder, splits: int) -> list[Sample]:
+def _measured_samples(job: Job, rec: _Recorder, splits: int, all_to_all: str = "p2p") -> list[Sample]:
     """Every collective and send of the replay with its own time (the slowest member's)."""
     placeholders = _placeholder_keys(job)
     seen: list[Sample] = []
@@ -223,9 +243,9 @@ def _measured_samples(job: Job, rec: _Recorder, splits: int) -> list[Sample]:
             if ctype is None or len(ranks) <= 1:
                 continue
             size, _ = comm_size_of(ctype_ir, in_b, out_b, len(ranks), splits)
-            seen.append(Sample(collective_name(ctype_ir), ctype, size, ranks, float(t)))
+            seen.append(Sample(collective_name(ctype_ir), _sample_type(ctype, all_to_all), size, ranks, float(t)))
         elif src != dst:
-            seen.append(Sample("send", -1, max(1, in_b), (src, dst), float(t)))
+            seen.append(Sample("send", SEND, max(1, in_b), (src, dst), float(t)))
     return _merge_samples(seen)
 
 
@@ -344,8 +364,10 @@ def _by_shape(samples: list[Sample], dims: list[Dim]) -> list[Sample]:
 
     acc: dict[tuple, list] = {}
     for s in samples:
-        if s.comm_type < 0:
-            shape: tuple = ("send", hop_dim(s.members[0], s.members[1], dims))
+        if s.comm_type == A2A_P2P:
+            shape: tuple = ("a2a-p2p", peer_dims(list(s.members), dims))
+        elif s.comm_type < 0:
+            shape = ("send", hop_dim(s.members[0], s.members[1], dims))
         else:
             shape = collective_shape(list(s.members), dims)
         key = (s.what, s.comm_type, s.size, shape)
@@ -362,6 +384,8 @@ def _dims_used(s: Sample, dims: list[Dim]) -> set[int]:
     m = list(s.members)
     if s.comm_type >= 0 and len(m) == total and len(dims) > 1:
         return set(range(len(dims)))
+    if s.comm_type == A2A_P2P:
+        return {d for counts in peer_dims(m, dims) for d, c in enumerate(counts) if c}
     if s.comm_type < 0:
         return {hop_dim(m[0], m[1], dims)}
     return {hop_dim(m[k], m[(k + 1) % len(m)], dims) for k in range(len(m))}
@@ -425,11 +449,11 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
     fit = None
     if comm_model is not None or measured_network:
         if comm_model is not None:
-            samples = _model_samples(job, comm_model, base, opts.splits)
+            samples = _model_samples(job, comm_model, base, opts.splits, opts.all_to_all)
             source = f"model:{getattr(comm_model, 'name', 'model')}"
         else:
             assert rec is not None
-            samples = _measured_samples(job, rec, opts.splits)
+            samples = _measured_samples(job, rec, opts.splits, opts.all_to_all)
             source = "measured"
         fixed_bw, fixed_lat = _fixed(opts, job, len(base.npus_count))
         fit = fit_network(samples, base, source, fixed_bw=fixed_bw, fixed_lat=fixed_lat, splits=opts.splits)
