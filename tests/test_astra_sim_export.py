@@ -238,16 +238,55 @@ def test_cpu_only_graph_exports_host_operators_as_compute(tmp_path):
 
 
 def test_concurrent_communication_is_serialised_and_counted(tmp_path):
+    # Two groups of the same ranks (e.g. NCCL communicators on two streams).
     def build(gb, r, s):
-        gb.collective("x", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+        gb.collective("x", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="a", in_bytes=4096,
                       start_ns=0, duration_ns=10_000)
-        gb.collective("y", s["copy"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+        gb.collective("y", s["copy"], coll_type=pb.COLL_ALL_REDUCE, group="b", in_bytes=4096,
                       start_ns=2_000, duration_ns=10_000)
 
-    res = export(uniform_job(2, build), tmp_path / "out")
+    res = export(uniform_job(2, build, groups={"a": [[0, 1]], "b": [[0, 1]]}), tmp_path / "out")
     _, (x, y) = read_et(tmp_path / "out" / "workload.0.et")
     assert x.id in y.data_deps
     assert (res["time"]["comm_serialised"], res["time"]["comm_serialised_ns"]) == (2, 2 * 8_000)
+    assert res["time"]["comm_merged"] == 0
+
+
+def _two_buckets(overlap_on: set[int]):
+    """Two all-reduces of one group on two threads (gloo's workers), concurrent on the
+    ranks in ``overlap_on``, one after the other elsewhere."""
+    def build(gb, r, s):
+        t2 = gb.stream(pb.STREAM_CPU_THREAD, "gloo worker 2")
+        gb.collective("bucket0", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+                      start_ns=0, duration_ns=10_000)
+        gb.collective("bucket1", t2, coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=1024,
+                      start_ns=2_000 if r in overlap_on else 10_000, duration_ns=9_000)
+    return build
+
+
+def test_concurrent_collectives_of_one_group_become_one_of_the_summed_bytes(tmp_path):
+    # ASTRA-sim runs one communication node at a time; gloo ran the two buckets at once:
+    # they become one all-reduce of 5120 B, lasting from the first start to the last end.
+    res = export(uniform_job(2, _two_buckets({0, 1})), tmp_path / "out")
+    for r in (0, 1):
+        _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        colls = [n for n in nodes if n.type == et.COMM_COLL_NODE]
+        assert [(n.name, attr_value(n, "comm_size")) for n in colls] == [("bucket0", 5120)]
+    assert res["merged"] == {"all_reduce (concurrent with the previous one of its group: one collective of "
+                             "the summed bytes)": 2}
+    assert (res["time"]["comm_merged"], res["time"]["comm_merged_ns"]) == (2, 2 * 8_000)
+    assert res["time"]["comm_serialised"] == 0
+    assert check_export(tmp_path / "out") == []
+
+
+def test_collectives_are_merged_only_where_every_member_ran_them_concurrently(tmp_path):
+    # Rank 1 ran the buckets one after the other: merging on rank 0 alone would give the
+    # group two different collective sequences (ASTRA-sim would hang), so nobody merges.
+    res = export(uniform_job(2, _two_buckets({0})), tmp_path / "out")
+    for r in (0, 1):
+        _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        assert [attr_value(n, "comm_size") for n in nodes if n.type == et.COMM_COLL_NODE] == [4096, 1024]
+    assert res["time"]["comm_merged"] == 0 and res["time"]["comm_serialised"] == 1
 
 
 def test_ranks_keep_their_measured_start_offsets(tmp_path):

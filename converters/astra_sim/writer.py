@@ -28,7 +28,7 @@ from echo_et.ir.schema import pb
 from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
 from .mapping import comm_size_of, comm_type_of
-from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, exported_us, plan_graph, round_us
+from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, concurrent_collectives, exported_us, plan_graph, round_us
 
 METADATA_VERSION = "0.0.4"
 MIN_NPUS = 2               # every network dimension needs more than one NPU
@@ -65,9 +65,8 @@ def _delimited(data: bytes) -> bytes:
 
 
 # -- what a planned node becomes --------------------------------------------------------------
-def _coll_size(node: pb.Node, group_size: int, splits: int) -> tuple[int, bool]:
-    c = node.collective
-    return comm_size_of(c.type, c.in_bytes, c.out_bytes, group_size, splits)
+def _coll_size(pn: PlannedNode, group_size: int, splits: int) -> tuple[int, bool]:
+    return comm_size_of(pn.node.collective.type, pn.in_bytes, pn.out_bytes, group_size, splits)
 
 
 def _base_node(pn: PlannedNode, node_id: int, deps: Iterable[int], is_cpu: bool,
@@ -118,7 +117,6 @@ class _Exporter:
     def plan(self) -> None:
         ranks_of = self.job.ranks_of_graph()
         for gid in sorted(ranks_of):
-            graph = self.job.graph(gid)
             sizes: dict[str, int] = {}
             for r in ranks_of[gid]:
                 b = self.job.binding(r)
@@ -129,11 +127,14 @@ class _Exporter:
                             f"graph {gid}: group key {key!r} is bound to groups of different sizes "
                             f"({sizes[key]} and {size}); ASTRA-sim export needs one size per key"
                         )
+            self.key_sizes[gid] = sizes
+        merges = self._merges(ranks_of)
+        for gid in sorted(ranks_of):
             try:
-                self.plans[gid] = plan_graph(graph, sizes, fold_host=self.opts.host_time == "fold")
+                self.plans[gid] = plan_graph(self.job.graph(gid), self.key_sizes[gid],
+                                             fold_host=self.opts.host_time == "fold", merge=merges.get(gid))
             except EchoError as e:
                 raise EchoError(f"graph {gid}: {e}") from None
-            self.key_sizes[gid] = sizes
         # Each rank starts at its measured offset from the earliest rank (on the job clock).
         raw = {r: self.plans[self.job.binding(r).graph].origin_ns + self.job.binding(r).clock_offset_ns
                for r in self.job.ranks()}
@@ -153,6 +154,35 @@ class _Exporter:
         self.explicit_world = any(g not in self.world_groups for g in used)
         # With every rank starting at 0 the start node says nothing: it is left out.
         self.omit_start = not any(self.offsets_us.values())
+
+    def _merges(self, ranks_of: dict[str, list[int]]) -> dict[str, dict[str, frozenset[int]]]:
+        """Per graph and group key, the collectives merged into the previous one of their
+        group (:func:`.plan.concurrent_collectives`): only those that ran concurrently on
+        every member of every group the key is bound to, so that all members write the
+        same collective sequence."""
+        cand = {gid: concurrent_collectives(self.job.graph(gid), self.key_sizes[gid]) for gid in ranks_of}
+        if not any(cand.values()):
+            return {}
+        sets: dict[tuple[str, str], frozenset[int]] = {}
+        pairs_of_group: dict[int, set[tuple[str, str]]] = {}
+        for gid, ranks in ranks_of.items():
+            for r in ranks:
+                for key, pg_id in self.job.binding(r).groups.items():
+                    sets[(gid, key)] = cand[gid].get(key, frozenset())
+                    pairs_of_group.setdefault(pg_id, set()).add((gid, key))
+        changed = True
+        while changed:
+            changed = False
+            for pairs in pairs_of_group.values():
+                common = frozenset.intersection(*(sets[p] for p in pairs))
+                for p in pairs:
+                    if sets[p] != common:
+                        sets[p], changed = common, True
+        out: dict[str, dict[str, frozenset[int]]] = {}
+        for (gid, key), seqs in sets.items():
+            if seqs:
+                out.setdefault(gid, {})[key] = seqs
+        return out
 
     def _colls(self, graph_id: str, key: str) -> dict[int, pb.Node]:
         k = (graph_id, key)
@@ -285,7 +315,7 @@ class _Exporter:
         count of size raises they imply."""
         n = pn.node
         if pn.role == COLL:
-            size, raised = _coll_size(n, self.key_sizes[gid][n.collective.group], self.splits)
+            size, raised = _coll_size(pn, self.key_sizes[gid][n.collective.group], self.splits)
             return [self.attrs.get("comm_type", "int64_val", comm_type_of(n)),
                     self.attrs.get("comm_size", "int64_val", size)], int(raised)
         if pn.role != COMP:  # P2P

@@ -52,9 +52,9 @@ from echo_et.ir.schema import collective_name, pb
 from echo_et.sim import CommCall, Predictor, SimOptions, Simulator
 
 MIN_NPUS = 2
-BW_RANGE = (0.01, 1e5)        # GB/s searched
-LAT_RANGE = (0.0, 1e6)        # ns searched
-PRIOR_WEIGHT = 1e-4           # pull of the default network in the fit (log units)
+BW_RANGE = (1e-4, 1e5)       # GB/s searched
+LAT_RANGE = (0.0, 1e8)        # ns searched
+PRIOR_WEIGHT = 1e-6           # pull of the default network in the fit (log units)
 SPLIT_CHOICES = (4, 2, 1)     # preferred-dataset-splits a fit may choose
 SEND = -1                     # Sample.comm_type of a send
 A2A_P2P = -2                  # Sample.comm_type of an all-to-all written as per-peer send/recv
@@ -67,11 +67,13 @@ class _Recorder(Simulator):
     def __init__(self, job: Job, options: SimOptions | None = None):
         super().__init__(job, options)
         self.own: dict[Hashable, dict[int, int]] = {}
+        self.start: dict[Hashable, int] = {}
         self.calls: dict[Hashable, tuple[int, int, int, tuple[int, ...], int, int]] = {}
 
     def _keep(self, key: Hashable, call: CommCall, t: int | list[int]) -> None:
         times = t if isinstance(t, list | tuple) else [t] * len(call.ranks)
         self.own[key] = {r: int(x) for r, x in zip(call.ranks, times, strict=True)}
+        self.start[key] = call.last_arrival_ns
         self.calls[key] = (call.coll_type, call.in_bytes, call.out_bytes, tuple(call.group.ranks),
                            call.src, call.dst)
 
@@ -194,8 +196,44 @@ def _sample_type(ctype: int, all_to_all: str) -> int:
     return A2A_P2P if ctype == CHAKRA_ALL_TO_ALL and all_to_all == "p2p" else ctype
 
 
-def _model_samples(job: Job, model: Any, net: Network, splits: int, all_to_all: str = "p2p") -> list[Sample]:
-    """Every distinct collective and send of the job priced by the CC model."""
+def _merged_collectives(job: Job, plan: ExportPlan) -> dict[tuple[int, int], list[int]]:
+    """(group id, seq) of each exported collective that other collectives of its group were
+    merged into (they ran concurrently) -> the seqs merged into it."""
+    heads = {gid: [pn for pn in gp.nodes if pn.merged] for gid, gp in plan.plans.items()}
+    if not any(heads.values()):
+        return {}
+    out: dict[tuple[int, int], list[int]] = {}
+    for r in job.ranks():
+        b = job.binding(r)
+        for pn in heads[b.graph]:
+            out[(b.groups[pn.node.collective.group], pn.node.collective.seq)] = [m.collective.seq for m in pn.merged]
+    return out
+
+
+def _merge_recorded(rec: _Recorder, merges: dict[tuple[int, int], list[int]]) -> None:
+    """The replay's own times of merged collectives as one: each member's time from the
+    last arrival at any of them to its end of the last of them (summed bytes)."""
+    for (g, seq), rest in merges.items():
+        keys = [("c", g, s) for s in (seq, *rest)]
+        if any(k not in rec.own for k in keys):
+            continue
+        start = max(rec.start[k] for k in keys)
+        rec.own[keys[0]] = {r: max(rec.start[k] + rec.own[k].get(r, 0) for k in keys) - start
+                            for r in rec.own[keys[0]]}
+        ctype, _, _, members, src, dst = rec.calls[keys[0]]
+        rec.calls[keys[0]] = (ctype, sum(rec.calls[k][1] for k in keys), sum(rec.calls[k][2] for k in keys),
+                              members, src, dst)
+        rec.start[keys[0]] = start
+        for k in keys[1:]:
+            del rec.own[k], rec.calls[k], rec.start[k]
+
+
+def _model_samples(job: Job, model: Any, net: Network, splits: int, all_to_all: str = "p2p",
+                   merges: dict[tuple[int, int], list[int]] | None = None) -> list[Sample]:
+    """Every distinct collective and send of the job priced by the CC model (collectives
+    merged into one at their summed bytes)."""
+    merges = merges or {}
+    merged_away = {(g, s) for (g, _), rest in merges.items() for s in rest}
     seen: dict[tuple, Sample] = {}
     gpn = net.npus_count[0] if len(net.npus_count) > 1 else max(net.npus, 1)
     comm_of: dict[str, list[pb.Node]] = {}
@@ -211,11 +249,21 @@ def _model_samples(job: Job, model: Any, net: Network, splits: int, all_to_all: 
                 group = job.resolve_group(r, c.group)
                 if ctype is None or len(group.ranks) <= 1:
                     continue
-                size, _ = comm_size_of(c.type, c.in_bytes, c.out_bytes, len(group.ranks), splits)
-                key = ("c", c.type, c.in_bytes, c.out_bytes, group.id)
+                if (group.id, c.seq) in merged_away:
+                    continue
+                in_b, out_b = int(c.in_bytes), int(c.out_bytes)
+                if (group.id, c.seq) in merges:
+                    gb = job.binding(r)
+                    key_of = {s.collective.seq: s for s in comm_of[gb.graph] if s.kind == pb.KIND_COLLECTIVE
+                              and s.collective.group == c.group}
+                    for s_ in merges[(group.id, c.seq)]:
+                        in_b += key_of[s_].collective.in_bytes
+                        out_b += key_of[s_].collective.out_bytes
+                size, _ = comm_size_of(c.type, in_b, out_b, len(group.ranks), splits)
+                key = ("c", c.type, in_b, out_b, group.id)
                 if key in seen:
                     continue
-                est = model.estimate(collective_name(c.type), int(c.in_bytes), list(group.ranks),
+                est = model.estimate(collective_name(c.type), in_b, list(group.ranks),
                                      dtype=c.dtype or "float32", gpus_per_node=gpn)
                 seen[key] = Sample(collective_name(c.type), _sample_type(ctype, all_to_all), size, tuple(group.ranks),
                                    float(est.time_ns), len(group.ranks))
@@ -446,10 +494,13 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
                 raise EchoError(f"cannot fit the network to the measured collectives: echo-et cannot "
                                 f"replay the job ({e})") from None
             rec, why_not = None, str(e)
+    merges = _merged_collectives(job, plan)
+    if rec is not None and merges:
+        _merge_recorded(rec, merges)
     fit = None
     if comm_model is not None or measured_network:
         if comm_model is not None:
-            samples = _model_samples(job, comm_model, base, opts.splits, opts.all_to_all)
+            samples = _model_samples(job, comm_model, base, opts.splits, opts.all_to_all, merges)
             source = f"model:{getattr(comm_model, 'name', 'model')}"
         else:
             assert rec is not None
