@@ -131,6 +131,34 @@ def test_collective_cost_formula_on_two_dimensions_is_approximate(tmp_path, bina
         assert abs(want - got) <= 0.25 * got, (ctype, got, want)
 
 
+def test_all_to_all_as_send_recv_costs_each_rank_the_sum_of_its_sends(tmp_path, binary):
+    # 16 NPUs as 4 x 4; an all-to-all on 8 of them (two per node of four nodes) is written as
+    # one send and one receive per peer: each rank pays its sends one after the other, each
+    # at the parameters of the lowest dimension in which the two NPUs differ (ASTRA-sim's
+    # analytical routing: 4 peers on the first, 3 on the second; costs.all_to_all_p2p_ns),
+    # within 1 %.
+    from echo_et.converters.astra_sim.costs import all_to_all_p2p_ns
+
+    members = [0, 1, 4, 5, 8, 9, 12, 13]
+    size = 4 << 20
+
+    def build(gb, r, s):
+        if r in members:
+            gb.collective("a2a", s["comm"], coll_type=pb.COLL_ALL_TO_ALL, group="ep", in_bytes=size,
+                          out_bytes=size)
+        else:
+            gb.compute("k", s["compute"], duration_ns=1000)
+
+    job = uniform_job(16, build, groups={"ep": [members] + [[r] for r in range(16) if r not in members]})
+    opts = ExportOptions(gpus_per_node=4, intra_bw=200.0, inter_bw=25.0, latency=700.0)
+    res = export(job, tmp_path / "a2a", opts)
+    assert res["mapped"]["all_to_all(even)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] == 8
+    got = max(run_astra_sim(tmp_path / "a2a", binary, timeout_s=120)["finished_cycles"].values())
+    dims = [Dim("Switch", 4, 200.0, 700.0), Dim("Switch", 4, 25.0, 700.0)]
+    want = all_to_all_p2p_ns(size, members, dims)
+    assert abs(want - got) <= 0.01 * got, (got, want)
+
+
 # -- the reference all-reduce ----------------------------------------------------------------
 def test_reference_all_reduce_with_the_config_the_export_writes(tmp_path, binary):
     # ASTRA-sim's microbenchmark (8 NPUs, 1 MiB all-reduce) exported onto its Ring 50 GB/s,

@@ -138,3 +138,24 @@ def test_export_network_source_options_are_exclusive(tmp_path):
         assert res.exit_code == 2, extra
         assert len(res.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "o").exists()
+
+
+def _a2a_job_dir(tmp_path):
+    def build(gb, r, s):
+        gb.collective("a2a", s["comm"], coll_type=pb.COLL_ALL_TO_ALL, group="world", in_bytes=4096, out_bytes=4096)
+    return save_job(uniform_job(4, build), tmp_path / "a2a_job")
+
+
+def test_all_to_all_mapping_option(tmp_path):
+    job = _a2a_job_dir(tmp_path)
+    res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "p2p"), "--json", "--no-expected"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["mapped"] == {"all_to_all(even)->COMM_SEND_NODE/COMM_RECV_NODE per peer": 4}
+    res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "ring"), "--all-to-all", "ring",
+                              "--json", "--no-expected"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["mapped"] == {"all_to_all(even)->ALL_TO_ALL": 4}
+    bad = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "bad"), "--all-to-all", "direct"])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip() == "error: --all-to-all: all-to-all mapping 'direct': use p2p or ring"
+    assert not (tmp_path / "bad").exists()

@@ -33,7 +33,8 @@ def test_microbenchmark_golden_files_are_reproduced(tmp_path, coll):
     src = shared_path(f"{MICRO}/{coll}/8npus_1MB")
     originals = _rank_files(src, coll)
     job = read([src], "chakra", ReadOptions())
-    res = export(job, tmp_path / "out")
+    # ASTRA-sim's own all-to-all file is a native ALL_TO_ALL: the "ring" mapping keeps it.
+    res = export(job, tmp_path / "out", ExportOptions(all_to_all="ring"))
     assert res["ranks"] == len(originals)
     for r, orig in enumerate(originals):
         ometa, onodes = read_et(orig)
@@ -237,16 +238,55 @@ def test_cpu_only_graph_exports_host_operators_as_compute(tmp_path):
 
 
 def test_concurrent_communication_is_serialised_and_counted(tmp_path):
+    # Two groups of the same ranks (e.g. NCCL communicators on two streams).
     def build(gb, r, s):
-        gb.collective("x", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+        gb.collective("x", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="a", in_bytes=4096,
                       start_ns=0, duration_ns=10_000)
-        gb.collective("y", s["copy"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+        gb.collective("y", s["copy"], coll_type=pb.COLL_ALL_REDUCE, group="b", in_bytes=4096,
                       start_ns=2_000, duration_ns=10_000)
 
-    res = export(uniform_job(2, build), tmp_path / "out")
+    res = export(uniform_job(2, build, groups={"a": [[0, 1]], "b": [[0, 1]]}), tmp_path / "out")
     _, (x, y) = read_et(tmp_path / "out" / "workload.0.et")
     assert x.id in y.data_deps
     assert (res["time"]["comm_serialised"], res["time"]["comm_serialised_ns"]) == (2, 2 * 8_000)
+    assert res["time"]["comm_merged"] == 0
+
+
+def _two_buckets(overlap_on: set[int]):
+    """Two all-reduces of one group on two threads (gloo's workers), concurrent on the
+    ranks in ``overlap_on``, one after the other elsewhere."""
+    def build(gb, r, s):
+        t2 = gb.stream(pb.STREAM_CPU_THREAD, "gloo worker 2")
+        gb.collective("bucket0", s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=4096,
+                      start_ns=0, duration_ns=10_000)
+        gb.collective("bucket1", t2, coll_type=pb.COLL_ALL_REDUCE, group="world", in_bytes=1024,
+                      start_ns=2_000 if r in overlap_on else 10_000, duration_ns=9_000)
+    return build
+
+
+def test_concurrent_collectives_of_one_group_become_one_of_the_summed_bytes(tmp_path):
+    # ASTRA-sim runs one communication node at a time; gloo ran the two buckets at once:
+    # they become one all-reduce of 5120 B, lasting from the first start to the last end.
+    res = export(uniform_job(2, _two_buckets({0, 1})), tmp_path / "out")
+    for r in (0, 1):
+        _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        colls = [n for n in nodes if n.type == et.COMM_COLL_NODE]
+        assert [(n.name, attr_value(n, "comm_size")) for n in colls] == [("bucket0", 5120)]
+    assert res["merged"] == {"all_reduce (concurrent with the previous one of its group: one collective of "
+                             "the summed bytes)": 2}
+    assert (res["time"]["comm_merged"], res["time"]["comm_merged_ns"]) == (2, 2 * 8_000)
+    assert res["time"]["comm_serialised"] == 0
+    assert check_export(tmp_path / "out") == []
+
+
+def test_collectives_are_merged_only_where_every_member_ran_them_concurrently(tmp_path):
+    # Rank 1 ran the buckets one after the other: merging on rank 0 alone would give the
+    # group two different collective sequences (ASTRA-sim would hang), so nobody merges.
+    res = export(uniform_job(2, _two_buckets({0})), tmp_path / "out")
+    for r in (0, 1):
+        _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
+        assert [attr_value(n, "comm_size") for n in nodes if n.type == et.COMM_COLL_NODE] == [4096, 1024]
+    assert res["time"]["comm_merged"] == 0 and res["time"]["comm_serialised"] == 1
 
 
 def test_ranks_keep_their_measured_start_offsets(tmp_path):
@@ -388,15 +428,47 @@ def test_uneven_all_to_all_without_splits_uses_proportional_rule(tmp_path):
         assert _sends(tmp_path / "out", r) == {j: 2 * (j + 1) for j in range(3) if j != r}
 
 
-def test_even_all_to_all_stays_a_collective(tmp_path):
+def test_even_all_to_all_becomes_send_recv_per_peer(tmp_path):
+    # NCCL runs all-to-all as grouped send/recv: each rank sends 1/N of its input to every
+    # other rank. ASTRA-sim runs one send at a time per rank, so the exchange costs
+    # (N-1)/N of the bytes, as NCCL's does (its ring ALL_TO_ALL moves (N-1)/2).
+    def build(gb, r, s):
+        n = gb.collective("a2a", s["comm"], coll_type=pb.COLL_ALL_TO_ALL, group="world", in_bytes=4096)
+        gb.compute("after", s["compute"], duration_ns=1000, deps=[n.id])
+
+    res = export(uniform_job(4, build), tmp_path / "out")
+    out = tmp_path / "out"
+    for r in range(4):
+        assert _sends(out, r) == {j: 1024 for j in range(4) if j != r}
+        _, nodes = read_et(out / f"workload.{r}.et")
+        assert not [n for n in nodes if n.type == et.COMM_COLL_NODE]
+        recvs = {attr_value(n, "comm_src"): attr_value(n, "comm_size") for n in nodes if n.type == et.COMM_RECV_NODE}
+        assert recvs == {j: 1024 for j in range(4) if j != r}
+        # Sends go round the ring from the next rank on, so every step pairs distinct ranks.
+        assert [attr_value(n, "comm_dst") for n in nodes if n.type == et.COMM_SEND_NODE] == \
+            [(r + k) % 4 for k in (1, 2, 3)]
+        after = next(n for n in nodes if n.name == "after")
+        assert {n.id for n in nodes if n.type != et.COMP_NODE} <= set(after.data_deps)
+    assert res["mapped"]["all_to_all(even)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] == 4
+    assert check_export(out) == []
+
+
+def test_even_all_to_all_stays_a_collective_with_the_ring_mapping(tmp_path):
     def build(gb, r, s):
         gb.collective("a2a", s["comm"], coll_type=pb.COLL_ALL_TO_ALL, group="world", in_bytes=4096)
 
-    res = export(uniform_job(4, build), tmp_path / "out")
+    res = export(uniform_job(4, build), tmp_path / "out", ExportOptions(all_to_all="ring"))
     _, (n,) = read_et(tmp_path / "out" / "workload.2.et")
     assert (n.type, attr_value(n, "comm_type"), attr_value(n, "comm_size")) == \
         (et.COMM_COLL_NODE, et.ALL_TO_ALL, 4096)
     assert res["mapped"] == {"all_to_all(even)->ALL_TO_ALL": 4}
+
+
+def test_unknown_all_to_all_mapping_is_an_option_error(tmp_path):
+    job = uniform_job(2, lambda gb, r, s: gb.compute("k", s["compute"], duration_ns=1000))
+    with pytest.raises(OptionError, match="all-to-all mapping 'direct'"):
+        export(job, tmp_path / "out", ExportOptions(all_to_all="direct"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_single_rank_job_gets_an_idle_partner(tmp_path):

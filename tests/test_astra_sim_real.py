@@ -59,10 +59,12 @@ def test_dlrm_kineto_job_exports_and_passes_the_contract(dlrm, tmp_path):
         cpu = [n for n in nodes if attr_value(n, "is_cpu_op")]
         assert cpu and all(n.type == et.COMP_NODE for n in cpu)
         assert all(not n.ctrl_deps for n in nodes)
-    # The trace's all-to-all #3 has equal inputs but uneven outputs on every rank.
+    # Every all-to-all is per-peer send/recv; the trace's all-to-all #3 has equal inputs but
+    # uneven outputs on every rank.
     assert uneven > 0
     key = next(k for k in res["mapped"] if k.startswith("all_to_all(uneven"))
-    assert res["mapped"][key] == uneven
+    assert 0 < res["mapped"][key] < uneven
+    assert res["mapped"][key] + res["mapped"]["all_to_all(even)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] == uneven
 
 
 def test_dlrm_uneven_all_to_all_keeps_each_rank_totals(dlrm, tmp_path):
@@ -133,9 +135,10 @@ def _header(text: str) -> dict[str, int]:
             if toks[i + 1].isdigit() and not toks[i].isdigit()}
 
 
-def _expected_comm_per_rank(text: str, world: int, max_layers: int | None = None) -> int:
+def _expected_comm_per_rank(text: str, world: int, max_layers: int | None = None) -> tuple[int, int]:
     """Comm entries SimAI would run: a type other than NONE, bytes > 0, on a group of more
-    than one rank (group sizes from the header)."""
+    than one rank (group sizes from the header): the collectives other than all-to-all, and
+    the sends of the all-to-alls (one per peer)."""
     lines = text.splitlines()
     policy, h = lines[0].split()[0], _header(text)
     tp = h.get("model_parallel_NPU_group") or (1 if policy in ("MICRO", "DATA") else world)
@@ -144,7 +147,7 @@ def _expected_comm_per_rank(text: str, world: int, max_layers: int | None = None
     toks = " ".join(lines[2:]).split()
     rows = [toks[i:i + 12] for i in range(0, len(toks) - 11, 12)][:int(lines[1])]
     rows = rows[:max_layers] if max_layers else rows
-    n = 0
+    n = sends = 0
     for row in rows:
         for col, default in ((3, "tp"), (6, "tp"), (9, "dp")):
             kind, size = row[col], int(row[col + 1])
@@ -155,9 +158,12 @@ def _expected_comm_per_rank(text: str, world: int, max_layers: int | None = None
             group = "ep" if kind.endswith("_EP") and not kind.endswith("_DP_EP") else \
                 "dp_ep" if kind.endswith("_DP_EP") else default
             sizes = {"tp": tp, "dp": dp, "ep": ep, "dp_ep": dp // ep}
-            if policy == "MICRO" or sizes[group] > 1:
+            size = world if policy == "MICRO" else sizes[group]
+            if size > 1 and kind.startswith("ALLTOALL"):
+                sends += size - 1
+            elif size > 1:
                 n += 1
-    return n
+    return n, sends
 
 
 @pytest.mark.parametrize("rel", _workloads())
@@ -182,7 +188,10 @@ def test_simai_workload_exports_and_passes_the_contract(rel, tmp_path):
     res = export(job, tmp_path / "out")
     assert check_export(tmp_path / "out") == []
     assert res["ranks"] == world
-    want = _expected_comm_per_rank(text, world, max_layers)
+    want, want_sends = _expected_comm_per_rank(text, world, max_layers)
     for r in sorted({0, world - 1}):
         _, nodes = read_et(tmp_path / "out" / f"workload.{r}.et")
         assert sum(n.type == et.COMM_COLL_NODE for n in nodes) == want
+        # All-to-all: per-peer send/recv (NCCL's grouped send/recv).
+        assert sum(n.type == et.COMM_SEND_NODE and "[a2a#" in n.name for n in nodes) == want_sends
+        assert sum(n.type == et.COMM_RECV_NODE and "[a2a#" in n.name for n in nodes) == want_sends

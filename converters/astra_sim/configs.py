@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from echo_et.errors import EchoError, OptionError
 
 TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
+ALL_TO_ALL_MAPPINGS = ("p2p", "ring")
 DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_INTRA_BW = 400.0
 DEFAULT_INTER_BW = 50.0
@@ -56,6 +57,10 @@ class ExportOptions:
     splits: int = DEFAULT_SPLITS
     align_start: bool = False         # start every rank at 0 instead of its measured offset
     host_time: str = "keep"           # "keep" (CPU nodes) or "fold" (only the order it imposes)
+    # "p2p": every all-to-all as per-peer COMM_SEND/COMM_RECV (NCCL's grouped send/recv:
+    # (N-1)/N of the bytes); "ring": even ones as ASTRA-sim's ALL_TO_ALL collective, whose
+    # ring algorithm moves (N-1)/2 of them.
+    all_to_all: str = "p2p"
 
 
 @dataclass

@@ -14,7 +14,9 @@ E, ``local-mem-bw`` M) and exact within about 1 % for collectives on one dimensi
 * steps and bus factors per type: all-reduce 2(N-1) and 2(N-1)/N; all-gather (C the
   per-rank shard) N-1 and N-1; reduce-scatter (C the full input) N-1 and (N-1)/N;
   all-to-all (ring algorithm) N(N-1)/2 and (N-1)/2;
-* a send costs ``hops x latency + C / bandwidth`` (no chunking);
+* a send costs ``hops x latency + C / bandwidth`` (no chunking); a rank runs one send at a
+  time (receives alongside), so an all-to-all written as per-peer send/recv costs each rank
+  the sum of its sends;
 * a group smaller than the whole network runs as one ring over its members; each hop uses
   the parameters of the lowest dimension in which the two NPUs differ, and the ring runs at
   the pace of its slowest hop;
@@ -149,5 +151,37 @@ def send_ns(size: int, src: int, dst: int, dims: list[Dim]) -> float:
     return HOPS.get(d.topology, 1) * d.latency + size / (d.bandwidth * GIB_PER_GB)
 
 
-__all__ = ["Dim", "collective_ns", "collective_shape", "coordinates", "hop_dim", "ring_ns", "send_ns",
-           "shaped_ns"]
+def peer_dims(members: list[int], dims: list[Dim]) -> tuple[tuple[int, ...], ...]:
+    """For each distinct member, how many of its peers in the group it reaches through each
+    dimension (the lowest one in which they differ): what the time of a per-peer exchange
+    depends on."""
+    out = set()
+    for m in members:
+        counts = [0] * len(dims)
+        for p in members:
+            if p != m:
+                counts[hop_dim(m, p, dims)] += 1
+        out.add(tuple(counts))
+    return tuple(sorted(out))
+
+
+def all_to_all_p2p_shaped_ns(size: float, n: int, peers: tuple[tuple[int, ...], ...], dims: list[Dim]) -> float:
+    """An all-to-all of ``size`` bytes per rank on ``n`` members written as one send and one
+    receive per peer (``size / n`` bytes each): ASTRA-sim runs a rank's sends one at a time
+    and its receives alongside, so a rank takes the sum of its sends; the slowest rank sets
+    the time. ``peers`` is :func:`peer_dims` of the group."""
+    if n <= 1:
+        return 0.0
+    per = size / n
+    return max(sum(c * (HOPS.get(d.topology, 1) * d.latency + per / (d.bandwidth * GIB_PER_GB))
+                   for c, d in zip(counts, dims, strict=True)) for counts in peers)
+
+
+def all_to_all_p2p_ns(size: int, members: list[int], dims: list[Dim]) -> float:
+    """ASTRA-sim's time for an all-to-all of ``size`` bytes per rank on ``members`` written as
+    per-peer send/recv (see :func:`all_to_all_p2p_shaped_ns`)."""
+    return all_to_all_p2p_shaped_ns(size, len(members), peer_dims(members, dims), dims)
+
+
+__all__ = ["Dim", "all_to_all_p2p_ns", "all_to_all_p2p_shaped_ns", "collective_ns", "collective_shape",
+           "coordinates", "hop_dim", "peer_dims", "ring_ns", "send_ns", "shaped_ns"]

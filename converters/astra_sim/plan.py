@@ -82,6 +82,18 @@ class PlannedNode:
     end_ns: int = 0            # exported end (COMP: start + length; communication: measured end)
     deps: list[int] = field(default_factory=list)  # indices of planned nodes
     label: str = ""            # mapping label (``mapped`` counts)
+    merged: list[pb.Node] = field(default_factory=list)  # collectives of the same group that ran
+    #                                                      concurrently with ``node``: one collective
+    #                                                      of the summed bytes
+
+    @property
+    def in_bytes(self) -> int:
+        """A collective's per-rank input bytes, those of the collectives merged into it included."""
+        return self.node.collective.in_bytes + sum(m.collective.in_bytes for m in self.merged)
+
+    @property
+    def out_bytes(self) -> int:
+        return self.node.collective.out_bytes + sum(m.collective.out_bytes for m in self.merged)
 
     @property
     def duration_ns(self) -> int:
@@ -146,9 +158,10 @@ def _label(s: _Node) -> str:
 
 
 class _Planner:
-    def __init__(self, graph: Graph, group_sizes: dict[str, int]):
+    def __init__(self, graph: Graph, group_sizes: dict[str, int], merge: dict[str, frozenset[int]] | None = None):
         self.graph = graph
         self.group_sizes = group_sizes
+        self.merge = merge or {}   # group key -> seqs merged into the previous collective of the group
         nodes = list(graph.nodes)
         self.nodes = nodes
         self.index = {n.id: i for i, n in enumerate(nodes)}
@@ -167,6 +180,7 @@ class _Planner:
         self.dropped: dict[str, int] = {}
         self.stats: dict[str, int] = {"gpu_clipped_ns": 0, "gpu_gaps_added_ns": 0, "comm_gaps_dropped_ns": 0,
                                       "comm_serialised": 0, "comm_serialised_ns": 0,
+                                      "comm_merged": 0, "comm_merged_ns": 0,
                                       "host_waits_elastic": 0, "host_wait_ns_elastic": 0,
                                       "acausal_deps_dropped": 0, "lost_busy_ns": 0}
         self.sources: dict[int, list[int]] = {}   # host time -> planned indices waiting for the host there
@@ -366,6 +380,10 @@ class _Planner:
             if ready == _NEG:
                 ready, gate = self.origin, "host"
                 host_t = self.origin
+            if (s.cls in ("comm", "block") and n.kind == pb.KIND_COLLECTIVE
+                    and n.collective.seq in self.merge.get(n.collective.group, ())):
+                self._merge_into_previous(s, i, deps, host_t, last_coll.get(n.collective.group), lp, has_host)
+                continue
             start, end = n.start_ns, n.start_ns + n.duration_ns
             if lane == GPU:
                 if timed and lp is not None and end <= cursor and (n.duration_ns > 0 or start < cursor):
@@ -416,6 +434,35 @@ class _Planner:
                 # The host thread blocks in this call: its wait is cut out of the host lane.
                 self.waits.append((n.start_ns, n.start_ns + n.duration_ns, n.stream))
                 self._pending_sinks.append((n.start_ns + n.duration_ns, [i]))
+
+    def _merge_into_previous(self, s: _Node, i: int, deps: set[int], host_t: int | None,
+                             prev: PlannedNode | None, lp: PlannedNode | None, has_host: bool) -> None:
+        """A collective that ran concurrently with the previous one of its group (gloo runs
+        them on several worker threads; ASTRA-sim runs one communication node at a time):
+        the two become one collective of the summed bytes, waiting for what either waited
+        for. Every member of the group merges the same pair (chosen by the exporter)."""
+        n = s.n
+        if prev is None or prev is not lp:
+            raise EchoError(f"node {n.id} ({n.name}): cannot merge this collective into the previous one of "
+                            "its group: other communication ran between them")
+        deps.discard(prev.index)
+        if not has_host and host_t is not None:
+            host_t = None
+            deps.add(self.start.index)
+        end = n.start_ns + n.duration_ns
+        self.stats["comm_merged"] += 1
+        self.stats["comm_merged_ns"] += max(0, min(prev.end_ns, end) - n.start_ns)
+        prev.deps = sorted(set(prev.deps) | deps)
+        prev.end_ns = max(prev.end_ns, end)
+        prev.merged.append(n)
+        self.count(self.merged, f"{collective_name(n.collective.type)} (concurrent with the previous one of "
+                                "its group: one collective of the summed bytes)")
+        if host_t is not None:
+            self.sources.setdefault(host_t, []).append(prev.index)
+        s.out, s.end = {prev.index}, prev.end_ns
+        if s.cls == "block":
+            self.waits.append((n.start_ns, end, n.stream))
+            self._pending_sinks.append((end, [i]))
 
     # -- host lane --------------------------------------------------------------------------
     def plan_host(self) -> None:
@@ -675,12 +722,42 @@ def _fold_host(nodes: list[PlannedNode]) -> tuple[list[PlannedNode], int]:
     return out, folded
 
 
-def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = False) -> GraphPlan:
+_MERGEABLE = frozenset({pb.COLL_ALL_REDUCE, pb.COLL_ALL_GATHER, pb.COLL_REDUCE_SCATTER, pb.COLL_REDUCE,
+                        pb.COLL_BROADCAST})
+
+
+def concurrent_collectives(graph: Graph, group_sizes: dict[str, int]) -> dict[str, frozenset[int]]:
+    """Collectives (by group key, seq) that started, in measured time, before the previous
+    collective of their group ended, on another stream or thread, with no other
+    communication between them: gloo runs a process group's collectives on several worker
+    threads at once (DDP's gradient buckets), ASTRA-sim runs one communication node at a
+    time. Such a collective can be merged into the previous one (same type, summed bytes);
+    the exporter merges it only where every member of the group ran the pair concurrently."""
+    nodes = graph.nodes
+    if len({n.start_ns for n in nodes}) <= 1:
+        return {}
+    lane = sorted((n for n in nodes if n.kind == pb.KIND_SEND or (
+        n.kind == pb.KIND_COLLECTIVE and group_sizes.get(n.collective.group, 0) > 1)),
+        key=lambda n: (n.start_ns, n.id))
+    out: dict[str, set[int]] = {}
+    for a, b in zip(lane, lane[1:], strict=False):
+        if (a.kind == b.kind == pb.KIND_COLLECTIVE and a.collective.group == b.collective.group
+                and b.collective.seq == a.collective.seq + 1 and a.collective.type == b.collective.type
+                and a.collective.type in _MERGEABLE and a.stream != b.stream
+                and b.start_ns < a.start_ns + a.duration_ns):
+            out.setdefault(b.collective.group, set()).add(b.collective.seq)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = False,
+               merge: dict[str, frozenset[int]] | None = None) -> GraphPlan:
     """Plan the export of ``graph``; ``group_sizes`` gives the size of the group each key is
     bound to (the same for every rank bound to the graph). ``fold_host`` leaves host time
     out (only the order it imposes stays): for readers whose statistics fail on CPU nodes,
-    at the cost of the time, which the plan reports as lost."""
-    p = _Planner(graph, group_sizes)
+    at the cost of the time, which the plan reports as lost. ``merge`` names, per group
+    key, the collectives (by seq) merged into the previous collective of their group
+    (:func:`concurrent_collectives` finds them)."""
+    p = _Planner(graph, group_sizes, merge)
     p.classify()
     waits: list[tuple[int, int]] = []
     if p.timed:
@@ -706,5 +783,5 @@ def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = F
                      p.origin, has_a2a)
 
 
-__all__ = ["COLL", "COMM", "COMP", "GPU", "HOST", "P2P", "RECV", "GraphPlan", "PlannedNode", "exported_us",
-           "plan_graph", "round_us"]
+__all__ = ["COLL", "COMM", "COMP", "GPU", "HOST", "P2P", "RECV", "GraphPlan", "PlannedNode",
+           "concurrent_collectives", "exported_us", "plan_graph", "round_us"]

@@ -8,8 +8,9 @@ of that stream with the exported length (whole microseconds, as ASTRA-sim runs i
 ``DEP_DATA`` dependencies; start times are left at 0, so the simulator keeps no measured
 gaps, as ASTRA-sim keeps none. Collectives and send/recv are the traced nodes themselves
 (same group keys and sequence numbers): their time is whatever the simulator gives them.
-An uneven all-to-all, written as per-peer send/recv for ASTRA-sim, stays one collective
-here. Each rank's start offset becomes its binding's ``clock_offset_ns``.
+An all-to-all, written as per-peer send/recv for ASTRA-sim, stays one collective here;
+collectives merged into one (they ran concurrently) are one collective of the summed bytes.
+Each rank's start offset becomes its binding's ``clock_offset_ns``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def view_graph(plan: GraphPlan, header: pb.GraphHeader) -> Graph:
         else:
             n = g.add(pn.node)
             n.id = pn.index + 1
+            if pn.merged:   # concurrent collectives of the group, written as one
+                n.collective.in_bytes, n.collective.out_bytes = pn.in_bytes, pn.out_bytes
             n.stream = stream
             n.start_ns = 0
             del n.deps[:]

@@ -28,7 +28,7 @@ from echo_et.ir.schema import pb
 from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
 from .mapping import comm_size_of, comm_type_of
-from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, exported_us, plan_graph, round_us
+from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, concurrent_collectives, exported_us, plan_graph, round_us
 
 METADATA_VERSION = "0.0.4"
 MIN_NPUS = 2               # every network dimension needs more than one NPU
@@ -65,9 +65,8 @@ def _delimited(data: bytes) -> bytes:
 
 
 # -- what a planned node becomes --------------------------------------------------------------
-def _coll_size(node: pb.Node, group_size: int, splits: int) -> tuple[int, bool]:
-    c = node.collective
-    return comm_size_of(c.type, c.in_bytes, c.out_bytes, group_size, splits)
+def _coll_size(pn: PlannedNode, group_size: int, splits: int) -> tuple[int, bool]:
+    return comm_size_of(pn.node.collective.type, pn.in_bytes, pn.out_bytes, group_size, splits)
 
 
 def _base_node(pn: PlannedNode, node_id: int, deps: Iterable[int], is_cpu: bool,
@@ -118,7 +117,6 @@ class _Exporter:
     def plan(self) -> None:
         ranks_of = self.job.ranks_of_graph()
         for gid in sorted(ranks_of):
-            graph = self.job.graph(gid)
             sizes: dict[str, int] = {}
             for r in ranks_of[gid]:
                 b = self.job.binding(r)
@@ -129,11 +127,14 @@ class _Exporter:
                             f"graph {gid}: group key {key!r} is bound to groups of different sizes "
                             f"({sizes[key]} and {size}); ASTRA-sim export needs one size per key"
                         )
+            self.key_sizes[gid] = sizes
+        merges = self._merges(ranks_of)
+        for gid in sorted(ranks_of):
             try:
-                self.plans[gid] = plan_graph(graph, sizes, fold_host=self.opts.host_time == "fold")
+                self.plans[gid] = plan_graph(self.job.graph(gid), self.key_sizes[gid],
+                                             fold_host=self.opts.host_time == "fold", merge=merges.get(gid))
             except EchoError as e:
                 raise EchoError(f"graph {gid}: {e}") from None
-            self.key_sizes[gid] = sizes
         # Each rank starts at its measured offset from the earliest rank (on the job clock).
         raw = {r: self.plans[self.job.binding(r).graph].origin_ns + self.job.binding(r).clock_offset_ns
                for r in self.job.ranks()}
@@ -153,6 +154,35 @@ class _Exporter:
         self.explicit_world = any(g not in self.world_groups for g in used)
         # With every rank starting at 0 the start node says nothing: it is left out.
         self.omit_start = not any(self.offsets_us.values())
+
+    def _merges(self, ranks_of: dict[str, list[int]]) -> dict[str, dict[str, frozenset[int]]]:
+        """Per graph and group key, the collectives merged into the previous one of their
+        group (:func:`.plan.concurrent_collectives`): only those that ran concurrently on
+        every member of every group the key is bound to, so that all members write the
+        same collective sequence."""
+        cand = {gid: concurrent_collectives(self.job.graph(gid), self.key_sizes[gid]) for gid in ranks_of}
+        if not any(cand.values()):
+            return {}
+        sets: dict[tuple[str, str], frozenset[int]] = {}
+        pairs_of_group: dict[int, set[tuple[str, str]]] = {}
+        for gid, ranks in ranks_of.items():
+            for r in ranks:
+                for key, pg_id in self.job.binding(r).groups.items():
+                    sets[(gid, key)] = cand[gid].get(key, frozenset())
+                    pairs_of_group.setdefault(pg_id, set()).add((gid, key))
+        changed = True
+        while changed:
+            changed = False
+            for pairs in pairs_of_group.values():
+                common = frozenset.intersection(*(sets[p] for p in pairs))
+                for p in pairs:
+                    if sets[p] != common:
+                        sets[p], changed = common, True
+        out: dict[str, dict[str, frozenset[int]]] = {}
+        for (gid, key), seqs in sets.items():
+            if seqs:
+                out.setdefault(gid, {})[key] = seqs
+        return out
 
     def _colls(self, graph_id: str, key: str) -> dict[int, pb.Node]:
         k = (graph_id, key)
@@ -216,8 +246,9 @@ class _Exporter:
         return row
 
     def _a2a_matrix(self, rank: int, pn: PlannedNode) -> list[list[int]] | None:
-        """None when the all-to-all is even on every member (native ALL_TO_ALL), else the
-        bytes matrix [sender][receiver] in group order."""
+        """The bytes matrix [sender][receiver] in group order of an all-to-all written as
+        per-peer send/recv; None when it is written as ASTRA-sim's ALL_TO_ALL (even on every
+        member, with the ``ring`` all-to-all mapping)."""
         b = self.job.binding(rank)
         coll = pn.node.collective
         pg_id = b.groups[coll.group]
@@ -244,14 +275,21 @@ class _Exporter:
         explicit = [self._explicit_splits(x, n) for x in nodes]
         ins = [x.collective.in_bytes for x in nodes]
         outs = [x.collective.out_bytes for x in nodes]
-        if all(e is None for e in explicit) and len(set(ins)) == 1 and len(set(outs)) == 1:
+        ring = self.opts.all_to_all == "ring"
+        if ring and all(e is None for e in explicit) and len(set(ins)) == 1 and len(set(outs)) == 1:
             return None
         matrix = [e if e is not None else self._proportional_row(ins[i], outs)
                   for i, e in enumerate(explicit)]
         off_diag = {v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j}
-        if len(off_diag) == 1 and len(set(ins)) == 1:
+        if ring and len(off_diag) == 1 and len(set(ins)) == 1:
             return None  # explicit splits that are even after all
         return matrix
+
+    @staticmethod
+    def _is_even(matrix: list[list[int]]) -> bool:
+        """Every rank sends every other the same bytes (up to the remainder of a division)."""
+        off = [v for i, row in enumerate(matrix) for j, v in enumerate(row) if i != j]
+        return max(off, default=0) - min(off, default=0) <= 1
 
     # -- per rank -------------------------------------------------------------------------
     def _pg_attr(self, rank: int, key: str) -> bytes:
@@ -277,7 +315,7 @@ class _Exporter:
         count of size raises they imply."""
         n = pn.node
         if pn.role == COLL:
-            size, raised = _coll_size(n, self.key_sizes[gid][n.collective.group], self.splits)
+            size, raised = _coll_size(pn, self.key_sizes[gid][n.collective.group], self.splits)
             return [self.attrs.get("comm_type", "int64_val", comm_type_of(n)),
                     self.attrs.get("comm_size", "int64_val", size)], int(raised)
         if pn.role != COMP:  # P2P
@@ -333,7 +371,7 @@ class _Exporter:
             ranks = ranks_of[gid]
             self._count_static(plan, gid, len(ranks))
             heads = None
-            if not plan.has_all_to_all or not any(self._uneven_any(r, plan) for r in ranks):
+            if not plan.has_all_to_all or not any(self._a2a_p2p_any(r, plan) for r in ranks):
                 shift = 0 if self.omit_start else 1
                 heads = [b"" if pn.index == 0 and self.omit_start else
                          self._head(pn, pn.index + shift, (d + shift for d in pn.deps if d or shift), gid)
@@ -369,7 +407,7 @@ class _Exporter:
         out["ranks_losing_over_1pct"] = lossy
         return out
 
-    def _uneven_any(self, rank: int, plan: GraphPlan) -> bool:
+    def _a2a_p2p_any(self, rank: int, plan: GraphPlan) -> bool:
         return any(pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL
                    and self._a2a_matrix(rank, pn) is not None for pn in plan.nodes)
 
@@ -426,9 +464,12 @@ class _Exporter:
                 next_id += 1
                 continue
             ids = []
-            how = ("in_split_bytes" if SPLIT_ATTR in pn.node.attrs
-                   else "sizes proportional to output bytes")
-            self.mapped[f"all_to_all(uneven, {how})->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
+            if self._is_even(matrix):
+                self.mapped["all_to_all(even)->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
+            else:
+                how = ("in_split_bytes" if SPLIT_ATTR in pn.node.attrs
+                       else "sizes proportional to output bytes")
+                self.mapped[f"all_to_all(uneven, {how})->COMM_SEND_NODE/COMM_RECV_NODE per peer"] += 1
             for msg in self._a2a_messages(rank, pn, matrix, a2a_tags):
                 kind, peer, size, tag = msg
                 n = _base_node(pn, next_id, deps, False, plan.origin_ns)
@@ -498,6 +539,9 @@ class ExportPlan:
         opts = options or ExportOptions()
         if opts.host_time not in ("keep", "fold"):
             raise OptionError("host_time", f"host time {opts.host_time!r}: use keep or fold")
+        if opts.all_to_all not in configs.ALL_TO_ALL_MAPPINGS:
+            raise OptionError("all_to_all", f"all-to-all mapping {opts.all_to_all!r}: use "
+                              + " or ".join(configs.ALL_TO_ALL_MAPPINGS))
         issues = check_job(job)
         if issues:
             more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
@@ -518,7 +562,8 @@ class ExportPlan:
         """The same plan with the network of ``options`` (bandwidths, latencies, topology);
         the node lists do not depend on the network."""
         hw = self.job.manifest.hardware
-        if (options.align_start, options.host_time) != (self.options.align_start, self.options.host_time):
+        if ((options.align_start, options.host_time, options.all_to_all)
+                != (self.options.align_start, self.options.host_time, self.options.all_to_all)):
             return ExportPlan(self.job, options)
         out = ExportPlan.__new__(ExportPlan)
         out.job, out.options, out._ex = self.job, options, self._ex

@@ -72,6 +72,10 @@ def export_astra_sim(
                                   "threads' time as CPU compute nodes; fold: leave it out and keep "
                                   "only the order it imposes (ASTRA-sim master's statistics fail on "
                                   "CPU nodes; the lost time is reported)."),
+    all_to_all: str = typer.Option("p2p", "--all-to-all", metavar="p2p|ring", help="p2p: every "
+                                   "all-to-all as one send and one receive per peer (NCCL's grouped "
+                                   "send/recv); ring: even ones as ASTRA-sim's ALL_TO_ALL collective "
+                                   "(its ring moves (N-1)/2 of the bytes where NCCL moves (N-1)/N)."),
     no_expected: bool = typer.Option(False, "--no-expected", help="Skip echo-et's replay of the job "
                                      "and of the export (no expected step; faster on huge jobs)."),
     as_json: bool = JsonOpt,
@@ -95,7 +99,7 @@ def export_astra_sim(
     opts = ExportOptions(gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
                          latency=latency, topology=topology, splits=4 if splits is None else splits,
                          align_start=align_start,
-                         host_time=host_time)
+                         host_time=host_time, all_to_all=all_to_all)
     result = export_with_report(job, output, opts, comm_model=model, measured_network=measured_network,
                                 fit_splits=splits is None, expected=not no_expected)
     for lossy in result["time"]["ranks_losing_over_1pct"]:

@@ -34,18 +34,30 @@ import numpy as np
 
 from echo_et.converters.astra_sim import ExportOptions, ExportPlan
 from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE, DEFAULT_SPLITS, Network
-from echo_et.converters.astra_sim.costs import GIB_PER_GB, HOPS, Dim, collective_ns, send_ns, shaped_ns
-from echo_et.converters.astra_sim.mapping import chakra_type_of, comm_size_of
+from echo_et.converters.astra_sim.costs import (
+    GIB_PER_GB,
+    HOPS,
+    Dim,
+    all_to_all_p2p_ns,
+    all_to_all_p2p_shaped_ns,
+    collective_ns,
+    peer_dims,
+    send_ns,
+    shaped_ns,
+)
+from echo_et.converters.astra_sim.mapping import CHAKRA_ALL_TO_ALL, chakra_type_of, comm_size_of
 from echo_et.errors import EchoError
 from echo_et.ir.job import Job
 from echo_et.ir.schema import collective_name, pb
 from echo_et.sim import CommCall, Predictor, SimOptions, Simulator
 
 MIN_NPUS = 2
-BW_RANGE = (0.01, 1e5)        # GB/s searched
-LAT_RANGE = (0.0, 1e6)        # ns searched
-PRIOR_WEIGHT = 1e-4           # pull of the default network in the fit (log units)
+BW_RANGE = (1e-4, 1e5)       # GB/s searched
+LAT_RANGE = (0.0, 1e8)        # ns searched
+PRIOR_WEIGHT = 1e-6           # pull of the default network in the fit (log units)
 SPLIT_CHOICES = (4, 2, 1)     # preferred-dataset-splits a fit may choose
+SEND = -1                     # Sample.comm_type of a send
+A2A_P2P = -2                  # Sample.comm_type of an all-to-all written as per-peer send/recv
 
 
 # -- what the communication takes ---------------------------------------------------------------
@@ -55,11 +67,13 @@ class _Recorder(Simulator):
     def __init__(self, job: Job, options: SimOptions | None = None):
         super().__init__(job, options)
         self.own: dict[Hashable, dict[int, int]] = {}
+        self.start: dict[Hashable, int] = {}
         self.calls: dict[Hashable, tuple[int, int, int, tuple[int, ...], int, int]] = {}
 
     def _keep(self, key: Hashable, call: CommCall, t: int | list[int]) -> None:
         times = t if isinstance(t, list | tuple) else [t] * len(call.ranks)
         self.own[key] = {r: int(x) for r, x in zip(call.ranks, times, strict=True)}
+        self.start[key] = call.last_arrival_ns
         self.calls[key] = (call.coll_type, call.in_bytes, call.out_bytes, tuple(call.group.ranks),
                            call.src, call.dst)
 
@@ -106,12 +120,12 @@ class Sample:
     """One distinct communication of the job and the time ASTRA-sim should give it."""
 
     what: str                  # "all_reduce", ..., "send"
-    comm_type: int             # Chakra type (-1 for send)
+    comm_type: int             # Chakra type; SEND, or A2A_P2P (an all-to-all as per-peer send/recv)
     size: int                  # comm_size as exported
     members: tuple[int, ...]   # collective: group ranks; send: (src, dst)
     target_ns: float
     count: int = 1
-    shape: tuple = ()          # costs.collective_shape, or ("send", dim)
+    shape: tuple = ()          # costs.collective_shape, ("send", dim) or ("a2a-p2p", costs.peer_dims)
 
 
 @dataclass
@@ -128,6 +142,10 @@ class NetworkFit:
         if s.shape and s.shape[0] == "send":
             d = dims[s.shape[1]]
             return HOPS.get(d.topology, 1) * d.latency + s.size / (d.bandwidth * GIB_PER_GB)
+        if s.shape and s.shape[0] == "a2a-p2p":
+            return all_to_all_p2p_shaped_ns(s.size, len(s.members), s.shape[1], dims)
+        if s.comm_type == A2A_P2P:
+            return all_to_all_p2p_ns(s.size, list(s.members), dims)
         if s.comm_type < 0:
             return send_ns(s.size, s.members[0], s.members[1], dims)
         if s.shape:
@@ -174,8 +192,48 @@ def _gpn(net: Network) -> int:
     return net.npus_count[0] if len(net.npus_count) > 1 else 0
 
 
-def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Sample]:
-    """Every distinct collective and send of the job priced by the CC model."""
+def _sample_type(ctype: int, all_to_all: str) -> int:
+    return A2A_P2P if ctype == CHAKRA_ALL_TO_ALL and all_to_all == "p2p" else ctype
+
+
+def _merged_collectives(job: Job, plan: ExportPlan) -> dict[tuple[int, int], list[int]]:
+    """(group id, seq) of each exported collective that other collectives of its group were
+    merged into (they ran concurrently) -> the seqs merged into it."""
+    heads = {gid: [pn for pn in gp.nodes if pn.merged] for gid, gp in plan.plans.items()}
+    if not any(heads.values()):
+        return {}
+    out: dict[tuple[int, int], list[int]] = {}
+    for r in job.ranks():
+        b = job.binding(r)
+        for pn in heads[b.graph]:
+            out[(b.groups[pn.node.collective.group], pn.node.collective.seq)] = [m.collective.seq for m in pn.merged]
+    return out
+
+
+def _merge_recorded(rec: _Recorder, merges: dict[tuple[int, int], list[int]]) -> None:
+    """The replay's own times of merged collectives as one: each member's time from the
+    last arrival at any of them to its end of the last of them (summed bytes)."""
+    for (g, seq), rest in merges.items():
+        keys = [("c", g, s) for s in (seq, *rest)]
+        if any(k not in rec.own for k in keys):
+            continue
+        start = max(rec.start[k] for k in keys)
+        rec.own[keys[0]] = {r: max(rec.start[k] + rec.own[k].get(r, 0) for k in keys) - start
+                            for r in rec.own[keys[0]]}
+        ctype, _, _, members, src, dst = rec.calls[keys[0]]
+        rec.calls[keys[0]] = (ctype, sum(rec.calls[k][1] for k in keys), sum(rec.calls[k][2] for k in keys),
+                              members, src, dst)
+        rec.start[keys[0]] = start
+        for k in keys[1:]:
+            del rec.own[k], rec.calls[k], rec.start[k]
+
+
+def _model_samples(job: Job, model: Any, net: Network, splits: int, all_to_all: str = "p2p",
+                   merges: dict[tuple[int, int], list[int]] | None = None) -> list[Sample]:
+    """Every distinct collective and send of the job priced by the CC model (collectives
+    merged into one at their summed bytes)."""
+    merges = merges or {}
+    merged_away = {(g, s) for (g, _), rest in merges.items() for s in rest}
     seen: dict[tuple, Sample] = {}
     gpn = net.npus_count[0] if len(net.npus_count) > 1 else max(net.npus, 1)
     comm_of: dict[str, list[pb.Node]] = {}
@@ -191,14 +249,24 @@ def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Samp
                 group = job.resolve_group(r, c.group)
                 if ctype is None or len(group.ranks) <= 1:
                     continue
-                size, _ = comm_size_of(c.type, c.in_bytes, c.out_bytes, len(group.ranks), splits)
-                key = ("c", c.type, c.in_bytes, c.out_bytes, group.id)
+                if (group.id, c.seq) in merged_away:
+                    continue
+                in_b, out_b = int(c.in_bytes), int(c.out_bytes)
+                if (group.id, c.seq) in merges:
+                    gb = job.binding(r)
+                    key_of = {s.collective.seq: s for s in comm_of[gb.graph] if s.kind == pb.KIND_COLLECTIVE
+                              and s.collective.group == c.group}
+                    for s_ in merges[(group.id, c.seq)]:
+                        in_b += key_of[s_].collective.in_bytes
+                        out_b += key_of[s_].collective.out_bytes
+                size, _ = comm_size_of(c.type, in_b, out_b, len(group.ranks), splits)
+                key = ("c", c.type, in_b, out_b, group.id)
                 if key in seen:
                     continue
-                est = model.estimate(collective_name(c.type), int(c.in_bytes), list(group.ranks),
+                est = model.estimate(collective_name(c.type), in_b, list(group.ranks),
                                      dtype=c.dtype or "float32", gpus_per_node=gpn)
-                seen[key] = Sample(collective_name(c.type), ctype, size, tuple(group.ranks), float(est.time_ns),
-                                   len(group.ranks))
+                seen[key] = Sample(collective_name(c.type), _sample_type(ctype, all_to_all), size, tuple(group.ranks),
+                                   float(est.time_ns), len(group.ranks))
             elif n.kind == pb.KIND_SEND:
                 group = job.resolve_group(r, n.p2p.group)
                 dst = group.ranks[n.p2p.peer]
@@ -206,11 +274,11 @@ def _model_samples(job: Job, model: Any, net: Network, splits: int) -> list[Samp
                 if key in seen or dst == r:
                     continue
                 est = model.p2p(int(n.p2p.bytes), r, dst, gpus_per_node=gpn)
-                seen[key] = Sample("send", -1, max(1, int(n.p2p.bytes)), (r, dst), float(est.time_ns))
+                seen[key] = Sample("send", SEND, max(1, int(n.p2p.bytes)), (r, dst), float(est.time_ns))
     return _merge_samples(seen.values())
 
 
-def _measured_samples(job: Job, rec: _Recorder, splits: int) -> list[Sample]:
+def _measured_samples(job: Job, rec: _Recorder, splits: int, all_to_all: str = "p2p") -> list[Sample]:
     """Every collective and send of the replay with its own time (the slowest member's)."""
     placeholders = _placeholder_keys(job)
     seen: list[Sample] = []
@@ -223,9 +291,9 @@ def _measured_samples(job: Job, rec: _Recorder, splits: int) -> list[Sample]:
             if ctype is None or len(ranks) <= 1:
                 continue
             size, _ = comm_size_of(ctype_ir, in_b, out_b, len(ranks), splits)
-            seen.append(Sample(collective_name(ctype_ir), ctype, size, ranks, float(t)))
+            seen.append(Sample(collective_name(ctype_ir), _sample_type(ctype, all_to_all), size, ranks, float(t)))
         elif src != dst:
-            seen.append(Sample("send", -1, max(1, in_b), (src, dst), float(t)))
+            seen.append(Sample("send", SEND, max(1, in_b), (src, dst), float(t)))
     return _merge_samples(seen)
 
 
@@ -344,8 +412,10 @@ def _by_shape(samples: list[Sample], dims: list[Dim]) -> list[Sample]:
 
     acc: dict[tuple, list] = {}
     for s in samples:
-        if s.comm_type < 0:
-            shape: tuple = ("send", hop_dim(s.members[0], s.members[1], dims))
+        if s.comm_type == A2A_P2P:
+            shape: tuple = ("a2a-p2p", peer_dims(list(s.members), dims))
+        elif s.comm_type < 0:
+            shape = ("send", hop_dim(s.members[0], s.members[1], dims))
         else:
             shape = collective_shape(list(s.members), dims)
         key = (s.what, s.comm_type, s.size, shape)
@@ -362,6 +432,8 @@ def _dims_used(s: Sample, dims: list[Dim]) -> set[int]:
     m = list(s.members)
     if s.comm_type >= 0 and len(m) == total and len(dims) > 1:
         return set(range(len(dims)))
+    if s.comm_type == A2A_P2P:
+        return {d for counts in peer_dims(m, dims) for d, c in enumerate(counts) if c}
     if s.comm_type < 0:
         return {hop_dim(m[0], m[1], dims)}
     return {hop_dim(m[k], m[(k + 1) % len(m)], dims) for k in range(len(m))}
@@ -422,14 +494,17 @@ def export_with_report(job: Job, dest, options: ExportOptions | None = None, *, 
                 raise EchoError(f"cannot fit the network to the measured collectives: echo-et cannot "
                                 f"replay the job ({e})") from None
             rec, why_not = None, str(e)
+    merges = _merged_collectives(job, plan)
+    if rec is not None and merges:
+        _merge_recorded(rec, merges)
     fit = None
     if comm_model is not None or measured_network:
         if comm_model is not None:
-            samples = _model_samples(job, comm_model, base, opts.splits)
+            samples = _model_samples(job, comm_model, base, opts.splits, opts.all_to_all, merges)
             source = f"model:{getattr(comm_model, 'name', 'model')}"
         else:
             assert rec is not None
-            samples = _measured_samples(job, rec, opts.splits)
+            samples = _measured_samples(job, rec, opts.splits, opts.all_to_all)
             source = "measured"
         fixed_bw, fixed_lat = _fixed(opts, job, len(base.npus_count))
         fit = fit_network(samples, base, source, fixed_bw=fixed_bw, fixed_lat=fixed_lat, splits=opts.splits)

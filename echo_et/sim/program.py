@@ -11,7 +11,8 @@ node, in node-id order: one node at a time, no measured gaps kept between them.
 
 Host threads carry nested operators (a CPU op contains other CPU ops, launches and syncs,
 linked to their parent by DEP_CONTROL). A host thread is replayed as its *boundary
-timeline*: the starts and ends of all its nodes, in nesting order, cut the thread into
+timeline*: the starts and ends of all its nodes, in nesting order (in time order where
+ranges cross instead of nesting, as async ``gloo:send`` spans do), cut the thread into
 consecutive segments; each segment is one item whose duration is the measured gap between
 its two boundaries. So a launch happens at the same offset inside its operator as measured,
 a parent operator ends after its last child plus the measured tail, and:
@@ -467,6 +468,12 @@ def _compile_host_thread(c: _Compilation, members: list[int], k: int) -> None:
     while stack:
         j = stack.pop()
         bounds.append((nodes[j].start_ns + nodes[j].duration_ns, j, False))
+    # Ranges that cross instead of nesting (an async annotation such as ``gloo:send``, open
+    # from the call until the transfer completed while the thread went on) leave the
+    # nesting order out of time order: a stable sort by time restores it and keeps the
+    # nesting order among equal times (properly nested ranges are already in time order).
+    if any(bounds[b][0] > bounds[b + 1][0] for b in range(len(bounds) - 1)):
+        bounds.sort(key=lambda x: x[0])
 
     n_b = len(bounds)
     if n_b == 0:

@@ -151,6 +151,11 @@ class CommCall:
         return min(durs)
 
     @property
+    def last_arrival_ns(self) -> int:
+        """When the last member arrived (simulated time): a collective starts on every member then."""
+        return max(t for _, _, t in self._parts)
+
+    @property
     def ranks(self) -> list[int]:
         """The simulated (representative) ranks taking part."""
         return [st.rank for st, _, _ in self._parts]
