@@ -56,3 +56,75 @@ def test_path_sample_travels_between_processes() -> None:
     back = PathSample.from_wire(s.to_wire())
     assert [(n.kind, n.name, c) for n, c in back.calls] == [(n.kind, n.name, c) for n, c in s.calls]
     assert back.rest_ns == 123.0
+
+
+# -- calibrate compute --iterations ------------------------------------------------------------------
+TINY = ("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,measured_ms\n"
+        "2,64,2,32,1,2,1,1,1,4.0\n"
+        "2,64,2,32,1,4,1,2,1,9.0\n"
+        "2,64,2,32,1,2,3,1,1,5.0\n")    # tp 3 does not divide 2 heads: excluded, named
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "echo_et.cli.main", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_calibrate_compute_fits_measured_iterations(tmp_path) -> None:
+    import json
+
+    csv = tmp_path / "iterations.csv"
+    csv.write_text(TINY)
+    out = tmp_path / "p.json"
+    r = _cli("calibrate", "compute", "--iterations", str(csv), "--recompute", "--intra-bw", "150GB/s",
+             "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    prof = json.loads(out.read_text())
+    (src,) = prof["sources"]
+    assert (src["file"], src["kind"], src["samples"], src["excluded"]) == ("iterations.csv", "iterations", 2, 1)
+    it = prof["fit"]["iterations"]
+    assert it["configurations"] == 2 and it["settings"]["recompute"] is True
+    assert it["settings"]["cluster"]["intra_bw_gbps_per_gpu"] == 150.0
+    assert "tp (3) must divide heads (2)" in json.dumps(prof["fit"]["excluded"])
+    # the fitted model is what the profile says: the end-to-end parameters moved from the data sheet's
+    assert prof["params"]["host_launch_ns"] != it["before"]["host_launch_ns"]
+    again = tmp_path / "q.json"
+    assert _cli("calibrate", "compute", "--iterations", str(csv), "--recompute", "--intra-bw", "150GB/s",
+                "-o", str(again)).returncode == 0
+    assert again.read_bytes() == out.read_bytes()        # deterministic
+
+
+@pytest.mark.parametrize(("text", "args", "message"), [
+    ("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n2,64,2,32,1,2,1,1,1\n", [],
+     "line 2: no measured_ms"),
+    ("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,speed\n", [], "unknown column 'speed'"),
+    ("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,measured_ms,gpus\n2,64,2,32,1,2,1,1,1,4,8\n", [],
+     "gpus 8 is not tp x pp x dp"),
+    (TINY, ["--dtype", "int3"], "'int3' is not one of"),
+    (None, ["--recompute"], "--recompute only apply with --iterations"),
+])
+def test_calibrate_compute_iterations_bad_input_is_one_line(tmp_path, text, args, message) -> None:
+    out = tmp_path / "p.json"
+    if text is None:
+        r = _cli("calibrate", "compute", "--kernels", str(tmp_path / "k.csv"), *args, "-o", str(out))
+    else:
+        csv = tmp_path / "it.csv"
+        csv.write_text(text)
+        r = _cli("calibrate", "compute", "--iterations", str(csv), *args, "-o", str(out))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_vtrain_columns_read_as_configuration_columns(tmp_path) -> None:
+    from echo_et.experiments.config_sweep import read_configs
+
+    p = tmp_path / "gt.csv"
+    p.write_text("\ufeff# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+                 "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
+                 "8,32,4,1024,16,24,1024,2,2,2,219.732754\n")
+    (row,) = read_configs(p)
+    assert row == {"gpus": 8, "global_batch": 32, "micro_batch": 4, "hidden": 1024, "heads": 16, "layers": 24,
+                   "seq": 1024, "tp": 2, "dp": 2, "pp": 2, "measured_ms": 219.732754}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from echo_et.cli.common import JsonOpt, emit_json, guarded
-from echo_et.errors import EchoError
+from echo_et.cli.cluster_opts import cluster_from_options, gpus_per_node_opt, inter_bw_opt, intra_bw_opt
+from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded
+from echo_et.errors import EchoError, OptionError
 
 
 def register(app: typer.Typer) -> None:
@@ -77,61 +79,79 @@ def calibrate_compute_cmd(
     gpu: str = typer.Option("a100", "--gpu", metavar="NAME",
                             help="GPU the measurements were made on (its data sheet is kept fixed)."),
     name: str | None = typer.Option(None, "--name", metavar="NAME", help="Profile name (default: the GPU's)."),
+    iterations: Path | None = typer.Option(
+        None, "--iterations", metavar="CSV",
+        help="Measured training iterations (a `sweep --configs` CSV with measured_ms, or vTrain's "
+             "ground_truth_single.csv): fits the end-to-end parameters (host issue time, kernel overhead, "
+             "tensor-core and attention efficiencies) by tracing each row on the meta device and simulating it."),
+    recompute: bool = typer.Option(False, "--recompute", help="The measured runs recomputed activations "
+                                   "(--iterations)."),
+    dtype: str = typer.Option("float16", "--dtype", help="Training dtype of the measured runs (--iterations)."),
+    gpus_per_node: int | None = gpus_per_node_opt(),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    workers: int = typer.Option(1, "--workers", help="Processes simulating the measured configurations."),
+    cache: Path | None = typer.Option(None, "--cache", metavar="DIR",
+                                      help="Keep each configuration's traced Job here between runs (--iterations)."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Fit the compute model's efficiencies to measured kernels and layer times."""
-    from echo_et.models.compute import data, fit, write_profile
-    from echo_et.models.compute.profile import default_profile
+    """Fit the compute model's efficiencies to measured kernels and layer times, then
+    (--iterations) its end-to-end parameters to measured training iterations."""
+    from echo_et.models.compute import write_profile
+    from echo_et.models.compute.calibration import calibrate_kernels_and_layers
 
-    if kernels is None and not layers:
-        raise EchoError("give at least one input: --kernels CSV and/or --layers PATH")
-    if output.exists() and output.is_dir():
-        raise EchoError(f"{output}: is a directory")
-    prior = default_profile(gpu)
-    samples: list[fit.Sample] = []
-    sources: list[dict[str, Any]] = []
-    excluded: list[dict[str, str]] = []
-    if kernels is not None:
-        ks, ex = data.read_kernel_samples(kernels)
-        samples += ks
-        excluded += [{"sample": e.label, "reason": e.reason} for e in ex]
-        sources.append({"file": kernels.name, "kind": "kernels", "sha256": data.sha256(kernels),
-                        "samples": len(ks), "excluded": len(ex)})
-    files = [f for p in layers for f in data.aicb_files(p)]
-    if layers and not files:
-        raise EchoError(f"{', '.join(str(p) for p in layers)}: no SimAI/AICB *_A100.txt Megatron workload")
-    for f in sorted(set(files), key=lambda p: p.name):
-        lt = data.read_aicb_layers(f)
-        if lt is None:
-            continue
-        ls, ex = data.layer_samples(lt, prior.gpu.peak_flops("bf16"))
-        samples += ls
-        excluded += [{"sample": e.label, "reason": e.reason} for e in ex]
-        sources.append({"file": f.name, "kind": "layers", "sha256": data.sha256(f),
-                        "samples": sum(1 for s in ls if s.source == "layers"), "excluded": len(ex)})
-    fitted = [s for s in samples if s.source in ("kernels", "layers")]
-    fitted_profile, stages = fit.calibrate(fitted, prior)
-    per_source: dict[str, Any] = {}
-    for src in sorted({s.source for s in samples}):
-        sel = [s for s in samples if s.source == src]
-        per_source[src] = fit.summary(fit.errors(sel, fitted_profile))
-    key = prior.gpu.key
-    profile = replace(fitted_profile, name=name or key, calibrated=True,
-                      description=f"{prior.gpu.name} data sheet; efficiencies fitted by `echo-et calibrate compute` "
-                                  f"on {', '.join(s['file'] for s in sources)}",
-                      sources=tuple(sources),
-                      fit={"stages": stages, "in_sample": per_source, "excluded": excluded})
+    check_output_path("--output", output, file_only=True)
+    used = [f for f, v in (("--recompute", recompute or None), ("--gpus-per-node", gpus_per_node),
+                           ("--intra-bw", intra_bw), ("--inter-bw", inter_bw), ("--cache", cache))
+            if v is not None]
+    if iterations is None and used:
+        raise EchoError(f"{', '.join(used)} only apply with --iterations")
+    if workers < 1:
+        raise EchoError(f"--workers must be >= 1, got {workers}")
+    if iterations is not None and not iterations.is_file():
+        raise EchoError(f"--iterations {iterations}: no such file")
+    opts = None
+    if iterations is not None:
+        from echo_et.experiments.config_sweep import ConfigSweepOptions
+        from echo_et.workloads.gpt import DTYPES
+
+        if dtype not in DTYPES:
+            raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
+        cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
+        opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype)
+    if kernels is None and not layers and iterations is None:
+        raise EchoError("give at least one input: --kernels CSV, --layers PATH and/or --iterations CSV")
+    if kernels is not None or layers:
+        cal = calibrate_kernels_and_layers(kernels, layers, gpu=gpu, name=name)
+    else:   # iterations only: from the data sheet's default efficiencies
+        from echo_et.models.compute.calibration import Calibration
+        from echo_et.models.compute.profile import default_profile
+
+        prior = default_profile(gpu)
+        cal = Calibration(replace(prior, name=name or prior.gpu.key))
+    profile, sources, excluded, per_source, fitted = (cal.profile, cal.sources, cal.excluded, cal.per_source,
+                                                      cal.samples)
+    if iterations is not None:
+        from echo_et.experiments.iteration_fit import calibrate_on_iterations
+
+        it = calibrate_on_iterations(profile, iterations, opts, workers=workers,
+                                     cache=str(cache) if cache else None,
+                                     progress=lambda m: typer.echo(m, err=True))
+        profile, sources = it.profile, list(it.profile.sources)
+        excluded = list(profile.fit.get("excluded", []))
+        per_source = {**per_source, "iterations": {"n": it.rows, "mape_pct": it.info["path_mape_pct"],
+                                                   "median_ape_pct": math.nan}}
     write_profile(profile, output)
-    out = {"output": str(output), "name": profile.name, "gpu": key, "params": profile.params,
+    out = {"output": str(output), "name": profile.name, "gpu": profile.gpu.key, "params": profile.params,
            "fit": profile.fit, "sources": sources}
     if as_json:
         emit_json(out)
         return
-    typer.echo(f"wrote {output} ({profile.name}, {len(fitted)} samples from {len(sources)} files)")
+    typer.echo(f"wrote {output} ({profile.name}, {fitted} samples from {len(sources)} files)")
     for src, s in per_source.items():
         if s.get("n"):
-            typer.echo(f"  {src:16s} n={s['n']:4d}  MAPE {s['mape_pct']:6.1f}%  median {s['median_ape_pct']:6.1f}% "
-                       "(in sample)")
+            median = "" if math.isnan(s["median_ape_pct"]) else f"  median {s['median_ape_pct']:6.1f}%"
+            typer.echo(f"  {src:16s} n={s['n']:4d}  MAPE {s['mape_pct']:6.1f}%{median} (in sample)")
     for e in excluded[:5]:
         typer.echo(f"  excluded: {e['sample']}: {e['reason']}")
     if len(excluded) > 5:

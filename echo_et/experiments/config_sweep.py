@@ -38,7 +38,13 @@ from echo_et.ir.io import atomic_dir
 from echo_et.models.cluster import Cluster
 
 REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp")
-OPTIONAL = ("vocab", "measured_ms")
+OPTIONAL = ("vocab", "measured_ms", "gpus")
+# vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
+# they are, for ``sweep --configs`` and ``calibrate compute --iterations`` alike.
+VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads",
+                  "sequence length": "seq", "micro batch": "micro_batch", "global batch": "global_batch",
+                  "tensor parallelism": "tp", "pipeline parallelism": "pp", "data parallelism": "dp",
+                  "iteration time (ms)": "measured_ms", "# GPUs": "gpus"}
 EXECUTORS = ("local", "dask", "ray")
 OUTPUT_FILES = ("results.json", "table.txt")
 PLOT_FILE = "predicted_vs_measured.png"
@@ -73,47 +79,51 @@ class ConfigSweepOptions:
 
 
 # -- the configurations ---------------------------------------------------------------------------
-def read_configs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_configs(path: str | os.PathLike[str], *, option: str = "configs") -> list[dict[str, Any]]:
     """The rows of a configuration CSV (a byte-order mark and surrounding spaces are
-    tolerated); a missing or unknown column, or a value that is not a number, is one
-    OptionError naming it."""
+    tolerated; vTrain's column names are read as ours); a missing or unknown column, a value
+    that is not a number, or a ``gpus`` that is not tp x pp x dp, is one OptionError (of
+    ``--option``) naming it."""
     p = Path(path)
     try:
         text = p.read_text("utf-8-sig")
     except UnicodeDecodeError:
-        raise OptionError("configs", f"{p.name}: not a UTF-8 CSV file") from None
+        raise OptionError(option, f"{p.name}: not a UTF-8 CSV file") from None
     reader = csv.reader(line for line in text.splitlines() if line.strip())
     header = next(reader, None)
     if not header:
-        raise OptionError("configs", f"{p.name}: empty, expected a header row "
+        raise OptionError(option, f"{p.name}: empty, expected a header row "
                                      f"{','.join(REQUIRED)}")
-    names = [h.strip() for h in header]
+    names = [VTRAIN_COLUMNS.get(h.strip(), h.strip()) for h in header]
     for n in names:
         if n not in REQUIRED + OPTIONAL:
-            raise OptionError("configs", f"{p.name}: unknown column {n!r} (columns: "
+            raise OptionError(option, f"{p.name}: unknown column {n!r} (columns: "
                                          f"{', '.join(REQUIRED)}; optional: {', '.join(OPTIONAL)})")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise OptionError("configs", f"{p.name}: column {dup[0]!r} appears twice")
+        raise OptionError(option, f"{p.name}: column {dup[0]!r} appears twice")
     missing = [n for n in REQUIRED if n not in names]
     if missing:
-        raise OptionError("configs", f"{p.name}: missing column {missing[0]!r} (columns: "
+        raise OptionError(option, f"{p.name}: missing column {missing[0]!r} (columns: "
                                      f"{', '.join(REQUIRED)})")
     rows: list[dict[str, Any]] = []
     for i, values in enumerate(reader, start=2):
         if len(values) != len(names):
-            raise OptionError("configs", f"{p.name}, line {i}: {len(values)} values for "
+            raise OptionError(option, f"{p.name}, line {i}: {len(values)} values for "
                                          f"{len(names)} columns")
         row: dict[str, Any] = {}
         for n, v in zip(names, values, strict=True):
-            row[n] = _value(p.name, i, n, v.strip())
+            row[n] = _value(p.name, i, n, v.strip(), option)
+        if row.get("gpus") is not None and row["gpus"] != row["tp"] * row["pp"] * row["dp"]:
+            raise OptionError(option, f"{p.name}, line {i}: gpus {row['gpus']} is not tp x pp x dp "
+                                      f"({row['tp']} x {row['pp']} x {row['dp']})")
         rows.append(row)
     if not rows:
-        raise OptionError("configs", f"{p.name}: no configuration rows")
+        raise OptionError(option, f"{p.name}: no configuration rows")
     return rows
 
 
-def _value(where: str, line: int, column: str, text: str) -> int | float | None:
+def _value(where: str, line: int, column: str, text: str, option: str = "configs") -> int | float | None:
     if column in OPTIONAL and text == "":
         return None
     if column == "measured_ms":
@@ -122,7 +132,7 @@ def _value(where: str, line: int, column: str, text: str) -> int | float | None:
         except ValueError:
             v = math.nan
         if not math.isfinite(v) or v <= 0:
-            raise OptionError("configs", f"{where}, line {line}: measured_ms {text!r} is not a "
+            raise OptionError(option, f"{where}, line {line}: measured_ms {text!r} is not a "
                                          "positive number of milliseconds")
         return v
     try:
@@ -130,7 +140,7 @@ def _value(where: str, line: int, column: str, text: str) -> int | float | None:
     except ValueError:
         f = math.nan
     if not math.isfinite(f) or f != int(f):
-        raise OptionError("configs", f"{where}, line {line}: {column} {text!r} is not an integer")
+        raise OptionError(option, f"{where}, line {line}: {column} {text!r} is not an integer")
     return int(f)
 
 

@@ -211,3 +211,71 @@ def _pool_map(workers: int) -> Callable[[list[tuple]], list[dict]]:
             return list(pool.map(simulate_row, tasks, chunksize=1))
 
     return run
+
+
+# -- the iterations stage of `calibrate compute` ---------------------------------------------------
+@dataclass
+class IterationCalibration:
+    """A profile whose end-to-end parameters were fitted to measured iterations, with the
+    rows used and the rows that could not run."""
+
+    profile: Any                  # ComputeProfile
+    info: dict[str, Any]
+    rows: int
+    excluded: list[dict[str, str]]
+
+
+def calibrate_on_iterations(profile, path: Path, opts, *, workers: int = 1, cache: str | None = None,
+                            progress: Callable[[str], None] | None = None) -> IterationCalibration:
+    """``profile`` (the kernels/layers stages) with its end-to-end parameters fitted to the
+    measured iterations in ``path`` (a ``sweep --configs`` CSV with ``measured_ms``, or vTrain's
+    ``ground_truth_single.csv``), each configuration traced on the meta device and simulated
+    with ``opts`` (:func:`fit_iterations`). The profile records the file (sha256), the
+    settings and the parameters before this stage."""
+    import tempfile
+
+    from echo_et.experiments.config_sweep import read_configs, workload_for
+    from echo_et.models.compute import ComputeModel
+    from echo_et.models.compute.data import sha256
+    from echo_et.models.compute.fit import END_TO_END_PARAMS
+
+    rows = read_configs(path, option="iterations")
+    if any(r.get("measured_ms") is None for r in rows):
+        line = 2 + next(i for i, r in enumerate(rows) if r.get("measured_ms") is None)
+        raise EchoError(f"--iterations: {path.name}, line {line}: no measured_ms (every row needs its "
+                        "measured iteration time)")
+    excluded: list[dict[str, str]] = []
+    ok: list[dict[str, Any]] = []
+    for i, r in enumerate(rows, start=2):
+        try:
+            workload_for(r, opts)
+            ok.append(r)
+        except EchoError as e:
+            excluded.append({"sample": f"{path.name}, line {i}", "reason": str(e).splitlines()[0]})
+    if not ok:
+        raise EchoError(f"--iterations: {path.name}: no row can run ({excluded[0]['reason']})")
+    prior = ComputeModel(profile)
+    if progress:
+        progress(f"simulating {len(ok)} measured configurations twice (GPU- and host-bound paths)...")
+    with tempfile.TemporaryDirectory(prefix="echo-et-iterations-") as tmp:
+        bounds = bound_samples(ok, opts, prior, Path(tmp), workers=workers, cache=cache)
+    samples = []
+    for i, (r, b) in enumerate(zip(ok, bounds, strict=True)):
+        if b is None:
+            excluded.append({"sample": f"{path.name}, row {i + 1}", "reason": "the configuration did not simulate"})
+            continue
+        samples.append((*b, float(r["measured_ms"]) * 1e6))
+    model, info = fit_iterations(samples, prior)
+    errs = [100.0 * (predicted_ns(g, h, model) - m) / m for g, h, m in samples]
+    info = {**info, "path_mape_pct": round(statistics.fmean(abs(e) for e in errs), 2),
+            "settings": opts.to_json(),
+            "before": {p: profile.params[p] for p in END_TO_END_PARAMS if p in profile.params}}
+    source = {"file": path.name, "kind": "iterations", "sha256": sha256(path), "samples": len(samples),
+              "excluded": len(excluded)}
+    fitted = replace(model.profile, name=profile.name, calibrated=True,
+                     description=profile.description + f"; end-to-end parameters fitted on {path.name} "
+                                                       "(measured iterations)",
+                     sources=(*profile.sources, source),
+                     fit={**profile.fit, "iterations": info,
+                          "excluded": [*profile.fit.get("excluded", []), *excluded]})
+    return IterationCalibration(fitted, info, len(samples), excluded)
