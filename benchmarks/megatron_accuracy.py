@@ -14,7 +14,8 @@ GEMM and attention efficiencies) are fitted to the training rows only
 (:mod:`echo_et.experiments.iteration_fit`: each row's GPU-bound and host-bound critical paths
 under bounding models made from the prior, the longer one priced), and the test rows are
 then simulated with the fold's fitted model. The prior is the shipped ``a100`` compute
-preset, which must not have been fitted on these iterations (checked).
+preset *before* its iterations stage (``calibrate compute --kernels --layers``, re-fitted
+here from ../shared/data): a prior fitted on iterations is refused.
 
 Reported: MAPE over all rows and per layout family (TP-, PP-, DP-heavy: the largest degree;
 mixed: a tie), the same for the uncalibrated prior and for a baseline (model FLOPs / peak x
@@ -38,16 +39,19 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from echo_et.errors import EchoError
-from echo_et.experiments.config_sweep import REQUIRED, ConfigSweepOptions, layout_family, workload_for
+from echo_et.experiments.config_sweep import REQUIRED, ConfigSweepOptions, layout_family, map_rows, workload_for
 from echo_et.experiments.iteration_fit import PathSample, bounding_profiles, fit_iterations, simulate_row
 from echo_et.models.cluster import Cluster
 from echo_et.models.compute import ComputeModel
+from echo_et.models.compute.calibration import calibrate_kernels_and_layers
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared/data/measurements/vtrain-a100/data/ground_truth_single.csv"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared/data"
+DATA = SHARED / "measurements/vtrain-a100/data/ground_truth_single.csv"
+KERNELS = SHARED / "slowdown/echo-a100-gpt2/merged_features.csv"
+LAYERS = SHARED / "workloads"
 PEAK_FP16_TFLOPS = 312.0
 COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads",
            "sequence length": "seq", "micro batch": "micro_batch", "global batch": "global_batch",
@@ -112,9 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         print(f"needs {args.data} (../shared/data, absent in a fresh clone)", file=sys.stderr)
         return 2
-    prior = ComputeModel.load(args.prior) if args.prior else ComputeModel.preset("a100")
-    if "ground_truth" in json.dumps([dict(s) for s in prior.profile.sources]):
-        print("the prior was fitted on these iterations: give a --prior fitted on other data", file=sys.stderr)
+    if args.prior:
+        prior = ComputeModel.load(args.prior)
+    else:   # the shipped a100 preset before its iterations stage: kernels and AICB layers only
+        prior = ComputeModel(calibrate_kernels_and_layers(KERNELS, [LAYERS], name="a100").profile)
+    if any(s.get("kind") == "iterations" for s in prior.profile.sources):
+        print("the prior was fitted on measured iterations: give a --prior fitted on kernels and layers only",
+              file=sys.stderr)
         return 2
     opts = ConfigSweepOptions(
         cluster=Cluster.parse(gpu="a100", gpus_per_node=8, intra_bw=args.intra_bw, inter_bw="800Gb/s/node"),
@@ -143,50 +151,49 @@ def main(argv: list[str] | None = None) -> int:
     gpu_p, host_p = bounding_profiles(prior, tmp)
     t0 = time.perf_counter()
 
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        def run(profile: Path, want_path: bool, which: list[int]) -> list[dict]:
-            tasks = [(rows[i], opts, str(profile), want_path, args.cache) for i in which]
-            return list(pool.map(simulate_row, tasks, chunksize=1))
+    def run(profile: Path, want_path: bool, which: list[int]) -> list[dict]:
+        tasks = [(rows[i], opts, str(profile), want_path, args.cache) for i in which]
+        return map_rows(simulate_row, tasks, max(1, args.workers))
 
-        everything = list(range(len(rows)))
-        stash = None
-        if args.cache:
-            digest = hashlib.sha256((prior_path.read_text() + json.dumps(rows) + repr(opts)).encode()).hexdigest()[:16]
-            stash = Path(args.cache) / f"bounds-{digest}.pkl"
-        if stash is not None and stash.is_file():
-            base, g_raw, h_raw = pickle.loads(stash.read_bytes())
-        else:
-            base = run(prior_path, False, everything)
-            g_raw = run(gpu_p, True, everything)
-            h_raw = run(host_p, True, everything)
-            if stash is not None:
-                Path(args.cache).mkdir(parents=True, exist_ok=True)
-                stash.write_bytes(pickle.dumps((base, g_raw, h_raw)))
-        bounds = [(PathSample.from_wire(g["path"]), PathSample.from_wire(h["path"]))
-                  if "path" in g and "path" in h else None for g, h in zip(g_raw, h_raw, strict=True)]
-        print(f"{len(rows)} rows traced and simulated (prior, both bounds) in {time.perf_counter() - t0:.0f} s",
-              file=sys.stderr)
-        pred = [math.nan] * len(rows)
-        folds: dict[int, dict] = {}
-        for k in range(args.folds):
-            train = [i for i in everything if fold[i] != k and bounds[i] is not None]
-            test = [i for i in everything if fold[i] == k]
-            model, info = fit_iterations([(*bounds[i], rows[i]["measured_ms"] * 1e6) for i in train], prior)
-            path = tmp / f"fold{k}.json"
-            model.save(path)
-            for i, g in zip(test, run(path, False, test), strict=True):
-                pred[i] = g.get("predicted_ms", math.nan)
-            folds[k] = {"test_shapes": sorted({(rows[i]["hidden"], rows[i]["layers"]) for i in test}),
-                        "train_rows": len(train), "test_rows": len(test),
-                        "params": {n: round(model.profile.params[n], 4) for n in REPORTED}, "fit": info,
-                        "test_mape_pct": round(statistics.fmean(abs(err_pct(pred[i], rows[i]["measured_ms"]))
-                                                                for i in test), 2)}
-            print(f"fold {k}: {folds[k]}", file=sys.stderr)
-        if args.fit_all:
-            model, info = fit_iterations([(*bounds[i], rows[i]["measured_ms"] * 1e6) for i in everything
-                                          if bounds[i] is not None], prior)
-            model.save(args.fit_all)
-            print(f"fitted on all rows: {info} -> {args.fit_all}", file=sys.stderr)
+    everything = list(range(len(rows)))
+    stash = None
+    if args.cache:
+        digest = hashlib.sha256((prior_path.read_text() + json.dumps(rows) + repr(opts)).encode()).hexdigest()[:16]
+        stash = Path(args.cache) / f"bounds-{digest}.pkl"
+    if stash is not None and stash.is_file():
+        base, g_raw, h_raw = pickle.loads(stash.read_bytes())
+    else:
+        base = run(prior_path, False, everything)
+        g_raw = run(gpu_p, True, everything)
+        h_raw = run(host_p, True, everything)
+        if stash is not None:
+            Path(args.cache).mkdir(parents=True, exist_ok=True)
+            stash.write_bytes(pickle.dumps((base, g_raw, h_raw)))
+    bounds = [(PathSample.from_wire(g["path"]), PathSample.from_wire(h["path"]))
+              if "path" in g and "path" in h else None for g, h in zip(g_raw, h_raw, strict=True)]
+    print(f"{len(rows)} rows traced and simulated (prior, both bounds) in {time.perf_counter() - t0:.0f} s",
+          file=sys.stderr)
+    pred = [math.nan] * len(rows)
+    folds: dict[int, dict] = {}
+    for k in range(args.folds):
+        train = [i for i in everything if fold[i] != k and bounds[i] is not None]
+        test = [i for i in everything if fold[i] == k]
+        model, info = fit_iterations([(*bounds[i], rows[i]["measured_ms"] * 1e6) for i in train], prior)
+        path = tmp / f"fold{k}.json"
+        model.save(path)
+        for i, g in zip(test, run(path, False, test), strict=True):
+            pred[i] = g.get("predicted_ms", math.nan)
+        folds[k] = {"test_shapes": sorted({(rows[i]["hidden"], rows[i]["layers"]) for i in test}),
+                    "train_rows": len(train), "test_rows": len(test),
+                    "params": {n: round(model.profile.params[n], 4) for n in REPORTED}, "fit": info,
+                    "test_mape_pct": round(statistics.fmean(abs(err_pct(pred[i], rows[i]["measured_ms"]))
+                                                            for i in test), 2)}
+        print(f"fold {k}: {folds[k]}", file=sys.stderr)
+    if args.fit_all:
+        model, info = fit_iterations([(*bounds[i], rows[i]["measured_ms"] * 1e6) for i in everything
+                                      if bounds[i] is not None], prior)
+        model.save(args.fit_all)
+        print(f"fitted on all rows: {info} -> {args.fit_all}", file=sys.stderr)
 
     base_pred = [math.nan] * len(rows)
     for k in range(args.folds):

@@ -150,3 +150,24 @@ def test_trace_cli_global_batch_and_cluster(tmp_path) -> None:
     assert bad.exit_code == 2
     assert "global batch (6) is not a multiple of micro-batch x dp (2 x 2 = 4)" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def _pid_and_square(x: int) -> tuple[int, int]:
+    import os
+
+    return os.getpid(), x * x
+
+
+def test_map_rows_keeps_order_and_replaces_workers(monkeypatch) -> None:
+    """Rows come back in task order, and the workers are new processes every
+    ROWS_PER_WORKER x workers rows (a long-lived worker's heap only grows)."""
+    from echo_et.experiments import config_sweep
+
+    monkeypatch.setattr(config_sweep, "ROWS_PER_WORKER", 2)
+    seen: list[int] = []
+    out = config_sweep.map_rows(_pid_and_square, list(range(9)), 2, lambda i, r: seen.append(i))
+    assert [sq for _, sq in out] == [x * x for x in range(9)]
+    assert sorted(seen) == list(range(9))
+    first, last = {p for p, _ in out[:4]}, {p for p, _ in out[4:8]}
+    assert first.isdisjoint(last)           # a fresh pool for the second batch of 2 x 2 rows
+    assert config_sweep.map_rows(_pid_and_square, [3], 1) == [(__import__("os").getpid(), 9)]

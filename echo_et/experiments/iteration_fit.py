@@ -202,13 +202,10 @@ def bound_samples(rows: Sequence[dict[str, Any]], opts, prior, folder: Path, *,
 
 
 def _pool_map(workers: int) -> Callable[[list[tuple]], list[dict]]:
-    def run(tasks: list[tuple]) -> list[dict]:
-        if workers <= 1:
-            return [simulate_row(t) for t in tasks]
-        from concurrent.futures import ProcessPoolExecutor
+    from echo_et.experiments.config_sweep import map_rows
 
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(simulate_row, tasks, chunksize=1))
+    def run(tasks: list[tuple]) -> list[dict]:
+        return map_rows(simulate_row, tasks, workers)
 
     return run
 
