@@ -43,9 +43,16 @@ from pathlib import Path
 
 from echo_et.errors import EchoError
 from echo_et.experiments.config_sweep import REQUIRED, ConfigSweepOptions, layout_family, map_rows, workload_for
-from echo_et.experiments.iteration_fit import PathSample, bounding_profiles, fit_iterations, simulate_row
+from echo_et.experiments.iteration_fit import (
+    PathSample,
+    bounding_profiles,
+    fit_iterations,
+    fit_profile_on_iterations,
+    read_iterations,
+    simulate_row,
+)
 from echo_et.models.cluster import Cluster
-from echo_et.models.compute import ComputeModel
+from echo_et.models.compute import ComputeModel, write_profile
 from echo_et.models.compute.calibration import calibrate_kernels_and_layers
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared/data"
@@ -111,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-configs", type=Path, default=None,
                     help="also write the rows as a `sweep --configs` CSV (with measured_ms)")
     ap.add_argument("--fit-all", type=Path, default=None,
-                    help="also fit on ALL rows and write that profile (what a shipped preset would be)")
+                    help="also fit on ALL rows and write that profile (the shipped a100 preset)")
+    ap.add_argument("--fit-only", action="store_true", help="with --fit-all: stop after writing it")
     args = ap.parse_args(argv)
     if not args.data.is_file():
         print(f"needs {args.data} (../shared/data, absent in a fresh clone)", file=sys.stderr)
@@ -173,6 +181,18 @@ def main(argv: list[str] | None = None) -> int:
               if "path" in g and "path" in h else None for g, h in zip(g_raw, h_raw, strict=True)]
     print(f"{len(rows)} rows traced and simulated (prior, both bounds) in {time.perf_counter() - t0:.0f} s",
           file=sys.stderr)
+    if args.fit_all:
+        # exactly `calibrate compute --kernels K --layers L --iterations DATA --recompute
+        # --gpus-per-node 8 --intra-bw 150GB/s --inter-bw 800Gb/s/node --name a100`, from these simulations
+        it_rows, it_excluded = read_iterations(args.data, opts)
+        if [[r[k] for k in REQUIRED] for r in it_rows] != [[r[k] for k in REQUIRED] for r in rows]:
+            print("--fit-all needs every row (no --limit)", file=sys.stderr)
+            return 2
+        cal = fit_profile_on_iterations(prior.profile, args.data, it_rows, bounds, opts, it_excluded)
+        write_profile(cal.profile, args.fit_all)
+        print(f"fitted on all rows: {cal.info} -> {args.fit_all}", file=sys.stderr)
+        if args.fit_only:
+            return 0
     pred = [math.nan] * len(rows)
     folds: dict[int, dict] = {}
     for k in range(args.folds):
@@ -189,11 +209,6 @@ def main(argv: list[str] | None = None) -> int:
                     "test_mape_pct": round(statistics.fmean(abs(err_pct(pred[i], rows[i]["measured_ms"]))
                                                             for i in test), 2)}
         print(f"fold {k}: {folds[k]}", file=sys.stderr)
-    if args.fit_all:
-        model, info = fit_iterations([(*bounds[i], rows[i]["measured_ms"] * 1e6) for i in everything
-                                      if bounds[i] is not None], prior)
-        model.save(args.fit_all)
-        print(f"fitted on all rows: {info} -> {args.fit_all}", file=sys.stderr)
 
     base_pred = [math.nan] * len(rows)
     for k in range(args.folds):

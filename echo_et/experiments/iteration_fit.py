@@ -222,19 +222,11 @@ class IterationCalibration:
     excluded: list[dict[str, str]]
 
 
-def calibrate_on_iterations(profile, path: Path, opts, *, workers: int = 1, cache: str | None = None,
-                            progress: Callable[[str], None] | None = None) -> IterationCalibration:
-    """``profile`` (the kernels/layers stages) with its end-to-end parameters fitted to the
-    measured iterations in ``path`` (a ``sweep --configs`` CSV with ``measured_ms``, or vTrain's
-    ``ground_truth_single.csv``), each configuration traced on the meta device and simulated
-    with ``opts`` (:func:`fit_iterations`). The profile records the file (sha256), the
-    settings and the parameters before this stage."""
-    import tempfile
-
+def read_iterations(path: Path, opts) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The measured configurations of ``path`` (a ``sweep --configs`` CSV with
+    ``measured_ms``, or vTrain's ``ground_truth_single.csv``) that can run, and those that
+    cannot (with the reason)."""
     from echo_et.experiments.config_sweep import read_configs, workload_for
-    from echo_et.models.compute import ComputeModel
-    from echo_et.models.compute.data import sha256
-    from echo_et.models.compute.fit import END_TO_END_PARAMS
 
     rows = read_configs(path, option="iterations")
     if any(r.get("measured_ms") is None for r in rows):
@@ -251,18 +243,28 @@ def calibrate_on_iterations(profile, path: Path, opts, *, workers: int = 1, cach
             excluded.append({"sample": f"{path.name}, line {i}", "reason": str(e).splitlines()[0]})
     if not ok:
         raise EchoError(f"--iterations: {path.name}: no row can run ({excluded[0]['reason']})")
-    prior = ComputeModel(profile)
-    if progress:
-        progress(f"simulating {len(ok)} measured configurations twice (GPU- and host-bound paths)...")
-    with tempfile.TemporaryDirectory(prefix="echo-et-iterations-") as tmp:
-        bounds = bound_samples(ok, opts, prior, Path(tmp), workers=workers, cache=cache)
+    return ok, excluded
+
+
+def fit_profile_on_iterations(profile, path: Path, rows: Sequence[dict[str, Any]],
+                              bounds: Sequence[tuple[PathSample, PathSample] | None], opts,
+                              excluded: Sequence[dict[str, str]] = ()) -> IterationCalibration:
+    """``profile`` with its end-to-end parameters fitted to ``rows`` (read from ``path``)
+    through their bounding paths (:func:`bound_samples` under ``profile``). One function for
+    ``calibrate compute --iterations`` and the accuracy benchmark's ``--fit-all``, so both
+    write the same profile from the same simulations."""
+    from echo_et.models.compute import ComputeModel
+    from echo_et.models.compute.data import sha256
+    from echo_et.models.compute.fit import END_TO_END_PARAMS
+
+    excluded = list(excluded)
     samples = []
-    for i, (r, b) in enumerate(zip(ok, bounds, strict=True)):
+    for i, (r, b) in enumerate(zip(rows, bounds, strict=True)):
         if b is None:
             excluded.append({"sample": f"{path.name}, row {i + 1}", "reason": "the configuration did not simulate"})
             continue
         samples.append((*b, float(r["measured_ms"]) * 1e6))
-    model, info = fit_iterations(samples, prior)
+    model, info = fit_iterations(samples, ComputeModel(profile))
     errs = [100.0 * (predicted_ns(g, h, model) - m) / m for g, h, m in samples]
     info = {**info, "path_mape_pct": round(statistics.fmean(abs(e) for e in errs), 2),
             "settings": opts.to_json(),
@@ -276,3 +278,21 @@ def calibrate_on_iterations(profile, path: Path, opts, *, workers: int = 1, cach
                      fit={**profile.fit, "iterations": info,
                           "excluded": [*profile.fit.get("excluded", []), *excluded]})
     return IterationCalibration(fitted, info, len(samples), excluded)
+
+
+def calibrate_on_iterations(profile, path: Path, opts, *, workers: int = 1, cache: str | None = None,
+                            progress: Callable[[str], None] | None = None) -> IterationCalibration:
+    """``profile`` (the kernels/layers stages) with its end-to-end parameters fitted to the
+    measured iterations in ``path``, each configuration traced on the meta device and
+    simulated with ``opts`` (:func:`fit_iterations`). The profile records the file (sha256),
+    the settings and the parameters before this stage."""
+    import tempfile
+
+    from echo_et.models.compute import ComputeModel
+
+    rows, excluded = read_iterations(path, opts)
+    if progress:
+        progress(f"simulating {len(rows)} measured configurations twice (GPU- and host-bound paths)...")
+    with tempfile.TemporaryDirectory(prefix="echo-et-iterations-") as tmp:
+        bounds = bound_samples(rows, opts, ComputeModel(profile), Path(tmp), workers=workers, cache=cache)
+    return fit_profile_on_iterations(profile, path, rows, bounds, opts, excluded)
