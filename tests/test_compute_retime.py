@@ -211,17 +211,42 @@ def test_cli_errors_are_one_line_exit_2(tmp_path):
 
 
 def test_calibrate_compute_reproduces_the_shipped_a100_preset(tmp_path):
-    """The shipped a100 preset is exactly what the documented command fits."""
+    """The shipped a100 preset is what the documented command fits: its kernels/layers stages
+    re-run here byte for byte; its iterations stage (1,440 simulated configurations, too long
+    for a test) is checked by what it records: the vTrain file by hash, the settings, and
+    that it started from exactly these stages."""
     from importlib import resources
+
+    from echo_et.models.compute.data import sha256
+    from echo_et.models.compute.fit import END_TO_END_PARAMS
 
     kernels = shared_path("slowdown/echo-a100-gpt2/merged_features.csv")
     layers = shared_path("workloads")
+    iterations = shared_path("measurements/vtrain-a100/data/ground_truth_single.csv")
     out = tmp_path / "a100.json"
     r = run("calibrate", "compute", "--kernels", str(kernels), "--layers", str(layers), "--name", "a100",
             "-o", str(out))
     assert r.returncode == 0, r.stderr
-    shipped = (resources.files("echo_et.models.compute") / "presets" / "a100.json").read_text("utf-8")
-    assert out.read_text("utf-8") == shipped
+    stages = json.loads(out.read_text("utf-8"))
+    shipped = json.loads((resources.files("echo_et.models.compute") / "presets" / "a100.json").read_text("utf-8"))
+    *first, it_source = shipped["sources"]
+    assert first == stages["sources"]
+    assert (it_source["kind"], it_source["file"], it_source["sha256"]) == (
+        "iterations", "ground_truth_single.csv", sha256(iterations))
+    it = shipped["fit"].pop("iterations")
+    assert it["settings"]["recompute"] is True and it["settings"]["dtype"] == "float16"
+    assert it["settings"]["cluster"]["intra_bw_gbps_per_gpu"] == 150.0
+    assert shipped["fit"]["stages"] == stages["fit"]["stages"]
+
+    def flat(d, prefix=""):
+        return {k2: v2 for k, v in d.items()
+                for k2, v2 in (flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(prefix + k, v)])}
+
+    before, now = flat(stages["params"]), flat(shipped["params"])
+    assert {k: v for k, v in now.items() if k not in END_TO_END_PARAMS} == \
+        {k: v for k, v in before.items() if k not in END_TO_END_PARAMS}
+    assert it["before"] == pytest.approx({k: before[k] for k in END_TO_END_PARAMS}, rel=1e-5)
+    assert it["configurations"] == it_source["samples"] > 1400
 
 
 def test_simulate_gpu_option_retimes_and_unknown_gpu_lists_the_presets(tmp_path):
