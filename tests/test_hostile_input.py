@@ -148,7 +148,8 @@ def test_simai_all_gpus_beyond_plausible(tmp_path):
     (["estimate", "all_reduce", "--bytes", "99999999999999999999999999GiB", "--ranks", "8"], "--bytes = "),
     (["scale", JOB, "--microbatches", "100000", "-o", "{tmp}/s"], "--microbatches = 100000 is out of range"),
     (["export", "astra-sim", JOB, "--latency", "nan", "-o", "{tmp}/a"], "--latency = nan is not a finite number"),
-    (["simulate", JOB, "--mode", "predict", "--preset", "a100-ib", "--intra-bw", "inf"], "--intra-bw = inf"),
+    (["simulate", JOB, "--mode", "predict", "--preset", "a100-ib", "--intra-bw", "inf"],
+     "--intra-bw: 'inf' is not a bandwidth"),
 ])
 def test_options_out_of_range(tmp_path, args, shown):
     refused(*[str(a).format(tmp=tmp_path) for a in args], match=shown)

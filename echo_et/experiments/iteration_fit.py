@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir.schema import pb
 
 HOST_STARTS_NS = (5e3, 10e3, 20e3, 40e3, 80e3)
@@ -231,8 +231,8 @@ def read_iterations(path: Path, opts) -> tuple[list[dict[str, Any]], list[dict[s
     rows = read_configs(path, option="iterations")
     if any(r.get("measured_ms") is None for r in rows):
         line = 2 + next(i for i, r in enumerate(rows) if r.get("measured_ms") is None)
-        raise EchoError(f"--iterations: {path.name}, line {line}: no measured_ms (every row needs its "
-                        "measured iteration time)")
+        raise OptionError("iterations", f"{path.name}, line {line}: no measured_ms (every row needs its "
+                                        "measured iteration time)")
     excluded: list[dict[str, str]] = []
     ok: list[dict[str, Any]] = []
     for i, r in enumerate(rows, start=2):
@@ -242,7 +242,7 @@ def read_iterations(path: Path, opts) -> tuple[list[dict[str, Any]], list[dict[s
         except EchoError as e:
             excluded.append({"sample": f"{path.name}, line {i}", "reason": str(e).splitlines()[0]})
     if not ok:
-        raise EchoError(f"--iterations: {path.name}: no row can run ({excluded[0]['reason']})")
+        raise OptionError("iterations", f"{path.name}: no row can run ({excluded[0]['reason']})")
     return ok, excluded
 
 

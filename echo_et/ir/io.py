@@ -478,15 +478,31 @@ def atomic_dir(dest: str | os.PathLike[str], *, replaceable: Callable[[Path], bo
 
 
 def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind: str) -> None:
-    if dest.is_symlink() or dest.exists():
-        if not dest.is_dir() or dest.is_symlink():
+    """Refuse to replace what is not ours to replace. Another writer of the same output may
+    move it aside while we look (see :func:`_swap_in`): then look again."""
+    for _ in range(_REPLACE_TRIES):
+        try:
+            st = os.lstat(dest)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
             raise EchoError(f"{dest}: exists and is not a directory")
         try:
             nonempty = any(dest.iterdir())
+        except FileNotFoundError:
+            continue
         except OSError as e:
             raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
         if nonempty and not (replaceable and replaceable(dest)):
+            try:
+                same = os.lstat(dest).st_ino == st.st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:     # replaced while we looked
+                continue
             raise EchoError(f"{dest}: exists and is not {kind}; refusing to replace it")
+        return
+    raise EchoError(f"{dest}: output in use (another run keeps replacing it); try again")
 
 
 def _swap_in(tmp: Path, dest: Path) -> None:

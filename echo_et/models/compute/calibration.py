@@ -33,7 +33,7 @@ def calibrate_kernels_and_layers(kernels: Path | None, layers: list[Path], *, gp
     """Fit the efficiencies of ``gpu``'s data sheet to Echo's measured kernels (``kernels``:
     ``merged_features.csv``) and SimAI/AICB per-layer times (``layers``: files or folders)."""
     if kernels is None and not layers:
-        raise EchoError("give at least one input: --kernels CSV and/or --layers PATH")
+        raise EchoError("nothing to fit: no kernels file and no layer files")
     prior = default_profile(gpu)
     samples: list[fit.Sample] = []
     sources: list[dict[str, Any]] = []
