@@ -291,26 +291,3 @@ def test_a_job_pickles_with_its_graphs(tmp_path):
     g.new_node(id=10_000, name="added")  # the nodes view is still the graph's own store
     assert len(pickle.loads(pickle.dumps(g)).nodes) == len(lazy.graph("g").nodes) + 1
 
-
-def test_graph_written_whole_equals_node_by_node(tmp_path):
-    """write_graph_stream given a Graph reframes one serialised NodeList; the bytes must be
-    those of serialising node by node (short and multi-byte lengths, empty nodes, maps)."""
-    import io
-
-    from echo_et.ir import Graph
-
-    g = Graph(pb.GraphHeader(id="g"))
-    g.new_node()                                    # an empty node: length 0
-    g.new_node(id=2, name="x" * 200)                # a two-byte length
-    n = g.new_node(id=3, name="y" * 20000)          # a three-byte length
-    for k in ("b", "a", "c"):
-        n.attrs[k] = k * 3                          # map order must be deterministic
-    g.new_node(id=2**40, kind=pb.KIND_CPU_OP).cpu.op = ""
-    whole, by_node = io.BytesIO(), io.BytesIO()
-    assert ir_io.write_graph_stream(whole, g.header, g) == 4
-    assert ir_io.write_graph_stream(by_node, g.header, list(g.nodes)) == 4
-    assert whole.getvalue() == by_node.getvalue()
-    write_graph(g, tmp_path / "g.graph")
-    assert (tmp_path / "g.graph").read_bytes() == whole.getvalue()
-    back = read_graph(tmp_path / "g.graph")
-    assert [m.SerializeToString() for m in back.nodes] == [m.SerializeToString() for m in g.nodes]

@@ -71,11 +71,6 @@ class Graph:
                 return s
         return None
 
-    def serialize_nodes(self) -> bytes:
-        """The nodes as one serialised ``NodeList`` (deterministic): one call for the whole
-        graph, where serialising node by node costs a call each (writers reframe it)."""
-        return self._store.SerializeToString(deterministic=True)
-
     def __reduce__(self):
         """Pickle as two serialised messages (a sweep ships a Job to worker processes)."""
         return (_graph_from_bytes, (self.header.SerializeToString(), self._store.SerializeToString()))

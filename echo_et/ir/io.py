@@ -224,8 +224,6 @@ def write_graph_stream(f: BinaryIO, header: pb.GraphHeader, nodes: Iterable[pb.N
     if not header.schema_version:
         header.schema_version = SCHEMA_VERSION
     write_delimited(f, header)
-    if isinstance(nodes, Graph):
-        return _write_node_list(f, nodes.serialize_nodes())
     global _SHORT_PREFIXES
     if _SHORT_PREFIXES is None:
         _SHORT_PREFIXES = [encode_varint(i) for i in range(1 << 14)]
@@ -246,51 +244,12 @@ def write_graph_stream(f: BinaryIO, header: pb.GraphHeader, nodes: Iterable[pb.N
     return count
 
 
-_NODES_TAG = 0x0A   # NodeList.nodes: field 1, length-delimited
-
-
-def _write_node_list(f: BinaryIO, data: bytes) -> int:
-    """Write a serialised NodeList as the graph file's length-delimited nodes: each element
-    of it is its tag byte, the node's length as a varint and the node's bytes, so dropping
-    the tag byte leaves exactly the framing of the file (and the bytes node by node
-    serialisation gives). Returns the number of nodes."""
-    view = memoryview(data)
-    end_all = len(data)
-    pos = count = 0
-    block: list[memoryview] = []
-    while pos < end_all:
-        if data[pos] != _NODES_TAG:  # pragma: no cover - upb writes only field 1 here
-            raise EchoError(f"unexpected field tag {data[pos]} in a serialised node list")
-        start = pos + 1
-        size = data[start]
-        at = start + 1
-        if size > 127:
-            size &= 0x7F
-            shift = 7
-            while True:
-                b = data[at]
-                at += 1
-                size |= (b & 0x7F) << shift
-                if b < 128:
-                    break
-                shift += 7
-        pos = at + size
-        block.append(view[start:pos])
-        count += 1
-        if len(block) >= 8192:
-            f.write(b"".join(block))
-            block.clear()
-    if block:
-        f.write(b"".join(block))
-    return count
-
-
 _SHORT_PREFIXES: list[bytes] | None = None   # varint lengths 0..16383, made on first use
 
 
 def write_graph(graph: Graph, path: str | os.PathLike[str]) -> None:
     with atomic_file(path) as f:
-        write_graph_stream(f, graph.header, graph)
+        write_graph_stream(f, graph.header, graph.nodes)
 
 
 def _umask() -> int:
@@ -666,7 +625,7 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as f:
                 w = _HashingWriter(f)
-                write_graph_stream(w, g.header, g)  # type: ignore[arg-type]
+                write_graph_stream(w, g.header, g.nodes)  # type: ignore[arg-type]
             manifest.graphs.add(id=gid, path=rel, nodes=len(g.nodes), sha256=w.sha256.hexdigest())
         if not manifest.schema_version:
             manifest.schema_version = SCHEMA_VERSION
