@@ -290,4 +290,3 @@ def test_a_job_pickles_with_its_graphs(tmp_path):
     g = back.graph("g")
     g.new_node(id=10_000, name="added")  # the nodes view is still the graph's own store
     assert len(pickle.loads(pickle.dumps(g)).nodes) == len(lazy.graph("g").nodes) + 1
-
