@@ -514,19 +514,19 @@ class _RankBuild:
             if kind is not None:
                 # Host nodes (most of a graph): _emit and _cpu_payload in one builder call.
                 ev = n.ev
-                rf = shapes = dtypes = None
+                rf = None
+                shapes = dtypes = ""
                 if role == _CPU and ev.args:
                     args = ev.args
                     rf = args.get(rf_key)
                     dims = args.get("Input Dims")
-                    if dims is not None:
-                        shapes = _json_text(dims)
                     types = args.get("Input type")
-                    if types is not None:
-                        dtypes = _json_text(types)
+                    if dims is not None or types is not None:
+                        shapes, dtypes = _shape_texts(dims, types)
                 has_rf = type(rf) is int
-                node = gb.cpu_op(ev.name, sids[n.stream], kind=kind, correlation=max(ev.corr, 0),
-                                 rf_id=rf if has_rf else 0, shapes=shapes or "", dtypes=dtypes or "",
+                corr = ev.corr
+                node = gb.cpu_op(ev.name, sids[n.stream], kind=kind, correlation=corr if corr > 0 else 0,
+                                 rf_id=rf if has_rf else 0, shapes=shapes, dtypes=dtypes,
                                  start_ns=n.start - origin, duration_ns=n.dur, deps=deps, node_id=i)
                 if has_rf:
                     node.attrs["rf_id_source"] = rf_source
@@ -766,6 +766,23 @@ def _cpu_payload(node: pb.Node, ev: Ev, rf_source: str) -> None:
 
 
 _JSON_CACHE: dict[bytes | str, str] = {}
+_PAIR_CACHE: dict[bytes | str, tuple[str, str]] = {}
+
+
+def _shape_texts(dims, types) -> tuple[str, str]:
+    """(shapes, dtypes) texts of a host op's ``Input Dims`` and ``Input type`` ("" for one
+    that is None): _json_text of each, cached per pair (ops repeat a few hundred pairs), so
+    that a node costs one key and one look-up."""
+    try:
+        key: bytes | str = _orjson.dumps((dims, types)) if _orjson is not None else repr((dims, types))
+    except TypeError:  # an integer beyond 64 bits
+        key = repr((dims, types))
+    got = _PAIR_CACHE.get(key)
+    if got is None:
+        got = ("" if dims is None else _json_text(dims), "" if types is None else _json_text(types))
+        if len(_PAIR_CACHE) < 100_000:
+            _PAIR_CACHE[key] = got
+    return got
 
 
 def _json_text(value) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall
-from echo_et.converters.pytorch_et.schema import PG_INIT_NAME
+from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, PROCESS_ROOT_PREFIX
 from echo_et.converters.pytorch_et.trace import MALFORMED, HostTrace
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder, pb
@@ -137,8 +137,12 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
     group_sizes: dict[str, int] = {}
     stream_of_tid: dict[int, int] = {}
     control, data = pb.DEP_CONTROL, pb.DEP_DATA
+    # Names of the ops that are not nodes (root pseudo nodes, group init), decided per name.
+    skipped = {name for name in {op.name for op in t.ops}
+               if name.startswith(PROCESS_ROOT_PREFIX) or name == PG_INIT_NAME}
+    untimed = 0
     for op in t.ops:
-        if op.is_root or op.name == PG_INIT_NAME:
+        if op.name in skipped:
             continue
         oid, parent, tid = op.id, op.parent, op.tid
         if window is not None and not window[0] <= oid <= window[1]:
@@ -161,7 +165,7 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
         n = gb.cpu_op(op.name, sid, start_ns=op.start_ns, duration_ns=op.duration_ns, deps=deps,
                       rf_id=op.rf_id or 0, shapes=op.in_shapes, dtypes=op.in_types)
         if not op.timed:
-            stats.untimed += 1
+            untimed += 1
         attrs = n.attrs
         attrs["et_id"] = str(oid)
         if ins:
@@ -180,6 +184,7 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
             size = len(plan.members[key])
             if _emit_comm(gb, call, key, size, n, stats):
                 group_sizes[key] = size
+    stats.untimed += untimed
     for key, size in sorted(group_sizes.items()):
         gb.declare_group(key, size)
     return gb.build()

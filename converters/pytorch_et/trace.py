@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def _load(path: Path) -> HostTrace:
         raise EchoError(f"{where}: no top-level 'schema'; not a PyTorch host execution trace")
     if not ops:
         raise EchoError(f"{where}: host execution trace has no nodes")
-    ops.sort(key=lambda o: o.id)
+    ops.sort(key=attrgetter("id"))
     t.ops = ops
     for op in ops:
         if op.name == PG_INIT_NAME:

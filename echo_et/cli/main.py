@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import signal
+import sys
 
 import typer
 
@@ -16,14 +17,18 @@ class RootGroup(OneLineErrors, EchoGroup):
     """The root command: readable help (EchoGroup) and one-line usage errors (OneLineErrors)."""
 
 
-app = typer.Typer(
-    name="echo-et",
-    help="Execution graphs of distributed training: ingest, trace, rewrite, simulate, export.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    cls=RootGroup,
-)
+def _new_app() -> typer.Typer:
+    return typer.Typer(
+        name="echo-et",
+        help="Execution graphs of distributed training: ingest, trace, rewrite, simulate, export.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        cls=RootGroup,
+    )
+
+
+app = _new_app()
 
 # Each module defines register(app). Keep one line per module.
 _VERB_MODULES = [
@@ -43,7 +48,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
@@ -51,9 +55,24 @@ def _root(
     """echo-et: execution graphs of distributed training jobs."""
 
 
+app.callback()(_root)
 for _name in _VERB_MODULES:
     importlib.import_module(_name).register(app)
 polish(app)
+
+
+def app_for(argv: list[str]) -> typer.Typer:
+    """The app that runs ``argv``: when it names a plain command first, an app holding only
+    that command (typer builds the click command of every registered command on each start,
+    a twentieth of a second here); otherwise the whole app (groups, help, unknown verbs)."""
+    if argv:
+        infos = [c for c in app.registered_commands if c.name == argv[0]]
+        if len(infos) == 1:
+            one = _new_app()
+            one.callback()(_root)
+            one.registered_commands.append(infos[0])
+            return one
+    return app
 
 
 def _terminate(signum: int, frame) -> None:
@@ -63,7 +82,7 @@ def _terminate(signum: int, frame) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
-    app()
+    app_for(sys.argv[1:])()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ _KIND_FIELD = [b""] + [b"\x10" + _VARINT1[k] for k in range(1, 128)]   # Dep.kin
 def _varint(v: int) -> bytes:
     if v < 128:
         return _VARINT1[v]
+    if v < 16384:   # node ids of most graphs: one call, no loop
+        return bytes((v & 0x7F | 0x80, v >> 7))
+    if v < 2097152:
+        return bytes((v & 0x7F | 0x80, (v >> 7) & 0x7F | 0x80, v >> 14))
     out = bytearray()
     while v > 127:
         out.append((v & 0x7F) | 0x80)
@@ -63,6 +67,13 @@ def _add_deps(n: pb.Node, deps: Iterable[DepSpec]) -> None:
         d = deps[0]
         i, k = d if type(d) is tuple else (d, pb.DEP_DATA)
         if type(i) is int and type(k) is int and 0 <= i < _U63 and 0 <= k < 128:
+            if 128 <= i < 2097152 and k:   # Dep{id, kind}: 2- or 3-byte id, in one call
+                if i < 16384:
+                    n.MergeFromString(bytes((0x3A, 5, 0x08, i & 0x7F | 0x80, i >> 7, 0x10, k)))
+                else:
+                    n.MergeFromString(bytes((0x3A, 6, 0x08, i & 0x7F | 0x80, (i >> 7) & 0x7F | 0x80,
+                                             i >> 14, 0x10, k)))
+                return
             body = b"\x08" + _varint(i) + _KIND_FIELD[k]
             n.MergeFromString(_DEP_FIELD + _VARINT1[len(body)] + body)
             return
