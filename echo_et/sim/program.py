@@ -454,8 +454,17 @@ def _rendezvous(graph: Graph, n: pb.Node) -> Rendezvous:
 
 def _compile_host_thread(c: _Compilation, members: list[int], k: int) -> None:
     """Cut one host thread into boundary segments (see the module docstring)."""
-    prog, nodes, index = c.prog, c.nodes, c.index
-    # Boundaries in nesting order: (measured time, node index, is_start).
+    bounds = _thread_boundaries(c.nodes, members)
+    if not bounds:
+        return
+    first_item = c.prog.n_items
+    seg_of_boundary, children = _cut_segments(c, bounds, k)
+    _attach_nodes(c, members, bounds, seg_of_boundary, children, first_item)
+
+
+def _thread_boundaries(nodes: list[pb.Node], members: list[int]) -> list[tuple[int, int, bool]]:
+    """Every start and end of the thread's nodes as (measured time, node index, is_start),
+    in nesting order (an end before the start of what follows it)."""
     bounds: list[tuple[int, int, bool]] = []
     stack: list[int] = []
     for i in members:
@@ -474,15 +483,34 @@ def _compile_host_thread(c: _Compilation, members: list[int], k: int) -> None:
     # nesting order among equal times (properly nested ranges are already in time order).
     if any(bounds[b][0] > bounds[b + 1][0] for b in range(len(bounds) - 1)):
         bounds.sort(key=lambda x: x[0])
+    return bounds
 
-    n_b = len(bounds)
-    if n_b == 0:
-        return
-    # Owner of each segment: the innermost node open after each boundary.
+
+def _segment_category(prog: Program, owner: pb.Node | None) -> int:
+    """What a segment is, from the innermost node open during it."""
+    if owner is None:
+        return CAT_HOST
+    kind = owner.kind
+    if kind == pb.KIND_SYNC:
+        return CAT_SYNC
+    if kind == pb.KIND_COMPUTE or (prog.cpu_only and kind == pb.KIND_CPU_OP):
+        return CAT_COMPUTE
+    if kind in (pb.KIND_MEMCPY, pb.KIND_MEMSET):
+        return CAT_COPY
+    if kind == pb.KIND_COMM_UNKNOWN:
+        return CAT_COMM_OTHER
+    return CAT_HOST
+
+
+def _cut_segments(c: _Compilation, bounds: list[tuple[int, int, bool]], k: int) -> tuple[list[int], dict[int, int]]:
+    """One item per stretch between consecutive boundaries, owned by the innermost node
+    open in it. Returns the item after each boundary (-1 after the last) and how many
+    children each node has."""
+    nodes = c.nodes
     open_stack: list[int] = []
-    first_item = prog.n_items
     seg_of_boundary: list[int] = []
     children: dict[int, int] = {}
+    n_b = len(bounds)
     for b in range(n_b):
         t, i, is_start = bounds[b]
         if is_start:
@@ -498,27 +526,22 @@ def _compile_host_thread(c: _Compilation, members: list[int], k: int) -> None:
             break
         t_next = bounds[b + 1][0]
         owner = open_stack[-1] if open_stack else -1
-        cat = CAT_HOST
-        if owner >= 0:
-            kind = nodes[owner].kind
-            if kind == pb.KIND_SYNC:
-                cat = CAT_SYNC
-            elif kind == pb.KIND_COMPUTE or (prog.cpu_only and kind == pb.KIND_CPU_OP):
-                cat = CAT_COMPUTE
-            elif kind in (pb.KIND_MEMCPY, pb.KIND_MEMSET):
-                cat = CAT_COPY
-            elif kind == pb.KIND_COMM_UNKNOWN:
-                cat = CAT_COMM_OTHER
-        seg = c.new_item(k, cat, owner, t, max(t, t_next), t_next - t)
-        seg_of_boundary.append(seg)
+        cat = _segment_category(c.prog, nodes[owner] if owner >= 0 else None)
+        seg_of_boundary.append(c.new_item(k, cat, owner, t, max(t, t_next), t_next - t))
+    return seg_of_boundary, children
 
-    for b in range(n_b):
-        _, i, is_start = bounds[b]
+
+def _attach_nodes(c: _Compilation, members: list[int], bounds: list[tuple[int, int, bool]],
+                  seg_of_boundary: list[int], children: dict[int, int], first_item: int) -> None:
+    """Each node starts and ends at a segment; a leaf collective or send/recv is its segment
+    (a rendezvous); cross-thread dependencies attach to the segment where the node starts
+    (a sync's, where it ends)."""
+    prog, nodes, index = c.prog, c.nodes, c.index
+    for b, (_, i, is_start) in enumerate(bounds):
         if is_start:
             prog.node_start_item[i] = seg_of_boundary[b]
         else:
             prog.node_end_item[i] = seg_of_boundary[b - 1] if b > 0 else first_item
-
     for i in members:
         n = nodes[i]
         s_it, e_it = prog.node_start_item[i], prog.node_end_item[i]
