@@ -18,9 +18,9 @@ from typing import Any
 from echo_et.errors import EchoError
 from echo_et.models.comm.params import flatten, nest
 from echo_et.models.comm.tuning import NcclSystem
+from echo_et.models.profile_file import dumps_profile, rounded, write_profile_json
 
 SCHEMA = "echo-et/comm-profile/1"
-SIGNIFICANT_DIGITS = 6
 # Parameters the model gained after profiles of this schema were first written. A profile
 # without them takes them from the preset it started from (else ``a100-ib``), so older
 # profiles keep loading; everything else must be present.
@@ -124,8 +124,8 @@ def to_json(p: Profile) -> dict[str, Any]:
         "name": p.name,
         "calibrated": p.calibrated,
         "gpus_per_node": p.gpus_per_node,
-        "params": _rounded(nest(p.params)),
-        "nccl": _rounded(p.nccl.to_json()),
+        "params": rounded(nest(p.params)),
+        "nccl": rounded(p.nccl.to_json()),
     }
     if p.description:
         out["description"] = p.description
@@ -136,29 +136,15 @@ def to_json(p: Profile) -> dict[str, Any]:
     if p.base_preset:
         out["base_preset"] = p.base_preset
     if p.sources:
-        out["sources"] = _rounded(list(p.sources))
+        out["sources"] = rounded(list(p.sources))
     if p.fit:
-        out["fit"] = _rounded(p.fit)
+        out["fit"] = rounded(p.fit)
     return out
 
 
 def dumps(p: Profile) -> str:
-    return json.dumps(to_json(p), indent=2, sort_keys=True) + "\n"
+    return dumps_profile(to_json(p))
 
 
 def write_profile(p: Profile, path: str | Path) -> None:
-    from echo_et.ir.io import atomic_file
-
-    data = dumps(p).encode("utf-8")
-    with atomic_file(path) as f:
-        f.write(data)
-
-
-def _rounded(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}")
-    if isinstance(obj, dict):
-        return {k: _rounded(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_rounded(v) for v in obj]
-    return obj
+    write_profile_json(to_json(p), path)

@@ -20,9 +20,9 @@ from typing import Any
 from echo_et.errors import EchoError
 from echo_et.models.compute.gpus import DATASHEETS, GpuSpec, gpu_names, resolve_gpu
 from echo_et.models.compute.roofline import EFF_MAX, PARAM_DEFAULTS
+from echo_et.models.profile_file import dumps_profile, rounded, write_profile_json
 
 SCHEMA = "echo-et/compute-profile/1"
-SIGNIFICANT_DIGITS = 6
 FITTED_PRESET = "a100"
 FP32_MATMUL = ("fp32", "tf32")
 # Parameters added after profiles of this schema were first written: a profile without them
@@ -152,37 +152,23 @@ def to_json(p: ComputeProfile) -> dict[str, Any]:
         "schema": SCHEMA,
         "name": p.name,
         "calibrated": p.calibrated,
-        "gpu": _rounded(p.gpu.to_json()),
-        "params": _rounded(nest(p.params)),
+        "gpu": rounded(p.gpu.to_json()),
+        "params": rounded(nest(p.params)),
         "settings": {"fp32_matmul": p.fp32_matmul},
     }
     for key, val in (("description", p.description), ("params_from", p.params_from)):
         if val:
             out[key] = val
     if p.sources:
-        out["sources"] = _rounded(list(p.sources))
+        out["sources"] = rounded(list(p.sources))
     if p.fit:
-        out["fit"] = _rounded(p.fit)
+        out["fit"] = rounded(p.fit)
     return out
 
 
 def dumps(p: ComputeProfile) -> str:
-    return json.dumps(to_json(p), indent=2, sort_keys=True) + "\n"
+    return dumps_profile(to_json(p))
 
 
 def write_profile(p: ComputeProfile, path: str | Path) -> None:
-    from echo_et.ir.io import atomic_file
-
-    data = dumps(p).encode("utf-8")
-    with atomic_file(path) as f:
-        f.write(data)
-
-
-def _rounded(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}")
-    if isinstance(obj, dict):
-        return {k: _rounded(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_rounded(v) for v in obj]
-    return obj
+    write_profile_json(to_json(p), path)
