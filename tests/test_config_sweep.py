@@ -171,3 +171,22 @@ def test_map_rows_keeps_order_and_replaces_workers(monkeypatch) -> None:
     first, last = {p for p, _ in out[:4]}, {p for p, _ in out[4:8]}
     assert first.isdisjoint(last)           # a fresh pool for the second batch of 2 x 2 rows
     assert config_sweep.map_rows(_pid_and_square, [3], 1) == [(__import__("os").getpid(), 9)]
+
+
+def test_config_sweep_on_a_local_dask_cluster_matches_local() -> None:
+    pytest.importorskip("distributed", reason="the dask executor is optional (pip install 'dask[distributed]')")
+    rows = [TINY, {**TINY, "tp": 1}]
+    local = run_config_sweep(rows, ConfigSweepOptions(), executor="local", workers=1)
+    dask = run_config_sweep(rows, ConfigSweepOptions(), executor="dask", workers=1)
+    assert dask.executor == "dask"
+    assert [r["predicted_ms"] for r in dask.rows] == [r["predicted_ms"] for r in local.rows]
+
+
+def test_missing_ray_is_an_option_error() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        with pytest.raises(OptionError, match="the ray executor needs ray"):
+            run_config_sweep([TINY], ConfigSweepOptions(), executor="ray", workers=1)
+    else:
+        pytest.skip("ray is installed: the missing-package error cannot be shown")

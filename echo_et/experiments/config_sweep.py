@@ -409,41 +409,19 @@ def _predict_task(task: tuple[dict[str, Any], ConfigSweepOptions]) -> dict[str, 
 
 
 def _run_dask(todo, opts, workers, address, report) -> None:
-    try:
-        from distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise OptionError("executor", "the dask executor needs dask.distributed "
-                                      "(pip install 'dask[distributed]')") from None
-    cluster = None
-    if address:
-        client = Client(address)
-    else:
-        cluster = LocalCluster(n_workers=max(1, workers or 1), threads_per_worker=1,
-                               processes=bool(workers and workers > 1), dashboard_address=None)
-        client = Client(cluster)
-    try:
+    from echo_et.experiments.executors import dask_client
+
+    with dask_client(workers, address) as (client, as_completed):
         futs = [client.submit(predict_row, row, opts, pure=False) for _, row in todo]
         index = {f.key: i for f, (i, _) in zip(futs, todo, strict=True)}
         for fut in as_completed(futs):
             report(index[fut.key], fut.result())
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
 
 
 def _run_ray(todo, opts, workers, address, report) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise OptionError("executor", "the ray executor needs ray (pip install ray)") from None
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(1, workers or 1), log_to_driver=False, include_dashboard=False)
-    try:
+    from echo_et.experiments.executors import ray_session
+
+    with ray_session(workers, address) as ray:
         task = ray.remote(predict_row)
         refs = [task.remote(row, opts) for _, row in todo]
         index = {r: i for r, (i, _) in zip(refs, todo, strict=True)}
@@ -452,9 +430,6 @@ def _run_ray(todo, opts, workers, address, report) -> None:
             finished, pending = ray.wait(pending, num_returns=1)
             for ref in finished:
                 report(index[ref], ray.get(ref))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # -- outputs -------------------------------------------------------------------------------------

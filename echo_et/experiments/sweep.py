@@ -277,46 +277,24 @@ def _run_local(job, todo, spec, workers, address, report) -> None:
 
 
 def _run_dask(job, todo, spec, workers, address, report) -> None:
-    try:
-        from distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise OptionError("executor", "the dask executor needs dask.distributed "
-                                      "(pip install 'dask[distributed]')") from None
+    from echo_et.experiments.executors import dask_client
+
     if not todo:
         return
-    cluster = None
-    if address:
-        client = Client(address)
-    else:
-        cluster = LocalCluster(n_workers=max(1, workers or 1), threads_per_worker=1,
-                               processes=bool(workers and workers > 1), dashboard_address=None)
-        client = Client(cluster)
-    try:
+    with dask_client(workers, address) as (client, as_completed):
         shared = client.scatter(job, broadcast=True)
         futs = [client.submit(run_point, shared, p, spec, pure=False) for _, p in todo]
         index = {f.key: i for f, (i, _) in zip(futs, todo, strict=True)}
         for fut in as_completed(futs):
             report(_tag(index[fut.key], fut.result()))
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
 
 
 def _run_ray(job, todo, spec, workers, address, report) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise OptionError("executor", "the ray executor needs ray (pip install ray)") from None
+    from echo_et.experiments.executors import ray_session
+
     if not todo:
         return
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(1, workers or 1), log_to_driver=False, include_dashboard=False)
-    try:
+    with ray_session(workers, address) as ray:
         task = ray.remote(run_point)
         shared = ray.put(job)
         refs = [task.remote(shared, p, spec) for _, p in todo]
@@ -326,9 +304,6 @@ def _run_ray(job, todo, spec, workers, address, report) -> None:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
                 report(_tag(index[ref], ray.get(ref)))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def is_sweep_dir(path: Path) -> bool:
