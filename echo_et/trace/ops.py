@@ -13,6 +13,7 @@ Torch is imported lazily (only :func:`decomposed` needs it).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from echo_et.ir.schema import pb
 
@@ -91,6 +92,21 @@ def kernel_class(name: str) -> int:
     return pb.KC_OTHER
 
 
+def _overloads(name: str) -> list[tuple[Any, str]] | None:
+    """(packet, overload name) for the non-``out`` overloads of operator ``name`` (no
+    overload in the name), or None when torch does not know the operator."""
+    import torch
+
+    ns, sep, op = name.partition("::")
+    if not sep:
+        return None
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+    except (AttributeError, RuntimeError):
+        return None
+    return [(packet, o) for o in packet.overloads() if not o.endswith("out")]
+
+
 @functools.cache
 def decomposed(name: str) -> bool:
     """Whether operator ``name`` (no overload) is composite: it has no kernel of its own and
@@ -98,20 +114,10 @@ def decomposed(name: str) -> bool:
     e.g. ``aten::linear``."""
     import torch
 
-    ns, sep, op = name.partition("::")
-    if not sep:
-        return False
-    try:
-        packet = getattr(getattr(torch.ops, ns), op)
-    except (AttributeError, RuntimeError):
-        return False
     found = False
-    for overload in packet.overloads():
-        if overload.endswith("out"):
-            continue
+    for packet, overload in _overloads(name) or ():
         try:
-            full = getattr(packet, overload).name()
-            implicit = torch._C._dispatch_has_kernel_for_dispatch_key(full,
+            implicit = torch._C._dispatch_has_kernel_for_dispatch_key(getattr(packet, overload).name(),
                                                                       "CompositeImplicitAutograd")
         except (AttributeError, RuntimeError):
             continue   # a TorchScript-only overload (``aten::__or__.bool``): no dispatch entry
@@ -124,19 +130,8 @@ def decomposed(name: str) -> bool:
 @functools.cache
 def is_view_name(name: str) -> bool:
     """Whether every (non-out) overload of operator ``name`` returns an alias of an input."""
-    import torch
-
-    ns, sep, op = name.partition("::")
-    if not sep:
-        return False
-    try:
-        packet = getattr(getattr(torch.ops, ns), op)
-    except (AttributeError, RuntimeError):
-        return False
     found = False
-    for overload in packet.overloads():
-        if overload.endswith("out"):
-            continue
+    for packet, overload in _overloads(name) or ():
         try:
             if not getattr(packet, overload).is_view:
                 return False
