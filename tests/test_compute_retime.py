@@ -235,7 +235,14 @@ def test_calibrate_compute_reproduces_the_shipped_a100_preset(tmp_path):
         "iterations", "ground_truth_single.csv", sha256(iterations))
     it = shipped["fit"].pop("iterations")
     assert it["settings"]["recompute"] is True and it["settings"]["dtype"] == "float16"
-    assert it["settings"]["cluster"]["intra_bw_gbps_per_gpu"] == 150.0
+    # the measured runs' collectives: the collective model calibrated on vTrain's all-reduce tables
+    # (the documented `calibrate nccl-tests` command), its NVLink rate not overridden
+    assert it["settings"]["cluster"]["intra_bw_gbps_per_gpu"] is None
+    luts = sorted(shared_path("measurements/vtrain-a100/trace/a100").glob("AR_GPU*_LUT"))
+    comm = tmp_path / "vtrain-a100-allreduce.json"
+    r = run("calibrate", "nccl-tests", *map(str, luts), "--gpus-per-node", "8", "-o", str(comm))
+    assert r.returncode == 0, r.stderr
+    assert it["settings"]["comm_profile"] == {"file": comm.name, "sha256": sha256(comm)}
     assert shipped["fit"]["stages"] == stages["fit"]["stages"]
 
     def flat(d, prefix=""):
@@ -282,3 +289,23 @@ def test_untimed_host_launches_get_the_host_launch_time():
     assert len(launches) == 3 and rep.by_status["host_launch"] == 3
     assert all(n.duration_ns == model.host_launch_ns > 0 for n in launches)
     assert all(n.attrs["timing"] == "model:a100" for n in launches)
+
+
+def test_untimed_collective_calls_get_the_collective_host_time():
+    from dataclasses import replace
+
+    job = meta_job()
+    g = job.graph("g0")
+    gb = GraphBuilder.extend(g)
+    host = gb.stream(pb.STREAM_CPU_THREAD, "host:0")
+    gb.cpu_op("launch:all_reduce", host, kind=pb.KIND_LAUNCH, op="c10d::all_reduce")
+    for n in [n for n in g.nodes if n.kind == pb.KIND_COMPUTE]:
+        launch = gb.cpu_op(f"launch:{n.name}", host, kind=pb.KIND_LAUNCH, op=n.name)
+        n.deps.add(id=launch.id, kind=pb.DEP_LAUNCH)
+    base = ComputeModel.preset("a100")
+    model = ComputeModel(replace(base.profile, params={**base.profile.params, "host_launch_ns": 30_000.0,
+                                                       "host_collective_ns": 7_000.0}))
+    out, _ = retime_compute(job, model)
+    by_op = {n.cpu.op: n.duration_ns for n in out.graph("g0").nodes if n.kind == pb.KIND_LAUNCH}
+    assert by_op.pop("c10d::all_reduce") == 7_000
+    assert set(by_op.values()) == {30_000}

@@ -37,6 +37,44 @@ def _samples(truth: ComputeModel):
     return out
 
 
+def _comm_launch() -> pb.Node:
+    n = pb.Node(id=3, name="launch", kind=pb.KIND_LAUNCH)
+    n.cpu.op = "c10d::all_reduce"
+    return n
+
+
+def test_fit_tells_a_collective_call_host_time_from_an_operator_issue_time() -> None:
+    """Host-bound configurations with different shares of communication calls identify the
+    host time of a collective call apart from an operator's."""
+    prior = ComputeModel.preset("a100")
+    truth = ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": 40_000.0,
+                                                        "host_collective_ns": 5_000.0}))
+    samples = []
+    for m in (16, 4096, 16384):
+        for n_ops, n_comm in ((500, 0), (2000, 0), (500, 300), (2000, 100)):
+            gpu = PathSample([(_mm(m), n_ops)], 1e6)
+            host = PathSample([(_launch(), n_ops), (_comm_launch(), n_comm)], 2e5)
+            samples.append((gpu, host, predicted_ns(gpu, host, truth)))
+    model, _ = fit_iterations(samples, prior)
+    assert model.host_launch_ns == pytest.approx(40_000, rel=0.05)
+    assert model.host_collective_ns == pytest.approx(5_000, rel=0.1)
+    assert model.launch_ns("c10d::all_reduce") == model.host_collective_ns
+    assert model.launch_ns("aten::mm") == model.host_launch_ns
+
+
+def test_a_profile_without_a_collective_host_time_issues_collectives_like_operators(tmp_path) -> None:
+    import json
+
+    p = tmp_path / "old.json"
+    ComputeModel.preset("a100").save(p)
+    d = json.loads(p.read_text())
+    d["params"].pop("host_collective_ns")
+    d["params"]["host_launch_ns"] = 12_345.0
+    p.write_text(json.dumps(d))
+    old = ComputeModel.load(p)
+    assert old.host_collective_ns == old.host_launch_ns == 12_345
+
+
 def test_fit_recovers_the_host_issue_time_and_the_regimes() -> None:
     prior = ComputeModel.preset("a100")
     truth = ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": 40_000.0}))
@@ -97,6 +135,39 @@ def test_calibrate_compute_fits_measured_iterations(tmp_path) -> None:
     assert again.read_bytes() == out.read_bytes()        # deterministic
 
 
+def test_calibrate_compute_iterations_with_a_collective_profile(tmp_path) -> None:
+    """--comm-profile prices the measured runs' collectives with that profile; the fitted
+    profile names it by file and hash, and a slower collective model leaves less for compute."""
+    import json
+    from pathlib import Path
+
+    import echo_et.models.comm as comm_pkg
+
+    csv = tmp_path / "iterations.csv"
+    csv.write_text(TINY.replace("2,64,2,32,1,2,1,1,1,4.0", "2,64,2,32,1,2,2,1,1,4.0"))   # one TP row
+    preset = json.loads((Path(comm_pkg.__file__).parent / "presets/a100-ib.json").read_text())
+    slow = json.loads(json.dumps(preset))
+    slow["name"] = "slow"
+    slow["params"]["nvlink_gbps"] /= 100.0       # NVLink 100x slower
+    fast_p, slow_p = tmp_path / "fast.json", tmp_path / "slow.json"
+    fast_p.write_text(json.dumps(preset))
+    slow_p.write_text(json.dumps(slow))
+    outs = {}
+    for name, prof in (("fast", fast_p), ("slow", slow_p)):
+        out = tmp_path / f"{name}-compute.json"
+        r = _cli("calibrate", "compute", "--iterations", str(csv), "--recompute", "--comm-profile", str(prof),
+                 "-o", str(out), "--json")
+        assert r.returncode == 0, r.stderr
+        outs[name] = json.loads(out.read_text())
+    settings = outs["slow"]["fit"]["iterations"]["settings"]["comm_profile"]
+    assert settings["file"] == "slow.json" and len(settings["sha256"]) == 64
+    assert outs["slow"]["params"] != outs["fast"]["params"]
+    r = _cli("calibrate", "compute", "--iterations", str(csv), "--comm-profile", str(tmp_path / "none.json"),
+             "-o", str(tmp_path / "x.json"))
+    assert r.returncode == 2 and "--comm-profile" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "x.json").exists()
+
+
 @pytest.mark.parametrize(("text", "args", "message"), [
     ("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n2,64,2,32,1,2,1,1,1\n", [],
      "line 2: no measured_ms"),
@@ -105,6 +176,7 @@ def test_calibrate_compute_fits_measured_iterations(tmp_path) -> None:
      "gpus 8 is not tp x pp x dp"),
     (TINY, ["--dtype", "int3"], "'int3' is not one of"),
     (None, ["--recompute"], "--recompute only apply with --iterations"),
+    (None, ["--comm-profile", "x.json"], "--comm-profile only apply with --iterations"),
 ])
 def test_calibrate_compute_iterations_bad_input_is_one_line(tmp_path, text, args, message) -> None:
     out = tmp_path / "p.json"

@@ -90,6 +90,10 @@ def calibrate_compute_cmd(
     gpus_per_node: int | None = gpus_per_node_opt(),
     intra_bw: str | None = intra_bw_opt(),
     inter_bw: str | None = inter_bw_opt(),
+    comm_profile: Path | None = typer.Option(
+        None, "--comm-profile", metavar="PROFILE.json",
+        help="Collective model of the measured cluster (`calibrate nccl-tests` on its all-reduce logs or "
+             "tables); default: the GPU's preset (--iterations)."),
     workers: int = typer.Option(1, "--workers", help="Processes simulating the measured configurations."),
     cache: Path | None = typer.Option(None, "--cache", metavar="DIR",
                                       help="Keep each configuration's traced Job here between runs (--iterations)."),
@@ -102,7 +106,8 @@ def calibrate_compute_cmd(
 
     check_output_path("--output", output, file_only=True)
     used = [f for f, v in (("--recompute", recompute or None), ("--gpus-per-node", gpus_per_node),
-                           ("--intra-bw", intra_bw), ("--inter-bw", inter_bw), ("--cache", cache))
+                           ("--intra-bw", intra_bw), ("--inter-bw", inter_bw), ("--cache", cache),
+                           ("--comm-profile", comm_profile))
             if v is not None]
     if iterations is None and used:
         raise EchoError(f"{', '.join(used)} only apply with --iterations")
@@ -110,6 +115,8 @@ def calibrate_compute_cmd(
         raise EchoError(f"--workers must be >= 1, got {workers}")
     if iterations is not None and not iterations.is_file():
         raise EchoError(f"--iterations {iterations}: no such file")
+    if comm_profile is not None and not comm_profile.is_file():
+        raise EchoError(f"--comm-profile {comm_profile}: no such file")
     opts = None
     if iterations is not None:
         from echo_et.experiments.config_sweep import ConfigSweepOptions
@@ -118,7 +125,12 @@ def calibrate_compute_cmd(
         if dtype not in DTYPES:
             raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
         cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
-        opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype)
+        opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
+                                  comm_profile=str(comm_profile) if comm_profile else None)
+        if comm_profile is not None:
+            from echo_et.experiments.config_sweep import models_for
+
+            models_for(opts)    # a bad profile: one line now, not one per configuration
     if kernels is None and not layers and iterations is None:
         raise EchoError("give at least one input: --kernels CSV, --layers PATH and/or --iterations CSV")
     if kernels is not None or layers:

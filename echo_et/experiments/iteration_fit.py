@@ -83,7 +83,8 @@ def bounding_profiles(prior, folder: Path) -> tuple[Path, Path]:
     out = []
     for name, h in (("bound-gpu.json", 0.0), ("bound-host.json", BOUND_HOST_NS)):
         p = folder / name
-        ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": h})).save(p)
+        ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": h,
+                                                     "host_collective_ns": h})).save(p)
         out.append(p)
     return out[0], out[1]
 
@@ -92,7 +93,7 @@ def path_ns(sample: PathSample, model) -> float:
     """A path's length under ``model``: its operators re-priced, the rest as simulated."""
     t = sample.rest_ns
     for node, count in sample.calls:
-        t += count * (model.host_launch_ns if node.kind == pb.KIND_LAUNCH else model.time_ns(node))
+        t += count * (model.launch_ns(node.cpu.op) if node.kind == pb.KIND_LAUNCH else model.time_ns(node))
     return t
 
 
@@ -120,7 +121,8 @@ def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prio
 
     best: tuple | None = None
     for start_ns in starts:
-        start = ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": start_ns}))
+        start = ComputeModel(replace(prior.profile, params={**prior.profile.params, "host_launch_ns": start_ns,
+                                                            "host_collective_ns": start_ns}))
         choice = longer(start)
         rounds = 0
         model = prior
@@ -246,6 +248,17 @@ def read_iterations(path: Path, opts) -> tuple[list[dict[str, Any]], list[dict[s
     return ok, excluded
 
 
+def _settings(opts) -> dict[str, Any]:
+    """The simulation settings a fit used, as stored in the profile: a collective profile by
+    its file name and content hash (not a path on the machine that fitted)."""
+    from echo_et.models.compute.data import sha256
+
+    out = opts.to_json()
+    if opts.comm_profile:
+        out["comm_profile"] = {"file": Path(opts.comm_profile).name, "sha256": sha256(Path(opts.comm_profile))}
+    return out
+
+
 def fit_profile_on_iterations(profile, path: Path, rows: Sequence[dict[str, Any]],
                               bounds: Sequence[tuple[PathSample, PathSample] | None], opts,
                               excluded: Sequence[dict[str, str]] = ()) -> IterationCalibration:
@@ -267,7 +280,7 @@ def fit_profile_on_iterations(profile, path: Path, rows: Sequence[dict[str, Any]
     model, info = fit_iterations(samples, ComputeModel(profile))
     errs = [100.0 * (predicted_ns(g, h, model) - m) / m for g, h, m in samples]
     info = {**info, "path_mape_pct": round(statistics.fmean(abs(e) for e in errs), 2),
-            "settings": opts.to_json(),
+            "settings": _settings(opts),
             "before": {p: profile.params[p] for p in END_TO_END_PARAMS if p in profile.params}}
     source = {"file": path.name, "kind": "iterations", "sha256": sha256(path), "samples": len(samples),
               "excluded": len(excluded)}

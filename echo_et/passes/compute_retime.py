@@ -55,6 +55,8 @@ class ComputeTimer(Protocol):
     gpu_name: str       # product name, written to the manifest
     host_launch_ns: int
 
+    def launch_ns(self, op: str) -> int: ...
+
     def op_cost(self, op: str, shapes: str, dtypes: str, attrs: dict[str, str]) -> tuple[int, str]: ...
 
     def memcpy_ns(self, nbytes: int, memset: bool = False) -> int: ...
@@ -98,9 +100,9 @@ def retime_compute(job: Job, model: ComputeTimer) -> tuple[Job, RetimeReport]:
         if any(n.start_ns for n in g.nodes):
             _warp(g, new)
         else:
-            for n in g.nodes:   # untimed: the host issues each operator in host_launch_ns
+            for n in g.nodes:   # untimed: the host issues each operator in the model's launch time
                 if n.kind == pb.KIND_LAUNCH and n.id not in new:
-                    new[n.id] = model.host_launch_ns
+                    new[n.id] = model.launch_ns(n.cpu.op)
                     report.by_status[LAUNCH] += 1
                 if n.id in new:
                     n.duration_ns = new[n.id]

@@ -41,9 +41,15 @@ PARAM_NAMES = tuple(PARAM_DEFAULTS)
 # What each source may set (None: everything). Kernels measured one by one identify every
 # efficiency; a handful of per-layer times only the tensor-core GEMM efficiency (GEMMs are
 # most of a layer; freeing attention too lets a few inconsistent layer times drive it to
-# nonsense); iterations what an iteration is most sensitive to.
+# nonsense); iterations what an iteration is most sensitive to, and the memory classes of
+# unfused attention and of the optimizer step (the s x s score traffic of the batched GEMMs,
+# the softmax, the fused Adam pass), which no measured kernel identifies (the shared A100
+# kernels come from a flash-attention model) and which are a large part of a GPU-bound
+# Megatron iteration.
 LAYER_PARAMS = ("gemm_eff.tensor",)
-END_TO_END_PARAMS = ("kernel_overhead_ns", "host_launch_ns", "gemm_eff.tensor", "attn_eff.fwd", "attn_eff.bwd")
+END_TO_END_PARAMS = ("kernel_overhead_ns", "host_launch_ns", "host_collective_ns", "gemm_eff.tensor",
+                     "attn_eff.fwd", "attn_eff.bwd",
+                     "mem_eff.gemm_io", "mem_eff.softmax", "mem_eff.optimizer")
 STAGES: tuple[tuple[str, tuple[str, ...] | None], ...] = (("kernels", None), ("layers", LAYER_PARAMS),
                                                           ("iterations", END_TO_END_PARAMS))
 
@@ -53,7 +59,8 @@ SHRINK_SAMPLES = 0.1      # pull of each memory class toward the shared memory e
 EFF_BOUNDS = (0.02, 1.0)
 OVERHEAD_BOUNDS = (0.0, 50_000.0)
 HOST_LAUNCH_BOUNDS = (0.0, 200_000.0)
-_TIMES = frozenset({"kernel_overhead_ns", "host_launch_ns"})  # fitted as times, not inverse efficiencies
+# fitted as times, not inverse efficiencies
+_TIMES = frozenset({"kernel_overhead_ns", "host_launch_ns", "host_collective_ns"})
 MAX_ROUNDS = 30
 _MEM_GLOBAL = "mem_eff.*"   # shared memory efficiency the classes shrink toward (not stored)
 
@@ -67,20 +74,24 @@ class Sample:
     source: str = ""         # "kernels", "layers", "iterations", ...
     label: str = ""
     launches: float = 0.0    # host launches in the measured time (each costs host_launch_ns)
+    comm_launches: float = 0.0   # of which communication calls (each costs host_collective_ns instead)
 
 
 def sample_from_ops(calls: Iterable[tuple[Any, float]], measured_ns: float, offset_ns: float = 0.0,
                     group: str = "", source: str = "", label: str = "") -> Sample:
     """A sample from operator calls: (pb.ComputeInfo | pb.Node | layers.OpCall, count)."""
     items: list[tuple[Kernel, float]] = []
-    launches = 0.0
+    launches = comm = 0.0
     for c, count in calls:
         if isinstance(c, pb.Node) and c.kind == pb.KIND_LAUNCH:
-            launches += float(count)
+            if ops.is_comm_op(c.cpu.op):
+                comm += float(count)
+            else:
+                launches += float(count)
             continue
         for k in op_kernels(c):
             items.append((k, float(count)))
-    return Sample(tuple(items), float(measured_ns), float(offset_ns), group, source, label, launches)
+    return Sample(tuple(items), float(measured_ns), float(offset_ns), group, source, label, launches, comm)
 
 
 def op_kernels(c: Any) -> tuple[Kernel, ...]:
@@ -100,7 +111,7 @@ def op_kernels(c: Any) -> tuple[Kernel, ...]:
 # -- prediction ---------------------------------------------------------------------------------
 def predict(sample: Sample, profile: ComputeProfile) -> float:
     p, gpu = profile.params, profile.gpu
-    t = sample.offset_ns + sample.launches * p["host_launch_ns"]
+    t = sample.offset_ns + sample.launches * p["host_launch_ns"] + sample.comm_launches * p["host_collective_ns"]
     for k, n in sample.items:
         cp, cns, mp, mns = parts(k, gpu, p, profile.fp32_matmul)
         v = mns / p[mp]
@@ -147,7 +158,7 @@ def _weights(samples: Sequence[Sample], source_weights: dict[str, float]) -> np.
 
 def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: ComputeProfile, fixed: set[str],
                  source_weights: dict[str, float]) -> FitResult:
-    names = ["kernel_overhead_ns", "host_launch_ns", *EFF_PARAMS, _MEM_GLOBAL]
+    names = ["kernel_overhead_ns", "host_launch_ns", "host_collective_ns", *EFF_PARAMS, _MEM_GLOBAL]
     idx = {n: i for i, n in enumerate(names)}
     w = _weights(samples, source_weights)
     lam = PRIOR_SAMPLES * float(np.median(w))
@@ -183,6 +194,7 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
                 else:
                     a[i, idx[mp]] += n * mns
             a[i, idx["host_launch_ns"]] += s.launches
+            a[i, idx["host_collective_ns"]] += s.comm_launches
             rhs[i] = s.measured_ns - s.offset_ns
             scale = math.sqrt(w[i]) / s.measured_ns
             a[i] *= scale
@@ -225,7 +237,7 @@ def _unit(n: int, i: int, v: float) -> np.ndarray:
 def _bounds(name: str) -> tuple[float, float]:
     if name == "kernel_overhead_ns":
         return OVERHEAD_BOUNDS
-    if name == "host_launch_ns":
+    if name in ("host_launch_ns", "host_collective_ns"):
         return HOST_LAUNCH_BOUNDS
     return 1.0 / EFF_MAX.get(name, EFF_BOUNDS[1]), 1.0 / EFF_BOUNDS[0]
 

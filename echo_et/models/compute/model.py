@@ -63,6 +63,16 @@ class ComputeModel:
         """Host time to issue one operator (given to launch nodes of untimed graphs)."""
         return round(self.profile.params["host_launch_ns"])
 
+    @property
+    def host_collective_ns(self) -> int:
+        """Host time to issue one collective or point-to-point call (its own parameter: the
+        framework's cost per communication call need not be an operator's)."""
+        return round(self.profile.params["host_collective_ns"])
+
+    def launch_ns(self, op: str) -> int:
+        """Host time of a launch node issuing ``op``."""
+        return self.host_collective_ns if ops.is_comm_op(op) else self.host_launch_ns
+
     def memcpy_ns(self, nbytes: int, memset: bool = False) -> int:
         """A device-to-device copy (reads and writes ``nbytes``) or a memset (writes them)."""
         k = K.mem("fill", nbytes) if memset else K.mem("copy", 2 * nbytes)

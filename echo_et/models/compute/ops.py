@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from echo_et.ir.collectives import C10D_PREFIXES, normalize_comm
 from echo_et.models.compute import kernels as K
 from echo_et.models.compute._dtypes import element_size, is_known, math_class
 
@@ -310,6 +311,21 @@ def _softmax(a: Args, backward: bool) -> list[K.Kernel] | None:
     return [K.mem("softmax", 3 * n if backward else 2 * n, flops=5 * numel(t[0]))]
 
 
+def _causal_softmax(a: Args, backward: bool) -> list[K.Kernel] | None:
+    """Megatron's ``scaled_upper_triang_masked_softmax`` kernels: a query row ``i`` of an
+    ``[.., s, s]`` score tensor loads only its ``i + 1`` unmasked keys (the forward its scores,
+    the backward the gradient and the probabilities) and stores the whole row (zeros above the
+    diagonal); so ``(s + 1) / 2s`` of each input is read, all of the output written."""
+    t = a.tensor(0)
+    if t is None:
+        return None
+    n = nbytes(t)
+    s = t[0][-1] if t[0] else 1
+    read = n * (s + 1) / (2 * s)
+    inputs = 2 if backward else 1
+    return [K.mem("softmax", inputs * read + n, flops=5 * numel(t[0]) * (s + 1) / (2 * s))]
+
+
 def _layer_norm(a: Args, backward: bool, rms: bool = False) -> list[K.Kernel] | None:
     x = a.tensor(1 if backward else 0)
     if x is None:
@@ -502,8 +518,8 @@ MEMORY_OPS = {
 # Megatron's fused kernels as the meta-device tracer records them (echo_et.workloads.fused):
 # one memory-bound kernel each, reading the inputs and writing the outputs once.
 MEMORY_OPS.update({
-    "echo::scaled_upper_triang_masked_softmax": lambda a: _softmax(a, False),
-    "echo::scaled_upper_triang_masked_softmax_backward": lambda a: _softmax(a, True),
+    "echo::scaled_upper_triang_masked_softmax": lambda a: _causal_softmax(a, False),
+    "echo::scaled_upper_triang_masked_softmax_backward": lambda a: _causal_softmax(a, True),
     "echo::bias_gelu": lambda a: _elementwise(a),
     "echo::bias_gelu_backward": lambda a: _elementwise(a),
     "echo::bias_dropout_add": lambda a: _with_mask(_elementwise(a)),
@@ -617,3 +633,9 @@ _ELEMENTWISE_NAMES = _PREDICATES | frozenset({
     "acos", "atan", "asinh", "acosh", "atanh", "deg2rad", "rad2deg", "sigmoid_", "_softmax_backward",
     "_weight_norm", "complex", "angle", "conj_physical", "positive", "fill", "copy",
 })
+
+
+def is_comm_op(op: str) -> bool:
+    """A host op that issues communication (``c10d::all_reduce``, ``c10d::send``): its launch
+    costs the host ``host_collective_ns``, not an operator's ``host_launch_ns``."""
+    return op.startswith(C10D_PREFIXES) and normalize_comm(op) is not None

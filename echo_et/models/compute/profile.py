@@ -27,7 +27,10 @@ FITTED_PRESET = "a100"
 FP32_MATMUL = ("fp32", "tf32")
 # Parameters added after profiles of this schema were first written: a profile without them
 # takes the default, so older profiles keep loading.
-ADDED_PARAMS = ("host_launch_ns",)
+ADDED_PARAMS = ("host_launch_ns", "host_collective_ns")
+# An added parameter that defaults to another one of the same profile (a profile written before
+# collectives had their own host time issued them like any operator).
+ADDED_LIKE = {"host_collective_ns": "host_launch_ns"}
 
 
 @dataclass(frozen=True)
@@ -107,10 +110,14 @@ def nest(flat: dict[str, float]) -> dict[str, Any]:
 
 
 def check_params(params: dict[str, float], where: str) -> dict[str, float]:
-    unknown = sorted(set(params) - set(PARAM_DEFAULTS))
+    given = set(params)
+    unknown = sorted(given - set(PARAM_DEFAULTS))
     if unknown:
         raise EchoError(f"{where}: unknown parameter {unknown[0]} (known: {', '.join(sorted(PARAM_DEFAULTS))})")
     params = {**{n: PARAM_DEFAULTS[n] for n in ADDED_PARAMS if n not in params}, **params}
+    for n, like in ADDED_LIKE.items():
+        if n not in given:
+            params[n] = params[like]
     missing = sorted(set(PARAM_DEFAULTS) - set(params))
     if missing:
         raise EchoError(f"{where}: missing parameter {missing[0]}")

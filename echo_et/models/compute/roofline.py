@@ -49,6 +49,7 @@ L2_RESIDENT_FRACTION = 0.5   # a memory-bound kernel moving at most this share o
 PARAM_DEFAULTS: dict[str, float] = {
     "kernel_overhead_ns": 2500.0,
     "host_launch_ns": 10000.0,
+    "host_collective_ns": 10000.0,
     "gemm_eff.tensor": 0.70,
     "gemm_eff.simt": 0.70,
     "gemm_k_half": 64.0,
