@@ -210,7 +210,9 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
                 prior_rows.append(r)
                 prior_rhs.append(0.0)
             else:
-                ref = max(xp[n], 1.0)
+                # the pull is relative to the parameter's scale: a time fitted to 0 (its
+                # bound) must not pin the next fit that starts from it
+                ref = max(xp[n], PARAM_DEFAULTS[n] if n in _TIMES else 1.0)
                 prior_rows.append(_unit(len(names), idx[n], math.sqrt(lam) / ref))
                 prior_rhs.append(math.sqrt(lam) * xp[n] / ref)
         big_a = np.vstack([a, np.array(prior_rows)])
