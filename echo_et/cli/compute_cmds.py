@@ -82,8 +82,10 @@ def calibrate_compute_cmd(
     iterations: Path | None = typer.Option(
         None, "--iterations", metavar="CSV",
         help="Measured training iterations (a `sweep --configs` CSV with measured_ms, or vTrain's "
-             "ground_truth_single.csv): fits the end-to-end parameters (host issue time, kernel overhead, "
-             "tensor-core and attention efficiencies) by tracing each row on the meta device and simulating it."),
+             "ground_truth_single.csv): fits the end-to-end parameters (host issue time per operator and per "
+             "collective call, kernel overhead, tensor-core and attention efficiencies, the memory efficiencies "
+             "of attention scores, softmax and optimizer) by tracing each row on the meta device and "
+             "simulating it."),
     recompute: bool = typer.Option(False, "--recompute", help="The measured runs recomputed activations "
                                    "(--iterations)."),
     dtype: str = typer.Option("float16", "--dtype", help="Training dtype of the measured runs (--iterations)."),
