@@ -76,14 +76,11 @@ def vtrain_comm_profile(out: Path) -> Path:
     """The collective model calibrated on vTrain's all-reduce tables (2-8 A100 of the same kind
     of node as the measured iterations): what `echo-et calibrate nccl-tests
     .../AR_GPU*_LUT --gpus-per-node 8 -o OUT` writes."""
-    from echo_et.models.comm.calibrate import default_preset, fit_profile, read_measurements, samples_from_runs
-    from echo_et.models.comm.profile import load_preset, write_profile
+    from echo_et.models.comm.calibrate import fit_runs, read_measurements
+    from echo_et.models.comm.profile import write_profile
 
     runs = [run for lut in sorted(COMM_TABLES.glob("AR_GPU*_LUT")) for run in read_measurements(lut)]
-    samples, sources = samples_from_runs(runs, 8)
-    base = load_preset(default_preset(g for r in runs for g in r.gpu_names))
-    prof, _ = fit_profile(samples, sources, base, 8, f"{base.name}-calibrated", None)
-    write_profile(prof, out)
+    write_profile(fit_runs(runs, 8)[0], out)
     return out
 
 

@@ -160,22 +160,18 @@ def calibrate_nccl_tests_cmd(
     as_json: bool = JsonOpt,
 ) -> None:
     """Fit a calibration profile from nccl-tests logs (or all-reduce lookup tables)."""
-    from echo_et.models.comm.calibrate import default_preset, fit_profile, samples_from_runs
-    from echo_et.models.comm.profile import load_preset, write_profile
+    from echo_et.models.comm.calibrate import fit_runs
+    from echo_et.models.comm.profile import write_profile
 
     if gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     _check_version(nccl_version, auto=True)
     _refuse_overwrite(output, logs)
     runs = _read_logs(logs, collective)
-    samples, sources = samples_from_runs(runs, gpus_per_node)
-    base = load_preset(preset or default_preset(g for r in runs for g in r.gpu_names))
-    typer.echo(f"fitting {len(samples)} measurements from {len(runs)} run(s), starting from "
-               f"preset {base.name} ...", err=True)
-    prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated",
-                               nccl_version)
+    prof, result = fit_runs(runs, gpus_per_node, preset=preset, name=name, nccl_version=nccl_version,
+                            progress=lambda m: typer.echo(m, err=True))
     write_profile(prof, output)
-    _report_fit(output, base.name, result, as_json, prof.nccl.version)
+    _report_fit(output, prof.base_preset, result, as_json, prof.nccl.version)
 
 
 @calibrate_app.command("trace")

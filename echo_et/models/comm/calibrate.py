@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,19 @@ def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], ba
         sources=tuple(sources), fit=fit, nccl=system,
     )
     return profile, result
+
+
+def fit_runs(runs: Sequence[nccl_tests.Run], gpus_per_node: int, *, preset: str | None = None,
+             name: str | None = None, nccl_version: str | None = None,
+             progress: Callable[[str], None] | None = None) -> tuple[Profile, FitResult]:
+    """What ``calibrate nccl-tests`` fits: the runs' samples, from ``preset`` (default: the one
+    matching the GPUs the runs name), named ``<preset>-calibrated`` unless ``name`` says."""
+    samples, sources = samples_from_runs(runs, gpus_per_node)
+    base = load_preset(preset or default_preset(g for r in runs for g in r.gpu_names))
+    if progress:
+        progress(f"fitting {len(samples)} measurements from {len(runs)} run(s), starting from "
+                 f"preset {base.name} ...")
+    return fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated", nccl_version)
 
 
 def _choice_error(result: FitResult, samples: Sequence[Sample]) -> float:
