@@ -15,8 +15,9 @@ as GPU traces and meta-device traces have them. Each gets ``duration_ns`` from t
   the trace's GPU is known; otherwise it keeps its measured time.
 
 In an untimed graph, every host launch node (the meta-device tracer writes one per issued
-operator) gets the model's ``host_launch_ns``: the host issuing operators can then bound the
-iteration, as PyTorch eager does on a real GPU.
+operator) gets the model's ``launch_ns`` for its op (an operator's issue time, or a
+communication call's): the host issuing operators can then bound the iteration, as PyTorch
+eager does on a real GPU.
 
 Timed graphs (measured start times) are re-laid out so that no dependency is broken: every
 timestamp moves by the time gained or lost by the retimed nodes that ended before it (a host
@@ -53,8 +54,6 @@ class ComputeTimer(Protocol):
     name: str           # profile name, recorded in attrs["timing"]
     gpu: str            # preset name
     gpu_name: str       # product name, written to the manifest
-    host_launch_ns: int
-
     def launch_ns(self, op: str) -> int: ...
 
     def op_cost(self, op: str, shapes: str, dtypes: str, attrs: dict[str, str]) -> tuple[int, str]: ...
