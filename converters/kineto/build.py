@@ -41,6 +41,7 @@ try:  # a fast canonical key for the shapes-text cache; optional
     import orjson as _orjson
 except ImportError:  # pragma: no cover
     _orjson = None  # type: ignore[assignment]
+from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR
 from echo_et.ir.limits import MAX_BYTES, checked_int
 from echo_et.ir.schema import pb
 
@@ -710,8 +711,32 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
         return
     node = gb.graph.nodes[-1]
     node.attrs["comm_source"] = ",".join(info.sources) or "none"
+    launch = _launch(u.kernels)
+    if launch is not None:
+        node.attrs[LAUNCH_BLOCKS_ATTR], node.attrs[LAUNCH_THREADS_ATTR] = str(launch[0]), str(launch[1])
     if use.guess:
         node.attrs["group_guess"] = use.guess
+
+
+def _dims(value: object) -> int | None:
+    """The product of a kernel's ``grid`` or ``block`` ([x, y, z]); None when not that."""
+    if not isinstance(value, list) or not 1 <= len(value) <= 3:
+        return None
+    out = 1
+    for v in value:
+        if type(v) is not int or not 1 <= v <= 1 << 31:
+            return None
+        out *= v
+    return out
+
+
+def _launch(kernels: list) -> tuple[int, int] | None:
+    """(blocks, threads per block) of the first kernel that states both."""
+    for k in kernels:
+        blocks, threads = _dims(k.arg("grid")), _dims(k.arg("block"))
+        if blocks is not None and threads is not None:
+            return blocks, threads
+    return None
 
 
 # Node attrs with an all-to-all's bytes per peer (comma-separated, group-rank order), read

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from echo_et.errors import EchoError
+from echo_et.ir.collectives import is_nccl_kernel
 from echo_et.ir.limits import MAX_NS
 
 from .jsonstream import read_document
@@ -53,6 +54,9 @@ COMM_ARG_KEYS = (
 )
 _CPU_ARG_KEYS = ("Record function id", "Ev Idx", "Input Dims", "Input type")
 _SYNC_ARG_KEYS = ("stream", "wait_on_stream", "wait_on_cuda_event_record_corr_id")
+# An NCCL kernel's launch configuration: blocks = the channels it runs on, threads per block
+# tell the protocol (kept for NCCL kernels only; read by echo_et.models.comm.launch).
+LAUNCH_ARG_KEYS = ("grid", "block")
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
 # -- typed decoding -------------------------------------------------------------------------
@@ -65,7 +69,7 @@ STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _UNSET: Any = msgspec.UNSET
 _ARG_KEYS = ("correlation", *_CPU_ARG_KEYS, *COMM_ARG_KEYS, "Concrete Inputs", "size", "stream",
              "device", "wait_on_stream", "wait_on_cuda_event_record_corr_id", "bytes",
-             "memory bandwidth (GB/s)")
+             "memory bandwidth (GB/s)", *LAUNCH_ARG_KEYS)
 _ARG_ATTR = {k: re.sub(r"\W+", "_", k.lower()).strip("_") for k in dict.fromkeys(_ARG_KEYS)}
 EventArgs = msgspec.defstruct(
     "EventArgs", [(a, Any, msgspec.field(default=_UNSET, name=k)) for k, a in _ARG_ATTR.items()],
@@ -331,8 +335,10 @@ class _Collector:
             device = args.get("device", e.get("pid"))
             stream = args.get("stream", e.get("tid"))
             thread = (_int_arg(device), _int_arg(stream))
+            if kind == K_KERNEL and "grid" in args and is_nccl_kernel(name):
+                kept = {k: args[k] for k in LAUNCH_ARG_KEYS if k in args}
             if "bytes" in args or "Collective name" in args:
-                kept = {k: args[k] for k in COMM_ARG_KEYS if k in args}
+                kept = {k: args[k] for k in COMM_ARG_KEYS if k in args} | (kept or {})
                 if "bytes" in args:
                     kept["bytes"] = args["bytes"]
                     bw = args.get("memory bandwidth (GB/s)")
@@ -470,8 +476,10 @@ class _Collector:
         else:
             thread = (_int_arg(pid if a.device is _UNSET else a.device),
                       _int_arg(tid if a.stream is _UNSET else a.stream))
+            if kind == K_KERNEL and a.grid is not _UNSET and is_nccl_kernel(name):
+                kept = _kept(a, LAUNCH_ARG_KEYS)
             if a.bytes is not _UNSET or a.collective_name is not _UNSET:
-                kept = _kept(a, COMM_ARG_KEYS)
+                kept = _kept(a, COMM_ARG_KEYS) | (kept or {})
                 if a.bytes is not _UNSET:
                     kept["bytes"] = a.bytes
                     bw = None if a.memory_bandwidth_gb_s is _UNSET else a.memory_bandwidth_gb_s

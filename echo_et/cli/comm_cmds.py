@@ -59,6 +59,21 @@ def _with_version(model, version: str | None):
     return model if version is None else model.with_nccl_version(version)
 
 
+_MAX_CHANNELS_HELP = ("Cap on a communicator's channels, as NCCL_MAX_NCHANNELS (or ncclConfig_t.maxCTAs) "
+                      "sets it, 1-32 (default: NCCL's, 32). It changes channel counts, not the choice; the "
+                      "time model has no per-channel throughput limit, so a cap's bandwidth loss is not priced.")
+
+
+def _with_max_channels(model, max_channels: int | None):
+    if max_channels is None:
+        return model
+    from echo_et.models.comm.tuning import MAX_CHANNELS
+
+    if not 1 <= max_channels <= MAX_CHANNELS:
+        raise EchoError(f"--max-channels must be from 1 to {MAX_CHANNELS}, got {max_channels}")
+    return model.with_max_channels(max_channels)
+
+
 # -- estimate ---------------------------------------------------------------------------------------
 @guarded
 def estimate_cmd(
@@ -76,6 +91,7 @@ def estimate_cmd(
     preset: str | None = typer.Option(None, "--preset", metavar="NAME", help="Uncalibrated preset (default a100-ib)."),
     choice: str = typer.Option("nccl", "--choice", metavar="nccl|fastest|both", help=_CHOICE_HELP),
     nccl_version: str | None = typer.Option(None, "--nccl-version", metavar="VERSION", help=_VERSION_HELP),
+    max_channels: int | None = typer.Option(None, "--max-channels", metavar="N", help=_MAX_CHANNELS_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Predict one collective's kernel time per message size, with the algorithm, protocol and
@@ -100,7 +116,7 @@ def estimate_cmd(
     for b in byte_list:
         if b <= 0:
             raise EchoError(f"--bytes must be positive, got {b}")
-    model = _with_version(_model(profile, preset), nccl_version)
+    model = _with_max_channels(_with_version(_model(profile, preset), nccl_version), max_channels)
     gpn = gpus_per_node or model.gpus_per_node
     if collective in ("send", "recv"):
         if ranks < 2:
@@ -125,7 +141,7 @@ def estimate_cmd(
         rows.append(row)
     out = {"collective": collective, "ranks": ranks, "gpus_per_node": gpn, "nodes": pl.nodes,
            "model": model.name, "calibrated": model.calibrated, "nccl_version": model.nccl_version,
-           "choice": choice, "estimates": rows}
+           "max_channels": model.nccl.max_channels, "choice": choice, "estimates": rows}
     if as_json:
         emit_json(out)
         return
@@ -218,6 +234,89 @@ def calibrate_trace_cmd(
                                nccl_version)
     write_profile(prof, output)
     _report_fit(output, base.name, result, as_json, prof.nccl.version)
+
+
+# -- calibrate choices -------------------------------------------------------------------------------
+@calibrate_app.command("choices")
+@guarded
+def calibrate_choices_cmd(
+    jobs: list[Path] = typer.Argument(..., metavar="JOB...", help="Job directories or traces with NCCL kernels."),
+    profile: Path | None = typer.Option(None, "--profile", metavar="PROFILE", help="Take the node from this profile."),
+    preset: str | None = typer.Option(None, "--preset", metavar="NAME",
+                                      help="Take the node from this preset (default: the one matching the job's GPU)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar="G",
+                                             help=_GPN_HELP + " Default: the model's."),
+    nccl_version: str = typer.Option("all", "--nccl-version", metavar="all|VERSION",
+                                     help="NCCL release(s) to emulate: all modelled ones (default) or one."),
+    max_channels: int | None = typer.Option(None, "--max-channels", metavar="N", help=_MAX_CHANNELS_HELP),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Check the emulated NCCL choice against the kernels a trace recorded.
+
+    An NCCL kernel's launch is NCCL's choice for that call: one thread block per channel, and
+    a block size the protocol fixes. Each traced collective is compared, per NCCL release,
+    with the channels and threads the emulation gives it; the release (and channel cap) that
+    matches most calls is the one to estimate with."""
+    from echo_et.models.comm import CommModel, launch
+    from echo_et.models.comm.tuning import VERSIONS
+
+    if nccl_version != "all":
+        _check_version(nccl_version, auto=False)
+    versions = list(VERSIONS) if nccl_version == "all" else [nccl_version]
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    reports = []
+    for path in jobs:
+        job = load_job_arg(path)
+        launches, skipped = launch.job_launches(job)
+        if not launches:
+            why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "no collectives"
+            raise EchoError(f"{path.name}: no traced NCCL collective with a launch configuration "
+                            f"(grid/block) to check ({why})")
+        gpu = job.manifest.hardware.gpu_name
+        model = _model(profile, preset) if (profile or preset) else CommModel.preset_for_gpu(gpu)
+        model = _with_max_channels(model, max_channels)
+        gpn = gpus_per_node or model.gpus_per_node
+        per_version = {v: launch.check(launches, model.nccl.with_version(v), gpn) for v in versions}
+        rows = []
+        for i, lc in enumerate(launches):
+            first = per_version[versions[0]][i]
+            rows.append({
+                "collective": lc.collective, "bytes": lc.ir_bytes, "ranks": len(lc.ranks),
+                "nodes": first.placement.nodes, "calls": lc.calls,
+                "traced": {"blocks": lc.blocks, "threads": lc.threads},
+                "emulated": {v: {"algorithm": c[i].emulated.algorithm, "protocol": c[i].emulated.protocol,
+                                 "channels": c[i].emulated.channels, "threads": c[i].emulated.threads,
+                                 "match": c[i].match} for v, c in per_version.items()}})
+        agree = {v: launch.agreement(c) for v, c in per_version.items()}
+        best = max(versions, key=lambda v: (agree[v]["match"], agree[v]["threads_match"], -versions.index(v)))
+        reports.append({"job": path.name, "gpu": gpu, "model": model.name, "gpus_per_node": gpn,
+                        "max_channels": model.nccl.max_channels, "skipped": dict(sorted(skipped.items())),
+                        "launches": rows, "agreement": agree, "best_version": best})
+    if as_json:
+        emit_json({"jobs": reports})
+        return
+    for rep in reports:
+        skipped_text = ", ".join(f"{k} {v}" for k, v in rep["skipped"].items()) or "none"
+        typer.echo(f"{rep['job']}: {len(rep['launches'])} distinct launch(es) of "
+                   f"{rep['agreement'][versions[0]]['calls']} traced call(s); node {rep['model']} "
+                   f"(GPU {rep['gpu'] or 'unknown'}), {rep['gpus_per_node']} GPUs per node, max channels "
+                   f"{rep['max_channels']}; not compared: {skipped_text}")
+        head = f"  {'collective':<15}{'bytes':>12}{'ranks':>6}{'nodes':>6}{'calls':>6}  {'traced':>9}"
+        typer.echo((head + "".join(f"  {'NCCL ' + v:<28}" for v in versions)).rstrip())
+        for r in rep["launches"]:
+            traced = f"{r['traced']['blocks']}x{r['traced']['threads']}"
+            line = (f"  {r['collective']:<15}{r['bytes']:>12}{r['ranks']:>6}{r['nodes']:>6}{r['calls']:>6}"
+                    f"  {traced:>9}")
+            for v in versions:
+                e = r["emulated"][v]
+                cell = f"{e['algorithm']}/{e['protocol']} {e['channels']}x{e['threads']} " + \
+                    ("ok" if e["match"] else "differs")
+                line += f"  {cell:<28}"
+            typer.echo(line.rstrip())
+        typer.echo("  calls whose blocks and threads match: " + ", ".join(
+            f"NCCL {v} {a['match']}/{a['calls']} (threads {a['threads_match']}, blocks {a['channels_match']})"
+            for v, a in rep["agreement"].items()) + f"; closest: {rep['best_version']}")
 
 
 def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:

@@ -9,3 +9,10 @@ from __future__ import annotations
 # Name prefix of the host operator put where a communication call was issued
 # ("issue:send", "issue:all_reduce"); the communication node itself hangs off it.
 ISSUE_PREFIX = "issue:"
+
+# Node attrs with the launch configuration of a communication's NCCL kernel, as a trace
+# recorded it: thread blocks (NCCL's channels for that call) and threads per block (which
+# the protocol fixes). The Kineto converter writes them; echo_et.models.comm.launch reads
+# them to check the emulated NCCL choice against the trace.
+LAUNCH_BLOCKS_ATTR = "launch_blocks"
+LAUNCH_THREADS_ATTR = "launch_threads"

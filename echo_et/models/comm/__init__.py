@@ -106,6 +106,11 @@ class CommModel:
         """A copy that chooses as NCCL ``version`` would (one of ``tuning.VERSIONS``)."""
         return CommModel(dataclasses.replace(self.profile, nccl=self.profile.nccl.with_version(version)))
 
+    def with_max_channels(self, max_channels: int) -> CommModel:
+        """A copy whose communicators run at most ``max_channels`` channels, as with
+        NCCL_MAX_NCHANNELS (or ncclConfig_t.maxCTAs): channel counts change, choices do not."""
+        return CommModel(dataclasses.replace(self.profile, nccl=self.profile.nccl.with_max_channels(max_channels)))
+
     # -- properties ---------------------------------------------------------------------------
     @property
     def calibrated(self) -> bool:

@@ -48,6 +48,7 @@ more total bandwidth, and duplicates channels faster than 25 GB/s (halving their
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -107,17 +108,27 @@ class NcclSystem:
 
     version: str = "2.7.5"
     node: NodeFacts = field(default_factory=NodeFacts)
+    # NCCL_MAX_NCHANNELS (or ncclConfig_t.maxCTAs): caps the channels of a communicator, not
+    # the searched graphs its cost table is built from, so it changes channel counts, never
+    # the algorithm/protocol choice
+    max_channels: int = MAX_CHANNELS
 
     def __post_init__(self):
         if self.version not in VERSIONS:
             raise EchoError(f"unknown NCCL version {self.version!r} (modelled: {', '.join(VERSIONS)})")
+        if type(self.max_channels) is not int or not 1 <= self.max_channels <= MAX_CHANNELS:
+            raise EchoError(f"NCCL max channels must be an integer from 1 to {MAX_CHANNELS}, "
+                            f"got {self.max_channels!r}")
 
     def to_json(self) -> dict:
         n = self.node
-        return {"version": self.version, "node": {
+        out = {"version": self.version, "node": {
             "compute_capability": n.compute_capability, "cpu_vendor": n.cpu_vendor, "intra": n.intra,
             "intra_bw": n.intra_bw, "nics_per_node": n.nics_per_node, "nic_bw": n.nic_bw,
             "gpu_nic_bw": n.gpu_nic_bw, "gpu_nic_path": n.gpu_nic_path, "nvls": n.nvls}}
+        if self.max_channels != MAX_CHANNELS:      # NCCL's default is not written (older profiles' bytes)
+            out["max_channels"] = self.max_channels
+        return out
 
     @classmethod
     def from_json(cls, obj: object, where: str) -> NcclSystem:
@@ -134,10 +145,17 @@ class NcclSystem:
             facts = NodeFacts(**node).check(where)
         except TypeError as e:
             raise EchoError(f"{where}: bad NCCL node facts ({e})") from None
-        return cls(version=str(obj.get("version", "")), node=facts)
+        unknown = sorted(set(obj) - {"version", "node", "max_channels"})
+        if unknown:
+            raise EchoError(f"{where}: unknown 'nccl' key(s) {', '.join(unknown)}")
+        return cls(version=str(obj.get("version", "")), node=facts,
+                   max_channels=obj.get("max_channels", MAX_CHANNELS))
 
     def with_version(self, version: str) -> NcclSystem:
-        return NcclSystem(version=version, node=self.node)
+        return dataclasses.replace(self, version=version)
+
+    def with_max_channels(self, max_channels: int) -> NcclSystem:
+        return dataclasses.replace(self, max_channels=max_channels)
 
 
 @dataclass(frozen=True)
@@ -515,7 +533,7 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
                    ("ring", "LL128"): LL128_MAX_THREADS, ("tree", "LL128"): LL128_MAX_THREADS,
                    ("ring", "Simple"): simple_threads, ("tree", "Simple"): SIMPLE_MAX_THREADS,
                    ("nvls", "Simple"): SIMPLE_MAX_THREADS}
-    channels = min(MAX_CHANNELS, 2 * min(graphs["ring"].channels, graphs["tree"].channels))
+    channels = min(system.max_channels, 2 * min(graphs["ring"].channels, graphs["tree"].channels))
     return Table(bw, lat, channels, max_threads, graphs)
 
 
