@@ -204,3 +204,14 @@ def test_estimate_takes_a_channel_cap() -> None:
     assert rep["estimates"][0]["time_ns"] == pytest.approx(free["estimates"][0]["time_ns"], rel=0.05)
     code, out, err = cli("estimate", "all_reduce", "--bytes", "1MiB", "--ranks", "8", "--max-channels", "40")
     assert code == 2 and "--max-channels" in err
+
+
+def test_grouped_send_recv_threads_are_nccls(dlrm) -> None:
+    """Every traced SendRecv kernel (DLRM's all-to-all) runs 640 threads, as the emulated
+    point-to-point choice of 2.17.1 and 2.20.3 says (their block counts are not compared)."""
+    traced = {n.attrs[LAUNCH_THREADS_ATTR] for g in dlrm.graph_ids() for n in dlrm.graph(g)
+              if n.kind == pb.KIND_COLLECTIVE and n.collective.type == pb.COLL_ALL_TO_ALL}
+    assert traced == {"640"}
+    system = CommModel.preset("v100-ib").nccl
+    for version in ("2.17.1", "2.20.3"):
+        assert choose(system.with_version(version), contiguous(8, 8), "all_to_all", 24576).threads == 640

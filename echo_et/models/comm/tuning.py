@@ -66,6 +66,7 @@ P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv")
 PATH_TYPES = ("LOC", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
 
 LL_MAX_THREADS, LL128_MAX_THREADS, SIMPLE_MAX_THREADS = 512, 640, 512
+P2P_THREADS = 640                 # NCCL_MAX_NTHREADS
 THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 MAX_CHANNELS = 32
 P2P_LL_THRESHOLD = 16384          # 2.20.3: send/recv of at most this many bytes use LL
@@ -667,4 +668,7 @@ def _p2p_choice(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> 
     while nmin * n > total and nmin > 1:      # one channel per operation when many peers
         nmin //= 2
     channels = per_peer if peers == 1 else nmin
-    return Choice("p2p", proto, channels, SIMPLE_MAX_THREADS, -1.0)
+    # grouped send/recv run NCCL_MAX_NTHREADS (640) threads from the kernel-plan rewrite on
+    # (2.12; 2.17.1's enqueue.cc; 640 in the traced SendRecv kernels of ../shared/data)
+    threads = SIMPLE_MAX_THREADS if system.version == "2.7.5" else P2P_THREADS
+    return Choice("p2p", proto, channels, threads, -1.0)
