@@ -215,3 +215,32 @@ def test_grouped_send_recv_threads_are_nccls(dlrm) -> None:
     system = CommModel.preset("v100-ib").nccl
     for version in ("2.17.1", "2.20.3"):
         assert choose(system.with_version(version), contiguous(8, 8), "all_to_all", 24576).threads == 640
+
+
+def test_calibrate_choices_writes_the_matching_release_and_cap(tmp_path: Path) -> None:
+    """The 2-rank A100 trace states NCCL 2.17.1 (kept as a manifest attr); every release
+    matches it with a cap of 8 channels, so the stated one is written."""
+    src = shared_path(HTA + "nccl_parser_config/nccl_data.json.gz")
+    assert read([src], "kineto", ReadOptions()).manifest.attrs["kineto.nccl_version"] == "2.17.1"
+    out = tmp_path / "p.json"
+    code, text, err = cli("calibrate", "choices", src, "-o", out)
+    assert code == 0, err
+    assert "the trace states NCCL 2.17.1" in text and "closest: 2.17.1" in text
+    assert f"wrote {out}: NCCL 2.17.1, max channels 8 (7/7 calls match)" in text
+    model = CommModel.from_profile(out)
+    assert (model.nccl_version, model.nccl.max_channels, model.name) == ("2.17.1", 8, "a100-ib")
+    assert model.estimate("all_reduce", 8 << 20, [0, 1]).channels == 8
+    again = tmp_path / "q.json"
+    assert cli("calibrate", "choices", src, "-o", again)[0] == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_calibrate_choices_output_refusals(tmp_path: Path) -> None:
+    src = shared_path(HTA + "nccl_parser_config/nccl_data.json.gz")
+    code, out, err = cli("calibrate", "choices", src, src, "-o", tmp_path / "p.json")
+    assert code == 2 and "one job" in err and not (tmp_path / "p.json").exists()
+    prof = tmp_path / "a.json"
+    prof.write_text(dumps_profile(to_json(load_preset("a100-ib"))))
+    before = prof.read_bytes()
+    code, out, err = cli("calibrate", "choices", src, "--profile", prof, "-o", prof)
+    assert code == 2 and "overwrite" in err and prof.read_bytes() == before

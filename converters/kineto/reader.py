@@ -37,6 +37,7 @@ from pathlib import Path
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job, JobBuilder
+from echo_et.ir.conventions import NCCL_VERSION_ATTR
 from echo_et.ir.limits import MAX_WORLD_SIZE, checked_int
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
 
@@ -217,6 +218,10 @@ def read_job(paths: list[Path], options) -> Job:
                     if tf.distributed.get("backend")), "")
     if backend:
         m.attrs["kineto.backend"] = backend
+    nccl = next((str(tf.distributed["nccl_version"]) for _, tf, _ in built
+                 if isinstance(tf.distributed.get("nccl_version"), str)), "")
+    if nccl and len(nccl) <= 32:
+        m.attrs[NCCL_VERSION_ATTR] = nccl
     if mode != "complete":
         m.attrs["kineto.traced_ranks"] = ",".join(str(r) for r in traced)
         m.attrs["kineto.partial"] = mode

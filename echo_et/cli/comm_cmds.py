@@ -249,6 +249,9 @@ def calibrate_choices_cmd(
     nccl_version: str = typer.Option("all", "--nccl-version", metavar="all|VERSION",
                                      help="NCCL release(s) to emulate: all modelled ones (default) or one."),
     max_channels: int | None = typer.Option(None, "--max-channels", metavar="N", help=_MAX_CHANNELS_HELP),
+    output: Path | None = typer.Option(None, "-o", "--output", metavar="PROFILE",
+                                       help="Write the model (the preset or profile the node came from) with the "
+                                       "NCCL release and channel cap that match the most traced calls."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Check the emulated NCCL choice against the kernels a trace recorded.
@@ -265,6 +268,10 @@ def calibrate_choices_cmd(
     versions = list(VERSIONS) if nccl_version == "all" else [nccl_version]
     if gpus_per_node is not None and gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    if output is not None:
+        _refuse_overwrite(output, jobs + ([profile] if profile else []))
+        if len(jobs) != 1:
+            raise EchoError("--output takes one job (the profile states one cluster's NCCL)")
     reports = []
     for path in jobs:
         job = load_job_arg(path)
@@ -289,10 +296,24 @@ def calibrate_choices_cmd(
                                  "channels": c[i].emulated.channels, "threads": c[i].emulated.threads,
                                  "match": c[i].match} for v, c in per_version.items()}})
         agree = {v: launch.agreement(c) for v, c in per_version.items()}
-        best = max(versions, key=lambda v: (agree[v]["match"], agree[v]["threads_match"], -versions.index(v)))
-        reports.append({"job": path.name, "gpu": gpu, "model": model.name, "gpus_per_node": gpn,
-                        "max_channels": model.nccl.max_channels, "skipped": dict(sorted(skipped.items())),
-                        "launches": rows, "agreement": agree, "best_version": best})
+        stated = launch.stated_version(job)
+        best = max(versions, key=lambda v: (agree[v]["match"], agree[v]["threads_match"], v == stated,
+                                            v == model.nccl_version, -versions.index(v)))
+        report = {"job": path.name, "gpu": gpu, "nccl_stated": stated or None,
+                  "model": model.name, "gpus_per_node": gpn,
+                  "max_channels": model.nccl.max_channels, "skipped": dict(sorted(skipped.items())),
+                  "launches": rows, "agreement": agree, "best_version": best}
+        if output is not None:
+            import dataclasses
+
+            from echo_et.models.comm.profile import write_profile
+
+            base = model.nccl.with_version(stated) if stated in versions else model.nccl
+            system, fit = launch.closest_system(launches, base, gpn, versions)
+            write_profile(dataclasses.replace(model.profile, nccl=system), output)
+            report["output"] = {"file": str(output), "nccl_version": system.version,
+                                "max_channels": system.max_channels, "agreement": fit}
+        reports.append(report)
     if as_json:
         emit_json({"jobs": reports})
         return
@@ -301,7 +322,8 @@ def calibrate_choices_cmd(
         typer.echo(f"{rep['job']}: {len(rep['launches'])} distinct launch(es) of "
                    f"{rep['agreement'][versions[0]]['calls']} traced call(s); node {rep['model']} "
                    f"(GPU {rep['gpu'] or 'unknown'}), {rep['gpus_per_node']} GPUs per node, max channels "
-                   f"{rep['max_channels']}; not compared: {skipped_text}")
+                   f"{rep['max_channels']}; not compared: {skipped_text}"
+                   + (f"; the trace states NCCL {rep['nccl_stated']}" if rep["nccl_stated"] else ""))
         head = f"  {'collective':<15}{'bytes':>12}{'ranks':>6}{'nodes':>6}{'calls':>6}  {'traced':>9}"
         typer.echo((head + "".join(f"  {'NCCL ' + v:<28}" for v in versions)).rstrip())
         for r in rep["launches"]:
@@ -317,6 +339,10 @@ def calibrate_choices_cmd(
         typer.echo("  calls whose blocks and threads match: " + ", ".join(
             f"NCCL {v} {a['match']}/{a['calls']} (threads {a['threads_match']}, blocks {a['channels_match']})"
             for v, a in rep["agreement"].items()) + f"; closest: {rep['best_version']}")
+        if "output" in rep:
+            o = rep["output"]
+            typer.echo(f"wrote {o['file']}: NCCL {o['nccl_version']}, max channels {o['max_channels']} "
+                       f"({o['agreement']['match']}/{o['agreement']['calls']} calls match)")
 
 
 def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:

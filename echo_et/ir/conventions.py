@@ -16,3 +16,7 @@ ISSUE_PREFIX = "issue:"
 # them to check the emulated NCCL choice against the trace.
 LAUNCH_BLOCKS_ATTR = "launch_blocks"
 LAUNCH_THREADS_ATTR = "launch_threads"
+
+# Manifest attr with the NCCL release a trace states (Kineto's distributedInfo.nccl_version,
+# e.g. "2.17.1"); models.comm.launch prefers it among equally good emulations.
+NCCL_VERSION_ATTR = "kineto.nccl_version"

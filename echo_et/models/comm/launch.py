@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from echo_et.ir.collectives import is_nccl_kernel, kernel_collective
-from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR
+from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR, NCCL_VERSION_ATTR
 from echo_et.ir.job import Job
 from echo_et.ir.schema import collective_name, pb
 from echo_et.models.comm import tuning
@@ -98,6 +98,12 @@ def job_launches(job: Job) -> tuple[list[Launch], Counter[str]]:
     return launches, skipped
 
 
+def stated_version(job: Job) -> str:
+    """The NCCL release the trace states ("" when it does not): preferred among equally good
+    emulations."""
+    return job.manifest.attrs.get(NCCL_VERSION_ATTR, "")
+
+
 def check(launches: Iterable[Launch], system: NcclSystem, gpus_per_node: int) -> list[LaunchCheck]:
     """Each launch next to the choice ``system`` emulates for it (node of rank r = r // G)."""
     out = []
@@ -117,3 +123,24 @@ def agreement(checks: Iterable[LaunchCheck]) -> dict[str, int]:
         threads += n * c.threads_match
         both += n * c.match
     return {"calls": total, "channels_match": channels, "threads_match": threads, "match": both}
+
+
+def closest_system(launches: list[Launch], base: NcclSystem, gpus_per_node: int,
+                   versions: Iterable[str] = tuning.VERSIONS) -> tuple[NcclSystem, dict[str, int]]:
+    """The release and channel cap whose emulation matches the most traced calls (blocks and
+    threads), searched over ``versions`` and the caps the traced block counts suggest. Ties
+    go to ``base``'s release (the one the trace states, when the caller passes it), then to
+    the larger cap (no cap before a cap)."""
+    versions = list(versions)
+    caps = sorted({base.max_channels} | {min(lc.blocks, tuning.MAX_CHANNELS) for lc in launches}, reverse=True)
+    best: tuple[tuple, NcclSystem, dict[str, int]] | None = None
+    for version in versions:
+        for cap in caps:
+            system = base.with_version(version).with_max_channels(cap)
+            agree = agreement(check(launches, system, gpus_per_node))
+            key = (agree["match"], agree["threads_match"], version == base.version, cap)
+            if best is None or key > best[0]:
+                best = (key, system, agree)
+    if best is None:
+        raise ValueError("no NCCL release to search")
+    return best[1], best[2]
