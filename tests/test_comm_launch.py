@@ -244,3 +244,11 @@ def test_calibrate_choices_output_refusals(tmp_path: Path) -> None:
     before = prof.read_bytes()
     code, out, err = cli("calibrate", "choices", src, "--profile", prof, "-o", prof)
     assert code == 2 and "overwrite" in err and prof.read_bytes() == before
+
+
+def test_collectives_of_unknown_size_are_not_compared() -> None:
+    """A 2020 V100 trace recorded without shapes: its 404 all-reduce kernels have launches
+    but no sizes, so there is nothing to emulate (exit 2, saying why)."""
+    src = shared_path(HTA + "df_index_resolver/df_index_resolver.json.gz")
+    code, out, err = cli("calibrate", "choices", src)
+    assert code == 2 and "bytes_unknown_or_zero 404" in err and err.strip().count("\n") == 0

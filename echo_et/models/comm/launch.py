@@ -86,7 +86,7 @@ def job_launches(job: Job) -> tuple[list[Launch], Counter[str]]:
                 skipped["kernel_of_another_collective"] += 1   # e.g. run as SendRecv kernels
                 continue
             if node.collective.in_bytes == 0:
-                skipped["empty"] += 1
+                skipped["bytes_unknown_or_zero"] += 1
                 continue
             # a graph bound to several ranks is one rank's trace (the others are copies): once
             group = tuple(job.resolve_group(ranks[0], node.collective.group).ranks)
