@@ -252,3 +252,26 @@ def test_collectives_of_unknown_size_are_not_compared() -> None:
     src = shared_path(HTA + "df_index_resolver/df_index_resolver.json.gz")
     code, out, err = cli("calibrate", "choices", src)
     assert code == 2 and "bytes_unknown_or_zero 404" in err and err.strip().count("\n") == 0
+
+
+def test_calibrate_trace_takes_the_release_from_the_launches(dlrm, tmp_path: Path) -> None:
+    """`calibrate trace --nccl-version launches` fits with the release and cap whose choices
+    the trace's kernels ran (DLRM: 2.20.3, uncapped, 24/24) and records it in the profile."""
+    root = unpack(shared_path("traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz"), tmp_path / "in")
+    out = tmp_path / "p.json"
+    code, text, err = cli("calibrate", "trace", root / "dlrm_kineto", "--gpus-per-node", "8",
+                          "--nccl-version", "launches", "-o", out, "--json")
+    assert code == 0, err
+    rep = json.loads(text)
+    assert rep["nccl_version"] == "2.20.3"
+    assert rep["nccl_from_launches"] == {"nccl_version": "2.20.3", "max_channels": 32, "calls": 24,
+                                         "channels_match": 24, "threads_match": 24, "match": 24}
+    prof = json.loads(out.read_text())
+    assert prof["nccl"]["version"] == "2.20.3" and prof["fit"]["nccl_from_launches"]["match"] == 24
+
+
+def test_calibrate_trace_launches_needs_launches(tmp_path: Path) -> None:
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "jobs" / "ddp-dp4"
+    code, out, err = cli("calibrate", "trace", src, "--gpus-per-node", "8", "--nccl-version", "launches",
+                         "-o", tmp_path / "p.json")
+    assert code == 2 and err.strip().count("\n") == 0 and not (tmp_path / "p.json").exists()

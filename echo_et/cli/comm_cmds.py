@@ -200,25 +200,32 @@ def calibrate_trace_cmd(
                                       "one matching the jobs' GPU)."),
     name: str | None = typer.Option(None, "--name", help="Name stored in the profile "
                                     "(default: <preset>-calibrated)."),
-    nccl_version: str | None = typer.Option(None, "--nccl-version", metavar="auto|VERSION",
-                                            help=_FIT_VERSION_HELP),
+    nccl_version: str | None = typer.Option(None, "--nccl-version", metavar="auto|launches|VERSION",
+                                            help=_FIT_VERSION_HELP + " launches: the release and channel cap "
+                                            "whose choices match the traced kernel launches (calibrate choices)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Fit a calibration profile from the collective kernels of traced jobs.
 
     Per collective, size and group the shortest kernel is used: the member that arrived last
     waited least."""
+    import dataclasses
+
+    from echo_et.models.comm import launch
     from echo_et.models.comm.calibrate import default_preset, fit_profile
     from echo_et.models.comm.profile import load_preset, write_profile
     from echo_et.models.comm.trace import job_records, trace_samples
 
     if gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
-    _check_version(nccl_version, auto=True)
+    from_launches = nccl_version == "launches"
+    _check_version(nccl_version, auto=True, extra=("launches",))
     _refuse_overwrite(output, jobs)
     samples = []
     sources: list[dict[str, Any]] = []
     gpus = []
+    launches: list[launch.Launch] = []
+    stated: list[str] = []
     for path in jobs:
         job = load_job_arg(path)
         gpus.append(job.manifest.hardware.gpu_name)
@@ -226,14 +233,35 @@ def calibrate_trace_cmd(
         samples += got
         sources.append({"kind": "trace", "file": path.name, "samples": len(got),
                         "ranks": job.world_size})
+        if from_launches:
+            launches += launch.job_launches(job)[0]
+            stated.append(launch.stated_version(job))
     if not samples:
         raise EchoError("no collective kernels with sizes, groups of >= 2 ranks and durations in "
                         f"{', '.join(p.name for p in jobs)}")
     base = load_preset(preset or default_preset(gpus))
+    chosen: dict[str, Any] | None = None
+    if from_launches:
+        if not launches:
+            raise EchoError("--nccl-version launches: no traced NCCL collective with a launch configuration "
+                            f"(grid/block) and a size in {', '.join(p.name for p in jobs)}")
+        from echo_et.models.comm.tuning import VERSIONS
+
+        prefer = next((v for v in stated if v in VERSIONS), base.nccl.version)
+        system, agree = launch.closest_system(launches, base.nccl.with_version(prefer), gpus_per_node)
+        base = dataclasses.replace(base, nccl=system)
+        chosen = {"nccl_version": system.version, "max_channels": system.max_channels, **agree}
+        nccl_version = None
     prof, result = fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated",
                                nccl_version)
+    if chosen is not None:
+        prof = dataclasses.replace(prof, fit={**prof.fit, "nccl_from_launches": chosen})
     write_profile(prof, output)
-    _report_fit(output, base.name, result, as_json, prof.nccl.version)
+    _report_fit(output, base.name, result, as_json, prof.nccl.version,
+                None if chosen is None else {"nccl_from_launches": chosen})
+    if chosen is not None and not as_json:
+        typer.echo(f"  NCCL {chosen['nccl_version']}, max channels {chosen['max_channels']}: "
+                   f"{chosen['match']}/{chosen['calls']} traced launches match")
 
 
 # -- calibrate choices -------------------------------------------------------------------------------
@@ -350,19 +378,20 @@ def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
         raise EchoError(f"{output}: output would overwrite an input")
 
 
-def _check_version(version: str | None, auto: bool) -> None:
+def _check_version(version: str | None, auto: bool, extra: tuple[str, ...] = ()) -> None:
     from echo_et.models.comm.tuning import VERSIONS
 
-    allowed = VERSIONS + (("auto",) if auto else ())
+    allowed = VERSIONS + (("auto",) if auto else ()) + extra
     if version is not None and version not in allowed:
         raise EchoError(f"--nccl-version must be one of {', '.join(allowed)}, got {version!r}")
 
 
-def _report_fit(output: Path, base: str, result, as_json: bool, version: str) -> None:
+def _report_fit(output: Path, base: str, result, as_json: bool, version: str,
+                extra: dict[str, Any] | None = None) -> None:
     if as_json:
         emit_json({"output": str(output), "base_preset": base, "samples": result.samples,
                    "mape_percent": result.mape_percent, "by_source": result.by_source,
-                   "free_parameters": result.free, "nccl_version": version})
+                   "free_parameters": result.free, "nccl_version": version, **(extra or {})})
         return
     typer.echo(f"wrote {output}: {result.samples} measurements, fit error (MAPE) "
                f"{result.mape_percent:.1f}% (preset {base}, choices of NCCL {version})")
