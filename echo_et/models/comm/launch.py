@@ -132,7 +132,8 @@ def closest_system(launches: list[Launch], base: NcclSystem, gpus_per_node: int,
     go to ``base``'s release (the one the trace states, when the caller passes it), then to
     the larger cap (no cap before a cap)."""
     versions = list(versions)
-    caps = sorted({base.max_channels} | {min(lc.blocks, tuning.MAX_CHANNELS) for lc in launches}, reverse=True)
+    caps = sorted({tuning.MAX_CHANNELS, base.max_channels} | {min(lc.blocks, tuning.MAX_CHANNELS) for lc in launches},
+                  reverse=True)
     best: tuple[tuple, NcclSystem, dict[str, int]] | None = None
     for version in versions:
         for cap in caps:
