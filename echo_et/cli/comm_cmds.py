@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -209,8 +210,6 @@ def calibrate_trace_cmd(
 
     Per collective, size and group the shortest kernel is used: the member that arrived last
     waited least."""
-    import dataclasses
-
     from echo_et.models.comm import launch
     from echo_et.models.comm.calibrate import default_preset, fit_profile
     from echo_et.models.comm.profile import load_preset, write_profile
@@ -245,10 +244,8 @@ def calibrate_trace_cmd(
         if not launches:
             raise EchoError("--nccl-version launches: no traced NCCL collective with a launch configuration "
                             f"(grid/block) and a size in {', '.join(p.name for p in jobs)}")
-        from echo_et.models.comm.tuning import VERSIONS
-
-        prefer = next((v for v in stated if v in VERSIONS), base.nccl.version)
-        system, agree = launch.closest_system(launches, base.nccl.with_version(prefer), gpus_per_node)
+        system, agree = launch.closest_system(launches, base.nccl, gpus_per_node,
+                                              prefer=(*stated, base.nccl.version))
         base = dataclasses.replace(base, nccl=system)
         chosen = {"nccl_version": system.version, "max_channels": system.max_channels, **agree}
         nccl_version = None
@@ -325,19 +322,16 @@ def calibrate_choices_cmd(
                                  "match": c[i].match} for v, c in per_version.items()}})
         agree = {v: launch.agreement(c) for v, c in per_version.items()}
         stated = launch.stated_version(job)
-        best = max(versions, key=lambda v: (agree[v]["match"], agree[v]["threads_match"], v == stated,
-                                            v == model.nccl_version, -versions.index(v)))
+        prefer = (stated, model.nccl_version)
+        best = launch.closest_version(agree, prefer)
         report = {"job": path.name, "gpu": gpu, "nccl_stated": stated or None,
                   "model": model.name, "gpus_per_node": gpn,
                   "max_channels": model.nccl.max_channels, "skipped": dict(sorted(skipped.items())),
                   "launches": rows, "agreement": agree, "best_version": best}
         if output is not None:
-            import dataclasses
-
             from echo_et.models.comm.profile import write_profile
 
-            base = model.nccl.with_version(stated) if stated in versions else model.nccl
-            system, fit = launch.closest_system(launches, base, gpn, versions)
+            system, fit = launch.closest_system(launches, model.nccl, gpn, versions, prefer)
             write_profile(dataclasses.replace(model.profile, nccl=system), output)
             report["output"] = {"file": str(output), "nccl_version": system.version,
                                 "max_channels": system.max_channels, "agreement": fit}

@@ -125,21 +125,35 @@ def agreement(checks: Iterable[LaunchCheck]) -> dict[str, int]:
     return {"calls": total, "channels_match": channels, "threads_match": threads, "match": both}
 
 
+def _rank(agree: dict[str, int], version: str, prefer: list[str]) -> tuple:
+    """Most matching calls, then most matching thread counts (protocols), then the earliest
+    release of ``prefer`` (the one the trace states, the model's)."""
+    return (agree["match"], agree["threads_match"], -(prefer.index(version) if version in prefer else len(prefer)))
+
+
+def closest_version(agreements: dict[str, dict[str, int]], prefer: Iterable[str] = ()) -> str:
+    """The release whose emulation explains the traced calls best (see ``_rank``); ties that
+    remain go to the first release listed."""
+    order = list(agreements)
+    prefer = list(prefer)
+    return max(order, key=lambda v: (*_rank(agreements[v], v, prefer), -order.index(v)))
+
+
 def closest_system(launches: list[Launch], base: NcclSystem, gpus_per_node: int,
-                   versions: Iterable[str] = tuning.VERSIONS) -> tuple[NcclSystem, dict[str, int]]:
-    """The release and channel cap whose emulation matches the most traced calls (blocks and
-    threads), searched over ``versions`` and the caps the traced block counts suggest. Ties
-    go to ``base``'s release (the one the trace states, when the caller passes it), then to
-    the larger cap (no cap before a cap)."""
-    versions = list(versions)
+                   versions: Iterable[str] = tuning.VERSIONS, prefer: Iterable[str] = ()
+                   ) -> tuple[NcclSystem, dict[str, int]]:
+    """The release and channel cap whose emulation matches the traced calls best, searched
+    over ``versions`` and the caps the traced block counts suggest; ranked as
+    :func:`closest_version`, then the larger cap (no cap before a cap)."""
+    versions, prefer = list(versions), list(prefer)
     caps = sorted({tuning.MAX_CHANNELS, base.max_channels} | {min(lc.blocks, tuning.MAX_CHANNELS) for lc in launches},
                   reverse=True)
     best: tuple[tuple, NcclSystem, dict[str, int]] | None = None
-    for version in versions:
+    for i, version in enumerate(versions):
         for cap in caps:
             system = base.with_version(version).with_max_channels(cap)
             agree = agreement(check(launches, system, gpus_per_node))
-            key = (agree["match"], agree["threads_match"], version == base.version, cap)
+            key = (*_rank(agree, version, prefer), -i, cap)
             if best is None or key > best[0]:
                 best = (key, system, agree)
     if best is None:
