@@ -273,7 +273,7 @@ class Stream(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[StreamKind, str]] = ..., device: _Optional[int] = ..., native_id: _Optional[int] = ...) -> None: ...
 
 class GraphHeader(_message.Message):
-    __slots__ = ("schema_version", "id", "name", "streams", "group_sizes", "attrs")
+    __slots__ = ("schema_version", "id", "name", "streams", "group_sizes", "attrs", "repeats")
     class GroupSizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -294,13 +294,67 @@ class GraphHeader(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZES_FIELD_NUMBER: _ClassVar[int]
     ATTRS_FIELD_NUMBER: _ClassVar[int]
+    REPEATS_FIELD_NUMBER: _ClassVar[int]
     schema_version: str
     id: str
     name: str
     streams: _containers.RepeatedCompositeFieldContainer[Stream]
     group_sizes: _containers.ScalarMap[str, int]
     attrs: _containers.ScalarMap[str, str]
-    def __init__(self, schema_version: _Optional[str] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., streams: _Optional[_Iterable[_Union[Stream, _Mapping]]] = ..., group_sizes: _Optional[_Mapping[str, int]] = ..., attrs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    repeats: _containers.RepeatedCompositeFieldContainer[RepeatBlock]
+    def __init__(self, schema_version: _Optional[str] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., streams: _Optional[_Iterable[_Union[Stream, _Mapping]]] = ..., group_sizes: _Optional[_Mapping[str, int]] = ..., attrs: _Optional[_Mapping[str, str]] = ..., repeats: _Optional[_Iterable[_Union[RepeatBlock, _Mapping]]] = ...) -> None: ...
+
+class RepeatBlock(_message.Message):
+    __slots__ = ("id", "name", "first_node", "last_node", "instances")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_NODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_NODE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    first_node: int
+    last_node: int
+    instances: _containers.RepeatedCompositeFieldContainer[RepeatInstance]
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., first_node: _Optional[int] = ..., last_node: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[RepeatInstance, _Mapping]]] = ...) -> None: ...
+
+class RepeatInstance(_message.Message):
+    __slots__ = ("id_offset", "time_offset_ns", "seq_offsets", "annotation_deltas", "deps")
+    class SeqOffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AnnotationDeltasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ID_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIME_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATION_DELTAS_FIELD_NUMBER: _ClassVar[int]
+    DEPS_FIELD_NUMBER: _ClassVar[int]
+    id_offset: int
+    time_offset_ns: int
+    seq_offsets: _containers.ScalarMap[str, int]
+    annotation_deltas: _containers.ScalarMap[str, int]
+    deps: _containers.RepeatedCompositeFieldContainer[InstanceDep]
+    def __init__(self, id_offset: _Optional[int] = ..., time_offset_ns: _Optional[int] = ..., seq_offsets: _Optional[_Mapping[str, int]] = ..., annotation_deltas: _Optional[_Mapping[str, int]] = ..., deps: _Optional[_Iterable[_Union[InstanceDep, _Mapping]]] = ...) -> None: ...
+
+class InstanceDep(_message.Message):
+    __slots__ = ("node", "id", "kind")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    node: int
+    id: int
+    kind: DepKind
+    def __init__(self, node: _Optional[int] = ..., id: _Optional[int] = ..., kind: _Optional[_Union[DepKind, str]] = ...) -> None: ...
 
 class Dep(_message.Message):
     __slots__ = ("id", "kind")

@@ -33,6 +33,7 @@ from echo_et.errors import CheckError
 from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
 from echo_et.ir.limits import MAX_BANDWIDTH_GBPS, MAX_BYTES, MAX_GPUS_PER_NODE, MAX_NS, MAX_WORLD_SIZE
+from echo_et.ir.repeats import repeat_problems
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, SCHEMA_VERSION, collective_name, node_kind_name, pb
 
 RULES: dict[str, str] = {
@@ -49,6 +50,10 @@ RULES: dict[str, str] = {
     "stream-order": "no node waits for a node that its own stream runs after it (device streams "
                     "run in node-id order; host threads nest by measured start and duration)",
     "collective-seq": "collectives on one group key are numbered 0..k-1",
+    "repeat-blocks": "repeat blocks are consistent: a body of stored nodes, 1..2**20 instances, "
+                     "copies after their body and clear of every other node, instance "
+                     "dependencies naming a body node and an existing node outside the copy, "
+                     "sequence offsets and annotation deltas naming what the body uses",
     # manifest
     "schema-version": f"the manifest and graph headers are of schema {SCHEMA_VERSION}",
     "world-size": f"1 <= world size <= {MAX_WORLD_SIZE} and the ranks bound are exactly 0..world_size-1",
@@ -179,6 +184,12 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | N
     if graph.header.schema_version != SCHEMA_VERSION:
         out.add("schema-version", f"graph header is of schema {graph.header.schema_version!r}, "
                 f"this echo-et reads {SCHEMA_VERSION!r}", _where(source, graph))
+    if graph.has_repeats:
+        problems = repeat_problems(graph.header, graph.stored_nodes)
+        for p in problems:
+            out.add("repeat-blocks", p, _where(source, graph))
+        if problems:
+            return None
     kinds = _graph_rules_hold(graph, source, out)
     if kinds is not None:
         return kinds
@@ -214,7 +225,7 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
     host_kinds, allowed_of, max_ns = HOST_KINDS, ALLOWED_PAYLOADS, MAX_NS
     kinds: set[int] = set()
     last = -1
-    for n in graph.nodes:
+    for n in graph.iter_nodes():   # streamed: repeat blocks are not expanded in memory
         nid, kind, st = n.id, n.kind, n.stream
         if nid <= last:
             return None
@@ -376,7 +387,7 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
 def check_collective_numbering(graph: Graph, source: str, out: IssueCollector) -> None:
     """collective-seq."""
     seqs: dict[str, list[tuple[int, pb.Node]]] = defaultdict(list)
-    for n in graph.nodes:
+    for n in graph.iter_nodes():
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
             seqs[n.collective.group].append((n.collective.seq, n))
     for key, items in seqs.items():
@@ -489,7 +500,7 @@ def _signature(graph: Graph) -> _GraphSignature:
     colls: dict[str, list[pb.Node]] = defaultdict(list)
     p2p: dict[tuple[str, int, bool], list[pb.Node]] = defaultdict(list)
     max_root: dict[str, pb.Node] = {}
-    for n in graph.nodes:
+    for n in graph.iter_nodes():
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
             c = n.collective
             colls[c.group].append(n)

@@ -8,6 +8,12 @@ share its memory arena, which halves what a node costs in memory (about 0.7 KB i
 1.6 KB for a typical host operator, 47 instead of 115 bytes per dependency). ``nodes``
 behaves as a list of ``pb.Node`` except that putting a node in (``add``, ``append``,
 ``extend``, the constructor) stores a copy: keep working on the node ``add`` returns.
+
+A graph may store repeated work once (``header.repeats``, :mod:`echo_et.ir.repeats`). Code
+that knows blocks reads ``stored_nodes`` and ``header.repeats``; ``iter_nodes()`` streams the
+expanded graph; ``len()`` counts it. ``nodes`` is always the expanded graph: on a graph with
+blocks, the first access expands it in place (the blocks are dropped), so that code written
+for flat graphs stays right, paying the expansion's memory.
 """
 
 from __future__ import annotations
@@ -15,29 +21,66 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator
 
+from echo_et.ir.repeats import expanded_count, iter_expanded
 from echo_et.ir.schema import SCHEMA_VERSION, pb
 
 
 class Graph:
     """The program of one rank, or a template shared by many ranks."""
 
-    __slots__ = ("header", "nodes", "_store", "_index")
+    __slots__ = ("header", "_nodes", "_store", "_index")
 
     def __init__(self, header: pb.GraphHeader | None = None, nodes: Iterable[pb.Node] = ()):
         self.header = header if header is not None else pb.GraphHeader()
         if not self.header.schema_version:
             self.header.schema_version = SCHEMA_VERSION
         self._store = pb.NodeList()
-        self.nodes = self._store.nodes
-        self.nodes.extend(nodes)
+        self._nodes = self._store.nodes
+        self._nodes.extend(nodes)
         self._index: dict[int, pb.Node] | None = None
 
     @property
     def id(self) -> str:
         return self.header.id
 
+    @property
+    def nodes(self):
+        """The expanded graph's nodes (a graph with repeat blocks is expanded in place)."""
+        if self.header.repeats:
+            self.expand()
+        return self._nodes
+
+    @property
+    def stored_nodes(self):
+        """The nodes as stored: with repeat blocks, the bodies and what is not repeated."""
+        return self._nodes
+
+    @property
+    def has_repeats(self) -> bool:
+        return bool(self.header.repeats)
+
+    def iter_nodes(self) -> Iterator[pb.Node]:
+        """The expanded graph in node-id order, streamed (copies are made one at a time)."""
+        if not self.header.repeats:
+            return iter(self._nodes)
+        return iter_expanded(self.header, self._nodes)
+
+    def expand(self) -> None:
+        """Replace the repeat blocks by the nodes they stand for."""
+        if not self.header.repeats:
+            return
+        store = pb.NodeList()
+        for n in iter_expanded(self.header, self._nodes):
+            store.nodes.append(n)
+        del self.header.repeats[:]
+        self._store = store
+        self._nodes = store.nodes
+        self._index = None
+
     def __len__(self) -> int:
-        return len(self.nodes)
+        if self.header.repeats:
+            return expanded_count(self.header, self._nodes)
+        return len(self._nodes)
 
     def __iter__(self) -> Iterator[pb.Node]:
         return iter(self.nodes)
@@ -59,8 +102,9 @@ class Graph:
         return self.nodes.add(**fields)
 
     def add_serialized(self, data: bytes) -> pb.Node:
-        """Decode a serialised node straight into the graph's store."""
-        n = self.nodes.add()
+        """Decode a serialised node straight into the graph's store (as stored: a reader
+        adds the nodes of a graph with repeat blocks without expanding it)."""
+        n = self._nodes.add()
         n.ParseFromString(data)
         self._index = None
         return n
@@ -76,12 +120,13 @@ class Graph:
         return (_graph_from_bytes, (self.header.SerializeToString(), self._store.SerializeToString()))
 
     def copy(self) -> Graph:
+        """A deep copy, repeat blocks kept."""
         header = pb.GraphHeader()
         header.CopyFrom(self.header)
         out = Graph(header)
         # Copy into the store through its field: a whole-message CopyFrom would leave the
         # ``nodes`` view taken in __init__ pointing at the old (empty) field.
-        out.nodes.MergeFrom(self.nodes)
+        out.stored_nodes.MergeFrom(self._nodes)
         return out
 
     def content_hash(self, *, ignore_id: bool = True) -> str:
@@ -94,7 +139,7 @@ class Graph:
             header.id = ""
             header.name = ""
         h.update(header.SerializeToString(deterministic=True))
-        for n in self.nodes:
+        for n in self._nodes:
             data = n.SerializeToString(deterministic=True)
             h.update(len(data).to_bytes(8, "little"))
             h.update(data)
@@ -104,5 +149,5 @@ class Graph:
 def _graph_from_bytes(header: bytes, store: bytes) -> Graph:
     g = Graph(pb.GraphHeader.FromString(header))
     # Merge through the field, not the message: the ``nodes`` view must stay the store's.
-    g.nodes.MergeFrom(pb.NodeList.FromString(store).nodes)
+    g.stored_nodes.MergeFrom(pb.NodeList.FromString(store).nodes)
     return g

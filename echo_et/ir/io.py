@@ -249,7 +249,7 @@ _SHORT_PREFIXES: list[bytes] | None = None   # varint lengths 0..16383, made on 
 
 def write_graph(graph: Graph, path: str | os.PathLike[str]) -> None:
     with atomic_file(path) as f:
-        write_graph_stream(f, graph.header, graph.nodes)
+        write_graph_stream(f, graph.header, graph.stored_nodes)
 
 
 def _umask() -> int:
@@ -603,8 +603,8 @@ def load_job(job_dir: str | os.PathLike[str]) -> Job:
         g = read_graph(path)
         if g.id != graph_id:
             raise EchoError(f"{path}: header id {g.id!r} differs from manifest {graph_id!r}")
-        if ref.nodes != len(g.nodes):
-            raise EchoError(f"{path}: holds {len(g.nodes)} nodes, the manifest says {ref.nodes}")
+        if ref.nodes != len(g.stored_nodes):
+            raise EchoError(f"{path}: holds {len(g.stored_nodes)} nodes, the manifest says {ref.nodes}")
         return g
 
     return Job(manifest, loader=loader, source=str(root))
@@ -641,8 +641,9 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as f:
                 w = _HashingWriter(f)
-                write_graph_stream(w, g.header, g.nodes)  # type: ignore[arg-type]
-            manifest.graphs.add(id=gid, path=rel, nodes=len(g.nodes), sha256=w.sha256.hexdigest())
+                # As stored: repeat blocks stay blocks (GraphRef.nodes counts stored nodes).
+                write_graph_stream(w, g.header, g.stored_nodes)  # type: ignore[arg-type]
+            manifest.graphs.add(id=gid, path=rel, nodes=len(g.stored_nodes), sha256=w.sha256.hexdigest())
         if not manifest.schema_version:
             manifest.schema_version = SCHEMA_VERSION
         (tmp / MANIFEST_NAME).write_bytes(manifest.SerializeToString(deterministic=True))

@@ -64,6 +64,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.repeats import p2p_seq_key
 from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
 from echo_et.trace import annotations
 from echo_et.trace.ops import kernel_class, runs_kernel
@@ -79,6 +80,9 @@ COMM = 5        # (COMM, CommRecord)
 WAIT = 6        # (WAIT, CommRecord)
 SLOT = 7        # (SLOT, _Slot): a unit's backward, filled when its template is known
 SYNC = 8        # (SYNC,): the host waits for the device (``echo:sync``)
+REGION_IN = 9   # (REGION_IN, _Region): a repeated region's first run begins
+REGION_OUT = 10  # (REGION_OUT, _Region): ... and ends
+REPEAT = 11     # (REPEAT, _Region, labels): the region again, with these annotation values
 
 SYNC_SPAN = "echo:sync"
 HOST_STREAM = "host:0"
@@ -164,6 +168,7 @@ class DirectRecorder(TorchDispatchMode):
         self._templates: dict[Hashable, _Template] = {}
         self._regions: dict[Hashable, _Region] = {}
         self._capturing: list[tuple[_Template, int]] = []   # (template, start index)
+        self._region_depth = 0
         self.stats: Counter = Counter()
         self._records: Callable[[], list[CommRecord]] | None = None
 
@@ -313,30 +318,50 @@ class DirectRecorder(TorchDispatchMode):
     def region(self, key: Hashable, run: Callable[[], Any], labels: dict[str, Any],
                replay: bool | None = None) -> tuple[Any, bool]:
         """``(run(), False)`` the first time ``key`` is seen (its events are kept), then
-        ``(stand-in, True)``: copies of those events with the annotation values of
-        ``labels`` substituted, and a tensor like the first run's result (or None) instead of
-        running. ``replay``: True refuses to run (the caller's state cannot run it), False
-        always runs (and keeps the events if ``key`` is new)."""
+        ``(stand-in, True)``: the region again with the annotation values of ``labels``
+        substituted, and a tensor like the first run's result (or None) instead of running.
+        ``replay``: True refuses to run (the caller's state cannot run it), False always runs
+        (and keeps the events if ``key`` is new).
+
+        An outermost region's first run is bracketed by REGION_IN / REGION_OUT and its
+        replays are REPEAT events, which :func:`build_graph` turns into instances of a repeat
+        block (or copies, :meth:`flat_events` with ``compact=False``)."""
         active = self.replay and self.recording and not self._suppress
         t = self._regions.get(key) if active and replay is not False else None
         if t is None:
             if replay:
                 raise EchoError(f"repeated region {key!r}: no recording to replay")
+            new = active and key not in self._regions
+            token = _Region([], dict(labels), None) if new and self._region_depth == 0 else None
+            if token is not None:
+                self.events.append((REGION_IN, token))
             start = len(self.events)
-            out = run()
-            if active and key not in self._regions:
+            self._region_depth += 1
+            try:
+                out = run()
+            finally:
+                self._region_depth -= 1
+            end = len(self.events)
+            if token is not None:
+                self.events.append((REGION_OUT, token))
+            if new:
                 try:
-                    events = _flatten(self.events[start:])
+                    events = _flatten(self.events[start:end])
                 except EchoError:
                     events = None      # a unit inside still waits for its backward
                 if events is not None and (out is None or isinstance(out, torch.Tensor)):
                     meta = None if out is None else (tuple(out.shape), tuple(out.stride()),
                                                      out.dtype, out.device)
-                    self._regions[key] = _Region(events, dict(labels), meta)
+                    t = token if token is not None else _Region([], dict(labels), None)
+                    t.events, t.out_meta = events, meta
+                    self._regions[key] = t
                     self.stats["regions_run"] += 1
             return out, False
         self.stats["regions_replayed"] += 1
-        self._extend(_relabel(t.events, {k: (t.labels.get(k), v) for k, v in labels.items()}))
+        if self._region_depth == 0:
+            self.events.append((REPEAT, t, dict(labels)))
+        else:
+            self._extend(_relabel(t.events, {k: (t.labels.get(k), v) for k, v in labels.items()}))
         if t.out_meta is None:
             return None, True
         size, stride, dtype, device = t.out_meta
@@ -347,9 +372,21 @@ class DirectRecorder(TorchDispatchMode):
         self.events.extend(_copied(events))
 
     # -- results -------------------------------------------------------------------------
-    def flat_events(self) -> list[tuple]:
-        """The events with every placeholder replaced by its (copied) backward."""
-        return _flatten(self.events)
+    def flat_events(self, *, compact: bool = True) -> list[tuple]:
+        """The events with every placeholder replaced by its (copied) backward; with
+        ``compact=False`` also every replayed region by its copied events (and no region
+        brackets)."""
+        flat = _flatten(self.events)
+        if compact:
+            return flat
+        out: list[tuple] = []
+        for e in flat:
+            if e[0] == REPEAT:
+                t, labels = e[1], e[2]
+                out.extend(_copied(_relabel(t.events, {k: (t.labels.get(k), v) for k, v in labels.items()})))
+            elif e[0] not in (REGION_IN, REGION_OUT):
+                out.append(e)
+        return out
 
 
 def _copied(events: list) -> list:
@@ -485,152 +522,393 @@ class DirectResult:
     dropped: Counter
 
 
-def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, graph_id: str,
-                where: str) -> DirectResult:
-    """The device graph of one rank from its flat event list (see the module docstring)."""
-    gb = GraphBuilder(graph_id)
-    gb.graph.header.attrs["trace.timing"] = "untimed"
-    host = gb.stream(pb.STREAM_CPU_THREAD, HOST_STREAM)
-    compute = gb.stream(pb.STREAM_GPU_COMPUTE, COMPUTE_STREAM, device=0)
-    last_on: dict[int, int] = {}                 # device stream -> its last node
-    comm_streams: dict[str, int] = {}
-    stack: list[tuple[str, dict, dict]] = []     # (kind, raw attrs, merged attrs)
-    current: dict = {}
-    last_compute: int | None = None
-    waited: list[int] = []                       # comm nodes the compute stream waits for
-    comm_of: dict[int, int] = {}                 # id(record) -> node id
-    records: list[CommRecord] = []
-    keys: list[str] = []
-    keys_used: dict[str, int] = {}
-    dropped: Counter = Counter()
-    new_node = gb.graph.new_node
-    next_id = 1
-    coll_seq: dict[str, int] = {}
-    p2p_seq: dict[tuple, int] = {}
+# Annotation labels a region substitutes, and the Annotations field each one sets.
+_LABEL_FIELD = {"layer": "layer", "mb": "microbatch", "stage": "stage"}
 
-    def annotate(n: pb.Node) -> None:
-        if not current:
-            return
-        a = n.annotations
-        if "phase" in current:
-            a.phase = str(current["phase"])
-        if "layer" in current:
-            a.layer = int(current["layer"])
-        if "mb" in current:
-            a.microbatch = int(current["mb"])
-        if "stage" in current:
-            a.stage = int(current["stage"])
 
-    for e in events:
+@dataclass
+class _Body:
+    """The first run of a repeated region, as built: what its copies are made from."""
+
+    first_id: int
+    pos: int                           # index of its first node in the graph's store
+    current: dict
+    stack_len: int
+    entry: list[int | None]            # entry state slots (see _Build.slots)
+    coll_seq: dict[str, int]
+    p2p_seq: dict[tuple, int]
+    rec_start: int
+    syncs: bool
+    shape: tuple
+    last_id: int = 0
+    ext_deps: list[tuple[int, int, int]] = field(default_factory=list)   # (node id, slot, dep kind)
+    exit: list[tuple[bool, int]] = field(default_factory=list)   # waited + last compute: (internal, rel or slot)
+    wrote: dict[int, int] = field(default_factory=dict)            # stream -> its last body node (rel)
+    coll_counts: dict[str, int] = field(default_factory=dict)
+    p2p_counts: dict[tuple, int] = field(default_factory=dict)
+    label_values: dict[str, Any] = field(default_factory=dict)   # the region's labels in this body
+    labels: dict[str, set] = field(default_factory=dict)          # label -> values its nodes carry
+    block: pb.RepeatBlock | None = None
+    ok: bool = True
+
+
+class _Build:
+    """Builds one rank's graph from its event list (see the module docstring). A region
+    replayed with the same entry state as its first run becomes an instance of a repeat
+    block (``GraphHeader.repeats``) instead of copies of its nodes."""
+
+    def __init__(self, key_of: Callable[[CommRecord], str], graph_id: str, where: str, *,
+                 compact: bool):
+        self.key_of, self.where, self.compact = key_of, where, compact
+        self.gb = gb = GraphBuilder(graph_id)
+        gb.graph.header.attrs["trace.timing"] = "untimed"
+        self.host = gb.stream(pb.STREAM_CPU_THREAD, HOST_STREAM)
+        self.compute = gb.stream(pb.STREAM_GPU_COMPUTE, COMPUTE_STREAM, device=0)
+        self.store = gb.graph.stored_nodes
+        self.new_node = self.store.add
+        self.last_on: dict[int, int] = {}               # device stream -> its last node
+        self.comm_streams: dict[str, int] = {}
+        self.stack: list[tuple[str, dict, dict]] = []   # (kind, raw attrs, merged attrs)
+        self.current: dict = {}
+        self.last_compute: int | None = None
+        self.waited: list[int] = []                     # comm nodes the compute stream waits for
+        self.comm_of: dict[int, int] = {}               # id(record) -> node id
+        self.records: list[CommRecord] = []
+        self.keys: list[str] = []
+        self.keys_used: dict[str, int] = {}
+        self.dropped: Counter = Counter()
+        self.next_id = 1
+        self.coll_seq: dict[str, int] = {}
+        self.p2p_seq: dict[tuple, int] = {}
+        self.bodies: dict[tuple, _Body] = {}            # (id(region), build state shape) -> body
+        self.open_body: tuple[int, _Body] | None = None
+        self.unwaited_extra = 0
+
+    # -- events --------------------------------------------------------------------------
+    def run(self, events: list[tuple]) -> DirectResult:
+        for e in events:
+            self.event(e)
+        if self.stack:
+            self.dropped["ex_situ_annotation_begin_without_end"] += sum(1 for s in self.stack if s[0] == "mark")
+        unwaited = _unwaited(events) + self.unwaited_extra
+        if unwaited:
+            self.dropped["ex_situ_wait_not_observed"] += unwaited
+        for key, size in sorted(self.keys_used.items()):
+            self.gb.declare_group(key, size)
+        graph = self.gb.build()
+        for body in sorted((b for b in self.bodies.values() if b.block is not None),
+                           key=lambda b: b.first_id):
+            graph.header.repeats.append(body.block)
+        return DirectResult(graph, self.records, self.keys, self.dropped)
+
+    def event(self, e: tuple) -> None:
         kind = e[0]
         if kind == OP:
-            launch = new_node(id=next_id, name="launch", kind=pb.KIND_LAUNCH, stream=host)
-            launch.cpu.op = e[1]
-            n = new_node(id=next_id + 1, name=e[1], kind=pb.KIND_COMPUTE, stream=compute)
-            n.deps.add(id=next_id, kind=pb.DEP_LAUNCH)
-            next_id += 2
-            c = n.compute
-            c.op = e[1]
-            c.kernel_class = kernel_class(e[1])
-            c.shapes = e[2]
-            c.dtypes = e[3]
-            if e[4]:
-                n.attrs["out_shapes"] = e[4]
-            for w in waited:
-                n.deps.add(id=w, kind=pb.DEP_SYNC)
-            waited = []
-            annotate(n)
-            last_compute = n.id
-            last_on[compute] = n.id
+            self.op(e)
+        elif kind == COMM:
+            self.comm(e[1])
+        elif kind == WAIT:
+            nid = self.comm_of.get(id(e[1]))
+            if nid is not None and nid not in self.waited:
+                self.waited.append(nid)
         elif kind == SYNC:
-            n = new_node(id=next_id, name="sync", kind=pb.KIND_SYNC, stream=host)
-            next_id += 1
-            for nid in sorted(last_on.values()):
+            n = self.new_node(id=self.next_id, name="sync", kind=pb.KIND_SYNC, stream=self.host)
+            self.next_id += 1
+            for nid in sorted(self.last_on.values()):
                 n.deps.add(id=nid, kind=pb.DEP_SYNC)
-            annotate(n)
-        elif kind == SPAN_IN:
-            merged = {**current, **e[1]}
-            stack.append(("span", e[1], merged))
-            current = merged
-        elif kind == MARK_BEGIN:
-            merged = {**current, **e[1]}
-            stack.append(("mark", e[1], merged))
-            current = merged
+            self.annotate(n)
+        elif kind in (SPAN_IN, MARK_BEGIN):
+            merged = {**self.current, **e[1]}
+            self.stack.append(("span" if kind == SPAN_IN else "mark", e[1], merged))
+            self.current = merged
         elif kind in (SPAN_OUT, MARK_END):
             want = "span" if kind == SPAN_OUT else "mark"
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i][0] == want and (kind == SPAN_OUT or stack[i][1] == e[1]):
-                    del stack[i]
+            for i in range(len(self.stack) - 1, -1, -1):
+                if self.stack[i][0] == want and (kind == SPAN_OUT or self.stack[i][1] == e[1]):
+                    del self.stack[i]
                     break
             else:
-                dropped["ex_situ_annotation_end_without_begin"] += 1
-            current = stack[-1][2] if stack else {}
-        elif kind == COMM:
-            rec: CommRecord = e[1]
-            rec = replace(rec, index=len(records))
-            key = key_of(rec)
-            records.append(rec)
-            keys.append(key)
-            keys_used[key] = len(rec.group_ranks)
-            sname = f"{key}:{rec.op}:{rec.peer}" if rec.is_p2p else key
-            sid = comm_streams.get(sname)
-            if sid is None:
-                sid = gb.stream(pb.STREAM_GPU_COMM, COMM_STREAM_PREFIX + sname, device=0)
-                comm_streams[sname] = sid
-            launch = new_node(id=next_id, name="launch", kind=pb.KIND_LAUNCH, stream=host)
-            launch.cpu.op = f"c10d::{rec.op}"
-            deps: list[tuple[int, int]] = [(next_id, pb.DEP_LAUNCH)]
-            next_id += 1
-            if last_compute is not None:
-                deps.append((last_compute, pb.DEP_SYNC))
-            deps.extend((w, pb.DEP_SYNC) for w in waited)
-            if rec.is_p2p:
-                assert rec.peer is not None
-                send = rec.op == "send"
-                n = new_node(id=next_id, name=rec.op, stream=sid,
-                             kind=pb.KIND_SEND if send else pb.KIND_RECV)
-                pkey = (key, rec.peer, send)
-                n.p2p.group = key
-                n.p2p.peer = rec.peer
-                n.p2p.bytes = rec.in_bytes if send else rec.out_bytes
-                n.p2p.tag = rec.tag
-                n.p2p.seq = p2p_seq.get(pkey, 0)
-                p2p_seq[pkey] = n.p2p.seq + 1
-            else:
-                coll = COLLECTIVE_BY_NAME.get(rec.op)
-                if coll is None:
-                    raise EchoError(f"{where}: unknown collective {rec.op!r} in the recording")
-                n = new_node(id=next_id, name=rec.op, stream=sid, kind=pb.KIND_COLLECTIVE)
-                c = n.collective
-                c.type = coll
-                c.group = key
-                c.in_bytes = rec.in_bytes
-                c.out_bytes = rec.out_bytes
-                c.dtype = rec.dtype
-                c.seq = coll_seq.get(key, 0)
-                coll_seq[key] = c.seq + 1
-                if rec.root is not None:
-                    c.root = rec.root
-            next_id += 1
-            for d, dk in deps:
-                n.deps.add(id=d, kind=dk)
-            n.attrs["timing"] = "placeholder"
-            annotate(n)
-            annotate(launch)
-            comm_of[id(e[1])] = n.id
-            last_on[sid] = n.id
-        elif kind == WAIT:
-            nid = comm_of.get(id(e[1]))
-            if nid is not None and nid not in waited:
-                waited.append(nid)
+                self.dropped["ex_situ_annotation_end_without_begin"] += 1
+            self.current = self.stack[-1][2] if self.stack else {}
+        elif kind == REGION_IN:
+            self.region_in(e[1])
+        elif kind == REGION_OUT:
+            self.region_out(e[1])
+        elif kind == REPEAT:
+            self.repeat(e[1], e[2])
         elif kind == SLOT:
-            raise EchoError(f"{where}: internal: unfilled placeholder in a flat event list")
-    if stack:
-        dropped["ex_situ_annotation_begin_without_end"] += sum(1 for s in stack if s[0] == "mark")
-    waited_ids = {id(e[1]) for e in events if e[0] == WAIT}
-    for e in events:
-        if e[0] == COMM and id(e[1]) not in waited_ids:
-            dropped["ex_situ_wait_not_observed"] += 1
-    for key, size in sorted(keys_used.items()):
-        gb.declare_group(key, size)
-    return DirectResult(gb.build(), records, keys, dropped)
+            raise EchoError(f"{self.where}: internal: unfilled placeholder in a flat event list")
+
+    def annotate(self, n: pb.Node) -> None:
+        cur = self.current
+        if not cur:
+            return
+        a = n.annotations
+        if "phase" in cur:
+            a.phase = str(cur["phase"])
+        if "layer" in cur:
+            a.layer = int(cur["layer"])
+        if "mb" in cur:
+            a.microbatch = int(cur["mb"])
+        if "stage" in cur:
+            a.stage = int(cur["stage"])
+
+    def op(self, e: tuple) -> None:
+        nid = self.next_id
+        launch = self.new_node(id=nid, name="launch", kind=pb.KIND_LAUNCH, stream=self.host)
+        launch.cpu.op = e[1]
+        n = self.new_node(id=nid + 1, name=e[1], kind=pb.KIND_COMPUTE, stream=self.compute)
+        n.deps.add(id=nid, kind=pb.DEP_LAUNCH)
+        self.next_id += 2
+        c = n.compute
+        c.op = e[1]
+        c.kernel_class = kernel_class(e[1])
+        c.shapes = e[2]
+        c.dtypes = e[3]
+        if e[4]:
+            n.attrs["out_shapes"] = e[4]
+        for w in self.waited:
+            n.deps.add(id=w, kind=pb.DEP_SYNC)
+        self.waited = []
+        self.annotate(n)
+        self.last_compute = nid + 1
+        self.last_on[self.compute] = nid + 1
+
+    def comm(self, rec: CommRecord) -> None:
+        original = rec
+        rec = replace(rec, index=len(self.records))
+        key = self.key_of(rec)
+        self.records.append(rec)
+        self.keys.append(key)
+        self.keys_used[key] = len(rec.group_ranks)
+        sname = f"{key}:{rec.op}:{rec.peer}" if rec.is_p2p else key
+        sid = self.comm_streams.get(sname)
+        if sid is None:
+            sid = self.gb.stream(pb.STREAM_GPU_COMM, COMM_STREAM_PREFIX + sname, device=0)
+            self.comm_streams[sname] = sid
+        nid = self.next_id
+        launch = self.new_node(id=nid, name="launch", kind=pb.KIND_LAUNCH, stream=self.host)
+        launch.cpu.op = f"c10d::{rec.op}"
+        deps: list[tuple[int, int]] = [(nid, pb.DEP_LAUNCH)]
+        if self.last_compute is not None:
+            deps.append((self.last_compute, pb.DEP_SYNC))
+        deps.extend((w, pb.DEP_SYNC) for w in self.waited)
+        if rec.is_p2p:
+            assert rec.peer is not None
+            send = rec.op == "send"
+            n = self.new_node(id=nid + 1, name=rec.op, stream=sid,
+                              kind=pb.KIND_SEND if send else pb.KIND_RECV)
+            pkey = (key, rec.peer, send)
+            n.p2p.group = key
+            n.p2p.peer = rec.peer
+            n.p2p.bytes = rec.in_bytes if send else rec.out_bytes
+            n.p2p.tag = rec.tag
+            n.p2p.seq = self.p2p_seq.get(pkey, 0)
+            self.p2p_seq[pkey] = n.p2p.seq + 1
+        else:
+            coll = COLLECTIVE_BY_NAME.get(rec.op)
+            if coll is None:
+                raise EchoError(f"{self.where}: unknown collective {rec.op!r} in the recording")
+            n = self.new_node(id=nid + 1, name=rec.op, stream=sid, kind=pb.KIND_COLLECTIVE)
+            c = n.collective
+            c.type = coll
+            c.group = key
+            c.in_bytes = rec.in_bytes
+            c.out_bytes = rec.out_bytes
+            c.dtype = rec.dtype
+            c.seq = self.coll_seq.get(key, 0)
+            self.coll_seq[key] = c.seq + 1
+            if rec.root is not None:
+                c.root = rec.root
+        self.next_id += 2
+        for d, dk in deps:
+            n.deps.add(id=d, kind=dk)
+        n.attrs["timing"] = "placeholder"
+        self.annotate(n)
+        self.annotate(launch)
+        self.comm_of[id(original)] = n.id
+        self.last_on[sid] = n.id
+
+    # -- repeated regions ------------------------------------------------------------------
+    def slots(self, with_streams: bool) -> list[int | None]:
+        """The build state a region's nodes can depend on from outside, as slots: every
+        waited communication node, the last compute node and, for a region that holds a
+        host sync (which waits for every device stream), the last node of every stream."""
+        out: list[int | None] = [*self.waited, self.last_compute]
+        if with_streams:
+            out.extend(self.last_on.get(s) for s in self.streams_seen())
+        return out
+
+    def streams_seen(self) -> list[int]:
+        return [self.compute, *sorted(self.comm_streams.values())]
+
+    def shape(self, with_streams: bool) -> tuple:
+        """What must agree between a region's first run and a replay for the replay to be a
+        copy: how many waits are pending, which slots are empty, which are equal."""
+        vals = self.slots(with_streams)
+        first: dict[int, int] = {}
+        pattern = tuple(-1 if v is None else first.setdefault(v, i) for i, v in enumerate(vals))
+        return len(self.waited), pattern, tuple(self.streams_seen()) if with_streams else ()
+
+    def region_in(self, region: _Region) -> None:
+        if self.compact and self.open_body is None:
+            self.open_region(region, dict(region.labels))
+
+    def open_region(self, region: _Region, labels: dict[str, Any]) -> None:
+        """Start the body of ``region`` for the current build state, unless one exists."""
+        syncs = any(e[0] == SYNC for e in region.events)
+        shape = self.shape(syncs)
+        key = (id(region), shape)
+        if key in self.bodies:
+            return
+        body = _Body(first_id=self.next_id, pos=len(self.store), current=dict(self.current),
+                     stack_len=len(self.stack), entry=self.slots(syncs), coll_seq=dict(self.coll_seq),
+                     p2p_seq=dict(self.p2p_seq), rec_start=len(self.records), syncs=syncs,
+                     shape=shape, label_values=labels)
+        self.open_body = (id(region), body)
+        self.bodies[key] = body
+
+    def region_out(self, region: _Region) -> None:
+        if self.open_body is None or self.open_body[0] != id(region):
+            return
+        _, body = self.open_body
+        self.open_body = None
+        body.last_id = self.next_id - 1
+        body.ok = self.region_summary(body)
+
+    def region_summary(self, body: _Body) -> bool:
+        """Fill in what a copy needs from the body; False when a copy of it cannot be told
+        by slots (the region reads build state this summary does not capture)."""
+        if body.last_id < body.first_id or self.current != body.current or len(self.stack) != body.stack_len:
+            return False
+        if body.syncs and tuple(self.streams_seen()) != body.shape[2]:
+            return False
+        slot_of: dict[int, int] = {}
+        for i, v in enumerate(body.entry):
+            if v is not None:
+                slot_of.setdefault(v, i)
+        for n in self.store[body.pos:]:
+            for d in n.deps:
+                if d.id < body.first_id:
+                    slot = slot_of.get(d.id)
+                    if slot is None:
+                        return False
+                    body.ext_deps.append((n.id, slot, d.kind))
+            if n.kind in (pb.KIND_COMPUTE, pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV):
+                body.wrote[n.stream] = n.id - body.first_id
+            if n.HasField("annotations"):
+                a = n.annotations
+                for label, name in _LABEL_FIELD.items():
+                    if a.HasField(name):
+                        body.labels.setdefault(label, set()).add(getattr(a, name))
+        for v in [*self.waited, self.last_compute]:
+            if v is None:
+                body.exit.append((False, -1))
+            elif v >= body.first_id:
+                body.exit.append((True, v - body.first_id))
+            elif v in slot_of:
+                body.exit.append((False, slot_of[v]))
+            else:
+                return False
+        body.coll_counts = {k: v - body.coll_seq.get(k, 0) for k, v in self.coll_seq.items()
+                            if v != body.coll_seq.get(k, 0)}
+        body.p2p_counts = {k: v - body.p2p_seq.get(k, 0) for k, v in self.p2p_seq.items()
+                           if v != body.p2p_seq.get(k, 0)}
+        return True
+
+    def repeat(self, region: _Region, labels: dict[str, Any]) -> None:
+        """A replay of ``region`` with annotation values ``labels``: an instance of the body
+        built for the same build state when there is one, else copies of its events (which
+        become that state's body)."""
+        self.unwaited_extra += _unwaited(region.events)
+        syncs = any(e[0] == SYNC for e in region.events)
+        body = self.bodies.get((id(region), self.shape(syncs))) if self.open_body is None else None
+        deltas = self.deltas(body, labels) if body is not None else None
+        if body is None or deltas is None:
+            opened = False
+            if self.compact and self.open_body is None and body is None:
+                self.open_region(region, {**region.labels, **labels})
+                opened = self.open_body is not None
+            subs = {k: (region.labels.get(k), v) for k, v in labels.items()}
+            for e in _copied(_relabel(region.events, subs)):
+                self.event(e)
+            if opened:
+                self.region_out(region)
+            return
+        self.instance(body, region, deltas)
+
+    def instance(self, body: _Body, region: _Region, deltas: dict[str, int]) -> None:
+        """Record a copy of ``body`` here and move the build state past it."""
+        entry = self.slots(body.syncs)
+        off = self.next_id - body.first_id
+        if body.block is None:
+            body.block = pb.RepeatBlock(id=sum(1 for b in self.bodies.values() if b.block) + 1,
+                                        name=_block_name(body.label_values),
+                                        first_node=body.first_id, last_node=body.last_id)
+        inst = body.block.instances.add(id_offset=off)
+        for k, n in sorted(body.coll_counts.items()):
+            now, then = self.coll_seq.get(k, 0), body.coll_seq.get(k, 0)
+            if now != then:
+                inst.seq_offsets[k] = now - then
+            self.coll_seq[k] = now + n
+        for pk, n in sorted(body.p2p_counts.items()):
+            now, then = self.p2p_seq.get(pk, 0), body.p2p_seq.get(pk, 0)
+            if now != then:
+                inst.seq_offsets[p2p_seq_key(*pk)] = now - then
+            self.p2p_seq[pk] = now + n
+        for name, delta in sorted(deltas.items()):
+            inst.annotation_deltas[name] = delta
+        for node_id, slot, kind in body.ext_deps:
+            target = entry[slot]
+            assert target is not None
+            inst.deps.add(node=node_id, id=target, kind=kind)
+        n_recs = sum(body.coll_counts.values()) + sum(body.p2p_counts.values())
+        for rec in self.records[body.rec_start:body.rec_start + n_recs]:
+            self.keys.append(self.keys[rec.index])
+            self.records.append(replace(rec, index=len(self.records)))
+        base = self.next_id
+        self.next_id += body.last_id - body.first_id + 1
+        exit_vals = [base + rel if internal else (entry[rel] if rel >= 0 else None)
+                     for internal, rel in body.exit]
+        self.waited = [v for v in exit_vals[:-1] if v is not None]
+        self.last_compute = exit_vals[-1]
+        for sid, rel in body.wrote.items():
+            self.last_on[sid] = base + rel
+
+    def deltas(self, body: _Body, labels: dict[str, Any]) -> dict[str, int] | None:
+        """The annotation deltas of a replay of ``body`` with ``labels``, or None when it
+        cannot be an instance."""
+        if not body.ok or self.current != body.current or len(self.stack) != body.stack_len:
+            return None
+        out: dict[str, int] = {}
+        for k, v in labels.items():
+            old = body.label_values.get(k)
+            if old == v:
+                continue
+            name = _LABEL_FIELD.get(k)
+            if name is None or not isinstance(v, int) or not isinstance(old, int):
+                return None
+            seen = body.labels.get(k)
+            if seen:
+                if seen != {old}:
+                    return None
+                out[name] = v - old
+        return out
+
+
+def _unwaited(events: list) -> int:
+    """Communication calls of ``events`` that no wait of ``events`` waits for."""
+    waits = {id(e[1]) for e in events if e[0] == WAIT}
+    return sum(1 for e in events if e[0] == COMM and id(e[1]) not in waits)
+
+
+def _block_name(labels: dict[str, Any]) -> str:
+    return "region " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items(), key=lambda kv: kv[0]))
+
+
+def build_graph(events: list[tuple], key_of: Callable[[CommRecord], str], *, graph_id: str,
+                where: str, compact: bool = True) -> DirectResult:
+    """The device graph of one rank from its event list (see the module docstring).
+    ``compact``: replayed regions become instances of repeat blocks where their entry state
+    agrees with the first run (else, and when False, their events are built as copies)."""
+    return _Build(key_of, graph_id, where, compact=compact).run(events)

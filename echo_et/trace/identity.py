@@ -26,7 +26,7 @@ def structure_hash(graph: Graph) -> str:
     for s in header.streams:
         s.native_id = 0
     h.update(header.SerializeToString(deterministic=True))
-    for n in graph.nodes:
+    for n in graph.stored_nodes:   # repeat blocks are in the header: their bodies suffice
         c = pb.Node()
         c.CopyFrom(n)
         c.start_ns = 0

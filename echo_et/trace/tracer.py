@@ -131,7 +131,7 @@ class _Tracer:
             self.runs[rank] = r
             self.hashes[rank] = structure_hash(r.graph)
             self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}): "
-                     f"{len(r.graph.nodes)} nodes, {len(r.records)} comm calls, "
+                     f"{len(r.graph)} nodes, {len(r.records)} comm calls, "
                      f"peak {r.peak_memory_bytes} B, "
                      + (f"{r.measured_steps} measured steps, " if r.measured_steps > 1 else "")
                      + f"{r.wall_s:.1f} s")

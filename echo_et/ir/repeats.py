@@ -1,0 +1,265 @@
+"""Repeated blocks: work a graph stores once and runs many times (``GraphHeader.repeats``).
+
+A traced step repeats most of its work: every micro-batch runs the same layers, forward and
+backward. A :class:`~echo_et.ir.graph.Graph` may therefore store a *body* once (its nodes
+``first_node..last_node``) and say where copies of it run (``RepeatInstance``: an id
+offset, sequence-number offsets, annotation deltas and the copy's own dependencies on nodes
+outside it). What the graph *means* is its expansion: the stored nodes and every copy, in
+node-id order (``docs/formats.md``, "Repeated blocks").
+
+This module is the one home of that meaning: how a copy is made from its body node
+(:func:`copy_node`), the expansion as a stream (:func:`iter_expanded`, which holds the bodies
+and one node per instance, never the expanded graph), the expanded node count, and the rules
+a consistent set of blocks obeys (:func:`repeat_problems`, used by the checker).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from echo_et.ir.schema import pb
+
+# Copies one graph may stand for: the expanded graph of a 100K-rank job's stage (tens of
+# millions of nodes) fits; a count that would take days to expand does not.
+MAX_INSTANCES = 1 << 20
+MAX_EXPANDED_NODES = 1 << 34
+ANNOTATION_DELTAS = ("layer", "microbatch", "stage")
+
+
+def p2p_seq_key(group: str, peer: int, is_send: bool) -> str:
+    """The ``seq_offsets`` key of a send or recv: one sequence per (group, peer, direction)."""
+    return f"{group}/{peer}/{'send' if is_send else 'recv'}"
+
+
+def seq_key(node: pb.Node) -> str | None:
+    """The ``seq_offsets`` key that shifts ``node``'s sequence number, None for other kinds."""
+    if node.kind == pb.KIND_COLLECTIVE:
+        return node.collective.group
+    if node.kind in (pb.KIND_SEND, pb.KIND_RECV):
+        return p2p_seq_key(node.p2p.group, node.p2p.peer, node.kind == pb.KIND_SEND)
+    return None
+
+
+@dataclass(frozen=True)
+class Body:
+    """A block's body as the expansion needs it: the stored nodes and their id range."""
+
+    block: pb.RepeatBlock
+    nodes: tuple[pb.Node, ...]
+
+    @property
+    def first(self) -> int:
+        return int(self.block.first_node)
+
+    @property
+    def last(self) -> int:
+        return int(self.block.last_node)
+
+
+def bodies(header: pb.GraphHeader, stored: Iterable[pb.Node]) -> list[Body]:
+    """Every block's body (its stored nodes in id order), in block order."""
+    blocks = list(header.repeats)
+    if not blocks:
+        return []
+    ranges = sorted((int(b.first_node), int(b.last_node), k) for k, b in enumerate(blocks))
+    starts = [r[0] for r in ranges]
+    members: list[list[pb.Node]] = [[] for _ in blocks]
+    for n in stored:
+        j = bisect.bisect_right(starts, n.id) - 1
+        if j >= 0 and n.id <= ranges[j][1]:
+            members[ranges[j][2]].append(n)
+    out = []
+    for k, b in enumerate(blocks):
+        nodes = sorted(members[k], key=lambda n: n.id)
+        out.append(Body(b, tuple(nodes)))
+    return out
+
+
+def copy_node(body: Body, node: pb.Node, inst: pb.RepeatInstance,
+              deps_of: dict[int, list[tuple[int, int]]] | None = None) -> pb.Node:
+    """The copy of body node ``node`` that instance ``inst`` stands for (a new message).
+    ``deps_of``: the instance's own dependencies by body node id (:func:`instance_deps`)."""
+    out = pb.Node()
+    out.CopyFrom(node)
+    off = int(inst.id_offset)
+    out.id = node.id + off
+    if inst.time_offset_ns:
+        out.start_ns = node.start_ns + inst.time_offset_ns
+    first, last = body.first, body.last
+    extra = (deps_of if deps_of is not None else instance_deps(inst)).get(node.id) or ()
+    del out.deps[:]
+    # The copy's own dependencies take the places of the body node's outside ones, in order
+    # (the rest follow): a producer that lists them in that order gets the flat graph's
+    # dependency order back.
+    k = 0
+    for d in node.deps:
+        if first <= d.id <= last:
+            out.deps.add(id=d.id + off, kind=d.kind)
+        elif k < len(extra):
+            out.deps.add(id=extra[k][0], kind=extra[k][1])
+            k += 1
+    for dep_id, kind in extra[k:]:
+        out.deps.add(id=dep_id, kind=kind)
+    if inst.seq_offsets:
+        key = seq_key(node)
+        if key is not None and key in inst.seq_offsets:
+            if node.kind == pb.KIND_COLLECTIVE:
+                out.collective.seq = node.collective.seq + inst.seq_offsets[key]
+            else:
+                out.p2p.seq = node.p2p.seq + inst.seq_offsets[key]
+    if inst.annotation_deltas and node.HasField("annotations"):
+        a, src = out.annotations, node.annotations
+        for name, delta in inst.annotation_deltas.items():
+            if name in ANNOTATION_DELTAS and src.HasField(name):
+                setattr(a, name, getattr(src, name) + delta)
+    return out
+
+
+def instance_deps(inst: pb.RepeatInstance) -> dict[int, list[tuple[int, int]]]:
+    """An instance's own dependencies, by the body node id whose copy has them."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for d in inst.deps:
+        out.setdefault(int(d.node), []).append((int(d.id), int(d.kind)))
+    return out
+
+
+def _instance_stream(body: Body, inst: pb.RepeatInstance, order: int) -> Iterator[tuple[int, int, pb.Node]]:
+    deps_of = instance_deps(inst)
+    for n in body.nodes:
+        yield n.id + int(inst.id_offset), order, copy_node(body, n, inst, deps_of)
+
+
+def iter_expanded(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> Iterator[pb.Node]:
+    """The expanded graph's nodes in id order: stored nodes as they are (the same
+    messages), copies as new messages made one at a time. Holds the bodies, not the
+    expansion."""
+    blocks = bodies(header, stored)
+    if not blocks:
+        yield from stored
+        return
+    if all(stored[i].id < stored[i + 1].id for i in range(len(stored) - 1)):
+        base: Iterable[pb.Node] = stored
+    else:
+        base = sorted(stored, key=lambda n: n.id)
+    streams: list[Iterator[tuple[int, int, pb.Node]]] = [((n.id, 0, n) for n in base)]
+    order = 1
+    for body in blocks:
+        for inst in body.block.instances:
+            streams.append(_instance_stream(body, inst, order))
+            order += 1
+    for _, _, node in heapq.merge(*streams, key=lambda t: (t[0], t[1])):
+        yield node
+
+
+def expanded_count(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> int:
+    """Nodes of the expanded graph, without expanding it."""
+    if not header.repeats:
+        return len(stored)
+    return len(stored) + sum(len(b.nodes) * len(b.block.instances) for b in bodies(header, stored))
+
+
+def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> list[str]:
+    """What makes the blocks inconsistent, one message per problem naming the block (empty:
+    the expansion is well defined). Rules: a body holds at least one stored node; ids are
+    >= 1 and unique; 1 <= instances <= MAX_INSTANCES; every copy lies after its body and
+    clear of stored nodes, bodies and other copies; an instance's dependency names a body
+    node and a node that exists and is not in the same copy; seq_offsets and annotation
+    deltas name keys the body uses."""
+    blocks = list(header.repeats)
+    if not blocks:
+        return []
+    problems: list[str] = []
+    ids = sorted(n.id for n in stored)
+    seen_ids: set[int] = set()
+    for b in blocks:
+        where = f"repeat block {b.id} ({b.name or 'unnamed'})"
+        if b.id < 1 or b.id in seen_ids:
+            problems.append(f"{where}: block id must be >= 1 and unique")
+        seen_ids.add(b.id)
+        if b.first_node > b.last_node:
+            problems.append(f"{where}: body first_node {b.first_node} > last_node {b.last_node}")
+        n_inst = len(b.instances)
+        if n_inst < 1 or n_inst > MAX_INSTANCES:
+            problems.append(f"{where}: {n_inst} instances (must be 1..{MAX_INSTANCES})")
+    if problems:
+        return problems
+    all_bodies = bodies(header, stored)
+    spans: list[tuple[int, int, str]] = []     # occupied id ranges: (lo, hi, what)
+    total = len(stored)
+    for body in all_bodies:
+        b = body.block
+        where = f"repeat block {b.id} ({b.name or 'unnamed'})"
+        if not body.nodes:
+            problems.append(f"{where}: its body {b.first_node}..{b.last_node} holds no stored node")
+            continue
+        spans.append((b.first_node, b.last_node, f"{where} body"))
+        total += len(body.nodes) * len(b.instances)
+        keys = {k for n in body.nodes if (k := seq_key(n)) is not None}
+        for k, inst in enumerate(b.instances):
+            lo, hi = b.first_node + inst.id_offset, b.last_node + inst.id_offset
+            if inst.id_offset < 1:
+                problems.append(f"{where}, instance {k}: id_offset {inst.id_offset} (must be > 0: "
+                                "a copy comes after its body; a block cannot repeat itself in place)")
+                continue
+            spans.append((lo, hi, f"{where} instance {k}"))
+            for key in inst.seq_offsets:
+                if key not in keys:
+                    problems.append(f"{where}, instance {k}: seq_offsets names {key!r}, which no "
+                                    "body node uses")
+            for name in inst.annotation_deltas:
+                if name not in ANNOTATION_DELTAS:
+                    problems.append(f"{where}, instance {k}: annotation delta {name!r} (known: "
+                                    f"{', '.join(ANNOTATION_DELTAS)})")
+            body_ids = {n.id for n in body.nodes}
+            for d in inst.deps:
+                if d.node not in body_ids:
+                    problems.append(f"{where}, instance {k}: dependency of node {d.node}, which is "
+                                    "not in the body")
+                elif lo <= d.id <= hi:
+                    problems.append(f"{where}, instance {k}: node {d.node} depends on {d.id}, inside "
+                                    "its own copy (the block refers to itself; body dependencies "
+                                    "are copied already)")
+            if len(problems) > 50:
+                return problems
+    if total > MAX_EXPANDED_NODES:
+        problems.append(f"repeat blocks expand to {total} nodes (at most {MAX_EXPANDED_NODES})")
+    spans.sort()
+    for (lo1, hi1, w1), (lo2, hi2, w2) in zip(spans, spans[1:], strict=False):
+        if lo2 <= hi1:
+            problems.append(f"{w2} (ids {lo2}..{hi2}) overlaps {w1} (ids {lo1}..{hi1})")
+    for lo, hi, w in spans:
+        if w.endswith(" body"):
+            continue
+        j = bisect.bisect_left(ids, lo)
+        if j < len(ids) and ids[j] <= hi:
+            problems.append(f"{w} (ids {lo}..{hi}) overlaps stored node {ids[j]}")
+    if problems:
+        return problems
+    # Dependencies of copies must name nodes of the expanded graph.
+    idset = set(ids)
+    inst_spans = sorted((lo, hi) for lo, hi, w in spans if not w.endswith(" body"))
+    starts = [s[0] for s in inst_spans]
+    offsets_of: dict[tuple[int, int], tuple[Body, int]] = {}
+    for body in all_bodies:
+        for inst in body.block.instances:
+            offsets_of[(body.first + inst.id_offset, body.last + inst.id_offset)] = (body, int(inst.id_offset))
+    body_id_sets = {id(b): {n.id for n in b.nodes} for b in all_bodies}
+    for body in all_bodies:
+        where = f"repeat block {body.block.id} ({body.block.name or 'unnamed'})"
+        for k, inst in enumerate(body.block.instances):
+            for d in inst.deps:
+                if d.id in idset:
+                    continue
+                j = bisect.bisect_right(starts, d.id) - 1
+                if j >= 0 and d.id <= inst_spans[j][1]:
+                    other, off = offsets_of[inst_spans[j]]
+                    if d.id - off in body_id_sets[id(other)]:
+                        continue
+                problems.append(f"{where}, instance {k}: node {d.node} depends on {d.id}, which is "
+                                "not a node of the graph")
+                if len(problems) > 50:
+                    return problems
+    return problems
