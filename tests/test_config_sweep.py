@@ -94,7 +94,8 @@ def test_sweep_cli_rows_in_order_with_errors_and_mape(tmp_path) -> None:
     r = runner.invoke(app, ["sweep", "--configs", str(p), "-o", str(out), "--recompute", "--gpu", "a100",
                             "--gpus-per-node", "8", "--intra-bw", "150GB/s", "--inter-bw", "800Gb/s/node",
                             "--workers", "1", "--no-plot", "--json"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output      # a row failed: exit 1, and the last line says so
+    assert r.stderr.splitlines()[-1] == f"1 of 3 rows failed (see {out / 'results.json'})"
     got = json.loads(r.stdout)
     rows = got["rows"]
     assert [x["tp"] for x in rows] == [2, 3, 1]

@@ -105,12 +105,13 @@ def test_a_point_that_cannot_fill_nodes_is_an_error_row_without_running(job) -> 
     ({"layout": "dp=3"}, "layout"),
 ])
 def test_options_every_point_shares_are_checked_once_before_fan_out(job, monkeypatch, changes, option) -> None:
+    import echo_et.experiments.executors as executors
     import echo_et.experiments.sweep as sweep_mod
 
     def must_not_run(*a, **k):
         raise AssertionError("the sweep fanned out")
 
-    monkeypatch.setattr(sweep_mod, "_run_local", must_not_run)
+    monkeypatch.setattr(executors, "run_rows", must_not_run)
     monkeypatch.setattr(sweep_mod, "run_point", must_not_run)
     spec = SweepSpec(**{"dp": [2, 4], "mode": MODE, **changes})
     with pytest.raises(EchoError) as err:
@@ -201,4 +202,4 @@ def test_sweep_cli_without_matplotlib(job_dir, tmp_path, monkeypatch) -> None:
     quiet = runner.invoke(app, [*args, "-o", str(tmp_path / "b")])
     assert quiet.exit_code == 0, quiet.output
     assert "matplotlib is not installed" in quiet.stderr
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["results.json", "table.txt"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["results.json", "rows.jsonl", "table.txt"]

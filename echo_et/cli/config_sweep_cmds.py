@@ -10,6 +10,7 @@ import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options
 from echo_et.cli.common import emit_json, fail
+from echo_et.cli.sweep_opts import finish, open_log
 from echo_et.errors import OptionError
 
 
@@ -17,9 +18,12 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
                  intra_bw: str | None, inter_bw: str | None, recompute: bool,
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
-                 as_json: bool) -> None:
+                 as_json: bool, resume: bool = False, max_memory: int | None = None) -> None:
     from echo_et.experiments.config_sweep import (
         ConfigSweepOptions,
+        check_config_sweep,
+        is_config_sweep_dir,
+        log_header,
         read_configs,
         run_config_sweep,
         write_outputs,
@@ -50,8 +54,11 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
         state = row.get("error") or f"{row['predicted_ms']:.3f} ms"
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 
-    result = run_config_sweep(rows, opts, executor=executor, workers=workers, address=address,
-                              progress=progress)
+    check_config_sweep(opts, executor=executor, workers=workers, address=address, max_memory=max_memory)
+    with open_log(output, log_header(configs, opts, len(rows)), resume=resume, replaceable=is_config_sweep_dir,
+                  kind="an echo-et configuration sweep folder", noun="rows") as log:
+        result = run_config_sweep(rows, opts, executor=executor, workers=workers, address=address,
+                                  progress=progress, max_memory=max_memory, log=log)
     files = write_outputs(result, output, plot=draw)
     if as_json:
         emit_json({"output": str(output), "files": files, "wall_s": round(result.wall_s, 3),
@@ -59,3 +66,4 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     else:
         typer.echo(result.table())
         typer.echo(f"wrote {', '.join(files)} in {output} ({result.wall_s:.1f} s)")
+    finish(result.failed, len(result.rows), output, "rows")

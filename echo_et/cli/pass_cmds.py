@@ -11,6 +11,7 @@ import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt
 from echo_et.cli.common import GPN_HELP, JsonOpt, emit_json, fail, guarded, load_job_arg
+from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
 
 LayoutOpt = typer.Option(None, "--layout",
                          help="Declare the input layout, e.g. dp=2,tp=2,pp=2[,order=tp-dp-pp].")
@@ -161,8 +162,10 @@ def sweep(
     preset: str | None = typer.Option(None, "--preset", help="CC model preset (predict; default: the job's GPU)."),
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     a2a: str = typer.Option("keep-rank", "--a2a", help="All-to-all on growing groups: keep-rank or keep-peer."),
-    executor: str = typer.Option("local", "--executor", help="local (process pool), dask or ray."),
+    executor: str = typer.Option("local", "--executor", help="local (worker processes), dask or ray."),
     workers: int | None = typer.Option(None, "--workers", help="Worker processes (local / local cluster)."),
+    resume: bool = ResumeOpt,
+    max_memory: str | None = MaxMemoryOpt,
     address: str | None = typer.Option(None, "--address",
                                        help="Scheduler address (dask tcp://host:8786, ray ray://host:10001)."),
     plot: bool | None = typer.Option(None, "--plot/--no-plot",
@@ -192,7 +195,8 @@ def sweep(
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
                      inter_bw=inter_bw, recompute=recompute, compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
-                     workers=workers, address=address, plot=plot, as_json=as_json)
+                     workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
+                     max_memory=memory_budget(max_memory))
         return
     if job_path is None:
         fail("give a JOB to scale, or --configs CONFIGS.csv")
@@ -204,9 +208,17 @@ def sweep(
     if used:
         fail(f"{', '.join(used)} only apply with --configs")
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
-    from echo_et.experiments.sweep import SweepSpec, run_sweep, write_outputs
+    from echo_et.experiments.sweep import (
+        SweepSpec,
+        check_sweep,
+        is_sweep_dir,
+        log_header,
+        run_sweep,
+        write_outputs,
+    )
 
     _refuse_overwrite(output, [job_path])
+    budget = memory_budget(max_memory)
     spec = SweepSpec(
         dp=_int_list(dp, "--dp"), pp=_int_list(pp, "--pp"),
         microbatches=_int_list(microbatches, "--microbatches"), zero=zero,
@@ -233,14 +245,18 @@ def sweep(
         state = row.get("error") or f"{row['step_time_ns'] / 1e6:.3f} ms"
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 
-    result = run_sweep(job, spec, executor=executor, workers=workers, address=address,
-                       progress=progress)
+    check_sweep(job, spec, executor=executor, address=address, workers=workers, max_memory=budget)
+    with open_log(output, log_header(job_path, spec), resume=resume, replaceable=is_sweep_dir,
+                  kind="an echo-et sweep folder", noun="points") as log:
+        result = run_sweep(job, spec, executor=executor, workers=workers, address=address,
+                           progress=progress, max_memory=budget, log=log)
     files = write_outputs(result, output, plot=draw)
     if as_json:
         emit_json({"output": str(output), "files": files, **result.to_json()})
     else:
         typer.echo(result.table())
         typer.echo(f"wrote {', '.join(files)} in {output}")
+    finish(sum(1 for r in result.rows if r.get("error")), len(result.rows), output, "points")
 
 
 @guarded

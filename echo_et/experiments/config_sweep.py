@@ -16,7 +16,11 @@ pipeline bubble and waiting for the host), and ``error_pct`` against ``measured_
 given. A row that cannot run (tp not dividing heads, a global batch that does not divide)
 carries its reason in ``error`` and the others go on.
 
-Rows are independent: a plain map over a local process pool (default), Dask or Ray.
+Rows are independent: a plain map over local worker processes (default), Dask or Ray
+(:mod:`echo_et.experiments.executors`). Each finished row is appended to the row log in the
+output folder as it completes (:mod:`echo_et.experiments.row_log`), so a killed sweep is
+resumed where it stopped; a worker that dies, or a row past its memory budget, is that
+row's error.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError, OptionError
+from echo_et.experiments.executors import EXECUTORS as EXECUTORS
+from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
-from echo_et.ir.io import atomic_dir
+from echo_et.ir.io import atomic_file
 from echo_et.models.cluster import Cluster
 
 REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp")
@@ -45,9 +51,9 @@ VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention head
                   "sequence length": "seq", "micro batch": "micro_batch", "global batch": "global_batch",
                   "tensor parallelism": "tp", "pipeline parallelism": "pp", "data parallelism": "dp",
                   "iteration time (ms)": "measured_ms", "# GPUs": "gpus"}
-EXECUTORS = ("local", "dask", "ray")
 OUTPUT_FILES = ("results.json", "table.txt")
 PLOT_FILE = "predicted_vs_measured.png"
+TIMINGS_FILE = "timings.json"
 DEFAULT_GPU = "a100"
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -249,8 +255,9 @@ def predict_job(job: Job, opts: ConfigSweepOptions, *, critical_nodes: bool = Fa
     return res, timed
 
 
-def summarize(row: dict[str, Any], res, *, trace_s: float, simulate_s: float) -> dict[str, Any]:
-    """The result row: the configuration, the prediction and its breakdown, the error."""
+def summarize(row: dict[str, Any], res) -> dict[str, Any]:
+    """The result row: the configuration, the prediction and its breakdown, the error (no
+    wall-clock times: a row's result is the same on every run)."""
     out = dict(row)
     slow = res.ranks[res.slowest_rank]
     predicted = res.step_time_ns / 1e6
@@ -260,8 +267,6 @@ def summarize(row: dict[str, Any], res, *, trace_s: float, simulate_s: float) ->
         "exposed_comm_ms": round(slow.exposed_comm_ns / 1e6, 4),
         "idle_ms": round(slow.idle_ns / 1e6, 4),
         "family": layout_family(row),
-        "trace_s": round(trace_s, 3),
-        "simulate_s": round(simulate_s, 3),
     })
     measured = row.get("measured_ms")
     out["error_pct"] = (round(100.0 * (predicted - measured) / measured, 4)
@@ -315,16 +320,28 @@ def quiet_gc() -> None:
 
 def predict_row(row: dict[str, Any], opts: ConfigSweepOptions) -> dict[str, Any]:
     """One row traced and predicted; an EchoError becomes the row's ``error``."""
+    return timed_predict_row(opts, row)[0]
+
+
+def timed_predict_row(opts: ConfigSweepOptions, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """(result row, seconds spent tracing and simulating it): the row function a worker runs
+    (the times go to the row log and timings.json, never into the results)."""
     quiet_gc()
     t0 = time.perf_counter()
     try:
         job = trace_row(row, opts)
         t1 = time.perf_counter()
         res, _ = predict_job(job, opts)
-        return summarize(row, res, trace_s=t1 - t0, simulate_s=time.perf_counter() - t1)
+        seconds = {"trace_s": round(t1 - t0, 3), "simulate_s": round(time.perf_counter() - t1, 3)}
+        return summarize(row, res), seconds
     except EchoError as e:
-        return {**row, "predicted_ms": None, "error_pct": None, "family": layout_family(row),
-                "error": str(e).splitlines()[0]}
+        return failed_row(row, str(e).splitlines()[0]), {}
+
+
+def failed_row(row: dict[str, Any], error: str) -> dict[str, Any]:
+    """The result of a row that could not run: the configuration and why."""
+    return {**row, "predicted_ms": None, "error_pct": None, "family": layout_family(row),
+            "error": error}
 
 
 # -- the sweep -----------------------------------------------------------------------------------
@@ -334,6 +351,11 @@ class ConfigSweepResult:
     options: ConfigSweepOptions
     executor: str
     wall_s: float = 0.0
+    seconds: dict[int, dict[str, float]] = field(default_factory=dict)   # per row, when known
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.rows if r.get("error"))
 
     @property
     def mape_pct(self) -> float | None:
@@ -341,12 +363,18 @@ class ConfigSweepResult:
         return round(sum(errs) / len(errs), 4) if errs else None
 
     def to_json(self) -> dict[str, Any]:
+        """What results.json holds: the same bytes for the same input, however the rows ran."""
         out: dict[str, Any] = {"rows": self.rows, "options": self.options.to_json(),
-                               "executor": self.executor,
-                               "failed": sum(1 for r in self.rows if r.get("error"))}
+                               "executor": self.executor, "failed": self.failed}
         if any(r.get("measured_ms") for r in self.rows):
             out["mape_pct"] = self.mape_pct
         return out
+
+    def timings(self) -> dict[str, Any]:
+        """What timings.json holds: each row's trace and simulation seconds (null for a row
+        that did not run), and this run's wall time."""
+        return {"rows": [self.seconds.get(i) for i in range(len(self.rows))],
+                "wall_s": round(self.wall_s, 3)}
 
     def table(self) -> str:
         head = ("#", "layers", "hidden", "heads", "seq", "mb", "gb", "tp", "pp", "dp",
@@ -369,89 +397,100 @@ class ConfigSweepResult:
         return "\n".join(lines)
 
 
+# Imported once in the process the local workers are forked from: a fresh worker's first row
+# then costs what every other row costs (torch's first trace imports torch._dynamo: 1.5 s).
+PRELOAD = ("echo_et.experiments.config_sweep", "echo_et.trace.tracer", "echo_et.workloads.gpt",
+           "echo_et.passes", "echo_et.sim", "echo_et.models.comm", "echo_et.models.compute",
+           "echo_et.models.slowdown", "torch._dynamo")
+
+
+def check_config_sweep(opts: ConfigSweepOptions, *, executor: str = "local", workers: int | None = None,
+                       address: str | None = None, max_memory: int | None = None) -> None:
+    """What every row shares, checked once before any row runs: the executor and its
+    settings, the models (a bad profile fails here, not in every row)."""
+    from echo_et.experiments.executors import check_executor
+
+    check_executor(executor, workers, address, max_memory)
+    models_for(opts)
+
+
+def log_header(configs: str | os.PathLike[str], opts: ConfigSweepOptions, rows: int) -> LogHeader:
+    """What a row log of this sweep is written for: the CSV's bytes, the options, and the
+    bytes of the profiles the options name (a recalibrated profile is another sweep)."""
+    profiles = {name: path_sha256(path) for name, path in
+                (("compute_profile", opts.compute_profile), ("comm_profile", opts.comm_profile))
+                if path and Path(path).is_file()}
+    return LogHeader(kind="config-sweep", rows=rows, input_sha256=path_sha256(configs),
+                     options_sha256=json_sha256({"options": opts.to_json(), "profiles": profiles}),
+                     input_name="configuration CSV")
+
+
 def run_config_sweep(rows: Sequence[dict[str, Any]], opts: ConfigSweepOptions, *,
                      executor: str = "local", workers: int | None = None,
                      address: str | None = None,
-                     progress: Callable[[int, int, dict], None] | None = None) -> ConfigSweepResult:
-    """Every row predicted (in row order in the result) on ``executor``."""
-    if executor not in EXECUTORS:
-        raise OptionError("executor", f"unknown executor {executor!r}: expected one of "
-                                      f"{', '.join(EXECUTORS)}")
-    if address and executor == "local":
-        raise OptionError("address", "a scheduler address needs the dask or ray executor")
-    if workers is not None and workers < 1:
-        raise OptionError("workers", f"workers must be >= 1, got {workers}")
-    models_for(opts)   # bad model settings fail once, here, not in every row
-    t0 = time.perf_counter()
-    done: dict[int, dict[str, Any]] = {}
+                     progress: Callable[[int, int, dict], None] | None = None,
+                     max_memory: int | None = None, log: RowLog | None = None) -> ConfigSweepResult:
+    """Every row predicted (in row order in the result) on ``executor``, each worker within
+    ``max_memory`` bytes. With ``log``, the rows it holds are not run again and each new row
+    is appended to it as it finishes. A worker that dies, or a row past its memory budget, is
+    that row's error; the sweep fails only when no row could run."""
+    from echo_et.experiments.executors import Failure, run_rows
 
-    def report(i: int, row: dict[str, Any]) -> None:
+    check_config_sweep(opts, executor=executor, workers=workers, address=address, max_memory=max_memory)
+    t0 = time.perf_counter()
+    done: dict[int, dict[str, Any]] = dict(log.done) if log else {}
+    seconds: dict[int, dict[str, float]] = dict(log.seconds) if log else {}
+
+    def report(i: int, out: Any) -> None:
+        failure = isinstance(out, Failure)
+        row, secs = (failed_row(rows[i], out.message), {}) if failure else out
+        if log is not None:
+            log.append(i, row, retry=failure, seconds=secs)
         done[i] = row
+        if secs:
+            seconds[i] = secs
         if progress is not None:
             progress(len(done), len(rows), row)
 
-    run = {"local": _run_local, "dask": _run_dask, "ray": _run_ray}[executor]
-    run(list(enumerate(rows)), opts, workers, address, report)
+    todo = [(i, row) for i, row in enumerate(rows) if i not in done]
+    run_rows(executor, timed_predict_row, opts, todo, workers=workers, address=address,
+             max_memory=max_memory, report=report, preload=PRELOAD)
     out = [done[i] for i in range(len(rows))]
     if out and all(r.get("error") for r in out):
         raise EchoError(f"no configuration could run; first: {out[0]['error']}")
-    return ConfigSweepResult(out, opts, executor, wall_s=time.perf_counter() - t0)
-
-
-def _run_local(todo, opts, workers, address, report) -> None:
-    n = max(1, min(workers or os.cpu_count() or 1, len(todo)))
-    rows = [row for _, row in todo]
-    map_rows(_predict_task, [(row, opts) for row in rows], n, lambda k, res: report(todo[k][0], res))
-
-
-def _predict_task(task: tuple[dict[str, Any], ConfigSweepOptions]) -> dict[str, Any]:
-    return predict_row(*task)
-
-
-def _run_dask(todo, opts, workers, address, report) -> None:
-    from echo_et.experiments.executors import dask_client
-
-    with dask_client(workers, address) as (client, as_completed):
-        futs = [client.submit(predict_row, row, opts, pure=False) for _, row in todo]
-        index = {f.key: i for f, (i, _) in zip(futs, todo, strict=True)}
-        for fut in as_completed(futs):
-            report(index[fut.key], fut.result())
-
-
-def _run_ray(todo, opts, workers, address, report) -> None:
-    from echo_et.experiments.executors import ray_session
-
-    with ray_session(workers, address) as ray:
-        task = ray.remote(predict_row)
-        refs = [task.remote(row, opts) for _, row in todo]
-        index = {r: i for r, (i, _) in zip(refs, todo, strict=True)}
-        pending = list(refs)
-        while pending:
-            finished, pending = ray.wait(pending, num_returns=1)
-            for ref in finished:
-                report(index[ref], ray.get(ref))
+    return ConfigSweepResult(out, opts, executor, wall_s=time.perf_counter() - t0, seconds=seconds)
 
 
 # -- outputs -------------------------------------------------------------------------------------
 def is_config_sweep_dir(path: Path) -> bool:
-    """An earlier configuration sweep's output folder (which a new one may replace)."""
+    """An earlier configuration sweep's output folder (whose outputs a new one replaces)."""
     return all((path / f).is_file() for f in OUTPUT_FILES)
 
 
 def write_outputs(result: ConfigSweepResult, outdir: str | os.PathLike[str], *,
                   plot: bool = True) -> list[str]:
-    """results.json, table.txt and (with ``plot``, when a row has a measurement) the
-    predicted-vs-measured chart, published atomically."""
+    """results.json (deterministic), table.txt, timings.json and (with ``plot``, when a row
+    has a measurement) the predicted-vs-measured chart, each written atomically into
+    ``outdir``. A folder of the user's is refused; in an earlier sweep's folder only the
+    files a sweep writes are replaced (a chart this run does not draw is removed)."""
+    out = Path(outdir)
+    check_output_dir(out, is_config_sweep_dir, "an echo-et configuration sweep folder")
+    out.mkdir(parents=True, exist_ok=True)
     files = list(OUTPUT_FILES)
-    with atomic_dir(outdir, replaceable=is_config_sweep_dir,
-                    kind="an echo-et configuration sweep folder") as tmp:
-        (tmp / "results.json").write_text(json.dumps(result.to_json(), sort_keys=True, indent=1)
-                                          + "\n")
-        (tmp / "table.txt").write_text(result.table() + "\n")
-        pts = [r for r in result.rows if r.get("error_pct") is not None]
-        if plot and pts:
-            from echo_et.experiments.plots import predicted_vs_measured_plot
+    _write_text(out / "table.txt", result.table() + "\n")
+    _write_text(out / TIMINGS_FILE, json.dumps(result.timings(), sort_keys=True, indent=1) + "\n")
+    pts = [r for r in result.rows if r.get("error_pct") is not None]
+    if plot and pts:
+        from echo_et.experiments.plots import predicted_vs_measured_plot
 
-            predicted_vs_measured_plot(pts, tmp / PLOT_FILE)
-            files.append(PLOT_FILE)
-    return files
+        predicted_vs_measured_plot(pts, out / PLOT_FILE)
+        files.append(PLOT_FILE)
+    else:
+        (out / PLOT_FILE).unlink(missing_ok=True)
+    _write_text(out / "results.json", json.dumps(result.to_json(), sort_keys=True, indent=1) + "\n")
+    return [*files, TIMINGS_FILE]
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_file(path) as f:
+        f.write(text.encode())

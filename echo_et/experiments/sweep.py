@@ -1,18 +1,20 @@
 """sweep: scale a Job to every point of a layout grid and simulate each point.
 
 Each point is independent (load, scale, simulate, summarise), so the sweep is a plain map
-over an existing executor, never a scheduler of our own:
+over an existing executor, never a scheduler of our own (:mod:`echo_et.experiments.executors`):
 
-- ``local`` (default): ``concurrent.futures.ProcessPoolExecutor``;
-- ``dask``: a ``distributed.Client`` on ``--address`` (``tcp://host:8786``), or on a
+- ``local`` (default): worker processes of our own, each within a memory budget;
+- ``dask``: a ``distributed.Client`` at a scheduler address (``tcp://host:8786``), or on a
   ``LocalCluster`` started for the sweep and closed after it;
 - ``ray``: ``ray.init(address=...)`` (or a local Ray started for the sweep) and one remote
   task per point.
 
 The caller loads the Job once (the CLI reads a Job directory or converts a trace) and the
-sweep ships it to the workers once (a process-pool initializer, ``Client.scatter``,
+sweep ships it to the workers once (each local worker's start, ``Client.scatter``,
 ``ray.put``), so a remote cluster needs no shared file system. Options that every point
-shares are checked once, before anything fans out (:func:`check_sweep`).
+shares are checked once, before anything fans out (:func:`check_sweep`). Each finished point
+is appended to the row log as it completes (:mod:`echo_et.experiments.row_log`); a worker
+that dies is that point's error.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError, OptionError
+from echo_et.experiments.executors import EXECUTORS as EXECUTORS
+from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
-from echo_et.ir.io import atomic_dir
+from echo_et.ir.io import atomic_file
 
-EXECUTORS = ("local", "dask", "ray")
 MODES = ("predict", "replay")
 OUTPUT_FILES = ("results.json", "table.txt")
 PLOT_FILE = "step_time.png"
@@ -168,22 +171,20 @@ def _micro_batch_size(job) -> int:
     return int(v) if isinstance(v, int) and v > 0 else 0
 
 
-def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: str | None = None
-                ) -> list[str | None]:
-    """Check once, before fanning out, what every point shares: the executor, the mode, the
-    layout, the scaling options and the models; an error here is raised, not repeated per
-    point. Returns, per point of ``spec.points()``, the error it is certain to hit (the
-    world size it would have does not fill whole nodes) or None."""
+def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: str | None = None,
+                workers: int | None = None, max_memory: int | None = None) -> list[str | None]:
+    """Check once, before fanning out, what every point shares: the executor and its
+    settings, the mode, the layout, the scaling options and the models; an error here is
+    raised, not repeated per point. Returns, per point of ``spec.points()``, the error it is
+    certain to hit (the world size it would have does not fill whole nodes) or None."""
+    from echo_et.experiments.executors import check_executor
     from echo_et.passes.derive import check_gpus_per_node
     from echo_et.passes.layout import infer_layout
     from echo_et.passes.scale import A2A_POLICIES
 
-    if executor not in EXECUTORS:
-        raise OptionError("executor", f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    check_executor(executor, workers, address, max_memory)
     if spec.mode not in MODES:
         raise OptionError("mode", f"unknown mode {spec.mode!r}: expected predict or replay")
-    if address and executor == "local":
-        raise OptionError("address", "a scheduler address needs the dask or ray executor")
     if not spec.dp:
         raise OptionError("dp", "give at least one data-parallel degree")
     bad = [v for v in [*spec.dp, *spec.pp, *spec.microbatches] if v < 1]
@@ -213,115 +214,87 @@ def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: 
     return problems
 
 
+def log_header(source: str | os.PathLike[str], spec: SweepSpec) -> LogHeader:
+    """What a row log of this sweep is written for: the Job's (or trace's) bytes, the spec,
+    and the bytes of the profile it names."""
+    profile = path_sha256(spec.profile) if spec.profile and Path(spec.profile).is_file() else None
+    return LogHeader(kind="sweep", rows=len(spec.points()), input_sha256=path_sha256(source),
+                     options_sha256=json_sha256({"spec": asdict(spec), "profile": profile}),
+                     input_name="job")
+
+
+# Imported once in the process the local workers are forked from.
+PRELOAD = ("echo_et.experiments.sweep", "echo_et.passes.scale", "echo_et.sim", "echo_et.models.comm",
+           "echo_et.models.slowdown")
+
+
 def run_sweep(job: Job, spec: SweepSpec, *, executor: str = "local",
               workers: int | None = None, address: str | None = None,
-              progress: Callable[[int, int, dict], None] | None = None) -> SweepResult:
-    """Every point of ``spec`` scaled from ``job`` and simulated on ``executor``."""
-    problems = check_sweep(job, spec, executor=executor, address=address)
+              progress: Callable[[int, int, dict], None] | None = None,
+              max_memory: int | None = None, log: RowLog | None = None) -> SweepResult:
+    """Every point of ``spec`` scaled from ``job`` and simulated on ``executor``, each
+    worker within ``max_memory`` bytes. With ``log``, the points it holds are not run again
+    and each new point is appended to it as it finishes. A worker that dies, or a point past
+    its memory budget, is that point's error; the sweep fails only when every point fails."""
+    from echo_et.experiments.executors import Failure, run_rows
+
+    problems = check_sweep(job, spec, executor=executor, address=address, workers=workers,
+                           max_memory=max_memory)
     points = spec.points()
-    todo = [(i, p) for i, p in enumerate(points) if problems[i] is None]
-    rows: list[dict[str, Any]] = [_tag(i, {**p, "error": problems[i]}) for i, p in enumerate(points)
-                                  if problems[i] is not None]
-    for k, r in enumerate(rows, 1):
-        if progress:
-            progress(k, len(points), r)
-    run = {"local": _run_local, "dask": _run_dask, "ray": _run_ray}[executor]
+    done: dict[int, dict[str, Any]] = dict(log.done) if log else {}
+    for i, p in enumerate(points):
+        if problems[i] is not None:
+            done[i] = {**p, "error": problems[i]}
 
-    def report(row: dict[str, Any]) -> None:
-        rows.append(row)
+    def report(i: int, out: Any) -> None:
+        failure = isinstance(out, Failure)
+        row = {**points[i], "error": out.message} if failure else out
+        if log is not None:
+            log.append(i, row, retry=failure)
+        done[i] = row
         if progress:
-            progress(len(rows), len(points), row)
+            progress(len(done), len(points), row)
 
-    run(job, todo, spec, workers, address, report)
-    rows = _finish(rows)
+    todo = [(i, (p, spec)) for i, p in enumerate(points) if i not in done]
+    run_rows(executor, _point_task, job, todo, workers=workers, address=address, max_memory=max_memory,
+             report=report, preload=PRELOAD)
+    rows = [done[i] for i in range(len(points))]
     if rows and all(r.get("error") for r in rows):
         raise EchoError(f"every sweep point failed; first: {rows[0]['error']}")
     return SweepResult(rows, spec, executor)
 
 
-def _tag(i: int, row: dict[str, Any]) -> dict[str, Any]:
-    row["_index"] = i
-    return row
-
-
-def _finish(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows.sort(key=lambda r: r["_index"])
-    for r in rows:
-        r.pop("_index", None)
-    return rows
-
-
-_WORKER_JOB: Job | None = None
-
-
-def _set_worker_job(job: Job) -> None:
-    global _WORKER_JOB
-    _WORKER_JOB = job
-
-
-def _run_in_worker(point: dict[str, int | None], spec: SweepSpec) -> dict[str, Any]:
-    assert _WORKER_JOB is not None, "the worker was started without its job"
-    return run_point(_WORKER_JOB, point, spec)
-
-
-def _run_local(job, todo, spec, workers, address, report) -> None:
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    if not todo:
-        return
-    n = max(1, min(workers or os.cpu_count() or 1, len(todo)))
-    with ProcessPoolExecutor(max_workers=n, initializer=_set_worker_job, initargs=(job,)) as pool:
-        futs = {pool.submit(_run_in_worker, p, spec): i for i, p in todo}
-        for fut in as_completed(futs):
-            report(_tag(futs[fut], fut.result()))
-
-
-def _run_dask(job, todo, spec, workers, address, report) -> None:
-    from echo_et.experiments.executors import dask_client
-
-    if not todo:
-        return
-    with dask_client(workers, address) as (client, as_completed):
-        shared = client.scatter(job, broadcast=True)
-        futs = [client.submit(run_point, shared, p, spec, pure=False) for _, p in todo]
-        index = {f.key: i for f, (i, _) in zip(futs, todo, strict=True)}
-        for fut in as_completed(futs):
-            report(_tag(index[fut.key], fut.result()))
-
-
-def _run_ray(job, todo, spec, workers, address, report) -> None:
-    from echo_et.experiments.executors import ray_session
-
-    if not todo:
-        return
-    with ray_session(workers, address) as ray:
-        task = ray.remote(run_point)
-        shared = ray.put(job)
-        refs = [task.remote(shared, p, spec) for _, p in todo]
-        index = {r: i for r, (i, _) in zip(refs, todo, strict=True)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                report(_tag(index[ref], ray.get(ref)))
+def _point_task(job: Job, task: tuple[dict[str, int | None], SweepSpec]) -> dict[str, Any]:
+    """The row function a worker runs: one point of the grid."""
+    return run_point(job, *task)
 
 
 def is_sweep_dir(path: Path) -> bool:
-    """An earlier sweep's output folder (which a new sweep may replace)."""
+    """An earlier sweep's output folder (whose outputs a new sweep replaces)."""
     return (path / OUTPUT_FILES[0]).is_file() and (path / OUTPUT_FILES[1]).is_file()
 
 
 def write_outputs(result: SweepResult, outdir: str | os.PathLike[str], *, plot: bool = True) -> list[str]:
-    """results.json, table.txt and (with ``plot``, when a point succeeded) step_time.png,
-    published together with the IR's atomic directory writer: a failure leaves ``outdir``
-    as it was, and an existing folder is replaced only when it holds an earlier sweep."""
+    """results.json (deterministic), table.txt and (with ``plot``, when a point succeeded)
+    step_time.png, each written atomically into ``outdir``. A folder of the user's is
+    refused; in an earlier sweep's folder only the files a sweep writes are replaced (a
+    chart this run does not draw is removed), never a file of the user's."""
+    out = Path(outdir)
+    check_output_dir(out, is_sweep_dir, "an echo-et sweep folder")
+    out.mkdir(parents=True, exist_ok=True)
     files = list(OUTPUT_FILES)
-    with atomic_dir(outdir, replaceable=is_sweep_dir, kind="an echo-et sweep folder") as tmp:
-        (tmp / "results.json").write_text(json.dumps(result.to_json(), sort_keys=True, indent=1) + "\n")
-        (tmp / "table.txt").write_text(result.table() + "\n")
-        if plot and any(not r.get("error") for r in result.rows):
-            from echo_et.experiments.plots import sweep_step_time_plot
+    _write_text(out / "table.txt", result.table() + "\n")
+    if plot and any(not r.get("error") for r in result.rows):
+        from echo_et.experiments.plots import sweep_step_time_plot
 
-            sweep_step_time_plot(result.rows, tmp / PLOT_FILE)
-            files.append(PLOT_FILE)
+        sweep_step_time_plot(result.rows, out / PLOT_FILE)
+        files.append(PLOT_FILE)
+    else:
+        (out / PLOT_FILE).unlink(missing_ok=True)
+    _write_text(out / "results.json", json.dumps(result.to_json(), sort_keys=True, indent=1) + "\n")
     return files
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_file(path) as f:
+        f.write(text.encode())

@@ -1,0 +1,54 @@
+"""What both sweeps (`sweep JOB`, `sweep --configs`) share on the command line: --resume,
+--max-memory, the row log in the output folder, and how a sweep with failed rows ends."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from echo_et.errors import EchoError, OptionError
+
+ResumeOpt = typer.Option(False, "--resume",
+                         help="Skip the rows already done in OUTDIR (its rows.jsonl) and run only the rest; "
+                              "refused when OUTDIR was written for another input or other options.")
+MaxMemoryOpt = typer.Option(None, "--max-memory", metavar="SIZE",
+                            help="Memory budget of each worker, e.g. 8GB or 8GiB (default: the machine's "
+                                 "memory divided among the workers); a row that needs more is that row's error.")
+
+
+def memory_budget(text: str | None) -> int | None:
+    """Bytes of a --max-memory value (None: the default budget)."""
+    if text is None:
+        return None
+    from echo_et.models.comm.units import parse_bytes
+
+    try:
+        n = parse_bytes(text)
+    except EchoError as e:
+        raise OptionError("max_memory", str(e)) from None
+    if n <= 0:
+        raise OptionError("max_memory", f"{text!r}: a memory budget must be more than 0 bytes")
+    return n
+
+
+def open_log(output: Path, header: Any, *, resume: bool, replaceable: Any, kind: str, noun: str):
+    """The row log in ``output`` (see echo_et.experiments.row_log); says on stderr how many
+    rows a resumed sweep finds done."""
+    from echo_et.experiments.row_log import open_row_log
+
+    log = open_row_log(output, header, resume=resume, replaceable=replaceable, kind=kind)
+    if resume:
+        done = len(log.done)
+        print(f"resuming: {done} of {header.rows} {noun} already done in {output}", file=sys.stderr,
+              flush=True)
+    return log
+
+
+def finish(failed: int, total: int, output: Path, noun: str) -> None:
+    """End a sweep: with failed rows, the last line counts them and the exit status is 1."""
+    if failed:
+        typer.echo(f"{failed} of {total} {noun} failed (see {output / 'results.json'})", err=True)
+        raise typer.Exit(1)
