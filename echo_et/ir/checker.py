@@ -24,6 +24,7 @@ that takes.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -190,7 +191,9 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | N
             out.add("repeat-blocks", p, _where(source, graph))
         if problems:
             return None
-    kinds = _graph_rules_hold(graph, source, out)
+    kinds = _compact_rules_hold(graph, source, out) if graph.has_repeats else None
+    if kinds is None:
+        kinds = _graph_rules_hold(graph, source, out)
     if kinds is not None:
         return kinds
     stream_ids = {s.id for s in graph.header.streams}
@@ -256,6 +259,92 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
         check_stream_order(graph, source, out)
     if pb.KIND_COLLECTIVE in kinds:
         check_collective_numbering(graph, source, out)
+    return kinds
+
+
+def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int] | None:
+    """The one-pass rules of :func:`_graph_rules_hold` on a graph with consistent repeat
+    blocks, without expanding it: a copy has its body node's fields, so the node rules hold
+    for copies when they hold for the stored nodes and every shifted start stays in range;
+    ids are unique when stored ids are and the copies' ranges are clear (the block rules);
+    order holds when every stored node and every copy's own dependency names an earlier id
+    (dependencies inside a body keep their order in a copy). Collective numbering is checked
+    on the numbers alone. Returns None, having added nothing, when something needs the
+    rule-by-rule check on the expansion."""
+    from echo_et.ir.repeats import bodies
+
+    stream_ids = {s.id for s in graph.header.streams}
+    probe = IssueCollector(1)
+    allowed_of, max_ns = ALLOWED_PAYLOADS, MAX_NS
+    kinds: set[int] = set()
+    stream_of: dict[int, int] = {}
+    blocks = bodies(graph.header, graph.stored_nodes)
+    spans = sorted((b.first + int(i.id_offset), b.last + int(i.id_offset), b, int(i.id_offset))
+                   for b in blocks for i in b.block.instances)
+    starts = [sp[0] for sp in spans]
+    body_stream = {n.id: n.stream for b in blocks for n in b.nodes}
+
+    def stream_at(nid: int) -> int | None:
+        st = stream_of.get(nid)
+        if st is not None:
+            return st
+        j = bisect.bisect_right(starts, nid) - 1
+        if j >= 0 and nid <= spans[j][1]:
+            return body_stream.get(nid - spans[j][3])
+        return None
+
+    same_stream = False
+    last = -1
+    for n in graph.stored_nodes:
+        nid, kind, st = n.id, n.kind, n.stream
+        if nid <= last:
+            return None
+        last = nid
+        have = n.WhichOneof("payload")
+        allowed = allowed_of.get(kind)
+        s_, d_ = n.start_ns, n.duration_ns
+        if not (st in stream_ids and allowed is not None and have in allowed and s_ >= 0 and d_ >= 0
+                and s_ + d_ <= max_ns):
+            return None
+        if have is not None and have != "cpu":
+            _check_payload_values(n, have, probe, "")
+            if probe.issues:
+                return None
+        stream_of[nid] = st
+        for dep in n.deps:
+            if dep.id >= nid:
+                return None
+            dst = stream_at(dep.id)
+            if dst is None:
+                return None
+            if dst == st:
+                same_stream = True
+        kinds.add(kind)
+    counts: dict[str, list[int]] = defaultdict(list)
+    for n in graph.stored_nodes:
+        if n.kind == pb.KIND_COLLECTIVE:
+            counts[n.collective.group].append(int(n.collective.seq))
+    for b in blocks:
+        lo = min((n.start_ns for n in b.nodes), default=0)
+        hi = max((n.start_ns + n.duration_ns for n in b.nodes), default=0)
+        body_colls = [(n.collective.group, int(n.collective.seq)) for n in b.nodes
+                      if n.kind == pb.KIND_COLLECTIVE]
+        for inst in b.block.instances:
+            off = int(inst.id_offset)
+            if lo + inst.time_offset_ns < 0 or hi + inst.time_offset_ns > max_ns:
+                return None
+            for d in inst.deps:
+                if d.id >= d.node + off:
+                    return None
+                if stream_at(d.id) == body_stream.get(d.node):
+                    same_stream = True
+            for key, seq in body_colls:
+                counts[key].append(seq + inst.seq_offsets.get(key, 0))
+    if same_stream:
+        return None
+    for seqs in counts.values():
+        if sorted(seqs) != list(range(len(seqs))):
+            return None
     return kinds
 
 
@@ -500,7 +589,7 @@ def _signature(graph: Graph) -> _GraphSignature:
     colls: dict[str, list[pb.Node]] = defaultdict(list)
     p2p: dict[tuple[str, int, bool], list[pb.Node]] = defaultdict(list)
     max_root: dict[str, pb.Node] = {}
-    for n in graph.iter_nodes():
+    for n in graph.iter_nodes(_COMM_KINDS):
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
             c = n.collective
             colls[c.group].append(n)

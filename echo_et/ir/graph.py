@@ -19,7 +19,7 @@ for flat graphs stays right, paying the expansion's memory.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from echo_et.ir.repeats import expanded_count, iter_expanded
 from echo_et.ir.schema import SCHEMA_VERSION, pb
@@ -59,11 +59,14 @@ class Graph:
     def has_repeats(self) -> bool:
         return bool(self.header.repeats)
 
-    def iter_nodes(self) -> Iterator[pb.Node]:
-        """The expanded graph in node-id order, streamed (copies are made one at a time)."""
+    def iter_nodes(self, kinds: Collection[int] | None = None) -> Iterator[pb.Node]:
+        """The expanded graph in node-id order, streamed (copies are made one at a time);
+        only nodes of ``kinds`` when given."""
         if not self.header.repeats:
-            return iter(self._nodes)
-        return iter_expanded(self.header, self._nodes)
+            if kinds is None:
+                return iter(self._nodes)
+            return (n for n in self._nodes if n.kind in kinds)
+        return iter_expanded(self.header, self._nodes, kinds)
 
     def expand(self) -> None:
         """Replace the repeat blocks by the nodes they stand for."""

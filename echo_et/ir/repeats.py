@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from echo_et.ir.schema import pb
@@ -126,17 +126,22 @@ def instance_deps(inst: pb.RepeatInstance) -> dict[int, list[tuple[int, int]]]:
     return out
 
 
-def _instance_stream(body: Body, inst: pb.RepeatInstance, order: int) -> Iterator[tuple[int, int, pb.Node]]:
+def _instance_stream(body: Body, nodes: Sequence[pb.Node], inst: pb.RepeatInstance, order: int
+                     ) -> Iterator[tuple[int, int, pb.Node]]:
     deps_of = instance_deps(inst)
-    for n in body.nodes:
-        yield n.id + int(inst.id_offset), order, copy_node(body, n, inst, deps_of)
+    off = int(inst.id_offset)
+    for n in nodes:
+        yield n.id + off, order, copy_node(body, n, inst, deps_of)
 
 
-def iter_expanded(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> Iterator[pb.Node]:
-    """The expanded graph's nodes in id order: stored nodes as they are (the same
-    messages), copies as new messages made one at a time. Holds the bodies, not the
-    expansion."""
+def iter_expanded(header: pb.GraphHeader, stored: Sequence[pb.Node],
+                  kinds: Collection[int] | None = None) -> Iterator[pb.Node]:
+    """The expanded graph's nodes in id order (only those of ``kinds`` when given): stored
+    nodes as they are (the same messages), copies as new messages made one at a time.
+    Holds the bodies, not the expansion."""
     blocks = bodies(header, stored)
+    if kinds is not None:
+        stored = [n for n in stored if n.kind in kinds]
     if not blocks:
         yield from stored
         return
@@ -147,8 +152,11 @@ def iter_expanded(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> Iterator
     streams: list[Iterator[tuple[int, int, pb.Node]]] = [((n.id, 0, n) for n in base)]
     order = 1
     for body in blocks:
+        nodes = body.nodes if kinds is None else [n for n in body.nodes if n.kind in kinds]
+        if not nodes:
+            continue
         for inst in body.block.instances:
-            streams.append(_instance_stream(body, inst, order))
+            streams.append(_instance_stream(body, nodes, inst, order))
             order += 1
     for _, _, node in heapq.merge(*streams, key=lambda t: (t[0], t[1])):
         yield node
