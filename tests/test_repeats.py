@@ -1,0 +1,190 @@
+"""Repeat blocks (``GraphHeader.repeats``): a graph stores repeated work once and means its
+expansion. The expansion is exact (byte for byte the flat build of the same trace), every
+consumer sees the same graph, the checker refuses inconsistent blocks naming the rule and
+the block, and a prediction on the compact Job equals the one on the flat Job to the ns."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from echo_et.ir import GraphBuilder, JobBuilder, check_job, load_job, pb, save_job
+from echo_et.ir.repeats import MAX_INSTANCES, expanded_count, p2p_seq_key
+
+pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install -e '.[dev]')")
+
+from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_job  # noqa: E402
+from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
+from echo_et.workloads import GPTConfig, build_gpt  # noqa: E402
+
+SMALL = dict(layers=4, hidden=64, heads=4, seq=32, micro_batch=2, vocab=128)
+
+
+# -- a hand-made graph ---------------------------------------------------------------------------
+def _block_job(**inst_fields) -> object:
+    """One rank: a launch+kernel+all_reduce body (ids 1-3) stored once, repeated at ids 11-13
+    and 21-23 with the collective renumbered and the micro-batch shifted."""
+    b = GraphBuilder("g0")
+    host = b.stream(pb.STREAM_CPU_THREAD, "host")
+    gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
+    comm = b.stream(pb.STREAM_GPU_COMM, "comm", device=0)
+    b.declare_group("tp", 1)
+    g = b.graph
+    launch = g.new_node(id=1, name="launch", kind=pb.KIND_LAUNCH, stream=host)
+    launch.cpu.op = "aten::mm"
+    k = g.new_node(id=2, name="aten::mm", kind=pb.KIND_COMPUTE, stream=gpu, duration_ns=1000)
+    k.compute.op = "aten::mm"
+    k.deps.add(id=1, kind=pb.DEP_LAUNCH)
+    k.annotations.microbatch = 0
+    c = g.new_node(id=3, name="all_reduce", kind=pb.KIND_COLLECTIVE, stream=comm, duration_ns=500)
+    c.collective.type = pb.COLL_ALL_REDUCE
+    c.collective.group = "tp"
+    c.collective.in_bytes = c.collective.out_bytes = 1024
+    c.deps.add(id=2, kind=pb.DEP_SYNC)
+    graph = b.build()
+    blk = graph.header.repeats.add(id=1, name="mb", first_node=1, last_node=3)
+    for m in (1, 2):
+        inst = blk.instances.add(id_offset=10 * m)
+        inst.seq_offsets["tp"] = m
+        inst.annotation_deltas["microbatch"] = m
+        inst.deps.add(node=2, id=10 * m - 7, kind=pb.DEP_SYNC)   # waits for the previous all_reduce
+        for f, v in inst_fields.items():
+            setattr(inst, f, v)
+    jb = JobBuilder("t", 1)
+    gid = jb.group([0], name="0", role="tp")
+    jb.add_graph(graph)
+    jb.bind(0, "g0", {"tp": gid})
+    return jb.build()
+
+
+def test_expansion_is_the_copies_with_their_substitutions() -> None:
+    job = _block_job()
+    g = job.graph("g0")
+    assert len(g.stored_nodes) == 3 and len(g) == 9
+    nodes = list(g.iter_nodes())
+    assert [n.id for n in nodes] == [1, 2, 3, 11, 12, 13, 21, 22, 23]
+    assert g.has_repeats, "streaming the expansion must not expand the graph in place"
+    by_id = {n.id: n for n in nodes}
+    assert [by_id[i].collective.seq for i in (3, 13, 23)] == [0, 1, 2]
+    assert [by_id[i].annotations.microbatch for i in (2, 12, 22)] == [0, 1, 2]
+    assert [(d.id, d.kind) for d in by_id[22].deps] == [(21, pb.DEP_LAUNCH), (13, pb.DEP_SYNC)]
+    assert [(d.id, d.kind) for d in by_id[13].deps] == [(12, pb.DEP_SYNC)]
+    assert check_job(job) == []
+    # Code written for flat graphs reads .nodes: the graph expands in place, the same nodes.
+    assert [n.SerializeToString(deterministic=True) for n in g.nodes] == \
+        [n.SerializeToString(deterministic=True) for n in nodes]
+    assert not g.has_repeats
+
+
+def test_blocks_survive_a_save_and_old_jobs_stay_readable(tmp_path) -> None:
+    job = _block_job()
+    save_job(job, tmp_path / "j")
+    back = load_job(tmp_path / "j")
+    g = back.graph("g0")
+    assert g.has_repeats and len(g.stored_nodes) == 3 and len(g) == 9
+    assert back.manifest.graphs[0].nodes == 3        # what the file stores
+    assert check_job(back) == []
+    flat = _block_job()
+    flat.graph("g0").expand()
+    save_job(flat, tmp_path / "flat")
+    assert not load_job(tmp_path / "flat").graph("g0").has_repeats
+    assert expanded_count(g.header, g.stored_nodes) == 9
+
+
+@pytest.mark.parametrize("breakage, words", [
+    (lambda blk: blk.instances[0].deps.add(node=7, id=1, kind=pb.DEP_DATA), "not in the body"),
+    (lambda blk: blk.instances[0].deps.add(node=2, id=12, kind=pb.DEP_DATA), "refers to itself"),
+    (lambda blk: blk.instances[0].deps.add(node=2, id=99, kind=pb.DEP_DATA), "not a node of the graph"),
+    (lambda blk: blk.ClearField("instances"), "0 instances"),
+    (lambda blk: setattr(blk.instances[1], "id_offset", 0), "must be > 0"),
+    (lambda blk: setattr(blk.instances[1], "id_offset", 11), "overlaps"),
+    (lambda blk: setattr(blk, "last_node", 0), "first_node 1 > last_node 0"),
+    (lambda blk: setattr(blk, "first_node", 50) or setattr(blk, "last_node", 60), "holds no stored node"),
+    (lambda blk: blk.instances[0].seq_offsets.__setitem__("dp", 1), "no body node uses"),
+    (lambda blk: blk.instances[0].annotation_deltas.__setitem__("phase", 1), "annotation delta 'phase'"),
+])
+def test_inconsistent_blocks_are_refused_naming_the_rule_and_block(breakage, words) -> None:
+    job = _block_job()
+    breakage(job.graph("g0").header.repeats[0])
+    issues = check_job(job)
+    assert issues and {i.rule for i in issues} == {"repeat-blocks"}, [str(i) for i in issues]
+    assert all("repeat block 1 (mb)" in str(i) for i in issues)
+    assert any(words in str(i) for i in issues), [str(i) for i in issues]
+
+
+def test_too_many_instances_are_refused() -> None:
+    job = _block_job()
+    blk = job.graph("g0").header.repeats[0]
+    for m in range(MAX_INSTANCES):
+        blk.instances.add(id_offset=100 + 10 * m)
+    issues = check_job(job)
+    assert issues[0].rule == "repeat-blocks" and f"must be 1..{MAX_INSTANCES}" in str(issues[0])
+
+
+def test_renumbering_that_breaks_collective_order_is_caught() -> None:
+    job = _block_job()
+    job.graph("g0").header.repeats[0].instances[1].seq_offsets["tp"] = 5
+    assert [i.rule for i in check_job(job)] == ["collective-seq"]
+
+
+def test_commands_refuse_a_bad_block_in_one_line(tmp_path) -> None:
+    """``check`` reports it (exit 1: the Job has findings, as for every rule); a command
+    that needs a valid Job refuses it (exit 2, one line)."""
+    job = _block_job()
+    job.graph("g0").header.repeats[0].instances[0].deps.add(node=2, id=12, kind=pb.DEP_DATA)
+    save_job(job, tmp_path / "bad")
+    cli = [sys.executable, "-m", "echo_et.cli.main"]
+    proc = subprocess.run([*cli, "check", str(tmp_path / "bad")], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "[repeat-blocks] repeat block 1 (mb)" in proc.stdout + proc.stderr
+    proc = subprocess.run([*cli, "simulate", str(tmp_path / "bad")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "repeat-blocks" in proc.stderr
+
+
+def test_p2p_seq_key_names_group_peer_and_direction() -> None:
+    assert p2p_seq_key("pp", 1, True) == "pp/1/send"
+    assert p2p_seq_key("pp", 0, False) == "pp/0/recv"
+
+
+# -- traced megatron-gpt: compact == flat --------------------------------------------------------
+LAYOUTS = [
+    (True, ParallelLayout(dp=1, tp=2, pp=2, microbatches=5)),
+    (True, ParallelLayout(dp=2, tp=1, pp=4, microbatches=7)),
+    (False, ParallelLayout(dp=2, tp=2, pp=2, microbatches=3)),
+]
+
+
+def _meta(cfg: GPTConfig, lay: ParallelLayout, **kw):
+    return trace(build_gpt(cfg), lay, TraceOptions(device="meta", warmup_steps=0, **kw)).job
+
+
+@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"recompute={p[0]}-{p[1].describe()}")
+def traced(request):
+    recompute, lay = request.param
+    cfg = GPTConfig.megatron(**SMALL, recompute=recompute)
+    return _meta(cfg, lay, verify="stage"), _meta(cfg, lay, verify="stage", replay=False), lay
+
+
+def test_compact_trace_expands_to_the_flat_trace_byte_for_byte(traced) -> None:
+    compact, flat, lay = traced
+    saw_blocks = False
+    for r in range(lay.world_size):
+        g = compact.graph_of(r)
+        saw_blocks |= g.has_repeats
+        assert len(g.stored_nodes) <= len(g)
+        assert [n.SerializeToString(deterministic=True) for n in g.iter_nodes()] == \
+            [n.SerializeToString(deterministic=True) for n in flat.graph_of(r).nodes]
+    assert saw_blocks
+    assert check_job(compact) == []
+
+
+def test_prediction_on_the_compact_job_equals_the_flat_one_to_the_ns(traced) -> None:
+    compact, flat, _ = traced
+    opts = ConfigSweepOptions()
+    a, _ = predict_job(compact, opts, critical_nodes=True)
+    b, _ = predict_job(flat, opts, critical_nodes=True)
+    assert a.step_time_ns == b.step_time_ns > 0
+    assert a.to_json() == b.to_json()
