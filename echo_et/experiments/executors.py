@@ -104,11 +104,19 @@ def limit_memory(max_memory: int | None) -> None:
 
 
 # -- one row, in whichever worker runs it ------------------------------------------------------------
-def run_row(fn: Callable[[Any, Any], Any], shared: Any, index: int, task: Any) -> Any:
+def hooks_from_env() -> dict[str, str]:
+    """The test-only hooks set in this process's environment (see KILL_ROW_ENV), read where
+    the sweep starts and handed to its workers (a forked worker's environment is that of the
+    process it was forked from, not the sweep's)."""
+    return {k: os.environ[k] for k in (KILL_ROW_ENV, HOG_ROW_ENV) if os.environ.get(k)}
+
+
+def run_row(fn: Callable[[Any, Any], Any], shared: Any, index: int, task: Any,
+            hooks: dict[str, str] | None = None) -> Any:
     """``fn(shared, task)``, or a Failure when it ran out of memory or raised something that
     is not the row's own error (the row function turns those into rows itself)."""
     try:
-        _test_hooks(index)
+        _apply_hooks(hooks or {}, index)
         return fn(shared, task)
     except MemoryError:
         return Failure(memory_message(_BUDGET))
@@ -125,13 +133,13 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _test_hooks(index: int) -> None:
-    """The test-only hooks (see KILL_ROW_ENV); inert in the main process and by default."""
-    if multiprocessing.parent_process() is None:
+def _apply_hooks(hooks: dict[str, str], index: int) -> None:
+    """The test-only hooks for row ``index``; inert in the main process."""
+    if not hooks or multiprocessing.parent_process() is None:
         return
-    if str(index) in os.environ.get(KILL_ROW_ENV, "").split(","):
+    if str(index) in hooks.get(KILL_ROW_ENV, "").split(","):
         os.kill(os.getpid(), signal.SIGKILL)
-    if _BUDGET is not None and str(index) in os.environ.get(HOG_ROW_ENV, "").split(","):
+    if _BUDGET is not None and str(index) in hooks.get(HOG_ROW_ENV, "").split(","):
         bytearray(_BUDGET + 1)
 
 
@@ -150,7 +158,8 @@ def death_message(exitcode: int | None) -> str:
 
 
 # -- local worker processes --------------------------------------------------------------------------
-def _serve(conn: Any, fn: Callable[[Any, Any], Any], shared: Any, max_memory: int | None) -> None:
+def _serve(conn: Any, fn: Callable[[Any, Any], Any], shared: Any, max_memory: int | None,
+           hooks: dict[str, str]) -> None:
     """A worker's loop: run the rows it is sent until told to stop (None) or a row fails
     (a worker that ran out of memory is not trusted with another row)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the sweep's to handle: it stops us
@@ -162,7 +171,7 @@ def _serve(conn: Any, fn: Callable[[Any, Any], Any], shared: Any, max_memory: in
             return
         if msg is None:
             return
-        out = run_row(fn, shared, *msg)
+        out = run_row(fn, shared, *msg, hooks)
         try:
             try:
                 conn.send(out)
@@ -180,7 +189,8 @@ class _Worker:
 
     def __init__(self, ctx: Any, fn: Callable[[Any, Any], Any], shared: Any, max_memory: int | None):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, fn, shared, max_memory), daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, fn, shared, max_memory, hooks_from_env()),
+                                   daemon=True)
         self.process.start()
         child.close()
         self.index: int | None = None
@@ -217,7 +227,8 @@ def _context(preload: Sequence[str]) -> Any:
     threads of ours inherited) where there is one, else spawn."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(list(preload))
+        if preload:   # only the first start of the forkserver reads it
+            ctx.set_forkserver_preload(list(preload))
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -301,15 +312,17 @@ def dask_client(workers: int | None, address: str | None,
 
 def run_dask(fn: Callable[[Any, Any], Any], shared: Any, tasks: Sequence[Task], *,
              workers: int | None, address: str | None, max_memory: int | None, report: Report) -> None:
-    """The tasks on Dask, ``shared`` scattered to every worker once; a task whose worker
-    died (``KilledWorker``) is reported as a Failure."""
+    """The tasks on Dask, ``shared`` made once by a task of its own that every row task
+    needs (a worker fetches it once; unlike scattered data it is made again when the worker
+    holding it dies); a task whose worker died (``KilledWorker``) is reported as a Failure."""
     if not tasks:
         return
     with dask_client(workers, address, max_memory) as (client, as_completed):
         from distributed import KilledWorker
 
-        data = client.scatter(shared, broadcast=True)
-        futs = [client.submit(run_row, fn, data, i, task, pure=False, retries=0) for i, task in tasks]
+        data = client.submit(_identity, shared, pure=False)
+        hooks = hooks_from_env()
+        futs = [client.submit(run_row, fn, data, i, task, hooks, pure=False, retries=0) for i, task in tasks]
         index = {f.key: i for f, (i, _) in zip(futs, tasks, strict=True)}
         for fut in as_completed(futs):
             try:
@@ -319,6 +332,10 @@ def run_dask(fn: Callable[[Any, Any], Any], shared: Any, tasks: Sequence[Task], 
             except Exception as e:  # noqa: BLE001 - a task's crash is its row's error
                 out = Failure(_one_line(e))
             report(index[fut.key], out)
+
+
+def _identity(value: Any) -> Any:
+    return value
 
 
 # -- Ray ---------------------------------------------------------------------------------------------
@@ -355,7 +372,8 @@ def run_ray(fn: Callable[[Any, Any], Any], shared: Any, tasks: Sequence[Task], *
             options["memory"] = max_memory
         remote = ray.remote(**options)(run_row)
         data = ray.put(shared)
-        refs = [remote.remote(fn, data, i, task) for i, task in tasks]
+        hooks = hooks_from_env()
+        refs = [remote.remote(fn, data, i, task, hooks) for i, task in tasks]
         index = {r: i for r, (i, _) in zip(refs, tasks, strict=True)}
         pending = list(refs)
         while pending:

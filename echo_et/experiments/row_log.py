@@ -234,12 +234,12 @@ def _check_header(head: dict[str, Any], header: LogHeader, log: Path) -> None:
     if head.get("kind") != want["kind"]:
         raise OptionError("resume", f"{log} is the log of another kind of sweep "
                                     f"({head.get('kind')}, not {want['kind']})")
-    if head.get("input_sha256") != want["input_sha256"] or head.get("rows") != want["rows"]:
-        raise OptionError("resume", f"{log} was written for another {header.input_name} "
-                                    "(its content differs); start over without resuming")
     if head.get("options_sha256") != want["options_sha256"]:
         raise OptionError("resume", f"{log} was written for other options; give the same options "
                                     "to resume, or start over without resuming")
+    if head.get("input_sha256") != want["input_sha256"] or head.get("rows") != want["rows"]:
+        raise OptionError("resume", f"{log} was written for another {header.input_name} "
+                                    "(its content differs); start over without resuming")
 
 
 __all__ = ["FORMAT", "LOG_FILE", "LogHeader", "RowLog", "check_output_dir", "is_row_log_dir",
