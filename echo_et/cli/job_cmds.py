@@ -99,5 +99,12 @@ def inspect(
         typer.echo("communication kernels no model prices (by library): "
                    + ", ".join(f"{k}={v}" for k, v in s["comm_libraries"].items()))
     typer.echo(f"process groups: {s['group_count']}")
+    compact = [g for g in s["per_graph"] if g.get("repeat_blocks")]
+    if compact:
+        stored = sum(g["stored_nodes"] for g in compact)
+        total = sum(g["nodes"] for g in compact)
+        blocks = sum(len(g["repeat_blocks"]) for g in compact)
+        typer.echo(f"repeated work: {blocks} repeat blocks in {len(compact)} graphs store "
+                   f"{stored} of the {total} nodes they mean")
     if s["dropped"]:
         typer.echo("dropped/guessed: " + ", ".join(f"{k}={v}" for k, v in s["dropped"].items()))

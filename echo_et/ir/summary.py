@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from echo_et.ir.job import Job
+from echo_et.ir.repeats import bodies
 from echo_et.ir.schema import ROLE_NAMES, collective_name, node_kind_name, pb
 
 
@@ -22,20 +23,25 @@ def _graph_counts(graph) -> tuple[Counter, Counter, int, Counter]:
     libs: Counter = Counter()
     comm_bytes = 0
     coll, send, recv, unknown = pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV, pb.KIND_COMM_UNKNOWN
-    for n in graph.nodes:
+    # A copy of a repeat block has its body node's kind and payload: count the body node
+    # once per copy, never expanding the graph.
+    times = {n.id: 1 + len(b.block.instances) for b in bodies(graph.header, graph.stored_nodes)
+             for n in b.nodes}
+    for n in graph.stored_nodes:
         k = n.kind
-        by_kind[k] += 1
+        t = times.get(n.id, 1) if times else 1
+        by_kind[k] += t
         if k == coll:
             c = n.collective
-            colls[collective_name(c.type)] += 1
-            comm_bytes += c.in_bytes
+            colls[collective_name(c.type)] += t
+            comm_bytes += c.in_bytes * t
         elif k == send:
-            colls["send"] += 1
-            comm_bytes += n.p2p.bytes
+            colls["send"] += t
+            comm_bytes += n.p2p.bytes * t
         elif k == recv:
-            colls["recv"] += 1
+            colls["recv"] += t
         elif k == unknown:
-            libs[n.attrs.get("comm_library") or "unknown"] += 1
+            libs[n.attrs.get("comm_library") or "unknown"] += t
     kinds: Counter = Counter()
     for k, v in by_kind.items():
         kinds[node_kind_name(k)] += v
@@ -52,7 +58,7 @@ def comm_libraries(job: Job) -> dict[str, int]:
         if not mult:
             continue
         unknown = pb.KIND_COMM_UNKNOWN
-        for n in job.graph(gid).nodes:
+        for n in job.graph(gid).iter_nodes((unknown,)):
             if n.kind == unknown:
                 out[n.attrs.get("comm_library") or "unknown"] += mult
     return dict(sorted(out.items()))
@@ -78,8 +84,15 @@ def summarize(job: Job) -> dict[str, Any]:
         for key, v in c.items():
             colls[key] += v * mult
         comm_bytes += b * mult
-        per_graph.append({"id": gid, "nodes": len(g.nodes), "ranks": mult,
-                          "streams": len(g.header.streams)})
+        entry: dict[str, Any] = {"id": gid, "nodes": len(g), "ranks": mult,
+                                 "streams": len(g.header.streams)}
+        if g.has_repeats:
+            entry["stored_nodes"] = len(g.stored_nodes)
+            entry["repeat_blocks"] = [
+                {"id": b.block.id, "name": b.block.name, "body_nodes": len(b.nodes),
+                 "instances": len(b.block.instances)}
+                for b in bodies(g.header, g.stored_nodes)]
+        per_graph.append(entry)
     measured = {str(b.rank): b.measured_step_ns for b in m.bindings if b.measured_step_ns}
     lay = m.layout
     return {

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, Job
+from echo_et.ir.repeats import bodies
 from echo_et.ir.schema import pb
 
 # How a node was timed (the first four are the model's answers for an operator).
@@ -92,21 +93,27 @@ def retime_compute(job: Job, model: ComputeTimer) -> tuple[Job, RetimeReport]:
     out = job.copy()
     for gid in out.graph_ids():
         g = out.graph(gid)
-        new = _durations(g, model, src, report)
+        if g.has_repeats and any(n.start_ns for n in g.stored_nodes):
+            g.expand()     # a timed layout is warped as a whole
+        # Untimed repeat blocks stay blocks: a copy has its body node's operator and shapes,
+        # so timing the stored nodes times every copy (each counted once per copy).
+        times = copies_of(g)
+        nodes = g.stored_nodes
+        new = _durations(g, nodes, times, model, src, report)
         if not new:
             report.graphs_without_compute.append(gid)
             continue
-        if any(n.start_ns for n in g.nodes):
+        if any(n.start_ns for n in nodes):
             _warp(g, new)
         else:
-            for n in g.nodes:   # untimed: the host issues each operator in the model's launch time
+            for n in nodes:   # untimed: the host issues each operator in the model's launch time
                 if n.kind == pb.KIND_LAUNCH and n.id not in new:
                     new[n.id] = model.launch_ns(n.cpu.op)
-                    report.by_status[LAUNCH] += 1
+                    report.by_status[LAUNCH] += times.get(n.id, 1)
                 if n.id in new:
                     n.duration_ns = new[n.id]
         timing = f"model:{model.name}"
-        for n in g.nodes:
+        for n in nodes:
             if n.id in new:
                 n.attrs["timing"] = timing
     if report.nodes == 0:
@@ -127,28 +134,35 @@ def _is_operator(name: str) -> bool:
     return bool(_OPERATOR.match(name))
 
 
-def _durations(g: Graph, model: ComputeTimer, src: str, report: RetimeReport) -> dict[int, int]:
+def copies_of(g: Graph) -> dict[int, int]:
+    """How many times each stored node of a repeat block's body runs (1 + its copies)."""
+    return {n.id: 1 + len(b.block.instances) for b in bodies(g.header, g.stored_nodes) for n in b.nodes}
+
+
+def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src: str,
+               report: RetimeReport) -> dict[int, int]:
     device = {s.id for s in g.header.streams if s.kind in _DEVICE_STREAMS}
-    by_id = {n.id: n for n in g.nodes}
-    targets = [n for n in g.nodes if n.stream in device and _retimable(n)]
+    by_id = {n.id: n for n in nodes}
+    targets = [n for n in nodes if n.stream in device and _retimable(n)]
     if not targets:
         return {}
     new: dict[int, int] = {}
     pending: dict[int, list[pb.Node]] = defaultdict(list)   # launching operator -> its kernels
     for n in targets:
-        report.nodes += 1
-        report.compute_ns_before += n.duration_ns
+        t = times.get(n.id, 1)
+        report.nodes += t
+        report.compute_ns_before += n.duration_ns * t
         if n.kind in (pb.KIND_MEMCPY, pb.KIND_MEMSET):
             new[n.id] = model.memcpy_ns(n.memcpy.bytes, memset=n.kind == pb.KIND_MEMSET)
-            report.by_status[PRICED] += 1
+            report.by_status[PRICED] += t
             continue
         c = n.compute
         op = c.op or n.name
         if _is_operator(op) or c.shapes:
             ns, status = model.op_cost(op, c.shapes, c.dtypes, dict(n.attrs))
-            report.by_status[status] += 1
+            report.by_status[status] += t
             if status == GUESSED:
-                report.guessed_ops[op] += 1
+                report.guessed_ops[op] += t
             new[n.id] = ns
             continue
         parent = _launching_op(n, by_id)
@@ -167,9 +181,9 @@ def _durations(g: Graph, model: ComputeTimer, src: str, report: RetimeReport) ->
         for k in kernels:
             share = k.duration_ns / measured if measured > 0 else 1.0 / len(kernels)
             new[k.id] = max(1, round(ns * share))
-            report.by_status[FROM_OP] += 1
+            report.by_status[FROM_OP] += times.get(k.id, 1)
     for n in targets:
-        report.compute_ns_after += new.get(n.id, n.duration_ns)
+        report.compute_ns_after += new.get(n.id, n.duration_ns) * times.get(n.id, 1)
     return new
 
 
