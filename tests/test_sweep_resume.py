@@ -111,6 +111,17 @@ def test_the_row_log_cuts_a_torn_last_line_and_runs_failed_workers_again(tmp_pat
             open_row_log(tmp_path, _header(), resume=True, replaceable=is_sweep_dir, kind="a sweep")
 
 
+def test_starting_over_says_what_an_interrupted_run_had_done(tmp_path) -> None:
+    with open_row_log(tmp_path, _header(), resume=False, replaceable=is_sweep_dir, kind="a sweep") as log:
+        log.append(0, {"x": 1})
+        log.append(1, {"error": "worker died"}, retry=True)
+    with open_row_log(tmp_path, _header(), resume=False, replaceable=is_sweep_dir, kind="a sweep") as log:
+        assert log.replaced == 1 and log.done == {}
+    with open_row_log(tmp_path, _header(options_sha256="c"), resume=False, replaceable=is_sweep_dir,
+                      kind="a sweep") as log:
+        assert log.replaced == 0               # another sweep's log: nothing of this one lost
+
+
 def test_the_row_log_never_takes_a_folder_of_the_users(tmp_path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(EchoError, match="exists and is not a sweep; refusing"):

@@ -145,7 +145,8 @@ def sweep(
     job_path: Path | None = typer.Argument(None, metavar="[JOB]",
                                            help="Job directory (or trace) to scale (not with --configs)."),
     output: Path = typer.Option(..., "-o", "--output", metavar="DIR",
-                                help="Folder for results.json, table.txt and the plot."),
+                                help="Folder for results.json, table.txt, the plot and rows.jsonl (each row as "
+                                     "it finishes)."),
     configs: Path | None = typer.Option(None, "--configs", metavar="CONFIGS.csv",
                                         help="Model configurations to trace on the meta device and predict, one per "
                                              "row: layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp"

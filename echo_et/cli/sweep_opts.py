@@ -44,6 +44,9 @@ def open_log(output: Path, header: Any, *, resume: bool, replaceable: Any, kind:
         done = len(log.done)
         print(f"resuming: {done} of {header.rows} {noun} already done in {output}", file=sys.stderr,
               flush=True)
+    elif log.replaced:
+        print(f"note: starting over; {output} held {log.replaced} finished {noun} of an interrupted run "
+              "of this sweep (--resume continues one)", file=sys.stderr, flush=True)
     return log
 
 

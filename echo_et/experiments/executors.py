@@ -212,10 +212,13 @@ class _Worker:
         self.process.join()
         return Failure(death_message(self.process.exitcode))
 
-    def stop(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            self.conn.send(None)
-        self.process.join(timeout=5)
+    def stop(self, *, now: bool = False) -> None:
+        """Let it finish (it is idle, or has failed), or with ``now`` kill it: the sweep was
+        interrupted and its row would be lost anyway."""
+        if not now:
+            with contextlib.suppress(OSError, ValueError):
+                self.conn.send(None)
+            self.process.join(timeout=5)
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
@@ -243,6 +246,7 @@ def run_local(fn: Callable[[Any, Any], Any], shared: Any, tasks: Sequence[Task],
     queue = collections.deque(tasks)
     ctx = _context(preload)
     slots: list[_Worker | None] = [None] * max(1, min(workers, len(queue)))
+    interrupted = True
     try:
         while queue or any(w is not None and w.index is not None for w in slots):
             _hand_out(slots, queue, lambda: _Worker(ctx, fn, shared, max_memory))
@@ -255,10 +259,11 @@ def run_local(fn: Callable[[Any, Any], Any], shared: Any, tasks: Sequence[Task],
                         w.stop()
                         slots[k] = None
                     report(index, out)
+        interrupted = False
     finally:
         for w in slots:
             if w is not None:
-                w.stop()
+                w.stop(now=interrupted)
 
 
 def _ready(w: _Worker) -> bool:

@@ -11,7 +11,6 @@ carries ``"retry": true`` and runs again on resume; a row's own error is its res
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -70,6 +69,7 @@ class RowLog:
         self.header = header
         self._fd = fd
         self._entries = entries
+        self.replaced = 0   # finished rows of an unfinished run that this new log replaced
 
     @property
     def done(self) -> dict[int, dict[str, Any]]:
@@ -148,16 +148,33 @@ def open_row_log(outdir: str | os.PathLike[str], header: LogHeader, *, resume: b
     if resume and log.is_file() and _read_header(log) is not None:
         fd = _open_locked(log)
         try:
-            return RowLog(log, fd, header, _read_entries(log, fd, header))
+            entries, end = _read_entries(log, header)
+            if end < log.stat().st_size:   # cut off what a crash left of a last line
+                os.ftruncate(fd, end)
+            return RowLog(log, fd, header, entries)
         except BaseException:
             os.close(fd)
             raise
     if log.is_file() and log.stat().st_size and _read_header(log) is None:
         raise EchoError(f"{log}: not an echo-et row log; refusing to replace it")
-    if log.is_file():
-        os.close(_open_locked(log))   # refuse to replace a log another sweep is writing
+    replaced = _unfinished_rows(log, header) if log.is_file() else 0
     _new_log(log, header)
-    return RowLog(log, _open_locked(log), header, {})
+    new = RowLog(log, _open_locked(log), header, {})
+    new.replaced = replaced
+    return new
+
+
+def _unfinished_rows(log: Path, header: LogHeader) -> int:
+    """How many rows the log of an unfinished run of this very sweep holds (0 for another
+    sweep's, or a finished one): what starting over discards. Refuses a log another sweep
+    is writing."""
+    os.close(_open_locked(log))
+    try:
+        entries, _ = _read_entries(log, header)
+    except EchoError:
+        return 0
+    done = sum(1 for e in entries.values() if not e.get("retry"))
+    return done if done < header.rows else 0
 
 
 def check_output_dir(out: Path, replaceable: Callable[[Path], bool], kind: str) -> None:
@@ -193,8 +210,9 @@ def _open_locked(log: Path) -> int:
     return fd
 
 
-def _read_entries(log: Path, fd: int, header: LogHeader) -> dict[int, dict[str, Any]]:
-    """The rows of a log written for ``header``; a torn last line is cut off the file."""
+def _read_entries(log: Path, header: LogHeader) -> tuple[dict[int, dict[str, Any]], int]:
+    """(the rows of a log written for ``header``, the length of its whole lines: a torn last
+    line is not read)."""
     data = log.read_bytes()
     end = data.rfind(b"\n") + 1
     lines = data[:end].split(b"\n")[:-1]
@@ -212,10 +230,7 @@ def _read_entries(log: Path, fd: int, header: LogHeader) -> dict[int, dict[str, 
         entries.setdefault(entry["i"], entry)
         if entry.get("retry") is not True and entries[entry["i"]].get("retry"):
             entries[entry["i"]] = entry   # a retried row's result replaces its failure
-    if end < len(data):
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, end)
-    return entries
+    return entries, end
 
 
 def _entry(line: bytes, rows: int) -> dict[str, Any] | None:
