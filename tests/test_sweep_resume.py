@@ -73,6 +73,26 @@ def test_a_row_past_its_memory_budget_is_its_error_not_the_workers_death() -> No
     assert got == {0: 2, 1: Failure("max_memory: row needs more than 2.0 GB"), 2: 3}
 
 
+def test_a_worker_is_replaced_after_its_share_of_rows(monkeypatch) -> None:
+    """A long-lived worker's heap only grows: a fresh one every ROWS_PER_WORKER rows."""
+    monkeypatch.setattr(executors, "ROWS_PER_WORKER", 2)
+    got = _run([functools.partial(os.getpid)] * 5, workers=1, max_memory=None)
+    pids = [got[i] for i in range(5)]
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
+
+
+def test_an_interrupted_sweep_kills_its_workers_at_once() -> None:
+    def stop(i: int, out: object) -> None:
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_local(operator.call, operator.call, [(0, functools.partial(abs, 1)),
+                                                 (1, functools.partial(time.sleep, 60))],
+                  workers=2, max_memory=None, report=stop)
+    assert time.monotonic() - t0 < 20   # the worker sleeping 60 s was killed, not waited for
+
+
 def test_the_default_budget_shares_the_machines_memory() -> None:
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     total = int(meminfo["MemTotal"].split()[0]) * 1024

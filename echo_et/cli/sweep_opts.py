@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from echo_et.errors import EchoError, OptionError
+
+if TYPE_CHECKING:
+    from echo_et.experiments.row_log import LogHeader, RowLog
 
 ResumeOpt = typer.Option(False, "--resume",
                          help="Skip the rows already done in OUTDIR (its rows.jsonl) and run only the rest; "
@@ -34,7 +38,8 @@ def memory_budget(text: str | None) -> int | None:
     return n
 
 
-def open_log(output: Path, header: Any, *, resume: bool, replaceable: Any, kind: str, noun: str):
+def open_log(output: Path, header: LogHeader, *, resume: bool, replaceable: Callable[[Path], bool],
+             kind: str, noun: str) -> RowLog:
     """The row log in ``output`` (see echo_et.experiments.row_log); says on stderr how many
     rows a resumed sweep finds done."""
     from echo_et.experiments.row_log import open_row_log
