@@ -15,7 +15,9 @@ from echo_et.ir.repeats import MAX_INSTANCES, expanded_count, p2p_seq_key
 
 pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install -e '.[dev]')")
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_job  # noqa: E402
+from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for, predict_job  # noqa: E402
+from echo_et.passes import retime_compute  # noqa: E402
+from echo_et.sim import SimOptions, simulate  # noqa: E402
 from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
 from echo_et.workloads import GPTConfig, build_gpt  # noqa: E402
 
@@ -181,10 +183,33 @@ def test_compact_trace_expands_to_the_flat_trace_byte_for_byte(traced) -> None:
     assert check_job(compact) == []
 
 
-def test_prediction_on_the_compact_job_equals_the_flat_one_to_the_ns(traced) -> None:
+def _predict(job, **options):
+    opts = ConfigSweepOptions()
+    compute, comm, slow = models_for(opts)
+    timed, _ = retime_compute(job, compute)
+    return simulate(timed, "predict", options=SimOptions(gpus_per_node=8, check=False, **options),
+                    comm_model=comm, slowdown_model=slow)
+
+
+def test_prediction_places_blocks_exactly(traced) -> None:
+    """Blocks placed in closed form give the expanded simulation's step time, per-rank
+    breakdown, critical path and slowdown rounds to the ns, with fewer events; so does the
+    flat trace (no blocks at all)."""
+    compact, flat, _ = traced
+    placed = _predict(compact)
+    expanded = _predict(compact, repeats=False)
+    plain = _predict(flat)
+    assert placed.events < expanded.events == plain.events
+    a, b, c = placed.to_json(), expanded.to_json(), plain.to_json()
+    for r in (a, b, c):
+        r.pop("events")
+    assert a == b == c
+    assert placed.step_time_ns > 0 and placed.critical_path["top"]
+
+
+def test_critical_node_counts_expand_the_blocks(traced) -> None:
     compact, flat, _ = traced
     opts = ConfigSweepOptions()
     a, _ = predict_job(compact, opts, critical_nodes=True)
     b, _ = predict_job(flat, opts, critical_nodes=True)
-    assert a.step_time_ns == b.step_time_ns > 0
-    assert a.to_json() == b.to_json()
+    assert a.to_json() == b.to_json() and sum(a.critical_nodes.values()) == sum(b.critical_nodes.values())

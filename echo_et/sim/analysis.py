@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from echo_et.sim.blocks import flat_times
 from echo_et.sim.program import CAT_COMPUTE, CAT_COPY, CAT_NAMES, CAT_SYNC, COMM_CATS
 from echo_et.sim.state import Participant, RankState
 from echo_et.sim.symmetry import Partition
@@ -43,6 +44,9 @@ def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {}
     by_prog: dict[int, list[RankState]] = {}
     for st in states:
+        if st.blocks is not None:
+            out[st.class_id] = compact_breakdown(st)
+            continue
         by_prog.setdefault(id(st.program), []).append(st)
     for group in by_prog.values():
         prog = group[0].program
@@ -193,6 +197,242 @@ def critical_path(states: list[RankState], part: Partition, top: int,
         "rank": slowest.rank,
         # The path may begin on a rank that started later (or earlier) than the slowest
         # rank: by_category sums to length_ns - start_offset_ns.
+        "start_rank": st.rank,
+        "start_offset_ns": int(st.origin_ns - slowest.origin_ns),
+        "by_category": dict(sorted(walk.by_cat.items())),
+        "top": [
+            {"category": c, "name": n, "ns": int(v[0]), "count": v[1],
+             "share": round(v[0] / length, 4) if length else 0.0}
+            for (c, n), v in ranked
+        ],
+        "ranks": walk.ranks_seen,
+    }
+
+
+# -- ranks whose repeat blocks were placed in closed form -----------------------------------------------
+def compact_breakdown(st: RankState) -> dict[str, int]:
+    """:func:`rank_breakdowns` for a rank with repeat blocks: the same unions over every item
+    of the expanded step (a block's collectives meet only their own class: no wait)."""
+    prog, run = st.program, st.blocks
+    ft = flat_times(prog, run, st.item_start, st.item_end)
+    rdv = np.array(sorted(prog.rendezvous), dtype=np.int64)
+    arr = np.array([st.item_arrival[i] for i in rdv.tolist()], dtype=np.int64)
+    rstart = np.asarray(st.item_start, dtype=np.int64)[rdv] if rdv.size else np.zeros(0, dtype=np.int64)
+    is_comp = np.isin(ft.category, _COMPUTE_CATS)
+    is_comm = np.isin(ft.category, tuple(COMM_CATS))
+    no_wait = np.zeros(rdv.size, dtype=bool)
+    subsets = [np.concatenate((is_comp, no_wait)), np.concatenate((is_comm, no_wait)),
+               np.concatenate((is_comp | is_comm, no_wait)), np.concatenate((is_comp | is_comm, ~no_wait)),
+               np.concatenate((np.zeros(ft.category.size, dtype=bool), ~no_wait))]
+    lo = np.concatenate((ft.start, arr))[None, :]
+    hi = np.concatenate((ft.end, rstart))[None, :]
+    compute_ns, comm_ns, busy_ns, held_ns, wait = (int(v[0]) for v in _row_unions(lo, hi, subsets))
+    step = int(ft.end.max()) - st.origin_ns if ft.end.size else 0
+    sync = [i for i in range(prog.n_items) if prog.category[i] == CAT_SYNC]
+    host_wait = sum(max(0, st.item_end[i] - st.item_start[i] - st.durations[i]) for i in sync)
+    return dict(step_time_ns=step, compute_ns=compute_ns, comm_ns=comm_ns, exposed_comm_ns=busy_ns - compute_ns,
+                idle_ns=max(0, step - busy_ns), bubble_ns=held_ns - busy_ns, sync_wait_ns=wait,
+                host_wait_ns=host_wait)
+
+
+class _FlatView:
+    """A rank's items as the critical path walks them (positions are items)."""
+
+    def __init__(self, st: RankState):
+        self.st = st
+
+    def size(self) -> int:
+        return self.st.program.n_items
+
+    def last(self):
+        st = self.st
+        return max(range(st.program.n_items), key=lambda i: st.item_end[i])
+
+    def pos(self, item: int):
+        return item
+
+    def start(self, pos) -> int:
+        return self.st.item_start[pos]
+
+    def end(self, pos) -> int:
+        return self.st.item_end[pos]
+
+    def duration(self, pos) -> int:
+        return self.st.durations[pos]
+
+    def end_waits(self, pos) -> tuple:
+        return self.st.program.end_waits[pos]
+
+    def label(self, pos) -> tuple[str, str]:
+        return _label(self.st, pos)
+
+    def participants(self, pos):
+        return self.st.participants.get(pos)
+
+    def arrival(self, pos) -> int:
+        return self.st.item_arrival[pos]
+
+    def decide(self, pos, t: int):
+        return _deciding_predecessor(self.st, pos, t)
+
+
+class _BlockView(_FlatView):
+    """A rank with repeat blocks: a position is (occurrence, local item) or (-1, item)."""
+
+    def __init__(self, st: RankState):
+        super().__init__(st)
+        self.run = st.blocks
+        self.info = st.blocks.info
+
+    def size(self) -> int:
+        return self.info.expanded_items + len(self.info.occurrences)
+
+    def last(self):
+        ft = flat_times(self.st.program, self.run, self.st.item_start, self.st.item_end)
+        k = int(np.argmax(ft.end))
+        return int(ft.occ[k]), int(ft.ref[k])
+
+    def pos(self, item: int):
+        return self.info.port_of.get(item, (-1, item))
+
+    def start(self, pos) -> int:
+        o, i = pos
+        return self.st.item_start[i] if o < 0 else int(self.run.times(o)[0][i])
+
+    def end(self, pos) -> int:
+        o, i = pos
+        return self.st.item_end[i] if o < 0 else int(self.run.times(o)[1][i])
+
+    def duration(self, pos) -> int:
+        o, i = pos
+        return self.st.durations[i] if o < 0 else int(self.run.durs[o][i])
+
+    def end_waits(self, pos) -> tuple:
+        o, i = pos
+        return tuple(self.pos(q) for q in self.st.program.end_waits[i]) if o < 0 else ()
+
+    def label(self, pos) -> tuple[str, str]:
+        o, i = pos
+        if o < 0:
+            return _label(self.st, i)
+        occ = self.info.occurrences[o]
+        node = occ.block.nodes[i]
+        return CAT_NAMES.get(occ.block.category[i], "other"), node.name or f"node {node.id + occ.offset}"
+
+    def participants(self, pos):
+        o, i = pos
+        return self.st.participants.get(i) if o < 0 else None
+
+    def arrival(self, pos) -> int:
+        return self.st.item_arrival[pos[1]]
+
+    def _input(self, occ, j: int, from_start: bool, t: int):
+        q, _ = occ.inputs[j]
+        if q < 0:
+            return None, self.st.origin_ns == t
+        p = self.pos(q)
+        return (p, not from_start), (self.start(p) if from_start else self.end(p)) == t
+
+    def decide(self, pos, t: int):
+        o, i = pos
+        st = self.st
+        if o < 0:
+            prog = st.program
+            p = prog.stream_prev[i]
+            if (st.item_end[p] if p >= 0 else st.origin_ns) == t:
+                return ((self.pos(p), True) if p >= 0 else None), 0
+            for q, from_start, _ in prog.start_preds[i]:
+                if (st.item_start[q] if from_start else st.item_end[q]) == t:
+                    return (self.pos(q), not from_start), 0
+            return None, 0
+        occ = self.info.occurrences[o]
+        blk = occ.block
+        s, e = self.run.times(o)
+        p = blk.stream_prev[i]
+        if p >= 0:
+            if int(e[p]) == t:
+                return ((o, p), True), 0
+        else:
+            got, hit = self._input(occ, blk.streams.index(blk.stream[i]), False, t)
+            if hit:
+                return got, 0
+        outside = [(j, fs) for local, j, fs in occ.outside_all if local == i]
+        k = 0
+        for is_out, ref, fs in blk.dep_order[i]:
+            if is_out:
+                if k >= len(outside):
+                    continue
+                j, fs2 = outside[k]
+                k += 1
+                if j < 0:
+                    continue
+                got, hit = self._input(occ, j, fs2, t)
+                if hit:
+                    return got, 0
+            elif int(s[ref] if fs else e[ref]) == t:
+                return ((o, ref), not fs), 0
+        for j, fs2 in outside[k:]:
+            if j >= 0:
+                got, hit = self._input(occ, j, fs2, t)
+                if hit:
+                    return got, 0
+        return None, 0
+
+
+def _view(st: RankState) -> _FlatView:
+    return _BlockView(st) if st.blocks is not None else _FlatView(st)
+
+
+def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> dict[str, Any]:
+    """:func:`critical_path` when some rank's repeat blocks were placed in closed form: the
+    same walk, through each occurrence's items."""
+    views = {id(s): _view(s) for s in states}
+    live = [s for s in states if s.program.n_items]
+    if not live:
+        return {"length_ns": 0, "rank": -1, "start_rank": -1, "start_offset_ns": 0, "by_category": {}, "top": [],
+                "ranks": []}
+    st = max(live, key=lambda s: (max(s.item_end) - s.origin_ns, -s.rank))
+    slowest = st
+    view = views[id(st)]
+    pos = view.last()
+    length = view.end(pos) - st.origin_ns
+    walk = _PathWalk()
+    at_end = True
+    guard = sum(views[id(s)].size() for s in states) * 2 + 10
+    while guard > 0:
+        guard -= 1
+        if not walk.ranks_seen or walk.ranks_seen[-1] != st.rank:
+            walk.ranks_seen.append(st.rank)
+        if at_end:
+            s, e = view.start(pos), view.end(pos)
+            d = view.duration(pos)
+            ep = [q for q in view.end_waits(pos) if view.end(q) > s and view.end(q) + d == e]
+            cat, name = view.label(pos)
+            if ep:
+                walk.add(cat, name, d)
+                pos = ep[0]
+                continue
+            walk.add(cat, name, e - s)
+        parts = view.participants(pos)
+        if parts:
+            last = Participant(*max(parts, key=lambda p: p[2]))
+            st = last.state
+            view = views[id(st)]
+            pos = view.pos(last.item)
+            t = view.arrival(pos)
+        else:
+            t = view.start(pos)
+        nxt, g = view.decide(pos, t)
+        walk.gaps += g
+        if nxt is None:
+            break
+        pos, at_end = nxt
+    if walk.gaps:
+        walk.by_cat["gap"] = walk.by_cat.get("gap", 0) + walk.gaps
+    ranked = sorted(walk.contrib.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
+    return {
+        "length_ns": int(length),
+        "rank": slowest.rank,
         "start_rank": st.rank,
         "start_offset_ns": int(st.origin_ns - slowest.origin_ns),
         "by_category": dict(sorted(walk.by_cat.items())),

@@ -43,7 +43,7 @@ was issued by it and counts it like a launch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from echo_et.errors import EchoError
 from echo_et.ir.graph import Graph
@@ -76,9 +76,9 @@ RENDEZVOUS_CATS = frozenset({CAT_COLL, CAT_P2P})
 # contradicts the trace (a converter guessed it wrong).
 ACAUSAL_TOLERANCE_NS = 1000
 
-_HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
+HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
 
-_DEVICE_CAT = {
+DEVICE_CATEGORY = {  # an untimed or device-stream node's item category
     pb.KIND_COMPUTE: CAT_COMPUTE,
     pb.KIND_COLLECTIVE: CAT_COLL,
     pb.KIND_SEND: CAT_P2P,
@@ -181,6 +181,8 @@ class Program:
     roots: list[int] = field(default_factory=list)  # items with no predecessor at all
     acausal_deps: int = 0        # dependencies the measured times contradict (dropped unless kept)
     placeholder_comm: int = 0    # communication nodes without a measured time (ex-situ traces)
+    untimed: bool = False        # no measured layout (meta-device traces): every gap is 0
+    compact: Any = None          # repeat blocks kept (echo_et.sim.blocks.CompactInfo), None when flat
 
     def predecessors(self, item: int) -> set[int]:
         """Every item ``item`` waits for: its stream predecessor, its start gates and, for
@@ -193,8 +195,8 @@ class Program:
         return preds
 
 
-def _where(graph: Graph, node: pb.Node) -> str:
-    return f"graph {graph.id} node {node.id} ({node.name})"
+def _where(graph: Graph | None, node: pb.Node) -> str:
+    return f"graph {graph.id if graph is not None else '?'} node {node.id} ({node.name})"
 
 
 # A start gate while compiling: (item, from_start), before its gap is known.
@@ -281,7 +283,7 @@ def _read_nodes(c: _Compilation) -> None:
     for sid in c.stream_ids:
         c.by_stream[sid].sort(key=c.ids.__getitem__)
         prog.streams.append(declared.get(sid) or pb.Stream(id=sid, name=f"stream {sid}"))
-        prog.host_stream.append(any(kinds[i] in _HOST_KINDS for i in c.by_stream[sid]))
+        prog.host_stream.append(any(kinds[i] in HOST_KINDS for i in c.by_stream[sid]))
     device_compute = any(
         kinds[i] in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
         for k, sid in enumerate(c.stream_ids) if not prog.host_stream[k] for i in c.by_stream[sid]
@@ -293,6 +295,7 @@ def _read_nodes(c: _Compilation) -> None:
     # An untimed graph (a meta-device trace, ``trace.timing = "untimed"``) has no measured
     # layout, only durations: host threads are plain sequences like device streams.
     c.untimed = c.graph.header.attrs.get("trace.timing") == "untimed"
+    prog.untimed = c.untimed
 
 
 def _make_items(c: _Compilation) -> None:
@@ -307,7 +310,7 @@ def _make_items(c: _Compilation) -> None:
             continue
         n_start, n_end = prog.node_start_item, prog.node_end_item
         for i in members:
-            cat = _DEVICE_CAT.get(kinds[i], CAT_OTHER)
+            cat = DEVICE_CATEGORY.get(kinds[i], CAT_OTHER)
             it = c.new_item(k, cat, i, starts[i], starts[i] + durs[i], durs[i])
             n_start[i] = it
             n_end[i] = it
@@ -318,7 +321,7 @@ def _make_items(c: _Compilation) -> None:
                 c.start_deps[it] = [(c.index[d.id], pb.DEP_LAUNCH if d.kind == control else d.kind)
                                     for d in deps if d.id in c.index]
             if cat in RENDEZVOUS_CATS:
-                prog.rendezvous[it] = _rendezvous(c.graph, nodes[i])
+                prog.rendezvous[it] = rendezvous_of(c.graph, nodes[i])
 
 
 def _link_stream_order(prog: Program) -> None:
@@ -438,7 +441,8 @@ def _index_rendezvous(c: _Compilation) -> None:
     prog.ordered_keys = frozenset(ordered)
 
 
-def _rendezvous(graph: Graph, n: pb.Node) -> Rendezvous:
+def rendezvous_of(graph: Graph | None, n: pb.Node) -> Rendezvous:
+    """What communication node ``n`` needs to meet its partners."""
     if n.kind == pb.KIND_COLLECTIVE:
         c = n.collective
         if not c.group:
@@ -552,7 +556,7 @@ def _attach_nodes(c: _Compilation, members: list[int], bounds: list[tuple[int, i
         if (n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV) and not children.get(i)
                 and s_it == e_it):
             prog.category[s_it] = CAT_COLL if n.kind == pb.KIND_COLLECTIVE else CAT_P2P
-            prog.rendezvous[s_it] = _rendezvous(c.graph, n)
+            prog.rendezvous[s_it] = rendezvous_of(c.graph, n)
         if not cross:
             continue
         if n.kind == pb.KIND_SYNC:

@@ -44,10 +44,12 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.ir.checker import assert_valid
+from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
 from echo_et.ir.summary import comm_libraries
 from echo_et.models.slowdown.intervals import covered_length, merge_intervals
+from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, flat_times
 from echo_et.sim.program import (
     CAT_COLL,
     CAT_COMM_OTHER,
@@ -83,6 +85,7 @@ class SimOptions:
     keep_acausal_deps: bool = False            # obey dependencies the measured times contradict
     p2p_eager_bytes: int = 4 << 20             # sends up to this size do not wait for their recv
     critical_nodes: bool = False               # count the nodes on the critical path (fits)
+    repeats: bool = True                       # predict: place repeat blocks in closed form (exact); False expands them
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -193,6 +196,7 @@ class Simulator:
         self._meeting_size_of: dict[int, int] = {}       # group class -> members a collective waits for
         self._group_by_id = {g.id: g for g in job.manifest.groups}
         self._slowdown_info: dict[str, Any] = {}
+        self._block_tables = BlockTable()
 
     # -- override points ---------------------------------------------------------------------
     def straggler(self, rank: int) -> float:
@@ -243,15 +247,51 @@ class Simulator:
         for r in ranks:
             gid = job.binding(r).graph
             if gid not in self._programs:
-                self._programs[gid] = compile_graph(job.graph(gid), keep_acausal_deps=self.options.keep_acausal_deps)
+                self._programs[gid] = self._compile(job.graph(gid))
         self._partition = self._make_partition(ranks)
         self._setup_states()
+        if self._expand_open_blocks():
+            self._setup_states()
         base = self._base_durations()
         durs = {id(st): base[st.durations_key] for st in self._states}
         self._simulate(durs)
         if self.uses_slowdown():
             self._iterate_slowdown(base)
         return self._result()
+
+    def keeps_blocks(self) -> bool:
+        """Whether repeat blocks may be placed in closed form: predict mode (priced
+        collectives), with symmetry (a block's collectives meet only their own class),
+        without per-node critical-path counts."""
+        o = self.options
+        return o.repeats and o.symmetry and not o.critical_nodes and self.mode == "predict"
+
+    def _compile(self, graph: Graph) -> Program:
+        if graph.has_repeats and self.keeps_blocks():
+            try:
+                return compile_compact(graph)
+            except NotCompact:
+                pass
+        return compile_graph(graph, keep_acausal_deps=self.options.keep_acausal_deps)
+
+    def _expand_open_blocks(self) -> bool:
+        """A block whose collectives wait for another rank class is not closed: its graph is
+        compiled expanded. True when some graph was."""
+        part = self._partition
+        assert part is not None
+        redo: set[str] = set()
+        for st in self._states:
+            info = st.program.compact
+            if info is None:
+                continue
+            for blk in info.blocks:
+                for rv in blk.rendezvous.values():
+                    g = st.group_of_key.get(rv.key)
+                    if g is None or self._meeting_size_of.get(part.group_class[g.id]) != 1:
+                        redo.add(st.program.graph_id)
+        for gid in redo:
+            self._programs[gid] = compile_graph(self.job.graph(gid), keep_acausal_deps=self.options.keep_acausal_deps)
+        return bool(redo)
 
     def _origins(self, ranks: list[int]) -> dict[int, int]:
         if self.options.align_start:
@@ -368,9 +408,12 @@ class Simulator:
         their members meet), once per distinct ``durations_key``."""
         out: dict[Hashable, list[int]] = {}
         for st in self._states:
+            if st.program.compact is not None:
+                st.blocks = BlockRun(st.program.compact, self._block_tables,
+                                     [self._block_durations(st, blk) for blk in st.program.compact.blocks])
             if st.durations_key in out:
                 continue
-            prog, nodes, rank = st.program, st.graph.nodes, st.rank
+            prog, nodes, rank = st.program, st.graph.stored_nodes, st.rank
             durs = [0] * prog.n_items
             for it in range(prog.n_items):
                 cat = prog.category[it]
@@ -396,6 +439,58 @@ class Simulator:
             out[st.durations_key] = durs
         return out
 
+    def _block_durations(self, st: RankState, blk) -> np.ndarray:
+        """Base duration of each item of a block's body on ``st``, from the override points
+        (a collective priced for the group its key is bound to on this rank)."""
+        out = np.zeros(blk.n, dtype=np.int64)
+        rank = st.rank
+        for i, node in enumerate(blk.nodes):
+            cat = blk.category[i]
+            m = max(0, node.duration_ns)
+            try:
+                if cat == CAT_COMPUTE:
+                    d = self.compute(node, m, rank)
+                elif cat == CAT_COPY:
+                    d = self.memcpy(node, m, rank)
+                elif cat == CAT_COMM_OTHER:
+                    d = self.comm_unknown(node, m, rank)
+                elif cat == CAT_COLL:
+                    rv = blk.rendezvous[i]
+                    own = self.collective(CommCall(collective_name(rv.coll_type), rv.coll_type, rv.in_bytes,
+                                                   rv.out_bytes, rv.dtype, st.group_of_key[rv.key], rv.seq,
+                                                   rv.root, -1, -1, []))
+                    d = own[0] if isinstance(own, list | tuple) else own
+                elif cat in (CAT_HOST, CAT_SYNC, CAT_OTHER):
+                    d = self.host(node, m, rank)
+                else:
+                    d = m
+            except EchoError as e:
+                raise EchoError(f"while simulating rank {rank} node {node.id} ({node.name}): {e}") from None
+            out[i] = max(0, int(d))
+        return out
+
+    def _place(self, st: RankState, macro: int) -> int:
+        """Every input of a block occurrence is done: place it (its ports get their times and
+        release what waits for them). Returns the items done (the macro and its ports)."""
+        run = st.blocks
+        o = run.info.occurrence_of_macro[macro]
+        occ = run.info.occurrences[o]
+        start, end, origin = st.item_start, st.item_end, st.origin_ns
+        x = np.array([origin if q < 0 else (start[q] if fs else end[q]) for q, fs in occ.inputs], dtype=np.int64)
+        s = run.place(o, x)
+        durs = run.durs[o]
+        pending, ready, succ = st.pending_preds, st.ready, st.program.successors
+        for local, p in occ.ports:
+            t = int(s[local])
+            start[p] = t
+            end[p] = t + int(durs[local])
+            for q in succ[p]:
+                c = pending[q] - 1
+                pending[q] = c
+                if c == 0:
+                    ready.append(q)
+        return 1 + len(occ.ports)
+
     # -- the event loop ----------------------------------------------------------------------
     def _simulate(self, durs: dict[int, list[int]]) -> None:
         """Run every rank until no rank has a ready item. A rank runs (``_drain``) until it
@@ -406,6 +501,10 @@ class Simulator:
         self._active = []
         for st in self._states:
             st.reset(durs[id(st)])
+            if st.blocks is not None:
+                st.blocks.reset()
+                if not st.blocks.durs:
+                    st.blocks.use_base()
             if st.ready:
                 st.queued = True
                 self._active.append(st)
@@ -439,6 +538,10 @@ class Simulator:
                 if v > t:
                     t = v
             if is_rendezvous[i]:
+                if category[i] == CAT_MACRO:
+                    start[i] = end[i] = t
+                    done += self._place(st, i)
+                    continue
                 arrival[i] = t
                 key = meeting_key[i]
                 if category[i] == CAT_P2P:
@@ -686,6 +789,8 @@ class Simulator:
         self._slowdown_info = {"applied": True, "rounds": rounds, "converged": converged}
 
     def _slowed(self, st: RankState, base: list[int]) -> list[int]:
+        if st.blocks is not None:
+            return self._slowed_blocks(st, base)
         prog = st.program
         cats = np.asarray(prog.category)
         host = np.asarray(prog.host_stream)[np.asarray(prog.stream_of, dtype=np.int64)] if prog.n_items else cats
@@ -699,7 +804,7 @@ class Simulator:
         lo, hi = merge_intervals(start[comm], end[comm])
         ov = covered_length(lo, hi, start[comp], end[comp])
         length = end[comp] - start[comp]
-        nodes = st.graph.nodes
+        nodes = st.graph.stored_nodes
         for k, it in enumerate(comp.tolist()):
             if ov[k] <= 0 or length[k] <= 0:
                 continue
@@ -712,12 +817,51 @@ class Simulator:
             out[it] = max(0, round(base[it] * f))
         return out
 
+    def _slowed_blocks(self, st: RankState, base: list[int]) -> list[int]:
+        """:meth:`_slowed` for a rank whose blocks were placed in closed form: the overlap of
+        every compute item of the expanded step with every communication transfer, each
+        occurrence's items slowed from its block's base durations."""
+        run = st.blocks
+        ft = flat_times(st.program, run, st.item_start, st.item_end)
+        out = list(base)
+        per_occ = [run.base[occ.block.index] for occ in run.info.occurrences]
+        comm = np.isin(ft.category, (CAT_COLL, CAT_P2P, CAT_COMM_OTHER))
+        comp = np.flatnonzero((ft.category == CAT_COMPUTE) & ~ft.host)
+        if comm.any() and comp.size:
+            lo, hi = merge_intervals(ft.start[comm], ft.end[comm])
+            ov = covered_length(lo, hi, ft.start[comp], ft.end[comp])
+            length = ft.end[comp] - ft.start[comp]
+            nodes = st.graph.stored_nodes
+            copied: set[int] = set()
+            for k in np.flatnonzero((ov > 0) & (length > 0)).tolist():
+                f_idx = int(comp[k])
+                o, ref = int(ft.occ[f_idx]), int(ft.ref[f_idx])
+                r = min(1.0, float(ov[k]) / float(length[k]))
+                if o < 0:
+                    node, b = nodes[st.program.node_of[ref]], base[ref]
+                else:
+                    blk = run.info.occurrences[o].block
+                    node, b = blk.nodes[ref], int(run.base[blk.index][ref])
+                try:
+                    f = self.slowdown(node, b, r, st.rank)
+                except EchoError as e:
+                    raise EchoError(f"while simulating rank {st.rank} node {node.id} ({node.name}): {e}") from None
+                if o < 0:
+                    out[ref] = max(0, round(b * f))
+                else:
+                    if o not in copied:
+                        per_occ[o] = per_occ[o].copy()
+                        copied.add(o)
+                    per_occ[o][ref] = max(0, round(b * f))
+        run.set_durations(per_occ)
+        return out
+
     def _step_times(self) -> dict[int, int]:
         return {st.class_id: (max(st.item_end) - st.origin_ns if st.item_end else 0) for st in self._states}
 
     # -- results -----------------------------------------------------------------------------
     def _result(self) -> SimResult:
-        from echo_et.sim.analysis import critical_path, rank_breakdowns
+        from echo_et.sim.analysis import critical_path, critical_path_blocks, rank_breakdowns
 
         part = self._partition
         assert part is not None
@@ -727,7 +871,10 @@ class Simulator:
             b = per_class[c]
             ranks[r] = RankResult(rank=r, simulated_as=part.reps[c], **b)
         nodes: Counter | None = Counter() if self.options.critical_nodes else None
-        cp = critical_path(self._states, part, self.options.critical_top, nodes=nodes)
+        if any(st.blocks is not None for st in self._states):
+            cp = critical_path_blocks(self._states, part, self.options.critical_top)
+        else:
+            cp = critical_path(self._states, part, self.options.critical_top, nodes=nodes)
         opts = self.options.to_json() | {"gpus_per_node": self.gpus_per_node}
         acausal = {gid: p.acausal_deps for gid, p in sorted(self._programs.items()) if p.acausal_deps}
         placeholders = sum(p.placeholder_comm for p in self._programs.values())

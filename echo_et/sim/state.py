@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from echo_et.ir.graph import Graph
 from echo_et.ir.schema import pb
@@ -101,6 +101,7 @@ class RankState:
     group_of_key: dict[str, pb.ProcessGroup] = field(default_factory=dict)  # graph-local key -> group
     position_in_group: dict[str, int] = field(default_factory=dict)  # ordered key -> this rank's position
     participants: dict[int, list[ParticipantTuple]] = field(default_factory=dict)  # rendezvous item -> all members
+    blocks: Any = None                 # repeat blocks (echo_et.sim.simulator.BlockRun) when the program keeps them
 
     def reset(self, durations: list[int]) -> None:
         n = self.program.n_items
@@ -115,7 +116,9 @@ class RankState:
 
     def node(self, item: int) -> pb.Node | None:
         idx = self.program.node_of[item]
-        return self.graph.nodes[idx] if idx >= 0 else None
+        # node_of indexes the nodes the program was compiled from: the stored ones (a graph
+        # compiled expanded was expanded in place first)
+        return self.graph.stored_nodes[idx] if idx >= 0 else None
 
     def describe(self, item: int) -> str:
         n = self.node(item)

@@ -1,0 +1,605 @@
+"""Repeat blocks in the simulator: each block's work is simulated once per distinct set of
+durations, and each of its occurrences is placed in closed form.
+
+A graph with repeat blocks (``GraphHeader.repeats``, :mod:`echo_et.ir.repeats`) is compiled
+into a *skeleton* :class:`~echo_et.sim.program.Program`: one item per node that is in no
+block's body, and for every *occurrence* of a block (its body's own run and each instance)
+one **macro** item plus one **port** item for each of the occurrence's nodes that something
+outside it waits for (its last node on each stream, and every node an outside dependency
+names). The skeleton runs in the ordinary event loop; a macro item is ready when every
+outside item its occurrence depends on is done, and then places the whole occurrence:
+
+Inside an occurrence every item starts at ``max over its predecessors (their time + gap)``
+and every collective meets only its own rank class (checked: otherwise the graph is
+simulated expanded), so the start of local item ``i`` is a max-plus linear function of the
+occurrence's inputs ``x`` (the outside items' times, and the rank's origin where a stream
+starts inside the occurrence): ``S_i = max_j (x_j + D[i, j])``, where ``D[i, j]`` is the
+longest path from input ``j`` to ``i``. ``D`` depends on the block, on which outside
+dependencies the occurrence has, and on the durations of its items, and is computed once for
+each distinct combination (:class:`BlockTable`); every occurrence then costs one
+``(items x inputs)`` numpy max. This is not an approximation: it is the same recurrence the
+event loop evaluates item by item, so step time, breakdown and critical path equal those of
+the expanded graph to the nanosecond (``tests/test_repeats.py``).
+
+Used for untimed graphs (meta-device traces: no measured gaps) in predict mode; anything
+else (a timed graph, a collective inside a block that waits for another rank class, a
+send/recv inside a block) is simulated expanded, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from echo_et.ir.graph import Graph
+from echo_et.ir.repeats import bodies
+from echo_et.ir.schema import pb
+from echo_et.sim.program import (
+    CAT_COLL,
+    CAT_OTHER,
+    CAT_P2P,
+    DEVICE_CATEGORY,
+    HOST_KINDS,
+    Program,
+    Rendezvous,
+    rendezvous_of,
+)
+
+CAT_MACRO = 8   # an occurrence of a repeat block: places its items when its inputs are done
+CAT_PORT = 9    # an occurrence's node that something outside it waits for
+NEG = -(1 << 62)   # "no path" in D; x + NEG stays below every real time
+
+
+@dataclass
+class Block:
+    """One block's body, compiled to local items (a local item is the body node at that
+    position, in id order, which is a topological order)."""
+
+    index: int
+    block: pb.RepeatBlock
+    nodes: list[pb.Node]
+    node_index: list[int]                 # index of each body node in graph.stored_nodes
+    ids: list[int]
+    stream: list[int]                     # dense stream index of each local item
+    category: list[int]
+    host: list[bool]                      # on a host stream
+    stream_prev: list[int]                # local predecessor on the same stream, -1: the stream enters here
+    local_gates: list[list[tuple[int, bool]]]   # per item: (local item, from start) in dependency order
+    dep_order: list[list[tuple[bool, int, bool]]]  # per item: (outside?, local item or outside slot, from start)
+    streams: list[int]                    # dense streams the body runs on, ascending
+    first_on: dict[int, int]              # dense stream -> first local item on it
+    last_on: dict[int, int]               # dense stream -> last local item on it
+    rendezvous: dict[int, Rendezvous]     # local collectives
+    by_stream: dict[int, list[int]] = field(default_factory=dict)
+    local_of: dict[int, int] = field(default_factory=dict)   # body node id -> local item
+
+    @property
+    def n(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass
+class Occurrence:
+    """One run of a block in the graph: the body's own (offset 0) or an instance's."""
+
+    block: Block
+    offset: int
+    outside: list[tuple[int, bool]]       # per outside dependency slot: (local item, from start), kept ones
+    inputs: list[tuple[int, bool]]        # per input j: (program item, from start); item -1 = the origin
+    ports: list[tuple[int, int]]          # (local item, program port item)
+    macro: int = -1
+    sig: tuple = ()                       # what D depends on besides durations
+    outside_all: list[tuple[int, int, bool]] = field(default_factory=list)  # (local, input or -1: implied, from start)
+
+
+@dataclass
+class CompactInfo:
+    """What a skeleton program adds to a flat one."""
+
+    blocks: list[Block]
+    occurrences: list[Occurrence]
+    occurrence_of_macro: dict[int, int]   # macro item -> occurrence index
+    port_of: dict[int, tuple[int, int]]   # port item -> (occurrence index, local item)
+    stream_runs: list[list[tuple[int, int]]]  # per dense stream: (program item, -1) or (occurrence, -2 - k)...
+    expanded_items: int = 0
+
+
+class NotCompact(Exception):
+    """This graph is simulated expanded (the reason is for tests and diagnostics)."""
+
+
+def compile_compact(graph: Graph) -> Program:
+    """The skeleton program of an untimed graph with repeat blocks (module docstring).
+    Raises NotCompact when the graph must be simulated expanded."""
+    if not graph.has_repeats:
+        raise NotCompact("no repeat blocks")
+    if graph.header.attrs.get("trace.timing") != "untimed":
+        raise NotCompact("a timed graph (measured gaps are laid out on the expanded graph)")
+    stored = list(graph.stored_nodes)
+    if any(n.start_ns for n in stored):
+        raise NotCompact("measured start times")
+    body_list = bodies(graph.header, stored)
+    index_of = {n.id: i for i, n in enumerate(stored)}
+    in_body: dict[int, int] = {}
+    for b, body in enumerate(body_list):
+        for n in body.nodes:
+            in_body[n.id] = b
+    declared = {s.id: s for s in graph.header.streams}
+    stream_ids = sorted({n.stream for n in stored})
+    dense = {sid: k for k, sid in enumerate(stream_ids)}
+    host_stream = [False] * len(stream_ids)
+    for n in stored:
+        if n.kind in HOST_KINDS:
+            host_stream[dense[n.stream]] = True
+    kinds = {n.kind for n in stored}
+    device_compute = any(n.kind in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
+                         and not host_stream[dense[n.stream]] for n in stored)
+    if pb.KIND_LAUNCH not in kinds and not device_compute:
+        raise NotCompact("a CPU-only graph")
+
+    blocks = [_compile_block(b, body, index_of, dense, host_stream) for b, body in enumerate(body_list)]
+
+    # Every occurrence with its id range; the expanded graph's nodes, as (id, what) runs.
+    occs: list[Occurrence] = []
+    ranges: list[tuple[int, int, int]] = []        # (first id, last id, occurrence)
+    for blk in blocks:
+        occs.append(Occurrence(blk, 0, [], [], []))
+        ranges.append((blk.ids[0], blk.ids[-1], len(occs) - 1))
+        for inst in blk.block.instances:
+            occs.append(Occurrence(blk, int(inst.id_offset), [], [], []))
+            ranges.append((blk.ids[0] + int(inst.id_offset), blk.ids[-1] + int(inst.id_offset), len(occs) - 1))
+    ranges.sort()
+    skeleton = [n for n in stored if n.id not in in_body]
+    # A stream's sequence in id order: skeleton nodes and occurrences (each once per stream
+    # it runs on, where its first node on that stream is).
+    seq: dict[int, list[tuple[int, int, int]]] = {k: [] for k in range(len(stream_ids))}  # (id, kind 0/1, ref)
+    for n in skeleton:
+        seq[dense[n.stream]].append((n.id, 0, index_of[n.id]))
+    for _, _, o in ranges:
+        blk = occs[o].block
+        for k in blk.streams:
+            seq[k].append((blk.ids[blk.first_on[k]] + occs[o].offset, 1, o))
+    prog = Program(graph_id=graph.id)
+    prog.untimed = True
+    prog.streams = [declared.get(sid) or pb.Stream(id=sid, name=f"stream {sid}") for sid in stream_ids]
+    prog.host_stream = host_stream
+    prog.measured_origin = 0
+    n_nodes = len(stored)
+    prog.node_start_item = [-1] * n_nodes
+    prog.node_end_item = [-1] * n_nodes
+    # Items: skeleton nodes and ports, stream by stream in id order; macros at the end.
+    item_of_node: dict[int, int] = {}                  # skeleton node id -> item
+    port_item: dict[tuple[int, int], int] = {}         # (occurrence, local item) -> port item
+    needed = _needed_ports(occs, skeleton, ranges)
+    stream_runs: list[list[tuple[int, int]]] = []
+    for k in range(len(stream_ids)):
+        runs: list[tuple[int, int]] = []
+        seq[k].sort()
+        prev = -1
+        for _, what, ref in seq[k]:
+            if what == 0:
+                node = stored[ref]
+                it = _new_item(prog, k, DEVICE_CATEGORY.get(node.kind, CAT_OTHER), ref, node.duration_ns)
+                prog.stream_prev.append(prev)
+                prog.node_start_item[ref] = prog.node_end_item[ref] = it
+                item_of_node[node.id] = it
+                runs.append((it, -1))
+                prev = it
+            else:
+                occ = occs[ref]
+                blk = occ.block
+                # ports of this occurrence on this stream: its last node, and any other node
+                # something outside waits for, in local order
+                locals_here = [i for i in blk.by_stream[k] if i == blk.last_on[k] or (ref, i) in needed]
+                for i in locals_here:
+                    it = _new_item(prog, k, CAT_PORT, -1, 0)
+                    prog.stream_prev.append(-1)
+                    port_item[(ref, i)] = it
+                    occ.ports.append((i, it))
+                runs.append((ref, k))
+                prev = port_item[(ref, blk.last_on[k])]
+        stream_runs.append(runs)
+    # Macros (one per occurrence), on a stream of their own (index len(streams)).
+    macro_stream = len(stream_ids)
+    occurrence_of_macro: dict[int, int] = {}
+    for o, occ in enumerate(occs):
+        it = _new_item(prog, macro_stream, CAT_MACRO, -1, 0)
+        prog.stream_prev.append(-1)
+        occ.macro = it
+        occurrence_of_macro[it] = o
+    prog.streams.append(pb.Stream(id=(1 << 32) - 1, name="repeat blocks"))
+    prog.host_stream.append(False)
+
+    def target_item(node_id: int) -> tuple[int, int]:
+        """(program item, occurrence or -1) of the node ``node_id`` of the expanded graph."""
+        it = item_of_node.get(node_id)
+        if it is not None:
+            return it, -1
+        o = _occurrence_at(ranges, node_id)
+        occ = occs[o]
+        local = occ.block.local_of[node_id - occ.offset]
+        return port_item[(o, local)], o
+
+    # Gates of skeleton items, and every occurrence's inputs.
+    start_preds: list[list[tuple[int, bool, int]]] = [[] for _ in range(prog.n_items)]
+    for n in skeleton:
+        it = item_of_node[n.id]
+        k = prog.stream_of[it]
+        for d in n.deps:
+            fs = d.kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
+            q, _ = target_item(d.id)
+            if prog.stream_of[q] == k:
+                continue    # implied by stream order
+            gate = (q, fs, 0)
+            if gate not in start_preds[it]:
+                start_preds[it].append(gate)
+    prev_on: dict[tuple[int, int], int] = {}     # (occurrence, stream) -> the item before it on that stream
+    for runs in stream_runs:
+        before = -1
+        for ref, kk in runs:
+            if kk == -1:
+                before = ref
+            else:
+                prev_on[(ref, kk)] = before
+                blk = occs[ref].block
+                before = port_item[(ref, blk.last_on[kk])]
+    for o, occ in enumerate(occs):
+        blk = occ.block
+        inst = blk.block.instances[_instance_number(blk, occ)] if occ.offset else None
+        outside = _outside_deps(blk, occ, inst)
+        inputs: list[tuple[int, bool]] = [(prev_on[(o, k)], False) for k in blk.streams]
+        kept: list[tuple[int, bool]] = []
+        for local, dep_id, kind in outside:
+            fs = kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
+            q, _ = target_item(dep_id)
+            if prog.stream_of[q] == blk.stream[local]:
+                occ.outside_all.append((local, -1, fs))
+                continue    # implied by stream order
+            occ.outside_all.append((local, len(inputs), fs))
+            kept.append((local, fs))
+            inputs.append((q, fs))
+        occ.outside = kept
+        occ.inputs = inputs
+        occ.sig = (blk.index, tuple(kept))
+        m = occ.macro
+        start_preds[m] = [(q, fs, 0) for q, fs in inputs if q >= 0]
+    prog.start_preds = [tuple(g) for g in start_preds]
+    prog.stream_gap = [0] * prog.n_items
+    prog.end_waits = [()] * prog.n_items
+    prog.measured_start = [0] * prog.n_items
+    # Successors: stream order, gates; a port's only predecessor is its macro.
+    succs: list[list[int]] = [[] for _ in range(prog.n_items)]
+    pred_count = [0] * prog.n_items
+    for it in range(prog.n_items):
+        preds: set[int] = set()
+        if prog.stream_prev[it] >= 0:
+            preds.add(prog.stream_prev[it])
+        preds.update(q for q, _, _ in prog.start_preds[it])
+        pred_count[it] = len(preds)
+        for p in preds:
+            succs[p].append(it)
+    for occ in occs:
+        for _, p in occ.ports:
+            pred_count[p] = 1
+            succs[occ.macro].append(p)
+    prog.successors = [tuple(s) for s in succs]
+    prog.pred_count = pred_count
+    prog.roots = [it for it in range(prog.n_items) if pred_count[it] == 0]
+    # Rendezvous: skeleton communication meets other ranks; a block's collectives are local.
+    prog.is_rendezvous = [False] * prog.n_items
+    keys: set[str] = set(graph.header.group_sizes)
+    ordered: set[str] = set()
+    for n in skeleton:
+        if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV):
+            it = item_of_node[n.id]
+            rv = rendezvous_of(graph, n)
+            prog.rendezvous[it] = rv
+    for it, rv in sorted(prog.rendezvous.items()):
+        prog.is_rendezvous[it] = True
+        if rv.peer < 0:
+            prog.collective_items.append((it, rv.key, rv.seq))
+        else:
+            prog.p2p_items.append((it, rv.key, rv.peer, rv.seq, rv.is_send))
+        keys.add(rv.key)
+        if rv.peer >= 0 or rv.root >= 0:
+            ordered.add(rv.key)
+    for blk in blocks:
+        for rv in blk.rendezvous.values():
+            keys.add(rv.key)
+            if rv.root >= 0:
+                ordered.add(rv.key)
+    for m in occurrence_of_macro:
+        prog.is_rendezvous[m] = True       # handled in the rendezvous branch of the event loop
+    prog.group_keys = sorted(keys)
+    prog.ordered_keys = frozenset(ordered)
+    prog.placeholder_comm = sum(
+        (1 + (len(blocks[in_body[n.id]].block.instances) if n.id in in_body else 0))
+        for n in stored if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
+        and n.attrs.get("timing") == "placeholder")
+    port_of = {p: (o, i) for o, occ in enumerate(occs) for i, p in occ.ports}
+    prog.compact = CompactInfo(blocks, occs, occurrence_of_macro, port_of, stream_runs,
+                               expanded_items=len(skeleton) + sum(occ.block.n for occ in occs))
+    return prog
+
+
+def _new_item(prog: Program, stream_k: int, cat: int, owner: int, dur: int) -> int:
+    it = prog.n_items
+    prog.n_items += 1
+    prog.stream_of.append(stream_k)
+    prog.category.append(cat)
+    prog.node_of.append(owner)
+    prog.measured_dur.append(max(0, dur))
+    return it
+
+
+def _occurrence_at(ranges: list[tuple[int, int, int]], node_id: int) -> int:
+    import bisect
+
+    j = bisect.bisect_right(ranges, (node_id, 1 << 62, 1 << 62)) - 1
+    if j < 0 or not ranges[j][0] <= node_id <= ranges[j][1]:
+        raise NotCompact(f"node {node_id} is in no occurrence")
+    return ranges[j][2]
+
+
+def _instance_number(blk: Block, occ: Occurrence) -> int:
+    for k, inst in enumerate(blk.block.instances):
+        if int(inst.id_offset) == occ.offset:
+            return k
+    raise NotCompact("an occurrence without its instance")
+
+
+def _outside_deps(blk: Block, occ: Occurrence, inst: pb.RepeatInstance | None) -> list[tuple[int, int, int]]:
+    """(local item, node id depended on, dep kind) of the occurrence's outside dependencies,
+    in the order a copy lists them (:func:`echo_et.ir.repeats.copy_node`)."""
+    first, last = blk.ids[0], blk.ids[-1]
+    out: list[tuple[int, int, int]] = []
+    if inst is None:
+        for i, n in enumerate(blk.nodes):
+            for d in n.deps:
+                if not first <= d.id <= last:
+                    out.append((i, int(d.id), int(d.kind)))
+        return out
+    for d in inst.deps:
+        out.append((blk.local_of[int(d.node)], int(d.id), int(d.kind)))
+    return out
+
+
+def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
+                  ranges: list[tuple[int, int, int]]) -> set[tuple[int, int]]:
+    """(occurrence, local item) of every node of an occurrence that a node outside it
+    depends on."""
+    need: set[tuple[int, int]] = set()
+
+    def mark(dep_id: int, own: int) -> None:
+        j = _maybe_occurrence(ranges, dep_id)
+        if j is not None and j != own:
+            occ = occs[j]
+            need.add((j, occ.block.local_of[dep_id - occ.offset]))
+
+    for n in skeleton:
+        for d in n.deps:
+            mark(int(d.id), -1)
+    for o, occ in enumerate(occs):
+        blk = occ.block
+        inst = blk.block.instances[_instance_number(blk, occ)] if occ.offset else None
+        for _, dep_id, _ in _outside_deps(blk, occ, inst):
+            mark(dep_id, o)
+    return need
+
+
+def _maybe_occurrence(ranges: list[tuple[int, int, int]], node_id: int) -> int | None:
+    import bisect
+
+    j = bisect.bisect_right(ranges, (node_id, 1 << 62, 1 << 62)) - 1
+    if j < 0 or not ranges[j][0] <= node_id <= ranges[j][1]:
+        return None
+    return ranges[j][2]
+
+
+def _compile_block(b: int, body, index_of: dict[int, int], dense: dict[int, int],
+                   host_stream: list[bool]) -> Block:
+    nodes = list(body.nodes)
+    ids = [n.id for n in nodes]
+    local_of = {nid: i for i, nid in enumerate(ids)}
+    stream = [dense[n.stream] for n in nodes]
+    category: list[int] = []
+    rendezvous: dict[int, Rendezvous] = {}
+    for i, n in enumerate(nodes):
+        if n.kind in (pb.KIND_SEND, pb.KIND_RECV):
+            raise NotCompact("a send/recv inside a repeat block")
+        cat = DEVICE_CATEGORY.get(n.kind, CAT_OTHER)
+        category.append(cat)
+        if cat == CAT_COLL:
+            if n.collective.type == pb.COLL_UNKNOWN:
+                raise NotCompact("a collective of unknown type inside a repeat block")
+            rendezvous[i] = rendezvous_of(None, n)
+        elif cat == CAT_P2P:
+            raise NotCompact("a send/recv inside a repeat block")
+    stream_prev = [-1] * len(nodes)
+    last: dict[int, int] = {}
+    first_on: dict[int, int] = {}
+    by_stream: dict[int, list[int]] = {}
+    for i, k in enumerate(stream):
+        if k in last:
+            stream_prev[i] = last[k]
+        else:
+            first_on[k] = i
+        last[k] = i
+        by_stream.setdefault(k, []).append(i)
+    local_gates: list[list[tuple[int, bool]]] = []
+    dep_order: list[list[tuple[bool, int, bool]]] = []
+    for i, n in enumerate(nodes):
+        gates: list[tuple[int, bool]] = []
+        order: list[tuple[bool, int, bool]] = []
+        slot = 0
+        for d in n.deps:
+            fs = d.kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
+            q = local_of.get(d.id)
+            if q is None:
+                order.append((True, slot, fs))
+                slot += 1
+                continue
+            if stream[q] == stream[i]:
+                continue
+            if (q, fs) not in gates:
+                gates.append((q, fs))
+                order.append((False, q, fs))
+        local_gates.append(gates)
+        dep_order.append(order)
+    return Block(index=b, block=body.block, nodes=nodes, node_index=[index_of[x] for x in ids], ids=ids,
+                 stream=stream, category=category, host=[host_stream[k] for k in stream],
+                 stream_prev=stream_prev, local_gates=local_gates, dep_order=dep_order,
+                 streams=sorted(first_on), first_on=first_on, last_on=last, rendezvous=rendezvous,
+                 by_stream=by_stream, local_of=local_of)
+
+
+# -- the max-plus table of a block -------------------------------------------------------------------
+class BlockTable:
+    """``D`` (longest path from each input to each local item's start) per distinct
+    (block, outside dependencies, durations)."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple, np.ndarray] = {}
+        self.computed = 0
+
+    def table(self, occ: Occurrence, durs: np.ndarray, key_bytes: bytes) -> np.ndarray:
+        key = (occ.sig, key_bytes)
+        got = self._tables.get(key)
+        if got is None:
+            got = _longest_paths(occ.block, occ.outside, durs)
+            self._tables[key] = got
+            self.computed += 1
+        return got
+
+
+def _longest_paths(blk: Block, outside: Sequence[tuple[int, bool]], durs: np.ndarray) -> np.ndarray:
+    n_in = len(blk.streams) + len(outside)
+    entry = {k: j for j, k in enumerate(blk.streams)}
+    ext_of: dict[int, list[tuple[int, bool]]] = {}
+    for j, (local, fs) in enumerate(outside):
+        ext_of.setdefault(local, []).append((len(blk.streams) + j, fs))
+    d = durs.tolist()
+    rows: list[list[int]] = []
+    neg = NEG
+    for i in range(blk.n):
+        row = [neg] * n_in
+        p = blk.stream_prev[i]
+        if p >= 0:
+            src, dp = rows[p], d[p]
+            row = [v + dp if v > neg else neg for v in src]
+        else:
+            row[entry[blk.stream[i]]] = 0
+        for q, fs in blk.local_gates[i]:
+            src = rows[q]
+            add = 0 if fs else d[q]
+            for j in range(n_in):
+                v = src[j]
+                if v > neg and v + add > row[j]:
+                    row[j] = v + add
+        for j, _ in ext_of.get(i, ()):
+            if row[j] < 0:
+                row[j] = 0
+        rows.append(row)
+    return np.array(rows, dtype=np.int64).reshape(blk.n, n_in)
+
+
+def place(table: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Start of every local item for inputs ``x``: ``max_j (x_j + D[i, j])``."""
+    return (table + x[None, :]).max(axis=1)
+
+
+# -- one rank's run of its blocks -------------------------------------------------------------------
+@dataclass
+class BlockRun:
+    """The durations and inputs of every occurrence on one simulated rank."""
+
+    info: CompactInfo
+    tables: BlockTable
+    base: list[np.ndarray]                         # per block: its items' base durations
+    durs: list[np.ndarray] = field(default_factory=list)    # per occurrence: this round's durations
+    keys: list[bytes] = field(default_factory=list)         # per occurrence: durs[o].tobytes()
+    x: list[np.ndarray | None] = field(default_factory=list)  # per occurrence: its inputs, once placed
+    _times: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def set_durations(self, per_occurrence: list[np.ndarray]) -> None:
+        self.durs = per_occurrence
+        self.keys = [d.tobytes() for d in per_occurrence]
+
+    def use_base(self) -> None:
+        self.set_durations([self.base[occ.block.index] for occ in self.info.occurrences])
+
+    def reset(self) -> None:
+        self.x = [None] * len(self.info.occurrences)
+        self._times = {}
+
+    def place(self, o: int, x: np.ndarray) -> np.ndarray:
+        occ = self.info.occurrences[o]
+        self.x[o] = x
+        return place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
+
+    def times(self, o: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, end) of every local item of occurrence ``o`` (after it was placed)."""
+        got = self._times.get(o)
+        if got is None:
+            x = self.x[o]
+            if x is None:
+                raise ValueError(f"occurrence {o} was not placed")
+            occ = self.info.occurrences[o]
+            s = place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
+            got = (s, s + self.durs[o])
+            self._times[o] = got
+        return got
+
+
+@dataclass
+class FlatTimes:
+    """A compact rank's items in the expanded graph's item order (stream by stream, node id
+    order within a stream): where each one is (occurrence or -1, local item or program
+    item), and its times and category."""
+
+    occ: np.ndarray
+    ref: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    category: np.ndarray
+    host: np.ndarray
+
+
+def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: list[int]) -> FlatTimes:
+    """Every item of the expanded graph, with the times the skeleton and the placed
+    occurrences give it (macro and port items are left out: a port is its local item)."""
+    info = prog.compact
+    starts = np.asarray(item_start, dtype=np.int64)
+    ends = np.asarray(item_end, dtype=np.int64)
+    cats = np.asarray(prog.category, dtype=np.int64)
+    parts: list[tuple[np.ndarray, ...]] = []     # (occurrence, ref, start, end, category, host)
+
+    def skeleton(items: list[int], host: bool) -> None:
+        idx = np.asarray(items, dtype=np.int64)
+        parts.append((np.full(idx.size, -1, dtype=np.int64), idx, starts[idx], ends[idx], cats[idx],
+                      np.full(idx.size, host, dtype=bool)))
+
+    for k, runs in enumerate(info.stream_runs):
+        host = prog.host_stream[k]
+        items: list[int] = []
+        for ref, kk in runs:
+            if kk == -1:
+                items.append(ref)
+                continue
+            if items:
+                skeleton(items, host)
+                items = []
+            blk = info.occurrences[ref].block
+            local = np.asarray(blk.by_stream[kk], dtype=np.int64)
+            s, e = run.times(ref)
+            parts.append((np.full(local.size, ref, dtype=np.int64), local, s[local], e[local],
+                          np.asarray(blk.category, dtype=np.int64)[local], np.full(local.size, host, dtype=bool)))
+        if items:
+            skeleton(items, host)
+    if not parts:
+        z = np.zeros(0, dtype=np.int64)
+        return FlatTimes(z, z, z, z, z, np.zeros(0, dtype=bool))
+    cols = list(zip(*parts, strict=True))
+    return FlatTimes(*(np.concatenate(c) for c in cols))
