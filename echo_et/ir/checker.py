@@ -585,26 +585,62 @@ class _GraphSignature:
     max_root: dict[str, pb.Node] = field(default_factory=dict)  # key -> rooted node of the highest root
 
 
+class _CopyOf:
+    """A repeat block's copy of a communication node, as the cross-rank rules read it: the
+    body node's payload (type, bytes, root, peer) under the copy's id (messages name it)."""
+
+    __slots__ = ("id", "_node")
+
+    def __init__(self, node: pb.Node, node_id: int):
+        self.id = node_id
+        self._node = node
+
+    def __getattr__(self, name: str):
+        return getattr(self._node, name)
+
+
+def _comm_with_seq(graph: Graph):
+    """(seq, node) of every communication node of the expanded graph; a repeat block's
+    copies are :class:`_CopyOf` their body node with the shifted sequence number."""
+    from echo_et.ir.repeats import bodies, seq_key
+
+    in_body: set[int] = set()
+    for body in bodies(graph.header, graph.stored_nodes):
+        comm = [n for n in body.nodes if n.kind in _COMM_KINDS]
+        in_body.update(n.id for n in body.nodes)
+        for n in comm:
+            seq = n.collective.seq if n.kind == pb.KIND_COLLECTIVE else n.p2p.seq
+            yield seq, n
+            key = seq_key(n)
+            for inst in body.block.instances:
+                yield seq + inst.seq_offsets.get(key, 0), _CopyOf(n, n.id + inst.id_offset)
+    for n in graph.stored_nodes:
+        if n.kind in _COMM_KINDS and n.id not in in_body:
+            yield (n.collective.seq if n.kind == pb.KIND_COLLECTIVE else n.p2p.seq), n
+
+
 def _signature(graph: Graph) -> _GraphSignature:
-    colls: dict[str, list[pb.Node]] = defaultdict(list)
-    p2p: dict[tuple[str, int, bool], list[pb.Node]] = defaultdict(list)
+    colls: dict[str, list[tuple[int, int, pb.Node]]] = defaultdict(list)
+    p2p: dict[tuple[str, int, bool], list[tuple[int, int, pb.Node]]] = defaultdict(list)
     max_root: dict[str, pb.Node] = {}
-    for n in graph.iter_nodes(_COMM_KINDS):
+    pairs = _comm_with_seq(graph) if graph.has_repeats else (
+        ((n.collective.seq if n.kind == pb.KIND_COLLECTIVE else n.p2p.seq), n)
+        for n in graph.iter_nodes(_COMM_KINDS))
+    for seq, n in pairs:
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
             c = n.collective
-            colls[c.group].append(n)
+            colls[c.group].append((seq, n.id, n))
             if c.HasField("root"):
                 top = max_root.get(c.group)
                 if top is None or c.root > top.collective.root:
                     max_root[c.group] = n
         elif n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.HasField("p2p"):
-            p2p[(n.p2p.group, n.p2p.peer, n.kind == pb.KIND_SEND)].append(n)
-    for v in colls.values():
-        v.sort(key=lambda n: n.collective.seq)
-    for v in p2p.values():
-        v.sort(key=lambda n: n.p2p.seq)
+            p2p[(n.p2p.group, n.p2p.peer, n.kind == pb.KIND_SEND)].append((seq, n.id, n))
+    # in sequence order (ties, which the numbering rule reports, in id order as stored)
+    by_seq = {k: [n for _, _, n in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in colls.items()}
+    p2p_by_seq = {k: [n for _, _, n in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in p2p.items()}
     keys = set(colls) | {k[0] for k in p2p} | set(graph.header.group_sizes)
-    return _GraphSignature(dict(colls), dict(p2p), keys, max_root)
+    return _GraphSignature(by_seq, p2p_by_seq, keys, max_root)
 
 
 def check_bindings(job: Job, sigs: dict[str, _GraphSignature], out: IssueCollector
@@ -738,8 +774,11 @@ def check_p2p(job: Job, sigs: dict[str, _GraphSignature], out: IssueCollector) -
     """p2p-match."""
     src = job.source
     groups = {g.id: g for g in job.manifest.groups}
-    sends: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[tuple[pb.Node, int, str]]] = defaultdict(list)
+    # Each pair's messages as runs of one graph's nodes (a run per binding), and the bytes of
+    # each run once per (graph, key, peer, direction): ranks that share a graph share them.
+    sends: dict[tuple[int, int], list[tuple[list[pb.Node], int, str]]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[tuple[list[pb.Node], int, str]]] = defaultdict(list)
+    sizes: dict[int, tuple[int, ...]] = {}
     for b in job.manifest.bindings:
         sig = sigs.get(b.graph)
         if sig is None:
@@ -755,14 +794,25 @@ def check_p2p(job: Job, sigs: dict[str, _GraphSignature], out: IssueCollector) -
             other = pg.ranks[peer]
             target = sends if is_send else recvs
             pair = (b.rank, other) if is_send else (other, b.rank)
-            target[pair].extend((n, b.rank, b.graph) for n in nodes)
+            target[pair].append((nodes, b.rank, b.graph))
+            if id(nodes) not in sizes:
+                sizes[id(nodes)] = tuple(n.p2p.bytes for n in nodes)
+
+    def flat(runs: list[tuple[list[pb.Node], int, str]]) -> list[tuple[pb.Node, int, str]]:
+        return [(n, rank, gid) for nodes, rank, gid in runs for n in nodes]
+
+    def nbytes(runs: list[tuple[list[pb.Node], int, str]]) -> tuple[int, ...]:
+        return sizes[id(runs[0][0])] if len(runs) == 1 else tuple(x for r in runs for x in sizes[id(r[0])])
+
     for pair in sorted(set(sends) | set(recvs)):
-        s, r = sends.get(pair, []), recvs.get(pair, [])
-        if len(s) != len(r):
-            n, rank, gid = (s or r)[0]
-            out.add("p2p-match", f"{len(s)} sends from rank {pair[0]} to rank {pair[1]} but {len(r)} recvs",
+        s_runs, r_runs = sends.get(pair, []), recvs.get(pair, [])
+        n_s, n_r = sum(len(x[0]) for x in s_runs), sum(len(x[0]) for x in r_runs)
+        if n_s != n_r:
+            n, rank, gid = flat(s_runs or r_runs)[0]
+            out.add("p2p-match", f"{n_s} sends from rank {pair[0]} to rank {pair[1]} but {n_r} recvs",
                     f"{src + ' ' if src else ''}graph {gid} rank {rank} node {n.id} ({n.name})")
-        else:
+        elif n_s and nbytes(s_runs) != nbytes(r_runs):
+            s, r = flat(s_runs), flat(r_runs)
             for (sn, _, _), (rn, rrank, rgid) in zip(s, r, strict=True):
                 if sn.p2p.bytes != rn.p2p.bytes:
                     out.add("p2p-match",

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from echo_et.sim.blocks import flat_times
 from echo_et.sim.program import CAT_COMPUTE, CAT_COPY, CAT_NAMES, CAT_SYNC, COMM_CATS
 from echo_et.sim.state import Participant, RankState
 from echo_et.sim.symmetry import Partition
@@ -214,7 +213,7 @@ def compact_breakdown(st: RankState) -> dict[str, int]:
     """:func:`rank_breakdowns` for a rank with repeat blocks: the same unions over every item
     of the expanded step (a block's collectives meet only their own class: no wait)."""
     prog, run = st.program, st.blocks
-    ft = flat_times(prog, run, st.item_start, st.item_end)
+    ft = run.flat(prog, st.item_start, st.item_end)
     rdv = np.array(sorted(prog.rendezvous), dtype=np.int64)
     arr = np.array([st.item_arrival[i] for i in rdv.tolist()], dtype=np.int64)
     rstart = np.asarray(st.item_start, dtype=np.int64)[rdv] if rdv.size else np.zeros(0, dtype=np.int64)
@@ -288,7 +287,7 @@ class _BlockView(_FlatView):
         return self.info.expanded_items + len(self.info.occurrences)
 
     def last(self):
-        ft = flat_times(self.st.program, self.run, self.st.item_start, self.st.item_end)
+        ft = self.run.flat(self.st.program, self.st.item_start, self.st.item_end)
         k = int(np.argmax(ft.end))
         return int(ft.occ[k]), int(ft.ref[k])
 

@@ -74,6 +74,8 @@ class Block:
     rendezvous: dict[int, Rendezvous]     # local collectives
     by_stream: dict[int, list[int]] = field(default_factory=dict)
     local_of: dict[int, int] = field(default_factory=dict)   # body node id -> local item
+    category_np: np.ndarray | None = None
+    by_stream_np: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -92,6 +94,7 @@ class Occurrence:
     macro: int = -1
     sig: tuple = ()                       # what D depends on besides durations
     outside_all: list[tuple[int, int, bool]] = field(default_factory=list)  # (local, input or -1: implied, from start)
+    instance: pb.RepeatInstance | None = None   # None: the body's own run
 
 
 @dataclass
@@ -148,7 +151,7 @@ def compile_compact(graph: Graph) -> Program:
         occs.append(Occurrence(blk, 0, [], [], []))
         ranges.append((blk.ids[0], blk.ids[-1], len(occs) - 1))
         for inst in blk.block.instances:
-            occs.append(Occurrence(blk, int(inst.id_offset), [], [], []))
+            occs.append(Occurrence(blk, int(inst.id_offset), [], [], [], instance=inst))
             ranges.append((blk.ids[0] + int(inst.id_offset), blk.ids[-1] + int(inst.id_offset), len(occs) - 1))
     ranges.sort()
     skeleton = [n for n in stored if n.id not in in_body]
@@ -192,7 +195,7 @@ def compile_compact(graph: Graph) -> Program:
                 blk = occ.block
                 # ports of this occurrence on this stream: its last node, and any other node
                 # something outside waits for, in local order
-                locals_here = [i for i in blk.by_stream[k] if i == blk.last_on[k] or (ref, i) in needed]
+                locals_here = sorted({blk.last_on[k], *(i for i in needed.get(ref, ()) if blk.stream[i] == k)})
                 for i in locals_here:
                     it = _new_item(prog, k, CAT_PORT, -1, 0)
                     prog.stream_prev.append(-1)
@@ -247,8 +250,7 @@ def compile_compact(graph: Graph) -> Program:
                 before = port_item[(ref, blk.last_on[kk])]
     for o, occ in enumerate(occs):
         blk = occ.block
-        inst = blk.block.instances[_instance_number(blk, occ)] if occ.offset else None
-        outside = _outside_deps(blk, occ, inst)
+        outside = _outside_deps(blk, occ, occ.instance)
         inputs: list[tuple[int, bool]] = [(prev_on[(o, k)], False) for k in blk.streams]
         kept: list[tuple[int, bool]] = []
         for local, dep_id, kind in outside:
@@ -343,13 +345,6 @@ def _occurrence_at(ranges: list[tuple[int, int, int]], node_id: int) -> int:
     return ranges[j][2]
 
 
-def _instance_number(blk: Block, occ: Occurrence) -> int:
-    for k, inst in enumerate(blk.block.instances):
-        if int(inst.id_offset) == occ.offset:
-            return k
-    raise NotCompact("an occurrence without its instance")
-
-
 def _outside_deps(blk: Block, occ: Occurrence, inst: pb.RepeatInstance | None) -> list[tuple[int, int, int]]:
     """(local item, node id depended on, dep kind) of the occurrence's outside dependencies,
     in the order a copy lists them (:func:`echo_et.ir.repeats.copy_node`)."""
@@ -367,24 +362,21 @@ def _outside_deps(blk: Block, occ: Occurrence, inst: pb.RepeatInstance | None) -
 
 
 def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
-                  ranges: list[tuple[int, int, int]]) -> set[tuple[int, int]]:
-    """(occurrence, local item) of every node of an occurrence that a node outside it
-    depends on."""
-    need: set[tuple[int, int]] = set()
+                  ranges: list[tuple[int, int, int]]) -> dict[int, set[int]]:
+    """Occurrence -> its local items that a node outside it depends on."""
+    need: dict[int, set[int]] = {}
 
     def mark(dep_id: int, own: int) -> None:
         j = _maybe_occurrence(ranges, dep_id)
         if j is not None and j != own:
             occ = occs[j]
-            need.add((j, occ.block.local_of[dep_id - occ.offset]))
+            need.setdefault(j, set()).add(occ.block.local_of[dep_id - occ.offset])
 
     for n in skeleton:
         for d in n.deps:
             mark(int(d.id), -1)
     for o, occ in enumerate(occs):
-        blk = occ.block
-        inst = blk.block.instances[_instance_number(blk, occ)] if occ.offset else None
-        for _, dep_id, _ in _outside_deps(blk, occ, inst):
+        for _, dep_id, _ in _outside_deps(occ.block, occ, occ.instance):
             mark(dep_id, o)
     return need
 
@@ -452,7 +444,8 @@ def _compile_block(b: int, body, index_of: dict[int, int], dense: dict[int, int]
                  stream=stream, category=category, host=[host_stream[k] for k in stream],
                  stream_prev=stream_prev, local_gates=local_gates, dep_order=dep_order,
                  streams=sorted(first_on), first_on=first_on, last_on=last, rendezvous=rendezvous,
-                 by_stream=by_stream, local_of=local_of)
+                 by_stream=by_stream, local_of=local_of, category_np=np.asarray(category, dtype=np.int64),
+                 by_stream_np={k: np.asarray(v, dtype=np.int64) for k, v in by_stream.items()})
 
 
 # -- the max-plus table of a block -------------------------------------------------------------------
@@ -522,10 +515,19 @@ class BlockRun:
     keys: list[bytes] = field(default_factory=list)         # per occurrence: durs[o].tobytes()
     x: list[np.ndarray | None] = field(default_factory=list)  # per occurrence: its inputs, once placed
     _times: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _flat: FlatTimes | None = None
 
     def set_durations(self, per_occurrence: list[np.ndarray]) -> None:
         self.durs = per_occurrence
         self.keys = [d.tobytes() for d in per_occurrence]
+        self._times = {}
+        self._flat = None
+
+    def flat(self, prog: Program, item_start: list[int], item_end: list[int]) -> FlatTimes:
+        """:func:`flat_times` of this run (kept until the next simulation or durations)."""
+        if self._flat is None:
+            self._flat = flat_times(prog, self, item_start, item_end)
+        return self._flat
 
     def use_base(self) -> None:
         self.set_durations([self.base[occ.block.index] for occ in self.info.occurrences])
@@ -533,6 +535,7 @@ class BlockRun:
     def reset(self) -> None:
         self.x = [None] * len(self.info.occurrences)
         self._times = {}
+        self._flat = None
 
     def place(self, o: int, x: np.ndarray) -> np.ndarray:
         occ = self.info.occurrences[o]
@@ -592,10 +595,10 @@ def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: li
                 skeleton(items, host)
                 items = []
             blk = info.occurrences[ref].block
-            local = np.asarray(blk.by_stream[kk], dtype=np.int64)
+            local = blk.by_stream_np[kk]
             s, e = run.times(ref)
             parts.append((np.full(local.size, ref, dtype=np.int64), local, s[local], e[local],
-                          np.asarray(blk.category, dtype=np.int64)[local], np.full(local.size, host, dtype=bool)))
+                          blk.category_np[local], np.full(local.size, host, dtype=bool)))
         if items:
             skeleton(items, host)
     if not parts:

@@ -49,7 +49,7 @@ from echo_et.ir.job import Job
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
 from echo_et.ir.summary import comm_libraries
 from echo_et.models.slowdown.intervals import covered_length, merge_intervals
-from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, flat_times
+from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact
 from echo_et.sim.program import (
     CAT_COLL,
     CAT_COMM_OTHER,
@@ -822,7 +822,7 @@ class Simulator:
         every compute item of the expanded step with every communication transfer, each
         occurrence's items slowed from its block's base durations."""
         run = st.blocks
-        ft = flat_times(st.program, run, st.item_start, st.item_end)
+        ft = run.flat(st.program, st.item_start, st.item_end)
         out = list(base)
         per_occ = [run.base[occ.block.index] for occ in run.info.occurrences]
         comm = np.isin(ft.category, (CAT_COLL, CAT_P2P, CAT_COMM_OTHER))
