@@ -5,6 +5,7 @@ the block, and a prediction on the compact Job equals the one on the flat Job to
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -213,3 +214,37 @@ def test_critical_node_counts_expand_the_blocks(traced) -> None:
     a, _ = predict_job(compact, opts, critical_nodes=True)
     b, _ = predict_job(flat, opts, critical_nodes=True)
     assert a.to_json() == b.to_json() and sum(a.critical_nodes.values()) == sum(b.critical_nodes.values())
+
+
+def test_simulate_command_on_a_compact_job_with_and_without_a_timeline(traced, tmp_path) -> None:
+    """``simulate`` places the blocks; with ``--timeline`` it simulates them expanded (a
+    timeline is written node by node): the same step, and every copy's node in the trace."""
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    compact, flat, lay = traced
+    job = compact.copy()
+    job.manifest.hardware.gpu_name = "a100"
+    save_job(job, tmp_path / "job")
+    runner = CliRunner()
+    a = runner.invoke(app, ["simulate", str(tmp_path / "job"), "--mode", "predict", "--json"])
+    assert a.exit_code == 0, a.output
+    b = runner.invoke(app, ["simulate", str(tmp_path / "job"), "--mode", "predict", "--json",
+                            "--timeline", str(tmp_path / "tl")])
+    assert b.exit_code == 0, b.output
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    assert ja["step_time_ns"] == jb["step_time_ns"] and ja["events"] < jb["events"]
+    assert ja["critical_path"] == jb["critical_path"] and ja["ranks"] == jb["ranks"]
+    plain = flat.copy()
+    plain.manifest.hardware.gpu_name = "a100"
+    save_job(plain, tmp_path / "flat")
+    c = runner.invoke(app, ["simulate", str(tmp_path / "flat"), "--mode", "predict", "--json",
+                            "--timeline", str(tmp_path / "tl-flat")])
+    assert c.exit_code == 0, c.output
+    for r in range(lay.world_size):
+        got = json.loads((tmp_path / "tl" / f"rank-{r}.json").read_text())["traceEvents"]
+        want = json.loads((tmp_path / "tl-flat" / f"rank-{r}.json").read_text())["traceEvents"]
+        boxes = sorted((e.get("name"), e.get("ts"), e.get("dur")) for e in got if e.get("ph") == "X")
+        assert boxes and boxes == sorted((e.get("name"), e.get("ts"), e.get("dur")) for e in want
+                                         if e.get("ph") == "X")

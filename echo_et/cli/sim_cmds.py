@@ -174,8 +174,10 @@ def simulate_cmd(
     if plot is not None:
         require_matplotlib()
     job = load_job_arg(job_path)
+    # A timeline is written node by node: repeat blocks are then simulated expanded.
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
-                         symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
+                         symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start,
+                         repeats=timeline is None)
     comm = slow = retime = None
     if mode == "predict":
         from echo_et.cli.compute_cmds import retime_for_gpu

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from echo_et.errors import EchoError
+
 
 @dataclass
 class RankResult:
@@ -82,12 +84,19 @@ class SimTimeline:
         """Node id -> simulated (start, end) in job-clock ns, for every node of ``rank``'s
         graph that ran."""
         st = self.state_of(rank)
+        _require_nodes(st)
         out = {}
         for idx, node in enumerate(st.graph.nodes):
             span = st.node_span(idx)
             if span is not None:
                 out[node.id] = span
         return out
+
+
+def _require_nodes(st: Any) -> None:
+    if getattr(st, "blocks", None) is not None:
+        raise EchoError("this simulation placed repeat blocks in closed form and keeps no per-node times; "
+                        "simulate with SimOptions(repeats=False) for a timeline")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from echo_et.errors import EchoError
 from echo_et.ir.timeline import NodeSpan, TimelineEvent, graph_events
 from echo_et.sim.state import RankState
 
@@ -35,6 +36,9 @@ def _node_span(st: RankState, idx: int) -> NodeSpan | None:
 
 
 def _rank_events(rank: int, st: RankState, group_of) -> Iterator[TimelineEvent]:
+    if st.blocks is not None:
+        raise EchoError("this simulation placed repeat blocks in closed form and keeps no per-node "
+                        "times; simulate with SimOptions(repeats=False) for a timeline")
     yield from graph_events(rank, st.graph, lambda idx: _node_span(st, idx), group_of)
 
 

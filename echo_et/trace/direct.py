@@ -862,10 +862,10 @@ class _Build:
             target = entry[slot]
             assert target is not None
             inst.deps.add(node=node_id, id=target, kind=kind)
+        # The copy's calls are the body's (same groups, same sizes): listed again, as they are.
         n_recs = sum(body.coll_counts.values()) + sum(body.p2p_counts.values())
-        for rec in self.records[body.rec_start:body.rec_start + n_recs]:
-            self.keys.append(self.keys[rec.index])
-            self.records.append(replace(rec, index=len(self.records)))
+        self.records.extend(self.records[body.rec_start:body.rec_start + n_recs])
+        self.keys.extend(self.keys[body.rec_start:body.rec_start + n_recs])
         base = self.next_id
         self.next_id += body.last_id - body.first_id + 1
         exit_vals = [base + rel if internal else (entry[rel] if rel >= 0 else None)

@@ -10,6 +10,7 @@ so a tensor-parallel group is a run of consecutive ranks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
@@ -64,19 +65,11 @@ class ParallelLayout:
     def group_ranks(self, role: str, rank: int) -> tuple[int, ...]:
         """Global ranks of ``rank``'s group of ``role`` ("tp", "dp", "pp", "world", or a
         derived role: "embd", "mp"), in group-rank order. A middle pipeline stage's "embd"
-        group is that of its tp and dp coordinates, which it is not a member of."""
+        group is that of its tp and dp coordinates, which it is not a member of. (Asked for
+        every communication call a trace records: remembered per layout, role and rank.)"""
         if role == "world":
             return tuple(range(self.world_size))
-        c = self.coords(rank)
-        if role == "embd":
-            stages = (0,) if self.pp == 1 else (0, self.pp - 1)
-            return tuple(self.rank_of(c["tp"], c["dp"], s) for s in stages)
-        if role == "mp":
-            return tuple(self.rank_of(t, c["dp"], s) for s in range(self.pp) for t in range(self.tp))
-        if role not in ROLES:
-            raise EchoError(f"layout {self.describe()}: unknown group role {role!r}")
-        n = {"tp": self.tp, "dp": self.dp, "pp": self.pp}[role]
-        return tuple(self.rank_of(**{**c, role: i}) for i in range(n))
+        return _group_ranks(self, role, rank)
 
     def is_member(self, role: str, rank: int) -> bool:
         return rank in self.group_ranks(role, rank)
@@ -87,3 +80,17 @@ class ParallelLayout:
         for r in range(self.world_size):
             seen.setdefault(self.group_ranks(role, r))
         return sorted(seen)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _group_ranks(layout: ParallelLayout, role: str, rank: int) -> tuple[int, ...]:
+    c = layout.coords(rank)
+    if role == "embd":
+        stages = (0,) if layout.pp == 1 else (0, layout.pp - 1)
+        return tuple(layout.rank_of(c["tp"], c["dp"], s) for s in stages)
+    if role == "mp":
+        return tuple(layout.rank_of(t, c["dp"], s) for s in range(layout.pp) for t in range(layout.tp))
+    if role not in ROLES:
+        raise EchoError(f"layout {layout.describe()}: unknown group role {role!r}")
+    n = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp}[role]
+    return tuple(layout.rank_of(**{**c, role: i}) for i in range(n))
