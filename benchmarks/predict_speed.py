@@ -1,0 +1,132 @@
+"""Predicting a full-size model, as a user runs it: ``echo-et trace`` (meta device) then
+``echo-et simulate --mode predict``, each a whole ``echo-et`` process, timed wall-clock with
+its own peak RSS (``os.wait4``), and the same prediction on the *expanded* Job (its repeat
+blocks written out as nodes: what every Job looked like before blocks) beside it.
+
+    python benchmarks/predict_speed.py [--rows goal 8k vtrain] [--workdir DIR] [--json]
+
+Rows (GPT-175B: 96 layers, hidden 12288, 96 heads, sequence 2048, recomputation, A100 with
+150 GB/s NVLink per GPU and 800 Gb/s per node of network):
+
+* ``goal``: TP8 x PP16 x DP8 (1,024 GPUs), global batch 1536, micro-batch 1 (192
+  micro-batches per pipeline);
+* ``8k``: the same at DP64 (8,192 GPUs, 24 micro-batches per pipeline at the same batch);
+* ``vtrain``: a single-node row of vTrain's size (GPT 2.7B-like: 32 layers, hidden 2560,
+  TP4 x PP2 x DP1, global batch 64, micro-batch 4).
+
+The step time printed by both simulations must be the same (the expansion means the same
+Job); a difference is reported and the script exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GPT175B = ["--layers", "96", "--hidden", "12288", "--heads", "96", "--seq", "2048"]
+CLUSTER = ["--gpu", "a100", "--gpus-per-node", "8", "--intra-bw", "150GB/s",
+           "--inter-bw", "800Gb/s/node"]
+ROWS = {
+    "goal": GPT175B + ["--micro-batch", "1", "--global-batch", "1536", "--tp", "8", "--pp", "16",
+                       "--dp", "8", "--recompute"],
+    "8k": GPT175B + ["--micro-batch", "1", "--global-batch", "1536", "--tp", "8", "--pp", "16",
+                     "--dp", "64", "--recompute"],
+    "vtrain": ["--layers", "32", "--hidden", "2560", "--heads", "32", "--seq", "2048",
+               "--micro-batch", "4", "--global-batch", "64", "--tp", "4", "--pp", "2", "--dp", "1",
+               "--recompute"],
+}
+STEP = re.compile(r"step time ([0-9.]+) ms")
+
+
+def run(cmd: list[str]) -> dict:
+    """One whole process: wall seconds, peak RSS (MiB), its output."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-2000:]}")
+    return {"wall_s": round(wall, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "out": out}
+
+
+def expand_job(src: Path, dest: Path) -> None:
+    """Write ``src`` with its repeat blocks expanded, in a process of its own (a child
+    forked from a large parent would report the parent's pages as its peak RSS)."""
+    code = ("import sys\nfrom echo_et.ir import load_job, save_job\njob = load_job(sys.argv[1])\n"
+            "for g in job.graphs():\n    g.expand()\nsave_job(job, sys.argv[2])\n")
+    subprocess.run([sys.executable, "-c", code, str(src), str(dest)], check=True)
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def bench(name: str, work: Path) -> dict:
+    echo = [sys.executable, "-m", "echo_et.cli.main"]
+    job = work / f"{name}-job"
+    flat = work / f"{name}-expanded"
+    for p in (job, flat):
+        shutil.rmtree(p, ignore_errors=True)
+    trace = run([*echo, "trace", "--workload", "megatron-gpt", *ROWS[name], "--device", "meta",
+                 "--verify", "stage", "--warmup", "0", *CLUSTER, "-o", str(job)])
+    simulate = run([*echo, "simulate", str(job), "--mode", "predict"])
+    expand_job(job, flat)
+    simulate_flat = run([*echo, "simulate", str(flat), "--mode", "predict"])
+    step = STEP.search(simulate["out"])
+    step_flat = STEP.search(simulate_flat["out"])
+    row = {
+        "row": name,
+        "trace_s": trace["wall_s"], "trace_rss_mib": trace["peak_rss_mib"],
+        "simulate_s": simulate["wall_s"], "simulate_rss_mib": simulate["peak_rss_mib"],
+        "total_s": round(trace["wall_s"] + simulate["wall_s"], 2),
+        "job_bytes": du(job), "expanded_job_bytes": du(flat),
+        "expanded_simulate_s": simulate_flat["wall_s"],
+        "expanded_simulate_rss_mib": simulate_flat["peak_rss_mib"],
+        "step_ms": float(step.group(1)) if step else None,
+        "expanded_step_ms": float(step_flat.group(1)) if step_flat else None,
+    }
+    row["simulate_speedup"] = round(row["expanded_simulate_s"] / max(row["simulate_s"], 1e-9), 2)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", nargs="+", default=["vtrain", "goal", "8k"], choices=sorted(ROWS))
+    ap.add_argument("--workdir", type=Path, default=None, help="where the Jobs go (default: a temporary folder)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="predict-speed-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.rows:
+        rows.append(bench(name, work))
+        if not args.json:
+            r = rows[-1]
+            print(f"{name}: trace {r['trace_s']} s / {r['trace_rss_mib']} MiB, simulate {r['simulate_s']} s / "
+                  f"{r['simulate_rss_mib']} MiB (total {r['total_s']} s), step {r['step_ms']} ms; "
+                  f"Job {r['job_bytes'] / 1e6:.1f} MB vs expanded {r['expanded_job_bytes'] / 1e6:.1f} MB, "
+                  f"expanded simulate {r['expanded_simulate_s']} s / {r['expanded_simulate_rss_mib']} MiB, "
+                  f"step {r['expanded_step_ms']} ms", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    bad = [r["row"] for r in rows if r["step_ms"] != r["expanded_step_ms"]]
+    if bad:
+        print(f"step time differs between the Job and its expansion: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
