@@ -186,7 +186,7 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | N
         out.add("schema-version", f"graph header is of schema {graph.header.schema_version!r}, "
                 f"this echo-et reads {SCHEMA_VERSION!r}", _where(source, graph))
     if graph.has_repeats:
-        problems = repeat_problems(graph.header, graph.stored_nodes)
+        problems = repeat_problems(graph.header, graph.stored_nodes, graph.bodies())
         for p in problems:
             out.add("repeat-blocks", p, _where(source, graph))
         if problems:
@@ -271,14 +271,13 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
     (dependencies inside a body keep their order in a copy). Collective numbering is checked
     on the numbers alone. Returns None, having added nothing, when something needs the
     rule-by-rule check on the expansion."""
-    from echo_et.ir.repeats import bodies
 
     stream_ids = {s.id for s in graph.header.streams}
     probe = IssueCollector(1)
     allowed_of, max_ns = ALLOWED_PAYLOADS, MAX_NS
     kinds: set[int] = set()
     stream_of: dict[int, int] = {}
-    blocks = bodies(graph.header, graph.stored_nodes)
+    blocks = graph.bodies()
     spans = sorted((b.first + int(i.id_offset), b.last + int(i.id_offset), b, int(i.id_offset))
                    for b in blocks for i in b.block.instances)
     starts = [sp[0] for sp in spans]
@@ -589,23 +588,24 @@ class _CopyOf:
     """A repeat block's copy of a communication node, as the cross-rank rules read it: the
     body node's payload (type, bytes, root, peer) under the copy's id (messages name it)."""
 
-    __slots__ = ("id", "_node")
+    __slots__ = ("id", "kind", "name", "collective", "p2p", "HasField")
 
     def __init__(self, node: pb.Node, node_id: int):
         self.id = node_id
-        self._node = node
-
-    def __getattr__(self, name: str):
-        return getattr(self._node, name)
+        self.kind = node.kind
+        self.name = node.name
+        self.collective = node.collective
+        self.p2p = node.p2p
+        self.HasField = node.HasField
 
 
 def _comm_with_seq(graph: Graph):
     """(seq, node) of every communication node of the expanded graph; a repeat block's
     copies are :class:`_CopyOf` their body node with the shifted sequence number."""
-    from echo_et.ir.repeats import bodies, seq_key
+    from echo_et.ir.repeats import seq_key
 
     in_body: set[int] = set()
-    for body in bodies(graph.header, graph.stored_nodes):
+    for body in graph.bodies():
         comm = [n for n in body.nodes if n.kind in _COMM_KINDS]
         in_body.update(n.id for n in body.nodes)
         for n in comm:

@@ -21,14 +21,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Iterable, Iterator
 
-from echo_et.ir.repeats import expanded_count, iter_expanded
+from echo_et.ir.repeats import Body, bodies, iter_expanded
 from echo_et.ir.schema import SCHEMA_VERSION, pb
 
 
 class Graph:
     """The program of one rank, or a template shared by many ranks."""
 
-    __slots__ = ("header", "_nodes", "_store", "_index")
+    __slots__ = ("header", "_nodes", "_store", "_index", "_bodies")
 
     def __init__(self, header: pb.GraphHeader | None = None, nodes: Iterable[pb.Node] = ()):
         self.header = header if header is not None else pb.GraphHeader()
@@ -38,6 +38,7 @@ class Graph:
         self._nodes = self._store.nodes
         self._nodes.extend(nodes)
         self._index: dict[int, pb.Node] | None = None
+        self._bodies: tuple[tuple, list] | None = None   # (block ranges, body nodes), see bodies()
 
     @property
     def id(self) -> str:
@@ -59,6 +60,16 @@ class Graph:
     def has_repeats(self) -> bool:
         return bool(self.header.repeats)
 
+    def bodies(self) -> list[Body]:
+        """The repeat blocks' bodies; which stored nodes each holds is remembered while the
+        stored nodes and the blocks' ranges stay the same."""
+        key = (len(self._nodes), tuple((b.first_node, b.last_node) for b in self.header.repeats))
+        if self._bodies is not None and self._bodies[0] == key:
+            return bodies(self.header, self._nodes, self._bodies[1])
+        got = bodies(self.header, self._nodes)
+        self._bodies = (key, [b.nodes for b in got])
+        return got
+
     def iter_nodes(self, kinds: Collection[int] | None = None) -> Iterator[pb.Node]:
         """The expanded graph in node-id order, streamed (copies are made one at a time);
         only nodes of ``kinds`` when given."""
@@ -66,7 +77,7 @@ class Graph:
             if kinds is None:
                 return iter(self._nodes)
             return (n for n in self._nodes if n.kind in kinds)
-        return iter_expanded(self.header, self._nodes, kinds)
+        return iter_expanded(self.header, self._nodes, kinds, self.bodies())
 
     def expand(self) -> None:
         """Replace the repeat blocks by the nodes they stand for."""
@@ -79,10 +90,11 @@ class Graph:
         self._store = store
         self._nodes = store.nodes
         self._index = None
+        self._bodies = None
 
     def __len__(self) -> int:
         if self.header.repeats:
-            return expanded_count(self.header, self._nodes)
+            return len(self._nodes) + sum(len(b.nodes) * len(b.block.instances) for b in self.bodies())
         return len(self._nodes)
 
     def __iter__(self) -> Iterator[pb.Node]:
@@ -97,11 +109,13 @@ class Graph:
         """Store a copy of ``node``; returns the stored node."""
         self.nodes.append(node)
         self._index = None
+        self._bodies = None
         return self.nodes[-1]
 
     def new_node(self, **fields) -> pb.Node:
         """A new node stored in place (no copy), with the given fields set."""
         self._index = None
+        self._bodies = None
         return self.nodes.add(**fields)
 
     def add_serialized(self, data: bytes) -> pb.Node:
@@ -110,6 +124,7 @@ class Graph:
         n = self._nodes.add()
         n.ParseFromString(data)
         self._index = None
+        self._bodies = None
         return n
 
     def stream(self, stream_id: int) -> pb.Stream | None:

@@ -59,11 +59,15 @@ class Body:
         return int(self.block.last_node)
 
 
-def bodies(header: pb.GraphHeader, stored: Iterable[pb.Node]) -> list[Body]:
-    """Every block's body (its stored nodes in id order), in block order."""
+def bodies(header: pb.GraphHeader, stored: Iterable[pb.Node], members: list[tuple[pb.Node, ...]] | None = None
+           ) -> list[Body]:
+    """Every block's body (its stored nodes in id order), in block order. ``members``: the
+    bodies' nodes when known (:meth:`echo_et.ir.graph.Graph.bodies` keeps them)."""
     blocks = list(header.repeats)
     if not blocks:
         return []
+    if members is not None:
+        return [Body(b, m) for b, m in zip(blocks, members, strict=True)]
     ranges = sorted((int(b.first_node), int(b.last_node), k) for k, b in enumerate(blocks))
     starts = [r[0] for r in ranges]
     members: list[list[pb.Node]] = [[] for _ in blocks]
@@ -135,11 +139,11 @@ def _instance_stream(body: Body, nodes: Sequence[pb.Node], inst: pb.RepeatInstan
 
 
 def iter_expanded(header: pb.GraphHeader, stored: Sequence[pb.Node],
-                  kinds: Collection[int] | None = None) -> Iterator[pb.Node]:
+                  kinds: Collection[int] | None = None, known: list[Body] | None = None) -> Iterator[pb.Node]:
     """The expanded graph's nodes in id order (only those of ``kinds`` when given): stored
     nodes as they are (the same messages), copies as new messages made one at a time.
     Holds the bodies, not the expansion."""
-    blocks = bodies(header, stored)
+    blocks = known if known is not None else bodies(header, stored)
     if kinds is not None:
         stored = [n for n in stored if n.kind in kinds]
     if not blocks:
@@ -169,7 +173,8 @@ def expanded_count(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> int:
     return len(stored) + sum(len(b.nodes) * len(b.block.instances) for b in bodies(header, stored))
 
 
-def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> list[str]:
+def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node], known: list[Body] | None = None
+                    ) -> list[str]:
     """What makes the blocks inconsistent, one message per problem naming the block (empty:
     the expansion is well defined). Rules: a body holds at least one stored node; ids are
     >= 1 and unique; 1 <= instances <= MAX_INSTANCES; every copy lies after its body and
@@ -194,7 +199,7 @@ def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> list[s
             problems.append(f"{where}: {n_inst} instances (must be 1..{MAX_INSTANCES})")
     if problems:
         return problems
-    all_bodies = bodies(header, stored)
+    all_bodies = known if known is not None else bodies(header, stored)
     spans: list[tuple[int, int, str]] = []     # occupied id ranges: (lo, hi, what)
     total = len(stored)
     for body in all_bodies:
@@ -206,6 +211,7 @@ def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> list[s
         spans.append((b.first_node, b.last_node, f"{where} body"))
         total += len(body.nodes) * len(b.instances)
         keys = {k for n in body.nodes if (k := seq_key(n)) is not None}
+        body_ids = {n.id for n in body.nodes}
         for k, inst in enumerate(b.instances):
             lo, hi = b.first_node + inst.id_offset, b.last_node + inst.id_offset
             if inst.id_offset < 1:
@@ -221,7 +227,6 @@ def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> list[s
                 if name not in ANNOTATION_DELTAS:
                     problems.append(f"{where}, instance {k}: annotation delta {name!r} (known: "
                                     f"{', '.join(ANNOTATION_DELTAS)})")
-            body_ids = {n.id for n in body.nodes}
             for d in inst.deps:
                 if d.node not in body_ids:
                     problems.append(f"{where}, instance {k}: dependency of node {d.node}, which is "

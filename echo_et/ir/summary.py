@@ -6,7 +6,6 @@ from collections import Counter
 from typing import Any
 
 from echo_et.ir.job import Job
-from echo_et.ir.repeats import bodies
 from echo_et.ir.schema import ROLE_NAMES, collective_name, node_kind_name, pb
 
 
@@ -25,7 +24,7 @@ def _graph_counts(graph) -> tuple[Counter, Counter, int, Counter]:
     coll, send, recv, unknown = pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV, pb.KIND_COMM_UNKNOWN
     # A copy of a repeat block has its body node's kind and payload: count the body node
     # once per copy, never expanding the graph.
-    times = {n.id: 1 + len(b.block.instances) for b in bodies(graph.header, graph.stored_nodes)
+    times = {n.id: 1 + len(b.block.instances) for b in graph.bodies()
              for n in b.nodes}
     for n in graph.stored_nodes:
         k = n.kind
@@ -91,7 +90,7 @@ def summarize(job: Job) -> dict[str, Any]:
             entry["repeat_blocks"] = [
                 {"id": b.block.id, "name": b.block.name, "body_nodes": len(b.nodes),
                  "instances": len(b.block.instances)}
-                for b in bodies(g.header, g.stored_nodes)]
+                for b in g.bodies()]
         per_graph.append(entry)
     measured = {str(b.rank): b.measured_step_ns for b in m.bindings if b.measured_step_ns}
     lay = m.layout

@@ -37,7 +37,6 @@ from typing import Any, Protocol
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, Job
-from echo_et.ir.repeats import bodies
 from echo_et.ir.schema import pb
 
 # How a node was timed (the first four are the model's answers for an operator).
@@ -136,7 +135,7 @@ def _is_operator(name: str) -> bool:
 
 def copies_of(g: Graph) -> dict[int, int]:
     """How many times each stored node of a repeat block's body runs (1 + its copies)."""
-    return {n.id: 1 + len(b.block.instances) for b in bodies(g.header, g.stored_nodes) for n in b.nodes}
+    return {n.id: 1 + len(b.block.instances) for b in g.bodies() for n in b.nodes}
 
 
 def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src: str,

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from echo_et.ir.graph import Graph
-from echo_et.ir.repeats import bodies
 from echo_et.ir.schema import pb
 from echo_et.sim.program import (
     CAT_COLL,
@@ -123,7 +122,7 @@ def compile_compact(graph: Graph) -> Program:
     stored = list(graph.stored_nodes)
     if any(n.start_ns for n in stored):
         raise NotCompact("measured start times")
-    body_list = bodies(graph.header, stored)
+    body_list = graph.bodies()
     index_of = {n.id: i for i, n in enumerate(stored)}
     in_body: dict[int, int] = {}
     for b, body in enumerate(body_list):
