@@ -248,3 +248,26 @@ def test_simulate_command_on_a_compact_job_with_and_without_a_timeline(traced, t
         boxes = sorted((e.get("name"), e.get("ts"), e.get("dur")) for e in got if e.get("ph") == "X")
         assert boxes and boxes == sorted((e.get("name"), e.get("ts"), e.get("dur")) for e in want
                                          if e.get("ph") == "X")
+
+
+@pytest.mark.parametrize("fmt", ["chakra", "graphml", "chrome", "astra-sim"])
+def test_exports_of_the_compact_job_equal_those_of_the_flat_one(traced, tmp_path, fmt) -> None:
+    """Every exporter reads the expansion: the same files, byte for byte, as from the
+    flat trace of the same step."""
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    compact, flat, _ = traced
+    outs = []
+    for name, job in (("compact", compact), ("flat", flat)):
+        j = job.copy()
+        j.manifest.ClearField("provenance")
+        save_job(j, tmp_path / name)
+        out = tmp_path / f"{name}-{fmt}"
+        r = CliRunner().invoke(app, ["export", fmt, str(tmp_path / name), "-o", str(out)])
+        assert r.exit_code == 0, r.output
+        files = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.relative_to(tmp_path).parts[0]
+                       .startswith(f"{name}-{fmt}"))
+        outs.append({p.name.replace(name, "X"): p.read_bytes().replace(name.encode(), b"X") for p in files})
+    assert outs[0] and outs[0] == outs[1]
