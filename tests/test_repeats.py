@@ -271,3 +271,29 @@ def test_exports_of_the_compact_job_equal_those_of_the_flat_one(traced, tmp_path
                        .startswith(f"{name}-{fmt}"))
         outs.append({p.name.replace(name, "X"): p.read_bytes().replace(name.encode(), b"X") for p in files})
     assert outs[0] and outs[0] == outs[1]
+
+
+def test_an_expansion_past_the_limit_is_refused_not_attempted() -> None:
+    """17 nodes x (1 + 2**20 - 1) copies: past the 2**24 nodes a graph may expand to. The
+    checker says so, and expanding refuses in one line instead of filling the memory."""
+    from echo_et.errors import EchoError
+    from echo_et.ir.repeats import MAX_EXPANDED_NODES
+
+    b = GraphBuilder("g0")
+    gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
+    for i in range(1, 18):
+        b.graph.new_node(id=i, name="k", kind=pb.KIND_COMPUTE, stream=gpu, duration_ns=1)
+    graph = b.build()
+    blk = graph.header.repeats.add(id=1, name="big", first_node=1, last_node=17)
+    for m in range(1, MAX_INSTANCES):
+        blk.instances.add(id_offset=17 * m)
+    jb = JobBuilder("t", 1)
+    jb.add_graph(graph)
+    jb.bind(0, "g0", {})
+    job = jb.build()
+    assert len(graph) > MAX_EXPANDED_NODES
+    issues = check_job(job)
+    assert issues[0].rule == "repeat-blocks" and "expand to" in str(issues[0])
+    with pytest.raises(EchoError, match="expand to"):
+        graph.expand()
+    assert graph.has_repeats

@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Iterable, Iterator
 
-from echo_et.ir.repeats import Body, bodies, iter_expanded
+from echo_et.errors import EchoError
+from echo_et.ir.repeats import MAX_EXPANDED_NODES, Body, bodies, iter_expanded
 from echo_et.ir.schema import SCHEMA_VERSION, pb
 
 
@@ -80,9 +81,14 @@ class Graph:
         return iter_expanded(self.header, self._nodes, kinds, self.bodies())
 
     def expand(self) -> None:
-        """Replace the repeat blocks by the nodes they stand for."""
+        """Replace the repeat blocks by the nodes they stand for (refused, one line, past
+        ``MAX_EXPANDED_NODES``: the checker's limit)."""
         if not self.header.repeats:
             return
+        n = len(self)
+        if n > MAX_EXPANDED_NODES:
+            raise EchoError(f"graph {self.id}: its repeat blocks expand to {n} nodes, more than the "
+                            f"{MAX_EXPANDED_NODES} one graph may hold in memory")
         store = pb.NodeList()
         for n in iter_expanded(self.header, self._nodes):
             store.nodes.append(n)

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 
 from echo_et.ir.schema import pb
 
-# Copies one graph may stand for: the expanded graph of a 100K-rank job's stage (tens of
-# millions of nodes) fits; a count that would take days to expand does not.
+# Copies one graph may stand for, and the nodes its expansion may have: what a pass or an
+# exporter that reads the expanded graph can hold in memory (about 0.7 KB a node: 16.7 million
+# nodes is 12 GB), and what the simulator's per-item arrays of one rank hold easily. A
+# full-size GPT stage with hundreds of micro-batches expands to a few hundred thousand.
 MAX_INSTANCES = 1 << 20
-MAX_EXPANDED_NODES = 1 << 34
+MAX_EXPANDED_NODES = 1 << 24
 ANNOTATION_DELTAS = ("layer", "microbatch", "stage")
 
 
