@@ -4,6 +4,7 @@ its own peak RSS (``os.wait4``), and the same prediction on the *expanded* Job (
 blocks written out as nodes: what every Job looked like before blocks) beside it.
 
     python benchmarks/predict_speed.py [--rows goal 8k vtrain] [--workdir DIR] [--json]
+    python benchmarks/predict_speed.py --sweep 109 [--workers 2]
 
 Rows (GPT-175B: 96 layers, hidden 12288, 96 heads, sequence 2048, recomputation, A100 with
 150 GB/s NVLink per GPU and 800 Gb/s per node of network):
@@ -16,6 +17,11 @@ Rows (GPT-175B: 96 layers, hidden 12288, 96 heads, sequence 2048, recomputation,
 
 The step time printed by both simulations must be the same (the expansion means the same
 Job); a difference is reported and the script exits 1.
+
+``--sweep N``: ``echo-et sweep --configs`` over the first N configurations of a fixed grid of
+multi-node GPT layouts (3.6B to 175B parameters, 64 to 512 GPUs in nodes of 8, tensor
+parallelism within a node, global batch 512, micro-batch 1 or 2; no measured times: this
+times the sweep, it judges no accuracy), as one whole process with ``--workers``.
 """
 
 from __future__ import annotations
@@ -99,14 +105,62 @@ def bench(name: str, work: Path) -> dict:
     return row
 
 
+# (layers, hidden, heads): GPT models of about 3.6B, 7.5B, 18B, 39B, 76B and 175B parameters.
+SWEEP_MODELS = [(30, 3072, 32), (36, 4096, 32), (40, 6144, 48), (48, 8192, 64), (60, 10240, 80),
+                (96, 12288, 96)]
+
+
+def sweep_grid(n: int) -> list[dict[str, int]]:
+    """The first ``n`` configurations of the grid, in a fixed order."""
+    rows = []
+    for gpus in (64, 128, 256, 512):
+        for layers, hidden, heads in SWEEP_MODELS:
+            for tp in (1, 2, 4, 8):
+                for pp in (1, 2, 4, 8, 16):
+                    if gpus % (tp * pp) or layers % pp or heads % tp:
+                        continue
+                    dp = gpus // (tp * pp)
+                    for mb in (1, 2):
+                        if 512 % (mb * dp):
+                            continue
+                        rows.append(dict(layers=layers, hidden=hidden, heads=heads, seq=2048, micro_batch=mb,
+                                         global_batch=512, tp=tp, pp=pp, dp=dp))
+    step = max(1, len(rows) // n)
+    return rows[::step][:n]
+
+
+def bench_sweep(n: int, workers: int, work: Path) -> dict:
+    rows = sweep_grid(n)
+    csv = work / "configs.csv"
+    cols = list(rows[0])
+    csv.write_text(",".join(cols) + "\n" + "".join(",".join(str(r[c]) for c in cols) + "\n" for r in rows))
+    out = work / "sweep"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "echo_et.cli.main", "sweep", "--configs", str(csv), "--recompute",
+                           *CLUSTER, "--workers", str(workers), "-o", str(out)], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    failed = [r for r in results.get("rows", []) if r.get("error")]
+    return {"rows": len(rows), "workers": workers, "wall_s": round(wall, 1), "exit": proc.returncode,
+            "failed": len(failed), "first_error": failed[0]["error"] if failed else None,
+            "gpus": sorted({r["tp"] * r["pp"] * r["dp"] for r in rows})}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=["vtrain", "goal", "8k"], choices=sorted(ROWS))
     ap.add_argument("--workdir", type=Path, default=None, help="where the Jobs go (default: a temporary folder)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sweep", type=int, default=0, help="time a config sweep of this many rows instead")
+    ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="predict-speed-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        res = bench_sweep(args.sweep, args.workers, work)
+        print(json.dumps(res, indent=2))
+        return 0 if res["exit"] in (0, 1) else 1
     rows = []
     for name in args.rows:
         rows.append(bench(name, work))
