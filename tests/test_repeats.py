@@ -154,20 +154,29 @@ def test_p2p_seq_key_names_group_peer_and_direction() -> None:
 
 # -- traced megatron-gpt: compact == flat --------------------------------------------------------
 LAYOUTS = [
-    (True, ParallelLayout(dp=1, tp=2, pp=2, microbatches=5)),
-    (True, ParallelLayout(dp=2, tp=1, pp=4, microbatches=7)),
-    (False, ParallelLayout(dp=2, tp=2, pp=2, microbatches=3)),
+    ("megatron-recompute", ParallelLayout(dp=1, tp=2, pp=2, microbatches=5)),
+    ("megatron-recompute", ParallelLayout(dp=2, tp=1, pp=4, microbatches=7)),
+    ("megatron-recompute", ParallelLayout(dp=1, tp=2, pp=4, microbatches=9)),
+    ("megatron", ParallelLayout(dp=2, tp=2, pp=2, microbatches=3)),
+    # DDP-style bucketed all-reduces from gradient hooks in the last micro-batch's backward
+    ("gpt-overlap", ParallelLayout(dp=2, tp=1, pp=2, microbatches=4)),
 ]
+
+
+def _config(kind: str) -> GPTConfig:
+    if kind == "gpt-overlap":
+        return GPTConfig(**SMALL, attention="megatron", bucket_mb=0.001)
+    return GPTConfig.megatron(**SMALL, recompute=kind == "megatron-recompute")
 
 
 def _meta(cfg: GPTConfig, lay: ParallelLayout, **kw):
     return trace(build_gpt(cfg), lay, TraceOptions(device="meta", warmup_steps=0, **kw)).job
 
 
-@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"recompute={p[0]}-{p[1].describe()}")
+@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}-{p[1].describe()}")
 def traced(request):
-    recompute, lay = request.param
-    cfg = GPTConfig.megatron(**SMALL, recompute=recompute)
+    kind, lay = request.param
+    cfg = _config(kind)
     return _meta(cfg, lay, verify="stage"), _meta(cfg, lay, verify="stage", replay=False), lay
 
 
