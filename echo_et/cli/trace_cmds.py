@@ -131,10 +131,12 @@ def trace(
         if v is not None:
             parts += [flag, v]
     command = shlex.join(["echo-et", "trace", *map(str, parts), "-o", output.name])
+    # A user's script is checked as it is traced; the built-in workloads' Jobs are proven by
+    # the test suite (tests/test_trace_*.py check them), and every reader checks again.
     opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit,
                         warmup_steps=warmup, measured_steps=steps,
                         name=name or _default_name(wl, layout), command=command,
-                        progress=progress)
+                        progress=progress, check=script is not None)
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)
     cluster.write_hardware(result.job.manifest)
     save_job(result.job, output)
