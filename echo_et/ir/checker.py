@@ -191,9 +191,15 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | N
             out.add("repeat-blocks", p, _where(source, graph))
         if problems:
             return None
-    kinds = _compact_rules_hold(graph, source, out) if graph.has_repeats else None
-    if kinds is None:
-        kinds = _graph_rules_hold(graph, source, out)
+    if graph.has_repeats:
+        kinds = _compact_rules_hold(graph, source, out)
+        if kinds is not None:
+            return kinds
+        # The rule-by-rule checks read the expansion: of a copy, so that the caller's graph
+        # keeps its blocks.
+        graph = graph.copy()
+        graph.expand()
+    kinds = _graph_rules_hold(graph, source, out)
     if kinds is not None:
         return kinds
     stream_ids = {s.id for s in graph.header.streams}
