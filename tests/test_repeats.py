@@ -306,3 +306,16 @@ def test_an_expansion_past_the_limit_is_refused_not_attempted() -> None:
     with pytest.raises(EchoError, match="expand to"):
         graph.expand()
     assert graph.has_repeats
+
+
+def test_simulating_expanded_leaves_the_given_job_compact(traced) -> None:
+    compact, _, lay = traced
+    job = compact.copy()
+    before = {gid: job.graph(gid).has_repeats for gid in job.graph_ids()}
+    assert any(before.values())
+    _, comm, _ = models_for(ConfigSweepOptions())
+    compute, _, _ = models_for(ConfigSweepOptions())
+    timed, _ = retime_compute(job, compute)
+    simulate(timed, "predict", options=SimOptions(gpus_per_node=8, check=False, repeats=False), comm_model=comm)
+    assert {gid: timed.graph(gid).has_repeats for gid in timed.graph_ids()} == before
+    assert {gid: job.graph(gid).has_repeats for gid in job.graph_ids()} == before

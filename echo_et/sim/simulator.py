@@ -197,6 +197,7 @@ class Simulator:
         self._group_by_id = {g.id: g for g in job.manifest.groups}
         self._slowdown_info: dict[str, Any] = {}
         self._block_tables = BlockTable()
+        self._graphs: dict[str, Graph] = {}      # graph id -> the graph its program was compiled from
 
     # -- override points ---------------------------------------------------------------------
     def straggler(self, rank: int) -> float:
@@ -247,7 +248,7 @@ class Simulator:
         for r in ranks:
             gid = job.binding(r).graph
             if gid not in self._programs:
-                self._programs[gid] = self._compile(job.graph(gid))
+                self._programs[gid] = self._compile(gid)
         self._partition = self._make_partition(ranks)
         self._setup_states()
         if self._expand_open_blocks():
@@ -266,12 +267,22 @@ class Simulator:
         o = self.options
         return o.repeats and o.symmetry and not o.critical_nodes and self.mode == "predict"
 
-    def _compile(self, graph: Graph) -> Program:
-        if graph.has_repeats and self.keeps_blocks():
-            try:
-                return compile_compact(graph)
-            except NotCompact:
-                pass
+    def _compile(self, gid: str, *, blocks: bool = True) -> Program:
+        """The program of graph ``gid``: its skeleton when its repeat blocks can be placed in
+        closed form, else the expanded graph's (compiled from an expanded copy: the Job given
+        to the simulator is never changed)."""
+        graph = self.job.graph(gid)
+        if graph.has_repeats:
+            if blocks and self.keeps_blocks():
+                try:
+                    prog = compile_compact(graph)
+                    self._graphs[gid] = graph
+                    return prog
+                except NotCompact:
+                    pass
+            graph = graph.copy()
+            graph.expand()
+        self._graphs[gid] = graph
         return compile_graph(graph, keep_acausal_deps=self.options.keep_acausal_deps)
 
     def _expand_open_blocks(self) -> bool:
@@ -290,7 +301,7 @@ class Simulator:
                     if g is None or self._meeting_size_of.get(part.group_class[g.id]) != 1:
                         redo.add(st.program.graph_id)
         for gid in redo:
-            self._programs[gid] = compile_graph(self.job.graph(gid), keep_acausal_deps=self.options.keep_acausal_deps)
+            self._programs[gid] = self._compile(gid, blocks=False)
         return bool(redo)
 
     def _origins(self, ranks: list[int]) -> dict[int, int]:
@@ -333,7 +344,7 @@ class Simulator:
         for c, r in enumerate(part.reps):
             b = job.binding(r)
             prog = self._programs[b.graph]
-            st = RankState(r, c, prog, job.graph(b.graph), self._origin[r], int(b.clock_offset_ns),
+            st = RankState(r, c, prog, self._graphs[b.graph], self._origin[r], int(b.clock_offset_ns),
                            durations_key=(b.graph, self.symmetry_key(r)))
             group_class = self._bind_groups(st, b)
             self._collective_meetings(st, group_class)
