@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Collection, Iterable, Iterator
 
 from echo_et.errors import EchoError
-from echo_et.ir.repeats import MAX_EXPANDED_NODES, Body, bodies, iter_expanded
+from echo_et.ir.repeats import MAX_EXPANDED_NODES, Body, bodies, expand_into, iter_expanded
 from echo_et.ir.schema import SCHEMA_VERSION, pb
 
 
@@ -90,8 +90,7 @@ class Graph:
             raise EchoError(f"graph {self.id}: its repeat blocks expand to {n} nodes, more than the "
                             f"{MAX_EXPANDED_NODES} one graph may hold in memory")
         store = pb.NodeList()
-        for n in iter_expanded(self.header, self._nodes):
-            store.nodes.append(n)
+        expand_into(store.nodes, self.header, self._nodes, self.bodies())
         del self.header.repeats[:]
         self._store = store
         self._nodes = store.nodes

@@ -19,6 +19,7 @@ import bisect
 import heapq
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from echo_et.ir.schema import pb
 
@@ -166,6 +167,76 @@ def iter_expanded(header: pb.GraphHeader, stored: Sequence[pb.Node],
             order += 1
     for _, _, node in heapq.merge(*streams, key=lambda t: (t[0], t[1])):
         yield node
+
+
+def expand_into(out: Any, header: pb.GraphHeader, stored: Sequence[pb.Node],
+                known: list[Body] | None = None) -> None:
+    """Append the expanded graph's nodes, in id order, to ``out`` (a repeated Node field):
+    what :func:`iter_expanded` yields, built in bulk (a copy is made in place in ``out``,
+    its dependencies shifted where they are, the order of whole runs sorted once)."""
+    blocks = known if known is not None else bodies(header, stored)
+    in_body = {n.id for b in blocks for n in b.nodes}
+    # Runs in id order: a stored node outside every body, a body, or an instance's copies.
+    runs: list[tuple[int, int, Any, Any]] = [(n.id, 0, n, None) for n in stored if n.id not in in_body]
+    for body in blocks:
+        if body.nodes:
+            runs.append((body.nodes[0].id, 1, body, None))
+            for inst in body.block.instances:
+                runs.append((body.nodes[0].id + int(inst.id_offset), 2, body, inst))
+    runs.sort(key=lambda r: r[0])
+    plans = {id(b): _copy_plan(b) for b in blocks}
+    add = out.add
+    for _, what, ref, inst in runs:
+        if what == 0:
+            add().CopyFrom(ref)
+        elif what == 1:
+            for n in ref.nodes:
+                add().CopyFrom(n)
+        else:
+            _append_copies(add, ref, inst, plans[id(ref)])
+
+
+def _copy_plan(body: Body) -> list[tuple[str | None, bool, tuple[str, ...]]]:
+    """Per body node: its seq_offsets key, whether it has outside dependencies, and the
+    annotations it carries that a delta may shift."""
+    first, last = body.first, body.last
+    plan = []
+    for n in body.nodes:
+        outside = any(not first <= d.id <= last for d in n.deps)
+        ann = tuple(a for a in ANNOTATION_DELTAS if n.HasField("annotations") and n.annotations.HasField(a))
+        plan.append((seq_key(n), outside, ann))
+    return plan
+
+
+def _append_copies(add, body: Body, inst: pb.RepeatInstance, plan) -> None:
+    off = int(inst.id_offset)
+    t_off = inst.time_offset_ns
+    seqs = dict(inst.seq_offsets)
+    deltas = {k: v for k, v in inst.annotation_deltas.items() if k in ANNOTATION_DELTAS}
+    deps_of = instance_deps(inst)
+    for n, (key, outside, ann) in zip(body.nodes, plan, strict=True):
+        out = add()
+        out.CopyFrom(n)
+        out.id = n.id + off
+        if t_off:
+            out.start_ns = n.start_ns + t_off
+        if outside or n.id in deps_of:
+            tmp = copy_node(body, n, inst, deps_of)
+            del out.deps[:]
+            out.deps.extend(tmp.deps)
+        else:
+            for d in out.deps:
+                d.id += off
+        if key is not None and key in seqs:
+            if n.kind == pb.KIND_COLLECTIVE:
+                out.collective.seq = n.collective.seq + seqs[key]
+            else:
+                out.p2p.seq = n.p2p.seq + seqs[key]
+        if deltas and ann:
+            a = out.annotations
+            for name in ann:
+                if name in deltas:
+                    setattr(a, name, getattr(n.annotations, name) + deltas[name])
 
 
 def expanded_count(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> int:
