@@ -217,6 +217,13 @@ class DirectRecorder(TorchDispatchMode):
                 self.events.append((OP, name, shapes, dtypes, _out_text(out, args)))
         return out
 
+    def enter_span(self, name: str) -> None:
+        """A ``record_function`` span opens (:func:`echo_et.trace.units.recorded_span`)."""
+        self._span_enter(name, None)
+
+    def exit_span(self) -> None:
+        self._span_exit(None)
+
     def _span_enter(self, name: str, handle) -> None:
         kind = 0
         if self.recording:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord
+from echo_et.trace.units import recorded_span
 
 BACKEND_NAME = "echo-record"
 
@@ -86,7 +87,7 @@ class RecordingWork(dist.distributed_c10d.Work):
     def wait(self, timeout=None) -> bool:  # noqa: ARG002 - c10d signature
         if not self._record.waited:
             self._record.waited = True
-            with torch.profiler.record_function(f"{WAIT_SPAN}{self._record.index}"):
+            with recorded_span(f"{WAIT_SPAN}{self._record.index}"):
                 pass
         return True
 
@@ -164,7 +165,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
         )
         if self._recorder.enabled:
             self._recorder.add(rec)
-        with torch.profiler.record_function(f"{COMM_SPAN}{rec.index}"), torch.no_grad():
+        with recorded_span(f"{COMM_SPAN}{rec.index}"), torch.no_grad():
             if fill is not None:
                 fill()
         return RecordingWork(rec, outs)

@@ -14,7 +14,8 @@ operators and the same communication, in the same order, forward and backward. A
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import contextlib
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 
@@ -40,3 +41,25 @@ def repeat_region(key: Hashable, run: Callable[[], Any], *, replay: bool | None 
     if rec is None:
         return run(), False
     return rec.region(key, run, labels, replay=replay)
+
+
+@contextlib.contextmanager
+def recorded_span(name: str) -> Iterator[None]:
+    """``torch.profiler.record_function(name)``; while a meta-device trace records this
+    thread, the span goes to the recorder directly (what it would see through the dispatcher,
+    without dispatching two profiler operators per span: a pipeline schedule opens tens of
+    thousands)."""
+    from echo_et.trace.direct import active_recorder
+
+    rec = active_recorder()
+    if rec is None:
+        import torch
+
+        with torch.profiler.record_function(name):
+            yield
+        return
+    rec.enter_span(name)
+    try:
+        yield
+    finally:
+        rec.exit_span()

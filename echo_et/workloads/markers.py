@@ -8,20 +8,22 @@ output (first to run in backward: ``begin``) and input (last to run: ``end``).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import torch
-from torch.profiler import record_function
 
 from echo_et.trace.annotations import begin_name, end_name, span_name
+from echo_et.trace.units import recorded_span
 
 
-def span(**attrs: object) -> record_function:
-    return record_function(span_name(**attrs))
+def span(**attrs: object) -> AbstractContextManager[None]:
+    return recorded_span(span_name(**attrs))
 
 
-def comm_span(group) -> record_function:
+def comm_span(group) -> AbstractContextManager[None]:
     """Encloses one communication call and names its process group (see
     :mod:`echo_et.trace.annotations`)."""
-    return record_function(span_name(group=getattr(group, "group_desc", "") or "unknown"))
+    return recorded_span(span_name(group=getattr(group, "group_desc", "") or "unknown"))
 
 
 def device_sync(device) -> None:
@@ -33,7 +35,7 @@ def device_sync(device) -> None:
 
 
 def _mark(name: str) -> None:
-    with record_function(name):
+    with recorded_span(name):
         pass
 
 
