@@ -282,6 +282,7 @@ class _BlockView(_FlatView):
         super().__init__(st)
         self.run = st.blocks
         self.info = st.blocks.info
+        self.last_input = -1
 
     def size(self) -> int:
         return self.info.expanded_items + len(self.info.occurrences)
@@ -328,9 +329,35 @@ class _BlockView(_FlatView):
     def _input(self, occ, j: int, from_start: bool, t: int):
         q, _ = occ.inputs[j]
         if q < 0:
-            return None, self.st.origin_ns == t
-        p = self.pos(q)
-        return (p, not from_start), (self.start(p) if from_start else self.end(p)) == t
+            got, hit = None, self.st.origin_ns == t
+        else:
+            p = self.pos(q)
+            got, hit = (p, not from_start), (self.start(p) if from_start else self.end(p)) == t
+        if hit:
+            self.last_input = j      # the walk leaves the occurrence through input j
+        return got, hit
+
+    def segment_key(self, pos, at_end: bool):
+        """What the walk through occurrence ``pos[0]`` from ``pos`` depends on: the block's
+        table, the entry, and the inputs that decide some item's start (relative to the
+        earliest of them; an input that decides nothing never matches a start the walk
+        compares it with). None when a label would name the copy's own id."""
+        o, i = pos
+        occ = self.info.occurrences[o]
+        if not occ.block.all_named:
+            return None
+        run = self.run
+        x = run.x[o]
+        m = run.tables.table(occ, run.durs[o], run.keys[o]) + x[None, :]
+        rel = (m == m.max(axis=1)[:, None]).any(axis=0)
+        base = int(x[rel].min())
+        return (occ.sig, run.keys[o], i, at_end,
+                tuple((int(x[j]) - base if rel[j] else None, occ.inputs[j][0] < 0) for j in range(x.size)))
+
+    def input_exit(self, o: int, j: int):
+        """Where the walk goes when it leaves occurrence ``o`` through input ``j``."""
+        q, fs = self.info.occurrences[o].inputs[j]
+        return None if q < 0 else (self.pos(q), not fs)
 
     def decide(self, pos, t: int):
         o, i = pos
@@ -398,10 +425,34 @@ def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> 
     walk = _PathWalk()
     at_end = True
     guard = sum(views[id(s)].size() for s in states) * 2 + 10
+    # The walk through an occurrence is the same for every occurrence with the same segment
+    # key: it is walked once, then its contributions are added and the walk jumps to its exit.
+    memo: dict[tuple, tuple[dict[tuple[str, str], list[int]], int, int]] = {}
+    seg: tuple | None = None          # (key, occurrence, contributions, steps) being recorded
     while guard > 0:
         guard -= 1
         if not walk.ranks_seen or walk.ranks_seen[-1] != st.rank:
             walk.ranks_seen.append(st.rank)
+        if seg is None and isinstance(view, _BlockView) and pos[0] >= 0:
+            key = view.segment_key(pos, at_end)
+            if key is not None:
+                got = memo.get(key)
+                if got is not None:
+                    adds, steps, j = got
+                    for (cat, name), (ns, count) in adds.items():
+                        v = walk.contrib.setdefault((cat, name), [0, 0])
+                        v[0] += ns
+                        v[1] += count
+                        walk.by_cat[cat] = walk.by_cat.get(cat, 0) + ns
+                    guard -= steps
+                    nxt = view.input_exit(pos[0], j) if j >= 0 else None
+                    if nxt is None:
+                        break
+                    pos, at_end = nxt
+                    continue
+                seg = (key, pos[0], {}, [0])
+        if seg is not None:
+            seg[3][0] += 1
         if at_end:
             s, e = view.start(pos), view.end(pos)
             d = view.duration(pos)
@@ -412,6 +463,10 @@ def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> 
                 pos = ep[0]
                 continue
             walk.add(cat, name, e - s)
+            if seg is not None and e - s > 0:
+                v = seg[2].setdefault((cat, name), [0, 0])
+                v[0] += e - s
+                v[1] += 1
         parts = view.participants(pos)
         if parts:
             last = Participant(*max(parts, key=lambda p: p[2]))
@@ -421,8 +476,13 @@ def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> 
             t = view.arrival(pos)
         else:
             t = view.start(pos)
+        if seg is not None:
+            view.last_input = -1
         nxt, g = view.decide(pos, t)
         walk.gaps += g
+        if seg is not None and (nxt is None or nxt[0][0] != seg[1]):
+            memo[seg[0]] = (seg[2], seg[3][0], view.last_input)
+            seg = None
         if nxt is None:
             break
         pos, at_end = nxt

@@ -73,6 +73,7 @@ class Block:
     rendezvous: dict[int, Rendezvous]     # local collectives
     by_stream: dict[int, list[int]] = field(default_factory=dict)
     local_of: dict[int, int] = field(default_factory=dict)   # body node id -> local item
+    all_named: bool = True                # every body node has a name (labels name no copy's id)
     category_np: np.ndarray | None = None
     by_stream_np: dict[int, np.ndarray] = field(default_factory=dict)
 
@@ -443,7 +444,8 @@ def _compile_block(b: int, body, index_of: dict[int, int], dense: dict[int, int]
                  stream=stream, category=category, host=[host_stream[k] for k in stream],
                  stream_prev=stream_prev, local_gates=local_gates, dep_order=dep_order,
                  streams=sorted(first_on), first_on=first_on, last_on=last, rendezvous=rendezvous,
-                 by_stream=by_stream, local_of=local_of, category_np=np.asarray(category, dtype=np.int64),
+                 by_stream=by_stream, local_of=local_of, all_named=all(n.name for n in nodes),
+                 category_np=np.asarray(category, dtype=np.int64),
                  by_stream_np={k: np.asarray(v, dtype=np.int64) for k, v in by_stream.items()})
 
 
