@@ -541,7 +541,9 @@ class BlockRun:
     def place(self, o: int, x: np.ndarray) -> np.ndarray:
         occ = self.info.occurrences[o]
         self.x[o] = x
-        return place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
+        s = place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
+        self._times[o] = (s, s + self.durs[o])
+        return s
 
     def times(self, o: int) -> tuple[np.ndarray, np.ndarray]:
         """(start, end) of every local item of occurrence ``o`` (after it was placed)."""
