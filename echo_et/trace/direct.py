@@ -135,6 +135,14 @@ class _Region:
     events: list
     labels: dict
     out_meta: tuple | None
+    _facts: tuple[bool, int] | None = None
+
+    def facts(self) -> tuple[bool, int]:
+        """(holds a host sync, communication calls it never waits for): read once per region,
+        asked at every replay."""
+        if self._facts is None:
+            self._facts = (any(e[0] == SYNC for e in self.events), _unwaited(self.events))
+        return self._facts
 
 
 class _Replayed(torch.autograd.Function):
@@ -763,7 +771,7 @@ class _Build:
 
     def open_region(self, region: _Region, labels: dict[str, Any]) -> None:
         """Start the body of ``region`` for the current build state, unless one exists."""
-        syncs = any(e[0] == SYNC for e in region.events)
+        syncs = region.facts()[0]
         shape = self.shape(syncs)
         key = (id(region), shape)
         if key in self.bodies:
@@ -827,8 +835,8 @@ class _Build:
         """A replay of ``region`` with annotation values ``labels``: an instance of the body
         built for the same build state when there is one, else copies of its events (which
         become that state's body)."""
-        self.unwaited_extra += _unwaited(region.events)
-        syncs = any(e[0] == SYNC for e in region.events)
+        syncs, unwaited = region.facts()
+        self.unwaited_extra += unwaited
         body = self.bodies.get((id(region), self.shape(syncs))) if self.open_body is None else None
         deltas = self.deltas(body, labels) if body is not None else None
         if body is None or deltas is None:
