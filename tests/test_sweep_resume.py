@@ -309,17 +309,13 @@ def test_the_layout_sweep_resumes_to_the_same_bytes(job_dir, tmp_path) -> None:
     assert other.exit_code == 2 and "error: --resume: " in other.stderr and "other options" in other.stderr
 
 
-def test_a_point_whose_dask_worker_dies_is_its_error(job_dir, monkeypatch) -> None:
-    pytest.importorskip("distributed", reason="the dask executor is optional (pip install 'dask[distributed]')")
+@pytest.mark.parametrize("executor, package, hint", [
+    ("dask", "distributed", "pip install 'dask[distributed]'"),
+    ("ray", "ray", "pip install ray"),
+])
+def test_a_point_whose_worker_dies_is_its_error(job_dir, monkeypatch, executor, package, hint) -> None:
+    pytest.importorskip(package, reason=f"the {executor} executor is optional ({hint})")
     monkeypatch.setenv(executors.KILL_ROW_ENV, "1")
-    res = run_sweep(load_job(job_dir), SweepSpec(dp=[2, 4, 8], mode="replay"), executor="dask", workers=2)
-    assert res.rows[1]["error"].startswith("worker died: ")
-    assert res.rows[0]["step_time_ns"] > 0 and res.rows[2]["step_time_ns"] > 0
-
-
-def test_a_point_whose_ray_worker_dies_is_its_error(job_dir, monkeypatch) -> None:
-    pytest.importorskip("ray", reason="the ray executor is optional (pip install ray)")
-    monkeypatch.setenv(executors.KILL_ROW_ENV, "1")
-    res = run_sweep(load_job(job_dir), SweepSpec(dp=[2, 4, 8], mode="replay"), executor="ray", workers=2)
+    res = run_sweep(load_job(job_dir), SweepSpec(dp=[2, 4, 8], mode="replay"), executor=executor, workers=2)
     assert res.rows[1]["error"].startswith("worker died: ")
     assert res.rows[0]["step_time_ns"] > 0 and res.rows[2]["step_time_ns"] > 0

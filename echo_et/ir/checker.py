@@ -219,6 +219,21 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | N
     check_collective_numbering(graph, source, out)
 
 
+def _node_holds(n: pb.Node, stream_ids: set[int], probe: IssueCollector) -> bool:
+    """The node rules on the common path, without wording an issue (the one-pass checks)."""
+    have = n.WhichOneof("payload")
+    allowed = ALLOWED_PAYLOADS.get(n.kind)
+    s, d = n.start_ns, n.duration_ns
+    if not (n.stream in stream_ids and allowed is not None and have in allowed and s >= 0 and d >= 0
+            and s + d <= MAX_NS):
+        return False
+    if have is not None and have != "cpu":
+        _check_payload_values(n, have, probe, "")
+        if probe.issues:
+            return False
+    return True
+
+
 def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int] | None:
     """The graph-level rules in one pass, for the common graph: nodes in increasing id order,
     each depending only on earlier ones, nothing out of range. Then unique ids, existing
@@ -231,7 +246,7 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
     host: set[int] = set()
     same_stream: list[tuple[int, int, int]] = []   # (stream, node kind, dep kind) of deps on it
     probe = IssueCollector(1)
-    host_kinds, allowed_of, max_ns = HOST_KINDS, ALLOWED_PAYLOADS, MAX_NS
+    host_kinds = HOST_KINDS
     kinds: set[int] = set()
     last = -1
     for n in graph.iter_nodes():   # streamed: repeat blocks are not expanded in memory
@@ -239,16 +254,8 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
         if nid <= last:
             return None
         last = nid
-        have = n.WhichOneof("payload")
-        allowed = allowed_of.get(kind)
-        s, d = n.start_ns, n.duration_ns
-        if not (st in stream_ids and allowed is not None and have in allowed and s >= 0 and d >= 0
-                and s + d <= max_ns):
+        if not _node_holds(n, stream_ids, probe):
             return None
-        if have is not None and have != "cpu":
-            _check_payload_values(n, have, probe, "")
-            if probe.issues:
-                return None
         for dep in n.deps:
             did = dep.id
             dst = stream_of.get(did)
@@ -280,7 +287,7 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
 
     stream_ids = {s.id for s in graph.header.streams}
     probe = IssueCollector(1)
-    allowed_of, max_ns = ALLOWED_PAYLOADS, MAX_NS
+    max_ns = MAX_NS
     kinds: set[int] = set()
     stream_of: dict[int, int] = {}
     blocks = graph.bodies()
@@ -305,16 +312,8 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
         if nid <= last:
             return None
         last = nid
-        have = n.WhichOneof("payload")
-        allowed = allowed_of.get(kind)
-        s_, d_ = n.start_ns, n.duration_ns
-        if not (st in stream_ids and allowed is not None and have in allowed and s_ >= 0 and d_ >= 0
-                and s_ + d_ <= max_ns):
+        if not _node_holds(n, stream_ids, probe):
             return None
-        if have is not None and have != "cpu":
-            _check_payload_values(n, have, probe, "")
-            if probe.issues:
-                return None
         stream_of[nid] = st
         for dep in n.deps:
             if dep.id >= nid:

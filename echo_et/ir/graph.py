@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Collection, Iterable, Iterator
 
 from echo_et.errors import EchoError
-from echo_et.ir.repeats import MAX_EXPANDED_NODES, Body, bodies, expand_into, iter_expanded
+from echo_et.ir.repeats import MAX_EXPANDED_NODES, Body, bodies, expand_into, expanded_count, iter_expanded
 from echo_et.ir.schema import SCHEMA_VERSION, pb
 
 
@@ -99,7 +99,7 @@ class Graph:
 
     def __len__(self) -> int:
         if self.header.repeats:
-            return len(self._nodes) + sum(len(b.nodes) * len(b.block.instances) for b in self.bodies())
+            return expanded_count(self.header, self._nodes, self.bodies())
         return len(self._nodes)
 
     def __iter__(self) -> Iterator[pb.Node]:

@@ -239,11 +239,12 @@ def _append_copies(add, body: Body, inst: pb.RepeatInstance, plan) -> None:
                     setattr(a, name, getattr(n.annotations, name) + deltas[name])
 
 
-def expanded_count(header: pb.GraphHeader, stored: Sequence[pb.Node]) -> int:
+def expanded_count(header: pb.GraphHeader, stored: Sequence[pb.Node], known: list[Body] | None = None) -> int:
     """Nodes of the expanded graph, without expanding it."""
     if not header.repeats:
         return len(stored)
-    return len(stored) + sum(len(b.nodes) * len(b.block.instances) for b in bodies(header, stored))
+    blocks = known if known is not None else bodies(header, stored)
+    return len(stored) + sum(len(b.nodes) * len(b.block.instances) for b in blocks)
 
 
 def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node], known: list[Body] | None = None

@@ -103,6 +103,11 @@ def _label(st: RankState, item: int) -> tuple[str, str]:
     return cat, node.name or f"node {node.id}"
 
 
+def _no_path() -> dict[str, Any]:
+    return {"length_ns": 0, "rank": -1, "start_rank": -1, "start_offset_ns": 0, "by_category": {}, "top": [],
+            "ranks": []}
+
+
 @dataclass
 class _PathWalk:
     """What the walk back along the critical path adds up."""
@@ -112,13 +117,34 @@ class _PathWalk:
     gaps: int = 0
     ranks_seen: list[int] = field(default_factory=list)
 
-    def add(self, cat: str, name: str, ns: int) -> None:
+    def add(self, cat: str, name: str, ns: int, count: int = 1) -> None:
         if ns <= 0:
             return
         v = self.contrib.setdefault((cat, name), [0, 0])
         v[0] += ns
-        v[1] += 1
+        v[1] += count
         self.by_cat[cat] = self.by_cat.get(cat, 0) + ns
+
+    def result(self, length: int, slowest: RankState, start: RankState, top: int) -> dict[str, Any]:
+        """The path's summary: the ``top`` contributors and the time by category."""
+        if self.gaps:
+            self.by_cat["gap"] = self.by_cat.get("gap", 0) + self.gaps
+        ranked = sorted(self.contrib.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
+        return {
+            "length_ns": int(length),
+            "rank": slowest.rank,
+            # The path may begin on a rank that started later (or earlier) than the slowest
+            # rank: by_category sums to length_ns - start_offset_ns.
+            "start_rank": start.rank,
+            "start_offset_ns": int(start.origin_ns - slowest.origin_ns),
+            "by_category": dict(sorted(self.by_cat.items())),
+            "top": [
+                {"category": c, "name": n, "ns": int(v[0]), "count": v[1],
+                 "share": round(v[0] / length, 4) if length else 0.0}
+                for (c, n), v in ranked
+            ],
+            "ranks": self.ranks_seen,
+        }
 
 
 def _count_node(nodes: Counter | None, st: RankState, item: int, ns: int) -> None:
@@ -150,8 +176,7 @@ def critical_path(states: list[RankState], part: Partition, top: int,
     node (graph id, index in the graph) lies on the path with a non-zero time."""
     live = [s for s in states if s.program.n_items]
     if not live:
-        return {"length_ns": 0, "rank": -1, "start_rank": -1, "start_offset_ns": 0, "by_category": {}, "top": [],
-                "ranks": []}
+        return _no_path()
     st = max(live, key=lambda s: (max(s.item_end) - s.origin_ns, -s.rank))
     slowest = st
     item = max(range(st.program.n_items), key=lambda i: st.item_end[i])
@@ -188,24 +213,7 @@ def critical_path(states: list[RankState], part: Partition, top: int,
         if nxt is None:
             break  # reached the rank's origin
         item, at_end = nxt
-    if walk.gaps:
-        walk.by_cat["gap"] = walk.by_cat.get("gap", 0) + walk.gaps
-    ranked = sorted(walk.contrib.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
-    return {
-        "length_ns": int(length),
-        "rank": slowest.rank,
-        # The path may begin on a rank that started later (or earlier) than the slowest
-        # rank: by_category sums to length_ns - start_offset_ns.
-        "start_rank": st.rank,
-        "start_offset_ns": int(st.origin_ns - slowest.origin_ns),
-        "by_category": dict(sorted(walk.by_cat.items())),
-        "top": [
-            {"category": c, "name": n, "ns": int(v[0]), "count": v[1],
-             "share": round(v[0] / length, 4) if length else 0.0}
-            for (c, n), v in ranked
-        ],
-        "ranks": walk.ranks_seen,
-    }
+    return walk.result(length, slowest, st, top)
 
 
 # -- ranks whose repeat blocks were placed in closed form -----------------------------------------------
@@ -415,8 +423,7 @@ def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> 
     views = {id(s): _view(s) for s in states}
     live = [s for s in states if s.program.n_items]
     if not live:
-        return {"length_ns": 0, "rank": -1, "start_rank": -1, "start_offset_ns": 0, "by_category": {}, "top": [],
-                "ranks": []}
+        return _no_path()
     st = max(live, key=lambda s: (max(s.item_end) - s.origin_ns, -s.rank))
     slowest = st
     view = views[id(st)]
@@ -440,10 +447,7 @@ def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> 
                 if got is not None:
                     adds, steps, j = got
                     for (cat, name), (ns, count) in adds.items():
-                        v = walk.contrib.setdefault((cat, name), [0, 0])
-                        v[0] += ns
-                        v[1] += count
-                        walk.by_cat[cat] = walk.by_cat.get(cat, 0) + ns
+                        walk.add(cat, name, ns, count)
                     guard -= steps
                     nxt = view.input_exit(pos[0], j) if j >= 0 else None
                     if nxt is None:
@@ -486,19 +490,4 @@ def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> 
         if nxt is None:
             break
         pos, at_end = nxt
-    if walk.gaps:
-        walk.by_cat["gap"] = walk.by_cat.get("gap", 0) + walk.gaps
-    ranked = sorted(walk.contrib.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
-    return {
-        "length_ns": int(length),
-        "rank": slowest.rank,
-        "start_rank": st.rank,
-        "start_offset_ns": int(st.origin_ns - slowest.origin_ns),
-        "by_category": dict(sorted(walk.by_cat.items())),
-        "top": [
-            {"category": c, "name": n, "ns": int(v[0]), "count": v[1],
-             "share": round(v[0] / length, 4) if length else 0.0}
-            for (c, n), v in ranked
-        ],
-        "ranks": walk.ranks_seen,
-    }
+    return walk.result(length, slowest, st, top)

@@ -88,13 +88,18 @@ class Occurrence:
 
     block: Block
     offset: int
-    outside: list[tuple[int, bool]]       # per outside dependency slot: (local item, from start), kept ones
     inputs: list[tuple[int, bool]]        # per input j: (program item, from start); item -1 = the origin
     ports: list[tuple[int, int]]          # (local item, program port item)
     macro: int = -1
     sig: tuple = ()                       # what D depends on besides durations
     outside_all: list[tuple[int, int, bool]] = field(default_factory=list)  # (local, input or -1: implied, from start)
     instance: pb.RepeatInstance | None = None   # None: the body's own run
+
+    @property
+    def outside(self) -> list[tuple[int, bool]]:
+        """(local item, from start) of each outside dependency that is an input (not implied
+        by stream order), in input order."""
+        return [(local, fs) for local, j, fs in self.outside_all if j >= 0]
 
 
 @dataclass
@@ -105,7 +110,8 @@ class CompactInfo:
     occurrences: list[Occurrence]
     occurrence_of_macro: dict[int, int]   # macro item -> occurrence index
     port_of: dict[int, tuple[int, int]]   # port item -> (occurrence index, local item)
-    stream_runs: list[list[tuple[int, int]]]  # per dense stream: (program item, -1) or (occurrence, -2 - k)...
+    # per dense stream, in id order: (skeleton item, -1) or (occurrence, that stream)
+    stream_runs: list[list[tuple[int, int]]]
     expanded_items: int = 0
 
 
@@ -148,10 +154,10 @@ def compile_compact(graph: Graph) -> Program:
     occs: list[Occurrence] = []
     ranges: list[tuple[int, int, int]] = []        # (first id, last id, occurrence)
     for blk in blocks:
-        occs.append(Occurrence(blk, 0, [], [], []))
+        occs.append(Occurrence(blk, 0, [], []))
         ranges.append((blk.ids[0], blk.ids[-1], len(occs) - 1))
         for inst in blk.block.instances:
-            occs.append(Occurrence(blk, int(inst.id_offset), [], [], [], instance=inst))
+            occs.append(Occurrence(blk, int(inst.id_offset), [], [], instance=inst))
             ranges.append((blk.ids[0] + int(inst.id_offset), blk.ids[-1] + int(inst.id_offset), len(occs) - 1))
     ranges.sort()
     skeleton = [n for n in stored if n.id not in in_body]
@@ -184,7 +190,7 @@ def compile_compact(graph: Graph) -> Program:
         for _, what, ref in seq[k]:
             if what == 0:
                 node = stored[ref]
-                it = _new_item(prog, k, DEVICE_CATEGORY.get(node.kind, CAT_OTHER), ref, node.duration_ns)
+                it = prog.add_item(k, DEVICE_CATEGORY.get(node.kind, CAT_OTHER), ref, node.duration_ns)
                 prog.stream_prev.append(prev)
                 prog.node_start_item[ref] = prog.node_end_item[ref] = it
                 item_of_node[node.id] = it
@@ -197,7 +203,7 @@ def compile_compact(graph: Graph) -> Program:
                 # something outside waits for, in local order
                 locals_here = sorted({blk.last_on[k], *(i for i in needed.get(ref, ()) if blk.stream[i] == k)})
                 for i in locals_here:
-                    it = _new_item(prog, k, CAT_PORT, -1, 0)
+                    it = prog.add_item(k, CAT_PORT, -1, 0)
                     prog.stream_prev.append(-1)
                     port_item[(ref, i)] = it
                     occ.ports.append((i, it))
@@ -208,7 +214,7 @@ def compile_compact(graph: Graph) -> Program:
     macro_stream = len(stream_ids)
     occurrence_of_macro: dict[int, int] = {}
     for o, occ in enumerate(occs):
-        it = _new_item(prog, macro_stream, CAT_MACRO, -1, 0)
+        it = prog.add_item(macro_stream, CAT_MACRO, -1, 0)
         prog.stream_prev.append(-1)
         occ.macro = it
         occurrence_of_macro[it] = o
@@ -252,7 +258,6 @@ def compile_compact(graph: Graph) -> Program:
         blk = occ.block
         outside = _outside_deps(blk, occ, occ.instance)
         inputs: list[tuple[int, bool]] = [(prev_on[(o, k)], False) for k in blk.streams]
-        kept: list[tuple[int, bool]] = []
         for local, dep_id, kind in outside:
             fs = kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
             q, _ = target_item(dep_id)
@@ -260,11 +265,9 @@ def compile_compact(graph: Graph) -> Program:
                 occ.outside_all.append((local, -1, fs))
                 continue    # implied by stream order
             occ.outside_all.append((local, len(inputs), fs))
-            kept.append((local, fs))
             inputs.append((q, fs))
-        occ.outside = kept
         occ.inputs = inputs
-        occ.sig = (blk.index, tuple(kept))
+        occ.sig = (blk.index, tuple(occ.outside))
         m = occ.macro
         start_preds[m] = [(q, fs, 0) for q, fs in inputs if q >= 0]
     prog.start_preds = [tuple(g) for g in start_preds]
@@ -324,16 +327,6 @@ def compile_compact(graph: Graph) -> Program:
     prog.compact = CompactInfo(blocks, occs, occurrence_of_macro, port_of, stream_runs,
                                expanded_items=len(skeleton) + sum(occ.block.n for occ in occs))
     return prog
-
-
-def _new_item(prog: Program, stream_k: int, cat: int, owner: int, dur: int) -> int:
-    it = prog.n_items
-    prog.n_items += 1
-    prog.stream_of.append(stream_k)
-    prog.category.append(cat)
-    prog.node_of.append(owner)
-    prog.measured_dur.append(max(0, dur))
-    return it
 
 
 def _occurrence_at(ranges: list[tuple[int, int, int]], node_id: int) -> int:

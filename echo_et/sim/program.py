@@ -184,6 +184,16 @@ class Program:
     untimed: bool = False        # no measured layout (meta-device traces): every gap is 0
     compact: Any = None          # repeat blocks kept (echo_et.sim.blocks.CompactInfo), None when flat
 
+    def add_item(self, stream_k: int, cat: int, owner: int, dur: int) -> int:
+        """A new item on dense stream ``stream_k``, owned by node index ``owner`` (-1: none)."""
+        it = self.n_items
+        self.n_items += 1
+        self.stream_of.append(stream_k)
+        self.category.append(cat)
+        self.node_of.append(owner)
+        self.measured_dur.append(max(0, dur))
+        return it
+
     def predecessors(self, item: int) -> set[int]:
         """Every item ``item`` waits for: its stream predecessor, its start gates and, for
         a sync, what its end waits for."""
@@ -228,13 +238,7 @@ class _Compilation:
     untimed: bool = False                                    # durations only (meta-device traces)
 
     def new_item(self, stream_k: int, cat: int, owner: int, mstart: int, mend: int, mdur: int) -> int:
-        prog = self.prog
-        it = prog.n_items
-        prog.n_items += 1
-        prog.stream_of.append(stream_k)
-        prog.category.append(cat)
-        prog.node_of.append(owner)
-        prog.measured_dur.append(max(0, mdur))
+        it = self.prog.add_item(stream_k, cat, owner, mdur)
         self.item_mstart.append(mstart)
         self.item_mend.append(mend)
         return it

@@ -434,21 +434,24 @@ class Simulator:
                 node = nodes[idx] if idx >= 0 else None
                 m = prog.measured_dur[it]
                 try:
-                    if cat == CAT_COMPUTE:
-                        d = self.compute(node, m, rank)
-                    elif cat == CAT_COPY:
-                        d = self.memcpy(node, m, rank)
-                    elif cat == CAT_COMM_OTHER:
-                        d = self.comm_unknown(node, m, rank)
-                    elif cat in (CAT_HOST, CAT_SYNC, CAT_OTHER):
-                        d = self.host(node, m, rank)
-                    else:
-                        d = m
+                    d = self._item_duration(cat, node, m, rank)
                 except EchoError as e:
                     raise EchoError(f"while simulating rank {rank} {st.describe(it)}: {e}") from None
                 durs[it] = max(0, int(d))
             out[st.durations_key] = durs
         return out
+
+    def _item_duration(self, cat: int, node: pb.Node | None, measured_ns: int, rank: int) -> int:
+        """The override point that times an item of this category (not a rendezvous)."""
+        if cat == CAT_COMPUTE:
+            return self.compute(node, measured_ns, rank)
+        if cat == CAT_COPY:
+            return self.memcpy(node, measured_ns, rank)
+        if cat == CAT_COMM_OTHER:
+            return self.comm_unknown(node, measured_ns, rank)
+        if cat in (CAT_HOST, CAT_SYNC, CAT_OTHER):
+            return self.host(node, measured_ns, rank)
+        return measured_ns
 
     def _block_durations(self, st: RankState, blk) -> np.ndarray:
         """Base duration of each item of a block's body on ``st``, from the override points
@@ -459,22 +462,14 @@ class Simulator:
             cat = blk.category[i]
             m = max(0, node.duration_ns)
             try:
-                if cat == CAT_COMPUTE:
-                    d = self.compute(node, m, rank)
-                elif cat == CAT_COPY:
-                    d = self.memcpy(node, m, rank)
-                elif cat == CAT_COMM_OTHER:
-                    d = self.comm_unknown(node, m, rank)
-                elif cat == CAT_COLL:
+                if cat == CAT_COLL:
                     rv = blk.rendezvous[i]
                     own = self.collective(CommCall(collective_name(rv.coll_type), rv.coll_type, rv.in_bytes,
                                                    rv.out_bytes, rv.dtype, st.group_of_key[rv.key], rv.seq,
                                                    rv.root, -1, -1, []))
                     d = own[0] if isinstance(own, list | tuple) else own
-                elif cat in (CAT_HOST, CAT_SYNC, CAT_OTHER):
-                    d = self.host(node, m, rank)
                 else:
-                    d = m
+                    d = self._item_duration(cat, node, m, rank)
             except EchoError as e:
                 raise EchoError(f"while simulating rank {rank} node {node.id} ({node.name}): {e}") from None
             out[i] = max(0, int(d))
@@ -490,17 +485,23 @@ class Simulator:
         x = np.array([origin if q < 0 else (start[q] if fs else end[q]) for q, fs in occ.inputs], dtype=np.int64)
         s = run.place(o, x)
         durs = run.durs[o]
-        pending, ready, succ = st.pending_preds, st.ready, st.program.successors
         for local, p in occ.ports:
             t = int(s[local])
             start[p] = t
             end[p] = t + int(durs[local])
-            for q in succ[p]:
-                c = pending[q] - 1
-                pending[q] = c
-                if c == 0:
-                    ready.append(q)
+            self._release(st, p)
         return 1 + len(occ.ports)
+
+    @staticmethod
+    def _release(st: RankState, it: int) -> None:
+        """Item ``it`` is done: its successors with nothing else to wait for become ready.
+        (The event loop's hot path does the same inline.)"""
+        pending, ready = st.pending_preds, st.ready
+        for q in st.program.successors[it]:
+            c = pending[q] - 1
+            pending[q] = c
+            if c == 0:
+                ready.append(q)
 
     # -- the event loop ----------------------------------------------------------------------
     def _simulate(self, durs: dict[int, list[int]]) -> None:
@@ -666,13 +667,8 @@ class Simulator:
         st.participants[it] = parts
         st.items_done += 1
         self._events += 1
-        pending, ready = st.pending_preds, st.ready
-        for q in st.program.successors[it]:
-            c = pending[q] - 1
-            pending[q] = c
-            if c == 0:
-                ready.append(q)
-        if ready and not st.queued:
+        self._release(st, it)
+        if st.ready and not st.queued:
             st.queued = True
             self._active.append(st)
 
