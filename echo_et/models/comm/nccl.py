@@ -56,6 +56,11 @@ from echo_et.models.comm.tuning import Choice, NcclSystem
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                "reduce", "gather", "scatter", "barrier", "send", "recv")
 
+# Patterns nccl-tests measures that are not IR collectives: sendrecv_perf (every rank sends to
+# the next and receives from the previous at once) and hypercube_perf (an all-gather as
+# log2(n) rounds of send/recv with the rank at distance 1, 2, 4, ...). Only fits price them.
+MEASURED_PATTERNS = ("sendrecv", "hypercube")
+
 CHOICE_MODES = ("nccl", "fastest")
 _BARRIER_BYTES = 4  # c10d's barrier is an all-reduce of one 4-byte element
 _US = 1e-3  # bytes / (GB/s) -> us: 1 GB/s moves 1e3 bytes per us
@@ -197,6 +202,38 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.n
     return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t + per_peer
 
 
+def _sendrecv(P, S: np.ndarray, pl: Placement) -> Costs:
+    """Every rank sends S to the next rank and receives S from the previous at once: the
+    slowest pair sets the time (across nodes, the pair that crosses a node boundary)."""
+    return p2p_costs(P, S, not pl.multi_node)
+
+
+def _hypercube(P, S: np.ndarray, pl: Placement) -> Costs:
+    """log2(n) rounds (one grouped send/recv each): in round i every rank exchanges 2^i
+    shards with the rank at distance 2^i, a peer on another node once 2^i >= the GPUs per
+    node (ranks packed onto nodes)."""
+    out: Costs = {}
+    rounds = max(1, (pl.ranks - 1).bit_length())
+    for i in range(rounds):
+        same = (1 << i) < pl.per_node or not pl.multi_node
+        for key, t in p2p_costs(P, S * (1 << i), same).items():
+            out[key] = out.get(key, 0.0) + t
+    return out
+
+
+def for_collective(P: Mapping[str, float], coll: str) -> Mapping[str, float]:
+    """``P`` with the NVLink (and protocol limit) and network rates ``coll`` reaches: all-reduce's
+    times its ``coll_nvlink_eff`` and ``coll_net_eff`` (1.0 unless a fit set them apart)."""
+    intra, net = P.get(f"coll_nvlink_eff.{coll}", 1.0), P.get(f"coll_net_eff.{coll}", 1.0)
+    if intra == 1.0 and net == 1.0:
+        return P
+    out = dict(P)
+    for name in ("nvlink_gbps", "cap_gbps.LL", "cap_gbps.LL128"):
+        out[name] = P[name] * intra
+    out["net_gbps"] = P["net_gbps"] * net
+    return out
+
+
 def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool) -> Costs:
     """Send/recv between two ranks: one hop over NVLink or the network."""
     out: Costs = {}
@@ -218,6 +255,11 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
         coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
     if pl.ranks == 1:
         return {("local", "Simple"): P["local_setup_us"] + S / P["local_copy_gbps"] * _US}
+    P = for_collective(P, coll)
+    if coll == "sendrecv":
+        return _sendrecv(P, S, pl)
+    if coll == "hypercube":
+        return _hypercube(P, S, pl)
     out: Costs = {}
     if coll in ("all_to_all", "gather", "scatter"):
         for proto in ("LL", "Simple"):
@@ -253,7 +295,7 @@ def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement, syst
     channels) NCCL's own tuner picks (:mod:`~echo_et.models.comm.tuning`), timed by this
     performance model; with ``mode="fastest"`` the pair this model rates fastest among those
     NCCL has enabled (what a tuned NCCL_ALGO/NCCL_PROTO would run), with NCCL's channels."""
-    if coll not in COLLECTIVES or coll in ("send", "recv"):
+    if (coll not in COLLECTIVES and coll not in MEASURED_PATTERNS) or coll in ("send", "recv"):
         raise EchoError(f"unknown collective {coll!r}")
     if mode not in CHOICE_MODES:
         raise EchoError(f"unknown choice {mode!r} (known: {', '.join(CHOICE_MODES)})")

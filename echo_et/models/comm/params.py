@@ -75,6 +75,21 @@ SPECS: tuple[ParamSpec, ...] = (
               "NVLink-SHARP all-reduce bus bandwidth inside a node; 0 where the switch has none"),
 )
 
+# Collectives whose NVLink and network rates a fit may set apart from all-reduce's (the
+# reference, 1.0): NCCL runs them with other kernels, chunk sizes and (send/recv) channels.
+PER_COLLECTIVE = ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+                  "sendrecv", "hypercube")
+SPECS = SPECS + tuple(
+    ParamSpec(f"coll_nvlink_eff.{c}", "", "intra", 0.3,
+              f"NVLink rate (and protocol limits) {c} reaches, relative to all-reduce's") for c in PER_COLLECTIVE
+) + tuple(
+    ParamSpec(f"coll_net_eff.{c}", "", "net", 0.3,
+              f"network rate {c} reaches, relative to all-reduce's") for c in PER_COLLECTIVE
+)
+# Parameters a profile or preset may leave out (then 1.0: as all-reduce); written only when fitted away
+# from it, so profiles from before keep their bytes.
+OPTIONAL: dict[str, float] = {s.name: 1.0 for s in SPECS if s.name.startswith(("coll_nvlink_eff.", "coll_net_eff."))}
+
 SPEC_BY_NAME: dict[str, ParamSpec] = {s.name: s for s in SPECS}
 NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
 
@@ -88,6 +103,8 @@ def flatten(nested: Mapping[str, object], where: str) -> dict[str, float]:
                 out[f"{key}.{sub}"] = _number(v, f"{where}: {key}.{sub}")
         else:
             out[key] = _number(value, f"{where}: {key}")
+    for name, default in OPTIONAL.items():
+        out.setdefault(name, default)
     unknown = sorted(set(out) - set(NAMES))
     if unknown:
         raise EchoError(f"{where}: unknown parameter(s) {', '.join(unknown)}")
@@ -104,6 +121,8 @@ def nest(flat: Mapping[str, float]) -> dict[str, object]:
     """The inverse of :func:`flatten`, in :data:`NAMES` order."""
     out: dict[str, object] = {}
     for name in NAMES:
+        if name in OPTIONAL and flat.get(name, OPTIONAL[name]) == OPTIONAL[name]:
+            continue
         family, _, proto = name.partition(".")
         if proto:
             out.setdefault(family, {})[proto] = flat[name]  # type: ignore[index]

@@ -60,7 +60,7 @@ VERSIONS = ("2.7.5", "2.17.1", "2.20.3")
 PROTOCOLS = ("LL", "LL128", "Simple")
 # NCCL's collectives in its own order (ncclFunc_t) and the IR names that map to them.
 FUNCTIONS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
-P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv")
+P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv", "sendrecv", "hypercube")
 
 # path types NCCL orders GPU-GPU and GPU-NIC paths by (closest first)
 PATH_TYPES = ("LOC", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
@@ -658,12 +658,13 @@ def p2p_channels(system: NcclSystem, pl: Placement) -> tuple[int, int]:
 def _p2p_choice(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> Choice:
     n = pl.ranks
     per_peer_bytes = {"all_to_all": ir_bytes // max(1, n), "gather": ir_bytes,
-                      "scatter": ir_bytes // max(1, n)}.get(coll, ir_bytes)
+                      "scatter": ir_bytes // max(1, n),
+                      "hypercube": ir_bytes * max(1, n // 2)}.get(coll, ir_bytes)   # its largest round
     proto = "Simple"
     if system.version != "2.7.5" and per_peer_bytes <= P2P_LL_THRESHOLD:
         proto = "LL"
     total, per_peer = p2p_channels(system, pl)
-    peers = 1 if coll in ("send", "recv") else max(1, n - 1)
+    peers = 1 if coll in ("send", "recv", "sendrecv", "hypercube") else max(1, n - 1)
     nmin = per_peer
     while nmin * n > total and nmin > 1:      # one channel per operation when many peers
         nmin //= 2
