@@ -39,11 +39,20 @@ def _model(profile: Path | None, preset: str | None):
 
 
 def _read_logs(logs: list[Path], collective: str | None):
+    """Every run of every log; a truncated table (sizes the header asks for that are not in
+    it) is used with a warning naming the missing sizes."""
     from echo_et.models.comm.calibrate import read_measurements
 
     if not logs:
         raise EchoError("no nccl-tests logs given")
-    return [run for log in logs for run in read_measurements(log, collective)]
+    runs = [run for log in logs for run in read_measurements(log, collective)]
+    for run in runs:
+        if run.missing_sizes:
+            sizes = ", ".join(str(s) for s in run.missing_sizes)
+            typer.echo(f"warning: {run.source}:{run.rows[-1].line}: the table ends at {run.rows[-1].size} B; "
+                       f"sizes {sizes} asked for in its header are missing (a truncated log?); "
+                       "fitted without them", err=True)
+    return runs
 
 
 _VERSION_HELP = "NCCL release whose choices to emulate: 2.7.5, 2.17.1 or 2.20.3 (default: the model's)."
@@ -457,12 +466,14 @@ def calibrate_evaluate_cmd(
                        f"{_pct(r['mape_ge_1mib_percent']):>12} {_pct(r['median_4kib_1mib_percent']):>17}")
         return
 
-    from echo_et.models.comm.calibrate import default_preset
+    from echo_et.models.comm.calibrate import default_preset, stated_release
     from echo_et.models.comm.profile import load_preset
 
     _check_version(nccl_version, auto=True)
     gpn = gpus_per_node or 8
     base = load_preset(default_preset(g for r in runs for g in r.gpu_names))
+    if nccl_version is None:
+        nccl_version = stated_release(runs)
     typer.echo(f"fitting {len(runs)} run(s) and leaving each {'multi-node ' if hold_out == 'multi-node' else ''}"
                "one out in turn ...", err=True)
     held = None if hold_out == "multi-node" else list(range(len(runs)))
