@@ -182,10 +182,18 @@ def _nvls(P, S: np.ndarray, pl: Placement) -> np.ndarray:
     return _lat(P, "Simple", 2, 0) + 2 * (n - 1) / n * S / (P["nvls_gbps"] * r)
 
 
-def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
+def _p2p_rate(P: Mapping[str, float], ch: Channels, ops: int) -> float:
+    """What the channels a grouped send/recv runs on can carry (GB/s): ``ops`` operations of
+    ``ch.used`` channels each, at most ``ch.total`` channels, ``p2p_chan_gbps`` each."""
+    if ch is FULL:
+        return math.inf
+    return _vmin(float(ch.total), ops * ch.used) * P["p2p_chan_gbps"]
+
+
+def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels = FULL) -> np.ndarray:
     """all-to-all, gather, scatter: NCCL runs them as grouped sends and receives, one
     operation per peer, each with its serial per-channel cost (and its proxy post across
-    nodes); the bytes share NVLink and the NICs."""
+    nodes); the bytes share NVLink and the NICs and the channels the operations run on."""
     n, k = pl.ranks, pl.per_node
     if coll == "all_to_all":      # each rank sends S/n to every other rank
         intra, inter = (k - 1) / n * S, (n - k) / n * S
@@ -195,28 +203,28 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.n
         intra, inter = (k - 1) / n * S, (n - k) / n * S
     r = _ramp(P, S, proto) / _US
     e = PROTOCOL_PAYLOAD[proto]
-    t = intra / (P["nvlink_gbps"] * e * r)
+    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, k - 1)) * e * r)
     if pl.multi_node:
-        t = _vmax(t, inter / (P["net_gbps"] * e * r))
+        t = _vmax(t, inter / (_vmin(P["net_gbps"], _p2p_rate(P, ch, n - k)) * e * r))
     per_peer = (n - 1) * P["chan_us"] + (n - k) * P["net_chan_us"]   # every rank has n-1 peers
     return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t + per_peer
 
 
-def _sendrecv(P, S: np.ndarray, pl: Placement) -> Costs:
+def _sendrecv(P, S: np.ndarray, pl: Placement, channels: Mapping[tuple[str, str], Channels]) -> Costs:
     """Every rank sends S to the next rank and receives S from the previous at once: the
     slowest pair sets the time (across nodes, the pair that crosses a node boundary)."""
-    return p2p_costs(P, S, not pl.multi_node)
+    return p2p_costs(P, S, not pl.multi_node, channels)
 
 
-def _hypercube(P, S: np.ndarray, pl: Placement) -> Costs:
+def _hypercube(P, S: np.ndarray, pl: Placement, channels: Mapping[tuple[str, str], Channels]) -> Costs:
     """log2(n) rounds (one grouped send/recv each): in round i every rank exchanges 2^i
     shards with the rank at distance 2^i, a peer on another node once 2^i >= the GPUs per
-    node (ranks packed onto nodes)."""
+    node (ranks packed onto nodes); every round on the channels of the largest one."""
     out: Costs = {}
     rounds = max(1, (pl.ranks - 1).bit_length())
     for i in range(rounds):
         same = (1 << i) < pl.per_node or not pl.multi_node
-        for key, t in p2p_costs(P, S * (1 << i), same).items():
+        for key, t in p2p_costs(P, S * (1 << i), same, channels).items():
             out[key] = out.get(key, 0.0) + t
     return out
 
@@ -234,13 +242,16 @@ def for_collective(P: Mapping[str, float], coll: str) -> Mapping[str, float]:
     return out
 
 
-def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool) -> Costs:
-    """Send/recv between two ranks: one hop over NVLink or the network."""
+def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool,
+              channels: Mapping[tuple[str, str], Channels] | None = None) -> Costs:
+    """Send/recv between two ranks: one hop over NVLink or the network, at most at the rate
+    of the channels it runs on (``channels[("p2p", protocol)]``; default: no channel limit)."""
     out: Costs = {}
     for proto in ("LL", "Simple"):
         r = _ramp(P, S, proto) / _US
         e = PROTOCOL_PAYLOAD[proto]
         bw = P["nvlink_gbps"] if same_node else P["net_gbps"]
+        bw = _vmin(bw, _p2p_rate(P, (channels or {}).get(("p2p", proto), FULL), 1))
         out[("p2p", proto)] = (_lat(P, proto, 1 if same_node else 0, 0 if same_node else 1) + S / (bw * e * r)
                                + P["chan_us"] + (0.0 if same_node else P["net_chan_us"]))
     return out
@@ -257,13 +268,13 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
         return {("local", "Simple"): P["local_setup_us"] + S / P["local_copy_gbps"] * _US}
     P = for_collective(P, coll)
     if coll == "sendrecv":
-        return _sendrecv(P, S, pl)
+        return _sendrecv(P, S, pl, channels)
     if coll == "hypercube":
-        return _hypercube(P, S, pl)
+        return _hypercube(P, S, pl, channels)
     out: Costs = {}
     if coll in ("all_to_all", "gather", "scatter"):
         for proto in ("LL", "Simple"):
-            out[("p2p", proto)] = _p2p_pattern(P, coll, S, pl, proto)
+            out[("p2p", proto)] = _p2p_pattern(P, coll, S, pl, proto, channels.get(("p2p", proto), FULL))
         return out
     for proto in PROTOCOLS:
         out[("ring", proto)] = _ring(P, coll, S, pl, proto, channels.get(("ring", proto), FULL))
@@ -278,7 +289,13 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
 def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], scalar: bool
               ) -> dict[tuple[str, str], Channels]:
     """NCCL's channel count for every candidate and size."""
-    if pl.ranks < 2 or coll not in tuning.FUNCTIONS:
+    if pl.ranks < 2:
+        return {}
+    if coll in tuning.P2P_COLLECTIVES:        # one operation's channels, out of all p2p channels
+        used = [tuning.choose(system, pl, coll, b).channels for b in sizes]
+        ch = Channels(float(used[0]) if scalar else np.array(used, dtype=float), tuning.p2p_channels(system, pl)[0])
+        return {("p2p", "LL"): ch, ("p2p", "Simple"): ch}
+    if coll not in tuning.FUNCTIONS:
         return {}
     table = tuning.table_for(system, pl)
     out = {}

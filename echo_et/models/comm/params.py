@@ -55,6 +55,8 @@ SPECS: tuple[ParamSpec, ...] = (
     ParamSpec("chan_us", "us", "intra", 1.0, "serial cost per channel a kernel runs on"),
     ParamSpec("net_chan_us", "us", "net", 1.0,
               "serial proxy cost per channel and network hop (NCCL's proxy thread posts each)"),
+    ParamSpec("p2p_chan_gbps", "GB/s", "intra", 0.5,
+              "what one channel of a send/recv carries (NCCL splits a send/recv over channels by size)"),
     ParamSpec("cap_gbps.LL", "GB/s", "intra", 1.0, "throughput limit of the LL protocol (all channels)"),
     ParamSpec("cap_gbps.LL128", "GB/s", "intra", 1.0, "throughput limit of the LL128 protocol (all channels)"),
     ParamSpec("tree_simple_cap_gbps", "GB/s", "net", 1.0, "throughput limit of the tree with Simple"),
