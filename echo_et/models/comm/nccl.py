@@ -94,6 +94,9 @@ class Channels:
 
     used: np.ndarray | float
     total: int
+    # the share of its modelled bandwidth NCCL says the algorithm reaches at this size (its
+    # tree correction factors); 1.0 elsewhere
+    reach: np.ndarray | float = 1.0
 
 
 FULL = Channels(1.0, 1)
@@ -167,7 +170,7 @@ def _tree(P, S: np.ndarray, pl: Placement, proto: str, ch: Channels) -> np.ndarr
     if m > 1:
         t = _vmax(t, net_share * S / (k * P["net_gbps"] * e * eff * r))
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
-    t = _vmax(t, 2 * S / (cap * r))
+    t = _vmax(t, 2 * S / (cap * r)) / ch.reach
     if proto != "LL":
         hops = max(1, 2 * (k - 1 + levels) - 1)
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
@@ -300,9 +303,12 @@ def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], sc
     table = tuning.table_for(system, pl)
     out = {}
     for algo, proto in tuning.candidates(system, pl, coll):
-        used = [tuning.channels_threads(table, pl, algo, proto, tuning.nccl_function_bytes(coll, b, pl.ranks))[0]
-                for b in sizes]
-        out[(algo, proto)] = Channels(float(used[0]) if scalar else np.array(used, dtype=float), table.channels)
+        nbytes = [tuning.nccl_function_bytes(coll, b, pl.ranks) for b in sizes]
+        used = [tuning.channels_threads(table, pl, algo, proto, b)[0] for b in nbytes]
+        reach = [tuning.tree_correction(system, proto, b) if algo == "tree" and pl.multi_node else 1.0
+                 for b in nbytes]
+        out[(algo, proto)] = Channels(float(used[0]) if scalar else np.array(used, dtype=float), table.channels,
+                                      float(reach[0]) if scalar else np.array(reach, dtype=float))
     return out
 
 

@@ -575,6 +575,14 @@ def nccl_time(system: NcclSystem, table: Table, pl: Placement, coll: str, algo: 
     return lat + nbytes / (1000.0 * bw)
 
 
+def tree_correction(system: NcclSystem, proto: str, nbytes: int) -> float:
+    """NCCL's tree correction factor for a message (the share of its modelled bandwidth a tree
+    reaches at medium sizes, by powers of two from 64 B; 1.0 beyond the table)."""
+    corr = RELEASES[system.version].tree_correction[proto]
+    i = _log2i(nbytes >> 6)
+    return corr[i] if 0 <= i < len(corr) else 1.0
+
+
 def channels_threads(table: Table, pl: Placement, algo: str, proto: str, nbytes: int) -> tuple[int, int]:
     """NCCL's channel and thread count for one message: fewer channels (then fewer threads)
     until every thread has its minimum share of the bytes."""
