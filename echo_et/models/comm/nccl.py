@@ -305,8 +305,10 @@ def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], sc
     for algo, proto in tuning.candidates(system, pl, coll):
         nbytes = [tuning.nccl_function_bytes(coll, b, pl.ranks) for b in sizes]
         used = [tuning.channels_threads(table, pl, algo, proto, b)[0] for b in nbytes]
-        reach = [tuning.tree_correction(system, proto, b) if algo == "tree" and pl.multi_node else 1.0
-                 for b in nbytes]
+        # a tree across nodes with LL128 or Simple (no start-up ramp: a pipeline) reaches the share
+        # of its bandwidth NCCL's tree correction factors say
+        reach = [tuning.tree_correction(system, proto, b) if algo == "tree" and proto != "LL" and pl.multi_node
+                 else 1.0 for b in nbytes]
         out[(algo, proto)] = Channels(float(used[0]) if scalar else np.array(used, dtype=float), table.channels,
                                       float(reach[0]) if scalar else np.array(reach, dtype=float))
     return out

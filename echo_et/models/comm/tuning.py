@@ -576,11 +576,17 @@ def nccl_time(system: NcclSystem, table: Table, pl: Placement, coll: str, algo: 
 
 
 def tree_correction(system: NcclSystem, proto: str, nbytes: int) -> float:
-    """NCCL's tree correction factor for a message (the share of its modelled bandwidth a tree
-    reaches at medium sizes, by powers of two from 64 B; 1.0 beyond the table)."""
+    """NCCL's tree correction factor for a message: the share of its modelled bandwidth NCCL
+    says a tree reaches at medium sizes (one entry per power of two from 64 B; 1.0 beyond the
+    table). Interpolated in log2(bytes) between its powers of two, so that a time divided by
+    it never drops as the message grows (neighbouring entries differ by at most 1.25x)."""
     corr = RELEASES[system.version].tree_correction[proto]
-    i = _log2i(nbytes >> 6)
-    return corr[i] if 0 <= i < len(corr) else 1.0
+    x = math.log2(max(nbytes, 64) / 64.0)
+    i = int(x)
+    if i >= len(corr):
+        return 1.0
+    nxt = corr[i + 1] if i + 1 < len(corr) else 1.0
+    return corr[i] + (nxt - corr[i]) * (x - i)
 
 
 def channels_threads(table: Table, pl: Placement, algo: str, proto: str, nbytes: int) -> tuple[int, int]:
