@@ -432,8 +432,8 @@ def calibrate_evaluate_cmd(
 
     With --profile or --preset: that model's error per log. Without: calibrate from the logs
     and report in-sample errors (fit on every log) and leave-one-log-out errors (fit without a
-    log, predict it), next to the 3-parameter baseline (latency + log2(N) + bytes/bandwidth)
-    fitted the same way. Errors: MAPE over sizes >= 1 MiB and the median absolute error over
+    log, predict it), next to the alpha-beta baseline fitted the same way per collective and
+    tier (one GPU, one node, several nodes). Errors: MAPE over sizes >= 1 MiB and the median absolute error over
     4 KiB - 1 MiB."""
     from echo_et.models.comm.evaluate import cross_validate, evaluate_runs
 
@@ -486,16 +486,17 @@ def calibrate_evaluate_cmd(
     if as_json:
         emit_json({"gpus_per_node": gpn, "base_preset": base.name, **cv})
         return
-    typer.echo(f"{'experiment':<14} {'log':<24} {'ranks':>5} {'NCCL':>6} {'model >=1MiB':>13} "
+    colls = {r.source + (f"#{r.index + 1}" if r.index else ""): r.collective for r in runs}
+    typer.echo(f"{'experiment':<14} {'log':<24} {'collective':<15} {'ranks':>5} {'NCCL':>6} {'model >=1MiB':>13} "
                f"{'model 4K-1M':>12} {'baseline >=1MiB':>16} {'baseline 4K-1M':>15}")
     for kind, label in (("in_sample", "in-sample"), ("leave_one_out", "leave-one-out")):
         for r in cv[kind]:
             m, b = r["model"], r["baseline"]
-            typer.echo(f"{label:<14} {r['log']:<24} {r['ranks']:>5} {r['nccl']:>6} "
+            typer.echo(f"{label:<14} {r['log']:<24} {colls.get(r['log'], ''):<15} {r['ranks']:>5} {r['nccl']:>6} "
                        f"{_pct(m['mape_ge_1mib_percent']):>13} {_pct(m['median_4kib_1mib_percent']):>12} "
                        f"{_pct(b['mape_ge_1mib_percent']):>16} {_pct(b['median_4kib_1mib_percent']):>15}")
     typer.echo(">=1MiB: MAPE over sizes >= 1 MiB; 4K-1M: median absolute error over 4 KiB - 1 MiB; "
-               "baseline: latency + log2(N) + bytes/bandwidth")
+               "baseline: latency (+ log2(N)) + bytes/bandwidth per collective and tier (one GPU, one node, nodes)")
 
 
 def _pct(v: float | None) -> str:

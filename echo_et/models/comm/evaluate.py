@@ -116,7 +116,8 @@ def cross_validate(runs: Sequence[Run], gpus_per_node: int, base: Profile, nccl_
     out: dict[str, Any] = {"nccl_version": nccl_version or base.nccl.version, "in_sample": [], "leave_one_out": [],
                            "profiles": {"in_sample": prof}}
     for label, s in zip(labels, per_run, strict=True):
-        out["in_sample"].append({"log": label, "ranks": s[0].placement.ranks, "nodes": s[0].placement.nodes,
+        out["in_sample"].append({"log": label, "collective": s[0].coll, "ranks": s[0].placement.ranks,
+                                 "nodes": s[0].placement.nodes,
                                  "fitted_on": labels, "nccl": prof.nccl.version, **_compare(prof, baseline, s)})
     if len(runs) < 2:
         return out
@@ -125,7 +126,8 @@ def cross_validate(runs: Sequence[Run], gpus_per_node: int, base: Profile, nccl_
         p, b = fit_and_baseline(train, base, gpus_per_node, nccl_version)
         out["profiles"][labels[i]] = p
         s = per_run[i]
-        out["leave_one_out"].append({"log": labels[i], "ranks": s[0].placement.ranks, "nodes": s[0].placement.nodes,
+        out["leave_one_out"].append({"log": labels[i], "collective": s[0].coll, "ranks": s[0].placement.ranks,
+                                     "nodes": s[0].placement.nodes,
                                      "fitted_on": [lab for j, lab in enumerate(labels) if j != i],
                                      "nccl": p.nccl.version, **_compare(p, b, s)})
     return out
