@@ -326,3 +326,28 @@ def test_every_binary_with_its_size_meaning(tmp_path, binary, coll, root, redop,
     ms, _, _ = nccl_tests.measurements(run)
     assert [m.ir_bytes for m in ms] == [c * 4 if shard else per * c * 4 for c in (1024, 4096)]
     assert run.missing_sizes == ()
+
+
+@pytest.mark.parametrize("line, version", [
+    ("# nccl-tests version 2.17.8 nccl-headers=22902 nccl-library=22902", "2.29.2"),
+    ("# nccl-tests version 2.13.8 nccl-headers=21803 nccl-library=21805", "2.18.5"),
+    ("# nccl-tests version 2.10.1 nccl-headers=2708 nccl-library=2708", "2.7.8"),
+    ("node-0:123:123 [0] NCCL INFO NCCL version 2.17.1+cuda12.0", "2.17.1"),
+])
+def test_the_nccl_release_a_log_states(line, version):
+    text = line + "\n" + log_path(2).read_text()
+    (run,) = nccl_tests.parse_text(text, "x.log")
+    assert run.nccl_version == version
+    (plain,) = nccl_tests.read_log(log_path(2))
+    assert plain.nccl_version == ""
+
+
+def test_logs_stating_different_releases_are_refused():
+    from echo_et.models.comm.calibrate import stated_release
+
+    a = nccl_tests.parse_text("# nccl-library=22902\n" + log_path(2).read_text(), "a.log")
+    b = nccl_tests.parse_text("# nccl-library=21805\n" + log_path(2).read_text(), "b.log")
+    assert stated_release(a) == "2.20.3" and stated_release(b) == "2.17.1"
+    assert stated_release(nccl_tests.read_log(log_path(2))) is None
+    with pytest.raises(EchoError, match="different NCCL releases"):
+        stated_release(a + b)
