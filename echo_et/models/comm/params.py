@@ -88,9 +88,17 @@ SPECS = SPECS + tuple(
     ParamSpec(f"coll_net_eff.{c}", "", "net", 0.3,
               f"network rate {c} reaches, relative to all-reduce's") for c in PER_COLLECTIVE
 )
-# Parameters a profile or preset may leave out (then 1.0: as all-reduce); written only when fitted away
-# from it, so profiles from before keep their bytes.
-OPTIONAL: dict[str, float] = {s.name: 1.0 for s in SPECS if s.name.startswith(("coll_nvlink_eff.", "coll_net_eff."))}
+# Parameters a profile or preset may leave out, with their defaults: the per-collective rates
+# (1.0: as all-reduce) and a send/recv channel's rate (NCCL's rate of one NVLink, 20 GB/s on
+# Volta and Ampere, 20.6 on Hopper); written only when a fit moved them, so profiles from before
+# keep their bytes.
+P2P_CHAN_GBPS = 20.0
+OPTIONAL: dict[str, float] = {
+    **{s.name: 1.0 for s in SPECS if s.name.startswith(("coll_nvlink_eff.", "coll_net_eff."))},
+    "p2p_chan_gbps": P2P_CHAN_GBPS,
+}
+# the collectives NCCL runs as grouped send/recv: the samples that identify p2p_chan_gbps
+P2P_PATTERNS = ("all_to_all", "gather", "scatter", "sendrecv", "hypercube")
 
 SPEC_BY_NAME: dict[str, ParamSpec] = {s.name: s for s in SPECS}
 NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)

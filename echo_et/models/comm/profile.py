@@ -24,7 +24,7 @@ SCHEMA = "echo-et/comm-profile/1"
 # Parameters the model gained after profiles of this schema were first written. A profile
 # without them takes them from the preset it started from (else ``a100-ib``), so older
 # profiles keep loading; everything else must be present.
-ADDED_PARAMS = ("tree_net_eff_many", "chan_us", "net_chan_us", "p2p_chan_gbps")
+ADDED_PARAMS = ("tree_net_eff_many", "chan_us", "net_chan_us")
 
 
 @dataclass(frozen=True)
