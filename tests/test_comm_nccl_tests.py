@@ -351,3 +351,15 @@ def test_logs_stating_different_releases_are_refused():
     assert stated_release(nccl_tests.read_log(log_path(2))) is None
     with pytest.raises(EchoError, match="different NCCL releases"):
         stated_release(a + b)
+
+
+def test_every_shared_log_is_read_and_covered_here():
+    """Every nccl-tests log under ../shared/data/nccl-tests is read (size meaning checked row by
+    row) and named by one of the tests above, so a new shared log needs its facts stated."""
+    root = shared_path("nccl-tests")
+    found = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.log"))
+    covered = [f"echo-a100/nccl_{n}.log" for n in LOGS] + [f"h100-c01/{n}.log" for n in H100]
+    assert found == sorted(covered)
+    for rel in found:
+        runs = nccl_tests.read_log(root / rel)
+        assert runs and all(r.collective in nccl_tests.SUPPORTED and not r.missing_sizes for r in runs)
