@@ -225,3 +225,15 @@ def test_mixed_collectives_without_headers_leave_nothing(tmp_path):
         run("calibrate", "nccl-tests", p, "--gpus-per-node", "8", "-o", out)))
     assert "runs of different collectives" in one_line_error(run("calibrate", "evaluate", p))
     assert sorted(x.name for x in tmp_path.iterdir()) == ["mixed.log"]
+
+
+def test_evaluate_holds_out_every_log_of_several_collectives():
+    res = run("calibrate", "evaluate", h100("1n8g-all_gather"), h100("1n8g-sendrecv"), "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert [(r["log"], r["collective"]) for r in out["leave_one_out"]] == [
+        ("1n8g-all_gather.log", "all_gather"), ("1n8g-sendrecv.log", "sendrecv")]
+    assert out["nccl_version"] == "2.20.3"                       # the logs state 2.29.2
+    for r in out["in_sample"]:
+        assert {"model", "baseline", "baseline_one_line"} <= set(r)
+    assert "auto, multi-node or all" in one_line_error(run("calibrate", "evaluate", log(2), "--hold-out", "x"))

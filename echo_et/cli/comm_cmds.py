@@ -420,9 +420,10 @@ def calibrate_evaluate_cmd(
                                             "chosen on each fit's own logs)."),
     choice: str = typer.Option("nccl", "--choice", metavar="nccl|fastest",
                                help="With --profile/--preset: time NCCL's choice or the fastest."),
-    hold_out: str = typer.Option("multi-node", "--hold-out", metavar="multi-node|all",
+    hold_out: str = typer.Option("auto", "--hold-out", metavar="auto|multi-node|all",
                                  help="Without --profile: which logs to leave out in turn (each one is fitted "
-                                 "without it and predicted)."),
+                                 "without it and predicted); auto: every log when the logs hold several "
+                                 "collectives, else the multi-node ones."),
     plot: Path | None = typer.Option(None, "--plot", metavar="DIR",
                                      help="Write PNG plots (needs matplotlib): measured vs predicted time per "
                                      "log, and NCCL's choice regions."),
@@ -439,8 +440,8 @@ def calibrate_evaluate_cmd(
 
     if choice not in ("nccl", "fastest"):
         raise EchoError(f"--choice must be nccl or fastest, got {choice!r}")
-    if hold_out not in ("multi-node", "all"):
-        raise EchoError(f"--hold-out must be multi-node or all, got {hold_out!r}")
+    if hold_out not in ("auto", "multi-node", "all"):
+        raise EchoError(f"--hold-out must be auto, multi-node or all, got {hold_out!r}")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     runs = _read_logs(logs, collective)
@@ -474,6 +475,8 @@ def calibrate_evaluate_cmd(
     base = load_preset(default_preset(g for r in runs for g in r.gpu_names))
     if nccl_version is None:
         nccl_version = stated_release(runs)
+    if hold_out == "auto":
+        hold_out = "all" if len({r.collective for r in runs}) > 1 else "multi-node"
     typer.echo(f"fitting {len(runs)} run(s) and leaving each {'multi-node ' if hold_out == 'multi-node' else ''}"
                "one out in turn ...", err=True)
     held = None if hold_out == "multi-node" else list(range(len(runs)))
