@@ -63,6 +63,7 @@ from echo_et.sim.program import (
     Program,
     compile_graph,
 )
+from echo_et.sim.replay_times import measured_tails, one_node_time
 from echo_et.sim.result import RankResult, SimResult, SimTimeline
 from echo_et.sim.state import CollectiveKey, Meeting, MeetingKey, P2PKey, Participant, ParticipantTuple, RankState
 from echo_et.sim.symmetry import Partition, identity_partition, rank_partition
@@ -141,19 +142,7 @@ class CommCall:
         kernels end within microseconds of each other. When the clocks of the ranks
         disagree (a tail below 0 or above the member's own kernel), all get the shortest
         kernel instead."""
-        parts = self._parts
-        st0, it0, _ = parts[0]
-        c0 = st0.clock_offset_ns
-        if len(parts) == 1 or (all(st.clock_offset_ns == c0 for st, _, _ in parts) and (
-                self._one_node or all(st.program is st0.program and it == it0 for st, it, _ in parts))):
-            return st0.program.measured_dur[it0]  # the same node of one shared graph, one clock
-        durs = [st.program.measured_dur[it] for st, it, _ in parts]
-        starts = [st.program.measured_start[it] + st.clock_offset_ns for st, it, _ in parts]
-        last = max(starts)
-        tails = [s + d - last for s, d in zip(starts, durs, strict=True)]
-        if all(0 <= t <= d for t, d in zip(tails, durs, strict=True)):
-            return tails
-        return min(durs)
+        return measured_tails(self._parts, self._one_node)
 
     @property
     def last_arrival_ns(self) -> int:
@@ -200,6 +189,9 @@ class Simulator:
         self._slowdown_info: dict[str, Any] = {}
         self._block_tables = BlockTable()
         self._graphs: dict[str, Graph] = {}      # graph id -> the graph its program was compiled from
+        # replay's own hooks (not overridden): a meeting's own time comes from replay_times directly
+        self._replay_collective = type(self).collective is Simulator.collective
+        self._replay_p2p = type(self).p2p is Simulator.p2p
 
     # -- override points ---------------------------------------------------------------------
     def straggler(self, rank: int) -> float:
@@ -590,7 +582,9 @@ class Simulator:
     def _complete(self, key: MeetingKey, start_ns: int, parts: list[ParticipantTuple]) -> None:
         """All members of a collective arrived: it starts at ``start_ns`` on every one of them.
         (``_finish`` inlined: this runs once per member of every collective.)"""
-        own = self._own_times(key, parts)
+        own = one_node_time(parts) if self._replay_collective else -1
+        if own < 0:
+            own = self._own_times(key, parts)
         active = self._active
         for n, (st, it, _) in enumerate(parts):
             st.item_start[it] = start_ns
@@ -626,7 +620,8 @@ class Simulator:
         if m.arrived < st.meeting_size[item]:
             if eager:  # the recv is not posted yet: the send does not wait for it
                 alone = [(st, item, t)]
-                own = self._own(self._own_times(key, alone), 0)
+                own = (st.program.measured_dur[item] if self._replay_p2p
+                       else self._own(self._own_times(key, alone), 0))
                 m.eager_send_end_ns = t + own
                 self._finish(st, item, t, t + own, alone)
             return
@@ -661,6 +656,8 @@ class Simulator:
                 own = self.collective(call)
             else:
                 self._check_p2p(parts, group)
+                if self._replay_p2p:
+                    return measured_tails(parts)
                 sender = next(((st, it) for st, it, _ in parts if st.program.rendezvous[it].is_send), None)
                 if sender is not None:
                     s_st, s_it = sender
