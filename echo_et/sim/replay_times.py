@@ -27,16 +27,28 @@ def one_node_time(parts: list[ParticipantTuple]) -> int:
 
 def measured_tails(parts: list[ParticipantTuple], one_node: bool = False) -> int | list[int]:
     """Each participant's replay time after the last one arrived: one int when all get the
-    same. ``one_node``: the caller knows every member runs the same node of one graph."""
+    same. ``one_node``: the caller knows every member runs the same node of one graph.
+    (Plain loops, not ``all()`` over generators: this runs once per send/recv pair.)"""
     st0, it0, _ = parts[0]
-    c0 = st0.clock_offset_ns
-    if len(parts) == 1 or (all(st.clock_offset_ns == c0 for st, _, _ in parts) and (
-            one_node or all(st.program is st0.program and it == it0 for st, it, _ in parts))):
-        return st0.program.measured_dur[it0]  # the same node of one shared graph, one clock
+    prog0, c0 = st0.program, st0.clock_offset_ns
+    if len(parts) == 1:
+        return prog0.measured_dur[it0]
+    same_node = True
+    for st, it, _ in parts:
+        if st.clock_offset_ns != c0:
+            break
+        if it != it0 or st.program is not prog0:
+            same_node = False
+    else:
+        if one_node or same_node:
+            return prog0.measured_dur[it0]  # the same node of one shared graph, one clock
     durs = [st.program.measured_dur[it] for st, it, _ in parts]
     starts = [st.program.measured_start[it] + st.clock_offset_ns for st, it, _ in parts]
     last = max(starts)
-    tails = [s + d - last for s, d in zip(starts, durs, strict=True)]
-    if all(0 <= t <= d for t, d in zip(tails, durs, strict=True)):
-        return tails
-    return min(durs)
+    tails = []
+    for s, d in zip(starts, durs, strict=True):
+        t = s + d - last
+        if t < 0 or t > d:
+            return min(durs)  # the clocks disagree
+        tails.append(t)
+    return tails
