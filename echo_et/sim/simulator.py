@@ -50,6 +50,7 @@ from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
 from echo_et.ir.summary import comm_libraries
 from echo_et.models.slowdown.intervals import covered_length, merge_intervals
 from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact
+from echo_et.sim.meeting_keys import CollectiveMeetings
 from echo_et.sim.program import (
     CAT_COLL,
     CAT_COMM_OTHER,
@@ -335,13 +336,14 @@ class Simulator:
         self._members_of = self._group_members(part)
         self._meeting_size_of = {gc: len(members) for gc, members in self._members_of.items()}
         bound = set(job.ranks())
+        collectives = CollectiveMeetings(self._meeting_size_of)
         for c, r in enumerate(part.reps):
             b = job.binding(r)
             prog = self._programs[b.graph]
             st = RankState(r, c, prog, self._graphs[b.graph], self._origin[r], int(b.clock_offset_ns),
                            durations_key=(b.graph, self.symmetry_key(r)))
             group_class = self._bind_groups(st, b)
-            self._collective_meetings(st, group_class)
+            collectives.bind(st, group_class)
             self._p2p_meetings(st, group_class, bound)
             self._states.append(st)
 
@@ -379,14 +381,6 @@ class Simulator:
                 raise EchoError(f"while simulating rank {r} {st.describe(it)}: group key {key!r} "
                                 "is not bound for this rank")
         return group_class
-
-    def _collective_meetings(self, st: RankState, group_class: dict[str, int]) -> None:
-        # tuple.__new__(CollectiveKey, ...) is CollectiveKey(...) without its Python-level
-        # __new__: this runs for every collective of every simulated rank.
-        size = self._meeting_size_of
-        items = st.program.collective_items
-        st.meeting_key.update({it: _new_tuple(CollectiveKey, (group_class[key], seq)) for it, key, seq in items})
-        st.meeting_size.update({it: size[group_class[key]] for it, key, _ in items})
 
     def _p2p_meetings(self, st: RankState, group_class: dict[str, int], bound: set[int]) -> None:
         """A send and its recv meet under one key (sender position, receiver position); a
