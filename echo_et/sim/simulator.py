@@ -50,6 +50,7 @@ from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
 from echo_et.ir.summary import comm_libraries
 from echo_et.models.slowdown.intervals import covered_length, merge_intervals
 from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact
+from echo_et.sim.gc_pause import cyclic_gc_paused
 from echo_et.sim.meeting_keys import CollectiveMeetings
 from echo_et.sim.program import (
     CAT_COLL,
@@ -234,6 +235,10 @@ class Simulator:
 
     # -- running -----------------------------------------------------------------------------
     def run(self) -> SimResult:
+        with cyclic_gc_paused():   # nothing the run allocates is cyclic garbage (see gc_pause)
+            return self._run()
+
+    def _run(self) -> SimResult:
         job = self.job
         if self.options.check:
             assert_valid(job)
