@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,24 @@ def _row_unions(lo: np.ndarray, hi: np.ndarray, subsets: list[np.ndarray]) -> li
     return out
 
 
+def _rows(rows: list, width: int) -> np.ndarray:
+    """Equal-length rows of Python ints as a 2-D int64 array (``np.fromiter`` over the
+    chained rows: about 1.5x faster than ``np.array`` on a list of lists, which inspects
+    every element for its shape first)."""
+    flat = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * width)
+    return flat.reshape(len(rows), width)
+
+
+def _arrivals(items: list[int]):
+    """A function giving the arrival times of ``items`` from a rank's ``item_arrival``, as
+    one C-level lookup (``itemgetter``; always a sequence, also for one item or none)."""
+    if not items:
+        return lambda arrival: ()
+    if len(items) == 1:
+        return lambda arrival: (arrival[items[0]],)
+    return itemgetter(*items)
+
+
 def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
     """Step time and its breakdown (see :class:`RankResult`) for every simulated rank,
     vectorized over the ranks that run the same program."""
@@ -67,12 +87,12 @@ def rank_breakdowns(states: list[RankState]) -> dict[int, dict[str, int]]:
                    np.concatenate((np.zeros(cats.size, dtype=bool), ~no_wait))]  # waiting
         for lo_k in range(0, len(group), 512):  # bounded memory on huge jobs
             chunk = group[lo_k:lo_k + 512]
-            start = np.array([st.item_start for st in chunk], dtype=np.int64)
-            end = np.array([st.item_end for st in chunk], dtype=np.int64)
+            start = _rows([st.item_start for st in chunk], cats.size)
+            end = _rows([st.item_end for st in chunk], cats.size)
             origin = np.array([st.origin_ns for st in chunk], dtype=np.int64)
             step = end.max(axis=1) - origin
-            arr = np.array([[st.item_arrival[i] for i in rdv.tolist()] for st in chunk],
-                           dtype=np.int64).reshape(len(chunk), rdv.size)
+            arrivals = _arrivals(rdv.tolist())
+            arr = _rows([arrivals(st.item_arrival) for st in chunk], rdv.size)
             compute_ns, comm_ns, busy_ns, held_ns, wait = _row_unions(
                 np.concatenate((start, arr), axis=1), np.concatenate((end, start[:, rdv]), axis=1), subsets)
             bubble = held_ns - busy_ns   # waiting for peers that nothing else hides
