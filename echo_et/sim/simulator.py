@@ -191,6 +191,7 @@ class Simulator:
         self._slowdown_info: dict[str, Any] = {}
         self._block_tables = BlockTable()
         self._graphs: dict[str, Graph] = {}      # graph id -> the graph its program was compiled from
+        self._hot: list[tuple] = []              # class id -> what _drain reads (_hot_locals)
         # replay's own hooks (not overridden): a meeting's own time comes from replay_times directly
         self._replay_collective = type(self).collective is Simulator.collective
         self._replay_p2p = type(self).p2p is Simulator.p2p
@@ -511,6 +512,8 @@ class Simulator:
             if st.ready:
                 st.queued = True
                 self._active.append(st)
+        # what _drain reads, per state (class id order), gathered once per run, not per call
+        self._hot = [self._hot_locals(st) for st in self._states]
         active = self._active
         while active:
             st = active.pop()
@@ -520,18 +523,24 @@ class Simulator:
         if unfinished or self._meetings:
             raise EchoError(self._deadlock_message(unfinished))
 
+    @staticmethod
+    def _hot_locals(st: RankState) -> tuple:
+        """The lists and dicts ``_drain`` reads, in its order. ``_drain`` runs once per rank
+        and meeting (131 thousand times at 1,024 ranks without symmetry): one tuple unpack
+        instead of sixteen attribute reads there."""
+        prog = st.program
+        return (prog.stream_prev, prog.stream_gap, prog.start_preds, prog.end_waits, prog.successors,
+                prog.is_rendezvous, prog.category, st.durations, st.item_start, st.item_end, st.pending_preds,
+                st.ready, st.origin_ns, st.item_arrival, st.meeting_key, st.meeting_size)
+
     def _drain(self, st: RankState) -> None:
         """The hot loop: run the rank's ready items in stack order. An item starts at the
         latest of (its stream predecessor's end or the origin) + stream gap and every start
         gate's time + gap; a sync also ends no earlier than what it waits for. A rendezvous
         item arrives at its meeting instead of running."""
-        prog = st.program
-        stream_prev, stream_gap, start_preds, end_waits, successors = (
-            prog.stream_prev, prog.stream_gap, prog.start_preds, prog.end_waits, prog.successors)
-        is_rendezvous, category = prog.is_rendezvous, prog.category
-        dur, start, end, pending, ready, origin = (
-            st.durations, st.item_start, st.item_end, st.pending_preds, st.ready, st.origin_ns)
-        arrival, meeting_key, meeting_size, meetings = st.item_arrival, st.meeting_key, st.meeting_size, self._meetings
+        (stream_prev, stream_gap, start_preds, end_waits, successors, is_rendezvous, category,
+         dur, start, end, pending, ready, origin, arrival, meeting_key, meeting_size) = self._hot[st.class_id]
+        meetings = self._meetings
         done = 0
         while ready:
             i = ready.pop()
