@@ -4,7 +4,8 @@ ranks, ranks bound to one shared graph per pipeline stage.
 
 Each configuration runs in its own process so that peak memory (max RSS) is its own.
 Columns: build (make the Job with the builders), check (IR checker), simulate (compile,
-symmetry, event loop, breakdown, critical path), simulated node-events and events/s,
+symmetry, event loop, breakdown, critical path; wall, and its CPU time, the stable number on
+a shared machine), simulated node-events and events/s,
 all-rank node-events (what the step contains) per second of simulate, peak RSS.
 
     python benchmarks/sim_speed.py [--sizes 1024 8192] [--no-symmetry-too] [--mode replay|predict] [--json]
@@ -44,15 +45,16 @@ def one(world: int, symmetry: bool, mode: str, microbatches: int, layers: int) -
         from echo_et.models.comm import CommModel
 
         comm = CommModel.preset("a100-ib")
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.process_time()
     res = simulate(job, mode, options=SimOptions(symmetry=symmetry, check=False), comm_model=comm)
-    t4 = time.perf_counter()
+    t4, c4 = time.perf_counter(), time.process_time()
     nodes_per_rank = {gid: len(job.graph(gid)) for gid in job.graph_ids()}
     all_nodes = sum(nodes_per_rank[b.graph] for b in job.manifest.bindings)
     return {
         "world": world, "layout": f"tp{tp} pp{pp} dp{dp}", "microbatches": microbatches, "layers": layers,
         "mode": mode, "symmetry": symmetry, "graphs": len(nodes_per_rank),
         "build_s": round(t1 - t0, 3), "check_s": round(t2 - t1, 3), "simulate_s": round(t4 - t3, 3),
+        "simulate_cpu_s": round(c4 - c3, 3),
         "simulated_ranks": res.simulated_ranks, "events": res.events,
         "events_per_s": round(res.events / (t4 - t3)), "all_rank_nodes": all_nodes,
         "all_rank_nodes_per_s": round(all_nodes / (t4 - t3)), "step_time_ns": res.step_time_ns,
@@ -87,12 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1, sort_keys=True))
         return 0
-    print("| ranks | layout | symmetry | build s | check s | simulate s | simulated ranks | node-events | "
-          "events/s | all-rank nodes/s | peak RSS MiB |")
-    print("|" + "---|" * 11)
+    print("| ranks | layout | symmetry | build s | check s | simulate s | simulate CPU s | simulated ranks | "
+          "node-events | events/s | all-rank nodes/s | peak RSS MiB |")
+    print("|" + "---|" * 12)
     for r in rows:
         print(f"| {r['world']} | {r['layout']} | {'on' if r['symmetry'] else 'off'} | {r['build_s']} | "
-              f"{r['check_s']} | {r['simulate_s']} | {r['simulated_ranks']} | {r['events']} | "
+              f"{r['check_s']} | {r['simulate_s']} | {r['simulate_cpu_s']} | {r['simulated_ranks']} | {r['events']} | "
               f"{r['events_per_s']:,} | {r['all_rank_nodes_per_s']:,} | {r['peak_rss_mib']} |")
     return 0
 
