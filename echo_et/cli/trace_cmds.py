@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def trace(
     memory_limit: int | None = typer.Option(None, "--memory-limit",
                                             help="Report out-of-memory above this many bytes per rank."),
     name: str = typer.Option("", "--name", help="Job name (default: from the workload)."),
+    jobs: int = typer.Option(0, "--jobs", metavar="N",
+                             help="Meta device: processes that trace the distinct ranks (0: one per CPU; the "
+                                  "Job is the same for any N)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Trace a training step ex-situ: each distinct rank runs for real on one device while a
@@ -86,6 +90,8 @@ def trace(
     from echo_et.workloads import GPTConfig, Workload
     from echo_et.workloads.gpt import microbatches_for
 
+    if jobs < 0:
+        raise EchoError(f"--jobs {jobs}: give a number of processes, or 0 for one per CPU")
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     if global_batch is not None:
         m = microbatches_for(global_batch, micro_batch, dp)
@@ -136,7 +142,9 @@ def trace(
     opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit,
                         warmup_steps=warmup, measured_steps=steps,
                         name=name or _default_name(wl, layout), command=command,
-                        progress=progress, check=script is not None)
+                        progress=progress, check=script is not None,
+                        jobs=jobs if jobs > 0 else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                        else os.cpu_count() or 1)
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)
     cluster.write_hardware(result.job.manifest)
     save_job(result.job, output)
