@@ -41,9 +41,8 @@ class Prediction:
 
     def to_json(self) -> dict[str, Any]:
         """What summary.json holds: the same bytes for the same configuration and options."""
-        return {"config": self.config, "options": self.options.to_json(),
-                "rank_classes": [members for _, members in self.result.rank_classes()],
-                **self.result.to_json()}
+        return {**self.result.to_json(), "config": self.config, "prediction": self.options.to_json(),
+                "rank_classes": [members for _, members in self.result.rank_classes()]}
 
 
 def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Prediction:
@@ -67,8 +66,6 @@ def check_output(out: Path) -> None:
         raise EchoError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not is_prediction_dir(out):
         raise EchoError(f"{out}: exists and is not an echo-et predict folder; refusing to replace it")
-    if not out.absolute().parent.is_dir():
-        raise EchoError(f"{out}: folder {out.absolute().parent} does not exist (create it first)")
 
 
 def write_prediction(pred: Prediction, outdir: str | os.PathLike[str], *, plot: bool) -> dict[str, Any]:
