@@ -171,3 +171,30 @@ def test_readme_main_job_predicts_a_gpu_step_that_hta_analyses(tmp_path, monkeyp
     assert len(overlap) == 2 and overlap["comp_comm_overlap_pctg"].between(0, 100).all()
     by_type, _ = ta.get_gpu_kernel_breakdown(visualize=False)
     assert {"COMMUNICATION", "COMPUTATION"} <= set(by_type["kernel_type"])
+
+
+def test_every_import_of_the_tests_is_declared() -> None:
+    """A fresh `pip install -e '.[dev]'` (plus the optional extras) has every package a test
+    imports: each third-party module the tests import belongs to a distribution that
+    pyproject.toml names, in the dependencies or an extra."""
+    import ast
+    import importlib.metadata as md
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    specs = list(project["dependencies"]) + [d for ds in project["optional-dependencies"].values() for d in ds]
+    declared = {re.split(r"[\[<>=!~ ;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in specs}
+    local = {p.stem for p in (REPO / "tests").glob("*.py")} | {"echo_et"}
+    modules: set[str] = set()
+    for f in (REPO / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                modules.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    dists = md.packages_distributions()
+    missing = []
+    for m in sorted(modules - local - set(sys.stdlib_module_names)):
+        names = {d.lower().replace("_", "-") for d in dists.get(m, [m])}
+        if not names & declared:
+            missing.append(f"{m} ({', '.join(sorted(names))})")
+    assert not missing, f"imported by the tests, declared nowhere in pyproject.toml: {missing}"
