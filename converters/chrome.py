@@ -245,14 +245,14 @@ class _RankWriter:
         for e in self.events:
             if e.kind == pb.KIND_LAUNCH and e.node_id:
                 correlation[e.node_id] = CORRELATION_BASE + e.node_id
-        launches: dict[int, tuple[int, int, int]] = {}   # launch node id -> (pid, tid, ts)
+        launches: dict[int, tuple[int, int, int]] = {}   # launch correlation id -> (pid, tid, ts)
         for e in self.events:
             box = self._box(e, correlation)
             if box is None:
                 continue
             self.out.append(box)
             if e.kind == pb.KIND_LAUNCH and e.node_id:
-                launches[e.node_id] = (box["pid"], box["tid"], box["ts"])
+                launches[correlation[e.node_id]] = (box["pid"], box["tid"], box["ts"])
         self._flows(launches)
         self._profiler_step()
         return self.out

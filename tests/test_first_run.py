@@ -198,3 +198,19 @@ def test_every_import_of_the_tests_is_declared() -> None:
         if not names & declared:
             missing.append(f"{m} ({', '.join(sorted(names))})")
     assert not missing, f"imported by the tests, declared nowhere in pyproject.toml: {missing}"
+
+
+def test_every_slow_mark_names_a_test_that_exists() -> None:
+    """conftest.SLOW (the tests left out of `pytest -m "not slow"`) names files and tests
+    that exist: a renamed test would otherwise silently join the fast subset."""
+    from conftest import SLOW
+
+    stale = []
+    for entry in sorted(SLOW):
+        file, _, name = entry.partition("::")
+        path = REPO / "tests" / file
+        if not path.is_file() or (name and f"def {name}(" not in path.read_text()):
+            stale.append(entry)
+    assert not stale, f"conftest.SLOW names what is not there: {stale}"
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert any(m.startswith("slow:") for m in conf["markers"])
