@@ -86,6 +86,7 @@ SLOW = {
     "test_kineto_units.py::test_converted_times_are_the_file_microseconds_in_exact_ns",
     "test_passes_cli.py::test_scale_output_is_byte_identical_across_processes",
     "test_passes_gpt.py::test_restage_pp2_to_pp4_issues_what_tracing_at_pp4_issues",
+    "test_passes_gpt.py::test_restaged_blocks_run_the_host_work_traced_at_pp4",
     "test_passes_gpt.py::test_scaled_64_rank_job_exports_to_astra_sim",
     "test_passes_gpt.py::test_scaling_dp2_to_dp8_equals_tracing_at_dp8",
     "test_passes_gpt.py::test_scaling_zero1_dp2_to_dp8_equals_tracing_at_dp8",
