@@ -33,7 +33,7 @@ def test_simulate_json(job_dir) -> None:
         assert key in out
     assert out["simulated_ranks"] == 1 and len(out["ranks"]) == 8
     for rr in out["ranks"].values():
-        assert set(rr) >= {"step_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "idle_ns"}
+        assert set(rr) >= {"step_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "host_idle_ns"}
     assert out["step_time_ns"] == simulate(dp_job(8)).step_time_ns
     full = json.loads(run("simulate", str(job_dir), "--json", "--no-symmetry").stdout)
     assert full["simulated_ranks"] == 8 and full["ranks"] == out["ranks"] | {

@@ -124,6 +124,56 @@ def _ms(ns: int | None) -> str:
     return "-" if ns is None else f"{ns / 1e6:.3f}"
 
 
+MAX_TABLE_ROWS = 32
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def echo_rank_table(res) -> None:
+    """The step breakdown in the vocabulary's words (docs/step-breakdown.md), in ms: one row
+    per class of equivalent ranks, with the ranks it stands for."""
+    from echo_et.sim.result import LABELS, OVERLAPPING, STEP_PARTS
+
+    cols = ("step_time_ns", *STEP_PARTS, *OVERLAPPING[:2])
+    typer.echo(f"{'ranks':>12} " + " ".join(f"{LABELS[c]:>12}" for c in cols) + "   (ms)")
+    classes = res.rank_classes()
+    for rep, members in classes[:MAX_TABLE_ROWS]:
+        b = rep.breakdown()
+        label = rank_ranges(members)
+        label = label if len(label) <= 12 else f"{members[0]} (+{len(members) - 1})"
+        typer.echo(f"{label:>12} " + " ".join(f"{_ms(b[c]):>12}" for c in cols))
+    if len(classes) > MAX_TABLE_ROWS:
+        typer.echo(f"... {len(classes) - MAX_TABLE_ROWS} more rank classes (use --json)")
+    typer.echo("step = compute + exposed comm + bubble + host idle; comm (all) and sync wait overlap them "
+               "(docs/step-breakdown.md)")
+
+
+def echo_result(res) -> None:
+    """A simulated step for a person: the step time, the rank table, what no model priced,
+    the critical path."""
+    typer.echo(f"{res.mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
+               f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
+    echo_rank_table(res)
+    kept = res.diagnostics.get("comm_kept_at_measured_time") or {}
+    if kept:
+        typer.echo("kept at measured time (communication no model prices): "
+                   + ", ".join(f"{k}={v}" for k, v in kept.items()))
+    cp = res.critical_path
+    typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
+               + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))
+    for t in cp["top"][:5]:
+        typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
+
+
 # -- simulate ---------------------------------------------------------------------------------------
 @guarded
 def simulate_cmd(
@@ -139,7 +189,7 @@ def simulate_cmd(
     timeline_rank: list[int] = typer.Option([], "--timeline-rank", help="Only this rank in the timeline "
                                             "(repeatable; default: every rank)."),
     plot: Path | None = typer.Option(None, "--plot", help="Draw each rank's step as compute / exposed "
-                                     "communication / bubble / idle into this PNG (matplotlib)."),
+                                     "comm / bubble / host idle into this PNG (matplotlib)."),
     no_symmetry: bool = typer.Option(False, "--no-symmetry", help="Simulate every rank, even equivalent ones."),
     compute_scale: float = typer.Option(1.0, "--compute-scale", help="Factor on compute time (0.5 = 2x faster)."),
     gpu: str | None = gpu_opt("Target GPU (predict; default: the job's)"),
@@ -202,25 +252,7 @@ def simulate_cmd(
     if retime is not None:
         typer.echo(f"compute retimed for {retime['gpu']} (profile {retime['profile']}): {retime['nodes']} nodes, "
                    + ", ".join(f"{k} {v}" for k, v in retime["by_status"].items()))
-    typer.echo(f"{mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
-               f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
-    typer.echo(f"{'rank':>6} {'step ms':>10} {'compute':>10} {'comm':>10} {'exposed':>10} {'idle':>10} {'wait':>10}")
-    shown = sorted(res.ranks)[:32]
-    for r in shown:
-        v = res.ranks[r]
-        typer.echo(f"{r:>6} {_ms(v.step_time_ns):>10} {_ms(v.compute_ns):>10} {_ms(v.comm_ns):>10} "
-                   f"{_ms(v.exposed_comm_ns):>10} {_ms(v.idle_ns):>10} {_ms(v.sync_wait_ns):>10}")
-    if len(res.ranks) > len(shown):
-        typer.echo(f"... {len(res.ranks) - len(shown)} more ranks (use --json)")
-    kept = res.diagnostics.get("comm_kept_at_measured_time") or {}
-    if kept:
-        typer.echo("kept at measured time (communication no model prices): "
-                   + ", ".join(f"{k}={v}" for k, v in kept.items()))
-    cp = res.critical_path
-    typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
-               + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))
-    for t in cp["top"][:5]:
-        typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
+    echo_result(res)
     if timeline is not None:
         t = out["timeline"]
         typer.echo(f"wrote {timeline} ({t['events']} events, {t['ranks']} ranks, {t['files']} file(s))")

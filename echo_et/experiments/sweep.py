@@ -144,8 +144,9 @@ def run_point(job: Job, point: dict[str, int | None], spec: SweepSpec) -> dict[s
             "microbatches": micro, "graphs": report.graphs,
             "step_time_ns": res.step_time_ns, "slowest_rank": res.slowest_rank,
             "exposed_comm_ns": slow.exposed_comm_ns, "comm_ns": slow.comm_ns,
-            "compute_ns": slow.compute_ns, "bubble_ns": slow.idle_ns,
-            "max_bubble_ns": max(r.idle_ns for r in res.ranks.values()),
+            # the slowest rank's step in the vocabulary's names (docs/step-breakdown.md)
+            "compute_ns": slow.compute_ns, "bubble_ns": slow.bubble_ns, "host_idle_ns": slow.host_idle_ns,
+            "max_bubble_ns": max(r.bubble_ns for r in res.ranks.values()),
             "throughput_per_gpu": round(per_gpu * (mbs or 1), 6),
             "throughput_unit": "samples/s per GPU" if mbs else "micro-batches/s per GPU",
             "simulated_ranks": res.simulated_ranks, "mode": res.mode,
