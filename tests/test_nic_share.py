@@ -1,0 +1,104 @@
+"""Shared network interfaces (``echo_et.sim.nic_share``): the rate each cross-node transfer
+gets from the transfers that leave its node with it, and the prediction that follows: neutral
+when every GPU has its own share, faster where part of a node is quiet, the same to the ns
+with and without symmetry and repeat blocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_et.errors import EchoError
+from echo_et.sim.nic_share import NicSharing, NodeNetwork
+
+pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install -e '.[dev]')")
+
+from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for, trace_row  # noqa: E402
+from echo_et.ir.schema import pb  # noqa: E402
+from echo_et.models.cluster import Cluster  # noqa: E402
+from echo_et.passes import retime_compute  # noqa: E402
+from echo_et.sim import Predictor, SimOptions  # noqa: E402
+
+NODE_GBPS = 40.0
+GPN = 4
+
+
+def _job(tp: int, dp: int, pp: int, microbatches: int = 3):
+    row = dict(layers=2 * pp, hidden=256, heads=4, seq=128, micro_batch=1,
+               global_batch=microbatches * dp, tp=tp, pp=pp, dp=dp, vocab=512)
+    opts = ConfigSweepOptions(cluster=Cluster.parse(gpu="a100", gpus_per_node=GPN,
+                                                    inter_bw=f"{NODE_GBPS}GB/s/node"),
+                              recompute=True, slowdown=False, comm_preset="a100-ib")
+    compute, comm, _ = models_for(opts)
+    timed, _ = retime_compute(trace_row(row, opts), compute)
+    return timed, comm
+
+
+def _predict(job, comm, net=None, **opts):
+    return Predictor(job, SimOptions(gpus_per_node=GPN, check=False, **opts), comm_model=comm,
+                     node_network=net).run()
+
+
+def _group(job, role, ranks):
+    return next(g for g in job.manifest.groups if g.role == role and tuple(g.ranks) == tuple(ranks))
+
+
+def test_rate_is_the_node_shared_by_its_senders_up_to_one_gpus_link() -> None:
+    net = NodeNetwork(8, node_gbps=100.0, gpu_gbps=25.0)
+    assert [net.rate(n) for n in (0, 1, 4, 8)] == [25.0, 25.0, 25.0, 12.5]
+    with pytest.raises(EchoError, match="gpu_gbps must be a positive number"):
+        NodeNetwork(8, node_gbps=100.0, gpu_gbps=0)
+    with pytest.raises(EchoError, match="gpus per node must be >= 1"):
+        NodeNetwork(0, node_gbps=100.0, gpu_gbps=1.0)
+
+
+def test_loads_follow_megatron_rank_order() -> None:
+    # tp1 dp2 pp4 on nodes of 4: stages 0-1 on node 0, 2-3 on node 1; the stage 1 -> 2 sends
+    # of both replicas leave node 0 together, the data-parallel groups stay inside a node.
+    job, _ = _job(1, 2, 4)
+    share = NicSharing(job, NodeNetwork(GPN, node_gbps=NODE_GBPS, gpu_gbps=NODE_GBPS))
+    pp0 = _group(job, pb.ROLE_PP, (0, 2, 4, 6))
+    assert share.p2p_gbps(pp0, 2, 4) == NODE_GBPS / 2
+    assert share.p2p_gbps(pp0, 4, 2) == NODE_GBPS / 2
+    assert share.p2p_gbps(pp0, 0, 2) is None
+    # the receiver's group may be named: the sender's sibling holds the pair
+    pp1 = _group(job, pb.ROLE_PP, (1, 3, 5, 7))
+    assert share.p2p_gbps(pp1, 2, 4) == NODE_GBPS / 2
+    assert share.collective_gbps(_group(job, pb.ROLE_DP, (2, 3))) is None
+    # tp1 dp8: one ring with 4 GPUs on each node: the node's four senders share it
+    job8, _ = _job(1, 8, 1, microbatches=1)
+    share8 = NicSharing(job8, NodeNetwork(GPN, node_gbps=NODE_GBPS, gpu_gbps=NODE_GBPS))
+    assert share8.collective_gbps(_group(job8, pb.ROLE_DP, range(8))) == NODE_GBPS / 4
+
+
+def test_even_share_is_neutral_and_a_quiet_node_half_is_faster() -> None:
+    job, comm = _job(1, 2, 4)
+    plain = _predict(job, comm)
+    even = _predict(job, comm, NodeNetwork(GPN, node_gbps=NODE_GBPS, gpu_gbps=NODE_GBPS / GPN))
+    assert even.step_time_ns == plain.step_time_ns
+    # each GPU may use the whole node link alone: the two senders of a stage get half each,
+    # twice the even share
+    fast = _predict(job, comm, NodeNetwork(GPN, node_gbps=NODE_GBPS, gpu_gbps=NODE_GBPS))
+    assert fast.step_time_ns < plain.step_time_ns
+    at_half = comm.with_overrides(inter_bw_gbps=NODE_GBPS / 2)
+    assert at_half.p2p(1 << 20, 2, 4, gpus_per_node=GPN).time_ns < comm.p2p(1 << 20, 2, 4, gpus_per_node=GPN).time_ns
+
+
+@pytest.mark.parametrize("layout", [(1, 3, 2), (1, 2, 3)])
+def test_shares_are_exact_with_symmetry_and_repeat_blocks(layout) -> None:
+    # tp1 dp3 pp2 on nodes of 4: stage 1 is rank 3 on node 0 and ranks 4-5 on node 1, so
+    # ranks of one stage get different shares
+    job, comm = _job(*layout)
+    net = NodeNetwork(GPN, node_gbps=NODE_GBPS, gpu_gbps=NODE_GBPS / 2)
+    ref = _predict(job, comm, net, symmetry=False, repeats=False)
+    for kw in ({}, {"repeats": False}, {"symmetry": False}):
+        got = _predict(job, comm, net, **kw)
+        assert got.step_time_ns == ref.step_time_ns, kw
+        assert [r.step_time_ns for r in got.ranks.values()] == [r.step_time_ns for r in ref.ranks.values()]
+    assert ref.step_time_ns != _predict(job, comm, symmetry=False).step_time_ns
+
+
+def test_node_network_must_match_the_placement() -> None:
+    job, comm = _job(1, 2, 4)
+    with pytest.raises(EchoError, match="node network of 8 GPUs per node"):
+        Predictor(job, SimOptions(gpus_per_node=GPN, check=False), comm_model=comm,
+                  node_network=NodeNetwork(8, node_gbps=1.0, gpu_gbps=1.0))
