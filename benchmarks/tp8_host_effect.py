@@ -3,7 +3,8 @@
 Data: ``../shared/data/measurements/vtrain-a100/data/ground_truth_single.csv`` (1,440
 Megatron-DeepSpeed iterations on one node of A100s). Only rows without pipeline parallelism
 are used, so that one rank's work per iteration is ``layers x micro-batches`` layer passes
-(forward, recomputed forward, backward) and the time per layer pass compares layouts with the same micro-batches per rank:
+(forward, recomputed forward, backward) and the time per layer pass compares layouts with
+the same micro-batches per rank:
 
 - processes per node: TP1 x DP8 and TP4 x DP2 run eight processes on the node, TP1 x DP2 and
   TP4 x DP1 two and four: if eight processes contended for the host's CPUs, the first two
@@ -42,7 +43,8 @@ def per_layer_pass_us(path: Path) -> dict[tuple[int, int, int, int], dict[tuple[
             tp, dp, mb = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["micro batch"])
             layers, gb = int(r["# layers"]), int(r["global batch"])
             passes = layers * gb // (mb * dp)
-            out[(int(r["hidden size"]), mb, layers, gb // (mb * dp))][(tp, dp)] = float(r["iteration time (ms)"]) * 1e3 / passes
+            key = (int(r["hidden size"]), mb, layers, gb // (mb * dp))
+            out[key][(tp, dp)] = float(r["iteration time (ms)"]) * 1e3 / passes
     return out
 
 

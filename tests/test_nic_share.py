@@ -102,3 +102,38 @@ def test_node_network_must_match_the_placement() -> None:
     with pytest.raises(EchoError, match="node network of 8 GPUs per node"):
         Predictor(job, SimOptions(gpus_per_node=GPN, check=False), comm_model=comm,
                   node_network=NodeNetwork(8, node_gbps=1.0, gpu_gbps=1.0))
+
+
+def test_cli_nic_bw_shares_the_node_and_refuses_what_it_cannot_use(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+    from echo_et.ir import save_job
+
+    job, _ = _job(1, 2, 4)
+    path = str(save_job(job, tmp_path / "job"))
+    base = ["simulate", path, "--mode", "predict", "--preset", "a100-ib", "--no-slowdown",
+            "--gpus-per-node", str(GPN), "--inter-bw", f"{NODE_GBPS}GB/s/node", "--json"]
+    runner = CliRunner()
+
+    def step(*extra: str) -> int:
+        r = runner.invoke(app, base + list(extra))
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["step_time_ns"]
+
+    plain = step()
+    assert step("--nic-bw", f"{NODE_GBPS / GPN}GB/s") == plain   # the even share: neutral
+    assert step("--nic-bw", f"{NODE_GBPS}GB/s") < plain            # a quiet half of a node
+    for extra, msg in ((["--nic-bw", "10GB/s/node"], "error: --nic-bw: '10GB/s/node' is per node"),
+                       (["--nic-bw", "fast"], "error: --nic-bw: 'fast' is not a bandwidth")):
+        r = runner.invoke(app, base + extra)
+        assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1].startswith(msg), r.output
+    # without the node's network (here or in the Job's manifest) there is nothing to share
+    from echo_et.errors import OptionError
+
+    with pytest.raises(OptionError, match="needs the node's network bandwidth"):
+        Cluster.parse(gpus_per_node=8, nic_bw="10GB/s").node_network(None)
+    assert Cluster.parse(gpus_per_node=8, inter_bw="800Gb/s/node", nic_bw="200Gb/s").node_network(None) == (
+        8, 100.0, 25.0)

@@ -264,13 +264,16 @@ def predict_job(job: Job, opts: ConfigSweepOptions, *, critical_nodes: bool = Fa
     simulated in predict mode."""
     from echo_et.passes import retime_compute
     from echo_et.sim import SimOptions, simulate
+    from echo_et.sim.nic_share import NodeNetwork
 
     compute, comm, slow = models_for(opts)
     timed, _ = retime_compute(job, compute)
+    net = opts.cluster.node_network(opts.gpus_per_node())
     res = simulate(timed, "predict",
                    options=SimOptions(gpus_per_node=opts.gpus_per_node(), check=False,
                                       critical_nodes=critical_nodes),
-                   comm_model=comm, slowdown_model=slow)
+                   comm_model=comm, slowdown_model=slow,
+                   node_network=None if net is None else NodeNetwork(*net))
     return res, timed
 
 
