@@ -83,18 +83,24 @@ def test_even_share_is_neutral_and_a_quiet_node_half_is_faster() -> None:
     assert at_half.p2p(1 << 20, 2, 4, gpus_per_node=GPN).time_ns < comm.p2p(1 << 20, 2, 4, gpus_per_node=GPN).time_ns
 
 
-@pytest.mark.parametrize("layout", [(1, 3, 2), (1, 2, 3)])
+@pytest.mark.parametrize("layout", [(1, 3, 2), (1, 2, 3), (1, 5, 2)])
 def test_shares_are_exact_with_symmetry_and_repeat_blocks(layout) -> None:
     # tp1 dp3 pp2 on nodes of 4: stage 1 is rank 3 on node 0 and ranks 4-5 on node 1, so
-    # ranks of one stage get different shares
+    # ranks of one stage get different shares. tp1 dp5 pp2: ranks 0-4 run one graph and
+    # their pipeline groups have one placement pattern, but rank 4 sends from node 1, where
+    # it is alone, and ranks 0-3 share node 0: symmetry must not merge them.
     job, comm = _job(*layout)
-    net = NodeNetwork(GPN, node_gbps=NODE_GBPS, gpu_gbps=NODE_GBPS / 2)
+    net = NodeNetwork(GPN, node_gbps=NODE_GBPS, gpu_gbps=NODE_GBPS / 2 if layout != (1, 5, 2) else NODE_GBPS)
     ref = _predict(job, comm, net, symmetry=False, repeats=False)
     for kw in ({}, {"repeats": False}, {"symmetry": False}):
         got = _predict(job, comm, net, **kw)
         assert got.step_time_ns == ref.step_time_ns, kw
-        assert [r.step_time_ns for r in got.ranks.values()] == [r.step_time_ns for r in ref.ranks.values()]
-    assert ref.step_time_ns != _predict(job, comm, symmetry=False).step_time_ns
+        assert {r: x.step_time_ns for r, x in got.ranks.items()} == {r: x.step_time_ns for r, x in ref.ranks.items()}
+        assert {r: x.comm_ns for r, x in got.ranks.items()} == {r: x.comm_ns for r, x in ref.ranks.items()}
+    plain = _predict(job, comm, symmetry=False)
+    assert {r: x.comm_ns for r, x in plain.ranks.items()} != {r: x.comm_ns for r, x in ref.ranks.items()}
+    if layout == (1, 5, 2):
+        assert ref.ranks[4].comm_ns < ref.ranks[0].comm_ns
 
 
 def test_node_network_must_match_the_placement() -> None:
