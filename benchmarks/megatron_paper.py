@@ -49,19 +49,39 @@ from echo_et.models.cluster import Cluster  # noqa: E402
 VOCAB = 51200
 SEQ = 2048
 # Table 1 of arXiv 2104.04473: (parameters in billions, heads, hidden, layers, TP, PP, GPUs,
-# global batch, achieved teraFLOP/s per GPU).
+# global batch, achieved teraFLOP/s per GPU, achieved aggregate petaFLOP/s).
 PAPER_TABLE_1 = (
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 4.4),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 8.8),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 18.2),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 34.6),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 70.8),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 143.8),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 227.1),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 297.4),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 410.2),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 502.0),
 )
+
+
+def paper_parameters(layers: int, hidden: int, vocab: int, seq: int) -> float:
+    """Parameters of the model (the paper's eq. 2: 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)))."""
+    return 12.0 * layers * hidden ** 2 * (1 + 13 / (12 * hidden) + (vocab + seq) / (12 * layers * hidden))
+
+
+def table_problems() -> list[str]:
+    """Transcription checks: each row's parameters from its shape (eq. 2) and its aggregate
+    petaFLOP/s from its per-GPU throughput, against the table's own columns."""
+    out = []
+    for params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops, pflops in PAPER_TABLE_1:
+        p = paper_parameters(layers, hidden, VOCAB, SEQ) / 1e9
+        if abs(p - params_b) > 0.05 * params_b:
+            out.append(f"{params_b}B: the shape gives {p:.1f}B parameters")
+        if abs(tflops * gpus / 1000 - pflops) > 0.01 * pflops:
+            out.append(f"{params_b}B: {tflops} TFLOP/s x {gpus} GPUs is not {pflops} PFLOP/s")
+        if gpus % (tp * pp) or hidden % heads or heads % tp or layers % pp or batch % (gpus // (tp * pp)):
+            out.append(f"{params_b}B: the layout does not divide the model")
+    return out
 
 
 def paper_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
@@ -72,7 +92,7 @@ def paper_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> f
 def paper_rows(micro_batch: int) -> list[dict]:
     """The table as configuration rows with the measured iteration time in ms."""
     rows = []
-    for params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops in PAPER_TABLE_1:
+    for params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops, _ in PAPER_TABLE_1:
         dp = gpus // (tp * pp)
         ms = paper_flops(batch, SEQ, layers, hidden, VOCAB) / (tflops * 1e12 * gpus) * 1e3
         rows.append({"layers": layers, "hidden": hidden, "heads": heads, "seq": SEQ,
@@ -92,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--max-memory", type=float, default=3.0, help="GB per worker (a row past it is its error)")
     args = ap.parse_args(argv)
+    bad = table_problems()
+    if bad:
+        print(f"error: the transcribed table disagrees with itself: {bad[0]}", file=sys.stderr)
+        return 2
     if not (SHARED / "measurements/vtrain-a100/trace/a100").is_dir():
         print(f"error: {SHARED} lacks vTrain's all-reduce tables (the collective model's calibration)",
               file=sys.stderr)
