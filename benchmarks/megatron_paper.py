@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--max-memory", type=float, default=3.0, help="GB per worker (a row past it is its error)")
+    ap.add_argument("--max-memory", type=float, default=5.0,
+                    help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
     args = ap.parse_args(argv)
     bad = table_problems()
     if bad:

@@ -143,3 +143,17 @@ def test_cli_nic_bw_shares_the_node_and_refuses_what_it_cannot_use(tmp_path) -> 
         Cluster.parse(gpus_per_node=8, nic_bw="10GB/s").node_network(None)
     assert Cluster.parse(gpus_per_node=8, inter_bw="800Gb/s/node", nic_bw="200Gb/s").node_network(None) == (
         8, 100.0, 25.0)
+
+
+def test_sweep_nic_bw_needs_the_node_network_before_any_row_runs(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    csv = tmp_path / "c.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n2,64,4,32,1,4,1,2,2\n")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["sweep", "--configs", str(csv), "-o", str(out), "--nic-bw", "25GB/s"])
+    assert r.exit_code == 2 and r.stderr.strip() == (
+        "error: --nic-bw: needs the node's network bandwidth (inter_bw) to share"), r.output
+    assert not out.exists()
