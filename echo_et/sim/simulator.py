@@ -522,10 +522,11 @@ class Simulator:
             if st.ready:
                 st.queued = True
                 self._active.append(st)
-        while self._active:
-            st = self._active.pop()
+        active = self._active
+        while active:
+            st = active.pop()
+            self._drain(st)     # still marked queued: what it finishes itself does not queue it again
             st.queued = False
-            self._drain(st)
         unfinished = [st for st in self._states if st.items_done < st.program.n_items]
         if unfinished or self._meetings:
             raise EchoError(self._deadlock_message(unfinished))
