@@ -157,3 +157,25 @@ def test_sweep_nic_bw_needs_the_node_network_before_any_row_runs(tmp_path) -> No
     assert r.exit_code == 2 and r.stderr.strip() == (
         "error: --nic-bw: needs the node's network bandwidth (inter_bw) to share"), r.output
     assert not out.exists()
+
+
+def test_a_job_with_one_graph_per_rank_shares_by_role_and_size() -> None:
+    # four ranks on nodes of 2, data-parallel groups {0, 2} and {1, 3} across the nodes, every
+    # rank its own graph (as a job converted from one trace per rank): both rings leave each
+    # node together, so each gets half the node
+    from echo_et.experiments.synthetic import stage_graph
+    from echo_et.ir import JobBuilder
+
+    jb = JobBuilder("per-rank", 4, source_format="synthetic")
+    dp = [jb.group([t, t + 2], name=f"dp{t}", role="dp") for t in (0, 1)]
+    for r in range(4):
+        g = stage_graph(0, tp=1, pp=1, dp=2, microbatches=1, layers=1, hidden_bytes=1 << 20,
+                        kernel_ns=1000).build()
+        g.header.id = f"rank{r}"
+        jb.add_graph(g)
+        jb.bind(r, f"rank{r}", {"tp": jb.group([r], name=f"tp{r}", role="tp"), "pp": jb.group([r], name=f"pp{r}",
+                                                                                          role="pp"),
+                                "dp": dp[r % 2]})
+    job = jb.build()
+    share = NicSharing(job, NodeNetwork(2, node_gbps=10.0, gpu_gbps=10.0))
+    assert [share.collective_gbps(job.group(g)) for g in dp] == [5.0, 5.0]

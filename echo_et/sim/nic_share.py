@@ -12,8 +12,10 @@ simulator evaluates the step rank by rank (a max-plus recurrence, see
 order ranks are visited. Groups of one role whose members run, position by position, the same
 graphs issue the same collective at the same moment of an SPMD step: every data-parallel
 group of a pipeline stage reduces its gradients together, every pipeline group sends a stage's
-activations together. For a transfer the *load* on a node is the number of that node's GPUs
-those sibling transfers send across nodes from (a ring's GPUs on the node; a send's source,
+activations together (a job with one graph per rank, converted from one trace each, has no
+shared graphs: there the groups of one role and size run together). For a transfer the
+*load* on a node is the number of that node's GPUs those sibling transfers send across
+nodes from (a ring's GPUs on the node; a send's source,
 a receive's destination: links are full duplex), and each of them gets
 
     min(gpu_gbps, node_gbps / load)   GB/s of the network
@@ -65,12 +67,19 @@ class NicSharing:
         self.net = net
         gpn = net.gpus_per_node
         graph_of = {r: job.binding(r).graph for r in job.ranks()}
+        by_graphs: dict[Hashable, list[pb.ProcessGroup]] = defaultdict(list)
+        for g in job.manifest.groups:
+            by_graphs[(g.role, tuple(graph_of.get(r, "") for r in g.ranks))].append(g)
+        # A group whose members' graphs no other group shares (a job converted from one
+        # trace per rank) runs with the groups of its role and size: replicas issue the same
+        # collectives, whatever their graphs are called.
         self._family: dict[int, Hashable] = {}
         members: dict[Hashable, list[pb.ProcessGroup]] = defaultdict(list)
-        for g in job.manifest.groups:
-            fam = (g.role, tuple(graph_of.get(r, "") for r in g.ranks))
-            self._family[g.id] = fam
-            members[fam].append(g)
+        for key, groups in by_graphs.items():
+            for g in groups:
+                fam = key if len(groups) > 1 else (g.role, len(g.ranks))
+                self._family[g.id] = fam
+                members[fam].append(g)
         self._members = dict(members)
         self._node = lambda r: r // gpn
         self._coll: dict[Hashable, dict[int, int]] = {}
@@ -80,12 +89,11 @@ class NicSharing:
         """GPUs per node in the family's groups that span nodes (they all run at once)."""
         got = self._coll.get(fam)
         if got is None:
-            load: Counter = Counter()
+            senders: set[int] = set()   # a GPU in two groups of the family sends once
             for g in self._members[fam]:
-                nodes = Counter(self._node(r) for r in g.ranks)
-                if len(nodes) > 1:
-                    load.update(nodes)
-            got = self._coll[fam] = dict(load)
+                if len({self._node(r) for r in g.ranks}) > 1:
+                    senders.update(g.ranks)
+            got = self._coll[fam] = dict(Counter(self._node(r) for r in senders))
         return got
 
     def collective_gbps(self, group: pb.ProcessGroup) -> float | None:
@@ -122,14 +130,10 @@ class NicSharing:
         key = (fam, i, j)
         got = self._p2p.get(key)
         if got is None:
-            out: Counter = Counter()
-            inn: Counter = Counter()
-            for g in self._members[fam]:
-                a, b = self._node(g.ranks[i]), self._node(g.ranks[j])
-                if a != b:
-                    out[a] += 1
-                    inn[b] += 1
-            got = self._p2p[key] = (out, inn)
+            pairs = {(g.ranks[i], g.ranks[j]) for g in self._members[fam]
+                     if self._node(g.ranks[i]) != self._node(g.ranks[j])}
+            got = self._p2p[key] = (Counter(self._node(a) for a in {a for a, _ in pairs}),
+                                    Counter(self._node(b) for b in {b for _, b in pairs}))
         return min(self.net.rate(got[0][src]), self.net.rate(got[1][dst]))
 
     def rank_key(self, job: Job, rank: int) -> tuple:
