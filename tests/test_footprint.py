@@ -41,3 +41,16 @@ def test_sweep_row_that_does_not_fit_is_its_error() -> None:
     assert got["predicted_ms"] is None
     assert got["error"].startswith("layout dp=1 tp=1 pp=1 microbatches=8: does not fit the GPU's memory")
     assert "\n" not in got["error"] and "A100-SXM4-40GB has 40 GB" in got["error"]
+
+
+def test_no_measured_vtrain_row_is_refused() -> None:
+    # the bound is a lower bound: every configuration vTrain ran on a 40 GB A100 fits it
+    pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
+    from conftest import shared_path
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, read_configs, workload_for
+
+    rows = read_configs(shared_path("measurements/vtrain-a100/data/ground_truth_single.csv"))
+    opts = ConfigSweepOptions(recompute=True)
+    for r in rows:
+        workload_for(r, opts)
+    assert len(rows) == 1440
