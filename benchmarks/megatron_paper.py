@@ -19,8 +19,8 @@ iterations, ../shared/data) for the 80 GB A100, and the collective model calibra
 vTrain's all-reduce tables of one A100 node (as in ``megatron_accuracy.py``), with the
 network of the cluster as published (``--inter-bw 1600Gb/s/node``).
 
-What the table does not say, and what is assumed: the micro-batch size (1 here; the paper's
-Fig. 16 discusses larger ones for some models) and the pipeline schedule (the plain 1F1B
+What the table does not say, and what is assumed: the micro-batch size (1 here; the paper
+studies larger ones separately) and the pipeline schedule (the plain 1F1B
 schedule here; the paper's interleaved schedule has a smaller bubble, so PP rows may be
 predicted long). Megatron-LM's scatter/gather of the pipeline's activations across nodes and
 its overlapped communication are not modelled.
