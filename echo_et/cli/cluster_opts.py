@@ -31,11 +31,18 @@ def inter_bw_opt() -> typer.models.OptionInfo:
                         help="Inter-node (network) bandwidth, e.g. 800Gb/s/node. " + BW_HELP)
 
 
+def nic_bw_opt() -> typer.models.OptionInfo:
+    return typer.Option(None, "--nic-bw", metavar="RATE",
+                        help="The most one GPU sends into the network alone (its NIC), e.g. 200Gb/s: "
+                        "with --inter-bw RATE/node, the GPUs that leave a node together share its "
+                        "network (predict). Per GPU.")
+
+
 def cluster_from_options(gpu: str | None, gpus_per_node: int | None, intra_bw: str | None,
-                         inter_bw: str | None):
+                         inter_bw: str | None, nic_bw: str | None = None):
     """A :class:`echo_et.models.cluster.Cluster` from the options (an OptionError names the
     option that held a bad value)."""
     from echo_et.models.cluster import Cluster
 
     return Cluster.parse(gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
-                         inter_bw=inter_bw)
+                         inter_bw=inter_bw, nic_bw=nic_bw)

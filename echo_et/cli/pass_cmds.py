@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt
+from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import GPN_HELP, JsonOpt, emit_json, fail, guarded, load_job_arg
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
 
@@ -174,6 +174,7 @@ def sweep(
     gpu: str | None = gpu_opt("Target GPU (--configs; default a100)"),
     intra_bw: str | None = intra_bw_opt(),
     inter_bw: str | None = inter_bw_opt(),
+    nic_bw: str | None = nic_bw_opt(),
     recompute: bool = typer.Option(False, "--recompute",
                                    help="--configs: full activation checkpointing (each layer's forward "
                                         "runs again in its backward)."),
@@ -194,7 +195,7 @@ def sweep(
         if used or mode != "predict":
             fail(f"{', '.join(used) or '--mode'} cannot be combined with --configs")
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
-                     inter_bw=inter_bw, recompute=recompute, compute_profile=compute_profile,
+                     inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute, compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
                      max_memory=memory_budget(max_memory))
@@ -203,7 +204,8 @@ def sweep(
         fail("give a JOB to scale, or --configs CONFIGS.csv")
     if dp is None:
         fail("--dp: give at least one data-parallel degree")
-    used = [f for f, v in (("--gpu", gpu), ("--compute-profile", compute_profile)) if v is not None]
+    used = [f for f, v in (("--gpu", gpu), ("--compute-profile", compute_profile), ("--nic-bw", nic_bw))
+            if v is not None]
     if recompute:
         used.append("--recompute")
     if used:

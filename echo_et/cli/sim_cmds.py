@@ -14,6 +14,7 @@ from echo_et.cli.cluster_opts import (
     gpus_per_node_opt,
     inter_bw_opt,
     intra_bw_opt,
+    nic_bw_opt,
 )
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
@@ -195,6 +196,7 @@ def simulate_cmd(
     gpu: str | None = gpu_opt("Target GPU (predict; default: the job's)"),
     intra_bw: str | None = intra_bw_opt(),
     inter_bw: str | None = inter_bw_opt(),
+    nic_bw: str | None = nic_bw_opt(),
     gpus_per_node: int | None = gpus_per_node_opt(),
     straggler: list[str] = typer.Option([], "--straggler", help="RANK:FACTOR, slows a rank's non-comm time."),
     align_start: bool = typer.Option(False, "--align-start", help="Start all ranks at 0, not measured offsets."),
@@ -210,10 +212,10 @@ def simulate_cmd(
         raise EchoError(f"--mode {mode!r}: use replay or predict")
     if compute_scale <= 0:
         raise EchoError("--compute-scale must be > 0")
-    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw, nic_bw)
     if mode == "replay":
         used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
-                               ("--inter-bw", inter_bw), ("--slowdown", slowdown), ("--gpu", gpu),
+                               ("--inter-bw", inter_bw), ("--nic-bw", nic_bw), ("--slowdown", slowdown), ("--gpu", gpu),
                                ("--compute-profile", compute_profile)) if v is not None]
         if used:
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
@@ -228,15 +230,19 @@ def simulate_cmd(
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start,
                          repeats=timeline is None)
-    comm = slow = retime = None
+    comm = slow = retime = net = None
     if mode == "predict":
         from echo_et.cli.compute_cmds import retime_for_gpu
+        from echo_et.models.cluster import Cluster
+        from echo_et.sim.nic_share import NodeNetwork
 
         job, retime = retime_for_gpu(job, cluster.gpu, compute_profile)
         comm = comm_model_for(job, profile, preset, cluster)
         slow = slowdown_model_for(slowdown, no_slowdown)
+        shape = cluster.over(Cluster.from_job(job)).node_network(comm.gpus_per_node)
+        net = None if shape is None else NodeNetwork(*shape)
     _progress(f"simulating {job.world_size} ranks ({mode})...")
-    res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
+    res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow, node_network=net)
     out = res.to_json()
     if retime is not None:
         out["compute_retime"] = retime

@@ -182,7 +182,26 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m)
     cfg.validate(layout)
+    check_memory(cfg, layout, opts.gpu())
     return cfg, layout
+
+
+def check_memory(cfg, layout, gpu: str) -> None:
+    """EchoError when the configuration cannot fit ``gpu``'s memory even at the lower bound
+    of :mod:`echo_et.models.footprint` (weights, gradients, Adam states, checkpointed inputs)."""
+    from echo_et.ir.dtypes import dtype_size
+    from echo_et.models.compute import DATASHEETS
+    from echo_et.models.footprint import check_fits
+
+    spec = DATASHEETS.get(gpu)
+    if spec is None:
+        return
+    try:
+        check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
+                   vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
+                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype))
+    except EchoError as e:
+        raise EchoError(f"layout {layout.describe()}: {e}") from None
 
 
 def trace_row(row: dict[str, Any], opts: ConfigSweepOptions) -> Job:
@@ -247,13 +266,16 @@ def predict_job(job: Job, opts: ConfigSweepOptions, *, critical_nodes: bool = Fa
     simulated in predict mode (``repeats=False``: node by node, for a timeline)."""
     from echo_et.passes import retime_compute
     from echo_et.sim import SimOptions, simulate
+    from echo_et.sim.nic_share import NodeNetwork
 
     compute, comm, slow = models_for(opts)
     timed, _ = retime_compute(job, compute)
+    net = opts.cluster.node_network(opts.gpus_per_node())
     res = simulate(timed, "predict",
                    options=SimOptions(gpus_per_node=opts.gpus_per_node(), check=False,
                                       critical_nodes=critical_nodes, repeats=repeats),
-                   comm_model=comm, slowdown_model=slow)
+                   comm_model=comm, slowdown_model=slow,
+                   node_network=None if net is None else NodeNetwork(*net))
     return res, timed
 
 

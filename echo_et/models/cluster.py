@@ -24,6 +24,7 @@ class Cluster:
     gpus_per_node: int | None = None
     intra_bw: Bandwidth | None = None  # NVLink-class bandwidth inside a node
     inter_bw: Bandwidth | None = None  # network bandwidth between nodes
+    nic_bw: Bandwidth | None = None    # the most one GPU sends into the network alone (its NIC)
 
     def __post_init__(self) -> None:
         if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool)
@@ -32,7 +33,8 @@ class Cluster:
 
     @classmethod
     def parse(cls, *, gpu: str | None = None, gpus_per_node: int | None = None,
-              intra_bw: str | float | None = None, inter_bw: str | float | None = None) -> Cluster:
+              intra_bw: str | float | None = None, inter_bw: str | float | None = None,
+              nic_bw: str | float | None = None) -> Cluster:
         """From text as typed: bandwidths are parsed by
         :func:`echo_et.models.comm.units.parse_bandwidth`; the GPU name is checked against
         the presets."""
@@ -41,8 +43,11 @@ class Cluster:
                 gpu = gpu_preset_name(gpu)
             except EchoError as e:
                 raise OptionError("gpu", str(e)) from None
+        nic = _bw(nic_bw, "nic_bw")
+        if nic is not None and nic.per != "gpu":
+            raise OptionError("nic_bw", f"{nic.text!r} is per node; give what one GPU's NIC carries (e.g. 200Gb/s)")
         return cls(gpu=gpu, gpus_per_node=gpus_per_node,
-                   intra_bw=_bw(intra_bw, "intra_bw"), inter_bw=_bw(inter_bw, "inter_bw"))
+                   intra_bw=_bw(intra_bw, "intra_bw"), inter_bw=_bw(inter_bw, "inter_bw"), nic_bw=nic)
 
     @classmethod
     def from_job(cls, job) -> Cluster:
@@ -80,6 +85,18 @@ class Cluster:
             out["inter_bw_gbps"] = self.inter_bw.per_gpu(gpn)
         return out
 
+    def node_network(self, default_gpus_per_node: int | None) -> tuple[int, float, float] | None:
+        """(GPUs per node, GB/s of the node's NICs together, GB/s one GPU sends alone) when the
+        NIC rate is given (None otherwise: every GPU keeps its even share of the node)."""
+        if self.nic_bw is None:
+            return None
+        gpn = self.gpus_per_node or default_gpus_per_node
+        if not gpn:
+            raise OptionError("nic_bw", "needs the GPUs per node")
+        if self.inter_bw is None:
+            raise OptionError("nic_bw", "needs the node's network bandwidth (inter_bw) to share")
+        return gpn, self.inter_bw.per_gpu(gpn) * gpn, self.nic_bw.gbps
+
     def write_hardware(self, manifest, default_gpus_per_node: int | None = None) -> None:
         """Record this cluster in a (mutable, not yet built) Job manifest."""
         h = manifest.hardware
@@ -97,7 +114,8 @@ class Cluster:
         gpn = self.gpus_per_node or default_gpus_per_node
         return {"gpu": self.gpu, "gpus_per_node": gpn,
                 "intra_bw_gbps_per_gpu": None if self.intra_bw is None else self.intra_bw.per_gpu(gpn),
-                "inter_bw_gbps_per_gpu": None if self.inter_bw is None else self.inter_bw.per_gpu(gpn)}
+                "inter_bw_gbps_per_gpu": None if self.inter_bw is None else self.inter_bw.per_gpu(gpn)} | (
+                    {} if self.nic_bw is None else {"nic_bw_gbps_per_gpu": self.nic_bw.gbps})
 
 
 def _bw(v: str | float | None, option: str) -> Bandwidth | None:
