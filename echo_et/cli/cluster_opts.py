@@ -1,6 +1,6 @@
 """The cluster options shared by trace, simulate, sweep and validate: ``--gpu``,
 ``--gpus-per-node``, ``--intra-bw``, ``--inter-bw`` (values with units, see
-:mod:`echo_et.models.comm.units`)."""
+:mod:`echo_et.ir.units`)."""
 
 from __future__ import annotations
 

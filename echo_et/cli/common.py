@@ -106,9 +106,6 @@ OPTION_BOUNDS: dict[str, tuple] = {
     "--folds": (2, 1000),
     "--step": (0, limits.MAX_NS),
     "--compute-scale": (0.0, limits.MAX_FACTOR, True),
-    "--intra-bw": (0.0, limits.MAX_BANDWIDTH_GBPS, True),
-    "--inter-bw": (0.0, limits.MAX_BANDWIDTH_GBPS, True),
-    "--latency": (0.0, 1e12, False),
     "--bucket-mb": (0.0, 1e9, True),
     "--first-bucket-mb": (0.0, 1e9, True),
 }

@@ -108,17 +108,19 @@ def inject(
         None, "--first-bucket-mb", help="Cap of the first bucket in MiB (default: as DDP)."),
     zero: int = typer.Option(0, "--zero", help="0: all-reduce buckets; 1: reduce-scatter + all-gather."),
     param_bytes: str | None = typer.Option(
-        None, "--param-bytes", help="Total parameter bytes (e.g. 500M) when the trace has no gradient shapes."),
+        None, "--param-bytes", help="Total parameter bytes (e.g. 500MB or 1.5GiB) when the trace has no "
+        "gradient shapes."),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=GPN_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Turn a single-GPU trace into a data-parallel Job: DDP gradient buckets on a comm stream."""
-    from echo_et.passes.inject import inject_dp, parse_bytes
+    from echo_et.cli.unit_opts import size_option
+    from echo_et.passes.inject import inject_dp
 
     _refuse_overwrite(output, [job_path])
     job = load_job_arg(job_path)
     out, report = inject_dp(job, dp=dp, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb,
-                            zero=zero, param_bytes=parse_bytes(param_bytes) if param_bytes else None,
+                            zero=zero, param_bytes=size_option(param_bytes, "param_bytes", lo=1),
                             gpus_per_node=gpus_per_node)
     _save_checked(out, output)
     if as_json:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_NS
 from echo_et.models.comm import nccl, tuning
 from echo_et.models.comm.profile import Profile, load_preset, load_profile
 from echo_et.models.comm.profile import preset_names as _preset_names
@@ -208,7 +209,13 @@ class CommModel:
 
 
 def _ns(us: float) -> int:
-    return int(round(float(us) * 1000.0))
+    """A model time in ns; one beyond what the IR holds (a terabyte at a bit per second) is
+    an error naming the bound, not an OverflowError later."""
+    ns = float(us) * 1000.0
+    if not ns <= MAX_NS:
+        raise EchoError(f"a modelled communication time of {ns:.3g} ns exceeds {MAX_NS} ns (146 years): "
+                        "the bandwidths are too low for these sizes")
+    return int(round(ns))
 
 
 def _bytes(n: object) -> int:
