@@ -68,7 +68,7 @@ def parse_bytes(text: str, *, lo: int = 0, hi: int = MAX_BYTES) -> int:
     """Bytes in ``text`` (``4096``, ``64MiB``, ``1GB``), within ``[lo, hi]``."""
     s = str(text).strip()
     if s.startswith("-"):
-        raise EchoError(f"{_shown(s)}: a size must be >= {lo} bytes")
+        raise EchoError(f"{_shown(s)} is out of range ({format_bytes(lo)} .. {format_bytes(hi)})")
     m = _SIZE.match(s)
     if not m:
         raise EchoError(f"{_shown(s)} is not a size (e.g. {SIZE_EXAMPLES})")
