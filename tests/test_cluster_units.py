@@ -11,8 +11,8 @@ from echo_et.cli.main import app
 from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.synthetic import gpt_3d_job
 from echo_et.ir import JobBuilder, save_job
-from echo_et.models.cluster import Cluster, known_gpus
 from echo_et.ir.units import Bandwidth, parse_bandwidth
+from echo_et.models.cluster import Cluster, known_gpus
 
 runner = CliRunner()
 
