@@ -78,8 +78,18 @@ def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
         model = CommModel.from_profile(profile)
     elif preset is not None:
         model = CommModel.preset(preset)
-    else:
+    elif cluster.gpu or job.manifest.hardware.gpu_name:
         model = CommModel.preset_for_gpu(cluster.gpu or job.manifest.hardware.gpu_name)
+    else:
+        from echo_et.cli.compute_cmds import is_untimed, runs_on_gpu
+        from echo_et.models.cluster import known_gpus
+
+        presets = f"--preset NAME ({', '.join(CommModel.preset_names())}) or --profile FILE"
+        if runs_on_gpu(job) or is_untimed(job):
+            raise EchoError(f"{job.source or 'the job'} names no GPU: give --gpu NAME ({', '.join(known_gpus()[:6])}, "
+                            f"...) for its collective preset, or the collective model with {presets}")
+        raise EchoError(f"{job.source or 'the job'} names no GPU (its compute ran on the CPU): give the collective "
+                        f"model with {presets}")
     over = cluster.comm_overrides(model.gpus_per_node)
     return model.with_overrides(**over) if over else model
 
