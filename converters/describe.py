@@ -45,7 +45,9 @@ def describe(path: Path) -> str:
         return "an empty file"
     try:
         text = head.decode("utf-8")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as e:   # a character cut at the end of the head is still text
+        text = head[:e.start].decode("utf-8") if e.start >= len(head) - 3 else ""
+    if not text or any(c < " " and c not in "\t\n\r" for c in text[:256]):
         return f"{wrap}binary data starting with {head[:8].hex(' ')}"
     stripped = text.lstrip()
     if stripped[:1] in "{[":
