@@ -189,3 +189,32 @@ def test_gpu_option_on_a_cpu_trace_says_what_is_wrong() -> None:
     assert "names no GPU (its compute ran on the CPU): give the collective model with --preset NAME" in line
     ok = runner.invoke(app, ["simulate", str(job), "--mode", "predict", "--preset", "a100-ib", "--json"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_sweep_and_export_take_gpu_for_both_presets(tmp_path) -> None:
+    job = save_job(gpt_3d_job(1, 2, 2, microbatches=2, layers=1, gpu_name=""), tmp_path / "job")
+
+    def sweep(name: str, *args: str) -> list:
+        res = runner.invoke(app, ["sweep", str(job), "--dp", "2", "-o", str(tmp_path / name), "--workers", "1",
+                                  "--no-plot", *args, "--json"])
+        assert res.exit_code == 0, res.output
+        return [r["step_time_ns"] for r in json.loads(res.stdout)["points"]]
+
+    h100 = sweep("a", "--gpu", "h100")
+    assert h100 == sweep("b", "--gpu", "h100", "--preset", "h100-ib")   # the GPU's own collective preset
+    assert h100 != sweep("c", "--gpu", "a100")                          # and its own compute
+    line = _one_line_error(runner.invoke(app, ["sweep", str(job), "--dp", "2", "-o", str(tmp_path / "d"),
+                                               "--mode", "replay", "--gpu", "h100"]))
+    assert "--gpu only applies with --mode predict" in line
+
+    def export(name: str, *args: str) -> dict:
+        res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / name), "--no-expected",
+                                  *args, "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["network"]
+
+    assert export("e", "--gpu", "h100") == export("f", "--preset", "h100-ib")
+    assert export("e2", "--gpu", "h100") != export("g", "--preset", "a100-ib")
+    line = _one_line_error(runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "h"),
+                                               "--gpu", "NVIDIA A100-PCIE-40GB"]))
+    assert "no collective preset for GPU 'a100-pcie'" in line and not (tmp_path / "h").exists()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from echo_et.cli.cluster_opts import BW_HELP, cluster_from_options
+from echo_et.cli.cluster_opts import BW_HELP, cluster_from_options, gpu_opt
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
 
@@ -67,6 +67,8 @@ def export_astra_sim(
                                         "bandwidth and latency to this CC model calibration profile."),
     preset: str | None = typer.Option(None, "--preset", metavar="NAME", help="Fit the network's "
                                       "bandwidth and latency to this CC model preset (e.g. a100-ib)."),
+    gpu: str | None = gpu_opt("GPU to export for: the job's compute retimed for it, and the network fitted "
+                              "to its collective preset (unless --profile/--preset)"),
     measured_network: bool = typer.Option(False, "--measured-network", help="Fit the network's "
                                           "bandwidth and latency to the job's own measured collectives."),
     align_start: bool = typer.Option(False, "--align-start", help="Start every rank at 0 instead "
@@ -89,19 +91,24 @@ def export_astra_sim(
     from echo_et.converters.astra_sim import ExportOptions
     from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE
     from echo_et.experiments.astra_sim import export_with_report
+    from echo_et.models.cluster import Cluster
 
     if profile is not None and preset is not None:
         raise EchoError("give --profile or --preset, not both")
-    if measured_network and (profile is not None or preset is not None):
-        raise EchoError("give --measured-network or a CC model (--profile/--preset), not both")
-    cluster = cluster_from_options(None, gpus_per_node, intra_bw, inter_bw)
+    if measured_network and (profile is not None or preset is not None or gpu is not None):
+        raise EchoError("give --measured-network or a CC model (--profile/--preset/--gpu), not both")
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     job = load_job_arg(job_path)
     gpn = job.manifest.hardware.gpus_per_node or DEFAULT_GPUS_PER_NODE
     model = None
-    if profile is not None or preset is not None:
+    if cluster.gpu:
+        from echo_et.cli.compute_cmds import retime_for_gpu
+
+        job, _ = retime_for_gpu(job, cluster.gpu, None)
+    if profile is not None or preset is not None or cluster.gpu:
         from echo_et.cli.sim_cmds import comm_model_for
 
-        model = comm_model_for(job, profile, preset)
+        model = comm_model_for(job, profile, preset, Cluster(gpu=cluster.gpu))
     opts = ExportOptions(gpus_per_node=gpus_per_node, intra_bw=cluster.intra_gbps(gpn),
                          inter_bw=cluster.inter_gbps(gpn),
                          latency=latency, topology=topology, splits=4 if splits is None else splits,
