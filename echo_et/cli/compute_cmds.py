@@ -120,6 +120,7 @@ def calibrate_compute_cmd(
     from echo_et.models.compute.calibration import calibrate_kernels_and_layers
 
     check_output_path("--output", output, file_only=True)
+    cluster_from_options(gpu, None, None, None)   # an unknown --gpu: one line naming the flag, first
     used = [f for f, v in (("--recompute", recompute or None), ("--gpus-per-node", gpus_per_node),
                            ("--intra-bw", intra_bw), ("--inter-bw", inter_bw), ("--cache", cache),
                            ("--comm-profile", comm_profile))
