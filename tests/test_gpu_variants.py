@@ -10,25 +10,15 @@ import re
 
 import pytest
 from test_compute_retime import meta_job
-from typer.testing import CliRunner
+from test_passes_cli import one_line_error, run
 
 from conftest import FIXTURES, shared_path
-from echo_et.cli.main import app
 from echo_et.errors import EchoError
 from echo_et.experiments.synthetic import gpt_3d_job
 from echo_et.ir import save_job
 from echo_et.models import gpu_variants
 from echo_et.models.comm import CommModel
 from echo_et.models.compute import DATASHEETS, resolve_gpu
-
-runner = CliRunner()
-
-
-def _one_line_error(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("name, sheet, preset", [
@@ -152,10 +142,10 @@ def test_the_dlrm_v100_trace_is_the_sxm2_32gb() -> None:
 # -- --gpu on the command line ----------------------------------------------------------------------
 def test_gpu_option_picks_both_presets_and_refuses_pcie_without_a_collective_model(tmp_path) -> None:
     job = save_job(gpt_3d_job(1, 2, 2, microbatches=2, layers=1, gpu_name=""), tmp_path / "job")
-    line = _one_line_error(runner.invoke(app, ["simulate", str(job), "--mode", "predict"]))
+    line = one_line_error(run("simulate", str(job), "--mode", "predict"))
     assert "names no GPU: give --gpu NAME (a100" in line and "--preset NAME (a100-ib" in line
     def step(*args: str) -> int:
-        res = runner.invoke(app, ["simulate", str(job), "--mode", "predict", *args, "--json"])
+        res = run("simulate", str(job), "--mode", "predict", *args, "--json")
         assert res.exit_code == 0, res.output
         return json.loads(res.stdout)["step_time_ns"]
 
@@ -164,12 +154,12 @@ def test_gpu_option_picks_both_presets_and_refuses_pcie_without_a_collective_mod
     assert step("--gpu", "h100") == step("--gpu", "h100", "--preset", "h100-ib")
     assert step("--gpu", "h100") != step("--gpu", "h100", "--preset", "a100-ib")
     for verb in (["simulate", str(job), "--mode", "predict"], ["validate", str(job)]):
-        line = _one_line_error(runner.invoke(app, [*verb, "--gpu", "NVIDIA H100 PCIe"]))
+        line = one_line_error(run(*verb, "--gpu", "NVIDIA H100 PCIe"))
         assert "no collective preset for GPU 'h100-pcie'" in line and "PCIe board" in line
-        line = _one_line_error(runner.invoke(app, [*verb, "--gpu", "H100 NVL"]))
+        line = one_line_error(run(*verb, "--gpu", "H100 NVL"))
         assert line.startswith("error: --gpu: GPU 'H100 NVL' is the H100 NVL 94GB") and "no data sheet" in line
-    ok = runner.invoke(app, ["simulate", str(job), "--mode", "predict", "--gpu", "NVIDIA H100 PCIe", "--preset",
-                             "a100-ib", "--json"])
+    ok = run("simulate", str(job), "--mode", "predict", "--gpu", "NVIDIA H100 PCIe", "--preset",
+                             "a100-ib", "--json")
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["compute_retime"]["gpu"] == "h100-pcie"
 
@@ -177,17 +167,17 @@ def test_gpu_option_picks_both_presets_and_refuses_pcie_without_a_collective_mod
 def test_a_job_naming_a_pcie_gpu_is_not_priced_as_sxm(tmp_path) -> None:
     job = meta_job(timed=True, gpu="NVIDIA A100-PCIE-40GB")
     save_job(job, tmp_path / "job")
-    line = _one_line_error(runner.invoke(app, ["validate", str(tmp_path / "job")]))
+    line = one_line_error(run("validate", str(tmp_path / "job")))
     assert "no collective preset for GPU 'NVIDIA A100-PCIE-40GB'" in line
 
 
 def test_gpu_option_on_a_cpu_trace_says_what_is_wrong() -> None:
     job = FIXTURES / "jobs" / "gpt-tp2-pp2-dp2"
-    line = _one_line_error(runner.invoke(app, ["simulate", str(job), "--mode", "predict", "--gpu", "a100"]))
+    line = one_line_error(run("simulate", str(job), "--mode", "predict", "--gpu", "a100"))
     assert "ran its compute on the CPU (no GPU stream), so --gpu a100 has no GPU kernels to retime" in line
-    line = _one_line_error(runner.invoke(app, ["simulate", str(job), "--mode", "predict"]))
+    line = one_line_error(run("simulate", str(job), "--mode", "predict"))
     assert "names no GPU (its compute ran on the CPU): give the collective model with --preset NAME" in line
-    ok = runner.invoke(app, ["simulate", str(job), "--mode", "predict", "--preset", "a100-ib", "--json"])
+    ok = run("simulate", str(job), "--mode", "predict", "--preset", "a100-ib", "--json")
     assert ok.exit_code == 0, ok.output
 
 
@@ -195,26 +185,26 @@ def test_sweep_and_export_take_gpu_for_both_presets(tmp_path) -> None:
     job = save_job(gpt_3d_job(1, 2, 2, microbatches=2, layers=1, gpu_name=""), tmp_path / "job")
 
     def sweep(name: str, *args: str) -> list:
-        res = runner.invoke(app, ["sweep", str(job), "--dp", "2", "-o", str(tmp_path / name), "--workers", "1",
-                                  "--no-plot", *args, "--json"])
+        res = run("sweep", str(job), "--dp", "2", "-o", str(tmp_path / name), "--workers", "1",
+                                  "--no-plot", *args, "--json")
         assert res.exit_code == 0, res.output
         return [r["step_time_ns"] for r in json.loads(res.stdout)["points"]]
 
     h100 = sweep("a", "--gpu", "h100")
     assert h100 == sweep("b", "--gpu", "h100", "--preset", "h100-ib")   # the GPU's own collective preset
     assert h100 != sweep("c", "--gpu", "a100")                          # and its own compute
-    line = _one_line_error(runner.invoke(app, ["sweep", str(job), "--dp", "2", "-o", str(tmp_path / "d"),
-                                               "--mode", "replay", "--gpu", "h100"]))
+    line = one_line_error(run("sweep", str(job), "--dp", "2", "-o", str(tmp_path / "d"),
+                                               "--mode", "replay", "--gpu", "h100"))
     assert "--gpu only applies with --mode predict" in line
 
     def export(name: str, *args: str) -> dict:
-        res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / name), "--no-expected",
-                                  *args, "--json"])
+        res = run("export", "astra-sim", str(job), "-o", str(tmp_path / name), "--no-expected",
+                                  *args, "--json")
         assert res.exit_code == 0, res.output
         return json.loads(res.stdout)["network"]
 
     assert export("e", "--gpu", "h100") == export("f", "--preset", "h100-ib")
     assert export("e2", "--gpu", "h100") != export("g", "--preset", "a100-ib")
-    line = _one_line_error(runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "h"),
-                                               "--gpu", "NVIDIA A100-PCIE-40GB"]))
+    line = one_line_error(run("export", "astra-sim", str(job), "-o", str(tmp_path / "h"),
+                                               "--gpu", "NVIDIA A100-PCIE-40GB"))
     assert "no collective preset for GPU 'a100-pcie'" in line and not (tmp_path / "h").exists()

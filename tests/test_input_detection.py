@@ -9,33 +9,22 @@ import json
 import shutil
 
 import pytest
-from typer.testing import CliRunner
+from test_passes_cli import one_line_error, run
 
 from conftest import FIXTURES
 from echo_et.cli.common import error_line
-from echo_et.cli.main import app
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.describe import describe, is_metadata
 from echo_et.errors import EchoError, OptionError
 
-runner = CliRunner()
 TRACES = FIXTURES / "traces"
 
 
-def _run(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_line_error(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    return lines[0]
 
 
 def test_inject_reads_a_trace_folder_with_its_run_json(tmp_path) -> None:
     assert (TRACES / "cpu_single" / "run.json").is_file()
-    res = _run("inject", TRACES / "cpu_single", "--dp", "4", "-o", tmp_path / "dp", "--json")
+    res = run("inject", TRACES / "cpu_single", "--dp", "4", "-o", tmp_path / "dp", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["world_size"] == 4 and out["param_source"] == "AccumulateGrad input shapes"
@@ -45,9 +34,9 @@ def test_a_folder_of_kineto_traces_and_host_ets_is_read_as_the_linked_pair(tmp_p
     folder = TRACES / "ddp_gloo4"
     kineto = sorted(folder.glob("*.kineto.json.gz"))
     host = sorted(folder.glob("*.et.json.gz"))
-    res = _run("convert", folder, "-o", tmp_path / "a", "--json")
+    res = run("convert", folder, "-o", tmp_path / "a", "--json")
     assert res.exit_code == 0, res.output
-    res_b = _run("convert", *kineto, *[x for h in host for x in ("--host-et", h)], "-o", tmp_path / "b", "--json")
+    res_b = run("convert", *kineto, *[x for h in host for x in ("--host-et", h)], "-o", tmp_path / "b", "--json")
     assert res_b.exit_code == 0, res_b.output
     a, b = json.loads(res.stdout), json.loads(res_b.stdout)
     a.pop("output", None), b.pop("output", None)
@@ -65,7 +54,7 @@ def test_a_folder_of_metadata_only_says_so(tmp_path) -> None:
     d = tmp_path / "d"
     d.mkdir()
     shutil.copy(TRACES / "cpu_single" / "run.json", d)
-    line = _one_line_error(_run("inspect", d))
+    line = one_line_error(run("inspect", d))
     assert line == f"error: {d}: folder has no traces (only metadata: run.json)"
 
 
@@ -98,9 +87,9 @@ def test_an_unrecognised_file_says_what_it_found_and_names_only_the_verbs_flags(
     p.write_text("garbage\n")
     found = "cannot tell the format: found text starting with 'garbage' (formats read: echo-et, chakra, kineto"
     for verb in (["simulate", p], ["inspect", p], ["validate", p], ["export", "chrome", p, "-o", tmp_path / "t"]):
-        line = _one_line_error(_run(*verb))
+        line = one_line_error(run(*verb))
         assert line.startswith(f"error: {p}: {found}") and "--from" not in line, (verb, line)
-    line = _one_line_error(_run("convert", p, "-o", tmp_path / "j"))
+    line = one_line_error(run("convert", p, "-o", tmp_path / "j"))
     assert line.startswith(f"error: --from: {p}: {found}")
 
 

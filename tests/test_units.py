@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_passes_cli import one_line_error, run
 from test_passes_inject import make_single_gpu_job
-from typer.testing import CliRunner
 
-from echo_et.cli.main import app
 from echo_et.errors import EchoError
 from echo_et.experiments.synthetic import gpt_3d_job
 from echo_et.ir import save_job
@@ -25,19 +24,6 @@ from echo_et.ir.units import (
     parse_bytes,
 )
 from echo_et.models.comm import CommModel
-
-runner = CliRunner()
-
-
-def _run(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_line_error(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    return lines[0]
 
 
 # -- sizes ----------------------------------------------------------------------------------------
@@ -81,10 +67,10 @@ def test_one_gigabyte_means_the_same_in_inject_and_estimate(tmp_path) -> None:
     save_job(job, tmp_path / "one")
     sizes = {}
     for unit in ("1GB", "1GiB"):
-        res = _run("inject", tmp_path / "one", "--dp", "4", "--param-bytes", unit, "-o", tmp_path / unit, "--json")
+        res = run("inject", tmp_path / "one", "--dp", "4", "--param-bytes", unit, "-o", tmp_path / unit, "--json")
         assert res.exit_code == 0, res.output
         inj = json.loads(res.stdout)["param_bytes"]
-        res = _run("estimate", "all_reduce", "--bytes", unit, "--ranks", "8", "--json")
+        res = run("estimate", "all_reduce", "--bytes", unit, "--ranks", "8", "--json")
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["estimates"][0]["bytes"] == inj
         sizes[unit] = inj
@@ -102,12 +88,12 @@ def test_every_size_option_uses_the_one_parser(tmp_path, monkeypatch, args, need
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.csv").write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n"
                                     "2,64,4,32,1,8,1,1,1\n")
-    assert needle in _one_line_error(_run(*args))
+    assert needle in one_line_error(run(*args))
 
 
 def test_inject_param_bytes_refused_in_one_line(tmp_path) -> None:
     save_job(make_single_gpu_job(shapes=False), tmp_path / "one")
-    line = _one_line_error(_run("inject", tmp_path / "one", "--dp", "4", "--param-bytes", "500M",
+    line = one_line_error(run("inject", tmp_path / "one", "--dp", "4", "--param-bytes", "500M",
                                 "-o", tmp_path / "dp"))
     assert line.startswith("error: --param-bytes: '500M' is ambiguous")
     assert not (tmp_path / "dp").exists()
@@ -161,7 +147,7 @@ def test_a_bandwidth_object_holds_the_same_bounds() -> None:
 def test_rates_are_refused_alike_by_every_verb(tmp_path, verb, args, needle) -> None:
     job = save_job(gpt_3d_job(1, 1, 2, microbatches=1, layers=1), tmp_path / "job")
     cmd = [a.format(job=job, out=tmp_path / "out") for a in verb]
-    assert needle in _one_line_error(_run(*cmd, *args))
+    assert needle in one_line_error(run(*cmd, *args))
     assert not (tmp_path / "out").exists()
 
 
@@ -169,7 +155,7 @@ def test_the_hostile_validate_rate_ends_in_one_line() -> None:
     """Issue 26 reproducer 5: ``validate ddp-dp4 --gpu a100 --intra-bw 1e-30GB/s``."""
     from conftest import FIXTURES
 
-    line = _one_line_error(_run("validate", FIXTURES / "jobs" / "ddp-dp4", "--gpu", "a100",
+    line = one_line_error(run("validate", FIXTURES / "jobs" / "ddp-dp4", "--gpu", "a100",
                                 "--intra-bw", "1e-30GB/s"))
     assert "below 1 bit/s" in line
 
@@ -204,8 +190,8 @@ def test_latency_bounds_accepted() -> None:
 def test_export_astra_sim_refuses_unphysical_links(tmp_path, args, needle) -> None:
     from conftest import FIXTURES
 
-    res = _run("export", "astra-sim", FIXTURES / "jobs" / "ddp-dp4", "-o", tmp_path / "out", "--no-expected", *args)
-    assert needle in _one_line_error(res)
+    res = run("export", "astra-sim", FIXTURES / "jobs" / "ddp-dp4", "-o", tmp_path / "out", "--no-expected", *args)
+    assert needle in one_line_error(res)
     assert not (tmp_path / "out").exists()
 
 
@@ -214,7 +200,7 @@ def test_export_astra_sim_takes_rates_with_units(tmp_path) -> None:
 
     nets = []
     for intra in ("400GB/s", "3.2Tb/s", "3200GB/s/node"):
-        res = _run("export", "astra-sim", FIXTURES / "jobs" / "ddp-dp4", "-o", tmp_path / intra.replace("/", "_"),
+        res = run("export", "astra-sim", FIXTURES / "jobs" / "ddp-dp4", "-o", tmp_path / intra.replace("/", "_"),
                    "--no-expected", "--gpus-per-node", "8", "--intra-bw", intra, "--json")
         assert res.exit_code == 0, res.output
         nets.append(json.loads(res.stdout)["network"]["bandwidth_gbps"])
