@@ -196,6 +196,8 @@ def test_sweep_and_export_take_gpu_for_both_presets(tmp_path) -> None:
     line = one_line_error(run("sweep", str(job), "--dp", "2", "-o", str(tmp_path / "d"),
                                                "--mode", "replay", "--gpu", "h100"))
     assert "--gpu only applies with --mode predict" in line
+    line = one_line_error(run("sweep", str(job), "--dp", "2", "-o", str(tmp_path / "d")))
+    assert "names no GPU: give --gpu NAME (a100" in line and not (tmp_path / "d").exists()
 
     def export(name: str, *args: str) -> dict:
         res = run("export", "astra-sim", str(job), "-o", str(tmp_path / name), "--no-expected",

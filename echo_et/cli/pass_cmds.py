@@ -237,6 +237,10 @@ def sweep(
 
         # the compute retimed once here; the collective preset follows the retimed job's GPU
         job, _ = retime_for_gpu(job, cluster.gpu, compute_profile)
+    if mode == "predict" and profile is None and preset is None and not job.manifest.hardware.gpu_name:
+        from echo_et.cli.sim_cmds import no_gpu_error
+
+        raise no_gpu_error(job)
     if intra_bw is not None or inter_bw is not None:
         from echo_et.models.cluster import Cluster
 

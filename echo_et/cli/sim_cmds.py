@@ -81,17 +81,23 @@ def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
     elif cluster.gpu or job.manifest.hardware.gpu_name:
         model = CommModel.preset_for_gpu(cluster.gpu or job.manifest.hardware.gpu_name)
     else:
-        from echo_et.cli.compute_cmds import is_untimed, runs_on_gpu
-        from echo_et.models.cluster import known_gpus
-
-        presets = f"--preset NAME ({', '.join(CommModel.preset_names())}) or --profile FILE"
-        if runs_on_gpu(job) or is_untimed(job):
-            raise EchoError(f"{job.source or 'the job'} names no GPU: give --gpu NAME ({', '.join(known_gpus()[:6])}, "
-                            f"...) for its collective preset, or the collective model with {presets}")
-        raise EchoError(f"{job.source or 'the job'} names no GPU (its compute ran on the CPU): give the collective "
-                        f"model with {presets}")
+        raise no_gpu_error(job)
     over = cluster.comm_overrides(model.gpus_per_node)
     return model.with_overrides(**over) if over else model
+
+
+def no_gpu_error(job) -> EchoError:
+    """What to give when the collective model would follow the Job's GPU and it names none."""
+    from echo_et.cli.compute_cmds import is_untimed, runs_on_gpu
+    from echo_et.models.cluster import known_gpus
+    from echo_et.models.comm import CommModel
+
+    presets = f"--preset NAME ({', '.join(CommModel.preset_names())}) or --profile FILE"
+    if runs_on_gpu(job) or is_untimed(job):
+        return EchoError(f"{job.source or 'the job'} names no GPU: give --gpu NAME ({', '.join(known_gpus()[:6])}, "
+                         f"...) for its collective preset, or the collective model with {presets}")
+    return EchoError(f"{job.source or 'the job'} names no GPU (its compute ran on the CPU): give the collective "
+                     f"model with {presets}")
 
 
 def slowdown_model_for(path: Path | None, off: bool):
