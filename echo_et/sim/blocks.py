@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +114,7 @@ class CompactInfo:
     # per dense stream, in id order: (skeleton item, -1) or (occurrence, that stream)
     stream_runs: list[list[tuple[int, int]]]
     expanded_items: int = 0
+    flat_layout: Any = None               # FlatLayout, made on first use
 
 
 class NotCompact(Exception):
@@ -566,39 +568,67 @@ class FlatTimes:
     host: np.ndarray
 
 
-def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: list[int]) -> FlatTimes:
-    """Every item of the expanded graph, with the times the skeleton and the placed
-    occurrences give it (macro and port items are left out: a port is its local item)."""
+@dataclass
+class FlatLayout:
+    """Where each item of the expanded graph's item order takes its times from (the same for
+    every simulation of a program): ``src`` indexes the program's items followed by every
+    occurrence's local items, occurrence by occurrence."""
+
+    occ: np.ndarray
+    ref: np.ndarray
+    src: np.ndarray
+    category: np.ndarray
+    host: np.ndarray
+
+
+def flat_layout(prog: Program) -> FlatLayout:
+    """The program's :class:`FlatLayout`, made once (kept on its CompactInfo)."""
     info = prog.compact
-    starts = np.asarray(item_start, dtype=np.int64)
-    ends = np.asarray(item_end, dtype=np.int64)
+    if info.flat_layout is not None:
+        return info.flat_layout
+    first = [prog.n_items]                   # occurrence -> its first position in ``src``'s space
+    for occ in info.occurrences[:-1]:
+        first.append(first[-1] + occ.block.n)
     cats = np.asarray(prog.category, dtype=np.int64)
-    parts: list[tuple[np.ndarray, ...]] = []     # (occurrence, ref, start, end, category, host)
-
-    def skeleton(items: list[int], host: bool) -> None:
-        idx = np.asarray(items, dtype=np.int64)
-        parts.append((np.full(idx.size, -1, dtype=np.int64), idx, starts[idx], ends[idx], cats[idx],
-                      np.full(idx.size, host, dtype=bool)))
-
+    occ_p, ref_p, src_p, cat_p, host_p = [], [], [], [], []
     for k, runs in enumerate(info.stream_runs):
         host = prog.host_stream[k]
         items: list[int] = []
-        for ref, kk in runs:
+        for ref, kk in [*runs, (-1, -2)]:     # a sentinel flushes the last skeleton run
             if kk == -1:
                 items.append(ref)
                 continue
             if items:
-                skeleton(items, host)
+                idx = np.asarray(items, dtype=np.int64)
+                occ_p.append(np.full(idx.size, -1, dtype=np.int64))
+                ref_p.append(idx)
+                src_p.append(idx)
+                cat_p.append(cats[idx])
+                host_p.append(np.full(idx.size, host, dtype=bool))
                 items = []
+            if kk == -2:
+                break
             blk = info.occurrences[ref].block
             local = blk.by_stream_np[kk]
-            s, e = run.times(ref)
-            parts.append((np.full(local.size, ref, dtype=np.int64), local, s[local], e[local],
-                          blk.category_np[local], np.full(local.size, host, dtype=bool)))
-        if items:
-            skeleton(items, host)
-    if not parts:
+            occ_p.append(np.full(local.size, ref, dtype=np.int64))
+            ref_p.append(local)
+            src_p.append(local + first[ref])
+            cat_p.append(blk.category_np[local])
+            host_p.append(np.full(local.size, host, dtype=bool))
+    if not occ_p:
         z = np.zeros(0, dtype=np.int64)
-        return FlatTimes(z, z, z, z, z, np.zeros(0, dtype=bool))
-    cols = list(zip(*parts, strict=True))
-    return FlatTimes(*(np.concatenate(c) for c in cols))
+        layout = FlatLayout(z, z, z, z, np.zeros(0, dtype=bool))
+    else:
+        layout = FlatLayout(*(np.concatenate(c) for c in (occ_p, ref_p, src_p, cat_p, host_p)))
+    info.flat_layout = layout
+    return layout
+
+
+def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: list[int]) -> FlatTimes:
+    """Every item of the expanded graph, with the times the skeleton and the placed
+    occurrences give it (macro and port items are left out: a port is its local item)."""
+    layout = flat_layout(prog)
+    times = [run.times(o) for o in range(len(prog.compact.occurrences))]
+    start = np.concatenate([np.asarray(item_start, dtype=np.int64), *(s for s, _ in times)])
+    end = np.concatenate([np.asarray(item_end, dtype=np.int64), *(e for _, e in times)])
+    return FlatTimes(layout.occ, layout.ref, start[layout.src], end[layout.src], layout.category, layout.host)
