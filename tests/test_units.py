@@ -39,7 +39,7 @@ def test_sizes_are_si_for_kb_mb_gb_and_iec_for_kib_mib_gib(text: str, n: int) ->
 
 @pytest.mark.parametrize("text, needle", [
     ("500M", "ambiguous: write 500MB (x1000000) or 500MiB (x1048576)"),
-    ("4k", "ambiguous"), ("1G", "ambiguous"),
+    ("4k", "ambiguous"), ("1G", "ambiguous"), ("64Mi", "unit missing (e.g. 64MiB)"),
     ("1Gb", "is in bits; a size is in bytes (e.g. 1GB)"), ("64mib", "in bits"), ("8 bits", "in bits"),
     ("0.5B", "not a whole number of bytes"), ("1.5", "not a whole number"),
     ("-1", "out of range (0B"), ("lots", "is not a size"), ("", "is not a size"), ("1GB/s", "is not a size"),

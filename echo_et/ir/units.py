@@ -75,6 +75,8 @@ def parse_bytes(text: str, *, lo: int = 0, hi: int = MAX_BYTES) -> int:
     prefix, unit = m.group("prefix") or "", m.group("unit") or ""
     if unit == "b" or unit.startswith("bit"):
         raise EchoError(f"{_shown(s)} is in bits; a size is in bytes (e.g. {m.group('num')}{_canon(prefix)}B)")
+    if prefix.lower().endswith("i") and not unit:
+        raise EchoError(f"{_shown(s)}: unit missing (e.g. {m.group('num')}{_canon(prefix)}B)")
     if prefix and not unit:
         si, iec = _canon(prefix[0]), _canon(prefix[0] + "i")
         raise EchoError(f"{_shown(s)} is ambiguous: write {m.group('num')}{si}B (x{_SI[si.lower()]}) or "
