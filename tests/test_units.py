@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_passes_cli import one_line_error, run
 from test_passes_inject import make_single_gpu_job
 
@@ -205,3 +207,24 @@ def test_export_astra_sim_takes_rates_with_units(tmp_path) -> None:
         assert res.exit_code == 0, res.output
         nets.append(json.loads(res.stdout)["network"]["bandwidth_gbps"])
     assert nets[0] == nets[1] == nets[2] == [400.0]
+
+
+# -- any text ---------------------------------------------------------------------------------------
+_UNITISH = st.text(alphabet="0123456789.eE+- kKmMgGtTpPiIbBs/ynodegpu", max_size=24)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(text=st.one_of(st.text(max_size=30), _UNITISH))
+def test_any_text_is_a_value_or_one_line(text: str) -> None:
+    """A parser returns a value within its bounds or one EchoError line, never another
+    exception (OverflowError, ValueError, ZeroDivisionError...)."""
+    for parse in (parse_bytes, parse_bandwidth):
+        try:
+            value = parse(text)
+        except EchoError as e:
+            assert "\n" not in str(e)
+            continue
+        if isinstance(value, int):
+            assert 0 <= value <= MAX_BYTES
+        else:
+            assert MIN_BANDWIDTH_GBPS <= value.gbps <= 1e6 and value.per in ("gpu", "node")
