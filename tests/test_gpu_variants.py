@@ -169,6 +169,11 @@ def test_a_job_naming_a_pcie_gpu_is_not_priced_as_sxm(tmp_path) -> None:
     save_job(job, tmp_path / "job")
     line = one_line_error(run("validate", str(tmp_path / "job")))
     assert "no collective preset for GPU 'NVIDIA A100-PCIE-40GB'" in line
+    assert line.endswith("or give --gpu NAME, --preset NAME or --profile FILE")
+    save_job(meta_job(timed=True, gpu="NVIDIA GeForce RTX 2080 Ti"), tmp_path / "geforce")
+    line = one_line_error(run("validate", str(tmp_path / "geforce")))
+    assert "unknown GPU 'NVIDIA GeForce RTX 2080 Ti' (presets: a100" in line and "--preset NAME" in line
+    assert run("validate", str(tmp_path / "geforce"), "--preset", "a100-ib").exit_code == 0
 
 
 def test_gpu_option_on_a_cpu_trace_says_what_is_wrong() -> None:

@@ -73,13 +73,20 @@ def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
 
     if profile is not None and preset is not None:
         raise EchoError("give --profile or --preset, not both")
-    cluster = (cluster or Cluster()).over(Cluster.from_job(job))
+    given = cluster or Cluster()
+    cluster = given.over(Cluster.from_job(job))
     if profile is not None:
         model = CommModel.from_profile(profile)
     elif preset is not None:
         model = CommModel.preset(preset)
-    elif cluster.gpu or job.manifest.hardware.gpu_name:
-        model = CommModel.preset_for_gpu(cluster.gpu or job.manifest.hardware.gpu_name)
+    elif given.gpu:
+        model = CommModel.preset_for_gpu(given.gpu)
+    elif job.manifest.hardware.gpu_name:
+        try:
+            model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
+        except EchoError as e:   # the Job's own GPU: say which options choose another model
+            raise EchoError(f"{job.source or 'the job'}: {e}; or give --gpu NAME, --preset NAME or "
+                            "--profile FILE") from None
     else:
         raise no_gpu_error(job)
     over = cluster.comm_overrides(model.gpus_per_node)
