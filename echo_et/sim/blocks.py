@@ -502,7 +502,12 @@ def place(table: np.ndarray, x: np.ndarray) -> np.ndarray:
 # -- one rank's run of its blocks -------------------------------------------------------------------
 @dataclass
 class BlockRun:
-    """The durations and inputs of every occurrence on one simulated rank."""
+    """The durations and inputs of every occurrence on one simulated rank.
+
+    Placing is shift-equivariant (``S(x + c) = S(x) + c``), and in a steady pipeline almost
+    every occurrence sees the inputs of an earlier one shifted in time: each distinct
+    (table, inputs relative to their latest) is evaluated once, and an occurrence keeps
+    that relative solution and its shift."""
 
     info: CompactInfo
     tables: BlockTable
@@ -510,13 +515,15 @@ class BlockRun:
     durs: list[np.ndarray] = field(default_factory=list)    # per occurrence: this round's durations
     keys: list[bytes] = field(default_factory=list)         # per occurrence: durs[o].tobytes()
     x: list[np.ndarray | None] = field(default_factory=list)  # per occurrence: its inputs, once placed
-    _times: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _placed: dict[int, tuple[np.ndarray, np.ndarray, int]] = field(default_factory=dict)  # o -> (S rel, E rel, shift)
+    # (id of the table, inputs minus their latest) -> (S rel, E rel, the table: kept alive with its id)
+    _relative: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     _flat: FlatTimes | None = None
 
     def set_durations(self, per_occurrence: list[np.ndarray]) -> None:
         self.durs = per_occurrence
         self.keys = [d.tobytes() for d in per_occurrence]
-        self._times = {}
+        self._placed = {}
         self._flat = None
 
     def flat(self, prog: Program, item_start: list[int], item_end: list[int]) -> FlatTimes:
@@ -530,27 +537,51 @@ class BlockRun:
 
     def reset(self) -> None:
         self.x = [None] * len(self.info.occurrences)
-        self._times = {}
+        self._placed = {}
         self._flat = None
 
-    def place(self, o: int, x: np.ndarray) -> np.ndarray:
-        occ = self.info.occurrences[o]
+    def place(self, o: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """(start, end) of every local item of occurrence ``o`` relative to ``shift``, and
+        ``shift`` (ns): the occurrence's inputs are ``x``."""
         self.x[o] = x
-        s = place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
-        self._times[o] = (s, s + self.durs[o])
-        return s
+        got = self._placed.get(o)
+        if got is None:
+            got = self._solve(o, x)
+        return got
+
+    def _solve(self, o: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        occ = self.info.occurrences[o]
+        table = self.tables.table(occ, self.durs[o], self.keys[o])
+        shift = int(x.max()) if x.size else 0
+        rel = x - shift
+        key = (id(table), rel.tobytes())     # the table lives as long as the simulator's BlockTable
+        sol = self._relative.get(key)
+        if sol is None:
+            s = place(table, rel)
+            sol = self._relative[key] = (s, s + self.durs[o], table)
+        got = (sol[0], sol[1], shift)
+        self._placed[o] = got
+        return got
 
     def times(self, o: int) -> tuple[np.ndarray, np.ndarray]:
         """(start, end) of every local item of occurrence ``o`` (after it was placed)."""
-        got = self._times.get(o)
+        got = self._placed.get(o)
         if got is None:
             x = self.x[o]
             if x is None:
                 raise ValueError(f"occurrence {o} was not placed")
-            occ = self.info.occurrences[o]
-            s = place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
-            got = (s, s + self.durs[o])
-            self._times[o] = got
+            got = self._solve(o, x)
+        s, e, shift = got
+        return s + shift, e + shift
+
+    def relative_times(self, o: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """:meth:`place`'s answer for a placed occurrence (without adding the shift)."""
+        got = self._placed.get(o)
+        if got is None:
+            x = self.x[o]
+            if x is None:
+                raise ValueError(f"occurrence {o} was not placed")
+            got = self._solve(o, x)
         return got
 
 
@@ -571,14 +602,15 @@ class FlatTimes:
 @dataclass
 class FlatLayout:
     """Where each item of the expanded graph's item order takes its times from (the same for
-    every simulation of a program): ``src`` indexes the program's items followed by every
-    occurrence's local items, occurrence by occurrence."""
+    every simulation of a program): a program item (``occ`` -1, ``ref`` the item) or local
+    item ``ref`` of occurrence ``occ``."""
 
     occ: np.ndarray
     ref: np.ndarray
-    src: np.ndarray
     category: np.ndarray
     host: np.ndarray
+    skeleton_at: np.ndarray     # positions of program items
+    block_at: np.ndarray        # positions of occurrences' local items
 
 
 def flat_layout(prog: Program) -> FlatLayout:
@@ -586,11 +618,8 @@ def flat_layout(prog: Program) -> FlatLayout:
     info = prog.compact
     if info.flat_layout is not None:
         return info.flat_layout
-    first = [prog.n_items]                   # occurrence -> its first position in ``src``'s space
-    for occ in info.occurrences[:-1]:
-        first.append(first[-1] + occ.block.n)
     cats = np.asarray(prog.category, dtype=np.int64)
-    occ_p, ref_p, src_p, cat_p, host_p = [], [], [], [], []
+    occ_p, ref_p, cat_p, host_p = [], [], [], []
     for k, runs in enumerate(info.stream_runs):
         host = prog.host_stream[k]
         items: list[int] = []
@@ -602,7 +631,6 @@ def flat_layout(prog: Program) -> FlatLayout:
                 idx = np.asarray(items, dtype=np.int64)
                 occ_p.append(np.full(idx.size, -1, dtype=np.int64))
                 ref_p.append(idx)
-                src_p.append(idx)
                 cat_p.append(cats[idx])
                 host_p.append(np.full(idx.size, host, dtype=bool))
                 items = []
@@ -612,14 +640,14 @@ def flat_layout(prog: Program) -> FlatLayout:
             local = blk.by_stream_np[kk]
             occ_p.append(np.full(local.size, ref, dtype=np.int64))
             ref_p.append(local)
-            src_p.append(local + first[ref])
             cat_p.append(blk.category_np[local])
             host_p.append(np.full(local.size, host, dtype=bool))
     if not occ_p:
         z = np.zeros(0, dtype=np.int64)
-        layout = FlatLayout(z, z, z, z, np.zeros(0, dtype=bool))
+        layout = FlatLayout(z, z, z, np.zeros(0, dtype=bool), z, z)
     else:
-        layout = FlatLayout(*(np.concatenate(c) for c in (occ_p, ref_p, src_p, cat_p, host_p)))
+        occ, ref, cat, host = (np.concatenate(c) for c in (occ_p, ref_p, cat_p, host_p))
+        layout = FlatLayout(occ, ref, cat, host, np.flatnonzero(occ < 0), np.flatnonzero(occ >= 0))
     info.flat_layout = layout
     return layout
 
@@ -628,7 +656,36 @@ def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: li
     """Every item of the expanded graph, with the times the skeleton and the placed
     occurrences give it (macro and port items are left out: a port is its local item)."""
     layout = flat_layout(prog)
-    times = [run.times(o) for o in range(len(prog.compact.occurrences))]
-    start = np.concatenate([np.asarray(item_start, dtype=np.int64), *(s for s, _ in times)])
-    end = np.concatenate([np.asarray(item_end, dtype=np.int64), *(e for _, e in times)])
-    return FlatTimes(layout.occ, layout.ref, start[layout.src], end[layout.src], layout.category, layout.host)
+    n_occ = len(prog.compact.occurrences)
+    # the distinct relative solutions once, each occurrence an offset into them and a shift
+    first_of: dict[int, int] = {}
+    sol_s: list[np.ndarray] = []
+    sol_e: list[np.ndarray] = []
+    offset = np.empty(n_occ, dtype=np.int64)
+    shift = np.empty(n_occ, dtype=np.int64)
+    at = 0
+    for o in range(n_occ):
+        s, e, c = run.relative_times(o)
+        j = first_of.get(id(s))
+        if j is None:
+            j = first_of[id(s)] = at
+            sol_s.append(s)
+            sol_e.append(e)
+            at += s.size
+        offset[o] = j
+        shift[o] = c
+    n = layout.occ.size
+    start = np.empty(n, dtype=np.int64)
+    end = np.empty(n, dtype=np.int64)
+    sk = layout.skeleton_at
+    items = layout.ref[sk]
+    start[sk] = np.asarray(item_start, dtype=np.int64)[items]
+    end[sk] = np.asarray(item_end, dtype=np.int64)[items]
+    bl = layout.block_at
+    if bl.size:
+        o = layout.occ[bl]
+        src = offset[o] + layout.ref[bl]
+        add = shift[o]
+        start[bl] = np.concatenate(sol_s)[src] + add
+        end[bl] = np.concatenate(sol_e)[src] + add
+    return FlatTimes(layout.occ, layout.ref, start, end, layout.category, layout.host)

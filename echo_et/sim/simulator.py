@@ -485,12 +485,10 @@ class Simulator:
         occ = run.info.occurrences[o]
         start, end, origin = st.item_start, st.item_end, st.origin_ns
         x = np.array([origin if q < 0 else (start[q] if fs else end[q]) for q, fs in occ.inputs], dtype=np.int64)
-        s = run.place(o, x)
-        durs = run.durs[o]
+        s, e, shift = run.place(o, x)
         for local, p in occ.ports:
-            t = int(s[local])
-            start[p] = t
-            end[p] = t + int(durs[local])
+            start[p] = int(s[local]) + shift
+            end[p] = int(e[local]) + shift
             self._release(st, p)
         return 1 + len(occ.ports)
 
