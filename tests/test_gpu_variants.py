@@ -155,7 +155,7 @@ def test_gpu_option_picks_both_presets_and_refuses_pcie_without_a_collective_mod
     assert step("--gpu", "h100") != step("--gpu", "h100", "--preset", "a100-ib")
     for verb in (["simulate", str(job), "--mode", "predict"], ["validate", str(job)]):
         line = one_line_error(run(*verb, "--gpu", "NVIDIA H100 PCIe"))
-        assert "no collective preset for GPU 'h100-pcie'" in line and "PCIe board" in line
+        assert line.startswith("error: --gpu: no collective preset for GPU 'h100-pcie'") and "PCIe board" in line
         line = one_line_error(run(*verb, "--gpu", "H100 NVL"))
         assert line.startswith("error: --gpu: GPU 'H100 NVL' is the H100 NVL 94GB") and "no data sheet" in line
     ok = run("simulate", str(job), "--mode", "predict", "--gpu", "NVIDIA H100 PCIe", "--preset",

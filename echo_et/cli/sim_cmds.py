@@ -16,7 +16,7 @@ from echo_et.cli.cluster_opts import (
     intra_bw_opt,
 )
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
 
 
@@ -80,7 +80,10 @@ def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
     elif preset is not None:
         model = CommModel.preset(preset)
     elif given.gpu:
-        model = CommModel.preset_for_gpu(given.gpu)
+        try:
+            model = CommModel.preset_for_gpu(given.gpu)
+        except EchoError as e:
+            raise OptionError("gpu", str(e)) from None
     elif job.manifest.hardware.gpu_name:
         try:
             model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
