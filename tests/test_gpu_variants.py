@@ -161,7 +161,12 @@ def test_gpu_option_picks_both_presets_and_refuses_pcie_without_a_collective_mod
     ok = run("simulate", str(job), "--mode", "predict", "--gpu", "NVIDIA H100 PCIe", "--preset",
                              "a100-ib", "--json")
     assert ok.exit_code == 0, ok.output
-    assert json.loads(ok.stdout)["compute_retime"]["gpu"] == "h100-pcie"
+    retime = json.loads(ok.stdout)["compute_retime"]
+    assert (retime["gpu"], retime["calibrated"], retime["efficiencies_from"]) == ("h100-pcie", False, "a100")
+    text = run("simulate", str(job), "--mode", "predict", "--gpu", "NVIDIA H100 PCIe", "--preset", "a100-ib").stdout
+    assert "note: no calibrated compute preset for h100-pcie: its data sheet with the efficiencies of a100" in text
+    text = run("simulate", str(job), "--mode", "predict", "--gpu", "a100").stdout
+    assert "compute retimed for a100" in text and "no calibrated compute preset" not in text
 
 
 def test_a_job_naming_a_pcie_gpu_is_not_priced_as_sxm(tmp_path) -> None:
@@ -197,7 +202,7 @@ def test_sweep_and_export_take_gpu_for_both_presets(tmp_path) -> None:
 
     h100 = sweep("a", "--gpu", "h100")
     assert h100 == sweep("b", "--gpu", "h100", "--preset", "h100-ib")   # the GPU's own collective preset
-    assert h100 != sweep("c", "--gpu", "a100")                          # and its own compute
+    assert h100 != sweep("c", "--gpu", "a100")                          # not another GPU's
     line = one_line_error(run("sweep", str(job), "--dp", "2", "-o", str(tmp_path / "d"),
                                                "--mode", "replay", "--gpu", "h100"))
     assert "--gpu only applies with --mode predict" in line

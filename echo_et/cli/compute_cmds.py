@@ -76,7 +76,9 @@ def retime_for_gpu(job, gpu: str | None, profile: Path | None) -> tuple[Any, dic
                         "retime: trace the model on the meta device (echo-et trace --device meta --gpu NAME) or on "
                         "a GPU; to price only its communication, give --preset (e.g. a100-ib) instead")
     out, report = retime_compute(job, model)
-    return out, report.to_json()
+    prof = model.profile
+    # a data sheet with efficiencies fitted on another GPU is said to be that, not a calibration
+    return out, {**report.to_json(), "calibrated": prof.calibrated, "efficiencies_from": prof.params_from or prof.name}
 
 
 # -- calibrate compute ------------------------------------------------------------------------------

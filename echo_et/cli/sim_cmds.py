@@ -228,6 +228,9 @@ def simulate_cmd(
     if retime is not None:
         typer.echo(f"compute retimed for {retime['gpu']} (profile {retime['profile']}): {retime['nodes']} nodes, "
                    + ", ".join(f"{k} {v}" for k, v in retime["by_status"].items()))
+        if not retime["calibrated"]:
+            typer.echo(f"note: no calibrated compute preset for {retime['gpu']}: its data sheet with the efficiencies "
+                       f"of {retime['efficiencies_from']} (not measured on this GPU)")
     typer.echo(f"{mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
                f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
     typer.echo(f"{'rank':>6} {'step ms':>10} {'compute':>10} {'comm':>10} {'exposed':>10} {'idle':>10} {'wait':>10}")
