@@ -17,7 +17,7 @@ from echo_et.cli.cluster_opts import (
     nic_bw_opt,
 )
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
 
 
@@ -74,15 +74,41 @@ def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
 
     if profile is not None and preset is not None:
         raise EchoError("give --profile or --preset, not both")
-    cluster = (cluster or Cluster()).over(Cluster.from_job(job))
+    given = cluster or Cluster()
+    cluster = given.over(Cluster.from_job(job))
     if profile is not None:
         model = CommModel.from_profile(profile)
     elif preset is not None:
         model = CommModel.preset(preset)
+    elif given.gpu:
+        try:
+            model = CommModel.preset_for_gpu(given.gpu)
+        except EchoError as e:
+            raise OptionError("gpu", str(e)) from None
+    elif job.manifest.hardware.gpu_name:
+        try:
+            model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
+        except EchoError as e:   # the Job's own GPU: say which options choose another model
+            raise EchoError(f"{job.source or 'the job'}: {e}; or give --gpu NAME, --preset NAME or "
+                            "--profile FILE") from None
     else:
-        model = CommModel.preset_for_gpu(cluster.gpu or job.manifest.hardware.gpu_name)
+        raise no_gpu_error(job)
     over = cluster.comm_overrides(model.gpus_per_node)
     return model.with_overrides(**over) if over else model
+
+
+def no_gpu_error(job) -> EchoError:
+    """What to give when the collective model would follow the Job's GPU and it names none."""
+    from echo_et.cli.compute_cmds import is_untimed, runs_on_gpu
+    from echo_et.models.cluster import known_gpus
+    from echo_et.models.comm import CommModel
+
+    presets = f"--preset NAME ({', '.join(CommModel.preset_names())}) or --profile FILE"
+    if runs_on_gpu(job) or is_untimed(job):
+        return EchoError(f"{job.source or 'the job'} names no GPU: give --gpu NAME ({', '.join(known_gpus()[:6])}, "
+                         f"...) for its collective preset, or the collective model with {presets}")
+    return EchoError(f"{job.source or 'the job'} names no GPU (its compute ran on the CPU): give the collective "
+                     f"model with {presets}")
 
 
 def slowdown_model_for(path: Path | None, off: bool):
@@ -258,6 +284,9 @@ def simulate_cmd(
     if retime is not None:
         typer.echo(f"compute retimed for {retime['gpu']} (profile {retime['profile']}): {retime['nodes']} nodes, "
                    + ", ".join(f"{k} {v}" for k, v in retime["by_status"].items()))
+        if not retime["calibrated"]:
+            typer.echo(f"note: no calibrated compute preset for {retime['gpu']}: its data sheet with the efficiencies "
+                       f"of {retime['efficiencies_from']} (not measured on this GPU)")
     echo_result(res)
     if timeline is not None:
         t = out["timeline"]

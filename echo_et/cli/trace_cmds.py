@@ -72,8 +72,9 @@ def trace(
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps before the measured one."),
     steps: int = typer.Option(1, "--steps", help="Measured steps per traced rank; each "
                               "operator keeps its shortest time (less noise on a busy machine)."),
-    memory_limit: int | None = typer.Option(None, "--memory-limit",
-                                            help="Report out-of-memory above this many bytes per rank."),
+    memory_limit: str | None = typer.Option(None, "--memory-limit",
+                                            help="Report out-of-memory above this size per rank (e.g. 40GB, "
+                                            "80GiB, or a number of bytes)."),
     name: str = typer.Option("", "--name", help="Job name (default: from the workload)."),
     jobs: int = typer.Option(0, "--jobs", metavar="N",
                              help="Meta device: processes that trace the distinct ranks (0: one per CPU; the "
@@ -82,6 +83,7 @@ def trace(
 ) -> None:
     """Trace a training step ex-situ: each distinct rank runs for real on one device while a
     recording process group plays the rest of the world; writes a Job for every rank."""
+    from echo_et.cli.unit_opts import size_option
     from echo_et.errors import EchoError
     from echo_et.ir import save_job
     from echo_et.trace.layout import ParallelLayout
@@ -93,6 +95,7 @@ def trace(
     if jobs < 0:
         raise EchoError(f"--jobs {jobs}: give a number of processes, or 0 for one per CPU")
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
+    memory_limit_bytes = size_option(memory_limit, "memory_limit", lo=1)
     if global_batch is not None:
         m = microbatches_for(global_batch, micro_batch, dp)
         if microbatches is not None and microbatches != m:
@@ -139,7 +142,7 @@ def trace(
     command = shlex.join(["echo-et", "trace", *map(str, parts), "-o", output.name])
     # A user's script is checked as it is traced; the built-in workloads' Jobs are proven by
     # the test suite (tests/test_trace_*.py check them), and every reader checks again.
-    opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit,
+    opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit_bytes,
                         warmup_steps=warmup, measured_steps=steps,
                         name=name or _default_name(wl, layout), command=command,
                         progress=progress, check=script is not None,

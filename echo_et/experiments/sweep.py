@@ -53,6 +53,8 @@ class SweepSpec:
     a2a: str = "keep-rank"
     intra_bw_gbps: float | None = None   # what-if bandwidths, GB/s per GPU (predict)
     inter_bw_gbps: float | None = None
+    gpu: str | None = None               # the GPU the caller retimed the job for (recorded: a resumed
+    compute_profile: str | None = None   # sweep is one for the same GPU and compute profile)
 
     def points(self) -> list[dict[str, int | None]]:
         pps: list[int | None] = list(self.pp) or [None]

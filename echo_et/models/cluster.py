@@ -5,7 +5,8 @@ A :class:`Cluster` is what ``trace``, ``simulate``, ``sweep`` and ``validate`` s
 written into a Job's manifest (``hardware``) by the tracer, read back from it, and turned into
 the what-if overrides of the collective model. Bandwidths keep the form they were given in
 (per GPU or per node) until the GPUs per node are known; the IR and the collective model hold
-GB/s per GPU.
+GB/s per GPU. Text always carries its unit (``150`` alone is refused, see
+:mod:`echo_et.ir.units`); code that holds GB/s per GPU passes ``Bandwidth(gbps)``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from echo_et.errors import EchoError, OptionError
-from echo_et.models.comm.units import Bandwidth, parse_bandwidth
+from echo_et.ir.units import Bandwidth, parse_bandwidth
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,10 @@ class Cluster:
 
     @classmethod
     def parse(cls, *, gpu: str | None = None, gpus_per_node: int | None = None,
-              intra_bw: str | float | None = None, inter_bw: str | float | None = None,
-              nic_bw: str | float | None = None) -> Cluster:
+              intra_bw: str | Bandwidth | None = None, inter_bw: str | Bandwidth | None = None,
+              nic_bw: str | Bandwidth | None = None) -> Cluster:
         """From text as typed: bandwidths are parsed by
-        :func:`echo_et.models.comm.units.parse_bandwidth`; the GPU name is checked against
+        :func:`echo_et.ir.units.parse_bandwidth`; the GPU name is checked against
         the presets."""
         if gpu is not None:
             try:
@@ -118,7 +119,7 @@ class Cluster:
                     {} if self.nic_bw is None else {"nic_bw_gbps_per_gpu": self.nic_bw.gbps})
 
 
-def _bw(v: str | float | None, option: str) -> Bandwidth | None:
+def _bw(v: str | Bandwidth | None, option: str) -> Bandwidth | None:
     if v is None:
         return None
     if isinstance(v, Bandwidth):
