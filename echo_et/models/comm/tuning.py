@@ -56,8 +56,10 @@ from functools import lru_cache
 from echo_et.errors import EchoError
 from echo_et.models.comm.topology import Placement
 
-VERSIONS = ("2.7.5", "2.17.1", "2.20.3")
+VERSIONS = ("2.7.5", "2.17.1", "2.20.3", "2.28.3")
 PROTOCOLS = ("LL", "LL128", "Simple")
+# NCCL's algorithms in its own order (NCCL_ALGO_*), less CollNet (see the module doc)
+ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
 # NCCL's collectives in its own order (ncclFunc_t) and the IR names that map to them.
 FUNCTIONS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
 P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv", "sendrecv", "hypercube")
@@ -175,7 +177,7 @@ class Graph:
 
 @dataclass(frozen=True)
 class Choice:
-    algorithm: str        # "ring", "tree", "nvls", "p2p"
+    algorithm: str        # "ring", "tree", "nvls", "nvls_tree", "pat", "p2p"
     protocol: str         # "LL", "LL128", "Simple"
     channels: int         # channels (thread blocks) the kernel runs on for this message
     threads: int          # threads per channel
@@ -204,6 +206,14 @@ class _Release:
     total_stop: bool = True             # the search stops once it uses all of a GPU's bandwidth
     nvls_lat: float = 0.0               # NVLS latency (us); 0: no NVLS
     p2p_split: bool = False             # send/recv split over channels by size (addP2pToPlan, 2.2x)
+    # 2.28.3 rules (0 / False: the older rule)
+    ring_ll_ratio: float = 0.0          # ring LL bus bandwidth factor (0: 1/4 or 1/3 by collective)
+    ring_ll128_ppn: bool = True         # ring LL128 factor 0.7 at < 2 GPUs per node (else 0.92 always)
+    ll_max_hopper: tuple[float, ...] = ()   # Hopper's own LL limits on 1, 2, 4+ nodes
+    ppn1_tree_net_lat: bool = False     # one GPU per node: every algorithm pays the tree's network latency
+    nvls_tree: bool = False             # NVLS-tree all-reduce across Hopper NVSwitch nodes
+    nvls_gather: bool = False           # NVLS all-gather / reduce-scatter inside one node
+    pat: bool = False                   # PAT all-gather / reduce-scatter at one GPU per node
 
 
 def _lat_table(values: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]]):
@@ -267,7 +277,35 @@ RELEASES: dict[str, _Release] = {
                            1.2, 0.24, 0.12),
         net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True, nvls_lat=23.0, p2p_split=True,
     ),
+    # nearest stored source to the 2.29.2 of ../shared/data/nccl-tests/h100-c01 (see the module doc)
+    "2.28.3": _Release(
+        base_lat={("tree", "LL"): 6.8, ("tree", "LL128"): 14.0, ("tree", "Simple"): 8.4,
+                  ("ring", "LL"): 6.6, ("ring", "LL128"): 14.0, ("ring", "Simple"): 8.4,
+                  ("pat", "Simple"): 8.0},
+        hw_lat=_lat_table({"nvlink": ((0.6, 1.25, 4.0), (0.6, 1.9, 3.4)),
+                           "pci": ((1.0, 1.9, 4.0), (1.0, 2.5, 5.7)),
+                           "net": ((5.0, 8.5, 14.0), (2.7, 4.0, 14.0))})
+        | {("nvlink", "nvls", "Simple"): 25.0, ("nvlink", "nvls_tree", "Simple"): 25.0,
+           ("net", "nvls", "Simple"): 18.0, ("net", "nvls_tree", "Simple"): 14.0,
+           ("nvlink", "pat", "Simple"): 4.0, ("pci", "pat", "Simple"): 4.0, ("net", "pat", "Simple"): 14.0},
+        tree_correction=_TREE_CORRECTION_23,
+        speeds_intra=(40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+        speeds_inter=(48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0,
+                      2.4, 1.2, 0.24, 0.12),
+        speeds_intra_sm90=(60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+        speeds_inter_sm90=(48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4,
+                           1.2, 0.24, 0.12),
+        ring_inter_steps_all_nodes=False, net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True,
+        nvls_lat=25.0, p2p_split=True, ring_ll_ratio=0.5, ring_ll128_ppn=False,
+        ll_max_hopper=(141.0, 45.0, 35.0), ppn1_tree_net_lat=True, nvls_tree=True, nvls_gather=True, pat=True,
+    ),
 }
+# 2.28.3: NVLS efficiency on Hopper (nvlsEfficiency) and the NVLS-tree per-channel limit
+# (perChMaxNVLSTreeBws, Hopper row: 1, 2, 4+ nodes; 0 on one node, where NVLS-tree is off)
+NVLS_EFFICIENCY_SM90 = 0.85
+PER_CH_MAX_NVLS_TREE_SM90 = (0.0, 57.7, 45.5)
+PAT_BW_FACTOR = 0.75         # 2.28.3: PAT's bus bandwidth is 3/4 of its graph's
+PAT_RANK_LAT = 2.8           # 2.28.3: PAT's latency grows 2.8 us per rank
 
 # LL128 per-channel limits per collective (2.7.5), in FUNCTIONS order
 _LL128_MAX_BW_PER_CH_275 = dict(zip(FUNCTIONS, (18.8, 12.0, 18.3, 15.2, 16.7), strict=True))
@@ -279,7 +317,8 @@ _LL128_MAX_BW_PER_CH_2171 = (20.0, 20.0, 36.7)
 _PER_CH_MAX_RING_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
 _PER_CH_MAX_TREE_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
 _PER_CH_MAX_TREE = {"2.17.1": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 33.0)),
-                    "2.20.3": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))}
+                    "2.20.3": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0)),
+                    "2.28.3": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))}
 
 
 # -- the graph search, reduced to its result ------------------------------------------------------------
@@ -349,8 +388,10 @@ def search_graphs(system: NcclSystem, pl: Placement) -> dict[str, Graph]:
         nics = min(node.nics_per_node, k)
 
         def fit(s: float) -> int:
+            # a channel enters the node at one GPU (from its NIC) and leaves at another (to
+            # its NIC, over PCIe): each GPU's NVLink carries k-1 of every k channels' hops
             per_nic = int(nic_path / s + eps)
-            return min(nics * per_nic, int(node.intra_bw / s + eps) if k > 1 else MAX_CHANNELS)
+            return min(nics * per_nic, int(node.intra_bw * k / ((k - 1) * s) + eps) if k > 1 else MAX_CHANNELS)
 
         limit = nic_path
     total = node.intra_bw if rel.total_stop and m == 1 and k > 1 else None
@@ -430,7 +471,7 @@ def _bus_bw(system: NcclSystem, g: Graph, coll: str, algo: str, proto: str, m: i
             bus = min(bus, 235.0)
         elif version != "2.7.5" and gen == 2:
             bus = min(bus, 370.0)
-    ll_ratio = 0.25 if (m > 1 or coll in ("all_reduce", "reduce")) else 1.0 / 3.0
+    ll_ratio = rel.ring_ll_ratio or (0.25 if (m > 1 or coll in ("all_reduce", "reduce")) else 1.0 / 3.0)
     if rel.caps == "2.7":
         per_coll = _LL128_MAX_BW_PER_CH_275[coll]
         if algo == "ring" and proto == "LL":
@@ -449,12 +490,14 @@ def _bus_bw(system: NcclSystem, g: Graph, coll: str, algo: str, proto: str, m: i
         return bus
     cpu_row = 1 if node.cpu_vendor == "AMD" else 0
     ll_max = _LL_MAX_BWS[gen if m == 1 else cpu_row][nidx]
+    if m == 1 and gen == 2 and rel.ll_max_hopper:
+        ll_max = rel.ll_max_hopper[nidx]
     ring_ll128 = (_LL128_MAX_BW_PER_CH_2171[gen] if version == "2.17.1" else _PER_CH_MAX_RING_LL128[gen][nidx])
     tree_ll128 = (_LL128_MAX_BW_PER_CH_2171[gen] if version == "2.17.1" else _PER_CH_MAX_TREE_LL128[gen][nidx])
     if algo == "ring" and proto == "LL":
         bus = min(ll_max, bus * ll_ratio)
     if algo == "ring" and proto == "LL128":
-        bus = min(bus * (0.7 if ppn < 2 else 0.92), g.channels * ring_ll128)
+        bus = min(bus * (0.7 if ppn < 2 and rel.ring_ll128_ppn else 0.92), g.channels * ring_ll128)
     if algo == "tree":
         bus = min(bus * 0.92, g.channels * _PER_CH_MAX_TREE[version][gen][nidx])
         if proto == "LL":
@@ -494,7 +537,7 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
 
                 t = rel.base_lat[(algo, proto)]
                 intra_lat = rel.hw_lat[(intra_hw, algo, proto)]
-                inter_lat = rel.hw_lat[("net", algo, proto)]
+                inter_lat = rel.hw_lat[("net", "tree" if rel.ppn1_tree_net_lat and n == m else algo, proto)]
                 if m > 1 and proto == "LL":
                     intra_lat *= rel.ll_intra_factor
                 if algo == "ring":
@@ -514,6 +557,9 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
                 else:
                     t += 2 * ((n // m - 1) * intra_lat + int(math.log2(m)) * inter_lat)
                 lat[(coll, algo, proto)] = t
+        if rel.nvls_tree or rel.pat:          # 2.28.3's NVLS, NVLS-tree and PAT
+            _tune_228(system, pl, graphs, coll, nsteps, bw, lat)
+            continue
         # NVLS: all-reduce inside one Hopper NVSwitch node with NVLink SHARP (2.17.1, 2.20.3)
         if (rel.nvls_lat and coll == "all_reduce" and m == 1 and node.nvls and node.compute_capability >= 90
                 and node.intra == "nvswitch" and n > 2):
@@ -536,9 +582,63 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
     max_threads = {("ring", "LL"): LL_MAX_THREADS, ("tree", "LL"): LL_MAX_THREADS,
                    ("ring", "LL128"): LL128_MAX_THREADS, ("tree", "LL128"): LL128_MAX_THREADS,
                    ("ring", "Simple"): simple_threads, ("tree", "Simple"): SIMPLE_MAX_THREADS,
-                   ("nvls", "Simple"): SIMPLE_MAX_THREADS}
+                   ("nvls", "Simple"): P2P_THREADS if rel.nvls_tree else SIMPLE_MAX_THREADS,
+                   ("nvls_tree", "Simple"): P2P_THREADS,      # 2.28.3: NCCL_MAX_NTHREADS
+                   ("pat", "Simple"): SIMPLE_MAX_THREADS}
     channels = min(system.max_channels, 2 * min(graphs["ring"].channels, graphs["tree"].channels))
     return Table(bw, lat, channels, max_threads, graphs)
+
+
+def uses_nvls_tree(system: NcclSystem) -> bool:
+    """Whether this release runs NVLS-tree all-reduce across this system's nodes."""
+    return RELEASES[system.version].nvls_tree and system.node.nvls and system.node.compute_capability >= 90
+
+
+def nvls_graph(system: NcclSystem, pl: Placement) -> Graph | None:
+    """The NVLS graph (2.28.3 ``search.cc``): one channel per GPU of the node (at most
+    ``NCCL_MAX_NVLS_ARITY``), at least two; inside one node at the fastest Hopper speed all
+    of them fit in a GPU's NVLinks, across nodes at the fastest network speed of the GPU-NIC
+    path (pass 2 raises only the network speed). None where the node has no NVLink SHARP."""
+    node, rel = system.node, RELEASES[system.version]
+    k = pl.per_node
+    if not (node.nvls and node.compute_capability >= 90 and node.intra == "nvswitch" and k >= 2):
+        return None
+    channels = min(k, 32)
+    intra = rel.speeds_intra_sm90[_first_at_most(rel.speeds_intra_sm90, node.intra_bw / channels)]
+    if pl.nodes == 1:
+        return Graph(channels, intra, intra, "NVL", node.gpu_nic_path, False)
+    nic = min(node.nic_bw, node.gpu_nic_bw)
+    inter = rel.speeds_inter_sm90[_first_at_most(rel.speeds_inter_sm90, nic)]
+    return Graph(channels, min(intra, inter), inter, "NVL", node.gpu_nic_path, False)
+
+
+def _tune_228(system: NcclSystem, pl: Placement, graphs: dict[str, Graph], coll: str, nsteps: int,
+              bw: dict[tuple[str, str, str], float], lat: dict[tuple[str, str, str], float]) -> None:
+    """2.28.3's ``ncclTopoTuneModel`` for NVLS (one node: all-reduce, all-gather,
+    reduce-scatter; across nodes NCCL enables it only with CollNet), NVLS-tree (all-reduce
+    across nodes) and PAT (all-gather, reduce-scatter at one GPU per node), Simple only."""
+    rel = RELEASES[system.version]
+    n, m = pl.ranks, pl.nodes
+    ppn = n / m
+    nidx = 0 if m == 1 else 1 if m == 2 else 2
+    g = nvls_graph(system, pl)
+    net_lat = rel.hw_lat[("net", "tree" if n == m else "nvls_tree", "Simple")]
+    if g is not None and g.channels >= 2 and coll in ("all_reduce", "all_gather", "reduce_scatter"):
+        algo = "nvls" if m == 1 else "nvls_tree"
+        if algo == "nvls" or coll == "all_reduce":
+            intra = g.bw_intra * NVLS_EFFICIENCY_SM90 * (g.channels - 1) / g.channels
+            intra *= 2.0 if coll == "all_reduce" else (ppn - 1) / ppn   # all-reduce pipelines two
+            inter = g.bw_inter * (2.0 if m <= 2 and algo == "nvls_tree" else 1.0)
+            per_ch = min(intra, inter, PER_CH_MAX_NVLS_TREE_SM90[nidx] if algo == "nvls_tree" else math.inf)
+            ratio = n / nsteps if coll == "all_reduce" else 1.0    # no bus -> algorithm conversion
+            bw[(coll, algo, "Simple")] = g.channels * per_ch * ratio
+            t = rel.hw_lat[("nvlink", algo, "Simple")]
+            lat[(coll, algo, "Simple")] = t + (2 * int(math.log2(m)) * net_lat if algo == "nvls_tree" else 0.0)
+    if rel.pat and coll in ("all_gather", "reduce_scatter") and n == m:
+        tree = graphs["tree"]
+        bw[(coll, "pat", "Simple")] = tree.channels * (tree.bw_intra if m <= 2 else tree.bw_inter) * PAT_BW_FACTOR
+        lat[(coll, "pat", "Simple")] = (rel.base_lat[("pat", "Simple")] + int(math.log2(m)) * net_lat / 3.5
+                                        + n * PAT_RANK_LAT)
 
 
 @lru_cache(maxsize=4096)
@@ -594,8 +694,8 @@ def channels_threads(table: Table, pl: Placement, algo: str, proto: str, nbytes:
     until every thread has its minimum share of the bytes."""
     nc = table.channels
     nt = table.max_threads[(algo, proto)]
-    if algo == "nvls":
-        return nc, SIMPLE_MAX_THREADS
+    if algo in ("nvls", "nvls_tree"):
+        return nc, table.max_threads[(algo, proto)]
     threshold = THREAD_THRESHOLD[proto] * (pl.ranks if (algo == "ring" and proto == "LL") else 1)
     while nbytes < nc * nt * threshold:
         if nc >= 2:
@@ -639,7 +739,7 @@ def _choose(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> Choi
     table = table_for(system, pl)
     nbytes = nccl_function_bytes(coll, ir_bytes, pl.ranks)
     best: tuple[float, str, str] | None = None
-    for algo in ("tree", "ring", "nvls"):         # NCCL's loop order: the first of equal times wins
+    for algo in ALGORITHMS:                        # NCCL's loop order: the first of equal times wins
         for proto in PROTOCOLS:
             t = nccl_time(system, table, pl, coll, algo, proto, nbytes)
             if t >= 0 and (best is None or t < best[0]):
