@@ -596,15 +596,18 @@ def uses_nvls_tree(system: NcclSystem) -> bool:
 
 def nvls_graph(system: NcclSystem, pl: Placement) -> Graph | None:
     """The NVLS graph (2.28.3 ``search.cc``): one channel per GPU of the node (at most
-    ``NCCL_MAX_NVLS_ARITY``), at least two; inside one node at the fastest Hopper speed all
-    of them fit in a GPU's NVLinks, across nodes at the fastest network speed of the GPU-NIC
-    path (pass 2 raises only the network speed). None where the node has no NVLink SHARP."""
+    ``NCCL_MAX_NVLS_ARITY``), at least two; inside one node at the fastest Hopper speed whose
+    ``k`` channels fit in a GPU's NVLinks x k/(k-1) (the search's start for non-ring patterns),
+    across nodes at the fastest network speed of the GPU-NIC path (pass 2 raises only the
+    network speed). None where the node has no NVLink SHARP. A reduction of the search to
+    its result for NVSwitch nodes, not the search itself."""
     node, rel = system.node, RELEASES[system.version]
     k = pl.per_node
     if not (node.nvls and node.compute_capability >= 90 and node.intra == "nvswitch" and k >= 2):
         return None
     channels = min(k, 32)
-    intra = rel.speeds_intra_sm90[_first_at_most(rel.speeds_intra_sm90, node.intra_bw / channels)]
+    # the search's first check: speed x channels within a GPU's NVLinks x k/(k-1) (not a ring)
+    intra = rel.speeds_intra_sm90[_first_at_most(rel.speeds_intra_sm90, node.intra_bw / (k - 1))]
     if pl.nodes == 1:
         return Graph(channels, intra, intra, "NVL", node.gpu_nic_path, False)
     nic = min(node.nic_bw, node.gpu_nic_bw)
