@@ -308,3 +308,19 @@ def test_the_time_model_prices_the_2_28_algorithms():
     b = nccl.candidate_costs(slow, "all_reduce", np.array(4.0 * GIB), pl)[("nvls_tree", "Simple")]
     net = 2 * 9 / 10 * 4 * GIB / (8 * P["net_gbps"]) * 1e-3
     assert float(b - a) == pytest.approx(net, rel=0.05)
+
+
+def test_2_28_channels_per_network_peer_shrink_with_the_group():
+    # 2.28.3 paths.cc: 2 per network peer, halved while 2 x ranks > 4 x the p2p channels (16
+    # here), at least the NICs a GPU needs to fill its PCIe path (one 50 GB/s NIC for 48 GB/s)
+    s = NcclSystem("2.28.3", H100)
+    assert [tuning.p2p_channels(s, contiguous(n, 8)) for n in (16, 32, 64, 80)] == [(16, 2), (16, 2), (16, 1), (16, 1)]
+    assert tuning.choose(s, contiguous(80, 8), "sendrecv", GIB).channels == 1
+    assert tuning.p2p_channels(NcclSystem("2.20.3", H100), contiguous(80, 8)) == (16, 2)     # fixed 2 before
+    # a GPU whose PCIe path is twice its NIC's rate drives two NICs, so keeps 2 channels per peer
+    two = NodeFacts(compute_capability=90, cpu_vendor="Intel", intra_bw=370.8, nics_per_node=16, nic_bw=25.0,
+                    gpu_nic_bw=48.0, nvls=True)
+    assert tuning.p2p_channels(NcclSystem("2.28.3", two), contiguous(80, 8)) == (16, 2)
+    # one node: every channel of the communicator per peer, as before
+    assert tuning.p2p_channels(s, contiguous(8, 8))[1] == tuning.p2p_channels(NcclSystem("2.20.3", H100),
+                                                                              contiguous(8, 8))[1]

@@ -214,6 +214,7 @@ class _Release:
     nvls_tree: bool = False             # NVLS-tree all-reduce across Hopper NVSwitch nodes
     nvls_gather: bool = False           # NVLS all-gather / reduce-scatter inside one node
     pat: bool = False                   # PAT all-gather / reduce-scatter at one GPU per node
+    p2p_net_scaled: bool = False        # channels per network peer scaled by ranks and NICs (2.28.3)
 
 
 def _lat_table(values: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]]):
@@ -298,6 +299,7 @@ RELEASES: dict[str, _Release] = {
         ring_inter_steps_all_nodes=False, net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True,
         nvls_lat=25.0, p2p_split=True, ring_ll_ratio=0.5, ring_ll128_ppn=False,
         ll_max_hopper=(141.0, 45.0, 35.0), ppn1_tree_net_lat=True, nvls_tree=True, nvls_gather=True, pat=True,
+        p2p_net_scaled=True,
     ),
 }
 # 2.28.3: NVLS efficiency on Hopper (nvlsEfficiency) and the NVLS-tree per-channel limit
@@ -771,8 +773,25 @@ def p2p_channels(system: NcclSystem, pl: Placement) -> tuple[int, int]:
     channels, two per peer across nodes (NCCL_NCHANNELS_PER_NET_PEER)."""
     comm = table_for(system, pl).channels if pl.ranks > 1 else 1
     total = 1 << (max(1, comm) - 1).bit_length()
-    per_peer = min(total, NET_CHANNELS_PER_PEER) if pl.nodes > 1 else total
+    per_peer = min(total, net_channels_per_peer(system, pl, total)) if pl.nodes > 1 else total
     return total, 1 << (max(1, per_peer) - 1).bit_length()
+
+
+def net_channels_per_peer(system: NcclSystem, pl: Placement, p2p_channels: int) -> int:
+    """Channels per peer on another node. Before 2.28.3: NCCL_NCHANNELS_PER_NET_PEER (2).
+    2.28.3 (``paths.cc``, ``ncclTopoGetNchannels``, the parameter unset): 2, halved while
+    ``2 x ranks`` exceeds 4 x the p2p channels (no channel carries 8+ operations), but at
+    least the NICs the GPU needs to fill its PCIe path (``getLocalNetCountByBw``; here
+    ceil(GPU-NIC rate / NIC rate), at most the node's NICs per GPU)."""
+    if not RELEASES[system.version].p2p_net_scaled:
+        return NET_CHANNELS_PER_PEER
+    c = NET_CHANNELS_PER_PEER
+    while c * pl.ranks > p2p_channels * 4 and c > 1:
+        c //= 2
+    node = system.node
+    nics_per_gpu = max(1, node.nics_per_node // max(1, pl.per_node))
+    by_bw = min(nics_per_gpu, math.ceil(node.gpu_nic_bw / node.nic_bw - 1e-9))
+    return max(by_bw, c)
 
 
 def p2p_op_channels(system: NcclSystem, pl: Placement, op_bytes: int) -> int:
