@@ -24,6 +24,21 @@ releases and restated here, not copied:
     count (``llMaxBws``, ``perChMaxTreeBws``, ...), the network overhead per ring step by host
     CPU (1 us Intel, 2 us AMD, x3 for Simple), ring inter-node steps 2 x nodes, the plateau
     factor 1.4 from Ampere on, NVLS (Hopper NVSwitch) and separate speed lists for Hopper.
+``2.28.3`` (NVIDIA's v2.28.3-1 as mirrored in github.com/zhanglin496/nccl-2.28.3-1: ``tuning.cc``
+    at 850a18f5, ``search.cc`` at 67491d6d, ``paths.cc`` at 31d0bed4; no NVIDIA/nccl commit
+    of 2.21-2.29 is stored here, and it is the nearest to the 2.29.2 of the shared H100 logs,
+    so logs stating 2.29.x are emulated with it): tree/Simple base latency 8.4 us, tree/Simple
+    hops 4 us (NVLink, PCI) and 14 us (network); NVLS 25 us on NVLink, NVLS-tree 25 us + 2 x
+    log2(nodes) x 14 us; NVLS efficiency 0.85 on Hopper, the NVLS bus rate per channel
+    ``bwIntra x .85 x (c-1)/c`` x2 for all-reduce (x(ppn-1)/ppn for all-gather and
+    reduce-scatter) capped by ``bwInter`` (x2 on two nodes) and for NVLS-tree by
+    ``perChMaxNVLSTreeBws`` (Hopper 57.7 / 45.5 GB/s for 2 / 4+ nodes); NVLS across nodes only
+    with CollNet, NVLS-tree only across nodes; PAT (all-gather, reduce-scatter, only at one GPU
+    per node) at 0.75 of the tree graph's rate with ``8 + log2(nodes) x net/3.5 + 2.8 x ranks``
+    us; ring LL x0.5 capped by ``llMaxBws`` (Hopper row 141 / 45 / 35), ring LL128 x0.92 at any
+    GPUs per node; ring network steps 2(m-1); at one GPU per node every algorithm pays the
+    tree's network latency; ``paths.cc``: channels per network peer 2, halved while 2 x ranks
+    > 4 x the p2p channels, at least the NICs the GPU drives.
 
 Both releases: LL128 is enabled only on Volta/Ampere(/Hopper) with NVLink inside the node and
 a GPU-to-NIC path through PCIe switches only (PIX/PXB); per-thread work thresholds of 8 B
@@ -31,12 +46,15 @@ a GPU-to-NIC path through PCIe switches only (PIX/PXB); per-thread work threshol
 (LL128): a message of ``S`` bytes runs on the most channels ``c`` with ``c x threads x
 threshold <= S``.
 
-What is modelled: ring, tree, NVLS (single Hopper node, 2.20.3), the five collectives NCCL
-tunes (broadcast, reduce, all-gather, reduce-scatter, all-reduce) and grouped send/recv
-(all-to-all, gather, scatter, send, recv: NCCL's p2p path, Simple, and LL up to 16 KiB per
-peer in 2.20.3). Not modelled: CollNet (needs SHARP switches and NCCL's CollNet plugin),
-NVLS-tree across nodes, PAT (2.23+), user overrides (NCCL_ALGO, NCCL_PROTO, NCCL_*CHANNELS),
-tuner plugins, and aggregation of several collectives in one group (each op is tuned alone).
+What is modelled: ring, tree, NVLS (single Hopper node, 2.17.1+; all-gather and
+reduce-scatter too in 2.28.3), NVLS-tree (all-reduce across Hopper NVSwitch nodes, 2.28.3),
+PAT (2.28.3), the five collectives NCCL tunes (broadcast, reduce, all-gather, reduce-scatter,
+all-reduce) and grouped send/recv (all-to-all, gather, scatter, send, recv: NCCL's p2p path,
+Simple, and LL up to 16 KiB per peer from 2.20.3). Not modelled: CollNet direct/chain (NCCL
+enables them only with NCCL_COLLNET_ENABLE and a CollNet plugin on SHARP switches; its
+2.28.3 constants are read but not emulated), 2.28's symmetric-memory kernels and CE
+collectives, user overrides (NCCL_ALGO, NCCL_PROTO, NCCL_*CHANNELS), tuner plugins, and
+aggregation of several collectives in one group (each op is tuned alone).
 
 The graph search itself (which rings and trees NCCL finds in a node) is reduced to its result
 for the node layouts the presets describe: GPUs behind an NVSwitch (or a PCIe switch) with one
