@@ -24,8 +24,8 @@ from echo_et.models.comm.profile import Profile
 from echo_et.models.comm.topology import contiguous
 
 PAIRS = [("tree", "LL"), ("tree", "LL128"), ("tree", "Simple"), ("ring", "LL"), ("ring", "LL128"),
-         ("ring", "Simple"), ("nvls", "Simple")]
-PAIR_COLOURS = ["#9ecae1", "#3182bd", "#08519c", "#fdae6b", "#e6550d", "#a63603", "#31a354"]
+         ("ring", "Simple"), ("nvls", "Simple"), ("nvls_tree", "Simple"), ("pat", "Simple")]
+PAIR_COLOURS = ["#9ecae1", "#3182bd", "#08519c", "#fdae6b", "#e6550d", "#a63603", "#31a354", "#006d2c", "#756bb1"]
 
 
 def _pyplot():
