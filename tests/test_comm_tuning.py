@@ -324,3 +324,13 @@ def test_2_28_channels_per_network_peer_shrink_with_the_group():
     # one node: every channel of the communicator per peer, as before
     assert tuning.p2p_channels(s, contiguous(8, 8))[1] == tuning.p2p_channels(NcclSystem("2.20.3", H100),
                                                                               contiguous(8, 8))[1]
+
+
+def test_estimate_cli_runs_the_2_28_algorithms():
+    res = CliRunner().invoke(app, ["estimate", "all_reduce", "--bytes", "64MiB,4GiB", "--ranks", "80",
+                                   "--gpus-per-node", "8", "--preset", "h100-ib", "--nccl-version", "2.28.3", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["nccl_version"] == "2.28.3"
+    assert [e["algorithm"] for e in out["estimates"]] == ["nvls_tree", "ring"]
+    assert out["estimates"][0]["time_ns"] < out["estimates"][1]["time_ns"]
