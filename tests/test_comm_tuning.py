@@ -334,3 +334,32 @@ def test_estimate_cli_runs_the_2_28_algorithms():
     assert out["nccl_version"] == "2.28.3"
     assert [e["algorithm"] for e in out["estimates"]] == ["nvls_tree", "ring"]
     assert out["estimates"][0]["time_ns"] < out["estimates"][1]["time_ns"]
+
+
+def test_2_28_collnet_only_where_the_node_has_sharp():
+    # 2.28.3: CollNet direct 8 x 48 GB/s / (half the GPUs-per-head excess: 1) x .85 (Hopper) x 1/2,
+    # 2 (3.7 + 7 x .4) + 31 us; chain 8 x 48 x 1/2, 2 x 7 x 2.8 + 30 us; with CollNet NVLS also
+    # crosses nodes (8 x min(48 x .85 x 7/8 x 2, 48) x 80/158 GB/s, 25 + 18 us) and wins here
+    sharp = NodeFacts(compute_capability=90, cpu_vendor="Intel", intra_bw=370.8, nic_bw=50.0, gpu_nic_bw=48.0,
+                      nvls=True, collnet=True)
+    s, pl = NcclSystem("2.28.3", sharp), contiguous(80, 8)
+    t = tuning.table_for(s, pl)
+    assert t.bandwidth[("all_reduce", "collnet_direct", "Simple")] == pytest.approx(8 * 48 * .85 / 2)
+    assert t.latency[("all_reduce", "collnet_direct", "Simple")] == pytest.approx(2 * (3.7 + 7 * .4) + 31)
+    assert t.bandwidth[("all_reduce", "collnet_chain", "Simple")] == pytest.approx(8 * 48 / 2)
+    assert t.latency[("all_reduce", "collnet_chain", "Simple")] == pytest.approx(2 * 7 * 2.8 + 30)
+    assert t.bandwidth[("all_reduce", "nvls", "Simple")] == pytest.approx(8 * 48 * 80 / 158)
+    assert t.latency[("all_reduce", "nvls", "Simple")] == pytest.approx(25 + 18)
+    assert {tuning.choose(s, pl, "all_reduce", 1 << e).algorithm for e in (16, 24, 32)} == {"nvls"}
+    # without NVLS (A100 with SHARP) CollNet direct takes the small messages
+    a100 = NcclSystem("2.28.3", NodeFacts(collnet=True))
+    assert tuning.choose(a100, contiguous(32, 8), "all_reduce", 64 * KIB).algorithm == "collnet_direct"
+    t, picks = nccl.choose(load_preset("a100-ib").params, "all_reduce", np.array([64.0 * KIB, 64.0 * MIB]),
+                           contiguous(32, 8), a100)
+    assert np.all(np.diff(t) > 0) and picks[0].algorithm == "collnet_direct"
+    # no CollNet without the node fact, or before 2.28.3; a profile writes the fact only when set
+    algos = {a for a, _ in tuning.candidates(NcclSystem("2.28.3", H100), pl, "all_reduce")}
+    assert not algos & {"collnet_direct", "collnet_chain", "nvls"}
+    assert "collnet_direct" not in {a for a, _ in tuning.candidates(NcclSystem("2.20.3", sharp), pl, "all_reduce")}
+    assert "collnet" not in NcclSystem("2.28.3", H100).to_json()["node"]
+    assert NcclSystem.from_json(s.to_json(), "p") == s

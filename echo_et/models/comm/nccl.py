@@ -25,7 +25,8 @@ of NCCL's algorithms:
 - NVLS (all-reduce inside one NVSwitch node with NVLink SHARP, Hopper and later; from 2.28.3
   also all-gather and reduce-scatter), NVLS-tree (all-reduce across such nodes: the switch
   reduces inside the node, a double binary tree crosses nodes), PAT (all-gather and
-  reduce-scatter at one GPU per node: log2(n) rounds);
+  reduce-scatter at one GPU per node: log2(n) rounds), CollNet direct/chain and NVLS across
+  nodes (all-reduce reduced in SHARP network switches, 2.28.3 where the node has CollNet);
 - point-to-point (send/recv; all-to-all, gather, scatter as grouped send/recv, with a serial
   cost per peer).
 
@@ -212,6 +213,24 @@ def _nvls_tree(P, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray:
     return _lat(P, "Simple", 2, 2 * levels) + t + _chan(P, "Simple", ch, 2 * levels)
 
 
+def _in_network(P, S: np.ndarray, pl: Placement, algo: str, ch: Channels) -> np.ndarray:
+    """All-reduce reduced by the network switches (SHARP, NCCL's CollNet): each node sends its
+    buffer once up and receives the result once, S/k through each of its k NICs. Inside the
+    node: CollNet direct a reduce-scatter to the heads and an all-gather back (2(k-1)/k x S
+    over NVLink), CollNet chain a chain up and down (2S), NVLS the switch (2(k-1)/k x S at
+    ``nvls_gbps``)."""
+    k = pl.per_node
+    r = 1.0 / _US + 0.0 * S
+    if algo == "nvls":
+        t, hops = 2 * (k - 1) / k * S / (P["nvls_gbps"] * r), 2
+    elif algo == "collnet_direct":
+        t, hops = 2 * (k - 1) / k * S / (P["nvlink_gbps"] * r), 2
+    else:
+        t, hops = (2.0 if k > 1 else 0.0) * S / (P["nvlink_gbps"] * r), 2 * (k - 1)
+    t = _vmax(t, S / (k * P["net_gbps"] * r))
+    return _lat(P, "Simple", hops, 2) + t + S / P["reduce_gbps"] * _US + _chan(P, "Simple", ch, 2)
+
+
 def _pat(P, coll: str, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray:
     """PAT all-gather / reduce-scatter at one GPU per node: the ring's bytes through the NIC in
     log2(n) rounds of doubling distance (latency log2(n) network hops, not n-1)."""
@@ -328,6 +347,10 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
     if coll == "all_reduce":
         if pl.multi_node and P["nvls_gbps"] > 0 and pl.per_node > 1:
             out[("nvls_tree", "Simple")] = _nvls_tree(P, S, pl, channels.get(("nvls_tree", "Simple"), FULL))
+            out[("nvls", "Simple")] = _in_network(P, S, pl, "nvls", channels.get(("nvls", "Simple"), FULL))
+        if pl.multi_node:
+            for algo in ("collnet_direct", "collnet_chain"):
+                out[(algo, "Simple")] = _in_network(P, S, pl, algo, channels.get((algo, "Simple"), FULL))
         for proto in PROTOCOLS:
             out[("tree", proto)] = _tree(P, S, pl, proto, channels.get(("tree", proto), FULL))
         if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:

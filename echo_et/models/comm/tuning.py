@@ -50,10 +50,12 @@ What is modelled: ring, tree, NVLS (single Hopper node, 2.17.1+; all-gather and
 reduce-scatter too in 2.28.3), NVLS-tree (all-reduce across Hopper NVSwitch nodes, 2.28.3),
 PAT (2.28.3), the five collectives NCCL tunes (broadcast, reduce, all-gather, reduce-scatter,
 all-reduce) and grouped send/recv (all-to-all, gather, scatter, send, recv: NCCL's p2p path,
-Simple, and LL up to 16 KiB per peer from 2.20.3). Not modelled: CollNet direct/chain (NCCL
-enables them only with NCCL_COLLNET_ENABLE and a CollNet plugin on SHARP switches; its
-2.28.3 constants are read but not emulated), 2.28's symmetric-memory kernels and CE
-collectives, user overrides (NCCL_ALGO, NCCL_PROTO, NCCL_*CHANNELS), tuner plugins, and
+Simple, and LL up to 16 KiB per peer from 2.20.3), CollNet direct/chain and NVLS across nodes
+for all-reduce (2.28.3, only where the node facts say ``collnet``: SHARP switches, NCCL's
+CollNet plugin and NCCL_COLLNET_ENABLE=1; no shared log has it, so it is checked against
+NCCL's constants only). Not modelled: CollNet and NVLS all-gather/reduce-scatter across nodes
+(they also need the plugin's iallgather/ireducescatter and a head per local GPU), 2.28's
+symmetric-memory kernels and CE collectives, user overrides (NCCL_ALGO, NCCL_PROTO, NCCL_*CHANNELS), tuner plugins, and
 aggregation of several collectives in one group (each op is tuned alone).
 
 The graph search itself (which rings and trees NCCL finds in a node) is reduced to its result
@@ -76,8 +78,8 @@ from echo_et.models.comm.topology import Placement
 
 VERSIONS = ("2.7.5", "2.17.1", "2.20.3", "2.28.3")
 PROTOCOLS = ("LL", "LL128", "Simple")
-# NCCL's algorithms in its own order (NCCL_ALGO_*), less CollNet (see the module doc)
-ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
+# NCCL's algorithms in its own order (NCCL_ALGO_*)
+ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 # NCCL's collectives in its own order (ncclFunc_t) and the IR names that map to them.
 FUNCTIONS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
 P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv", "sendrecv", "hypercube")
@@ -108,6 +110,7 @@ class NodeFacts:
     gpu_nic_bw: float = 24.0          # GB/s of the GPU-NIC PCIe path (NCCL: Gen4 x16 = 24)
     gpu_nic_path: str = "PIX"         # path type GPU -> nearest NIC
     nvls: bool = False                # NVSwitch with NVLink SHARP (Hopper)
+    collnet: bool = False             # SHARP network switches, NCCL's CollNet plugin and NCCL_COLLNET_ENABLE=1
 
     def check(self, where: str) -> NodeFacts:
         if self.cpu_vendor not in ("AMD", "Intel", "other"):
@@ -149,6 +152,8 @@ class NcclSystem:
             "compute_capability": n.compute_capability, "cpu_vendor": n.cpu_vendor, "intra": n.intra,
             "intra_bw": n.intra_bw, "nics_per_node": n.nics_per_node, "nic_bw": n.nic_bw,
             "gpu_nic_bw": n.gpu_nic_bw, "gpu_nic_path": n.gpu_nic_path, "nvls": n.nvls}}
+        if n.collnet:                               # written only when set (older profiles' bytes)
+            out["node"]["collnet"] = True
         if self.max_channels != MAX_CHANNELS:      # NCCL's default is not written (older profiles' bytes)
             out["max_channels"] = self.max_channels
         return out
@@ -195,7 +200,7 @@ class Graph:
 
 @dataclass(frozen=True)
 class Choice:
-    algorithm: str        # "ring", "tree", "nvls", "nvls_tree", "pat", "p2p"
+    algorithm: str        # "ring", "tree", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat", "p2p"
     protocol: str         # "LL", "LL128", "Simple"
     channels: int         # channels (thread blocks) the kernel runs on for this message
     threads: int          # threads per channel
@@ -306,7 +311,10 @@ RELEASES: dict[str, _Release] = {
                            "net": ((5.0, 8.5, 14.0), (2.7, 4.0, 14.0))})
         | {("nvlink", "nvls", "Simple"): 25.0, ("nvlink", "nvls_tree", "Simple"): 25.0,
            ("net", "nvls", "Simple"): 18.0, ("net", "nvls_tree", "Simple"): 14.0,
-           ("nvlink", "pat", "Simple"): 4.0, ("pci", "pat", "Simple"): 4.0, ("net", "pat", "Simple"): 14.0},
+           ("nvlink", "pat", "Simple"): 4.0, ("pci", "pat", "Simple"): 4.0, ("net", "pat", "Simple"): 14.0,
+           ("nvlink", "collnet_direct", "Simple"): 3.7, ("pci", "collnet_direct", "Simple"): 3.7,
+           ("net", "collnet_direct", "Simple"): 31.0, ("nvlink", "collnet_chain", "Simple"): 2.8,
+           ("pci", "collnet_chain", "Simple"): 2.8, ("net", "collnet_chain", "Simple"): 30.0},
         tree_correction=_TREE_CORRECTION_23,
         speeds_intra=(40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
         speeds_inter=(48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0,
@@ -326,6 +334,9 @@ NVLS_EFFICIENCY_SM90 = 0.85
 PER_CH_MAX_NVLS_TREE_SM90 = (0.0, 57.7, 45.5)
 PAT_BW_FACTOR = 0.75         # 2.28.3: PAT's bus bandwidth is 3/4 of its graph's
 PAT_RANK_LAT = 2.8           # 2.28.3: PAT's latency grows 2.8 us per rank
+COLLNET_ARITY_LAT = 0.4      # 2.28.3: CollNet direct's serialisation per local rank (us)
+COLLNET_DIRECT_MAX_LOCAL = 8  # 2.28.3 enqueue.cc: CollNet direct only up to 8 GPUs per node
+COLLNET_THREAD_THRESHOLD = 512  # 2.28.3: per-thread bytes before CollNet adds channels
 
 # LL128 per-channel limits per collective (2.7.5), in FUNCTIONS order
 _LL128_MAX_BW_PER_CH_275 = dict(zip(FUNCTIONS, (18.8, 12.0, 18.3, 15.2, 16.7), strict=True))
@@ -604,7 +615,8 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
                    ("ring", "Simple"): simple_threads, ("tree", "Simple"): SIMPLE_MAX_THREADS,
                    ("nvls", "Simple"): P2P_THREADS if rel.nvls_tree else SIMPLE_MAX_THREADS,
                    ("nvls_tree", "Simple"): P2P_THREADS,      # 2.28.3: NCCL_MAX_NTHREADS
-                   ("pat", "Simple"): SIMPLE_MAX_THREADS}
+                   ("pat", "Simple"): SIMPLE_MAX_THREADS, ("collnet_direct", "Simple"): P2P_THREADS,
+                   ("collnet_chain", "Simple"): P2P_THREADS}
     channels = min(system.max_channels, 2 * min(graphs["ring"].channels, graphs["tree"].channels))
     return Table(bw, lat, channels, max_threads, graphs)
 
@@ -657,11 +669,59 @@ def _tune_228(system: NcclSystem, pl: Placement, graphs: dict[str, Graph], coll:
             bw[(coll, algo, "Simple")] = g.channels * per_ch * ratio
             t = rel.hw_lat[("nvlink", algo, "Simple")]
             lat[(coll, algo, "Simple")] = t + (2 * int(math.log2(m)) * net_lat if algo == "nvls_tree" else 0.0)
+    if g is not None and g.channels >= 2 and coll == "all_reduce" and m > 1 and system.node.collnet:
+        # NVLS across nodes: the switch reduces in the node, SHARP across (enabled with CollNet)
+        intra = g.bw_intra * NVLS_EFFICIENCY_SM90 * (g.channels - 1) / g.channels * 2.0
+        bw[(coll, "nvls", "Simple")] = g.channels * min(intra, g.bw_inter) * n / nsteps
+        lat[(coll, "nvls", "Simple")] = rel.hw_lat[("nvlink", "nvls", "Simple")] + rel.hw_lat[("net", "nvls", "Simple")]
+    if coll == "all_reduce" and m > 1 and system.node.collnet:
+        _tune_collnet(system, pl, bw, lat)
     if rel.pat and coll in ("all_gather", "reduce_scatter") and n == m:
         tree = graphs["tree"]
         bw[(coll, "pat", "Simple")] = tree.channels * (tree.bw_intra if m <= 2 else tree.bw_inter) * PAT_BW_FACTOR
         lat[(coll, "pat", "Simple")] = (rel.base_lat[("pat", "Simple")] + int(math.log2(m)) * net_lat / 3.5
                                         + n * PAT_RANK_LAT)
+
+
+def collnet_graph(system: NcclSystem, pl: Placement) -> Graph:
+    """The CollNet graphs (2.28.3 ``search.cc``): at most ``NCCL_MAX_DIRECT_ARITY + 1`` (8)
+    heads, one per GPU of the node, at the fastest network speed of the GPU-NIC path. A
+    reduction of the search to its result for nodes with one NIC per GPU."""
+    node, rel = system.node, RELEASES[system.version]
+    speeds = rel.speeds_inter_sm90 if node.compute_capability >= 90 and rel.speeds_inter_sm90 else rel.speeds_inter
+    s = speeds[_first_at_most(speeds, min(node.nic_bw, node.gpu_nic_bw))]
+    channels = max(1, min(pl.per_node, COLLNET_DIRECT_MAX_LOCAL, node.nics_per_node))
+    return Graph(channels, s, s, "NVL" if node.intra != "pcie" else "PHB", node.gpu_nic_path, False)
+
+
+def _tune_collnet(system: NcclSystem, pl: Placement, bw: dict[tuple[str, str, str], float],
+                  lat: dict[tuple[str, str, str], float]) -> None:
+    """2.28.3's CollNet direct and chain all-reduce (Simple only): the graph's intra-node
+    rate per channel; direct divided by half the excess of GPUs per head (and x0.85 from
+    Hopper on), both x1/2 (bus -> algorithm); latency direct ``2 (min(1, k-1) x 3.7 + (k-1) x
+    0.4) + 31`` us, chain ``2 (k-1) x 2.8 + 30`` us (NVLink hops; the network hop is the tree's
+    14 us at one GPU per node)."""
+    rel = RELEASES[system.version]
+    k, n, m = pl.per_node, pl.ranks, pl.nodes
+    g = collnet_graph(system, pl)
+    hw = "nvlink" if g.type_intra == "NVL" else "pci"
+    ppn = n / m
+    for algo in ("collnet_direct", "collnet_chain"):
+        net = rel.hw_lat[("net", "tree" if n == m else algo, "Simple")]
+        intra = rel.hw_lat[(hw, algo, "Simple")]
+        bus = g.channels * g.bw_intra
+        if algo == "collnet_direct":
+            if k > COLLNET_DIRECT_MAX_LOCAL or system.node.intra != "nvswitch":
+                continue
+            factor = ppn / g.channels
+            bus /= factor - (factor - 1) / 2
+            if system.node.compute_capability >= 90:
+                bus *= 0.85
+            t = 2 * (min(1, k - 1) * intra + (k - 1) * COLLNET_ARITY_LAT) + net
+        else:
+            t = 2 * (k - 1) * intra + net
+        bw[("all_reduce", algo, "Simple")] = bus * 0.5
+        lat[("all_reduce", algo, "Simple")] = t
 
 
 @lru_cache(maxsize=4096)
@@ -719,7 +779,8 @@ def channels_threads(table: Table, pl: Placement, algo: str, proto: str, nbytes:
     nt = table.max_threads[(algo, proto)]
     if algo in ("nvls", "nvls_tree"):
         return nc, table.max_threads[(algo, proto)]
-    threshold = THREAD_THRESHOLD[proto] * (pl.ranks if (algo == "ring" and proto == "LL") else 1)
+    threshold = (COLLNET_THREAD_THRESHOLD if algo.startswith("collnet") else
+                 THREAD_THRESHOLD[proto] * (pl.ranks if (algo == "ring" and proto == "LL") else 1))
     while nbytes < nc * nt * threshold:
         if nc >= 2:
             nc -= 1
