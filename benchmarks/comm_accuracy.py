@@ -16,8 +16,10 @@ A100 (``nccl-tests/echo-a100``, all_reduce on 1-32 GPUs):
 H100 (``nccl-tests/h100-c01``: all_gather, alltoall, reduce_scatter, sendrecv on one node,
 all_reduce on 80 GPUs; NCCL 2.29.2 stated, the newest modelled release emulated):
 6. one fit across the five logs: in-sample and leave-one-log-out, every log held out in turn;
-7. per size, in-sample, the send/recv log (NCCL's size-split channels).
-``--quick`` runs 1, 4 and 6 only.
+7. per size, in-sample, the send/recv log (NCCL's size-split channels);
+8. per size, in-sample, the 80-GPU all-reduce with NCCL's choices (2.28.3: NVLS-tree up to
+   2 GiB, the ring from 4 GiB) and, for comparison, the same fit with 2.20.3's choices.
+``--quick`` runs 1, 4 and 6 only; ``--h100`` runs 6-8 only.
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared/data")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--h100", action="store_true", help="the H100 sections (6-8) only")
     args = ap.parse_args()
+    if args.h100:
+        h100(args.data, quick=False)
+        return
     base = load_preset("a100-ib")
     runs = [r for n in LOGS for r in read_measurements(args.data / f"nccl-tests/echo-a100/nccl_{n}.log")]
 
@@ -166,6 +172,24 @@ def h100(data: Path, quick: bool) -> None:
     for x, p, c in zip(held, pred, picks, strict=True):
         print(f"| {x.nbytes} | {x.time_us:.1f} | {p:.1f} | {100 * (p / x.time_us - 1):+.1f} "
               f"| {c.protocol}/{c.channels} |")
+    print()
+    print("## 8. H100: the 80-GPU all-reduce per size, in-sample, with each release's choices")
+    print()
+    older = cross_validate(runs, 8, load_preset("h100-ib"), "2.20.3", held_out=[])["profiles"]["in_sample"]
+    run = runs[H100_LOGS.index("10n80g-all_reduce")]
+    held = samples_from_runs([run], 8)[0]
+    sizes = np.array([x.nbytes for x in held], dtype=float)
+    cols = []
+    for p in (prof, older):
+        _, picks = nccl.choose(p.params, "all_reduce", sizes, held[0].placement, p.nccl)
+        cols.append((predict_samples(p.params, held, p.nccl), picks))
+    print(f"| bytes | measured (us) | NCCL {prof.nccl.version}: predicted (us) | error % | algorithm/protocol/channels "
+          f"| NCCL {older.nccl.version}: predicted (us) | error % | algorithm/protocol/channels |")
+    print("|---|---|---|---|---|---|---|---|")
+    for i, x in enumerate(held):
+        row = " | ".join(f"{pred[i]:.1f} | {100 * (pred[i] / x.time_us - 1):+.1f} | "
+                         f"{picks[i].algorithm}/{picks[i].protocol}/{picks[i].channels}" for pred, picks in cols)
+        print(f"| {x.nbytes} | {x.time_us:.1f} | {row} |")
 
 
 if __name__ == "__main__":

@@ -240,3 +240,126 @@ def test_tree_correction_is_nccls_table_between_powers_of_two():
     mid = tuning.tree_correction(a100, "LL128", int(64 * 2 ** 15.5))
     assert min(table[15], table[16]) <= mid <= max(table[15], table[16])
     assert tuning.tree_correction(a100, "LL128", 1 << 40) == 1.0
+
+
+H100 = NodeFacts(compute_capability=90, cpu_vendor="Intel", intra_bw=370.8, nic_bw=50.0, gpu_nic_bw=48.0, nvls=True)
+
+
+def test_2_28_nvls_tree_across_h100_nodes_until_the_ring_wins():
+    # 2.28.3 tuning.cc: NVLS-tree bus rate per channel min(40 x .85 x 7/8 x 2, 48, 45.5) on 8
+    # channels, latency 25 + 2 x log2(10) x 14 us; the ring's 8 x 48 GB/s (each GPU's NVLink
+    # carries 7 of the 8 channels) beats it only past its 1.4 x 736 us latency, from 4 GiB
+    s, pl = NcclSystem("2.28.3", H100), contiguous(80, 8)
+    t = tuning.table_for(s, pl)
+    assert t.bandwidth[("all_reduce", "nvls_tree", "Simple")] == pytest.approx(8 * 45.5 * 80 / 158)
+    assert t.latency[("all_reduce", "nvls_tree", "Simple")] == pytest.approx(25 + 2 * 3 * 14)
+    assert (t.graphs["ring"].channels, t.graphs["ring"].bw_inter) == (8, 48.0)
+    assert t.bandwidth[("all_reduce", "tree", "Simple")] == pytest.approx(min(8 * 48 * .92, 8 * 36.0) / 2)
+    assert t.latency[("all_reduce", "tree", "Simple")] == pytest.approx(8.4 + 2 * (7 * 4.0 + 3 * 14))
+    picks = [tuning.choose(s, pl, "all_reduce", 1 << e) for e in (20, 25, 31, 32)]
+    assert [c.algorithm for c in picks] == ["tree", "nvls_tree", "nvls_tree", "ring"]      # LL128 tree at 1 MiB
+    assert picks[1].threads == 640
+    # NVLS-tree needs NVLink SHARP, more than one node and 2.28.3; 2.20.3 has none of it
+    assert "nvls_tree" not in {a for a, _ in tuning.candidates(NcclSystem("2.28.3", A100), pl, "all_reduce")}
+    assert "nvls_tree" not in {a for a, _ in tuning.candidates(NcclSystem("2.20.3", H100), pl, "all_reduce")}
+    assert tuning.choose(s, contiguous(8, 8), "all_reduce", GIB).algorithm == "nvls"
+
+
+def test_2_28_nvls_gathers_are_rated_but_lose_to_the_ring_inside_an_h100_node():
+    # one node: NVLS all-gather/reduce-scatter (25 us, 8 x 50 x .85 x 7/8 x 7/8 GB/s, no bus ->
+    # algorithm conversion) against the ring (LL 10.8 us; Simple 12 x 30 GB/s x 8/7): the ring wins
+    # at every size; across nodes NCCL enables NVLS only with CollNet
+    s, pl = NcclSystem("2.28.3", H100), contiguous(8, 8)
+    t = tuning.table_for(s, pl)
+    assert t.bandwidth[("all_gather", "nvls", "Simple")] == pytest.approx(8 * 50 * .85 * 7 / 8 * 7 / 8)
+    assert t.latency[("reduce_scatter", "nvls", "Simple")] == 25.0
+    for coll in ("all_gather", "reduce_scatter"):
+        assert ("nvls", "Simple") in tuning.candidates(s, pl, coll)
+        assert {tuning.choose(s, pl, coll, 1 << e).algorithm for e in range(8, 32, 3)} == {"ring"}
+        assert ("nvls", "Simple") not in tuning.candidates(s, contiguous(16, 8), coll)
+    assert ("nvls", "Simple") not in tuning.candidates(NcclSystem("2.20.3", H100), pl, "all_gather")
+
+
+def test_2_28_pat_only_at_one_gpu_per_node():
+    # PAT: 0.75 of the tree graph's rate, 8 + log2(16) x 14 / 3.5 + 2.8 x 16 us
+    s = NcclSystem("2.28.3", H100)
+    one_per_node = contiguous(16, 1)
+    t = tuning.table_for(s, one_per_node)
+    tree = t.graphs["tree"]
+    assert t.bandwidth[("all_gather", "pat", "Simple")] == pytest.approx(tree.channels * tree.bw_inter * .75)
+    assert t.latency[("reduce_scatter", "pat", "Simple")] == pytest.approx(8 + 4 * 14 / 3.5 + 2.8 * 16)
+    assert {tuning.choose(s, one_per_node, "all_gather", 1 << e).algorithm for e in range(6, 14)} >= {"pat"}
+    assert "pat" not in {a for a, _ in tuning.candidates(s, contiguous(16, 8), "all_gather")}
+    assert "pat" not in {a for a, _ in tuning.candidates(NcclSystem("2.20.3", H100), one_per_node, "all_gather")}
+
+
+def test_the_time_model_prices_the_2_28_algorithms():
+    P = load_preset("h100-ib").params
+    s = NcclSystem("2.28.3", H100)
+    sizes = np.array([64.0 * KIB, 64.0 * MIB, 4.0 * GIB])
+    for coll, pl in (("all_reduce", contiguous(80, 8)), ("all_gather", contiguous(8, 8)),
+                     ("reduce_scatter", contiguous(8, 8)), ("all_gather", contiguous(16, 1))):
+        t, picks = nccl.choose(P, coll, sizes, pl, s)
+        assert np.all(np.diff(t) > 0) and all(c.algorithm in tuning.ALGORITHMS for c in picks)
+    # NVLS-tree crosses nodes: twice the nodes' share of its bytes at the ring's network rate x its efficiency
+    pl = contiguous(80, 8)
+    slow = {**P, "nvls_tree_net_eff": 0.5}
+    a = nccl.candidate_costs(P, "all_reduce", np.array(4.0 * GIB), pl)[("nvls_tree", "Simple")]
+    b = nccl.candidate_costs(slow, "all_reduce", np.array(4.0 * GIB), pl)[("nvls_tree", "Simple")]
+    net = 2 * 9 / 10 * 4 * GIB / (8 * P["net_gbps"]) * 1e-3
+    assert float(b - a) == pytest.approx(net, rel=0.05)
+
+
+def test_2_28_channels_per_network_peer_shrink_with_the_group():
+    # 2.28.3 paths.cc: 2 per network peer, halved while 2 x ranks > 4 x the p2p channels (16
+    # here), at least the NICs a GPU needs to fill its PCIe path (one 50 GB/s NIC for 48 GB/s)
+    s = NcclSystem("2.28.3", H100)
+    assert [tuning.p2p_channels(s, contiguous(n, 8)) for n in (16, 32, 64, 80)] == [(16, 2), (16, 2), (16, 1), (16, 1)]
+    assert tuning.choose(s, contiguous(80, 8), "sendrecv", GIB).channels == 1
+    assert tuning.p2p_channels(NcclSystem("2.20.3", H100), contiguous(80, 8)) == (16, 2)     # fixed 2 before
+    # a GPU whose PCIe path is twice its NIC's rate drives two NICs, so keeps 2 channels per peer
+    two = NodeFacts(compute_capability=90, cpu_vendor="Intel", intra_bw=370.8, nics_per_node=16, nic_bw=25.0,
+                    gpu_nic_bw=48.0, nvls=True)
+    assert tuning.p2p_channels(NcclSystem("2.28.3", two), contiguous(80, 8)) == (16, 2)
+    # one node: every channel of the communicator per peer, as before
+    assert tuning.p2p_channels(s, contiguous(8, 8))[1] == tuning.p2p_channels(NcclSystem("2.20.3", H100),
+                                                                              contiguous(8, 8))[1]
+
+
+def test_estimate_cli_runs_the_2_28_algorithms():
+    res = CliRunner().invoke(app, ["estimate", "all_reduce", "--bytes", "64MiB,4GiB", "--ranks", "80",
+                                   "--gpus-per-node", "8", "--preset", "h100-ib", "--nccl-version", "2.28.3", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["nccl_version"] == "2.28.3"
+    assert [e["algorithm"] for e in out["estimates"]] == ["nvls_tree", "ring"]
+    assert out["estimates"][0]["time_ns"] < out["estimates"][1]["time_ns"]
+
+
+def test_2_28_collnet_only_where_the_node_has_sharp():
+    # 2.28.3: CollNet direct 8 x 48 GB/s / (half the GPUs-per-head excess: 1) x .85 (Hopper) x 1/2,
+    # 2 (3.7 + 7 x .4) + 31 us; chain 8 x 48 x 1/2, 2 x 7 x 2.8 + 30 us; with CollNet NVLS also
+    # crosses nodes (8 x min(48 x .85 x 7/8 x 2, 48) x 80/158 GB/s, 25 + 18 us) and wins here
+    sharp = NodeFacts(compute_capability=90, cpu_vendor="Intel", intra_bw=370.8, nic_bw=50.0, gpu_nic_bw=48.0,
+                      nvls=True, collnet=True)
+    s, pl = NcclSystem("2.28.3", sharp), contiguous(80, 8)
+    t = tuning.table_for(s, pl)
+    assert t.bandwidth[("all_reduce", "collnet_direct", "Simple")] == pytest.approx(8 * 48 * .85 / 2)
+    assert t.latency[("all_reduce", "collnet_direct", "Simple")] == pytest.approx(2 * (3.7 + 7 * .4) + 31)
+    assert t.bandwidth[("all_reduce", "collnet_chain", "Simple")] == pytest.approx(8 * 48 / 2)
+    assert t.latency[("all_reduce", "collnet_chain", "Simple")] == pytest.approx(2 * 7 * 2.8 + 30)
+    assert t.bandwidth[("all_reduce", "nvls", "Simple")] == pytest.approx(8 * 48 * 80 / 158)
+    assert t.latency[("all_reduce", "nvls", "Simple")] == pytest.approx(25 + 18)
+    assert {tuning.choose(s, pl, "all_reduce", 1 << e).algorithm for e in (16, 24, 32)} == {"nvls"}
+    # without NVLS (A100 with SHARP) CollNet direct takes the small messages
+    a100 = NcclSystem("2.28.3", NodeFacts(collnet=True))
+    assert tuning.choose(a100, contiguous(32, 8), "all_reduce", 64 * KIB).algorithm == "collnet_direct"
+    t, picks = nccl.choose(load_preset("a100-ib").params, "all_reduce", np.array([64.0 * KIB, 64.0 * MIB]),
+                           contiguous(32, 8), a100)
+    assert np.all(np.diff(t) > 0) and picks[0].algorithm == "collnet_direct"
+    # no CollNet without the node fact, or before 2.28.3; a profile writes the fact only when set
+    algos = {a for a, _ in tuning.candidates(NcclSystem("2.28.3", H100), pl, "all_reduce")}
+    assert not algos & {"collnet_direct", "collnet_chain", "nvls"}
+    assert "collnet_direct" not in {a for a, _ in tuning.candidates(NcclSystem("2.20.3", sharp), pl, "all_reduce")}
+    assert "collnet" not in NcclSystem("2.28.3", H100).to_json()["node"]
+    assert NcclSystem.from_json(s.to_json(), "p") == s

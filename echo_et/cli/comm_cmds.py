@@ -54,13 +54,13 @@ def _read_logs(logs: list[Path], collective: str | None):
     return runs
 
 
-_VERSION_HELP = "NCCL release whose choices to emulate: 2.7.5, 2.17.1 or 2.20.3 (default: the model's)."
+_VERSION_HELP = "NCCL release whose choices to emulate: 2.7.5, 2.17.1, 2.20.3 or 2.28.3 (default: the model's)."
 _CHOICE_HELP = ("nccl: time what NCCL's tuner runs; fastest: the algorithm/protocol this model rates "
                 "fastest among those NCCL enables (what a tuned NCCL_ALGO/NCCL_PROTO would run); "
                 "both: report both and their ratio.")
 
 
-_FIT_VERSION_HELP = ("NCCL release whose choices the measurements ran: 2.7.5, 2.17.1, 2.20.3, or auto (fit "
+_FIT_VERSION_HELP = ("NCCL release whose choices the measurements ran: 2.7.5, 2.17.1, 2.20.3, 2.28.3, or auto (fit "
                      "each, keep the one that explains the multi-node measurements best). Default: the preset's.")
 
 

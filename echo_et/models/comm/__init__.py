@@ -42,7 +42,7 @@ COLLECTIVES = nccl.COLLECTIVES
 @dataclass(frozen=True)
 class Estimate:
     time_ns: int          # kernel execution time, excluding waiting for peers
-    algorithm: str        # "ring", "tree", "nvls", "p2p", "local" (one rank), "none" (0 bytes)
+    algorithm: str        # "ring", "tree", "nvls", "nvls_tree", "pat", "p2p", "local" (one rank), "none" (0 bytes)
     protocol: str         # "LL", "LL128", "Simple" ("none" for 0 bytes)
     channels: int = 0     # channels (thread blocks) NCCL runs it on; 0 for none/local
 

@@ -36,7 +36,7 @@ from echo_et.errors import EchoError
 from echo_et.models.comm import nccl
 from echo_et.models.comm.params import OPTIONAL, P2P_PATTERNS, SPECS
 from echo_et.models.comm.topology import Placement
-from echo_et.models.comm.tuning import NcclSystem
+from echo_et.models.comm.tuning import NcclSystem, uses_nvls_tree
 
 SOFT_L1_SCALE = 0.05      # residual (log ratio) where the loss turns linear
 PRIOR_WEIGHT = 0.1        # weight of a one-sigma move away from the preset
@@ -103,21 +103,26 @@ def calibrate(samples: Sequence[Sample], prior: Mapping[str, float], system: Ncc
         P = _fit_stage(single, names, P, prior, system, starts=1)
         free += names
     if multi:
-        names = _stage_names("net", multi)
+        names = _stage_names("net", multi, system)
         P = _fit_stage(multi, names, P, prior, system, starts=NET_STARTS)
         free += names
     return _report(P, samples, free, system)
 
 
-def _stage_names(stage: str, samples: Sequence[Sample]) -> list[str]:
+def _stage_names(stage: str, samples: Sequence[Sample], system: NcclSystem | None = None) -> list[str]:
     """A stage's parameters; a collective's own rates only when the stage has samples of it,
     and only when it also has samples of another collective (one collective alone sets the
     shared rates; its own factor would be the same degree of freedom); a send/recv channel's
-    rate only with samples of a collective NCCL runs as send/recv."""
+    rate only with samples of a collective NCCL runs as send/recv; the NVLS-tree's network
+    efficiency only where the release runs it (multi-node all-reduce on NVLink-SHARP nodes)."""
     colls = {s.coll for s in samples}
     out = []
     for sp in SPECS:
         if sp.stage != stage:
+            continue
+        if sp.name == "nvls_tree_net_eff":
+            if system is not None and uses_nvls_tree(system) and "all_reduce" in colls:
+                out.append(sp.name)
             continue
         if sp.name == "p2p_chan_gbps":
             if colls & set(P2P_PATTERNS):

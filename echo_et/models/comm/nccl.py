@@ -22,7 +22,11 @@ of NCCL's algorithms:
   depends on the node count as in NCCL's tuning (``tree_net_eff`` on two nodes,
   ``tree_net_eff_many`` on more);
 - chain (broadcast, reduce): n-1 pipelined hops;
-- NVLS (all-reduce inside one NVSwitch node with NVLink SHARP, Hopper and later);
+- NVLS (all-reduce inside one NVSwitch node with NVLink SHARP, Hopper and later; from 2.28.3
+  also all-gather and reduce-scatter), NVLS-tree (all-reduce across such nodes: the switch
+  reduces inside the node, a double binary tree crosses nodes), PAT (all-gather and
+  reduce-scatter at one GPU per node: log2(n) rounds), CollNet direct/chain and NVLS across
+  nodes (all-reduce reduced in SHARP network switches, 2.28.3 where the node has CollNet);
 - point-to-point (send/recv; all-to-all, gather, scatter as grouped send/recv, with a serial
   cost per peer).
 
@@ -185,6 +189,60 @@ def _nvls(P, S: np.ndarray, pl: Placement) -> np.ndarray:
     return _lat(P, "Simple", 2, 0) + 2 * (n - 1) / n * S / (P["nvls_gbps"] * r)
 
 
+def _nvls_gather(P, coll: str, S: np.ndarray, pl: Placement) -> np.ndarray:
+    """All-gather / reduce-scatter through the switch's multicast (NVLS, one node): every GPU
+    receives (or reduces) the n-1 shards of the others at the NVLS rate."""
+    n = pl.ranks
+    r = _ramp(P, S, "Simple") / _US
+    return _lat(P, "Simple", 1, 0) + (n - 1) / n * nccl_bytes(coll, S, n) / (P["nvls_gbps"] * r)
+
+
+def _nvls_tree(P, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray:
+    """NVLS-tree all-reduce (Hopper NVSwitch nodes): reduce inside each node through the
+    switch, a double binary tree across nodes between the GPUs that face the NICs, the result
+    multicast back. Per NIC, the two trees (half the buffer each, m-1 edges, up and down) move
+    2(m-1)/m x S/k bytes each way, at ``nvls_tree_net_eff`` of the ring's network rate;
+    pipelined in chunks like the tree."""
+    m, k = pl.nodes, pl.per_node
+    levels = math.ceil(math.log2(m))
+    r = 1.0 / _US + 0.0 * S
+    t = 2 * (k - 1) / k * S / (P["nvls_gbps"] * r)
+    t = _vmax(t, 2 * (m - 1) / m * S / (k * P["net_gbps"] * P["nvls_tree_net_eff"] * r))
+    hops = 2 * levels + 1
+    t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (min(P["nvlink_gbps"], k * P["net_gbps"])) * _US
+    return _lat(P, "Simple", 2, 2 * levels) + t + _chan(P, "Simple", ch, 2 * levels)
+
+
+def _in_network(P, S: np.ndarray, pl: Placement, algo: str, ch: Channels) -> np.ndarray:
+    """All-reduce reduced by the network switches (SHARP, NCCL's CollNet): each node sends its
+    buffer once up and receives the result once, S/k through each of its k NICs. Inside the
+    node: CollNet direct a reduce-scatter to the heads and an all-gather back (2(k-1)/k x S
+    over NVLink), CollNet chain a chain up and down (2S), NVLS the switch (2(k-1)/k x S at
+    ``nvls_gbps``)."""
+    k = pl.per_node
+    r = 1.0 / _US + 0.0 * S
+    if algo == "nvls":
+        t, hops = 2 * (k - 1) / k * S / (P["nvls_gbps"] * r), 2
+    elif algo == "collnet_direct":
+        t, hops = 2 * (k - 1) / k * S / (P["nvlink_gbps"] * r), 2
+    else:
+        t, hops = (2.0 if k > 1 else 0.0) * S / (P["nvlink_gbps"] * r), 2 * (k - 1)
+    t = _vmax(t, S / (k * P["net_gbps"] * r))
+    return _lat(P, "Simple", hops, 2) + t + S / P["reduce_gbps"] * _US + _chan(P, "Simple", ch, 2)
+
+
+def _pat(P, coll: str, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray:
+    """PAT all-gather / reduce-scatter at one GPU per node: the ring's bytes through the NIC in
+    log2(n) rounds of doubling distance (latency log2(n) network hops, not n-1)."""
+    n = pl.ranks
+    bus = (n - 1) / n * nccl_bytes(coll, S, n)
+    r = _ramp(P, S, "Simple") / _US
+    reduced = bus if coll == "reduce_scatter" else 0.0 * S
+    levels = math.ceil(math.log2(n))
+    return (_lat(P, "Simple", 0, levels) + bus / (P["net_gbps"] * r) + reduced / P["reduce_gbps"] * _US
+            + _chan(P, "Simple", ch, levels))
+
+
 def _p2p_rate(P: Mapping[str, float], ch: Channels, ops: int) -> float:
     """What the channels a grouped send/recv runs on can carry (GB/s): ``ops`` operations of
     ``ch.used`` channels each, at most ``ch.total`` channels, ``p2p_chan_gbps`` each."""
@@ -281,7 +339,18 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
         return out
     for proto in PROTOCOLS:
         out[("ring", proto)] = _ring(P, coll, S, pl, proto, channels.get(("ring", proto), FULL))
+    if coll in ("all_gather", "reduce_scatter"):
+        if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:
+            out[("nvls", "Simple")] = _nvls_gather(P, coll, S, pl)
+        if pl.per_node == 1:
+            out[("pat", "Simple")] = _pat(P, coll, S, pl, channels.get(("pat", "Simple"), FULL))
     if coll == "all_reduce":
+        if pl.multi_node and P["nvls_gbps"] > 0 and pl.per_node > 1:
+            out[("nvls_tree", "Simple")] = _nvls_tree(P, S, pl, channels.get(("nvls_tree", "Simple"), FULL))
+            out[("nvls", "Simple")] = _in_network(P, S, pl, "nvls", channels.get(("nvls", "Simple"), FULL))
+        if pl.multi_node:
+            for algo in ("collnet_direct", "collnet_chain"):
+                out[(algo, "Simple")] = _in_network(P, S, pl, algo, channels.get((algo, "Simple"), FULL))
         for proto in PROTOCOLS:
             out[("tree", proto)] = _tree(P, S, pl, proto, channels.get(("tree", proto), FULL))
         if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:

@@ -73,6 +73,8 @@ SPECS: tuple[ParamSpec, ...] = (
     ParamSpec("tree_chunk_bytes", "B", "net", 1.5, "tree pipeline chunk (all channels): the fill cost"),
     ParamSpec("reduce_gbps", "GB/s", "fixed", 0.3,
               "reduction throughput; folds into bandwidth for all-reduce, so not fitted"),
+    ParamSpec("nvls_tree_net_eff", "", "net", 0.3,
+              "network efficiency of the NVLS-tree across nodes relative to the ring's network rate"),
     ParamSpec("nvls_gbps", "GB/s", "fixed", 0.3,
               "NVLink-SHARP all-reduce bus bandwidth inside a node; 0 where the switch has none"),
 )
@@ -96,6 +98,7 @@ P2P_CHAN_GBPS = 20.0
 OPTIONAL: dict[str, float] = {
     **{s.name: 1.0 for s in SPECS if s.name.startswith(("coll_nvlink_eff.", "coll_net_eff."))},
     "p2p_chan_gbps": P2P_CHAN_GBPS,
+    "nvls_tree_net_eff": 1.0,
 }
 # the collectives NCCL runs as grouped send/recv: the samples that identify p2p_chan_gbps
 P2P_PATTERNS = ("all_to_all", "gather", "scatter", "sendrecv", "hypercube")

@@ -24,8 +24,10 @@ from echo_et.models.comm.profile import Profile
 from echo_et.models.comm.topology import contiguous
 
 PAIRS = [("tree", "LL"), ("tree", "LL128"), ("tree", "Simple"), ("ring", "LL"), ("ring", "LL128"),
-         ("ring", "Simple"), ("nvls", "Simple")]
-PAIR_COLOURS = ["#9ecae1", "#3182bd", "#08519c", "#fdae6b", "#e6550d", "#a63603", "#31a354"]
+         ("ring", "Simple"), ("nvls", "Simple"), ("nvls_tree", "Simple"), ("pat", "Simple"),
+         ("collnet_direct", "Simple"), ("collnet_chain", "Simple")]
+PAIR_COLOURS = ["#9ecae1", "#3182bd", "#08519c", "#fdae6b", "#e6550d", "#a63603", "#31a354", "#006d2c", "#756bb1",
+                "#dd1c77", "#980043"]
 
 
 def _pyplot():

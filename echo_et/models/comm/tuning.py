@@ -24,6 +24,21 @@ releases and restated here, not copied:
     count (``llMaxBws``, ``perChMaxTreeBws``, ...), the network overhead per ring step by host
     CPU (1 us Intel, 2 us AMD, x3 for Simple), ring inter-node steps 2 x nodes, the plateau
     factor 1.4 from Ampere on, NVLS (Hopper NVSwitch) and separate speed lists for Hopper.
+``2.28.3`` (NVIDIA's v2.28.3-1 as mirrored in github.com/zhanglin496/nccl-2.28.3-1: ``tuning.cc``
+    at 850a18f5, ``search.cc`` at 67491d6d, ``paths.cc`` at 31d0bed4; no NVIDIA/nccl commit
+    of 2.21-2.29 is stored here, and it is the nearest to the 2.29.2 of the shared H100 logs,
+    so logs stating 2.29.x are emulated with it): tree/Simple base latency 8.4 us, tree/Simple
+    hops 4 us (NVLink, PCI) and 14 us (network); NVLS 25 us on NVLink, NVLS-tree 25 us + 2 x
+    log2(nodes) x 14 us; NVLS efficiency 0.85 on Hopper, the NVLS bus rate per channel
+    ``bwIntra x .85 x (c-1)/c`` x2 for all-reduce (x(ppn-1)/ppn for all-gather and
+    reduce-scatter) capped by ``bwInter`` (x2 on two nodes) and for NVLS-tree by
+    ``perChMaxNVLSTreeBws`` (Hopper 57.7 / 45.5 GB/s for 2 / 4+ nodes); NVLS across nodes only
+    with CollNet, NVLS-tree only across nodes; PAT (all-gather, reduce-scatter, only at one GPU
+    per node) at 0.75 of the tree graph's rate with ``8 + log2(nodes) x net/3.5 + 2.8 x ranks``
+    us; ring LL x0.5 capped by ``llMaxBws`` (Hopper row 141 / 45 / 35), ring LL128 x0.92 at any
+    GPUs per node; ring network steps 2(m-1); at one GPU per node every algorithm pays the
+    tree's network latency; ``paths.cc``: channels per network peer 2, halved while 2 x ranks
+    > 4 x the p2p channels, at least the NICs the GPU drives.
 
 Both releases: LL128 is enabled only on Volta/Ampere(/Hopper) with NVLink inside the node and
 a GPU-to-NIC path through PCIe switches only (PIX/PXB); per-thread work thresholds of 8 B
@@ -31,12 +46,17 @@ a GPU-to-NIC path through PCIe switches only (PIX/PXB); per-thread work threshol
 (LL128): a message of ``S`` bytes runs on the most channels ``c`` with ``c x threads x
 threshold <= S``.
 
-What is modelled: ring, tree, NVLS (single Hopper node, 2.20.3), the five collectives NCCL
-tunes (broadcast, reduce, all-gather, reduce-scatter, all-reduce) and grouped send/recv
-(all-to-all, gather, scatter, send, recv: NCCL's p2p path, Simple, and LL up to 16 KiB per
-peer in 2.20.3). Not modelled: CollNet (needs SHARP switches and NCCL's CollNet plugin),
-NVLS-tree across nodes, PAT (2.23+), user overrides (NCCL_ALGO, NCCL_PROTO, NCCL_*CHANNELS),
-tuner plugins, and aggregation of several collectives in one group (each op is tuned alone).
+What is modelled: ring, tree, NVLS (single Hopper node, 2.17.1+; all-gather and
+reduce-scatter too in 2.28.3), NVLS-tree (all-reduce across Hopper NVSwitch nodes, 2.28.3),
+PAT (2.28.3), the five collectives NCCL tunes (broadcast, reduce, all-gather, reduce-scatter,
+all-reduce) and grouped send/recv (all-to-all, gather, scatter, send, recv: NCCL's p2p path,
+Simple, and LL up to 16 KiB per peer from 2.20.3), CollNet direct/chain and NVLS across nodes
+for all-reduce (2.28.3, only where the node facts say ``collnet``: SHARP switches, NCCL's
+CollNet plugin and NCCL_COLLNET_ENABLE=1; no shared log has it, so it is checked against
+NCCL's constants only). Not modelled: CollNet and NVLS all-gather/reduce-scatter across nodes
+(they also need the plugin's iallgather/ireducescatter and a head per local GPU), 2.28's
+symmetric-memory kernels and CE collectives, user overrides (NCCL_ALGO, NCCL_PROTO, NCCL_*CHANNELS), tuner plugins, and
+aggregation of several collectives in one group (each op is tuned alone).
 
 The graph search itself (which rings and trees NCCL finds in a node) is reduced to its result
 for the node layouts the presets describe: GPUs behind an NVSwitch (or a PCIe switch) with one
@@ -56,8 +76,10 @@ from functools import lru_cache
 from echo_et.errors import EchoError
 from echo_et.models.comm.topology import Placement
 
-VERSIONS = ("2.7.5", "2.17.1", "2.20.3")
+VERSIONS = ("2.7.5", "2.17.1", "2.20.3", "2.28.3")
 PROTOCOLS = ("LL", "LL128", "Simple")
+# NCCL's algorithms in its own order (NCCL_ALGO_*)
+ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 # NCCL's collectives in its own order (ncclFunc_t) and the IR names that map to them.
 FUNCTIONS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
 P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv", "sendrecv", "hypercube")
@@ -88,6 +110,7 @@ class NodeFacts:
     gpu_nic_bw: float = 24.0          # GB/s of the GPU-NIC PCIe path (NCCL: Gen4 x16 = 24)
     gpu_nic_path: str = "PIX"         # path type GPU -> nearest NIC
     nvls: bool = False                # NVSwitch with NVLink SHARP (Hopper)
+    collnet: bool = False             # SHARP network switches, NCCL's CollNet plugin and NCCL_COLLNET_ENABLE=1
 
     def check(self, where: str) -> NodeFacts:
         if self.cpu_vendor not in ("AMD", "Intel", "other"):
@@ -129,6 +152,8 @@ class NcclSystem:
             "compute_capability": n.compute_capability, "cpu_vendor": n.cpu_vendor, "intra": n.intra,
             "intra_bw": n.intra_bw, "nics_per_node": n.nics_per_node, "nic_bw": n.nic_bw,
             "gpu_nic_bw": n.gpu_nic_bw, "gpu_nic_path": n.gpu_nic_path, "nvls": n.nvls}}
+        if n.collnet:                               # written only when set (older profiles' bytes)
+            out["node"]["collnet"] = True
         if self.max_channels != MAX_CHANNELS:      # NCCL's default is not written (older profiles' bytes)
             out["max_channels"] = self.max_channels
         return out
@@ -175,7 +200,7 @@ class Graph:
 
 @dataclass(frozen=True)
 class Choice:
-    algorithm: str        # "ring", "tree", "nvls", "p2p"
+    algorithm: str        # "ring", "tree", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat", "p2p"
     protocol: str         # "LL", "LL128", "Simple"
     channels: int         # channels (thread blocks) the kernel runs on for this message
     threads: int          # threads per channel
@@ -204,6 +229,15 @@ class _Release:
     total_stop: bool = True             # the search stops once it uses all of a GPU's bandwidth
     nvls_lat: float = 0.0               # NVLS latency (us); 0: no NVLS
     p2p_split: bool = False             # send/recv split over channels by size (addP2pToPlan, 2.2x)
+    # 2.28.3 rules (0 / False: the older rule)
+    ring_ll_ratio: float = 0.0          # ring LL bus bandwidth factor (0: 1/4 or 1/3 by collective)
+    ring_ll128_ppn: bool = True         # ring LL128 factor 0.7 at < 2 GPUs per node (else 0.92 always)
+    ll_max_hopper: tuple[float, ...] = ()   # Hopper's own LL limits on 1, 2, 4+ nodes
+    ppn1_tree_net_lat: bool = False     # one GPU per node: every algorithm pays the tree's network latency
+    nvls_tree: bool = False             # NVLS-tree all-reduce across Hopper NVSwitch nodes
+    nvls_gather: bool = False           # NVLS all-gather / reduce-scatter inside one node
+    pat: bool = False                   # PAT all-gather / reduce-scatter at one GPU per node
+    p2p_net_scaled: bool = False        # channels per network peer scaled by ranks and NICs (2.28.3)
 
 
 def _lat_table(values: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]]):
@@ -267,7 +301,42 @@ RELEASES: dict[str, _Release] = {
                            1.2, 0.24, 0.12),
         net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True, nvls_lat=23.0, p2p_split=True,
     ),
+    # nearest stored source to the 2.29.2 of ../shared/data/nccl-tests/h100-c01 (see the module doc)
+    "2.28.3": _Release(
+        base_lat={("tree", "LL"): 6.8, ("tree", "LL128"): 14.0, ("tree", "Simple"): 8.4,
+                  ("ring", "LL"): 6.6, ("ring", "LL128"): 14.0, ("ring", "Simple"): 8.4,
+                  ("pat", "Simple"): 8.0},
+        hw_lat=_lat_table({"nvlink": ((0.6, 1.25, 4.0), (0.6, 1.9, 3.4)),
+                           "pci": ((1.0, 1.9, 4.0), (1.0, 2.5, 5.7)),
+                           "net": ((5.0, 8.5, 14.0), (2.7, 4.0, 14.0))})
+        | {("nvlink", "nvls", "Simple"): 25.0, ("nvlink", "nvls_tree", "Simple"): 25.0,
+           ("net", "nvls", "Simple"): 18.0, ("net", "nvls_tree", "Simple"): 14.0,
+           ("nvlink", "pat", "Simple"): 4.0, ("pci", "pat", "Simple"): 4.0, ("net", "pat", "Simple"): 14.0,
+           ("nvlink", "collnet_direct", "Simple"): 3.7, ("pci", "collnet_direct", "Simple"): 3.7,
+           ("net", "collnet_direct", "Simple"): 31.0, ("nvlink", "collnet_chain", "Simple"): 2.8,
+           ("pci", "collnet_chain", "Simple"): 2.8, ("net", "collnet_chain", "Simple"): 30.0},
+        tree_correction=_TREE_CORRECTION_23,
+        speeds_intra=(40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+        speeds_inter=(48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0,
+                      2.4, 1.2, 0.24, 0.12),
+        speeds_intra_sm90=(60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+        speeds_inter_sm90=(48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4,
+                           1.2, 0.24, 0.12),
+        ring_inter_steps_all_nodes=False, net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True,
+        nvls_lat=25.0, p2p_split=True, ring_ll_ratio=0.5, ring_ll128_ppn=False,
+        ll_max_hopper=(141.0, 45.0, 35.0), ppn1_tree_net_lat=True, nvls_tree=True, nvls_gather=True, pat=True,
+        p2p_net_scaled=True,
+    ),
 }
+# 2.28.3: NVLS efficiency on Hopper (nvlsEfficiency) and the NVLS-tree per-channel limit
+# (perChMaxNVLSTreeBws, Hopper row: 1, 2, 4+ nodes; 0 on one node, where NVLS-tree is off)
+NVLS_EFFICIENCY_SM90 = 0.85
+PER_CH_MAX_NVLS_TREE_SM90 = (0.0, 57.7, 45.5)
+PAT_BW_FACTOR = 0.75         # 2.28.3: PAT's bus bandwidth is 3/4 of its graph's
+PAT_RANK_LAT = 2.8           # 2.28.3: PAT's latency grows 2.8 us per rank
+COLLNET_ARITY_LAT = 0.4      # 2.28.3: CollNet direct's serialisation per local rank (us)
+COLLNET_DIRECT_MAX_LOCAL = 8  # 2.28.3 enqueue.cc: CollNet direct only up to 8 GPUs per node
+COLLNET_THREAD_THRESHOLD = 512  # 2.28.3: per-thread bytes before CollNet adds channels
 
 # LL128 per-channel limits per collective (2.7.5), in FUNCTIONS order
 _LL128_MAX_BW_PER_CH_275 = dict(zip(FUNCTIONS, (18.8, 12.0, 18.3, 15.2, 16.7), strict=True))
@@ -279,7 +348,8 @@ _LL128_MAX_BW_PER_CH_2171 = (20.0, 20.0, 36.7)
 _PER_CH_MAX_RING_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
 _PER_CH_MAX_TREE_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
 _PER_CH_MAX_TREE = {"2.17.1": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 33.0)),
-                    "2.20.3": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))}
+                    "2.20.3": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0)),
+                    "2.28.3": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))}
 
 
 # -- the graph search, reduced to its result ------------------------------------------------------------
@@ -349,8 +419,10 @@ def search_graphs(system: NcclSystem, pl: Placement) -> dict[str, Graph]:
         nics = min(node.nics_per_node, k)
 
         def fit(s: float) -> int:
+            # a channel enters the node at one GPU (from its NIC) and leaves at another (to
+            # its NIC, over PCIe): each GPU's NVLink carries k-1 of every k channels' hops
             per_nic = int(nic_path / s + eps)
-            return min(nics * per_nic, int(node.intra_bw / s + eps) if k > 1 else MAX_CHANNELS)
+            return min(nics * per_nic, int(node.intra_bw * k / ((k - 1) * s) + eps) if k > 1 else MAX_CHANNELS)
 
         limit = nic_path
     total = node.intra_bw if rel.total_stop and m == 1 and k > 1 else None
@@ -430,7 +502,7 @@ def _bus_bw(system: NcclSystem, g: Graph, coll: str, algo: str, proto: str, m: i
             bus = min(bus, 235.0)
         elif version != "2.7.5" and gen == 2:
             bus = min(bus, 370.0)
-    ll_ratio = 0.25 if (m > 1 or coll in ("all_reduce", "reduce")) else 1.0 / 3.0
+    ll_ratio = rel.ring_ll_ratio or (0.25 if (m > 1 or coll in ("all_reduce", "reduce")) else 1.0 / 3.0)
     if rel.caps == "2.7":
         per_coll = _LL128_MAX_BW_PER_CH_275[coll]
         if algo == "ring" and proto == "LL":
@@ -449,12 +521,14 @@ def _bus_bw(system: NcclSystem, g: Graph, coll: str, algo: str, proto: str, m: i
         return bus
     cpu_row = 1 if node.cpu_vendor == "AMD" else 0
     ll_max = _LL_MAX_BWS[gen if m == 1 else cpu_row][nidx]
+    if m == 1 and gen == 2 and rel.ll_max_hopper:
+        ll_max = rel.ll_max_hopper[nidx]
     ring_ll128 = (_LL128_MAX_BW_PER_CH_2171[gen] if version == "2.17.1" else _PER_CH_MAX_RING_LL128[gen][nidx])
     tree_ll128 = (_LL128_MAX_BW_PER_CH_2171[gen] if version == "2.17.1" else _PER_CH_MAX_TREE_LL128[gen][nidx])
     if algo == "ring" and proto == "LL":
         bus = min(ll_max, bus * ll_ratio)
     if algo == "ring" and proto == "LL128":
-        bus = min(bus * (0.7 if ppn < 2 else 0.92), g.channels * ring_ll128)
+        bus = min(bus * (0.7 if ppn < 2 and rel.ring_ll128_ppn else 0.92), g.channels * ring_ll128)
     if algo == "tree":
         bus = min(bus * 0.92, g.channels * _PER_CH_MAX_TREE[version][gen][nidx])
         if proto == "LL":
@@ -494,7 +568,7 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
 
                 t = rel.base_lat[(algo, proto)]
                 intra_lat = rel.hw_lat[(intra_hw, algo, proto)]
-                inter_lat = rel.hw_lat[("net", algo, proto)]
+                inter_lat = rel.hw_lat[("net", "tree" if rel.ppn1_tree_net_lat and n == m else algo, proto)]
                 if m > 1 and proto == "LL":
                     intra_lat *= rel.ll_intra_factor
                 if algo == "ring":
@@ -514,6 +588,9 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
                 else:
                     t += 2 * ((n // m - 1) * intra_lat + int(math.log2(m)) * inter_lat)
                 lat[(coll, algo, proto)] = t
+        if rel.nvls_tree or rel.pat:          # 2.28.3's NVLS, NVLS-tree and PAT
+            _tune_228(system, pl, graphs, coll, nsteps, bw, lat)
+            continue
         # NVLS: all-reduce inside one Hopper NVSwitch node with NVLink SHARP (2.17.1, 2.20.3)
         if (rel.nvls_lat and coll == "all_reduce" and m == 1 and node.nvls and node.compute_capability >= 90
                 and node.intra == "nvswitch" and n > 2):
@@ -536,9 +613,115 @@ def tune(system: NcclSystem, pl: Placement) -> Table:
     max_threads = {("ring", "LL"): LL_MAX_THREADS, ("tree", "LL"): LL_MAX_THREADS,
                    ("ring", "LL128"): LL128_MAX_THREADS, ("tree", "LL128"): LL128_MAX_THREADS,
                    ("ring", "Simple"): simple_threads, ("tree", "Simple"): SIMPLE_MAX_THREADS,
-                   ("nvls", "Simple"): SIMPLE_MAX_THREADS}
+                   ("nvls", "Simple"): P2P_THREADS if rel.nvls_tree else SIMPLE_MAX_THREADS,
+                   ("nvls_tree", "Simple"): P2P_THREADS,      # 2.28.3: NCCL_MAX_NTHREADS
+                   ("pat", "Simple"): SIMPLE_MAX_THREADS, ("collnet_direct", "Simple"): P2P_THREADS,
+                   ("collnet_chain", "Simple"): P2P_THREADS}
     channels = min(system.max_channels, 2 * min(graphs["ring"].channels, graphs["tree"].channels))
     return Table(bw, lat, channels, max_threads, graphs)
+
+
+def uses_nvls_tree(system: NcclSystem) -> bool:
+    """Whether this release runs NVLS-tree all-reduce across this system's nodes."""
+    return RELEASES[system.version].nvls_tree and system.node.nvls and system.node.compute_capability >= 90
+
+
+def nvls_graph(system: NcclSystem, pl: Placement) -> Graph | None:
+    """The NVLS graph (2.28.3 ``search.cc``): one channel per GPU of the node (at most
+    ``NCCL_MAX_NVLS_ARITY``), at least two; inside one node at the fastest Hopper speed whose
+    ``k`` channels fit in a GPU's NVLinks x k/(k-1) (the search's start for non-ring patterns),
+    across nodes at the fastest network speed of the GPU-NIC path (pass 2 raises only the
+    network speed). None where the node has no NVLink SHARP. A reduction of the search to
+    its result for NVSwitch nodes, not the search itself."""
+    node, rel = system.node, RELEASES[system.version]
+    k = pl.per_node
+    if not (node.nvls and node.compute_capability >= 90 and node.intra == "nvswitch" and k >= 2):
+        return None
+    channels = min(k, 32)
+    # the search's first check: speed x channels within a GPU's NVLinks x k/(k-1) (not a ring)
+    intra = rel.speeds_intra_sm90[_first_at_most(rel.speeds_intra_sm90, node.intra_bw / (k - 1))]
+    if pl.nodes == 1:
+        return Graph(channels, intra, intra, "NVL", node.gpu_nic_path, False)
+    nic = min(node.nic_bw, node.gpu_nic_bw)
+    inter = rel.speeds_inter_sm90[_first_at_most(rel.speeds_inter_sm90, nic)]
+    return Graph(channels, min(intra, inter), inter, "NVL", node.gpu_nic_path, False)
+
+
+def _tune_228(system: NcclSystem, pl: Placement, graphs: dict[str, Graph], coll: str, nsteps: int,
+              bw: dict[tuple[str, str, str], float], lat: dict[tuple[str, str, str], float]) -> None:
+    """2.28.3's ``ncclTopoTuneModel`` for NVLS (one node: all-reduce, all-gather,
+    reduce-scatter; across nodes NCCL enables it only with CollNet), NVLS-tree (all-reduce
+    across nodes) and PAT (all-gather, reduce-scatter at one GPU per node), Simple only."""
+    rel = RELEASES[system.version]
+    n, m = pl.ranks, pl.nodes
+    ppn = n / m
+    nidx = 0 if m == 1 else 1 if m == 2 else 2
+    g = nvls_graph(system, pl)
+    net_lat = rel.hw_lat[("net", "tree" if n == m else "nvls_tree", "Simple")]
+    if g is not None and g.channels >= 2 and coll in ("all_reduce", "all_gather", "reduce_scatter"):
+        algo = "nvls" if m == 1 else "nvls_tree"
+        if algo == "nvls" or coll == "all_reduce":
+            intra = g.bw_intra * NVLS_EFFICIENCY_SM90 * (g.channels - 1) / g.channels
+            intra *= 2.0 if coll == "all_reduce" else (ppn - 1) / ppn   # all-reduce pipelines two
+            inter = g.bw_inter * (2.0 if m <= 2 and algo == "nvls_tree" else 1.0)
+            per_ch = min(intra, inter, PER_CH_MAX_NVLS_TREE_SM90[nidx] if algo == "nvls_tree" else math.inf)
+            ratio = n / nsteps if coll == "all_reduce" else 1.0    # no bus -> algorithm conversion
+            bw[(coll, algo, "Simple")] = g.channels * per_ch * ratio
+            t = rel.hw_lat[("nvlink", algo, "Simple")]
+            lat[(coll, algo, "Simple")] = t + (2 * int(math.log2(m)) * net_lat if algo == "nvls_tree" else 0.0)
+    if g is not None and g.channels >= 2 and coll == "all_reduce" and m > 1 and system.node.collnet:
+        # NVLS across nodes: the switch reduces in the node, SHARP across (enabled with CollNet)
+        intra = g.bw_intra * NVLS_EFFICIENCY_SM90 * (g.channels - 1) / g.channels * 2.0
+        bw[(coll, "nvls", "Simple")] = g.channels * min(intra, g.bw_inter) * n / nsteps
+        lat[(coll, "nvls", "Simple")] = rel.hw_lat[("nvlink", "nvls", "Simple")] + rel.hw_lat[("net", "nvls", "Simple")]
+    if coll == "all_reduce" and m > 1 and system.node.collnet:
+        _tune_collnet(system, pl, bw, lat)
+    if rel.pat and coll in ("all_gather", "reduce_scatter") and n == m:
+        tree = graphs["tree"]
+        bw[(coll, "pat", "Simple")] = tree.channels * (tree.bw_intra if m <= 2 else tree.bw_inter) * PAT_BW_FACTOR
+        lat[(coll, "pat", "Simple")] = (rel.base_lat[("pat", "Simple")] + int(math.log2(m)) * net_lat / 3.5
+                                        + n * PAT_RANK_LAT)
+
+
+def collnet_graph(system: NcclSystem, pl: Placement) -> Graph:
+    """The CollNet graphs (2.28.3 ``search.cc``): at most ``NCCL_MAX_DIRECT_ARITY + 1`` (8)
+    heads, one per GPU of the node, at the fastest network speed of the GPU-NIC path. A
+    reduction of the search to its result for nodes with one NIC per GPU."""
+    node, rel = system.node, RELEASES[system.version]
+    speeds = rel.speeds_inter_sm90 if node.compute_capability >= 90 and rel.speeds_inter_sm90 else rel.speeds_inter
+    s = speeds[_first_at_most(speeds, min(node.nic_bw, node.gpu_nic_bw))]
+    channels = max(1, min(pl.per_node, COLLNET_DIRECT_MAX_LOCAL, node.nics_per_node))
+    return Graph(channels, s, s, "NVL" if node.intra != "pcie" else "PHB", node.gpu_nic_path, False)
+
+
+def _tune_collnet(system: NcclSystem, pl: Placement, bw: dict[tuple[str, str, str], float],
+                  lat: dict[tuple[str, str, str], float]) -> None:
+    """2.28.3's CollNet direct and chain all-reduce (Simple only): the graph's intra-node
+    rate per channel; direct divided by half the excess of GPUs per head (and x0.85 from
+    Hopper on), both x1/2 (bus -> algorithm); latency direct ``2 (min(1, k-1) x 3.7 + (k-1) x
+    0.4) + 31`` us, chain ``2 (k-1) x 2.8 + 30`` us (NVLink hops; the network hop is the tree's
+    14 us at one GPU per node)."""
+    rel = RELEASES[system.version]
+    k, n, m = pl.per_node, pl.ranks, pl.nodes
+    g = collnet_graph(system, pl)
+    hw = "nvlink" if g.type_intra == "NVL" else "pci"
+    ppn = n / m
+    for algo in ("collnet_direct", "collnet_chain"):
+        net = rel.hw_lat[("net", "tree" if n == m else algo, "Simple")]
+        intra = rel.hw_lat[(hw, algo, "Simple")]
+        bus = g.channels * g.bw_intra
+        if algo == "collnet_direct":
+            if k > COLLNET_DIRECT_MAX_LOCAL or system.node.intra != "nvswitch":
+                continue
+            factor = ppn / g.channels
+            bus /= factor - (factor - 1) / 2
+            if system.node.compute_capability >= 90:
+                bus *= 0.85
+            t = 2 * (min(1, k - 1) * intra + (k - 1) * COLLNET_ARITY_LAT) + net
+        else:
+            t = 2 * (k - 1) * intra + net
+        bw[("all_reduce", algo, "Simple")] = bus * 0.5
+        lat[("all_reduce", algo, "Simple")] = t
 
 
 @lru_cache(maxsize=4096)
@@ -594,9 +777,10 @@ def channels_threads(table: Table, pl: Placement, algo: str, proto: str, nbytes:
     until every thread has its minimum share of the bytes."""
     nc = table.channels
     nt = table.max_threads[(algo, proto)]
-    if algo == "nvls":
-        return nc, SIMPLE_MAX_THREADS
-    threshold = THREAD_THRESHOLD[proto] * (pl.ranks if (algo == "ring" and proto == "LL") else 1)
+    if algo in ("nvls", "nvls_tree"):
+        return nc, table.max_threads[(algo, proto)]
+    threshold = (COLLNET_THREAD_THRESHOLD if algo.startswith("collnet") else
+                 THREAD_THRESHOLD[proto] * (pl.ranks if (algo == "ring" and proto == "LL") else 1))
     while nbytes < nc * nt * threshold:
         if nc >= 2:
             nc -= 1
@@ -639,7 +823,7 @@ def _choose(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> Choi
     table = table_for(system, pl)
     nbytes = nccl_function_bytes(coll, ir_bytes, pl.ranks)
     best: tuple[float, str, str] | None = None
-    for algo in ("tree", "ring", "nvls"):         # NCCL's loop order: the first of equal times wins
+    for algo in ALGORITHMS:                        # NCCL's loop order: the first of equal times wins
         for proto in PROTOCOLS:
             t = nccl_time(system, table, pl, coll, algo, proto, nbytes)
             if t >= 0 and (best is None or t < best[0]):
@@ -668,8 +852,25 @@ def p2p_channels(system: NcclSystem, pl: Placement) -> tuple[int, int]:
     channels, two per peer across nodes (NCCL_NCHANNELS_PER_NET_PEER)."""
     comm = table_for(system, pl).channels if pl.ranks > 1 else 1
     total = 1 << (max(1, comm) - 1).bit_length()
-    per_peer = min(total, NET_CHANNELS_PER_PEER) if pl.nodes > 1 else total
+    per_peer = min(total, net_channels_per_peer(system, pl, total)) if pl.nodes > 1 else total
     return total, 1 << (max(1, per_peer) - 1).bit_length()
+
+
+def net_channels_per_peer(system: NcclSystem, pl: Placement, p2p_channels: int) -> int:
+    """Channels per peer on another node. Before 2.28.3: NCCL_NCHANNELS_PER_NET_PEER (2).
+    2.28.3 (``paths.cc``, ``ncclTopoGetNchannels``, the parameter unset): 2, halved while
+    ``2 x ranks`` exceeds 4 x the p2p channels (no channel carries 8+ operations), but at
+    least the NICs the GPU needs to fill its PCIe path (``getLocalNetCountByBw``; here
+    ceil(GPU-NIC rate / NIC rate), at most the node's NICs per GPU)."""
+    if not RELEASES[system.version].p2p_net_scaled:
+        return NET_CHANNELS_PER_PEER
+    c = NET_CHANNELS_PER_PEER
+    while c * pl.ranks > p2p_channels * 4 and c > 1:
+        c //= 2
+    node = system.node
+    nics_per_gpu = max(1, node.nics_per_node // max(1, pl.per_node))
+    by_bw = min(nics_per_gpu, math.ceil(node.gpu_nic_bw / node.nic_bw - 1e-9))
+    return max(by_bw, c)
 
 
 def p2p_op_channels(system: NcclSystem, pl: Placement, op_bytes: int) -> int:
