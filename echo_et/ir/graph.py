@@ -123,10 +123,11 @@ class Graph:
         self._bodies = None
         return self.nodes.add(**fields)
 
-    def stored_framed(self) -> bytes:
+    def stored_framed(self) -> Iterator[bytes]:
         """The stored nodes as a length-delimited stream (each node's varint size, then its
-        deterministic bytes): what the graph file holds after its header. One serialisation
-        of the whole store, re-framed, costs about half of one call per node."""
+        deterministic bytes), a few thousand nodes per chunk: what the graph file holds after
+        its header. One serialisation of the whole store, re-framed, costs about half of one
+        call per node."""
         data = self._store.SerializeToString(deterministic=True)
         parts: list[bytes] = []
         add = parts.append
@@ -148,7 +149,11 @@ class Graph:
                     shift += 7
             pos = start + size
             add(data[first:pos])
-        return b"".join(parts)
+            if len(parts) >= 8192:
+                yield b"".join(parts)
+                parts.clear()
+        if parts:
+            yield b"".join(parts)
 
     def add_serialized(self, data: bytes) -> pb.Node:
         """Decode a serialised node straight into the graph's store (as stored: a reader

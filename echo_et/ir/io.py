@@ -252,7 +252,8 @@ def write_stored_graph(f: BinaryIO, graph: Graph) -> int:
     if not graph.header.schema_version:
         graph.header.schema_version = SCHEMA_VERSION
     write_delimited(f, graph.header)
-    f.write(graph.stored_framed())
+    for chunk in graph.stored_framed():
+        f.write(chunk)
     return len(graph.stored_nodes)
 
 
