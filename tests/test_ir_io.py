@@ -313,3 +313,19 @@ def test_stored_graph_bytes_match_node_by_node_framing(tmp_path):
     write_graph(g, tmp_path / "g.pb")
     assert (tmp_path / "g.pb").read_bytes() == old.getvalue()
     assert [n.name for n in read_graph(tmp_path / "g.pb").stored_nodes] == [n.name for n in g.stored_nodes]
+
+
+def test_stored_graph_bytes_match_across_chunks():
+    """More nodes than one chunk of stored_framed: the chunks join to the node-by-node bytes."""
+    import io
+
+    from echo_et.ir.graph import Graph
+
+    g = Graph()
+    for i in range(20_000):
+        g.new_node(id=i + 1, name=f"n{i}", start_ns=i)
+    old, new = io.BytesIO(), io.BytesIO()
+    ir_io.write_graph_stream(old, g.header, g.stored_nodes)
+    ir_io.write_stored_graph(new, g)
+    assert len(list(g.stored_framed())) == 3
+    assert new.getvalue() == old.getvalue()
