@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
@@ -87,6 +86,7 @@ def trace(
     from echo_et.errors import EchoError
     from echo_et.ir import save_job
     from echo_et.trace.layout import ParallelLayout
+    from echo_et.trace.parallel import usable_cpus
     from echo_et.trace.tracer import TraceOptions
     from echo_et.trace.tracer import trace as run_trace
     from echo_et.workloads import GPTConfig, Workload
@@ -146,8 +146,7 @@ def trace(
                         warmup_steps=warmup, measured_steps=steps,
                         name=name or _default_name(wl, layout), command=command,
                         progress=progress, check=script is not None,
-                        jobs=jobs if jobs > 0 else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                        else os.cpu_count() or 1)
+                        jobs=jobs or usable_cpus())
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)
     cluster.write_hardware(result.job.manifest)
     save_job(result.job, output)

@@ -204,8 +204,9 @@ def check_memory(cfg, layout, gpu: str) -> None:
         raise EchoError(f"layout {layout.describe()}: {e}") from None
 
 
-def trace_row(row: dict[str, Any], opts: ConfigSweepOptions) -> Job:
-    """The row's Job, traced on the meta device, with the cluster in its manifest."""
+def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -> Job:
+    """The row's Job, traced on the meta device, with the cluster in its manifest (``jobs``
+    processes trace its distinct ranks: a sweep's rows already use the cores)."""
     from echo_et.trace.tracer import TraceOptions, trace
     from echo_et.workloads.gpt import build_gpt
 
@@ -216,7 +217,7 @@ def trace_row(row: dict[str, Any], opts: ConfigSweepOptions) -> Job:
     # (tests/test_trace_meta.py), so no warm-up step is traced.
     # The checker proves the built-in workload's graphs in the tests; a sweep skips it.
     res = trace(build_gpt(cfg), layout,
-                TraceOptions(device="meta", verify="stage", warmup_steps=0, name=name, check=False),
+                TraceOptions(device="meta", verify="stage", warmup_steps=0, name=name, check=False, jobs=jobs),
                 workload_attrs={"workload": cfg.flavor, **cfg.to_json()})
     job = res.job
     job.manifest.hardware.gpu_name = opts.gpu()

@@ -48,7 +48,9 @@ class Prediction:
 def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Prediction:
     """``config`` (a configuration row: layers, hidden, heads, seq, micro_batch,
     global_batch, tp, pp, dp[, vocab]) traced and predicted; EchoError when it does not fit."""
-    job = trace_row(config, opts)
+    from echo_et.trace.parallel import usable_cpus
+
+    job = trace_row(config, opts, jobs=usable_cpus())
     res, timed = predict_job(job, opts, repeats=False)
     return Prediction(dict(config), opts, res, job, timed)
 

@@ -25,6 +25,13 @@ from typing import Any
 Traced = dict[int, tuple[Any, str]]     # rank -> (RankRun, structure hash)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the system says; else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def can_fork() -> bool:
     """Linux only: elsewhere (macOS) system libraries are not safe in a forked child."""
     return hasattr(os, "fork") and sys.platform.startswith("linux")
