@@ -246,9 +246,7 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
     stream_ids = {s.id for s in graph.header.streams}
     stream_of: dict[int, int] = {}
     host: set[int] = set()
-    same_stream: set[int] = set()   # streams with a dependency on a node of the same stream
-    loose = False   # one of those is neither a sync's nor a control dependency
-    sync, control = pb.KIND_SYNC, pb.DEP_CONTROL
+    same_stream: list[tuple[int, int, int]] = []   # (stream, node kind, dep kind) of deps on it
     probe = IssueCollector(1)
     host_kinds = HOST_KINDS
     allowed_of, max_ns, stream_at = ALLOWED_PAYLOADS, MAX_NS, stream_of.get
@@ -275,15 +273,14 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
             if dst is None:   # a later node, itself, or none: not the common case
                 return None
             if dst == st:
-                same_stream.add(st)
-                if not loose and kind != sync and dep.kind != control:
-                    loose = True
+                same_stream.append((st, kind, dep.kind))
         stream_of[nid] = st
         if kind not in kinds:
             kinds.add(kind)
         if kind in host_kinds:
             host.add(st)
-    if loose or not same_stream <= host:
+    sync, control = pb.KIND_SYNC, pb.DEP_CONTROL
+    if any(not (st in host and (kind == sync or dk == control)) for st, kind, dk in same_stream):
         check_stream_order(graph, source, out)
     if pb.KIND_COLLECTIVE in kinds:
         check_collective_numbering(graph, source, out)
