@@ -170,7 +170,7 @@ def test_failed_save_leaves_no_output(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ir_io, "write_graph_stream", boom)
+    monkeypatch.setattr(ir_io, "write_stored_graph", boom)
     with pytest.raises(OSError):
         save_job(small_job(), tmp_path / "job")
     assert os.listdir(tmp_path) == []
@@ -183,7 +183,7 @@ def test_failed_overwrite_keeps_the_old_job(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ir_io, "write_graph_stream", boom)
+    monkeypatch.setattr(ir_io, "write_stored_graph", boom)
     with pytest.raises(OSError):
         save_job(small_job(), tmp_path / "job")
     assert (tmp_path / "job" / MANIFEST_NAME).read_bytes() == before
@@ -290,3 +290,42 @@ def test_a_job_pickles_with_its_graphs(tmp_path):
     g = back.graph("g")
     g.new_node(id=10_000, name="added")  # the nodes view is still the graph's own store
     assert len(pickle.loads(pickle.dumps(g)).nodes) == len(lazy.graph("g").nodes) + 1
+
+
+
+def test_stored_graph_bytes_match_node_by_node_framing(tmp_path):
+    """write_stored_graph (one serialisation, re-framed) writes the bytes of
+    write_graph_stream (one call per node) for sizes of one-, two- and three-byte varints."""
+    import io
+
+    from echo_et.ir.graph import Graph
+
+    g = Graph()
+    g.header.id = "g"
+    for i, size in enumerate((0, 1, 100, 126, 127, 128, 300, 16_380, 16_384, 70_000, 5)):
+        n = g.new_node(id=i + 1)
+        if size:
+            n.name = "x" * size
+    old, new = io.BytesIO(), io.BytesIO()
+    ir_io.write_graph_stream(old, g.header, g.stored_nodes)
+    assert ir_io.write_stored_graph(new, g) == 11
+    assert new.getvalue() == old.getvalue()
+    write_graph(g, tmp_path / "g.pb")
+    assert (tmp_path / "g.pb").read_bytes() == old.getvalue()
+    assert [n.name for n in read_graph(tmp_path / "g.pb").stored_nodes] == [n.name for n in g.stored_nodes]
+
+
+def test_stored_graph_bytes_match_across_chunks():
+    """More nodes than one chunk of stored_framed: the chunks join to the node-by-node bytes."""
+    import io
+
+    from echo_et.ir.graph import Graph
+
+    g = Graph()
+    for i in range(20_000):
+        g.new_node(id=i + 1, name=f"n{i}", start_ns=i)
+    old, new = io.BytesIO(), io.BytesIO()
+    ir_io.write_graph_stream(old, g.header, g.stored_nodes)
+    ir_io.write_stored_graph(new, g)
+    assert len(list(g.stored_framed())) == 3
+    assert new.getvalue() == old.getvalue()

@@ -247,9 +247,19 @@ def write_graph_stream(f: BinaryIO, header: pb.GraphHeader, nodes: Iterable[pb.N
 _SHORT_PREFIXES: list[bytes] | None = None   # varint lengths 0..16383, made on first use
 
 
+def write_stored_graph(f: BinaryIO, graph: Graph) -> int:
+    """write_graph_stream of the graph as stored, in one serialisation (the same bytes)."""
+    if not graph.header.schema_version:
+        graph.header.schema_version = SCHEMA_VERSION
+    write_delimited(f, graph.header)
+    for chunk in graph.stored_framed():
+        f.write(chunk)
+    return len(graph.stored_nodes)
+
+
 def write_graph(graph: Graph, path: str | os.PathLike[str]) -> None:
     with atomic_file(path) as f:
-        write_graph_stream(f, graph.header, graph.stored_nodes)
+        write_stored_graph(f, graph)
 
 
 def _umask() -> int:
@@ -642,7 +652,7 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
             with open(path, "wb") as f:
                 w = _HashingWriter(f)
                 # As stored: repeat blocks stay blocks (GraphRef.nodes counts stored nodes).
-                write_graph_stream(w, g.header, g.stored_nodes)  # type: ignore[arg-type]
+                write_stored_graph(w, g)  # type: ignore[arg-type]
             manifest.graphs.add(id=gid, path=rel, nodes=len(g.stored_nodes), sha256=w.sha256.hexdigest())
         if not manifest.schema_version:
             manifest.schema_version = SCHEMA_VERSION

@@ -26,10 +26,19 @@ def _graph_counts(graph) -> tuple[Counter, Counter, int, Counter]:
     # once per copy, never expanding the graph.
     times = {n.id: 1 + len(b.block.instances) for b in graph.bodies()
              for n in b.nodes}
-    for n in graph.stored_nodes:
+    nodes = graph.stored_nodes
+    if not times:
+        # Kinds first, in one comprehension; the payloads only of the communication nodes.
+        by_kind.update([n.kind for n in nodes])
+        if not (by_kind.keys() & {coll, send, recv, unknown}):
+            nodes = ()
+    for n in nodes:
         k = n.kind
-        t = times.get(n.id, 1) if times else 1
-        by_kind[k] += t
+        if times:
+            t = times.get(n.id, 1)
+            by_kind[k] += t
+        else:
+            t = 1
         if k == coll:
             c = n.collective
             colls[collective_name(c.type)] += t
