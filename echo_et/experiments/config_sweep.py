@@ -95,7 +95,13 @@ def read_configs(path: str | os.PathLike[str], *, option: str = "configs") -> li
         text = p.read_text("utf-8-sig")
     except UnicodeDecodeError:
         raise OptionError(option, f"{p.name}: not a UTF-8 CSV file") from None
-    reader = csv.reader(line for line in text.splitlines() if line.strip())
+    try:
+        return _config_rows(p, csv.reader(line for line in text.splitlines() if line.strip()), option)
+    except csv.Error as e:  # a field beyond csv's limit (128 KiB), a NUL byte, a stray quote
+        raise OptionError(option, f"{p.name}: not a readable CSV file ({e})") from None
+
+
+def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
     header = next(reader, None)
     if not header:
         raise OptionError(option, f"{p.name}: empty, expected a header row "

@@ -23,6 +23,9 @@ INT64_MAX = (1 << 63) - 1
 # Times in ns: a start of 2**62 ns is the year 2116 on an epoch clock; start + duration and
 # the offsets the simulator adds still fit int64.
 MAX_NS = 1 << 62
+# A rank's clock offset (its measured times + offset = the job clock): 2**60 ns is 36 years,
+# and two ranks' offsets apart plus a time of MAX_NS still fit int64.
+MAX_CLOCK_OFFSET_NS = 1 << 60
 # Bytes of one transfer, tensor or operator: 8 PiB, exact in a float64 (models use floats).
 MAX_BYTES = 1 << 53
 # Ranks of one job. Echo-et aims at 100K ranks; 2**18 leaves room, and refuses the sizes whose

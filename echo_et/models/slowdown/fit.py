@@ -78,6 +78,8 @@ def read_csv_samples(path: str | os.PathLike[str]) -> list[Sample]:
                 out.append(Sample(short, full, classify_kernel(full), iso, obs, min(1.0, r)))
     except UnicodeDecodeError:
         raise EchoError(f"{p}: not a text CSV file") from None
+    except csv.Error as e:  # a field beyond csv's limit (128 KiB), a NUL byte
+        raise EchoError(f"{p}: not a readable CSV file ({e})") from None
     if not out:
         raise EchoError(f"{p}: no kernel rows")
     return out

@@ -1,0 +1,156 @@
+"""Issue 26's cases (hostile input, round three), one test per class: the tracebacks of the
+campaign, output folders that hold a user's files, work bounded before it starts, and the
+error line itself.
+
+Every case asserts the promise: exit 2 with one line on stderr naming what is wrong, or a
+result `check` accepts. Commands run in-process (typer's CliRunner) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_hostile_input import cli, edit_manifest, refused, small_job
+from test_kineto_graph import base_events, write
+
+from conftest import FIXTURES
+from echo_et.ir import GraphBuilder, JobBuilder, check_job, load_job, pb, save_job
+
+DDP = FIXTURES / "traces" / "ddp_gloo4" / "rank0.kineto.json.gz"
+
+
+def host_event(evs: list[dict], name: str = "aten::addmm") -> dict:
+    return next(e for e in evs if e.get("name") == name)
+
+
+# -- 1. a flipped byte in a gzipped trace ----------------------------------------------------------
+def test_flipped_byte_in_a_gzipped_trace_is_one_line(tmp_path):
+    data = bytearray(DDP.read_bytes())
+    data[89] ^= 0xFF  # the campaign's reproducer: a deflate error the format sniffer met first
+    p = tmp_path / "rank0.kineto.json.gz"
+    p.write_bytes(bytes(data))
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), "corrupt gzip data"])
+    assert not (tmp_path / "j").exists()
+
+
+# -- 2 and 4. thread ids of the wrong type or beyond int64 -------------------------------------------
+@pytest.mark.parametrize("field", ["tid", "pid"])
+@pytest.mark.parametrize("value,shown", [({}, "{}"), ([], "[]"), (2 ** 64, str(2 ** 64)), (1e30, "1e+30"),
+                                         (True, "True"), (1.5, "1.5")])
+def test_host_thread_ids_of_the_wrong_type_are_refused(tmp_path, field, value, shown):
+    evs = base_events()
+    host_event(evs)[field] = value
+    p = write(tmp_path, evs, name="t.json")
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), "aten::addmm", f"{field} = {shown}",
+                                                     "is not a thread id"])
+
+
+def test_device_stream_beyond_int64_is_refused(tmp_path):
+    evs = base_events()
+    kernel = next(e for e in evs if e.get("cat") == "kernel")
+    kernel.setdefault("args", {})["stream"] = 2 ** 64
+    p = write(tmp_path, evs, name="s.json")
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), f"stream = {2 ** 64}"])
+
+
+@pytest.mark.parametrize("value", [-1, "python", 4944])
+def test_host_thread_ids_that_are_ints_or_names_still_convert(tmp_path, value):
+    evs = base_events()
+    host_event(evs)["tid"] = value
+    p = write(tmp_path, evs, name="ok.json")
+    code, _, err = cli("convert", p, "-o", tmp_path / "j")
+    assert code == 0, err
+    assert check_job(load_job(tmp_path / "j")) == []
+
+
+# -- 3 and rank fields: distributedInfo of the wrong type ---------------------------------------------
+@pytest.mark.parametrize("dist,shown", [
+    ({"pg_config": 5}, "distributedInfo.pg_config = 5 is not a list"),
+    ({"pg_config": "0"}, "distributedInfo.pg_config = '0' is not a list"),
+    ({"rank": float("inf")}, "distributedInfo.rank = inf is not a finite number"),
+    ({"rank": True}, "distributedInfo.rank = True is not a number"),
+    ({"rank": [0]}, "distributedInfo.rank = [0] is not an integer"),
+    ({"rank": {}}, "distributedInfo.rank = {} is not an integer"),
+    ({"rank": 1.5}, "distributedInfo.rank = 1.5 is not an integer"),
+])
+def test_distributed_info_of_the_wrong_type_is_refused(tmp_path, dist, shown):
+    p = write(tmp_path, base_events(), name="d.json", **dist)
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), shown])
+
+
+# -- 6. clock offsets: check is the authority ----------------------------------------------------------
+JOB_VERBS = [["simulate"], ["validate", "--preset", "a100-ib"], ["export", "chrome", "-o", "{tmp}/c"],
+             ["export", "astra-sim", "-o", "{tmp}/as"], ["export", "chakra", "-o", "{tmp}/ch/t"],
+             ["export", "graphml", "-o", "{tmp}/g.graphml"], ["simulate", "--timeline", "{tmp}/tl"]]
+
+
+def _args(cmd: list[str], job: Path, tmp: Path) -> list:
+    head = cmd[:2] if cmd[0] == "export" else cmd[:1]
+    rest = cmd[2:] if cmd[0] == "export" else cmd[1:]
+    return [*head, job, *[a.format(tmp=tmp) for a in rest]]
+
+
+@pytest.mark.parametrize("offset", [2 ** 63 - 1, -(2 ** 63)])
+def test_clock_offset_beyond_the_bound_is_refused_by_check_and_every_verb(tmp_path, offset):
+    save_job(small_job(), tmp_path / "job")
+    edit_manifest(tmp_path / "job", lambda m: setattr(m.bindings[0], "clock_offset_ns", offset))
+    code, out, _ = cli("check", tmp_path / "job", "--json")
+    assert code == 1 and any("[binding-values]" in e for e in json.loads(out)["errors"]), out
+    for cmd in JOB_VERBS:
+        refused(*_args(cmd, tmp_path / "job", tmp_path), match="[binding-values]")
+
+
+def test_clock_offset_at_the_bound_is_accepted_by_every_verb(tmp_path):
+    save_job(small_job(), tmp_path / "job")
+    edit_manifest(tmp_path / "job", lambda m: setattr(m.bindings[1], "clock_offset_ns", 1 << 60))
+    assert check_job(load_job(tmp_path / "job")) == []
+    for cmd in JOB_VERBS:
+        code, _, err = cli(*_args(cmd, tmp_path / "job", tmp_path))
+        assert code == 0, (cmd, err)
+
+
+# -- 7. a send's peer outside its group ----------------------------------------------------------------
+def p2p_job(peer: int):
+    jb = JobBuilder("p", 2)
+    gid = jb.group(range(2), name="0")
+    for r in range(2):
+        b = GraphBuilder(f"g{r}")
+        comm = b.stream(pb.STREAM_GPU_COMM, "comm", device=0)
+        b.declare_group("w", 2)
+        b.p2p(r == 0, "sr", comm, group="w", peer=peer if r == 0 else 0, nbytes=100, duration_ns=10)
+        jb.add_graph(b.build())
+        jb.bind(r, f"g{r}", {"w": gid})
+    return jb.build()
+
+
+def test_peer_outside_its_group_is_refused_by_check_and_every_verb(tmp_path):
+    save_job(p2p_job(5), tmp_path / "job")
+    code, out, _ = cli("check", tmp_path / "job", "--json")
+    assert code == 1 and any("peer 5 is outside group" in e for e in json.loads(out)["errors"])
+    for cmd in JOB_VERBS:
+        refused(*_args(cmd, tmp_path / "job", tmp_path), match="peer 5 is outside group")
+
+
+def test_peer_inside_its_group_goes_through_every_verb(tmp_path):
+    save_job(p2p_job(1), tmp_path / "job")
+    for cmd in JOB_VERBS:
+        code, _, err = cli(*_args(cmd, tmp_path / "job", tmp_path))
+        assert code == 0, (cmd, err)
+
+
+# -- 9. a CSV field beyond csv's limit ------------------------------------------------------------------
+def test_config_csv_field_of_200000_digits(tmp_path):
+    p = tmp_path / "configs.csv"
+    p.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n"
+                 + "9" * 200_000 + ",64,4,32,1,4,1,1,1\n")
+    refused("sweep", "--configs", p, "--gpu", "a100", "-o", tmp_path / "out",
+            match=["--configs", "configs.csv", "field larger than field limit"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_slowdown_csv_field_beyond_the_limit(tmp_path):
+    p = tmp_path / "merged_features.csv"
+    p.write_text("kDemangledName,ground_truth,duration,overlap_ratio\n" + "k" * 200_000 + ",1,2,0.5\n")
+    refused("calibrate", "slowdown", p, "-o", tmp_path / "s.json", match=[str(p), "field larger"])
