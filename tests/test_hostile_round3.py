@@ -154,3 +154,74 @@ def test_slowdown_csv_field_beyond_the_limit(tmp_path):
     p = tmp_path / "merged_features.csv"
     p.write_text("kDemangledName,ground_truth,duration,overlap_ratio\n" + "k" * 200_000 + ",1,2,0.5\n")
     refused("calibrate", "slowdown", p, "-o", tmp_path / "s.json", match=[str(p), "field larger"])
+
+
+# -- never delete what echo-et did not write ------------------------------------------------------------
+JOB = FIXTURES / "jobs" / "ddp-dp4"
+KINETO = FIXTURES / "traces" / "cpu_single" / "rank0.kineto.json.gz"
+FOLDER_WRITERS = {
+    "convert": ["convert", KINETO],
+    "scale": ["scale", JOB, "--dp", "8"],
+    "inject": ["inject", "{one}", "--dp", "4"],
+    "select": ["select", JOB, "--ranks", "0-3"],
+    "export astra-sim": ["export", "astra-sim", JOB, "--no-expected"],
+    "export chrome": ["export", "chrome", JOB],
+    "simulate --timeline": ["simulate", JOB, "--timeline"],
+}
+
+
+def _writer_args(verb: str, out: Path, tmp: Path) -> list:
+    if verb == "inject" and not (tmp / "one").exists():
+        from test_passes_inject import make_single_gpu_job
+        save_job(make_single_gpu_job(), tmp / "one")
+    args = [str(a).format(one=tmp / "one") for a in FOLDER_WRITERS[verb]]
+    return [*args, out] if verb == "simulate --timeline" else [*args, "-o", out]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("verb", list(FOLDER_WRITERS))
+def test_an_output_folder_holding_a_users_file_is_never_replaced(tmp_path, verb):
+    out = tmp_path / "out"
+    for _ in range(2):  # an earlier output of the same verb is replaced
+        code, _, err = cli(*_writer_args(verb, out, tmp_path))
+        assert code == 0, err
+    (out / "notes.txt").write_text("mine")
+    before = _tree(out)
+    refused(*_writer_args(verb, out, tmp_path), match=[str(out), "refusing to replace it"])
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "one") == ["out"]
+
+
+@pytest.mark.parametrize("verb", ["convert", "scale", "export astra-sim"])
+def test_an_output_folder_with_a_nested_or_linked_extra_is_the_users(tmp_path, verb):
+    out = tmp_path / "out"
+    code, _, err = cli(*_writer_args(verb, out, tmp_path))
+    assert code == 0, err
+    sub = out / "graphs" if (out / "graphs").is_dir() else out
+    (sub / "data").mkdir()
+    refused(*_writer_args(verb, out, tmp_path), match="refusing to replace it")
+    (sub / "data").rmdir()
+    (sub / "link.graph").symlink_to(tmp_path)
+    refused(*_writer_args(verb, out, tmp_path), match="refusing to replace it")
+    assert (sub / "link.graph").is_symlink()
+
+
+def test_trace_refuses_its_output_before_tracing(tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+    import echo_et.trace.tracer as tracer
+
+    def never(*a, **k):
+        raise AssertionError("traced before checking -o")
+
+    monkeypatch.setattr(tracer, "trace", never)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused("trace", "--layers", "2", "--hidden", "16", "-o", mine, match=[str(mine), "refusing to replace it"])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    refused("trace", "--layers", "2", "--hidden", "16", "-o", blocker / "job", match=[str(blocker), "Not a directory"])
+    assert (mine / "notes.txt").read_text() == "mine"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import gzip
 import hashlib
 import os
@@ -477,6 +478,57 @@ def atomic_dir(dest: str | os.PathLike[str], *, replaceable: Callable[[Path], bo
         raise
 
 
+def written_by(*patterns: str, required: str | None = None) -> Callable[[Path], bool]:
+    """The test :func:`atomic_dir` takes for "an earlier output of this writer": the folder
+    holds ``required`` (when given) and nothing but regular files whose paths (relative,
+    ``/``-separated) match one of ``patterns`` (fnmatch), with the folders on their way. One
+    file of the user's (a ``notes.txt``), a symlink or a FIFO makes the folder the user's,
+    never replaced: replacing a folder deletes everything in it."""
+    globs = patterns if required is None else (required, *patterns)
+
+    def replaceable(folder: Path) -> bool:
+        if required is not None and not (folder / required).is_file():
+            return False
+        return _only_files_like(folder, "", globs)
+
+    return replaceable
+
+
+def check_output_dir(dest: str | os.PathLike[str], replaceable: Callable[[Path], bool], kind: str) -> None:
+    """The cheap checks of :func:`atomic_dir`, for a verb to run before its long work: ``dest``
+    is absent, empty or ``replaceable``, and a folder can be made beside it (the nearest
+    existing folder above is writable: a temporary folder is made there and removed, nothing
+    else is touched)."""
+    dest = Path(dest)
+    _check_dest_dir(dest, replaceable, kind)
+    above = dest.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise EchoError(f"{dest}: cannot write ({above} is not a directory)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=above))
+    except OSError as e:
+        raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
+
+
+def _only_files_like(folder: Path, rel: str, globs: tuple[str, ...]) -> bool:
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return False
+    for entry in entries:
+        path = f"{rel}{entry.name}"
+        if entry.is_dir(follow_symlinks=False):
+            if not any(g.startswith(path + "/") for g in globs):
+                return False
+            if not _only_files_like(Path(entry.path), path + "/", globs):
+                return False
+        elif not (entry.is_file(follow_symlinks=False) and any(fnmatch.fnmatchcase(path, g) for g in globs)):
+            return False
+    return True
+
+
 def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind: str) -> None:
     """Refuse to replace what is not ours to replace. Another writer of the same output may
     move it aside while we look (see :func:`_swap_in`): then look again."""
@@ -532,6 +584,17 @@ def _swap_in(tmp: Path, dest: Path) -> None:
 # -- job directories ------------------------------------------------------------------------
 def is_job_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST_NAME).is_file()
+
+
+# What save_job writes, and so the only Job folder it replaces (see written_by).
+is_job_output = written_by(f"{GRAPH_DIR}/*{GRAPH_SUFFIX}", required=MANIFEST_NAME)
+JOB_OUTPUT_KIND = "an echo-et job directory holding only what echo-et wrote"
+
+
+def check_job_output(dest: str | os.PathLike[str]) -> None:
+    """Refuse, before any long work, a Job output that :func:`save_job` would refuse or
+    could not write (see :func:`check_output_dir`)."""
+    check_output_dir(dest, is_job_output, JOB_OUTPUT_KIND)
 
 
 def read_manifest(job_dir: str | os.PathLike[str]) -> pb.JobManifest:
@@ -629,7 +692,7 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
     dest = Path(job_dir)
     if dest.exists() and not overwrite:
         raise EchoError(f"{dest}: already exists")
-    with atomic_dir(dest, replaceable=is_job_dir, kind="an echo-et job directory") as tmp:
+    with atomic_dir(dest, replaceable=is_job_output, kind=JOB_OUTPUT_KIND) as tmp:
         manifest = pb.JobManifest()
         manifest.CopyFrom(job.manifest)
         del manifest.graphs[:]
