@@ -69,7 +69,16 @@ class ParallelLayout:
         every communication call a trace records: remembered per layout, role and rank.)"""
         if role == "world":
             return tuple(range(self.world_size))
-        return _group_ranks(self, role, rank)
+        c = self.coords(rank)
+        if role in ROLES:      # remembered once per group, by its first member, not per rank:
+            first = self.rank_of(**{**c, role: 0})  # a dp group of 100K would be 100K copies
+        elif role == "embd":
+            first = self.rank_of(c["tp"], c["dp"], 0)
+        elif role == "mp":
+            first = self.rank_of(0, c["dp"], 0)
+        else:
+            first = rank
+        return _group_ranks(self, role, first)
 
     def is_member(self, role: str, rank: int) -> bool:
         return rank in self.group_ranks(role, rank)

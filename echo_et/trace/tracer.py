@@ -219,8 +219,8 @@ class _Tracer:
                 group_id[(role, ranks)] = jb.group(ranks, name=f"{role}{i}", desc=role,
                                                    role="custom")
         uses_world = any("world" in self.runs[r].graph.header.group_sizes for r in self.runs)
+        all_ranks = tuple(range(world))
         if uses_world:
-            all_ranks = tuple(range(world))
             group_id[("world", all_ranks)] = jb.group(all_ranks, name="world", desc="default_pg",
                                                       role="world")
 
@@ -250,7 +250,7 @@ class _Tracer:
                 if role in self.runs[gid].graph.header.group_sizes:
                     groups[role] = group_id[(role, lay.group_ranks(role, r))]
             if uses_world:
-                groups["world"] = group_id[("world", tuple(range(world)))]
+                groups["world"] = group_id[("world", all_ranks)]
             if r in self.runs:
                 for rec in self.runs[r].records:
                     key = group_key(lay, r, rec)
