@@ -15,6 +15,8 @@ nor hours of work. The bounds are of two sorts:
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError
@@ -105,3 +107,21 @@ def ns_of(value: Any, field: str, *, scale: float = 1.0, where: str = "", allow_
     if not lo <= ns <= MAX_NS:
         raise EchoError(f"{_prefix(where)}{field} = {_shown(value)} is out of range for a time in ns")
     return ns
+
+
+def format_size(n: int) -> str:
+    """Bytes as a person reads them in an error: ``8.0 GB``, ``512.0 MB``."""
+    if n >= 10**9:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.1f} MB"
+
+
+def total_memory() -> int:
+    """This machine's memory in bytes, or the container's limit when that is smaller: what
+    bounds the work a command may start (a sweep's workers, a trace's estimate)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        text = "max"
+    return min(total, int(text)) if text.isdigit() else total
