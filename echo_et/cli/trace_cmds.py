@@ -112,7 +112,7 @@ def trace(
                    bucket_mb=bucket_mb, recompute=recompute, **kw)
         wl = Workload(gpt=cfg)
         attrs = {"workload": workload, **cfg.to_json()}
-    wl.validate(layout)
+    wl.validate(layout, device)
     build_fn = wl.build_fn()
 
     def progress(msg: str) -> None:

@@ -501,6 +501,18 @@ def check_output_dir(dest: str | os.PathLike[str], replaceable: Callable[[Path],
     else is touched)."""
     dest = Path(dest)
     _check_dest_dir(dest, replaceable, kind)
+    _check_writable_beside(dest)
+
+
+def check_writable_file(dest: str | os.PathLike[str]) -> None:
+    """The cheap checks of :func:`atomic_file`, for a verb to run before its long work: ``dest``
+    is absent or a regular file, and a file can be made beside it."""
+    _check_writable_beside(check_output_file(dest))
+
+
+def _check_writable_beside(dest: Path) -> None:
+    """The nearest existing folder above ``dest`` is a folder we can write in: a temporary
+    folder is made there and removed, nothing else is touched."""
     above = dest.parent
     while not above.exists() and above != above.parent:
         above = above.parent

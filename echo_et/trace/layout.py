@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_MICROBATCHES, MAX_WORLD_SIZE
 
 ROLES = ("tp", "dp", "pp")
 # Groups derived from the layout that not every rank belongs to: "embd" (Megatron's
@@ -38,6 +39,10 @@ class ParallelLayout:
         if self.zero not in (0, 1):
             raise EchoError(f"layout {self.describe()}: ZeRO stage {self.zero} is not supported "
                             "(0 or 1)")
+        if self.world_size > MAX_WORLD_SIZE or self.microbatches > MAX_MICROBATCHES:
+            raise EchoError(f"layout {self.describe()}: {self.world_size:,} ranks and {self.microbatches:,} "
+                            f"micro-batches; the limits are {MAX_WORLD_SIZE:,} ranks and {MAX_MICROBATCHES:,} "
+                            "micro-batches")
 
     @property
     def world_size(self) -> int:

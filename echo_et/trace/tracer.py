@@ -36,8 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import CheckError, EchoError
+from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir import Job, JobBuilder, check_job
+from echo_et.ir.limits import MAX_TRACE_STEPS
 from echo_et.trace.identity import structure_hash
 from echo_et.trace.layout import DERIVED_ROLES, ROLES, ParallelLayout
 from echo_et.trace.records import CommRecord
@@ -280,6 +281,10 @@ def trace(build_fn: Callable, layout: ParallelLayout, options: TraceOptions | No
         raise EchoError(f"warm-up steps must be >= 0, got {options.warmup_steps}")
     if options.measured_steps < 1:
         raise EchoError(f"measured steps must be >= 1, got {options.measured_steps}")
+    for option, n in (("warmup", options.warmup_steps), ("steps", options.measured_steps)):
+        if n > MAX_TRACE_STEPS:
+            raise OptionError(option, f"{n:,} steps: each traced rank runs the whole model once per step; "
+                                      f"the limit is {MAX_TRACE_STEPS:,}")
     if options.device not in ("cpu", "meta") and not options.device.startswith("cuda"):
         raise EchoError(f"device {options.device!r}: use cpu, meta or cuda[:N]")
     if options.device == "meta" and options.measured_steps != 1:
