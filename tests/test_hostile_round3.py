@@ -9,6 +9,9 @@ result `check` accepts. Commands run in-process (typer's CliRunner) to keep the 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -225,3 +228,93 @@ def test_trace_refuses_its_output_before_tracing(tmp_path, monkeypatch):
     blocker.write_text("x")
     refused("trace", "--layers", "2", "--hidden", "16", "-o", blocker / "job", match=[str(blocker), "Not a directory"])
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+# -- bounded work, decided before it starts -----------------------------------------------------------
+def test_select_of_a_billion_ranks_is_refused_before_the_list_is_built(tmp_path):
+    refused("select", JOB, "--ranks", "0-1000000000", "-o", tmp_path / "s",
+            match=["--ranks", "names 1000000001 ranks", "the limit is 262144"])
+    refused("select", JOB, "--ranks", "0,1000000000", "-o", tmp_path / "s", match="up to rank 1000000000")
+    assert not (tmp_path / "s").exists()
+
+
+TRACE_BOUNDS = [
+    (["--layers", "1000000"], ["at least 200,000,000 nodes", "the limit is 1,048,576 nodes"]),
+    (["--warmup", "1000000000"], ["--warmup: 1,000,000,000 steps", "the limit is 1,000"]),
+    (["--steps", "5000"], ["--steps: 5,000 steps"]),
+    (["--seq", "1000000000"], ["tracing needs at least 48.0 GB of host memory", "tokens 48.0 GB",
+                               "this machine has"]),
+    (["--dp", "100000", "--pp", "4", "--layers", "4"], ["400,000 ranks", "the limits are 262,144 ranks"]),
+    (["--global-batch", "100000000"], ["50,000,000 micro-batches"]),
+    (["--device", "cpu", "--hidden", "65536", "--layers", "8"], ["weights 3298.9 GB"]),
+]
+
+
+@pytest.mark.parametrize("args,shown", TRACE_BOUNDS)
+def test_trace_refuses_what_cannot_finish_before_tracing(tmp_path, monkeypatch, args, shown):
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+    import echo_et.trace.session as session
+
+    def never(*a, **k):
+        raise AssertionError("a rank was traced before the bounds were checked")
+
+    monkeypatch.setattr(session, "trace_rank", never)
+    monkeypatch.setattr("echo_et.trace.tracer.trace_rank", never)
+    device = [] if "--device" in args else ["--device", "meta"]
+    refused("trace", *device, *args, "-o", tmp_path / "job", match=shown)  # one line: no progress before it
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_trace_of_a_100000_rank_data_parallel_job_is_linear_in_its_ranks():
+    """Each rank's groups come from one tuple per group: a dp group of 100K ranks was kept
+    (and hashed) once per rank, 40 bytes x dp^2 (2.9 GB at dp 8,192)."""
+    from echo_et.trace.layout import ParallelLayout
+
+    lay = ParallelLayout(dp=100_000, pp=2)
+    a, b = lay.group_ranks("dp", 5), lay.group_ranks("dp", 99_999)
+    assert a is b and len(a) == 100_000
+    assert lay.group_first("dp", 150_000) == 100_000 and lay.group_first("embd", 150_000) == 50_000
+    assert [g[0] for g in lay.all_groups("dp")] == [0, 100_000]
+
+
+def test_config_sweep_row_of_a_million_layers_is_that_rows_error(tmp_path):
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_row
+
+    row = dict(layers=1_000_000, hidden=64, heads=4, seq=32, micro_batch=1, global_batch=4, tp=1, pp=1, dp=2)
+    out = predict_row(row, ConfigSweepOptions())
+    assert "at least 200,000,000 nodes" in out["error"]
+
+
+def test_calibrate_checks_its_output_before_fitting(tmp_path):
+    log = tmp_path / "nccl_8.log"
+    log.write_text("not read")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    refused("calibrate", "nccl-tests", log, "--gpus-per-node", "8", "-o", mine, match="is a directory")
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    refused("calibrate", "nccl-tests", log, "--gpus-per-node", "8", "-o", blocker / "p.json",
+            match=["cannot write", "Not a directory"])
+
+
+# -- the error line itself ------------------------------------------------------------------------------
+def _echo_et(*args: str, stdout) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from echo_et.cli.main import main; main()", *args],
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_a_full_disk_on_stdout_has_one_error_prefix():
+    with open("/dev/full", "w") as full:
+        p = _echo_et("inspect", str(JOB), "--json", stdout=full)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["error: No space left on device"]
+
+
+def test_a_closed_pipe_on_stdout_ends_quietly():
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = _echo_et("inspect", str(JOB), "--json", stdout=w)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and p.stderr == ""
