@@ -318,3 +318,24 @@ def test_a_closed_pipe_on_stdout_ends_quietly():
     finally:
         os.close(w)
     assert p.returncode == 141 and p.stderr == ""
+
+
+# -- a Job check accepts whose simulated step leaves the IR's time range ------------------------------------
+def test_a_step_beyond_2_62_ns_is_one_line_from_simulate(tmp_path):
+    """Each node fits (start + duration <= 2^62 ns, check accepts the Job), but run one after
+    the other they pass int64: simulate says so in one line rather than overflowing."""
+    jb = JobBuilder("long", 1)
+    b = GraphBuilder("g")
+    gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
+    k = b.compute("k1", gpu, duration_ns=(1 << 62) - 1).id
+    k = b.compute("k2", gpu, duration_ns=(1 << 62) - 1, deps=[k]).id
+    b.compute("k3", gpu, duration_ns=(1 << 62) - 1, deps=[k])
+    jb.add_graph(b.build())
+    jb.bind(0, "g", {})
+    save_job(jb.build(), tmp_path / "job")
+    assert check_job(load_job(tmp_path / "job")) == []
+    for extra in ([], ["--mode", "predict", "--preset", "a100-ib"]):
+        refused("simulate", tmp_path / "job", *extra, match="the simulated step runs past 4611686018427387904 ns")
+    for cmd in (["export", "chrome"], ["export", "graphml"]):
+        code, _, err = cli(*cmd, tmp_path / "job", "-o", tmp_path / f"{cmd[1]}.json")
+        assert code == 0, err
