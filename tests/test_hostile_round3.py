@@ -339,3 +339,14 @@ def test_a_step_beyond_2_62_ns_is_one_line_from_simulate(tmp_path):
     for cmd in (["export", "chrome"], ["export", "graphml"]):
         code, _, err = cli(*cmd, tmp_path / "job", "-o", tmp_path / f"{cmd[1]}.json")
         assert code == 0, err
+
+
+@pytest.mark.parametrize("args,shown", [
+    (["--dp", ",".join(str(i) for i in range(1, 201)), "--pp", ",".join(str(i) for i in range(1, 101))],
+     "--dp: 200 dp x 100 pp x 1 micro-batch values make 20,000 layouts; the limit is 10,000"),
+    (["--dp", "4,99999999999"], "--dp: 99999999999 is out of range (1..262,144)"),
+    (["--dp", "4", "--microbatches", "5000"], "--microbatches: 5000 is out of range (1..4,096)"),
+])
+def test_sweep_grid_is_counted_before_it_is_built(tmp_path, args, shown):
+    refused("sweep", JOB, *args, "--preset", "a100-ib", "-o", tmp_path / "s", match=shown)
+    assert not (tmp_path / "s").exists()

@@ -32,10 +32,12 @@ from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
+from echo_et.ir.limits import MAX_MICROBATCHES, MAX_PIPELINE_STAGES, MAX_WORLD_SIZE
 
 MODES = ("predict", "replay")
 OUTPUT_FILES = ("results.json", "table.txt")
 PLOT_FILE = "step_time.png"
+MAX_SWEEP_POINTS = 10_000   # layouts of one sweep (each is a scaled Job and a simulation)
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,20 @@ class SweepSpec:
     inter_bw_gbps: float | None = None
 
     def points(self) -> list[dict[str, int | None]]:
+        """Every layout of the grid, counted (and each value bounded) before one is made."""
+        for option, values, hi in (("dp", self.dp, MAX_WORLD_SIZE), ("pp", self.pp, MAX_PIPELINE_STAGES),
+                                   ("microbatches", self.microbatches, MAX_MICROBATCHES)):
+            for v in values:
+                if not 1 <= v <= hi:
+                    raise OptionError(option, f"{v} is out of range (1..{hi:,})")
+        dps = sorted(set(self.dp))
         pps: list[int | None] = list(self.pp) or [None]
         mbs: list[int | None] = list(self.microbatches) or [None]
-        return [{"dp": d, "pp": p, "microbatches": m}
-                for p, m, d in itertools.product(pps, mbs, sorted(set(self.dp)))]
+        count = len(dps) * len(pps) * len(mbs)
+        if count > MAX_SWEEP_POINTS:
+            raise OptionError("dp", f"{len(dps):,} dp x {len(pps):,} pp x {len(mbs):,} micro-batch values make "
+                                    f"{count:,} layouts; the limit is {MAX_SWEEP_POINTS:,} per sweep")
+        return [{"dp": d, "pp": p, "microbatches": m} for p, m, d in itertools.product(pps, mbs, dps)]
 
 
 @dataclass
