@@ -350,3 +350,18 @@ def test_a_step_beyond_2_62_ns_is_one_line_from_simulate(tmp_path):
 def test_sweep_grid_is_counted_before_it_is_built(tmp_path, args, shown):
     refused("sweep", JOB, *args, "--preset", "a100-ib", "-o", tmp_path / "s", match=shown)
     assert not (tmp_path / "s").exists()
+
+
+def test_config_csv_rows_and_size_are_bounded_before_any_row_runs(tmp_path):
+    head = "layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n"
+    many = tmp_path / "many.csv"
+    many.write_text(head + "2,64,4,32,1,4,1,1,2\n" * 10_001)
+    refused("sweep", "--configs", many, "--gpu", "a100", "-o", tmp_path / "o",
+            match="more than 10,000 configuration rows")
+    huge = tmp_path / "huge.csv"
+    with open(huge, "w") as f:
+        f.write(head)
+        f.truncate(65 << 20)  # sparse: 65 MiB that are never read
+    refused("sweep", "--configs", huge, "--gpu", "a100", "-o", tmp_path / "o",
+            match=["huge.csv: 68.2 MB", "at most 67.1 MB"])
+    assert not (tmp_path / "o").exists()

@@ -41,6 +41,7 @@ from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
+from echo_et.ir.limits import MAX_SWEEP_ROWS, format_size
 from echo_et.models.cluster import Cluster
 
 REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp")
@@ -54,6 +55,7 @@ VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention head
 OUTPUT_FILES = ("results.json", "table.txt")
 PLOT_FILE = "predicted_vs_measured.png"
 TIMINGS_FILE = "timings.json"
+MAX_CSV_BYTES = 64 << 20   # a configuration CSV (10,000 rows are well under 2 MB)
 DEFAULT_GPU = "a100"
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -91,6 +93,10 @@ def read_configs(path: str | os.PathLike[str], *, option: str = "configs") -> li
     that is not a number, or a ``gpus`` that is not tp x pp x dp, is one OptionError (of
     ``--option``) naming it."""
     p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_CSV_BYTES:  # before reading it: each row is a trace and a simulation
+        raise OptionError(option, f"{p.name}: {format_size(size)}; a configuration CSV is at most "
+                                  f"{format_size(MAX_CSV_BYTES)} ({MAX_SWEEP_ROWS:,} rows)")
     try:
         text = p.read_text("utf-8-sig")
     except UnicodeDecodeError:
@@ -130,6 +136,9 @@ def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
             raise OptionError(option, f"{p.name}, line {i}: gpus {row['gpus']} is not tp x pp x dp "
                                       f"({row['tp']} x {row['pp']} x {row['dp']})")
         rows.append(row)
+        if len(rows) > MAX_SWEEP_ROWS:
+            raise OptionError(option, f"{p.name}: more than {MAX_SWEEP_ROWS:,} configuration rows (each is "
+                                      "traced and simulated); split the file")
     if not rows:
         raise OptionError(option, f"{p.name}: no configuration rows")
     return rows

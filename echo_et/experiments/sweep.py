@@ -32,12 +32,11 @@ from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
-from echo_et.ir.limits import MAX_MICROBATCHES, MAX_PIPELINE_STAGES, MAX_WORLD_SIZE
+from echo_et.ir.limits import MAX_MICROBATCHES, MAX_PIPELINE_STAGES, MAX_SWEEP_ROWS, MAX_WORLD_SIZE
 
 MODES = ("predict", "replay")
 OUTPUT_FILES = ("results.json", "table.txt")
 PLOT_FILE = "step_time.png"
-MAX_SWEEP_POINTS = 10_000   # layouts of one sweep (each is a scaled Job and a simulation)
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,9 @@ class SweepSpec:
         pps: list[int | None] = list(self.pp) or [None]
         mbs: list[int | None] = list(self.microbatches) or [None]
         count = len(dps) * len(pps) * len(mbs)
-        if count > MAX_SWEEP_POINTS:
+        if count > MAX_SWEEP_ROWS:
             raise OptionError("dp", f"{len(dps):,} dp x {len(pps):,} pp x {len(mbs):,} micro-batch values make "
-                                    f"{count:,} layouts; the limit is {MAX_SWEEP_POINTS:,} per sweep")
+                                    f"{count:,} layouts; the limit is {MAX_SWEEP_ROWS:,} per sweep")
         return [{"dp": d, "pp": p, "microbatches": m} for p, m, d in itertools.product(pps, mbs, dps)]
 
 
