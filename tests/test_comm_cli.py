@@ -162,3 +162,78 @@ def test_calibrate_from_a_traced_job(tmp_path):
     assert json.loads(res.stdout)["samples"] == 1
     prof = json.loads(out.read_text())
     assert prof["sources"] == [{"file": "job", "kind": "trace", "ranks": 16, "samples": 1}]
+
+
+def h100(name: str):
+    return shared_path(f"nccl-tests/h100-c01/{name}.log")
+
+
+H100_LOGS = ("1n8g-all_gather", "1n8g-alltoall", "1n8g-reduce_scatter", "1n8g-sendrecv", "10n80g-all_reduce")
+
+
+def _measured_us(path, size: int) -> float:
+    for ln in path.read_text().splitlines():
+        f = ln.split()
+        if f and f[0] == str(size):
+            return min(float(f[5]), float(f[9]))
+    raise AssertionError(size)
+
+
+def test_one_profile_for_every_collective_of_a_cluster(tmp_path):
+    out = tmp_path / "h100.json"
+    res = run("calibrate", "nccl-tests", *[h100(n) for n in H100_LOGS], "--gpus-per-node", "8", "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert set(report["by_source"]) == {f"{n}.log" for n in H100_LOGS}
+    assert report["nccl_version"] == "2.20.3"       # the newest modelled release up to the stated 2.29.2
+    prof = json.loads(out.read_text())
+    assert [s["collective"] for s in prof["sources"]] == ["all_gather", "all_to_all", "reduce_scatter",
+                                                          "sendrecv", "all_reduce"]
+    assert {s["nccl_stated"] for s in prof["sources"]} == {"2.29.2"}
+    assert set(prof["params"]["coll_nvlink_eff"]) == {"all_gather", "all_to_all", "reduce_scatter", "sendrecv"}
+    # estimate uses the collective's own fitted rate: 1 GiB all-gather output on the 8 GPUs measured
+    got = json.loads(run("estimate", "all_gather", "--bytes", str((1 << 30) // 8), "--ranks", "8",
+                         "--profile", out, "--json").stdout)["estimates"][0]["time_us"]
+    assert got == pytest.approx(_measured_us(h100("1n8g-all_gather"), 1 << 30), rel=0.1)
+    # the sendrecv log is evaluated as send/recv (it was read as a reduce)
+    res = run("calibrate", "evaluate", "--profile", out, h100("1n8g-sendrecv"), "--json")
+    assert res.exit_code == 0, res.output
+    (rep,) = json.loads(res.stdout)["logs"]
+    assert rep["collective"] == "sendrecv" and {r["algorithm"] for r in rep["rows"]} == {"p2p"}
+
+
+def test_a_truncated_log_is_fitted_with_a_warning(tmp_path):
+    lines = h100("1n8g-all_gather").read_text().splitlines()
+    cut = next(i for i, ln in enumerate(lines) if ln.strip().startswith("8589934592"))
+    p = tmp_path / "ag.log"
+    p.write_text("\n".join(lines[:cut]) + "\n")
+    out = tmp_path / "p.json"
+    res = run("calibrate", "nccl-tests", p, "--gpus-per-node", "8", "-o", out)
+    assert res.exit_code == 0, res.output
+    warning = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warning) == 1 and "8589934592, 17179869184" in warning[0] and f"ag.log:{cut}" in warning[0]
+    assert json.loads(out.read_text())["sources"][0]["missing_sizes"] == [8589934592, 17179869184]
+
+
+def test_mixed_collectives_without_headers_leave_nothing(tmp_path):
+    bare = ["\n".join(ln for ln in h100(n).read_text().splitlines() if "Collective test" not in ln) + "\n"
+            for n in ("1n8g-sendrecv", "1n8g-reduce_scatter")]
+    p = tmp_path / "mixed.log"
+    p.write_text("".join(bare))
+    out = tmp_path / "p.json"
+    assert re.search(r"mixed\.log:\d+: runs of different collectives", one_line_error(
+        run("calibrate", "nccl-tests", p, "--gpus-per-node", "8", "-o", out)))
+    assert "runs of different collectives" in one_line_error(run("calibrate", "evaluate", p))
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["mixed.log"]
+
+
+def test_evaluate_holds_out_every_log_of_several_collectives():
+    res = run("calibrate", "evaluate", h100("1n8g-all_gather"), h100("1n8g-sendrecv"), "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert [(r["log"], r["collective"]) for r in out["leave_one_out"]] == [
+        ("1n8g-all_gather.log", "all_gather"), ("1n8g-sendrecv.log", "sendrecv")]
+    assert out["nccl_version"] == "2.20.3"                       # the logs state 2.29.2
+    for r in out["in_sample"]:
+        assert {"model", "baseline", "baseline_one_line"} <= set(r)
+    assert "auto, multi-node or all" in one_line_error(run("calibrate", "evaluate", log(2), "--hold-out", "x"))

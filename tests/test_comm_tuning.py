@@ -213,3 +213,30 @@ def test_bad_input_to_the_tuner():
         tuning.choose(system("2.7.5"), contiguous(4, 8), "barrier", 8)
     with pytest.raises(EchoError, match="unknown choice"):
         CommModel.preset("a100-ib").estimate("all_reduce", 8, [0, 1], choice="best")
+
+
+def test_send_recv_channels_grow_with_size_as_nccl_2_2x_splits_them():
+    """addP2pToPlan (2.2x): at least nChannelsMin (channels per peer halved until each of the 8
+    ranks has its own: 32 -> 4), parts of at most 32 x 512 KiB on one node, so an 8-GPU
+    sendrecv runs 4 channels up to 64 MiB, then 8, 16 and 32; across nodes parts are at most
+    one 128 KiB step, at most the 2 channels per network peer."""
+    h100 = load_preset("h100-ib").nccl
+    node = contiguous(8, 8)
+    got = {s: tuning.choose(h100, node, "sendrecv", s).channels for s in (1 << 20, 32 << 20, 64 << 20,
+                                                                          128 << 20, 256 << 20, 1 << 30)}
+    assert got == {1 << 20: 4, 32 << 20: 4, 64 << 20: 4, 128 << 20: 8, 256 << 20: 16, 1 << 30: 32}
+    assert tuning.choose(h100, node, "sendrecv", 4096).protocol == "LL"       # <= 16 KiB per channel
+    assert tuning.choose(h100, contiguous(16, 8), "sendrecv", 1 << 30).channels == 2
+    # 2.7.5 does not split by size: the per-operation channels of before
+    assert tuning.choose(h100.with_version("2.7.5"), node, "sendrecv", 1 << 30).channels == \
+        tuning.choose(h100.with_version("2.7.5"), node, "sendrecv", 1 << 20).channels
+
+
+def test_tree_correction_is_nccls_table_between_powers_of_two():
+    a100 = load_preset("a100-ib").nccl
+    table = tuning.RELEASES["2.7.5"].tree_correction["LL128"]
+    for i in range(len(table)):
+        assert tuning.tree_correction(a100, "LL128", 64 << i) == table[i]
+    mid = tuning.tree_correction(a100, "LL128", int(64 * 2 ** 15.5))
+    assert min(table[15], table[16]) <= mid <= max(table[15], table[16])
+    assert tuning.tree_correction(a100, "LL128", 1 << 40) == 1.0

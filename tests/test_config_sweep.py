@@ -160,18 +160,40 @@ def _pid_and_square(x: int) -> tuple[int, int]:
 
 
 def test_map_rows_keeps_order_and_replaces_workers(monkeypatch) -> None:
-    """Rows come back in task order, and the workers are new processes every
-    ROWS_PER_WORKER x workers rows (a long-lived worker's heap only grows)."""
-    from echo_et.experiments import config_sweep
+    """Rows come back in task order, and a worker is a new process after ROWS_PER_WORKER rows
+    (a long-lived worker's heap only grows)."""
+    from collections import Counter
 
-    monkeypatch.setattr(config_sweep, "ROWS_PER_WORKER", 2)
+    from echo_et.experiments import config_sweep, executors
+
+    monkeypatch.setattr(executors, "ROWS_PER_WORKER", 2)
     seen: list[int] = []
     out = config_sweep.map_rows(_pid_and_square, list(range(9)), 2, lambda i, r: seen.append(i))
     assert [sq for _, sq in out] == [x * x for x in range(9)]
     assert sorted(seen) == list(range(9))
-    first, last = {p for p, _ in out[:4]}, {p for p, _ in out[4:8]}
-    assert first.isdisjoint(last)           # a fresh pool for the second batch of 2 x 2 rows
+    per_worker = Counter(p for p, _ in out)
+    assert max(per_worker.values()) <= 2 and len(per_worker) >= 5
     assert config_sweep.map_rows(_pid_and_square, [3], 1) == [(__import__("os").getpid(), 9)]
+
+
+def _square_or_die(x: int) -> int:
+    import os
+    import signal
+
+    if x == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
+
+
+def test_map_rows_turns_a_dead_worker_into_that_rows_failure() -> None:
+    """The calibration loops and benchmarks map rows too: a killed worker costs its row only."""
+    from echo_et.experiments import config_sweep
+
+    out = config_sweep.map_rows(_square_or_die, list(range(6)), 2)
+    assert out[3] == {"error": "worker died: killed by signal 9 (out of memory?)"}
+    assert [out[i] for i in (0, 1, 2, 4, 5)] == [0, 1, 4, 16, 25]
+    got = config_sweep.map_rows(_square_or_die, [3, 2], 2, failed=lambda m: m)
+    assert got == ["worker died: killed by signal 9 (out of memory?)", 4]
 
 
 def test_config_sweep_on_a_local_dask_cluster_matches_local() -> None:

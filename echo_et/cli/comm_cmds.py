@@ -39,11 +39,20 @@ def _model(profile: Path | None, preset: str | None):
 
 
 def _read_logs(logs: list[Path], collective: str | None):
+    """Every run of every log; a truncated table (sizes the header asks for that are not in
+    it) is used with a warning naming the missing sizes."""
     from echo_et.models.comm.calibrate import read_measurements
 
     if not logs:
         raise EchoError("no nccl-tests logs given")
-    return [run for log in logs for run in read_measurements(log, collective)]
+    runs = [run for log in logs for run in read_measurements(log, collective)]
+    for run in runs:
+        if run.missing_sizes:
+            sizes = ", ".join(str(s) for s in run.missing_sizes)
+            typer.echo(f"warning: {run.source}:{run.rows[-1].line}: the table ends at {run.rows[-1].size} B; "
+                       f"sizes {sizes} asked for in its header are missing (a truncated log?); "
+                       "fitted without them", err=True)
+    return runs
 
 
 _VERSION_HELP = "NCCL release whose choices to emulate: 2.7.5, 2.17.1 or 2.20.3 (default: the model's)."
@@ -415,9 +424,10 @@ def calibrate_evaluate_cmd(
                                             "chosen on each fit's own logs)."),
     choice: str = typer.Option("nccl", "--choice", metavar="nccl|fastest",
                                help="With --profile/--preset: time NCCL's choice or the fastest."),
-    hold_out: str = typer.Option("multi-node", "--hold-out", metavar="multi-node|all",
+    hold_out: str = typer.Option("auto", "--hold-out", metavar="auto|multi-node|all",
                                  help="Without --profile: which logs to leave out in turn (each one is fitted "
-                                 "without it and predicted)."),
+                                 "without it and predicted); auto: every log when the logs hold several "
+                                 "collectives, else the multi-node ones."),
     plot: Path | None = typer.Option(None, "--plot", metavar="DIR",
                                      help="Write PNG plots (needs matplotlib): measured vs predicted time per "
                                      "log, and NCCL's choice regions."),
@@ -427,15 +437,15 @@ def calibrate_evaluate_cmd(
 
     With --profile or --preset: that model's error per log. Without: calibrate from the logs
     and report in-sample errors (fit on every log) and leave-one-log-out errors (fit without a
-    log, predict it), next to the 3-parameter baseline (latency + log2(N) + bytes/bandwidth)
-    fitted the same way. Errors: MAPE over sizes >= 1 MiB and the median absolute error over
+    log, predict it), next to the alpha-beta baseline fitted the same way per collective and
+    tier (one GPU, one node, several nodes). Errors: MAPE over sizes >= 1 MiB and the median absolute error over
     4 KiB - 1 MiB."""
     from echo_et.models.comm.evaluate import cross_validate, evaluate_runs
 
     if choice not in ("nccl", "fastest"):
         raise EchoError(f"--choice must be nccl or fastest, got {choice!r}")
-    if hold_out not in ("multi-node", "all"):
-        raise EchoError(f"--hold-out must be multi-node or all, got {hold_out!r}")
+    if hold_out not in ("auto", "multi-node", "all"):
+        raise EchoError(f"--hold-out must be auto, multi-node or all, got {hold_out!r}")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     runs = _read_logs(logs, collective)
@@ -461,12 +471,16 @@ def calibrate_evaluate_cmd(
                        f"{_pct(r['mape_ge_1mib_percent']):>12} {_pct(r['median_4kib_1mib_percent']):>17}")
         return
 
-    from echo_et.models.comm.calibrate import default_preset
+    from echo_et.models.comm.calibrate import default_preset, stated_release
     from echo_et.models.comm.profile import load_preset
 
     _check_version(nccl_version, auto=True)
     gpn = gpus_per_node or 8
     base = load_preset(default_preset(g for r in runs for g in r.gpu_names))
+    if nccl_version is None:
+        nccl_version = stated_release(runs)
+    if hold_out == "auto":
+        hold_out = "all" if len({r.collective for r in runs}) > 1 else "multi-node"
     typer.echo(f"fitting {len(runs)} run(s) and leaving each {'multi-node ' if hold_out == 'multi-node' else ''}"
                "one out in turn ...", err=True)
     held = None if hold_out == "multi-node" else list(range(len(runs)))
@@ -479,16 +493,17 @@ def calibrate_evaluate_cmd(
     if as_json:
         emit_json({"gpus_per_node": gpn, "base_preset": base.name, **cv})
         return
-    typer.echo(f"{'experiment':<14} {'log':<24} {'ranks':>5} {'NCCL':>6} {'model >=1MiB':>13} "
+    colls = {r.source + (f"#{r.index + 1}" if r.index else ""): r.collective for r in runs}
+    typer.echo(f"{'experiment':<14} {'log':<24} {'collective':<15} {'ranks':>5} {'NCCL':>6} {'model >=1MiB':>13} "
                f"{'model 4K-1M':>12} {'baseline >=1MiB':>16} {'baseline 4K-1M':>15}")
     for kind, label in (("in_sample", "in-sample"), ("leave_one_out", "leave-one-out")):
         for r in cv[kind]:
             m, b = r["model"], r["baseline"]
-            typer.echo(f"{label:<14} {r['log']:<24} {r['ranks']:>5} {r['nccl']:>6} "
+            typer.echo(f"{label:<14} {r['log']:<24} {colls.get(r['log'], ''):<15} {r['ranks']:>5} {r['nccl']:>6} "
                        f"{_pct(m['mape_ge_1mib_percent']):>13} {_pct(m['median_4kib_1mib_percent']):>12} "
                        f"{_pct(b['mape_ge_1mib_percent']):>16} {_pct(b['median_4kib_1mib_percent']):>15}")
     typer.echo(">=1MiB: MAPE over sizes >= 1 MiB; 4K-1M: median absolute error over 4 KiB - 1 MiB; "
-               "baseline: latency + log2(N) + bytes/bandwidth")
+               "baseline: latency (+ log2(N)) + bytes/bandwidth per collective and tier (one GPU, one node, nodes)")
 
 
 def _pct(v: float | None) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.executors import EXECUTORS as EXECUTORS
+from echo_et.experiments.executors import Failure, run_rows
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
@@ -292,17 +293,20 @@ def summarize(row: dict[str, Any], res) -> dict[str, Any]:
 _GC_FROZEN = False
 
 
-ROWS_PER_WORKER = 64   # a worker process is replaced after about this many rows
+def _call_row(fn: Callable[[Any], Any], task: Any) -> Any:
+    """A worker's row function for :func:`map_rows` (``fn`` travels as the shared argument)."""
+    return fn(task)
 
 
 def map_rows(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int,
-             done: Callable[[int, Any], None] | None = None) -> list[Any]:
-    """``fn`` over ``tasks`` on ``workers`` processes, results in task order (``done(i,
-    result)`` as each finishes). The pool is made afresh for every ``ROWS_PER_WORKER x
-    workers`` tasks: a long-lived worker's heap only grows (one had reached 12 GB after some
-    700 rows and was killed), and ``max_tasks_per_child`` can hang the pool on Python 3.11."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
+             done: Callable[[int, Any], None] | None = None,
+             failed: Callable[[str], Any] = lambda message: {"error": message}) -> list[Any]:
+    """``fn`` over ``tasks`` on ``workers`` processes (the sweeps' local executor: a worker is
+    replaced every ``ROWS_PER_WORKER`` rows, and each has its share of the machine's memory),
+    results in task order (``done(i, result)`` as each finishes). A task whose worker died or
+    ran out of memory gives ``failed(message)`` and the others go on (the calibration loops
+    and benchmarks that use this lose one row, not the run). ``fn`` must be importable by
+    name."""
     out: list[Any] = [None] * len(tasks)
     if workers <= 1:
         for i, t in enumerate(tasks):
@@ -310,15 +314,14 @@ def map_rows(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int,
             if done:
                 done(i, out[i])
         return out
-    step = ROWS_PER_WORKER * workers
-    for lo in range(0, len(tasks), step):
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futs = {pool.submit(fn, tasks[i]): i for i in range(lo, min(lo + step, len(tasks)))}
-            for fut in as_completed(futs):
-                i = futs[fut]
-                out[i] = fut.result()
-                if done:
-                    done(i, out[i])
+
+    def report(i: int, result: Any) -> None:
+        out[i] = failed(result.message) if isinstance(result, Failure) else result
+        if done:
+            done(i, out[i])
+
+    run_rows("local", _call_row, fn, list(enumerate(tasks)), workers=workers, address=None, max_memory=None,
+             report=report)
     return out
 
 

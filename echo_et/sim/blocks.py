@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +114,7 @@ class CompactInfo:
     # per dense stream, in id order: (skeleton item, -1) or (occurrence, that stream)
     stream_runs: list[list[tuple[int, int]]]
     expanded_items: int = 0
+    flat_layout: Any = None               # FlatLayout, made on first use
 
 
 class NotCompact(Exception):
@@ -500,7 +502,12 @@ def place(table: np.ndarray, x: np.ndarray) -> np.ndarray:
 # -- one rank's run of its blocks -------------------------------------------------------------------
 @dataclass
 class BlockRun:
-    """The durations and inputs of every occurrence on one simulated rank."""
+    """The durations and inputs of every occurrence on one simulated rank.
+
+    Placing is shift-equivariant (``S(x + c) = S(x) + c``), and in a steady pipeline almost
+    every occurrence sees the inputs of an earlier one shifted in time: each distinct
+    (table, inputs relative to their latest) is evaluated once, and an occurrence keeps
+    that relative solution and its shift."""
 
     info: CompactInfo
     tables: BlockTable
@@ -508,13 +515,15 @@ class BlockRun:
     durs: list[np.ndarray] = field(default_factory=list)    # per occurrence: this round's durations
     keys: list[bytes] = field(default_factory=list)         # per occurrence: durs[o].tobytes()
     x: list[np.ndarray | None] = field(default_factory=list)  # per occurrence: its inputs, once placed
-    _times: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _placed: dict[int, tuple[np.ndarray, np.ndarray, int]] = field(default_factory=dict)  # o -> (S rel, E rel, shift)
+    # (id of the table, inputs minus their latest) -> (S rel, E rel, the table: kept alive with its id)
+    _relative: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     _flat: FlatTimes | None = None
 
     def set_durations(self, per_occurrence: list[np.ndarray]) -> None:
         self.durs = per_occurrence
         self.keys = [d.tobytes() for d in per_occurrence]
-        self._times = {}
+        self._placed = {}
         self._flat = None
 
     def flat(self, prog: Program, item_start: list[int], item_end: list[int]) -> FlatTimes:
@@ -528,27 +537,51 @@ class BlockRun:
 
     def reset(self) -> None:
         self.x = [None] * len(self.info.occurrences)
-        self._times = {}
+        self._placed = {}
         self._flat = None
 
-    def place(self, o: int, x: np.ndarray) -> np.ndarray:
-        occ = self.info.occurrences[o]
+    def place(self, o: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """(start, end) of every local item of occurrence ``o`` relative to ``shift``, and
+        ``shift`` (ns): the occurrence's inputs are ``x``."""
         self.x[o] = x
-        s = place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
-        self._times[o] = (s, s + self.durs[o])
-        return s
+        got = self._placed.get(o)
+        if got is None:
+            got = self._solve(o, x)
+        return got
+
+    def _solve(self, o: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        occ = self.info.occurrences[o]
+        table = self.tables.table(occ, self.durs[o], self.keys[o])
+        shift = int(x.max()) if x.size else 0
+        rel = x - shift
+        key = (id(table), rel.tobytes())     # the table lives as long as the simulator's BlockTable
+        sol = self._relative.get(key)
+        if sol is None:
+            s = place(table, rel)
+            sol = self._relative[key] = (s, s + self.durs[o], table)
+        got = (sol[0], sol[1], shift)
+        self._placed[o] = got
+        return got
 
     def times(self, o: int) -> tuple[np.ndarray, np.ndarray]:
         """(start, end) of every local item of occurrence ``o`` (after it was placed)."""
-        got = self._times.get(o)
+        got = self._placed.get(o)
         if got is None:
             x = self.x[o]
             if x is None:
                 raise ValueError(f"occurrence {o} was not placed")
-            occ = self.info.occurrences[o]
-            s = place(self.tables.table(occ, self.durs[o], self.keys[o]), x)
-            got = (s, s + self.durs[o])
-            self._times[o] = got
+            got = self._solve(o, x)
+        s, e, shift = got
+        return s + shift, e + shift
+
+    def relative_times(self, o: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """:meth:`place`'s answer for a placed occurrence (without adding the shift)."""
+        got = self._placed.get(o)
+        if got is None:
+            x = self.x[o]
+            if x is None:
+                raise ValueError(f"occurrence {o} was not placed")
+            got = self._solve(o, x)
         return got
 
 
@@ -566,39 +599,93 @@ class FlatTimes:
     host: np.ndarray
 
 
-def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: list[int]) -> FlatTimes:
-    """Every item of the expanded graph, with the times the skeleton and the placed
-    occurrences give it (macro and port items are left out: a port is its local item)."""
+@dataclass
+class FlatLayout:
+    """Where each item of the expanded graph's item order takes its times from (the same for
+    every simulation of a program): a program item (``occ`` -1, ``ref`` the item) or local
+    item ``ref`` of occurrence ``occ``."""
+
+    occ: np.ndarray
+    ref: np.ndarray
+    category: np.ndarray
+    host: np.ndarray
+    skeleton_at: np.ndarray     # positions of program items
+    block_at: np.ndarray        # positions of occurrences' local items
+
+
+def flat_layout(prog: Program) -> FlatLayout:
+    """The program's :class:`FlatLayout`, made once (kept on its CompactInfo)."""
     info = prog.compact
-    starts = np.asarray(item_start, dtype=np.int64)
-    ends = np.asarray(item_end, dtype=np.int64)
+    if info.flat_layout is not None:
+        return info.flat_layout
     cats = np.asarray(prog.category, dtype=np.int64)
-    parts: list[tuple[np.ndarray, ...]] = []     # (occurrence, ref, start, end, category, host)
-
-    def skeleton(items: list[int], host: bool) -> None:
-        idx = np.asarray(items, dtype=np.int64)
-        parts.append((np.full(idx.size, -1, dtype=np.int64), idx, starts[idx], ends[idx], cats[idx],
-                      np.full(idx.size, host, dtype=bool)))
-
+    occ_p, ref_p, cat_p, host_p = [], [], [], []
     for k, runs in enumerate(info.stream_runs):
         host = prog.host_stream[k]
         items: list[int] = []
-        for ref, kk in runs:
+        for ref, kk in [*runs, (-1, -2)]:     # a sentinel flushes the last skeleton run
             if kk == -1:
                 items.append(ref)
                 continue
             if items:
-                skeleton(items, host)
+                idx = np.asarray(items, dtype=np.int64)
+                occ_p.append(np.full(idx.size, -1, dtype=np.int64))
+                ref_p.append(idx)
+                cat_p.append(cats[idx])
+                host_p.append(np.full(idx.size, host, dtype=bool))
                 items = []
+            if kk == -2:
+                break
             blk = info.occurrences[ref].block
             local = blk.by_stream_np[kk]
-            s, e = run.times(ref)
-            parts.append((np.full(local.size, ref, dtype=np.int64), local, s[local], e[local],
-                          blk.category_np[local], np.full(local.size, host, dtype=bool)))
-        if items:
-            skeleton(items, host)
-    if not parts:
+            occ_p.append(np.full(local.size, ref, dtype=np.int64))
+            ref_p.append(local)
+            cat_p.append(blk.category_np[local])
+            host_p.append(np.full(local.size, host, dtype=bool))
+    if not occ_p:
         z = np.zeros(0, dtype=np.int64)
-        return FlatTimes(z, z, z, z, z, np.zeros(0, dtype=bool))
-    cols = list(zip(*parts, strict=True))
-    return FlatTimes(*(np.concatenate(c) for c in cols))
+        layout = FlatLayout(z, z, z, np.zeros(0, dtype=bool), z, z)
+    else:
+        occ, ref, cat, host = (np.concatenate(c) for c in (occ_p, ref_p, cat_p, host_p))
+        layout = FlatLayout(occ, ref, cat, host, np.flatnonzero(occ < 0), np.flatnonzero(occ >= 0))
+    info.flat_layout = layout
+    return layout
+
+
+def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: list[int]) -> FlatTimes:
+    """Every item of the expanded graph, with the times the skeleton and the placed
+    occurrences give it (macro and port items are left out: a port is its local item)."""
+    layout = flat_layout(prog)
+    n_occ = len(prog.compact.occurrences)
+    # the distinct relative solutions once, each occurrence an offset into them and a shift
+    first_of: dict[int, int] = {}
+    sol_s: list[np.ndarray] = []
+    sol_e: list[np.ndarray] = []
+    offset = np.empty(n_occ, dtype=np.int64)
+    shift = np.empty(n_occ, dtype=np.int64)
+    at = 0
+    for o in range(n_occ):
+        s, e, c = run.relative_times(o)
+        j = first_of.get(id(s))
+        if j is None:
+            j = first_of[id(s)] = at
+            sol_s.append(s)
+            sol_e.append(e)
+            at += s.size
+        offset[o] = j
+        shift[o] = c
+    n = layout.occ.size
+    start = np.empty(n, dtype=np.int64)
+    end = np.empty(n, dtype=np.int64)
+    sk = layout.skeleton_at
+    items = layout.ref[sk]
+    start[sk] = np.asarray(item_start, dtype=np.int64)[items]
+    end[sk] = np.asarray(item_end, dtype=np.int64)[items]
+    bl = layout.block_at
+    if bl.size:
+        o = layout.occ[bl]
+        src = offset[o] + layout.ref[bl]
+        add = shift[o]
+        start[bl] = np.concatenate(sol_s)[src] + add
+        end[bl] = np.concatenate(sol_e)[src] + add
+    return FlatTimes(layout.occ, layout.ref, start, end, layout.category, layout.host)

@@ -106,10 +106,10 @@ class CommCall:
     are computed on first use."""
 
     __slots__ = ("op", "coll_type", "in_bytes", "out_bytes", "dtype", "group", "seq", "root", "src", "dst",
-                 "_parts")
+                 "_parts", "_one_node")
 
     def __init__(self, op: str, coll_type: int, in_bytes: int, out_bytes: int, dtype: str, group: pb.ProcessGroup,
-                 seq: int, root: int, src: int, dst: int, parts: list[ParticipantTuple]):
+                 seq: int, root: int, src: int, dst: int, parts: list[ParticipantTuple], one_node: bool = False):
         self.op = op                  # collective name ("all_reduce", ...) or "send_recv"
         self.coll_type = coll_type    # CollectiveType (0 for send/recv)
         self.in_bytes = in_bytes      # per-rank input bytes (send/recv: message bytes)
@@ -121,6 +121,7 @@ class CommCall:
         self.src = src                # send/recv: global ranks; -1 for collectives
         self.dst = dst
         self._parts = parts
+        self._one_node = one_node     # every member runs the same node of one shared graph
 
     @property
     def measured_ns(self) -> list[int]:
@@ -130,7 +131,7 @@ class CommCall:
         """The shortest participant kernel: the last member to arrive waited least."""
         parts = self._parts
         st0, it0, _ = parts[0]
-        if all(st.program is st0.program and it == it0 for st, it, _ in parts):
+        if self._one_node or all(st.program is st0.program and it == it0 for st, it, _ in parts):
             return st0.program.measured_dur[it0]
         return min(self.measured_ns)
 
@@ -143,9 +144,10 @@ class CommCall:
         kernel instead."""
         parts = self._parts
         st0, it0, _ = parts[0]
-        if len(parts) == 1 or all(st.program is st0.program and it == it0 and st.clock_offset_ns == st0.clock_offset_ns
-                                  for st, it, _ in parts):  # the same node of one shared graph, one clock
-            return st0.program.measured_dur[it0]
+        c0 = st0.clock_offset_ns
+        if len(parts) == 1 or (all(st.clock_offset_ns == c0 for st, _, _ in parts) and (
+                self._one_node or all(st.program is st0.program and it == it0 for st, it, _ in parts))):
+            return st0.program.measured_dur[it0]  # the same node of one shared graph, one clock
         durs = [st.program.measured_dur[it] for st, it, _ in parts]
         starts = [st.program.measured_start[it] + st.clock_offset_ns for st, it, _ in parts]
         last = max(starts)
@@ -494,12 +496,10 @@ class Simulator:
         occ = run.info.occurrences[o]
         start, end, origin = st.item_start, st.item_end, st.origin_ns
         x = np.array([origin if q < 0 else (start[q] if fs else end[q]) for q, fs in occ.inputs], dtype=np.int64)
-        s = run.place(o, x)
-        durs = run.durs[o]
+        s, e, shift = run.place(o, x)
         for local, p in occ.ports:
-            t = int(s[local])
-            start[p] = t
-            end[p] = t + int(durs[local])
+            start[p] = int(s[local]) + shift
+            end[p] = int(e[local]) + shift
             self._release(st, p)
         return 1 + len(occ.ports)
 
@@ -531,10 +531,11 @@ class Simulator:
             if st.ready:
                 st.queued = True
                 self._active.append(st)
-        while self._active:
-            st = self._active.pop()
+        active = self._active
+        while active:
+            st = active.pop()
+            self._drain(st)     # still marked queued: what it finishes itself does not queue it again
             st.queued = False
-            self._drain(st)
         unfinished = [st for st in self._states if st.items_done < st.program.n_items]
         if unfinished or self._meetings:
             raise EchoError(self._deadlock_message(unfinished))
@@ -598,10 +599,25 @@ class Simulator:
         self._events += done
 
     def _complete(self, key: MeetingKey, start_ns: int, parts: list[ParticipantTuple]) -> None:
-        """All members of a collective arrived: it starts at ``start_ns`` on every one of them."""
+        """All members of a collective arrived: it starts at ``start_ns`` on every one of them.
+        (``_finish`` inlined: this runs once per member of every collective.)"""
         own = self._own_times(key, parts)
-        for (st, it, _), o in zip(parts, own, strict=True):
-            self._finish(st, it, start_ns, start_ns + o, parts)
+        active = self._active
+        for n, (st, it, _) in enumerate(parts):
+            st.item_start[it] = start_ns
+            st.item_end[it] = start_ns + (own if type(own) is int else own[n])
+            st.participants[it] = parts
+            st.items_done += 1
+            pending, ready = st.pending_preds, st.ready
+            for q in st.program.successors[it]:
+                c = pending[q] - 1
+                pending[q] = c
+                if c == 0:
+                    ready.append(q)
+            if ready and not st.queued:
+                st.queued = True
+                active.append(st)
+        self._events += len(parts)
 
     def _p2p_arrive(self, st: RankState, item: int, t: int, key: MeetingKey) -> None:
         """A send or recv is posted. An eager send (small message: it goes to the peer's
@@ -621,13 +637,14 @@ class Simulator:
         if m.arrived < st.meeting_size[item]:
             if eager:  # the recv is not posted yet: the send does not wait for it
                 alone = [(st, item, t)]
-                own = self._own_times(key, alone)[0]
+                own = self._own(self._own_times(key, alone), 0)
                 m.eager_send_end_ns = t + own
                 self._finish(st, item, t, t + own, alone)
             return
         del meetings[key]
         parts, tmax, send_end = m.parts, m.last_arrival_ns, m.eager_send_end_ns
         own = self._own_times(key, parts)
+        own = [own] * len(parts) if type(own) is int else own
         for (pst, pit, pt), o in zip(parts, own, strict=True):
             if pst.item_end[pit] >= 0:
                 continue  # the eager send that ran already
@@ -638,16 +655,20 @@ class Simulator:
             if pst.item_end[pit] < 0:
                 self._finish(pst, pit, tmax, max(tmax + o, send_end), parts)
 
-    def _own_times(self, key: MeetingKey, parts: list[ParticipantTuple]) -> list[int]:
-        """Own time of each participant from the ``collective`` / ``p2p`` hooks."""
+    def _own_times(self, key: MeetingKey, parts: list[ParticipantTuple]) -> int | list[int]:
+        """Own time of each participant from the ``collective`` / ``p2p`` hooks: one int when
+        all members get the same, else one per participant."""
         st0, it0, _ = parts[0]
         rv0 = st0.program.rendezvous[it0]
         group = st0.group_of_key[rv0.key]
         try:
             if isinstance(key, CollectiveKey):
-                self._check_match(parts, group)
+                prog0 = st0.program
+                one_node = all(st.program is prog0 and it == it0 for st, it, _ in parts)
+                if not one_node:
+                    self._check_match(parts, group)
                 call = CommCall(collective_name(rv0.coll_type), rv0.coll_type, rv0.in_bytes, rv0.out_bytes,
-                                rv0.dtype, group, rv0.seq, rv0.root, -1, -1, parts)
+                                rv0.dtype, group, rv0.seq, rv0.root, -1, -1, parts, one_node)
                 own = self.collective(call)
             else:
                 self._check_p2p(parts, group)
@@ -663,12 +684,19 @@ class Simulator:
                 own = self.p2p(call)
         except EchoError as e:
             raise EchoError(f"while simulating rank {st0.rank} {st0.describe(it0)}: {e}") from None
+        if type(own) is int:
+            return own if own > 0 else 0
         if isinstance(own, list | tuple):
             if len(own) != len(parts):
                 raise EchoError(f"while simulating rank {st0.rank} {st0.describe(it0)}: {len(own)} times for "
                                 f"{len(parts)} participants")
             return [max(0, int(x)) for x in own]
-        return [max(0, int(own))] * len(parts)
+        return max(0, int(own))
+
+    @staticmethod
+    def _own(own: int | list[int], n: int) -> int:
+        """Participant ``n``'s own time from ``_own_times``' answer."""
+        return own if type(own) is int else own[n]
 
     def _finish(self, st: RankState, it: int, start: int, end: int, parts: list[ParticipantTuple]) -> None:
         """A rendezvous item ran from ``start`` to ``end``: release its successors and queue

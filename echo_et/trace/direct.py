@@ -166,6 +166,13 @@ class _Replayed(torch.autograd.Function):
 class DirectRecorder(TorchDispatchMode):
     """Records dispatch-level operators, annotation spans and communication of one rank."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Not wrapped in ``torch._dynamo.disable`` (TorchDispatchMode's documented switch):
+        the recorder never runs under ``torch.compile``, and the wrapper adds a Python frame
+        (and a switch of the frame-evaluation callback) to every dispatched operator."""
+        return False
+
     def __init__(self, *, replay: bool = True):
         super().__init__()
         self.events: list[tuple] = []

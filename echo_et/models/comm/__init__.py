@@ -195,7 +195,8 @@ class CommModel:
         same_node = src // gpn == dst // gpn
         pair = from_nodes([0, 0] if same_node else [0, 1])
         c = tuning.choose(self.profile.nccl, pair, "send", nbytes)
-        t = nccl.p2p_costs(P, S, same_node)[("p2p", c.protocol)]
+        ch = nccl.Channels(float(c.channels), tuning.MAX_CHANNELS)
+        t = nccl.p2p_costs(P, S, same_node, {("p2p", c.protocol): ch})[("p2p", c.protocol)]
         return Estimate(_ns(t), c.algorithm, c.protocol, c.channels)
 
     def estimate_sizes(self, coll: str, sizes: Sequence[int], pl: Placement, choice: str = "nccl"

@@ -49,6 +49,8 @@ def samples_from_runs(runs: Sequence[nccl_tests.Run], gpus_per_node: int
             "collective": run.collective, "ranks": pl.ranks, "nodes": pl.nodes,
             "gpus_per_thread": run.gpus_per_thread, "samples": len(ms),
             "dropped_sizes": dropped, "dropped_warmup_times": outliers,
+            **({"nccl_stated": run.nccl_version} if run.nccl_version else {}),
+            **({"missing_sizes": list(run.missing_sizes)} if run.missing_sizes else {}),
         })
     return samples, sources
 
@@ -113,10 +115,32 @@ def fit_runs(runs: Sequence[nccl_tests.Run], gpus_per_node: int, *, preset: str 
     matching the GPUs the runs name), named ``<preset>-calibrated`` unless ``name`` says."""
     samples, sources = samples_from_runs(runs, gpus_per_node)
     base = load_preset(preset or default_preset(g for r in runs for g in r.gpu_names))
+    if nccl_version is None:
+        nccl_version = stated_release(runs)
     if progress:
         progress(f"fitting {len(samples)} measurements from {len(runs)} run(s), starting from "
                  f"preset {base.name} ...")
     return fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated", nccl_version)
+
+
+def modelled_release(stated: str) -> str:
+    """The modelled NCCL release closest to ``stated`` from below (the newest whose tuning
+    tables it inherits), else the oldest modelled one."""
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split(".") if x.isdigit())
+
+    older = [v for v in VERSIONS if key(v) <= key(stated)]
+    return max(older, key=key) if older else VERSIONS[0]
+
+
+def stated_release(runs: Sequence[nccl_tests.Run]) -> str | None:
+    """The modelled release for the NCCL the logs state (nccl-tests 2.13+: ``nccl-library=``
+    in the header), None when none states one; logs stating different releases are an error."""
+    stated = {r.nccl_version for r in runs if r.nccl_version}
+    if len(stated) > 1:
+        raise EchoError(f"the logs state different NCCL releases ({', '.join(sorted(stated))}); "
+                        "fit each cluster's logs apart or pass --nccl-version")
+    return modelled_release(stated.pop()) if stated else None
 
 
 def _choice_error(result: FitResult, samples: Sequence[Sample]) -> float:

@@ -1,5 +1,6 @@
 """Prediction error against measured nccl-tests runs: per run and per size band, in sample
-and leave-one-log-out, side by side with the 3-parameter baseline."""
+and leave-one-log-out, side by side with the alpha-beta baseline fitted per collective and
+tier (one GPU, one node, several nodes) and the single alpha-beta line across all."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.models.comm import nccl
-from echo_et.models.comm.baseline import AlphaBeta
+from echo_et.models.comm.baseline import AlphaBeta, TieredBaseline
 from echo_et.models.comm.calibrate import fit_profile, samples_from_runs
 from echo_et.models.comm.fit import Sample, predict_samples
 from echo_et.models.comm.nccl_tests import Run
@@ -78,22 +79,24 @@ def evaluate_runs(params: Mapping[str, float], runs: Sequence[Run], gpus_per_nod
 
 
 def fit_and_baseline(samples: Sequence[Sample], base: Profile, gpus_per_node: int, nccl_version: str | None
-                     ) -> tuple[Profile, AlphaBeta]:
-    """The white-box profile and the 3-parameter baseline, both fitted to ``samples``."""
+                     ) -> tuple[Profile, tuple[TieredBaseline, AlphaBeta]]:
+    """The white-box profile and the baselines (per tier and collective; one line), all
+    fitted to ``samples``."""
     prof, _ = fit_profile(samples, [], base, gpus_per_node, f"{base.name}-calibrated", nccl_version)
-    return prof, AlphaBeta.fit(samples)
+    return prof, (TieredBaseline.fit(samples), AlphaBeta.fit(samples))
 
 
-def _compare(prof: Profile, baseline: AlphaBeta, samples: Sequence[Sample]) -> dict[str, Any]:
+def _compare(prof: Profile, baselines: tuple[TieredBaseline, AlphaBeta], samples: Sequence[Sample]
+             ) -> dict[str, Any]:
     ours = evaluate_samples(samples, lambda s: predict_samples(prof.params, s, prof.nccl))
-    theirs = evaluate_samples(samples, baseline.predict)
-    return {"model": ours, "baseline": theirs}
+    return {"model": ours, "baseline": evaluate_samples(samples, baselines[0].predict),
+            "baseline_one_line": evaluate_samples(samples, baselines[1].predict)}
 
 
 def cross_validate(runs: Sequence[Run], gpus_per_node: int, base: Profile, nccl_version: str | None = "auto",
                    held_out: Sequence[int] | None = None) -> dict[str, Any]:
     """In-sample errors (fit on every run, predict each) and leave-one-log-out errors (fit on
-    all runs but one, predict that one) of the white-box model and the 3-parameter baseline.
+    all runs but one, predict that one) of the white-box model and the baselines.
 
     ``held_out``: indices of the runs to leave out in turn (default: every multi-node run, or
     every run when none spans nodes). The NCCL release (``"auto"``) is chosen on each fit's
@@ -113,7 +116,8 @@ def cross_validate(runs: Sequence[Run], gpus_per_node: int, base: Profile, nccl_
     out: dict[str, Any] = {"nccl_version": nccl_version or base.nccl.version, "in_sample": [], "leave_one_out": [],
                            "profiles": {"in_sample": prof}}
     for label, s in zip(labels, per_run, strict=True):
-        out["in_sample"].append({"log": label, "ranks": s[0].placement.ranks, "nodes": s[0].placement.nodes,
+        out["in_sample"].append({"log": label, "collective": s[0].coll, "ranks": s[0].placement.ranks,
+                                 "nodes": s[0].placement.nodes,
                                  "fitted_on": labels, "nccl": prof.nccl.version, **_compare(prof, baseline, s)})
     if len(runs) < 2:
         return out
@@ -122,7 +126,8 @@ def cross_validate(runs: Sequence[Run], gpus_per_node: int, base: Profile, nccl_
         p, b = fit_and_baseline(train, base, gpus_per_node, nccl_version)
         out["profiles"][labels[i]] = p
         s = per_run[i]
-        out["leave_one_out"].append({"log": labels[i], "ranks": s[0].placement.ranks, "nodes": s[0].placement.nodes,
+        out["leave_one_out"].append({"log": labels[i], "collective": s[0].coll, "ranks": s[0].placement.ranks,
+                                     "nodes": s[0].placement.nodes,
                                      "fitted_on": [lab for j, lab in enumerate(labels) if j != i],
                                      "nccl": p.nccl.version, **_compare(p, b, s)})
     return out

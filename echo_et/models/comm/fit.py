@@ -34,7 +34,7 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.models.comm import nccl
-from echo_et.models.comm.params import SPECS
+from echo_et.models.comm.params import OPTIONAL, P2P_PATTERNS, SPECS
 from echo_et.models.comm.topology import Placement
 from echo_et.models.comm.tuning import NcclSystem
 
@@ -99,14 +99,34 @@ def calibrate(samples: Sequence[Sample], prior: Mapping[str, float], system: Ncc
     single = [s for s in samples if not s.placement.multi_node]
     multi = [s for s in samples if s.placement.multi_node]
     if single:
-        names = [sp.name for sp in SPECS if sp.stage == "intra"]
+        names = _stage_names("intra", single)
         P = _fit_stage(single, names, P, prior, system, starts=1)
         free += names
     if multi:
-        names = [sp.name for sp in SPECS if sp.stage == "net"]
+        names = _stage_names("net", multi)
         P = _fit_stage(multi, names, P, prior, system, starts=NET_STARTS)
         free += names
     return _report(P, samples, free, system)
+
+
+def _stage_names(stage: str, samples: Sequence[Sample]) -> list[str]:
+    """A stage's parameters; a collective's own rates only when the stage has samples of it,
+    and only when it also has samples of another collective (one collective alone sets the
+    shared rates; its own factor would be the same degree of freedom); a send/recv channel's
+    rate only with samples of a collective NCCL runs as send/recv."""
+    colls = {s.coll for s in samples}
+    out = []
+    for sp in SPECS:
+        if sp.stage != stage:
+            continue
+        if sp.name == "p2p_chan_gbps":
+            if colls & set(P2P_PATTERNS):
+                out.append(sp.name)
+            continue
+        if sp.name in OPTIONAL and (sp.name.partition(".")[2] not in colls or len(colls) < 2):
+            continue
+        out.append(sp.name)
+    return out
 
 
 def _report(P: dict[str, float], samples: Sequence[Sample], free: list[str], system: NcclSystem) -> FitResult:

@@ -56,6 +56,11 @@ from echo_et.models.comm.tuning import Choice, NcclSystem
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                "reduce", "gather", "scatter", "barrier", "send", "recv")
 
+# Patterns nccl-tests measures that are not IR collectives: sendrecv_perf (every rank sends to
+# the next and receives from the previous at once) and hypercube_perf (an all-gather as
+# log2(n) rounds of send/recv with the rank at distance 1, 2, 4, ...). Only fits price them.
+MEASURED_PATTERNS = ("sendrecv", "hypercube")
+
 CHOICE_MODES = ("nccl", "fastest")
 _BARRIER_BYTES = 4  # c10d's barrier is an all-reduce of one 4-byte element
 _US = 1e-3  # bytes / (GB/s) -> us: 1 GB/s moves 1e3 bytes per us
@@ -89,6 +94,9 @@ class Channels:
 
     used: np.ndarray | float
     total: int
+    # the share of its modelled bandwidth NCCL says the algorithm reaches at this size (its
+    # tree correction factors); 1.0 elsewhere
+    reach: np.ndarray | float = 1.0
 
 
 FULL = Channels(1.0, 1)
@@ -162,7 +170,7 @@ def _tree(P, S: np.ndarray, pl: Placement, proto: str, ch: Channels) -> np.ndarr
     if m > 1:
         t = _vmax(t, net_share * S / (k * P["net_gbps"] * e * eff * r))
     cap = P["tree_simple_cap_gbps"] if proto == "Simple" else P[f"cap_gbps.{proto}"]
-    t = _vmax(t, 2 * S / (cap * r))
+    t = _vmax(t, 2 * S / (cap * r)) / ch.reach
     if proto != "LL":
         hops = max(1, 2 * (k - 1 + levels) - 1)
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
@@ -177,10 +185,18 @@ def _nvls(P, S: np.ndarray, pl: Placement) -> np.ndarray:
     return _lat(P, "Simple", 2, 0) + 2 * (n - 1) / n * S / (P["nvls_gbps"] * r)
 
 
-def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.ndarray:
+def _p2p_rate(P: Mapping[str, float], ch: Channels, ops: int) -> float:
+    """What the channels a grouped send/recv runs on can carry (GB/s): ``ops`` operations of
+    ``ch.used`` channels each, at most ``ch.total`` channels, ``p2p_chan_gbps`` each."""
+    if ch is FULL:
+        return math.inf
+    return _vmin(float(ch.total), ops * ch.used) * P["p2p_chan_gbps"]
+
+
+def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels = FULL) -> np.ndarray:
     """all-to-all, gather, scatter: NCCL runs them as grouped sends and receives, one
     operation per peer, each with its serial per-channel cost (and its proxy post across
-    nodes); the bytes share NVLink and the NICs."""
+    nodes); the bytes share NVLink and the NICs and the channels the operations run on."""
     n, k = pl.ranks, pl.per_node
     if coll == "all_to_all":      # each rank sends S/n to every other rank
         intra, inter = (k - 1) / n * S, (n - k) / n * S
@@ -190,20 +206,55 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str) -> np.n
         intra, inter = (k - 1) / n * S, (n - k) / n * S
     r = _ramp(P, S, proto) / _US
     e = PROTOCOL_PAYLOAD[proto]
-    t = intra / (P["nvlink_gbps"] * e * r)
+    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, k - 1)) * e * r)
     if pl.multi_node:
-        t = _vmax(t, inter / (P["net_gbps"] * e * r))
+        t = _vmax(t, inter / (_vmin(P["net_gbps"], _p2p_rate(P, ch, n - k)) * e * r))
     per_peer = (n - 1) * P["chan_us"] + (n - k) * P["net_chan_us"]   # every rank has n-1 peers
     return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t + per_peer
 
 
-def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool) -> Costs:
-    """Send/recv between two ranks: one hop over NVLink or the network."""
+def _sendrecv(P, S: np.ndarray, pl: Placement, channels: Mapping[tuple[str, str], Channels]) -> Costs:
+    """Every rank sends S to the next rank and receives S from the previous at once: the
+    slowest pair sets the time (across nodes, the pair that crosses a node boundary)."""
+    return p2p_costs(P, S, not pl.multi_node, channels)
+
+
+def _hypercube(P, S: np.ndarray, pl: Placement, channels: Mapping[tuple[str, str], Channels]) -> Costs:
+    """log2(n) rounds (one grouped send/recv each): in round i every rank exchanges 2^i
+    shards with the rank at distance 2^i, a peer on another node once 2^i >= the GPUs per
+    node (ranks packed onto nodes); every round on the channels of the largest one."""
+    out: Costs = {}
+    rounds = max(1, (pl.ranks - 1).bit_length())
+    for i in range(rounds):
+        same = (1 << i) < pl.per_node or not pl.multi_node
+        for key, t in p2p_costs(P, S * (1 << i), same, channels).items():
+            out[key] = out.get(key, 0.0) + t
+    return out
+
+
+def for_collective(P: Mapping[str, float], coll: str) -> Mapping[str, float]:
+    """``P`` with the NVLink (and protocol limit) and network rates ``coll`` reaches: all-reduce's
+    times its ``coll_nvlink_eff`` and ``coll_net_eff`` (1.0 unless a fit set them apart)."""
+    intra, net = P.get(f"coll_nvlink_eff.{coll}", 1.0), P.get(f"coll_net_eff.{coll}", 1.0)
+    if intra == 1.0 and net == 1.0:
+        return P
+    out = dict(P)
+    for name in ("nvlink_gbps", "cap_gbps.LL", "cap_gbps.LL128"):
+        out[name] = P[name] * intra
+    out["net_gbps"] = P["net_gbps"] * net
+    return out
+
+
+def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool,
+              channels: Mapping[tuple[str, str], Channels] | None = None) -> Costs:
+    """Send/recv between two ranks: one hop over NVLink or the network, at most at the rate
+    of the channels it runs on (``channels[("p2p", protocol)]``; default: no channel limit)."""
     out: Costs = {}
     for proto in ("LL", "Simple"):
         r = _ramp(P, S, proto) / _US
         e = PROTOCOL_PAYLOAD[proto]
         bw = P["nvlink_gbps"] if same_node else P["net_gbps"]
+        bw = _vmin(bw, _p2p_rate(P, (channels or {}).get(("p2p", proto), FULL), 1))
         out[("p2p", proto)] = (_lat(P, proto, 1 if same_node else 0, 0 if same_node else 1) + S / (bw * e * r)
                                + P["chan_us"] + (0.0 if same_node else P["net_chan_us"]))
     return out
@@ -218,10 +269,15 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
         coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
     if pl.ranks == 1:
         return {("local", "Simple"): P["local_setup_us"] + S / P["local_copy_gbps"] * _US}
+    P = for_collective(P, coll)
+    if coll == "sendrecv":
+        return _sendrecv(P, S, pl, channels)
+    if coll == "hypercube":
+        return _hypercube(P, S, pl, channels)
     out: Costs = {}
     if coll in ("all_to_all", "gather", "scatter"):
         for proto in ("LL", "Simple"):
-            out[("p2p", proto)] = _p2p_pattern(P, coll, S, pl, proto)
+            out[("p2p", proto)] = _p2p_pattern(P, coll, S, pl, proto, channels.get(("p2p", proto), FULL))
         return out
     for proto in PROTOCOLS:
         out[("ring", proto)] = _ring(P, coll, S, pl, proto, channels.get(("ring", proto), FULL))
@@ -236,14 +292,25 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
 def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], scalar: bool
               ) -> dict[tuple[str, str], Channels]:
     """NCCL's channel count for every candidate and size."""
-    if pl.ranks < 2 or coll not in tuning.FUNCTIONS:
+    if pl.ranks < 2:
+        return {}
+    if coll in tuning.P2P_COLLECTIVES:        # one operation's channels, out of all p2p channels
+        used = [tuning.choose(system, pl, coll, b).channels for b in sizes]
+        ch = Channels(float(used[0]) if scalar else np.array(used, dtype=float), tuning.p2p_channels(system, pl)[0])
+        return {("p2p", "LL"): ch, ("p2p", "Simple"): ch}
+    if coll not in tuning.FUNCTIONS:
         return {}
     table = tuning.table_for(system, pl)
     out = {}
     for algo, proto in tuning.candidates(system, pl, coll):
-        used = [tuning.channels_threads(table, pl, algo, proto, tuning.nccl_function_bytes(coll, b, pl.ranks))[0]
-                for b in sizes]
-        out[(algo, proto)] = Channels(float(used[0]) if scalar else np.array(used, dtype=float), table.channels)
+        nbytes = [tuning.nccl_function_bytes(coll, b, pl.ranks) for b in sizes]
+        used = [tuning.channels_threads(table, pl, algo, proto, b)[0] for b in nbytes]
+        # a tree across nodes with LL128 or Simple (no start-up ramp: a pipeline) reaches the share
+        # of its bandwidth NCCL's tree correction factors say
+        reach = [tuning.tree_correction(system, proto, b) if algo == "tree" and proto != "LL" and pl.multi_node
+                 else 1.0 for b in nbytes]
+        out[(algo, proto)] = Channels(float(used[0]) if scalar else np.array(used, dtype=float), table.channels,
+                                      float(reach[0]) if scalar else np.array(reach, dtype=float))
     return out
 
 
@@ -253,7 +320,7 @@ def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement, syst
     channels) NCCL's own tuner picks (:mod:`~echo_et.models.comm.tuning`), timed by this
     performance model; with ``mode="fastest"`` the pair this model rates fastest among those
     NCCL has enabled (what a tuned NCCL_ALGO/NCCL_PROTO would run), with NCCL's channels."""
-    if coll not in COLLECTIVES or coll in ("send", "recv"):
+    if (coll not in COLLECTIVES and coll not in MEASURED_PATTERNS) or coll in ("send", "recv"):
         raise EchoError(f"unknown collective {coll!r}")
     if mode not in CHOICE_MODES:
         raise EchoError(f"unknown choice {mode!r} (known: {', '.join(CHOICE_MODES)})")

@@ -1,30 +1,23 @@
-"""Reader for nccl-tests output (``all_reduce_perf`` and friends).
+"""Reader for nccl-tests output: every binary (``all_reduce_perf``, ``all_gather_perf``,
+``reduce_scatter_perf``, ``alltoall_perf``, ``broadcast_perf``, ``reduce_perf``,
+``sendrecv_perf``, ``gather_perf``, ``scatter_perf``, ``hypercube_perf``).
 
 Accepts the plain output of one process (``-g N`` or ``-t N``) and the output of an MPI run
 where every line carries a ``[1,0]<stdout>:`` prefix; output of several ranks may be
 interleaved inside one line (``...A100-SXM4-40GB[1,3]<stderr>:NCCL WARN ...``): every
 prefix starts a new segment and only stdout segments are read. One file may hold several
-runs (each starts at ``# nThread``).
+runs (each starts at ``# nThread``; nccl-tests 2.14+ opens each with ``# Collective test
+starting: <binary>``).
 
-What a run's columns mean, per collective (nccl-tests ``size`` is the larger of the send
-and receive buffers; ``count`` is per rank):
+What ``size`` and ``count`` mean is nccl-tests' own, per binary (its ``GetCollByteCount``):
+``size`` is the larger of the send and receive buffers of one rank, ``count`` the element
+count passed to NCCL (:data:`SIZE_PER_COUNT`: ``size = count x type size`` or ``ranks x
+count x type size``). The IR bytes (per-rank input, the Chakra convention) are
+:func:`ir_bytes`; docs/comm-model.md has the table.
 
-============== ======================== ==========================================
-collective     nccl-tests ``size``       IR bytes (per-rank input) we use
-============== ======================== ==========================================
-all_reduce     the buffer               size
-broadcast      the buffer               size
-reduce         the buffer               size
-reduce_scatter the full input buffer    size
-all_gather     the full output buffer   size / ranks (the shard)
-all_to_all     the send buffer          size
-============== ======================== ==========================================
-
-Which collective a log holds: ``collective=`` when given, else the file name
-(``all_gather_perf.log``, ``allgather_16.txt``), else the table itself (a root column means
-broadcast or reduce; ``size == count x type size`` with a reduction means all_reduce;
-``size == ranks x count x type size`` means reduce_scatter with a reduction and
-all_gather/all_to_all without one, which cannot be told apart).
+Which collective a run holds: ``collective=`` when given, else its ``# Collective test
+starting`` header, else the file name, else the table (``size / (count x type size)``, the
+``root`` value, the reduction and ``busbw / algbw``; see :func:`_from_table`).
 
 Warm-up outliers: nccl-tests times its first sizes right after warm-up, and the first
 sizes of multi-node runs can be far slower than the next ones. Within each time column,
@@ -32,7 +25,8 @@ a time among the first :data:`WARMUP_ROWS` sizes is dropped when it exceeds
 :data:`WARMUP_FACTOR` x the smallest time of the next three sizes (a larger message cannot
 legitimately be that much faster). The measurement of a size is then the smaller of its
 out-of-place and in-place times (noise only adds time); with one rank the in-place
-all-reduce is a no-op NCCL skips, so only out-of-place is used.
+all-reduce is a no-op NCCL skips, so only out-of-place is used. Rows of 0 bytes (a size
+below ``ranks x type size`` rounds to nothing) are not measurements.
 """
 
 from __future__ import annotations
@@ -43,18 +37,44 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from echo_et.errors import EchoError
-from echo_et.ir.collectives import find_collective
 from echo_et.ir.dtypes import dtype_size
-from echo_et.ir.schema import collective_name
 
 WARMUP_ROWS = 4
 WARMUP_FACTOR = 1.25
 
 _PREFIX = re.compile(r"\[\d+,\d+\]<(stdout|stderr)>:")
-_HEADER = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
+_HEADER = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)(.*)$")
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+"
                    r"\[[^\]]*\]\s*(.*)$")
-SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
+_STARTING = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+_VERSION = re.compile(r"nccl-library=(\d+)|NCCL version (\d+\.\d+\.\d+)")
+_REDUCED_MAX = re.compile(r"#\s*Reducing maxBytes to (\d+)")
+
+# nccl-tests binary -> the collective this model calls it
+BINARIES = {
+    "all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
+    "reduce_scatter_perf": "reduce_scatter", "alltoall_perf": "all_to_all",
+    "broadcast_perf": "broadcast", "reduce_perf": "reduce", "sendrecv_perf": "sendrecv",
+    "gather_perf": "gather", "scatter_perf": "scatter", "hypercube_perf": "hypercube",
+}
+SUPPORTED = tuple(BINARIES.values())
+# size / (count x type size), from each binary's GetCollByteCount: "1" or "ranks"
+SIZE_PER_COUNT = {
+    "all_reduce": "1", "broadcast": "1", "reduce": "1", "sendrecv": "1",
+    "all_gather": "ranks", "reduce_scatter": "ranks", "all_to_all": "ranks",
+    "gather": "ranks", "scatter": "ranks", "hypercube": "ranks",
+}
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+# busbw / algbw, from each binary's GetBw: "2(n-1)/n", "(n-1)/n" or "1"
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n, "sendrecv": lambda n: 1.0, "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0, "hypercube": lambda n: 1.0,
+    **{c: (lambda n: (n - 1) / n) for c in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")},
+}
+# file-name words, most specific first ("reducescatter" before "reduce", "allgather" before "gather")
+_NAME_WORDS = (("allreduce", "all_reduce"), ("reducescatter", "reduce_scatter"), ("allgather", "all_gather"),
+               ("alltoall", "all_to_all"), ("sendrecv", "sendrecv"), ("hypercube", "hypercube"),
+               ("broadcast", "broadcast"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"))
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,9 @@ class Row:
     redop: str
     out_of_place_us: float | None
     in_place_us: float | None
+    root: int = -1              # the root column (-1: none, or no column)
+    bus_per_alg: float | None = None    # busbw / algbw of the row, when both are readable
+    line: int = field(default=0, compare=False)   # line in the file (1-based; 0: not from a file)
 
 
 @dataclass
@@ -81,13 +104,28 @@ class Run:
     columns: list[str] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     collective: str = ""
+    line: int = 0               # line of the run's "# nThread" header
+    binary: str = ""            # "# Collective test starting: <binary>", when stated
+    binary_line: int = 0
+    nccl_version: str = ""      # the NCCL library the header states ("2.29.2"), "" when not
+    sizes_asked: tuple[int, ...] = ()   # the sizes the header's -b/-e/-f ask for
+    missing_sizes: tuple[int, ...] = ()  # asked for but not in the table (a truncated log)
 
     @property
     def ranks(self) -> int:
         return max(self.hosts) + 1 if self.hosts else self.threads * self.gpus_per_thread
 
     def ir_bytes(self, row: Row) -> int:
-        return row.size // self.ranks if self.collective == "all_gather" else row.size
+        return ir_bytes(self.collective, row, self.ranks)
+
+
+def ir_bytes(collective: str, row: Row, ranks: int) -> int:
+    """Per-rank input bytes (the IR convention) of a row: the shard (``count x type size``)
+    for all_gather, gather and hypercube (an all-gather by send/recv), nccl-tests' ``size``
+    (the whole input or send buffer) for the others."""
+    if collective in ("all_gather", "gather", "hypercube"):
+        return row.size // max(1, ranks)
+    return row.size
 
 
 @dataclass(frozen=True)
@@ -114,11 +152,27 @@ def parse_text(text: str, name: str, sha256: str = "", collective: str | None = 
                         f"({', '.join(SUPPORTED)})")
     runs: list[Run] = []
     run: Run | None = None
-    for line in _segments(text):
+    binary: tuple[str, int] | None = None
+    version = ""
+    for lineno, line in _segments(text):
         s = line.strip()
+        m = _STARTING.match(s)
+        if m:
+            binary = (m.group(1), lineno)
+            continue
+        m = _VERSION.search(s)
+        if m and (s.startswith("#") or "NCCL INFO" in s):
+            version = _version_text(m)
+            if run is not None and not run.nccl_version:
+                run.nccl_version = version
         m = _HEADER.match(s)
         if m:
-            run = Run(name, sha256, len(runs), int(m.group(1)), int(m.group(2)))
+            run = Run(name, sha256, len(runs), int(m.group(1)), int(m.group(2)), line=lineno,
+                      nccl_version=version)
+            run.sizes_asked = _asked_sizes(m.group(3))
+            if binary is not None:
+                run.binary, run.binary_line = binary
+                binary = None
             runs.append(run)
             continue
         if run is None:
@@ -129,19 +183,27 @@ def parse_text(text: str, name: str, sha256: str = "", collective: str | None = 
             if m.group(3).strip():
                 run.gpu_names.add(m.group(3).strip())
             continue
+        m = _REDUCED_MAX.match(s)
+        if m:
+            limit = int(m.group(1))
+            run.sizes_asked = tuple(x for x in run.sizes_asked if x <= limit)
+            continue
         if s.startswith("#"):
             tokens = s.lstrip("#").split()
             if tokens[:2] == ["size", "count"] and "time" in tokens:
+                if run.columns and run.rows:
+                    raise EchoError(f"{name}:{lineno}: a second table in one run without its own "
+                                    "'# nThread' header (mixed collectives?)")
                 run.columns = tokens
             continue
         if run.columns and s[:1].isdigit():
-            row = _row(s, run.columns, name)
+            row = _row(s, run.columns, lineno)
             if row is not None:
                 run.rows.append(row)
     if not runs:
         raise EchoError(f"{name}: not nccl-tests output (no '# nThread ... nGpus ...' header)")
     for r in runs:
-        where = f"{name}" + (f" (run {r.index + 1})" if len(runs) > 1 else "")
+        where = f"{name}:{r.line}"
         if not r.columns:
             raise EchoError(f"{where}: no table header with size, count and time columns")
         for col in ("type", "time"):
@@ -153,25 +215,62 @@ def parse_text(text: str, name: str, sha256: str = "", collective: str | None = 
             missing = sorted(set(range(max(r.hosts) + 1)) - set(r.hosts))
             raise EchoError(f"{where}: no device line for rank(s) {missing[:5]}, so the group size "
                             "is unknown")
-        r.collective = collective or _infer_collective(r, where)
+        r.collective = collective or _collective(r, name)
+        _check_sizes(r, name)
+        r.missing_sizes = _missing(r)
+    _check_mixed(runs, name, collective)
     return runs
 
 
+def _version_text(m: re.Match) -> str:
+    if m.group(2):
+        return m.group(2)
+    code = int(m.group(1))
+    if code >= 10000:                       # NCCL_VERSION_CODE from 2.9: major*10000+minor*100+patch
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def _asked_sizes(rest: str) -> tuple[int, ...]:
+    """The sizes ``-b``/``-e``/``-f`` (or ``-i``) ask for, from the header's tail."""
+    lo = re.search(r"minBytes\s+(\d+)", rest)
+    hi = re.search(r"maxBytes\s+(\d+)", rest)
+    step = re.search(r"step:\s*(\d+)\((factor|bytes)\)", rest)
+    if not (lo and hi and step):
+        return ()
+    size, top, inc = int(lo.group(1)), int(hi.group(1)), int(step.group(1))
+    out: list[int] = []
+    while size <= top and len(out) < 4096 and inc > (1 if step.group(2) == "factor" else 0):
+        out.append(size)
+        size = size * inc if step.group(2) == "factor" else size + inc
+    return tuple(out)
+
+
+def _missing(run: Run) -> tuple[int, ...]:
+    """Asked-for sizes after the table's last row: the log was cut (nccl-tests prints every
+    size it is asked for, rounding it down to whole elements per rank)."""
+    if not run.sizes_asked or len(run.rows) >= len(run.sizes_asked):
+        return ()
+    last = run.rows[-1].size
+    return tuple(s for s in run.sizes_asked[len(run.rows):] if s > last)
+
+
 def _segments(text: str):
-    """Logical lines: MPI prefixes removed, interleaved prefixes split off, stderr dropped."""
-    for raw in text.splitlines():
+    """(line number, logical line): MPI prefixes removed, interleaved prefixes split off,
+    stderr dropped."""
+    for lineno, raw in enumerate(text.splitlines(), start=1):
         parts = _PREFIX.split(raw)
         if len(parts) == 1:
-            yield raw
+            yield lineno, raw
             continue
         if parts[0].strip():
-            yield parts[0]
+            yield lineno, parts[0]
         for i in range(1, len(parts) - 1, 2):
             if parts[i] == "stdout":
-                yield parts[i + 1]
+                yield lineno, parts[i + 1]
 
 
-def _row(line: str, columns: list[str], name: str) -> Row | None:
+def _row(line: str, columns: list[str], lineno: int) -> Row | None:
     tokens = line.split()
     if len(tokens) != len(columns):
         return None
@@ -180,10 +279,18 @@ def _row(line: str, columns: list[str], name: str) -> Row | None:
         size, count = int(tokens[0]), int(tokens[1])
         oop = _time(tokens[times[0]])
         inp = _time(tokens[times[1]]) if len(times) > 1 else None
+        root = int(tokens[columns.index("root")]) if "root" in columns else -1
     except ValueError:
         return None
     redop = tokens[columns.index("redop")] if "redop" in columns else "none"
-    return Row(size, count, tokens[columns.index("type")], redop, oop, inp)
+    ratio = None
+    if "algbw" in columns and "busbw" in columns:
+        try:
+            alg, bus = float(tokens[columns.index("algbw")]), float(tokens[columns.index("busbw")])
+            ratio = bus / alg if alg >= 1.0 else None     # 2 decimals: too coarse below 1 GB/s
+        except ValueError:
+            ratio = None
+    return Row(size, count, tokens[columns.index("type")], redop, oop, inp, root, ratio, lineno)
 
 
 def _time(tok: str) -> float | None:
@@ -193,26 +300,77 @@ def _time(tok: str) -> float | None:
     return v if v > 0 and v == v and v != float("inf") else None
 
 
-def _infer_collective(run: Run, where: str) -> str:
-    named = find_collective(re.sub(r"[^a-z]", "", run.source.lower()), sendrecv=None)
-    if named is not None and collective_name(named) in SUPPORTED:
-        return collective_name(named)
-    row = run.rows[-1]  # the largest size: its count is never rounded to 0
-    reduces = row.redop.lower() not in ("none", "")
-    if "root" in run.columns:
-        return "reduce" if reduces else "broadcast"
+def _collective(run: Run, name: str) -> str:
+    """The collective of a run: its section header, else the file name, else the table."""
+    if run.binary:
+        if run.binary not in BINARIES:
+            raise EchoError(f"{name}:{run.binary_line}: {run.binary} is not a collective this model knows "
+                            f"(known: {', '.join(BINARIES)})")
+        return BINARIES[run.binary]
+    word = re.sub(r"[^a-z]", "", name.lower())
+    for pattern, coll in _NAME_WORDS:
+        if pattern in word:
+            return coll
+    return _from_table(run, name)
+
+
+def _from_table(run: Run, name: str) -> str:
+    """What the table says: ``size / (count x type size)`` (1 or the ranks), a root, a
+    reduction, and ``busbw / algbw`` (2(n-1)/n all-reduce, 1 send/recv)."""
+    row = max(run.rows, key=lambda r: r.size)   # the largest size: its count is never rounded to 0
+    where = f"{name}:{row.line}"
     width = dtype_size(row.dtype)
     if width is None or row.count == 0:
         raise EchoError(f"{where}: cannot tell which collective this is (type {row.dtype!r}); "
                         "pass --collective")
+    reduces = row.redop.lower() not in ("none", "")
+    n = run.ranks
     ratio = row.size / (row.count * width)
-    if abs(ratio - 1) < 1e-9 and reduces:
-        return "all_reduce"
-    if abs(ratio - run.ranks) < 1e-9 and run.ranks > 1:
+    factors = [r.bus_per_alg for r in run.rows if r.bus_per_alg is not None]
+    bus = factors[-1] if factors else None
+
+    def near(a: float | None, b: float) -> bool:
+        return a is not None and abs(a - b) <= 0.02 * b
+
+    if abs(ratio - 1) < 1e-9:
+        if row.root >= 0:
+            return "reduce" if reduces else "broadcast"
+        if reduces and n > 2 and near(bus, 1.0):
+            return "sendrecv"
+        if reduces:
+            return "all_reduce"   # at 2 ranks all_reduce and sendrecv print the same busbw
+    elif n > 1 and abs(ratio - n) < 1e-9:
+        if row.root >= 0:
+            raise EchoError(f"{where}: gather or scatter (the table cannot tell); pass --collective")
         if reduces:
             return "reduce_scatter"
+        if near(bus, 1.0) and n > 2:
+            return "hypercube"
         raise EchoError(f"{where}: all_gather or all_to_all (the table cannot tell); pass --collective")
     raise EchoError(f"{where}: cannot tell which collective this is; pass --collective")
+
+
+def _check_sizes(run: Run, name: str) -> None:
+    """Every row's size must be what nccl-tests prints for its count (see SIZE_PER_COUNT)."""
+    per = run.ranks if SIZE_PER_COUNT[run.collective] == "ranks" else 1
+    for row in run.rows:
+        width = dtype_size(row.dtype)
+        if width is None:
+            raise EchoError(f"{name}:{row.line}: unknown data type {row.dtype!r}")
+        if row.size != per * row.count * width:
+            raise EchoError(f"{name}:{row.line}: size {row.size} contradicts count {row.count} x {width} B"
+                            + (f" x {per} ranks" if per > 1 else "") + f" for {run.collective}")
+
+
+def _check_mixed(runs: list[Run], name: str, collective: str | None) -> None:
+    """Several runs of different collectives in one file need their own section headers."""
+    if collective is not None or len({r.collective for r in runs}) < 2:
+        return
+    for r in runs:
+        if not r.binary:
+            raise EchoError(f"{name}:{r.line}: runs of different collectives "
+                            f"({', '.join(sorted({x.collective for x in runs}))}) in one file without "
+                            "'# Collective test starting' headers; split the file or pass --collective")
 
 
 def measurements(run: Run) -> tuple[list[Measurement], int, int]:
@@ -232,7 +390,7 @@ def measurements(run: Run) -> tuple[list[Measurement], int, int]:
     dropped = 0
     for i, row in enumerate(run.rows):
         kept = [c[i] for c in cols if c[i] is not None]
-        if not kept:
+        if not kept or row.size == 0:
             dropped += 1
             continue
         out.append(Measurement(run.ir_bytes(row), min(kept), row.size))  # type: ignore[type-var]

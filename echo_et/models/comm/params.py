@@ -55,6 +55,8 @@ SPECS: tuple[ParamSpec, ...] = (
     ParamSpec("chan_us", "us", "intra", 1.0, "serial cost per channel a kernel runs on"),
     ParamSpec("net_chan_us", "us", "net", 1.0,
               "serial proxy cost per channel and network hop (NCCL's proxy thread posts each)"),
+    ParamSpec("p2p_chan_gbps", "GB/s", "intra", 0.5,
+              "what one channel of a send/recv carries (NCCL splits a send/recv over channels by size)"),
     ParamSpec("cap_gbps.LL", "GB/s", "intra", 1.0, "throughput limit of the LL protocol (all channels)"),
     ParamSpec("cap_gbps.LL128", "GB/s", "intra", 1.0, "throughput limit of the LL128 protocol (all channels)"),
     ParamSpec("tree_simple_cap_gbps", "GB/s", "net", 1.0, "throughput limit of the tree with Simple"),
@@ -75,6 +77,29 @@ SPECS: tuple[ParamSpec, ...] = (
               "NVLink-SHARP all-reduce bus bandwidth inside a node; 0 where the switch has none"),
 )
 
+# Collectives whose NVLink and network rates a fit may set apart from all-reduce's (the
+# reference, 1.0): NCCL runs them with other kernels, chunk sizes and (send/recv) channels.
+PER_COLLECTIVE = ("all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+                  "sendrecv", "hypercube")
+SPECS = SPECS + tuple(
+    ParamSpec(f"coll_nvlink_eff.{c}", "", "intra", 0.3,
+              f"NVLink rate (and protocol limits) {c} reaches, relative to all-reduce's") for c in PER_COLLECTIVE
+) + tuple(
+    ParamSpec(f"coll_net_eff.{c}", "", "net", 0.3,
+              f"network rate {c} reaches, relative to all-reduce's") for c in PER_COLLECTIVE
+)
+# Parameters a profile or preset may leave out, with their defaults: the per-collective rates
+# (1.0: as all-reduce) and a send/recv channel's rate (NCCL's rate of one NVLink, 20 GB/s on
+# Volta and Ampere, 20.6 on Hopper); written only when a fit moved them, so profiles from before
+# keep their bytes.
+P2P_CHAN_GBPS = 20.0
+OPTIONAL: dict[str, float] = {
+    **{s.name: 1.0 for s in SPECS if s.name.startswith(("coll_nvlink_eff.", "coll_net_eff."))},
+    "p2p_chan_gbps": P2P_CHAN_GBPS,
+}
+# the collectives NCCL runs as grouped send/recv: the samples that identify p2p_chan_gbps
+P2P_PATTERNS = ("all_to_all", "gather", "scatter", "sendrecv", "hypercube")
+
 SPEC_BY_NAME: dict[str, ParamSpec] = {s.name: s for s in SPECS}
 NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
 
@@ -88,6 +113,8 @@ def flatten(nested: Mapping[str, object], where: str) -> dict[str, float]:
                 out[f"{key}.{sub}"] = _number(v, f"{where}: {key}.{sub}")
         else:
             out[key] = _number(value, f"{where}: {key}")
+    for name, default in OPTIONAL.items():
+        out.setdefault(name, default)
     unknown = sorted(set(out) - set(NAMES))
     if unknown:
         raise EchoError(f"{where}: unknown parameter(s) {', '.join(unknown)}")
@@ -104,6 +131,8 @@ def nest(flat: Mapping[str, float]) -> dict[str, object]:
     """The inverse of :func:`flatten`, in :data:`NAMES` order."""
     out: dict[str, object] = {}
     for name in NAMES:
+        if name in OPTIONAL and flat.get(name, OPTIONAL[name]) == OPTIONAL[name]:
+            continue
         family, _, proto = name.partition(".")
         if proto:
             out.setdefault(family, {})[proto] = flat[name]  # type: ignore[index]

@@ -60,7 +60,7 @@ VERSIONS = ("2.7.5", "2.17.1", "2.20.3")
 PROTOCOLS = ("LL", "LL128", "Simple")
 # NCCL's collectives in its own order (ncclFunc_t) and the IR names that map to them.
 FUNCTIONS = ("broadcast", "reduce", "all_gather", "reduce_scatter", "all_reduce")
-P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv")
+P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send", "recv", "sendrecv", "hypercube")
 
 # path types NCCL orders GPU-GPU and GPU-NIC paths by (closest first)
 PATH_TYPES = ("LOC", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
@@ -71,6 +71,8 @@ THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 MAX_CHANNELS = 32
 P2P_LL_THRESHOLD = 16384          # 2.20.3: send/recv of at most this many bytes use LL
 NET_CHANNELS_PER_PEER = 2         # NCCL_NCHANNELS_PER_NET_PEER default
+P2P_NVL_CHUNK = 512 << 10         # NCCL_P2P_NVL_CHUNKSIZE default: a send/recv step over NVLink
+P2P_NET_CHUNK = 128 << 10         # NCCL_P2P_NET_CHUNKSIZE default: a send/recv step across nodes
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ class _Release:
     ring_pass2: bool = False            # pass 2 also speeds up rings
     total_stop: bool = True             # the search stops once it uses all of a GPU's bandwidth
     nvls_lat: float = 0.0               # NVLS latency (us); 0: no NVLS
+    p2p_split: bool = False             # send/recv split over channels by size (addP2pToPlan, 2.2x)
 
 
 def _lat_table(values: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]]):
@@ -262,7 +265,7 @@ RELEASES: dict[str, _Release] = {
         speeds_intra_sm90=(60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0),
         speeds_inter_sm90=(48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4,
                            1.2, 0.24, 0.12),
-        net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True, nvls_lat=23.0,
+        net_overhead=True, bus_cap=False, dup="pass1", ring_pass2=True, nvls_lat=23.0, p2p_split=True,
     ),
 }
 
@@ -572,6 +575,20 @@ def nccl_time(system: NcclSystem, table: Table, pl: Placement, coll: str, algo: 
     return lat + nbytes / (1000.0 * bw)
 
 
+def tree_correction(system: NcclSystem, proto: str, nbytes: int) -> float:
+    """NCCL's tree correction factor for a message: the share of its modelled bandwidth NCCL
+    says a tree reaches at medium sizes (one entry per power of two from 64 B; 1.0 beyond the
+    table). Interpolated in log2(bytes) between its powers of two, so that a time divided by
+    it never drops as the message grows (neighbouring entries differ by at most 1.25x)."""
+    corr = RELEASES[system.version].tree_correction[proto]
+    x = math.log2(max(nbytes, 64) / 64.0)
+    i = int(x)
+    if i >= len(corr):
+        return 1.0
+    nxt = corr[i + 1] if i + 1 < len(corr) else 1.0
+    return corr[i] + (nxt - corr[i]) * (x - i)
+
+
 def channels_threads(table: Table, pl: Placement, algo: str, proto: str, nbytes: int) -> tuple[int, int]:
     """NCCL's channel and thread count for one message: fewer channels (then fewer threads)
     until every thread has its minimum share of the bytes."""
@@ -655,15 +672,45 @@ def p2p_channels(system: NcclSystem, pl: Placement) -> tuple[int, int]:
     return total, 1 << (max(1, per_peer) - 1).bit_length()
 
 
+def p2p_op_channels(system: NcclSystem, pl: Placement, op_bytes: int) -> int:
+    """Channels one send (or receive) of ``op_bytes`` runs on. Every release: at least
+    ``nChannelsMin`` (the channels per peer, halved until every rank of the communicator has
+    its own), the rule of ``scheduleP2pTasksToPlan``. Releases that split by size (2.2x
+    ``addP2pToPlan``; 2.20.3 here): parts of at least 1/8 of a step (one node; 1/2 across
+    nodes), doubled up to the channels per peer while a part exceeds 32 steps (one node; one
+    step across nodes); a step is NCCL_P2P_NVL_CHUNKSIZE (512 KiB) or NCCL_P2P_NET_CHUNKSIZE
+    (128 KiB)."""
+    total, per_peer = p2p_channels(system, pl)
+    low = per_peer
+    while low * pl.ranks > total and low > 1:
+        low //= 2
+    if not RELEASES[system.version].p2p_split or op_bytes <= 0:
+        return low
+    step = P2P_NET_CHUNK if pl.multi_node else P2P_NVL_CHUNK
+    min_part = step // 2 if pl.multi_node else step // 8
+    max_part = step if pl.multi_node else step * 32
+    c = max(1, min(low, -(-op_bytes // min_part)))
+    part = max(min_part, -(-op_bytes // c))
+    while part > max_part and c <= per_peer // 2:
+        c *= 2
+        part = -(-op_bytes // c)
+    return c
+
+
 def _p2p_choice(system: NcclSystem, pl: Placement, coll: str, ir_bytes: int) -> Choice:
     n = pl.ranks
     per_peer_bytes = {"all_to_all": ir_bytes // max(1, n), "gather": ir_bytes,
-                      "scatter": ir_bytes // max(1, n)}.get(coll, ir_bytes)
+                      "scatter": ir_bytes // max(1, n),
+                      "hypercube": ir_bytes * max(1, n // 2)}.get(coll, ir_bytes)   # its largest round
     proto = "Simple"
+    if RELEASES[system.version].p2p_split:        # LL while every channel carries <= 16 KiB
+        channels = p2p_op_channels(system, pl, per_peer_bytes)
+        proto = "LL" if per_peer_bytes <= channels * P2P_LL_THRESHOLD else "Simple"
+        return Choice("p2p", proto, channels, P2P_THREADS, -1.0)
     if system.version != "2.7.5" and per_peer_bytes <= P2P_LL_THRESHOLD:
         proto = "LL"
     total, per_peer = p2p_channels(system, pl)
-    peers = 1 if coll in ("send", "recv") else max(1, n - 1)
+    peers = 1 if coll in ("send", "recv", "sendrecv", "hypercube") else max(1, n - 1)
     nmin = per_peer
     while nmin * n > total and nmin > 1:      # one channel per operation when many peers
         nmin //= 2
