@@ -27,7 +27,7 @@ from conftest import FIXTURES
 from echo_et.ir import GraphBuilder, JobBuilder, load_job, pb, save_job
 from echo_et.ir import io as ir_io
 
-FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=20, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # A JSON value of every type, and the numbers that broke readers before (beyond int64, huge
@@ -197,7 +197,7 @@ def _fits(value: int):
     return clamp
 
 
-@settings(FUZZ, max_examples=20)
+@settings(FUZZ, max_examples=12)
 @given(edits=st.lists(st.tuples(st.sampled_from(EDITS), st.integers(0, 1), NUMBERS), min_size=1, max_size=2))
 def test_check_is_the_authority_for_every_verb(tmp_path, edits):
     d = fresh(tmp_path, "j")
