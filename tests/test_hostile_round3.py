@@ -365,3 +365,16 @@ def test_config_csv_rows_and_size_are_bounded_before_any_row_runs(tmp_path):
     refused("sweep", "--configs", huge, "--gpu", "a100", "-o", tmp_path / "o",
             match=["huge.csv: 68.2 MB", "at most 67.1 MB"])
     assert not (tmp_path / "o").exists()
+
+
+def test_a_symlink_loop_is_one_line(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    refused("convert", tmp_path / "a", "-o", tmp_path / "j", match="Symlink loop")
+    refused("scale", tmp_path / "a", "--dp", "4", "-o", tmp_path / "s", match="Symlink loop")
+    save_job(small_job(), tmp_path / "job")
+    graph = next((tmp_path / "job" / "graphs").iterdir())
+    graph.unlink()
+    graph.symlink_to(graph)
+    for verb in ("check", "simulate", "inspect"):
+        refused(verb, tmp_path / "job", match=["Symlink loop", graph.name])

@@ -71,6 +71,10 @@ def guarded(fn: F) -> F:
             fail(f"{e.filename}: {reason}" if e.filename is not None else reason)
         except MemoryError:
             fail("out of memory (the input asks for more than this machine has)")
+        except RuntimeError as e:
+            if not str(e).startswith("Symlink loop"):  # pathlib's resolve() meeting a link cycle
+                raise
+            fail(f"{e} (a symbolic link that leads back to itself)")
         except KeyboardInterrupt:
             fail("interrupted", 130)
 
