@@ -378,3 +378,11 @@ def test_a_symlink_loop_is_one_line(tmp_path):
     graph.symlink_to(graph)
     for verb in ("check", "simulate", "inspect"):
         refused(verb, tmp_path / "job", match=["Symlink loop", graph.name])
+
+
+@pytest.mark.parametrize("value", ["1e400", "inf", "nan"])
+def test_slowdown_csv_durations_must_be_finite(tmp_path, value):
+    p = tmp_path / "merged_features.csv"
+    p.write_text(f"kDemangledName,ground_truth,duration,overlap_ratio\nk,{value},2,0.5\nk,1,2,0.5\n")
+    refused("calibrate", "slowdown", p, "-o", tmp_path / "s.json", match=[f"{p}:2", "finite"])
+    assert not (tmp_path / "s.json").exists()
