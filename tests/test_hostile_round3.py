@@ -386,3 +386,19 @@ def test_slowdown_csv_durations_must_be_finite(tmp_path, value):
     p.write_text(f"kDemangledName,ground_truth,duration,overlap_ratio\nk,{value},2,0.5\nk,1,2,0.5\n")
     refused("calibrate", "slowdown", p, "-o", tmp_path / "s.json", match=[f"{p}:2", "finite"])
     assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize("name,text", [
+    ("deep.json", '{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}"),
+    ("deep.et.json", '{"schema": "1.0.1", "nodes": [{"id": 1, "inputs": ' + "[" * 100_000 + "]" * 100_000 + "}]}"),
+])
+def test_json_nested_a_hundred_thousand_deep_is_one_line(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), "nested too deeply"])
+
+
+def test_a_profile_nested_a_hundred_thousand_deep_is_one_line(tmp_path):
+    p = tmp_path / "prof.json"
+    p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    refused("simulate", JOB, "--mode", "predict", "--profile", p, match="nested too deeply")

@@ -71,6 +71,8 @@ def guarded(fn: F) -> F:
             fail(f"{e.filename}: {reason}" if e.filename is not None else reason)
         except MemoryError:
             fail("out of memory (the input asks for more than this machine has)")
+        except RecursionError:  # before RuntimeError, its base: a JSON file nested thousands deep
+            fail("an input is nested too deeply to read (thousands of levels)")
         except RuntimeError as e:
             if not str(e).startswith("Symlink loop"):  # pathlib's resolve() meeting a link cycle
                 raise
