@@ -480,7 +480,7 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
     if not traces:
         raise EchoError("no events to write")
     with atomic_dir(dest, replaceable=_is_timeline_folder,
-                    kind="a timeline folder holding only rank-R.json files") as tmp:
+                    kind="a timeline folder") as tmp:
         for rank, trace in traces.items():
             (tmp / f"rank-{rank}.json").write_bytes(_dump(trace, False))
     return _summary(dest, list(traces.values()), len(traces))

@@ -193,7 +193,8 @@ def test_an_output_folder_holding_a_users_file_is_never_replaced(tmp_path, verb)
         assert code == 0, err
     (out / "notes.txt").write_text("mine")
     before = _tree(out)
-    refused(*_writer_args(verb, out, tmp_path), match=[str(out), "refusing to replace it"])
+    refused(*_writer_args(verb, out, tmp_path), match=[str(out), "holds notes.txt, which echo-et did not write",
+                                                      "refusing to replace it"])
     assert _tree(out) == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "one") == ["out"]
 

@@ -594,7 +594,7 @@ class ExportPlan:
         ex, net, opts = self._ex, self.network, self.options
         dest = Path(dest)
         with atomic_dir(dest, replaceable=is_export_folder,
-                        kind="an ASTRA-sim export holding only what echo-et wrote") as tmp:
+                        kind="an ASTRA-sim export") as tmp:
             files = ex.write_rank_files(tmp)
             (tmp / FILE_NAMES["network"]).write_text(configs.network_yaml(net))
             (tmp / FILE_NAMES["system"]).write_text(configs.system_json(len(net.npus_count), opts.splits))

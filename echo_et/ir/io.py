@@ -478,20 +478,31 @@ def atomic_dir(dest: str | os.PathLike[str], *, replaceable: Callable[[Path], bo
         raise
 
 
-def written_by(*patterns: str, required: str | None = None) -> Callable[[Path], bool]:
+class WrittenBy:
     """The test :func:`atomic_dir` takes for "an earlier output of this writer": the folder
     holds ``required`` (when given) and nothing but regular files whose paths (relative,
     ``/``-separated) match one of ``patterns`` (fnmatch), with the folders on their way. One
     file of the user's (a ``notes.txt``), a symlink or a FIFO makes the folder the user's,
     never replaced: replacing a folder deletes everything in it."""
-    globs = patterns if required is None else (required, *patterns)
 
-    def replaceable(folder: Path) -> bool:
-        if required is not None and not (folder / required).is_file():
-            return False
-        return _only_files_like(folder, "", globs)
+    def __init__(self, patterns: tuple[str, ...], required: str | None):
+        self.required = required
+        self.globs = patterns if required is None else (required, *patterns)
 
-    return replaceable
+    def __call__(self, folder: Path) -> bool:
+        return self.foreign(folder) is None
+
+    def foreign(self, folder: Path) -> str | None:
+        """What makes ``folder`` not this writer's output (the first such entry), or None."""
+        first = _first_foreign(folder, "", self.globs)
+        if first is None and self.required is not None and not (folder / self.required).is_file():
+            return f"no {self.required}"
+        return first
+
+
+def written_by(*patterns: str, required: str | None = None) -> WrittenBy:
+    """A :class:`WrittenBy` test for ``patterns`` (and the ``required`` file)."""
+    return WrittenBy(patterns, required)
 
 
 def check_output_dir(dest: str | os.PathLike[str], replaceable: Callable[[Path], bool], kind: str) -> None:
@@ -524,21 +535,22 @@ def _check_writable_beside(dest: Path) -> None:
         raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
 
 
-def _only_files_like(folder: Path, rel: str, globs: tuple[str, ...]) -> bool:
+def _first_foreign(folder: Path, rel: str, globs: tuple[str, ...]) -> str | None:
     try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return False
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as e:
+        return f"{rel or '.'} ({e.strerror or e})"
     for entry in entries:
         path = f"{rel}{entry.name}"
         if entry.is_dir(follow_symlinks=False):
             if not any(g.startswith(path + "/") for g in globs):
-                return False
-            if not _only_files_like(Path(entry.path), path + "/", globs):
-                return False
+                return f"{path}/"
+            inner = _first_foreign(Path(entry.path), path + "/", globs)
+            if inner is not None:
+                return inner
         elif not (entry.is_file(follow_symlinks=False) and any(fnmatch.fnmatchcase(path, g) for g in globs)):
-            return False
-    return True
+            return path
+    return None
 
 
 def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind: str) -> None:
@@ -564,6 +576,10 @@ def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind
                 same = False
             if not same:     # replaced while we looked
                 continue
+            why = replaceable.foreign(dest) if isinstance(replaceable, WrittenBy) else None
+            if why and not why.startswith("no "):
+                raise EchoError(f"{dest}: holds {why}, which echo-et did not write: not {kind}; refusing to "
+                                "replace it (replacing a folder deletes what is in it)")
             raise EchoError(f"{dest}: exists and is not {kind}; refusing to replace it")
         return
     raise EchoError(f"{dest}: output in use (another run keeps replacing it); try again")
@@ -600,7 +616,7 @@ def is_job_dir(path: str | os.PathLike[str]) -> bool:
 
 # What save_job writes, and so the only Job folder it replaces (see written_by).
 is_job_output = written_by(f"{GRAPH_DIR}/*{GRAPH_SUFFIX}", required=MANIFEST_NAME)
-JOB_OUTPUT_KIND = "an echo-et job directory holding only what echo-et wrote"
+JOB_OUTPUT_KIND = "an echo-et job directory"
 
 
 def check_job_output(dest: str | os.PathLike[str]) -> None:
