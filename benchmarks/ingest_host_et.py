@@ -10,8 +10,8 @@ convert and echo-et's peak RSS / input size for each input.
 For each host ET (schema >= 1.0.2: chakra_converter refuses 1.0.1) it runs, each in a fresh
 process, and reports the median wall time and the peak RSS of that process:
 
-* ``echo-et convert FILE --from pytorch_et -o DIR`` (CLI start-up, read, check, write a Job
-  directory) and the reader alone as a library call (``pytorch_et.read``);
+* ``echo-et convert FILE --from pytorch_et -o DIR``, the installed console script (CLI
+  start-up, read, check, write a Job directory) and the reader alone as a library call (``pytorch_et.read``);
 * ``chakra_converter PyTorch --input FILE --output OUT.et`` (the same host ET, uncompressed:
   chakra_converter does not read gzip; decompressing is not timed);
 * ``json.load`` + a walk over the nodes (the floor any whole-file JSON reader pays).
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="bench_host_et.") as t:
             link_table(Path(t))
         return
-    echo = [sys.executable, "-m", "echo_et.cli.main"]
+    # The console script a user runs (its own start-up included), beside this interpreter.
+    echo = [shutil.which("echo-et", path=str(Path(sys.executable).parent)) or "echo-et"]
     chakra = shutil.which("chakra_converter")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_host_et.") as t:

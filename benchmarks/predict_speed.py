@@ -5,6 +5,10 @@ blocks written out as nodes: what every Job looked like before blocks) beside it
 
     python benchmarks/predict_speed.py [--rows goal 8k vtrain] [--workdir DIR] [--json]
     python benchmarks/predict_speed.py --sweep 109 [--workers 2]
+    python benchmarks/predict_speed.py --main-job
+
+``--main-job``: the README's main job (``echo-et predict ...``, read from README.md, its
+output folder moved under the work folder), one whole process: wall, peak RSS, what it wrote.
 
 Rows (GPT-175B: 96 layers, hidden 12288, 96 heads, sequence 2048, recomputation, A100 with
 150 GB/s NVLink per GPU and 800 Gb/s per node of network):
@@ -147,6 +151,23 @@ def bench_sweep(n: int, workers: int, work: Path) -> dict:
             "gpus": sorted({r["tp"] * r["pp"] * r["dp"] for r in rows})}
 
 
+def bench_main_job(work: Path) -> dict:
+    """The README's ``echo-et predict`` command as a user runs it (the console script)."""
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    args = shlex.split(next(line for line in readme.splitlines() if line.startswith("echo-et predict ")))[1:]
+    out = work / "main-job"
+    shutil.rmtree(out, ignore_errors=True)
+    args[args.index("-o") + 1] = str(out)
+    echo = shutil.which("echo-et", path=str(Path(sys.executable).parent)) or "echo-et"
+    res = run([echo, *args])
+    step = STEP.search(res["out"])
+    return {"command": "echo-et " + shlex.join(args), "wall_s": res["wall_s"], "peak_rss_mib": res["peak_rss_mib"],
+            "step_ms": float(step.group(1)) if step else None, "output_bytes": du(out),
+            "timeline_bytes": du(out / "timeline")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=["vtrain", "goal", "8k"], choices=sorted(ROWS))
@@ -154,9 +175,15 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--sweep", type=int, default=0, help="time a config sweep of this many rows instead")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--main-job", action="store_true", help="time the README's main job instead")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="predict-speed-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.main_job:
+        print(json.dumps(bench_main_job(work), indent=2))
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     if args.sweep:
         res = bench_sweep(args.sweep, args.workers, work)
         print(json.dumps(res, indent=2))

@@ -8,6 +8,7 @@ are imported lazily so that one format's dependencies never load for another.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from echo_et.converters.describe import describe, is_metadata
 from echo_et.errors import EchoError, OptionError
 
 # Input formats in detection order (most specific sniffers first).
@@ -52,16 +54,20 @@ def load_module(fmt: str) -> ModuleType:
 
 def expand_inputs(paths: list[Path]) -> list[Path]:
     """Files as given; a folder stands for the files directly in it (sorted), except a Job
-    directory, which stands for itself."""
+    directory, which stands for itself. A folder's metadata files (a small JSON object that
+    is no trace, such as the ``run.json`` a profiling script writes beside its traces) are
+    not inputs."""
     out: list[Path] = []
     for p in paths:
         if not p.exists():
             raise EchoError(f"{p}: no such file or directory")
         if p.is_dir() and not (p / "manifest.pb").is_file():
             files = sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith("."))
-            if not files:
-                raise EchoError(f"{p}: folder has no files")
-            out.extend(files)
+            traces = [q for q in files if not is_metadata(q)]
+            if not traces:
+                meta = f" (only metadata: {', '.join(q.name for q in files[:3])})" if files else ""
+                raise EchoError(f"{p}: folder has no traces{meta}")
+            out.extend(traces)
         elif p.is_dir() or p.is_file():
             out.append(p)
         else:
@@ -69,32 +75,47 @@ def expand_inputs(paths: list[Path]) -> list[Path]:
     return out
 
 
-def detect(paths: list[Path]) -> str:
-    """The input format of ``paths`` (all must agree)."""
-    found: set[str] = set()
+def format_of(path: Path) -> str:
+    """The input format of one file; none -> an OptionError of ``format`` saying what the
+    file holds."""
+    for name in READERS:
+        try:
+            mod = load_module(name)
+        except EchoError:
+            continue
+        if mod.sniff(path):
+            return name
+    raise OptionError("format", f"{path}: cannot tell the format: found {describe(path)} "
+                                f"(formats read: {', '.join(READERS)})")
+
+
+def detect(paths: list[Path]) -> tuple[str, list[Path], list[Path]]:
+    """The input format of ``paths``, the inputs of that format, and the host execution
+    traces among them when the others are Kineto traces (the pair a profiling run leaves in
+    one folder: they are linked); any other mix of formats is refused."""
+    by_fmt: dict[str, list[Path]] = {}
     for p in paths:
-        fmt = None
-        for name in READERS:
-            try:
-                mod = load_module(name)
-            except EchoError:
-                continue
-            if mod.sniff(p):
-                fmt = name
-                break
-        if fmt is None:
-            raise OptionError("format", f"{p}: cannot tell the format (name it: {', '.join(READERS)})")
-        found.add(fmt)
-    if len(found) > 1:
-        raise EchoError(f"inputs mix formats ({', '.join(sorted(found))}); convert them separately")
-    return found.pop()
+        by_fmt.setdefault(format_of(p), []).append(p)
+    if set(by_fmt) == {"kineto", "pytorch_et"}:
+        return "kineto", by_fmt["kineto"], by_fmt["pytorch_et"]
+    if len(by_fmt) > 1:
+        raise EchoError(f"inputs mix formats ({', '.join(sorted(by_fmt))}); convert them separately")
+    fmt, files = by_fmt.popitem()
+    return fmt, files, []
 
 
 def read(paths: list[Path], fmt: str | None = None, options: ReadOptions | None = None):
-    """Read ``paths`` into a Job, detecting the format unless ``fmt`` is given."""
+    """Read ``paths`` into a Job, detecting the format unless ``fmt`` is given (Kineto
+    traces given with their host execution traces are linked to them)."""
     options = options or ReadOptions()
     files = expand_inputs(paths)
-    fmt = fmt or detect(files)
+    if fmt is None:
+        fmt, files, host_ets = detect(files)
+        if host_ets:
+            if options.host_et:
+                raise OptionError("host_et", f"host execution traces given twice: {host_ets[0].name} among the "
+                                             "inputs and others to link")
+            options = dataclasses.replace(options, host_et=host_ets)
     with fewer_collections():
         return load_module(fmt).read(files, options)
 

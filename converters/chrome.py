@@ -76,6 +76,11 @@ __all__ = ["TimelineEvent", "chrome_trace", "is_single_file", "job_timeline", "k
 
 HOST_PID_BASE = 1_000_000
 JOB_GPU_PID_BASE = 2_000_000
+# Correlation ids (launch -> kernel) are the launch node's id plus this: HolisticTraceAnalysis
+# downcasts the correlation column to the smallest integer type and writes row indices into a
+# column of that type; with pandas 3 a trace of more than 32,767 events whose ids all fit in
+# int16 then fails to load (TypeError in transform_correlation_to_index).
+CORRELATION_BASE = 1 << 16
 _GPU_CATS = frozenset({KINETO_KERNEL, KINETO_MEMCPY, KINETO_MEMSET})
 _COMM_KINDS = frozenset({pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV})
 # An NCCL kernel's name as trace tools match it (HTA: ``^nccl.*Kernel``); "void " dropped.
@@ -239,15 +244,15 @@ class _RankWriter:
         correlation: dict[int, int] = {}
         for e in self.events:
             if e.kind == pb.KIND_LAUNCH and e.node_id:
-                correlation[e.node_id] = e.node_id
-        launches: dict[int, tuple[int, int, int]] = {}   # launch node id -> (pid, tid, ts)
+                correlation[e.node_id] = CORRELATION_BASE + e.node_id
+        launches: dict[int, tuple[int, int, int]] = {}   # launch correlation id -> (pid, tid, ts)
         for e in self.events:
             box = self._box(e, correlation)
             if box is None:
                 continue
             self.out.append(box)
             if e.kind == pb.KIND_LAUNCH and e.node_id:
-                launches[e.node_id] = (box["pid"], box["tid"], box["ts"])
+                launches[correlation[e.node_id]] = (box["pid"], box["tid"], box["ts"])
         self._flows(launches)
         self._profiler_step()
         return self.out
@@ -299,7 +304,7 @@ class _RankWriter:
                 ("send" if e.kind == pb.KIND_SEND else "recv")
             name = f"gloo:{word}"
         elif cat == KINETO_RUNTIME:
-            corr = correlation.get(e.node_id, e.node_id)
+            corr = correlation.get(e.node_id, CORRELATION_BASE + e.node_id)
             args.update({"correlation": corr, "External id": corr})
         elif e.node_id:
             args.setdefault("External id", e.node_id)

@@ -32,3 +32,85 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip("needs ../shared/data (real inputs, present in CI; absent in a fresh clone)")
     return SHARED_DATA
+
+
+# The tests left out of the fast subset (`python -m pytest -m "not slow"`, README): whole
+# files, or single tests as "file.py::name", that take seconds each (a model traced, HTA, a
+# sweep, a real trace's whole pipeline). CI runs everything.
+SLOW = {
+    # whole files
+    "test_astra_sim_binary.py",
+    "test_astra_sim_real.py",
+    "test_kineto_real.py",
+    "test_passes_real.py",
+    "test_sim_real.py",
+    "test_hta_timeline.py",
+    "test_sweep_resume.py",
+    "test_config_sweep.py",
+    "test_trace_cli.py",
+    "test_trace_gpt.py",
+    "test_trace_insitu.py",
+    "test_trace_layout.py",
+    "test_trace_meta.py",
+    "test_trace_steps.py",
+    "test_trace_user.py",
+    "test_determinism.py",
+    "test_fuzz_promise.py",
+    # single tests (each several seconds: `pytest --durations`)
+    "test_architecture.py::test_library_errors_name_no_flag",
+    "test_architecture.py::test_no_private_attribute_read_across_objects",
+    "test_astra_sim_fit.py::test_dlrm_export_replays_to_the_measured_step",
+    "test_chakra_read.py::test_feeder_counts_match_the_file",
+    "test_chakra_write.py::test_round_trip_keeps_the_graph",
+    "test_chrome_export.py::test_dlrm_measured_timeline_and_round_trip",
+    "test_cli_basic.py::test_convert_check_inspect_export_on_every_real_input",
+    "test_comm_calibrate.py::test_auto_picks_the_release_that_explains_the_multi_node_logs",
+    "test_comm_calibrate.py::test_extrapolates_from_16_to_32_gpus",
+    "test_comm_calibrate.py::test_profile_records_its_sources",
+    "test_comm_calibrate.py::test_refitting_gives_identical_profiles",
+    "test_comm_evaluate.py::test_cross_validation_reports_in_sample_and_held_out_errors",
+    "test_comm_evaluate.py::test_plots_are_deterministic",
+    "test_comm_launch.py::test_calibrate_choices_writes_the_matching_release_and_cap",
+    "test_comm_tuning.py::test_the_32_gpu_step_comes_from_nccls_choice",
+    "test_compute_retime.py::test_calibrate_compute_reproduces_the_shipped_a100_preset",
+    "test_compute_retime.py::test_cli_errors_are_one_line_exit_2",
+    "test_compute_retime.py::test_simulate_gpu_option_retimes_and_unknown_gpu_lists_the_presets",
+    "test_compute_retime.py::test_simulate_retimes_an_untimed_job_for_its_gpu_and_with_a_profile",
+    "test_first_run.py::test_pytest_q_prints_its_summary",
+    "test_first_run.py::test_trace_keeps_profiler_noise_off_the_terminal",
+    "test_first_run.py::test_validate_says_why_an_ex_situ_job_differs",
+    "test_hostile_input.py::test_file_write_on_a_read_only_or_full_file_system",
+    "test_hostile_input.py::test_real_chakra_feeder_trace_checks_and_simulates",
+    "test_iteration_fit.py::test_calibrate_compute_fits_measured_iterations",
+    "test_iteration_fit.py::test_calibrate_compute_iterations_with_a_collective_profile",
+    "test_kineto_units.py::test_converted_times_are_the_file_microseconds_in_exact_ns",
+    "test_passes_cli.py::test_scale_output_is_byte_identical_across_processes",
+    "test_passes_gpt.py::test_restage_pp2_to_pp4_issues_what_tracing_at_pp4_issues",
+    "test_passes_gpt.py::test_restaged_blocks_run_the_host_work_traced_at_pp4",
+    "test_passes_gpt.py::test_scaled_64_rank_job_exports_to_astra_sim",
+    "test_passes_gpt.py::test_scaling_dp2_to_dp8_equals_tracing_at_dp8",
+    "test_passes_gpt.py::test_scaling_zero1_dp2_to_dp8_equals_tracing_at_dp8",
+    "test_passes_gpt.py::test_traced_gpt_to_1024_ranks_checks_and_simulates",
+    "test_pytorch_et.py::test_dlrm_eight_ranks_collectives_from_the_files",
+    "test_pytorch_et.py::test_mutated_real_trace_never_crashes",
+    "test_pytorch_et.py::test_resnet_110_groups_steps_and_sizes",
+    "test_pytorch_et.py::test_stream_agrees_with_json_loads",
+    "test_pytorch_et_fastpath.py::test_fast_path_same_job_as_reference_on_real_traces",
+    "test_pytorch_et_fastpath.py::test_parse_struct_equals_parse_node",
+    "test_repeats.py::test_an_expansion_past_the_limit_is_refused_not_attempted",
+    "test_repeats.py::test_compact_trace_expands_to_the_flat_trace_byte_for_byte",
+    "test_repeats.py::test_exports_of_the_compact_job_equal_those_of_the_flat_one",
+    "test_repeats.py::test_simulate_command_on_a_compact_job_with_and_without_a_timeline",
+    "test_repeats.py::test_too_many_instances_are_refused",
+    "test_sim_cli.py::test_predict_with_a_calibrated_profile_and_a_bad_one",
+    "test_sim_golden.py::test_real_dlrm_trace_simulates_as_before",
+    "test_sweep.py::test_sweep_on_a_local_dask_cluster",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        file = item.path.name
+        name = item.originalname if hasattr(item, "originalname") else item.name
+        if file in SLOW or f"{file}::{name}" in SLOW:
+            item.add_marker(pytest.mark.slow)

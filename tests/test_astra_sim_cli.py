@@ -25,7 +25,7 @@ def _job_dir(tmp_path, sizes=(4096, 4096)):
 def test_export_astra_sim_json(tmp_path):
     job = _job_dir(tmp_path)
     res = runner.invoke(app, ["export", "astra-sim", str(job), "-o", str(tmp_path / "out"),
-                              "--intra-bw", "100", "--latency", "250", "--topology", "ring", "--json"])
+                              "--intra-bw", "100GB/s", "--latency", "250", "--topology", "ring", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["workload_prefix"] == str(tmp_path / "out" / "workload")

@@ -575,8 +575,11 @@ def test_network_defaults_and_options(tmp_path):
     (ExportOptions(gpus_per_node=3), "gpus_per_node", "not a multiple of 3 GPUs per node"),
     (ExportOptions(topology="Torus"), "topology", "not one of Ring, FullyConnected, Switch"),
     (ExportOptions(topology="Ring,Ring,Ring", gpus_per_node=4), "topology", "names 3 dimensions, the network has 2"),
-    (ExportOptions(intra_bw=-1), "intra_bw", "intra-node bandwidth must be positive"),
-    (ExportOptions(latency=-5), "latency", "latency must not be negative"),
+    (ExportOptions(intra_bw=-1), "intra_bw", "intra-node bandwidth -1 GB/s is below 1 bit/s"),
+    (ExportOptions(inter_bw=1e-300), "inter_bw", "inter-node bandwidth 1e-300 GB/s is below 1 bit/s"),
+    (ExportOptions(intra_bw=1e30), "intra_bw", "faster than any link that exists"),
+    (ExportOptions(latency=-5), "latency", "latency = -5 ns: must not be negative"),
+    (ExportOptions(latency=5e-324), "latency", "below 1 ns"),
     (ExportOptions(host_time="drop"), "host_time", "use keep or fold"),
 ])
 def test_bad_network_options_are_refused(tmp_path, opts, option, message):

@@ -68,6 +68,8 @@ def test_per_rank_trace_is_kineto_schema():
     assert gemm["pid"] == 0 and gemm["tid"] == gemm["args"]["stream"] > 0 and gemm["args"]["device"] == 0
     launch = next(b for b in boxes if b["cat"] == "cuda_runtime")
     assert launch["pid"] == HOST_PID_BASE + 1 and launch["args"]["correlation"] == gemm["args"]["correlation"] > 0
+    # past int16, so that HTA (pandas 3) loads a trace of more than 32,767 events (CORRELATION_BASE)
+    assert launch["args"]["correlation"] > 32_767
     flows = [e for e in t1["traceEvents"] if e["ph"] in ("s", "f")]
     assert {(e["ph"], e["id"]) for e in flows} == {("s", launch["args"]["correlation"]),
                                                    ("f", launch["args"]["correlation"])}

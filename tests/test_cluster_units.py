@@ -11,8 +11,8 @@ from echo_et.cli.main import app
 from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.synthetic import gpt_3d_job
 from echo_et.ir import JobBuilder, save_job
+from echo_et.ir.units import Bandwidth, parse_bandwidth
 from echo_et.models.cluster import Cluster, known_gpus
-from echo_et.models.comm.units import Bandwidth, parse_bandwidth
 
 runner = CliRunner()
 
@@ -20,7 +20,6 @@ runner = CliRunner()
 @pytest.mark.parametrize("text, gbps, per", [
     ("150GB/s", 150.0, "gpu"),
     ("150 GB/s", 150.0, "gpu"),
-    ("150", 150.0, "gpu"),                    # a bare number keeps its old meaning: GB/s per GPU
     ("800Gb/s/node", 100.0, "node"),          # bits, per node
     ("800 Gbps/node", 100.0, "node"),
     ("200 Gb/s per node", 25.0, "node"),
@@ -36,7 +35,7 @@ def test_parse_bandwidth(text: str, gbps: float, per: str) -> None:
     assert b.per == per
 
 
-@pytest.mark.parametrize("text", ["", "fast", "150GB", "-5GB/s", "0", "0Gb/s", "10 G", "150GB/s/rack",
+@pytest.mark.parametrize("text", ["", "fast", "150GB", "-5GB/s", "0", "150", "0Gb/s", "10 G", "150GB/s/rack",
                                   "inf"])
 def test_parse_bandwidth_refuses(text: str) -> None:
     with pytest.raises(EchoError) as e:
@@ -79,22 +78,22 @@ def test_cluster_round_trips_through_a_manifest() -> None:
     assert back.gpu == "h100" and back.gpus_per_node == 4
     assert back.intra_gbps() == 900.0 and back.inter_gbps() == 50.0
     # explicit settings win over the job's
-    assert Cluster.parse(intra_bw="100").over(back).intra_gbps() == 100.0
+    assert Cluster.parse(intra_bw="100GB/s").over(back).intra_gbps() == 100.0
 
 
 def _run(*args: str):
     return runner.invoke(app, list(args))
 
 
-def test_simulate_takes_units_and_bare_numbers_alike(tmp_path) -> None:
+def test_simulate_takes_every_spelling_of_one_rate_alike(tmp_path) -> None:
     job = save_job(gpt_3d_job(2, 2, 4, microbatches=2, layers=2), tmp_path / "job")
     outs = []
-    for intra, inter in (("150GB/s", "800Gb/s/node"), ("150", "12.5")):
+    for intra, inter in (("150GB/s", "800Gb/s/node"), ("1200Gbps", "12.5GB/s"), ("1.2Tb/s/gpu", "100Gb/s")):
         r = _run("simulate", str(job), "--mode", "predict", "--preset", "a100-ib", "--gpus-per-node", "8",
                  "--intra-bw", intra, "--inter-bw", inter, "--json")
         assert r.exit_code == 0, r.output
         outs.append(json.loads(r.stdout)["step_time_ns"])
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
     slow = _run("simulate", str(job), "--mode", "predict", "--preset", "a100-ib", "--gpus-per-node", "8",
                 "--intra-bw", "150GB/s", "--inter-bw", "100Gb/s/node", "--json")
     assert json.loads(slow.stdout)["step_time_ns"] > outs[0]

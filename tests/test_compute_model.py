@@ -32,7 +32,7 @@ def test_presets_and_gpu_names():
     assert resolve_gpu("NVIDIA A100-SXM4-80GB") == "a100-80gb"
     assert resolve_gpu("NVIDIA A100-SXM4-40GB") == "a100"
     assert resolve_gpu("H100 80GB HBM3") == "h100"
-    assert resolve_gpu("Tesla V100-SXM2-16GB") == "v100"
+    assert resolve_gpu("Tesla V100-SXM2-16GB") == "v100-16gb"
     with pytest.raises(EchoError) as e:
         resolve_gpu("tpu-v5")
     assert "presets: a100" in str(e.value) and "\n" not in str(e.value)

@@ -52,7 +52,7 @@ def test_hta_breakdown_of_a_simulated_step_equals_simulate_json(tmp_path) -> Non
         # inside) not under compute; idle = no kernel at all. simulate: the same split.
         assert compute * 1000 == v["compute_ns"]
         assert non_compute * 1000 == v["exposed_comm_ns"] + v["bubble_ns"]
-        assert idle * 1000 == v["idle_ns"] - v["bubble_ns"]
+        assert idle * 1000 == v["host_idle_ns"]
         assert kernel * 1000 == v["step_time_ns"]
     ta = _hta(tmp_path / "trace")
     overlap = ta.get_comm_comp_overlap(visualize=False)

@@ -33,7 +33,7 @@ def test_simulate_json(job_dir) -> None:
         assert key in out
     assert out["simulated_ranks"] == 1 and len(out["ranks"]) == 8
     for rr in out["ranks"].values():
-        assert set(rr) >= {"step_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "idle_ns"}
+        assert set(rr) >= {"step_time_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "bubble_ns", "host_idle_ns"}
     assert out["step_time_ns"] == simulate(dp_job(8)).step_time_ns
     full = json.loads(run("simulate", str(job_dir), "--json", "--no-symmetry").stdout)
     assert full["simulated_ranks"] == 8 and full["ranks"] == out["ranks"] | {
@@ -72,13 +72,13 @@ def test_simulate_predict_with_preset_and_what_ifs(job_dir) -> None:
     base = json.loads(run("simulate", str(job_dir), "--mode", "predict", "--preset", "a100-ib", "--json").stdout)
     assert base["mode"] == "predict" and base["slowdown"]["applied"]
     slow_net = json.loads(run("simulate", str(job_dir), "--mode", "predict", "--preset", "a100-ib",
-                              "--inter-bw", "1", "--json").stdout)
+                              "--inter-bw", "1GB/s", "--json").stdout)
     assert slow_net["step_time_ns"] > base["step_time_ns"]  # 8 ranks on 2 nodes (4 GPUs each)
     fast = json.loads(run("simulate", str(job_dir), "--mode", "predict", "--preset", "a100-ib",
                           "--compute-scale", "0.5", "--no-slowdown", "--json").stdout)
     assert fast["step_time_ns"] < base["step_time_ns"] and not fast["slowdown"]["applied"]
     one_node = json.loads(run("simulate", str(job_dir), "--mode", "predict", "--preset", "a100-ib",
-                              "--gpus-per-node", "8", "--inter-bw", "1", "--json").stdout)
+                              "--gpus-per-node", "8", "--inter-bw", "1GB/s", "--json").stdout)
     assert one_node["step_time_ns"] < slow_net["step_time_ns"]  # all 8 ranks on one node now
 
 
@@ -109,7 +109,7 @@ def test_bad_inputs_exit_2_with_one_line(job_dir, tmp_path) -> None:
     assert "collective-sequence" in _one_line_error(run("simulate", str(bad)))
     assert "RANK:FACTOR" in _one_line_error(run("simulate", str(job_dir), "--straggler", "3"))
     assert "not in the job" in _one_line_error(run("simulate", str(job_dir), "--straggler", "99:2"))
-    assert "only apply with --mode predict" in _one_line_error(run("simulate", str(job_dir), "--inter-bw", "5"))
+    assert "only apply with --mode predict" in _one_line_error(run("simulate", str(job_dir), "--inter-bw", "5GB/s"))
     assert "--mode" in _one_line_error(run("simulate", str(job_dir), "--mode", "fast"))
     assert "--compute-scale" in _one_line_error(run("simulate", str(job_dir), "--compute-scale", "0"))
     (tmp_path / "dir.json").mkdir()
@@ -166,7 +166,7 @@ def test_predict_with_a_calibrated_profile_and_a_bad_one(tmp_path) -> None:
     assert r.exit_code == 0, r.output
     job = save_job(dp_job(8), tmp_path / "job")
     a = json.loads(run("simulate", str(job), "--mode", "predict", "--profile", str(prof), "--json").stdout)
-    b = json.loads(run("simulate", str(job), "--mode", "predict", "--profile", str(prof), "--intra-bw", "10",
+    b = json.loads(run("simulate", str(job), "--mode", "predict", "--profile", str(prof), "--intra-bw", "10GB/s",
                        "--json").stdout)
     assert a["mode"] == "predict" and b["step_time_ns"] > a["step_time_ns"]  # 4 ranks per node share NVLink
     bad = tmp_path / "not_a_profile.json"

@@ -71,7 +71,9 @@ KEYS = ("mode", "step_time_ns", "slowest_rank", "critical_path", "simulated_rank
 
 def _digest(res) -> tuple[str, str]:
     j = res.to_json()
-    j = {k: j[k] for k in KEYS} | {"ranks": {r: {k: v[k] for k in FIELDS} for r, v in j["ranks"].items()}}
+    # idle_ns (no longer in the JSON: docs/step-breakdown.md) is bubble_ns + host_idle_ns
+    j = {k: j[k] for k in KEYS} | {"ranks": {r: {k: v[k] if k != "idle_ns" else v["bubble_ns"] + v["host_idle_ns"]
+                                                 for k in FIELDS} for r, v in j["ranks"].items()}}
     return (hashlib.sha256(json.dumps(j, sort_keys=True).encode()).hexdigest(),
             hashlib.sha256(json.dumps(_node_times(res)).encode()).hexdigest())
 

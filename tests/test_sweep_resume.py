@@ -193,7 +193,8 @@ def test_max_memory_too_small_for_a_row_is_that_rows_error(tmp_path, monkeypatch
     assert rows[0]["predicted_ms"] > 0 and rows[2]["predicted_ms"] > 0
     bad = _config_sweep(csv, tmp_path / "bad", "--max-memory", "lots")
     assert bad.exit_code == 2 and bad.stderr.strip().splitlines() == [
-        "error: --max-memory: 'lots' is not a byte size (e.g. 4096, 4KiB, 64MiB, 1GB)"]
+        "error: --max-memory: 'lots' is not a size (e.g. 4096, 4KiB, 64MiB, 1GB (KB/MB/GB are powers of 1000, "
+        "KiB/MiB/GiB of 1024))"]
     assert not (tmp_path / "bad").exists()
 
 

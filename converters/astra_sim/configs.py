@@ -11,7 +11,8 @@ Defaults (all overridable from ``echo-et export astra-sim``):
 - Bandwidth in GB/s (= bytes/ns) per GPU and direction: ``--intra-bw``/``--inter-bw``, else
   the Job's hardware, else 400 (intra, HGX-H100 NVLink as in ASTRA-sim's validated
   ``HGX-H100-validated.yml``) and 50 (inter, one 400 Gb/s NIC per GPU).
-- Latency ``--latency`` ns per link, else 936.25 ns (the validated HGX-H100 value).
+- Latency ``--latency`` ns per link (0, or 1 ns to 1 s), else 936.25 ns (the validated
+  HGX-H100 value).
 - System: the validated HGX-H100 system file (LIFO, endpoint delay 10 ns, ring algorithms,
   localBWAware) with ``preferred-dataset-splits`` 4 and 1 active chunk per dimension.
 - Remote memory: ``NO_MEMORY_EXPANSION`` (the export never emits memory nodes).
@@ -24,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError, OptionError
+from echo_et.ir.units import check_gbps, check_latency_ns
 
 TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
 ALL_TO_ALL_MAPPINGS = ("p2p", "ring")
@@ -80,14 +82,27 @@ def _positive(value: float | None, option: str, what: str) -> None:
         raise OptionError(option, f"{what} must be positive, got {value}")
 
 
+def _rate(value: float | None, option: str, what: str) -> None:
+    """A bandwidth between a bit per second and the fastest link (an ASTRA-sim run at 1e-300
+    GB/s never ends)."""
+    if value is not None:
+        try:
+            check_gbps(value, f"{what} {value!r} GB/s")
+        except EchoError as e:
+            raise OptionError(option, str(e)) from None
+
+
 def network_for(world_size: int, hw_gpus_per_node: int, hw_intra: float, hw_inter: float,
                 opts: ExportOptions) -> Network:
     """The network of a cluster with ``world_size`` GPUs, from options and Job hardware."""
-    _positive(opts.intra_bw, "intra_bw", "intra-node bandwidth")
-    _positive(opts.inter_bw, "inter_bw", "inter-node bandwidth")
+    _rate(opts.intra_bw, "intra_bw", "intra-node bandwidth")
+    _rate(opts.inter_bw, "inter_bw", "inter-node bandwidth")
     _positive(opts.gpus_per_node, "gpus_per_node", "GPUs per node")
-    if opts.latency is not None and opts.latency < 0:
-        raise OptionError("latency", f"latency must not be negative, got {opts.latency}")
+    if opts.latency is not None:
+        try:
+            check_latency_ns(opts.latency)
+        except EchoError as e:
+            raise OptionError("latency", str(e)) from None
     if world_size < 2:
         raise EchoError(f"ASTRA-sim needs at least 2 NPUs; the job has {world_size}")
     gpn = opts.gpus_per_node or hw_gpus_per_node or DEFAULT_GPUS_PER_NODE

@@ -10,7 +10,6 @@ import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
-from echo_et.ir import limits
 
 calibrate_app = typer.Typer(
     help="Fit model parameters from measurements.",
@@ -106,9 +105,9 @@ def estimate_cmd(
 ) -> None:
     """Predict one collective's kernel time per message size, with the algorithm, protocol and
     channels NCCL chooses."""
+    from echo_et.cli.unit_opts import size_list_option
     from echo_et.models.comm import COLLECTIVES
     from echo_et.models.comm.topology import contiguous
-    from echo_et.models.comm.units import parse_byte_list
 
     if collective not in COLLECTIVES:
         raise EchoError(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVES)})")
@@ -122,10 +121,7 @@ def estimate_cmd(
         raise EchoError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     if choice not in ("nccl", "fastest", "both"):
         raise EchoError(f"--choice must be nccl, fastest or both, got {choice!r}")
-    byte_list = [limits.checked_int(b, "--bytes", hi=limits.MAX_BYTES) for b in parse_byte_list(sizes)]
-    for b in byte_list:
-        if b <= 0:
-            raise EchoError(f"--bytes must be positive, got {b}")
+    byte_list = size_list_option(sizes, "bytes", lo=1)
     model = _with_max_channels(_with_version(_model(profile, preset), nccl_version), max_channels)
     gpn = gpus_per_node or model.gpus_per_node
     if collective in ("send", "recv"):

@@ -63,7 +63,7 @@ def guarded(fn: F) -> F:
             check_options(kwargs, flags)
             return fn(*args, **kwargs)
         except EchoError as e:
-            fail(error_line(e))
+            fail(error_line(e, set(flags.values())))
         except BrokenPipeError:
             quiet_broken_pipe()
         except OSError as e:
@@ -104,11 +104,15 @@ def flag_of(option: str) -> str:
     return FLAG_OF_OPTION.get(option, "--" + option.replace("_", "-"))
 
 
-def error_line(e: EchoError) -> str:
+def error_line(e: EchoError, flags: set[str] | None = None) -> str:
     """The one line a verb prints for ``e``; an option error is prefixed with its flag, the
-    library's errors speak of values and the CLI says which option held the value."""
+    library's errors speak of values and the CLI says which option held the value. A flag
+    the verb does not have (``flags``: the verb's) is not named: ``simulate`` has no
+    ``--from`` to give."""
     line = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return f"{flag_of(e.option)}: {line}" if isinstance(e, OptionError) else line
+    if not isinstance(e, OptionError) or (flags is not None and flag_of(e.option) not in flags):
+        return line
+    return f"{flag_of(e.option)}: {line}"
 
 
 # Bounds of numeric options, by flag: (low, high) for integers; (low, high, low excluded) for
@@ -127,9 +131,6 @@ OPTION_BOUNDS: dict[str, tuple] = {
     "--folds": (2, 1000),
     "--step": (0, limits.MAX_NS),
     "--compute-scale": (0.0, limits.MAX_FACTOR, True),
-    "--intra-bw": (0.0, limits.MAX_BANDWIDTH_GBPS, True),
-    "--inter-bw": (0.0, limits.MAX_BANDWIDTH_GBPS, True),
-    "--latency": (0.0, 1e12, False),
     "--bucket-mb": (0.0, 1e9, True),
     "--first-bucket-mb": (0.0, 1e9, True),
 }

@@ -34,6 +34,13 @@ def is_untimed(job) -> bool:
     return False
 
 
+def runs_on_gpu(job) -> bool:
+    """Whether any rank ran work on a GPU stream (a CPU trace has none: nothing to retime)."""
+    from echo_et.ir.schema import pb
+
+    return any(s.kind == pb.STREAM_GPU_COMPUTE for gid in job.graph_ids() for s in job.graph(gid).header.streams)
+
+
 def compute_model_for(gpu: str | None, profile: Path | None):
     """The compute model ``--gpu`` / ``--compute-profile`` ask for (None when neither)."""
     from echo_et.models.compute import ComputeModel
@@ -62,8 +69,16 @@ def retime_for_gpu(job, gpu: str | None, profile: Path | None) -> tuple[Any, dic
         model = compute_model_for(name, None)
     if model is None:
         return job, None
+    if not is_untimed(job) and not runs_on_gpu(job):
+        where = job.source or "the job"
+        asked = f"--gpu {gpu}" if gpu else "--compute-profile"
+        raise EchoError(f"{where} ran its compute on the CPU (no GPU stream), so {asked} has no GPU kernels to "
+                        "retime: trace the model on the meta device (echo-et trace --device meta --gpu NAME) or on "
+                        "a GPU; to price only its communication, give --preset (e.g. a100-ib) instead")
     out, report = retime_compute(job, model)
-    return out, report.to_json()
+    prof = model.profile
+    # a data sheet with efficiencies fitted on another GPU is said to be that, not a calibration
+    return out, {**report.to_json(), "calibrated": prof.calibrated, "efficiencies_from": prof.params_from or prof.name}
 
 
 # -- calibrate compute ------------------------------------------------------------------------------
@@ -107,6 +122,7 @@ def calibrate_compute_cmd(
     from echo_et.models.compute.calibration import calibrate_kernels_and_layers
 
     check_output_path("--output", output, file_only=True)
+    cluster_from_options(gpu, None, None, None)   # an unknown --gpu: one line naming the flag, first
     used = [f for f, v in (("--recompute", recompute or None), ("--gpus-per-node", gpus_per_node),
                            ("--intra-bw", intra_bw), ("--inter-bw", inter_bw), ("--cache", cache),
                            ("--comm-profile", comm_profile))

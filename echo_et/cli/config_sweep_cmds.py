@@ -18,7 +18,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
                  intra_bw: str | None, inter_bw: str | None, recompute: bool,
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
-                 as_json: bool, resume: bool = False, max_memory: int | None = None) -> None:
+                 as_json: bool, resume: bool = False, max_memory: int | None = None,
+                 nic_bw: str | None = None) -> None:
     from echo_et.experiments.config_sweep import (
         ConfigSweepOptions,
         check_config_sweep,
@@ -40,7 +41,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     for p in (compute_profile, Path(comm_profile) if comm_profile else None):
         if p is not None and not p.is_file():
             fail(f"{p}: no such file")
-    cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
+    cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw, nic_bw)
+    cluster.node_network(8)   # a NIC rate needs the node's network: refused before any row runs
     rows = read_configs(configs)
     if plot and not have_matplotlib():
         fail(f"--plot needs matplotlib ({INSTALL_HINT})")

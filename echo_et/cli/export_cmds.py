@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from echo_et.cli.cluster_opts import BW_HELP, cluster_from_options, gpu_opt
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
 
@@ -48,12 +49,14 @@ def export_astra_sim(
                                 "if it is a previous export)."),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar="N",
                                              help="GPUs per node (default: the Job's, else 8)."),
-    intra_bw: float | None = typer.Option(None, "--intra-bw", metavar="GBPS", help="Intra-node GB/s per GPU "
-                                          "(default: the Job's, else 400; kept by a fit)."),
-    inter_bw: float | None = typer.Option(None, "--inter-bw", metavar="GBPS", help="Inter-node GB/s per GPU "
-                                          "(default: the Job's, else 50; kept by a fit)."),
-    latency: float | None = typer.Option(None, "--latency", metavar="NS", help="Link latency in ns "
-                                         "(default 936.25; kept by a fit)."),
+    intra_bw: str | None = typer.Option(None, "--intra-bw", metavar="RATE", help="Intra-node bandwidth, "
+                                        "e.g. 400GB/s (default: the Job's, else 400GB/s per GPU; kept by a "
+                                        "fit). " + BW_HELP),
+    inter_bw: str | None = typer.Option(None, "--inter-bw", metavar="RATE", help="Inter-node bandwidth, "
+                                        "e.g. 400Gb/s (default: the Job's, else 50GB/s per GPU; kept by a "
+                                        "fit). " + BW_HELP),
+    latency: float | None = typer.Option(None, "--latency", metavar="NS", help="Link latency in ns: 0 "
+                                         "(an ideal link) or 1 to 1e9 (default 936.25; kept by a fit)."),
     topology: str | None = typer.Option(None, "--topology", metavar="NAME[,NAME]", help="Ring, "
                                         "FullyConnected or Switch, one for all dimensions or one per "
                                         "dimension separated by commas (default Switch)."),
@@ -64,6 +67,8 @@ def export_astra_sim(
                                         "bandwidth and latency to this CC model calibration profile."),
     preset: str | None = typer.Option(None, "--preset", metavar="NAME", help="Fit the network's "
                                       "bandwidth and latency to this CC model preset (e.g. a100-ib)."),
+    gpu: str | None = gpu_opt("GPU to export for: the job's compute retimed for it, and the network fitted "
+                              "to its collective preset (unless --profile/--preset)"),
     measured_network: bool = typer.Option(False, "--measured-network", help="Fit the network's "
                                           "bandwidth and latency to the job's own measured collectives."),
     align_start: bool = typer.Option(False, "--align-start", help="Start every rank at 0 instead "
@@ -84,19 +89,28 @@ def export_astra_sim(
     configuration and run.sh; checked against the ASTRA-sim contract before it is kept, and
     replayed by echo-et (expected step)."""
     from echo_et.converters.astra_sim import ExportOptions
+    from echo_et.converters.astra_sim.configs import DEFAULT_GPUS_PER_NODE
     from echo_et.experiments.astra_sim import export_with_report
+    from echo_et.models.cluster import Cluster
 
     if profile is not None and preset is not None:
         raise EchoError("give --profile or --preset, not both")
-    if measured_network and (profile is not None or preset is not None):
-        raise EchoError("give --measured-network or a CC model (--profile/--preset), not both")
+    if measured_network and (profile is not None or preset is not None or gpu is not None):
+        raise EchoError("give --measured-network or a CC model (--profile/--preset/--gpu), not both")
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     job = load_job_arg(job_path)
+    gpn = job.manifest.hardware.gpus_per_node or DEFAULT_GPUS_PER_NODE
     model = None
-    if profile is not None or preset is not None:
+    if cluster.gpu:
+        from echo_et.cli.compute_cmds import retime_for_gpu
+
+        job, _ = retime_for_gpu(job, cluster.gpu, None)
+    if profile is not None or preset is not None or cluster.gpu:
         from echo_et.cli.sim_cmds import comm_model_for
 
-        model = comm_model_for(job, profile, preset)
-    opts = ExportOptions(gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
+        model = comm_model_for(job, profile, preset, Cluster(gpu=cluster.gpu))
+    opts = ExportOptions(gpus_per_node=gpus_per_node, intra_bw=cluster.intra_gbps(gpn),
+                         inter_bw=cluster.inter_gbps(gpn),
                          latency=latency, topology=topology, splits=4 if splits is None else splits,
                          align_start=align_start,
                          host_time=host_time, all_to_all=all_to_all)

@@ -38,6 +38,7 @@ _VERB_MODULES = [
     "echo_et.cli.trace_cmds",   # trace (ex-situ)
     "echo_et.cli.comm_cmds",    # estimate, calibrate nccl-tests|trace|evaluate
     "echo_et.cli.sim_cmds",     # simulate, validate, calibrate slowdown
+    "echo_et.cli.predict_cmds",  # predict (a model configuration to a GPU step)
     "echo_et.cli.compute_cmds",  # calibrate compute
 ]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt
+from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import GPN_HELP, JsonOpt, emit_json, fail, guarded, load_job_arg
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
 
@@ -116,17 +116,19 @@ def inject(
         None, "--first-bucket-mb", help="Cap of the first bucket in MiB (default: as DDP)."),
     zero: int = typer.Option(0, "--zero", help="0: all-reduce buckets; 1: reduce-scatter + all-gather."),
     param_bytes: str | None = typer.Option(
-        None, "--param-bytes", help="Total parameter bytes (e.g. 500M) when the trace has no gradient shapes."),
+        None, "--param-bytes", help="Total parameter bytes (e.g. 500MB or 1.5GiB) when the trace has no "
+        "gradient shapes."),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=GPN_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Turn a single-GPU trace into a data-parallel Job: DDP gradient buckets on a comm stream."""
-    from echo_et.passes.inject import inject_dp, parse_bytes
+    from echo_et.cli.unit_opts import size_option
+    from echo_et.passes.inject import inject_dp
 
     _check_job_output(output, [job_path])
     job = load_job_arg(job_path)
     out, report = inject_dp(job, dp=dp, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb,
-                            zero=zero, param_bytes=parse_bytes(param_bytes) if param_bytes else None,
+                            zero=zero, param_bytes=size_option(param_bytes, "param_bytes", lo=1),
                             gpus_per_node=gpus_per_node)
     _save_checked(out, output)
     if as_json:
@@ -179,15 +181,17 @@ def sweep(
                                        help="Scheduler address (dask tcp://host:8786, ray ray://host:10001)."),
     plot: bool | None = typer.Option(None, "--plot/--no-plot",
                                      help="Draw step_time.png (default: when matplotlib is installed)."),
-    gpu: str | None = gpu_opt("Target GPU (--configs; default a100)"),
+    gpu: str | None = gpu_opt("Target GPU (--configs: default a100; JOB: the job's compute retimed for it, "
+                              "and its collective preset)"),
     intra_bw: str | None = intra_bw_opt(),
     inter_bw: str | None = inter_bw_opt(),
+    nic_bw: str | None = nic_bw_opt(),
     recompute: bool = typer.Option(False, "--recompute",
                                    help="--configs: full activation checkpointing (each layer's forward "
                                         "runs again in its backward)."),
     compute_profile: Path | None = typer.Option(None, "--compute-profile", metavar="PROFILE.json",
-                                                help="--configs: calibrated compute profile (default: the GPU's "
-                                                     "preset)."),
+                                                help="Calibrated compute profile (--configs: default the GPU's "
+                                                     "preset; JOB: the job's compute retimed with it)."),
     dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE",
                               help="--configs: model dtype: float16, bfloat16 or float32."),
     as_json: bool = JsonOpt,
@@ -202,7 +206,7 @@ def sweep(
         if used or mode != "predict":
             fail(f"{', '.join(used) or '--mode'} cannot be combined with --configs")
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
-                     inter_bw=inter_bw, recompute=recompute, compute_profile=compute_profile,
+                     inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute, compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
                      max_memory=memory_budget(max_memory))
@@ -211,11 +215,13 @@ def sweep(
         fail("give a JOB to scale, or --configs CONFIGS.csv")
     if dp is None:
         fail("--dp: give at least one data-parallel degree")
-    used = [f for f, v in (("--gpu", gpu), ("--compute-profile", compute_profile)) if v is not None]
+    if nic_bw is not None:
+        fail("--nic-bw only applies with --configs")
     if recompute:
-        used.append("--recompute")
-    if used:
-        fail(f"{', '.join(used)} only apply with --configs")
+        fail("--recompute only applies with --configs")
+    if mode != "predict" and (gpu is not None or compute_profile is not None):
+        fail(f"{'--gpu' if gpu is not None else '--compute-profile'} only applies with --mode predict "
+             "(replay keeps measured times)")
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.experiments.sweep import (
         SweepSpec,
@@ -228,13 +234,24 @@ def sweep(
 
     _refuse_overwrite(output, [job_path])
     budget = memory_budget(max_memory)
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     spec = SweepSpec(
         dp=_int_list(dp, "--dp"), pp=_int_list(pp, "--pp"),
         microbatches=_int_list(microbatches, "--microbatches"), zero=zero,
         gpus_per_node=gpus_per_node, layout=declared, mode=mode, profile=profile, preset=preset,
-        slowdown=not no_slowdown, a2a=a2a,
+        slowdown=not no_slowdown, a2a=a2a, gpu=cluster.gpu,
+        compute_profile=str(compute_profile) if compute_profile is not None else None,
     )
     job = load_job_arg(job_path)
+    if cluster.gpu or compute_profile is not None:
+        from echo_et.cli.compute_cmds import retime_for_gpu
+
+        # the compute retimed once here; the collective preset follows the retimed job's GPU
+        job, _ = retime_for_gpu(job, cluster.gpu, compute_profile)
+    if mode == "predict" and profile is None and preset is None and not job.manifest.hardware.gpu_name:
+        from echo_et.cli.sim_cmds import no_gpu_error
+
+        raise no_gpu_error(job)
     if intra_bw is not None or inter_bw is not None:
         from echo_et.models.cluster import Cluster
 

@@ -14,9 +14,10 @@ from echo_et.cli.cluster_opts import (
     gpus_per_node_opt,
     inter_bw_opt,
     intra_bw_opt,
+    nic_bw_opt,
 )
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
 
 
@@ -73,15 +74,41 @@ def comm_model_for(job, profile: Path | None, preset: str | None, cluster=None):
 
     if profile is not None and preset is not None:
         raise EchoError("give --profile or --preset, not both")
-    cluster = (cluster or Cluster()).over(Cluster.from_job(job))
+    given = cluster or Cluster()
+    cluster = given.over(Cluster.from_job(job))
     if profile is not None:
         model = CommModel.from_profile(profile)
     elif preset is not None:
         model = CommModel.preset(preset)
+    elif given.gpu:
+        try:
+            model = CommModel.preset_for_gpu(given.gpu)
+        except EchoError as e:
+            raise OptionError("gpu", str(e)) from None
+    elif job.manifest.hardware.gpu_name:
+        try:
+            model = CommModel.preset_for_gpu(job.manifest.hardware.gpu_name)
+        except EchoError as e:   # the Job's own GPU: say which options choose another model
+            raise EchoError(f"{job.source or 'the job'}: {e}; or give --gpu NAME, --preset NAME or "
+                            "--profile FILE") from None
     else:
-        model = CommModel.preset_for_gpu(cluster.gpu or job.manifest.hardware.gpu_name)
+        raise no_gpu_error(job)
     over = cluster.comm_overrides(model.gpus_per_node)
     return model.with_overrides(**over) if over else model
+
+
+def no_gpu_error(job) -> EchoError:
+    """What to give when the collective model would follow the Job's GPU and it names none."""
+    from echo_et.cli.compute_cmds import is_untimed, runs_on_gpu
+    from echo_et.models.cluster import known_gpus
+    from echo_et.models.comm import CommModel
+
+    presets = f"--preset NAME ({', '.join(CommModel.preset_names())}) or --profile FILE"
+    if runs_on_gpu(job) or is_untimed(job):
+        return EchoError(f"{job.source or 'the job'} names no GPU: give --gpu NAME ({', '.join(known_gpus()[:6])}, "
+                         f"...) for its collective preset, or the collective model with {presets}")
+    return EchoError(f"{job.source or 'the job'} names no GPU (its compute ran on the CPU): give the collective "
+                     f"model with {presets}")
 
 
 def slowdown_model_for(path: Path | None, off: bool):
@@ -124,6 +151,56 @@ def _ms(ns: int | None) -> str:
     return "-" if ns is None else f"{ns / 1e6:.3f}"
 
 
+MAX_TABLE_ROWS = 32
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def echo_rank_table(res) -> None:
+    """The step breakdown in the vocabulary's words (docs/step-breakdown.md), in ms: one row
+    per class of equivalent ranks, with the ranks it stands for."""
+    from echo_et.sim.result import LABELS, OVERLAPPING, STEP_PARTS
+
+    cols = ("step_time_ns", *STEP_PARTS, *OVERLAPPING[:2])
+    typer.echo(f"{'ranks':>12} " + " ".join(f"{LABELS[c]:>12}" for c in cols) + "   (ms)")
+    classes = res.rank_classes()
+    for rep, members in classes[:MAX_TABLE_ROWS]:
+        b = rep.breakdown()
+        label = rank_ranges(members)
+        label = label if len(label) <= 12 else f"{members[0]} (+{len(members) - 1})"
+        typer.echo(f"{label:>12} " + " ".join(f"{_ms(b[c]):>12}" for c in cols))
+    if len(classes) > MAX_TABLE_ROWS:
+        typer.echo(f"... {len(classes) - MAX_TABLE_ROWS} more rank classes (use --json)")
+    typer.echo("step = compute + exposed comm + bubble + host idle; comm (all) and sync wait overlap them "
+               "(docs/step-breakdown.md)")
+
+
+def echo_result(res) -> None:
+    """A simulated step for a person: the step time, the rank table, what no model priced,
+    the critical path."""
+    typer.echo(f"{res.mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
+               f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
+    echo_rank_table(res)
+    kept = res.diagnostics.get("comm_kept_at_measured_time") or {}
+    if kept:
+        typer.echo("kept at measured time (communication no model prices): "
+                   + ", ".join(f"{k}={v}" for k, v in kept.items()))
+    cp = res.critical_path
+    typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
+               + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))
+    for t in cp["top"][:5]:
+        typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
+
+
 # -- simulate ---------------------------------------------------------------------------------------
 @guarded
 def simulate_cmd(
@@ -139,12 +216,13 @@ def simulate_cmd(
     timeline_rank: list[int] = typer.Option([], "--timeline-rank", help="Only this rank in the timeline "
                                             "(repeatable; default: every rank)."),
     plot: Path | None = typer.Option(None, "--plot", help="Draw each rank's step as compute / exposed "
-                                     "communication / bubble / idle into this PNG (matplotlib)."),
+                                     "comm / bubble / host idle into this PNG (matplotlib)."),
     no_symmetry: bool = typer.Option(False, "--no-symmetry", help="Simulate every rank, even equivalent ones."),
     compute_scale: float = typer.Option(1.0, "--compute-scale", help="Factor on compute time (0.5 = 2x faster)."),
     gpu: str | None = gpu_opt("Target GPU (predict; default: the job's)"),
     intra_bw: str | None = intra_bw_opt(),
     inter_bw: str | None = inter_bw_opt(),
+    nic_bw: str | None = nic_bw_opt(),
     gpus_per_node: int | None = gpus_per_node_opt(),
     straggler: list[str] = typer.Option([], "--straggler", help="RANK:FACTOR, slows a rank's non-comm time."),
     align_start: bool = typer.Option(False, "--align-start", help="Start all ranks at 0, not measured offsets."),
@@ -160,10 +238,10 @@ def simulate_cmd(
         raise EchoError(f"--mode {mode!r}: use replay or predict")
     if compute_scale <= 0:
         raise EchoError("--compute-scale must be > 0")
-    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw, nic_bw)
     if mode == "replay":
         used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
-                               ("--inter-bw", inter_bw), ("--slowdown", slowdown), ("--gpu", gpu),
+                               ("--inter-bw", inter_bw), ("--nic-bw", nic_bw), ("--slowdown", slowdown), ("--gpu", gpu),
                                ("--compute-profile", compute_profile)) if v is not None]
         if used:
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
@@ -178,15 +256,19 @@ def simulate_cmd(
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start,
                          repeats=timeline is None)
-    comm = slow = retime = None
+    comm = slow = retime = net = None
     if mode == "predict":
         from echo_et.cli.compute_cmds import retime_for_gpu
+        from echo_et.models.cluster import Cluster
+        from echo_et.sim.nic_share import NodeNetwork
 
         job, retime = retime_for_gpu(job, cluster.gpu, compute_profile)
         comm = comm_model_for(job, profile, preset, cluster)
         slow = slowdown_model_for(slowdown, no_slowdown)
+        shape = cluster.over(Cluster.from_job(job)).node_network(comm.gpus_per_node)
+        net = None if shape is None else NodeNetwork(*shape)
     _progress(f"simulating {job.world_size} ranks ({mode})...")
-    res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow)
+    res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow, node_network=net)
     out = res.to_json()
     if retime is not None:
         out["compute_retime"] = retime
@@ -202,25 +284,10 @@ def simulate_cmd(
     if retime is not None:
         typer.echo(f"compute retimed for {retime['gpu']} (profile {retime['profile']}): {retime['nodes']} nodes, "
                    + ", ".join(f"{k} {v}" for k, v in retime["by_status"].items()))
-    typer.echo(f"{mode}: step time {_ms(res.step_time_ns)} ms (slowest rank {res.slowest_rank}); "
-               f"{res.simulated_ranks} of {len(res.ranks)} ranks simulated, {res.events} events")
-    typer.echo(f"{'rank':>6} {'step ms':>10} {'compute':>10} {'comm':>10} {'exposed':>10} {'idle':>10} {'wait':>10}")
-    shown = sorted(res.ranks)[:32]
-    for r in shown:
-        v = res.ranks[r]
-        typer.echo(f"{r:>6} {_ms(v.step_time_ns):>10} {_ms(v.compute_ns):>10} {_ms(v.comm_ns):>10} "
-                   f"{_ms(v.exposed_comm_ns):>10} {_ms(v.idle_ns):>10} {_ms(v.sync_wait_ns):>10}")
-    if len(res.ranks) > len(shown):
-        typer.echo(f"... {len(res.ranks) - len(shown)} more ranks (use --json)")
-    kept = res.diagnostics.get("comm_kept_at_measured_time") or {}
-    if kept:
-        typer.echo("kept at measured time (communication no model prices): "
-                   + ", ".join(f"{k}={v}" for k, v in kept.items()))
-    cp = res.critical_path
-    typer.echo(f"critical path ({_ms(cp['length_ns'])} ms, rank {cp['rank']}): "
-               + ", ".join(f"{k} {_ms(v)} ms" for k, v in cp["by_category"].items()))
-    for t in cp["top"][:5]:
-        typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
+        if not retime["calibrated"]:
+            typer.echo(f"note: no calibrated compute preset for {retime['gpu']}: its data sheet with the efficiencies "
+                       f"of {retime['efficiencies_from']} (not measured on this GPU)")
+    echo_result(res)
     if timeline is not None:
         t = out["timeline"]
         typer.echo(f"wrote {timeline} ({t['events']} events, {t['ranks']} ranks, {t['files']} file(s))")

@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from echo_et.errors import EchoError, OptionError
-
 if TYPE_CHECKING:
     from echo_et.experiments.row_log import LogHeader, RowLog
 
@@ -25,17 +23,9 @@ MaxMemoryOpt = typer.Option(None, "--max-memory", metavar="SIZE",
 
 def memory_budget(text: str | None) -> int | None:
     """Bytes of a --max-memory value (None: the default budget)."""
-    if text is None:
-        return None
-    from echo_et.models.comm.units import parse_bytes
+    from echo_et.cli.unit_opts import size_option
 
-    try:
-        n = parse_bytes(text)
-    except EchoError as e:
-        raise OptionError("max_memory", str(e)) from None
-    if n <= 0:
-        raise OptionError("max_memory", f"{text!r}: a memory budget must be more than 0 bytes")
-    return n
+    return size_option(text, "max_memory", lo=1)
 
 
 def open_log(output: Path, header: LogHeader, *, resume: bool, replaceable: Callable[[Path], bool],

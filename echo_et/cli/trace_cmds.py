@@ -71,23 +71,32 @@ def trace(
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps before the measured one."),
     steps: int = typer.Option(1, "--steps", help="Measured steps per traced rank; each "
                               "operator keeps its shortest time (less noise on a busy machine)."),
-    memory_limit: int | None = typer.Option(None, "--memory-limit",
-                                            help="Report out-of-memory above this many bytes per rank."),
+    memory_limit: str | None = typer.Option(None, "--memory-limit",
+                                            help="Report out-of-memory above this size per rank (e.g. 40GB, "
+                                            "80GiB, or a number of bytes)."),
     name: str = typer.Option("", "--name", help="Job name (default: from the workload)."),
+    jobs: int = typer.Option(0, "--jobs", metavar="N",
+                             help="Meta device: processes that trace the distinct ranks (0: one per CPU; the "
+                                  "Job is the same for any N)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Trace a training step ex-situ: each distinct rank runs for real on one device while a
     recording process group plays the rest of the world; writes a Job for every rank."""
+    from echo_et.cli.unit_opts import size_option
     from echo_et.errors import EchoError
     from echo_et.ir import save_job
     from echo_et.ir.io import check_job_output
     from echo_et.trace.layout import ParallelLayout
+    from echo_et.trace.parallel import usable_cpus
     from echo_et.trace.tracer import TraceOptions
     from echo_et.trace.tracer import trace as run_trace
     from echo_et.workloads import GPTConfig, Workload
     from echo_et.workloads.gpt import microbatches_for
 
+    if jobs < 0:
+        raise EchoError(f"--jobs {jobs}: give a number of processes, or 0 for one per CPU")
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
+    memory_limit_bytes = size_option(memory_limit, "memory_limit", lo=1)
     if global_batch is not None:
         m = microbatches_for(global_batch, micro_batch, dp)
         if microbatches is not None and microbatches != m:
@@ -133,10 +142,11 @@ def trace(
     command = shlex.join(["echo-et", "trace", *map(str, parts), "-o", output.name])
     # A user's script is checked as it is traced; the built-in workloads' Jobs are proven by
     # the test suite (tests/test_trace_*.py check them), and every reader checks again.
-    opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit,
+    opts = TraceOptions(device=device, verify=verify, memory_limit_bytes=memory_limit_bytes,
                         warmup_steps=warmup, measured_steps=steps,
                         name=name or _default_name(wl, layout), command=command,
-                        progress=progress, check=script is not None)
+                        progress=progress, check=script is not None,
+                        jobs=jobs or usable_cpus())
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)
     cluster.write_hardware(result.job.manifest)
     save_job(result.job, output)

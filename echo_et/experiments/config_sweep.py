@@ -11,9 +11,9 @@ rank per pipeline stage: the tensor- and data-parallel ranks of a stage are symm
 construction), its compute is timed by the compute model of the cluster's GPU
 (:func:`echo_et.passes.retime_compute`), and the step is simulated in predict mode with the
 collective model (the cluster's bandwidths on top of the GPU's preset). A row gets
-``predicted_ms``, the breakdown of its slowest rank (compute, exposed communication, idle:
-pipeline bubble and waiting for the host), and ``error_pct`` against ``measured_ms`` when
-given. A row that cannot run (tp not dividing heads, a global batch that does not divide)
+``predicted_ms``, the breakdown of its slowest rank (``compute_ms``, ``exposed_comm_ms``,
+``bubble_ms``, ``host_idle_ms``: docs/step-breakdown.md), and ``error_pct`` against
+``measured_ms`` when given. A row that cannot run (tp not dividing heads, a global batch that does not divide)
 carries its reason in ``error`` and the others go on.
 
 Rows are independent: a plain map over local worker processes (default), Dask or Ray
@@ -44,6 +44,7 @@ from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
 from echo_et.ir.limits import MAX_SWEEP_ROWS, format_size
 from echo_et.models.cluster import Cluster
+from echo_et.sim.result import STEP_PARTS
 
 REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp")
 OPTIONAL = ("vocab", "measured_ms", "gpus")
@@ -196,11 +197,31 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m)
     cfg.validate(layout)
+    check_memory(cfg, layout, opts.gpu())
     return cfg, layout
 
 
-def trace_row(row: dict[str, Any], opts: ConfigSweepOptions) -> Job:
-    """The row's Job, traced on the meta device, with the cluster in its manifest."""
+def check_memory(cfg, layout, gpu: str) -> None:
+    """EchoError when the configuration cannot fit ``gpu``'s memory even at the lower bound
+    of :mod:`echo_et.models.footprint` (weights, gradients, Adam states, checkpointed inputs)."""
+    from echo_et.ir.dtypes import dtype_size
+    from echo_et.models.compute import DATASHEETS
+    from echo_et.models.footprint import check_fits
+
+    spec = DATASHEETS.get(gpu)
+    if spec is None:
+        return
+    try:
+        check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
+                   vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
+                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype))
+    except EchoError as e:
+        raise EchoError(f"layout {layout.describe()}: {e}") from None
+
+
+def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -> Job:
+    """The row's Job, traced on the meta device, with the cluster in its manifest (``jobs``
+    processes trace its distinct ranks: a sweep's rows already use the cores)."""
     from echo_et.trace.tracer import TraceOptions, trace
     from echo_et.workloads.gpt import build_gpt
 
@@ -211,7 +232,7 @@ def trace_row(row: dict[str, Any], opts: ConfigSweepOptions) -> Job:
     # (tests/test_trace_meta.py), so no warm-up step is traced.
     # The checker proves the built-in workload's graphs in the tests; a sweep skips it.
     res = trace(build_gpt(cfg), layout,
-                TraceOptions(device="meta", verify="stage", warmup_steps=0, name=name, check=False),
+                TraceOptions(device="meta", verify="stage", warmup_steps=0, name=name, check=False, jobs=jobs),
                 workload_attrs={"workload": cfg.flavor, **cfg.to_json()})
     job = res.job
     job.manifest.hardware.gpu_name = opts.gpu()
@@ -256,18 +277,21 @@ def models_for(opts: ConfigSweepOptions) -> tuple[Any, Any, Any]:
     return got
 
 
-def predict_job(job: Job, opts: ConfigSweepOptions, *, critical_nodes: bool = False):
+def predict_job(job: Job, opts: ConfigSweepOptions, *, critical_nodes: bool = False, repeats: bool = True):
     """(SimResult, retimed Job): ``job``'s compute timed for the cluster's GPU, its step
-    simulated in predict mode."""
+    simulated in predict mode (``repeats=False``: node by node, for a timeline)."""
     from echo_et.passes import retime_compute
     from echo_et.sim import SimOptions, simulate
+    from echo_et.sim.nic_share import NodeNetwork
 
     compute, comm, slow = models_for(opts)
     timed, _ = retime_compute(job, compute)
+    net = opts.cluster.node_network(opts.gpus_per_node())
     res = simulate(timed, "predict",
                    options=SimOptions(gpus_per_node=opts.gpus_per_node(), check=False,
-                                      critical_nodes=critical_nodes),
-                   comm_model=comm, slowdown_model=slow)
+                                      critical_nodes=critical_nodes, repeats=repeats),
+                   comm_model=comm, slowdown_model=slow,
+                   node_network=None if net is None else NodeNetwork(*net))
     return res, timed
 
 
@@ -279,9 +303,9 @@ def summarize(row: dict[str, Any], res) -> dict[str, Any]:
     predicted = res.step_time_ns / 1e6
     out.update({
         "predicted_ms": round(predicted, 4),
-        "compute_ms": round(slow.compute_ns / 1e6, 4),
-        "exposed_comm_ms": round(slow.exposed_comm_ns / 1e6, 4),
-        "idle_ms": round(slow.idle_ns / 1e6, 4),
+        # the step's parts in the vocabulary's names (docs/step-breakdown.md), ms
+        **{k.removesuffix("_ns") + "_ms": round(v / 1e6, 4) for k, v in slow.breakdown().items()
+           if k in STEP_PARTS},
         "family": layout_family(row),
     })
     measured = row.get("measured_ms")
@@ -396,7 +420,8 @@ class ConfigSweepResult:
 
     def table(self) -> str:
         head = ("#", "layers", "hidden", "heads", "seq", "mb", "gb", "tp", "pp", "dp",
-                "measured_ms", "predicted_ms", "error_%", "compute_ms", "exp_comm_ms", "idle_ms")
+                "measured_ms", "predicted_ms", "error_%", "compute_ms", "exp_comm_ms", "bubble_ms",
+                "host_idle_ms")
         lines = [" ".join(f"{h:>12}" if i >= 10 else f"{h:>6}" for i, h in enumerate(head))]
         for i, r in enumerate(self.rows):
             cols = [str(i), *(str(r[k]) for k in REQUIRED)]
@@ -407,11 +432,13 @@ class ConfigSweepResult:
                 continue
             err = f"{r['error_pct']:+.2f}" if r.get("error_pct") is not None else "-"
             lines.append(f"{left} {meas:>12} {r['predicted_ms']:>12.3f} {err:>12} "
-                         f"{r['compute_ms']:>12.3f} {r['exposed_comm_ms']:>12.3f} {r['idle_ms']:>12.3f}")
+                         f"{r['compute_ms']:>12.3f} {r['exposed_comm_ms']:>12.3f} {r['bubble_ms']:>12.3f} "
+                         f"{r['host_idle_ms']:>12.3f}")
         if self.mape_pct is not None:
             lines.append(f"MAPE {self.mape_pct:.2f} % over "
                          f"{sum(1 for r in self.rows if r.get('error_pct') is not None)} rows")
-        lines.append("idle = pipeline bubble and time the GPU waits for the host to issue work")
+        lines.append("the slowest rank's step = compute + exposed comm + bubble (waiting for peers: pipeline "
+                     "bubble, sync wait) + host idle (waiting for the host); docs/step-breakdown.md")
         return "\n".join(lines)
 
 

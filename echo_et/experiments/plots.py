@@ -15,6 +15,7 @@ from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.ir.io import atomic_file
+from echo_et.sim.result import LABELS, STEP_PARTS
 
 INSTALL_HINT = "pip install 'echo-et[plot]'"
 
@@ -83,43 +84,40 @@ def _save(fig, dest: str | os.PathLike[str]) -> Path:
 
 
 # -- simulate: where each rank's step goes --------------------------------------------------------
-BREAKDOWN_PARTS = ("compute", "exposed communication", "bubble", "idle")
 MAX_BARS = 48
+
+
+# The chart's stacked parts, named as the vocabulary's labels (docs/step-breakdown.md).
+BREAKDOWN_PARTS = tuple(LABELS[k] for k in STEP_PARTS)
 
 
 def breakdown_rows(result) -> list[dict[str, Any]]:
     """The bars of :func:`rank_breakdown_plot`, in ms: per rank (or, past ``MAX_BARS``
-    ranks, per group of ranks sharing one simulated timeline, slowest first) its compute,
-    exposed communication, bubble (waiting for peers, not hidden) and idle (the rest of the
-    step: host-bound gaps, launch latency). The four add up to the step time."""
-    ranks = sorted(result.ranks.values(), key=lambda r: r.rank)
-    groups: dict[tuple, list] = {}
-    if len(ranks) > MAX_BARS:
-        for r in ranks:
-            key = (r.step_time_ns, r.compute_ns, r.exposed_comm_ns, r.bubble_ns, r.idle_ns)
-            groups.setdefault(key, []).append(r)
-        chosen = sorted(groups.values(), key=lambda g: (-g[0].step_time_ns, g[0].rank))[:MAX_BARS]
+    ranks, per class of equivalent ranks, slowest first) its compute, exposed comm, bubble
+    (waiting for peers, not hidden) and host idle (the device waiting for the host). The four
+    add up to the step time."""
+    if len(result.ranks) > MAX_BARS:
+        classes = sorted(result.rank_classes(), key=lambda c: (-c[0].step_time_ns, c[1][0]))[:MAX_BARS]
+        chosen = [[result.ranks[r] for r in members] for _, members in classes]
     else:
-        chosen = [[r] for r in ranks]
+        chosen = [[r] for r in sorted(result.ranks.values(), key=lambda r: r.rank)]
     rows = []
     for members in chosen:
         r = members[0]
         label = f"{r.rank}" if len(members) == 1 else f"{r.rank} (+{len(members) - 1})"
-        rows.append({
-            "label": label, "ranks": [m.rank for m in members], "step_ms": r.step_time_ns / 1e6,
-            "compute": r.compute_ns / 1e6, "exposed communication": r.exposed_comm_ns / 1e6,
-            "bubble": r.bubble_ns / 1e6, "idle": (r.idle_ns - r.bubble_ns) / 1e6,
-        })
+        b = r.breakdown()
+        rows.append({"label": label, "ranks": [m.rank for m in members], "step_ms": r.step_time_ns / 1e6,
+                     **{LABELS[k]: b[k] / 1e6 for k in STEP_PARTS}})
     return rows
 
 
-_COLOURS = {"compute": "#4C72B0", "exposed communication": "#DD8452", "bubble": "#C44E52", "idle": "#BBBBBB",
+_COLOURS = {"compute": "#4C72B0", "exposed comm": "#DD8452", "bubble": "#C44E52", "host idle": "#BBBBBB",
             "measured": "#333333", "replay": "#4C72B0", "predict": "#DD8452"}
 
 
 def rank_breakdown_plot(result, dest: str | os.PathLike[str], *, title: str = "") -> Path:
-    """Stacked bars: each rank's simulated step split into compute, exposed communication,
-    bubble and idle (:func:`breakdown_rows`)."""
+    """Stacked bars: each rank's simulated step split into compute, exposed comm, bubble and
+    host idle (:func:`breakdown_rows`)."""
     rows = breakdown_rows(result)
     if not rows:
         raise EchoError("the result holds no rank to plot")
@@ -133,7 +131,7 @@ def rank_breakdown_plot(result, dest: str | os.PathLike[str], *, title: str = ""
         ax.bar(xs, vals, bottom=bottom, color=_COLOURS[part], label=part, width=0.8)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_xticks(xs, [row["label"] for row in rows], rotation=90 if len(rows) > 16 else 0, fontsize="small")
-    ax.set_xlabel("rank" if all(len(r["ranks"]) == 1 for r in rows) else "rank (+ ranks with the same step)")
+    ax.set_xlabel("rank" if all(len(r["ranks"]) == 1 for r in rows) else "rank (+ the equivalent ranks it stands for)")
     ax.set_ylabel("time (ms)")
     ax.set_title(title or "simulated step per rank")
     ax.set_ylim(0, max(bottom) * 1.18 or 1.0)   # room for the legend above the bars

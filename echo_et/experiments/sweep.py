@@ -54,6 +54,8 @@ class SweepSpec:
     a2a: str = "keep-rank"
     intra_bw_gbps: float | None = None   # what-if bandwidths, GB/s per GPU (predict)
     inter_bw_gbps: float | None = None
+    gpu: str | None = None               # the GPU the caller retimed the job for (recorded: a resumed
+    compute_profile: str | None = None   # sweep is one for the same GPU and compute profile)
 
     def points(self) -> list[dict[str, int | None]]:
         """Every layout of the grid, counted (and each value bounded) before one is made."""
@@ -155,8 +157,9 @@ def run_point(job: Job, point: dict[str, int | None], spec: SweepSpec) -> dict[s
             "microbatches": micro, "graphs": report.graphs,
             "step_time_ns": res.step_time_ns, "slowest_rank": res.slowest_rank,
             "exposed_comm_ns": slow.exposed_comm_ns, "comm_ns": slow.comm_ns,
-            "compute_ns": slow.compute_ns, "bubble_ns": slow.idle_ns,
-            "max_bubble_ns": max(r.idle_ns for r in res.ranks.values()),
+            # the slowest rank's step in the vocabulary's names (docs/step-breakdown.md)
+            "compute_ns": slow.compute_ns, "bubble_ns": slow.bubble_ns, "host_idle_ns": slow.host_idle_ns,
+            "max_bubble_ns": max(r.bubble_ns for r in res.ranks.values()),
             "throughput_per_gpu": round(per_gpu * (mbs or 1), 6),
             "throughput_unit": "samples/s per GPU" if mbs else "micro-batches/s per GPU",
             "simulated_ranks": res.simulated_ranks, "mode": res.mode,

@@ -43,6 +43,7 @@ from echo_et.ir.limits import (
 )
 from echo_et.ir.repeats import repeat_problems
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, SCHEMA_VERSION, collective_name, node_kind_name, pb
+from echo_et.ir.units import MIN_BANDWIDTH_GBPS
 
 RULES: dict[str, str] = {
     # node
@@ -66,7 +67,8 @@ RULES: dict[str, str] = {
     "schema-version": f"the manifest and graph headers are of schema {SCHEMA_VERSION}",
     "world-size": f"1 <= world size <= {MAX_WORLD_SIZE} and the ranks bound are exactly 0..world_size-1",
     "layout": "a declared layout has dp, tp, pp >= 1, and its product divides the world size",
-    "hardware": f"gpus per node <= {MAX_GPUS_PER_NODE}; bandwidths finite, >= 0 and <= {MAX_BANDWIDTH_GBPS:g} GB/s",
+    "hardware": f"gpus per node <= {MAX_GPUS_PER_NODE}; bandwidths 0 (unknown) or from 1 bit/s to "
+                f"{MAX_BANDWIDTH_GBPS:g} GB/s",
     "group-defined": "group ids are unique and >= 1, members non-empty, in range and unique",
     # bindings and cross-rank
     "binding-graph": "every binding names a graph of the job",
@@ -534,8 +536,9 @@ def check_manifest(job: Job, out: IssueCollector) -> None:
         out.add("hardware", f"gpus per node {hw.gpus_per_node} is beyond {MAX_GPUS_PER_NODE}", where)
     for name in ("intra_node_bw_gbps", "inter_node_bw_gbps"):
         v = getattr(hw, name)
-        if not (math.isfinite(v) and 0 <= v <= MAX_BANDWIDTH_GBPS):
-            out.add("hardware", f"{name} = {v} is not a finite number in 0..{MAX_BANDWIDTH_GBPS:g}", where)
+        if not (v == 0 or MIN_BANDWIDTH_GBPS <= v <= MAX_BANDWIDTH_GBPS):
+            out.add("hardware", f"{name} = {v} is neither 0 (unknown) nor a rate from 1 bit/s "
+                                f"({MIN_BANDWIDTH_GBPS:g}) to {MAX_BANDWIDTH_GBPS:g} GB/s", where)
 
 
 def check_groups(job: Job, out: IssueCollector) -> None:

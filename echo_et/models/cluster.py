@@ -5,7 +5,8 @@ A :class:`Cluster` is what ``trace``, ``simulate``, ``sweep`` and ``validate`` s
 written into a Job's manifest (``hardware``) by the tracer, read back from it, and turned into
 the what-if overrides of the collective model. Bandwidths keep the form they were given in
 (per GPU or per node) until the GPUs per node are known; the IR and the collective model hold
-GB/s per GPU.
+GB/s per GPU. Text always carries its unit (``150`` alone is refused, see
+:mod:`echo_et.ir.units`); code that holds GB/s per GPU passes ``Bandwidth(gbps)``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from echo_et.errors import EchoError, OptionError
-from echo_et.models.comm.units import Bandwidth, parse_bandwidth
+from echo_et.ir.units import Bandwidth, parse_bandwidth
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Cluster:
     gpus_per_node: int | None = None
     intra_bw: Bandwidth | None = None  # NVLink-class bandwidth inside a node
     inter_bw: Bandwidth | None = None  # network bandwidth between nodes
+    nic_bw: Bandwidth | None = None    # the most one GPU sends into the network alone (its NIC)
 
     def __post_init__(self) -> None:
         if self.gpus_per_node is not None and (isinstance(self.gpus_per_node, bool)
@@ -32,17 +34,21 @@ class Cluster:
 
     @classmethod
     def parse(cls, *, gpu: str | None = None, gpus_per_node: int | None = None,
-              intra_bw: str | float | None = None, inter_bw: str | float | None = None) -> Cluster:
+              intra_bw: str | Bandwidth | None = None, inter_bw: str | Bandwidth | None = None,
+              nic_bw: str | Bandwidth | None = None) -> Cluster:
         """From text as typed: bandwidths are parsed by
-        :func:`echo_et.models.comm.units.parse_bandwidth`; the GPU name is checked against
+        :func:`echo_et.ir.units.parse_bandwidth`; the GPU name is checked against
         the presets."""
         if gpu is not None:
             try:
                 gpu = gpu_preset_name(gpu)
             except EchoError as e:
                 raise OptionError("gpu", str(e)) from None
+        nic = _bw(nic_bw, "nic_bw")
+        if nic is not None and nic.per != "gpu":
+            raise OptionError("nic_bw", f"{nic.text!r} is per node; give what one GPU's NIC carries (e.g. 200Gb/s)")
         return cls(gpu=gpu, gpus_per_node=gpus_per_node,
-                   intra_bw=_bw(intra_bw, "intra_bw"), inter_bw=_bw(inter_bw, "inter_bw"))
+                   intra_bw=_bw(intra_bw, "intra_bw"), inter_bw=_bw(inter_bw, "inter_bw"), nic_bw=nic)
 
     @classmethod
     def from_job(cls, job) -> Cluster:
@@ -80,6 +86,18 @@ class Cluster:
             out["inter_bw_gbps"] = self.inter_bw.per_gpu(gpn)
         return out
 
+    def node_network(self, default_gpus_per_node: int | None) -> tuple[int, float, float] | None:
+        """(GPUs per node, GB/s of the node's NICs together, GB/s one GPU sends alone) when the
+        NIC rate is given (None otherwise: every GPU keeps its even share of the node)."""
+        if self.nic_bw is None:
+            return None
+        gpn = self.gpus_per_node or default_gpus_per_node
+        if not gpn:
+            raise OptionError("nic_bw", "needs the GPUs per node")
+        if self.inter_bw is None:
+            raise OptionError("nic_bw", "needs the node's network bandwidth (inter_bw) to share")
+        return gpn, self.inter_bw.per_gpu(gpn) * gpn, self.nic_bw.gbps
+
     def write_hardware(self, manifest, default_gpus_per_node: int | None = None) -> None:
         """Record this cluster in a (mutable, not yet built) Job manifest."""
         h = manifest.hardware
@@ -97,10 +115,11 @@ class Cluster:
         gpn = self.gpus_per_node or default_gpus_per_node
         return {"gpu": self.gpu, "gpus_per_node": gpn,
                 "intra_bw_gbps_per_gpu": None if self.intra_bw is None else self.intra_bw.per_gpu(gpn),
-                "inter_bw_gbps_per_gpu": None if self.inter_bw is None else self.inter_bw.per_gpu(gpn)}
+                "inter_bw_gbps_per_gpu": None if self.inter_bw is None else self.inter_bw.per_gpu(gpn)} | (
+                    {} if self.nic_bw is None else {"nic_bw_gbps_per_gpu": self.nic_bw.gbps})
 
 
-def _bw(v: str | float | None, option: str) -> Bandwidth | None:
+def _bw(v: str | Bandwidth | None, option: str) -> Bandwidth | None:
     if v is None:
         return None
     if isinstance(v, Bandwidth):

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,21 +57,6 @@ from echo_et.passes.gradients import (
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_BUCKET_MB = 25.0
 OPTIMIZER_PREFIX = "Optimizer.step"
-
-
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """'500M' / '1.5GiB' / '123456' -> bytes (K, M, G, T are binary: 1024-based)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise OptionError("param_bytes", f"{text!r}: expected a size like 500M, 1.5G or 123456")
-    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    value = int(float(m.group(1)) * mult)
-    if value <= 0:
-        raise OptionError("param_bytes", f"{text!r}: must be positive")
-    return value
 
 
 @dataclass

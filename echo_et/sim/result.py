@@ -7,6 +7,15 @@ from typing import Any
 
 from echo_et.errors import EchoError
 
+# The step-time vocabulary (docs/step-breakdown.md): one name per quantity in every output.
+# The four parts add up to the step time; the other measures overlap them.
+STEP_PARTS = ("compute_ns", "exposed_comm_ns", "bubble_ns", "host_idle_ns")
+OVERLAPPING = ("comm_ns", "sync_wait_ns", "host_wait_ns")
+# How tables and charts name each quantity (a column head, a legend entry).
+LABELS = {"step_time_ns": "step", "compute_ns": "compute", "exposed_comm_ns": "exposed comm",
+          "bubble_ns": "bubble", "host_idle_ns": "host idle", "comm_ns": "comm (all)",
+          "sync_wait_ns": "sync wait", "host_wait_ns": "host wait"}
+
 
 @dataclass
 class RankResult:
@@ -15,11 +24,12 @@ class RankResult:
     compute_ns       time the rank's device runs compute or copies (union over streams)
     comm_ns          time communication transfers run (union; the wait for partners excluded)
     exposed_comm_ns  communication not hidden behind compute
-    idle_ns          step time with neither compute nor communication running (waiting for
-                     partners, for the host, for a pipeline stage)
+    idle_ns          step time with neither compute nor communication running: bubble_ns +
+                     host_idle_ns (kept for the engine; outputs give the two parts)
     bubble_ns        the part of idle_ns spent waiting for the last member of a collective
-                     or for a P2P peer (pipeline bubbles, stragglers); idle_ns - bubble_ns is
-                     the rest (host-bound gaps, launch latency)
+                     or for a P2P peer (pipeline bubbles, stragglers)
+    host_idle_ns     the rest of idle_ns: the device waits for the host to issue work
+                     (host-bound gaps, launch latency)
     sync_wait_ns     time spent waiting for the last member of a collective / the P2P peer,
                      hidden or not
     host_wait_ns     time host threads block in synchronisation calls waiting for the device
@@ -36,18 +46,17 @@ class RankResult:
     simulated_as: int  # the representative rank whose timeline this rank shares
     bubble_ns: int = 0
 
+    @property
+    def host_idle_ns(self) -> int:
+        return max(0, self.idle_ns - self.bubble_ns)
+
+    def breakdown(self) -> dict[str, int]:
+        """The step time and the vocabulary's quantities, in ns (:data:`STEP_PARTS` add up
+        to ``step_time_ns``)."""
+        return {"step_time_ns": self.step_time_ns, **{k: getattr(self, k) for k in STEP_PARTS + OVERLAPPING}}
+
     def to_json(self) -> dict[str, int]:
-        return {
-            "step_time_ns": self.step_time_ns,
-            "compute_ns": self.compute_ns,
-            "comm_ns": self.comm_ns,
-            "exposed_comm_ns": self.exposed_comm_ns,
-            "idle_ns": self.idle_ns,
-            "bubble_ns": self.bubble_ns,
-            "sync_wait_ns": self.sync_wait_ns,
-            "host_wait_ns": self.host_wait_ns,
-            "simulated_as": self.simulated_as,
-        }
+        return {**self.breakdown(), "simulated_as": self.simulated_as}
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,14 @@ class SimResult:
             "options": self.options,
             "diagnostics": self.diagnostics,
         }
+
+    def rank_classes(self) -> list[tuple[RankResult, list[int]]]:
+        """(representative's result, the ranks it stands for), one per class of equivalent
+        ranks (those that share one simulated timeline), in rank order."""
+        classes: dict[int, list[int]] = {}
+        for r in sorted(self.ranks):
+            classes.setdefault(self.ranks[r].simulated_as, []).append(r)
+        return [(self.ranks[members[0]], members) for members in classes.values()]
 
     def timeline_events(self, ranks: list[int] | None = None):
         """The simulated step as :class:`echo_et.ir.timeline.TimelineEvent` boxes

@@ -14,13 +14,16 @@ MODES = ("replay", "predict")
 
 
 def simulate(job: Job, mode: str = "replay", *, options: SimOptions | None = None, comm_model: Any = None,
-             slowdown_model: Any = None) -> SimResult:
+             slowdown_model: Any = None, node_network: Any = None) -> SimResult:
     """Simulate one step of ``job``. ``predict`` needs ``comm_model``; ``slowdown_model``
-    (predict only) may be None to switch the overlap slowdown off."""
+    (predict only) may be None to switch the overlap slowdown off; ``node_network`` (predict
+    only, an :class:`echo_et.sim.nic_share.NodeNetwork`) shares each node's NICs among the
+    transfers that leave it together."""
     if mode == "replay":
         return Simulator(job, options).run()
     if mode == "predict":
-        return Predictor(job, options, comm_model=comm_model, slowdown_model=slowdown_model).run()
+        return Predictor(job, options, comm_model=comm_model, slowdown_model=slowdown_model,
+                         node_network=node_network).run()
     raise EchoError(f"unknown simulation mode {mode!r} (use {' or '.join(MODES)})")
 
 

@@ -41,6 +41,7 @@ from echo_et.ir import Job, JobBuilder, check_job
 from echo_et.ir.limits import MAX_TRACE_STEPS
 from echo_et.trace.identity import structure_hash
 from echo_et.trace.layout import DERIVED_ROLES, ROLES, ParallelLayout
+from echo_et.trace.parallel import can_fork, trace_in_parallel
 from echo_et.trace.records import CommRecord
 from echo_et.trace.session import RankRun, trace_rank
 
@@ -56,6 +57,7 @@ class TraceOptions:
     warmup_steps: int = 1
     measured_steps: int = 1
     replay: bool = True            # meta device: record repeated units once (direct.py)
+    jobs: int = 1                  # meta device: processes tracing the distinct ranks (parallel.py)
     check: bool = True             # run the IR checker on the Job (sweeps of proven workloads skip it)
     name: str = ""
     command: str = ""
@@ -120,23 +122,53 @@ class _Tracer:
         if self.options.progress is not None:
             self.options.progress(msg)
 
+    def _trace(self, rank: int) -> tuple[RankRun, str]:
+        r = trace_rank(self.build_fn, self.layout, rank, device=self.options.device,
+                       key_of=lambda rk, rec: group_key(self.layout, rk, rec),
+                       memory_limit_bytes=self.options.memory_limit_bytes,
+                       warmup_steps=self.options.warmup_steps,
+                       measured_steps=self.options.measured_steps,
+                       replay=self.options.replay)
+        return r, structure_hash(r.graph)
+
+    def _keep(self, rank: int, r: RankRun, digest: str) -> None:
+        c = self.layout.coords(rank)
+        self.runs[rank] = r
+        self.hashes[rank] = digest
+        self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}): "
+                 f"{len(r.graph)} nodes, {len(r.records)} comm calls, "
+                 f"peak {r.peak_memory_bytes} B, "
+                 + (f"{r.measured_steps} measured steps, " if r.measured_steps > 1 else "")
+                 + f"{r.wall_s:.1f} s")
+
     def run(self, rank: int) -> str:
         if rank not in self.runs:
-            c = self.layout.coords(rank)
-            r = trace_rank(self.build_fn, self.layout, rank, device=self.options.device,
-                           key_of=lambda rk, rec: group_key(self.layout, rk, rec),
-                           memory_limit_bytes=self.options.memory_limit_bytes,
-                           warmup_steps=self.options.warmup_steps,
-                           measured_steps=self.options.measured_steps,
-                           replay=self.options.replay)
-            self.runs[rank] = r
-            self.hashes[rank] = structure_hash(r.graph)
-            self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}): "
-                     f"{len(r.graph)} nodes, {len(r.records)} comm calls, "
-                     f"peak {r.peak_memory_bytes} B, "
-                     + (f"{r.measured_steps} measured steps, " if r.measured_steps > 1 else "")
-                     + f"{r.wall_s:.1f} s")
+            self._keep(rank, *self._trace(rank))
         return self.hashes[rank]
+
+    def prefetch(self) -> None:
+        """With ``jobs`` > 1 on the meta device, trace the ranks a ``stage`` or ``all``
+        verification will run on several cores first (:mod:`echo_et.trace.parallel`)."""
+        opts = self.options
+        if opts.jobs <= 1 or opts.device != "meta" or opts.verify not in ("stage", "all") or not can_fork():
+            return
+        if opts.verify == "all":
+            ranks = list(range(self.layout.world_size))
+        else:
+            ranks = sorted({min(r for r in range(self.layout.world_size) if self.layout.coords(r)["pp"] == p)
+                            for p in range(self.layout.pp)})
+        if len(ranks) < 2:
+            return
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)   # no OpenMP pool: a fork must not inherit one (its threads are not copied)
+        try:
+            got = trace_in_parallel(ranks, opts.jobs, self._trace)
+        finally:
+            torch.set_num_threads(threads)
+        for r in sorted(got):
+            self._keep(r, *got[r])
 
     def custom_keys(self, rank: int) -> bool:
         g = self.runs[rank].graph
@@ -181,6 +213,7 @@ class _Tracer:
         # collections that free each rank's model from walking torch's import heap.
         gc.freeze()
         try:
+            self.prefetch()
             self.resolve(list(range(self.layout.world_size)), 0)
         finally:
             gc.unfreeze()

@@ -26,11 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_NS
 from echo_et.models.comm import nccl, tuning
 from echo_et.models.comm.profile import Profile, load_preset, load_profile
 from echo_et.models.comm.profile import preset_names as _preset_names
 from echo_et.models.comm.topology import Placement, from_nodes, placement
 from echo_et.models.comm.tuning import NcclSystem
+from echo_et.models.gpu_variants import comm_preset
 
 __all__ = ["COLLECTIVES", "CommModel", "Estimate", "NcclSystem"]
 
@@ -69,14 +71,13 @@ class CommModel:
 
     @classmethod
     def preset_for_gpu(cls, gpu_name: str) -> CommModel:
-        """The preset whose GPU matches ``gpu_name`` (e.g. "NVIDIA A100-SXM4-40GB")."""
-        g = (gpu_name or "").lower()
-        for name in _preset_names():
-            p = load_preset(name)
-            if g and any(tok in g for tok in p.gpu_match):
-                return cls(p)
-        raise EchoError(f"no preset for GPU {gpu_name or '(unknown)'!r} "
-                        f"(presets: {', '.join(_preset_names())}); give a profile or a preset")
+        """The preset of the node type of GPU ``gpu_name`` (e.g. "NVIDIA A100-SXM4-40GB" ->
+        a100-ib), matched exactly by variant (:mod:`echo_et.models.gpu_variants`): a PCIe
+        board is refused, not priced as an SXM node."""
+        if not (gpu_name or "").strip():
+            raise EchoError(f"no GPU named, so no collective preset to choose (presets: "
+                            f"{', '.join(_preset_names())}); name the GPU, give a calibrated profile or name a preset")
+        return cls(load_preset(comm_preset(gpu_name, _preset_names())))
 
     def with_overrides(self, *, gpus_per_node: int | None = None, intra_bw_gbps: float | None = None,
                        inter_bw_gbps: float | None = None, intra_latency_us: float | None = None,
@@ -209,7 +210,13 @@ class CommModel:
 
 
 def _ns(us: float) -> int:
-    return int(round(float(us) * 1000.0))
+    """A model time in ns; one beyond what the IR holds (a terabyte at a bit per second) is
+    an error naming the bound, not an OverflowError later."""
+    ns = float(us) * 1000.0
+    if not ns <= MAX_NS:
+        raise EchoError(f"a modelled communication time of {ns:.3g} ns exceeds {MAX_NS} ns (146 years): "
+                        "the bandwidths are too low for these sizes")
+    return int(round(ns))
 
 
 def _bytes(n: object) -> int:

@@ -4,16 +4,22 @@ Every number here is a vendor data-sheet (or architecture white-paper) value, ne
 Peak FLOP rates are dense (no structured sparsity). ``clock_mhz`` is the boost clock the
 data-sheet tensor peak implies (SMs x tensor FLOPs per clock x clock = tensor peak).
 
+Which data sheet a GPU name uses is decided by :mod:`echo_et.models.gpu_variants` (exact
+names, SXM/PCIe and memory variants apart).
+
 Sources:
 - V100: NVIDIA Tesla V100 GPU data sheet (SXM2) and the Volta architecture white paper
-  (80 SMs, 1530 MHz boost; 15.7 TFLOPS FP32, 125 TFLOPS FP16 tensor, 900 GB/s HBM2).
+  (80 SMs, 1530 MHz boost; 15.7 TFLOPS FP32, 125 TFLOPS FP16 tensor, 900 GB/s HBM2; 16 or
+  32 GB). V100 PCIe, same data sheet: 1380 MHz; 7 FP64, 14 FP32, 112 FP16 tensor TFLOPS.
   V100 has no BF16 or TF32 tensor cores: those dtypes run at the FP32 rate.
 - A100: NVIDIA A100 Tensor Core GPU data sheet and architecture white paper
   (108 SMs, 1410 MHz; 19.5 FP32, 156 TF32, 312 FP16/BF16 tensor TFLOPS; 1,555 GB/s HBM2 on
-  the 40 GB SXM4, 2,039 GB/s HBM2e on the 80 GB SXM4; 40 MB L2).
+  the 40 GB SXM4, 2,039 GB/s HBM2e on the 80 GB SXM4; 40 MB L2). The PCIe boards, same data
+  sheet: the same peaks, 1,555 GB/s (40 GB) and 1,935 GB/s (80 GB).
 - H100: NVIDIA H100 Tensor Core GPU data sheet (SXM5) and Hopper white paper (132 SMs;
   67 FP32, 494.7 TF32, 989.4 FP16/BF16, 1,978.9 FP8 tensor TFLOPS dense; 3,350 GB/s HBM3;
-  50 MB L2).
+  50 MB L2). H100 PCIe, same data sheet: 114 SMs; 26 FP64, 51 FP32, 378 TF32, 756 FP16/BF16,
+  1,513 FP8 tensor TFLOPS dense; 2,000 GB/s HBM2e (the tensor peak implies 1620 MHz).
 - H800: NVIDIA H800 Tensor Core GPU data sheet (SXM5): the H100 SXM5 compute and HBM3
   (FP64 cut to 1 TFLOPS, NVLink cut to 400 GB/s, which is the comm model's concern).
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from echo_et.errors import EchoError
+from echo_et.models.gpu_variants import datasheet_key
 
 
 @dataclass(frozen=True)
@@ -75,33 +82,49 @@ class GpuSpec:
 _A100 = dict(sm_count=108, clock_mhz=1410.0, l2_mb=40.0,
              peak_tflops={"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
              tensor=("tf32", "fp16", "bf16"))
+_V100 = dict(sm_count=80, hbm_gbps=900.0, l2_mb=6.0, tensor=("fp16",))
+_V100_SXM2 = dict(clock_mhz=1530.0, peak_tflops={"fp64": 7.8, "fp32": 15.7, "fp16": 125.0},
+                  source="NVIDIA Tesla V100 data sheet (SXM2); Volta white paper", **_V100)
+_V100_PCIE = dict(clock_mhz=1380.0, peak_tflops={"fp64": 7.0, "fp32": 14.0, "fp16": 112.0},
+                  source="NVIDIA Tesla V100 data sheet (PCIe); Volta white paper", **_V100)
 _H100 = dict(sm_count=132, clock_mhz=1830.0, l2_mb=50.0, hbm_gbps=3350.0, memory_gb=80.0,
              tensor=("tf32", "fp16", "bf16", "fp8"))
 
 DATASHEETS: dict[str, GpuSpec] = {
-    "v100": GpuSpec("v100", "Tesla V100-SXM2-32GB", sm_count=80, clock_mhz=1530.0, hbm_gbps=900.0,
-                    memory_gb=32.0, l2_mb=6.0, peak_tflops={"fp64": 7.8, "fp32": 15.7, "fp16": 125.0},
-                    tensor=("fp16",), source="NVIDIA Tesla V100 data sheet (SXM2); Volta white paper"),
+    "v100": GpuSpec("v100", "Tesla V100-SXM2-32GB", memory_gb=32.0, **_V100_SXM2),  # type: ignore[arg-type]
+    "v100-16gb": GpuSpec("v100-16gb", "Tesla V100-SXM2-16GB", memory_gb=16.0, **_V100_SXM2),  # type: ignore[arg-type]
+    "v100-pcie": GpuSpec("v100-pcie", "Tesla V100-PCIE-16GB", memory_gb=16.0, **_V100_PCIE),  # type: ignore[arg-type]
+    "v100-pcie-32gb": GpuSpec("v100-pcie-32gb", "Tesla V100-PCIE-32GB", memory_gb=32.0,
+                              **_V100_PCIE),  # type: ignore[arg-type]
     "a100": GpuSpec("a100", "A100-SXM4-40GB", hbm_gbps=1555.0, memory_gb=40.0,
                     source="NVIDIA A100 Tensor Core GPU data sheet (SXM4 40GB); Ampere white paper",
                     **_A100),  # type: ignore[arg-type]
     "a100-80gb": GpuSpec("a100-80gb", "A100-SXM4-80GB", hbm_gbps=2039.0, memory_gb=80.0,
                          source="NVIDIA A100 Tensor Core GPU data sheet (SXM4 80GB); Ampere white paper",
                          **_A100),  # type: ignore[arg-type]
+    "a100-pcie": GpuSpec("a100-pcie", "A100-PCIE-40GB", hbm_gbps=1555.0, memory_gb=40.0,
+                         source="NVIDIA A100 Tensor Core GPU data sheet (PCIe 40GB); Ampere white paper",
+                         **_A100),  # type: ignore[arg-type]
+    "a100-pcie-80gb": GpuSpec("a100-pcie-80gb", "A100-PCIE-80GB", hbm_gbps=1935.0, memory_gb=80.0,
+                              source="NVIDIA A100 Tensor Core GPU data sheet (PCIe 80GB); Ampere white paper",
+                              **_A100),  # type: ignore[arg-type]
     "h100": GpuSpec("h100", "H100-SXM5-80GB",
                     peak_tflops={"fp64": 34.0, "fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4,
                                  "fp8": 1978.9},
                     source="NVIDIA H100 Tensor Core GPU data sheet (SXM5); Hopper white paper",
                     **_H100),  # type: ignore[arg-type]
+    "h100-pcie": GpuSpec("h100-pcie", "H100-PCIe-80GB", sm_count=114, clock_mhz=1620.0, hbm_gbps=2000.0,
+                         memory_gb=80.0, l2_mb=50.0,
+                         peak_tflops={"fp64": 26.0, "fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0,
+                                      "fp8": 1513.0},
+                         tensor=("tf32", "fp16", "bf16", "fp8"),
+                         source="NVIDIA H100 Tensor Core GPU data sheet (PCIe); Hopper white paper"),
     "h800": GpuSpec("h800", "H800-SXM5-80GB",
                     peak_tflops={"fp64": 1.0, "fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4,
                                  "fp8": 1978.9},
                     source="NVIDIA H800 Tensor Core GPU data sheet (SXM5)",
                     **_H100),  # type: ignore[arg-type]
 }
-
-# Spellings seen in traces and manifests ("NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB").
-_MATCH = (("h800", "h800"), ("h100", "h100"), ("a100", "a100"), ("v100", "v100"))
 
 
 def gpu_names() -> list[str]:
@@ -110,17 +133,13 @@ def gpu_names() -> list[str]:
 
 
 def resolve_gpu(name: str) -> str:
-    """The preset name for ``name``: a preset name, or a product name as CUDA reports it
-    (e.g. "NVIDIA A100-SXM4-80GB" -> "a100-80gb"). Unknown -> one-line EchoError."""
-    g = (name or "").strip().lower().replace("_", "-")
+    """The data sheet for ``name``: a preset name, or a product name as CUDA reports it
+    (e.g. "NVIDIA A100-SXM4-80GB" -> "a100-80gb"), matched exactly by variant. Unknown, or a
+    variant with no data sheet -> one-line EchoError."""
+    g = (name or "").strip().lower()
     if g in DATASHEETS:
         return g
-    for token, key in _MATCH:
-        if token in g:
-            if key == "a100" and "80g" in g:
-                return "a100-80gb"
-            return key
-    raise EchoError(f"unknown GPU {name!r} (presets: {', '.join(gpu_names())})")
+    return datasheet_key(name)
 
 
 def datasheet(name: str) -> GpuSpec:

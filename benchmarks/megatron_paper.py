@@ -1,0 +1,163 @@
+"""echo-et's predictions against the Megatron-LM paper's weak-scaling table (public, multi-node).
+
+Source: D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", SC'21, arXiv 2104.04473, Table 1 (the same table is in the Megatron-LM
+repository's README): GPT models of 1.7B to 1T parameters on 32 to 3,072 A100-80GB GPUs of
+NVIDIA's Selene (DGX A100 nodes of 8 GPUs on NVSwitch, eight 200 Gb/s HDR InfiniBand HCAs per
+node), vocabulary 51,200, sequence 2,048, activation recomputation, fp16; the table gives
+heads, hidden size, layers, tensor- and pipeline-parallel sizes, GPUs, global batch and the
+achieved teraFLOP/s per GPU. The data-parallel size is GPUs / (TP x PP).
+
+Iteration time from the table, with the paper's own count of FLOPs (eq. 3, recomputation
+included): ``F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))`` and
+``t = F / (achieved teraFLOP/s per GPU x GPUs)``. The throughputs are printed with three
+digits, so each time carries up to +-0.4 % of rounding.
+
+Nothing is fitted on these rows: every row is traced on the meta device (``megatron-gpt``)
+and predicted with the shipped ``a100`` compute preset (fitted on vTrain's single-node
+iterations, ../shared/data) for the 80 GB A100, and the collective model calibrated on
+vTrain's all-reduce tables of one A100 node (as in ``megatron_accuracy.py``), with the
+network of the cluster as published (``--inter-bw 1600Gb/s/node``).
+
+What the table does not say, and what is assumed: the micro-batch size (1 here; the paper
+studies larger ones separately) and the pipeline schedule (the plain 1F1B
+schedule here; the paper's interleaved schedule has a smaller bubble, so PP rows may be
+predicted long). Megatron-LM's scatter/gather of the pipeline's activations across nodes and
+its overlapped communication are not modelled.
+
+    python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch 1]
+        [--json OUT.json] [--max-gpus N] [--max-memory GB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from megatron_accuracy import SHARED, vtrain_comm_profile  # noqa: E402
+
+from echo_et.experiments.config_sweep import ConfigSweepOptions, run_config_sweep  # noqa: E402
+from echo_et.models.cluster import Cluster  # noqa: E402
+
+VOCAB = 51200
+SEQ = 2048
+# Table 1 of arXiv 2104.04473: (parameters in billions, heads, hidden, layers, TP, PP, GPUs,
+# global batch, achieved teraFLOP/s per GPU, achieved aggregate petaFLOP/s).
+PAPER_TABLE_1 = (
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 4.4),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 8.8),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 18.2),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 34.6),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 70.8),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 143.8),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 227.1),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 297.4),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 410.2),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 502.0),
+)
+
+
+def paper_parameters(layers: int, hidden: int, vocab: int, seq: int) -> float:
+    """Parameters of the model (the paper's eq. 2: 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)))."""
+    return 12.0 * layers * hidden ** 2 * (1 + 13 / (12 * hidden) + (vocab + seq) / (12 * layers * hidden))
+
+
+def table_problems() -> list[str]:
+    """Transcription checks: each row's parameters from its shape (eq. 2) and its aggregate
+    petaFLOP/s from its per-GPU throughput, against the table's own columns."""
+    out = []
+    for params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops, pflops in PAPER_TABLE_1:
+        p = paper_parameters(layers, hidden, VOCAB, SEQ) / 1e9
+        if abs(p - params_b) > 0.05 * params_b:
+            out.append(f"{params_b}B: the shape gives {p:.1f}B parameters")
+        if abs(tflops * gpus / 1000 - pflops) > 0.01 * pflops:
+            out.append(f"{params_b}B: {tflops} TFLOP/s x {gpus} GPUs is not {pflops} PFLOP/s")
+        if gpus % (tp * pp) or hidden % heads or heads % tp or layers % pp or batch % (gpus // (tp * pp)):
+            out.append(f"{params_b}B: the layout does not divide the model")
+    return out
+
+
+def paper_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """FLOPs of one iteration with activation recomputation (eq. 3 of the paper)."""
+    return 96.0 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+def paper_rows(micro_batch: int) -> list[dict]:
+    """The table as configuration rows with the measured iteration time in ms."""
+    rows = []
+    for params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops, _ in PAPER_TABLE_1:
+        dp = gpus // (tp * pp)
+        ms = paper_flops(batch, SEQ, layers, hidden, VOCAB) / (tflops * 1e12 * gpus) * 1e3
+        rows.append({"layers": layers, "hidden": hidden, "heads": heads, "seq": SEQ,
+                     "micro_batch": micro_batch, "global_batch": batch, "tp": tp, "pp": pp, "dp": dp,
+                     "vocab": VOCAB, "measured_ms": round(ms, 3), "params_b": params_b, "gpus": gpus,
+                     "paper_tflops": tflops})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
+    ap.add_argument("--max-gpus", type=int, default=0, help="only rows with at most this many GPUs")
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--inter-bw", default="1600Gb/s/node")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--max-memory", type=float, default=5.0,
+                    help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
+    args = ap.parse_args(argv)
+    bad = table_problems()
+    if bad:
+        print(f"error: the transcribed table disagrees with itself: {bad[0]}", file=sys.stderr)
+        return 2
+    if not (SHARED / "measurements/vtrain-a100/trace/a100").is_dir():
+        print(f"error: {SHARED} lacks vTrain's all-reduce tables (the collective model's calibration)",
+              file=sys.stderr)
+        return 2
+    rows = paper_rows(args.micro_batch)
+    picked = [int(i) for i in args.rows.split(",") if i.strip()] if args.rows else range(len(rows))
+    rows = [rows[i] for i in picked if not args.max_gpus or rows[i]["gpus"] <= args.max_gpus]
+    with tempfile.TemporaryDirectory() as tmp:
+        comm = vtrain_comm_profile(Path(tmp) / "vtrain-a100-allreduce.json")
+        opts = ConfigSweepOptions(
+            cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
+            recompute=True, dtype="float16", comm_profile=str(comm))
+        extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops")} for r in rows]
+        t0 = time.perf_counter()
+        out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9),
+                               progress=lambda done, total, r: print(
+                                   f"  {done}/{total}: l{r['layers']} h{r['hidden']} "
+                                   f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+        wall = time.perf_counter() - t0
+    print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'batch':>6} {'paper TF/s':>10} "
+          f"{'measured ms':>12} {'predicted ms':>13} {'error':>8} {'pred TF/s':>9}")
+    errs = []
+    table = []
+    for r, x in zip(out.rows, extras, strict=True):
+        r = {**r, **x}
+        table.append(r)
+        head = (f"{x['params_b']:>7.1f}B {x['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} "
+                f"{r['global_batch']:>6} {x['paper_tflops']:>10}")
+        if r.get("error"):
+            print(f"{head} {r['measured_ms']:>12.1f} error: {r['error']}")
+            continue
+        errs.append(r["error_pct"])
+        pred_tf = x["paper_tflops"] * r["measured_ms"] / r["predicted_ms"]
+        print(f"{head} {r['measured_ms']:>12.1f} {r['predicted_ms']:>13.1f} {r['error_pct']:>+7.2f}% {pred_tf:>9.1f}")
+    if errs:
+        print(f"MAPE {statistics.fmean(abs(e) for e in errs):.2f} % over {len(errs)} rows "
+              f"(mean signed {statistics.fmean(errs):+.2f} %); {wall:.0f} s wall")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": table}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

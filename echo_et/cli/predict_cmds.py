@@ -1,0 +1,97 @@
+"""predict: a model configuration to a predicted GPU step in one command (trace on the meta
+device, time for the GPU, simulate, write the timeline and the chart)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from echo_et.cli.cluster_opts import (
+    cluster_from_options,
+    gpu_opt,
+    gpus_per_node_opt,
+    inter_bw_opt,
+    intra_bw_opt,
+)
+from echo_et.cli.common import JsonOpt, emit_json, guarded
+from echo_et.errors import OptionError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("predict")(predict_cmd)
+
+
+@guarded
+def predict_cmd(
+    output: Path = typer.Option(..., "-o", "--output", metavar="DIR",
+                                help="Folder to write: summary.json, timeline/ (HolisticTraceAnalysis, "
+                                     "Perfetto), step.png, job/."),
+    layers: int = typer.Option(..., "--layers", help="Transformer layers."),
+    hidden: int = typer.Option(..., "--hidden", help="Hidden size."),
+    heads: int = typer.Option(..., "--heads", help="Attention heads."),
+    seq: int = typer.Option(2048, "--seq", help="Sequence length."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
+    global_batch: int = typer.Option(..., "--global-batch", metavar="N",
+                                     help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
+    vocab: int | None = typer.Option(None, "--vocab", metavar="N",
+                                     help="Vocabulary (default GPT-2's 50257, padded to a multiple of 128 x tp)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
+    recompute: bool = typer.Option(False, "--recompute", help="Full activation recomputation."),
+    dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE", help="float16, bfloat16 or float32."),
+    gpu: str | None = gpu_opt("GPU to predict for (default a100)"),
+    gpus_per_node: int | None = gpus_per_node_opt(),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    compute_profile: Path | None = typer.Option(None, "--compute-profile", metavar="PROFILE.json",
+                                                help="Compute-model profile (default: the GPU's preset)."),
+    profile: Path | None = typer.Option(None, "--profile", metavar="PROFILE.json",
+                                        help="Collective-model profile (default: the GPU's preset)."),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Predict one training step of a Megatron GPT on a GPU cluster from its configuration:
+    traced on the meta device, timed by the compute and collective models, simulated; writes
+    the step's breakdown, its Kineto timeline and a chart into one folder."""
+    from echo_et.errors import EchoError
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for
+    from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
+    from echo_et.experiments.predict_step import check_output, predict_config, write_prediction
+    from echo_et.workloads.gpt import DTYPES
+
+    if dtype not in DTYPES:
+        raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
+    for p in (compute_profile, profile):
+        if p is not None and not p.is_file():
+            raise EchoError(f"{p}: no such file")
+    check_output(output)
+    cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
+    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
+                              compute_profile=str(compute_profile) if compute_profile else None,
+                              comm_profile=str(profile) if profile else None, slowdown=not no_slowdown)
+    models_for(opts)   # a bad profile or GPU fails here, before the trace
+    config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
+              "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}
+    if vocab is not None:
+        config["vocab"] = vocab
+    pred = predict_config(config, opts)
+    plot = have_matplotlib()
+    written = write_prediction(pred, output, plot=plot)
+    if as_json:
+        emit_json({"output": str(output), "written": written, **pred.to_json()})
+        return
+    from echo_et.cli.sim_cmds import echo_result
+
+    res = pred.result
+    typer.echo(f"GPT {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, global batch {global_batch} "
+               f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp} = {len(res.ranks)} "
+               f"{opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
+    echo_result(res)
+    t = written["timeline"]
+    typer.echo(f"wrote {output}: summary.json, {TIMELINE_NOTE.format(n=t['files'])}, job/"
+               + (", step.png" if plot else f" (no step.png: {INSTALL_HINT})"))
+
+
+TIMELINE_NOTE = "timeline/ (one rank-R.json per class of equivalent ranks, {n} files: HolisticTraceAnalysis, Perfetto)"

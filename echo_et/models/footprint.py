@@ -1,0 +1,62 @@
+"""The least GPU memory a Megatron GPT rank needs: a configuration past it cannot run.
+
+A lower bound, so that a configuration that ran is never refused: only what every
+Megatron-LM / Megatron-DeepSpeed rank must hold at once without ZeRO is counted,
+
+- the model state of its pipeline stage: 16-bit weights and gradients plus Adam's fp32 master
+  weights, first and second moments (2 + 2 + 4 + 4 + 4 = 16 bytes per parameter; an fp32
+  model: 4 + 4 + 4 + 4 = 16 as well), the stage's share of the tensor-parallel split, the
+  word embedding on the first and the last stage (Megatron ties them: both hold a copy),
+  positions on the first;
+- with full activation recomputation, the input of every layer of every micro-batch in
+  flight: the first stage of the 1F1B schedule holds min(pp, micro-batches) of them;
+  without recomputation, the same input counts (a strict lower bound of what is kept).
+
+Not counted: the working memory of one layer's forward and backward, the logits, NCCL and
+allocator buffers, fragmentation. So a row refused here would not fit; a row accepted may
+still not (the true peak is often 20-40 % above this).
+"""
+
+from __future__ import annotations
+
+from echo_et.errors import EchoError
+
+STATE_BYTES_PER_PARAM = 16
+
+
+def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, tp: int, pp: int,
+                     stage: int) -> int:
+    """Parameters one tensor-parallel rank of pipeline ``stage`` holds (``vocab`` padded)."""
+    h = hidden
+    per_layer = (3 * h * h + h * h + 2 * h * ffn) // tp + (3 * h + ffn) // tp + 6 * h
+    out = (layers // pp) * per_layer
+    if stage == 0:
+        out += vocab * h // tp + seq * h
+    if stage == pp - 1:
+        out += vocab * h // tp + 2 * h
+    return out
+
+
+def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, micro_batch: int,
+                       tp: int, pp: int, microbatches: int, elem_bytes: int) -> tuple[int, int, int]:
+    """(total, model state, activations) in bytes on the rank that needs most."""
+    best = (0, 0, 0)
+    for stage in sorted({0, pp - 1}):
+        state = STATE_BYTES_PER_PARAM * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
+                                                         seq=seq, tp=tp, pp=pp, stage=stage)
+        in_flight = min(pp - stage, microbatches)
+        act = in_flight * (layers // pp) * seq * micro_batch * hidden * elem_bytes
+        if state + act > best[0]:
+            best = (state + act, state, act)
+    return best
+
+
+def check_fits(memory_gb: float, gpu: str, **shape: int) -> None:
+    """EchoError naming the numbers when even the lower bound exceeds ``memory_gb``."""
+    if memory_gb <= 0:
+        return
+    total, state, act = megatron_min_bytes(**shape)
+    if total > memory_gb * 1e9:
+        raise EchoError(f"does not fit the GPU's memory: each rank needs at least {total / 1e9:.1f} GB "
+                        f"(weights, gradients and Adam states {state / 1e9:.1f} GB, checkpointed "
+                        f"activations {act / 1e9:.1f} GB), {gpu} has {memory_gb:g} GB")

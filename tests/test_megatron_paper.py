@@ -1,0 +1,46 @@
+"""The public validation targets of ``benchmarks/megatron_paper.py`` (Table 1 of arXiv
+2104.04473) agree with themselves: every row's parameter count follows from its shape by the
+paper's eq. 2 and its aggregate petaFLOP/s from its per-GPU throughput, and the iteration
+times come from the paper's eq. 3; a mistyped value is caught."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "megatron_paper.py"
+
+
+@pytest.fixture(scope="module")
+def paper():
+    import sys
+
+    sys.path.insert(0, str(PATH.parent))
+    spec = importlib.util.spec_from_file_location("megatron_paper", PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_transcribed_table_is_consistent(paper) -> None:
+    assert paper.table_problems() == []
+    rows = paper.paper_rows(1)
+    assert [r["dp"] for r in rows] == [32, 32, 32, 32, 32, 32, 24, 15, 9, 6]
+    # GPT-3 scale check of eq. 3: 145.6B, batch 2304 at 148 TFLOP/s on 1536 GPUs
+    assert rows[6]["measured_ms"] == pytest.approx(24817.4, abs=0.1)
+
+
+def test_a_mistyped_row_is_caught(paper, monkeypatch) -> None:
+    table = list(paper.PAPER_TABLE_1)
+    row = list(table[4])
+    row[2] = 8192 * 2          # hidden
+    table[4] = tuple(row)
+    monkeypatch.setattr(paper, "PAPER_TABLE_1", tuple(table))
+    assert paper.table_problems()[0].startswith("39.1B: the shape gives")
+    row = list(paper.PAPER_TABLE_1[4])
+    row[2], row[8] = 8192, 183   # throughput
+    table[4] = tuple(row)
+    monkeypatch.setattr(paper, "PAPER_TABLE_1", tuple(table))
+    assert paper.table_problems() == ["39.1B: 183 TFLOP/s x 512 GPUs is not 70.8 PFLOP/s"]
