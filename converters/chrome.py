@@ -58,7 +58,7 @@ from echo_et.ir.collectives import (
     pytorch_collective_name,
 )
 from echo_et.ir.dtypes import c10_name, dtype_size
-from echo_et.ir.io import atomic_dir, atomic_file, check_output_file
+from echo_et.ir.io import atomic_dir, atomic_file, check_output_file, written_by
 from echo_et.ir.job import Job
 from echo_et.ir.labels import (
     KINETO_ANNOTATION,
@@ -461,9 +461,8 @@ def _summary(dest: Path, traces: list[dict[str, Any]], files: int) -> dict[str, 
     }
 
 
-def _is_timeline_folder(path: Path) -> bool:
-    files = [p for p in path.iterdir()]
-    return all(p.is_file() and p.name.startswith("rank-") and p.name.endswith(".json") for p in files)
+# A timeline folder holds rank-R.json files only: the one kind of folder write_timeline replaces.
+_is_timeline_folder = written_by("rank-*.json")
 
 
 def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str], *, job: Job | None = None,
@@ -485,7 +484,8 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
     traces = kineto_traces(events, job, metadata=metadata, process_label=process_label)
     if not traces:
         raise EchoError("no events to write")
-    with atomic_dir(dest, replaceable=_is_timeline_folder, kind="a timeline folder") as tmp:
+    with atomic_dir(dest, replaceable=_is_timeline_folder,
+                    kind="a timeline folder") as tmp:
         for rank, trace in traces.items():
             (tmp / f"rank-{rank}.json").write_bytes(_dump(trace, False))
     return _summary(dest, list(traces.values()), len(traces))

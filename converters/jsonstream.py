@@ -245,6 +245,8 @@ def _events(path: str | os.PathLike[str], o: _Options) -> Iterator[Event]:
             raise EchoError(f"{where}: not JSON (starts with {first!r}); not a {o.kind}")
         if t.peek() != "":
             t.fail("extra data after the JSON document")
+    except RecursionError:  # the decoders recurse once per nesting level
+        raise EchoError(f"{where}: JSON nested too deeply to read (thousands of levels); not a {o.kind}") from None
     finally:
         src.close()
 

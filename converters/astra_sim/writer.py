@@ -21,7 +21,7 @@ from chakra.schema.protobuf import et_def_pb2 as et
 
 from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir.checker import check_job
-from echo_et.ir.io import atomic_dir, encode_varint
+from echo_et.ir.io import atomic_dir, encode_varint, written_by
 from echo_et.ir.job import Job
 from echo_et.ir.schema import pb
 
@@ -29,6 +29,9 @@ from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
 from .mapping import comm_size_of, comm_type_of
 from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, concurrent_collectives, exported_us, plan_graph, round_us
+
+# What an export writes, and so the only folder an export replaces (see written_by).
+is_export_folder = written_by(*FILE_NAMES.values(), f"{WORKLOAD_PREFIX}.*.et", required=FILE_NAMES["network"])
 
 METADATA_VERSION = "0.0.4"
 MIN_NPUS = 2               # every network dimension needs more than one NPU
@@ -590,7 +593,7 @@ class ExportPlan:
 
         ex, net, opts = self._ex, self.network, self.options
         dest = Path(dest)
-        with atomic_dir(dest, replaceable=lambda d: (d / FILE_NAMES["network"]).is_file(),
+        with atomic_dir(dest, replaceable=is_export_folder,
                         kind="an ASTRA-sim export") as tmp:
             files = ex.write_rank_files(tmp)
             (tmp / FILE_NAMES["network"]).write_text(configs.network_yaml(net))

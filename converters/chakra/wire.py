@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -194,7 +195,7 @@ def scan_nodes(path: str | os.PathLike[str]) -> Iterator[et.GlobalMetadata | tup
     except EchoError as e:
         msg = str(e)
         raise EchoError(msg if msg.startswith(where) else f"{where}: {msg}") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:
         raise EchoError(f"{where}: cannot read ({e})") from None
 
 

@@ -19,6 +19,7 @@ to the host ops.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 from echo_et.errors import EchoError, OptionError
@@ -42,7 +43,7 @@ def sniff(path: Path) -> bool:
             head = src.read(_HEAD_BYTES)
         finally:
             src.close()
-    except (OSError, EOFError, EchoError):
+    except (OSError, EOFError, zlib.error, EchoError):
         return True  # a broken .json(.gz): the reader explains what is wrong with it
     text = head.decode("utf-8", "replace")
     if '"traceEvents"' in text:

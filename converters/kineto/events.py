@@ -25,7 +25,7 @@ import msgspec
 
 from echo_et.errors import EchoError
 from echo_et.ir.collectives import is_nccl_kernel
-from echo_et.ir.limits import MAX_NS
+from echo_et.ir.limits import INT64_MAX, MAX_NS, MAX_WORLD_SIZE, checked_int
 
 from .jsonstream import read_document
 
@@ -247,6 +247,12 @@ def _int_arg(v: Any) -> int | None:
     return None
 
 
+# A pid/tid/device/stream is an int64 (a protobuf stream's native id) or a name. A float
+# literal arrives as its text (parse_float=str): such a "name" is a number that is no id.
+_ID_LIMIT = INT64_MAX + 1
+_FLOAT_TEXT = re.compile(r"^-?\d+(\.\d*)?([eE][+-]?\d+)?$|^-?(Infinity|NaN)$")
+
+
 class _Collector:
     """Turns raw event dicts into Ev objects for one file (the ``on_event`` callback)."""
 
@@ -312,7 +318,7 @@ class _Collector:
             corr = _int_arg(corr)
         kept: dict[str, Any] | None = None
         if kind == K_CPU:
-            thread = (e.get("pid"), e.get("tid"))
+            thread = self.host_thread(name, e.get("pid"), e.get("tid"))
             kept = {k: args[k] for k in _CPU_ARG_KEYS if k in args}
             if "Collective name" in args or name.startswith(("c10d::", "gloo:", "nccl:")) \
                     or name == "record_param_comms":
@@ -324,17 +330,17 @@ class _Collector:
             if not self.rf_nonzero and _int_arg(args.get("Record function id")):
                 self.rf_nonzero = True
         elif kind == K_RUNTIME:
-            thread = (e.get("pid"), e.get("tid"))
+            thread = self.host_thread(name, e.get("pid"), e.get("tid"))
             if "size" in args or "stream" in args:
                 kept = {k: args[k] for k in ("size", "stream") if k in args}
         elif kind == K_SYNC_ACT:
-            thread = (_int_arg(args.get("device", e.get("pid"))),
-                      _int_arg(args.get("stream", e.get("tid"))))
+            thread = self.device_thread(name, _int_arg(args.get("device", e.get("pid"))),
+                                        _int_arg(args.get("stream", e.get("tid"))))
             kept = {k: args[k] for k in _SYNC_ARG_KEYS if k in args}
         else:
             device = args.get("device", e.get("pid"))
             stream = args.get("stream", e.get("tid"))
-            thread = (_int_arg(device), _int_arg(stream))
+            thread = self.device_thread(name, _int_arg(device), _int_arg(stream))
             if kind == K_KERNEL and "grid" in args and is_nccl_kernel(name):
                 kept = {k: args[k] for k in LAUNCH_ARG_KEYS if k in args}
             if "bytes" in args or "Collective name" in args:
@@ -444,7 +450,7 @@ class _Collector:
         tid = None if e.tid is _UNSET else e.tid
         kept: dict[str, Any] | None = None
         if kind == K_CPU:
-            thread = (pid, tid)
+            thread = self.host_thread(name, pid, tid)
             kept = {}
             rf = a.record_function_id
             if rf is not _UNSET:
@@ -466,16 +472,16 @@ class _Collector:
             if not self.rf_nonzero and rf is not _UNSET and (rf if type(rf) is int else _int_arg(rf)):
                 self.rf_nonzero = True
         elif kind == K_RUNTIME:
-            thread = (pid, tid)
+            thread = self.host_thread(name, pid, tid)
             if a.size is not _UNSET or a.stream is not _UNSET:
                 kept = _kept(a, ("size", "stream"))
         elif kind == K_SYNC_ACT:
-            thread = (_int_arg(pid if a.device is _UNSET else a.device),
-                      _int_arg(tid if a.stream is _UNSET else a.stream))
+            thread = self.device_thread(name, _int_arg(pid if a.device is _UNSET else a.device),
+                                        _int_arg(tid if a.stream is _UNSET else a.stream))
             kept = _kept(a, _SYNC_ARG_KEYS)
         else:
-            thread = (_int_arg(pid if a.device is _UNSET else a.device),
-                      _int_arg(tid if a.stream is _UNSET else a.stream))
+            thread = self.device_thread(name, _int_arg(pid if a.device is _UNSET else a.device),
+                                        _int_arg(tid if a.stream is _UNSET else a.stream))
             if kind == K_KERNEL and a.grid is not _UNSET and is_nccl_kernel(name):
                 kept = _kept(a, LAUNCH_ARG_KEYS)
             if a.bytes is not _UNSET or a.collective_name is not _UNSET:
@@ -506,6 +512,32 @@ class _Collector:
             self.typed(e)
         else:
             self(e)
+
+    def host_thread(self, name: str, pid: Any, tid: Any) -> tuple:
+        """(pid, tid) of a host event: each an int64 or a name (Kineto writes ints; some tools
+        strings); anything else (an object, a list, a bool, a fraction, a number beyond int64)
+        is refused, so no stream id overflows and no thread key is unhashable."""
+        if type(pid) is int and type(tid) is int and -_ID_LIMIT <= pid < _ID_LIMIT \
+                and -_ID_LIMIT <= tid < _ID_LIMIT:
+            return (pid, tid)
+        return (self._thread_id(name, "pid", pid), self._thread_id(name, "tid", tid))
+
+    def device_thread(self, name: str, device: int | None, stream: int | None) -> tuple:
+        """(device, stream) of a device event, refused beyond int64 like a host thread's."""
+        for label, v in (("device", device), ("stream", stream)):
+            if v is not None and not -_ID_LIMIT <= v < _ID_LIMIT:
+                self._thread_id(name, label, v)
+        return (device, stream)
+
+    def _thread_id(self, name: str, field: str, v: Any) -> Any:
+        if v is None or (type(v) is int and -_ID_LIMIT <= v < _ID_LIMIT):
+            return v
+        if type(v) is str and not _FLOAT_TEXT.match(v):
+            return v
+        text = v if type(v) is str else repr(v)
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise EchoError(f"{self.tf.path}: event #{self.tf.raw_event_count - 1} ({str(name)[:60]}): "
+                        f"{field} = {shown} is not a thread id (an integer within int64, or a name)")
 
     def _refuse_time(self, e: dict, ts: Any, dur: Any) -> None:
         field, value = ("ts", ts) if not _plausible_us(ts) else ("dur", dur)
@@ -546,8 +578,7 @@ def load_trace(path: Path) -> TraceFile:
         raise EchoError(f"{path}: the trace has no events")
     if not tf.events:
         raise EchoError(f"{path}: the trace has no timed events (only metadata)")
-    dist = meta.get("distributedInfo")
-    tf.distributed = dist if isinstance(dist, dict) else {}
+    tf.distributed = _distributed_info(meta.get("distributedInfo"), path)
     tf.display_time_unit = str(meta.get("displayTimeUnit", "") or "")
     base = _int_arg(meta.get("baseTimeNanoseconds"))
     tf.base_ns = base or 0
@@ -560,6 +591,23 @@ def load_trace(path: Path) -> TraceFile:
     if tf.time_unit == "ns":
         _rescale_from_ns(tf)
     return tf
+
+
+def _distributed_info(dist: Any, path: Path) -> dict[str, Any]:
+    """``distributedInfo`` with the types its readers rely on: a ``rank`` that is stated must
+    be an integer (``inf``, ``true``, ``"0"`` or ``1.5`` name no rank) and ``pg_config`` a list;
+    a ``distributedInfo`` that is not an object is no information."""
+    if not isinstance(dist, dict):
+        return {}
+    rank = dist.get("rank")
+    if rank is not None:
+        checked_int(rank, "distributedInfo.rank", hi=MAX_WORLD_SIZE - 1, where=str(path))
+    pgs = dist.get("pg_config")
+    if pgs is not None and not isinstance(pgs, list):
+        text = repr(pgs)
+        raise EchoError(f"{path}: distributedInfo.pg_config = {text if len(text) <= 40 else text[:37] + '...'} "
+                        "is not a list of process groups")
+    return dist
 
 
 def _rescale_from_ns(tf: TraceFile) -> None:

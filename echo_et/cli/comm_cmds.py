@@ -373,8 +373,12 @@ def calibrate_choices_cmd(
 
 
 def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
+    """Before any work: the output is not an input, and it can be written."""
+    from echo_et.ir.io import check_writable_file
+
     if output.resolve() in {p.resolve() for p in inputs}:
         raise EchoError(f"{output}: output would overwrite an input")
+    check_writable_file(output)
 
 
 def _check_version(version: str | None, auto: bool, extra: tuple[str, ...] = ()) -> None:

@@ -6,6 +6,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,15 +64,35 @@ def guarded(fn: F) -> F:
             return fn(*args, **kwargs)
         except EchoError as e:
             fail(error_line(e, set(flags.values())))
+        except BrokenPipeError:
+            quiet_broken_pipe()
         except OSError as e:
-            where = e.filename if e.filename is not None else "error"
-            fail(f"{where}: {e.strerror or e}")
+            reason = e.strerror or str(e) or type(e).__name__
+            fail(f"{e.filename}: {reason}" if e.filename is not None else reason)
         except MemoryError:
             fail("out of memory (the input asks for more than this machine has)")
+        except RecursionError:  # before RuntimeError, its base: a JSON file nested thousands deep
+            fail("an input is nested too deeply to read (thousands of levels)")
+        except RuntimeError as e:
+            if not str(e).startswith("Symlink loop"):  # pathlib's resolve() meeting a link cycle
+                raise
+            fail(f"{e} (a symbolic link that leads back to itself)")
         except KeyboardInterrupt:
             fail("interrupted", 130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def quiet_broken_pipe() -> None:
+    """The reader of stdout went away (``echo-et ... | head``): stop without a word, as a
+    command killed by SIGPIPE does (exit 141), and keep Python's exit-time flush of the dead
+    pipe from printing a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a descriptor (captured in tests)
+        pass
+    raise typer.Exit(141)
 
 
 # Library option names whose flag is not simply "--" + the name with dashes.

@@ -161,9 +161,12 @@ def export_chrome(
 ) -> None:
     """The measured timeline in Kineto's trace schema (what torch.profiler writes), for HTA and Perfetto."""
     from echo_et.converters import chrome
+    from echo_et.ir import assert_valid
 
     check_output_path("--output", output)
-    result = chrome.write(load_job_arg(job_path), output, rank or None)
+    job = load_job_arg(job_path)
+    assert_valid(job)
+    result = chrome.write(job, output, rank or None)
     if as_json:
         emit_json(result)
     else:
@@ -182,8 +185,11 @@ def export_graphml(
 ) -> None:
     """Dependency graph(s) as GraphML, for graph tools."""
     from echo_et.converters import graphml
+    from echo_et.ir import assert_valid
 
-    result = graphml.write(load_job_arg(job_path), output, rank)
+    job = load_job_arg(job_path)
+    assert_valid(job)
+    result = graphml.write(job, output, rank)
     if as_json:
         emit_json(result)
     else:

@@ -30,11 +30,13 @@ def convert(
     """Convert traces (Kineto, PyTorch ET, Chakra ET, SimAI) into an echo-et Job directory."""
     from echo_et.converters import ReadOptions, read
     from echo_et.ir import check_job, save_job
+    from echo_et.ir.io import check_job_output
     from echo_et.ir.summary import summarize
 
     resolved = [p.resolve() for p in inputs]
     if output.resolve() in resolved:
         fail(f"{output}: output would overwrite an input")
+    check_job_output(output)
     opts = ReadOptions(rank=rank, step=step, host_et=list(host_et), world_size=world_size,
                        gpus_per_node=gpus_per_node)
     job = read(list(inputs), from_, opts)

@@ -32,6 +32,14 @@ def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
             fail(f"{output}: output would overwrite an input")
 
 
+def _check_job_output(output: Path, inputs: list[Path]) -> None:
+    """Before any work: the output is not an input, and a Job can be written there."""
+    from echo_et.ir.io import check_job_output
+
+    _refuse_overwrite(output, inputs)
+    check_job_output(output)
+
+
 def _save_checked(job, output: Path) -> None:
     from echo_et.ir import check_job, save_job
 
@@ -78,7 +86,7 @@ def scale(
     """Scale a Job to another data-parallel degree (and pipeline depth): new groups, shared graphs."""
     from echo_et.passes import scale as scale_pass
 
-    _refuse_overwrite(output, [job_path])
+    _check_job_output(output, [job_path])
     if dp is None and pp is None and microbatches is None:
         fail("scale: give at least one of --dp, --pp, --microbatches")
     t0 = time.perf_counter()
@@ -117,7 +125,7 @@ def inject(
     from echo_et.cli.unit_opts import size_option
     from echo_et.passes.inject import inject_dp
 
-    _refuse_overwrite(output, [job_path])
+    _check_job_output(output, [job_path])
     job = load_job_arg(job_path)
     out, report = inject_dp(job, dp=dp, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb,
                             zero=zero, param_bytes=size_option(param_bytes, "param_bytes", lo=1),
@@ -287,7 +295,7 @@ def select(
     """Keep a subset of ranks whose process groups lie inside it."""
     from echo_et.passes.select import parse_ranks, select_ranks
 
-    _refuse_overwrite(output, [job_path])
+    _check_job_output(output, [job_path])
     out = select_ranks(load_job_arg(job_path), parse_ranks(ranks))
     _save_checked(out, output)
     if as_json:

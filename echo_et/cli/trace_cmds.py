@@ -14,7 +14,7 @@ from echo_et.cli.cluster_opts import (
     inter_bw_opt,
     intra_bw_opt,
 )
-from echo_et.cli.common import JsonOpt, emit_json, fail, guarded
+from echo_et.cli.common import JsonOpt, emit_json, guarded
 
 
 def register(app: typer.Typer) -> None:
@@ -85,6 +85,7 @@ def trace(
     from echo_et.cli.unit_opts import size_option
     from echo_et.errors import EchoError
     from echo_et.ir import save_job
+    from echo_et.ir.io import check_job_output
     from echo_et.trace.layout import ParallelLayout
     from echo_et.trace.parallel import usable_cpus
     from echo_et.trace.tracer import TraceOptions
@@ -106,8 +107,7 @@ def trace(
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero)
     if world_size is not None:
         layout.check_world_size(world_size)
-    if output.exists() and not output.is_dir():
-        fail(f"{output}: exists and is not a directory")
+    check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
         wl = Workload(script=script)
         attrs = {"script": Path(script.rpartition(":")[0]).name + ":" + script.rpartition(":")[2]}
@@ -121,7 +121,7 @@ def trace(
                    bucket_mb=bucket_mb, recompute=recompute, **kw)
         wl = Workload(gpt=cfg)
         attrs = {"workload": workload, **cfg.to_json()}
-    wl.validate(layout)
+    wl.validate(layout, device)
     build_fn = wl.build_fn()
 
     def progress(msg: str) -> None:

@@ -42,6 +42,7 @@ from echo_et.experiments.executors import Failure, run_rows
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
+from echo_et.ir.limits import MAX_SWEEP_ROWS, format_size
 from echo_et.models.cluster import Cluster
 from echo_et.sim.result import STEP_PARTS
 
@@ -56,6 +57,7 @@ VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention head
 OUTPUT_FILES = ("results.json", "table.txt")
 PLOT_FILE = "predicted_vs_measured.png"
 TIMINGS_FILE = "timings.json"
+MAX_CSV_BYTES = 64 << 20   # a configuration CSV (10,000 rows are well under 2 MB)
 DEFAULT_GPU = "a100"
 DEFAULT_GPUS_PER_NODE = 8
 
@@ -93,11 +95,21 @@ def read_configs(path: str | os.PathLike[str], *, option: str = "configs") -> li
     that is not a number, or a ``gpus`` that is not tp x pp x dp, is one OptionError (of
     ``--option``) naming it."""
     p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_CSV_BYTES:  # before reading it: each row is a trace and a simulation
+        raise OptionError(option, f"{p.name}: {format_size(size)}; a configuration CSV is at most "
+                                  f"{format_size(MAX_CSV_BYTES)} ({MAX_SWEEP_ROWS:,} rows)")
     try:
         text = p.read_text("utf-8-sig")
     except UnicodeDecodeError:
         raise OptionError(option, f"{p.name}: not a UTF-8 CSV file") from None
-    reader = csv.reader(line for line in text.splitlines() if line.strip())
+    try:
+        return _config_rows(p, csv.reader(line for line in text.splitlines() if line.strip()), option)
+    except csv.Error as e:  # a field beyond csv's limit (128 KiB), a NUL byte, a stray quote
+        raise OptionError(option, f"{p.name}: not a readable CSV file ({e})") from None
+
+
+def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
     header = next(reader, None)
     if not header:
         raise OptionError(option, f"{p.name}: empty, expected a header row "
@@ -126,6 +138,9 @@ def read_configs(path: str | os.PathLike[str], *, option: str = "configs") -> li
             raise OptionError(option, f"{p.name}, line {i}: gpus {row['gpus']} is not tp x pp x dp "
                                       f"({row['tp']} x {row['pp']} x {row['dp']})")
         rows.append(row)
+        if len(rows) > MAX_SWEEP_ROWS:
+            raise OptionError(option, f"{p.name}: more than {MAX_SWEEP_ROWS:,} configuration rows (each is "
+                                      "traced and simulated); split the file")
     if not rows:
         raise OptionError(option, f"{p.name}: no configuration rows")
     return rows

@@ -20,10 +20,10 @@ import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from echo_et.errors import OptionError
+from echo_et.ir.limits import format_size, total_memory
 
 EXECUTORS = ("local", "dask", "ray")
 ROWS_PER_WORKER = 64   # a local worker is replaced after this many rows: a worker's heap only grows
@@ -46,23 +46,6 @@ class Failure:
 
 
 # -- memory ----------------------------------------------------------------------------------------
-def format_size(n: int) -> str:
-    """Bytes as a person reads them in an error: ``8.0 GB``, ``512.0 MB``."""
-    if n >= 10**9:
-        return f"{n / 1e9:.1f} GB"
-    return f"{n / 1e6:.1f} MB"
-
-
-def total_memory() -> int:
-    """This machine's memory in bytes, or the container's limit when that is smaller."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        text = "max"
-    return min(total, int(text)) if text.isdigit() else total
-
-
 def default_memory_budget(workers: int) -> int:
     """The machine's memory divided among ``workers``: what each may use when the caller
     gives no budget."""

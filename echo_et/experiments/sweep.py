@@ -32,6 +32,7 @@ from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
+from echo_et.ir.limits import MAX_MICROBATCHES, MAX_PIPELINE_STAGES, MAX_SWEEP_ROWS, MAX_WORLD_SIZE
 
 MODES = ("predict", "replay")
 OUTPUT_FILES = ("results.json", "table.txt")
@@ -57,10 +58,20 @@ class SweepSpec:
     compute_profile: str | None = None   # sweep is one for the same GPU and compute profile)
 
     def points(self) -> list[dict[str, int | None]]:
+        """Every layout of the grid, counted (and each value bounded) before one is made."""
+        for option, values, hi in (("dp", self.dp, MAX_WORLD_SIZE), ("pp", self.pp, MAX_PIPELINE_STAGES),
+                                   ("microbatches", self.microbatches, MAX_MICROBATCHES)):
+            for v in values:
+                if not 1 <= v <= hi:
+                    raise OptionError(option, f"{v} is out of range (1..{hi:,})")
+        dps = sorted(set(self.dp))
         pps: list[int | None] = list(self.pp) or [None]
         mbs: list[int | None] = list(self.microbatches) or [None]
-        return [{"dp": d, "pp": p, "microbatches": m}
-                for p, m, d in itertools.product(pps, mbs, sorted(set(self.dp)))]
+        count = len(dps) * len(pps) * len(mbs)
+        if count > MAX_SWEEP_ROWS:
+            raise OptionError("dp", f"{len(dps):,} dp x {len(pps):,} pp x {len(mbs):,} micro-batch values make "
+                                    f"{count:,} layouts; the limit is {MAX_SWEEP_ROWS:,} per sweep")
+        return [{"dp": d, "pp": p, "microbatches": m} for p, m, d in itertools.product(pps, mbs, dps)]
 
 
 @dataclass

@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from echo_et.errors import CheckError
 from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
-from echo_et.ir.limits import MAX_BANDWIDTH_GBPS, MAX_BYTES, MAX_GPUS_PER_NODE, MAX_NS, MAX_WORLD_SIZE
+from echo_et.ir.limits import (
+    MAX_BANDWIDTH_GBPS,
+    MAX_BYTES,
+    MAX_CLOCK_OFFSET_NS,
+    MAX_GPUS_PER_NODE,
+    MAX_NS,
+    MAX_WORLD_SIZE,
+)
 from echo_et.ir.repeats import repeat_problems
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, SCHEMA_VERSION, collective_name, node_kind_name, pb
 from echo_et.ir.units import MIN_BANDWIDTH_GBPS
@@ -65,6 +72,8 @@ RULES: dict[str, str] = {
     "group-defined": "group ids are unique and >= 1, members non-empty, in range and unique",
     # bindings and cross-rank
     "binding-graph": "every binding names a graph of the job",
+    "binding-values": f"a rank's clock offset is within +-{MAX_CLOCK_OFFSET_NS} ns (2**60) and its measured "
+                      f"step within 0..{MAX_NS} ns",
     "group-bound": "every group key a graph uses is bound, to a group containing the rank",
     "group-size": "a graph's declared group size equals the bound group's size",
     "collective-root": "a rooted collective's root is a rank of its group",
@@ -674,6 +683,11 @@ def check_bindings(job: Job, sigs: dict[str, _GraphSignature], out: IssueCollect
     root_checked: set[tuple[str, str, int]] = set()
     for b in m.bindings:
         where_b = f"{where_m} rank {b.rank}"
+        if not -MAX_CLOCK_OFFSET_NS <= b.clock_offset_ns <= MAX_CLOCK_OFFSET_NS:
+            out.add("binding-values", f"clock offset {b.clock_offset_ns} ns is beyond +-{MAX_CLOCK_OFFSET_NS} ns",
+                    where_b)
+        if not 0 <= b.measured_step_ns <= MAX_NS:
+            out.add("binding-values", f"measured step {b.measured_step_ns} ns is outside 0..{MAX_NS} ns", where_b)
         sig = sigs.get(b.graph)
         if sig is None:
             out.add("binding-graph", f"bound to graph {b.graph!r}, which the job does not have", where_b)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import gzip
 import hashlib
 import os
@@ -487,6 +488,81 @@ def atomic_dir(dest: str | os.PathLike[str], *, replaceable: Callable[[Path], bo
         raise
 
 
+class WrittenBy:
+    """The test :func:`atomic_dir` takes for "an earlier output of this writer": the folder
+    holds ``required`` (when given) and nothing but regular files whose paths (relative,
+    ``/``-separated) match one of ``patterns`` (fnmatch), with the folders on their way. One
+    file of the user's (a ``notes.txt``), a symlink or a FIFO makes the folder the user's,
+    never replaced: replacing a folder deletes everything in it."""
+
+    def __init__(self, patterns: tuple[str, ...], required: str | None):
+        self.required = required
+        self.globs = patterns if required is None else (required, *patterns)
+
+    def __call__(self, folder: Path) -> bool:
+        return self.foreign(folder) is None
+
+    def foreign(self, folder: Path) -> str | None:
+        """What makes ``folder`` not this writer's output (the first such entry), or None."""
+        first = _first_foreign(folder, "", self.globs)
+        if first is None and self.required is not None and not (folder / self.required).is_file():
+            return f"no {self.required}"
+        return first
+
+
+def written_by(*patterns: str, required: str | None = None) -> WrittenBy:
+    """A :class:`WrittenBy` test for ``patterns`` (and the ``required`` file)."""
+    return WrittenBy(patterns, required)
+
+
+def check_output_dir(dest: str | os.PathLike[str], replaceable: Callable[[Path], bool], kind: str) -> None:
+    """The cheap checks of :func:`atomic_dir`, for a verb to run before its long work: ``dest``
+    is absent, empty or ``replaceable``, and a folder can be made beside it (the nearest
+    existing folder above is writable: a temporary folder is made there and removed, nothing
+    else is touched)."""
+    dest = Path(dest)
+    _check_dest_dir(dest, replaceable, kind)
+    _check_writable_beside(dest)
+
+
+def check_writable_file(dest: str | os.PathLike[str]) -> None:
+    """The cheap checks of :func:`atomic_file`, for a verb to run before its long work: ``dest``
+    is absent or a regular file, and a file can be made beside it."""
+    _check_writable_beside(check_output_file(dest))
+
+
+def _check_writable_beside(dest: Path) -> None:
+    """The nearest existing folder above ``dest`` is a folder we can write in: a temporary
+    folder is made there and removed, nothing else is touched."""
+    above = dest.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise EchoError(f"{dest}: cannot write ({above} is not a directory)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=above))
+    except OSError as e:
+        raise EchoError(f"{dest}: cannot write ({e.strerror or e})") from None
+
+
+def _first_foreign(folder: Path, rel: str, globs: tuple[str, ...]) -> str | None:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as e:
+        return f"{rel or '.'} ({e.strerror or e})"
+    for entry in entries:
+        path = f"{rel}{entry.name}"
+        if entry.is_dir(follow_symlinks=False):
+            if not any(g.startswith(path + "/") for g in globs):
+                return f"{path}/"
+            inner = _first_foreign(Path(entry.path), path + "/", globs)
+            if inner is not None:
+                return inner
+        elif not (entry.is_file(follow_symlinks=False) and any(fnmatch.fnmatchcase(path, g) for g in globs)):
+            return path
+    return None
+
+
 def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind: str) -> None:
     """Refuse to replace what is not ours to replace. Another writer of the same output may
     move it aside while we look (see :func:`_swap_in`): then look again."""
@@ -510,6 +586,10 @@ def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind
                 same = False
             if not same:     # replaced while we looked
                 continue
+            why = replaceable.foreign(dest) if isinstance(replaceable, WrittenBy) else None
+            if why and not why.startswith("no "):
+                raise EchoError(f"{dest}: holds {why}, which echo-et did not write: not {kind}; refusing to "
+                                "replace it (replacing a folder deletes what is in it)")
             raise EchoError(f"{dest}: exists and is not {kind}; refusing to replace it")
         return
     raise EchoError(f"{dest}: output in use (another run keeps replacing it); try again")
@@ -542,6 +622,17 @@ def _swap_in(tmp: Path, dest: Path) -> None:
 # -- job directories ------------------------------------------------------------------------
 def is_job_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST_NAME).is_file()
+
+
+# What save_job writes, and so the only Job folder it replaces (see written_by).
+is_job_output = written_by(f"{GRAPH_DIR}/*{GRAPH_SUFFIX}", required=MANIFEST_NAME)
+JOB_OUTPUT_KIND = "an echo-et job directory"
+
+
+def check_job_output(dest: str | os.PathLike[str]) -> None:
+    """Refuse, before any long work, a Job output that :func:`save_job` would refuse or
+    could not write (see :func:`check_output_dir`)."""
+    check_output_dir(dest, is_job_output, JOB_OUTPUT_KIND)
 
 
 def read_manifest(job_dir: str | os.PathLike[str]) -> pb.JobManifest:
@@ -639,7 +730,7 @@ def save_job(job: Job, job_dir: str | os.PathLike[str], *, overwrite: bool = Tru
     dest = Path(job_dir)
     if dest.exists() and not overwrite:
         raise EchoError(f"{dest}: already exists")
-    with atomic_dir(dest, replaceable=is_job_dir, kind="an echo-et job directory") as tmp:
+    with atomic_dir(dest, replaceable=is_job_output, kind=JOB_OUTPUT_KIND) as tmp:
         manifest = pb.JobManifest()
         manifest.CopyFrom(job.manifest)
         del manifest.graphs[:]

@@ -15,6 +15,8 @@ nor hours of work. The bounds are of two sorts:
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError
@@ -23,6 +25,9 @@ INT64_MAX = (1 << 63) - 1
 # Times in ns: a start of 2**62 ns is the year 2116 on an epoch clock; start + duration and
 # the offsets the simulator adds still fit int64.
 MAX_NS = 1 << 62
+# A rank's clock offset (its measured times + offset = the job clock): 2**60 ns is 36 years,
+# and two ranks' offsets apart plus a time of MAX_NS still fit int64.
+MAX_CLOCK_OFFSET_NS = 1 << 60
 # Bytes of one transfer, tensor or operator: 8 PiB, exact in a float64 (models use floats).
 MAX_BYTES = 1 << 53
 # Ranks of one job. Echo-et aims at 100K ranks; 2**18 leaves room, and refuses the sizes whose
@@ -31,6 +36,8 @@ MAX_WORLD_SIZE = 1 << 18
 MAX_GPUS_PER_NODE = 1024        # NVL576 racks count as one node
 MAX_MICROBATCHES = 4096
 MAX_PIPELINE_STAGES = 4096
+MAX_TRACE_STEPS = 1000         # warm-up and measured steps of one traced rank (each runs the model)
+MAX_SWEEP_ROWS = 10_000        # layouts or configurations of one sweep (each a Job and a simulation)
 MAX_GRAPH_NODES = 1 << 20       # nodes a pass may build into one graph (1-2 GB in memory, minutes)
 MAX_GROUPS = 1 << 22            # process groups of one job (2 per rank and axis at 100K ranks)
 MAX_BANDWIDTH_GBPS = 1e6        # GB/s per GPU; a petabyte per second is not a link
@@ -102,3 +109,21 @@ def ns_of(value: Any, field: str, *, scale: float = 1.0, where: str = "", allow_
     if not lo <= ns <= MAX_NS:
         raise EchoError(f"{_prefix(where)}{field} = {_shown(value)} is out of range for a time in ns")
     return ns
+
+
+def format_size(n: int) -> str:
+    """Bytes as a person reads them in an error: ``8.0 GB``, ``512.0 MB``."""
+    if n >= 10**9:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.1f} MB"
+
+
+def total_memory() -> int:
+    """This machine's memory in bytes, or the container's limit when that is smaller: what
+    bounds the work a command may start (a sweep's workers, a trace's estimate)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        text = "max"
+    return min(total, int(text)) if text.isdigit() else total

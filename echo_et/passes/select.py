@@ -12,24 +12,29 @@ from collections.abc import Sequence
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job
+from echo_et.ir.limits import MAX_WORLD_SIZE
 from echo_et.passes.derive import derived_job_builder
 
 
 def parse_ranks(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]. The count is known before the list is made:
+    more ranks than a job can have (``MAX_WORLD_SIZE``) are refused, not built."""
     out: list[int] = []
+    count = 0
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         try:
-            if "-" in part:
-                a, b = (int(x) for x in part.split("-", 1))
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
+            a, b = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part), int(part))
         except ValueError:
             raise OptionError("ranks", f"{text!r}: expected ranks like 0-3,8") from None
+        count += max(0, b - a + 1)
+        if count > MAX_WORLD_SIZE or max(a, b) >= MAX_WORLD_SIZE:
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise OptionError("ranks", f"{shown!r} names {count} ranks up to rank {max(a, b)}; the limit is "
+                                       f"{MAX_WORLD_SIZE} ranks (0..{MAX_WORLD_SIZE - 1}), the most a job has")
+        out.extend(range(a, b + 1))
     if not out:
         raise OptionError("ranks", f"{text!r}: no rank given")
     return out

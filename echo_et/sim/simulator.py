@@ -46,6 +46,7 @@ from echo_et.errors import EchoError
 from echo_et.ir.checker import assert_valid
 from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
+from echo_et.ir.limits import MAX_NS
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
 from echo_et.ir.summary import comm_libraries
 from echo_et.models.slowdown.intervals import covered_length, merge_intervals
@@ -257,9 +258,19 @@ class Simulator:
         base = self._base_durations()
         durs = {id(st): base[st.durations_key] for st in self._states}
         self._simulate(durs)
+        self._check_horizon()
         if self.uses_slowdown():
             self._iterate_slowdown(base)
         return self._result()
+
+    def _check_horizon(self) -> None:
+        """Every simulated time within MAX_NS (the IR's range, int64 with room for sums): a Job
+        check accepts may still be priced beyond it (a link of 1e-30 GB/s), and that is one
+        line, not an overflow in the analysis."""
+        for st in self._states:
+            if st.item_end and max(st.item_end) > MAX_NS:
+                raise EchoError(f"rank {st.rank}: the simulated step runs past {MAX_NS} ns (146 years); "
+                                "are the bandwidths, latencies and durations it is given plausible?")
 
     def keeps_blocks(self) -> bool:
         """Whether repeat blocks may be placed in closed form: predict mode (priced
@@ -820,6 +831,7 @@ class Simulator:
             for st in self._states:
                 durs[id(st)] = self._slowed(st, base[st.durations_key])
             self._simulate(durs)
+            self._check_horizon()
             steps = self._step_times()
             # converged: no rank's step time moved by more than 0.05 %
             if all(abs(steps[k] - prev_steps[k]) <= max(1, prev_steps[k] // 2000) for k in steps):

@@ -61,7 +61,7 @@ def run_in_situ(workload, layout: ParallelLayout, out_dir: str | os.PathLike[str
 
     import torch.multiprocessing as mp
 
-    workload.validate(layout)
+    workload.validate(layout, "cpu")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()

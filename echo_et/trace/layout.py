@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_MICROBATCHES, MAX_WORLD_SIZE
 
 ROLES = ("tp", "dp", "pp")
 # Groups derived from the layout that not every rank belongs to: "embd" (Megatron's
@@ -38,6 +39,10 @@ class ParallelLayout:
         if self.zero not in (0, 1):
             raise EchoError(f"layout {self.describe()}: ZeRO stage {self.zero} is not supported "
                             "(0 or 1)")
+        if self.world_size > MAX_WORLD_SIZE or self.microbatches > MAX_MICROBATCHES:
+            raise EchoError(f"layout {self.describe()}: {self.world_size:,} ranks and {self.microbatches:,} "
+                            f"micro-batches; the limits are {MAX_WORLD_SIZE:,} ranks and {MAX_MICROBATCHES:,} "
+                            "micro-batches")
 
     @property
     def world_size(self) -> int:
@@ -69,17 +74,31 @@ class ParallelLayout:
         every communication call a trace records: remembered per layout, role and rank.)"""
         if role == "world":
             return tuple(range(self.world_size))
-        return _group_ranks(self, role, rank)
+        # Remembered once per group, by its first member, not per rank: a dp group of 100K
+        # ranks would otherwise be kept (and hashed) 100K times.
+        return _group_ranks(self, role, self.group_first(role, rank))
+
+    def group_first(self, role: str, rank: int) -> int:
+        """The first member of ``rank``'s group of ``role``: the group's identity, which costs
+        nothing to hash or compare (its member tuple costs the group's size)."""
+        if role == "world":
+            return 0
+        c = self.coords(rank)
+        if role in ROLES:
+            return self.rank_of(**{**c, role: 0})
+        if role == "embd":
+            return self.rank_of(c["tp"], c["dp"], 0)
+        if role == "mp":
+            return self.rank_of(0, c["dp"], 0)
+        raise EchoError(f"layout {self.describe()}: unknown group role {role!r}")
 
     def is_member(self, role: str, rank: int) -> bool:
         return rank in self.group_ranks(role, rank)
 
     def all_groups(self, role: str) -> list[tuple[int, ...]]:
         """Every group of ``role``, ordered by first rank."""
-        seen: dict[tuple[int, ...], None] = {}
-        for r in range(self.world_size):
-            seen.setdefault(self.group_ranks(role, r))
-        return sorted(seen)
+        firsts = dict.fromkeys(self.group_first(role, r) for r in range(self.world_size))
+        return sorted(_group_ranks(self, role, f) for f in firsts)
 
 
 @functools.lru_cache(maxsize=1 << 16)

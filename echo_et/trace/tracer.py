@@ -36,8 +36,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from echo_et.errors import CheckError, EchoError
+from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir import Job, JobBuilder, check_job
+from echo_et.ir.limits import MAX_TRACE_STEPS
 from echo_et.trace.identity import structure_hash
 from echo_et.trace.layout import DERIVED_ROLES, ROLES, ParallelLayout
 from echo_et.trace.parallel import can_fork, trace_in_parallel
@@ -241,21 +242,21 @@ class _Tracer:
         m.layout.zero_stage = lay.zero
         m.layout.source = "traced"
 
-        group_id: dict[tuple[str, tuple[int, ...]], int] = {}
+        # Keyed by (role, first member): hashing a group's member tuple per rank is quadratic.
+        group_id: dict[tuple[str, int], int] = {}
         for role in ROLES:
             for i, ranks in enumerate(lay.all_groups(role)):
-                group_id[(role, ranks)] = jb.group(ranks, name=f"{role}{i}", desc=role, role=role)
+                group_id[(role, ranks[0])] = jb.group(ranks, name=f"{role}{i}", desc=role, role=role)
         derived = sorted({k for r in self.runs for k in self.runs[r].graph.header.group_sizes
                           if k in DERIVED_ROLES})
         for role in derived:
             for i, ranks in enumerate(lay.all_groups(role)):
-                group_id[(role, ranks)] = jb.group(ranks, name=f"{role}{i}", desc=role,
-                                                   role="custom")
+                group_id[(role, ranks[0])] = jb.group(ranks, name=f"{role}{i}", desc=role,
+                                                      role="custom")
         uses_world = any("world" in self.runs[r].graph.header.group_sizes for r in self.runs)
+        all_ranks = tuple(range(world))
         if uses_world:
-            all_ranks = tuple(range(world))
-            group_id[("world", all_ranks)] = jb.group(all_ranks, name="world", desc="default_pg",
-                                                      role="world")
+            group_id[("world", 0)] = jb.group(all_ranks, name="world", desc="default_pg", role="world")
 
         # One graph per distinct structure: the lowest traced rank with that hash.
         graph_of_hash: dict[str, int] = {}
@@ -278,12 +279,12 @@ class _Tracer:
         for r in range(world):
             rep = self.rep[r]
             gid = graph_of_hash[self.hashes[rep]]
-            groups = {role: group_id[(role, lay.group_ranks(role, r))] for role in ROLES}
+            groups = {role: group_id[(role, lay.group_first(role, r))] for role in ROLES}
             for role in derived:
                 if role in self.runs[gid].graph.header.group_sizes:
-                    groups[role] = group_id[(role, lay.group_ranks(role, r))]
+                    groups[role] = group_id[(role, lay.group_first(role, r))]
             if uses_world:
-                groups["world"] = group_id[("world", tuple(range(world)))]
+                groups["world"] = group_id[("world", 0)]
             if r in self.runs:
                 for rec in self.runs[r].records:
                     key = group_key(lay, r, rec)
@@ -313,6 +314,10 @@ def trace(build_fn: Callable, layout: ParallelLayout, options: TraceOptions | No
         raise EchoError(f"warm-up steps must be >= 0, got {options.warmup_steps}")
     if options.measured_steps < 1:
         raise EchoError(f"measured steps must be >= 1, got {options.measured_steps}")
+    for option, n in (("warmup", options.warmup_steps), ("steps", options.measured_steps)):
+        if n > MAX_TRACE_STEPS:
+            raise OptionError(option, f"{n:,} steps: each traced rank runs the whole model once per step; "
+                                      f"the limit is {MAX_TRACE_STEPS:,}")
     if options.device not in ("cpu", "meta") and not options.device.startswith("cuda"):
         raise EchoError(f"device {options.device!r}: use cpu, meta or cuda[:N]")
     if options.device == "meta" and options.measured_steps != 1:

@@ -40,9 +40,9 @@ class Workload:
         assert self.script is not None
         return load_script(self.script)
 
-    def validate(self, layout) -> None:
+    def validate(self, layout, device: str = "meta") -> None:
         if self.gpt is not None:
-            self.gpt.validate(layout)
+            self.gpt.validate(layout, device)
 
 
 def load_script(spec: str) -> Callable:

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from echo_et.errors import EchoError
+from echo_et.ir.dtypes import dtype_size
+from echo_et.ir.limits import MAX_GRAPH_NODES, format_size, total_memory
 from echo_et.trace.context import RankContext
 from echo_et.trace.layout import ParallelLayout
 
@@ -40,6 +42,14 @@ ATTENTIONS = ("sdpa", "megatron")
 GRAD_SYNCS = ("overlap", "after-backward")
 OPTIMIZERS = ("adam", "megatron")
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
+
+
+# What tracing one rank of a GPT builds, as lower bounds (measured on this project's CPU,
+# torch 2.13, `echo-et trace --device meta --hidden 64 --layers 2|4|512`): the estimate
+# refuses only what surely cannot finish, before any work.
+NODES_PER_LAYER = 200            # recorded nodes of a layer's forward and backward (280 measured)
+HOST_BYTES_PER_LAYER = 100_000   # a layer's modules and records in host memory (210 KB measured)
+TOKEN_BYTES = 24                 # a token's int64 id, input and label, on the host whatever the device
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,7 @@ class GPTConfig:
     def replace(self, **kw) -> GPTConfig:
         return dataclasses.replace(self, **kw)
 
-    def validate(self, layout: ParallelLayout) -> None:
+    def validate(self, layout: ParallelLayout, device: str = "meta") -> None:
         where = f"layout {layout.describe()}"
         for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "ffn_mult",
                      "vocab_multiple"):
@@ -109,6 +119,33 @@ class GPTConfig:
             raise EchoError(f"{where}: the megatron optimizer runs without ZeRO (zero = 0)")
         if not 0.0 <= self.dropout < 1.0:
             raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
+        self.check_footprint(layout, device)
+
+    def check_footprint(self, layout: ParallelLayout, device: str = "meta") -> None:
+        """Refuse, before tracing, what cannot finish: a traced rank's graph beyond
+        ``MAX_GRAPH_NODES``, or host memory beyond this machine's (lower-bound estimates)."""
+        where = f"layout {layout.describe()}"
+        per_stage = self.layers // layout.pp
+        traced_mbs = 1 if device == "meta" else layout.microbatches  # meta records one, repeats it
+        nodes = NODES_PER_LAYER * per_stage * traced_mbs * (2 if self.recompute else 1)
+        if nodes > MAX_GRAPH_NODES:
+            times = "".join(f" x {n:,} {what}" for n, what in ((traced_mbs, "micro-batches"),
+                                                                (2 if self.recompute else 1, "(recompute)"))
+                            if n > 1)
+            raise EchoError(f"{where}: a traced rank would record at least {nodes:,} nodes ({per_stage:,} "
+                            f"layers per stage x {NODES_PER_LAYER} nodes{times}); the limit is "
+                            f"{MAX_GRAPH_NODES:,} nodes per graph")
+        tokens = layout.microbatches * self.micro_batch * (self.seq + 1)
+        parts = {"layers": HOST_BYTES_PER_LAYER * per_stage, "tokens": TOKEN_BYTES * tokens}
+        if device == "cpu":  # weights and gradients, and one kept activation per layer
+            el = dtype_size(self.dtype) or 4
+            parts["weights"] = 2 * el * self.parameters() // (layout.tp * layout.pp)
+            parts["activations"] = el * self.micro_batch * self.seq * self.hidden * per_stage
+        need, have = sum(parts.values()), total_memory()
+        if need > have:
+            shown = ", ".join(f"{k} {format_size(v)}" for k, v in parts.items() if v)
+            raise EchoError(f"{where}: tracing needs at least {format_size(need)} of host memory ({shown}); "
+                            f"this machine has {format_size(have)}")
 
     def padded_vocab(self, tp: int) -> int:
         """The vocabulary rounded up to a multiple of ``vocab_multiple`` x tp."""

@@ -17,6 +17,7 @@ kernels), the prior's factors replace ``s_global`` / ``s_class`` as shrinkage ta
 from __future__ import annotations
 
 import csv
+import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -71,13 +72,15 @@ def read_csv_samples(path: str | os.PathLike[str]) -> list[Sample]:
                     r = float(row["overlap_ratio"])
                 except (TypeError, ValueError):
                     raise EchoError(f"{p}:{line}: ground_truth/duration/overlap_ratio are not numbers") from None
-                if not (iso > 0 and obs > 0 and 0.0 <= r <= 1.0 + 1e-9):
-                    raise EchoError(f"{p}:{line}: durations must be > 0 and overlap_ratio in [0, 1]")
+                if not (0 < iso < math.inf and 0 < obs < math.inf and 0.0 <= r <= 1.0 + 1e-9):
+                    raise EchoError(f"{p}:{line}: durations must be finite and > 0, and overlap_ratio in [0, 1]")
                 full = row[name_col] or row.get("kShortName", "")
                 short = row.get("kShortName") or short_kernel_name(full)
                 out.append(Sample(short, full, classify_kernel(full), iso, obs, min(1.0, r)))
     except UnicodeDecodeError:
         raise EchoError(f"{p}: not a text CSV file") from None
+    except csv.Error as e:  # a field beyond csv's limit (128 KiB), a NUL byte
+        raise EchoError(f"{p}: not a readable CSV file ({e})") from None
     if not out:
         raise EchoError(f"{p}: no kernel rows")
     return out

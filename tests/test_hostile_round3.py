@@ -1,0 +1,405 @@
+"""Issue 26's cases (hostile input, round three), one test per class: the tracebacks of the
+campaign, output folders that hold a user's files, work bounded before it starts, and the
+error line itself.
+
+Every case asserts the promise: exit 2 with one line on stderr naming what is wrong, or a
+result `check` accepts. Commands run in-process (typer's CliRunner) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_hostile_input import cli, edit_manifest, refused, small_job
+from test_kineto_graph import base_events, write
+
+from conftest import FIXTURES
+from echo_et.ir import GraphBuilder, JobBuilder, check_job, load_job, pb, save_job
+
+DDP = FIXTURES / "traces" / "ddp_gloo4" / "rank0.kineto.json.gz"
+
+
+def host_event(evs: list[dict], name: str = "aten::addmm") -> dict:
+    return next(e for e in evs if e.get("name") == name)
+
+
+# -- 1. a flipped byte in a gzipped trace ----------------------------------------------------------
+def test_flipped_byte_in_a_gzipped_trace_is_one_line(tmp_path):
+    data = bytearray(DDP.read_bytes())
+    data[89] ^= 0xFF  # the campaign's reproducer: a deflate error the format sniffer met first
+    p = tmp_path / "rank0.kineto.json.gz"
+    p.write_bytes(bytes(data))
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), "corrupt gzip data"])
+    assert not (tmp_path / "j").exists()
+
+
+# -- 2 and 4. thread ids of the wrong type or beyond int64 -------------------------------------------
+@pytest.mark.parametrize("field", ["tid", "pid"])
+@pytest.mark.parametrize("value,shown", [({}, "{}"), ([], "[]"), (2 ** 64, str(2 ** 64)), (1e30, "1e+30"),
+                                         (True, "True"), (1.5, "1.5")])
+def test_host_thread_ids_of_the_wrong_type_are_refused(tmp_path, field, value, shown):
+    evs = base_events()
+    host_event(evs)[field] = value
+    p = write(tmp_path, evs, name="t.json")
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), "aten::addmm", f"{field} = {shown}",
+                                                     "is not a thread id"])
+
+
+def test_device_stream_beyond_int64_is_refused(tmp_path):
+    evs = base_events()
+    kernel = next(e for e in evs if e.get("cat") == "kernel")
+    kernel.setdefault("args", {})["stream"] = 2 ** 64
+    p = write(tmp_path, evs, name="s.json")
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), f"stream = {2 ** 64}"])
+
+
+@pytest.mark.parametrize("value", [-1, "python", 4944])
+def test_host_thread_ids_that_are_ints_or_names_still_convert(tmp_path, value):
+    evs = base_events()
+    host_event(evs)["tid"] = value
+    p = write(tmp_path, evs, name="ok.json")
+    code, _, err = cli("convert", p, "-o", tmp_path / "j")
+    assert code == 0, err
+    assert check_job(load_job(tmp_path / "j")) == []
+
+
+# -- 3 and rank fields: distributedInfo of the wrong type ---------------------------------------------
+@pytest.mark.parametrize("dist,shown", [
+    ({"pg_config": 5}, "distributedInfo.pg_config = 5 is not a list"),
+    ({"pg_config": "0"}, "distributedInfo.pg_config = '0' is not a list"),
+    ({"rank": float("inf")}, "distributedInfo.rank = inf is not a finite number"),
+    ({"rank": True}, "distributedInfo.rank = True is not a number"),
+    ({"rank": [0]}, "distributedInfo.rank = [0] is not an integer"),
+    ({"rank": {}}, "distributedInfo.rank = {} is not an integer"),
+    ({"rank": 1.5}, "distributedInfo.rank = 1.5 is not an integer"),
+])
+def test_distributed_info_of_the_wrong_type_is_refused(tmp_path, dist, shown):
+    p = write(tmp_path, base_events(), name="d.json", **dist)
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), shown])
+
+
+# -- 6. clock offsets: check is the authority ----------------------------------------------------------
+JOB_VERBS = [["simulate"], ["validate", "--preset", "a100-ib"], ["export", "chrome", "-o", "{tmp}/c"],
+             ["export", "astra-sim", "-o", "{tmp}/as"], ["export", "chakra", "-o", "{tmp}/ch/t"],
+             ["export", "graphml", "-o", "{tmp}/g.graphml"], ["simulate", "--timeline", "{tmp}/tl"]]
+
+
+def _args(cmd: list[str], job: Path, tmp: Path) -> list:
+    head = cmd[:2] if cmd[0] == "export" else cmd[:1]
+    rest = cmd[2:] if cmd[0] == "export" else cmd[1:]
+    return [*head, job, *[a.format(tmp=tmp) for a in rest]]
+
+
+@pytest.mark.parametrize("offset", [2 ** 63 - 1, -(2 ** 63)])
+def test_clock_offset_beyond_the_bound_is_refused_by_check_and_every_verb(tmp_path, offset):
+    save_job(small_job(), tmp_path / "job")
+    edit_manifest(tmp_path / "job", lambda m: setattr(m.bindings[0], "clock_offset_ns", offset))
+    code, out, _ = cli("check", tmp_path / "job", "--json")
+    assert code == 1 and any("[binding-values]" in e for e in json.loads(out)["errors"]), out
+    for cmd in JOB_VERBS:
+        refused(*_args(cmd, tmp_path / "job", tmp_path), match="[binding-values]")
+
+
+def test_clock_offset_at_the_bound_is_accepted_by_every_verb(tmp_path):
+    save_job(small_job(), tmp_path / "job")
+    edit_manifest(tmp_path / "job", lambda m: setattr(m.bindings[1], "clock_offset_ns", 1 << 60))
+    assert check_job(load_job(tmp_path / "job")) == []
+    for cmd in JOB_VERBS:
+        code, _, err = cli(*_args(cmd, tmp_path / "job", tmp_path))
+        assert code == 0, (cmd, err)
+
+
+# -- 7. a send's peer outside its group ----------------------------------------------------------------
+def p2p_job(peer: int):
+    jb = JobBuilder("p", 2)
+    gid = jb.group(range(2), name="0")
+    for r in range(2):
+        b = GraphBuilder(f"g{r}")
+        comm = b.stream(pb.STREAM_GPU_COMM, "comm", device=0)
+        b.declare_group("w", 2)
+        b.p2p(r == 0, "sr", comm, group="w", peer=peer if r == 0 else 0, nbytes=100, duration_ns=10)
+        jb.add_graph(b.build())
+        jb.bind(r, f"g{r}", {"w": gid})
+    return jb.build()
+
+
+def test_peer_outside_its_group_is_refused_by_check_and_every_verb(tmp_path):
+    save_job(p2p_job(5), tmp_path / "job")
+    code, out, _ = cli("check", tmp_path / "job", "--json")
+    assert code == 1 and any("peer 5 is outside group" in e for e in json.loads(out)["errors"])
+    for cmd in JOB_VERBS:
+        refused(*_args(cmd, tmp_path / "job", tmp_path), match="peer 5 is outside group")
+
+
+def test_peer_inside_its_group_goes_through_every_verb(tmp_path):
+    save_job(p2p_job(1), tmp_path / "job")
+    for cmd in JOB_VERBS:
+        code, _, err = cli(*_args(cmd, tmp_path / "job", tmp_path))
+        assert code == 0, (cmd, err)
+
+
+# -- 9. a CSV field beyond csv's limit ------------------------------------------------------------------
+def test_config_csv_field_of_200000_digits(tmp_path):
+    p = tmp_path / "configs.csv"
+    p.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n"
+                 + "9" * 200_000 + ",64,4,32,1,4,1,1,1\n")
+    refused("sweep", "--configs", p, "--gpu", "a100", "-o", tmp_path / "out",
+            match=["--configs", "configs.csv", "field larger than field limit"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_slowdown_csv_field_beyond_the_limit(tmp_path):
+    p = tmp_path / "merged_features.csv"
+    p.write_text("kDemangledName,ground_truth,duration,overlap_ratio\n" + "k" * 200_000 + ",1,2,0.5\n")
+    refused("calibrate", "slowdown", p, "-o", tmp_path / "s.json", match=[str(p), "field larger"])
+
+
+# -- never delete what echo-et did not write ------------------------------------------------------------
+JOB = FIXTURES / "jobs" / "ddp-dp4"
+KINETO = FIXTURES / "traces" / "cpu_single" / "rank0.kineto.json.gz"
+FOLDER_WRITERS = {
+    "convert": ["convert", KINETO],
+    "scale": ["scale", JOB, "--dp", "8"],
+    "inject": ["inject", "{one}", "--dp", "4"],
+    "select": ["select", JOB, "--ranks", "0-3"],
+    "export astra-sim": ["export", "astra-sim", JOB, "--no-expected"],
+    "export chrome": ["export", "chrome", JOB],
+    "simulate --timeline": ["simulate", JOB, "--timeline"],
+}
+
+
+def _writer_args(verb: str, out: Path, tmp: Path) -> list:
+    if verb == "inject" and not (tmp / "one").exists():
+        from test_passes_inject import make_single_gpu_job
+        save_job(make_single_gpu_job(), tmp / "one")
+    args = [str(a).format(one=tmp / "one") for a in FOLDER_WRITERS[verb]]
+    return [*args, out] if verb == "simulate --timeline" else [*args, "-o", out]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("verb", list(FOLDER_WRITERS))
+def test_an_output_folder_holding_a_users_file_is_never_replaced(tmp_path, verb):
+    out = tmp_path / "out"
+    for _ in range(2):  # an earlier output of the same verb is replaced
+        code, _, err = cli(*_writer_args(verb, out, tmp_path))
+        assert code == 0, err
+    (out / "notes.txt").write_text("mine")
+    before = _tree(out)
+    refused(*_writer_args(verb, out, tmp_path), match=[str(out), "holds notes.txt, which echo-et did not write",
+                                                      "refusing to replace it"])
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "one") == ["out"]
+
+
+@pytest.mark.parametrize("verb", ["convert", "scale", "export astra-sim"])
+def test_an_output_folder_with_a_nested_or_linked_extra_is_the_users(tmp_path, verb):
+    out = tmp_path / "out"
+    code, _, err = cli(*_writer_args(verb, out, tmp_path))
+    assert code == 0, err
+    sub = out / "graphs" if (out / "graphs").is_dir() else out
+    (sub / "data").mkdir()
+    refused(*_writer_args(verb, out, tmp_path), match="refusing to replace it")
+    (sub / "data").rmdir()
+    (sub / "link.graph").symlink_to(tmp_path)
+    refused(*_writer_args(verb, out, tmp_path), match="refusing to replace it")
+    assert (sub / "link.graph").is_symlink()
+
+
+def test_trace_refuses_its_output_before_tracing(tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+    import echo_et.trace.tracer as tracer
+
+    def never(*a, **k):
+        raise AssertionError("traced before checking -o")
+
+    monkeypatch.setattr(tracer, "trace", never)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused("trace", "--layers", "2", "--hidden", "16", "-o", mine, match=[str(mine), "refusing to replace it"])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    refused("trace", "--layers", "2", "--hidden", "16", "-o", blocker / "job", match=[str(blocker), "Not a directory"])
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+# -- bounded work, decided before it starts -----------------------------------------------------------
+def test_select_of_a_billion_ranks_is_refused_before_the_list_is_built(tmp_path):
+    refused("select", JOB, "--ranks", "0-1000000000", "-o", tmp_path / "s",
+            match=["--ranks", "names 1000000001 ranks", "the limit is 262144"])
+    refused("select", JOB, "--ranks", "0,1000000000", "-o", tmp_path / "s", match="up to rank 1000000000")
+    assert not (tmp_path / "s").exists()
+
+
+TRACE_BOUNDS = [
+    (["--layers", "1000000"], ["at least 200,000,000 nodes", "the limit is 1,048,576 nodes"]),
+    (["--warmup", "1000000000"], ["--warmup: 1,000,000,000 steps", "the limit is 1,000"]),
+    (["--steps", "5000"], ["--steps: 5,000 steps"]),
+    (["--seq", "1000000000"], ["tracing needs at least 48.0 GB of host memory", "tokens 48.0 GB",
+                               "this machine has"]),
+    (["--dp", "100000", "--pp", "4", "--layers", "4"], ["400,000 ranks", "the limits are 262,144 ranks"]),
+    (["--global-batch", "100000000"], ["50,000,000 micro-batches"]),
+    (["--device", "cpu", "--hidden", "65536", "--layers", "8"], ["weights 3298.9 GB"]),
+]
+
+
+@pytest.mark.parametrize("args,shown", TRACE_BOUNDS)
+def test_trace_refuses_what_cannot_finish_before_tracing(tmp_path, monkeypatch, args, shown):
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+    import echo_et.trace.session as session
+
+    def never(*a, **k):
+        raise AssertionError("a rank was traced before the bounds were checked")
+
+    monkeypatch.setattr(session, "trace_rank", never)
+    monkeypatch.setattr("echo_et.trace.tracer.trace_rank", never)
+    device = [] if "--device" in args else ["--device", "meta"]
+    refused("trace", *device, *args, "-o", tmp_path / "job", match=shown)  # one line: no progress before it
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_trace_of_a_100000_rank_data_parallel_job_is_linear_in_its_ranks():
+    """Each rank's groups come from one tuple per group: a dp group of 100K ranks was kept
+    (and hashed) once per rank, 40 bytes x dp^2 (2.9 GB at dp 8,192)."""
+    from echo_et.trace.layout import ParallelLayout
+
+    lay = ParallelLayout(dp=100_000, pp=2)
+    a, b = lay.group_ranks("dp", 5), lay.group_ranks("dp", 99_999)
+    assert a is b and len(a) == 100_000
+    assert lay.group_first("dp", 150_000) == 100_000 and lay.group_first("embd", 150_000) == 50_000
+    assert [g[0] for g in lay.all_groups("dp")] == [0, 100_000]
+
+
+def test_config_sweep_row_of_a_million_layers_is_that_rows_error(tmp_path):
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_row
+
+    row = dict(layers=1_000_000, hidden=64, heads=4, seq=32, micro_batch=1, global_batch=4, tp=1, pp=1, dp=2)
+    out = predict_row(row, ConfigSweepOptions())
+    assert "at least 200,000,000 nodes" in out["error"]
+
+
+def test_calibrate_checks_its_output_before_fitting(tmp_path):
+    log = tmp_path / "nccl_8.log"
+    log.write_text("not read")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    refused("calibrate", "nccl-tests", log, "--gpus-per-node", "8", "-o", mine, match="is a directory")
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    refused("calibrate", "nccl-tests", log, "--gpus-per-node", "8", "-o", blocker / "p.json",
+            match=["cannot write", "Not a directory"])
+
+
+# -- the error line itself ------------------------------------------------------------------------------
+def _echo_et(*args: str, stdout) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from echo_et.cli.main import main; main()", *args],
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_a_full_disk_on_stdout_has_one_error_prefix():
+    with open("/dev/full", "w") as full:
+        p = _echo_et("inspect", str(JOB), "--json", stdout=full)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["error: No space left on device"]
+
+
+def test_a_closed_pipe_on_stdout_ends_quietly():
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = _echo_et("inspect", str(JOB), "--json", stdout=w)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and p.stderr == ""
+
+
+# -- a Job check accepts whose simulated step leaves the IR's time range ------------------------------------
+def test_a_step_beyond_2_62_ns_is_one_line_from_simulate(tmp_path):
+    """Each node fits (start + duration <= 2^62 ns, check accepts the Job), but run one after
+    the other they pass int64: simulate says so in one line rather than overflowing."""
+    jb = JobBuilder("long", 1)
+    b = GraphBuilder("g")
+    gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
+    k = b.compute("k1", gpu, duration_ns=(1 << 62) - 1).id
+    k = b.compute("k2", gpu, duration_ns=(1 << 62) - 1, deps=[k]).id
+    b.compute("k3", gpu, duration_ns=(1 << 62) - 1, deps=[k])
+    jb.add_graph(b.build())
+    jb.bind(0, "g", {})
+    save_job(jb.build(), tmp_path / "job")
+    assert check_job(load_job(tmp_path / "job")) == []
+    for extra in ([], ["--mode", "predict", "--preset", "a100-ib"]):
+        refused("simulate", tmp_path / "job", *extra, match="the simulated step runs past 4611686018427387904 ns")
+    for cmd in (["export", "chrome"], ["export", "graphml"]):
+        code, _, err = cli(*cmd, tmp_path / "job", "-o", tmp_path / f"{cmd[1]}.json")
+        assert code == 0, err
+
+
+@pytest.mark.parametrize("args,shown", [
+    (["--dp", ",".join(str(i) for i in range(1, 201)), "--pp", ",".join(str(i) for i in range(1, 101))],
+     "--dp: 200 dp x 100 pp x 1 micro-batch values make 20,000 layouts; the limit is 10,000"),
+    (["--dp", "4,99999999999"], "--dp: 99999999999 is out of range (1..262,144)"),
+    (["--dp", "4", "--microbatches", "5000"], "--microbatches: 5000 is out of range (1..4,096)"),
+])
+def test_sweep_grid_is_counted_before_it_is_built(tmp_path, args, shown):
+    refused("sweep", JOB, *args, "--preset", "a100-ib", "-o", tmp_path / "s", match=shown)
+    assert not (tmp_path / "s").exists()
+
+
+def test_config_csv_rows_and_size_are_bounded_before_any_row_runs(tmp_path):
+    head = "layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n"
+    many = tmp_path / "many.csv"
+    many.write_text(head + "2,64,4,32,1,4,1,1,2\n" * 10_001)
+    refused("sweep", "--configs", many, "--gpu", "a100", "-o", tmp_path / "o",
+            match="more than 10,000 configuration rows")
+    huge = tmp_path / "huge.csv"
+    with open(huge, "w") as f:
+        f.write(head)
+        f.truncate(65 << 20)  # sparse: 65 MiB that are never read
+    refused("sweep", "--configs", huge, "--gpu", "a100", "-o", tmp_path / "o",
+            match=["huge.csv: 68.2 MB", "at most 67.1 MB"])
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_symlink_loop_is_one_line(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    refused("convert", tmp_path / "a", "-o", tmp_path / "j", match="Symlink loop")
+    refused("scale", tmp_path / "a", "--dp", "4", "-o", tmp_path / "s", match="Symlink loop")
+    save_job(small_job(), tmp_path / "job")
+    graph = next((tmp_path / "job" / "graphs").iterdir())
+    graph.unlink()
+    graph.symlink_to(graph)
+    for verb in ("check", "simulate", "inspect"):
+        refused(verb, tmp_path / "job", match=["Symlink loop", graph.name])
+
+
+@pytest.mark.parametrize("value", ["1e400", "inf", "nan"])
+def test_slowdown_csv_durations_must_be_finite(tmp_path, value):
+    p = tmp_path / "merged_features.csv"
+    p.write_text(f"kDemangledName,ground_truth,duration,overlap_ratio\nk,{value},2,0.5\nk,1,2,0.5\n")
+    refused("calibrate", "slowdown", p, "-o", tmp_path / "s.json", match=[f"{p}:2", "finite"])
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.parametrize("name,text", [
+    ("deep.json", '{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}"),
+    ("deep.et.json", '{"schema": "1.0.1", "nodes": [{"id": 1, "inputs": ' + "[" * 100_000 + "]" * 100_000 + "}]}"),
+])
+def test_json_nested_a_hundred_thousand_deep_is_one_line(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    refused("convert", p, "-o", tmp_path / "j", match=[str(p), "nested too deeply"])
+
+
+def test_a_profile_nested_a_hundred_thousand_deep_is_one_line(tmp_path):
+    p = tmp_path / "prof.json"
+    p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    refused("simulate", JOB, "--mode", "predict", "--profile", p, match="nested too deeply")
