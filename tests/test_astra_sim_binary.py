@@ -60,7 +60,9 @@ def _node(i, typ, deps=(), dur=0, cpu=False, **attrs):
 def _run_raw(tmp_path: Path, binary: str, ranks: list[list[et.Node]], *, topo="Ring", bw=50.0, lat=500.0,
              dims: tuple[list[int], list[float], list[float]] | None = None, system: dict | None = None):
     """Write ``ranks`` (one node list each) with a network and run ``binary``: finish cycles."""
-    out = tmp_path / "raw"
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(dir=tmp_path, prefix="raw-")) / "export"   # a fresh folder per run (a run leaves log/)
     export(uniform_job(len(ranks), lambda gb, r, s: gb.compute("k", s["compute"], duration_ns=1000)), out,
            ExportOptions(topology=topo, intra_bw=bw, latency=lat, gpus_per_node=len(ranks)))
     for r, nodes in enumerate(ranks):
