@@ -565,13 +565,7 @@ class BlockRun:
 
     def times(self, o: int) -> tuple[np.ndarray, np.ndarray]:
         """(start, end) of every local item of occurrence ``o`` (after it was placed)."""
-        got = self._placed.get(o)
-        if got is None:
-            x = self.x[o]
-            if x is None:
-                raise ValueError(f"occurrence {o} was not placed")
-            got = self._solve(o, x)
-        s, e, shift = got
+        s, e, shift = self.relative_times(o)
         return s + shift, e + shift
 
     def relative_times(self, o: int) -> tuple[np.ndarray, np.ndarray, int]:
