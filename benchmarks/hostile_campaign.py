@@ -61,7 +61,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "fixtures"
-SHARED = REPO.parent / "shared" / "data"
+SHARED = Path(os.environ.get("ECHO_ET_SHARED_DATA", REPO.parent / "shared" / "data"))
 CLASSES = ["traceback", "hang", "user_file_deleted", "multi_line_error", "exit_1", "crash", "memory",
            "temp_left", "partial_output", "nondeterministic"]
 KIND_WEIGHTS = {"bytes": 24, "retype": 14, "option": 26, "output": 10, "userfile": 9, "nccl": 7,
