@@ -321,25 +321,59 @@ def test_a_closed_pipe_on_stdout_ends_quietly():
     assert p.returncode == 141 and p.stderr == ""
 
 
-# -- a Job check accepts whose simulated step leaves the IR's time range ------------------------------------
-def test_a_step_beyond_2_62_ns_is_one_line_from_simulate(tmp_path):
-    """Each node fits (start + duration <= 2^62 ns, check accepts the Job), but run one after
-    the other they pass int64: simulate says so in one line rather than overflowing."""
-    jb = JobBuilder("long", 1)
+# -- a Job whose replayed step leaves the IR's time range: check is the authority ---------------------------
+def long_job(durations: list[int], offsets: tuple[int, int] = (0, 0)):
+    """Two ranks sharing a graph of compute kernels run one after the other."""
+    jb = JobBuilder("long", 2)
     b = GraphBuilder("g")
     gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
-    k = b.compute("k1", gpu, duration_ns=(1 << 62) - 1).id
-    k = b.compute("k2", gpu, duration_ns=(1 << 62) - 1, deps=[k]).id
-    b.compute("k3", gpu, duration_ns=(1 << 62) - 1, deps=[k])
+    k = None
+    for i, d in enumerate(durations):
+        k = b.compute(f"k{i}", gpu, duration_ns=d, deps=[k] if k is not None else []).id
     jb.add_graph(b.build())
-    jb.bind(0, "g", {})
-    save_job(jb.build(), tmp_path / "job")
+    for r in range(2):
+        jb.bind(r, "g", {}, clock_offset_ns=offsets[r])
+    return jb.build()
+
+
+def test_a_step_beyond_2_62_ns_is_refused_by_check_and_every_verb(tmp_path):
+    """Each node fits (start + duration <= 2^62 ns), but run one after the other they pass
+    the IR's range: check's step-bound rule refuses the Job, so every verb does, in one line
+    (before, check accepted it and simulate alone refused it)."""
+    save_job(long_job([(1 << 62) - 1] * 3), tmp_path / "job")
+    code, out, _ = cli("check", tmp_path / "job", "--json")
+    assert code == 1 and any("[step-bound]" in e for e in json.loads(out)["errors"]), out
+    for cmd in JOB_VERBS:
+        refused(*_args(cmd, tmp_path / "job", tmp_path), match="[step-bound]")
+    refused("simulate", tmp_path / "job", "--mode", "predict", "--preset", "a100-ib", match="[step-bound]")
+
+
+@pytest.mark.parametrize("durations,offsets,ok", [
+    # every kernel starts at 0 as stored: span = one duration; bound = 3 durations + 1 stream x span
+    ([1 << 60] * 3, (0, 0), True),              # 4 x 2^60 = 2^62: at the bound
+    ([1 << 59] * 3, (0, 1 << 60), True),        # 2^61 + a start spread of 2^60
+    ([1 << 60] * 3, (0, 1), False),             # 2^62 + 1
+    ([1 << 61] * 2, (0, 0), False),             # 3 x 2^61
+])
+def test_step_bound_sums_durations_gaps_and_start_spread(tmp_path, durations, offsets, ok):
+    save_job(long_job(durations, offsets), tmp_path / "job")
+    issues = [i for i in check_job(load_job(tmp_path / "job")) if i.rule == "step-bound"]
+    assert (issues == []) == ok, issues
+    code, _, err = cli("simulate", tmp_path / "job")
+    assert code == (0 if ok else 2), err
+
+
+def test_a_step_priced_past_2_62_ns_is_one_line_from_simulate(tmp_path):
+    """A Job check accepts, priced by the slowest link the options allow (1 bit/s): the
+    prediction leaves the IR's range, one line naming it (the options' doing, not the Job's)."""
+    job = small_job()
+    g = job.graph("g").copy()
+    g.nodes[1].collective.in_bytes = 1 << 50    # a PiB: 2^53 bits, 2^53 s at 1 bit/s
+    job.add_graph(g)
+    save_job(job, tmp_path / "job")
     assert check_job(load_job(tmp_path / "job")) == []
-    for extra in ([], ["--mode", "predict", "--preset", "a100-ib"]):
-        refused("simulate", tmp_path / "job", *extra, match="the simulated step runs past 4611686018427387904 ns")
-    for cmd in (["export", "chrome"], ["export", "graphml"]):
-        code, _, err = cli(*cmd, tmp_path / "job", "-o", tmp_path / f"{cmd[1]}.json")
-        assert code == 0, err
+    refused("simulate", tmp_path / "job", "--mode", "predict", "--preset", "a100-ib", "--intra-bw", "1b/s",
+            "--inter-bw", "1b/s", "--gpus-per-node", "1", match="exceeds 4611686018427387904 ns")
 
 
 @pytest.mark.parametrize("args,shown", [
