@@ -437,3 +437,36 @@ def test_a_profile_nested_a_hundred_thousand_deep_is_one_line(tmp_path):
     p = tmp_path / "prof.json"
     p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     refused("simulate", JOB, "--mode", "predict", "--profile", p, match="nested too deeply")
+
+
+# -- --gpus-per-node that leaves a node partly filled: one meaning in every verb ---------------------------
+DDP4 = FIXTURES / "jobs" / "ddp-dp4"
+GPN_VERBS = [
+    ["simulate", DDP4], ["simulate", DDP4, "--mode", "predict", "--preset", "a100-ib"],
+    ["validate", DDP4, "--preset", "a100-ib"], ["scale", DDP4, "--dp", "4", "-o", "{tmp}/s"],
+    ["export", "astra-sim", DDP4, "--no-expected", "-o", "{tmp}/as"],
+    ["convert", FIXTURES / "traces" / "ddp_gloo4", "-o", "{tmp}/c"],
+    ["estimate", "all_reduce", "--bytes", "1MB", "--ranks", "4"],
+    ["trace", "--device", "meta", "--dp", "4", "-o", "{tmp}/t"],
+    ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "4",
+     "--dp", "4", "-o", "{tmp}/p"],
+]
+
+
+@pytest.mark.parametrize("cmd", GPN_VERBS, ids=lambda c: "-".join(str(a) for a in c[:2] if "/" not in str(a)))
+def test_gpus_per_node_leaving_a_node_partly_filled_is_refused_by_every_verb(tmp_path, cmd):
+    """4 ranks on nodes of 3 GPUs (one full node and one of 1): refused in one line naming the
+    option, before any work (simulate, validate, estimate and convert used to take it)."""
+    args = [str(a).format(tmp=tmp_path) for a in cmd]
+    refused(*args, "--gpus-per-node", "3", match="--gpus-per-node: world size 4 is not a multiple of 3 GPUs "
+            "per node (nodes would be partly filled: 1 full and one of 1)")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("gpn", ["2", "4", "8"])
+def test_gpus_per_node_filling_whole_nodes_or_one_is_accepted(tmp_path, gpn):
+    """4 ranks on 2 nodes of 2, one node of 4, or part of one node of 8."""
+    for cmd in GPN_VERBS[:5] + GPN_VERBS[6:7]:
+        args = [str(a).format(tmp=tmp_path / gpn) for a in cmd]
+        code, _, err = cli(*args, "--gpus-per-node", gpn)
+        assert code == 0, (cmd, err)

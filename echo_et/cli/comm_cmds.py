@@ -10,6 +10,7 @@ import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
+from echo_et.ir.limits import check_node_fill
 
 calibrate_app = typer.Typer(
     help="Fit model parameters from measurements.",
@@ -124,6 +125,7 @@ def estimate_cmd(
     byte_list = size_list_option(sizes, "bytes", lo=1)
     model = _with_max_channels(_with_version(_model(profile, preset), nccl_version), max_channels)
     gpn = gpus_per_node or model.gpus_per_node
+    check_node_fill(world or ranks, gpus_per_node)
     if collective in ("send", "recv"):
         if ranks < 2:
             raise EchoError(f"{collective} needs --ranks >= 2 (it runs from rank 0 to rank N-1)")

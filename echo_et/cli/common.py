@@ -21,7 +21,7 @@ from echo_et.ir import limits
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
-GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes)."
+GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes, or fit in one)."
 
 
 # Typer bundles its own click; its base error class is reached through a public subclass.

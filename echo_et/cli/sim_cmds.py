@@ -19,6 +19,7 @@ from echo_et.cli.cluster_opts import (
 from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
+from echo_et.ir.limits import check_node_fill
 
 
 def register(app: typer.Typer) -> None:
@@ -252,6 +253,7 @@ def simulate_cmd(
     if plot is not None:
         require_matplotlib()
     job = load_job_arg(job_path)
+    check_node_fill(job.world_size, gpus_per_node)
     # A timeline is written node by node: repeat blocks are then simulated expanded.
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start,
@@ -319,6 +321,7 @@ def validate_cmd(
         require_matplotlib()
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     job = load_job_arg(job_path)
+    check_node_fill(job.world_size, gpus_per_node)
     comm = comm_model_for(job, profile, preset, cluster)
     slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"validating {job.world_size} ranks...")

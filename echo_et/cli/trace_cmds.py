@@ -86,6 +86,7 @@ def trace(
     from echo_et.errors import EchoError
     from echo_et.ir import save_job
     from echo_et.ir.io import check_job_output
+    from echo_et.ir.limits import check_node_fill
     from echo_et.trace.layout import ParallelLayout
     from echo_et.trace.parallel import usable_cpus
     from echo_et.trace.tracer import TraceOptions
@@ -107,6 +108,7 @@ def trace(
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero)
     if world_size is not None:
         layout.check_world_size(world_size)
+    check_node_fill(layout.world_size, gpus_per_node)
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
         wl = Workload(script=script)

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 
 INT64_MAX = (1 << 63) - 1
 # Times in ns: a start of 2**62 ns is the year 2116 on an epoch clock; start + duration and
@@ -109,6 +109,18 @@ def ns_of(value: Any, field: str, *, scale: float = 1.0, where: str = "", allow_
     if not lo <= ns <= MAX_NS:
         raise EchoError(f"{_prefix(where)}{field} = {_shown(value)} is out of range for a time in ns")
     return ns
+
+
+def check_node_fill(world: int, gpus_per_node: int | None) -> None:
+    """What GPUs per node ``G`` means for ``world`` ranks, the same in every verb: node of rank
+    r is r // G, and the ranks fill whole nodes (G divides the world size) or fit in one node
+    (world size <= G, a job on part of a node). A last node partly filled is refused: the
+    collective model, the NIC share and ASTRA-sim's network all assume equal nodes."""
+    if gpus_per_node is None or gpus_per_node < 1 or world <= gpus_per_node or world % gpus_per_node == 0:
+        return
+    raise OptionError("gpus_per_node", f"world size {world} is not a multiple of {gpus_per_node} GPUs per node "
+                      f"(nodes would be partly filled: {world // gpus_per_node} full and one of "
+                      f"{world % gpus_per_node}); give a G that divides {world}, or one >= {world}")
 
 
 def format_size(n: int) -> str:
