@@ -470,3 +470,69 @@ def test_gpus_per_node_filling_whole_nodes_or_one_is_accepted(tmp_path, gpn):
         args = [str(a).format(tmp=tmp_path / gpn) for a in cmd]
         code, _, err = cli(*args, "--gpus-per-node", gpn)
         assert code == 0, (cmd, err)
+
+
+# -- exports estimated before a byte is written -------------------------------------------------------------
+def repeated_job(world: int = 8, instances: int = 2000):
+    """``world`` ranks sharing one graph: a collective and 4 kernels, two of which repeat
+    ``instances`` times (a few KB stored, ``world x (5 + 2 x instances)`` nodes written)."""
+    jb = JobBuilder("rep", world)
+    gid = jb.group(range(world), name="0")
+    b = GraphBuilder("g")
+    gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
+    comm = b.stream(pb.STREAM_GPU_COMM, "comm", device=0)
+    b.declare_group("w", world)
+    k = [b.compute(f"k{i}", gpu, start_ns=100 * i, duration_ns=50).id for i in range(4)]
+    b.collective("ar", comm, coll_type=pb.COLL_ALL_REDUCE, group="w", in_bytes=4096, deps=[k[3]],
+                 start_ns=500, duration_ns=50)
+    g = b.build()
+    block = g.header.repeats.add(id=1, name="body", first_node=k[1], last_node=k[2])
+    for i in range(instances):
+        block.instances.add(id_offset=1000 + 2 * i, time_offset_ns=1000 * (i + 1))
+    jb.add_graph(g)
+    for r in range(world):
+        jb.bind(r, "g", {"w": gid})
+    return jb.build()
+
+
+def test_the_output_estimate_counts_ranks_and_repeat_copies_without_expanding():
+    from echo_et.ir.budget import estimate_output
+
+    job = repeated_job()
+    assert check_job(job) == []
+    assert estimate_output(job, "chakra").nodes == 8 * (5 + 2 * 2000)
+    assert estimate_output(job, "chrome", [0, 3, 99]).nodes == 2 * (5 + 2 * 2000)
+    assert estimate_output(job, "graphml", per_rank=False).nodes == 5 + 2 * 2000
+    assert estimate_output(job, "astra-sim").nodes == 8            # one collective per rank
+    assert len(job.graph("g").stored_nodes) == 5                 # nothing was expanded
+
+
+EXPORTS = [["export", "chakra", "{job}", "-o", "{tmp}/ch/t"], ["export", "chrome", "{job}", "-o", "{tmp}/c"],
+           ["export", "chrome", "{job}", "-o", "{tmp}/c.json"], ["export", "graphml", "{job}", "-o", "{tmp}/g.graphml"],
+           ["export", "astra-sim", "{job}", "--no-expected", "-o", "{tmp}/as"],
+           ["simulate", "{job}", "--timeline", "{tmp}/tl"]]
+
+
+@pytest.mark.parametrize("cmd", EXPORTS, ids=lambda c: "-".join(c[:2]) + c[-1][-4:])
+def test_an_export_beyond_max_output_is_refused_before_writing(tmp_path, cmd):
+    save_job(repeated_job(), tmp_path / "job")
+    (tmp_path / "ch").mkdir()
+    args = [a.format(job=tmp_path / "job", tmp=tmp_path) for a in cmd]
+    limit = "100B" if cmd[1] == "astra-sim" else "50KB"   # 8 collectives x 20 B; 32,040 nodes x 80+ B
+    shown = "100 bytes" if cmd[1] == "astra-sim" else "50,000 bytes"
+    refused(*args, "--max-output", limit, match=f"the limit is {shown} (--max-output SIZE raises it)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ch", "job"] and not any((tmp_path / "ch").iterdir())
+    code, _, err = cli(*args, "--max-output", "1GB")
+    assert code == 0, err
+
+
+def test_exports_are_bounded_by_default(tmp_path, monkeypatch):
+    """Without --max-output the default limit applies (64 GB, here lowered to keep the test small)."""
+    from echo_et.ir import budget
+
+    save_job(repeated_job(), tmp_path / "job")
+    monkeypatch.setattr(budget, "DEFAULT_MAX_OUTPUT_BYTES", 10**6)
+    refused("export", "chrome", tmp_path / "job", "-o", tmp_path / "c",
+            match="export chrome would write at least 6.4 MB (32,040 nodes over 8 ranks, >= 200 bytes each); "
+                  "the limit is 1.0 MB")
+    assert not (tmp_path / "c").exists()

@@ -124,7 +124,9 @@ def check_node_fill(world: int, gpus_per_node: int | None) -> None:
 
 
 def format_size(n: int) -> str:
-    """Bytes as a person reads them in an error: ``8.0 GB``, ``512.0 MB``."""
+    """Bytes as a person reads them in an error: ``8.0 GB``, ``512.0 MB``, ``4,096 bytes``."""
+    if n < 10**5:
+        return f"{n:,} bytes"
     if n >= 10**9:
         return f"{n / 1e9:.1f} GB"
     return f"{n / 1e6:.1f} MB"
