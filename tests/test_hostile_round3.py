@@ -536,3 +536,65 @@ def test_exports_are_bounded_by_default(tmp_path, monkeypatch):
             match="export chrome would write at least 6.4 MB (32,040 nodes over 8 ranks, >= 200 bytes each); "
                   "the limit is 1.0 MB")
     assert not (tmp_path / "c").exists()
+
+
+# -- a user's script: bounded before it runs (the layout) and as it records ---------------------------------
+USER_DDP = FIXTURES / "jobs" / "user_ddp.py"
+ENDLESS = '''
+import torch
+
+
+def build(ctx):
+    x = torch.zeros(4, device=ctx.device)
+
+    def step():
+        y = x
+        for _ in range(10 ** 9):      # never ends on its own
+            y = y + 1
+    return step
+'''
+
+
+def test_trace_of_a_script_on_an_absurd_layout_is_refused_before_it_runs(tmp_path, monkeypatch):
+    import echo_et.trace.tracer as tracer
+
+    monkeypatch.setattr(tracer, "trace", lambda *a, **k: pytest.fail("traced an absurd layout"))
+    refused("trace", "--script", f"{USER_DDP}:build", "--dp", "262144", "--verify", "all", "--device", "meta",
+            "-o", tmp_path / "t", match="--verify all: tracing runs the model at least 524,288 times "
+            "(262,144 ranks x 2 steps); the limit is 65,536")
+    refused("trace", "--script", f"{USER_DDP}:build", "--dp", "40000", "--verify", "all", "--warmup", "0",
+            "--steps", "2", "-o", tmp_path / "t", match="80,000 times (40,000 ranks x 2 steps)")
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_script_that_records_without_end_stops_at_the_node_limit(tmp_path, monkeypatch):
+    import echo_et.trace.direct as direct
+
+    (tmp_path / "endless.py").write_text(ENDLESS)
+    monkeypatch.setattr(direct, "MAX_GRAPH_NODES", 20_000)
+    refused("trace", "--script", f"{tmp_path / 'endless.py'}:build", "--device", "meta", "--jobs", "1",
+            "-o", tmp_path / "t", match=["rank 0", "the step recorded more than 20,000 operators, the limit of "
+                                         "nodes per graph"])
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_script_whose_recording_passes_the_memory_budget_stops(tmp_path, monkeypatch):
+    import echo_et.trace.direct as direct
+
+    (tmp_path / "endless.py").write_text(ENDLESS)
+    monkeypatch.setattr(direct, "total_memory", lambda: 10 ** 6)
+    refused("trace", "--script", f"{tmp_path / 'endless.py'}:build", "--device", "meta", "--jobs", "1",
+            "-o", tmp_path / "t", match=["recording the step took", "of memory after 16,384 operators; the limit "
+                                         "is 0.9 MB (9/10 of this machine's memory)"])
+
+
+def test_a_profile_beyond_the_node_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """On cpu/cuda the step runs under torch.profiler: its exported profile is measured
+    before the reader loads it (here the bytes-per-event bound is lowered to trip it)."""
+    import echo_et.trace.session as session
+    from echo_et.converters import kineto
+
+    monkeypatch.setattr(session, "MAX_PROFILE_BYTES_PER_EVENT", 0)
+    monkeypatch.setattr(kineto, "read", lambda *a, **k: pytest.fail("read the profile"), raising=False)
+    refused("trace", "--script", f"{USER_DDP}:build", "--device", "cpu", "--jobs", "1", "-o", tmp_path / "t",
+            match=["the profile of the measured step is", "more than 1,048,576 events"])

@@ -37,6 +37,7 @@ MAX_GPUS_PER_NODE = 1024        # NVL576 racks count as one node
 MAX_MICROBATCHES = 4096
 MAX_PIPELINE_STAGES = 4096
 MAX_TRACE_STEPS = 1000         # warm-up and measured steps of one traced rank (each runs the model)
+MAX_TRACED_STEP_RUNS = 1 << 16  # steps a trace runs the model for: traced ranks x (warm-up + measured steps)
 MAX_SWEEP_ROWS = 10_000        # layouts or configurations of one sweep (each a Job and a simulation)
 MAX_GRAPH_NODES = 1 << 20       # nodes a pass may build into one graph (1-2 GB in memory, minutes)
 MAX_GROUPS = 1 << 22            # process groups of one job (2 per rank and axis at 100K ranks)
