@@ -598,3 +598,30 @@ def test_a_profile_beyond_the_node_limit_is_refused_before_it_is_read(tmp_path, 
     monkeypatch.setattr(kineto, "read", lambda *a, **k: pytest.fail("read the profile"), raising=False)
     refused("trace", "--script", f"{USER_DDP}:build", "--device", "cpu", "--jobs", "1", "-o", tmp_path / "t",
             match=["the profile of the measured step is", "more than 1,048,576 events"])
+
+
+# -- a CC profile re-typed (campaign seed 2026, case 1194: hardware = 5 was an AttributeError) ---------------
+PRESET = Path(__file__).resolve().parents[1] / "echo_et" / "models" / "comm" / "presets" / "a100-ib.json"
+
+
+@pytest.mark.parametrize("path,value,shown", [
+    (["hardware"], 5, "hardware must be an object, got 5"),
+    (["gpu_match"], {"a": 1}, "gpu_match must be a list"),
+    (["fit"], [], "fit must be an object, got []"),
+    (["calibrated"], "yes", "calibrated must be true or false"),
+    (["nccl", "node", "nvls"], {"rank": 0}, "NCCL node fact nvls = {'rank': 0} is not true or false"),
+    (["nccl", "node", "nic_bw"], "25", "NCCL node fact nic_bw = 25 is not a number"),
+    (["nccl", "node", "nics_per_node"], 1e30, "NCCL node fact nics_per_node = 1e+30 is not a number"),
+    (["nccl", "max_channels"], 2 ** 64, "nccl.max_channels = 18446744073709551616 is out of range (1..32)"),
+    (["params", "nvlink_gbps"], 5e-324, "parameter nvlink_gbps = 4.94066e-324 is out of range (1e-12 to 1e+15)"),
+    (["params", "host_launch_us"], 1e300, "parameter host_launch_us = 1e+300 is out of range"),
+])
+def test_a_comm_profile_of_the_wrong_types_or_magnitudes_is_one_line(tmp_path, path, value, shown):
+    doc = json.loads(PRESET.read_text())
+    node = doc
+    for k in path[:-1]:
+        node = node.setdefault(k, {})
+    node[path[-1]] = value
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    refused("estimate", "all_reduce", "--bytes", "1MB", "--ranks", "8", "--profile", tmp_path / "p.json",
+            match=shown)
