@@ -241,8 +241,9 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
                  ("--from", "name")):
         t.append((cv, o, k, 30))
     if b.nccl:
-        t.append((["calibrate", "nccl-tests", b.nccl[0], "--gpus-per-node", "8", "-o", out.with_suffix(".json")], "--nccl-version", "name", 30))
-        t.append((["calibrate", "nccl-tests", b.nccl[0], "--gpus-per-node", "8", "-o", out.with_suffix(".json")], "--collective", "name", 30))
+        fit = ["calibrate", "nccl-tests", b.nccl[0], "--gpus-per-node", "8", "-o", out.with_suffix(".json")]
+        t.append((fit, "--nccl-version", "name", 30))
+        t.append((fit, "--collective", "name", 30))
         t.append((["calibrate", "evaluate", b.nccl[0]], "--gpus-per-node", "int", 30))
         t.append((["calibrate", "nccl-tests", b.nccl[0], "-o", out.with_suffix(".json")], "--gpus-per-node", "int", 30))
     if b.slowdown.exists():
@@ -393,7 +394,8 @@ class Campaign:
         if what == "job":
             job = d / "job"
             shutil.copytree(b.job_pp if name.endswith("@pp") else b.job, job)
-            target = job / "manifest.pb" if name.startswith("manifest") else rng.choice(sorted((job / "graphs").iterdir()))
+            graphs = sorted((job / "graphs").iterdir())
+            target = job / "manifest.pb" if name.startswith("manifest") else rng.choice(graphs)
             data, how = _mutate(rng, target.read_bytes())
             target.write_bytes(data)
             src_arg = job
@@ -531,7 +533,8 @@ class Campaign:
         argv = rng.choice([["convert", b.kineto_gz, "-o", out], ["scale", b.job, "--dp", "64", "-o", out],
                            ["export", "astra-sim", b.job, "-o", out], ["export", "chrome", b.job, "-o", out],
                            ["export", "chakra", b.job, "-o", out / "t"],
-                           ["sweep", b.job, "--dp", "2,4,8", "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out],
+                           ["sweep", b.job, "--dp", "2,4,8", "--workers", "1", "--no-plot", "--preset", "a100-ib",
+                            "-o", out],
                            ["trace", "--device", "meta", "--jobs", "1", "-o", out]])
         after = round(rng.uniform(0.3, 2.5), 2)
         return self._case(i, "kill", argv, setup=f"SIGKILL after {after} s", output=out, kill_after=after,
@@ -552,12 +555,14 @@ class Campaign:
                                  ["export", "astra-sim", b.job, "-o", out], ["export", "chrome", b.job_pp, "-o", out],
                                  ["export", "graphml", b.job_pp, "-o", out.with_suffix(".graphml")],
                                  ["simulate", b.job_pp, "--timeline", out],
-                                 ["sweep", b.job, "--dp", "2,8", "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out],
+                                 ["sweep", b.job, "--dp", "2,8", "--workers", "1", "--no-plot", "--preset",
+                                  "a100-ib", "-o", out],
                                  ["trace", "--device", "meta", "--jobs", "1", "--pp", "2", "-o", out],
                                  ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32",
                                   "--dp", "2", "-o", out]]
         if b.nccl:
-            cmds.append(["calibrate", "nccl-tests", *b.nccl[:1], "--gpus-per-node", "8", "-o", out.with_suffix(".json")])
+            cmds.append(["calibrate", "nccl-tests", *b.nccl[:1], "--gpus-per-node", "8", "-o",
+                         out.with_suffix(".json")])
         if b.slowdown.exists():
             cmds.append(["calibrate", "slowdown", b.slowdown, "--json"])
         argv = rng.choice(cmds)
@@ -828,7 +833,8 @@ def summarise(outcomes: list[Outcome], wall: float, cpu: float, args: argparse.N
             by_verb[o.verb][c] += 1
     failing = [o for o in outcomes if o.classes]
     return {"seed": args.seed, "cases": len(outcomes), "workers": args.workers, "wall_s": round(wall, 1),
-            "cpu_s": round(cpu, 1), "failing_cases": len(failing), "by_class": {k: by_class.get(k, 0) for k in [*CLASSES, *sorted(set(by_class) - set(CLASSES))]},
+            "cpu_s": round(cpu, 1), "failing_cases": len(failing),
+            "by_class": {k: by_class.get(k, 0) for k in [*CLASSES, *sorted(set(by_class) - set(CLASSES))]},
             "by_kind": dict(sorted(by_kind.items())), "by_verb": {v: dict(c) for v, c in sorted(by_verb.items())},
             "exit_codes": dict(sorted(Counter(str(o.code) for o in outcomes).items())),
             "failures": [o.to_json() for o in failing], "max_rss_mb": max((o.max_rss_mb for o in outcomes), default=0),
