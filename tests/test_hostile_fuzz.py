@@ -157,8 +157,8 @@ NUMBERS = st.sampled_from([0, 1, -1, 2, 5, 255, 2 ** 31, 2 ** 53, 2 ** 59, 2 ** 
 # step-bound rule); "starts": every node starts there (the spread of the ranks' starts).
 EDITS = ["clock_offset_ns", "measured_step_ns", "start_ns", "duration_ns", "peer", "p2p_bytes", "in_bytes",
          "group_rank", "seq", "root", "durations", "starts"]
-JOB_VERBS = [["simulate"], ["simulate", "--mode", "predict", "--preset", "a100-ib"], ["export", "chrome", "-o", "{d}/c"],
-             ["export", "graphml", "-o", "{d}/g.graphml"],
+JOB_VERBS = [["simulate"], ["simulate", "--mode", "predict", "--preset", "a100-ib"],
+             ["export", "chrome", "-o", "{d}/c"], ["export", "graphml", "-o", "{d}/g.graphml"],
              ["export", "chakra", "-o", "{d}/ch/t"], ["export", "astra-sim", "--no-expected", "-o", "{d}/as"],
              ["simulate", "--timeline", "{d}/tl"]]
 
