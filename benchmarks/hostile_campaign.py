@@ -24,9 +24,10 @@ cases or workers, and a failure is reproduced with ``--only I``. The kinds of ca
 Each case is classified (a case may fall in several classes): ``traceback`` (stderr holds
 ``Traceback``), ``hang`` (killed at the timeout), ``user_file_deleted``, ``multi_line_error``
 (a failure whose stderr is not exactly one ``error:`` line), ``exit_1`` (exit code 1, but
-``check``'s "readable but invalid"), ``crash`` (killed by a signal or another exit code),
-``memory`` (peak RSS above ``--max-rss``), ``temp_left`` (a ``.*.tmp`` left after a failed or
-repeated run), ``partial_output`` (a killed writer left a broken output), ``nondeterministic``.
+``check``'s "readable but invalid" and a sweep's documented "N of M points failed"),
+``crash`` (killed by a signal or another exit code), ``memory`` (peak RSS above
+``--max-rss``), ``temp_left`` (a ``.*.tmp`` left after a failed or repeated run),
+``partial_output`` (a killed writer left a broken output), ``nondeterministic``.
 
 Usage::
 
@@ -648,12 +649,14 @@ class Campaign:
         if code is None:
             cls.append("hang")
             return cls
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        if c.argv[0] == "sweep" and code == 1 and lines and _SWEEP_PARTIAL.match(lines[-1]):
+            return cls  # documented: some points failed, each a row with its error (docs/scaling.md)
         if code == 1 and not (c.argv[0] == "check"):
             cls.append("exit_1")
         elif code not in (0, 1, 2, 141):
             cls.append("crash")
         if code != 0:
-            lines = [ln for ln in err.splitlines() if ln.strip()]
             if len(lines) != 1 or not lines[0].startswith("error: ") or lines[0].startswith("error: error:"):
                 if c.argv[0] != "check" or code != 1:
                     cls.append("multi_line_error")
@@ -812,6 +815,7 @@ def serve() -> None:
         print(json.dumps({"status": status, "rss": rss, "seconds": time.perf_counter() - t0}), file=reply, flush=True)
 
 
+_SWEEP_PARTIAL = re.compile(r"^\d+ of \d+ (points|configurations|rows) failed \(see .*results\.json\)$")
 _TIMES = re.compile(r'("wall_s"|"seconds"|"elapsed_s"|"wall_seconds"): *[0-9.e+-]+|\b\d+\.\d+ s\b')
 
 

@@ -241,7 +241,10 @@ def test_select_of_a_billion_ranks_is_refused_before_the_list_is_built(tmp_path)
 
 TRACE_BOUNDS = [
     (["--layers", "1000000"], ["at least 200,000,000 nodes", "the limit is 1,048,576 nodes"]),
-    (["--warmup", "1000000000"], ["--warmup: 1,000,000,000 steps", "the limit is 1,000"]),
+    (["--warmup", "1000000000"], ["--warmup: 1,000,000,000 steps", "the limit is 100"]),
+    # campaign seed 2026, case 2768: 1,000 meta warm-up steps ran for minutes (0.14 s of CPU each)
+    (["--warmup", "1_000"], ["--warmup: 1,000 steps", "the limit is 100"]),
+    (["--steps", "101"], ["--steps: 101 steps", "the limit is 100"]),
     (["--steps", "5000"], ["--steps: 5,000 steps"]),
     (["--seq", "1000000000"], ["tracing needs at least 48.0 GB of host memory", "tokens 48.0 GB",
                                "this machine has"]),

@@ -168,8 +168,10 @@ def _check_step_runs(layout, verify: str, warmup: int, steps: int, device: str) 
     disagree) x the steps each runs. A user's script is not estimated otherwise (its size is
     unknown before it runs; the recording is bounded as it runs, see docs/formats.md)."""
     from echo_et.errors import EchoError
-    from echo_et.ir.limits import MAX_TRACED_STEP_RUNS
+    from echo_et.ir.limits import MAX_TRACE_STEPS, MAX_TRACED_STEP_RUNS
 
+    if warmup > MAX_TRACE_STEPS or steps > MAX_TRACE_STEPS:
+        return  # the tracer's own bound names the option
     per_stage = layout.world_size // layout.pp
     ranks = {"all": layout.world_size, "stage": layout.pp}.get(verify, layout.pp * min(2, per_stage))
     runs = ranks * (warmup + (1 if device == "meta" else steps))
