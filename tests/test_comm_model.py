@@ -269,3 +269,15 @@ def test_a_profiles_per_collective_rates_reach_every_estimate(tmp_path):
     assert ag[1] > 1.6 * ag[0]                                   # bandwidth-bound: about twice
     assert a.estimate("all_reduce", 1 << 30, ranks) == b.estimate("all_reduce", 1 << 30, ranks)
     assert load_profile(tmp_path / "p.json").params["coll_net_eff.all_gather"] == 1.0
+
+
+def test_the_h100_preset_emulates_the_newest_modelled_release():
+    """H100 clusters run NCCL 2.2x (the shared H100 logs state 2.29.2): the preset emulates the
+    newest release whose sources were read, so NVLS-tree runs across Hopper NVSwitch nodes
+    without naming a release."""
+    from echo_et.models.comm.tuning import VERSIONS
+
+    h100 = CommModel.preset("h100-ib")
+    assert h100.nccl_version == VERSIONS[-1] == "2.28.3"
+    assert h100.estimate("all_reduce", GiB, list(range(80))).algorithm == "nvls_tree"
+    assert h100.with_nccl_version("2.20.3").estimate("all_reduce", GiB, list(range(80))).algorithm != "nvls_tree"
