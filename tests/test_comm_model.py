@@ -281,3 +281,21 @@ def test_the_h100_preset_emulates_the_newest_modelled_release():
     assert h100.nccl_version == VERSIONS[-1] == "2.28.3"
     assert h100.estimate("all_reduce", GiB, list(range(80))).algorithm == "nvls_tree"
     assert h100.with_nccl_version("2.20.3").estimate("all_reduce", GiB, list(range(80))).algorithm != "nvls_tree"
+
+
+def test_the_ring_reduction_is_fused_into_its_transfers():
+    """NCCL reduces inside each ring step (recvReduceSend): on a node whose memory outruns its
+    NVLink, a reduce-scatter takes as long as the all-gather moving the same bytes; only a
+    reduction slower than the links sets the time."""
+    import dataclasses
+
+    base = CommModel.preset("h100-ib")
+    ranks = list(range(8))
+    S = GiB
+    rs = base.estimate("reduce_scatter", S, ranks)
+    ag = base.estimate("all_gather", S // 8, ranks)          # the same buffer gathered
+    assert (rs.algorithm, ag.algorithm) == ("ring", "ring")
+    assert rs.time_ns == pytest.approx(ag.time_ns, rel=0.02)
+    slow = CommModel(dataclasses.replace(base.profile, params={**base.profile.params, "reduce_gbps": 50.0}))
+    t = slow.estimate("reduce_scatter", S, ranks).time_ns
+    assert t == pytest.approx(7 / 8 * S / 50.0, rel=0.05)   # reduction-bound: 7/8 of S at 50 GB/s
