@@ -240,6 +240,22 @@ def _in_network(P, S: np.ndarray, pl: Placement, algo: str, ch: Channels) -> np.
     return _lat(P, "Simple", hops, 2) + _fused(P, t, S) + _chan(P, "Simple", ch, 2)
 
 
+def _in_network_gather(P, coll: str, S: np.ndarray, pl: Placement, algo: str, ch: Channels) -> np.ndarray:
+    """All-gather / reduce-scatter gathered or reduced by the network switches (SHARP, CollNet):
+    each node's k heads move the whole buffer B (the gathered output; the reduce-scatter
+    input) through the switch once, B/k through each NIC; inside the node every GPU receives
+    (all-gather) or contributes (reduce-scatter) the (k-1)/k of B its heads carry: over NVLink
+    (CollNet direct) or through the switch (NVLS), the reduction fused into the transfer."""
+    n, k = pl.ranks, pl.per_node
+    B = nccl_bytes(coll, S, n)
+    r = 1.0 / _US + 0.0 * S
+    rate = P["nvls_gbps"] if algo == "nvls" else P["nvlink_gbps"]
+    t = (k - 1) / k * B / (rate * r)
+    t = _vmax(t, B / (k * P["net_gbps"] * r))
+    reduced = B if coll == "reduce_scatter" else 0.0 * S
+    return _lat(P, "Simple", 1, 2) + _fused(P, t, reduced) + _chan(P, "Simple", ch, 2)
+
+
 def _pat(P, coll: str, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray:
     """PAT all-gather / reduce-scatter at one GPU per node: the ring's bytes through the NIC in
     log2(n) rounds of doubling distance (latency log2(n) network hops, not n-1)."""
@@ -351,6 +367,12 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
     if coll in ("all_gather", "reduce_scatter"):
         if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:
             out[("nvls", "Simple")] = _nvls_gather(P, coll, S, pl)
+        if pl.multi_node:
+            if P["nvls_gbps"] > 0 and pl.per_node > 1:
+                out[("nvls", "Simple")] = _in_network_gather(P, coll, S, pl, "nvls", channels.get(("nvls", "Simple"),
+                                                                                                 FULL))
+            out[("collnet_direct", "Simple")] = _in_network_gather(
+                P, coll, S, pl, "collnet_direct", channels.get(("collnet_direct", "Simple"), FULL))
         if pl.per_node == 1:
             out[("pat", "Simple")] = _pat(P, coll, S, pl, channels.get(("pat", "Simple"), FULL))
     if coll == "all_reduce":
