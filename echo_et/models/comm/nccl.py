@@ -5,10 +5,11 @@ channel count as NCCL's tuner picks them); this module times that choice. For on
 (algorithm, protocol) on ``c`` channels the kernel time is
 
     setup + hops x per-hop latency + c x (per-channel cost + network hops x per-hop proxy cost)
-          + max(bytes on each link / its rate) + pipeline fill + reduced bytes / reduction rate
+          + max(bytes on each link / its rate, reduced bytes / reduction rate) + pipeline fill
 
 (the resources in the max are NVLink, the node's NICs and the protocol's own throughput
-limit; the reduction term is added, as in Echo's model, not overlapped), with the structure
+limit; the reduction is fused into the transfers as NCCL's step primitives run it, not added
+after them as in Echo's model), with the structure
 of NCCL's algorithms:
 
 - ring (all-reduce, all-gather, reduce-scatter): 2(n-1) or n-1 steps; the ring is a cycle
