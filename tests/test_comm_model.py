@@ -299,3 +299,18 @@ def test_the_ring_reduction_is_fused_into_its_transfers():
     slow = CommModel(dataclasses.replace(base.profile, params={**base.profile.params, "reduce_gbps": 50.0}))
     t = slow.estimate("reduce_scatter", S, ranks).time_ns
     assert t == pytest.approx(7 / 8 * S / 50.0, rel=0.05)   # reduction-bound: 7/8 of S at 50 GB/s
+
+
+def test_a_send_recv_channel_pays_one_step_of_pipeline_fill():
+    """NCCL moves each channel's part of a send/recv in 512 KiB steps through the connection's
+    FIFO (written by the sender, read by the receiver): a part takes one step more than its
+    bytes. An 8-GPU all-to-all of 32 MiB gives each of its 28 channels 1 MiB (two steps), so it
+    runs at 2/3 of the NVLink rate it reaches at 16 GiB (64 MiB per channel); with its ~25 us of
+    latency, 1.69x the time per byte (1.2x without the fill)."""
+    h100 = CommModel.preset("h100-ib")
+    ranks = list(range(8))
+    small, large = 32 * MiB, 16 * GiB
+    per_byte = [h100.estimate("all_to_all", s, ranks).time_ns / s for s in (small, large)]
+    assert 1.45 < per_byte[0] / per_byte[1] < 1.8
+    # LL carries no FIFO steps of that size: the fill is Simple's only
+    assert h100.estimate("all_to_all", 64 * KiB, ranks).protocol == "LL"

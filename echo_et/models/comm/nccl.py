@@ -277,6 +277,18 @@ def _p2p_rate(P: Mapping[str, float], ch: Channels, ops: int) -> float:
     return _vmin(float(ch.total), ops * ch.used) * P["p2p_chan_gbps"]
 
 
+def _p2p_fill(op_bytes: np.ndarray, ch: Channels, proto: str, net: bool) -> np.ndarray | float:
+    """The pipeline fill of a Simple send/recv: each channel moves its part of an operation in
+    steps of NCCL_P2P_NVL_CHUNKSIZE (512 KiB; NCCL_P2P_NET_CHUNKSIZE, 128 KiB, across nodes),
+    every step copied into the FIFO and out of it, so a channel's part takes one step more than
+    its bytes: a 1 MiB part (two steps) runs at 2/3 of the rate, a 16 MiB part at 32/33."""
+    if proto != "Simple" or ch is FULL:
+        return 1.0
+    per_channel = op_bytes / ch.used
+    step = float(tuning.P2P_NET_CHUNK if net else tuning.P2P_NVL_CHUNK)
+    return 1.0 + _vmin(per_channel, step) / _vmax(per_channel, 1.0)
+
+
 def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels = FULL) -> np.ndarray:
     """all-to-all, gather, scatter: NCCL runs them as grouped sends and receives, one
     operation per peer, each with its serial per-channel cost (and its proxy post across
@@ -288,11 +300,14 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Cha
         intra, inter = (k - 1) * S, (n - k) * S
     else:                         # scatter: the root (input S) sends S/n to every rank
         intra, inter = (k - 1) / n * S, (n - k) / n * S
-    r = _ramp(P, S, proto) / _US
+    # Simple on known channels: the start-up is the pipeline fill of each channel's steps
+    r = (_ramp(P, S, proto) if proto != "Simple" or ch is FULL else 1.0 + 0.0 * S) / _US
     e = PROTOCOL_PAYLOAD[proto]
-    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, k - 1)) * e * r)
+    op = S if coll == "gather" else S / n           # one peer's operation
+    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, k - 1)) * e * r) * _p2p_fill(op, ch, proto, False)
     if pl.multi_node:
-        t = _vmax(t, inter / (_vmin(P["net_gbps"], _p2p_rate(P, ch, n - k)) * e * r))
+        t = _vmax(t, inter / (_vmin(P["net_gbps"], _p2p_rate(P, ch, n - k)) * e * r)
+                  * _p2p_fill(op, ch, proto, True))
     per_peer = (n - 1) * P["chan_us"] + (n - k) * P["net_chan_us"]   # every rank has n-1 peers
     return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t + per_peer
 
@@ -335,11 +350,13 @@ def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool,
     of the channels it runs on (``channels[("p2p", protocol)]``; default: no channel limit)."""
     out: Costs = {}
     for proto in ("LL", "Simple"):
-        r = _ramp(P, S, proto) / _US
+        ch = (channels or {}).get(("p2p", proto), FULL)
+        r = (_ramp(P, S, proto) if proto != "Simple" or ch is FULL else 1.0 + 0.0 * S) / _US
         e = PROTOCOL_PAYLOAD[proto]
         bw = P["nvlink_gbps"] if same_node else P["net_gbps"]
-        bw = _vmin(bw, _p2p_rate(P, (channels or {}).get(("p2p", proto), FULL), 1))
-        out[("p2p", proto)] = (_lat(P, proto, 1 if same_node else 0, 0 if same_node else 1) + S / (bw * e * r)
+        bw = _vmin(bw, _p2p_rate(P, ch, 1))
+        out[("p2p", proto)] = (_lat(P, proto, 1 if same_node else 0, 0 if same_node else 1)
+                               + S / (bw * e * r) * _p2p_fill(S, ch, proto, not same_node)
                                + P["chan_us"] + (0.0 if same_node else P["net_chan_us"]))
     return out
 
