@@ -628,3 +628,18 @@ def test_a_comm_profile_of_the_wrong_types_or_magnitudes_is_one_line(tmp_path, p
     (tmp_path / "p.json").write_text(json.dumps(doc))
     refused("estimate", "all_reduce", "--bytes", "1MB", "--ranks", "8", "--profile", tmp_path / "p.json",
             match=shown)
+
+
+# -- a warning before an error is two lines (campaign seed 2026 after the fixes, cases 18, 471, 494) -----------
+def test_a_truncated_log_refused_later_prints_its_error_alone(tmp_path, shared_data):
+    """A truncated nccl-tests log (a warning naming its missing sizes when it is fitted) beside
+    a log of another node type (refused): the error line comes alone, the warning only when
+    the fit goes ahead."""
+    h100 = (shared_data / "nccl-tests" / "h100-c01" / "1n8g-all_gather.log").read_bytes()
+    cut = tmp_path / "h100.log"
+    cut.write_bytes(h100[:2479])
+    a100 = shared_data / "nccl-tests" / "echo-a100" / "nccl_8.log"
+    refused("calibrate", "nccl-tests", cut, a100, "--gpus-per-node", "8", "-o", tmp_path / "p.json",
+            match="the logs name GPUs of different node types")
+    code, _, err = cli("calibrate", "nccl-tests", cut, "--gpus-per-node", "8", "-o", tmp_path / "p.json")
+    assert code == 0 and err.startswith("warning: h100.log:") and "are missing (a truncated log?)" in err, err
