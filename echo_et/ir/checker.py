@@ -765,10 +765,16 @@ def graph_time_bound(graph: Graph) -> tuple[int, int]:
     stored = graph.stored_nodes
     if not len(stored):
         return 0, 0
-    lo = min(n.start_ns for n in stored)
-    hi = max(n.start_ns + n.duration_ns for n in stored)
-    total = sum(n.duration_ns for n in stored)
-    streams = {n.stream for n in stored}
+    lo, hi, total = stored[0].start_ns, 0, 0
+    streams = set()
+    for n in stored:   # one pass, each field read once: this runs on every node check reads
+        s, d = n.start_ns, n.duration_ns
+        total += d
+        if s < lo:
+            lo = s
+        if s + d > hi:
+            hi = s + d
+        streams.add(n.stream)
     if graph.has_repeats:
         for body in graph.bodies():
             if not body.nodes:
