@@ -319,3 +319,27 @@ def test_calibration_fits_the_ceiling_on_the_large_gemm_layers_only():
     assert 0.6 < ceiling < 0.9
     # the tile efficiency stays the layers stage's (0.71 on all 8 layers), not the pinned 1.0
     assert 0.6 < cal.profile.params["gemm_eff.tensor"] < 0.8
+
+
+def test_end_to_end_fit_with_a_fixed_ceiling_prices_its_samples_well():
+    """The tile efficiency fitted end to end under a fixed ceiling (the iterations stage):
+    the large GEMMs sit on the ceiling, the others identify the efficiency; the ceiling is
+    kept and the samples are priced within their noise."""
+    from echo_et.models.compute import fit_end_to_end
+    from echo_et.models.compute.layers import LayerShape, layer_backward, layer_forward
+
+    prior = ComputeModel(_with(ComputeModel.preset("a100").profile, gemm_eff__tensor=0.7,
+                               sustained_eff__tensor=0.75))
+    truth = ComputeModel(_with(prior.profile, gemm_eff__tensor=0.95, kernel_overhead_ns=4000.0))
+    samples = []
+    for hidden, tp, mb in ((1024, 8, 1), (1024, 1, 8), (2048, 2, 4), (2048, 1, 8), (4096, 8, 1), (8192, 8, 1)):
+        shape = LayerShape("gpt", hidden, 16, 4 * hidden, 1024, mb, tp, "fp16")
+        calls = [(c, 12) for block in (*layer_forward(shape), *layer_backward(shape)) for c in block]
+        measured = 2e6 + sum(n * truth.op_time_ns(c.op, c.shapes, c.dtypes, c.attrs) for c, n in calls)
+        samples.append((calls, 2e6, measured * (1.04 if hidden == 2048 else 0.97)))
+    fitted = fit_end_to_end(samples, prior, params=("gemm_eff.tensor", "kernel_overhead_ns"))
+    assert fitted.profile.params["sustained_eff.tensor"] == 0.75
+    assert 0.8 < fitted.profile.params["gemm_eff.tensor"] <= 1.0
+    for calls, rest, measured in samples:
+        pred = rest + sum(n * fitted.op_time_ns(c.op, c.shapes, c.dtypes, c.attrs) for c, n in calls)
+        assert abs(pred / measured - 1) < 0.08

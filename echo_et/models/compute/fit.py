@@ -190,11 +190,14 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
     x = dict(x0)
     sides: list[list[str]] | None = None
     rounds = 0
+    tried: list[tuple[float, int, dict[str, float]]] = []
     while rounds < MAX_ROUNDS:
         rounds += 1
         new_sides = [[_side(pt, x) for _, pt in items] for items in pre]
         if new_sides == sides:
             break
+        if sides is not None:
+            tried.append((_objective(samples, pre, x, w), rounds, x))
         sides = new_sides
         a = np.zeros((len(samples), len(names)))
         rhs = np.zeros(len(samples))
@@ -227,6 +230,12 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
         big_a = np.vstack([a, np.array(prior_rows)])
         big_b = np.concatenate([rhs, np.array(prior_rhs)])
         x = _bounded_lstsq(big_a, big_b, names, {n: x0[n] for n in fixed if n in idx})
+    else:
+        # the sides never settled (a kernel whose sides swap as the parameters move, e.g. a
+        # GEMM between its tile efficiency and a fixed sustained ceiling): keep the round
+        # whose parameters price the samples best
+        tried.append((_objective(samples, pre, x, w), rounds, x))
+        x = min(tried, key=lambda t: (t[0], t[1]))[2]
     params = dict(start.params)
     for n in names[:-1]:
         if n in fixed:
@@ -237,6 +246,18 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
     meas = np.array([s.measured_ns for s in samples])
     objective = float(np.sum(w * ((pred - meas) / meas) ** 2))
     return FitResult(prof, rounds, start.params["gemm_k_half"], objective)
+
+
+def _objective(samples: Sequence[Sample], pre: list, x: dict[str, float], w: np.ndarray) -> float:
+    """The fit's weighted squared relative error with inverse efficiencies ``x`` (every
+    kernel on its slowest side)."""
+    total = 0.0
+    for s, items, wi in zip(samples, pre, w, strict=True):
+        t = s.offset_ns + s.launches * x["host_launch_ns"] + s.comm_launches * x["host_collective_ns"]
+        for n, pt in items:
+            t += n * (x["kernel_overhead_ns"] + pt.side_ns(_side(pt, x)) * x[_side(pt, x)])
+        total += wi * ((t - s.measured_ns) / s.measured_ns) ** 2
+    return total
 
 
 def _side(pt: Parts, x: dict[str, float]) -> str:
