@@ -199,7 +199,7 @@ def _sample_type(ctype: int, all_to_all: str) -> int:
 def _merged_collectives(job: Job, plan: ExportPlan) -> dict[tuple[int, int], list[int]]:
     """(group id, seq) of each exported collective that other collectives of its group were
     merged into (they ran concurrently) -> the seqs merged into it."""
-    heads = {gid: [pn for pn in gp.nodes if pn.merged] for gid, gp in plan.plans.items()}
+    heads = {gid: [pn for pn in gp.nodes if pn.merged] if gp.any_merged else [] for gid, gp in plan.plans.items()}
     if not any(heads.values()):
         return {}
     out: dict[tuple[int, int], list[int]] = {}
