@@ -147,3 +147,23 @@ def test_an_untimed_graph_with_backward_deps_is_streamed() -> None:
     p = plan_graph(g, {}, stream=True)
     assert p.streamed
     assert _plan_fields(p) == _plan_fields(plan_graph(g, {}))
+
+
+def test_scaling_dp_keeps_the_blocks_and_equals_scaling_the_expanded_job(jobs) -> None:
+    """``scale --dp`` without ZeRO only resizes collectives, which a copy takes from its body
+    node: the blocks stay, and the expansion equals the expanded Job scaled."""
+    from echo_et.passes.scale import scale
+
+    lay = jobs.manifest.layout
+    new_dp = lay.dp * 2
+    a, ra = scale(jobs, dp=new_dp)
+    b, rb = scale(_expanded(jobs), dp=new_dp)
+    assert any(g.has_repeats for g in a.graphs())
+    assert ra.to_json() == rb.to_json()
+    assert any(dict(a.graph(gid).header.group_sizes) != dict(jobs.graph(gid).header.group_sizes)
+               for gid in a.graph_ids())   # the data-parallel groups grew
+    assert a.graph_ids() == b.graph_ids()
+    for gid in a.graph_ids():
+        assert dict(a.graph(gid).header.group_sizes) == dict(b.graph(gid).header.group_sizes)
+        assert [n.SerializeToString(deterministic=True) for n in a.graph(gid).iter_nodes()] == \
+            [n.SerializeToString(deterministic=True) for n in b.graph(gid).nodes]
