@@ -63,7 +63,7 @@ def main() -> None:
         for gb in batches:
             job = work / f"gpt175-mb{gb}"
             subprocess.run([*ECHO, "trace", *MODEL, "--global-batch", str(gb), "-o", str(job)], check=True,
-                           stdout=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for fmt in formats:
                 out = work / f"out-{fmt}-{gb}"
                 if fmt == "astra-sim":
