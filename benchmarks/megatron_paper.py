@@ -26,7 +26,7 @@ predicted long). Megatron-LM's scatter/gather of the pipeline's activations acro
 its overlapped communication are not modelled.
 
     python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch 1]
-        [--json OUT.json] [--max-gpus N] [--max-memory GB]
+        [--compute-profile P.json] [--json OUT.json] [--max-gpus N] [--max-memory GB]
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gpus", type=int, default=0, help="only rows with at most this many GPUs")
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
+    ap.add_argument("--compute-profile", type=Path, default=None,
+                    help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
+                         "these rows are a check, never a fitting target)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--max-memory", type=float, default=5.0,
                     help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
@@ -116,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = table_problems()
     if bad:
         print(f"error: the transcribed table disagrees with itself: {bad[0]}", file=sys.stderr)
+        return 2
+    if args.compute_profile is not None and not args.compute_profile.is_file():
+        print(f"error: --compute-profile {args.compute_profile}: no such file", file=sys.stderr)
         return 2
     if not (SHARED / "measurements/vtrain-a100/trace/a100").is_dir():
         print(f"error: {SHARED} lacks vTrain's all-reduce tables (the collective model's calibration)",
@@ -128,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         comm = vtrain_comm_profile(Path(tmp) / "vtrain-a100-allreduce.json")
         opts = ConfigSweepOptions(
             cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
-            recompute=True, dtype="float16", comm_profile=str(comm))
+            recompute=True, dtype="float16", comm_profile=str(comm),
+            compute_profile=str(args.compute_profile) if args.compute_profile else None)
         extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops")} for r in rows]
         t0 = time.perf_counter()
         out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9),
