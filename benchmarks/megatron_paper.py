@@ -22,11 +22,15 @@ network of the cluster as published (``--inter-bw 1600Gb/s/node``).
 What the table does not say, and what is assumed: the micro-batch size (1 here; the paper
 studies larger ones separately) and the pipeline schedule (the plain 1F1B
 schedule here; the paper's interleaved schedule has a smaller bubble, so PP rows may be
-predicted long). Megatron-LM's scatter/gather of the pipeline's activations across nodes and
-its overlapped communication are not modelled.
+predicted long). Megatron-LM's scatter/gather of the pipeline's activations (each TP rank
+sends 1/TP of an activation across nodes, the receiving stage all-gathers it over NVLink) is
+modelled, as the workload does by default (``--no-scatter-gather-tensors-in-pipeline`` sends
+them whole); its overlapped communication is not. ``--inter-bw`` is the rated rate of the
+NICs; the collective model runs the network at its profile's efficiency of that rate
+(``CommModel.with_overrides``).
 
     python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch 1]
-        [--json OUT.json] [--max-gpus N] [--max-memory GB]
+        [--json OUT.json] [--max-gpus N] [--max-memory GB] [--no-scatter-gather-tensors-in-pipeline]
 """
 
 from __future__ import annotations
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-scatter-gather-tensors-in-pipeline", dest="scatter_gather", action="store_false",
+                    help="send pipeline activations whole from every TP rank (Megatron's flag)")
     ap.add_argument("--max-memory", type=float, default=5.0,
                     help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
     args = ap.parse_args(argv)
@@ -128,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         comm = vtrain_comm_profile(Path(tmp) / "vtrain-a100-allreduce.json")
         opts = ConfigSweepOptions(
             cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
-            recompute=True, dtype="float16", comm_profile=str(comm))
+            recompute=True, dtype="float16", comm_profile=str(comm),
+            scatter_gather_tensors_in_pipeline=args.scatter_gather)
         extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops")} for r in rows]
         t0 = time.perf_counter()
         out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9),
