@@ -71,12 +71,15 @@ class StageLink:
         return torch.empty(shape, dtype=self.dtype, device=self.device)
 
     def _slice(self, t: torch.Tensor) -> torch.Tensor:
-        """This rank's piece of ``t`` (Megatron's ``split_tensor_into_1d_equal_chunks``: a
-        view of the flattened tensor)."""
+        """This rank's piece of ``t`` (Megatron's ``split_tensor_into_1d_equal_chunks``: the
+        elements ``[part x chunk, (part + 1) x chunk)`` of the flattened tensor, a view; taken
+        as a row of a ``[parts, chunk]`` view, whose ``select`` is a view operator in every
+        overload, where ``slice`` has a non-view overload that a CPU trace would count as a
+        kernel)."""
         t = t.contiguous()
         if self.split_group is None:
             return t
-        return t.view(-1)[self.part * self.chunk:(self.part + 1) * self.chunk]
+        return t.view(self.parts, self.chunk)[self.part]
 
     def _gather(self, piece: torch.Tensor, tag: dict) -> torch.Tensor:
         """The whole tensor from every TP rank's piece (Megatron's ``gather_split_1d_tensor``:
