@@ -237,3 +237,27 @@ def test_evaluate_holds_out_every_log_of_several_collectives():
     for r in out["in_sample"]:
         assert {"model", "baseline", "baseline_one_line"} <= set(r)
     assert "auto, multi-node or all" in one_line_error(run("calibrate", "evaluate", log(2), "--hold-out", "x"))
+
+
+def test_calibrate_picks_its_preset_by_exact_gpu_variant(tmp_path):
+    from echo_et.errors import EchoError
+    from echo_et.models.comm.calibrate import default_preset
+
+    assert default_preset(["A100-SXM4-40GB"]) == "a100-ib"
+    assert default_preset(["NVIDIA H100 80GB HBM3", "H100-SXM5-80GB"]) == "h100-ib"
+    assert default_preset([]) == "a100-ib"          # no GPU named (a lookup table): the default
+    with pytest.raises(EchoError, match="unknown GPU 'H100 Future'.*presets: a100,"):
+        default_preset(["H100 Future"])              # "h100" is in the name, but no variant is
+    with pytest.raises(EchoError, match="different node types"):
+        default_preset(["A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"])
+    out = tmp_path / "p.json"
+    for gpu, why in (("NVIDIA H100 PCIe", "PCIe board"), ("Tesla H100X-SXM9", "unknown GPU")):
+        p = tmp_path / "renamed.log"
+        p.write_text(log(2).read_text().replace("A100-SXM4-40GB", gpu))
+        assert why in one_line_error(run("calibrate", "nccl-tests", p, "--gpus-per-node", "8", "-o", out))
+        assert why in one_line_error(run("calibrate", "evaluate", p))
+        # naming the preset fits the log whatever GPU it names
+        assert not out.exists()
+    res = run("calibrate", "nccl-tests", p, "--gpus-per-node", "8", "--preset", "a100-ib", "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["base_preset"] == "a100-ib"

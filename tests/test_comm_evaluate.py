@@ -155,3 +155,31 @@ def test_one_fit_explains_every_collective_of_the_h100_node():
     assert result.by_source["10n80g-all_reduce.log"]["mape_percent"] < 3
     # send/recv runs on 4, 8, 16, then 32 channels of ~20 GB/s as NCCL splits it by size
     assert 17 < prof.params["p2p_chan_gbps"] < 24
+
+
+def test_reduce_scatter_held_out_of_the_h100_fit():
+    """Fitted on the H100 cluster's other four logs (no reduce-scatter), the one-node
+    reduce-scatter is predicted within 8 % (31 % while the model added the reduction after the
+    transfers instead of fusing it into them)."""
+    from echo_et.models.comm.calibrate import fit_runs
+    from echo_et.models.comm.evaluate import evaluate_runs
+
+    names = ("1n8g-all_gather", "1n8g-alltoall", "1n8g-sendrecv", "10n80g-all_reduce")
+    prof, _ = fit_runs([r for n in names for r in read_measurements(h100(n))], 8)
+    (rep,) = evaluate_runs(prof.params, read_measurements(h100("1n8g-reduce_scatter")), 8, prof.nccl)
+    assert rep["mape_ge_1mib_percent"] < 8
+
+
+def test_all_to_all_held_out_of_the_h100_fit():
+    """Fitted on the H100 cluster's other four logs, the one-node all-to-all is predicted within
+    8 % (11.4 % without the send/recv pipeline fill: it ran 23 % fast at 32 MiB, 1 MiB per
+    channel)."""
+    from echo_et.models.comm.calibrate import fit_runs
+    from echo_et.models.comm.evaluate import evaluate_runs
+
+    names = ("1n8g-all_gather", "1n8g-reduce_scatter", "1n8g-sendrecv", "10n80g-all_reduce")
+    prof, _ = fit_runs([r for n in names for r in read_measurements(h100(n))], 8)
+    (rep,) = evaluate_runs(prof.params, read_measurements(h100("1n8g-alltoall")), 8, prof.nccl)
+    assert rep["mape_ge_1mib_percent"] < 8
+    rows = {r["bytes"]: r for r in rep["rows"]}
+    assert abs(rows[32 << 20]["error_percent"]) < 12

@@ -269,3 +269,48 @@ def test_a_profiles_per_collective_rates_reach_every_estimate(tmp_path):
     assert ag[1] > 1.6 * ag[0]                                   # bandwidth-bound: about twice
     assert a.estimate("all_reduce", 1 << 30, ranks) == b.estimate("all_reduce", 1 << 30, ranks)
     assert load_profile(tmp_path / "p.json").params["coll_net_eff.all_gather"] == 1.0
+
+
+def test_the_h100_preset_emulates_the_newest_modelled_release():
+    """H100 clusters run NCCL 2.2x (the shared H100 logs state 2.29.2): the preset emulates the
+    newest release whose sources were read, so NVLS-tree runs across Hopper NVSwitch nodes
+    without naming a release."""
+    from echo_et.models.comm.tuning import VERSIONS
+
+    h100 = CommModel.preset("h100-ib")
+    assert h100.nccl_version == VERSIONS[-1] == "2.28.3"
+    assert h100.estimate("all_reduce", GiB, list(range(80))).algorithm == "nvls_tree"
+    assert h100.with_nccl_version("2.20.3").estimate("all_reduce", GiB, list(range(80))).algorithm != "nvls_tree"
+
+
+def test_the_ring_reduction_is_fused_into_its_transfers():
+    """NCCL reduces inside each ring step (recvReduceSend): on a node whose memory outruns its
+    NVLink, a reduce-scatter takes as long as the all-gather moving the same bytes; only a
+    reduction slower than the links sets the time."""
+    import dataclasses
+
+    base = CommModel.preset("h100-ib")
+    ranks = list(range(8))
+    S = GiB
+    rs = base.estimate("reduce_scatter", S, ranks)
+    ag = base.estimate("all_gather", S // 8, ranks)          # the same buffer gathered
+    assert (rs.algorithm, ag.algorithm) == ("ring", "ring")
+    assert rs.time_ns == pytest.approx(ag.time_ns, rel=0.02)
+    slow = CommModel(dataclasses.replace(base.profile, params={**base.profile.params, "reduce_gbps": 50.0}))
+    t = slow.estimate("reduce_scatter", S, ranks).time_ns
+    assert t == pytest.approx(7 / 8 * S / 50.0, rel=0.05)   # reduction-bound: 7/8 of S at 50 GB/s
+
+
+def test_a_send_recv_channel_pays_one_step_of_pipeline_fill():
+    """NCCL moves each channel's part of a send/recv in 512 KiB steps through the connection's
+    FIFO (written by the sender, read by the receiver): a part takes one step more than its
+    bytes. An 8-GPU all-to-all of 32 MiB gives each of its 28 channels 1 MiB (two steps), so it
+    runs at 2/3 of the NVLink rate it reaches at 16 GiB (64 MiB per channel); with its ~25 us of
+    latency, 1.69x the time per byte (1.2x without the fill)."""
+    h100 = CommModel.preset("h100-ib")
+    ranks = list(range(8))
+    small, large = 32 * MiB, 16 * GiB
+    per_byte = [h100.estimate("all_to_all", s, ranks).time_ns / s for s in (small, large)]
+    assert 1.45 < per_byte[0] / per_byte[1] < 1.8
+    # LL carries no FIFO steps of that size: the fill is Simple's only
+    assert h100.estimate("all_to_all", 64 * KiB, ranks).protocol == "LL"

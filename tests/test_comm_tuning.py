@@ -4,6 +4,7 @@ non-monotone step of the shared 32-GPU log coming out of the choice."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -363,3 +364,32 @@ def test_2_28_collnet_only_where_the_node_has_sharp():
     assert "collnet_direct" not in {a for a, _ in tuning.candidates(NcclSystem("2.20.3", sharp), pl, "all_reduce")}
     assert "collnet" not in NcclSystem("2.28.3", H100).to_json()["node"]
     assert NcclSystem.from_json(s.to_json(), "p") == s
+
+
+def test_2_28_gathers_in_the_network_only_with_collnet_and_a_head_per_gpu():
+    """2.28.3 runs all-gather and reduce-scatter across nodes in the switches only with CollNet
+    (SHARP and a plugin with iallgather/ireducescatter) and when no node has more GPUs than
+    CollNet heads: NVLS 8 x min(48 x .85 x 7/8 x 7/8, 48) GB/s, 25 + 18 us; CollNet direct
+    8 x min(48, .9 x 48) GB/s, 2 (3.7 + 7 x .4) + 31 us; no bus -> algorithm conversion."""
+    sharp = NodeFacts(compute_capability=90, cpu_vendor="Intel", intra_bw=370.8, nic_bw=50.0, gpu_nic_bw=48.0,
+                      nvls=True, collnet=True)
+    s, pl = NcclSystem("2.28.3", sharp), contiguous(64, 8)
+    t = tuning.table_for(s, pl)
+    for coll in ("all_gather", "reduce_scatter"):
+        assert t.bandwidth[(coll, "nvls", "Simple")] == pytest.approx(8 * min(48 * .85 * 7 / 8 * 7 / 8, 48))
+        assert t.latency[(coll, "nvls", "Simple")] == pytest.approx(25 + 18)
+        assert t.bandwidth[(coll, "collnet_direct", "Simple")] == pytest.approx(8 * min(48, .9 * 48))
+        assert t.latency[(coll, "collnet_direct", "Simple")] == pytest.approx(2 * (3.7 + 7 * .4) + 31)
+        assert tuning.choose(s, pl, coll, (MIB if coll == "reduce_scatter" else MIB // 64)).algorithm != "ring"
+        # the model times what NCCL picks: faster than the ring it replaces on 64 GPUs at 16 MiB
+        sizes = np.array([16.0 * MIB / (64 if coll == "all_gather" else 1)])
+        t_in, picks = nccl.choose(load_preset("h100-ib").params, coll, sizes, pl, s)
+        t_ring, _ = nccl.choose(load_preset("h100-ib").params, coll, sizes, pl, NcclSystem("2.28.3", H100))
+        assert picks[0].algorithm in ("nvls", "collnet_direct") and t_in[0] < t_ring[0]
+    # fewer heads (NICs) than GPUs per node, no CollNet, or one node: the ring (and PAT) only
+    four_nics = dataclasses.replace(sharp, nics_per_node=4)
+    for sys_, p in ((NcclSystem("2.28.3", four_nics), pl), (NcclSystem("2.28.3", H100), pl),
+                    (NcclSystem("2.20.3", sharp), pl)):
+        algos = {a for a, _ in tuning.candidates(sys_, p, "all_gather")}
+        assert not algos & {"nvls", "collnet_direct"}, (sys_, algos)
+    assert {a for a, _ in tuning.candidates(s, contiguous(8, 8), "all_gather")} <= {"ring", "nvls"}

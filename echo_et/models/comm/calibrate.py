@@ -13,6 +13,7 @@ from echo_et.models.comm.fit import FitResult, Sample, calibrate
 from echo_et.models.comm.profile import Profile, load_preset, preset_names
 from echo_et.models.comm.topology import Placement, contiguous, from_nodes
 from echo_et.models.comm.tuning import VERSIONS
+from echo_et.models.gpu_variants import comm_preset
 
 
 def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
@@ -56,12 +57,22 @@ def samples_from_runs(runs: Sequence[nccl_tests.Run], gpus_per_node: int
 
 
 def default_preset(gpu_names: Iterable[str]) -> str:
-    """The preset matching the GPUs a log names, else ``a100-ib``."""
-    names = " ".join(gpu_names).lower()
-    for name in preset_names():
-        if any(tok in names for tok in load_preset(name).gpu_match):
-            return name
-    return "a100-ib"
+    """The collective preset of the GPU the logs or traces name, matched exactly by variant
+    (:mod:`echo_et.models.gpu_variants`, as ``--gpu`` is); ``a100-ib`` when none is named.
+
+    A name that is no known variant is refused with the known names (``H100 PCIe`` is not an
+    SXM5 node, as substring matching took it to be); a PCIe board, which no preset models, is
+    refused saying so; GPUs of different node types in one calibration are refused."""
+    names = sorted({n.strip() for n in gpu_names if n and n.strip()})
+    if not names:
+        return "a100-ib"
+    presets = preset_names()
+    chosen = {n: comm_preset(n, presets) for n in names}
+    if len(set(chosen.values())) > 1:
+        raise EchoError("the logs name GPUs of different node types ("
+                        + ", ".join(f"{n!r} -> {p}" for n, p in chosen.items())
+                        + "): calibrate each cluster apart, or name one with --preset")
+    return chosen[names[0]]
 
 
 def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], base: Profile,

@@ -5,10 +5,11 @@ channel count as NCCL's tuner picks them); this module times that choice. For on
 (algorithm, protocol) on ``c`` channels the kernel time is
 
     setup + hops x per-hop latency + c x (per-channel cost + network hops x per-hop proxy cost)
-          + max(bytes on each link / its rate) + pipeline fill + reduced bytes / reduction rate
+          + max(bytes on each link / its rate, reduced bytes / reduction rate) + pipeline fill
 
 (the resources in the max are NVLink, the node's NICs and the protocol's own throughput
-limit; the reduction term is added, as in Echo's model, not overlapped), with the structure
+limit; the reduction is fused into the transfers as NCCL's step primitives run it, not added
+after them as in Echo's model), with the structure
 of NCCL's algorithms:
 
 - ring (all-reduce, all-gather, reduce-scatter): 2(n-1) or n-1 steps; the ring is a cycle
@@ -125,6 +126,15 @@ def _lat(P: Mapping[str, float], proto: str, intra_hops: float, net_hops: float)
             + net_hops * P[f"net_hop_us.{proto}"])
 
 
+def _fused(P: Mapping[str, float], transfer: np.ndarray, reduced: np.ndarray | float) -> np.ndarray:
+    """Transfer time with the reduction NCCL fuses into it: each step's primitive
+    (``recvReduceSend``, ``recvReduceCopy``) reads the arriving chunk and the local one, reduces
+    and writes in one pass, so the reduction is bounded by its own rate (``reduce_gbps``: the
+    memory traffic of reading two operands) rather than added after the transfer. An H100 node
+    shows it: reduce-scatter and all-gather reach the same bus bandwidth (365 GB/s at 16 GiB)."""
+    return _vmax(transfer, reduced / P["reduce_gbps"] * _US + 0.0 * transfer)
+
+
 def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels) -> np.ndarray:
     n, m, k = pl.ranks, pl.nodes, pl.per_node
     x = P["ring_loop_extra_steps"]
@@ -157,7 +167,7 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels) 
     if coll in ("broadcast", "reduce") and proto != "LL" and steps > 1:
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
         t = t + (steps - 1) * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
-    return (_lat(P, proto, steps - net_steps, net_steps) + t + reduced / P["reduce_gbps"] * _US
+    return (_lat(P, proto, steps - net_steps, net_steps) + _fused(P, t, reduced)
             + _chan(P, proto, ch, net_steps))
 
 
@@ -179,7 +189,7 @@ def _tree(P, S: np.ndarray, pl: Placement, proto: str, ch: Channels) -> np.ndarr
         hops = max(1, 2 * (k - 1 + levels) - 1)
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
         t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
-    return (_lat(P, proto, 2 * (k - 1), 2 * levels) + t + S / P["reduce_gbps"] * _US
+    return (_lat(P, proto, 2 * (k - 1), 2 * levels) + _fused(P, t, S)
             + _chan(P, proto, ch, 2 * levels))
 
 
@@ -228,7 +238,23 @@ def _in_network(P, S: np.ndarray, pl: Placement, algo: str, ch: Channels) -> np.
     else:
         t, hops = (2.0 if k > 1 else 0.0) * S / (P["nvlink_gbps"] * r), 2 * (k - 1)
     t = _vmax(t, S / (k * P["net_gbps"] * r))
-    return _lat(P, "Simple", hops, 2) + t + S / P["reduce_gbps"] * _US + _chan(P, "Simple", ch, 2)
+    return _lat(P, "Simple", hops, 2) + _fused(P, t, S) + _chan(P, "Simple", ch, 2)
+
+
+def _in_network_gather(P, coll: str, S: np.ndarray, pl: Placement, algo: str, ch: Channels) -> np.ndarray:
+    """All-gather / reduce-scatter gathered or reduced by the network switches (SHARP, CollNet):
+    each node's k heads move the whole buffer B (the gathered output; the reduce-scatter
+    input) through the switch once, B/k through each NIC; inside the node every GPU receives
+    (all-gather) or contributes (reduce-scatter) the (k-1)/k of B its heads carry: over NVLink
+    (CollNet direct) or through the switch (NVLS), the reduction fused into the transfer."""
+    n, k = pl.ranks, pl.per_node
+    B = nccl_bytes(coll, S, n)
+    r = 1.0 / _US + 0.0 * S
+    rate = P["nvls_gbps"] if algo == "nvls" else P["nvlink_gbps"]
+    t = (k - 1) / k * B / (rate * r)
+    t = _vmax(t, B / (k * P["net_gbps"] * r))
+    reduced = B if coll == "reduce_scatter" else 0.0 * S
+    return _lat(P, "Simple", 1, 2) + _fused(P, t, reduced) + _chan(P, "Simple", ch, 2)
 
 
 def _pat(P, coll: str, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray:
@@ -239,7 +265,7 @@ def _pat(P, coll: str, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray
     r = _ramp(P, S, "Simple") / _US
     reduced = bus if coll == "reduce_scatter" else 0.0 * S
     levels = math.ceil(math.log2(n))
-    return (_lat(P, "Simple", 0, levels) + bus / (P["net_gbps"] * r) + reduced / P["reduce_gbps"] * _US
+    return (_lat(P, "Simple", 0, levels) + _fused(P, bus / (P["net_gbps"] * r), reduced)
             + _chan(P, "Simple", ch, levels))
 
 
@@ -249,6 +275,18 @@ def _p2p_rate(P: Mapping[str, float], ch: Channels, ops: int) -> float:
     if ch is FULL:
         return math.inf
     return _vmin(float(ch.total), ops * ch.used) * P["p2p_chan_gbps"]
+
+
+def _p2p_fill(op_bytes: np.ndarray, ch: Channels, proto: str, net: bool) -> np.ndarray | float:
+    """The pipeline fill of a Simple send/recv: each channel moves its part of an operation in
+    steps of NCCL_P2P_NVL_CHUNKSIZE (512 KiB; NCCL_P2P_NET_CHUNKSIZE, 128 KiB, across nodes),
+    every step copied into the FIFO and out of it, so a channel's part takes one step more than
+    its bytes: a 1 MiB part (two steps) runs at 2/3 of the rate, a 16 MiB part at 32/33."""
+    if proto != "Simple" or ch is FULL:
+        return 1.0
+    per_channel = op_bytes / ch.used
+    step = float(tuning.P2P_NET_CHUNK if net else tuning.P2P_NVL_CHUNK)
+    return 1.0 + _vmin(per_channel, step) / _vmax(per_channel, 1.0)
 
 
 def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels = FULL) -> np.ndarray:
@@ -262,11 +300,14 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Cha
         intra, inter = (k - 1) * S, (n - k) * S
     else:                         # scatter: the root (input S) sends S/n to every rank
         intra, inter = (k - 1) / n * S, (n - k) / n * S
-    r = _ramp(P, S, proto) / _US
+    # Simple on known channels: the start-up is the pipeline fill of each channel's steps
+    r = (_ramp(P, S, proto) if proto != "Simple" or ch is FULL else 1.0 + 0.0 * S) / _US
     e = PROTOCOL_PAYLOAD[proto]
-    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, k - 1)) * e * r)
+    op = S if coll == "gather" else S / n           # one peer's operation
+    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, k - 1)) * e * r) * _p2p_fill(op, ch, proto, False)
     if pl.multi_node:
-        t = _vmax(t, inter / (_vmin(P["net_gbps"], _p2p_rate(P, ch, n - k)) * e * r))
+        t = _vmax(t, inter / (_vmin(P["net_gbps"], _p2p_rate(P, ch, n - k)) * e * r)
+                  * _p2p_fill(op, ch, proto, True))
     per_peer = (n - 1) * P["chan_us"] + (n - k) * P["net_chan_us"]   # every rank has n-1 peers
     return _lat(P, proto, 1, 1 if pl.multi_node else 0) + t + per_peer
 
@@ -309,11 +350,13 @@ def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool,
     of the channels it runs on (``channels[("p2p", protocol)]``; default: no channel limit)."""
     out: Costs = {}
     for proto in ("LL", "Simple"):
-        r = _ramp(P, S, proto) / _US
+        ch = (channels or {}).get(("p2p", proto), FULL)
+        r = (_ramp(P, S, proto) if proto != "Simple" or ch is FULL else 1.0 + 0.0 * S) / _US
         e = PROTOCOL_PAYLOAD[proto]
         bw = P["nvlink_gbps"] if same_node else P["net_gbps"]
-        bw = _vmin(bw, _p2p_rate(P, (channels or {}).get(("p2p", proto), FULL), 1))
-        out[("p2p", proto)] = (_lat(P, proto, 1 if same_node else 0, 0 if same_node else 1) + S / (bw * e * r)
+        bw = _vmin(bw, _p2p_rate(P, ch, 1))
+        out[("p2p", proto)] = (_lat(P, proto, 1 if same_node else 0, 0 if same_node else 1)
+                               + S / (bw * e * r) * _p2p_fill(S, ch, proto, not same_node)
                                + P["chan_us"] + (0.0 if same_node else P["net_chan_us"]))
     return out
 
@@ -342,6 +385,12 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
     if coll in ("all_gather", "reduce_scatter"):
         if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:
             out[("nvls", "Simple")] = _nvls_gather(P, coll, S, pl)
+        if pl.multi_node:
+            if P["nvls_gbps"] > 0 and pl.per_node > 1:
+                out[("nvls", "Simple")] = _in_network_gather(P, coll, S, pl, "nvls", channels.get(("nvls", "Simple"),
+                                                                                                 FULL))
+            out[("collnet_direct", "Simple")] = _in_network_gather(
+                P, coll, S, pl, "collnet_direct", channels.get(("collnet_direct", "Simple"), FULL))
         if pl.per_node == 1:
             out[("pat", "Simple")] = _pat(P, coll, S, pl, channels.get(("pat", "Simple"), FULL))
     if coll == "all_reduce":

@@ -72,7 +72,7 @@ SPECS: tuple[ParamSpec, ...] = (
               "per-channel tree limit for 4+ nodes over the NIC's channel rate)"),
     ParamSpec("tree_chunk_bytes", "B", "net", 1.5, "tree pipeline chunk (all channels): the fill cost"),
     ParamSpec("reduce_gbps", "GB/s", "fixed", 0.3,
-              "reduction throughput; folds into bandwidth for all-reduce, so not fitted"),
+              "reduction throughput, fused into the transfers (binds only below the link rates), so not fitted"),
     ParamSpec("nvls_tree_net_eff", "", "net", 0.3,
               "network efficiency of the NVLS-tree across nodes relative to the ring's network rate"),
     ParamSpec("nvls_gbps", "GB/s", "fixed", 0.3,

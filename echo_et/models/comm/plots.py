@@ -79,6 +79,15 @@ def write_plots(dest: Path, sets: Mapping[str, Sequence[tuple[Run, Profile]]], g
     return written
 
 
+def write_choice_regions(path: Path, system: tuning.NcclSystem, gpus_per_node: int) -> Path:
+    """Write the choice-region plot of ``system`` (every modelled release on its node) to ``path``."""
+    plt = _pyplot()
+    fig = choice_regions(plt, system, gpus_per_node)
+    _save(fig, Path(path))
+    plt.close(fig)
+    return Path(path)
+
+
 def measured_vs_predicted(plt, sets: Mapping[str, Sequence[tuple[Run, Profile]]], gpus_per_node: int):
     cols = len(sets)
     fig, axes = plt.subplots(2, cols, figsize=(4.6 * cols, 6.0), squeeze=False,

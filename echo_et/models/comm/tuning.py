@@ -676,6 +676,8 @@ def _tune_228(system: NcclSystem, pl: Placement, graphs: dict[str, Graph], coll:
         lat[(coll, "nvls", "Simple")] = rel.hw_lat[("nvlink", "nvls", "Simple")] + rel.hw_lat[("net", "nvls", "Simple")]
     if coll == "all_reduce" and m > 1 and system.node.collnet:
         _tune_collnet(system, pl, bw, lat)
+    if coll in ("all_gather", "reduce_scatter") and m > 1 and system.node.collnet:
+        _tune_collnet_gather(system, pl, g, coll, bw, lat)
     if rel.pat and coll in ("all_gather", "reduce_scatter") and n == m:
         tree = graphs["tree"]
         bw[(coll, "pat", "Simple")] = tree.channels * (tree.bw_intra if m <= 2 else tree.bw_inter) * PAT_BW_FACTOR
@@ -722,6 +724,36 @@ def _tune_collnet(system: NcclSystem, pl: Placement, bw: dict[tuple[str, str, st
             t = 2 * (k - 1) * intra + net
         bw[("all_reduce", algo, "Simple")] = bus * 0.5
         lat[("all_reduce", algo, "Simple")] = t
+
+
+def _tune_collnet_gather(system: NcclSystem, pl: Placement, g: Graph | None, coll: str,
+                         bw: dict[tuple[str, str, str], float], lat: dict[tuple[str, str, str], float]) -> None:
+    """2.28.3's all-gather and reduce-scatter across nodes in the network switches (Simple
+    only; ``tuning.cc``): enabled only with CollNet (``collnet`` node fact: SHARP switches and
+    a CollNet plugin that has ``iallgather`` / ``ireducescatter``) and when no node has more
+    GPUs than CollNet heads. NVLS (Hopper NVLink SHARP inside the node): per channel
+    ``min(bwIntra x 0.85 x (c-1)/c x (ppn-1)/ppn, bwInter)`` x channels, latency NVLS NVLink +
+    network (25 + 18 us); CollNet direct (NVSwitch nodes): ``ppn x min(bwIntra, 0.9 x
+    bwInter)``, latency ``2 (min(1, k-1) x 3.7 + (k-1) x 0.4) + 31`` us. Neither converts bus to
+    algorithm bandwidth (NCCL does so only for the ring of these two collectives); at one GPU
+    per node the network latency is the tree's."""
+    rel = RELEASES[system.version]
+    k, n, m = pl.per_node, pl.ranks, pl.nodes
+    ppn = n / m
+    cg = collnet_graph(system, pl)
+    if k > cg.channels:                       # a node with more local ranks than heads
+        return
+    if g is not None and g.channels >= 2:
+        intra = g.bw_intra * NVLS_EFFICIENCY_SM90 * (g.channels - 1) / g.channels * (ppn - 1) / ppn
+        bw[(coll, "nvls", "Simple")] = g.channels * min(intra, g.bw_inter)
+        lat[(coll, "nvls", "Simple")] = (rel.hw_lat[("nvlink", "nvls", "Simple")]
+                                         + rel.hw_lat[("net", "tree" if n == m else "nvls", "Simple")])
+    if system.node.intra == "nvswitch" and k <= COLLNET_DIRECT_MAX_LOCAL:
+        hw = "nvlink" if cg.type_intra == "NVL" else "pci"
+        bw[(coll, "collnet_direct", "Simple")] = ppn * min(cg.bw_intra, 0.9 * cg.bw_inter)
+        lat[(coll, "collnet_direct", "Simple")] = (
+            2 * (min(1, k - 1) * rel.hw_lat[(hw, "collnet_direct", "Simple")] + (k - 1) * COLLNET_ARITY_LAT)
+            + rel.hw_lat[("net", "tree" if n == m else "collnet_direct", "Simple")])
 
 
 @lru_cache(maxsize=4096)
