@@ -210,11 +210,11 @@ def test_a_rated_inter_bw_keeps_the_measured_network_efficiency(fitted_all):
     logs: one 200 Gb/s HDR NIC per GPU, 25 GB/s). The profile calibrated on its logs keeps
     what its network reached of that rate, so overriding it with the cluster's own rated
     rate still predicts its 4-node log; running the network at the rated rate, as overrides
-    did before, prices those all-reduces about 1.3x fast."""
+    did before, prices those all-reduces about 1.4-1.6x fast."""
     prof, _ = fitted_all
     m = CommModel(prof)
     assert m.rated_net_gbps == 25.0
-    assert 0.65 < m.network_efficiency < 0.8            # 18.3 of 25 GB/s per GPU
+    assert 0.55 < m.network_efficiency < 0.8            # 16.4 of 25 GB/s per GPU
     rated = m.with_overrides(inter_bw_gbps=25.0)
     assert rated.params["net_gbps"] == pytest.approx(prof.params["net_gbps"])
     big = [s for s in samples_of([32])[0] if s.nbytes >= 256 * MIB]

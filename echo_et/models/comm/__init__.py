@@ -145,7 +145,7 @@ class CommModel:
     @property
     def network_efficiency(self) -> float:
         """The per-GPU network rate the model runs at (``net_gbps``) over the rate the NICs
-        are rated for: 0.73 calibrated on the 4-node A100 nccl-tests logs of
+        are rated for: 0.65 calibrated on the 4-node A100 nccl-tests logs of
         ../shared/data (8 x 200 Gb/s HDR per node, NCCL 2.7.5), 0.88 in the ``a100-ib``
         preset (not measured)."""
         return self.profile.params["net_gbps"] / self.rated_net_gbps
