@@ -12,6 +12,11 @@ show how much the split costs. A baseline shows what the fit buys: the data-shee
 with default efficiencies (no fit).
 
     python benchmarks/compute_accuracy.py [--group short|functor] [--json]
+    python benchmarks/compute_accuracy.py --profile a100     # a profile's own errors on this data
+
+``--profile`` (a preset name or a profile file) prints that profile's errors on every kernel
+and layer sample instead, e.g. the shipped ``a100`` preset after its iterations stage, whose
+end-to-end parameters no kernel or layer sample saw.
 
 Times are model outputs on this machine's CPU in well under a minute; no GPU is used.
 """
@@ -53,14 +58,51 @@ def _row(name: str, errs: list[float], meas: list[float] | None = None, pred: li
     return out
 
 
+def profile_errors(name: str, as_json: bool) -> int:
+    """A given profile's signed errors on every kernel and layer sample (no fit)."""
+    from echo_et.errors import EchoError
+    from echo_et.models.compute import ComputeModel
+
+    try:
+        prof = (ComputeModel.load(name) if Path(name).is_file() else ComputeModel.preset(name)).profile
+    except EchoError as e:
+        print(f"error: --profile: {e}", file=sys.stderr)
+        return 2
+    ks, ls = load()
+    report = {"profile": prof.name, "per_source": {}, "layers": []}
+    for src in ("kernels", "layers", "layers-excluded"):
+        sel = [s for s in ks + ls if s.source == src]
+        report["per_source"][src] = summary(errors(sel, prof))
+    for s, e in zip(ls, errors(ls, prof), strict=True):
+        report["layers"].append({"sample": s.label, "source": s.source, "measured_ms": s.measured_ns / 1e6,
+                                 "predicted_ms": predict(s, prof) / 1e6, "error_pct": e})
+    if as_json:
+        print(json.dumps(report, indent=1, sort_keys=True))
+        return 0
+    print(f"## Profile {prof.name}: errors on the kernel and layer samples (nothing fitted here)\n")
+    print("| source | n | MAPE % | bias % |")
+    print("|---|---:|---:|---:|")
+    for src, r in report["per_source"].items():
+        print(f"| {src} | {r['n']} | {r['mape_pct']:.1f} | {r['bias_pct']:+.1f} |")
+    print("\n| layer sample | source | measured ms | predicted ms | error % |")
+    print("|---|---|---:|---:|---:|")
+    for r in report["layers"]:
+        print(f"| {r['sample']} | {r['source']} | {r['measured_ms']:.3f} | {r['predicted_ms']:.3f} | "
+              f"{r['error_pct']:+.1f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--group", choices=("short", "functor"), default="short")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", default=None, help="a preset name or profile file: print its errors on the data")
     a = ap.parse_args(argv)
     if not KERNELS.exists():
         print(f"needs {KERNELS}", file=sys.stderr)
         return 2
+    if a.profile:
+        return profile_errors(a.profile, a.json)
     prior = default_profile("a100")
     ks, ls = load()
     key = (lambda s: s.group) if a.group == "short" else data.functor_group

@@ -30,7 +30,8 @@ NICs; the collective model runs the network at its profile's efficiency of that 
 (``CommModel.with_overrides``).
 
     python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch 1]
-        [--json OUT.json] [--max-gpus N] [--max-memory GB] [--no-scatter-gather-tensors-in-pipeline]
+        [--compute-profile P.json] [--json OUT.json] [--max-gpus N] [--max-memory GB]
+        [--no-scatter-gather-tensors-in-pipeline]
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gpus", type=int, default=0, help="only rows with at most this many GPUs")
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
+    ap.add_argument("--compute-profile", type=Path, default=None,
+                    help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
+                         "these rows are a check, never a fitting target)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-scatter-gather-tensors-in-pipeline", dest="scatter_gather", action="store_false",
                     help="send pipeline activations whole from every TP rank (Megatron's flag)")
@@ -122,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = table_problems()
     if bad:
         print(f"error: the transcribed table disagrees with itself: {bad[0]}", file=sys.stderr)
+        return 2
+    if args.compute_profile is not None and not args.compute_profile.is_file():
+        print(f"error: --compute-profile {args.compute_profile}: no such file", file=sys.stderr)
         return 2
     if not (SHARED / "measurements/vtrain-a100/trace/a100").is_dir():
         print(f"error: {SHARED} lacks vTrain's all-reduce tables (the collective model's calibration)",
@@ -135,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = ConfigSweepOptions(
             cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
             recompute=True, dtype="float16", comm_profile=str(comm),
+            compute_profile=str(args.compute_profile) if args.compute_profile else None,
             scatter_gather_tensors_in_pipeline=args.scatter_gather)
         extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops")} for r in rows]
         t0 = time.perf_counter()

@@ -44,7 +44,9 @@ def _node_bytes(n: pb.Node) -> int:
 
 def _add_graph(g: nx.DiGraph, graph: Graph, prefix: str, job: Job | None, rank: int | None) -> None:
     streams = {s.id: s.name for s in graph.header.streams}
-    for n in graph.nodes:
+    # Streamed twice (nodes, then edges): a graph with repeat blocks is not expanded in place,
+    # though the networkx graph GraphML is written from holds every node and edge.
+    for n in graph.iter_nodes():
         attrs: dict[str, object] = {
             "kind": node_kind_name(n.kind),
             "name": n.name,
@@ -65,7 +67,7 @@ def _add_graph(g: nx.DiGraph, graph: Graph, prefix: str, job: Job | None, rank: 
             if n.kind in (pb.KIND_SEND, pb.KIND_RECV):
                 attrs["peer"] = int(pg.ranks[n.p2p.peer])
         g.add_node(f"{prefix}{n.id}", **attrs)
-    for n in graph.nodes:
+    for n in graph.iter_nodes():
         for d in n.deps:
             g.add_edge(f"{prefix}{d.id}", f"{prefix}{n.id}", dep=DEP_NAMES.get(d.kind, str(d.kind)))
 

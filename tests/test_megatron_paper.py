@@ -44,3 +44,9 @@ def test_a_mistyped_row_is_caught(paper, monkeypatch) -> None:
     table[4] = tuple(row)
     monkeypatch.setattr(paper, "PAPER_TABLE_1", tuple(table))
     assert paper.table_problems() == ["39.1B: 183 TFLOP/s x 512 GPUs is not 70.8 PFLOP/s"]
+
+
+def test_a_missing_candidate_profile_is_one_line_exit_2(paper, capsys) -> None:
+    assert paper.main(["--compute-profile", "/nonexistent/candidate.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --compute-profile") and err.count("\n") == 1

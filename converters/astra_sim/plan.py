@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from echo_et.errors import EchoError
@@ -100,18 +102,82 @@ class PlannedNode:
         return max(0, self.end_ns - self.start_ns)
 
 
-@dataclass
 class GraphPlan:
-    graph_id: str
-    nodes: list[PlannedNode]
-    mapped: dict[str, int]      # mapping label -> nodes written per rank
-    merged: dict[str, int]      # IR kind -> nodes merged into another exported node (per rank)
-    dropped: dict[str, int]     # what had no counterpart -> count (per rank)
-    stats: dict[str, int]       # ns and counts: clipped, gaps, waits, busy and lost time (per rank)
-    host_cpu: bool              # the host lane is written as CPU nodes (is_cpu_op=true)
-    gpu_cpu: bool               # the gpu lane is written as CPU nodes (CPU-only graphs)
-    origin_ns: int              # the graph's first measured start
-    has_all_to_all: bool
+    """What one graph becomes. ``nodes`` is the planned list; a *streamed* plan (an untimed
+    graph whose dependencies point back, see :func:`plan_graph`) holds none: it re-plans the
+    graph node by node on each :meth:`iter_nodes` (``nodes`` makes the list on demand), and
+    its counts (``mapped``, ``dropped``, ``stats``) are those of its first complete pass."""
+
+    def __init__(self, graph_id: str, nodes: list[PlannedNode] | None, mapped: dict[str, int],
+                 merged: dict[str, int], dropped: dict[str, int], stats: dict[str, int], host_cpu: bool,
+                 gpu_cpu: bool, origin_ns: int, has_all_to_all: bool, coll_groups: frozenset[str],
+                 source: _UntimedStream | None = None):
+        self.graph_id = graph_id
+        self._nodes = nodes
+        self._mapped = mapped        # mapping label -> nodes written per rank
+        self.merged = merged         # IR kind -> nodes merged into another exported node (per rank)
+        self._dropped = dropped      # what had no counterpart -> count (per rank)
+        self._stats = stats          # ns and counts: clipped, gaps, waits, busy and lost time (per rank)
+        self.host_cpu = host_cpu     # the host lane is written as CPU nodes (is_cpu_op=true)
+        self.gpu_cpu = gpu_cpu       # the gpu lane is written as CPU nodes (CPU-only graphs)
+        self.origin_ns = origin_ns   # the graph's first measured start
+        self.has_all_to_all = has_all_to_all
+        self.coll_groups = coll_groups   # group keys of the exported collectives
+        self._source = source
+        self._counted = source is None
+
+    @property
+    def streamed(self) -> bool:
+        return self._source is not None
+
+    @property
+    def any_merged(self) -> bool:
+        """Whether collectives were merged into others (never in a streamed, untimed plan)."""
+        return self._source is None and any(pn.merged for pn in self._nodes or ())
+
+    @property
+    def nodes(self) -> list[PlannedNode]:
+        if self._nodes is not None:
+            return self._nodes
+        return list(self.iter_nodes())
+
+    def iter_nodes(self) -> Iterator[PlannedNode]:
+        """The planned nodes in export order (a streamed plan makes them one at a time)."""
+        if self._source is None:
+            yield from self._nodes or ()
+            return
+        src = self._source
+        yield from src.plan()
+        if not self._counted:
+            self._mapped, self._dropped, self._stats = src.mapped, src.dropped, src.stats
+            self._counted = True
+
+    def _count(self) -> None:
+        if not self._counted:
+            for _ in self.iter_nodes():
+                pass
+
+    @property
+    def mapped(self) -> dict[str, int]:
+        self._count()
+        return self._mapped
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        self._count()
+        return self._dropped
+
+    @property
+    def stats(self) -> dict[str, int]:
+        self._count()
+        return self._stats
+
+    @property
+    def first(self) -> PlannedNode:
+        """The start node (index 0)."""
+        if self._source is not None:
+            return self._source.start_node()
+        return self.nodes[0]
 
     def is_cpu(self, pn: PlannedNode) -> bool:
         if pn.lane == HOST:
@@ -157,6 +223,154 @@ def _label(s: _Node) -> str:
     return mapping_label(s.n)
 
 
+_LANE_OF = {"host": HOST, "gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV,
+            "block-recv": RECV}
+
+
+def _classify(n: pb.Node, host_streams: set[int], group_sizes: dict[str, int]) -> str:
+    """The planning class of a node (see ``_Node.cls``)."""
+    if n.kind in _COMM_KINDS:
+        if n.kind == pb.KIND_COLLECTIVE:
+            comm_type_of(n)  # raises for types ASTRA-sim cannot express
+            if group_sizes.get(n.collective.group, 0) <= 1:
+                # Nothing to send: its measured time stays, as compute (host time on a
+                # host thread); without a time it is folded into dependencies.
+                return "fold" if n.duration_ns <= 0 else ("host" if n.stream in host_streams else "solo")
+        if n.stream in host_streams:
+            return "block-recv" if n.kind == pb.KIND_RECV else "block"
+        return "recv" if n.kind == pb.KIND_RECV else "comm"
+    if n.stream in host_streams:
+        return "host"
+    if n.kind in _DEVICE_COMP_KINDS:
+        return "gpu"
+    raise EchoError(
+        f"node {n.id} ({n.name}): node kind {node_kind_name(n.kind)} has no ASTRA-sim "
+        "equivalent (neither compute nor communication); give it a kind before exporting")
+
+
+def _graph_kinds(nodes, group_sizes: dict[str, int]) -> tuple[set[int], bool]:
+    """The host streams of a graph and whether it is CPU-only (no launches, no device work)."""
+    host_streams = {n.stream for n in nodes if n.kind in _HOST_KINDS}
+    has_launch = any(n.kind == pb.KIND_LAUNCH for n in nodes)
+    device = any(n.kind in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
+                 for n in nodes if n.stream not in host_streams)
+    return host_streams, bool(host_streams) and not has_launch and not device
+
+
+def _empty_stats() -> dict[str, int]:
+    return {"gpu_clipped_ns": 0, "gpu_gaps_added_ns": 0, "comm_gaps_dropped_ns": 0,
+            "comm_serialised": 0, "comm_serialised_ns": 0, "comm_merged": 0, "comm_merged_ns": 0,
+            "host_waits_elastic": 0, "host_wait_ns_elastic": 0, "acausal_deps_dropped": 0, "lost_busy_ns": 0}
+
+
+class _UntimedStream:
+    """``_Planner.plan_untimed`` node by node, for an untimed graph whose dependencies all
+    point back (``Graph.deps_point_back``): its program order is then the id order, and
+    every planned node depends only on planned nodes before it, so the plan is the expanded
+    graph streamed in id order (``Graph.iter_nodes``) and no topological sort is needed.
+    What it holds is the id map a dependency is resolved through (per node: its id, its
+    planned index, whether it is host work: 17 bytes), not the nodes; the same plan as
+    :meth:`_Planner.plan_untimed` followed by :meth:`_Planner.finish`."""
+
+    def __init__(self, graph: Graph, group_sizes: dict[str, int]):
+        self.graph = graph
+        self.group_sizes = group_sizes
+        stored = graph.stored_nodes   # a copy has its body node's kind and stream
+        self.host_streams, self.cpu_only = _graph_kinds(stored, group_sizes)
+        self.origin = min((n.start_ns for n in stored), default=0)
+        classes = [(n, _classify(n, self.host_streams, group_sizes)) for n in stored]
+        colls = [n for n, c in classes if c in ("comm", "block") and n.kind == pb.KIND_COLLECTIVE]
+        self.coll_groups = frozenset(n.collective.group for n in colls)
+        self.has_all_to_all = any(n.collective.type == pb.COLL_ALL_TO_ALL for n in colls)
+        self.mapped: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
+        self.stats: dict[str, int] = {}
+
+    def start_node(self) -> PlannedNode:
+        return PlannedNode(0, COMP, HOST, None, "start (rank offset)", -1, -1, [], "start offset->COMP_NODE")
+
+    def plan(self) -> Iterator[PlannedNode]:
+        mapped: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        start = self.start_node()
+        mapped[start.label] = 1
+        yield start
+        host_streams, group_sizes = self.host_streams, self.group_sizes
+        host_label = "host compute->COMP_NODE" if self.cpu_only else "host time->COMP_NODE"
+        ids = array("q")          # node ids in id order: a dependency's position by bisection
+        outs = array("q")         # planned index per position (-1: folded, see fold_out)
+        is_host = bytearray()
+        fold_out: dict[int, set[int]] = {}
+        last: dict[str, int] = {HOST: 0}
+        last_coll: dict[str, int] = {}
+        last_on_stream: dict[int, int] = {}
+        index = 0
+        busy = kept = 0
+        bisect_left = bisect.bisect_left
+        for n in self.graph.iter_nodes():
+            pos = len(ids)
+            cls = _classify(n, host_streams, group_sizes)
+            busy += n.duration_ns
+            ps: list[int] = []
+            if cls != "host" and n.stream in last_on_stream:
+                ps.append(last_on_stream[n.stream])
+            last_on_stream[n.stream] = pos
+            for d in n.deps:
+                if d.id == n.id:
+                    continue
+                j = bisect_left(ids, d.id)
+                if j == pos or ids[j] != d.id:
+                    raise EchoError(f"node {n.id} ({n.name}): dependency on missing node {d.id}")
+                if d.kind == pb.DEP_CONTROL and not (is_host[j] and cls != "host"):
+                    continue
+                ps.append(j)
+            deps: set[int] = set()
+            for j in ps:
+                o = outs[j]
+                if o < 0:
+                    deps |= fold_out[j]
+                else:
+                    deps.add(o)
+            ids.append(n.id)
+            is_host.append(cls == "host")
+            if cls == "fold":
+                outs.append(-1)
+                fold_out[pos] = deps
+                key = f"{collective_name(n.collective.type)}(one-rank group)"
+                dropped[key] = dropped.get(key, 0) + 1
+                continue
+            lane = _LANE_OF[cls]
+            if lane in last:
+                deps.add(last[lane])
+            if not deps:
+                deps.add(0)
+            coll = lane == COMM and n.kind == pb.KIND_COLLECTIVE
+            if coll:
+                prev = last_coll.get(n.collective.group)
+                if prev is not None:
+                    deps.add(prev)
+            if lane == HOST:
+                role, label = COMP, host_label
+            else:
+                role = COMP if lane == GPU else COLL if n.kind == pb.KIND_COLLECTIVE else P2P
+                label = mapping_label(n) if cls != "solo" else \
+                    f"{collective_name(n.collective.type)}(one-rank group)->COMP_NODE"
+            index += 1
+            pn = PlannedNode(index, role, lane, n, n.name or f"node{n.id}", 0,
+                             n.duration_ns if role == COMP else 0, sorted(deps), label)
+            outs.append(index)
+            if lane != RECV:
+                last[lane] = index
+            if role == COLL:
+                last_coll[n.collective.group] = index
+            kept += pn.duration_ns if role == COMP else n.duration_ns
+            mapped[label] = mapped.get(label, 0) + 1
+            yield pn
+        stats = _empty_stats()
+        stats["busy_ns"], stats["lost_busy_ns"] = busy, max(0, busy - kept)
+        self.mapped, self.dropped, self.stats = mapped, dropped, stats
+
+
 class _Planner:
     def __init__(self, graph: Graph, group_sizes: dict[str, int], merge: dict[str, frozenset[int]] | None = None):
         self.graph = graph
@@ -167,22 +381,13 @@ class _Planner:
         self.index = {n.id: i for i, n in enumerate(nodes)}
         if len(self.index) != len(nodes):
             raise EchoError(f"graph {graph.id}: node ids are not unique")
-        kinds = [n.kind for n in nodes]
-        self.host_streams = {n.stream for n in nodes if n.kind in _HOST_KINDS}
-        has_launch = pb.KIND_LAUNCH in kinds
-        device = any(n.kind in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
-                     for n in nodes if n.stream not in self.host_streams)
-        self.cpu_only = bool(self.host_streams) and not has_launch and not device
+        self.host_streams, self.cpu_only = _graph_kinds(nodes, group_sizes)
         self.timed = any(n.start_ns for n in nodes) and len({n.start_ns for n in nodes}) > 1
         self.origin = min((n.start_ns for n in nodes), default=0)
         self.planned: list[PlannedNode] = []
         self.merged: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
-        self.stats: dict[str, int] = {"gpu_clipped_ns": 0, "gpu_gaps_added_ns": 0, "comm_gaps_dropped_ns": 0,
-                                      "comm_serialised": 0, "comm_serialised_ns": 0,
-                                      "comm_merged": 0, "comm_merged_ns": 0,
-                                      "host_waits_elastic": 0, "host_wait_ns_elastic": 0,
-                                      "acausal_deps_dropped": 0, "lost_busy_ns": 0}
+        self.stats: dict[str, int] = _empty_stats()
         self.sources: dict[int, list[int]] = {}   # host time -> planned indices waiting for the host there
         self.waits: list[tuple[int, int, int]] = []  # (start, end, host stream) of removable waits
         self._pending_sinks: list[tuple[int, list[int]]] = []  # (host time, waited node indices)
@@ -195,28 +400,7 @@ class _Planner:
     # -- classification ---------------------------------------------------------------------
     def classify(self) -> None:
         for i, n in enumerate(self.nodes):
-            if n.kind in _COMM_KINDS:
-                if n.kind == pb.KIND_COLLECTIVE:
-                    comm_type_of(n)  # raises for types ASTRA-sim cannot express
-                    if self.group_sizes.get(n.collective.group, 0) <= 1:
-                        # Nothing to send: its measured time stays, as compute (host time on a
-                        # host thread); without a time it is folded into dependencies.
-                        cls = "fold" if n.duration_ns <= 0 else (
-                            "host" if n.stream in self.host_streams else "solo")
-                        self.st.append(_Node(i, n, cls))
-                        continue
-                cls = "block" if n.stream in self.host_streams else ("recv" if n.kind == pb.KIND_RECV else "comm")
-                if cls == "block":
-                    cls = "block-recv" if n.kind == pb.KIND_RECV else "block"
-            elif n.stream in self.host_streams:
-                cls = "host"
-            elif n.kind in _DEVICE_COMP_KINDS:
-                cls = "gpu"
-            else:
-                raise EchoError(
-                    f"node {n.id} ({n.name}): node kind {node_kind_name(n.kind)} has no ASTRA-sim "
-                    "equivalent (neither compute nor communication); give it a kind before exporting")
-            self.st.append(_Node(i, n, cls))
+            self.st.append(_Node(i, n, _classify(n, self.host_streams, self.group_sizes)))
 
     def ref_time(self, p: pb.Node, launch: bool) -> int:
         return p.start_ns if launch else p.start_ns + p.duration_ns
@@ -365,7 +549,7 @@ class _Planner:
                 s.out, s.host_t, s.end = deps, host_t, max(ready, n.start_ns + n.duration_ns)
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
                 continue
-            lane = {"gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV, "block-recv": RECV}[s.cls]
+            lane = _LANE_OF[s.cls]
             lp = last.get(lane)
             if lp is not None:
                 deps.add(lp.index)
@@ -608,8 +792,7 @@ class _Planner:
                 s.out = deps
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
                 continue
-            lane = {"host": HOST, "gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV,
-                    "block-recv": RECV}[s.cls]
+            lane = _LANE_OF[s.cls]
             if lane in last:
                 deps.add(last[lane].index)
             if not deps:
@@ -733,9 +916,9 @@ def concurrent_collectives(graph: Graph, group_sizes: dict[str, int]) -> dict[st
     threads at once (DDP's gradient buckets), ASTRA-sim runs one communication node at a
     time. Such a collective can be merged into the previous one (same type, summed bytes);
     the exporter merges it only where every member of the group ran the pair concurrently."""
-    nodes = graph.nodes
-    if len({n.start_ns for n in nodes}) <= 1:
+    if graph.starts_uniform():   # untimed: nothing ran concurrently (found without expanding)
         return {}
+    nodes = graph.nodes
     lane = sorted((n for n in nodes if n.kind == pb.KIND_SEND or (
         n.kind == pb.KIND_COLLECTIVE and group_sizes.get(n.collective.group, 0) > 1)),
         key=lambda n: (n.start_ns, n.id))
@@ -750,13 +933,26 @@ def concurrent_collectives(graph: Graph, group_sizes: dict[str, int]) -> dict[st
 
 
 def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = False,
-               merge: dict[str, frozenset[int]] | None = None) -> GraphPlan:
+               merge: dict[str, frozenset[int]] | None = None, stream: bool = False) -> GraphPlan:
     """Plan the export of ``graph``; ``group_sizes`` gives the size of the group each key is
     bound to (the same for every rank bound to the graph). ``fold_host`` leaves host time
     out (only the order it imposes stays): for readers whose statistics fail on CPU nodes,
     at the cost of the time, which the plan reports as lost. ``merge`` names, per group
     key, the collectives (by seq) merged into the previous collective of their group
-    (:func:`concurrent_collectives` finds them)."""
+    (:func:`concurrent_collectives` finds them).
+
+    With ``stream``, an untimed graph whose dependencies all point back (what the meta-device
+    tracer writes, repeat blocks and all) gets a *streamed* plan: nothing is planned until it
+    is read, and each read plans the expanded graph node by node, never holding it. Other
+    graphs need the whole graph at once: a measured timeline is cut where any node of any
+    stream attaches, lanes are ordered by a topological sort on measured starts, and a
+    dependency that points forward needs that sort too; they are planned here, expanded."""
+    if (stream and not (fold_host and _graph_kinds(graph.stored_nodes, group_sizes)[0])
+            and graph.starts_uniform() and graph.deps_point_back()):
+        src = _UntimedStream(graph, group_sizes)
+        host_cpu = bool(src.host_streams) and not src.cpu_only
+        return GraphPlan(graph.id, None, {}, {}, {}, {}, host_cpu, src.cpu_only, src.origin,
+                         src.has_all_to_all, src.coll_groups, src)
     p = _Planner(graph, group_sizes, merge)
     p.classify()
     waits: list[tuple[int, int]] = []
@@ -779,8 +975,9 @@ def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = F
     p.stats["busy_ns"], p.stats["lost_busy_ns"] = _lost_busy(graph, nodes, waits, p.timed)
     host_cpu = bool(p.host_streams) and not p.cpu_only and not fold_host
     has_a2a = any(pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL for pn in nodes)
+    coll_groups = frozenset(pn.node.collective.group for pn in nodes if pn.role == COLL)
     return GraphPlan(graph.id, nodes, mapped, p.merged, p.dropped, p.stats, host_cpu, p.cpu_only,
-                     p.origin, has_a2a)
+                     p.origin, has_a2a, coll_groups)
 
 
 __all__ = ["COLL", "COMM", "COMP", "GPU", "HOST", "P2P", "RECV", "GraphPlan", "PlannedNode",

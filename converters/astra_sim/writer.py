@@ -38,6 +38,7 @@ MIN_NPUS = 2               # every network dimension needs more than one NPU
 A2A_TAG_BASE = 1 << 30     # tags of send/recv made from uneven all-to-all
 MAX_IR_TAG = 1 << 30       # IR tags at or above this are replaced by the P2P sequence number
 SPLIT_ATTR = "in_split_bytes"
+STREAM_FILES = 256         # rank files a streamed graph writes at once
 _ATTR_FIELD = b"\x52"      # Node.attr: field 10, wire type 2
 
 
@@ -135,7 +136,8 @@ class _Exporter:
         for gid in sorted(ranks_of):
             try:
                 self.plans[gid] = plan_graph(self.job.graph(gid), self.key_sizes[gid],
-                                             fold_host=self.opts.host_time == "fold", merge=merges.get(gid))
+                                             fold_host=self.opts.host_time == "fold", merge=merges.get(gid),
+                                             stream=True)
             except EchoError as e:
                 raise EchoError(f"graph {gid}: {e}") from None
         # Each rank starts at its measured offset from the earliest rank (on the job clock).
@@ -151,8 +153,7 @@ class _Exporter:
         used: set[int] = set()
         for r in self.job.ranks():
             b = self.job.binding(r)
-            keys = self._coll_keys.setdefault(b.graph, {pn.node.collective.group for pn in self.plans[b.graph].nodes
-                                                        if pn.role == COLL})
+            keys = self._coll_keys.setdefault(b.graph, set(self.plans[b.graph].coll_groups))
             used.update(b.groups[k] for k in keys)
         self.explicit_world = any(g not in self.world_groups for g in used)
         # With every rank starting at 0 the start node says nothing: it is left out.
@@ -342,29 +343,35 @@ class _Exporter:
 
     def _start_node(self, rank: int, plan: GraphPlan) -> bytes:
         """The rank's first node: its measured start offset, on the lane its host time uses."""
-        pn = plan.nodes[0]
+        pn = plan.first
         n = et.Node(id=1, name=pn.name, type=et.COMP_NODE, duration_micros=self.offsets_us[rank])
         n.start_time_micros = 0
         n.attr.append(_attr("is_cpu_op", bool_val=plan.is_cpu(pn)))
         return n.SerializeToString(deterministic=True)
 
     def _count_static(self, plan: GraphPlan, gid: str, ranks: int) -> None:
+        for pn in plan.nodes:
+            self._count_node(plan, pn, gid, ranks)
+        self._count_plan(plan, ranks)
+
+    def _count_plan(self, plan: GraphPlan, ranks: int) -> None:
         for what, counts in (("merged", plan.merged), ("dropped", plan.dropped)):
             for label, count in counts.items():
                 getattr(self, what)[label] += count * ranks
         for key, v in plan.stats.items():
             self.stats[key] += v * ranks
-        for pn in plan.nodes:
-            if pn.index == 0 and self.omit_start:
-                continue
-            if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
-                continue  # counted per rank: even or uneven
-            label = pn.label + "(cpu)" if pn.role == COMP and plan.is_cpu(pn) else pn.label
-            self.mapped[label] += ranks
-            _, raised = self._static_tail(pn, gid)
-            if raised:
-                what = "comm_size" if pn.role == COLL else "p2p bytes 0"
-                self.mapped[f"{what}->raised to {self.splits if pn.role == COLL else 1} B"] += ranks
+
+    def _count_node(self, plan: GraphPlan, pn: PlannedNode, gid: str, ranks: int) -> None:
+        if pn.index == 0 and self.omit_start:
+            return
+        if pn.role == COLL and pn.node.collective.type == pb.COLL_ALL_TO_ALL:
+            return  # counted per rank: even or uneven
+        label = pn.label + "(cpu)" if pn.role == COMP and plan.is_cpu(pn) else pn.label
+        self.mapped[label] += ranks
+        _, raised = self._static_tail(pn, gid)
+        if raised:
+            what = "comm_size" if pn.role == COLL else "p2p bytes 0"
+            self.mapped[f"{what}->raised to {self.splits if pn.role == COLL else 1} B"] += ranks
 
     def write_rank_files(self, dest: Path) -> list[str]:
         names: list[str] = []
@@ -372,6 +379,9 @@ class _Exporter:
         for gid in sorted(ranks_of):
             plan = self.plans[gid]
             ranks = ranks_of[gid]
+            if plan.streamed and not plan.has_all_to_all:
+                self._stream_ranks(dest, plan, gid, ranks)
+                continue
             self._count_static(plan, gid, len(ranks))
             heads = None
             if not plan.has_all_to_all or not any(self._a2a_p2p_any(r, plan) for r in ranks):
@@ -395,6 +405,47 @@ class _Exporter:
         for r in range(self.npus):
             names.append(f"{WORKLOAD_PREFIX}.{r}.et")
         return names
+
+    def _stream_ranks(self, dest: Path, plan: GraphPlan, gid: str, ranks: list[int]) -> None:
+        """Write the files of ``ranks`` (bound to the streamed plan ``plan``) side by side, node
+        by node as the plan makes them: each node's rank-independent bytes once, then each
+        rank's own attributes. The same bytes as :meth:`_fast_rank`; what is held is the
+        plan's id map and one node, whatever the graph's repeat count. At most
+        ``STREAM_FILES`` files are open at once (more ranks: the graph is planned again)."""
+        shift = 0 if self.omit_start else 1
+        meta = self._metadata()
+        for lo in range(0, len(ranks), STREAM_FILES):
+            chunk = ranks[lo:lo + STREAM_FILES]
+            files = [open(dest / f"{WORKLOAD_PREFIX}.{r}.et", "wb", buffering=1 << 16)  # noqa: SIM115
+                     for r in chunk]
+            try:
+                for f in files:
+                    f.write(meta)
+                for pn in plan.iter_nodes():
+                    if lo == 0:
+                        self._count_node(plan, pn, gid, len(ranks))
+                    if pn.index == 0:
+                        if self.omit_start:
+                            continue
+                        for r, f in zip(chunk, files, strict=True):
+                            f.write(_delimited(self._start_node(r, plan)))
+                        continue
+                    head = self._head(pn, pn.index + shift, (d + shift for d in pn.deps if d or shift), gid)
+                    if pn.role == COMP:
+                        data = _delimited(head)
+                        for f in files:
+                            f.write(data)
+                    elif pn.role == COLL:
+                        group = pn.node.collective.group
+                        for r, f in zip(chunk, files, strict=True):
+                            f.write(_delimited(head + self._pg_attr(r, group)))
+                    else:
+                        for r, f in zip(chunk, files, strict=True):
+                            f.write(_delimited(head + self._p2p_attrs(r, pn.node)))
+            finally:
+                for f in files:
+                    f.close()
+        self._count_plan(plan, len(ranks))
 
     def time_report(self) -> dict:
         """What the export did with the measured time, summed over ranks, and the ranks whose

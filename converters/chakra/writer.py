@@ -1,8 +1,12 @@
 """An echo-et Job as plain Chakra ET: ``PREFIX.{rank}.et`` for every rank, uncompressed.
 
 Shared graphs are expanded per rank (group-local peers become global ranks, group keys
-become pg_names). Every file is written under a temporary name; they are renamed into place
-only after all ranks were written, so a failure leaves no file of this export behind.
+become pg_names). A graph with repeat blocks is expanded as it is written, node by node
+(``Graph.iter_nodes``): what is held is the stored graph and the ids' spans
+(``Graph.expanded_ids``, for control dependencies that name no node), never the expansion.
+
+Every file is written under a temporary name; they are renamed into place only after all
+ranks were written, so a failure leaves no file of this export behind.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import contextlib
 import json
 import os
 from collections import Counter
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +98,7 @@ def _pg_names(job: Job) -> dict[int, str]:
     return out
 
 
-def _node(n: pb.Node, ctx: _RankContext, ids: set[int], lossy: Counter) -> et.Node:
+def _node(n: pb.Node, ctx: _RankContext, ids: Container[int], lossy: Counter) -> et.Node:
     name, duration = n.name, n.duration_ns
     c = et.Node(id=n.id, name=name,
                 start_time_micros=micros(n.start_ns, at_least_one=False),
@@ -276,12 +281,12 @@ def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | No
     total_nodes = 0
     total_bytes = 0
     try:
-        id_sets: dict[str, set[int]] = {}
+        id_sets: dict[str, Container[int]] = {}
         for rank, dest in zip(ranks, files, strict=True):
             graph = job.graph_of(rank)
             ids = id_sets.get(graph.id)
             if ids is None:
-                ids = id_sets.setdefault(graph.id, {n.id for n in graph.nodes})
+                ids = id_sets.setdefault(graph.id, graph.expanded_ids())
             streams = _stream_attr(graph)
             ctx = _RankContext(job, rank, pg_names)
             fd, tmp = temp_file_beside(dest)
@@ -290,7 +295,7 @@ def write(job: Job, prefix: str | os.PathLike[str], options: dict[str, Any] | No
                 meta = et.GlobalMetadata(version=CHAKRA_VERSION)
                 meta.attr.append(str_attr("schema", f"echo-et {__version__}"))
                 write_delimited(f, meta)
-                for n in graph.nodes:
+                for n in graph.iter_nodes():   # streamed: repeat blocks are not expanded in memory
                     c = _node(n, ctx, ids, lossy)
                     if n.stream in streams:
                         name, member, value = _int("stream", streams[n.stream])

@@ -367,8 +367,19 @@ def parse_struct(d: Any, where: str) -> EtOp:
         if len(_NAME_INFO) < 200_000:
             _NAME_INFO[name] = info
     name, keep = info
-    attrs = {a.name: a.value for a in d.attrs}   # later entries win, as in parse_node
-    get = attrs.get
+    if keep:   # communication and group-init ops keep their attrs
+        attrs = {a.name: a.value for a in d.attrs}   # later entries win, as in parse_node
+        tid, rf, seq = attrs.get("tid", 0), attrs.get("rf_id"), attrs.get("seq_id", -1)
+    else:      # the three attrs every op needs, without a dict (later entries win alike)
+        tid, rf, seq = 0, None, -1
+        for a in d.attrs:
+            an = a.name
+            if an == "tid":
+                tid = a.value
+            elif an == "rf_id":
+                rf = a.value
+            elif an == "seq_id":
+                seq = a.value
     parent = d.ctrl_deps
     if parent is _UNSET:
         parent = d.parent
@@ -405,18 +416,15 @@ def parse_struct(d: Any, where: str) -> EtOp:
             raise EchoError(f"{where}: node id {str(d.id)[:40]} is not a non-negative integer")
     if type(parent) is not int or not -_MAX < parent < _MAX:
         parent = _int(parent)
-    tid = get("tid", 0)
     if type(tid) is not int or not -_MAX < tid < _MAX:
         tid = _int(tid)
-    rf = get("rf_id")
     if rf is not None and (type(rf) is not int or not -_MAX < rf < _MAX):
         rf = _int(rf, 0)
-    seq = get("seq_id", -1)
     if type(seq) is not int or not -_MAX < seq < _MAX:
         seq = _int(seq, -1)
     op = EtOp(
         oid, name, parent, tid, rf, seq,
-        str(get("op_schema") or "") if keep else "",
+        str(attrs.get("op_schema") or "") if keep else "",
         in_shapes, in_types_text,
         _tensors_at(in_values, in_slots) if in_slots else (),
         _tensors_at(out_values, out_slots) if out_slots else (),

@@ -9,6 +9,7 @@ import sys
 import typer
 
 from echo_et import __version__
+from echo_et.cli import coercion
 from echo_et.cli.common import OneLineErrors
 from echo_et.cli.helptext import EchoGroup, polish
 
@@ -28,6 +29,7 @@ def _new_app() -> typer.Typer:
     )
 
 
+coercion.install()   # plain parameter values without pydantic (start-up speed)
 app = _new_app()
 
 # Each module defines register(app). Keep one line per module.

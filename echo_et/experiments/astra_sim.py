@@ -199,7 +199,7 @@ def _sample_type(ctype: int, all_to_all: str) -> int:
 def _merged_collectives(job: Job, plan: ExportPlan) -> dict[tuple[int, int], list[int]]:
     """(group id, seq) of each exported collective that other collectives of its group were
     merged into (they ran concurrently) -> the seqs merged into it."""
-    heads = {gid: [pn for pn in gp.nodes if pn.merged] for gid, gp in plan.plans.items()}
+    heads = {gid: [pn for pn in gp.nodes if pn.merged] if gp.any_merged else [] for gid, gp in plan.plans.items()}
     if not any(heads.values()):
         return {}
     out: dict[tuple[int, int], list[int]] = {}
@@ -240,8 +240,8 @@ def _model_samples(job: Job, model: Any, net: Network, splits: int, all_to_all: 
     for r in job.ranks():
         b = job.binding(r)
         if b.graph not in comm_of:
-            comm_of[b.graph] = [n for n in job.graph(b.graph).nodes
-                                if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND)]
+            # streamed: only the communication nodes are held, the graph is not expanded
+            comm_of[b.graph] = list(job.graph(b.graph).iter_nodes((pb.KIND_COLLECTIVE, pb.KIND_SEND)))
         for n in comm_of[b.graph]:
             if n.kind == pb.KIND_COLLECTIVE:
                 c = n.collective
@@ -300,12 +300,20 @@ def _measured_samples(job: Job, rec: _Recorder, splits: int, all_to_all: str = "
 def _placeholder_keys(job: Job) -> set[tuple[str, int]]:
     """(kind, group id) of communication traced without a measured time."""
     out: set[tuple[str, int]] = set()
+    keys_of: dict[str, set[tuple[str, str]]] = {}
     for r in job.ranks():
         b = job.binding(r)
-        for n in job.graph(b.graph).nodes:
-            if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV) and n.attrs.get("timing") == "placeholder":
-                key = n.collective.group if n.kind == pb.KIND_COLLECTIVE else n.p2p.group
-                out.add(("c" if n.kind == pb.KIND_COLLECTIVE else "p", b.groups[key]))
+        keys = keys_of.get(b.graph)
+        if keys is None:
+            # The stored nodes suffice: a repeat block's copy has its body node's kind, group
+            # and attributes.
+            keys = keys_of[b.graph] = {
+                ("c" if n.kind == pb.KIND_COLLECTIVE else "p",
+                 n.collective.group if n.kind == pb.KIND_COLLECTIVE else n.p2p.group)
+                for n in job.graph(b.graph).stored_nodes
+                if n.kind in (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
+                and n.attrs.get("timing") == "placeholder"}
+        out.update((kind, b.groups[key]) for kind, key in keys)
     return out
 
 

@@ -19,10 +19,20 @@ for flat graphs stays right, paying the expansion's memory.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Container, Iterable, Iterator
 
 from echo_et.errors import EchoError
-from echo_et.ir.repeats import MAX_EXPANDED_NODES, Body, bodies, expand_into, expanded_count, iter_expanded
+from echo_et.ir.repeats import (
+    MAX_EXPANDED_NODES,
+    Body,
+    ExpandedIds,
+    bodies,
+    deps_point_back,
+    expand_into,
+    expanded_count,
+    iter_expanded,
+    starts_uniform,
+)
 from echo_et.ir.schema import SCHEMA_VERSION, pb
 
 
@@ -79,6 +89,23 @@ class Graph:
                 return iter(self._nodes)
             return (n for n in self._nodes if n.kind in kinds)
         return iter_expanded(self.header, self._nodes, kinds, self.bodies())
+
+    def expanded_ids(self) -> Container[int]:
+        """The expanded graph's node ids, for membership tests: a set of a flat graph's ids;
+        with repeat blocks, the stored ids and one span per instance (no id per copy)."""
+        if not self.header.repeats:
+            return {n.id for n in self._nodes}
+        return ExpandedIds(self.header, self._nodes, self.bodies())
+
+    def starts_uniform(self) -> bool:
+        """Whether every node of the expanded graph starts at the same time (untimed)."""
+        return starts_uniform(self.header, self._nodes, self.bodies() if self.header.repeats else None)
+
+    def deps_point_back(self) -> bool:
+        """Whether every dependency of the expanded graph names a smaller id than its node's
+        (or the node itself): the id order is then a topological order. Found without
+        expanding."""
+        return deps_point_back(self.header, self._nodes, self.bodies() if self.header.repeats else None)
 
     def expand(self) -> None:
         """Replace the repeat blocks by the nodes they stand for (refused, one line, past

@@ -350,3 +350,60 @@ def repeat_problems(header: pb.GraphHeader, stored: Sequence[pb.Node], known: li
                 if len(problems) > 50:
                     return problems
     return problems
+
+
+class ExpandedIds:
+    """Membership in the expanded graph's ids without expanding it: the stored ids, and each
+    copy's span with its body's ids shifted. Holds the stored ids and one entry per
+    instance, never an id per copy."""
+
+    __slots__ = ("_stored", "_starts", "_spans")
+
+    def __init__(self, header: pb.GraphHeader, stored: Iterable[pb.Node], known: list[Body] | None = None):
+        stored = list(stored) if not isinstance(stored, Sequence) else stored
+        self._stored = {n.id for n in stored}
+        blocks = known if known is not None else (bodies(header, stored) if header.repeats else [])
+        spans: list[tuple[int, int, int, frozenset[int]]] = []
+        for body in blocks:
+            ids = frozenset(n.id for n in body.nodes)
+            for inst in body.block.instances:
+                off = int(inst.id_offset)
+                spans.append((body.first + off, body.last + off, off, ids))
+        spans.sort(key=lambda s: s[0])
+        self._starts = [s[0] for s in spans]
+        self._spans = spans
+
+    def __contains__(self, node_id: object) -> bool:
+        if node_id in self._stored:
+            return True
+        if not isinstance(node_id, int) or not self._spans:
+            return False
+        j = bisect.bisect_right(self._starts, node_id) - 1
+        if j < 0:
+            return False
+        lo, hi, off, ids = self._spans[j]
+        return node_id <= hi and node_id - off in ids
+
+
+def starts_uniform(header: pb.GraphHeader, stored: Sequence[pb.Node], known: list[Body] | None = None) -> bool:
+    """Whether every node of the expansion starts at the same time (an untimed graph), found
+    from the stored starts and the instances' time offsets."""
+    starts = {n.start_ns for n in stored}
+    if len(starts) > 1:
+        return False
+    if not header.repeats:
+        return True
+    blocks = known if known is not None else bodies(header, stored)
+    return not any(inst.time_offset_ns for b in blocks if b.nodes for inst in b.block.instances)
+
+
+def deps_point_back(header: pb.GraphHeader, stored: Sequence[pb.Node], known: list[Body] | None = None) -> bool:
+    """Whether every dependency of the expansion names a smaller id than its node's (or the
+    node itself), found from the stored nodes and the instances' own dependencies: a copy's
+    dependencies inside its body are shifted with it, the others are the instance's."""
+    if not all(d.id <= n.id for n in stored for d in n.deps):
+        return False
+    if not header.repeats:
+        return True
+    blocks = known if known is not None else bodies(header, stored)
+    return all(d.id <= d.node + inst.id_offset for b in blocks for inst in b.block.instances for d in inst.deps)

@@ -126,7 +126,8 @@ def parse_layout(text: str) -> dict[str, Any]:
 def graph_traffic(graph) -> dict[str, GroupTraffic]:
     """Traffic per graph-local group key."""
     out: dict[str, GroupTraffic] = defaultdict(GroupTraffic)
-    for n in graph.nodes:
+    # streamed, communication nodes only: a graph with repeat blocks is not expanded
+    for n in graph.iter_nodes((pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)):
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
             t = out[n.collective.group]
             t.collectives[n.collective.type] += 1

@@ -224,6 +224,20 @@ def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: in
                 raise EchoError(f"graph {g.id}: group {k!r} of size {size} does not divide into "
                                 f"{old_dp} replicas")
             g.header.group_sizes[k] = size // old_dp * new_dp
+    if g.has_repeats and not zero:
+        # Only collectives change, and a repeat block's copy has its body node's collective
+        # (bytes, group, type; its seq is shifted, not resized): the stored nodes are resized
+        # and the blocks kept. ZeRO also rescales optimizer time and moves later nodes, which
+        # is worked out on the expanded graph below.
+        copies = {n.id: len(b.block.instances) for b in g.bodies() for n in b.nodes}
+        for n in g.stored_nodes:
+            if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group in growing:
+                raise EchoError(f"graph {g.id} node {n.id} ({n.name}): send/recv on group {n.p2p.group!r}, "
+                                "which spans data parallelism; its peers cannot be re-derived")
+            if n.kind == pb.KIND_COLLECTIVE and n.collective.group in growing:
+                if _resize(n.collective, old_dp, new_dp, zero, a2a):
+                    report.resized_collectives += 1 + copies.get(n.id, 0)
+        return g
     has_kernels = any(n.kind == pb.KIND_COMPUTE for n in g.nodes)
     parents = {d.id for n in g.nodes for d in n.deps if d.kind == pb.DEP_CONTROL}
     # Host ops that issue communication are call overhead, not optimizer math.
