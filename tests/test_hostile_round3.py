@@ -241,7 +241,10 @@ def test_select_of_a_billion_ranks_is_refused_before_the_list_is_built(tmp_path)
 
 TRACE_BOUNDS = [
     (["--layers", "1000000"], ["at least 200,000,000 nodes", "the limit is 1,048,576 nodes"]),
-    (["--warmup", "1000000000"], ["--warmup: 1,000,000,000 steps", "the limit is 1,000"]),
+    (["--warmup", "1000000000"], ["--warmup: 1,000,000,000 steps", "the limit is 100"]),
+    # campaign seed 2026, case 2768: 1,000 meta warm-up steps ran for minutes (0.14 s of CPU each)
+    (["--warmup", "1_000"], ["--warmup: 1,000 steps", "the limit is 100"]),
+    (["--steps", "101"], ["--steps: 101 steps", "the limit is 100"]),
     (["--steps", "5000"], ["--steps: 5,000 steps"]),
     (["--seq", "1000000000"], ["tracing needs at least 48.0 GB of host memory", "tokens 48.0 GB",
                                "this machine has"]),
@@ -321,25 +324,59 @@ def test_a_closed_pipe_on_stdout_ends_quietly():
     assert p.returncode == 141 and p.stderr == ""
 
 
-# -- a Job check accepts whose simulated step leaves the IR's time range ------------------------------------
-def test_a_step_beyond_2_62_ns_is_one_line_from_simulate(tmp_path):
-    """Each node fits (start + duration <= 2^62 ns, check accepts the Job), but run one after
-    the other they pass int64: simulate says so in one line rather than overflowing."""
-    jb = JobBuilder("long", 1)
+# -- a Job whose replayed step leaves the IR's time range: check is the authority ---------------------------
+def long_job(durations: list[int], offsets: tuple[int, int] = (0, 0)):
+    """Two ranks sharing a graph of compute kernels run one after the other."""
+    jb = JobBuilder("long", 2)
     b = GraphBuilder("g")
     gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
-    k = b.compute("k1", gpu, duration_ns=(1 << 62) - 1).id
-    k = b.compute("k2", gpu, duration_ns=(1 << 62) - 1, deps=[k]).id
-    b.compute("k3", gpu, duration_ns=(1 << 62) - 1, deps=[k])
+    k = None
+    for i, d in enumerate(durations):
+        k = b.compute(f"k{i}", gpu, duration_ns=d, deps=[k] if k is not None else []).id
     jb.add_graph(b.build())
-    jb.bind(0, "g", {})
-    save_job(jb.build(), tmp_path / "job")
+    for r in range(2):
+        jb.bind(r, "g", {}, clock_offset_ns=offsets[r])
+    return jb.build()
+
+
+def test_a_step_beyond_2_62_ns_is_refused_by_check_and_every_verb(tmp_path):
+    """Each node fits (start + duration <= 2^62 ns), but run one after the other they pass
+    the IR's range: check's step-bound rule refuses the Job, so every verb does, in one line
+    (before, check accepted it and simulate alone refused it)."""
+    save_job(long_job([(1 << 62) - 1] * 3), tmp_path / "job")
+    code, out, _ = cli("check", tmp_path / "job", "--json")
+    assert code == 1 and any("[step-bound]" in e for e in json.loads(out)["errors"]), out
+    for cmd in JOB_VERBS:
+        refused(*_args(cmd, tmp_path / "job", tmp_path), match="[step-bound]")
+    refused("simulate", tmp_path / "job", "--mode", "predict", "--preset", "a100-ib", match="[step-bound]")
+
+
+@pytest.mark.parametrize("durations,offsets,ok", [
+    # every kernel starts at 0 as stored: span = one duration; bound = 3 durations + 1 stream x span
+    ([1 << 60] * 3, (0, 0), True),              # 4 x 2^60 = 2^62: at the bound
+    ([1 << 59] * 3, (0, 1 << 60), True),        # 2^61 + a start spread of 2^60
+    ([1 << 60] * 3, (0, 1), False),             # 2^62 + 1
+    ([1 << 61] * 2, (0, 0), False),             # 3 x 2^61
+])
+def test_step_bound_sums_durations_gaps_and_start_spread(tmp_path, durations, offsets, ok):
+    save_job(long_job(durations, offsets), tmp_path / "job")
+    issues = [i for i in check_job(load_job(tmp_path / "job")) if i.rule == "step-bound"]
+    assert (issues == []) == ok, issues
+    code, _, err = cli("simulate", tmp_path / "job")
+    assert code == (0 if ok else 2), err
+
+
+def test_a_step_priced_past_2_62_ns_is_one_line_from_simulate(tmp_path):
+    """A Job check accepts, priced by the slowest link the options allow (1 bit/s): the
+    prediction leaves the IR's range, one line naming it (the options' doing, not the Job's)."""
+    job = small_job()
+    g = job.graph("g").copy()
+    g.nodes[1].collective.in_bytes = 1 << 50    # a PiB: 2^53 bits, 2^53 s at 1 bit/s
+    job.add_graph(g)
+    save_job(job, tmp_path / "job")
     assert check_job(load_job(tmp_path / "job")) == []
-    for extra in ([], ["--mode", "predict", "--preset", "a100-ib"]):
-        refused("simulate", tmp_path / "job", *extra, match="the simulated step runs past 4611686018427387904 ns")
-    for cmd in (["export", "chrome"], ["export", "graphml"]):
-        code, _, err = cli(*cmd, tmp_path / "job", "-o", tmp_path / f"{cmd[1]}.json")
-        assert code == 0, err
+    refused("simulate", tmp_path / "job", "--mode", "predict", "--preset", "a100-ib", "--intra-bw", "1b/s",
+            "--inter-bw", "1b/s", "--gpus-per-node", "1", match="exceeds 4611686018427387904 ns")
 
 
 @pytest.mark.parametrize("args,shown", [
@@ -403,3 +440,206 @@ def test_a_profile_nested_a_hundred_thousand_deep_is_one_line(tmp_path):
     p = tmp_path / "prof.json"
     p.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     refused("simulate", JOB, "--mode", "predict", "--profile", p, match="nested too deeply")
+
+
+# -- --gpus-per-node that leaves a node partly filled: one meaning in every verb ---------------------------
+DDP4 = FIXTURES / "jobs" / "ddp-dp4"
+GPN_VERBS = [
+    ["simulate", DDP4], ["simulate", DDP4, "--mode", "predict", "--preset", "a100-ib"],
+    ["validate", DDP4, "--preset", "a100-ib"], ["scale", DDP4, "--dp", "4", "-o", "{tmp}/s"],
+    ["export", "astra-sim", DDP4, "--no-expected", "-o", "{tmp}/as"],
+    ["convert", FIXTURES / "traces" / "ddp_gloo4", "-o", "{tmp}/c"],
+    ["estimate", "all_reduce", "--bytes", "1MB", "--ranks", "4"],
+    ["trace", "--device", "meta", "--dp", "4", "-o", "{tmp}/t"],
+    ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "4",
+     "--dp", "4", "-o", "{tmp}/p"],
+]
+
+
+@pytest.mark.parametrize("cmd", GPN_VERBS, ids=lambda c: "-".join(str(a) for a in c[:2] if "/" not in str(a)))
+def test_gpus_per_node_leaving_a_node_partly_filled_is_refused_by_every_verb(tmp_path, cmd):
+    """4 ranks on nodes of 3 GPUs (one full node and one of 1): refused in one line naming the
+    option, before any work (simulate, validate, estimate and convert used to take it)."""
+    args = [str(a).format(tmp=tmp_path) for a in cmd]
+    refused(*args, "--gpus-per-node", "3", match="--gpus-per-node: world size 4 is not a multiple of 3 GPUs "
+            "per node (nodes would be partly filled: 1 full and one of 1)")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("gpn", ["2", "4", "8"])
+def test_gpus_per_node_filling_whole_nodes_or_one_is_accepted(tmp_path, gpn):
+    """4 ranks on 2 nodes of 2, one node of 4, or part of one node of 8."""
+    for cmd in GPN_VERBS[:5] + GPN_VERBS[6:7]:
+        args = [str(a).format(tmp=tmp_path / gpn) for a in cmd]
+        code, _, err = cli(*args, "--gpus-per-node", gpn)
+        assert code == 0, (cmd, err)
+
+
+# -- exports estimated before a byte is written -------------------------------------------------------------
+def repeated_job(world: int = 8, instances: int = 2000):
+    """``world`` ranks sharing one graph: a collective and 4 kernels, two of which repeat
+    ``instances`` times (a few KB stored, ``world x (5 + 2 x instances)`` nodes written)."""
+    jb = JobBuilder("rep", world)
+    gid = jb.group(range(world), name="0")
+    b = GraphBuilder("g")
+    gpu = b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0)
+    comm = b.stream(pb.STREAM_GPU_COMM, "comm", device=0)
+    b.declare_group("w", world)
+    k = [b.compute(f"k{i}", gpu, start_ns=100 * i, duration_ns=50).id for i in range(4)]
+    b.collective("ar", comm, coll_type=pb.COLL_ALL_REDUCE, group="w", in_bytes=4096, deps=[k[3]],
+                 start_ns=500, duration_ns=50)
+    g = b.build()
+    block = g.header.repeats.add(id=1, name="body", first_node=k[1], last_node=k[2])
+    for i in range(instances):
+        block.instances.add(id_offset=1000 + 2 * i, time_offset_ns=1000 * (i + 1))
+    jb.add_graph(g)
+    for r in range(world):
+        jb.bind(r, "g", {"w": gid})
+    return jb.build()
+
+
+def test_the_output_estimate_counts_ranks_and_repeat_copies_without_expanding():
+    from echo_et.ir.budget import estimate_output
+
+    job = repeated_job()
+    assert check_job(job) == []
+    assert estimate_output(job, "chakra").nodes == 8 * (5 + 2 * 2000)
+    assert estimate_output(job, "chrome", [0, 3, 99]).nodes == 2 * (5 + 2 * 2000)
+    assert estimate_output(job, "graphml", per_rank=False).nodes == 5 + 2 * 2000
+    assert estimate_output(job, "astra-sim").nodes == 8            # one collective per rank
+    assert len(job.graph("g").stored_nodes) == 5                 # nothing was expanded
+
+
+EXPORTS = [["export", "chakra", "{job}", "-o", "{tmp}/ch/t"], ["export", "chrome", "{job}", "-o", "{tmp}/c"],
+           ["export", "chrome", "{job}", "-o", "{tmp}/c.json"], ["export", "graphml", "{job}", "-o", "{tmp}/g.graphml"],
+           ["export", "astra-sim", "{job}", "--no-expected", "-o", "{tmp}/as"],
+           ["simulate", "{job}", "--timeline", "{tmp}/tl"]]
+
+
+@pytest.mark.parametrize("cmd", EXPORTS, ids=lambda c: "-".join(c[:2]) + c[-1][-4:])
+def test_an_export_beyond_max_output_is_refused_before_writing(tmp_path, cmd):
+    save_job(repeated_job(), tmp_path / "job")
+    (tmp_path / "ch").mkdir()
+    args = [a.format(job=tmp_path / "job", tmp=tmp_path) for a in cmd]
+    limit = "100B" if cmd[1] == "astra-sim" else "50KB"   # 8 collectives x 20 B; 32,040 nodes x 80+ B
+    shown = "100 bytes" if cmd[1] == "astra-sim" else "50,000 bytes"
+    refused(*args, "--max-output", limit, match=f"the limit is {shown} (--max-output SIZE raises it)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ch", "job"] and not any((tmp_path / "ch").iterdir())
+    code, _, err = cli(*args, "--max-output", "1GB")
+    assert code == 0, err
+
+
+def test_exports_are_bounded_by_default(tmp_path, monkeypatch):
+    """Without --max-output the default limit applies (64 GB, here lowered to keep the test small)."""
+    from echo_et.ir import budget
+
+    save_job(repeated_job(), tmp_path / "job")
+    monkeypatch.setattr(budget, "DEFAULT_MAX_OUTPUT_BYTES", 10**6)
+    refused("export", "chrome", tmp_path / "job", "-o", tmp_path / "c",
+            match="export chrome would write at least 6.4 MB (32,040 nodes over 8 ranks, >= 200 bytes each); "
+                  "the limit is 1.0 MB")
+    assert not (tmp_path / "c").exists()
+
+
+# -- a user's script: bounded before it runs (the layout) and as it records ---------------------------------
+USER_DDP = FIXTURES / "jobs" / "user_ddp.py"
+ENDLESS = '''
+import torch
+
+
+def build(ctx):
+    x = torch.zeros(4, device=ctx.device)
+
+    def step():
+        y = x
+        for _ in range(10 ** 9):      # never ends on its own
+            y = y + 1
+    return step
+'''
+
+
+def test_trace_of_a_script_on_an_absurd_layout_is_refused_before_it_runs(tmp_path, monkeypatch):
+    import echo_et.trace.tracer as tracer
+
+    monkeypatch.setattr(tracer, "trace", lambda *a, **k: pytest.fail("traced an absurd layout"))
+    refused("trace", "--script", f"{USER_DDP}:build", "--dp", "262144", "--verify", "all", "--device", "meta",
+            "-o", tmp_path / "t", match="--verify all: tracing runs the model at least 524,288 times "
+            "(262,144 ranks x 2 steps); the limit is 65,536")
+    refused("trace", "--script", f"{USER_DDP}:build", "--dp", "40000", "--verify", "all", "--warmup", "0",
+            "--steps", "2", "-o", tmp_path / "t", match="80,000 times (40,000 ranks x 2 steps)")
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_script_that_records_without_end_stops_at_the_node_limit(tmp_path, monkeypatch):
+    import echo_et.trace.direct as direct
+
+    (tmp_path / "endless.py").write_text(ENDLESS)
+    monkeypatch.setattr(direct, "MAX_GRAPH_NODES", 20_000)
+    refused("trace", "--script", f"{tmp_path / 'endless.py'}:build", "--device", "meta", "--jobs", "1",
+            "-o", tmp_path / "t", match=["rank 0", "the step recorded more than 20,000 operators, the limit of "
+                                         "nodes per graph"])
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_script_whose_recording_passes_the_memory_budget_stops(tmp_path, monkeypatch):
+    import echo_et.trace.direct as direct
+
+    (tmp_path / "endless.py").write_text(ENDLESS)
+    monkeypatch.setattr(direct, "total_memory", lambda: 10 ** 6)
+    refused("trace", "--script", f"{tmp_path / 'endless.py'}:build", "--device", "meta", "--jobs", "1",
+            "-o", tmp_path / "t", match=["recording the step took", "of memory after 16,384 operators; the limit "
+                                         "is 0.9 MB (9/10 of this machine's memory)"])
+
+
+def test_a_profile_beyond_the_node_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """On cpu/cuda the step runs under torch.profiler: its exported profile is measured
+    before the reader loads it (here the bytes-per-event bound is lowered to trip it)."""
+    import echo_et.trace.session as session
+    from echo_et.converters import kineto
+
+    monkeypatch.setattr(session, "MAX_PROFILE_BYTES_PER_EVENT", 0)
+    monkeypatch.setattr(kineto, "read", lambda *a, **k: pytest.fail("read the profile"), raising=False)
+    refused("trace", "--script", f"{USER_DDP}:build", "--device", "cpu", "--jobs", "1", "-o", tmp_path / "t",
+            match=["the profile of the measured step is", "more than 1,048,576 events"])
+
+
+# -- a CC profile re-typed (campaign seed 2026, case 1194: hardware = 5 was an AttributeError) ---------------
+PRESET = Path(__file__).resolve().parents[1] / "echo_et" / "models" / "comm" / "presets" / "a100-ib.json"
+
+
+@pytest.mark.parametrize("path,value,shown", [
+    (["hardware"], 5, "hardware must be an object, got 5"),
+    (["gpu_match"], {"a": 1}, "gpu_match must be a list"),
+    (["fit"], [], "fit must be an object, got []"),
+    (["calibrated"], "yes", "calibrated must be true or false"),
+    (["nccl", "node", "nvls"], {"rank": 0}, "NCCL node fact nvls = {'rank': 0} is not true or false"),
+    (["nccl", "node", "nic_bw"], "25", "NCCL node fact nic_bw = 25 is not a number"),
+    (["nccl", "node", "nics_per_node"], 1e30, "NCCL node fact nics_per_node = 1e+30 is not a number"),
+    (["nccl", "max_channels"], 2 ** 64, "nccl.max_channels = 18446744073709551616 is out of range (1..32)"),
+    (["params", "nvlink_gbps"], 5e-324, "parameter nvlink_gbps = 4.94066e-324 is out of range (1e-12 to 1e+15)"),
+    (["params", "host_launch_us"], 1e300, "parameter host_launch_us = 1e+300 is out of range"),
+])
+def test_a_comm_profile_of_the_wrong_types_or_magnitudes_is_one_line(tmp_path, path, value, shown):
+    doc = json.loads(PRESET.read_text())
+    node = doc
+    for k in path[:-1]:
+        node = node.setdefault(k, {})
+    node[path[-1]] = value
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    refused("estimate", "all_reduce", "--bytes", "1MB", "--ranks", "8", "--profile", tmp_path / "p.json",
+            match=shown)
+
+
+# -- a warning before an error is two lines (campaign seed 2026 after the fixes, cases 18, 471, 494) -----------
+def test_a_truncated_log_refused_later_prints_its_error_alone(tmp_path, shared_data):
+    """A truncated nccl-tests log (a warning naming its missing sizes when it is fitted) beside
+    a log of another node type (refused): the error line comes alone, the warning only when
+    the fit goes ahead."""
+    h100 = (shared_data / "nccl-tests" / "h100-c01" / "1n8g-all_gather.log").read_bytes()
+    cut = tmp_path / "h100.log"
+    cut.write_bytes(h100[:2479])
+    a100 = shared_data / "nccl-tests" / "echo-a100" / "nccl_8.log"
+    refused("calibrate", "nccl-tests", cut, a100, "--gpus-per-node", "8", "-o", tmp_path / "p.json",
+            match="the logs name GPUs of different node types")
+    code, _, err = cli("calibrate", "nccl-tests", cut, "--gpus-per-node", "8", "-o", tmp_path / "p.json")
+    assert code == 0 and err.startswith("warning: h100.log:") and "are missing (a truncated log?)" in err, err

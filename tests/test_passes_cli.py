@@ -113,7 +113,7 @@ def test_library_option_errors_come_out_with_the_flag(tmp_path) -> None:
     line = one_line_error(run("scale", tmp_path / "job", "--dp", "3", "--gpus-per-node", "8",
                               "-o", tmp_path / "out"))
     assert line == ("error: --gpus-per-node: world size 12 is not a multiple of 8 GPUs per node "
-                    "(nodes would be partly filled)")
+                    "(nodes would be partly filled: 1 full and one of 4); give a G that divides 12, or one >= 12")
     assert one_line_error(run("scale", tmp_path / "job", "--dp", "4", "--a2a", "x", "-o", tmp_path / "out")
                           ).startswith("error: --a2a: unknown all-to-all policy 'x'")
     assert one_line_error(run("layout", tmp_path / "job", "--layout", "dp=x")

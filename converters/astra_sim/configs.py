@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError, OptionError
+from echo_et.ir.limits import check_node_fill
 from echo_et.ir.units import check_gbps, check_latency_ns
 
 TOPOLOGIES = ("Ring", "FullyConnected", "Switch")
@@ -120,11 +121,7 @@ def network_for(world_size: int, hw_gpus_per_node: int, hw_intra: float, hw_inte
         bws = [intra if world_size <= gpn else inter]
         lats = [lat_intra if world_size <= gpn else lat_inter]
     else:
-        if world_size % gpn:
-            raise OptionError(
-                "gpus_per_node",
-                f"world size {world_size} is not a multiple of {gpn} GPUs per node (give the GPUs per node)",
-            )
+        check_node_fill(world_size, gpn)
         counts = [gpn, world_size // gpn]
         bws = [intra, inter]
         lats = [lat_intra, lat_inter]

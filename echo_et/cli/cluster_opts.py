@@ -19,7 +19,7 @@ def gpu_opt(what: str = "Target GPU") -> typer.models.OptionInfo:
 
 def gpus_per_node_opt() -> typer.models.OptionInfo:
     return typer.Option(None, "--gpus-per-node", metavar="N",
-                        help="GPUs per node (node of rank r = r // N).")
+                        help="GPUs per node (node of rank r = r // N; the ranks fill whole nodes, or fit in one).")
 
 
 def intra_bw_opt() -> typer.models.OptionInfo:

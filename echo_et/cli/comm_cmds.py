@@ -10,6 +10,7 @@ import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
 from echo_et.errors import EchoError
+from echo_et.ir.limits import check_node_fill
 
 calibrate_app = typer.Typer(
     help="Fit model parameters from measurements.",
@@ -38,20 +39,24 @@ def _model(profile: Path | None, preset: str | None):
 
 
 def _read_logs(logs: list[Path], collective: str | None):
-    """Every run of every log; a truncated table (sizes the header asks for that are not in
-    it) is used with a warning naming the missing sizes."""
+    """Every run of every log. A truncated table (sizes the header asks for that are not in
+    it) is used with a warning naming the missing sizes (:func:`_warn_truncated`), printed once
+    the command's first checks have passed, so that a refused command prints its error line
+    alone."""
     from echo_et.models.comm.calibrate import read_measurements
 
     if not logs:
         raise EchoError("no nccl-tests logs given")
-    runs = [run for log in logs for run in read_measurements(log, collective)]
+    return [run for log in logs for run in read_measurements(log, collective)]
+
+
+def _warn_truncated(runs) -> None:
     for run in runs:
         if run.missing_sizes:
             sizes = ", ".join(str(s) for s in run.missing_sizes)
             typer.echo(f"warning: {run.source}:{run.rows[-1].line}: the table ends at {run.rows[-1].size} B; "
                        f"sizes {sizes} asked for in its header are missing (a truncated log?); "
                        "fitted without them", err=True)
-    return runs
 
 
 _VERSION_HELP = "NCCL release whose choices to emulate: 2.7.5, 2.17.1, 2.20.3 or 2.28.3 (default: the model's)."
@@ -124,6 +129,7 @@ def estimate_cmd(
     byte_list = size_list_option(sizes, "bytes", lo=1)
     model = _with_max_channels(_with_version(_model(profile, preset), nccl_version), max_channels)
     gpn = gpus_per_node or model.gpus_per_node
+    check_node_fill(world or ranks, gpus_per_node)
     if collective in ("send", "recv"):
         if ranks < 2:
             raise EchoError(f"{collective} needs --ranks >= 2 (it runs from rank 0 to rank N-1)")
@@ -190,8 +196,13 @@ def calibrate_nccl_tests_cmd(
     _check_version(nccl_version, auto=True)
     _refuse_overwrite(output, logs)
     runs = _read_logs(logs, collective)
+
+    def progress(message: str) -> None:   # called once the runs and the preset are known good
+        _warn_truncated(runs)
+        typer.echo(message, err=True)
+
     prof, result = fit_runs(runs, gpus_per_node, preset=preset, name=name, nccl_version=nccl_version,
-                            progress=lambda m: typer.echo(m, err=True))
+                            progress=progress)
     write_profile(prof, output)
     _report_fit(output, prof.base_preset, result, as_json, prof.nccl.version)
 
@@ -450,6 +461,7 @@ def calibrate_evaluate_cmd(
         model = _with_version(_model(profile, preset), nccl_version)
         gpn = gpus_per_node or model.gpus_per_node
         reports = evaluate_runs(model.profile.params, runs, gpn, model.nccl, choice)
+        _warn_truncated(runs)
         if plot is not None:
             from echo_et.models.comm.plots import write_plots
 
@@ -477,6 +489,7 @@ def calibrate_evaluate_cmd(
         nccl_version = stated_release(runs)
     if hold_out == "auto":
         hold_out = "all" if len({r.collective for r in runs}) > 1 else "multi-node"
+    _warn_truncated(runs)
     typer.echo(f"fitting {len(runs)} run(s) and leaving each {'multi-node ' if hold_out == 'multi-node' else ''}"
                "one out in turn ...", err=True)
     held = None if hold_out == "multi-node" else list(range(len(runs)))

@@ -27,7 +27,7 @@ NoScatterGatherOpt = typer.Option(
     help="Send every activation and gradient between pipeline stages whole from each TP rank, instead of "
          "Megatron's default 1/tp slice per TP rank all-gathered in the receiving stage's TP group "
          "(Megatron's flag of the same name; docs/predict.md).")
-GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes)."
+GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes, or fit in one)."
 
 
 # Typer bundles its own click; its base error class is reached through a public subclass.
@@ -189,6 +189,40 @@ def load_job_arg(path: Path, fmt: str | None = None):
     from echo_et.converters import ReadOptions, read
 
     return read([path], fmt, ReadOptions())
+
+
+MAX_OUTPUT_HELP = ("Refuse, before writing, an output estimated above this size (default 64GB; never above "
+                   "the free space of the output's file system).")
+
+
+def check_output_budget(job, fmt: str, dest: Path | str, max_output: str | None, *, ranks=None,
+                        per_rank: bool = True, name: str = "") -> None:
+    """Refuse, before a byte is written, an export whose estimated size (nodes x ranks x a
+    lower bound per node, from the Job's graphs and repeat blocks) passes ``--max-output``
+    (default 64 GB) or the free space where it goes: one line with the estimate and the limit."""
+    import shutil
+
+    from echo_et.cli.unit_opts import size_option
+    from echo_et.ir.budget import DEFAULT_MAX_OUTPUT_BYTES, estimate_output
+    from echo_et.ir.limits import format_size
+
+    limit = size_option(max_output, "max_output", lo=1, hi=1 << 62)
+    limit = DEFAULT_MAX_OUTPUT_BYTES if limit is None else limit
+    est = estimate_output(job, fmt, ranks, per_rank=per_rank)
+    name = name or f"export {fmt}"
+    if est.bytes > limit:
+        raise EchoError(f"{dest}: {name} would write at least {format_size(est.bytes)} ({est.describe()}); the "
+                        f"limit is {format_size(limit)} (--max-output SIZE raises it)")
+    where = Path(dest).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return
+    if est.bytes > free:
+        raise EchoError(f"{dest}: {name} would write at least {format_size(est.bytes)} ({est.describe()}); "
+                        f"its file system has {format_size(free)} free")
 
 
 def check_output_path(flag: str, dest: Path | None, *, file_only: bool = False) -> None:

@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 
 from echo_et.cli.cluster_opts import BW_HELP, cluster_from_options, gpu_opt
-from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
+from echo_et.cli.common import (
+    MAX_OUTPUT_HELP,
+    JsonOpt,
+    check_output_budget,
+    check_output_path,
+    emit_json,
+    guarded,
+    load_job_arg,
+)
 from echo_et.errors import EchoError
 
 export_app = typer.Typer(help="Export a Job to another format.", no_args_is_help=True)
@@ -22,6 +30,7 @@ def register(app: typer.Typer) -> None:
 def export_chakra(
     job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
     output: str = typer.Option(..., "-o", "--output", help="Prefix: writes PREFIX.{rank}.et"),
+    max_output: str | None = typer.Option(None, "--max-output", metavar="SIZE", help=MAX_OUTPUT_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Plain Chakra ET, one file per rank (PREFIX.{rank}.et)."""
@@ -30,6 +39,7 @@ def export_chakra(
 
     job = load_job_arg(job_path)
     assert_valid(job)
+    check_output_budget(job, "chakra", output, max_output)
     result = chakra.write(job, output)
     if as_json:
         emit_json(result)
@@ -83,6 +93,7 @@ def export_astra_sim(
                                    "(its ring moves (N-1)/2 of the bytes where NCCL moves (N-1)/N)."),
     no_expected: bool = typer.Option(False, "--no-expected", help="Skip echo-et's replay of the job "
                                      "and of the export (no expected step; faster on huge jobs)."),
+    max_output: str | None = typer.Option(None, "--max-output", metavar="SIZE", help=MAX_OUTPUT_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """ASTRA-sim input folder: workload.{rank}.et per rank, network/system/memory/group
@@ -99,6 +110,7 @@ def export_astra_sim(
         raise EchoError("give --measured-network or a CC model (--profile/--preset/--gpu), not both")
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     job = load_job_arg(job_path)
+    check_output_budget(job, "astra-sim", output, max_output)
     gpn = job.manifest.hardware.gpus_per_node or DEFAULT_GPUS_PER_NODE
     model = None
     if cluster.gpu:
@@ -157,6 +169,7 @@ def export_chrome(
     output: Path = typer.Option(..., "-o", "--output", help="A folder of rank-R.json (HolisticTraceAnalysis, "
                                 "echo-et convert) or one .json / .json.gz file (Perfetto)."),
     rank: list[int] = typer.Option([], "--rank", help="Only these ranks (repeatable)."),
+    max_output: str | None = typer.Option(None, "--max-output", metavar="SIZE", help=MAX_OUTPUT_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """The measured timeline in Kineto's trace schema (what torch.profiler writes), for HTA and Perfetto."""
@@ -166,6 +179,7 @@ def export_chrome(
     check_output_path("--output", output)
     job = load_job_arg(job_path)
     assert_valid(job)
+    check_output_budget(job, "chrome", output, max_output, ranks=rank or None)
     result = chrome.write(job, output, rank or None)
     if as_json:
         emit_json(result)
@@ -181,6 +195,7 @@ def export_graphml(
     output: Path = typer.Option(..., "-o", "--output", help="GraphML file to write."),
     rank: int | None = typer.Option(None, "--rank", help="The graph of this rank, with its "
                                     "groups and peers resolved (default: every distinct graph)."),
+    max_output: str | None = typer.Option(None, "--max-output", metavar="SIZE", help=MAX_OUTPUT_HELP),
     as_json: bool = JsonOpt,
 ) -> None:
     """Dependency graph(s) as GraphML, for graph tools."""
@@ -189,6 +204,10 @@ def export_graphml(
 
     job = load_job_arg(job_path)
     assert_valid(job)
+    if rank is None:
+        check_output_budget(job, "graphml", output, max_output, per_rank=False)
+    else:
+        check_output_budget(job, "graphml", output, max_output, ranks=[rank])
     result = graphml.write(job, output, rank)
     if as_json:
         emit_json(result)

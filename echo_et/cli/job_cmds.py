@@ -31,6 +31,7 @@ def convert(
     from echo_et.converters import ReadOptions, read
     from echo_et.ir import check_job, save_job
     from echo_et.ir.io import check_job_output
+    from echo_et.ir.limits import check_node_fill
     from echo_et.ir.summary import summarize
 
     resolved = [p.resolve() for p in inputs]
@@ -40,6 +41,7 @@ def convert(
     opts = ReadOptions(rank=rank, step=step, host_et=list(host_et), world_size=world_size,
                        gpus_per_node=gpus_per_node)
     job = read(list(inputs), from_, opts)
+    check_node_fill(job.world_size, gpus_per_node)
     issues = check_job(job)
     if issues:
         fail(f"converted job fails check: {issues[0]}")

@@ -60,6 +60,7 @@ def predict_cmd(
     from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.experiments.predict_step import check_output, predict_config, write_prediction
+    from echo_et.ir.limits import check_node_fill
     from echo_et.workloads.gpt import DTYPES
 
     if dtype not in DTYPES:
@@ -69,6 +70,7 @@ def predict_cmd(
             raise EchoError(f"{p}: no such file")
     check_output(output)
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
+    check_node_fill(dp * tp * pp, gpus_per_node)
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,

@@ -16,9 +16,18 @@ from echo_et.cli.cluster_opts import (
     intra_bw_opt,
     nic_bw_opt,
 )
-from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded, load_job_arg
+from echo_et.cli.common import (
+    MAX_OUTPUT_HELP,
+    JsonOpt,
+    check_output_budget,
+    check_output_path,
+    emit_json,
+    guarded,
+    load_job_arg,
+)
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
+from echo_et.ir.limits import check_node_fill
 
 
 def register(app: typer.Typer) -> None:
@@ -215,6 +224,8 @@ def simulate_cmd(
                                           "convert) or one .json / .json.gz file (Perfetto)."),
     timeline_rank: list[int] = typer.Option([], "--timeline-rank", help="Only this rank in the timeline "
                                             "(repeatable; default: every rank)."),
+    max_output: str | None = typer.Option(None, "--max-output", metavar="SIZE", help="With --timeline: "
+                                          + MAX_OUTPUT_HELP[0].lower() + MAX_OUTPUT_HELP[1:]),
     plot: Path | None = typer.Option(None, "--plot", help="Draw each rank's step as compute / exposed "
                                      "comm / bubble / host idle into this PNG (matplotlib)."),
     no_symmetry: bool = typer.Option(False, "--no-symmetry", help="Simulate every rank, even equivalent ones."),
@@ -252,6 +263,12 @@ def simulate_cmd(
     if plot is not None:
         require_matplotlib()
     job = load_job_arg(job_path)
+    check_node_fill(job.world_size, gpus_per_node)
+    if timeline is not None:
+        check_output_budget(job, "chrome", timeline, max_output, ranks=timeline_rank or None,
+                            name="the simulated timeline")
+    elif max_output is not None:
+        raise EchoError("--max-output needs --timeline")
     # A timeline is written node by node: repeat blocks are then simulated expanded.
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start,
@@ -319,6 +336,7 @@ def validate_cmd(
         require_matplotlib()
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
     job = load_job_arg(job_path)
+    check_node_fill(job.world_size, gpus_per_node)
     comm = comm_model_for(job, profile, preset, cluster)
     slow = slowdown_model_for(slowdown, no_slowdown)
     _progress(f"validating {job.world_size} ranks...")

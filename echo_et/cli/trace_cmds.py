@@ -91,6 +91,7 @@ def trace(
     from echo_et.errors import EchoError
     from echo_et.ir import save_job
     from echo_et.ir.io import check_job_output
+    from echo_et.ir.limits import check_node_fill
     from echo_et.trace.layout import ParallelLayout
     from echo_et.trace.parallel import usable_cpus
     from echo_et.trace.tracer import TraceOptions
@@ -112,6 +113,8 @@ def trace(
     layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero)
     if world_size is not None:
         layout.check_world_size(world_size)
+    check_node_fill(layout.world_size, gpus_per_node)
+    _check_step_runs(layout, verify, warmup, steps, device)
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
         wl = Workload(script=script)
@@ -165,6 +168,26 @@ def trace(
     else:
         typer.echo(f"wrote {output}: {summary['world_size']} ranks, {summary['graphs']} distinct "
                    f"graphs from {summary['traced_ranks']} traced ranks in {summary['wall_s']:.1f} s")
+
+
+def _check_step_runs(layout, verify: str, warmup: int, steps: int, device: str) -> None:
+    """Refuse, before anything runs, a trace that must run the model more often than
+    MAX_TRACED_STEP_RUNS: the ranks --verify traces at least (every rank with all; the first
+    of each stage with stage; both ends of each stage with sample, more only when they
+    disagree) x the steps each runs. A user's script is not estimated otherwise (its size is
+    unknown before it runs; the recording is bounded as it runs, see docs/formats.md)."""
+    from echo_et.errors import EchoError
+    from echo_et.ir.limits import MAX_TRACE_STEPS, MAX_TRACED_STEP_RUNS
+
+    if warmup > MAX_TRACE_STEPS or steps > MAX_TRACE_STEPS:
+        return  # the tracer's own bound names the option
+    per_stage = layout.world_size // layout.pp
+    ranks = {"all": layout.world_size, "stage": layout.pp}.get(verify, layout.pp * min(2, per_stage))
+    runs = ranks * (warmup + (1 if device == "meta" else steps))
+    if runs > MAX_TRACED_STEP_RUNS:
+        raise EchoError(f"--verify {verify}: tracing runs the model at least {runs:,} times ({ranks:,} ranks x "
+                        f"{runs // ranks} steps); the limit is {MAX_TRACED_STEP_RUNS:,} (use --verify sample, or "
+                        "fewer --warmup/--steps)")
 
 
 def _default_name(wl, layout) -> str:

@@ -14,6 +14,7 @@ manifest entry). The groups, from the smallest thing up:
   check_bindings             the rank -> graph bindings and the groups they resolve to
   check_collective_sequences every member of a group issues the same collectives on it
   check_p2p                  every send has its recv
+  check_step_bound           a replayed step cannot leave the IR's time range
   check_job                  all of it; graph signatures are computed once per distinct
                              graph, so cost grows with distinct graphs, not world size
 
@@ -80,6 +81,9 @@ RULES: dict[str, str] = {
     "collective-sequence": "every member of a group issues the same collective sequence on it (type and "
                            "order always; bytes for all-reduce, all-gather, reduce-scatter, broadcast)",
     "p2p-match": "every send has one recv on its peer with the same bytes, in order; peers are in the group",
+    "step-bound": f"a replayed step fits the IR's time range: the spread of the ranks' start times plus, for "
+                  f"every distinct bound graph, the sum of its node durations and its streams x its measured "
+                  f"span, is within {MAX_NS} ns (2**62)",
 }
 
 # What payload each node kind may carry (None: no payload).
@@ -746,7 +750,63 @@ def check_job(job: Job, *, limit: int = 100) -> list[Issue]:
     check_collective_sequences(job, members, sigs, out)
     if not out.full:
         check_p2p(job, sigs, out)
+    if not out.issues:  # the bound reads times the node rules have proven in range
+        check_step_bound(job, out)
     return out.issues
+
+
+def graph_time_bound(graph: Graph) -> tuple[int, int]:
+    """(earliest measured start, an upper bound on the time a replay spends in ``graph``):
+    the sum of its node durations (a repeat block's body once per copy, and once itself) plus
+    its streams x its measured span. Replay runs a node for at most its measured duration (a
+    meeting: its end minus the latest member's start), and the measured gap it keeps before
+    a node lies between the measured end of an earlier node of its stream and its start:
+    those gaps are disjoint stretches of the span, at most one span per stream."""
+    stored = graph.stored_nodes
+    if not len(stored):
+        return 0, 0
+    lo, hi, total = stored[0].start_ns, 0, 0
+    streams = set()
+    for n in stored:   # one pass, each field read once: this runs on every node check reads
+        s, d = n.start_ns, n.duration_ns
+        total += d
+        if s < lo:
+            lo = s
+        if s + d > hi:
+            hi = s + d
+        streams.add(n.stream)
+    if graph.has_repeats:
+        for body in graph.bodies():
+            if not body.nodes:
+                continue
+            offsets = [inst.time_offset_ns for inst in body.block.instances]
+            total += sum(n.duration_ns for n in body.nodes) * len(offsets)
+            if offsets:
+                lo = min(lo, min(n.start_ns for n in body.nodes) + min(offsets))
+                hi = max(hi, max(n.start_ns + n.duration_ns for n in body.nodes) + max(offsets))
+    return lo, total + len(streams) * max(0, hi - lo)
+
+
+def check_step_bound(job: Job, out: IssueCollector) -> None:
+    """step-bound: a replayed step fits MAX_NS, so that ``simulate`` (replay) never runs past
+    the IR's time range on a Job ``check`` accepts. A critical path of the replay visits each
+    node of a distinct graph at most once (members of a meeting run the same node), so it is
+    at most the ranks' start spread plus the sum of the distinct graphs' bounds."""
+    bounds: dict[str, tuple[int, int]] = {}
+    starts = []
+    for b in job.manifest.bindings:
+        if b.graph not in bounds:
+            bounds[b.graph] = graph_time_bound(job.graph(b.graph))
+        starts.append(bounds[b.graph][0] + b.clock_offset_ns)
+    if not starts:
+        return
+    spread = max(starts) - min(starts)
+    work = sum(w for _, w in bounds.values())
+    if spread + work > MAX_NS:
+        worst = max(bounds, key=lambda g: bounds[g][1])
+        out.add("step-bound", f"a replayed step may run to {spread + work} ns, past {MAX_NS} ns (2**62): the "
+                f"ranks' starts spread over {spread} ns and the graphs' durations and gaps add up to {work} ns "
+                f"(graph {worst}: {bounds[worst][1]} ns)", _where_manifest(job))
 
 
 def _coll_sig(nodes: list[pb.Node]) -> tuple:

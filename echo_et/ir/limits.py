@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 
 INT64_MAX = (1 << 63) - 1
 # Times in ns: a start of 2**62 ns is the year 2116 on an epoch clock; start + duration and
@@ -36,7 +36,8 @@ MAX_WORLD_SIZE = 1 << 18
 MAX_GPUS_PER_NODE = 1024        # NVL576 racks count as one node
 MAX_MICROBATCHES = 4096
 MAX_PIPELINE_STAGES = 4096
-MAX_TRACE_STEPS = 1000         # warm-up and measured steps of one traced rank (each runs the model)
+MAX_TRACE_STEPS = 100          # warm-up and measured steps of one traced rank (each runs the model)
+MAX_TRACED_STEP_RUNS = 1 << 16  # steps a trace runs the model for: traced ranks x (warm-up + measured steps)
 MAX_SWEEP_ROWS = 10_000        # layouts or configurations of one sweep (each a Job and a simulation)
 MAX_GRAPH_NODES = 1 << 20       # nodes a pass may build into one graph (1-2 GB in memory, minutes)
 MAX_GROUPS = 1 << 22            # process groups of one job (2 per rank and axis at 100K ranks)
@@ -111,8 +112,22 @@ def ns_of(value: Any, field: str, *, scale: float = 1.0, where: str = "", allow_
     return ns
 
 
+def check_node_fill(world: int, gpus_per_node: int | None) -> None:
+    """What GPUs per node ``G`` means for ``world`` ranks, the same in every verb: node of rank
+    r is r // G, and the ranks fill whole nodes (G divides the world size) or fit in one node
+    (world size <= G, a job on part of a node). A last node partly filled is refused: the
+    collective model, the NIC share and ASTRA-sim's network all assume equal nodes."""
+    if gpus_per_node is None or gpus_per_node < 1 or world <= gpus_per_node or world % gpus_per_node == 0:
+        return
+    raise OptionError("gpus_per_node", f"world size {world} is not a multiple of {gpus_per_node} GPUs per node "
+                      f"(nodes would be partly filled: {world // gpus_per_node} full and one of "
+                      f"{world % gpus_per_node}); give a G that divides {world}, or one >= {world}")
+
+
 def format_size(n: int) -> str:
-    """Bytes as a person reads them in an error: ``8.0 GB``, ``512.0 MB``."""
+    """Bytes as a person reads them in an error: ``8.0 GB``, ``512.0 MB``, ``4,096 bytes``."""
+    if n < 10**5:
+        return f"{n:,} bytes"
     if n >= 10**9:
         return f"{n / 1e9:.1f} GB"
     return f"{n / 1e6:.1f} MB"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from echo_et.errors import OptionError
 from echo_et.ir import Job, JobBuilder
+from echo_et.ir.limits import check_node_fill
 
 
 def derived_job_builder(job: Job, world: int, gpus_per_node: int | None) -> JobBuilder:
@@ -33,6 +34,4 @@ def check_gpus_per_node(world: int, gpus_per_node: int | None) -> None:
         return
     if gpus_per_node < 1:
         raise OptionError("gpus_per_node", f"GPUs per node must be >= 1, got {gpus_per_node}")
-    if world % gpus_per_node:
-        raise OptionError("gpus_per_node", f"world size {world} is not a multiple of {gpus_per_node} GPUs "
-                                           "per node (nodes would be partly filled)")
+    check_node_fill(world, gpus_per_node)

@@ -53,6 +53,7 @@ Imports torch: only the tracer imports this module.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Hashable
@@ -64,6 +65,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.limits import MAX_GRAPH_NODES, format_size, total_memory
 from echo_et.ir.repeats import p2p_seq_key
 from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
 from echo_et.trace import annotations
@@ -163,6 +165,42 @@ class _Replayed(torch.autograd.Function):
         return torch.empty_strided(size, stride, dtype=dtype, device=device), None, None, None
 
 
+# How often (in recorded operators) the recorder looks at the process's memory.
+_BUDGET_EVERY = 1 << 14
+
+
+class RecordingBudget:
+    """The bound a recording may not pass, decided before the step runs: at most
+    ``max_ops`` operators (a graph's node limit) and a process of at most ``max_rss``
+    bytes (this machine's memory or its container's limit). A user's script is unknown
+    before it runs, so this is checked as it records, every ``_BUDGET_EVERY`` operators:
+    the step stops with one line naming the limit, never hours of recording or the OOM
+    killer."""
+
+    def __init__(self, max_ops: int | None = None, max_rss: int | None = None):
+        self.max_ops = MAX_GRAPH_NODES if max_ops is None else max_ops
+        self.max_rss = total_memory() * 9 // 10 if max_rss is None else max_rss
+
+    def check(self, ops: int) -> None:
+        if ops > self.max_ops:
+            raise EchoError(f"the step recorded more than {self.max_ops:,} operators, the limit of nodes per "
+                            "graph; trace a smaller model or fewer layers per rank")
+        rss = _current_rss()
+        if rss > self.max_rss:
+            raise EchoError(f"recording the step took {format_size(rss)} of memory after {ops:,} operators; the "
+                            f"limit is {format_size(self.max_rss)} (9/10 of this machine's memory)")
+
+
+def _current_rss() -> int:
+    """This process's resident memory in bytes (Linux /proc; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 class DirectRecorder(TorchDispatchMode):
     """Records dispatch-level operators, annotation spans and communication of one rank."""
 
@@ -173,9 +211,12 @@ class DirectRecorder(TorchDispatchMode):
         (and a switch of the frame-evaluation callback) to every dispatched operator."""
         return False
 
-    def __init__(self, *, replay: bool = True):
+    def __init__(self, *, replay: bool = True, budget: RecordingBudget | None = None):
         super().__init__()
         self.events: list[tuple] = []
+        self.budget = budget or RecordingBudget()
+        self._ops = 0                   # operators recorded since reset (replayed copies included)
+        self._next_check = _BUDGET_EVERY
         self.replay = replay
         self.recording = False
         self._open: list[int] = []      # kinds of the open record_function spans (LIFO)
@@ -209,6 +250,8 @@ class DirectRecorder(TorchDispatchMode):
     def reset(self) -> None:
         """Forget the events (not the templates of repeated units)."""
         self.events = []
+        self._ops = 0
+        self._next_check = _BUDGET_EVERY
         self._open = []
         self._suppress = 0
         self._capturing = []
@@ -230,7 +273,14 @@ class DirectRecorder(TorchDispatchMode):
             if runs_kernel(name, func.is_view):
                 shapes, dtypes = _arg_texts(func._schema, args, kwargs)
                 self.events.append((OP, name, shapes, dtypes, _out_text(out, args)))
+                self._ops += 1
+                if self._ops >= self._next_check:
+                    self._check_budget()
         return out
+
+    def _check_budget(self) -> None:
+        self._next_check = self._ops + _BUDGET_EVERY
+        self.budget.check(self._ops)
 
     def enter_span(self, name: str) -> None:
         """A ``record_function`` span opens (:func:`echo_et.trace.units.recorded_span`)."""
@@ -392,6 +442,9 @@ class DirectRecorder(TorchDispatchMode):
 
     def _extend(self, events: list) -> None:
         self.events.extend(_copied(events))
+        self._ops += len(events)
+        if self._ops >= self._next_check:
+            self._check_budget()
 
     # -- results -------------------------------------------------------------------------
     def flat_events(self, *, compact: bool = True) -> list[tuple]:

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_GRAPH_NODES
 from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord
 from echo_et.trace.units import recorded_span
 
@@ -50,6 +52,9 @@ class Recorder:
             self.records = []
 
     def add(self, rec: CommRecord) -> CommRecord:
+        if len(self.records) >= MAX_GRAPH_NODES:   # a step that never stops communicating
+            raise EchoError(f"the step issued more than {MAX_GRAPH_NODES:,} collectives and sends, the limit of "
+                            "nodes per graph")
         with self._lock:
             rec.index = len(self.records)
             self.records.append(rec)

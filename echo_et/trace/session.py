@@ -32,6 +32,7 @@ from pathlib import Path
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph
+from echo_et.ir.limits import MAX_GRAPH_NODES, format_size
 from echo_et.trace.context import RankContext
 from echo_et.trace.layout import ParallelLayout
 from echo_et.trace.quiet import profiler_chatter_filtered
@@ -91,6 +92,7 @@ def _measure_step(step: Callable, activities: list, layout: ParallelLayout, rank
         RECORDER.enabled = False
         prof.export_chrome_trace(str(path))
         del prof
+        check_profile_size(path, layout, rank, what)
         try:
             job = read([path], "kineto", ReadOptions(rank=rank))
         except EchoError as e:
@@ -110,6 +112,22 @@ def _measure_step(step: Callable, activities: list, layout: ParallelLayout, rank
     dropped.update(res.dropped)
     return _MeasuredStep(graph=res.graph, records=records, keys=keys, step_ns=int(step_ns),
                          dropped=dropped)
+
+
+# The most bytes one event of an exported profile takes (a kernel with its args and shapes runs
+# 300-700 bytes): a profile larger than this per node of a graph holds more events than a graph
+# may have nodes, and reading it would take minutes and gigabytes.
+MAX_PROFILE_BYTES_PER_EVENT = 1024
+
+
+def check_profile_size(path: Path, layout: ParallelLayout, rank: int, what: str) -> None:
+    """Refuse, before reading it, the profile of a step that recorded more events than a
+    graph may have nodes (a user's script is not estimated before it runs)."""
+    size = path.stat().st_size
+    if size > MAX_PROFILE_BYTES_PER_EVENT * MAX_GRAPH_NODES:
+        raise EchoError(f"{where(layout, rank)}: the profile of {what} is {format_size(size)}: more than "
+                        f"{MAX_GRAPH_NODES:,} events (at most {MAX_PROFILE_BYTES_PER_EVENT} bytes each), the limit "
+                        "of nodes per graph")
 
 
 def where(layout: ParallelLayout, rank: int) -> str:

@@ -107,6 +107,12 @@ SPEC_BY_NAME: dict[str, ParamSpec] = {s.name: s for s in SPECS}
 NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
 
 
+# Every parameter (us, GB/s, bytes, channels, steps) lies in this range, or is 0 where 0 is
+# allowed: a denormal rate (5e-324 GB/s) or 1e300 us would overflow the model's arithmetic.
+PARAM_MIN = 1e-12
+PARAM_MAX = 1e15
+
+
 def flatten(nested: Mapping[str, object], where: str) -> dict[str, float]:
     """``{"base_us": {"LL": 5}}`` -> ``{"base_us.LL": 5.0}``, checking names and values."""
     out: dict[str, float] = {}
@@ -127,6 +133,8 @@ def flatten(nested: Mapping[str, object], where: str) -> dict[str, float]:
     for name, v in out.items():
         if v < 0 or (v == 0 and name != "nvls_gbps" and not name.startswith(("base_us", "ring_loop"))):
             raise EchoError(f"{where}: parameter {name} must be positive, got {v}")
+        if v > PARAM_MAX or 0 < v < PARAM_MIN:   # a time in us, a rate in GB/s, bytes, channels
+            raise EchoError(f"{where}: parameter {name} = {v:g} is out of range ({PARAM_MIN:g} to {PARAM_MAX:g})")
     return out
 
 

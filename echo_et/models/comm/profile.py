@@ -100,18 +100,26 @@ def from_json(obj: Any, where: str) -> Profile:
     else:    # written before the model knew NCCL's tuner: the preset it started from (else a100-ib)
         nccl = load_preset(base if base in preset_names() else "a100-ib").nccl
     return Profile(
-        name=str(obj.get("name", "")),
-        calibrated=bool(obj.get("calibrated", False)),
+        name=str(_field(obj, "name", str, "a string", where) or ""),
+        calibrated=bool(_field(obj, "calibrated", bool, "true or false", where)),
         gpus_per_node=gpn,
         params=flatten(params, where),
-        description=str(obj.get("description", "")),
-        hardware={str(k): str(v) for k, v in (obj.get("hardware") or {}).items()},
-        gpu_match=tuple(str(t).lower() for t in obj.get("gpu_match") or ()),
-        base_preset=str(obj.get("base_preset", "")),
-        sources=tuple(obj.get("sources") or ()),
-        fit=dict(obj.get("fit") or {}),
+        description=str(_field(obj, "description", str, "a string", where) or ""),
+        hardware={str(k): str(v) for k, v in (_field(obj, "hardware", dict, "an object", where) or {}).items()},
+        gpu_match=tuple(str(t).lower() for t in _field(obj, "gpu_match", list, "a list", where) or ()),
+        base_preset=str(_field(obj, "base_preset", str, "a string", where) or ""),
+        sources=tuple(_field(obj, "sources", list, "a list", where) or ()),
+        fit=dict(_field(obj, "fit", dict, "an object", where) or {}),
         nccl=nccl,
     )
+
+
+def _field(obj: dict, key: str, kind: type, shown: str, where: str) -> Any:
+    """``obj[key]`` when it is of ``kind`` (absent or null: None); another type is one line."""
+    value = obj.get(key)
+    if value is None or isinstance(value, kind):
+        return value
+    raise EchoError(f"{where}: {key} must be {shown}, got {json.dumps(value)[:40]}")
 
 
 def _has(nested: dict, name: str) -> bool:

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_BANDWIDTH_GBPS, checked_float, checked_int
 from echo_et.models.comm.topology import Placement
 
 VERSIONS = ("2.7.5", "2.17.1", "2.20.3", "2.28.3")
@@ -113,6 +114,21 @@ class NodeFacts:
     collnet: bool = False             # SHARP network switches, NCCL's CollNet plugin and NCCL_COLLNET_ENABLE=1
 
     def check(self, where: str) -> NodeFacts:
+        for name, kind in (("compute_capability", int), ("nics_per_node", int), ("intra_bw", float),
+                           ("nic_bw", float), ("gpu_nic_bw", float), ("cpu_vendor", str), ("intra", str),
+                           ("gpu_nic_path", str), ("nvls", bool), ("collnet", bool)):
+            value = getattr(self, name)
+            ok = isinstance(value, bool) if kind is bool else (
+                isinstance(value, str) if kind is str else
+                not isinstance(value, bool) and isinstance(value, int if kind is int else int | float))
+            if not ok:
+                raise EchoError(f"{where}: NCCL node fact {name} = {str(value)[:40]} is not "
+                                f"{'true or false' if kind is bool else 'a string' if kind is str else 'a number'}")
+        for name in ("intra_bw", "nic_bw", "gpu_nic_bw"):
+            checked_float(getattr(self, name), f"NCCL node fact {name}", lo=0.0, lo_open=True,
+                          hi=MAX_BANDWIDTH_GBPS, where=where)
+        checked_int(self.compute_capability, "NCCL node fact compute_capability", lo=60, hi=1000, where=where)
+        checked_int(self.nics_per_node, "NCCL node fact nics_per_node", lo=1, hi=1024, where=where)
         if self.cpu_vendor not in ("AMD", "Intel", "other"):
             raise EchoError(f"{where}: cpu_vendor must be AMD, Intel or other, got {self.cpu_vendor!r}")
         if self.intra not in ("nvswitch", "nvlink", "pcie"):
@@ -177,7 +193,8 @@ class NcclSystem:
         if unknown:
             raise EchoError(f"{where}: unknown 'nccl' key(s) {', '.join(unknown)}")
         return cls(version=str(obj.get("version", "")), node=facts,
-                   max_channels=obj.get("max_channels", MAX_CHANNELS))
+                   max_channels=checked_int(obj.get("max_channels", MAX_CHANNELS), "nccl.max_channels", lo=1,
+                                            hi=MAX_CHANNELS, where=where))
 
     def with_version(self, version: str) -> NcclSystem:
         return dataclasses.replace(self, version=version)

@@ -1,0 +1,79 @@
+"""What a writer will write, estimated from a Job before a byte is written.
+
+An export writes every rank's expanded graph (Chakra, ASTRA-sim, Chrome, a simulated
+timeline) or every distinct graph (GraphML): a Job of 2**18 ranks sharing one graph, or a
+graph whose repeat blocks expand to millions of nodes, is a few kilobytes on disk and
+terabytes once written out. :func:`estimate_output` counts the nodes each format writes from
+the graphs' stored nodes and their repeat blocks (no expansion), times a lower bound on the
+bytes one node takes in that format, so a refusal is of what surely cannot be written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from echo_et.ir.graph import Graph
+from echo_et.ir.job import Job
+from echo_et.ir.schema import pb
+
+# What one export may write unless the caller raises it (the CLI's --max-output).
+DEFAULT_MAX_OUTPUT_BYTES = 64 * 10**9
+# Lower bounds on the bytes one node takes (measured on fixtures/jobs: Chakra 94-181 B per node,
+# Chrome JSON 213-237, GraphML 439-506 per node of a distinct graph). ASTRA-sim's workload
+# merges host and compute runs into few nodes, so only its communication nodes are counted.
+BYTES_PER_NODE = {"chakra": 80, "chrome": 200, "graphml": 400, "astra-sim": 20}
+_COMM_KINDS = frozenset({pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV})
+
+
+@dataclass(frozen=True)
+class GraphSize:
+    nodes: int        # expanded
+    comm: int         # expanded communication nodes (collectives, sends, receives)
+
+
+def graph_size(graph: Graph) -> GraphSize:
+    """The expanded graph's node count and communication nodes, without expanding it."""
+    stored = graph.stored_nodes
+    nodes = len(stored)
+    comm = sum(1 for n in stored if n.kind in _COMM_KINDS)
+    if graph.has_repeats:
+        for body in graph.bodies():
+            k = len(body.block.instances)
+            nodes += len(body.nodes) * k
+            comm += sum(1 for n in body.nodes if n.kind in _COMM_KINDS) * k
+    return GraphSize(nodes, comm)
+
+
+@dataclass(frozen=True)
+class OutputEstimate:
+    fmt: str
+    ranks: int        # ranks (or distinct graphs) written
+    nodes: int        # nodes written, over all of them
+    bytes: int        # a lower bound on the bytes written
+
+    def describe(self) -> str:
+        unit = "distinct graphs" if self.fmt == "graphml" else "ranks"
+        what = "communication nodes" if self.fmt == "astra-sim" else "nodes"
+        return (f"{self.nodes:,} {what} over {self.ranks:,} {unit}, >= {BYTES_PER_NODE[self.fmt]} bytes "
+                f"each")
+
+
+def estimate_output(job: Job, fmt: str, ranks: Iterable[int] | None = None, *, per_rank: bool = True
+                    ) -> OutputEstimate:
+    """What writing ``job`` in ``fmt`` takes: every rank's expanded graph (``ranks``: only
+    those), or with ``per_rank=False`` every distinct graph once (GraphML)."""
+    sizes: dict[str, GraphSize] = {}
+
+    def size(gid: str) -> GraphSize:
+        if gid not in sizes:
+            sizes[gid] = graph_size(job.graph(gid))
+        return sizes[gid]
+
+    if per_rank:
+        chosen = job.ranks() if ranks is None else [r for r in ranks if r in set(job.ranks())]
+        parts = [size(job.binding(r).graph) for r in chosen]
+    else:
+        parts = [size(g) for g in sorted(set(job.graph_ids()))]
+    nodes = sum(p.comm if fmt == "astra-sim" else p.nodes for p in parts)
+    return OutputEstimate(fmt, len(parts), nodes, nodes * BYTES_PER_NODE[fmt])
