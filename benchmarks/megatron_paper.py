@@ -22,11 +22,16 @@ network of the cluster as published (``--inter-bw 1600Gb/s/node``).
 What the table does not say, and what is assumed: the micro-batch size (1 here; the paper
 studies larger ones separately) and the pipeline schedule (the plain 1F1B
 schedule here; the paper's interleaved schedule has a smaller bubble, so PP rows may be
-predicted long). Megatron-LM's scatter/gather of the pipeline's activations across nodes and
-its overlapped communication are not modelled.
+predicted long). Megatron-LM's scatter/gather of the pipeline's activations (each TP rank
+sends 1/TP of an activation across nodes, the receiving stage all-gathers it over NVLink) is
+modelled, as the workload does by default (``--no-scatter-gather-tensors-in-pipeline`` sends
+them whole); its overlapped communication is not. ``--inter-bw`` is the rated rate of the
+NICs; the collective model runs the network at its profile's efficiency of that rate
+(``CommModel.with_overrides``).
 
     python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch 1]
         [--compute-profile P.json] [--json OUT.json] [--max-gpus N] [--max-memory GB]
+        [--no-scatter-gather-tensors-in-pipeline]
 """
 
 from __future__ import annotations
@@ -113,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
                          "these rows are a check, never a fitting target)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-scatter-gather-tensors-in-pipeline", dest="scatter_gather", action="store_false",
+                    help="send pipeline activations whole from every TP rank (Megatron's flag)")
     ap.add_argument("--max-memory", type=float, default=5.0,
                     help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
     args = ap.parse_args(argv)
@@ -135,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = ConfigSweepOptions(
             cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
             recompute=True, dtype="float16", comm_profile=str(comm),
-            compute_profile=str(args.compute_profile) if args.compute_profile else None)
+            compute_profile=str(args.compute_profile) if args.compute_profile else None,
+            scatter_gather_tensors_in_pipeline=args.scatter_gather)
         extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops")} for r in rows]
         t0 = time.perf_counter()
         out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9),

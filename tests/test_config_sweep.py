@@ -153,6 +153,35 @@ def test_trace_cli_global_batch_and_cluster(tmp_path) -> None:
     assert not (tmp_path / "bad").exists()
 
 
+def test_scatter_gather_flag_reaches_the_trace_and_the_row_options(tmp_path) -> None:
+    """``--no-scatter-gather-tensors-in-pipeline`` (Megatron's flag) switches the workload's
+    1/tp pipeline sends off: recorded in the Job (workload and command), in a row's options,
+    and refused where no configuration is traced."""
+    from echo_et.ir import load_job
+    from echo_et.ir.schema import pb
+
+    base = ["trace", "--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq",
+            "16", "--micro-batch", "1", "--microbatches", "2", "--tp", "2", "--pp", "2", "--device", "meta",
+            "--verify", "stage", "--warmup", "0"]
+    sent = {}
+    for flag in ([], ["--no-scatter-gather-tensors-in-pipeline"]):
+        out = tmp_path / f"job{len(flag)}"
+        r = runner.invoke(app, [*base, *flag, "-o", str(out)])
+        assert r.exit_code == 0, r.output
+        job = load_job(out)
+        on = not flag
+        assert json.loads(job.manifest.attrs["trace.workload"])["scatter_gather_tensors_in_pipeline"] is on
+        assert ("--no-scatter-gather-tensors-in-pipeline" in job.manifest.provenance.command) is not on
+        sent[on] = {n.p2p.bytes for n in job.graph_of(0).nodes if n.kind == pb.KIND_SEND}
+    assert sent == {True: {16 * 64}, False: {16 * 64 * 2}}      # fp16 [16, 1, 64], halved at tp 2
+    cfg, _ = workload_for(TINY, ConfigSweepOptions(scatter_gather_tensors_in_pipeline=False))
+    assert not cfg.scatter_gather_tensors_in_pipeline
+    assert workload_for(TINY, ConfigSweepOptions())[0].scatter_gather_tensors_in_pipeline
+    r = runner.invoke(app, ["sweep", str(tmp_path / "job0"), "--dp", "2", "-o", str(tmp_path / "sw"),
+                            "--no-scatter-gather-tensors-in-pipeline"])
+    assert r.exit_code == 2 and "only applies with --configs" in r.stderr
+
+
 def _pid_and_square(x: int) -> tuple[int, int]:
     import os
 

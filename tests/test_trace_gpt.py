@@ -97,6 +97,42 @@ def test_pipeline_1f1b_point_to_point():
     assert stages == {1}
 
 
+@pytest.mark.parametrize("scatter_gather", [True, False])
+def test_megatron_pipeline_sends_a_tp_slice_and_gathers_it(scatter_gather):
+    """megatron-gpt at TP2 x PP2: as Megatron's --scatter-gather-tensors-in-pipeline (its
+    default), each TP rank sends 1/TP of every activation and gradient to the same TP rank of
+    the next stage, and every received one is all-gathered in the receiving stage's TP group
+    right after it arrives, in the phase and micro-batch of what it carries; with
+    --no-scatter-gather-tensors-in-pipeline every TP rank sends it whole and nothing is
+    gathered."""
+    tp, m = 2, 3
+    cfg = GPTConfig.megatron(layers=2, hidden=32, heads=4, seq=16, micro_batch=2, vocab=64,
+                             scatter_gather_tensors_in_pipeline=scatter_gather)
+    res = _trace(ParallelLayout(tp=tp, pp=2, microbatches=m), cfg, device="meta", warmup_steps=0)
+    job = res.job
+    assert check_job(job) == []
+    act = cfg.seq * cfg.micro_batch * cfg.hidden * 2                  # float16 [s, b, h]
+    sent = act // tp if scatter_gather else act
+    for rank in range(4):
+        comms = ex_situ_comms(job, rank)
+        p2p = Counter(c for c in comms if c[0] in ("send", "recv"))
+        assert p2p == {("send", sent, "pp"): m, ("recv", sent, "pp"): m}, rank
+        gathers = [c for c in comms if c[0] == "all_gather"]
+        assert gathers == ([("all_gather", act // tp, "tp")] * m if scatter_gather else []), rank
+        nodes = sorted(job.graph_of(rank).nodes, key=lambda n: (n.start_ns, n.id))
+        for i, n in enumerate(nodes):
+            if n.kind != pb.KIND_RECV:
+                continue
+            after = [x for x in nodes[i + 1:] if x.kind == pb.KIND_COLLECTIVE][0]
+            if scatter_gather:   # the next collective is the gather of what arrived
+                assert (after.collective.type, after.collective.in_bytes, after.collective.out_bytes) == \
+                    (pb.COLL_ALL_GATHER, sent, act)
+                assert (after.annotations.phase, after.annotations.microbatch) == \
+                    (n.annotations.phase, n.annotations.microbatch)
+            else:
+                assert after.collective.type != pb.COLL_ALL_GATHER
+
+
 def test_data_parallel_bucket_all_reduce_overlaps_the_last_backward():
     cfg = GPTConfig(layers=1, hidden=32, heads=4, seq=16, micro_batch=2, vocab=64)
     res = _trace(ParallelLayout(dp=2, microbatches=2), cfg)

@@ -20,17 +20,28 @@ from echo_et.trace.layout import ParallelLayout  # noqa: E402
 from echo_et.trace.tracer import TraceOptions, trace  # noqa: E402
 from echo_et.workloads import GPTConfig, Workload  # noqa: E402
 
-WORKLOAD = Workload(gpt=GPTConfig(layers=2, hidden=32, heads=4, seq=16, micro_batch=2, vocab=64))
+GPT = GPTConfig(layers=2, hidden=32, heads=4, seq=16, micro_batch=2, vocab=64)
+WORKLOAD = Workload(gpt=GPT)
 
 
 @pytest.mark.parametrize("zero", [0, 1])
 def test_ex_situ_equals_in_situ(tmp_path, zero):
+    _ex_situ_equals_in_situ(tmp_path, WORKLOAD, zero)
+
+
+def test_scatter_gather_pipeline_ex_situ_equals_in_situ(tmp_path):
+    """Megatron's scatter/gather of pipeline tensors run for real: 1/tp sends, and an
+    all-gather in the TP group after every receive, as the ex-situ Job says."""
+    _ex_situ_equals_in_situ(tmp_path, Workload(gpt=GPT.replace(scatter_gather_tensors_in_pipeline=True)), 0)
+
+
+def _ex_situ_equals_in_situ(tmp_path, workload: Workload, zero: int) -> None:
     layout = ParallelLayout(dp=2, tp=2, pp=2, microbatches=2, zero=zero)
-    paths = run_in_situ(WORKLOAD, layout, tmp_path / "in-situ")
+    paths = run_in_situ(workload, layout, tmp_path / "in-situ")
     real = read(paths, "kineto", ReadOptions())
     assert real.world_size == 8
 
-    ex = trace(WORKLOAD.build_fn(), layout, TraceOptions()).job
+    ex = trace(workload.build_fn(), layout, TraceOptions()).job
     assert check_job(ex) == []
     assert ex.world_size == 8 and len(ex.graph_ids()) == 2
 

@@ -21,6 +21,12 @@ from echo_et.ir import limits
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
+NO_SCATTER_GATHER = "--no-scatter-gather-tensors-in-pipeline"
+NoScatterGatherOpt = typer.Option(
+    False, NO_SCATTER_GATHER,
+    help="Send every activation and gradient between pipeline stages whole from each TP rank, instead of "
+         "Megatron's default 1/tp slice per TP rank all-gathered in the receiving stage's TP group "
+         "(Megatron's flag of the same name; docs/predict.md).")
 GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes, or fit in one)."
 
 

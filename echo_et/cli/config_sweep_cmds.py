@@ -19,7 +19,7 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
-                 nic_bw: str | None = None) -> None:
+                 nic_bw: str | None = None, scatter_gather: bool = True) -> None:
     from echo_et.experiments.config_sweep import (
         ConfigSweepOptions,
         check_config_sweep,
@@ -49,7 +49,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     draw = have_matplotlib() if plot is None else plot
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
-                              comm_profile=comm_profile, slowdown=slowdown)
+                              comm_profile=comm_profile, slowdown=slowdown,
+                              scatter_gather_tensors_in_pipeline=scatter_gather)
 
     def progress(done: int, total: int, row: dict) -> None:
         label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp"))

@@ -10,7 +10,16 @@ from pathlib import Path
 import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
-from echo_et.cli.common import GPN_HELP, JsonOpt, emit_json, fail, guarded, load_job_arg
+from echo_et.cli.common import (
+    GPN_HELP,
+    NO_SCATTER_GATHER,
+    JsonOpt,
+    NoScatterGatherOpt,
+    emit_json,
+    fail,
+    guarded,
+    load_job_arg,
+)
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
 
 LayoutOpt = typer.Option(None, "--layout",
@@ -194,6 +203,7 @@ def sweep(
                                                      "preset; JOB: the job's compute retimed with it)."),
     dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE",
                               help="--configs: model dtype: float16, bfloat16 or float32."),
+    no_scatter_gather: bool = NoScatterGatherOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -209,7 +219,7 @@ def sweep(
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute, compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
-                     max_memory=memory_budget(max_memory))
+                     max_memory=memory_budget(max_memory), scatter_gather=not no_scatter_gather)
         return
     if job_path is None:
         fail("give a JOB to scale, or --configs CONFIGS.csv")
@@ -219,6 +229,8 @@ def sweep(
         fail("--nic-bw only applies with --configs")
     if recompute:
         fail("--recompute only applies with --configs")
+    if no_scatter_gather:
+        fail(f"{NO_SCATTER_GATHER} only applies with --configs")
     if mode != "predict" and (gpu is not None or compute_profile is not None):
         fail(f"{'--gpu' if gpu is not None else '--compute-profile'} only applies with --mode predict "
              "(replay keeps measured times)")

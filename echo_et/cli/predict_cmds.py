@@ -14,7 +14,7 @@ from echo_et.cli.cluster_opts import (
     inter_bw_opt,
     intra_bw_opt,
 )
-from echo_et.cli.common import JsonOpt, emit_json, guarded
+from echo_et.cli.common import JsonOpt, NoScatterGatherOpt, emit_json, guarded
 from echo_et.errors import OptionError
 
 
@@ -50,6 +50,7 @@ def predict_cmd(
     profile: Path | None = typer.Option(None, "--profile", metavar="PROFILE.json",
                                         help="Collective-model profile (default: the GPU's preset)."),
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
+    no_scatter_gather: bool = NoScatterGatherOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Predict one training step of a Megatron GPT on a GPU cluster from its configuration:
@@ -72,7 +73,8 @@ def predict_cmd(
     check_node_fill(dp * tp * pp, gpus_per_node)
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
-                              comm_profile=str(profile) if profile else None, slowdown=not no_slowdown)
+                              comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
+                              scatter_gather_tensors_in_pipeline=not no_scatter_gather)
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

@@ -47,6 +47,11 @@ def trace(
     grad_sync: str | None = typer.Option(None, "--grad-sync", metavar="MODE",
                                          help="GPT: overlap (bucketed all-reduces during the backward; gpt's "
                                               "default) or after-backward (one all-reduce; megatron-gpt's)."),
+    scatter_gather: bool | None = typer.Option(
+        None, "--scatter-gather-tensors-in-pipeline/--no-scatter-gather-tensors-in-pipeline",
+        help="GPT: with tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient to the "
+             "next stage, which all-gathers it in its TP group (Megatron's optimization; megatron-gpt's "
+             "default), or every TP rank sends it whole (gpt's default)."),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
@@ -118,7 +123,8 @@ def trace(
         if workload not in ("gpt", "megatron-gpt"):
             raise EchoError(f"--workload {workload!r}: the built-in workloads are gpt and megatron-gpt "
                             "(or give --script file.py:build_fn)")
-        kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync)) if v is not None}
+        kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync),
+                                ("scatter_gather_tensors_in_pipeline", scatter_gather)) if v is not None}
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
                    bucket_mb=bucket_mb, recompute=recompute, **kw)
@@ -134,6 +140,9 @@ def trace(
         "--workload", workload, "--layers", layers, "--hidden", hidden, "--heads", heads,
         "--seq", seq, "--micro-batch", micro_batch, "--vocab", cfg.vocab, "--dtype", cfg.dtype,
         "--bucket-mb", bucket_mb, "--grad-sync", cfg.grad_sync] + (["--recompute"] if recompute else [])
+    if script is None and cfg.scatter_gather_tensors_in_pipeline != (workload == "megatron-gpt"):
+        parts.append("--scatter-gather-tensors-in-pipeline" if cfg.scatter_gather_tensors_in_pipeline
+                     else "--no-scatter-gather-tensors-in-pipeline")
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

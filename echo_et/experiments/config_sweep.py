@@ -75,6 +75,9 @@ class ConfigSweepOptions:
     comm_profile: str | None = None     # a calibrated collective-model profile (JSON)
     comm_preset: str | None = None      # a collective-model preset name
     slowdown: bool = True               # slow compute that overlaps communication
+    # Megatron's --scatter-gather-tensors-in-pipeline (its default): 1/tp of each pipeline
+    # send, all-gathered in the receiving stage's TP group
+    scatter_gather_tensors_in_pipeline: bool = True
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -193,7 +196,9 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     cfg = GPTConfig.megatron(layers=int(row["layers"]), hidden=int(row["hidden"]),
                              heads=int(row["heads"]), seq=int(row["seq"]),
                              micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
-                             dtype=opts.dtype, grad_sync=opts.grad_sync, **extra)
+                             dtype=opts.dtype, grad_sync=opts.grad_sync,
+                             scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
+                             **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m)
     cfg.validate(layout)

@@ -155,6 +155,7 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     key = "-".join(str(row[k]) for k in ("layers", "hidden", "heads", "seq", "micro_batch",
                                           "global_batch", "tp", "pp", "dp"))
     key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(opts.recompute)}"
+    key += f"-sg{int(opts.scatter_gather_tensors_in_pipeline)}"  # the pipeline sends differ
     d = Path(cache) / key
     if (d / "manifest.pb").is_file():
         return load_job(d)

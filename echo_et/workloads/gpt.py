@@ -14,7 +14,9 @@ Megatron-DeepSpeed trains it for GPT pretraining (:mod:`echo_et.workloads.megatr
 padded to a multiple of 128 x tp, the word embedding shared by the first and the last
 pipeline stage as the output layer (its gradient all-reduced between them before the
 optimizer, over the "embd" group), the data-parallel gradients reduced in one all-reduce
-after the backward pass, and fp32 master weights with a global gradient norm (all-reduced
+after the backward pass, activations and gradients sent between pipeline stages as 1/tp
+slices all-gathered in the receiving stage's TP group (``scatter_gather_tensors_in_pipeline``,
+Megatron's default), and fp32 master weights with a global gradient norm (all-reduced
 over the model-parallel "mp" group) and fused Adam. ``recompute`` (either model) runs each
 layer under a full activation checkpoint.
 
@@ -71,6 +73,10 @@ class GPTConfig:
     recompute: bool = False          # full activation checkpointing, one layer each
     grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
     optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
+    # With tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient between
+    # pipeline stages and the receiving stage all-gathers it in its TP group (Megatron's
+    # --scatter-gather-tensors-in-pipeline, on by default there; :mod:`.pipeline`).
+    scatter_gather_tensors_in_pipeline: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -78,7 +84,7 @@ class GPTConfig:
         arguments override them."""
         base = {"attention": "megatron", "dropout": 0.1, "vocab_multiple": 128,
                 "tie_embeddings": True, "grad_sync": "after-backward", "optimizer": "megatron",
-                "dtype": "float16", "vocab": MEGATRON_VOCAB}
+                "dtype": "float16", "vocab": MEGATRON_VOCAB, "scatter_gather_tensors_in_pipeline": True}
         return cls(**{**base, **kw})
 
     @property
@@ -215,7 +221,8 @@ class _GPTRank:
                             gen=gen, device=self.device, dtype=self.dtype)
         shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
                  else (cfg.micro_batch, cfg.seq, cfg.hidden))
-        self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron)
+        self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron,
+                              split_group=tp_group if cfg.scatter_gather_tensors_in_pipeline else None)
         # The shared word embedding lives on the first and the last stage; Megatron
         # all-reduces its gradient between them.
         self.embd_group = None

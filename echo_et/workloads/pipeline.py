@@ -4,23 +4,41 @@ Stage s receives activations from s-1 and gradients from s+1. A combined "send o
 receive the other" posts both transfers before waiting on either, as Megatron-LM's
 ``send_forward_recv_backward`` does, so neighbouring stages never wait on each other in a
 cycle. Peers are addressed by their index in the pipeline group.
+
+With a ``split_group`` (the stage's tensor-parallel group, of size TP > 1) the link does what
+Megatron-LM calls the scatter/gather communication optimization (Narayanan et al., SC'21,
+arXiv 2104.04473, section 4.1; ``--scatter-gather-tensors-in-pipeline``, on unless
+``--no-scatter-gather-tensors-in-pipeline``): the TP ranks of a stage hold the same
+activation, so each sends only its 1/TP slice of it (the flattened tensor cut in TP equal
+pieces, piece ``tp_rank``) to the same TP rank of the next stage, and the receiving stage
+all-gathers the pieces inside its TP group (NVLink) into the whole tensor. Gradients going
+back travel the same way. Without sequence parallelism, as here, every TP rank holds the
+whole activation, so the slice is a view and costs no kernel.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from echo_et.errors import EchoError
 from echo_et.workloads.markers import comm_span, device_sync, span
+
+# torch 2.13 renamed the tensor form; older releases only have the old name.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class StageLink:
     """``sync_after``: block the host on the device after every exchange, as Megatron-LM's
-    ``_communicate`` does (``torch.cuda.synchronize()`` after ``batch_isend_irecv``)."""
+    ``_communicate`` does (``torch.cuda.synchronize()`` after ``batch_isend_irecv``).
+    ``split_group``: send 1/size of each tensor and all-gather it in this group on arrival
+    (see the module docstring); None, or a group of one rank, sends tensors whole."""
 
-    def __init__(self, group, shape: tuple[int, ...], dtype, device, *, sync_after: bool = False):
+    def __init__(self, group, shape: tuple[int, ...], dtype, device, *, sync_after: bool = False,
+                 split_group=None):
         self.group = group
         self.stage = dist.get_rank(group)
         self.stages = dist.get_world_size(group)
@@ -28,6 +46,14 @@ class StageLink:
         self.dtype = dtype
         self.device = device
         self.sync_after = sync_after
+        self.split_group = split_group if split_group is not None and dist.get_world_size(split_group) > 1 \
+            else None
+        self.parts, self.part = ((dist.get_world_size(split_group), dist.get_rank(split_group))
+                                 if self.split_group is not None else (1, 0))
+        numel = math.prod(shape)
+        if numel % self.parts:
+            raise EchoError(f"a pipeline tensor of {numel} elements does not split in {self.parts} equal pieces")
+        self.chunk = numel // self.parts
 
     @property
     def first(self) -> bool:
@@ -41,7 +67,27 @@ class StageLink:
         return dist.get_global_rank(self.group, self.stage + offset)
 
     def _buffer(self) -> torch.Tensor:
-        return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        shape = self.shape if self.split_group is None else (self.chunk,)
+        return torch.empty(shape, dtype=self.dtype, device=self.device)
+
+    def _slice(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of ``t`` (Megatron's ``split_tensor_into_1d_equal_chunks``: the
+        elements ``[part x chunk, (part + 1) x chunk)`` of the flattened tensor, a view; taken
+        as a row of a ``[parts, chunk]`` view, whose ``select`` is a view operator in every
+        overload, where ``slice`` has a non-view overload that a CPU trace would count as a
+        kernel)."""
+        t = t.contiguous()
+        if self.split_group is None:
+            return t
+        return t.view(self.parts, self.chunk)[self.part]
+
+    def _gather(self, piece: torch.Tensor, tag: dict) -> torch.Tensor:
+        """The whole tensor from every TP rank's piece (Megatron's ``gather_split_1d_tensor``:
+        one all-gather into a flat buffer, viewed in the tensor's shape)."""
+        whole = torch.empty(self.parts * self.chunk, dtype=self.dtype, device=self.device)
+        with span(**tag, stage=self.stage), comm_span(self.split_group):
+            _all_gather(whole, piece, group=self.split_group)
+        return whole.view(self.shape)
 
     def _exchange(self, send: torch.Tensor | None, send_to: int, send_tag: dict,
                   recv_from: int | None, recv_tag: dict) -> torch.Tensor | None:
@@ -49,7 +95,7 @@ class StageLink:
         (phase, micro-batch) of what travels."""
         works = []
         if send is not None:
-            send = send.contiguous()
+            send = self._slice(send)
             with span(**send_tag, stage=self.stage), comm_span(self.group):
                 works.append(dist.isend(send, self._peer(send_to), group=self.group))
         buf = None
@@ -62,6 +108,8 @@ class StageLink:
                 w.wait()
         if self.sync_after and works:
             device_sync(self.device)
+        if buf is not None and self.split_group is not None:
+            buf = self._gather(buf, recv_tag)
         return buf
 
     def recv_forward(self, mb: int) -> torch.Tensor | None:

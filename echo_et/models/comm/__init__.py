@@ -30,6 +30,7 @@ from echo_et.ir.limits import MAX_NS
 from echo_et.models.comm import nccl, tuning
 from echo_et.models.comm.profile import Profile, load_preset, load_profile
 from echo_et.models.comm.profile import preset_names as _preset_names
+from echo_et.models.comm.profile import rated_net_gbps as profile_rated_net_gbps
 from echo_et.models.comm.topology import Placement, from_nodes, placement
 from echo_et.models.comm.tuning import NcclSystem
 from echo_et.models.gpu_variants import comm_preset
@@ -82,11 +83,17 @@ class CommModel:
     def with_overrides(self, *, gpus_per_node: int | None = None, intra_bw_gbps: float | None = None,
                        inter_bw_gbps: float | None = None, intra_latency_us: float | None = None,
                        inter_latency_us: float | None = None) -> CommModel:
-        """A what-if copy. Bandwidths replace the per-GPU NVLink / network bandwidth (NVLS
-        scales with NVLink); a latency replaces the LL per-hop latency of that link and
-        scales the LL128 and Simple hop latencies by the same factor."""
+        """A what-if copy. ``intra_bw_gbps`` replaces the per-GPU NVLink bandwidth (NVLS
+        scales with NVLink). ``inter_bw_gbps`` is the per-GPU network bandwidth the NICs are
+        rated for (``--inter-bw``, e.g. 800 Gb/s per node of 8 is 12.5): the copy keeps the
+        profile's network efficiency, what its ``net_gbps`` reaches of the rate its node's
+        NICs are rated for (:meth:`network_efficiency`; a profile calibrated across nodes
+        measured it, a preset states NCCL's typical one), so its ``net_gbps`` is that
+        fraction of the given rate. A latency replaces the LL per-hop latency of that link
+        and scales the LL128 and Simple hop latencies by the same factor."""
         P = dict(self.profile.params)
         gpn = self.profile.gpus_per_node
+        rated = self.profile.rated_net_gbps
         if gpus_per_node is not None:
             gpn = _positive_int(gpus_per_node, "gpus_per_node")
         if intra_bw_gbps is not None:
@@ -94,14 +101,15 @@ class CommModel:
             P["nvls_gbps"] *= v / P["nvlink_gbps"]
             P["nvlink_gbps"] = v
         if inter_bw_gbps is not None:
-            P["net_gbps"] = _positive(inter_bw_gbps, "inter_bw_gbps")
+            rated = _positive(inter_bw_gbps, "inter_bw_gbps")
+            P["net_gbps"] = rated * self.network_efficiency
         for value, family, label in ((intra_latency_us, "nvlink_hop_us", "intra_latency_us"),
                                      (inter_latency_us, "net_hop_us", "inter_latency_us")):
             if value is not None:
                 scale = _positive(value, label) / P[f"{family}.LL"]
                 for proto in ("LL", "LL128", "Simple"):
                     P[f"{family}.{proto}"] *= scale
-        return CommModel(dataclasses.replace(self.profile, params=P, gpus_per_node=gpn))
+        return CommModel(dataclasses.replace(self.profile, params=P, gpus_per_node=gpn, rated_net_gbps=rated))
 
     def with_nccl_version(self, version: str) -> CommModel:
         """A copy that chooses as NCCL ``version`` would (one of ``tuning.VERSIONS``)."""
@@ -128,6 +136,19 @@ class CommModel:
     @property
     def params(self) -> dict[str, float]:
         return dict(self.profile.params)
+
+    @property
+    def rated_net_gbps(self) -> float:
+        """GB/s per GPU of network the NICs are rated for (see :meth:`with_overrides`)."""
+        return profile_rated_net_gbps(self.profile)
+
+    @property
+    def network_efficiency(self) -> float:
+        """The per-GPU network rate the model runs at (``net_gbps``) over the rate the NICs
+        are rated for: 0.65 calibrated on the 4-node A100 nccl-tests logs of
+        ../shared/data (8 x 200 Gb/s HDR per node, NCCL 2.7.5), 0.88 in the ``a100-ib``
+        preset (not measured)."""
+        return self.profile.params["net_gbps"] / self.rated_net_gbps
 
     @property
     def nccl_version(self) -> str:

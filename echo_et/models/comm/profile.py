@@ -40,6 +40,21 @@ class Profile:
     sources: tuple[dict[str, Any], ...] = ()
     fit: dict[str, Any] = field(default_factory=dict)
     nccl: NcclSystem = field(default_factory=NcclSystem)   # the NCCL release and node NCCL sees
+    # GB/s per GPU of the network the NICs are rated for, when a what-if copy was given one
+    # (``CommModel.with_overrides(inter_bw_gbps=)``); 0: the node's NICs (:func:`rated_net_gbps`).
+    # Not written to a profile file.
+    rated_net_gbps: float = 0.0
+
+
+def rated_net_gbps(p: Profile) -> float:
+    """GB/s per GPU of network that the profile's node is rated for: what ``--inter-bw``
+    states. A what-if copy's given rate, else the NICs NCCL sees in the node (``nccl.node``:
+    ``nic_bw`` each, ``nics_per_node`` of them shared by the node's GPUs; a GPU uses at most
+    one NIC's worth when there are more NICs than GPUs)."""
+    if p.rated_net_gbps > 0:
+        return p.rated_net_gbps
+    node = p.nccl.node
+    return node.nic_bw * min(node.nics_per_node, p.gpus_per_node) / p.gpus_per_node
 
 
 def preset_names() -> list[str]:
