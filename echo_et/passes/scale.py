@@ -211,6 +211,13 @@ def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "kee
     return out
 
 
+def _refuse_dp_p2p(graph_id: int, n, growing) -> None:
+    """A send/recv on a group that spans data parallelism: its peers cannot be re-derived."""
+    if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group in growing:
+        raise EchoError(f"graph {graph_id} node {n.id} ({n.name}): send/recv on group {n.p2p.group!r}, "
+                        "which spans data parallelism; its peers cannot be re-derived")
+
+
 def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: int, zero: int,
                    a2a: str, report: ScaleReport) -> Graph:
     g = graph.copy()
@@ -231,9 +238,7 @@ def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: in
         # is worked out on the expanded graph below.
         copies = {n.id: len(b.block.instances) for b in g.bodies() for n in b.nodes}
         for n in g.stored_nodes:
-            if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group in growing:
-                raise EchoError(f"graph {g.id} node {n.id} ({n.name}): send/recv on group {n.p2p.group!r}, "
-                                "which spans data parallelism; its peers cannot be re-derived")
+            _refuse_dp_p2p(g.id, n, growing)
             if n.kind == pb.KIND_COLLECTIVE and n.collective.group in growing:
                 if _resize(n.collective, old_dp, new_dp, zero, a2a):
                     report.resized_collectives += 1 + copies.get(n.id, 0)
@@ -244,9 +249,7 @@ def _rescale_graph(graph: Graph, spans: dict[str, bool], old_dp: int, new_dp: in
     parents |= {d.id for n in g.nodes if n.kind in COMM_KINDS for d in n.deps}
     factors: dict[int, float] = {}
     for n in g.nodes:
-        if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group in growing:
-            raise EchoError(f"graph {g.id} node {n.id} ({n.name}): send/recv on group {n.p2p.group!r}, "
-                            "which spans data parallelism; its peers cannot be re-derived")
+        _refuse_dp_p2p(g.id, n, growing)
         if n.kind == pb.KIND_COLLECTIVE and n.collective.group in growing:
             if _resize(n.collective, old_dp, new_dp, zero, a2a):
                 report.resized_collectives += 1
