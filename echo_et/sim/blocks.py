@@ -28,6 +28,7 @@ send/recv inside a block) is simulated expanded, as before.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +163,7 @@ def compile_compact(graph: Graph) -> Program:
             occs.append(Occurrence(blk, int(inst.id_offset), [], [], instance=inst))
             ranges.append((blk.ids[0] + int(inst.id_offset), blk.ids[-1] + int(inst.id_offset), len(occs) - 1))
     ranges.sort()
+    firsts = [r[0] for r in ranges]                 # bisected with ints, not tuples
     skeleton = [n for n in stored if n.id not in in_body]
     # A stream's sequence in id order: skeleton nodes and occurrences (each once per stream
     # it runs on, where its first node on that stream is).
@@ -183,7 +185,7 @@ def compile_compact(graph: Graph) -> Program:
     # Items: skeleton nodes and ports, stream by stream in id order; macros at the end.
     item_of_node: dict[int, int] = {}                  # skeleton node id -> item
     port_item: dict[tuple[int, int], int] = {}         # (occurrence, local item) -> port item
-    needed = _needed_ports(occs, skeleton, ranges)
+    needed = _needed_ports(occs, skeleton, ranges, firsts)
     stream_runs: list[list[tuple[int, int]]] = []
     for k in range(len(stream_ids)):
         runs: list[tuple[int, int]] = []
@@ -228,7 +230,7 @@ def compile_compact(graph: Graph) -> Program:
         it = item_of_node.get(node_id)
         if it is not None:
             return it, -1
-        o = _occurrence_at(ranges, node_id)
+        o = _occurrence_at(ranges, firsts, node_id)
         occ = occs[o]
         local = occ.block.local_of[node_id - occ.offset]
         return port_item[(o, local)], o
@@ -331,10 +333,8 @@ def compile_compact(graph: Graph) -> Program:
     return prog
 
 
-def _occurrence_at(ranges: list[tuple[int, int, int]], node_id: int) -> int:
-    import bisect
-
-    j = bisect.bisect_right(ranges, (node_id, 1 << 62, 1 << 62)) - 1
+def _occurrence_at(ranges: list[tuple[int, int, int]], firsts: list[int], node_id: int) -> int:
+    j = bisect_right(firsts, node_id) - 1
     if j < 0 or not ranges[j][0] <= node_id <= ranges[j][1]:
         raise NotCompact(f"node {node_id} is in no occurrence")
     return ranges[j][2]
@@ -357,12 +357,12 @@ def _outside_deps(blk: Block, occ: Occurrence, inst: pb.RepeatInstance | None) -
 
 
 def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
-                  ranges: list[tuple[int, int, int]]) -> dict[int, set[int]]:
+                  ranges: list[tuple[int, int, int]], firsts: list[int]) -> dict[int, set[int]]:
     """Occurrence -> its local items that a node outside it depends on."""
     need: dict[int, set[int]] = {}
 
     def mark(dep_id: int, own: int) -> None:
-        j = _maybe_occurrence(ranges, dep_id)
+        j = _maybe_occurrence(ranges, firsts, dep_id)
         if j is not None and j != own:
             occ = occs[j]
             need.setdefault(j, set()).add(occ.block.local_of[dep_id - occ.offset])
@@ -376,10 +376,10 @@ def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
     return need
 
 
-def _maybe_occurrence(ranges: list[tuple[int, int, int]], node_id: int) -> int | None:
-    import bisect
-
-    j = bisect.bisect_right(ranges, (node_id, 1 << 62, 1 << 62)) - 1
+def _maybe_occurrence(ranges: list[tuple[int, int, int]], firsts: list[int], node_id: int) -> int | None:
+    """The occurrence whose id range holds ``node_id`` (``firsts``: each range's first id,
+    ascending), or None."""
+    j = bisect_right(firsts, node_id) - 1
     if j < 0 or not ranges[j][0] <= node_id <= ranges[j][1]:
         return None
     return ranges[j][2]
