@@ -185,7 +185,8 @@ def compile_compact(graph: Graph) -> Program:
     # Items: skeleton nodes and ports, stream by stream in id order; macros at the end.
     item_of_node: dict[int, int] = {}                  # skeleton node id -> item
     port_item: dict[tuple[int, int], int] = {}         # (occurrence, local item) -> port item
-    needed = _needed_ports(occs, skeleton, ranges, firsts)
+    outside_of = [_outside_deps(occ.block, occ, occ.instance) for occ in occs]   # walked once, used twice
+    needed = _needed_ports(occs, outside_of, skeleton, ranges, firsts)
     stream_runs: list[list[tuple[int, int]]] = []
     for k in range(len(stream_ids)):
         runs: list[tuple[int, int]] = []
@@ -260,7 +261,7 @@ def compile_compact(graph: Graph) -> Program:
                 before = port_item[(ref, blk.last_on[kk])]
     for o, occ in enumerate(occs):
         blk = occ.block
-        outside = _outside_deps(blk, occ, occ.instance)
+        outside = outside_of[o]
         inputs: list[tuple[int, bool]] = [(prev_on[(o, k)], False) for k in blk.streams]
         for local, dep_id, kind in outside:
             fs = kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
@@ -356,7 +357,7 @@ def _outside_deps(blk: Block, occ: Occurrence, inst: pb.RepeatInstance | None) -
     return out
 
 
-def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
+def _needed_ports(occs: list[Occurrence], outside_of: list[list[tuple[int, int, int]]], skeleton: list[pb.Node],
                   ranges: list[tuple[int, int, int]], firsts: list[int]) -> dict[int, set[int]]:
     """Occurrence -> its local items that a node outside it depends on."""
     need: dict[int, set[int]] = {}
@@ -370,8 +371,8 @@ def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
     for n in skeleton:
         for d in n.deps:
             mark(int(d.id), -1)
-    for o, occ in enumerate(occs):
-        for _, dep_id, _ in _outside_deps(occ.block, occ, occ.instance):
+    for o, outside in enumerate(outside_of):
+        for _, dep_id, _ in outside:
             mark(dep_id, o)
     return need
 
