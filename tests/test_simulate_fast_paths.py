@@ -1,7 +1,8 @@
 """What the simulate side skips or computes in one pass must give the same result to the ns:
 a slowdown round whose durations are all the last run's is not run again, the single-row
-unions of a rank with repeat blocks equal the 2-D form, and the flat layout of a compact
-program is the expanded graph's items in their order."""
+unions of a rank with repeat blocks equal the 2-D form, the flat layout of a compact
+program is the expanded graph's items in their order, and the checker's communication
+signature of a graph with repeat blocks is that of its expansion."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from echo_et.ir import pb
+from echo_et.ir.checker import _signature
 from echo_et.sim.analysis import _row_unions, _unions
 from echo_et.sim.blocks import compile_compact, flat_layout
 from echo_et.sim.program import CAT_OTHER, DEVICE_CATEGORY
@@ -143,3 +145,22 @@ def test_flat_layout_is_the_expanded_graph_in_stream_and_id_order(timed) -> None
     assert got == sorted((dense[n.stream], n.id) for n in expanded.nodes)
     assert lay.occ.size == info.expanded_items
     assert np.array_equal(lay.skeleton_at, np.flatnonzero(lay.occ < 0))
+
+
+def _facts(nodes) -> list[tuple]:
+    return [(n.id, n.kind, n.name, n.collective.type, n.collective.in_bytes, n.collective.root, n.p2p.bytes)
+            for n in nodes]
+
+
+def test_checker_signature_of_a_compact_graph_is_the_expanded_ones(timed) -> None:
+    _, job, _, _ = timed
+    graphs = [g for g in job.graphs() if g.has_repeats]
+    assert graphs
+    for g in graphs:
+        flat = g.copy()
+        flat.expand()
+        a, b = _signature(g), _signature(flat)
+        assert a.keys == b.keys
+        assert {k: _facts(v) for k, v in a.collectives.items()} == {k: _facts(v) for k, v in b.collectives.items()}
+        assert {k: _facts(v) for k, v in a.p2p.items()} == {k: _facts(v) for k, v in b.p2p.items()}
+        assert {k: n.id for k, n in a.max_root.items()} == {k: n.id for k, n in b.max_root.items()}
