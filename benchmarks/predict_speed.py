@@ -84,7 +84,8 @@ def use_bytecode(work: Path) -> None:
 
 
 def run(cmd: list[str]) -> dict:
-    """One whole process: wall seconds, peak RSS (MiB), its output."""
+    """One whole process: wall seconds, CPU seconds (user + system: the steadier number on a
+    shared machine), peak RSS (MiB), its output."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CHILD_ENV)
     out = proc.stdout.read() if proc.stdout else ""
@@ -93,7 +94,8 @@ def run(cmd: list[str]) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-2000:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "out": out}
+    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "out": out}
 
 
 def expand_job(src: Path, dest: Path) -> None:
@@ -123,11 +125,12 @@ def bench(name: str, work: Path) -> dict:
     step_flat = STEP.search(simulate_flat["out"])
     row = {
         "row": name,
-        "trace_s": trace["wall_s"], "trace_rss_mib": trace["peak_rss_mib"],
-        "simulate_s": simulate["wall_s"], "simulate_rss_mib": simulate["peak_rss_mib"],
+        "trace_s": trace["wall_s"], "trace_cpu_s": trace["cpu_s"], "trace_rss_mib": trace["peak_rss_mib"],
+        "simulate_s": simulate["wall_s"], "simulate_cpu_s": simulate["cpu_s"],
+        "simulate_rss_mib": simulate["peak_rss_mib"],
         "total_s": round(trace["wall_s"] + simulate["wall_s"], 2),
         "job_bytes": du(job), "expanded_job_bytes": du(flat),
-        "expanded_simulate_s": simulate_flat["wall_s"],
+        "expanded_simulate_s": simulate_flat["wall_s"], "expanded_simulate_cpu_s": simulate_flat["cpu_s"],
         "expanded_simulate_rss_mib": simulate_flat["peak_rss_mib"],
         "step_ms": float(step.group(1)) if step else None,
         "expanded_step_ms": float(step_flat.group(1)) if step_flat else None,
@@ -225,10 +228,12 @@ def main() -> int:
         rows.append(bench(name, work))
         if not args.json:
             r = rows[-1]
-            print(f"{name}: trace {r['trace_s']} s / {r['trace_rss_mib']} MiB, simulate {r['simulate_s']} s / "
-                  f"{r['simulate_rss_mib']} MiB (total {r['total_s']} s), step {r['step_ms']} ms; "
+            print(f"{name}: trace {r['trace_s']} s ({r['trace_cpu_s']} s CPU) / {r['trace_rss_mib']} MiB, simulate "
+                  f"{r['simulate_s']} s ({r['simulate_cpu_s']} s CPU) / {r['simulate_rss_mib']} MiB "
+                  f"(total {r['total_s']} s), step {r['step_ms']} ms; "
                   f"Job {r['job_bytes'] / 1e6:.1f} MB vs expanded {r['expanded_job_bytes'] / 1e6:.1f} MB, "
-                  f"expanded simulate {r['expanded_simulate_s']} s / {r['expanded_simulate_rss_mib']} MiB, "
+                  f"expanded simulate {r['expanded_simulate_s']} s ({r['expanded_simulate_cpu_s']} s CPU) / "
+                  f"{r['expanded_simulate_rss_mib']} MiB, "
                   f"step {r['expanded_step_ms']} ms", flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
