@@ -328,7 +328,7 @@ def test_the_time_model_prices_the_2_28_algorithms():
         assert np.all(np.diff(t) > 0) and all(c.algorithm in tuning.ALGORITHMS for c in picks)
     # NVLS-tree crosses nodes: twice the nodes' share of its bytes at the ring's network rate x its efficiency
     pl = contiguous(80, 8)
-    slow = {**P, "nvls_tree_net_eff": 0.5}
+    slow, P = {**P, "nvls_tree_net_eff": 0.5}, {**P, "nvls_tree_net_eff": 1.0}
     a = nccl.candidate_costs(P, "all_reduce", np.array(4.0 * GIB), pl)[("nvls_tree", "Simple")]
     b = nccl.candidate_costs(slow, "all_reduce", np.array(4.0 * GIB), pl)[("nvls_tree", "Simple")]
     net = 2 * 9 / 10 * 4 * GIB / (8 * P["net_gbps"]) * 1e-3
