@@ -8,7 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
+from echo_et.ir.limits import check_node_fill
 from echo_et.models.comm import lut, nccl_tests
 from echo_et.models.comm.fit import FitResult, Sample, calibrate
 from echo_et.models.comm.params import SPECS
@@ -20,7 +21,11 @@ from echo_et.models.gpu_variants import comm_preset
 
 def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
     """Where a run's ranks were: its host names when the log lists every rank, otherwise
-    ranks packed onto nodes of ``gpus_per_node``."""
+    ranks packed onto nodes of ``gpus_per_node``. Either way the nodes are equal, as the
+    collective model assumes (the node-fill rule of every verb, ``check_node_fill``, with the
+    run's ranks as the world): packed ranks must fill whole nodes of ``gpus_per_node`` or fit
+    in one, and hosts named by the log must each hold as many ranks, at most
+    ``gpus_per_node``."""
     n = run.ranks
     if run.hosts and len(run.hosts) == n:
         per_host: dict[str, int] = {}
@@ -30,7 +35,15 @@ def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
         if most > gpus_per_node:
             raise EchoError(f"{run.source}: {most} ranks ran on {host}, more than --gpus-per-node "
                             f"{gpus_per_node}")
+        fewest_host, fewest = min(per_host.items(), key=lambda kv: kv[1])
+        if fewest != most:
+            raise EchoError(f"{run.source}: its {n} ranks ran on hosts of unequal size ({most} on {host}, "
+                            f"{fewest} on {fewest_host}); the collective model assumes equal nodes")
         return from_nodes([run.hosts[r] for r in range(n)])
+    try:
+        check_node_fill(n, gpus_per_node)
+    except OptionError as e:
+        raise OptionError(e.option, f"{run.source}: {e}") from None
     return contiguous(n, gpus_per_node)
 
 
