@@ -289,7 +289,7 @@ def test_the_shipped_preset_network_is_what_the_shared_logs_measure(preset):
     their generation in ../shared/data (``benchmarks/comm_preset_network.py --write``): the
     shipped file is byte for byte what measuring it again writes, and its network runs at the
     efficiency that cluster reached (A100: 0.65 of its 200 Gb/s NICs, not the 0.88 guessed
-    before; H100: 0.83 of 400 Gb/s)."""
+    before; H100: 0.82 of 400 Gb/s)."""
     bench = _load_bench("comm_preset_network")
     folder, logs = bench.CLUSTERS[preset]
     for log in logs:
