@@ -93,7 +93,8 @@ def predict_cmd(
         config["vocab"] = vocab
     pred = predict_config(config, opts)
     plot = have_matplotlib()
-    written = write_prediction(pred, output, plot=plot, timeline_events=None if timeline_all else (timeline_events or TIMELINE_EVENTS))
+    bound = None if timeline_all else (timeline_events or TIMELINE_EVENTS)
+    written = write_prediction(pred, output, plot=plot, timeline_events=bound)
     if as_json:
         emit_json({"output": str(output), "written": written, **pred.to_json()})
         return
