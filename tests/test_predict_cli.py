@@ -98,3 +98,19 @@ def test_a_bounded_timeline_is_the_start_of_the_whole_step(tmp_path) -> None:
     full, kept = _boxes(tmp_path / "all"), _boxes(tmp_path / "part")
     assert full.total() == wa["of"] and kept.total() == wb["events"]
     assert kept == Counter({e: n for e, n in full.items() if e[3] < until_us})
+
+
+def test_predicts_default_nodes_are_recorded_only_where_the_layout_fills_them(tmp_path) -> None:
+    """Without --gpus-per-node predict runs on nodes of 8; its Job records them for 8 ranks, but
+    not for 12 (a node would be partly filled: the checker's node-fill rule), and stays valid."""
+    from echo_et.ir import check_job, load_job
+
+    for dp, gpn in (("2", 8), ("3", 0)):
+        args = list(TINY)
+        args[args.index("--dp") + 1] = dp
+        args[args.index("--global-batch") + 1] = str(4 * int(dp))
+        res = runner.invoke(app, ["predict", *args, "-o", str(tmp_path / dp)])
+        assert res.exit_code == 0, res.output
+        job = load_job(tmp_path / dp / "job")
+        assert (job.world_size, job.manifest.hardware.gpus_per_node) == (4 * int(dp), gpn)
+        assert check_job(job) == []

@@ -8,10 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
+from echo_et.ir.limits import check_node_fill
 from echo_et.models.comm import lut, nccl_tests
 from echo_et.models.comm.fit import FitResult, Sample, calibrate
-from echo_et.models.comm.params import SPECS
+from echo_et.models.comm.params import DEFAULTS_FROM, SPECS
 from echo_et.models.comm.profile import Profile, load_preset, preset_names
 from echo_et.models.comm.topology import Placement, contiguous, from_nodes
 from echo_et.models.comm.tuning import VERSIONS
@@ -20,7 +21,11 @@ from echo_et.models.gpu_variants import comm_preset
 
 def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
     """Where a run's ranks were: its host names when the log lists every rank, otherwise
-    ranks packed onto nodes of ``gpus_per_node``."""
+    ranks packed onto nodes of ``gpus_per_node``. Either way the nodes are equal, as the
+    collective model assumes (the node-fill rule of every verb, ``check_node_fill``, with the
+    run's ranks as the world): packed ranks must fill whole nodes of ``gpus_per_node`` or fit
+    in one, and hosts named by the log must each hold as many ranks, at most
+    ``gpus_per_node``."""
     n = run.ranks
     if run.hosts and len(run.hosts) == n:
         per_host: dict[str, int] = {}
@@ -30,7 +35,15 @@ def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
         if most > gpus_per_node:
             raise EchoError(f"{run.source}: {most} ranks ran on {host}, more than --gpus-per-node "
                             f"{gpus_per_node}")
+        fewest_host, fewest = min(per_host.items(), key=lambda kv: kv[1])
+        if fewest != most:
+            raise EchoError(f"{run.source}: its {n} ranks ran on hosts of unequal size ({most} on {host}, "
+                            f"{fewest} on {fewest_host}); the collective model assumes equal nodes")
         return from_nodes([run.hosts[r] for r in range(n)])
+    try:
+        check_node_fill(n, gpus_per_node)
+    except OptionError as e:
+        raise OptionError(e.option, f"{run.source}: {e}") from None
     return contiguous(n, gpus_per_node)
 
 
@@ -156,6 +169,9 @@ def spec_network(base: Profile) -> Profile:
             raise EchoError(f"preset {base.name}: fit.network.prior names {name!r} with {value!r}, "
                             "not a parameter and a number")
         params[name] = float(value)
+    for name, source in DEFAULTS_FROM.items():   # a default taken from a measured value
+        if name not in prior and source in prior and base.params[name] == base.params[source]:
+            params[name] = params[source]
     return replace(base, params=params)
 
 
