@@ -98,6 +98,12 @@ def test_a_bounded_timeline_is_the_start_of_the_whole_step(tmp_path) -> None:
     full, kept = _boxes(tmp_path / "all"), _boxes(tmp_path / "part")
     assert full.total() == wa["of"] and kept.total() == wb["events"]
     assert kept == Counter({e: n for e, n in full.items() if e[3] < until_us})
+    # fewer than the boxes at the step's first instant: those are written (never an empty folder)
+    one = runner.invoke(app, ["predict", *TINY, "--timeline-events", "1", "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    first = _boxes(tmp_path / "one")
+    assert first and {e[3] for e in first} == {0.0}
+    assert first == Counter({e: n for e, n in full.items() if e[3] == 0.0})
 
 
 def test_predicts_default_nodes_are_recorded_only_where_the_layout_fills_them(tmp_path) -> None:

@@ -214,7 +214,8 @@ def window_end(result, ranks: list[int] | None, max_boxes: int | None) -> tuple[
     """(``t``, the boxes of ``ranks`` in the whole step): ``t`` is the latest time (job
     clock, ns) such that at most ``max_boxes`` of them start before it, None when every box
     fits (or ``max_boxes`` is None). With ``until_ns=t``, :func:`timeline_events` gives the
-    longest prefix of the step within that many boxes."""
+    longest prefix of the step within that many boxes; when more than ``max_boxes`` start
+    at the step's first instant, the prefix is those boxes (never empty)."""
     if max_boxes is not None and max_boxes < 1:
         raise ValueError(f"max_boxes must be >= 1, got {max_boxes}")
     tl = result.timeline
@@ -222,5 +223,12 @@ def window_end(result, ranks: list[int] | None, max_boxes: int | None) -> tuple[
     total = sum(int(s.size) for s in starts)
     if max_boxes is None or total <= max_boxes:
         return None, total
+    every = np.concatenate(starts)
     # the (max_boxes+1)-th earliest start: at most max_boxes boxes start before it
-    return int(np.partition(np.concatenate(starts), max_boxes)[max_boxes]), total
+    cut = int(np.partition(every, max_boxes)[max_boxes])
+    first = int(every.min())
+    if cut <= first:
+        # more than max_boxes start at the step's first instant: those, not an empty prefix
+        later = every[every > first]
+        return (int(later.min()), total) if later.size else (None, total)
+    return cut, total
