@@ -87,6 +87,9 @@ def test_a_bounded_timeline_is_the_start_of_the_whole_step(tmp_path) -> None:
     assert whole.exit_code == 0, whole.output
     part = runner.invoke(app, ["predict", *TINY, "--timeline-events", "50", "-o", str(tmp_path / "part")])
     assert part.exit_code == 0, part.output
+    again = runner.invoke(app, ["predict", *TINY, "--timeline-events", "50", "-o", str(tmp_path / "again")])
+    assert again.exit_code == 0, again.output
+    assert _files(tmp_path / "part") == _files(tmp_path / "again")   # the cut is the same on every run
     assert "boxes (--timeline-events N for more" in part.stdout.splitlines()[-1]
     a = json.loads((tmp_path / "all" / "summary.json").read_text())
     b = json.loads((tmp_path / "part" / "summary.json").read_text())

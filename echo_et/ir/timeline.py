@@ -94,8 +94,11 @@ def node_events(rank: int, nodes: Iterable[tuple[pb.Node, NodeSpan]], streams: I
             ts = (TimelineStream(s.id, track, s.kind, s.device, s.native_id) if s is not None
                   else TimelineStream(node.stream, track))
             tstreams[node.stream] = ts
-        launch = next((d.id for d in node.deps
-                       if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH), 0)
+        launch = 0
+        for d in node.deps:
+            if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH:
+                launch = d.id
+                break
         yield TimelineEvent(rank=rank, track=track, name=name, start_ns=start, duration_ns=max(0, end - start),
                             category=kineto_category(node.kind, ts.kind), track_order=order, args=args,
                             kind=node.kind, stream=ts, node_id=node.id, launch_id=launch)

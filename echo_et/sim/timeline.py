@@ -155,10 +155,10 @@ def _compact_events(rank: int, st: RankState, boxes: _Boxes, keep: np.ndarray,
     deps: dict[int, dict[int, list[tuple[int, int]]]] = {}
 
     def spans() -> Iterator[tuple[pb.Node, NodeSpan]]:
-        for k in keep.tolist():
-            o, r = int(boxes.occ[k]), int(boxes.ref[k])
-            w = int(boxes.wait[k])
-            span = (int(boxes.start[k]), int(boxes.end[k]), None if w < 0 else w)
+        cols = (boxes.occ[keep].tolist(), boxes.ref[keep].tolist(), boxes.start[keep].tolist(),
+                boxes.end[keep].tolist(), boxes.wait[keep].tolist())
+        for o, r, s, e, w in zip(*cols, strict=True):
+            span = (s, e, None if w < 0 else w)
             if o < 0:
                 yield stored[r], span
                 continue
