@@ -152,6 +152,9 @@ def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
 def _value(where: str, line: int, column: str, text: str, option: str = "configs") -> int | float | None:
     if column in OPTIONAL and text == "":
         return None
+    if not text.isascii():   # float() reads Arabic-Indic and full-width digits: a number is typed in ASCII
+        raise OptionError(option, f"{where}, line {line}: {column} {text[:40]!r} is not a number written in ASCII "
+                                  "digits")
     if column == "measured_ms":
         try:
             v = float(text)
