@@ -273,3 +273,14 @@ def test_a_folder_given_as_a_configuration_csv_is_not_a_missing_file(tmp_path, f
     argv = (["sweep", "--configs", tmp_path / "c.csv", "--no-plot", "-o", tmp_path / "out"] if flag == "--configs"
             else ["calibrate", "compute", "--iterations", tmp_path / "c.csv", "-o", tmp_path / "p.json"])
     refused(*argv, match=["c.csv", "not a regular file"])
+
+
+def test_every_shipped_preset_passes_the_strict_reader():
+    """The presets load through json.loads; the same files handed back as --profile or
+    --compute-profile go through the strict reader, which must accept them as they are."""
+    from echo_et.models.profile_file import read_model_json
+
+    presets = sorted((MODELS / "comm" / "presets").glob("*.json")) + [COMPUTE]
+    assert len(presets) >= 5
+    for p in presets:
+        assert read_model_json(p, p.name, "profile") == json.loads(p.read_text())
