@@ -19,7 +19,15 @@ cases or workers, and a failure is reproduced with ``--only I``. The kinds of ca
 * ``nccl``: an nccl-tests log truncated at a random line or byte, calibrated;
 * ``kill``: a writer killed with SIGKILL mid-run: its output is absent or whole, and the
   next run succeeds and leaves no temporary file;
-* ``seeds``: a command run under PYTHONHASHSEED 1 and 2: stdout and every output byte equal.
+* ``seeds``: a command run under PYTHONHASHSEED 1 and 2: stdout and every output byte equal;
+* ``compute_profile``, ``comm_profile``, ``slowdown_model``, ``configs_csv``: a model file a
+  user passes (``--compute-profile``, ``--profile``/``--comm-profile``, ``--slowdown``,
+  ``sweep --configs``/``calibrate compute --iterations``) damaged by :func:`mutate_json` or
+  :func:`mutate_csv` (a field re-typed to a string, list, null, bool, NaN, an infinity, a
+  negative, a denormal or a 400-digit number; a key dropped, added or written twice; the text
+  cut; another top-level type; a byte-order mark or UTF-16; values nested 900-100,000 deep;
+  a valid file of another kind; a pipe, a folder or /dev/zero in its place; for CSVs cells,
+  columns and rows as well, and valid numbers no job has), read by every verb that takes it.
 
 Each case is classified (a case may fall in several classes): ``traceback`` (stderr holds
 ``Traceback``), ``hang`` (killed at the timeout), ``user_file_deleted``, ``multi_line_error``
@@ -27,11 +35,15 @@ Each case is classified (a case may fall in several classes): ``traceback`` (std
 ``check``'s "readable but invalid" and a sweep's documented "N of M points failed"),
 ``crash`` (killed by a signal or another exit code), ``memory`` (peak RSS above
 ``--max-rss``), ``temp_left`` (a ``.*.tmp`` left after a failed or repeated run),
-``partial_output`` (a killed writer left a broken output), ``nondeterministic``.
+``partial_output`` (a killed writer left a broken output), ``nondeterministic``,
+``input_modified`` (a model-file case's input changed), ``nonfinite_output`` (a model-file
+case exited 0 but printed or wrote a NaN or an infinity).
 
 Usage::
 
     python benchmarks/hostile_campaign.py --seed 7 --cases 3000 --workers 2 --json out.json
+    python benchmarks/hostile_campaign.py --seed 7 --cases 1600 --workers 1 --json out.json \
+        --kinds compute_profile,comm_profile,slowdown_model,configs_csv
 
 prints a summary table (cases per kind, failures per class and per verb) and writes every
 case (argv, setup, exit code, first stderr line, classes, time, peak RSS) as JSON.

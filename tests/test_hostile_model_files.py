@@ -257,8 +257,8 @@ def test_a_comm_profile_field_of_the_wrong_type_names_it(tmp_path, path, value, 
     estimate_with(tmp_path, json.dumps(doc), match=["cc.json: ", shown])
 
 
-# -- 7. configuration CSVs: digits of other scripts were read as numbers --------------------------------------
-@pytest.mark.parametrize("value", ["\u0664", "\uff14", "4\u0664"])
+# -- 7. configuration CSVs: digits of other scripts, and "1_000", were read as numbers ---
+@pytest.mark.parametrize("value", ["\u0664", "\uff14", "4\u0664", "1_000", "0_4"])
 def test_a_configuration_value_in_non_ascii_digits_is_refused(tmp_path, value):
     f = tmp_path / "c.csv"
     f.write_text(f"layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n2,64,4,32,1,{value},1,1,2\n")
