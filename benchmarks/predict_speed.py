@@ -6,6 +6,7 @@ blocks written out as nodes: what every Job looked like before blocks) beside it
     python benchmarks/predict_speed.py [--rows goal 8k vtrain] [--workdir DIR] [--json]
     python benchmarks/predict_speed.py --sweep 109 [--workers 2]
     python benchmarks/predict_speed.py --main-job
+    python benchmarks/predict_speed.py --predict [predict predict-175b] [--repeat 3] [--timeline-all]
 
 ``--main-job``: the README's main job (``echo-et predict ...``, read from README.md, its
 output folder moved under the work folder), one whole process: wall, peak RSS, what it wrote.
@@ -21,6 +22,13 @@ Rows (GPT-175B: 96 layers, hidden 12288, 96 heads, sequence 2048, recomputation,
 
 The step time printed by both simulations must be the same (the expansion means the same
 Job); a difference is reported and the script exits 1.
+
+``--predict``: ``echo-et predict`` of a configuration (one folder: summary, timeline, chart,
+Job), one whole process per run, ``--repeat`` runs, the least wall, CPU (user + system, the
+tracer's forked workers included) and peak RSS of each; ``--timeline-all`` writes the whole
+step's timeline instead of the default bound. Rows: ``predict``, GPT 48 layers, hidden 8192,
+TP4 x PP8 x DP16 (512 GPUs, 96 micro-batches per pipeline); ``predict-175b``, the
+docs/predict.md GPT-175B job, TP8 x PP16 x DP4 (512 GPUs, 384 micro-batches per pipeline).
 
 ``--sweep N``: ``echo-et sweep --configs`` over the first N configurations of a fixed grid of
 multi-node GPT layouts (3.6B to 175B parameters, 64 to 512 GPUs in nodes of 8, tensor
@@ -53,11 +61,19 @@ ROWS = {
                "--micro-batch", "4", "--global-batch", "64", "--tp", "4", "--pp", "2", "--dp", "1",
                "--recompute"],
 }
+PREDICT_ROWS = {
+    "predict": ["--layers", "48", "--hidden", "8192", "--heads", "64", "--seq", "2048", "--micro-batch", "1",
+                "--global-batch", "1536", "--tp", "4", "--pp", "8", "--dp", "16", "--recompute",
+                "--gpu", "a100", "--gpus-per-node", "8", "--inter-bw", "800Gb/s/node"],
+    "predict-175b": GPT175B + ["--micro-batch", "1", "--global-batch", "1536", "--tp", "8", "--pp", "16",
+                               "--dp", "4", "--recompute", *CLUSTER],
+}
 STEP = re.compile(r"step time ([0-9.]+) ms")
 
 
 def run(cmd: list[str]) -> dict:
-    """One whole process: wall seconds, peak RSS (MiB), its output."""
+    """One whole process: wall seconds, CPU seconds (user + system, its children
+    included), peak RSS (MiB), its output."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = proc.stdout.read() if proc.stdout else ""
@@ -66,7 +82,8 @@ def run(cmd: list[str]) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-2000:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "out": out}
+    return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "out": out}
 
 
 def expand_job(src: Path, dest: Path) -> None:
@@ -168,6 +185,25 @@ def bench_main_job(work: Path) -> dict:
             "timeline_bytes": du(out / "timeline")}
 
 
+def bench_predict(name: str, work: Path, repeat: int, timeline_all: bool) -> dict:
+    """``echo-et predict`` of row ``name``, ``repeat`` whole processes: the least of each
+    measure (the machine may be shared), and what the folder holds."""
+    out = work / f"{name}-predict"
+    echo = shutil.which("echo-et", path=str(Path(sys.executable).parent)) or "echo-et"
+    args = [*PREDICT_ROWS[name], *(["--timeline-all"] if timeline_all else []), "-o", str(out)]
+    runs = [run([echo, "predict", *args]) for _ in range(repeat)]
+    summary = json.loads((out / "summary.json").read_text())
+    step = STEP.search(runs[-1]["out"])
+    return {"row": name, "command": "echo-et predict " + " ".join(args[:-2]), "runs": repeat,
+            "wall_s": min(r["wall_s"] for r in runs), "cpu_s": min(r["cpu_s"] for r in runs),
+            "peak_rss_mib": min(r["peak_rss_mib"] for r in runs),
+            "step_ms": float(step.group(1)) if step else None, "world_size": summary["world_size"],
+            # (an echo-et before the bound wrote the whole step and no "timeline" key)
+            "timeline_events": summary.get("timeline", {}).get("events"),
+            "step_events": summary.get("timeline", {}).get("of"),
+            "timeline_bytes": du(out / "timeline"), "output_bytes": du(out)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=["vtrain", "goal", "8k"], choices=sorted(ROWS))
@@ -176,11 +212,22 @@ def main() -> int:
     ap.add_argument("--sweep", type=int, default=0, help="time a config sweep of this many rows instead")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--main-job", action="store_true", help="time the README's main job instead")
+    ap.add_argument("--predict", nargs="*", choices=sorted(PREDICT_ROWS), default=None,
+                    help="time echo-et predict of these rows instead (default: all)")
+    ap.add_argument("--repeat", type=int, default=3, help="--predict: runs per row (the least is kept)")
+    ap.add_argument("--timeline-all", action="store_true", help="--predict: write the whole step's timeline")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="predict-speed-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.main_job:
         print(json.dumps(bench_main_job(work), indent=2))
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
+    if args.predict is not None:
+        res = [bench_predict(name, work, max(1, args.repeat), args.timeline_all)
+               for name in (args.predict or sorted(PREDICT_ROWS))]
+        print(json.dumps(res, indent=2))
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
         return 0

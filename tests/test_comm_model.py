@@ -3,6 +3,7 @@ what-ifs, bad input. No measurements needed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -357,3 +358,29 @@ def test_a_send_recv_channel_pays_one_step_of_pipeline_fill():
     assert 1.45 < per_byte[0] / per_byte[1] < 1.8
     # LL carries no FIFO steps of that size: the fill is Simple's only
     assert h100.estimate("all_to_all", 64 * KiB, ranks).protocol == "LL"
+
+
+def test_nvls_tree_hops_have_their_own_latency_and_old_profiles_keep_theirs(tmp_path):
+    """NVLS-tree's network hops (``nvls_tree_hop_us``) are priced apart from a ring's network
+    steps; a profile written before the parameter existed takes its ``net_hop_us.Simple``, so
+    it times NVLS-tree as it did, and a profile writes the parameter only when it differs."""
+    from echo_et.models.comm.params import flatten, nest
+    from echo_et.models.comm.profile import load_profile, write_profile
+
+    base = CommModel.preset("h100-ib").profile
+    old = {k: v for k, v in nest(base.params).items()}
+    old.pop("nvls_tree_hop_us", None)
+    flat = flatten(old, "old")
+    assert flat["nvls_tree_hop_us"] == flat["net_hop_us.Simple"]
+    assert "nvls_tree_hop_us" not in nest(flat)
+    ranks = list(range(80))
+    slow = {**base.params, "nvls_tree_hop_us": base.params["nvls_tree_hop_us"] + 100.0}
+    a, b = CommModel(base), CommModel(dataclasses.replace(base, params=slow))
+    ea, eb = a.estimate("all_reduce", 256 * MiB, ranks), b.estimate("all_reduce", 256 * MiB, ranks)
+    assert ea.algorithm == eb.algorithm == "nvls_tree"
+    assert eb.time_ns - ea.time_ns == pytest.approx(2 * 4 * 100.0 * 1e3, rel=1e-6)   # 2 ceil(log2 10) hops
+    ring = [m.estimate("all_gather", 16 * MiB, ranks) for m in (a, b)]
+    assert ring[0].algorithm == "ring" and ring[0].time_ns == ring[1].time_ns
+    write_profile(dataclasses.replace(base, params=slow), tmp_path / "p.json")
+    again = load_profile(tmp_path / "p.json").params["nvls_tree_hop_us"]
+    assert again == pytest.approx(slow["nvls_tree_hop_us"], rel=1e-5)

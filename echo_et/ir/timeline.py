@@ -9,7 +9,7 @@ never imports a converter. The writer, which turns events into Kineto's trace sc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from echo_et.ir.graph import Graph
@@ -64,26 +64,41 @@ def graph_events(rank: int, graph: Graph, span_of: Callable[[int], NodeSpan | No
     A collective or P2P box spans its wait and its transfer, as a profiler records the
     kernel (it is launched, waits for its peers inside, then moves data); ``wait_ns`` in
     its args says how much of it was waiting."""
-    streams = {s.id: s for s in graph.header.streams}
-    tstreams: dict[int, TimelineStream] = {}
     kinds = {n.id: n.kind for n in graph.nodes}
-    for idx, node in enumerate(graph.nodes):
-        span = span_of(idx)
-        if span is None:
-            continue
-        start, end, wait = span
+
+    def spans() -> Iterator[tuple[pb.Node, NodeSpan]]:
+        for idx, node in enumerate(graph.nodes):
+            span = span_of(idx)
+            if span is not None:
+                yield node, span
+
+    return node_events(rank, spans(), graph.header.streams, kinds.get, group_of)
+
+
+def node_events(rank: int, nodes: Iterable[tuple[pb.Node, NodeSpan]], streams: Iterable[pb.Stream],
+                kind_of: Callable[[int], int | None],
+                group_of: Callable[[str], pb.ProcessGroup]) -> Iterator[TimelineEvent]:
+    """:func:`graph_events` for chosen nodes of a rank's graph (each with its span, in the
+    order given): ``streams`` are the graph header's, ``kind_of(node id)`` the kind of any
+    node of the graph (None: no such node), which finds the launch that issued a kernel."""
+    by_id = {s.id: s for s in streams}
+    tstreams: dict[int, TimelineStream] = {}
+    for node, (start, end, wait) in nodes:
         name, args = node_label(node, group_of)
-        track, order, _ = node_track(node, streams, args)
+        track, order, _ = node_track(node, by_id, args)
         if wait is not None:
             args["wait_ns"] = wait
         ts = tstreams.get(node.stream)
         if ts is None:
-            s = streams.get(node.stream)
+            s = by_id.get(node.stream)
             ts = (TimelineStream(s.id, track, s.kind, s.device, s.native_id) if s is not None
                   else TimelineStream(node.stream, track))
             tstreams[node.stream] = ts
-        launch = next((d.id for d in node.deps
-                       if d.kind == pb.DEP_LAUNCH and kinds.get(d.id) == pb.KIND_LAUNCH), 0)
+        launch = 0
+        for d in node.deps:
+            if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH:
+                launch = d.id
+                break
         yield TimelineEvent(rank=rank, track=track, name=name, start_ns=start, duration_ns=max(0, end - start),
                             category=kineto_category(node.kind, ts.kind), track_order=order, args=args,
                             kind=node.kind, stream=ts, node_id=node.id, launch_id=launch)

@@ -12,7 +12,7 @@ from echo_et.errors import EchoError, OptionError
 from echo_et.ir.limits import check_node_fill
 from echo_et.models.comm import lut, nccl_tests
 from echo_et.models.comm.fit import FitResult, Sample, calibrate
-from echo_et.models.comm.params import SPECS
+from echo_et.models.comm.params import DEFAULTS_FROM, SPECS
 from echo_et.models.comm.profile import Profile, load_preset, preset_names
 from echo_et.models.comm.topology import Placement, contiguous, from_nodes
 from echo_et.models.comm.tuning import VERSIONS
@@ -169,6 +169,9 @@ def spec_network(base: Profile) -> Profile:
             raise EchoError(f"preset {base.name}: fit.network.prior names {name!r} with {value!r}, "
                             "not a parameter and a number")
         params[name] = float(value)
+    for name, source in DEFAULTS_FROM.items():   # a default taken from a measured value
+        if name not in prior and source in prior and base.params[name] == base.params[source]:
+            params[name] = params[source]
     return replace(base, params=params)
 
 
