@@ -112,7 +112,7 @@ def read_model_json(path: str | os.PathLike[str], where: str, what: str) -> Any:
     except _Refused as e:
         raise EchoError(f"{where}: not a JSON {what}: {e}") from None
     except RecursionError:
-        raise EchoError(f"{where}: not a {what}: nested thousands of levels deep") from None
+        raise EchoError(f"{where}: not a {what}: nested too deeply to read (thousands of levels)") from None
     except ValueError as e:   # an integer of more than 4,300 digits
         raise EchoError(f"{where}: not a JSON {what} ({str(e).split(';')[0]})") from None
     _check_values(doc, where)
