@@ -19,7 +19,15 @@ cases or workers, and a failure is reproduced with ``--only I``. The kinds of ca
 * ``nccl``: an nccl-tests log truncated at a random line or byte, calibrated;
 * ``kill``: a writer killed with SIGKILL mid-run: its output is absent or whole, and the
   next run succeeds and leaves no temporary file;
-* ``seeds``: a command run under PYTHONHASHSEED 1 and 2: stdout and every output byte equal.
+* ``seeds``: a command run under PYTHONHASHSEED 1 and 2: stdout and every output byte equal;
+* ``compute_profile``, ``comm_profile``, ``slowdown_model``, ``configs_csv``: a model file a
+  user passes (``--compute-profile``, ``--profile``/``--comm-profile``, ``--slowdown``,
+  ``sweep --configs``/``calibrate compute --iterations``) damaged by :func:`mutate_json` or
+  :func:`mutate_csv` (a field re-typed to a string, list, null, bool, NaN, an infinity, a
+  negative, a denormal or a 400-digit number; a key dropped, added or written twice; the text
+  cut; another top-level type; a byte-order mark or UTF-16; values nested 900-100,000 deep;
+  a valid file of another kind; a pipe, a folder or /dev/zero in its place; for CSVs cells,
+  columns and rows as well, and valid numbers no job has), read by every verb that takes it.
 
 Each case is classified (a case may fall in several classes): ``traceback`` (stderr holds
 ``Traceback``), ``hang`` (killed at the timeout), ``user_file_deleted``, ``multi_line_error``
@@ -27,11 +35,15 @@ Each case is classified (a case may fall in several classes): ``traceback`` (std
 ``check``'s "readable but invalid" and a sweep's documented "N of M points failed"),
 ``crash`` (killed by a signal or another exit code), ``memory`` (peak RSS above
 ``--max-rss``), ``temp_left`` (a ``.*.tmp`` left after a failed or repeated run),
-``partial_output`` (a killed writer left a broken output), ``nondeterministic``.
+``partial_output`` (a killed writer left a broken output), ``nondeterministic``,
+``input_modified`` (a model-file case's input changed), ``nonfinite_output`` (a model-file
+case exited 0 but printed or wrote a NaN or an infinity).
 
 Usage::
 
     python benchmarks/hostile_campaign.py --seed 7 --cases 3000 --workers 2 --json out.json
+    python benchmarks/hostile_campaign.py --seed 7 --cases 1600 --workers 1 --json out.json \
+        --kinds compute_profile,comm_profile,slowdown_model,configs_csv
 
 prints a summary table (cases per kind, failures per class and per verb) and writes every
 case (argv, setup, exit code, first stderr line, classes, time, peak RSS) as JSON.
@@ -41,7 +53,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -64,9 +78,12 @@ REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "fixtures"
 SHARED = Path(os.environ.get("ECHO_ET_SHARED_DATA", REPO.parent / "shared" / "data"))
 CLASSES = ["traceback", "hang", "user_file_deleted", "multi_line_error", "exit_1", "crash", "memory",
-           "temp_left", "partial_output", "nondeterministic"]
+           "temp_left", "partial_output", "nondeterministic", "input_modified", "nonfinite_output"]
 KIND_WEIGHTS = {"bytes": 24, "retype": 14, "option": 26, "output": 10, "userfile": 9, "nccl": 7,
-                "kill": 3, "seeds": 7}
+                "kill": 3, "seeds": 7, "compute_profile": 4, "comm_profile": 4, "slowdown_model": 3,
+                "configs_csv": 4}
+# The kinds that hand a verb a damaged model file (see MODEL_FILE_KINDS' mutators below).
+MODEL_FILE_KINDS = ("compute_profile", "comm_profile", "slowdown_model", "configs_csv")
 
 
 def echo_et_argv() -> list[str]:
@@ -92,6 +109,11 @@ class Base:
     configs: Path = field(init=False)
     slowdown: Path = field(init=False)
     script: Path = field(init=False)
+    job_meta: Path = field(init=False)      # 2-rank GPT traced on the meta device for an a100 (no times)
+    compute_profile: Path = field(init=False)
+    comm_preset: Path = field(init=False)
+    slowdown_model: Path = field(init=False)
+    configs_vtrain: Path = field(init=False)  # vTrain's column names, a byte-order mark, measured_ms
 
     def make(self, run: Callable[..., subprocess.CompletedProcess]) -> None:
         r = self.root
@@ -130,6 +152,21 @@ class Base:
             self.slowdown.write_text("".join(src.read_text().splitlines(keepends=True)[:120]))
         self.script = r / "user_ddp.py"
         shutil.copyfile(FIX / "jobs" / "user_ddp.py", self.script)
+        # the model files of the MODEL_FILE_KINDS, each as echo-et ships or writes it
+        self.job_meta = r / "job_meta"
+        ok(run("trace", "--device", "meta", "--gpu", "a100", "--dp", "2", "--jobs", "1", "-o", self.job_meta))
+        self.compute_profile = r / "compute.json"
+        shutil.copyfile(REPO / "echo_et" / "models" / "compute" / "presets" / "a100.json", self.compute_profile)
+        self.comm_preset = r / "a100-ib.json"
+        shutil.copyfile(REPO / "echo_et" / "models" / "comm" / "presets" / "a100-ib.json", self.comm_preset)
+        self.slowdown_model = r / "slowdown.json"
+        if self.slowdown.exists():
+            ok(run("calibrate", "slowdown", self.slowdown, "-o", self.slowdown_model))
+        self.configs_vtrain = r / "configs_vtrain.csv"
+        self.configs_vtrain.write_bytes(
+            "\ufeff# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+            "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
+            "2,4,1,64,4,2,32,1,2,1,12.5\n4,8,1,64,4,2,32,2,2,1,14.0\n".encode())
 
 
 def ok(p: subprocess.CompletedProcess) -> None:
@@ -152,6 +189,7 @@ class Case:
     kill_after: float | None = None
     seeds: bool = False
     stdin: bytes | None = None
+    inputs: dict[str, str] = field(default_factory=dict)  # an input file -> its sha256: never modified
 
 
 @dataclass
@@ -228,7 +266,8 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((tr, "--intra-bw", "rate", 60))
     t.append((["trace", "--script", f"{b.script}:build", "--jobs", "1", "-o", out], "--dp", "int", 60))
     t.append((["trace", "--device", "cpu", "--jobs", "1", "-o", out], "--verify", "name", 60))
-    pr = ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "-o", out]
+    pr = ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "2",
+                   "-o", out]
     for o in ("--seq", "--micro-batch", "--dp", "--tp", "--pp", "--gpus-per-node", "--vocab"):
         t.append((pr, o, "int", 60))
     for o, k in (("--intra-bw", "rate"), ("--gpu", "name"), ("--dtype", "name")):
@@ -248,7 +287,7 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
         t.append((["calibrate", "evaluate", b.nccl[0]], "--gpus-per-node", "int", 30))
         t.append((["calibrate", "nccl-tests", b.nccl[0], "-o", out.with_suffix(".json")], "--gpus-per-node", "int", 30))
     if b.slowdown.exists():
-        t.append((["calibrate", "slowdown", b.slowdown], "--folds", "int", 30))
+        t.append((["calibrate", "slowdown", b.slowdown, "-o", out.with_suffix(".json")], "--folds", "int", 30))
     return t
 
 
@@ -332,7 +371,8 @@ def _reader_verbs(kind: str, src: Path, out: Path) -> list[list[Any]]:
                 ["export", "astra-sim", src, "--no-expected", "-o", out], ["export", "chrome", src, "-o", out],
                 ["export", "graphml", src, "-o", out.with_suffix(".graphml")], ["scale", src, "--dp", "8", "-o", out],
                 ["select", src, "--ranks", "0-1", "-o", out], ["simulate", src, "--timeline", out],
-                ["calibrate", "trace", src, "-o", out.with_suffix(".json")], ["calibrate", "slowdown", src]]
+                ["calibrate", "trace", src, "-o", out.with_suffix(".json")],
+                ["calibrate", "slowdown", src, "-o", out.with_suffix(".json")]]
     if kind == "nccl":
         return [["calibrate", "nccl-tests", src, "--gpus-per-node", "8", "-o", out.with_suffix(".json")],
                 ["calibrate", "evaluate", src, "--gpus-per-node", "8"]]
@@ -342,7 +382,7 @@ def _reader_verbs(kind: str, src: Path, out: Path) -> list[list[Any]]:
     if kind == "configs":
         return [["sweep", "--configs", src, "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out]]
     if kind == "slowdown":
-        return [["calibrate", "slowdown", src]]
+        return [["calibrate", "slowdown", src, "-o", out.with_suffix(".json")]]
     raise ValueError(kind)
 
 
@@ -351,9 +391,315 @@ def _verb_name(argv: list[Any]) -> str:
     return " ".join(words[:2]) if words[0] in ("export", "calibrate") else words[0]
 
 
+# -- model files: compute profiles, CC profiles, slowdown models, configuration CSVs ---------------------
+# A value a field of a model file may be re-typed to: other JSON types, numbers a float or an int
+# cannot hold or a model cannot use (NaN, infinities, negatives, denormals, 400 digits), strings
+# that look like numbers, and nested containers.
+HOSTILE_VALUES: list[Any] = [None, True, False, "", "x", "NaN", "1e30", "8", [], [1, 2], [None], {}, {"a": 1},
+                             {"": []}, 0, -0.0, -1, -1e300, 1.5, 5e-324, 1e-320, 1e308, math.nan, math.inf,
+                             -math.inf, 2 ** 63, 2 ** 64, -(2 ** 63) - 1, 10 ** 400, -(10 ** 400)]
+EXTRA_KEYS = ["extra", "", "__proto__", "params", "gpu", "schema", "format", "hardware", "fit", "global",
+              "x" * 300, "\u00e9\u00e8", "nccl"]
+HOSTILE_CELLS = ["", " ", "nan", "NaN", "inf", "-inf", "-1", "0", "-0", "1e400", "9" * 400, "1e18", "abc",
+                 "1.5", "2.0", "0x10", "1_000", "null", "true", "[1]", "4 4", "\u0664", "\uff14", "1e-320",
+                 "2147483648", "9223372036854775808", "+4", "4,", '"4"', "\x00"]
+# Numbers a model can read but no training job has (they must be refused or bounded, never run for
+# hours): (column, value)
+ABSURD_CONFIG = [("layers", "1000000"), ("layers", "100000"), ("hidden", "10000000"), ("hidden", "65536"),
+                 ("heads", "100000"), ("heads", "3"), ("seq", "1000000000"), ("seq", "1048576"),
+                 ("micro_batch", "1000000"), ("global_batch", "1000000000"), ("global_batch", "3"),
+                 ("tp", "1024"), ("tp", "3"), ("pp", "4096"), ("pp", "3"), ("dp", "262144"), ("dp", "100000"),
+                 ("vocab", "1000000000000"), ("vocab", "1"), ("vocab", "0"), ("gpus", "1000"),
+                 ("measured_ms", "1e300"), ("measured_ms", "1e-300")]
+
+
+class Deep:
+    """A value written as ``n`` nested empty lists (or objects): deeper than json or a recursive reader go."""
+
+    def __init__(self, n: int, obj: bool = False):
+        self.n, self.obj = n, obj
+
+    def text(self) -> str:
+        return ('{"a":' * self.n + "{}" + "}" * self.n) if self.obj else "[" * self.n + "]" * self.n
+
+
+class Pairs:
+    """A JSON object written with its keys as given, repeats included (``json`` keeps the last)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]):
+        self.pairs = pairs
+
+
+def dumps_hostile(v: Any) -> str:
+    """JSON text of ``v``, with NaN/Infinity, :class:`Deep` and :class:`Pairs` written as they are."""
+    if isinstance(v, Deep):
+        return v.text()
+    if isinstance(v, Pairs):
+        return "{" + ",".join(f"{json.dumps(k)}:{dumps_hostile(x)}" for k, x in v.pairs) + "}"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{dumps_hostile(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(dumps_hostile(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def _pick_path(rng: random.Random, doc: Any) -> tuple:
+    """A path into ``doc`` drawn field by field from the top (each level's keys equally likely),
+    stopping at a container a third of the time: every field of a small profile is reached, and a
+    long list (a fit's excluded samples) does not swamp the rest."""
+    path: tuple = ()
+    node = doc
+    while isinstance(node, dict | list) and node:
+        if path and rng.random() < 0.33:
+            break
+        key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
+        path = (*path, key)
+        node = node[key]
+    return path
+
+
+def _parent(doc: Any, path: tuple) -> Any:
+    for k in path[:-1]:
+        doc = doc[k]
+    return doc
+
+
+def _hostile_value(rng: random.Random) -> Any:
+    if rng.random() < 0.06:
+        return Deep(rng.choice([50, 900, 5000, 100_000]), obj=rng.random() < 0.5)
+    return rng.choice(HOSTILE_VALUES)
+
+
+def _shown_value(v: Any) -> str:
+    if isinstance(v, Deep):
+        return f"{'{...}' if v.obj else '[...]'} {v.n} deep"
+    text = dumps_hostile(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def mutate_json(rng: random.Random, doc: Any, others: dict[str, bytes]) -> tuple[bytes | None, str]:
+    """A damaged copy of the JSON document ``doc`` (its bytes, and what was done), or None and
+    the name of a special file to make instead (``fifo``, ``dir``, ``dev_zero``, ``dangling``).
+    ``others``: valid files of other kinds, by name (handed over whole)."""
+    how = rng.choices(["retype", "drop", "extra", "multi", "truncate", "toplevel", "bom", "dup", "deep",
+                       "other", "strings", "special", "encoding"],
+                      weights=[30, 10, 8, 10, 8, 5, 3, 6, 5, 7, 3, 3, 2])[0]
+    if how in ("retype", "drop", "extra", "multi", "dup", "strings"):
+        edits = []
+        for _ in range(rng.randint(2, 3) if how == "multi" else 1):
+            op = rng.choice(["retype", "retype", "drop", "extra"]) if how == "multi" else how
+            path = _pick_path(rng, doc)
+            if op == "extra" or not path:
+                target = doc if not path else _parent(doc, path)
+                if not isinstance(target, dict):
+                    target = doc
+                if isinstance(target, dict):
+                    k = rng.choice(EXTRA_KEYS)
+                    v = _hostile_value(rng)
+                    target[k] = v
+                    edits.append(f"extra {list(path[:-1])}[{k[:20]!r}] = {_shown_value(v)}")
+                continue
+            parent = _parent(doc, path)
+            if op == "drop":
+                if isinstance(parent, dict):
+                    parent.pop(path[-1])
+                else:
+                    parent.pop(path[-1])
+                edits.append(f"drop {list(path)}")
+            elif op == "dup":
+                if isinstance(parent, dict):
+                    v = _hostile_value(rng)
+                    items = list(parent.items())
+                    at = items.index((path[-1], parent[path[-1]]))
+                    pairs = [*items[:at + 1], (path[-1], v), *items[at + 1:]]
+                    if rng.random() < 0.5:   # the bad value first, the good one last
+                        pairs = [*items[:at], (path[-1], v), *items[at:]]
+                    grand = _parent(doc, path[:-1]) if len(path) > 1 else None
+                    if grand is None:
+                        doc = Pairs(pairs)
+                    else:
+                        grand[path[-2]] = Pairs(pairs)
+                    edits.append(f"duplicate key {list(path)} = {_shown_value(v)}")
+                else:
+                    parent.insert(path[-1], parent[path[-1]])
+                    edits.append(f"duplicate element {list(path)}")
+            elif op == "strings":   # every number under the path written as a string
+                def stringify(x: Any) -> Any:
+                    if isinstance(x, dict):
+                        return {k: stringify(y) for k, y in x.items()}
+                    if isinstance(x, list):
+                        return [stringify(y) for y in x]
+                    return str(x) if isinstance(x, int | float) and not isinstance(x, bool) else x
+                parent[path[-1]] = stringify(parent[path[-1]])
+                edits.append(f"numbers as strings under {list(path)}")
+            else:
+                v = _hostile_value(rng)
+                parent[path[-1]] = v
+                edits.append(f"{list(path)} = {_shown_value(v)}")
+        return dumps_hostile(doc).encode(), "; ".join(edits) or "unchanged"
+    text = dumps_hostile(doc).encode()
+    if how == "truncate":
+        at = rng.randrange(len(text))
+        return text[:at], f"truncated at byte {at} of {len(text)}"
+    if how == "toplevel":
+        v = rng.choice([[], [doc], "profile", 42, None, True, 1e999, Deep(100_000)])
+        return dumps_hostile(v).encode(), f"top level {_shown_value(v)}"
+    if how == "bom":
+        return b"\xef\xbb\xbf" + text, "UTF-8 byte-order mark"
+    if how == "encoding":
+        enc = rng.choice(["utf-16", "utf-32", "latin-1 \xff"])
+        if enc.startswith("latin"):
+            return text[:-1] + b', "name": "\xff\xfe"}', "a byte that is not UTF-8"
+        return dumps_hostile(doc).encode(enc), f"encoded {enc}"
+    if how == "deep":
+        n = rng.choice([900, 5000, 100_000])
+        where = _pick_path(rng, doc)
+        if where:
+            _parent(doc, where)[where[-1]] = Deep(n, obj=rng.random() < 0.5)
+            return dumps_hostile(doc).encode(), f"{list(where)} nested {n} deep"
+        return Deep(n).text().encode(), f"nested {n} deep"
+    if how == "other":
+        name = rng.choice(sorted(others))
+        return others[name], f"a valid {name} instead"
+    return None, rng.choice(["fifo", "dir", "dev_zero", "dangling", "empty", "spaces"])
+
+
+def make_special(path: Path, what: str) -> None:
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "dir":
+        path.mkdir()
+    elif what == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif what == "dangling":
+        os.symlink(path.parent / "nowhere.json", path)
+    elif what == "empty":
+        path.write_bytes(b"")
+    else:
+        path.write_bytes(b" \n" * 1000)
+
+
+def mutate_csv(rng: random.Random, text: str, others: dict[str, bytes]) -> tuple[bytes | None, str]:
+    """A damaged copy of a configuration CSV (its bytes, and what was done), or None and the
+    name of a special file to make instead."""
+    bom = text.startswith("\ufeff")
+    lines = text.lstrip("\ufeff").splitlines()
+    rows = [ln.split(",") for ln in lines]
+    head = rows[0]
+    how = rng.choices(["cell", "multi", "absurd", "drop_col", "extra_col", "dup_col", "row_len", "truncate",
+                       "bytes", "quotes", "empty", "many", "other", "special", "gpus"],
+                      weights=[28, 8, 14, 5, 5, 3, 5, 7, 5, 3, 3, 2, 5, 3, 4])[0]
+    desc = ""
+    if how in ("cell", "multi"):
+        edits = []
+        for _ in range(rng.randint(2, 4) if how == "multi" else 1):
+            r = rng.randrange(len(rows)) if rng.random() < 0.9 else 0
+            r = max(r, 1) if rng.random() < 0.9 else r
+            c = rng.randrange(len(head))
+            v = rng.choice(HOSTILE_CELLS)
+            rows[r][c] = v
+            edits.append(f"row {r} {head[c] if r else 'header'}[{c}] = {v[:20]!r}")
+        desc = "; ".join(edits)
+    elif how == "absurd":
+        names = {VT.get(h, h): i for i, h in enumerate(head)}
+        col, v = rng.choice(ABSURD_CONFIG)
+        if col not in names:
+            head.append(col if col not in ("gpus", "measured_ms") or not bom else
+                        {"gpus": "# GPUs", "measured_ms": "iteration time (ms)"}[col])
+            for row in rows[1:]:
+                row.append("")
+            names[col] = len(head) - 1
+        r = rng.randrange(1, len(rows))
+        rows[r][names[col]] = v
+        desc = f"row {r} {col} = {v}"
+    elif how == "gpus":
+        names = {VT.get(h, h): i for i, h in enumerate(head)}
+        if "gpus" not in names:
+            head.append("gpus")
+            for row in rows[1:]:
+                row.append("")
+            names["gpus"] = len(head) - 1
+        r = rng.randrange(1, len(rows))
+        v = rng.choice(["0", "3", "1000000", "-8", "8.5"])
+        rows[r][names["gpus"]] = v
+        desc = f"row {r} gpus = {v}"
+    elif how == "drop_col":
+        c = rng.randrange(len(head))
+        desc = f"drop column {head[c]!r}"
+        for row in rows:
+            if c < len(row):
+                row.pop(c)
+    elif how == "extra_col":
+        name = rng.choice(["extra", "", "layers", "LAYERS", " hidden", "# GPUs", "measured_ms", "zero", "vocab"])
+        v = rng.choice(HOSTILE_CELLS)
+        head.append(name)
+        for row in rows[1:]:
+            row.append(v)
+        desc = f"extra column {name!r} = {v[:20]!r}"
+    elif how == "dup_col":
+        c = rng.randrange(len(head))
+        for row in rows:
+            row.append(row[c])
+        desc = f"column {head[c]!r} twice"
+    elif how == "row_len":
+        r = rng.randrange(1, len(rows))
+        if rng.random() < 0.5 and rows[r]:
+            rows[r].pop()
+            desc = f"row {r} one value short"
+        else:
+            rows[r].append("4")
+            desc = f"row {r} one value over"
+    elif how == "quotes":
+        r, c = rng.randrange(1, len(rows)), rng.randrange(len(head))
+        v = rng.choice(['"4\n4"', '"4,4"', '"4', '4"', '""4""'])
+        rows[r][c] = v
+        desc = f"row {r} {head[c]} = {v!r}"
+    elif how == "empty":
+        kind = rng.choice(["header only", "empty", "blank lines", "no header"])
+        rows = {"header only": rows[:1], "empty": [], "blank lines": [[""], *rows[:1], [""], [""]],
+                "no header": rows[1:]}[kind]
+        desc = kind
+    elif how == "many":
+        n = rng.choice([10_001, 20_000])
+        rows = rows[:1] + [rows[1]] * n
+        desc = f"{n} rows"
+    out = ("\ufeff" if bom else "") + "\n".join(",".join(row) for row in rows) + ("\n" if rows else "")
+    data = out.encode()
+    if how == "truncate":
+        at = rng.randrange(len(data))
+        return data[:at], f"truncated at byte {at} of {len(data)}"
+    if how == "bytes":
+        kind = rng.choice(["utf-16", "nul", "crlf", "latin-1", "bom twice"])
+        if kind == "utf-16":
+            return out.encode("utf-16"), "encoded utf-16"
+        if kind == "nul":
+            at = rng.randrange(len(data))
+            return data[:at] + b"\x00" + data[at:], f"NUL at byte {at}"
+        if kind == "crlf":
+            return data.replace(b"\n", b"\r\n"), "CRLF line ends"
+        if kind == "latin-1":
+            return data[:-1] + b",\xe9\n", "a byte that is not UTF-8"
+        return b"\xef\xbb\xbf" + data, "byte-order mark twice" if bom else "byte-order mark"
+    if how == "other":
+        name = rng.choice(sorted(others))
+        return others[name], f"a valid {name} instead"
+    if how == "special":
+        return None, rng.choice(["fifo", "dir", "dev_zero", "dangling"])
+    return data, desc
+
+
+# vTrain's column names, as the configuration reader maps them (the mutators name columns ours)
+VT = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads", "sequence length": "seq",
+      "micro batch": "micro_batch", "global batch": "global_batch", "tensor parallelism": "tp",
+      "pipeline parallelism": "pp", "data parallelism": "dp", "iteration time (ms)": "measured_ms",
+      "# GPUs": "gpus"}
+
+
 class Campaign:
-    def __init__(self, base: Base, work: Path, max_rss_mb: float, fork: bool = True):
+    def __init__(self, base: Base, work: Path, max_rss_mb: float, fork: bool = True,
+                 kinds: list[str] | None = None):
         self.base = base
+        self.kinds = {k: w for k, w in KIND_WEIGHTS.items() if kinds is None or k in kinds}
         self.work = work
         self.max_rss_mb = max_rss_mb
         self.cmd = echo_et_argv()
@@ -366,7 +712,7 @@ class Campaign:
     # -- generation -------------------------------------------------------------------------------
     def make(self, seed: int, i: int) -> Case:
         rng = random.Random(f"{seed}:{i}")
-        kind = rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()))[0]
+        kind = rng.choices(list(self.kinds), weights=list(self.kinds.values()))[0]
         d = self.work / f"case{i:05d}"
         if d.exists():
             shutil.rmtree(d)
@@ -445,7 +791,8 @@ class Campaign:
                   ["simulate", b.job, "--timeline", out], ["sweep", b.job, "--dp", "2,4", "--workers", "1",
                                                              "--no-plot", "-o", out],
                   ["trace", "--device", "meta", "--jobs", "1", "-o", out],
-                  ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "-o", out]]
+                  ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "2",
+                   "-o", out]]
         files = [["export", "graphml", b.job, "-o", out], ["export", "chrome", b.job, "-o", out],
                  ["export", "chakra", b.job, "-o", out]]
         if b.nccl:
@@ -560,14 +907,119 @@ class Campaign:
                                   "a100-ib", "-o", out],
                                  ["trace", "--device", "meta", "--jobs", "1", "--pp", "2", "-o", out],
                                  ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32",
-                                  "--dp", "2", "-o", out]]
+                                  "--global-batch", "2", "--dp", "2", "-o", out]]
         if b.nccl:
             cmds.append(["calibrate", "nccl-tests", *b.nccl[:1], "--gpus-per-node", "8", "-o",
                          out.with_suffix(".json")])
         if b.slowdown.exists():
-            cmds.append(["calibrate", "slowdown", b.slowdown, "--json"])
+            cmds.append(["calibrate", "slowdown", b.slowdown, "--json", "-o", out.with_suffix(".json")])
         argv = rng.choice(cmds)
         return self._case(i, "seeds", argv, setup="PYTHONHASHSEED 1 and 2", output=out, seeds=True, timeout=90)
+
+    # -- model files ------------------------------------------------------------------------------
+    def _model_files(self) -> dict[str, bytes]:
+        """Valid files of every model kind (and a few others), handed to a verb in place of another."""
+        b = self.base
+        files = {"compute profile": b.compute_profile.read_bytes(), "CC preset": b.comm_preset.read_bytes(),
+                 "configs CSV": b.configs.read_bytes(), "vTrain configs CSV": b.configs_vtrain.read_bytes(),
+                 "Job manifest": (b.job / "manifest.pb").read_bytes(), "JSON {}": b"{}",
+                 "Kineto trace": b.kineto.read_bytes()[:200_000]}
+        if b.profile.exists():
+            files["calibrated CC profile"] = b.profile.read_bytes()
+        if b.slowdown_model.exists():
+            files["slowdown model"] = b.slowdown_model.read_bytes()
+            files["slowdown CSV"] = b.slowdown.read_bytes()
+        if b.nccl:
+            files["nccl-tests log"] = b.nccl[0].read_bytes()
+        return files
+
+    def _model_readers(self, kind: str, f: Path, d: Path) -> list[list[Any]]:
+        """The commands that read a model file ``f`` of ``kind``."""
+        b = self.base
+        out = d / "out"
+        pred = ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "2",
+                "--dp", "2", "-o", out]
+        sweep_cfg = ["sweep", "--configs", b.configs, "--workers", "1", "--no-plot", "-o", out]
+        sweep_job = ["sweep", b.job_meta, "--dp", "2,4", "--mode", "predict", "--workers", "1", "--no-plot",
+                     "-o", out]
+        if kind == "compute_profile":
+            return [[*pred, "--compute-profile", f],
+                    ["simulate", b.job_meta, "--mode", "predict", "--compute-profile", f],
+                    ["simulate", b.job_meta, "--mode", "predict", "--compute-profile", f, "--gpu", "h100", "--json"],
+                    [*sweep_cfg, "--compute-profile", f],
+                    [*sweep_job, "--compute-profile", f]]
+        if kind == "comm_profile":
+            cmds = [["estimate", "all_reduce", "--bytes", "1MB,1GB", "--ranks", "16", "--profile", f],
+                    ["estimate", "all_gather", "--bytes", "64MiB", "--ranks", "8", "--profile", f, "--json"],
+                    ["simulate", b.job, "--mode", "predict", "--profile", f],
+                    ["simulate", b.job_meta, "--mode", "predict", "--profile", f],
+                    ["validate", b.job, "--profile", f],
+                    ["export", "astra-sim", b.job, "--no-expected", "--profile", f, "-o", out],
+                    [*pred, "--profile", f],
+                    [*sweep_job, "--profile", f],
+                    [*sweep_cfg, "--profile", f],
+                    ["calibrate", "compute", "--iterations", b.configs_vtrain, "--comm-profile", f,
+                     "-o", d / "fitted.json"]]
+            if b.nccl:
+                cmds.append(["calibrate", "evaluate", b.nccl[0], "--gpus-per-node", "8", "--profile", f])
+            return cmds
+        if kind == "slowdown_model":
+            return [["simulate", b.job_meta, "--mode", "predict", "--slowdown", f],
+                    ["simulate", b.job, "--mode", "predict", "--preset", "a100-ib", "--slowdown", f, "--json"],
+                    ["validate", b.job, "--preset", "a100-ib", "--slowdown", f]]
+        if kind == "configs_csv":
+            return [["sweep", "--configs", f, "--workers", "1", "--no-plot", "-o", out],
+                    ["sweep", "--configs", f, "--workers", "1", "--no-plot", "--gpu", "h100", "-o", out],
+                    ["calibrate", "compute", "--iterations", f, "-o", d / "fitted.json"]]
+        raise ValueError(kind)
+
+    def _make_model_file(self, rng: random.Random, i: int, d: Path, kind: str) -> Case:
+        b = self.base
+        others = self._model_files()
+        if kind == "compute_profile":
+            src, name = b.compute_profile, "compute.json"
+            own = ("compute profile",)
+        elif kind == "comm_profile":
+            src, name = (b.profile, "cc.json") if b.profile.exists() and rng.random() < 0.5 else (b.comm_preset,
+                                                                                                 "a100-ib.json")
+            own = ("CC preset", "calibrated CC profile")
+        elif kind == "slowdown_model":
+            if not b.slowdown_model.exists():
+                return self._make_option(rng, i, d)
+            src, name = b.slowdown_model, "slowdown.json"
+            own = ("slowdown model",)
+        else:
+            src, name = (b.configs, "configs.csv") if rng.random() < 0.5 else (b.configs_vtrain, "vtrain.csv")
+            own = ("configs CSV", "vTrain configs CSV")
+        others = {k: v for k, v in others.items() if k not in own}
+        if kind == "configs_csv":
+            data, how = mutate_csv(rng, src.read_text("utf-8"), others)
+        else:
+            data, how = mutate_json(rng, json.loads(src.read_text("utf-8")), others)
+        f = d / name
+        inputs = {}
+        if data is None:
+            make_special(f, how)
+            how = f"a {how} instead of the file"
+        else:
+            f.write_bytes(data)
+            inputs[str(f)] = hashlib.sha256(data).hexdigest()
+        argv = rng.choice(self._model_readers(kind, f, d))
+        slow = argv[0] in ("predict", "sweep") or argv[:2] == ["calibrate", "compute"]
+        return self._case(i, kind, argv, setup=f"{name}: {how}", output=d / "out", timeout=60 if slow else 30,
+                          inputs=inputs)
+
+    def _make_compute_profile(self, rng: random.Random, i: int, d: Path) -> Case:
+        return self._make_model_file(rng, i, d, "compute_profile")
+
+    def _make_comm_profile(self, rng: random.Random, i: int, d: Path) -> Case:
+        return self._make_model_file(rng, i, d, "comm_profile")
+
+    def _make_slowdown_model(self, rng: random.Random, i: int, d: Path) -> Case:
+        return self._make_model_file(rng, i, d, "slowdown_model")
+
+    def _make_configs_csv(self, rng: random.Random, i: int, d: Path) -> Case:
+        return self._make_model_file(rng, i, d, "configs_csv")
 
     # -- running ----------------------------------------------------------------------------------
     def _spawn(self, argv: list[str], timeout: float, env: dict[str, str], kill_after: float | None = None,
@@ -630,6 +1082,12 @@ class Campaign:
             classes.append("temp_left")
         if c.seeds and code == 0:
             classes += self._seeds(c, out, env)
+        for path, digest in c.inputs.items():
+            p = Path(path)
+            if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != digest:
+                classes.append("input_modified")
+        if code == 0 and c.kind in MODEL_FILE_KINDS and _nonfinite(out, d / "out"):
+            classes.append("nonfinite_output")
         head = next((ln for ln in err.splitlines() if "Traceback" in ln or ln.startswith("error")), "")
         head = head or (err.strip().splitlines() or [""])[-1]
         if classes and "traceback" in classes:
@@ -819,6 +1277,19 @@ _SWEEP_PARTIAL = re.compile(r"^\d+ of \d+ (points|configurations|rows) failed \(
 _TIMES = re.compile(r'("wall_s"|"seconds"|"elapsed_s"|"wall_seconds"): *[0-9.e+-]+|\b\d+\.\d+ s\b')
 
 
+_NONFINITE = re.compile(r"\b(NaN|nan|Infinity|inf)\b")
+
+
+def _nonfinite(stdout: str, out: Path) -> bool:
+    """A NaN or an infinity printed, or written into an output's JSON (a model file accepted
+    that should have been refused: a time of NaN is no prediction)."""
+    if _NONFINITE.search(stdout):
+        return True
+    files = [out] if out.is_file() else sorted(out.rglob("*.json")) if out.is_dir() else []
+    return any(_NONFINITE.search(p.read_text("utf-8", errors="replace")) for p in files
+               if p.suffix == ".json" and p.stat().st_size < 5_000_000 and "timeline" not in p.parts)
+
+
 def _mask(text: str) -> str:
     return _TIMES.sub("T", text)
 
@@ -836,12 +1307,15 @@ def summarise(outcomes: list[Outcome], wall: float, cpu: float, args: argparse.N
         for c in o.classes:
             by_verb[o.verb][c] += 1
     failing = [o for o in outcomes if o.classes]
-    return {"seed": args.seed, "cases": len(outcomes), "workers": args.workers, "wall_s": round(wall, 1),
+    return {"seed": args.seed, "kinds": args.kinds or "all", "cases": len(outcomes), "workers": args.workers,
+            "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "failing_cases": len(failing),
             "by_class": {k: by_class.get(k, 0) for k in [*CLASSES, *sorted(set(by_class) - set(CLASSES))]},
             "by_kind": dict(sorted(by_kind.items())), "by_verb": {v: dict(c) for v, c in sorted(by_verb.items())},
             "exit_codes": dict(sorted(Counter(str(o.code) for o in outcomes).items())),
-            "failures": [o.to_json() for o in failing], "max_rss_mb": max((o.max_rss_mb for o in outcomes), default=0),
+            "failures": [o.to_json() for o in failing],
+            "every_case": [o.to_json() for o in outcomes] if args.every_case else None,
+            "max_rss_mb": max((o.max_rss_mb for o in outcomes), default=0),
             "seconds_by_kind": {k: round(sum(o.seconds for o in outcomes if o.kind == k), 1) for k in sorted(by_kind)},
             "slowest": sorted(({"index": o.index, "verb": o.verb, "seconds": o.seconds} for o in outcomes),
                               key=lambda r: -r["seconds"])[:10]}
@@ -878,6 +1352,9 @@ def main() -> None:
                     "failing cases' inputs are kept there")
     ap.add_argument("--only", type=str, default=None, help="comma-separated case numbers to run (reproduce)")
     ap.add_argument("--max-rss", type=float, default=2048, help="MB of peak RSS above which a case is 'memory'")
+    ap.add_argument("--every-case", action="store_true", help="--json lists every case, not only the failing ones")
+    ap.add_argument("--kinds", type=str, default=None, help="comma-separated kinds to draw from (default all; "
+                    "case I then differs from the same seed's case I over all kinds)")
     ap.add_argument("--no-fork", action="store_true", help="a fresh interpreter per case (slower: imports each "
                     "time) instead of forking each case from a warm server")
     args = ap.parse_args()
@@ -892,7 +1369,11 @@ def main() -> None:
     if base.root.exists():
         shutil.rmtree(base.root)
     base.make(run_cli)
-    camp = Campaign(base, work / "cases", args.max_rss, fork=not args.no_fork)
+    kinds = args.kinds.split(",") if args.kinds else None
+    if kinds and set(kinds) - set(KIND_WEIGHTS):
+        raise SystemExit(f"--kinds: unknown {sorted(set(kinds) - set(KIND_WEIGHTS))} "
+                         f"(kinds: {', '.join(KIND_WEIGHTS)})")
+    camp = Campaign(base, work / "cases", args.max_rss, fork=not args.no_fork, kinds=kinds)
     indices = [int(x) for x in args.only.split(",")] if args.only else list(range(args.cases))
     t0 = time.perf_counter()
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)

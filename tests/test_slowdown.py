@@ -113,13 +113,13 @@ def test_model_file_round_trip_and_bad_files(tmp_path) -> None:
     back = SlowdownModel.load(p)
     assert back.to_json() == m.to_json()
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(EchoError, match="not JSON"):
+    with pytest.raises(EchoError, match="not a JSON slowdown model"):
         SlowdownModel.load(tmp_path / "bad.json")
     (tmp_path / "other.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(EchoError, match="not an echo-et slowdown model"):
         SlowdownModel.load(tmp_path / "other.json")
     (tmp_path / "nan.json").write_text(json.dumps({"format": "echo-et-slowdown/1", "global": "nan"}))
-    with pytest.raises(EchoError, match="not a finite number"):
+    with pytest.raises(EchoError, match="global = nan is not a number"):
         SlowdownModel.load(tmp_path / "nan.json")
 
 

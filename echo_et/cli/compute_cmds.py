@@ -131,10 +131,9 @@ def calibrate_compute_cmd(
         raise EchoError(f"{', '.join(used)} only apply with --iterations")
     if workers < 1:
         raise EchoError(f"--workers must be >= 1, got {workers}")
-    if iterations is not None and not iterations.is_file():
-        raise EchoError(f"--iterations {iterations}: no such file")
-    if comm_profile is not None and not comm_profile.is_file():
-        raise EchoError(f"--comm-profile {comm_profile}: no such file")
+    for flag, p in (("--iterations", iterations), ("--comm-profile", comm_profile)):
+        if p is not None and not p.is_file():
+            raise EchoError(f"{flag} {p}: {'not a regular file' if p.exists() else 'no such file'}")
     opts = None
     if iterations is not None:
         from echo_et.experiments.config_sweep import ConfigSweepOptions

@@ -33,14 +33,14 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     from echo_et.workloads.gpt import DTYPES
 
     if not configs.is_file():
-        fail(f"{configs}: no such file")
+        fail(f"{configs}: {'not a regular file' if configs.exists() else 'no such file'}")
     if output.resolve() == configs.resolve():
         fail(f"{output}: output would overwrite an input")
     if dtype not in DTYPES:
         raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
     for p in (compute_profile, Path(comm_profile) if comm_profile else None):
         if p is not None and not p.is_file():
-            fail(f"{p}: no such file")
+            fail(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw, nic_bw)
     cluster.node_network(8)   # a NIC rate needs the node's network: refused before any row runs
     rows = read_configs(configs)

@@ -78,7 +78,7 @@ def predict_cmd(
         raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
     for p in (compute_profile, profile):
         if p is not None and not p.is_file():
-            raise EchoError(f"{p}: no such file")
+            raise EchoError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     check_output(output)
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
     check_node_fill(dp * tp * pp, gpus_per_node)

@@ -31,6 +31,7 @@ import gc
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -150,9 +151,21 @@ def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
     return rows
 
 
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
 def _value(where: str, line: int, column: str, text: str, option: str = "configs") -> int | float | None:
     if column in OPTIONAL and text == "":
         return None
+    if not _PLAIN_NUMBER.fullmatch(text):
+        # float() also reads Arabic-Indic and full-width digits and "1_000": a CSV number is ASCII
+        try:
+            readable = math.isfinite(float(text))
+        except ValueError:
+            readable = False
+        if readable:
+            raise OptionError(option, f"{where}, line {line}: {column} {text[:40]!r} is not a number written in "
+                                      "ASCII digits (a sign, digits, a point, an exponent)")
     if column == "measured_ms":
         try:
             v = float(text)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import MAX_GPUS_PER_NODE
 from echo_et.models.comm.params import flatten, nest
 from echo_et.models.comm.tuning import NcclSystem
-from echo_et.models.profile_file import dumps_profile, rounded, write_profile_json
+from echo_et.models.profile_file import dumps_profile, read_model_json, rounded, write_profile_json
 
 SCHEMA = "echo-et/comm-profile/1"
 # Parameters the model gained after profiles of this schema were first written. A profile
@@ -72,24 +73,21 @@ def load_preset(name: str) -> Profile:
 
 def load_profile(path: str | Path) -> Profile:
     p = Path(path)
-    try:
-        obj = json.loads(p.read_text("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EchoError(f"{p.name}: not a JSON calibration profile ({e.__class__.__name__})") from None
-    return from_json(obj, p.name)
+    return from_json(read_model_json(p, p.name, "calibration profile"), p.name)
 
 
 def from_json(obj: Any, where: str) -> Profile:
     if not isinstance(obj, dict):
-        raise EchoError(f"{where}: a profile must be a JSON object")
+        raise EchoError(f"{where}: a profile must be a JSON object, not {json.dumps(obj)[:40]}")
     if obj.get("schema") != SCHEMA:
-        raise EchoError(f"{where}: schema is {obj.get('schema')!r}, expected {SCHEMA!r}")
+        raise EchoError(f"{where}: schema is {json.dumps(obj.get('schema'))[:40]}, expected {SCHEMA!r}")
     params = obj.get("params")
     if not isinstance(params, dict):
         raise EchoError(f"{where}: no 'params' object")
     gpn = obj.get("gpus_per_node")
-    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
-        raise EchoError(f"{where}: gpus_per_node must be an integer >= 1, got {gpn!r}")
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or not 1 <= gpn <= MAX_GPUS_PER_NODE:
+        raise EchoError(f"{where}: gpus_per_node must be an integer in 1..{MAX_GPUS_PER_NODE}, got "
+                        f"{json.dumps(gpn)[:40]}")
     base = obj.get("base_preset")
     missing = [n for n in ADDED_PARAMS if not _has(params, n)]
     if missing:
@@ -105,8 +103,9 @@ def from_json(obj: Any, where: str) -> Profile:
         gpus_per_node=gpn,
         params=flatten(params, where),
         description=str(_field(obj, "description", str, "a string", where) or ""),
-        hardware={str(k): str(v) for k, v in (_field(obj, "hardware", dict, "an object", where) or {}).items()},
-        gpu_match=tuple(str(t).lower() for t in _field(obj, "gpu_match", list, "a list", where) or ()),
+        hardware=_hardware(_field(obj, "hardware", dict, "an object", where) or {}, where),
+        gpu_match=tuple(t.lower() for t in _strings(_field(obj, "gpu_match", list, "a list", where) or [],
+                                                     "gpu_match", where)),
         base_preset=str(_field(obj, "base_preset", str, "a string", where) or ""),
         sources=tuple(_field(obj, "sources", list, "a list", where) or ()),
         fit=dict(_field(obj, "fit", dict, "an object", where) or {}),
@@ -120,6 +119,21 @@ def _field(obj: dict, key: str, kind: type, shown: str, where: str) -> Any:
     if value is None or isinstance(value, kind):
         return value
     raise EchoError(f"{where}: {key} must be {shown}, got {json.dumps(value)[:40]}")
+
+
+def _hardware(block: dict, where: str) -> dict[str, str]:
+    """The node's description (GPU, links, NICs): each value a string or a number."""
+    for k, v in block.items():
+        if isinstance(v, dict | list) or v is None:
+            raise EchoError(f"{where}: hardware.{k} must be a string or a number, got {json.dumps(v)[:40]}")
+    return {str(k): str(v) for k, v in block.items()}
+
+
+def _strings(items: list, key: str, where: str) -> list[str]:
+    for i, t in enumerate(items):
+        if not isinstance(t, str):
+            raise EchoError(f"{where}: {key}[{i}] must be a string, got {json.dumps(t)[:40]}")
+    return items
 
 
 def _has(nested: dict, name: str) -> bool:

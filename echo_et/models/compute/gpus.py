@@ -26,9 +26,12 @@ Sources:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import checked_float
 from echo_et.models.gpu_variants import datasheet_key
 
 
@@ -66,17 +69,46 @@ class GpuSpec:
 
     @staticmethod
     def from_json(obj: dict, where: str) -> GpuSpec:
-        try:
-            spec = GpuSpec(key=str(obj["key"]), name=str(obj["name"]), sm_count=int(obj["sm_count"]),
-                           clock_mhz=float(obj["clock_mhz"]), hbm_gbps=float(obj["hbm_gbps"]),
-                           memory_gb=float(obj.get("memory_gb", 0)), l2_mb=float(obj.get("l2_mb", 0)),
-                           peak_tflops={str(k): float(v) for k, v in obj["peak_tflops"].items()},
-                           tensor=tuple(str(t) for t in obj.get("tensor", ())), source=str(obj.get("source", "")))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise EchoError(f"{where}: bad 'gpu' block ({e.__class__.__name__}: {e})") from None
-        if spec.sm_count < 1 or spec.hbm_gbps <= 0 or not spec.peak_tflops.get("fp32"):
-            raise EchoError(f"{where}: 'gpu' needs sm_count >= 1, hbm_gbps > 0 and peak_tflops.fp32")
+        """A data sheet from a profile's ``gpu`` block: every field of its type and within what a
+        GPU has (one line naming the field otherwise)."""
+        def text(key: str, required: bool = True) -> str:
+            v = obj.get(key)
+            if v is None and not required:
+                return ""
+            if not isinstance(v, str) or (required and not v.strip()):
+                raise EchoError(f"{where}: gpu.{key} must be a non-empty string, got {_shown(v)}")
+            return v
+
+        def number(key: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> float:
+            return checked_float(v, f"gpu.{key}", lo=lo, hi=hi, lo_open=lo_open, where=where)
+
+        peaks = obj.get("peak_tflops")
+        if not isinstance(peaks, dict):
+            raise EchoError(f"{where}: gpu.peak_tflops must be an object of TFLOP/s by math class, got {_shown(peaks)}")
+        tensor = obj.get("tensor", [])
+        if not isinstance(tensor, list) or not all(isinstance(t, str) for t in tensor):
+            raise EchoError(f"{where}: gpu.tensor must be a list of math class names, got {_shown(tensor)}")
+        sm = obj.get("sm_count")
+        if isinstance(sm, bool) or not isinstance(sm, int) or not 1 <= sm <= MAX_SMS:
+            raise EchoError(f"{where}: gpu.sm_count must be an integer in 1..{MAX_SMS}, got {_shown(sm)}")
+        spec = GpuSpec(key=text("key"), name=text("name"), sm_count=sm,
+                       clock_mhz=number("clock_mhz", obj.get("clock_mhz"), 0.0, 1e5, lo_open=True),
+                       hbm_gbps=number("hbm_gbps", obj.get("hbm_gbps"), 0.0, 1e6, lo_open=True),
+                       memory_gb=number("memory_gb", obj.get("memory_gb", 0), 0.0, 1e6),
+                       l2_mb=number("l2_mb", obj.get("l2_mb", 0), 0.0, 1e6),
+                       peak_tflops={str(k): number(f"peak_tflops.{k}", v, 0.0, 1e6) for k, v in peaks.items()},
+                       tensor=tuple(tensor), source=text("source", required=False))
+        if not spec.peak_tflops.get("fp32"):
+            raise EchoError(f"{where}: 'gpu' needs peak_tflops.fp32 > 0")
         return spec
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+MAX_SMS = 100_000   # streaming multiprocessors of one GPU (an H100 has 132)
 
 
 _A100 = dict(sm_count=108, clock_mhz=1410.0, l2_mb=40.0,

@@ -12,15 +12,17 @@ timestamps.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError
+from echo_et.ir.limits import checked_float
 from echo_et.models.compute.gpus import DATASHEETS, GpuSpec, gpu_names, resolve_gpu
 from echo_et.models.compute.roofline import EFF_MAX, PARAM_DEFAULTS
-from echo_et.models.profile_file import dumps_profile, rounded, write_profile_json
+from echo_et.models.profile_file import dumps_profile, read_model_json, rounded, write_profile_json
 
 SCHEMA = "echo-et/compute-profile/1"
 FITTED_PRESET = "a100"
@@ -31,6 +33,10 @@ ADDED_PARAMS = ("host_launch_ns", "host_collective_ns")
 # An added parameter that defaults to another one of the same profile (a profile written before
 # collectives had their own host time issued them like any operator).
 ADDED_LIKE = {"host_collective_ns": "host_launch_ns"}
+# What a parameter may be (besides the efficiencies, in (EFF_MIN, EFF_MAX]): a host or kernel
+# time of up to a second per operator, a K of half efficiency up to a million.
+PARAM_MAX = {"kernel_overhead_ns": 1e9, "host_launch_ns": 1e9, "host_collective_ns": 1e9, "gemm_k_half": 1e6}
+EFF_MIN = 1e-4   # an efficiency of 0.01 %: below it a kernel's time overflows any step
 
 
 @dataclass(frozen=True)
@@ -76,13 +82,7 @@ def load_preset(name: str) -> ComputeProfile:
 
 def load_profile(path: str | Path) -> ComputeProfile:
     p = Path(path)
-    try:
-        obj = json.loads(p.read_text("utf-8"))
-    except FileNotFoundError:
-        raise EchoError(f"{p}: no such compute profile") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EchoError(f"{p.name}: not a JSON compute profile ({e.__class__.__name__})") from None
-    return from_json(obj, p.name)
+    return from_json(read_model_json(p, p.name, "compute profile"), p.name)
 
 
 def flatten(nested: dict[str, Any], where: str, prefix: str = "") -> dict[str, float]:
@@ -94,7 +94,7 @@ def flatten(nested: dict[str, Any], where: str, prefix: str = "") -> dict[str, f
         elif isinstance(v, int | float) and not isinstance(v, bool):
             out[name] = float(v)
         else:
-            raise EchoError(f"{where}: parameter {name} must be a number, got {v!r}")
+            raise EchoError(f"{where}: parameter {name} must be a number, got {_shown(v)}")
     return out
 
 
@@ -122,36 +122,60 @@ def check_params(params: dict[str, float], where: str) -> dict[str, float]:
     if missing:
         raise EchoError(f"{where}: missing parameter {missing[0]}")
     for k, v in params.items():
-        if "_eff." in k and not 0.0 < v <= EFF_MAX.get(k, 1.0):
-            raise EchoError(f"{where}: {k} must be in (0, {EFF_MAX.get(k, 1.0):g}], got {v}")
-        if v < 0:
-            raise EchoError(f"{where}: {k} must be >= 0, got {v}")
+        if "_eff." in k and not (math.isfinite(v) and EFF_MIN <= v <= EFF_MAX.get(k, 1.0)):
+            lo = "(0" if v <= 0 else f"[{EFF_MIN:g}"
+            raise EchoError(f"{where}: {k} must be in {lo}, {EFF_MAX.get(k, 1.0):g}], got {v}")
+        if "_eff." not in k:
+            checked_float(v, f"params.{k}", lo=0.0, hi=PARAM_MAX.get(k, 1e9), where=where)
     return params
 
 
 def from_json(obj: Any, where: str) -> ComputeProfile:
     if not isinstance(obj, dict):
-        raise EchoError(f"{where}: a compute profile must be a JSON object")
+        raise EchoError(f"{where}: a compute profile must be a JSON object, not {_type_name(obj)}")
     if obj.get("schema") != SCHEMA:
-        raise EchoError(f"{where}: schema is {obj.get('schema')!r}, expected {SCHEMA!r}")
+        raise EchoError(f"{where}: schema is {_shown(obj.get('schema'))}, expected {SCHEMA!r}")
     if not isinstance(obj.get("params"), dict):
         raise EchoError(f"{where}: no 'params' object")
     if not isinstance(obj.get("gpu"), dict):
         raise EchoError(f"{where}: no 'gpu' object (the data sheet)")
-    fp32 = str((obj.get("settings") or {}).get("fp32_matmul", "fp32"))
+    settings = _field(obj, "settings", dict, "an object", where) or {}
+    fp32 = settings.get("fp32_matmul", "fp32")
     if fp32 not in FP32_MATMUL:
-        raise EchoError(f"{where}: settings.fp32_matmul must be one of {', '.join(FP32_MATMUL)}, got {fp32!r}")
+        raise EchoError(f"{where}: settings.fp32_matmul must be one of {', '.join(FP32_MATMUL)}, got {_shown(fp32)}")
+    sources = _field(obj, "sources", list, "a list", where) or []
+    for i, src in enumerate(sources):
+        if not isinstance(src, dict):
+            raise EchoError(f"{where}: sources[{i}] must be an object, got {_shown(src)}")
     return ComputeProfile(
-        name=str(obj.get("name", "")),
+        name=_field(obj, "name", str, "a string", where) or "",
         gpu=GpuSpec.from_json(obj["gpu"], where),
         params=check_params(flatten(obj["params"], where), where),
-        calibrated=bool(obj.get("calibrated", False)),
+        calibrated=bool(_field(obj, "calibrated", bool, "true or false", where)),
         fp32_matmul=fp32,
-        description=str(obj.get("description", "")),
-        params_from=str(obj.get("params_from", "")),
-        sources=tuple(obj.get("sources") or ()),
-        fit=dict(obj.get("fit") or {}),
+        description=_field(obj, "description", str, "a string", where) or "",
+        params_from=_field(obj, "params_from", str, "a string", where) or "",
+        sources=tuple(sources),
+        fit=dict(_field(obj, "fit", dict, "an object", where) or {}),
     )
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _field(obj: dict, key: str, kind: type, shown: str, where: str) -> Any:
+    """``obj[key]`` when it is of ``kind`` (absent or null: None); another type is one line."""
+    value = obj.get(key)
+    if value is None or isinstance(value, kind):
+        return value
+    raise EchoError(f"{where}: {key} must be {shown}, got {_shown(value)}")
 
 
 def to_json(p: ComputeProfile) -> dict[str, Any]:

@@ -14,14 +14,15 @@ times and most kernels barely slow down while a few slow down a lot. Negative va
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.ir.io import atomic_file
+from echo_et.ir.limits import MAX_FACTOR, checked_float
 from echo_et.ir.schema import pb
+from echo_et.models.profile_file import read_model_json
 from echo_et.models.slowdown.kernels import node_kernel_class, node_kernel_name, short_kernel_name
 
 FORMAT = "echo-et-slowdown/1"
@@ -86,40 +87,46 @@ class SlowdownModel:
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "slowdown model") -> SlowdownModel:
+        """A model from its JSON: ``format`` first, then every field of its type and range (a
+        slowdown is a number in [-MAX_S, MAX_S], ``max_factor`` one in [1, MAX_FACTOR]), one
+        line naming the field otherwise."""
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise EchoError(f"{where}: not an echo-et slowdown model (expected \"format\": \"{FORMAT}\")")
-        try:
-            model = cls(
-                global_s=_finite(obj.get("global", DEFAULT_GLOBAL), "global"),
-                classes={str(k): _finite(v, f"classes.{k}") for k, v in dict(obj.get("classes", {})).items()},
-                kernels={str(k): _finite(v, f"kernels.{k}") for k, v in dict(obj.get("kernels", {})).items()},
-                max_factor=_finite(obj.get("max_factor", 8.0), "max_factor"),
-                source=str(obj.get("source", "")),
-                fit=dict(obj.get("fit", {})),
-            )
-        except (TypeError, ValueError) as e:
-            raise EchoError(f"{where}: {e}") from None
-        if model.max_factor < 1.0:
-            raise EchoError(f"{where}: max_factor must be >= 1 (got {model.max_factor})")
-        return model
+        tables = {}
+        for key in ("classes", "kernels"):
+            table = obj.get(key, {})
+            if not isinstance(table, dict):
+                raise EchoError(f"{where}: {key} must be an object of slowdowns by name, got {_shown(table)}")
+            tables[key] = {k: _slowdown(v, f"{key}.{k}", where) for k, v in table.items()}
+        source = obj.get("source", "")
+        if not isinstance(source, str):
+            raise EchoError(f"{where}: source must be a string, got {_shown(source)}")
+        fit = obj.get("fit", {})
+        if not isinstance(fit, dict):
+            raise EchoError(f"{where}: fit must be an object, got {_shown(fit)}")
+        return cls(global_s=_slowdown(obj.get("global", DEFAULT_GLOBAL), "global", where),
+                   classes=tables["classes"], kernels=tables["kernels"],
+                   max_factor=checked_float(obj.get("max_factor", 8.0), "max_factor", lo=1.0, hi=MAX_FACTOR,
+                                            where=where),
+                   source=source, fit=dict(fit))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SlowdownModel:
-        try:
-            with open(path, encoding="utf-8") as f:
-                obj = json.load(f)
-        except json.JSONDecodeError as e:
-            raise EchoError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
-        except UnicodeDecodeError:
-            raise EchoError(f"{path}: not a text file") from None
-        return cls.from_json(obj, str(path))
+        return cls.from_json(read_model_json(path, str(path), "slowdown model"), str(path))
 
 
-def _finite(v: Any, what: str) -> float:
-    x = float(v)
-    if not math.isfinite(x):
-        raise ValueError(f"{what} is not a finite number")
-    return x
+# A slowdown s makes an overlapped kernel t * (1 + s * r) long: the fitted ones are 0.01-3.3;
+# beyond MAX_S a kernel is capped at max_factor anyway, so a larger s only hides a typo.
+MAX_S = 1e6
+
+
+def _slowdown(v: Any, what: str, where: str) -> float:
+    return checked_float(v, what, lo=-MAX_S, hi=MAX_S, where=where)
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def default_model() -> SlowdownModel:
