@@ -45,9 +45,10 @@ import gzip
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from echo_et.errors import EchoError
 from echo_et.ir.collectives import (
@@ -191,11 +192,24 @@ def _comm_args(e: TimelineEvent, facts: _JobFacts) -> dict[str, Any]:
     return out
 
 
+# A rank's tracks: (on a GPU, track name) -> (track order, stream of its first box).
+_Tracks = dict[tuple[bool, str], tuple[int, TimelineStream | None]]
+
+
+def _tracks(events: Iterable[TimelineEvent]) -> _Tracks:
+    tracks: _Tracks = {}
+    for e in events:
+        key = (e.category in _GPU_CATS, e.track)
+        if key not in tracks:
+            tracks[key] = (e.track_order, e.stream)
+    return tracks
+
+
 class _RankWriter:
     """The Kineto events of one rank."""
 
     def __init__(self, rank: int, events: list[TimelineEvent], facts: _JobFacts, *, one_file: bool,
-                 origin: int, process_label: str):
+                 origin: int, process_label: str, tracks: _Tracks | None = None):
         self.rank = rank
         self.events = events
         self.facts = facts
@@ -205,19 +219,14 @@ class _RankWriter:
         self.host_pid = HOST_PID_BASE + rank
         self.out: list[dict[str, Any]] = []
         self.lanes: dict[tuple[bool, str], tuple[int, int, int]] = {}   # (gpu, track) -> (pid, tid, order)
-        self._assign_lanes()
+        self._assign_lanes(tracks if tracks is not None else _tracks(events))
 
     def gpu_pid(self, device: int) -> int:
         return JOB_GPU_PID_BASE + 100 * self.rank + device if self.one_file else device
 
-    def _assign_lanes(self) -> None:
+    def _assign_lanes(self, tracks: _Tracks) -> None:
         """pid/tid of every track: traced ids where the source had them, fresh ones
         (unique in the rank) otherwise; GPU stream numbers are > 0 (HTA needs that)."""
-        tracks: dict[tuple[bool, str], tuple[int, TimelineStream | None]] = {}
-        for e in self.events:
-            key = (e.category in _GPU_CATS, e.track)
-            if key not in tracks:
-                tracks[key] = (e.track_order, e.stream)
         for gpu in (False, True):
             mine = sorted(((order, track, s) for (g, track), (order, s) in tracks.items() if g == gpu),
                           key=lambda x: (x[0], x[1]))
@@ -240,16 +249,14 @@ class _RankWriter:
                 self.lanes[(gpu, track)] = (pid, chosen[track], k)
 
     def write(self) -> list[dict[str, Any]]:
-        self._metadata()
+        self.out.extend(self.metadata())
         correlation: dict[int, int] = {}
         for e in self.events:
             if e.kind == pb.KIND_LAUNCH and e.node_id:
                 correlation[e.node_id] = CORRELATION_BASE + e.node_id
         launches: dict[int, tuple[int, int, int]] = {}   # launch correlation id -> (pid, tid, ts)
         for e in self.events:
-            box = self._box(e, correlation)
-            if box is None:
-                continue
+            box = self._box(e, correlation.get(e.launch_id, 0))
             self.out.append(box)
             if e.kind == pb.KIND_LAUNCH and e.node_id:
                 launches[correlation[e.node_id]] = (box["pid"], box["tid"], box["ts"])
@@ -257,7 +264,9 @@ class _RankWriter:
         self._profiler_step()
         return self.out
 
-    def _metadata(self) -> None:
+    def metadata(self) -> list[dict[str, Any]]:
+        """The process and thread names and sort indices of the rank's lanes."""
+        out: list[dict[str, Any]] = []
         pids: dict[int, str] = {self.host_pid: "CPU"}
         for (gpu, _), (pid, _, _) in self.lanes.items():
             if gpu:
@@ -265,18 +274,21 @@ class _RankWriter:
         for pid, label in sorted(pids.items()):
             sort = (self.rank * 1000 + (0 if label == "CPU" else 1 + int(label[4:]))) if self.one_file else \
                 (pid if label != "CPU" else 0)
-            self.out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                             "args": {"name": f"{self.process_label} {self.rank}"}})
-            self.out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": label}})
-            self.out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                             "args": {"sort_index": sort}})
+            out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                        "args": {"name": f"{self.process_label} {self.rank}"}})
+            out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": label}})
+            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                        "args": {"sort_index": sort}})
         for (gpu, track), (pid, tid, order) in sorted(self.lanes.items(), key=lambda kv: kv[1]):
             name = f"stream {tid} ({track})" if gpu else f"thread {tid} ({track})"
-            self.out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-            self.out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                             "args": {"sort_index": order}})
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                        "args": {"sort_index": order}})
+        return out
 
-    def _box(self, e: TimelineEvent, correlation: dict[int, int]) -> dict[str, Any] | None:
+    def _box(self, e: TimelineEvent, launch_corr: int) -> dict[str, Any]:
+        """The Kineto event of ``e``; ``launch_corr``: the correlation id of the launch that
+        issued it (0 none)."""
         gpu = e.category in _GPU_CATS
         pid, tid, _ = self.lanes[(gpu, e.track)]
         args: dict[str, Any] = dict(e.args)
@@ -285,7 +297,7 @@ class _RankWriter:
             name = str(e.args["op"])   # the node's own name; the label stays in args
             args["label"] = e.name
         if gpu:
-            corr = correlation.get(e.launch_id, 0)
+            corr = launch_corr
             args.update({"device": self.facts.device_of(self.rank, e.stream), "stream": tid,
                          "correlation": corr, "External id": corr})
             if e.kind in _COMM_KINDS:
@@ -304,7 +316,7 @@ class _RankWriter:
                 ("send" if e.kind == pb.KIND_SEND else "recv")
             name = f"gloo:{word}"
         elif cat == KINETO_RUNTIME:
-            corr = correlation.get(e.node_id, CORRELATION_BASE + e.node_id)
+            corr = CORRELATION_BASE + e.node_id   # what the correlation map holds for a launch
             args.update({"correlation": corr, "External id": corr})
         elif e.node_id:
             args.setdefault("External id", e.node_id)
@@ -341,16 +353,24 @@ class _RankWriter:
             return
         start = min(b["ts"] for b in boxes)
         end = max(round(b["ts"] + b["dur"], 3) for b in boxes)
+        meta, step = self.profiler_step(start, end)
+        self.out.extend(meta)
+        self.out.append(step)
+
+    def profiler_step(self, start: float, end: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The ``ProfilerStep#N`` box from ``start`` to ``end`` (us), and the thread name it
+        needs when the rank has no host thread."""
         host = [(order, tid) for (gpu, _), (_, tid, order) in self.lanes.items() if not gpu]
+        meta = []
         if host:
             tid = min(host)[1]
         else:
             tid = 1
-            self.out.append({"ph": "M", "name": "thread_name", "pid": self.host_pid, "tid": tid,
-                             "args": {"name": f"thread {tid} (main)"}})
-        self.out.append({"ph": "X", "cat": KINETO_ANNOTATION, "name": f"ProfilerStep#{self.facts.step}",
-                         "pid": self.host_pid, "tid": tid, "ts": start, "dur": round(end - start, 3),
-                         "args": {"External id": 0}})
+            meta.append({"ph": "M", "name": "thread_name", "pid": self.host_pid, "tid": tid,
+                         "args": {"name": f"thread {tid} (main)"}})
+        return meta, {"ph": "X", "cat": KINETO_ANNOTATION, "name": f"ProfilerStep#{self.facts.step}",
+                      "pid": self.host_pid, "tid": tid, "ts": start, "dur": round(end - start, 3),
+                      "args": {"External id": 0}}
 
 
 def _sorted(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -429,21 +449,46 @@ def chrome_trace(events: Iterable[TimelineEvent], job: Job | None = None, *,
 def _dump(trace: dict[str, Any], gz: bool) -> bytes:
     """The JSON text the way Kineto lays it out: top-level keys one per line, one event per
     line (HTA finds a file's rank by the text ``"rank": N``, so the spaces matter)."""
-    lines = ["{"]
-    keys = sorted(trace)
+    head = {k: v for k, v in trace.items() if k != "traceEvents"}
+    data = "".join(_text(head, trace.get("traceEvents"))).encode()
+    return gzip.compress(data, mtime=0) if gz else data
+
+
+def _text(head: Mapping[str, Any], events: Iterable[dict[str, Any]] | None) -> Iterator[str]:
+    """:func:`_dump`'s text in pieces, the events written as they come (``None``: the trace
+    has no ``traceEvents``)."""
+    keys = sorted([*head, "traceEvents"] if events is not None else head)
+    yield "{"
     for i, key in enumerate(keys):
         sep = "," if i < len(keys) - 1 else ""
         if key == "traceEvents":
-            events = trace[key]
-            lines.append('  "traceEvents": [')
-            lines.extend("  " + json.dumps(e, sort_keys=True) + ("," if j < len(events) - 1 else "")
-                         for j, e in enumerate(events))
-            lines.append("  ]" + sep)
+            assert events is not None
+            yield '\n  "traceEvents": ['
+            first = True
+            for e in events:
+                yield ("\n  " if first else ",\n  ") + json.dumps(e, sort_keys=True)
+                first = False
+            yield "\n  ]" + sep
         else:
-            lines.append(f"  {json.dumps(key)}: {json.dumps(trace[key], sort_keys=True)}{sep}")
-    lines.append("}")
-    data = ("\n".join(lines) + "\n").encode()
-    return gzip.compress(data, mtime=0) if gz else data
+            yield f"\n  {json.dumps(key)}: {json.dumps(head[key], sort_keys=True)}{sep}"
+    yield "\n}\n"
+
+
+def _write_text(f: BinaryIO, pieces: Iterable[str], gz: bool) -> None:
+    """Write ``pieces`` to ``f`` in blocks of about 1 MB; ``gz``: gzip-compressed as
+    ``gzip.compress(data, mtime=0)`` compresses the whole text (the same bytes)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31) if gz else None
+    buf: list[str] = []
+    size = 0
+    for p in pieces:
+        buf.append(p)
+        size += len(p)
+        if size >= 1 << 20:
+            data = "".join(buf).encode()
+            f.write(z.compress(data) if z is not None else data)
+            buf, size = [], 0
+    data = "".join(buf).encode()
+    f.write(z.compress(data) + z.flush() if z is not None else data)
 
 
 def _summary(dest: Path, traces: list[dict[str, Any]], files: int) -> dict[str, Any]:

@@ -71,19 +71,32 @@ def graph_events(rank: int, graph: Graph, span_of: Callable[[int], NodeSpan | No
         span = span_of(idx)
         if span is None:
             continue
-        start, end, wait = span
-        name, args = node_label(node, group_of)
-        track, order, _ = node_track(node, streams, args)
-        if wait is not None:
-            args["wait_ns"] = wait
-        ts = tstreams.get(node.stream)
-        if ts is None:
-            s = streams.get(node.stream)
-            ts = (TimelineStream(s.id, track, s.kind, s.device, s.native_id) if s is not None
-                  else TimelineStream(node.stream, track))
-            tstreams[node.stream] = ts
-        launch = next((d.id for d in node.deps
-                       if d.kind == pb.DEP_LAUNCH and kinds.get(d.id) == pb.KIND_LAUNCH), 0)
-        yield TimelineEvent(rank=rank, track=track, name=name, start_ns=start, duration_ns=max(0, end - start),
-                            category=kineto_category(node.kind, ts.kind), track_order=order, args=args,
-                            kind=node.kind, stream=ts, node_id=node.id, launch_id=launch)
+        yield node_event(rank, node, span, streams, tstreams, group_of, launch_of(node, kinds.get))
+
+
+def launch_of(node: pb.Node, kind_of: Callable[[int], int | None]) -> int:
+    """The id of the ``KIND_LAUNCH`` call that issued ``node`` (its first launch dependency
+    on a launch node; ``kind_of`` gives a node's kind by id), 0 when none."""
+    return next((d.id for d in node.deps if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH), 0)
+
+
+def node_event(rank: int, node: pb.Node, span: NodeSpan, streams: dict[int, pb.Stream],
+               tstreams: dict[int, TimelineStream], group_of: Callable[[str], pb.ProcessGroup],
+               launch: int) -> TimelineEvent:
+    """The box of one node that ran over ``span``: what :func:`graph_events` yields for it,
+    for a writer that walks a graph's nodes itself (``tstreams`` caches the timeline
+    streams by stream id; ``launch``: :func:`launch_of`)."""
+    start, end, wait = span
+    name, args = node_label(node, group_of)
+    track, order, _ = node_track(node, streams, args)
+    if wait is not None:
+        args["wait_ns"] = wait
+    ts = tstreams.get(node.stream)
+    if ts is None:
+        s = streams.get(node.stream)
+        ts = (TimelineStream(s.id, track, s.kind, s.device, s.native_id) if s is not None
+              else TimelineStream(node.stream, track))
+        tstreams[node.stream] = ts
+    return TimelineEvent(rank=rank, track=track, name=name, start_ns=start, duration_ns=max(0, end - start),
+                         category=kineto_category(node.kind, ts.kind), track_order=order, args=args,
+                         kind=node.kind, stream=ts, node_id=node.id, launch_id=launch)
