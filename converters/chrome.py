@@ -446,7 +446,9 @@ def chrome_trace(events: Iterable[TimelineEvent], job: Job | None = None, *,
     for rank, evs in by_rank.items():
         trace_events += _RankWriter(rank, evs, facts, one_file=True, origin=origin,
                                     process_label=process_label).write()
-    dist = {"backend": _backend(e for evs in by_rank.values() for e in evs), "world_size": facts.world_size,
+    # Every rank's events: a generator here would be spent by the first of _backend's two looks
+    # (which made a job file "gloo" unless a GPU stream ran communication).
+    dist = {"backend": _backend([e for evs in by_rank.values() for e in evs]), "world_size": facts.world_size,
             "ranks": list(by_rank)}
     return _document(trace_events, facts, origin, dist, metadata)
 
