@@ -854,6 +854,13 @@ class _RankEvents:
                 multi = self.kernels(launch) > 1
                 yield (_flow_key(pid, tid, ts, "f", (rank, 1, n.id + off, 1)),
                        _flow("f", CORRELATION_BASE + launch, pid, tid, ts), multi)
+
+    def _copy_launches(self, bp: _BodyPlan, inst: pb.RepeatInstance) -> Iterator[_Keyed]:
+        """The ``s`` flows of a copy's launches whose kernels are all inside copies (a stream
+        of its own: the launches' lanes are not the kernels')."""
+        nodes = bp.body.nodes
+        off, toff = int(inst.id_offset), int(inst.time_offset_ns)
+        rank = self.rank
         for k in bp.launches:
             n = nodes[k]
             launch = n.id + off
@@ -877,6 +884,7 @@ class _RankEvents:
             for inst in bp.body.block.instances:
                 streams.append(self._copies(bp, inst))
                 streams.append(self._copy_flows(bp, inst))
+                streams.append(self._copy_launches(bp, inst))
         # The ``f`` flows of a launch with several kernels: once per (launch, lane, time), the
         # first in the trace's order, as the whole writer keeps them.
         seen: set[tuple[int, int, int, float]] = set()

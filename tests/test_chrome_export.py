@@ -310,6 +310,17 @@ def _arbitrary_job(world, nodes, blocks):
 
 
 
+def test_streamed_export_orders_a_copy_s_launch_flow_on_its_host_lane(tmp_path) -> None:
+    """A copy's kernel and its launch on the host: in one file the launch's ``s`` flow sorts
+    before every GPU event (host processes come first), in a rank file after them."""
+    cpu, launch = pb.KIND_CPU_OP, pb.KIND_LAUNCH
+    nodes = [(cpu, 0, 0, -3, "a", [])] * 9 + [(cpu, 2, 0, -3, "a", [(11, pb.DEP_LAUNCH)]),
+                                               (launch, 0, 0, -3, "a", []), (cpu, 0, 0, -3, "a", [])]
+    job = _arbitrary_job(1, nodes, [(1, 4, [(0, 0, [])]), (1, 5, [(0, 0, [])])])
+    assert job.graph("g").has_repeats
+    _same_output(job, tmp_path)
+
+
 def test_streamed_export_equals_the_whole_writer_on_arbitrary_blocks() -> None:
     import tempfile
     from pathlib import Path
@@ -330,7 +341,7 @@ def test_streamed_export_equals_the_whole_writer_on_arbitrary_blocks() -> None:
     block = st.tuples(st.integers(min_value=1, max_value=10), st.integers(min_value=0, max_value=5),
                       st.lists(inst, min_size=1, max_size=4))
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(world=st.integers(min_value=1, max_value=2), nodes=st.lists(node, min_size=1, max_size=12),
            blocks=st.lists(block, max_size=2))
     def check(world, nodes, blocks):
