@@ -441,7 +441,8 @@ def _check_acyclic(graph: Graph, ids: set[int], source: str, out: IssueCollector
         out.add("acyclic", f"dependency cycle through node {stuck}", _where(source, graph, _node_by_id(graph, stuck)))
 
 
-def stream_positions(graph: Graph, wanted: set[int] | None = None) -> dict[int, tuple[int, int]]:
+def stream_positions(graph: Graph, wanted: set[int] | None = None, host: set[int] | None = None
+                     ) -> dict[int, tuple[int, int]]:
     """Where each node starts and ends in its stream's order, as (start position, end
     position) in one sequence per stream (only the nodes of ``wanted`` ids when given).
 
@@ -452,8 +453,10 @@ def stream_positions(graph: Graph, wanted: set[int] | None = None) -> dict[int, 
     executes; a dependency against it can never be met.
 
     The nodes are read in id order as a stream (a graph with repeat blocks is not expanded):
-    what is kept is a count per device stream and the nesting stack of each host thread."""
-    host = {n.stream for n in graph.iter_nodes(HOST_KINDS)}
+    what is kept is a count per device stream and the nesting stack of each host thread.
+    ``host``: the host threads, when the caller knows them."""
+    if host is None:
+        host = {n.stream for n in graph.iter_nodes(HOST_KINDS)}
     ordered = graph.iter_nodes() if graph.has_repeats else sorted(graph.nodes, key=lambda n: n.id)
     pos: dict[int, tuple[int, int]] = {}
     count: dict[int, int] = defaultdict(int)                 # device stream -> nodes so far
@@ -490,8 +493,12 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
     a node its own stream runs after it. On a host thread, control dependencies (nesting) are
     not execution order and a sync node ends, not starts, on what it waits for; on a device
     stream a control dependency means "issued by", a wait for the start."""
-    stream_of = {n.id: n.stream for n in graph.iter_nodes()}
-    host = {n.stream for n in graph.iter_nodes(HOST_KINDS)}
+    stream_of: dict[int, int] = {}
+    host: set[int] = set()
+    for n in graph.iter_nodes():
+        stream_of[n.id] = n.stream
+        if n.kind in HOST_KINDS:
+            host.add(n.stream)
     # (node id, its name, its stream, dependency id, dependency kind): not the nodes, which
     # a graph with repeat blocks makes one at a time.
     pairs: list[tuple[int, str, int, int, int]] = []
@@ -505,7 +512,7 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
     if not pairs:
         return
     del stream_of
-    pos = stream_positions(graph, {i for p in pairs for i in (p[0], p[3])})
+    pos = stream_positions(graph, {i for p in pairs for i in (p[0], p[3])}, host)
     names: dict[int, str | None] = {}
     bad = []
     for nid, name, st, did, dkind in pairs:
