@@ -666,15 +666,30 @@ class _CopyOf:
     """A repeat block's copy of a communication node, as the cross-rank rules read it: the
     body node's payload (type, bytes, root, peer) under the copy's id (messages name it)."""
 
-    __slots__ = ("id", "kind", "name", "collective", "p2p", "HasField")
+    __slots__ = ("_node", "id")   # two references a copy: the body node's fields are read through
 
     def __init__(self, node: pb.Node, node_id: int):
+        self._node = node
         self.id = node_id
-        self.kind = node.kind
-        self.name = node.name
-        self.collective = node.collective
-        self.p2p = node.p2p
-        self.HasField = node.HasField
+
+    @property
+    def kind(self) -> int:
+        return self._node.kind
+
+    @property
+    def name(self) -> str:
+        return self._node.name
+
+    @property
+    def collective(self) -> pb.CollectiveInfo:
+        return self._node.collective
+
+    @property
+    def p2p(self) -> pb.P2PInfo:
+        return self._node.p2p
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 - pb.Node's name, for the rules that read either
+        return self._node.HasField(name)
 
 
 def _comm_with_seq(graph: Graph):
