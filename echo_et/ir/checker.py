@@ -499,29 +499,33 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
         stream_of[n.id] = n.stream
         if n.kind in HOST_KINDS:
             host.add(n.stream)
-    # (node id, its name, its stream, dependency id, dependency kind): not the nodes, which
-    # a graph with repeat blocks makes one at a time.
-    pairs: list[tuple[int, str, int, int, int]] = []
+    # (the node when stored, its id, its stream, dependency id, dependency kind): not the
+    # copies a graph with repeat blocks makes one at a time (their ids are unique: a name is
+    # found again by id when one is reported).
+    flat = not graph.has_repeats
+    pairs: list[tuple[pb.Node | None, int, int, int, int]] = []
     for n in graph.iter_nodes():
         on_host = n.stream in host
         if on_host and n.kind == pb.KIND_SYNC:
             continue
         for d in n.deps:
             if d.id != n.id and stream_of.get(d.id, -1) == n.stream and not (on_host and d.kind == pb.DEP_CONTROL):
-                pairs.append((n.id, n.name, n.stream, d.id, d.kind))
+                pairs.append((n if flat else None, n.id, n.stream, d.id, d.kind))
     if not pairs:
         return
     del stream_of
-    pos = stream_positions(graph, {i for p in pairs for i in (p[0], p[3])}, host)
+    pos = stream_positions(graph, {i for p in pairs for i in (p[1], p[3])}, host)
     names: dict[int, str | None] = {}
     bad = []
-    for nid, name, st, did, dkind in pairs:
+    for node, nid, st, did, dkind in pairs:
         mine = pos[nid][0]
         dstart, dend = pos[did]
         launch = dkind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
         if (dstart if launch else dend) > mine:
-            bad.append((nid, name, st, did, launch))
+            bad.append((node, nid, st, did, launch))
             names[did] = None
+            if node is None:
+                names[nid] = None
             if len(bad) >= out.limit:
                 break
     if not bad:
@@ -529,9 +533,10 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
     for n in graph.iter_nodes():   # the last node of each id, as graph.node() finds it
         if n.id in names:
             names[n.id] = n.name
-    for nid, name, st, did, launch in bad:
+    for node, nid, st, did, launch in bad:
         what = "starts" if launch else "ends"
         other = names[did]
+        name = node.name if node is not None else names[nid]
         where = " ".join(p for p in (source, f"graph {graph.id}") if p) + f" node {nid} ({name})"
         out.add("stream-order", f"waits for node {did} ({other}), which {what} after it "
                 f"on the same stream {st}", where)
