@@ -58,6 +58,7 @@ from echo_et.ir.limits import (
     MAX_NS,
     MAX_PIPELINE_STAGES,
     MAX_WORLD_SIZE,
+    fills_nodes,
 )
 from echo_et.ir.schema import pb
 
@@ -426,7 +427,10 @@ def read(paths: list[Path], options) -> Job:
     m.layout.vpp = wl.header.get("vpp", 0)
     m.layout.microbatches = wl.header.get("ga", 0)
     m.layout.source = "declared"
-    m.hardware.gpus_per_node = options.gpus_per_node or 8
+    # SimAI's nodes of 8 unless told: recorded only where the world fills them (the checker's
+    # node-fill rule); otherwise unknown, for --gpus-per-node to say
+    if options.gpus_per_node or fills_nodes(m.world_size, 8):
+        m.hardware.gpus_per_node = options.gpus_per_node or 8
     gpu = _GPU_IN_NAME.search(path.name)
     if gpu:
         m.hardware.gpu_name = gpu.group(1)

@@ -320,3 +320,63 @@ def test_limit_caps_the_issue_list():
     for n in job.graph("g0").nodes:
         n.stream = 77
     assert len(check_job(job, limit=2)) == 2
+
+
+# -- the recorded cluster (manifest `hardware`) --------------------------------------------------------
+def _edited(tmp_path, edit) -> object:
+    """make_job(4) saved, its manifest.pb edited by hand (parsed, changed, written back), loaded."""
+    save_job(make_job(4), tmp_path / "job")
+    path = tmp_path / "job" / "manifest.pb"
+    m = pb.JobManifest()
+    m.ParseFromString(path.read_bytes())
+    edit(m.hardware)
+    path.write_bytes(m.SerializeToString())
+    return load_job(tmp_path / "job")
+
+
+@pytest.mark.parametrize("gpn, ok", [(0, True), (1, True), (2, True), (4, True), (8, True), (3, False)])
+def test_node_fill_of_the_recorded_gpus_per_node(tmp_path, gpn, ok):
+    """4 ranks on the recorded nodes: 0 (unknown), whole nodes of 1, 2 or 4, or part of one
+    node of 8; nodes of 3 would leave one partly filled, the rule every verb holds
+    --gpus-per-node to, and `check` says so naming the manifest."""
+    job = _edited(tmp_path, lambda h: setattr(h, "gpus_per_node", gpn))
+    if ok:
+        assert check_job(job) == []
+        return
+    issue = one_issue(job, "node-fill")
+    assert issue.where == f"{tmp_path / 'job'} manifest"
+    assert issue.message == ("hardware.gpus_per_node 3: world size 4 is not a multiple of 3 GPUs per node (nodes "
+                             "would be partly filled: 1 full and one of 1); give a G that divides 4, or one >= 4")
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda h: setattr(h, "nics_per_node", 5000), "nics per node 5000 is beyond 1024"),
+    (lambda h: setattr(h, "gpus_per_node", 5000), "gpus per node 5000 is beyond 1024"),
+    (lambda h: setattr(h, "intra_node_bw_gbps", -150.0), "intra_node_bw_gbps = -150.0 is neither 0"),
+    (lambda h: setattr(h, "inter_node_bw_gbps", float("inf")), "inter_node_bw_gbps = inf is neither 0"),
+    (lambda h: setattr(h, "gpu_name", "A100\nerror: injected"), "is not a name of at most 256 printable"),
+    (lambda h: setattr(h, "gpu_name", "A" * 257), "is not a name of at most 256 printable"),
+])
+def test_the_recorded_cluster_is_well_typed(tmp_path, edit, needle):
+    issue = one_issue(_edited(tmp_path, edit), "hardware")
+    assert needle in issue.message
+
+
+def test_recorded_cluster_facts_in_range_are_valid(tmp_path):
+    def edit(h):
+        h.gpu_name, h.gpus_per_node, h.nics_per_node = "NVIDIA H800", 4, 4
+        h.intra_node_bw_gbps, h.inter_node_bw_gbps = 200.0, 50.0
+    assert check_job(_edited(tmp_path, edit)) == []
+
+
+def test_check_cli_reports_the_node_fill_of_a_hand_edited_manifest(tmp_path):
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    _edited(tmp_path, lambda h: setattr(h, "gpus_per_node", 3))
+    res = CliRunner().invoke(app, ["check", str(tmp_path / "job")])
+    assert res.exit_code == 1
+    assert "[node-fill] hardware.gpus_per_node 3: world size 4 is not a multiple of 3" in res.output
+    res = CliRunner().invoke(app, ["simulate", str(tmp_path / "job")])       # every verb relies on check
+    assert res.exit_code == 2 and "[node-fill]" in res.stderr

@@ -268,3 +268,101 @@ def test_sample_prediction_includes_the_host_bound():
     kernel = predict_samples(P, [Sample("all_reduce", 8, pl, 1.0, host_gpus=0)], prof.nccl)[0]
     assert host >= 8 * P["host_launch_us"] > kernel
     assert np.isfinite(host)
+
+
+def _load_bench(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("preset", ["a100-ib", "h100-ib"])
+def test_the_shipped_preset_network_is_what_the_shared_logs_measure(preset):
+    """The a100-ib and h100-ib presets' network parameters are the fit on the one cluster of
+    their generation in ../shared/data (``benchmarks/comm_preset_network.py --write``): the
+    shipped file is byte for byte what measuring it again writes, and its network runs at the
+    efficiency that cluster reached (A100: 0.65 of its 200 Gb/s NICs, not the 0.88 guessed
+    before; H100: 0.82 of 400 Gb/s)."""
+    bench = _load_bench("comm_preset_network")
+    folder, logs = bench.CLUSTERS[preset]
+    for log in logs:
+        shared_path(f"nccl-tests/{folder}/{log}")
+    text, summary = bench.measured_preset(preset)
+    assert text == bench.preset_text(preset)
+    eff = CommModel.preset(preset).network_efficiency
+    assert eff == pytest.approx(summary["network_efficiency"], rel=1e-5)
+    low, high = {"a100-ib": (0.6, 0.7), "h100-ib": (0.78, 0.88)}[preset]
+    assert low < eff < high
+
+
+def test_a_fit_across_nodes_measures_the_network_from_the_spec_sheet():
+    """A fit with multi-node logs starts from the spec-sheet network (``fit.network.prior``),
+    never from the preset's own measurement, so a held-out log cannot reach a fit through the
+    preset; a fit of one node's logs keeps the measured network (its logs cannot see one)."""
+    from echo_et.models.comm.calibrate import spec_network
+
+    preset = load_preset("a100-ib")
+    spec = spec_network(preset)
+    assert spec.params["net_gbps"] == 22.0 and preset.params["net_gbps"] < 17.0
+    unmeasured = dataclasses.replace(spec, fit={})
+    samples, sources = samples_of([1, 8, 16])
+    a = fit_profile(samples, sources, preset, 8, nccl_version=RELEASE)[0]
+    b = fit_profile(samples, sources, unmeasured, 8, nccl_version=RELEASE)[0]
+    assert a.params == b.params
+    one_node = samples_of([1, 2, 8])
+    c = fit_profile(*one_node, preset, 8, nccl_version=RELEASE)[0]
+    d = fit_profile(*one_node, unmeasured, 8, nccl_version=RELEASE)[0]
+    assert c.params["net_gbps"] == preset.params["net_gbps"] and d.params["net_gbps"] == 22.0
+    assert c.params["nvlink_gbps"] == d.params["nvlink_gbps"]
+
+
+def test_cross_validation_never_starts_from_a_measured_network():
+    """Leave-one-log-out on the logs the preset's network was measured on: the held-out
+    fits of one node's logs predict across nodes from the spec-sheet network, exactly as with
+    a preset that was never measured."""
+    from echo_et.models.comm.calibrate import spec_network
+    from echo_et.models.comm.evaluate import cross_validate
+
+    runs = [r for n in (1, 8, 16) for r in nccl_tests.read_log(shared_path(f"nccl-tests/echo-a100/nccl_{n}.log"))]
+    preset = load_preset("a100-ib")
+    unmeasured = dataclasses.replace(spec_network(preset), fit={})
+    a = cross_validate(runs, 8, preset, RELEASE)
+    b = cross_validate(runs, 8, unmeasured, RELEASE)
+    assert a["leave_one_out"] == b["leave_one_out"] and a["in_sample"] == b["in_sample"]
+    assert a["profiles"]["nccl_16.log"].params["net_gbps"] == 22.0
+
+
+def test_a_bad_recorded_network_prior_is_one_line(tmp_path):
+    from echo_et.models.comm.calibrate import spec_network
+
+    obj = to_json(load_preset("a100-ib"))
+    obj["fit"]["network"]["prior"]["no_such_param"] = 1.0
+    with pytest.raises(EchoError, match="fit.network.prior names 'no_such_param'"):
+        spec_network(from_json(obj, "bad"))
+    obj["fit"]["network"]["prior"] = {"net_gbps": "fast"}
+    with pytest.raises(EchoError, match="not a parameter and a number"):
+        spec_network(from_json(obj, "bad"))
+
+
+def test_the_80_gpu_fixed_cost_is_nvls_trees_not_every_network_step():
+    """The 80-GPU H100 all-reduce carries ~600 us at every size: its NVLS-tree rows (to 2 GiB)
+    and its ring rows (from 4 GiB) both. The ring crosses the network 2.5x as often as the
+    NVLS-tree, so one latency per network step cannot carry both; the fit puts the cost on
+    NVLS-tree's hops and leaves the ring's steps near NCCL's typical latency, which is what a
+    ring all-gather or reduce-scatter across the same nodes is then charged."""
+    logs = ["1n8g-all_gather.log", "1n8g-alltoall.log", "1n8g-reduce_scatter.log", "1n8g-sendrecv.log",
+            "10n80g-all_reduce.log"]
+    runs = [r for log in logs for r in nccl_tests.read_log(shared_path(f"nccl-tests/h100-c01/{log}"))]
+    samples, sources = samples_from_runs(runs, 8)
+    prof, result = fit_profile(samples, sources, load_preset("h100-ib"), 8)
+    P = prof.params
+    assert "nvls_tree_hop_us" in result.free
+    assert P["nvls_tree_hop_us"] > 40 and P["net_hop_us.Simple"] < 20
+    assert result.by_source["10n80g-all_reduce.log"]["mape_percent"] < 2.5

@@ -261,3 +261,96 @@ def test_calibrate_picks_its_preset_by_exact_gpu_variant(tmp_path):
     res = run("calibrate", "nccl-tests", p, "--gpus-per-node", "8", "--preset", "a100-ib", "-o", out, "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["base_preset"] == "a100-ib"
+
+
+# -- --gpus-per-node that leaves a node partly filled (the rule of every verb) ---------------------------
+PARTLY = "is not a multiple of 3 GPUs per node (nodes would be partly filled: 2 full and one of 2)"
+
+
+def _without_hosts(tmp_path, n: int):
+    """nccl_<n>.log without its `Rank r ... on HOST` lines: its ranks are packed on --gpus-per-node."""
+    p = tmp_path / f"bare{n}.log"
+    p.write_text("\n".join(ln for ln in log(n).read_text().splitlines() if " on node-" not in ln) + "\n")
+    return p
+
+
+def test_calibrate_refuses_a_log_whose_ranks_leave_a_node_partly_filled(tmp_path):
+    """A log that does not name its hosts is packed on --gpus-per-node: its 8 ranks on nodes of
+    3 are refused naming the log, by the fit and the evaluation alike; nodes of 4 or 8 are not."""
+    bare = _without_hosts(tmp_path, 8)
+    out = tmp_path / "p.json"
+    assert one_line_error(run("calibrate", "nccl-tests", bare, "--gpus-per-node", "3", "-o", out)) == \
+        f"error: --gpus-per-node: bare8.log: world size 8 {PARTLY}; give a G that divides 8, or one >= 8"
+    for args in (["--gpus-per-node", "3"], ["--gpus-per-node", "3", "--preset", "a100-ib"]):
+        assert f"bare8.log: world size 8 {PARTLY}" in one_line_error(run("calibrate", "evaluate", bare, *args))
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["bare8.log"]
+    res = run("calibrate", "nccl-tests", bare, "--gpus-per-node", "4", "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["sources"][0]["nodes"] == 2
+    assert run("calibrate", "evaluate", bare, "--gpus-per-node", "8", "--preset", "a100-ib").exit_code == 0
+
+
+def test_calibrate_takes_the_hosts_a_log_names_when_they_are_equal(tmp_path):
+    """A log naming every rank's host says where they ran: 16 ranks on 4 hosts of 4 are 4 nodes
+    of 4 even with --gpus-per-node 6 (at least the most on one host); hosts of unequal size
+    (8, 4, 4) are refused, the collective model assuming equal nodes."""
+    text = log(16).read_text()
+    four = tmp_path / "four.log"
+    four.write_text(re.sub(r"Rank +(\d+) Pid +(\d+) on node-\d+",
+                           lambda m: f"Rank {m.group(1):>2} Pid {m.group(2)} on host{int(m.group(1)) // 4}", text))
+    out = tmp_path / "p.json"
+    res = run("calibrate", "nccl-tests", four, "--gpus-per-node", "6", "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    src = json.loads(out.read_text())["sources"][0]
+    assert (src["ranks"], src["nodes"]) == (16, 4)
+    uneven = tmp_path / "uneven.log"
+    uneven.write_text(re.sub(r"Rank +(1[2-5]) Pid +(\d+) on node-000002",
+                             lambda m: f"Rank {m.group(1)} Pid {m.group(2)} on node-000003", text))
+    out2 = tmp_path / "p2.json"
+    line = one_line_error(run("calibrate", "nccl-tests", uneven, "--gpus-per-node", "8", "-o", out2))
+    assert line == ("error: uneven.log: its 16 ranks ran on hosts of unequal size (8 on node-000000, 4 on "
+                    "node-000002); the collective model assumes equal nodes")
+    assert "hosts of unequal size" in one_line_error(run("calibrate", "evaluate", uneven, "--preset", "a100-ib"))
+    assert not out2.exists()
+
+
+def test_calibrate_trace_refuses_a_job_whose_world_leaves_a_node_partly_filled(tmp_path):
+    """The world of a traced job (16 ranks) against --gpus-per-node, naming the job; a second
+    job refused leaves nothing written after the first was read."""
+    save_job(_traced_job({r: [400_000] for r in range(16)}, 256 << 20), tmp_path / "job")
+    out = tmp_path / "p.json"
+    for jobs in ([tmp_path / "job"], [tmp_path / "job", tmp_path / "job"]):
+        assert one_line_error(run("calibrate", "trace", *jobs, "--gpus-per-node", "6", "-o", out)) == (
+            "error: --gpus-per-node: job: world size 16 is not a multiple of 6 GPUs per node (nodes would be "
+            "partly filled: 2 full and one of 4); give a G that divides 16, or one >= 16")
+    assert not out.exists()
+    for gpn in ("16", "32"):                               # one node, or part of one
+        res = run("calibrate", "trace", tmp_path / "job", "--gpus-per-node", gpn, "-o", tmp_path / f"{gpn}.json")
+        assert res.exit_code == 0, res.output
+
+
+def test_calibrate_choices_refuses_a_world_that_leaves_a_node_partly_filled(tmp_path):
+    src = shared_path("traces/HolisticTraceAnalysis/tests/data/trace_diff/control/control.json.gz")
+    out = tmp_path / "p.json"
+    assert one_line_error(run("calibrate", "choices", src, "--gpus-per-node", "3", "-o", out)) == (
+        f"error: --gpus-per-node: control.json.gz: world size 8 {PARTLY}; give a G that divides 8, or one >= 8")
+    assert not out.exists()
+    res = run("calibrate", "choices", src, "--gpus-per-node", "4", "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["jobs"][0]["gpus_per_node"] == 4 and out.exists()
+
+
+@pytest.mark.parametrize("args, ok", [
+    (["--ranks", "8", "--gpus-per-node", "3"], False),             # the world is the group: 8 ranks
+    (["--ranks", "2", "--world", "8", "--gpus-per-node", "3"], False),   # a group inside a world of 8
+    (["--ranks", "8", "--world", "8", "--gpus-per-node", "3"], False),
+    (["--ranks", "6", "--world", "8", "--gpus-per-node", "4"], True),    # the group spans 4 + 2 of 2 full nodes
+    (["--ranks", "3", "--gpus-per-node", "4"], True),              # part of one node
+    (["--ranks", "9"], True),                                       # no --gpus-per-node: the model's, not checked
+])
+def test_estimate_applies_the_rule_to_its_world_else_its_ranks(args, ok):
+    res = run("estimate", "all_reduce", "--bytes", "1MiB", *args)
+    if ok:
+        assert res.exit_code == 0, res.output
+    else:
+        assert f"error: --gpus-per-node: world size 8 {PARTLY}" in one_line_error(res)

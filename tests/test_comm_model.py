@@ -3,6 +3,9 @@ what-ifs, bad input. No measurements needed."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
@@ -262,7 +265,8 @@ def test_a_profiles_per_collective_rates_reach_every_estimate(tmp_path):
     slow = dataclasses.replace(base, params={**base.params, "coll_nvlink_eff.all_gather": 0.5})
     write_profile(slow, tmp_path / "p.json")
     text = (tmp_path / "p.json").read_text()
-    assert '"coll_nvlink_eff": {\n      "all_gather": 0.5\n    }' in text and "reduce_scatter" not in text
+    assert '"coll_nvlink_eff": {\n      "all_gather": 0.5\n    }' in text
+    assert "reduce_scatter" not in json.dumps(json.loads(text)["params"])
     a, b = CommModel(base), CommModel.from_profile(tmp_path / "p.json")
     ranks = list(range(8))
     ag = [m.estimate("all_gather", 128 << 20, ranks).time_ns for m in (a, b)]
@@ -281,6 +285,46 @@ def test_the_h100_preset_emulates_the_newest_modelled_release():
     assert h100.nccl_version == VERSIONS[-1] == "2.28.3"
     assert h100.estimate("all_reduce", GiB, list(range(80))).algorithm == "nvls_tree"
     assert h100.with_nccl_version("2.20.3").estimate("all_reduce", GiB, list(range(80))).algorithm != "nvls_tree"
+
+
+
+# NVLinks per GPU (spec sheets) and NCCL's rate of one link per GPU generation (NCCL 2.28.3
+# src/graph/topo.h SM70/SM80/SM90_NVLINK_BW; topo.cc rates a GPU's links to the NVSwitch as
+# count x that rate): what each preset's node facts must say NCCL sees inside a node
+NVLINKS = {"v100-ib": (6, 20.0), "a100-ib": (12, 20.0), "h100-ib": (18, 20.6), "h800-ib": (8, 20.6)}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_each_presets_node_is_its_links_as_nccl_rates_them(name):
+    node = CommModel.preset(name).nccl.node
+    links, per_link = NVLINKS[name]
+    assert node.intra_bw == pytest.approx(links * per_link)
+    # NVLink SHARP: Hopper behind an NVSwitch (NCCL enables it from the driver's multicast
+    # support, whatever the link count)
+    assert node.nvls == (node.compute_capability >= 90 and node.intra == "nvswitch")
+
+
+def test_the_h800_preset_is_an_h100_node_with_8_nvlinks_on_the_same_release():
+    """The H800 differs from the H100 only in its NVLinks (8 instead of 18): same NVSwitch with
+    NVLink SHARP, NICs, hosts and release (2.28.3), so the same algorithms are open to NCCL;
+    its narrower NVLink makes NVLS-tree NVLink-bound, and the ring (NVLink-bound too) never
+    overtakes it across nodes, where on the H100 it does from 4 GiB."""
+    import dataclasses
+
+    h100, h800 = CommModel.preset("h100-ib"), CommModel.preset("h800-ib")
+    assert h800.nccl_version == h100.nccl_version == "2.28.3"
+    assert dataclasses.replace(h800.nccl.node, intra_bw=h100.nccl.node.intra_bw) == h100.nccl.node
+    one_node, nodes10 = list(range(8)), list(range(80))
+    assert h800.estimate("all_reduce", GiB, one_node).algorithm == "nvls"
+    assert [h800.estimate("all_reduce", s, nodes10).algorithm for s in (MiB, 4 * MiB, GiB, 16 * GiB)] == \
+        ["tree", "nvls_tree", "nvls_tree", "nvls_tree"]
+    assert h100.estimate("all_reduce", 16 * GiB, nodes10).algorithm == "ring"
+    assert h800.with_nccl_version("2.20.3").estimate("all_reduce", GiB, nodes10).algorithm == "ring"
+    assert h800.estimate("all_gather", 4 * KiB, [8 * i for i in range(16)]).algorithm == "pat"
+    # fewer links, never faster
+    for coll, size, ranks in (("all_reduce", GiB, one_node), ("all_reduce", GiB, nodes10),
+                              ("all_gather", 64 * MiB, one_node)):
+        assert h800.estimate(coll, size, ranks).time_ns > h100.estimate(coll, size, ranks).time_ns
 
 
 def test_the_ring_reduction_is_fused_into_its_transfers():
@@ -314,3 +358,29 @@ def test_a_send_recv_channel_pays_one_step_of_pipeline_fill():
     assert 1.45 < per_byte[0] / per_byte[1] < 1.8
     # LL carries no FIFO steps of that size: the fill is Simple's only
     assert h100.estimate("all_to_all", 64 * KiB, ranks).protocol == "LL"
+
+
+def test_nvls_tree_hops_have_their_own_latency_and_old_profiles_keep_theirs(tmp_path):
+    """NVLS-tree's network hops (``nvls_tree_hop_us``) are priced apart from a ring's network
+    steps; a profile written before the parameter existed takes its ``net_hop_us.Simple``, so
+    it times NVLS-tree as it did, and a profile writes the parameter only when it differs."""
+    from echo_et.models.comm.params import flatten, nest
+    from echo_et.models.comm.profile import load_profile, write_profile
+
+    base = CommModel.preset("h100-ib").profile
+    old = {k: v for k, v in nest(base.params).items()}
+    old.pop("nvls_tree_hop_us", None)
+    flat = flatten(old, "old")
+    assert flat["nvls_tree_hop_us"] == flat["net_hop_us.Simple"]
+    assert "nvls_tree_hop_us" not in nest(flat)
+    ranks = list(range(80))
+    slow = {**base.params, "nvls_tree_hop_us": base.params["nvls_tree_hop_us"] + 100.0}
+    a, b = CommModel(base), CommModel(dataclasses.replace(base, params=slow))
+    ea, eb = a.estimate("all_reduce", 256 * MiB, ranks), b.estimate("all_reduce", 256 * MiB, ranks)
+    assert ea.algorithm == eb.algorithm == "nvls_tree"
+    assert eb.time_ns - ea.time_ns == pytest.approx(2 * 4 * 100.0 * 1e3, rel=1e-6)   # 2 ceil(log2 10) hops
+    ring = [m.estimate("all_gather", 16 * MiB, ranks) for m in (a, b)]
+    assert ring[0].algorithm == "ring" and ring[0].time_ns == ring[1].time_ns
+    write_profile(dataclasses.replace(base, params=slow), tmp_path / "p.json")
+    again = load_profile(tmp_path / "p.json").params["nvls_tree_hop_us"]
+    assert again == pytest.approx(slow["nvls_tree_hop_us"], rel=1e-5)

@@ -266,6 +266,30 @@ def test_2_28_nvls_tree_across_h100_nodes_until_the_ring_wins():
     assert tuning.choose(s, contiguous(8, 8), "all_reduce", GIB).algorithm == "nvls"
 
 
+
+H800 = dataclasses.replace(H100, intra_bw=8 * 20.6)     # 8 NVLink 4 links at NCCL's SM90 rate
+
+
+def test_2_28_nvls_tree_across_h800_nodes_is_nvlink_bound():
+    # NVLS graph: the fastest 2.28.3 Hopper speed within 164.8 / 7 = 23.5 GB/s is 20; NVLS-tree
+    # per channel min(20 x .85 x 7/8 x 2, 48, 45.5) = 29.75 (the NVLink, not the 45.5 cap as on
+    # the H100); the ring's pass 1 keeps 4 x 45 GB/s (8 x 45 would need 8 x 45 x 7/8 > 164.8 of
+    # NVLink), duplicated to 8 x 22.5: 91 GB/s against NVLS-tree's 120, so the ring never wins
+    s, pl = NcclSystem("2.28.3", H800), contiguous(80, 8)
+    assert tuning.nvls_graph(s, pl).bw_intra == 20.0
+    t = tuning.table_for(s, pl)
+    assert t.bandwidth[("all_reduce", "nvls_tree", "Simple")] == pytest.approx(8 * 20 * .85 * 7 / 8 * 2 * 80 / 158)
+    assert t.latency[("all_reduce", "nvls_tree", "Simple")] == pytest.approx(25 + 2 * 3 * 14)
+    assert (t.graphs["ring"].channels, t.graphs["ring"].bw_inter) == (8, 22.5)
+    picks = [tuning.choose(s, pl, "all_reduce", 1 << e).algorithm for e in (20, 22, 31, 34)]
+    assert picks == ["tree", "nvls_tree", "nvls_tree", "nvls_tree"]
+    # one node: NVLS all-reduce on 8 channels at min(29.75, the graph's 20 GB/s) x 8/14 (bus ->
+    # algorithm rate)
+    one = tuning.table_for(s, contiguous(8, 8))
+    assert one.bandwidth[("all_reduce", "nvls", "Simple")] == pytest.approx(8 * 20 * 8 / 14)
+    assert tuning.choose(s, contiguous(8, 8), "all_reduce", GIB).algorithm == "nvls"
+
+
 def test_2_28_nvls_gathers_are_rated_but_lose_to_the_ring_inside_an_h100_node():
     # one node: NVLS all-gather/reduce-scatter (25 us, 8 x 50 x .85 x 7/8 x 7/8 GB/s, no bus ->
     # algorithm conversion) against the ring (LL 10.8 us; Simple 12 x 30 GB/s x 8/7): the ring wins
@@ -304,7 +328,7 @@ def test_the_time_model_prices_the_2_28_algorithms():
         assert np.all(np.diff(t) > 0) and all(c.algorithm in tuning.ALGORITHMS for c in picks)
     # NVLS-tree crosses nodes: twice the nodes' share of its bytes at the ring's network rate x its efficiency
     pl = contiguous(80, 8)
-    slow = {**P, "nvls_tree_net_eff": 0.5}
+    slow, P = {**P, "nvls_tree_net_eff": 0.5}, {**P, "nvls_tree_net_eff": 1.0}
     a = nccl.candidate_costs(P, "all_reduce", np.array(4.0 * GIB), pl)[("nvls_tree", "Simple")]
     b = nccl.candidate_costs(slow, "all_reduce", np.array(4.0 * GIB), pl)[("nvls_tree", "Simple")]
     net = 2 * 9 / 10 * 4 * GIB / (8 * P["net_gbps"]) * 1e-3

@@ -327,3 +327,17 @@ def test_sniff(tmp_path):
     broken.write_bytes(b"\x1f\x8b\x08\x00garbage")
     assert kineto.sniff(broken)      # so that the reader, not "unknown format", explains it
     assert not kineto.sniff(tmp_path / "missing.json") and not kineto.sniff(tmp_path)
+
+
+@pytest.mark.parametrize("devices, gpn", [(1, 1), (2, 2), (4, 4), (3, 0)])
+def test_the_traced_devices_are_the_nodes_only_where_the_world_fills_them(tmp_path, devices, gpn):
+    """A trace's device list (the GPUs the process saw) is recorded as GPUs per node when the
+    job's 4 ranks fill such nodes or fit in one; 3 devices would leave a node of 4 ranks partly
+    filled (the checker's node-fill rule), so the nodes stay unknown; --gpus-per-node wins."""
+    p = write(tmp_path, base_events(), world_size=4,
+              pg_config=[{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]}])
+    obj = json.loads(p.read_text())
+    obj["deviceProperties"] = [{"id": i, "name": "Test GPU"} for i in range(devices)]
+    p.write_text(json.dumps(obj))
+    assert convert(p).manifest.hardware.gpus_per_node == gpn
+    assert convert(p, gpus_per_node=2).manifest.hardware.gpus_per_node == 2

@@ -8,6 +8,7 @@ from test_passes_inject import make_single_gpu_job
 from test_passes_scale import make_3d_job
 from typer.testing import CliRunner
 
+from conftest import REPO
 from echo_et.cli.main import app
 from echo_et.ir import check_job, load_job, save_job
 
@@ -118,3 +119,50 @@ def test_library_option_errors_come_out_with_the_flag(tmp_path) -> None:
                           ).startswith("error: --a2a: unknown all-to-all policy 'x'")
     assert one_line_error(run("layout", tmp_path / "job", "--layout", "dp=x")
                           ).startswith("error: --layout: 'dp=x'")
+
+
+# -- the nodes a Job records, through the passes (the checker's node-fill rule) --------------------------
+def test_scale_keeps_the_recorded_nodes_only_for_a_world_that_fills_them(tmp_path) -> None:
+    """A Job recording nodes of 8: scaled to 12 ranks it would keep them partly filled, so
+    scale refuses, naming the recorded value and the option that replaces it; --gpus-per-node
+    wins; re-staged to 32 ranks the output records 8 again."""
+    job, _ = make_3d_job(2, 2, 2)
+    job.manifest.hardware.gpus_per_node = 8
+    save_job(job, tmp_path / "job")
+    assert one_line_error(run("scale", tmp_path / "job", "--dp", "3", "-o", tmp_path / "o12")) == (
+        "error: --gpus-per-node: the job records 8 GPUs per node, which its output would keep: world size 12 "
+        "is not a multiple of 8 GPUs per node (nodes would be partly filled: 1 full and one of 4); give a G "
+        "that divides 12, or one >= 12")
+    assert not (tmp_path / "o12").exists()
+    res = run("scale", tmp_path / "job", "--dp", "3", "--gpus-per-node", "4", "-o", tmp_path / "o12")
+    assert res.exit_code == 0, res.output
+    assert load_job(tmp_path / "o12").manifest.hardware.gpus_per_node == 4
+    traced = load_job(REPO / "fixtures" / "jobs" / "gpt-tp2-pp2-dp2")       # annotated layers: re-stageable
+    traced.manifest.hardware.gpus_per_node = 8
+    save_job(traced, tmp_path / "traced")
+    res = run("scale", tmp_path / "traced", "--dp", "4", "--pp", "4", "--microbatches", "8", "-o", tmp_path / "o32")
+    assert res.exit_code == 0, res.output
+    out = load_job(tmp_path / "o32")
+    assert (out.world_size, out.manifest.hardware.gpus_per_node) == (32, 8) and check_job(out) == []
+
+
+def test_select_forgets_recorded_nodes_its_ranks_would_leave_partly_filled() -> None:
+    """select renumbers the ranks it keeps: 4 of a 16-rank Job on nodes of 8 are part of one
+    node (kept); 12 would leave a node partly filled, so the output records its nodes as
+    unknown and stays valid."""
+    from echo_et.ir import GraphBuilder, JobBuilder, pb
+    from echo_et.passes.select import select_ranks
+
+    jb = JobBuilder("solo", 16)
+    b = GraphBuilder("g")
+    b.compute("k", b.stream(pb.STREAM_GPU_COMPUTE, "gpu", device=0), duration_ns=1000)
+    jb.add_graph(b.build())
+    for r in range(16):
+        jb.bind(r, "g", {})
+    job = jb.build()
+    job.manifest.hardware.gpus_per_node = 8
+    assert check_job(job) == []
+    four = select_ranks(job, [0, 1, 2, 3])
+    assert four.manifest.hardware.gpus_per_node == 8 and check_job(four) == []
+    twelve = select_ranks(job, list(range(12)))
+    assert twelve.manifest.hardware.gpus_per_node == 0 and check_job(twelve) == []

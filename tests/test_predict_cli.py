@@ -60,3 +60,19 @@ def test_predict_bad_input_is_one_line_and_writes_nothing(tmp_path) -> None:
         assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
     assert _files(mine) == {"notes.txt": b"keep"}
     assert not (tmp_path / "x").exists()
+
+
+def test_predicts_default_nodes_are_recorded_only_where_the_layout_fills_them(tmp_path) -> None:
+    """Without --gpus-per-node predict runs on nodes of 8; its Job records them for 8 ranks, but
+    not for 12 (a node would be partly filled: the checker's node-fill rule), and stays valid."""
+    from echo_et.ir import check_job, load_job
+
+    for dp, gpn in (("2", 8), ("3", 0)):
+        args = list(TINY)
+        args[args.index("--dp") + 1] = dp
+        args[args.index("--global-batch") + 1] = str(4 * int(dp))
+        res = runner.invoke(app, ["predict", *args, "-o", str(tmp_path / dp)])
+        assert res.exit_code == 0, res.output
+        job = load_job(tmp_path / dp / "job")
+        assert (job.world_size, job.manifest.hardware.gpus_per_node) == (4 * int(dp), gpn)
+        assert check_job(job) == []

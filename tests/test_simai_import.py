@@ -217,3 +217,16 @@ def test_update_time_and_sizes_are_kept_per_collective():
     colls = [n for n in job.graph_of(0).nodes if n.kind == pb.KIND_COLLECTIVE]
     assert [(c.collective.in_bytes, c.attrs["update_ns"]) for c in colls] == \
         [(int(r[4]), r[11]) for r in rows]
+
+
+def test_simai_nodes_of_8_are_recorded_only_where_the_world_fills_them(tmp_path):
+    """SimAI's default of 8 GPUs per node is recorded for 8 or 16 ranks (or 4: part of a node);
+    for 12 it would leave a node partly filled (the checker's node-fill rule), so it is unknown;
+    --gpus-per-node is recorded as given."""
+    p = tmp_path / "w.txt"
+    p.write_text("MICRO\n1\nx -1 1 NONE 0 1 NONE 0 1 ALLREDUCE 64 1\n")
+    for world, gpn in ((4, 8), (8, 8), (16, 8), (12, 0)):
+        job = read([p], "simai", ReadOptions(world_size=world))
+        assert job.manifest.hardware.gpus_per_node == gpn, world
+        assert check_job(job) == []
+    assert read([p], "simai", ReadOptions(world_size=12, gpus_per_node=4)).manifest.hardware.gpus_per_node == 4

@@ -38,7 +38,7 @@ from pathlib import Path
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job, JobBuilder
 from echo_et.ir.conventions import NCCL_VERSION_ATTR
-from echo_et.ir.limits import MAX_WORLD_SIZE, checked_int
+from echo_et.ir.limits import MAX_WORLD_SIZE, checked_int, fills_nodes
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
 
 from .build import IN_SPLIT_ATTR, OUT_SPLIT_ATTR, RankContext, RankGraph, build_rank_graph
@@ -351,5 +351,7 @@ def _hardware(jb: JobBuilder, files: list[TraceFile], options) -> None:
         hw.gpu_name = names[0]
     if options.gpus_per_node:
         hw.gpus_per_node = options.gpus_per_node
-    elif names:
+    elif names and fills_nodes(jb.job.manifest.world_size, len(names)):
+        # the devices the trace saw, as nodes of the job: only where the world fills them
+        # (the checker's node-fill rule); otherwise unknown, for --gpus-per-node to say
         hw.gpus_per_node = len(names)

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from echo_et.cli.common import JsonOpt, emit_json, guarded, load_job_arg
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir.limits import check_node_fill
 
 calibrate_app = typer.Typer(
@@ -48,6 +48,16 @@ def _read_logs(logs: list[Path], collective: str | None):
     if not logs:
         raise EchoError("no nccl-tests logs given")
     return [run for log in logs for run in read_measurements(log, collective)]
+
+
+def _check_runs_fill(runs, gpus_per_node: int) -> None:
+    """Before any work or output: every run's ranks on nodes of ``gpus_per_node`` as the fit
+    and the evaluation will place them (``run_placement``: the node-fill rule of every verb
+    with the run's ranks as the world, or the hosts the log names, equal in size)."""
+    from echo_et.models.comm.calibrate import run_placement
+
+    for run in runs:
+        run_placement(run, gpus_per_node)
 
 
 def _warn_truncated(runs) -> None:
@@ -196,6 +206,7 @@ def calibrate_nccl_tests_cmd(
     _check_version(nccl_version, auto=True)
     _refuse_overwrite(output, logs)
     runs = _read_logs(logs, collective)
+    _check_runs_fill(runs, gpus_per_node)
 
     def progress(message: str) -> None:   # called once the runs and the preset are known good
         _warn_truncated(runs)
@@ -241,8 +252,9 @@ def calibrate_trace_cmd(
     gpus = []
     launches: list[launch.Launch] = []
     stated: list[str] = []
-    for path in jobs:
+    for path in jobs:             # one job in memory at a time; nothing is written before the last
         job = load_job_arg(path)
+        _check_job_fill(path, job, gpus_per_node)
         gpus.append(job.manifest.hardware.gpu_name)
         got = trace_samples(job_records(job), gpus_per_node, path.name)
         samples += got
@@ -314,8 +326,9 @@ def calibrate_choices_cmd(
         if len(jobs) != 1:
             raise EchoError("--output takes one job (the profile states one cluster's NCCL)")
     reports = []
-    for path in jobs:
+    for path in jobs:             # one job in memory at a time; nothing is written before the last
         job = load_job_arg(path)
+        _check_job_fill(path, job, gpus_per_node)
         launches, skipped = launch.job_launches(job)
         if not launches:
             why = ", ".join(f"{k} {v}" for k, v in sorted(skipped.items())) or "no collectives"
@@ -381,6 +394,15 @@ def calibrate_choices_cmd(
             o = rep["output"]
             typer.echo(f"wrote {o['file']}: NCCL {o['nccl_version']}, max channels {o['max_channels']} "
                        f"({o['agreement']['match']}/{o['agreement']['calls']} calls match)")
+
+
+def _check_job_fill(path: Path, job, gpus_per_node: int | None) -> None:
+    """The node-fill rule of every verb (``check_node_fill``) for one of the jobs: its world
+    size against ``--gpus-per-node``, the refusal naming the job."""
+    try:
+        check_node_fill(job.world_size, gpus_per_node)
+    except OptionError as e:
+        raise OptionError(e.option, f"{path.name}: {e}") from None
 
 
 def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
@@ -460,6 +482,7 @@ def calibrate_evaluate_cmd(
         _check_version(nccl_version, auto=False)
         model = _with_version(_model(profile, preset), nccl_version)
         gpn = gpus_per_node or model.gpus_per_node
+        _check_runs_fill(runs, gpn)
         reports = evaluate_runs(model.profile.params, runs, gpn, model.nccl, choice)
         _warn_truncated(runs)
         if plot is not None:
@@ -484,6 +507,7 @@ def calibrate_evaluate_cmd(
 
     _check_version(nccl_version, auto=True)
     gpn = gpus_per_node or 8
+    _check_runs_fill(runs, gpn)
     base = load_preset(default_preset(g for r in runs for g in r.gpu_names))
     if nccl_version is None:
         nccl_version = stated_release(runs)

@@ -26,6 +26,7 @@ row's error.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gc
 import json
 import math
@@ -42,7 +43,7 @@ from echo_et.experiments.executors import Failure, run_rows
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
-from echo_et.ir.limits import MAX_SWEEP_ROWS, format_size
+from echo_et.ir.limits import MAX_SWEEP_ROWS, fills_nodes, format_size
 from echo_et.models.cluster import Cluster
 from echo_et.sim.result import STEP_PARTS
 
@@ -241,7 +242,13 @@ def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -
                 workload_attrs={"workload": cfg.flavor, **cfg.to_json()})
     job = res.job
     job.manifest.hardware.gpu_name = opts.gpu()
-    Cluster(gpus_per_node=opts.gpus_per_node()).over(opts.cluster).write_hardware(job.manifest)
+    gpn = opts.gpus_per_node()
+    # the nodes are recorded where the layout fills them (the checker's node-fill rule); else
+    # unknown, the rates still converted with them
+    cluster = Cluster(gpus_per_node=gpn).over(opts.cluster)
+    if not fills_nodes(job.world_size, gpn):
+        cluster = dataclasses.replace(cluster, gpus_per_node=None)
+    cluster.write_hardware(job.manifest, gpn)
     return job
 
 

@@ -219,7 +219,7 @@ def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: 
     for p in spec.points():
         world = p["dp"] * decision.tp * (p["pp"] or decision.pp)
         try:
-            check_gpus_per_node(world, spec.gpus_per_node)
+            check_gpus_per_node(world, spec.gpus_per_node, job.manifest.hardware.gpus_per_node)
             problems.append(None)
         except EchoError as e:
             problems.append(error_text(e))

@@ -15,6 +15,7 @@ constants, not measurements; all start times are 0 (no measured gaps).
 from __future__ import annotations
 
 from echo_et.ir import GraphBuilder, Job, JobBuilder, pb
+from echo_et.ir.limits import fills_nodes
 
 
 def _schedule(stage: int, pp: int, microbatches: int) -> list[tuple[str, int]]:
@@ -100,7 +101,8 @@ def gpt_3d_job(tp: int, pp: int, dp: int, *, microbatches: int = 8, layers: int 
     m = jb.job.manifest
     m.layout.tp, m.layout.pp, m.layout.dp, m.layout.microbatches = tp, pp, dp, microbatches
     m.layout.source = "declared"
-    m.hardware.gpus_per_node = gpus_per_node
+    if fills_nodes(world, gpus_per_node):      # else unknown: the checker's node-fill rule
+        m.hardware.gpus_per_node = gpus_per_node
     m.hardware.gpu_name = gpu_name
 
     def rank(d: int, s: int, t: int) -> int:

@@ -9,7 +9,7 @@ manifest entry). The groups, from the smallest thing up:
   check_stream_order         what the order of each stream makes impossible
   check_collective_numbering sequence numbers of one graph's collectives
   check_graph                all graph-level groups above
-  check_manifest             schema version, world size, layout, hardware
+  check_manifest             schema version, world size, layout, hardware, node fill
   check_groups               the process groups
   check_bindings             the rank -> graph bindings and the groups they resolve to
   check_collective_sequences every member of a group issues the same collectives on it
@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from echo_et.errors import CheckError
+from echo_et.errors import CheckError, OptionError
 from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
 from echo_et.ir.limits import (
@@ -41,10 +41,13 @@ from echo_et.ir.limits import (
     MAX_GPUS_PER_NODE,
     MAX_NS,
     MAX_WORLD_SIZE,
+    check_node_fill,
 )
 from echo_et.ir.repeats import repeat_problems
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, SCHEMA_VERSION, collective_name, node_kind_name, pb
 from echo_et.ir.units import MIN_BANDWIDTH_GBPS
+
+MAX_GPU_NAME = 256    # characters of a recorded GPU name (the size of CUDA's cudaDeviceProp.name)
 
 RULES: dict[str, str] = {
     # node
@@ -68,8 +71,11 @@ RULES: dict[str, str] = {
     "schema-version": f"the manifest and graph headers are of schema {SCHEMA_VERSION}",
     "world-size": f"1 <= world size <= {MAX_WORLD_SIZE} and the ranks bound are exactly 0..world_size-1",
     "layout": "a declared layout has dp, tp, pp >= 1, and its product divides the world size",
-    "hardware": f"gpus per node <= {MAX_GPUS_PER_NODE}; bandwidths 0 (unknown) or from 1 bit/s to "
-                f"{MAX_BANDWIDTH_GBPS:g} GB/s",
+    "hardware": f"gpus per node and NICs per node <= {MAX_GPUS_PER_NODE} (0: unknown); bandwidths 0 (unknown) or "
+                f"from 1 bit/s to {MAX_BANDWIDTH_GBPS:g} GB/s; a GPU name of at most {MAX_GPU_NAME} printable "
+                "characters",
+    "node-fill": "recorded gpus per node G fill whole nodes with the world size W (G divides W) or hold it "
+                 "on one node (W <= G), the rule every verb applies to --gpus-per-node",
     "group-defined": "group ids are unique and >= 1, members non-empty, in range and unique",
     # bindings and cross-rank
     "binding-graph": "every binding names a graph of the job",
@@ -576,7 +582,7 @@ def _where_manifest(job: Job) -> str:
 
 
 def check_manifest(job: Job, out: IssueCollector) -> None:
-    """schema-version, world-size (its range), layout, hardware."""
+    """schema-version, world-size (its range), layout, hardware, node-fill."""
     m = job.manifest
     where = _where_manifest(job)
     if m.schema_version != SCHEMA_VERSION:
@@ -598,13 +604,22 @@ def check_manifest(job: Job, out: IssueCollector) -> None:
                         f"{f' x cp{lay.cp}' if lay.cp > 1 else ''} = {prod} ranks does not divide "
                         f"world size {m.world_size}", where)
     hw = m.hardware
-    if hw.gpus_per_node > MAX_GPUS_PER_NODE:
-        out.add("hardware", f"gpus per node {hw.gpus_per_node} is beyond {MAX_GPUS_PER_NODE}", where)
+    for name in ("gpus_per_node", "nics_per_node"):
+        if getattr(hw, name) > MAX_GPUS_PER_NODE:
+            out.add("hardware", f"{name.replace('_', ' ')} {getattr(hw, name)} is beyond {MAX_GPUS_PER_NODE}", where)
     for name in ("intra_node_bw_gbps", "inter_node_bw_gbps"):
         v = getattr(hw, name)
         if not (v == 0 or MIN_BANDWIDTH_GBPS <= v <= MAX_BANDWIDTH_GBPS):
             out.add("hardware", f"{name} = {v} is neither 0 (unknown) nor a rate from 1 bit/s "
                                 f"({MIN_BANDWIDTH_GBPS:g}) to {MAX_BANDWIDTH_GBPS:g} GB/s", where)
+    if len(hw.gpu_name) > MAX_GPU_NAME or not hw.gpu_name.isprintable():
+        out.add("hardware", f"gpu_name {hw.gpu_name[:40]!r} is not a name of at most {MAX_GPU_NAME} printable "
+                            "characters", where)
+    if 1 <= hw.gpus_per_node <= MAX_GPUS_PER_NODE and 1 <= m.world_size <= MAX_WORLD_SIZE:
+        try:
+            check_node_fill(m.world_size, hw.gpus_per_node)
+        except OptionError as e:
+            out.add("node-fill", f"hardware.gpus_per_node {hw.gpus_per_node}: {e}", where)
 
 
 def check_groups(job: Job, out: IssueCollector) -> None:

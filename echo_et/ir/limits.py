@@ -112,12 +112,18 @@ def ns_of(value: Any, field: str, *, scale: float = 1.0, where: str = "", allow_
     return ns
 
 
+def fills_nodes(world: int, gpus_per_node: int) -> bool:
+    """Whether ``world`` ranks fill whole nodes of ``gpus_per_node`` GPUs or fit in one (the
+    rule :func:`check_node_fill` enforces)."""
+    return gpus_per_node >= 1 and (world <= gpus_per_node or world % gpus_per_node == 0)
+
+
 def check_node_fill(world: int, gpus_per_node: int | None) -> None:
     """What GPUs per node ``G`` means for ``world`` ranks, the same in every verb: node of rank
     r is r // G, and the ranks fill whole nodes (G divides the world size) or fit in one node
     (world size <= G, a job on part of a node). A last node partly filled is refused: the
     collective model, the NIC share and ASTRA-sim's network all assume equal nodes."""
-    if gpus_per_node is None or gpus_per_node < 1 or world <= gpus_per_node or world % gpus_per_node == 0:
+    if gpus_per_node is None or gpus_per_node < 1 or fills_nodes(world, gpus_per_node):
         return
     raise OptionError("gpus_per_node", f"world size {world} is not a multiple of {gpus_per_node} GPUs per node "
                       f"(nodes would be partly filled: {world // gpus_per_node} full and one of "

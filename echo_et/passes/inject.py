@@ -178,7 +178,7 @@ def inject_dp(job: Job, *, dp: int, bucket_mb: float | None = None,
         raise OptionError("zero", f"ZeRO stage must be 0 (all-reduce) or 1 (reduce-scatter + all-gather), got {zero}")
     if bucket_mb <= 0 or first_bucket_mb <= 0:
         raise OptionError("bucket_mb", f"bucket caps must be positive, got {bucket_mb} and {first_bucket_mb} MiB")
-    check_gpus_per_node(dp, gpus_per_node)
+    check_gpus_per_node(dp, gpus_per_node, job.manifest.hardware.gpus_per_node)
     if job.world_size != 1:
         raise EchoError(f"{job.source or 'job'}: inject needs a single-rank trace, this job has "
                         f"{job.world_size} ranks (use `echo-et scale` for multi-rank jobs)")

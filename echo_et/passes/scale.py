@@ -113,7 +113,8 @@ def scale(
                                       "it with ZeRO stage 1")
 
     world = new_dp * decision.tp * (pp or decision.pp)
-    check_gpus_per_node(world, gpus_per_node)
+    recorded = job.manifest.hardware.gpus_per_node
+    check_gpus_per_node(world, gpus_per_node, recorded)
     current = job
     if (pp is not None and pp != decision.pp) or (
             microbatches is not None and microbatches != (decision.microbatches or None)):
@@ -121,7 +122,10 @@ def scale(
 
         current, decision, report.pipeline = restage(job, decision, pp=pp or decision.pp,
                                                      microbatches=microbatches)
-    out = scale_dp(current, decision, new_dp, a2a=a2a, gpus_per_node=gpus_per_node, report=report)
+    # the nodes the job records, which a re-staged pipeline of another size may have dropped on
+    # the way (derived_job_builder), carried to the output whose world fills them (checked above)
+    out = scale_dp(current, decision, new_dp, a2a=a2a,
+                   gpus_per_node=gpus_per_node if gpus_per_node is not None else recorded or None, report=report)
     return out, report
 
 
@@ -134,7 +138,7 @@ def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "kee
     if job.world_size != old.world:
         raise EchoError(f"{job.source or 'job'}: {job.world_size} ranks, but layout "
                         f"{old.describe()} has {old.world}")
-    check_gpus_per_node(new.world, gpus_per_node)
+    check_gpus_per_node(new.world, gpus_per_node, job.manifest.hardware.gpus_per_node)
     shapes: dict[int, GroupShape] = {}
     for g in job.manifest.groups:
         shapes[g.id] = group_shape(old, g, decision.roles.get(g.id, ""))

@@ -38,7 +38,7 @@ from typing import Any
 
 from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir import Job, JobBuilder, check_job
-from echo_et.ir.limits import MAX_TRACE_STEPS
+from echo_et.ir.limits import MAX_TRACE_STEPS, fills_nodes
 from echo_et.trace.identity import structure_hash
 from echo_et.trace.layout import DERIVED_ROLES, ROLES, ParallelLayout
 from echo_et.trace.parallel import can_fork, trace_in_parallel
@@ -337,5 +337,6 @@ def trace(build_fn: Callable, layout: ParallelLayout, options: TraceOptions | No
         import torch
 
         m.hardware.gpu_name = torch.cuda.get_device_name(options.device)
-        m.hardware.gpus_per_node = torch.cuda.device_count()
+        if fills_nodes(m.world_size, torch.cuda.device_count()):   # else unknown (the node-fill rule)
+            m.hardware.gpus_per_node = torch.cuda.device_count()
     return result

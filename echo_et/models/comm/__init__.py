@@ -145,9 +145,9 @@ class CommModel:
     @property
     def network_efficiency(self) -> float:
         """The per-GPU network rate the model runs at (``net_gbps``) over the rate the NICs
-        are rated for: 0.65 calibrated on the 4-node A100 nccl-tests logs of
-        ../shared/data (8 x 200 Gb/s HDR per node, NCCL 2.7.5), 0.88 in the ``a100-ib``
-        preset (not measured)."""
+        are rated for: 0.65 measured on the 4-node A100 nccl-tests logs of ../shared/data
+        (8 x 200 Gb/s HDR per node, NCCL 2.7.5), which the ``a100-ib`` preset carries
+        (``benchmarks/comm_preset_network.py``); 0.82 on the 80-GPU H100 log (``h100-ib``)."""
         return self.profile.params["net_gbps"] / self.rated_net_gbps
 
     @property

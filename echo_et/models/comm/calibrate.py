@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
+from echo_et.ir.limits import check_node_fill
 from echo_et.models.comm import lut, nccl_tests
 from echo_et.models.comm.fit import FitResult, Sample, calibrate
+from echo_et.models.comm.params import DEFAULTS_FROM, SPECS
 from echo_et.models.comm.profile import Profile, load_preset, preset_names
 from echo_et.models.comm.topology import Placement, contiguous, from_nodes
 from echo_et.models.comm.tuning import VERSIONS
@@ -18,7 +21,11 @@ from echo_et.models.gpu_variants import comm_preset
 
 def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
     """Where a run's ranks were: its host names when the log lists every rank, otherwise
-    ranks packed onto nodes of ``gpus_per_node``."""
+    ranks packed onto nodes of ``gpus_per_node``. Either way the nodes are equal, as the
+    collective model assumes (the node-fill rule of every verb, ``check_node_fill``, with the
+    run's ranks as the world): packed ranks must fill whole nodes of ``gpus_per_node`` or fit
+    in one, and hosts named by the log must each hold as many ranks, at most
+    ``gpus_per_node``."""
     n = run.ranks
     if run.hosts and len(run.hosts) == n:
         per_host: dict[str, int] = {}
@@ -28,7 +35,15 @@ def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
         if most > gpus_per_node:
             raise EchoError(f"{run.source}: {most} ranks ran on {host}, more than --gpus-per-node "
                             f"{gpus_per_node}")
+        fewest_host, fewest = min(per_host.items(), key=lambda kv: kv[1])
+        if fewest != most:
+            raise EchoError(f"{run.source}: its {n} ranks ran on hosts of unequal size ({most} on {host}, "
+                            f"{fewest} on {fewest_host}); the collective model assumes equal nodes")
         return from_nodes([run.hosts[r] for r in range(n)])
+    try:
+        check_node_fill(n, gpus_per_node)
+    except OptionError as e:
+        raise OptionError(e.option, f"{run.source}: {e}") from None
     return contiguous(n, gpus_per_node)
 
 
@@ -83,6 +98,8 @@ def fit_profile(samples: Sequence[Sample], sources: Sequence[dict[str, Any]], ba
     ``nccl_version`` is the NCCL release whose choices the measurements ran (default: the
     preset's); ``"auto"`` fits once per modelled release and keeps the one whose fit explains
     the multi-node samples best (made on the fitted samples only, never on held-out ones)."""
+    if any(s.placement.multi_node for s in samples):
+        base = spec_network(base)
     system = base.nccl
     tried: dict[str, float] = {}
     if nccl_version == "auto":
@@ -132,6 +149,45 @@ def fit_runs(runs: Sequence[nccl_tests.Run], gpus_per_node: int, *, preset: str 
         progress(f"fitting {len(samples)} measurements from {len(runs)} run(s), starting from "
                  f"preset {base.name} ...")
     return fit_profile(samples, sources, base, gpus_per_node, name or f"{base.name}-calibrated", nccl_version)
+
+
+def spec_network(base: Profile) -> Profile:
+    """``base`` with its network parameters at the spec-sheet values a measurement replaced
+    (``fit.network.prior`` of a preset whose network was measured, see
+    ``benchmarks/comm_preset_network.py``); ``base`` itself otherwise.
+
+    A fit that has multi-node samples measures the network afresh from these values, so the
+    preset's own measurement never leaks into a fit (or a held-out log) of other logs; a fit
+    of one node's logs keeps the preset's measured network, which those logs cannot see."""
+    net = base.fit.get("network")
+    prior = net.get("prior") if isinstance(net, dict) else None
+    if not isinstance(prior, dict) or not prior:
+        return base
+    params = dict(base.params)
+    for name, value in prior.items():
+        if name not in params or isinstance(value, bool) or not isinstance(value, int | float):
+            raise EchoError(f"preset {base.name}: fit.network.prior names {name!r} with {value!r}, "
+                            "not a parameter and a number")
+        params[name] = float(value)
+    for name, source in DEFAULTS_FROM.items():   # a default taken from a measured value
+        if name not in prior and source in prior and base.params[name] == base.params[source]:
+            params[name] = params[source]
+    return replace(base, params=params)
+
+
+def measured_network(runs: Sequence[nccl_tests.Run], gpus_per_node: int, base: Profile
+                     ) -> tuple[dict[str, float], Profile]:
+    """The network parameters ``runs`` measure, and the whole profile fitted to them (one
+    node's logs set the intra-node parameters, the multi-node logs the network ones, from
+    :func:`spec_network`): of it, the network stage's free parameters. What a preset's
+    measured network is made of (``benchmarks/comm_preset_network.py``)."""
+    samples, sources = samples_from_runs(runs, gpus_per_node)
+    if not any(s.placement.multi_node for s in samples):
+        raise EchoError("no run spans nodes, so none measures the network")
+    profile, result = fit_profile(samples, sources, base, gpus_per_node, f"{base.name}-network",
+                                  stated_release(runs))
+    net = {sp.name for sp in SPECS if sp.stage == "net"}
+    return {n: profile.params[n] for n in result.free if n in net}, profile
 
 
 def modelled_release(stated: str) -> str:

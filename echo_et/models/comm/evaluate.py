@@ -12,7 +12,7 @@ import numpy as np
 from echo_et.errors import EchoError
 from echo_et.models.comm import nccl
 from echo_et.models.comm.baseline import AlphaBeta, TieredBaseline
-from echo_et.models.comm.calibrate import fit_profile, samples_from_runs
+from echo_et.models.comm.calibrate import fit_profile, samples_from_runs, spec_network
 from echo_et.models.comm.fit import Sample, predict_samples
 from echo_et.models.comm.nccl_tests import Run
 from echo_et.models.comm.profile import Profile
@@ -108,6 +108,9 @@ def cross_validate(runs: Sequence[Run], gpus_per_node: int, base: Profile, nccl_
         if not s:
             raise EchoError(f"{run.source}: no usable measurements")
     labels = [r.source + (f"#{r.index + 1}" if r.index else "") for r in runs]
+    # A preset whose network was measured on logs like these would carry a held-out log into
+    # the fits of the others: every fit starts from the spec-sheet network.
+    base = spec_network(base)
     if held_out is None:
         multi = [i for i, s in enumerate(per_run) if s[0].placement.multi_node]
         held_out = multi or list(range(len(runs)))

@@ -120,7 +120,7 @@ def _stage_names(stage: str, samples: Sequence[Sample], system: NcclSystem | Non
     for sp in SPECS:
         if sp.stage != stage:
             continue
-        if sp.name == "nvls_tree_net_eff":
+        if sp.name in ("nvls_tree_net_eff", "nvls_tree_hop_us"):
             if system is not None and uses_nvls_tree(system) and "all_reduce" in colls:
                 out.append(sp.name)
             continue

@@ -220,7 +220,8 @@ def _nvls_tree(P, S: np.ndarray, pl: Placement, ch: Channels) -> np.ndarray:
     t = _vmax(t, 2 * (m - 1) / m * S / (k * P["net_gbps"] * P["nvls_tree_net_eff"] * r))
     hops = 2 * levels + 1
     t = t + hops * _vmin(S, P["tree_chunk_bytes"]) / (min(P["nvlink_gbps"], k * P["net_gbps"])) * _US
-    return _lat(P, "Simple", 2, 2 * levels) + t + _chan(P, "Simple", ch, 2 * levels)
+    return (_lat(P, "Simple", 2, 0) + 2 * levels * P["nvls_tree_hop_us"] + t
+            + _chan(P, "Simple", ch, 2 * levels))
 
 
 def _in_network(P, S: np.ndarray, pl: Placement, algo: str, ch: Channels) -> np.ndarray:

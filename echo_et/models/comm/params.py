@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
+from echo_et.models.profile_file import rounded
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 
@@ -75,6 +76,9 @@ SPECS: tuple[ParamSpec, ...] = (
               "reduction throughput, fused into the transfers (binds only below the link rates), so not fitted"),
     ParamSpec("nvls_tree_net_eff", "", "net", 0.3,
               "network efficiency of the NVLS-tree across nodes relative to the ring's network rate"),
+    ParamSpec("nvls_tree_hop_us", "us", "net", 1.0,
+              "latency of one NVLS-tree network hop (its proxy serves every tree peer of every "
+              "NVLS channel); a profile without it takes its net_hop_us.Simple"),
     ParamSpec("nvls_gbps", "GB/s", "fixed", 0.3,
               "NVLink-SHARP all-reduce bus bandwidth inside a node; 0 where the switch has none"),
 )
@@ -100,6 +104,9 @@ OPTIONAL: dict[str, float] = {
     "p2p_chan_gbps": P2P_CHAN_GBPS,
     "nvls_tree_net_eff": 1.0,
 }
+# Parameters a profile or preset may leave out, defaulting to another of its parameters (what
+# the model used before it had them), and written only when they differ from it.
+DEFAULTS_FROM: dict[str, str] = {"nvls_tree_hop_us": "net_hop_us.Simple"}
 # the collectives NCCL runs as grouped send/recv: the samples that identify p2p_chan_gbps
 P2P_PATTERNS = ("all_to_all", "gather", "scatter", "sendrecv", "hypercube")
 
@@ -124,6 +131,9 @@ def flatten(nested: Mapping[str, object], where: str) -> dict[str, float]:
             out[key] = _number(value, f"{where}: {key}")
     for name, default in OPTIONAL.items():
         out.setdefault(name, default)
+    if "net_hop_us.Simple" in out:
+        for name, like in DEFAULTS_FROM.items():
+            out.setdefault(name, out[like])
     unknown = sorted(set(out) - set(NAMES))
     if unknown:
         raise EchoError(f"{where}: unknown parameter(s) {', '.join(unknown)}")
@@ -144,12 +154,19 @@ def nest(flat: Mapping[str, float]) -> dict[str, object]:
     for name in NAMES:
         if name in OPTIONAL and flat.get(name, OPTIONAL[name]) == OPTIONAL[name]:
             continue
+        if name in DEFAULTS_FROM and _same(flat.get(name), flat.get(DEFAULTS_FROM[name])):
+            continue
         family, _, proto = name.partition(".")
         if proto:
             out.setdefault(family, {})[proto] = flat[name]  # type: ignore[index]
         else:
             out[family] = flat[name]
     return out
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """Equal as a profile writes them (6 significant digits): a default that round-trips."""
+    return a is not None and b is not None and rounded(a) == rounded(b)
 
 
 def _number(v: object, where: str) -> float:
