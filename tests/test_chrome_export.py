@@ -352,3 +352,20 @@ def test_streamed_export_equals_the_whole_writer_on_arbitrary_blocks() -> None:
             _same_output(job, Path(d))
 
     check()
+
+
+def test_streamed_export_of_ranks_that_share_a_process_id_and_of_an_empty_rank(tmp_path) -> None:
+    """GPU 150 of rank 0 and GPU 50 of rank 1 are one process of a job file (2,000,000 +
+    100 x rank + device): the whole writer orders them, the same bytes; a rank with no node
+    has no file and is not in the job file."""
+    def build(gb, r, s):
+        if r == 2:
+            return
+        gpu = gb.stream(pb.STREAM_GPU_COMPUTE, "far", device=150 if r == 0 else 50)
+        gb.compute("gemm", gpu, start_ns=1_000 + r, duration_ns=2_000)
+        gb.compute("gemm2", s["compute"], start_ns=500, duration_ns=2_000)
+
+    job = uniform_job(3, build)
+    _same_output(job, tmp_path)
+    assert sorted(p.name for p in (write(job, tmp_path / "tl") and (tmp_path / "tl")).iterdir()) == \
+        ["rank-0.json", "rank-1.json"]
