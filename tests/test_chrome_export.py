@@ -272,7 +272,8 @@ def _arbitrary_job(world, nodes, blocks):
     jb = JobBuilder("fuzz", world)
     gid = jb.group(list(range(world)), name="world")
     b = GraphBuilder("g")
-    streams = [b.stream(pb.STREAM_CPU_THREAD, "host", native_id=7), b.stream(pb.STREAM_GPU_COMPUTE, "compute", device=0),
+    streams = [b.stream(pb.STREAM_CPU_THREAD, "host", native_id=7),
+               b.stream(pb.STREAM_GPU_COMPUTE, "compute", device=0),
                b.stream(pb.STREAM_GPU_COMM, "comm", device=1), 9]
     for i, (kind, stream, start, dur, name, deps) in enumerate(nodes, start=1):
         if kind == pb.KIND_COLLECTIVE:
