@@ -94,12 +94,9 @@ _NCCL_KERNEL_NAME = re.compile(r"^(?:void\s+)?((?:nccl|rccl)\w*Kernel.*)$", re.D
 
 
 def job_timeline(job: Job, ranks: Sequence[int] | None = None) -> list[TimelineEvent]:
-    """The measured timeline of ``job`` (each rank's node start times plus its clock offset)."""
-    chosen = job.ranks() if ranks is None else sorted(set(ranks))
-    known = set(job.ranks())
-    bad = [r for r in chosen if r not in known]
-    if bad:
-        raise EchoError(f"rank {bad[0]} is not in the job (ranks 0..{job.world_size - 1})")
+    """The measured timeline of ``job`` (each rank's node start times plus its clock offset),
+    every event held (the expanded graphs' nodes: :func:`write` streams them instead)."""
+    chosen = _chosen(job, ranks)
     events: list[TimelineEvent] = []
     for r in chosen:
         b = job.binding(r)
