@@ -43,7 +43,7 @@ from echo_et.ir.limits import (
     MAX_WORLD_SIZE,
     check_node_fill,
 )
-from echo_et.ir.repeats import repeat_problems
+from echo_et.ir.repeats import ExpandedNodes, repeat_problems
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, SCHEMA_VERSION, collective_name, node_kind_name, pb
 from echo_et.ir.units import MIN_BANDWIDTH_GBPS
 
@@ -240,6 +240,20 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | N
     return None
 
 
+def _block_streams(graph: Graph) -> Callable[..., int | None] | None:
+    """For a graph with consistent repeat blocks (unique ids), the stream of an expanded
+    node by id, found from the stored nodes and the blocks (``default`` when no node has the
+    id); None for a flat graph, whose rules keep a stream per id as they read it."""
+    if not graph.has_repeats:
+        return None
+    nodes = ExpandedNodes(graph.header, graph.stored_nodes, graph.bodies())
+
+    def stream(node_id: int, default: int | None = None) -> int | None:
+        src = nodes.source(node_id)
+        return default if src is None else src[0].stream
+    return stream
+
+
 def _node_by_id(graph: Graph, node_id: int) -> pb.Node:
     """The first node of the expanded graph with id ``node_id`` (found by streaming it)."""
     return next(n for n in graph.iter_nodes() if n.id == node_id)
@@ -274,6 +288,7 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
     probe = IssueCollector(1)
     host_kinds = HOST_KINDS
     allowed_of, max_ns, stream_at = ALLOWED_PAYLOADS, MAX_NS, stream_of.get
+    compact = _block_streams(graph)   # a graph with blocks: streams looked up, not kept per id
     kinds: set[int] = set()
     last = -1
     for n in graph.iter_nodes():   # streamed: repeat blocks are not expanded in memory
@@ -293,12 +308,16 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
             if probe.issues:
                 return None
         for dep in n.deps:
-            dst = stream_at(dep.id)
+            if compact is None:
+                dst = stream_at(dep.id)
+            else:
+                dst = compact(dep.id) if dep.id < nid else None
             if dst is None:   # a later node, itself, or none: not the common case
                 return None
             if dst == st:
                 same_stream.append((st, kind, dep.kind))
-        stream_of[nid] = st
+        if compact is None:
+            stream_of[nid] = st
         if kind not in kinds:
             kinds.add(kind)
         if kind in host_kinds:
@@ -501,10 +520,13 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
     stream a control dependency means "issued by", a wait for the start."""
     stream_of: dict[int, int] = {}
     host: set[int] = set()
+    compact = _block_streams(graph)   # a graph with blocks: streams looked up, not kept per id
     for n in graph.iter_nodes():
-        stream_of[n.id] = n.stream
+        if compact is None:
+            stream_of[n.id] = n.stream
         if n.kind in HOST_KINDS:
             host.add(n.stream)
+    stream_at = stream_of.get if compact is None else compact
     # (the node when stored, its id, its stream, dependency id, dependency kind): not the
     # copies a graph with repeat blocks makes one at a time (their ids are unique: a name is
     # found again by id when one is reported).
@@ -515,7 +537,7 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
         if on_host and n.kind == pb.KIND_SYNC:
             continue
         for d in n.deps:
-            if d.id != n.id and stream_of.get(d.id, -1) == n.stream and not (on_host and d.kind == pb.DEP_CONTROL):
+            if d.id != n.id and stream_at(d.id, -1) == n.stream and not (on_host and d.kind == pb.DEP_CONTROL):
                 pairs.append((n if flat else None, n.id, n.stream, d.id, d.kind))
     if not pairs:
         return
