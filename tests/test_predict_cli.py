@@ -5,6 +5,7 @@ one line with nothing written."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from typer.testing import CliRunner
@@ -35,6 +36,8 @@ def test_predict_writes_one_folder_the_same_bytes_each_run(tmp_path) -> None:
     timeline = sorted(p.name for p in (tmp_path / "a" / "timeline").iterdir())
     assert timeline == sorted(f"rank-{c[0]}.json" for c in classes)   # one file per class
     assert (tmp_path / "a" / "job" / "manifest.pb").is_file()
+    window = summary["timeline"]    # the whole step fits the default bound
+    assert window["until_ns"] is None and window["events"] == window["of"] > 0
     b = runner.invoke(app, ["predict", *TINY, "-o", str(tmp_path / "b")])
     assert b.exit_code == 0, b.output
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
@@ -52,6 +55,9 @@ def test_predict_bad_input_is_one_line_and_writes_nothing(tmp_path) -> None:
          "must divide"),
         (["predict", *TINY[:-1], "tpu", "-o", str(tmp_path / "x")], "--gpu"),
         (["predict", *TINY, "--dtype", "int8", "-o", str(tmp_path / "x")], "--dtype"),
+        (["predict", *TINY, "--timeline-events", "0", "-o", str(tmp_path / "x")], "--timeline-events"),
+        (["predict", *TINY, "--timeline-events", "9", "--timeline-all", "-o", str(tmp_path / "x")],
+         "not both"),
     ]
     for args, words in cases:
         res = runner.invoke(app, args)
@@ -60,6 +66,47 @@ def test_predict_bad_input_is_one_line_and_writes_nothing(tmp_path) -> None:
         assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
     assert _files(mine) == {"notes.txt": b"keep"}
     assert not (tmp_path / "x").exists()
+
+
+def _boxes(folder) -> Counter:
+    """(rank, category, name, ts, dur) of every box of a timeline folder, counted (the
+    ProfilerStep span aside)."""
+    out: Counter = Counter()
+    for p in (folder / "timeline").iterdir():
+        trace = json.loads(p.read_text())
+        rank = trace["distributedInfo"]["rank"]
+        out.update((rank, e["cat"], e["name"], e["ts"], e["dur"]) for e in trace["traceEvents"]
+                   if e["ph"] == "X" and not e["name"].startswith("ProfilerStep#"))
+    return out
+
+
+def test_a_bounded_timeline_is_the_start_of_the_whole_step(tmp_path) -> None:
+    """``--timeline-events N``: the boxes of the whole step (``--timeline-all``) that start
+    before ``until_ns``, at most N of them; the prediction itself is the same."""
+    whole = runner.invoke(app, ["predict", *TINY, "--timeline-all", "-o", str(tmp_path / "all")])
+    assert whole.exit_code == 0, whole.output
+    part = runner.invoke(app, ["predict", *TINY, "--timeline-events", "50", "-o", str(tmp_path / "part")])
+    assert part.exit_code == 0, part.output
+    again = runner.invoke(app, ["predict", *TINY, "--timeline-events", "50", "-o", str(tmp_path / "again")])
+    assert again.exit_code == 0, again.output
+    assert _files(tmp_path / "part") == _files(tmp_path / "again")   # the cut is the same on every run
+    assert "boxes (--timeline-events N for more" in part.stdout.splitlines()[-1]
+    a = json.loads((tmp_path / "all" / "summary.json").read_text())
+    b = json.loads((tmp_path / "part" / "summary.json").read_text())
+    wa, wb = a.pop("timeline"), b.pop("timeline")
+    assert a == b
+    assert wa["until_ns"] is None and wa["events"] == wa["of"] == wb["of"]
+    assert wb["until_ns"] is not None and 0 < wb["events"] <= 50 < wb["of"]
+    until_us = (wb["until_ns"] - wb["from_ns"]) / 1000.0
+    full, kept = _boxes(tmp_path / "all"), _boxes(tmp_path / "part")
+    assert full.total() == wa["of"] and kept.total() == wb["events"]
+    assert kept == Counter({e: n for e, n in full.items() if e[3] < until_us})
+    # fewer than the boxes at the step's first instant: those are written (never an empty folder)
+    one = runner.invoke(app, ["predict", *TINY, "--timeline-events", "1", "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    first = _boxes(tmp_path / "one")
+    assert first and {e[3] for e in first} == {0.0}
+    assert first == Counter({e: n for e, n in full.items() if e[3] == 0.0})
 
 
 def test_predicts_default_nodes_are_recorded_only_where_the_layout_fills_them(tmp_path) -> None:

@@ -51,6 +51,13 @@ def predict_cmd(
                                         help="Collective-model profile (default: the GPU's preset)."),
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     no_scatter_gather: bool = NoScatterGatherOpt,
+    timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
+                                               help="Boxes in timeline/ at most, all files together: the step's "
+                                                    "longest prefix that holds no more (default 100000; the "
+                                                    "whole step when it fits)."),
+    timeline_all: bool = typer.Option(False, "--timeline-all",
+                                      help="Write the whole step in timeline/ (millions of boxes for a large "
+                                           "job: minutes and gigabytes)."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Predict one training step of a Megatron GPT on a GPU cluster from its configuration:
@@ -59,10 +66,14 @@ def predict_cmd(
     from echo_et.errors import EchoError
     from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
-    from echo_et.experiments.predict_step import check_output, predict_config, write_prediction
+    from echo_et.experiments.predict_step import TIMELINE_EVENTS, check_output, predict_config, write_prediction
     from echo_et.ir.limits import check_node_fill
     from echo_et.workloads.gpt import DTYPES
 
+    if timeline_events is not None and timeline_events < 1:
+        raise OptionError("timeline_events", f"must be >= 1, got {timeline_events}")
+    if timeline_all and timeline_events is not None:
+        raise OptionError("timeline_all", "give --timeline-events N or --timeline-all, not both")
     if dtype not in DTYPES:
         raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
     for p in (compute_profile, profile):
@@ -82,7 +93,8 @@ def predict_cmd(
         config["vocab"] = vocab
     pred = predict_config(config, opts)
     plot = have_matplotlib()
-    written = write_prediction(pred, output, plot=plot)
+    bound = None if timeline_all else (timeline_events or TIMELINE_EVENTS)
+    written = write_prediction(pred, output, plot=plot, timeline_events=bound)
     if as_json:
         emit_json({"output": str(output), "written": written, **pred.to_json()})
         return
@@ -96,6 +108,10 @@ def predict_cmd(
     t = written["timeline"]
     typer.echo(f"wrote {output}: summary.json, {TIMELINE_NOTE.format(n=t['files'])}, job/"
                + (", step.png" if plot else f" (no step.png: {INSTALL_HINT})"))
+    w = t["window"]
+    if w["until_ns"] is not None:
+        typer.echo(f"timeline/ holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
+                   f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
 
 
 TIMELINE_NOTE = "timeline/ (one rank-R.json per class of equivalent ranks, {n} files: HolisticTraceAnalysis, Perfetto)"

@@ -1,10 +1,13 @@
 """One model configuration predicted for a cluster and written as a folder a person opens
 (``echo-et predict``): the configuration is traced on the meta device, timed by the compute
 and collective models of the GPU (:mod:`echo_et.experiments.config_sweep`, one row), simulated
-node by node, and written as ``summary.json`` (the step time and its breakdown per rank),
-``timeline/`` (the simulated step in Kineto's schema, one file per class of equivalent ranks:
-HolisticTraceAnalysis, Perfetto), ``step.png`` (the breakdown chart) and ``job/`` (the traced
-Job, for ``simulate``, ``scale`` and ``sweep``)."""
+with its repeat blocks placed in closed form (the same step, breakdown and timeline as node by
+node, in a fraction of the time and memory), and written as ``summary.json`` (the step time
+and its breakdown per rank), ``timeline/`` (the simulated step in Kineto's schema, one file per
+class of equivalent ranks: HolisticTraceAnalysis, Perfetto; by default the longest prefix of
+the step within :data:`TIMELINE_EVENTS` boxes in all, which Perfetto opens at once),
+``step.png`` (the breakdown chart) and ``job/`` (the traced Job, for ``simulate``, ``scale``
+and ``sweep``)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ SUMMARY = "summary.json"
 TIMELINE = "timeline"
 CHART = "step.png"
 JOB = "job"
+# Boxes written in timeline/ by default (all files together): the longest prefix of the step
+# that holds no more. A large job's whole step is millions of boxes (GPT-175B on 512 GPUs:
+# 5.6 million), minutes to write and more than Perfetto opens; this many take seconds, hold
+# the pipeline's warm-up and steady state, and keep the README's job whole.
+TIMELINE_EVENTS = 100_000
 
 
 @dataclass
@@ -31,7 +39,7 @@ class Prediction:
 
     config: dict[str, Any]
     options: ConfigSweepOptions
-    result: Any          # echo_et.sim.SimResult, simulated node by node
+    result: Any          # echo_et.sim.SimResult (repeat blocks placed in closed form)
     job: Job
     timed: Job
 
@@ -51,7 +59,7 @@ def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Predicti
     from echo_et.trace.parallel import usable_cpus
 
     job = trace_row(config, opts, jobs=usable_cpus())
-    res, timed = predict_job(job, opts, repeats=False)
+    res, timed = predict_job(job, opts, repeats=True)
     return Prediction(dict(config), opts, res, job, timed)
 
 
@@ -70,19 +78,44 @@ def check_output(out: Path) -> None:
         raise EchoError(f"{out}: exists and is not an echo-et predict folder; refusing to replace it")
 
 
-def write_prediction(pred: Prediction, outdir: str | os.PathLike[str], *, plot: bool) -> dict[str, Any]:
+def timeline_window(pred: Prediction, max_events: int | None) -> dict[str, Any]:
+    """What timeline/ holds: ``events`` boxes of the ``of`` in the step (the class
+    representatives'), those that start before ``until_ns`` (job clock, ns; None: the whole
+    step), which starts at ``from_ns``. ``max_events`` None: every box."""
+    from echo_et.errors import OptionError
+    from echo_et.sim.timeline import window_end
+
+    if max_events is not None and max_events < 1:
+        raise OptionError("timeline_events", f"must be >= 1, got {max_events}")
+    until, total = window_end(pred.result, pred.timeline_ranks(), max_events)
+    start = min((st.origin_ns for st in pred.result.timeline.states), default=0)
+    return {"from_ns": start, "until_ns": until, "events": total if until is None else None, "of": total}
+
+
+def write_prediction(pred: Prediction, outdir: str | os.PathLike[str], *, plot: bool,
+                     timeline_events: int | None = TIMELINE_EVENTS) -> dict[str, Any]:
     """The folder, written whole or not at all: summary.json, timeline/, step.png (with
-    ``plot``), job/. A folder of the user's is never replaced. Returns what was written."""
+    ``plot``), job/. ``timeline_events``: at most this many boxes in timeline/, the step's
+    longest prefix that holds no more (None: the whole step). A folder of the user's is
+    never replaced. Returns what was written (``timeline.window``: what timeline/ holds,
+    also in summary.json)."""
     from echo_et.converters.chrome import write_timeline
+    from echo_et.sim.timeline import timeline_events as sim_events
 
     out = Path(outdir)
     written: dict[str, Any] = {}
+    window = timeline_window(pred, timeline_events)
     with atomic_dir(out, replaceable=is_prediction_dir, kind="an echo-et predict folder") as tmp:
         save_job(pred.job, tmp / JOB)
-        meta = {"world_size": pred.timed.world_size, "simulated": pred.result.mode}
-        written["timeline"] = write_timeline(pred.result.timeline_events(pred.timeline_ranks()), tmp / TIMELINE,
-                                             job=pred.timed, metadata=meta)
+        meta: dict[str, Any] = {"world_size": pred.timed.world_size, "simulated": pred.result.mode}
+        if window["until_ns"] is not None:
+            meta["until_ns"] = window["until_ns"]
+        written["timeline"] = write_timeline(sim_events(pred.result, pred.timeline_ranks(),
+                                                        until_ns=window["until_ns"]),
+                                             tmp / TIMELINE, job=pred.timed, metadata=meta)
         written["timeline"]["output"] = str(out / TIMELINE)
+        window["events"] = written["timeline"]["events"]
+        written["timeline"]["window"] = window
         if plot:
             from echo_et.experiments.plots import rank_breakdown_plot
 
@@ -91,7 +124,8 @@ def write_prediction(pred: Prediction, outdir: str | os.PathLike[str], *, plot: 
                      f"on {pred.timed.world_size} x {pred.options.gpu()}: predicted step")
             rank_breakdown_plot(pred.result, tmp / CHART, title=title)
             written["plot"] = str(out / CHART)
-        (tmp / SUMMARY).write_text(json.dumps(pred.to_json(), sort_keys=True, indent=1) + "\n")
+        (tmp / SUMMARY).write_text(json.dumps({**pred.to_json(), "timeline": window}, sort_keys=True, indent=1)
+                                   + "\n")
     written["summary"] = str(out / SUMMARY)
     written["job"] = str(out / JOB)
     return written

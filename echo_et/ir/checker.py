@@ -30,6 +30,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from echo_et.errors import CheckError, OptionError
 from echo_et.ir.graph import Graph
@@ -734,46 +735,62 @@ class _CopyOf:
         return self._node.HasField(name)
 
 
-def _comm_with_seq(graph: Graph):
-    """(seq, node) of every communication node of the expanded graph; a repeat block's
-    copies are :class:`_CopyOf` their body node with the shifted sequence number."""
-    from echo_et.ir.repeats import seq_key
-
-    in_body: set[int] = set()
-    for body in graph.bodies():
-        comm = [n for n in body.nodes if n.kind in _COMM_KINDS]
-        in_body.update(n.id for n in body.nodes)
-        for n in comm:
-            seq = n.collective.seq if n.kind == pb.KIND_COLLECTIVE else n.p2p.seq
-            yield seq, n
-            key = seq_key(n)
-            for inst in body.block.instances:
-                yield seq + inst.seq_offsets.get(key, 0), _CopyOf(n, n.id + inst.id_offset)
-    for n in graph.stored_nodes:
-        if n.kind in _COMM_KINDS and n.id not in in_body:
-            yield (n.collective.seq if n.kind == pb.KIND_COLLECTIVE else n.p2p.seq), n
-
-
 def _signature(graph: Graph) -> _GraphSignature:
     colls: dict[str, list[tuple[int, int, pb.Node]]] = defaultdict(list)
     p2p: dict[tuple[str, int, bool], list[tuple[int, int, pb.Node]]] = defaultdict(list)
     max_root: dict[str, pb.Node] = {}
-    pairs = _comm_with_seq(graph) if graph.has_repeats else (
-        ((n.collective.seq if n.kind == pb.KIND_COLLECTIVE else n.p2p.seq), n)
-        for n in graph.iter_nodes(_COMM_KINDS))
-    for seq, n in pairs:
+
+    def bucket(n: pb.Node) -> list[tuple[int, int, pb.Node]] | None:
+        """The list a communication node's (seq, id, node) goes to (None: neither kind's
+        payload); a rooted collective may become its key's highest root."""
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
             c = n.collective
-            colls[c.group].append((seq, n.id, n))
             if c.HasField("root"):
                 top = max_root.get(c.group)
                 if top is None or c.root > top.collective.root:
                     max_root[c.group] = n
-        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.HasField("p2p"):
-            p2p[(n.p2p.group, n.p2p.peer, n.kind == pb.KIND_SEND)].append((seq, n.id, n))
+            return colls[c.group]
+        if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.HasField("p2p"):
+            return p2p[(n.p2p.group, n.p2p.peer, n.kind == pb.KIND_SEND)]
+        return None
+
+    def seq_of(n: pb.Node) -> int:
+        return n.collective.seq if n.kind == pb.KIND_COLLECTIVE else n.p2p.seq
+
+    if graph.has_repeats:
+        # Every communication node of the expanded graph: a body node, then its copies (a
+        # :class:`_CopyOf` it under the copy's id, with the shifted sequence number; a copy
+        # has its body node's payload, so it goes where the body node goes and never holds a
+        # higher root than it), then the nodes in no body.
+        from echo_et.ir.repeats import seq_key
+
+        in_body: set[int] = set()
+        for body in graph.bodies():
+            in_body.update(n.id for n in body.nodes)
+            insts = [(int(inst.id_offset), dict(inst.seq_offsets)) for inst in body.block.instances]
+            for n in body.nodes:
+                if n.kind not in _COMM_KINDS:
+                    continue
+                out = bucket(n)
+                if out is None:
+                    continue
+                seq, nid, key = seq_of(n), n.id, seq_key(n)
+                out.append((seq, nid, n))
+                out.extend([(seq + offs.get(key, 0), nid + off, _CopyOf(n, nid + off)) for off, offs in insts])
+        for n in graph.stored_nodes:
+            if n.kind in _COMM_KINDS and n.id not in in_body:
+                out = bucket(n)
+                if out is not None:
+                    out.append((seq_of(n), n.id, n))
+    else:
+        for n in graph.iter_nodes(_COMM_KINDS):
+            out = bucket(n)
+            if out is not None:
+                out.append((seq_of(n), n.id, n))
     # in sequence order (ties, which the numbering rule reports, in id order as stored)
-    by_seq = {k: [n for _, _, n in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in colls.items()}
-    p2p_by_seq = {k: [n for _, _, n in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in p2p.items()}
+    order = itemgetter(0, 1)
+    by_seq = {k: [n for _, _, n in sorted(v, key=order)] for k, v in colls.items()}
+    p2p_by_seq = {k: [n for _, _, n in sorted(v, key=order)] for k, v in p2p.items()}
     keys = set(colls) | {k[0] for k in p2p} | set(graph.header.group_sizes)
     return _GraphSignature(by_seq, p2p_by_seq, keys, max_root)
 

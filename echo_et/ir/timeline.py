@@ -9,7 +9,7 @@ never imports a converter. The writer, which turns events into Kineto's trace sc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from echo_et.ir.graph import Graph
@@ -64,28 +64,44 @@ def graph_events(rank: int, graph: Graph, span_of: Callable[[int], NodeSpan | No
     A collective or P2P box spans its wait and its transfer, as a profiler records the
     kernel (it is launched, waits for its peers inside, then moves data); ``wait_ns`` in
     its args says how much of it was waiting."""
-    streams = {s.id: s for s in graph.header.streams}
-    tstreams: dict[int, TimelineStream] = {}
     kinds = {n.id: n.kind for n in graph.nodes}
-    for idx, node in enumerate(graph.nodes):
-        span = span_of(idx)
-        if span is None:
-            continue
-        yield node_event(rank, node, span, streams, tstreams, group_of, launch_of(node, kinds.get))
+
+    def spans() -> Iterator[tuple[pb.Node, NodeSpan]]:
+        for idx, node in enumerate(graph.nodes):
+            span = span_of(idx)
+            if span is not None:
+                yield node, span
+
+    return node_events(rank, spans(), graph.header.streams, kinds.get, group_of)
+
+
+def node_events(rank: int, nodes: Iterable[tuple[pb.Node, NodeSpan]], streams: Iterable[pb.Stream],
+                kind_of: Callable[[int], int | None],
+                group_of: Callable[[str], pb.ProcessGroup]) -> Iterator[TimelineEvent]:
+    """:func:`graph_events` for chosen nodes of a rank's graph (each with its span, in the
+    order given): ``streams`` are the graph header's, ``kind_of(node id)`` the kind of any
+    node of the graph (None: no such node), which finds the launch that issued a kernel."""
+    by_id = {s.id: s for s in streams}
+    tstreams: dict[int, TimelineStream] = {}
+    for node, span in nodes:
+        yield node_event(rank, node, span, by_id, tstreams, group_of, launch_of(node, kind_of))
 
 
 def launch_of(node: pb.Node, kind_of: Callable[[int], int | None]) -> int:
     """The id of the ``KIND_LAUNCH`` call that issued ``node`` (its first launch dependency
     on a launch node; ``kind_of`` gives a node's kind by id), 0 when none."""
-    return next((d.id for d in node.deps if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH), 0)
+    for d in node.deps:
+        if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH:
+            return d.id
+    return 0
 
 
 def node_event(rank: int, node: pb.Node, span: NodeSpan, streams: dict[int, pb.Stream],
                tstreams: dict[int, TimelineStream], group_of: Callable[[str], pb.ProcessGroup],
                launch: int) -> TimelineEvent:
-    """The box of one node that ran over ``span``: what :func:`graph_events` yields for it,
-    for a writer that walks a graph's nodes itself (``tstreams`` caches the timeline
-    streams by stream id; ``launch``: :func:`launch_of`)."""
+    """The box of one node that ran over ``span``: what :func:`node_events` yields for it,
+    for a writer that walks a graph's nodes itself (``streams`` by id; ``tstreams`` caches
+    the timeline streams by stream id; ``launch``: :func:`launch_of`)."""
     start, end, wait = span
     name, args = node_label(node, group_of)
     track, order, _ = node_track(node, streams, args)

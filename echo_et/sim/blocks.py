@@ -28,6 +28,7 @@ send/recv inside a block) is simulated expanded, as before.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +163,7 @@ def compile_compact(graph: Graph) -> Program:
             occs.append(Occurrence(blk, int(inst.id_offset), [], [], instance=inst))
             ranges.append((blk.ids[0] + int(inst.id_offset), blk.ids[-1] + int(inst.id_offset), len(occs) - 1))
     ranges.sort()
+    firsts = [r[0] for r in ranges]                 # bisected with ints, not tuples
     skeleton = [n for n in stored if n.id not in in_body]
     # A stream's sequence in id order: skeleton nodes and occurrences (each once per stream
     # it runs on, where its first node on that stream is).
@@ -183,7 +185,8 @@ def compile_compact(graph: Graph) -> Program:
     # Items: skeleton nodes and ports, stream by stream in id order; macros at the end.
     item_of_node: dict[int, int] = {}                  # skeleton node id -> item
     port_item: dict[tuple[int, int], int] = {}         # (occurrence, local item) -> port item
-    needed = _needed_ports(occs, skeleton, ranges)
+    outside_of = [_outside_deps(occ.block, occ, occ.instance) for occ in occs]   # walked once, used twice
+    needed = _needed_ports(occs, outside_of, skeleton, ranges, firsts)
     stream_runs: list[list[tuple[int, int]]] = []
     for k in range(len(stream_ids)):
         runs: list[tuple[int, int]] = []
@@ -228,7 +231,7 @@ def compile_compact(graph: Graph) -> Program:
         it = item_of_node.get(node_id)
         if it is not None:
             return it, -1
-        o = _occurrence_at(ranges, node_id)
+        o = _occurrence_at(ranges, firsts, node_id)
         occ = occs[o]
         local = occ.block.local_of[node_id - occ.offset]
         return port_item[(o, local)], o
@@ -258,7 +261,7 @@ def compile_compact(graph: Graph) -> Program:
                 before = port_item[(ref, blk.last_on[kk])]
     for o, occ in enumerate(occs):
         blk = occ.block
-        outside = _outside_deps(blk, occ, occ.instance)
+        outside = outside_of[o]
         inputs: list[tuple[int, bool]] = [(prev_on[(o, k)], False) for k in blk.streams]
         for local, dep_id, kind in outside:
             fs = kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
@@ -331,10 +334,8 @@ def compile_compact(graph: Graph) -> Program:
     return prog
 
 
-def _occurrence_at(ranges: list[tuple[int, int, int]], node_id: int) -> int:
-    import bisect
-
-    j = bisect.bisect_right(ranges, (node_id, 1 << 62, 1 << 62)) - 1
+def _occurrence_at(ranges: list[tuple[int, int, int]], firsts: list[int], node_id: int) -> int:
+    j = bisect_right(firsts, node_id) - 1
     if j < 0 or not ranges[j][0] <= node_id <= ranges[j][1]:
         raise NotCompact(f"node {node_id} is in no occurrence")
     return ranges[j][2]
@@ -356,13 +357,13 @@ def _outside_deps(blk: Block, occ: Occurrence, inst: pb.RepeatInstance | None) -
     return out
 
 
-def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
-                  ranges: list[tuple[int, int, int]]) -> dict[int, set[int]]:
+def _needed_ports(occs: list[Occurrence], outside_of: list[list[tuple[int, int, int]]], skeleton: list[pb.Node],
+                  ranges: list[tuple[int, int, int]], firsts: list[int]) -> dict[int, set[int]]:
     """Occurrence -> its local items that a node outside it depends on."""
     need: dict[int, set[int]] = {}
 
     def mark(dep_id: int, own: int) -> None:
-        j = _maybe_occurrence(ranges, dep_id)
+        j = _maybe_occurrence(ranges, firsts, dep_id)
         if j is not None and j != own:
             occ = occs[j]
             need.setdefault(j, set()).add(occ.block.local_of[dep_id - occ.offset])
@@ -370,16 +371,16 @@ def _needed_ports(occs: list[Occurrence], skeleton: list[pb.Node],
     for n in skeleton:
         for d in n.deps:
             mark(int(d.id), -1)
-    for o, occ in enumerate(occs):
-        for _, dep_id, _ in _outside_deps(occ.block, occ, occ.instance):
+    for o, outside in enumerate(outside_of):
+        for _, dep_id, _ in outside:
             mark(dep_id, o)
     return need
 
 
-def _maybe_occurrence(ranges: list[tuple[int, int, int]], node_id: int) -> int | None:
-    import bisect
-
-    j = bisect.bisect_right(ranges, (node_id, 1 << 62, 1 << 62)) - 1
+def _maybe_occurrence(ranges: list[tuple[int, int, int]], firsts: list[int], node_id: int) -> int | None:
+    """The occurrence whose id range holds ``node_id`` (``firsts``: each range's first id,
+    ascending), or None."""
+    j = bisect_right(firsts, node_id) - 1
     if j < 0 or not ranges[j][0] <= node_id <= ranges[j][1]:
         return None
     return ranges[j][2]
@@ -500,6 +501,11 @@ def place(table: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 # -- one rank's run of its blocks -------------------------------------------------------------------
+def same_durations(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    """Two lists of per-occurrence durations hold the same values (mostly the same arrays)."""
+    return len(a) == len(b) and all(x is y or np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 @dataclass
 class BlockRun:
     """The durations and inputs of every occurrence on one simulated rank.
@@ -521,10 +527,14 @@ class BlockRun:
     _flat: FlatTimes | None = None
 
     def set_durations(self, per_occurrence: list[np.ndarray]) -> None:
+        """This round's durations; the placements and flat times made with the same values
+        stay (a run resets them before it places anything)."""
+        same = same_durations(self.durs, per_occurrence)
         self.durs = per_occurrence
         self.keys = [d.tobytes() for d in per_occurrence]
-        self._placed = {}
-        self._flat = None
+        if not same:
+            self._placed = {}
+            self._flat = None
 
     def flat(self, prog: Program, item_start: list[int], item_end: list[int]) -> FlatTimes:
         """:func:`flat_times` of this run (kept until the next simulation or durations)."""
@@ -538,6 +548,7 @@ class BlockRun:
     def reset(self) -> None:
         self.x = [None] * len(self.info.occurrences)
         self._placed = {}
+        self._flat = None
         self._flat = None
 
     def place(self, o: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -608,14 +619,22 @@ class FlatLayout:
 
 
 def flat_layout(prog: Program) -> FlatLayout:
-    """The program's :class:`FlatLayout`, made once (kept on its CompactInfo)."""
+    """The program's :class:`FlatLayout`, made once (kept on its CompactInfo). Built from one
+    piece per skeleton run and per occurrence's stream (a block's local items and their
+    categories are the same arrays for each of its occurrences), joined by one concatenation:
+    a few numpy calls per program instead of four per piece."""
     info = prog.compact
     if info.flat_layout is not None:
         return info.flat_layout
     cats = np.asarray(prog.category, dtype=np.int64)
-    occ_p, ref_p, cat_p, host_p = [], [], [], []
+    refs: list[np.ndarray] = []       # per piece: program items, or an occurrence's local items
+    cat_p: list[np.ndarray] = []
+    piece_occ: list[int] = []         # per piece: -1 (skeleton run) or the occurrence
+    piece_host: list[bool] = []
+    piece_len: list[int] = []
+    local_cats: dict[tuple[int, int], np.ndarray] = {}   # (block, stream) -> its local items' categories
     for k, runs in enumerate(info.stream_runs):
-        host = prog.host_stream[k]
+        host = bool(prog.host_stream[k])
         items: list[int] = []
         for ref, kk in [*runs, (-1, -2)]:     # a sentinel flushes the last skeleton run
             if kk == -1:
@@ -623,25 +642,33 @@ def flat_layout(prog: Program) -> FlatLayout:
                 continue
             if items:
                 idx = np.asarray(items, dtype=np.int64)
-                occ_p.append(np.full(idx.size, -1, dtype=np.int64))
-                ref_p.append(idx)
+                refs.append(idx)
                 cat_p.append(cats[idx])
-                host_p.append(np.full(idx.size, host, dtype=bool))
+                piece_occ.append(-1)
+                piece_host.append(host)
+                piece_len.append(len(items))
                 items = []
             if kk == -2:
                 break
             blk = info.occurrences[ref].block
             local = blk.by_stream_np[kk]
-            occ_p.append(np.full(local.size, ref, dtype=np.int64))
-            ref_p.append(local)
-            cat_p.append(blk.category_np[local])
-            host_p.append(np.full(local.size, host, dtype=bool))
-    if not occ_p:
+            lc = local_cats.get((blk.index, kk))
+            if lc is None:
+                lc = local_cats[(blk.index, kk)] = blk.category_np[local]
+            refs.append(local)
+            cat_p.append(lc)
+            piece_occ.append(ref)
+            piece_host.append(host)
+            piece_len.append(local.size)
+    if not refs:
         z = np.zeros(0, dtype=np.int64)
         layout = FlatLayout(z, z, z, np.zeros(0, dtype=bool), z, z)
     else:
-        occ, ref, cat, host = (np.concatenate(c) for c in (occ_p, ref_p, cat_p, host_p))
-        layout = FlatLayout(occ, ref, cat, host, np.flatnonzero(occ < 0), np.flatnonzero(occ >= 0))
+        lens = np.asarray(piece_len, dtype=np.int64)
+        occ = np.repeat(np.asarray(piece_occ, dtype=np.int64), lens)
+        host_a = np.repeat(np.asarray(piece_host, dtype=bool), lens)
+        layout = FlatLayout(occ, np.concatenate(refs), np.concatenate(cat_p), host_a, np.flatnonzero(occ < 0),
+                            np.flatnonzero(occ >= 0))
     info.flat_layout = layout
     return layout
 

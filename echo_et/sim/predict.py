@@ -39,6 +39,7 @@ class Predictor(Simulator):
         self._estimates: dict[Hashable, int] = {}
         self._patterns: dict[int, tuple[int, ...]] = {}
         self.unpriced = 0
+        self._unpriced_per_run = 0
         if not self.gpus_per_node:
             # Place ranks on nodes the way the model will, so that symmetry stays exact.
             self.gpus_per_node = int(getattr(comm_model, "gpus_per_node", 0) or 0)
@@ -102,6 +103,18 @@ class Predictor(Simulator):
 
     def uses_slowdown(self) -> bool:
         return self.slowdown_model is not None
+
+    def _meeting_hooks_pure(self) -> bool:
+        return type(self).collective is Predictor.collective and type(self).p2p is Predictor.p2p
+
+    def _simulate(self, durs: dict[int, list[int]]) -> None:
+        before = self.unpriced
+        super()._simulate(durs)
+        self._unpriced_per_run = self.unpriced - before
+
+    def _repeat_round(self) -> None:
+        # every run counts the collectives it could not price: a round not run counts them too
+        self.unpriced += self._unpriced_per_run
 
     def _result(self):
         res = super()._result()
