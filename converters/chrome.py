@@ -42,12 +42,15 @@ What each rank's events look like (the schema of Kineto 2.x, PyTorch 2.x):
 from __future__ import annotations
 
 import gzip
+import heapq
+import itertools
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from echo_et.errors import EchoError
 from echo_et.ir.collectives import (
@@ -67,9 +70,12 @@ from echo_et.ir.labels import (
     KINETO_MEMCPY,
     KINETO_MEMSET,
     KINETO_RUNTIME,
+    kineto_category,
+    node_track,
 )
+from echo_et.ir.repeats import Body, ExpandedNodes, copy_node, instance_deps
 from echo_et.ir.schema import pb
-from echo_et.ir.timeline import TimelineEvent, TimelineStream, graph_events
+from echo_et.ir.timeline import TimelineEvent, TimelineStream, graph_events, launch_of, node_event
 
 __all__ = ["TimelineEvent", "chrome_trace", "is_single_file", "job_timeline", "kineto_traces", "write",
            "write_timeline"]
@@ -88,12 +94,9 @@ _NCCL_KERNEL_NAME = re.compile(r"^(?:void\s+)?((?:nccl|rccl)\w*Kernel.*)$", re.D
 
 
 def job_timeline(job: Job, ranks: Sequence[int] | None = None) -> list[TimelineEvent]:
-    """The measured timeline of ``job`` (each rank's node start times plus its clock offset)."""
-    chosen = job.ranks() if ranks is None else sorted(set(ranks))
-    known = set(job.ranks())
-    bad = [r for r in chosen if r not in known]
-    if bad:
-        raise EchoError(f"rank {bad[0]} is not in the job (ranks 0..{job.world_size - 1})")
+    """The measured timeline of ``job`` (each rank's node start times plus its clock offset),
+    every event held (the expanded graphs' nodes: :func:`write` streams them instead)."""
+    chosen = _chosen(job, ranks)
     events: list[TimelineEvent] = []
     for r in chosen:
         b = job.binding(r)
@@ -191,11 +194,24 @@ def _comm_args(e: TimelineEvent, facts: _JobFacts) -> dict[str, Any]:
     return out
 
 
+# A rank's tracks: (on a GPU, track name) -> (track order, stream of its first box).
+_Tracks = dict[tuple[bool, str], tuple[int, TimelineStream | None]]
+
+
+def _tracks(events: Iterable[TimelineEvent]) -> _Tracks:
+    tracks: _Tracks = {}
+    for e in events:
+        key = (e.category in _GPU_CATS, e.track)
+        if key not in tracks:
+            tracks[key] = (e.track_order, e.stream)
+    return tracks
+
+
 class _RankWriter:
     """The Kineto events of one rank."""
 
     def __init__(self, rank: int, events: list[TimelineEvent], facts: _JobFacts, *, one_file: bool,
-                 origin: int, process_label: str):
+                 origin: int, process_label: str, tracks: _Tracks | None = None):
         self.rank = rank
         self.events = events
         self.facts = facts
@@ -205,19 +221,14 @@ class _RankWriter:
         self.host_pid = HOST_PID_BASE + rank
         self.out: list[dict[str, Any]] = []
         self.lanes: dict[tuple[bool, str], tuple[int, int, int]] = {}   # (gpu, track) -> (pid, tid, order)
-        self._assign_lanes()
+        self._assign_lanes(tracks if tracks is not None else _tracks(events))
 
     def gpu_pid(self, device: int) -> int:
         return JOB_GPU_PID_BASE + 100 * self.rank + device if self.one_file else device
 
-    def _assign_lanes(self) -> None:
+    def _assign_lanes(self, tracks: _Tracks) -> None:
         """pid/tid of every track: traced ids where the source had them, fresh ones
         (unique in the rank) otherwise; GPU stream numbers are > 0 (HTA needs that)."""
-        tracks: dict[tuple[bool, str], tuple[int, TimelineStream | None]] = {}
-        for e in self.events:
-            key = (e.category in _GPU_CATS, e.track)
-            if key not in tracks:
-                tracks[key] = (e.track_order, e.stream)
         for gpu in (False, True):
             mine = sorted(((order, track, s) for (g, track), (order, s) in tracks.items() if g == gpu),
                           key=lambda x: (x[0], x[1]))
@@ -240,16 +251,14 @@ class _RankWriter:
                 self.lanes[(gpu, track)] = (pid, chosen[track], k)
 
     def write(self) -> list[dict[str, Any]]:
-        self._metadata()
+        self.out.extend(self.metadata())
         correlation: dict[int, int] = {}
         for e in self.events:
             if e.kind == pb.KIND_LAUNCH and e.node_id:
                 correlation[e.node_id] = CORRELATION_BASE + e.node_id
         launches: dict[int, tuple[int, int, int]] = {}   # launch correlation id -> (pid, tid, ts)
         for e in self.events:
-            box = self._box(e, correlation)
-            if box is None:
-                continue
+            box = self._box(e, correlation.get(e.launch_id, 0))
             self.out.append(box)
             if e.kind == pb.KIND_LAUNCH and e.node_id:
                 launches[correlation[e.node_id]] = (box["pid"], box["tid"], box["ts"])
@@ -257,7 +266,9 @@ class _RankWriter:
         self._profiler_step()
         return self.out
 
-    def _metadata(self) -> None:
+    def metadata(self) -> list[dict[str, Any]]:
+        """The process and thread names and sort indices of the rank's lanes."""
+        out: list[dict[str, Any]] = []
         pids: dict[int, str] = {self.host_pid: "CPU"}
         for (gpu, _), (pid, _, _) in self.lanes.items():
             if gpu:
@@ -265,18 +276,21 @@ class _RankWriter:
         for pid, label in sorted(pids.items()):
             sort = (self.rank * 1000 + (0 if label == "CPU" else 1 + int(label[4:]))) if self.one_file else \
                 (pid if label != "CPU" else 0)
-            self.out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                             "args": {"name": f"{self.process_label} {self.rank}"}})
-            self.out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": label}})
-            self.out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                             "args": {"sort_index": sort}})
+            out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                        "args": {"name": f"{self.process_label} {self.rank}"}})
+            out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": label}})
+            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                        "args": {"sort_index": sort}})
         for (gpu, track), (pid, tid, order) in sorted(self.lanes.items(), key=lambda kv: kv[1]):
             name = f"stream {tid} ({track})" if gpu else f"thread {tid} ({track})"
-            self.out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-            self.out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                             "args": {"sort_index": order}})
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                        "args": {"sort_index": order}})
+        return out
 
-    def _box(self, e: TimelineEvent, correlation: dict[int, int]) -> dict[str, Any] | None:
+    def _box(self, e: TimelineEvent, launch_corr: int) -> dict[str, Any]:
+        """The Kineto event of ``e``; ``launch_corr``: the correlation id of the launch that
+        issued it (0 none)."""
         gpu = e.category in _GPU_CATS
         pid, tid, _ = self.lanes[(gpu, e.track)]
         args: dict[str, Any] = dict(e.args)
@@ -285,7 +299,7 @@ class _RankWriter:
             name = str(e.args["op"])   # the node's own name; the label stays in args
             args["label"] = e.name
         if gpu:
-            corr = correlation.get(e.launch_id, 0)
+            corr = launch_corr
             args.update({"device": self.facts.device_of(self.rank, e.stream), "stream": tid,
                          "correlation": corr, "External id": corr})
             if e.kind in _COMM_KINDS:
@@ -304,7 +318,7 @@ class _RankWriter:
                 ("send" if e.kind == pb.KIND_SEND else "recv")
             name = f"gloo:{word}"
         elif cat == KINETO_RUNTIME:
-            corr = correlation.get(e.node_id, CORRELATION_BASE + e.node_id)
+            corr = CORRELATION_BASE + e.node_id   # what the correlation map holds for a launch
             args.update({"correlation": corr, "External id": corr})
         elif e.node_id:
             args.setdefault("External id", e.node_id)
@@ -341,16 +355,24 @@ class _RankWriter:
             return
         start = min(b["ts"] for b in boxes)
         end = max(round(b["ts"] + b["dur"], 3) for b in boxes)
+        meta, step = self.profiler_step(start, end)
+        self.out.extend(meta)
+        self.out.append(step)
+
+    def profiler_step(self, start: float, end: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The ``ProfilerStep#N`` box from ``start`` to ``end`` (us), and the thread name it
+        needs when the rank has no host thread."""
         host = [(order, tid) for (gpu, _), (_, tid, order) in self.lanes.items() if not gpu]
+        meta = []
         if host:
             tid = min(host)[1]
         else:
             tid = 1
-            self.out.append({"ph": "M", "name": "thread_name", "pid": self.host_pid, "tid": tid,
-                             "args": {"name": f"thread {tid} (main)"}})
-        self.out.append({"ph": "X", "cat": KINETO_ANNOTATION, "name": f"ProfilerStep#{self.facts.step}",
-                         "pid": self.host_pid, "tid": tid, "ts": start, "dur": round(end - start, 3),
-                         "args": {"External id": 0}})
+            meta.append({"ph": "M", "name": "thread_name", "pid": self.host_pid, "tid": tid,
+                         "args": {"name": f"thread {tid} (main)"}})
+        return meta, {"ph": "X", "cat": KINETO_ANNOTATION, "name": f"ProfilerStep#{self.facts.step}",
+                      "pid": self.host_pid, "tid": tid, "ts": start, "dur": round(end - start, 3),
+                      "args": {"External id": 0}}
 
 
 def _sorted(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -421,7 +443,9 @@ def chrome_trace(events: Iterable[TimelineEvent], job: Job | None = None, *,
     for rank, evs in by_rank.items():
         trace_events += _RankWriter(rank, evs, facts, one_file=True, origin=origin,
                                     process_label=process_label).write()
-    dist = {"backend": _backend(e for evs in by_rank.values() for e in evs), "world_size": facts.world_size,
+    # Every rank's events: a generator here would be spent by the first of _backend's two looks
+    # (which made a job file "gloo" unless a GPU stream ran communication).
+    dist = {"backend": _backend([e for evs in by_rank.values() for e in evs]), "world_size": facts.world_size,
             "ranks": list(by_rank)}
     return _document(trace_events, facts, origin, dist, metadata)
 
@@ -429,21 +453,46 @@ def chrome_trace(events: Iterable[TimelineEvent], job: Job | None = None, *,
 def _dump(trace: dict[str, Any], gz: bool) -> bytes:
     """The JSON text the way Kineto lays it out: top-level keys one per line, one event per
     line (HTA finds a file's rank by the text ``"rank": N``, so the spaces matter)."""
-    lines = ["{"]
-    keys = sorted(trace)
+    head = {k: v for k, v in trace.items() if k != "traceEvents"}
+    data = "".join(_text(head, trace.get("traceEvents"))).encode()
+    return gzip.compress(data, mtime=0) if gz else data
+
+
+def _text(head: Mapping[str, Any], events: Iterable[dict[str, Any]] | None) -> Iterator[str]:
+    """:func:`_dump`'s text in pieces, the events written as they come (``None``: the trace
+    has no ``traceEvents``)."""
+    keys = sorted([*head, "traceEvents"] if events is not None else head)
+    yield "{"
     for i, key in enumerate(keys):
         sep = "," if i < len(keys) - 1 else ""
         if key == "traceEvents":
-            events = trace[key]
-            lines.append('  "traceEvents": [')
-            lines.extend("  " + json.dumps(e, sort_keys=True) + ("," if j < len(events) - 1 else "")
-                         for j, e in enumerate(events))
-            lines.append("  ]" + sep)
+            assert events is not None
+            yield '\n  "traceEvents": ['
+            first = True
+            for e in events:
+                yield ("\n  " if first else ",\n  ") + json.dumps(e, sort_keys=True)
+                first = False
+            yield "\n  ]" + sep
         else:
-            lines.append(f"  {json.dumps(key)}: {json.dumps(trace[key], sort_keys=True)}{sep}")
-    lines.append("}")
-    data = ("\n".join(lines) + "\n").encode()
-    return gzip.compress(data, mtime=0) if gz else data
+            yield f"\n  {json.dumps(key)}: {json.dumps(head[key], sort_keys=True)}{sep}"
+    yield "\n}\n"
+
+
+def _write_text(f: BinaryIO, pieces: Iterable[str], gz: bool) -> None:
+    """Write ``pieces`` to ``f`` in blocks of about 1 MB; ``gz``: gzip-compressed as
+    ``gzip.compress(data, mtime=0)`` compresses the whole text (the same bytes)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31) if gz else None
+    buf: list[str] = []
+    size = 0
+    for p in pieces:
+        buf.append(p)
+        size += len(p)
+        if size >= 1 << 20:
+            data = "".join(buf).encode()
+            f.write(z.compress(data) if z is not None else data)
+            buf, size = [], 0
+    data = "".join(buf).encode()
+    f.write(z.compress(data) + z.flush() if z is not None else data)
 
 
 def _summary(dest: Path, traces: list[dict[str, Any]], files: int) -> dict[str, Any]:
@@ -492,6 +541,450 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
 
 
 def write(job: Job, dest: str | os.PathLike[str], ranks: Sequence[int] | None = None) -> dict[str, Any]:
-    """The measured timeline of ``job`` in Kineto's schema (see :func:`write_timeline`)."""
+    """The measured timeline of ``job`` in Kineto's schema (see :func:`write_timeline`),
+    streamed: each rank's events are made in the trace's order from its stored nodes and
+    repeat blocks and written as they come, no graph is expanded, and the bytes are those of
+    ``write_timeline(job_timeline(job, ranks), dest, job=job, metadata=...)``."""
     meta = {"world_size": job.world_size, "source_format": job.manifest.provenance.source_format}
+    got = _streamed(job, Path(dest), ranks, meta)
+    if got is not None:
+        return got
     return write_timeline(job_timeline(job, ranks), dest, job=job, metadata=meta)
+
+
+# --- The measured timeline of a Job, streamed --------------------------------------------------
+#
+# A trace's events are sorted by (pid, tid, ts, -dur, ph, name), ties in the order the events
+# were made: a rank's boxes in the order of its expanded graph, then its ``ac2g`` flows (each
+# kernel's in turn: its launch's ``s`` the first time, then its ``f``), then ``ProfilerStep``.
+# The streamed writer gives each event that whole order as its key and merges sorted sources:
+# the stored nodes (with the flows of launches that a kernel refers to across a copy's edge),
+# and per instance of a repeat block its copies and their flows in the body's order. A copy's
+# key is its body node's with ``ts`` shifted by the instance's time offset, and ``ts`` is a
+# strictly increasing function of the time in ns, so each body is sorted once. A rank holds its
+# stored nodes' events and one event per instance, never its expanded graph.
+
+_SortKey = tuple[Any, ...]
+# (sort key, event, whether it is the ``f`` flow of a launch with more than one kernel)
+_Keyed = tuple[_SortKey, dict[str, Any], bool]
+
+
+def _flow(ph: str, corr: int, pid: int, tid: int, ts: float) -> dict[str, Any]:
+    if ph == "s":
+        return {"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": ts, "cat": "ac2g", "name": "ac2g"}
+    return {"ph": "f", "id": corr, "pid": pid, "tid": tid, "ts": ts, "cat": "ac2g", "name": "ac2g", "bp": "e"}
+
+
+def _box_key(box: dict[str, Any], tie: tuple[int, ...]) -> _SortKey:
+    return (box["pid"], box["tid"], box["ts"], -box["dur"], "X", box["name"], tie)
+
+
+def _flow_key(pid: int, tid: int, ts: float, ph: str, tie: tuple[int, ...]) -> _SortKey:
+    return (pid, tid, ts, 0, ph, "ac2g", tie)
+
+
+class _RankPlan:
+    """What one rank's part of a trace needs before its first event: its graph, tracks,
+    first start and latest end, found from the stored nodes and the blocks."""
+
+    def __init__(self, job: Job, rank: int):
+        b = job.binding(rank)
+        self.job = job
+        self.rank = rank
+        self.graph = job.graph(b.graph)
+        self.offset = int(b.clock_offset_ns)
+        self.stored = self.graph.stored_nodes
+        self.blocks = self.graph.bodies() if self.graph.has_repeats else []
+        self.count = len(self.graph)
+        self.streams = {s.id: s for s in self.graph.header.streams}
+        self.tstreams: dict[int, TimelineStream] = {}
+        self._lanes: dict[tuple[int, int], tuple[bool, str, int, TimelineStream]] = {}
+        # The first start, and (start, duration) of the node that ends last, in job-clock ns.
+        first: int | None = None
+        last: tuple[int, int] | None = None
+        for n in self.stored:
+            s, d = n.start_ns + self.offset, max(0, n.duration_ns)
+            if first is None or s < first:
+                first = s
+            if last is None or s + d > last[0] + last[1]:
+                last = (s, d)
+        for body in self.blocks:
+            if not body.nodes:
+                continue
+            lo = min(n.start_ns for n in body.nodes)
+            top = max(body.nodes, key=lambda n: n.start_ns + max(0, n.duration_ns))
+            for inst in body.block.instances:
+                t = int(inst.time_offset_ns) + self.offset
+                s, d = top.start_ns + t, max(0, top.duration_ns)
+                if first is None or lo + t < first:
+                    first = lo + t
+                if last is None or s + d > last[0] + last[1]:
+                    last = (s, d)
+        self.first_ns = first or 0
+        self.last = last or (0, 0)
+
+    def lane_of(self, node: pb.Node) -> tuple[bool, str, int, TimelineStream]:
+        """(on a GPU, track name, track order, timeline stream) of ``node``'s box: what
+        :func:`echo_et.ir.timeline.node_event` gives it, which depends on its kind and stream."""
+        key = (node.kind, node.stream)
+        got = self._lanes.get(key)
+        if got is None:
+            track, order, _ = node_track(node, self.streams, {})
+            ts = self.tstreams.get(node.stream)
+            if ts is None:
+                s = self.streams.get(node.stream)
+                ts = (TimelineStream(s.id, track, s.kind, s.device, s.native_id) if s is not None
+                      else TimelineStream(node.stream, track))
+                self.tstreams[node.stream] = ts
+            got = (kineto_category(node.kind, ts.kind) in _GPU_CATS, track, order, ts)
+            self._lanes[key] = got
+        return got
+
+    def tracks(self) -> _Tracks:
+        """The rank's tracks, each with the stream of its first box (copies come after their
+        body node and share its kind and stream: the stored nodes in expanded order say it)."""
+        tracks: _Tracks = {}
+        stored = self.stored if not self.blocks else sorted(self.stored, key=lambda n: n.id)
+        for n in stored:
+            gpu, track, order, ts = self.lane_of(n)
+            if (gpu, track) not in tracks:
+                tracks[(gpu, track)] = (order, ts)
+        return tracks
+
+    def devices(self, facts: _JobFacts) -> set[int]:
+        """The devices of the rank's GPU boxes (after :meth:`tracks`)."""
+        return {facts.device_of(self.rank, ts) for gpu, _, _, ts in self._lanes.values() if gpu}
+
+    def on_gpu(self) -> bool:
+        return any(gpu for gpu, _, _, _ in self._lanes.values())
+
+
+class _BodyPlan:
+    """A body as one rank's copies need it: its nodes in box order (``order``), its kernels
+    in flow order (``flows``), each node's launch when its dependencies all lie inside the
+    body (``static``, 0 otherwise), and the body's launches with the kernels inside each copy
+    that they issue (``internal``: launch id -> [kernels, first kernel's id], ``launches``
+    in flow order)."""
+
+    __slots__ = ("body", "order", "flows", "static", "outside", "internal", "launches")
+
+    def __init__(self, body: Body):
+        self.body = body
+        self.order: list[int] = []
+        self.flows: list[int] = []
+        self.static: list[int] = [0] * len(body.nodes)
+        self.outside: list[bool] = [False] * len(body.nodes)
+        self.internal: dict[int, list[int]] = {}
+        self.launches: list[int] = []
+
+    def launch_in(self, k: int, inst: pb.RepeatInstance, deps_of: dict[int, list[tuple[int, int]]],
+                  launch: Callable[[pb.Node], int]) -> int:
+        """The launch of body node ``k``'s copy by ``inst``."""
+        n = self.body.nodes[k]
+        if self.static[k]:
+            return self.static[k] + int(inst.id_offset)
+        if self.outside[k] or n.id in deps_of:
+            return launch(copy_node(self.body, n, inst, deps_of))
+        return 0
+
+
+class _RankEvents:
+    """One rank's events in the trace's order, streamed from its stored graph and repeat
+    blocks (see the comment above)."""
+
+    def __init__(self, plan: _RankPlan, writer: _RankWriter, origin: int):
+        self.plan = plan
+        self.writer = writer
+        self.origin = origin
+        self.rank = plan.rank
+        job, rank = plan.job, plan.rank
+        self.group_of: Callable[[str], pb.ProcessGroup] = lambda key: job.resolve_group(rank, key)
+        self.lookup: ExpandedNodes | None = None
+        if plan.blocks:
+            self.lookup = ExpandedNodes(plan.graph.header, plan.stored, plan.blocks)
+            self.kind_of: Callable[[int], int | None] = self.lookup.kind
+        else:
+            self.kind_of = {n.id: n.kind for n in plan.stored}.get
+        self.explicit: dict[int, list[int]] = {}   # launch id -> [kernels, first kernel's position]
+        self.bodies: dict[int, _BodyPlan] = {}     # by id(Body)
+
+    def lane(self, node: pb.Node) -> tuple[int, int]:
+        gpu, track, _, _ = self.plan.lane_of(node)
+        pid, tid, _ = self.writer.lanes[(gpu, track)]
+        return pid, tid
+
+    def ts(self, node: pb.Node, time_offset: int = 0) -> float:
+        return _us(node.start_ns + time_offset + self.plan.offset - self.origin)
+
+    def box(self, node: pb.Node, launch: int) -> dict[str, Any]:
+        start = node.start_ns + self.plan.offset
+        e = node_event(self.rank, node, (start, start + node.duration_ns, None), self.plan.streams,
+                       self.plan.tstreams, self.group_of, launch)
+        return self.writer._box(e, CORRELATION_BASE + launch if launch else 0)
+
+    def launch(self, node: pb.Node) -> int:
+        return launch_of(node, self.kind_of)
+
+    def _refer(self, launch: int, at: int) -> None:
+        """A kernel at position ``at`` refers to ``launch`` across a copy's edge (or is stored)."""
+        got = self.explicit.get(launch)
+        if got is None:
+            self.explicit[launch] = [1, at]
+        else:
+            got[0] += 1
+            got[1] = min(got[1], at)
+
+    def _source(self, node_id: int) -> tuple[pb.Node, int, _BodyPlan | None, int]:
+        """(node, time offset, body plan, id offset) of expanded node ``node_id`` (a launch)."""
+        if self.lookup is None:
+            if not hasattr(self, "_by_id"):
+                self._by_id = {n.id: n for n in self.plan.stored}   # the last of an id, as kinds
+            return self._by_id[node_id], 0, None, 0
+        got = self.lookup.source(node_id)
+        assert got is not None
+        node, body, inst = got
+        if body is None or inst is None:
+            return node, 0, None, 0
+        return node, int(inst.time_offset_ns), self.bodies[id(body)], int(inst.id_offset)
+
+    def kernels(self, launch: int) -> int:
+        """How many kernels ``launch`` issued."""
+        got = self.explicit.get(launch)
+        count = got[0] if got is not None else 0
+        if self.lookup is not None:
+            node, _, bp, _ = self._source(launch)
+            if bp is not None and node.id in bp.internal:
+                count += bp.internal[node.id][0]
+        return count
+
+    def _stored_items(self, pids: set[int]) -> list[_Keyed]:
+        """The stored nodes' boxes and kernels' ``f`` flows on ``pids``; fills ``explicit``
+        and the body plans."""
+        plan, rank = self.plan, self.rank
+        flat = not plan.blocks
+        items: list[_Keyed] = []
+        for pos, n in enumerate(plan.stored):
+            at = pos if flat else n.id
+            launch = self.launch(n)
+            box = self.box(n, launch)
+            if launch and box["cat"] in _GPU_CATS:
+                self._refer(launch, at)
+                if box["pid"] in pids:
+                    items.append((_flow_key(box["pid"], box["tid"], box["ts"], "f", (rank, 1, at, 1)),
+                                  _flow("f", CORRELATION_BASE + launch, box["pid"], box["tid"], box["ts"]), False))
+            if box["pid"] in pids:
+                items.append((_box_key(box, (rank, 0, at)), box, False))
+        for body in plan.blocks:
+            bp = _BodyPlan(body)
+            self.bodies[id(body)] = bp
+            first, last = body.first, body.last
+            keys: list[tuple[_SortKey, int]] = []
+            flows: list[tuple[_SortKey, int]] = []
+            for k, n in enumerate(body.nodes):
+                bp.outside[k] = any(not first <= d.id <= last for d in n.deps)
+                if not bp.outside[k]:
+                    bp.static[k] = self.launch(n)
+                gpu = plan.lane_of(n)[0]
+                pid, tid = self.lane(n)
+                if pid in pids:
+                    box = self.box(n, bp.static[k])
+                    keys.append(((pid, tid, box["ts"], -box["dur"], box["name"], n.id), k))
+                    if gpu:
+                        flows.append(((pid, tid, box["ts"], n.id), k))
+                if gpu and bp.static[k]:
+                    got = bp.internal.setdefault(bp.static[k], [0, n.id])
+                    got[0] += 1
+            keys.sort(key=lambda t: t[0])
+            flows.sort(key=lambda t: t[0])
+            bp.order = [k for _, k in keys]
+            bp.flows = [k for _, k in flows]
+            index = {n.id: k for k, n in enumerate(body.nodes)}
+            launches = []
+            for b_id, (_, first_kernel) in bp.internal.items():
+                ln = body.nodes[index[b_id]]
+                pid, tid = self.lane(ln)
+                if pid in pids:
+                    launches.append(((pid, tid, self.ts(ln), first_kernel), index[b_id]))
+            launches.sort(key=lambda t: t[0])
+            bp.launches = [k for _, k in launches]
+            # Kernels whose launch an instance's own dependencies decide: referred across the edge.
+            dynamic = [k for k, n in enumerate(body.nodes) if not bp.static[k] and plan.lane_of(n)[0]]
+            for inst in body.block.instances:
+                deps_of = instance_deps(inst)
+                off = int(inst.id_offset)
+                for k in dynamic:
+                    launch = bp.launch_in(k, inst, deps_of, self.launch)
+                    if launch:
+                        self._refer(launch, body.nodes[k].id + off)
+        # The ``s`` flows of the launches referred to across an edge (or by stored kernels).
+        for launch, (_, first_kernel) in self.explicit.items():
+            node, toff, bp_of, off = self._source(launch)
+            if bp_of is not None and node.id in bp_of.internal:
+                first_kernel = min(first_kernel, bp_of.internal[node.id][1] + off)
+            pid, tid = self.lane(node)
+            if pid in pids:
+                ts = self.ts(node, toff)
+                items.append((_flow_key(pid, tid, ts, "s", (rank, 1, first_kernel, 0)),
+                              _flow("s", CORRELATION_BASE + launch, pid, tid, ts), False))
+        return [(key, ev, ev["ph"] == "f" and self.kernels(ev["id"] - CORRELATION_BASE) > 1)
+                for key, ev, _ in items]
+
+    def _copies(self, bp: _BodyPlan, inst: pb.RepeatInstance) -> Iterator[_Keyed]:
+        nodes = bp.body.nodes
+        deps_of = instance_deps(inst)
+        for k in bp.order:
+            c = copy_node(bp.body, nodes[k], inst, deps_of)
+            box = self.box(c, bp.launch_in(k, inst, deps_of, self.launch))
+            yield _box_key(box, (self.rank, 0, c.id)), box, False
+
+    def _copy_flows(self, bp: _BodyPlan, inst: pb.RepeatInstance) -> Iterator[_Keyed]:
+        nodes = bp.body.nodes
+        deps_of = instance_deps(inst)
+        off, toff = int(inst.id_offset), int(inst.time_offset_ns)
+        rank = self.rank
+        for k in bp.flows:
+            launch = bp.launch_in(k, inst, deps_of, self.launch)
+            if launch:
+                n = nodes[k]
+                pid, tid = self.lane(n)
+                ts = self.ts(n, toff)
+                multi = self.kernels(launch) > 1
+                yield (_flow_key(pid, tid, ts, "f", (rank, 1, n.id + off, 1)),
+                       _flow("f", CORRELATION_BASE + launch, pid, tid, ts), multi)
+
+    def _copy_launches(self, bp: _BodyPlan, inst: pb.RepeatInstance) -> Iterator[_Keyed]:
+        """The ``s`` flows of a copy's launches whose kernels are all inside copies (a stream
+        of its own: the launches' lanes are not the kernels')."""
+        nodes = bp.body.nodes
+        off, toff = int(inst.id_offset), int(inst.time_offset_ns)
+        rank = self.rank
+        for k in bp.launches:
+            n = nodes[k]
+            launch = n.id + off
+            if launch in self.explicit:
+                continue   # with the stored items
+            pid, tid = self.lane(n)
+            ts = self.ts(n, toff)
+            yield (_flow_key(pid, tid, ts, "s", (rank, 1, bp.internal[n.id][1] + off, 0)),
+                   _flow("s", CORRELATION_BASE + launch, pid, tid, ts), False)
+
+    def events(self, pids: set[int], step: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+        """The rank's events on processes ``pids`` in the trace's order; ``step``: its
+        ``ProfilerStep`` box (None when it is on none of them)."""
+        items = self._stored_items(pids)
+        if step is not None:
+            items.append((_box_key(step, (self.rank, 2)), step, False))
+        items.sort(key=lambda t: t[0])
+        streams: list[Iterator[_Keyed]] = [iter(items)]
+        del items
+        for bp in self.bodies.values():
+            for inst in bp.body.block.instances:
+                streams.append(self._copies(bp, inst))
+                streams.append(self._copy_flows(bp, inst))
+                streams.append(self._copy_launches(bp, inst))
+        # The ``f`` flows of a launch with several kernels: once per (launch, lane, time), the
+        # first in the trace's order, as the whole writer keeps them.
+        seen: set[tuple[int, int, int, float]] = set()
+        for _, ev, multi in heapq.merge(*streams, key=lambda t: t[0]):
+            if multi:
+                k = (ev["id"], ev["pid"], ev["tid"], ev["ts"])
+                if k in seen:
+                    continue
+                seen.add(k)
+            yield ev
+
+
+def _step_box(plan: _RankPlan, writer: _RankWriter, origin: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rank's ``ProfilerStep`` box (and its thread name when it has no host thread)."""
+    s, d = plan.last
+    start = _us(plan.first_ns - origin)
+    end = round(_us(s - origin) + _us(d), 3)
+    return writer.profiler_step(start, end)
+
+
+def _chosen(job: Job, ranks: Sequence[int] | None) -> list[int]:
+    chosen = job.ranks() if ranks is None else sorted(set(ranks))
+    known = set(job.ranks())
+    bad = [r for r in chosen if r not in known]
+    if bad:
+        raise EchoError(f"rank {bad[0]} is not in the job (ranks 0..{job.world_size - 1})")
+    return chosen
+
+
+def _streamed(job: Job, dest: Path, ranks: Sequence[int] | None, metadata: Mapping[str, object]
+              ) -> dict[str, Any] | None:
+    """Write the measured timeline of ``job`` without expanding a graph (see
+    :func:`write`); None when ranks of one file share a process id (then the whole writer
+    orders them)."""
+    plans = [p for r in _chosen(job, ranks) if (p := _RankPlan(job, r)).count]
+    origin = min((p.first_ns for p in plans), default=0)
+    facts = _JobFacts(job, [p.rank for p in plans])
+    one_file = is_single_file(dest)
+    writers = {p.rank: _RankWriter(p.rank, [], facts, one_file=one_file, origin=origin, process_label="rank",
+                                   tracks=p.tracks()) for p in plans}
+    other: dict[str, Any] = {"generator": "echo-et", "time_origin_ns": origin}
+    if facts.name:
+        other["job"] = facts.name
+    other.update(metadata)
+    lanes = {lane[:2] for w in writers.values() for lane in w.lanes.values()}
+    summary = {"output": str(dest), "files": 1 if one_file else len(plans),
+               "events": sum(p.count for p in plans), "ranks": len(plans), "tracks": len(lanes)}
+
+    def head(devices: set[int], dist: dict[str, Any]) -> dict[str, Any]:
+        return {"schemaVersion": 1, "deviceProperties": [{"id": d, "name": facts.gpu_name or "GPU"}
+                                                        for d in sorted(devices)],
+                "distributedInfo": dist, "displayTimeUnit": "ms", "baseTimeNanoseconds": origin,
+                "otherData": other}
+
+    if one_file:
+        pids: dict[int, int] = {}
+        for p in plans:
+            w = writers[p.rank]
+            for pid in {lane[0] for lane in w.lanes.values()} | {w.host_pid}:
+                if pids.setdefault(pid, p.rank) != p.rank:
+                    return None
+        steps = {p.rank: _step_box(p, writers[p.rank], origin) for p in plans}
+        by_rank = {p.rank: p for p in plans}
+
+        def events() -> Iterator[dict[str, Any]]:
+            for p in plans:
+                yield from writers[p.rank].metadata()
+                yield from steps[p.rank][0]
+            order = sorted(pids.items())
+            i = 0
+            while i < len(order):
+                rank = order[i][1]
+                mine = set()
+                while i < len(order) and order[i][1] == rank:
+                    mine.add(order[i][0])
+                    i += 1
+                w = writers[rank]
+                step = steps[rank][1] if w.host_pid in mine else None
+                yield from _RankEvents(by_rank[rank], w, origin).events(mine, step)
+
+        devices = set().union(*(p.devices(facts) for p in plans))
+        dist = {"backend": "nccl" if any(p.on_gpu() for p in plans) else "gloo", "world_size": facts.world_size,
+                "ranks": [p.rank for p in plans]}
+        with atomic_file(dest) as f:
+            _write_text(f, _text(head(devices, dist), events()), dest.name.lower().endswith(".gz"))
+        return summary
+    if dest.exists() and not dest.is_dir():
+        check_output_file(dest)   # a device, FIFO or socket: never replaced
+        raise EchoError(f"{dest}: exists and is not a directory (a timeline folder is written there; "
+                        "give a .json name for one file)")
+    if not plans:
+        raise EchoError("no events to write")
+    with atomic_dir(dest, replaceable=_is_timeline_folder, kind="a timeline folder") as tmp:
+        for p in plans:
+            w = writers[p.rank]
+            meta, step = _step_box(p, w, origin)
+            backend = "nccl" if p.on_gpu() else "gloo"
+            dist = {"backend": backend, "rank": p.rank, "world_size": facts.world_size,
+                    "pg_config": facts.pg_config(p.rank, backend)}
+            dist["pg_count"] = len(dist["pg_config"])
+            rank_events = itertools.chain(w.metadata(), meta,
+                                          _RankEvents(p, w, origin).events({lane[0] for lane in w.lanes.values()}
+                                                                           | {w.host_pid}, step))
+            with open(tmp / f"rank-{p.rank}.json", "wb") as f:
+                _write_text(f, _text(head(p.devices(facts), dist), rank_events), False)
+    return summary

@@ -193,3 +193,180 @@ def test_dlrm_measured_timeline_and_round_trip(tmp_path):
                     if n.kind == pb.KIND_COLLECTIVE]
         assert colls(again) == colls(job)
     assert simulate(again).step_time_ns == simulate(job).step_time_ns
+
+
+# -- the streamed writer equals the whole one ----------------------------------------------------
+# `write` makes each rank's events in the trace's order from the stored nodes and repeat blocks
+# without expanding a graph; `write_timeline(job_timeline(...))` makes them all from the
+# expanded graph and sorts them. Both must give the same bytes, on every form.
+
+def _flat(job):
+    out = job.copy()
+    for g in out.graphs():
+        g.expand()
+    return out
+
+
+def _whole(job, dest, ranks=None):
+    meta = {"world_size": job.world_size, "source_format": job.manifest.provenance.source_format}
+    return write_timeline(job_timeline(_flat(job), ranks), dest, job=job, metadata=meta)
+
+
+def _same_output(job, tmp, ranks=None) -> None:
+    import shutil
+    for name in ("tl", "one.json", "one.json.gz"):
+        a, b = tmp / f"a-{name}", tmp / f"b-{name}"
+        got = write(job, a, ranks)
+        want = _whole(job, b, ranks)
+        assert {**got, "output": ""} == {**want, "output": ""}
+        if a.is_dir():
+            assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+            for p in a.iterdir():
+                assert p.read_bytes() == (b / p.name).read_bytes(), p.name
+            shutil.rmtree(a)
+            shutil.rmtree(b)
+        else:
+            assert a.read_bytes() == b.read_bytes(), name
+            a.unlink()
+            b.unlink()
+
+
+@pytest.mark.parametrize("name", ["ddp-dp4", "gpt-dp4-zero1", "gpt-tp2-pp2-dp2"])
+def test_streamed_export_equals_the_whole_writer_on_fixture_jobs(name, tmp_path) -> None:
+    from pathlib import Path
+
+    from echo_et.ir import load_job
+    job = load_job(Path(__file__).parent.parent / "fixtures" / "jobs" / name)
+    _same_output(job, tmp_path)
+    _same_output(job, tmp_path, job.ranks()[-2:])
+
+
+def test_streamed_export_equals_the_whole_writer_on_the_sample_job(tmp_path) -> None:
+    _same_output(uniform_job(2, _build), tmp_path)
+
+
+def test_a_job_file_with_kernels_and_no_gpu_communication_says_nccl(tmp_path) -> None:
+    """The backend of one file is that of the folder's rank files: NCCL when any box is on a
+    GPU stream (the whole writer once said gloo unless communication ran on one)."""
+    def build(gb, r, s):
+        gb.compute("gemm", s["compute"], start_ns=1_000, duration_ns=2_000)
+
+    job = uniform_job(2, build)
+    write(job, tmp_path / "t.json")
+    write(job, tmp_path / "tl")
+    assert json.loads((tmp_path / "t.json").read_text())["distributedInfo"]["backend"] == "nccl"
+    assert json.loads((tmp_path / "tl" / "rank-0.json").read_text())["distributedInfo"]["backend"] == "nccl"
+    assert chrome_trace(job_timeline(job), job)["distributedInfo"]["backend"] == "nccl"
+
+
+_KINDS = [pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_LAUNCH, pb.KIND_LAUNCH, pb.KIND_COMPUTE, pb.KIND_COMPUTE,
+          pb.KIND_COMPUTE, pb.KIND_COLLECTIVE, pb.KIND_MEMCPY, pb.KIND_SYNC, pb.KIND_SEND]
+
+
+def _arbitrary_job(world, nodes, blocks):
+    """One graph bound to every rank: nodes on a host thread, two GPU streams and an
+    undeclared one; deps of any kind to any id; repeat blocks with time offsets and their
+    own dependencies (launches across a copy's edge, kernels sharing a launch)."""
+    from echo_et.ir import GraphBuilder, JobBuilder
+
+    jb = JobBuilder("fuzz", world)
+    gid = jb.group(list(range(world)), name="world")
+    b = GraphBuilder("g")
+    streams = [b.stream(pb.STREAM_CPU_THREAD, "host", native_id=7),
+               b.stream(pb.STREAM_GPU_COMPUTE, "compute", device=0),
+               b.stream(pb.STREAM_GPU_COMM, "comm", device=1), 9]
+    for i, (kind, stream, start, dur, name, deps) in enumerate(nodes, start=1):
+        if kind == pb.KIND_COLLECTIVE:
+            n = b.collective(name, streams[stream], coll_type=pb.COLL_ALL_REDUCE, group="w", in_bytes=abs(dur) * 100)
+        elif kind == pb.KIND_SEND:
+            n = b.p2p(True, name, streams[stream], group="w", peer=0, nbytes=abs(dur))
+        else:
+            n = b.node(kind, name, streams[stream])
+        assert n.id == i
+        n.start_ns, n.duration_ns = start, dur
+        for d, dk in deps:
+            n.deps.add(id=d, kind=dk)
+    g = b.build()
+    # Blocks valid by construction: bodies apart, copies after every stored node and apart.
+    free, body_end = len(nodes) + 1, 0
+    for k, (first, length, insts) in enumerate(sorted(blocks), start=1):
+        first = max(first, body_end + 1)
+        last = min(first + length, len(nodes))
+        if first > last:
+            continue
+        body_end = last
+        blk = g.header.repeats.add(id=k, name=f"b{k}", first_node=first, last_node=last)
+        for gap, toff, deps in insts:
+            off = free + gap - first
+            free = last + off + 1
+            inst = blk.instances.add(id_offset=off, time_offset_ns=toff)
+            for node, dep, dk in deps:   # on a stored node, or on the same node of the last copy
+                target = 1 + dep % len(nodes) if dep % 3 or len(blk.instances) < 2 else 0
+                at = first + node % (last - first + 1)
+                inst.deps.add(node=at, id=target or at + blk.instances[-2].id_offset, kind=dk)
+    jb.add_graph(g)
+    for r in range(world):
+        jb.bind(r, "g", {"w": gid}, clock_offset_ns=r * 250)
+    return jb.build()
+
+
+
+def test_streamed_export_orders_a_copy_s_launch_flow_on_its_host_lane(tmp_path) -> None:
+    """A copy's kernel and its launch on the host: in one file the launch's ``s`` flow sorts
+    before every GPU event (host processes come first), in a rank file after them."""
+    cpu, launch = pb.KIND_CPU_OP, pb.KIND_LAUNCH
+    nodes = [(cpu, 0, 0, -3, "a", [])] * 9 + [(cpu, 2, 0, -3, "a", [(11, pb.DEP_LAUNCH)]),
+                                               (launch, 0, 0, -3, "a", []), (cpu, 0, 0, -3, "a", [])]
+    job = _arbitrary_job(1, nodes, [(1, 4, [(0, 0, [])]), (1, 5, [(0, 0, [])])])
+    assert job.graph("g").has_repeats
+    _same_output(job, tmp_path)
+
+
+def test_streamed_export_equals_the_whole_writer_on_arbitrary_blocks() -> None:
+    import tempfile
+    from pathlib import Path
+
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import strategies as st
+
+    from echo_et.ir.repeats import repeat_problems
+
+    dep = st.tuples(st.integers(min_value=1, max_value=12),
+                    st.sampled_from([pb.DEP_LAUNCH, pb.DEP_LAUNCH, pb.DEP_DATA, pb.DEP_SYNC]))
+    node = st.tuples(st.sampled_from(_KINDS), st.integers(min_value=0, max_value=3),
+                     st.sampled_from([0, 0, 1000, 1500, 2001]), st.sampled_from([-3, 0, 500, 500, 999]),
+                     st.sampled_from(["a", "b", "nccl:x"]), st.lists(dep, max_size=3))
+    inst = st.tuples(st.integers(min_value=0, max_value=3), st.sampled_from([0, 0, 7, 1000, 123456]),
+                     st.lists(st.tuples(st.integers(min_value=0, max_value=6), st.integers(min_value=1, max_value=40),
+                                        st.sampled_from([pb.DEP_LAUNCH, pb.DEP_DATA])), max_size=3))
+    block = st.tuples(st.integers(min_value=1, max_value=10), st.integers(min_value=0, max_value=5),
+                      st.lists(inst, min_size=1, max_size=4))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(world=st.integers(min_value=1, max_value=2), nodes=st.lists(node, min_size=1, max_size=12),
+           blocks=st.lists(block, max_size=2))
+    def check(world, nodes, blocks):
+        job = _arbitrary_job(world, nodes, blocks)
+        g = job.graph("g")
+        assume(not repeat_problems(g.header, g.stored_nodes))
+        with tempfile.TemporaryDirectory() as d:
+            _same_output(job, Path(d))
+
+    check()
+
+
+def test_streamed_export_of_ranks_that_share_a_process_id_and_of_an_empty_rank(tmp_path) -> None:
+    """GPU 150 of rank 0 and GPU 50 of rank 1 are one process of a job file (2,000,000 +
+    100 x rank + device): the whole writer orders them, the same bytes; a rank with no node
+    has no file and is not in the job file."""
+    def build(gb, r, s):
+        if r == 2:
+            return
+        gpu = gb.stream(pb.STREAM_GPU_COMPUTE, "far", device=150 if r == 0 else 50)
+        gb.compute("gemm", gpu, start_ns=1_000 + r, duration_ns=2_000)
+        gb.compute("gemm2", s["compute"], start_ns=500, duration_ns=2_000)
+
+    job = uniform_job(3, build)
+    _same_output(job, tmp_path)
+    assert sorted(p.name for p in (write(job, tmp_path / "tl") and (tmp_path / "tl")).iterdir()) == \
+        ["rank-0.json", "rank-1.json"]

@@ -11,7 +11,7 @@ from echo_et.ir import GraphBuilder, pb
 
 pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install -e '.[dev]')")
 
-from echo_et.converters import chakra  # noqa: E402
+from echo_et.converters import chakra, chrome  # noqa: E402
 from echo_et.converters.astra_sim import ExportOptions  # noqa: E402
 from echo_et.converters.astra_sim import writer as astra_writer  # noqa: E402
 from echo_et.converters.astra_sim.plan import plan_graph  # noqa: E402
@@ -106,6 +106,35 @@ def test_chakra_export_streams_and_equals_the_expanded_export(jobs, tmp_path) ->
     fa, fb = _files(tmp_path / "compact"), _files(tmp_path / "expanded")
     assert fa and fa == fb
     assert (a["nodes"], a["bytes"], a["lossy"]) == (b["nodes"], b["bytes"], b["lossy"])
+
+
+def _with_times(job):
+    """The Job with every stored node started at its id's microsecond and each copy shifted
+    by its instance's place: a timed step, to order by time as well as by duration."""
+    out = job.copy()
+    for g in out.graphs():
+        for n in g.stored_nodes:
+            n.start_ns = n.id * 1000 + n.id % 7
+        for b in g.header.repeats:
+            for k, inst in enumerate(b.instances):
+                inst.time_offset_ns = (k + 1) * 3_000_001
+    return out
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "timed"])
+@pytest.mark.parametrize("dest", ["tl", "t.json", "t.json.gz"])
+def test_chrome_export_streams_and_equals_the_expanded_export(jobs, tmp_path, timed, dest) -> None:
+    job = _with_times(jobs) if timed else jobs
+    meta = {"world_size": job.world_size, "source_format": job.manifest.provenance.source_format}
+    compact = [g.has_repeats for g in job.graphs()]
+    a = chrome.write(job, tmp_path / "compact" / dest)
+    assert compact == [g.has_repeats for g in job.graphs()] and any(compact)   # streamed: not expanded in place
+    flat = _expanded(job)
+    b = chrome.write_timeline(chrome.job_timeline(flat), tmp_path / "expanded" / dest, job=flat, metadata=meta)
+    fa, fb = _files(tmp_path / "compact"), _files(tmp_path / "expanded")
+    assert fa and fa == fb
+    assert {**a, "output": ""} == {**b, "output": ""} and a["events"] == sum(len(g) for g in flat.graphs()
+                                                                             for _ in flat.ranks_of_graph()[g.id])
 
 
 def test_expanded_ids_are_the_expansion_s_ids(jobs) -> None:

@@ -319,3 +319,53 @@ def test_simulating_expanded_leaves_the_given_job_compact(traced) -> None:
     simulate(timed, "predict", options=SimOptions(gpus_per_node=8, check=False, repeats=False), comm_model=comm)
     assert {gid: timed.graph(gid).has_repeats for gid in timed.graph_ids()} == before
     assert {gid: job.graph(gid).has_repeats for gid in job.graph_ids()} == before
+
+
+def _break(job, how: str):
+    """A copy of ``job`` with one graph broken inside a repeat block's body (so every copy
+    of it is broken too), or with a rule the compact proofs cannot take."""
+    out = job.copy()
+    g = next(g for g in out.graphs() if g.has_repeats)
+    body = g.bodies()[0]
+    first, last = body.first, body.last
+    nodes = [n for n in g.stored_nodes if first <= n.id <= last]
+    if how == "same-stream":        # each kernel waits for the one before it on its stream: valid
+        prev: dict[int, int] = {}
+        for n in nodes:
+            if n.kind == pb.KIND_COMPUTE:
+                if n.stream in prev:
+                    n.deps.add(id=prev[n.stream], kind=pb.DEP_DATA)
+                prev[n.stream] = n.id
+    elif how == "stream-order":     # a kernel waits for a later one on its stream
+        ks = [n for n in nodes if n.kind == pb.KIND_COMPUTE]
+        ks[0].deps.add(id=ks[-1].id, kind=pb.DEP_DATA)
+    elif how == "negative-duration":
+        nodes[len(nodes) // 2].duration_ns = -5
+    elif how == "dangling-dep":
+        nodes[1].deps.add(id=10**9, kind=pb.DEP_DATA)
+    elif how == "cycle":            # two nodes waiting for each other
+        nodes[0].deps.add(id=nodes[3].id, kind=pb.DEP_DATA)
+        nodes[3].deps.add(id=nodes[0].id, kind=pb.DEP_DATA)
+    elif how == "collective-seq":   # in a body when one holds a collective, else stored
+        colls = [n for g in out.graphs() for b in g.bodies() for n in b.nodes if n.kind == pb.KIND_COLLECTIVE]
+        colls += [n for g in out.graphs() for n in g.stored_nodes if n.kind == pb.KIND_COLLECTIVE]
+        colls[0].collective.seq += 1000
+    return out
+
+
+BREAKAGES = ["same-stream", "stream-order", "negative-duration", "dangling-dep", "cycle", "collective-seq"]
+
+
+@pytest.mark.parametrize("how", BREAKAGES)
+def test_checking_a_compact_job_finds_what_checking_it_expanded_finds(traced, how) -> None:
+    """Rules the compact proofs cannot take run on the streamed expansion, the graph kept
+    compact; their findings are word for word those on the expanded Job."""
+    compact, _, _ = traced
+    job = _break(compact, how)
+    flat = job.copy()
+    for g in flat.graphs():
+        g.expand()
+    got = [str(i) for i in check_job(job)]
+    assert got == [str(i) for i in check_job(flat)]
+    assert (got == []) == (how == "same-stream"), got
+    assert any(g.has_repeats for g in job.graphs())   # checked without expanding a graph

@@ -44,7 +44,7 @@ from echo_et.ir.limits import (
     MAX_WORLD_SIZE,
     check_node_fill,
 )
-from echo_et.ir.repeats import repeat_problems
+from echo_et.ir.repeats import ExpandedNodes, repeat_problems
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, SCHEMA_VERSION, collective_name, node_kind_name, pb
 from echo_et.ir.units import MIN_BANDWIDTH_GBPS
 
@@ -217,28 +217,47 @@ def _check_graph(graph: Graph, source: str, out: IssueCollector) -> set[int] | N
         kinds = _compact_rules_hold(graph, source, out)
         if kinds is not None:
             return kinds
-        # The rule-by-rule checks read the expansion: of a copy, so that the caller's graph
-        # keeps its blocks.
-        graph = graph.copy()
-        graph.expand()
+    # From here the rules read the expansion as a stream (``iter_nodes``: copies are made one
+    # at a time, in id order, the order the expanded graph has), never expanding the graph:
+    # what a rule keeps of every node is an id, a stream or a position, not the node.
     kinds = _graph_rules_hold(graph, source, out)
     if kinds is not None:
         return kinds
     stream_ids = {s.id for s in graph.header.streams}
-    for n in graph.nodes:
+    for n in graph.iter_nodes():
         check_node(n, stream_ids, out, lambda n=n: _where(source, graph, n))
         if out.full:
-            return
+            return None
     ids = check_node_ids(graph, source, out)
     if out.full:
-        return
+        return None
     before = len(out.issues)
     check_dependencies(graph, ids, source, out)
     if out.full:
-        return
+        return None
     if len(out.issues) == before:  # stream order means nothing across a broken dependency
         check_stream_order(graph, source, out)
     check_collective_numbering(graph, source, out)
+    return None
+
+
+def _block_streams(graph: Graph) -> Callable[..., int | None] | None:
+    """For a graph with consistent repeat blocks (unique ids), the stream of an expanded
+    node by id, found from the stored nodes and the blocks (``default`` when no node has the
+    id); None for a flat graph, whose rules keep a stream per id as they read it."""
+    if not graph.has_repeats:
+        return None
+    nodes = ExpandedNodes(graph.header, graph.stored_nodes, graph.bodies())
+
+    def stream(node_id: int, default: int | None = None) -> int | None:
+        src = nodes.source(node_id)
+        return default if src is None else src[0].stream
+    return stream
+
+
+def _node_by_id(graph: Graph, node_id: int) -> pb.Node:
+    """The first node of the expanded graph with id ``node_id`` (found by streaming it)."""
+    return next(n for n in graph.iter_nodes() if n.id == node_id)
 
 
 def _node_holds(n: pb.Node, stream_ids: set[int], probe: IssueCollector) -> bool:
@@ -270,6 +289,7 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
     probe = IssueCollector(1)
     host_kinds = HOST_KINDS
     allowed_of, max_ns, stream_at = ALLOWED_PAYLOADS, MAX_NS, stream_of.get
+    compact = _block_streams(graph)   # a graph with blocks: streams looked up, not kept per id
     kinds: set[int] = set()
     last = -1
     for n in graph.iter_nodes():   # streamed: repeat blocks are not expanded in memory
@@ -289,12 +309,16 @@ def _graph_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[int
             if probe.issues:
                 return None
         for dep in n.deps:
-            dst = stream_at(dep.id)
+            if compact is None:
+                dst = stream_at(dep.id)
+            else:
+                dst = compact(dep.id) if dep.id < nid else None
             if dst is None:   # a later node, itself, or none: not the common case
                 return None
             if dst == st:
                 same_stream.append((st, kind, dep.kind))
-        stream_of[nid] = st
+        if compact is None:
+            stream_of[nid] = st
         if kind not in kinds:
             kinds.add(kind)
         if kind in host_kinds:
@@ -387,7 +411,7 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
 def check_node_ids(graph: Graph, source: str, out: IssueCollector) -> set[int]:
     """unique-ids. Returns the set of ids."""
     ids: set[int] = set()
-    for n in graph.nodes:
+    for n in graph.iter_nodes():
         if n.id in ids:
             out.add("unique-ids", f"node id {n.id} is used more than once", _where(source, graph, n))
         ids.add(n.id)
@@ -396,7 +420,7 @@ def check_node_ids(graph: Graph, source: str, out: IssueCollector) -> set[int]:
 
 def check_dependencies(graph: Graph, ids: set[int], source: str, out: IssueCollector) -> None:
     """dep-exists, acyclic."""
-    for n in graph.nodes:
+    for n in graph.iter_nodes():
         for d in n.deps:
             if d.id not in ids:
                 out.add("dep-exists", f"dependency on node {d.id}, which does not exist", _where(source, graph, n))
@@ -406,10 +430,14 @@ def check_dependencies(graph: Graph, ids: set[int], source: str, out: IssueColle
 
 
 def _check_acyclic(graph: Graph, ids: set[int], source: str, out: IssueCollector) -> None:
-    """Kahn's algorithm; on a cycle, name one node on it."""
+    """Kahn's algorithm; on a cycle, name one node on it. A graph whose dependencies all name
+    earlier ids (or the node itself, which is not a cycle here) has none: proven from the
+    stored nodes and the blocks, without the algorithm's per-node tables."""
+    if graph.deps_point_back():
+        return
     indeg: dict[int, int] = {i: 0 for i in ids}
     children: dict[int, list[int]] = defaultdict(list)
-    for n in graph.nodes:
+    for n in graph.iter_nodes():
         for d in {d.id for d in n.deps if d.id in ids and d.id != n.id}:
             indeg[n.id] += 1
             children[d].append(n.id)
@@ -428,7 +456,7 @@ def _check_acyclic(graph: Graph, ids: set[int], source: str, out: IssueCollector
         # only sit downstream of one).
         left = {i for i, k in indeg.items() if k > 0}
         deps_of: dict[int, list[int]] = defaultdict(list)
-        for n in graph.nodes:
+        for n in graph.iter_nodes():
             if n.id in left:
                 deps_of[n.id].extend(d.id for d in n.deps if d.id in left and d.id != n.id)
         stuck = min(left)
@@ -436,44 +464,52 @@ def _check_acyclic(graph: Graph, ids: set[int], source: str, out: IssueCollector
         while stuck not in visited and deps_of[stuck]:
             visited.add(stuck)
             stuck = min(deps_of[stuck])
-        out.add("acyclic", f"dependency cycle through node {stuck}", _where(source, graph, graph.node(stuck)))
+        out.add("acyclic", f"dependency cycle through node {stuck}", _where(source, graph, _node_by_id(graph, stuck)))
 
 
-def stream_positions(graph: Graph) -> dict[int, tuple[int, int]]:
+def stream_positions(graph: Graph, wanted: set[int] | None = None, host: set[int] | None = None
+                     ) -> dict[int, tuple[int, int]]:
     """Where each node starts and ends in its stream's order, as (start position, end
-    position) in one sequence per stream.
+    position) in one sequence per stream (only the nodes of ``wanted`` ids when given).
 
     A device stream runs its nodes one at a time in node-id order: node k of the stream
     starts at 2k and ends at 2k+1. A host thread (a stream holding host operators) nests
     its nodes by measured start and duration, visited in node-id order: a node starts inside
     every earlier node that has not ended by its start. This is the order the simulator
-    executes; a dependency against it can never be met."""
-    nodes = graph.nodes
-    by_stream: dict[int, list[int]] = defaultdict(list)
-    for i, n in enumerate(nodes):
-        by_stream[n.stream].append(i)
+    executes; a dependency against it can never be met.
+
+    The nodes are read in id order as a stream (a graph with repeat blocks is not expanded):
+    what is kept is a count per device stream and the nesting stack of each host thread.
+    ``host``: the host threads, when the caller knows them."""
+    if host is None:
+        host = {n.stream for n in graph.iter_nodes(HOST_KINDS)}
+    ordered = graph.iter_nodes() if graph.has_repeats else sorted(graph.nodes, key=lambda n: n.id)
     pos: dict[int, tuple[int, int]] = {}
-    for members in by_stream.values():
-        members.sort(key=lambda i: nodes[i].id)
-        if not any(nodes[i].kind in HOST_KINDS for i in members):
-            for k, i in enumerate(members):
-                pos[nodes[i].id] = (2 * k, 2 * k + 1)
+    count: dict[int, int] = defaultdict(int)                 # device stream -> nodes so far
+    stacks: dict[int, list[tuple[int, int, int]]] = defaultdict(list)   # host -> (id, end, start position)
+    for n in ordered:
+        st = n.stream
+        if st not in host:
+            k = count[st]
+            count[st] = k + 1
+            if wanted is None or n.id in wanted:
+                pos[n.id] = (2 * k, 2 * k + 1)
             continue
-        start_at: dict[int, int] = {}
-        b = 0
-        stack: list[int] = []
-        for i in members:
-            n = nodes[i]
-            while stack and nodes[stack[-1]].start_ns + nodes[stack[-1]].duration_ns <= n.start_ns:
-                j = stack.pop()
-                pos[nodes[j].id] = (start_at[j], b)
-                b += 1
-            start_at[i] = b
+        stack = stacks[st]
+        b = count[st]
+        while stack and stack[-1][1] <= n.start_ns:
+            j, _, start_at = stack.pop()
+            if wanted is None or j in wanted:
+                pos[j] = (start_at, b)
             b += 1
-            stack.append(i)
+        stack.append((n.id, n.start_ns + n.duration_ns, b))
+        count[st] = b + 1
+    for st, stack in stacks.items():
+        b = count[st]
         while stack:
-            j = stack.pop()
-            pos[nodes[j].id] = (start_at[j], b)
+            j, _, start_at = stack.pop()
+            if wanted is None or j in wanted:
+                pos[j] = (start_at, b)
             b += 1
     return pos
 
@@ -483,46 +519,84 @@ def check_stream_order(graph: Graph, source: str, out: IssueCollector) -> None:
     a node its own stream runs after it. On a host thread, control dependencies (nesting) are
     not execution order and a sync node ends, not starts, on what it waits for; on a device
     stream a control dependency means "issued by", a wait for the start."""
-    stream_of = {n.id: n.stream for n in graph.nodes}
-    host = {n.stream for n in graph.nodes if n.kind in HOST_KINDS}
-    pairs = []
-    for n in graph.nodes:
+    stream_of: dict[int, int] = {}
+    host: set[int] = set()
+    compact = _block_streams(graph)   # a graph with blocks: streams looked up, not kept per id
+    for n in graph.iter_nodes():
+        if compact is None:
+            stream_of[n.id] = n.stream
+        if n.kind in HOST_KINDS:
+            host.add(n.stream)
+    stream_at = stream_of.get if compact is None else compact
+    # (the node when stored, its id, its stream, dependency id, dependency kind): not the
+    # copies a graph with repeat blocks makes one at a time (their ids are unique: a name is
+    # found again by id when one is reported).
+    flat = not graph.has_repeats
+    pairs: list[tuple[pb.Node | None, int, int, int, int]] = []
+    for n in graph.iter_nodes():
         on_host = n.stream in host
         if on_host and n.kind == pb.KIND_SYNC:
             continue
         for d in n.deps:
-            if d.id != n.id and stream_of.get(d.id, -1) == n.stream and not (on_host and d.kind == pb.DEP_CONTROL):
-                pairs.append((n, d))
+            if d.id != n.id and stream_at(d.id, -1) == n.stream and not (on_host and d.kind == pb.DEP_CONTROL):
+                pairs.append((n if flat else None, n.id, n.stream, d.id, d.kind))
     if not pairs:
         return
-    pos = stream_positions(graph)
-    for n, d in pairs:
-        mine = pos[n.id][0]
-        dstart, dend = pos[d.id]
-        launch = d.kind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
+    del stream_of
+    pos = stream_positions(graph, {i for p in pairs for i in (p[1], p[3])}, host)
+    names: dict[int, str | None] = {}
+    bad = []
+    for node, nid, st, did, dkind in pairs:
+        mine = pos[nid][0]
+        dstart, dend = pos[did]
+        launch = dkind in (pb.DEP_LAUNCH, pb.DEP_CONTROL)
         if (dstart if launch else dend) > mine:
-            other = graph.node(d.id)
-            what = "starts" if launch else "ends"
-            out.add("stream-order", f"waits for node {other.id} ({other.name}), which {what} after it "
-                    f"on the same stream {n.stream}", _where(source, graph, n))
-            if out.full:
-                return
+            bad.append((node, nid, st, did, launch))
+            names[did] = None
+            if node is None:
+                names[nid] = None
+            if len(bad) >= out.limit:
+                break
+    if not bad:
+        return
+    for n in graph.iter_nodes():   # the last node of each id, as graph.node() finds it
+        if n.id in names:
+            names[n.id] = n.name
+    for node, nid, st, did, launch in bad:
+        what = "starts" if launch else "ends"
+        other = names[did]
+        name = node.name if node is not None else names[nid]
+        where = " ".join(p for p in (source, f"graph {graph.id}") if p) + f" node {nid} ({name})"
+        out.add("stream-order", f"waits for node {did} ({other}), which {what} after it "
+                f"on the same stream {st}", where)
+        if out.full:
+            return
 
 
 def check_collective_numbering(graph: Graph, source: str, out: IssueCollector) -> None:
     """collective-seq."""
-    seqs: dict[str, list[tuple[int, pb.Node]]] = defaultdict(list)
-    for n in graph.iter_nodes():
+    # (seq, id, position in the expansion) per group; the node itself is found again by its
+    # position when it is reported (a graph with repeat blocks makes its copies one at a time).
+    seqs: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for k, n in enumerate(graph.iter_nodes()):
         if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
-            seqs[n.collective.group].append((n.collective.seq, n))
+            seqs[n.collective.group].append((n.collective.seq, n.id, k))
+    bad: list[tuple[str, int, int]] = []   # (key, collectives, position of the first misnumbered)
     for key, items in seqs.items():
-        got = sorted(s for s, _ in items)
+        got = sorted(s for s, _, _ in items)
         if got != list(range(len(items))):
             # The first node, in sequence order, whose number is not its position.
-            ranked = sorted(items, key=lambda t: (t[0], t[1].id))
-            bad = next(n for i, (s, n) in enumerate(ranked) if s != i)
-            out.add("collective-seq", f"collectives on group {key!r} are not numbered 0..{len(items) - 1}",
-                    _where(source, graph, bad))
+            ranked = sorted(items, key=lambda t: (t[0], t[1]))
+            at = next(k for i, (s, _, k) in enumerate(ranked) if s != i)
+            bad.append((key, len(items), at))
+    if not bad:
+        return
+    wanted = {at for _, _, at in bad}
+    found = {k: (n.id, n.name) for k, n in enumerate(graph.iter_nodes()) if k in wanted}
+    for key, count, at in bad:
+        nid, name = found[at]
+        where = " ".join(p for p in (source, f"graph {graph.id}") if p) + f" node {nid} ({name})"
+        out.add("collective-seq", f"collectives on group {key!r} are not numbered 0..{count - 1}", where)
 
 
 # -- manifest ---------------------------------------------------------------------------------
@@ -635,15 +709,30 @@ class _CopyOf:
     """A repeat block's copy of a communication node, as the cross-rank rules read it: the
     body node's payload (type, bytes, root, peer) under the copy's id (messages name it)."""
 
-    __slots__ = ("id", "kind", "name", "collective", "p2p", "HasField")
+    __slots__ = ("_node", "id")   # two references a copy: the body node's fields are read through
 
     def __init__(self, node: pb.Node, node_id: int):
+        self._node = node
         self.id = node_id
-        self.kind = node.kind
-        self.name = node.name
-        self.collective = node.collective
-        self.p2p = node.p2p
-        self.HasField = node.HasField
+
+    @property
+    def kind(self) -> int:
+        return self._node.kind
+
+    @property
+    def name(self) -> str:
+        return self._node.name
+
+    @property
+    def collective(self) -> pb.CollectiveInfo:
+        return self._node.collective
+
+    @property
+    def p2p(self) -> pb.P2PInfo:
+        return self._node.p2p
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 - pb.Node's name, for the rules that read either
+        return self._node.HasField(name)
 
 
 def _signature(graph: Graph) -> _GraphSignature:

@@ -407,3 +407,45 @@ def deps_point_back(header: pb.GraphHeader, stored: Sequence[pb.Node], known: li
         return True
     blocks = known if known is not None else bodies(header, stored)
     return all(d.id <= d.node + inst.id_offset for b in blocks for inst in b.block.instances for d in inst.deps)
+
+
+class ExpandedNodes:
+    """Which node an id of the expanded graph stands for, without expanding it: a stored
+    node (with no instance), or a copy's body node with the body and instance that copy it.
+    Holds an id map of the stored nodes and one entry per instance, never one per copy."""
+
+    __slots__ = ("_stored", "_starts", "_spans")
+
+    def __init__(self, header: pb.GraphHeader, stored: Sequence[pb.Node], known: list[Body] | None = None):
+        self._stored = {n.id: n for n in stored}
+        blocks = known if known is not None else (bodies(header, stored) if header.repeats else [])
+        spans: list[tuple[int, int, int, Body, pb.RepeatInstance]] = []
+        for body in blocks:
+            for inst in body.block.instances:
+                off = int(inst.id_offset)
+                spans.append((body.first + off, body.last + off, off, body, inst))
+        spans.sort(key=lambda s: s[0])
+        self._starts = [s[0] for s in spans]
+        self._spans = spans
+
+    def source(self, node_id: int) -> tuple[pb.Node, Body | None, pb.RepeatInstance | None] | None:
+        """(node, body, instance): the stored node ``node_id`` (body and instance None), or
+        the body node whose copy by ``instance`` has that id; None when no node has it."""
+        n = self._stored.get(node_id)
+        if n is not None:
+            return n, None, None
+        j = bisect.bisect_right(self._starts, node_id) - 1
+        if j < 0:
+            return None
+        lo, hi, off, body, inst = self._spans[j]
+        if node_id > hi:
+            return None
+        k = bisect.bisect_left(body.nodes, node_id - off, key=lambda m: m.id)
+        if k < len(body.nodes) and body.nodes[k].id == node_id - off:
+            return body.nodes[k], body, inst
+        return None
+
+    def kind(self, node_id: int) -> int | None:
+        """The kind of node ``node_id`` (None when no node has that id)."""
+        src = self.source(node_id)
+        return None if src is None else src[0].kind

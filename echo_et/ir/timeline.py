@@ -83,22 +83,36 @@ def node_events(rank: int, nodes: Iterable[tuple[pb.Node, NodeSpan]], streams: I
     node of the graph (None: no such node), which finds the launch that issued a kernel."""
     by_id = {s.id: s for s in streams}
     tstreams: dict[int, TimelineStream] = {}
-    for node, (start, end, wait) in nodes:
-        name, args = node_label(node, group_of)
-        track, order, _ = node_track(node, by_id, args)
-        if wait is not None:
-            args["wait_ns"] = wait
-        ts = tstreams.get(node.stream)
-        if ts is None:
-            s = by_id.get(node.stream)
-            ts = (TimelineStream(s.id, track, s.kind, s.device, s.native_id) if s is not None
-                  else TimelineStream(node.stream, track))
-            tstreams[node.stream] = ts
-        launch = 0
-        for d in node.deps:
-            if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH:
-                launch = d.id
-                break
-        yield TimelineEvent(rank=rank, track=track, name=name, start_ns=start, duration_ns=max(0, end - start),
-                            category=kineto_category(node.kind, ts.kind), track_order=order, args=args,
-                            kind=node.kind, stream=ts, node_id=node.id, launch_id=launch)
+    for node, span in nodes:
+        yield node_event(rank, node, span, by_id, tstreams, group_of, launch_of(node, kind_of))
+
+
+def launch_of(node: pb.Node, kind_of: Callable[[int], int | None]) -> int:
+    """The id of the ``KIND_LAUNCH`` call that issued ``node`` (its first launch dependency
+    on a launch node; ``kind_of`` gives a node's kind by id), 0 when none."""
+    for d in node.deps:
+        if d.kind == pb.DEP_LAUNCH and kind_of(d.id) == pb.KIND_LAUNCH:
+            return d.id
+    return 0
+
+
+def node_event(rank: int, node: pb.Node, span: NodeSpan, streams: dict[int, pb.Stream],
+               tstreams: dict[int, TimelineStream], group_of: Callable[[str], pb.ProcessGroup],
+               launch: int) -> TimelineEvent:
+    """The box of one node that ran over ``span``: what :func:`node_events` yields for it,
+    for a writer that walks a graph's nodes itself (``streams`` by id; ``tstreams`` caches
+    the timeline streams by stream id; ``launch``: :func:`launch_of`)."""
+    start, end, wait = span
+    name, args = node_label(node, group_of)
+    track, order, _ = node_track(node, streams, args)
+    if wait is not None:
+        args["wait_ns"] = wait
+    ts = tstreams.get(node.stream)
+    if ts is None:
+        s = streams.get(node.stream)
+        ts = (TimelineStream(s.id, track, s.kind, s.device, s.native_id) if s is not None
+              else TimelineStream(node.stream, track))
+        tstreams[node.stream] = ts
+    return TimelineEvent(rank=rank, track=track, name=name, start_ns=start, duration_ns=max(0, end - start),
+                         category=kineto_category(node.kind, ts.kind), track_order=order, args=args,
+                         kind=node.kind, stream=ts, node_id=node.id, launch_id=launch)
