@@ -136,6 +136,7 @@ OPTION_BOUNDS: dict[str, tuple] = {
     "--workers": (1, 4096),
     "--folds": (2, 1000),
     "--step": (0, limits.MAX_NS),
+    "--timeline-events": (1, limits.INT64_MAX),
     "--compute-scale": (0.0, limits.MAX_FACTOR, True),
     "--bucket-mb": (0.0, 1e9, True),
     "--first-bucket-mb": (0.0, 1e9, True),

@@ -70,8 +70,6 @@ def predict_cmd(
     from echo_et.ir.limits import check_node_fill
     from echo_et.workloads.gpt import DTYPES
 
-    if timeline_events is not None and timeline_events < 1:
-        raise OptionError("timeline_events", f"must be >= 1, got {timeline_events}")
     if timeline_all and timeline_events is not None:
         raise OptionError("timeline_all", "give --timeline-events N or --timeline-all, not both")
     if dtype not in DTYPES:

@@ -269,10 +269,11 @@ def simulate_cmd(
                             name="the simulated timeline")
     elif max_output is not None:
         raise EchoError("--max-output needs --timeline")
-    # A timeline is written node by node: repeat blocks are then simulated expanded.
+    # Repeat blocks are placed in closed form (predict, with symmetry) with or without a
+    # timeline: echo_et.sim.timeline writes each copy's box at the time the placement gives it,
+    # the same bytes as a node-by-node simulation (tests/test_sim_timeline_placed.py).
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
-                         symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start,
-                         repeats=timeline is None)
+                         symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
     comm = slow = retime = net = None
     if mode == "predict":
         from echo_et.cli.compute_cmds import retime_for_gpu
