@@ -71,6 +71,15 @@ def _same_but_events(a: str, b: str, as_json: bool) -> None:
     assert la == lb
 
 
+def _boxes(data: bytes) -> set[str]:
+    events = json.loads(data)["traceEvents"]
+    threads = {(e["pid"], e["tid"]): re.sub(r"^\w+ \d+ ", "", e["args"]["name"]) for e in events
+               if e.get("name") == "thread_name"}
+    named = ({**e, "tid": threads[e["pid"], e["tid"]], "args": {**e["args"], "stream": None}} for e in events
+             if e.get("ph") == "X" and not e["name"].startswith("ProfilerStep#"))
+    return {json.dumps(e, sort_keys=True) for e in named}
+
+
 @pytest.fixture(scope="module")
 def traced_gpt(tmp_path_factory) -> Path:
     """A traced Megatron GPT, TP1 x PP4 x DP2 with 16 micro-batches per pipeline (warm-up,
@@ -112,3 +121,47 @@ def test_fixture_jobs_timeline_unchanged(name, mode, monkeypatch, tmp_path) -> N
     assert files_a and files_a == files_b
     assert placed.events == expanded.events
     _same_but_events(out_a, out_b, True)
+
+
+def test_a_bounded_timeline_is_a_prefix_of_the_step(traced_gpt, monkeypatch, tmp_path) -> None:
+    """``--timeline-events N``: the step's longest prefix of at most N boxes, all files
+    together, the same bytes placed or node by node; without it (above) the whole step."""
+    args = ["--mode", "predict", "--timeline-events", "500", "--json"]
+    (out_a, files_a), (out_b, files_b), _, _ = _simulate_twice(monkeypatch, tmp_path, traced_gpt, args, "tl")
+    assert files_a and files_a == files_b
+    _same_but_events(out_a, out_b, True)
+    w = json.loads(out_a)["timeline"]["window"]
+    whole = runner.invoke(app, ["simulate", str(traced_gpt), "--mode", "predict", "--timeline",
+                                str(tmp_path / "whole"), "--json"])
+    assert whole.exit_code == 0, whole.output
+    total = json.loads(whole.stdout)["timeline"]["events"]
+    assert w["of"] == total > 500 >= w["events"] > 0 and w["until_ns"] > w["from_ns"]
+    assert json.loads(out_a)["timeline"]["events"] == w["events"]
+    # every kept box is one of the whole step's, at the same place (threads are numbered by
+    # the streams a file holds, so they are compared by name; the step's own box spans the file)
+    whole_files = _files(tmp_path / "whole")
+    assert set(files_a) == set(whole_files)
+    for name, data in files_a.items():
+        kept, every = _boxes(data), _boxes(whole_files[name])
+        assert kept and kept <= every and len(kept) < len(every)
+    text = runner.invoke(app, ["simulate", str(traced_gpt), "--mode", "predict", "--timeline", str(tmp_path / "t"),
+                               "--timeline-events", "500"])
+    assert text.exit_code == 0 and "boxes (--timeline-events N)" in text.stdout.splitlines()[-1]
+
+
+def test_timeline_events_bad_input(tmp_path) -> None:
+    job = FIXTURES / "ddp-dp4"
+    for args, words in ((["--timeline", str(tmp_path / "a"), "--timeline-events", "0"], "--timeline-events"),
+                        (["--timeline-events", "10"], "--timeline-events needs --timeline")):
+        res = runner.invoke(app, ["simulate", str(job), *args])
+        err = res.stderr.strip().splitlines()
+        assert res.exit_code == 2 and len(err) == 1 and err[0].startswith("error: ") and words in err[0], res.output
+        assert not (tmp_path / "a").exists()
+    # a bound above the step's boxes writes the whole step, the same bytes
+    big = runner.invoke(app, ["simulate", str(job), "--timeline", str(tmp_path / "big"), "--timeline-events",
+                              "100000000", "--json"])
+    plain = runner.invoke(app, ["simulate", str(job), "--timeline", str(tmp_path / "plain"), "--json"])
+    assert big.exit_code == 0 and plain.exit_code == 0
+    assert _files(tmp_path / "big") == _files(tmp_path / "plain")
+    w = json.loads(big.stdout)["timeline"]["window"]
+    assert w["until_ns"] is None and w["events"] == w["of"] == json.loads(plain.stdout)["timeline"]["events"]

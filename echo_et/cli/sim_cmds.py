@@ -130,16 +130,29 @@ def slowdown_model_for(path: Path | None, off: bool):
     return SlowdownModel.load(path) if path is not None else default_model()
 
 
-def write_sim_timeline(res, dest: Path, job, ranks: list[int] | None = None) -> dict[str, Any]:
-    """The simulated step in Kineto's trace schema, written by the ``export chrome`` writer."""
+def write_sim_timeline(res, dest: Path, job, ranks: list[int] | None = None,
+                       max_events: int | None = None) -> dict[str, Any]:
+    """The simulated step in Kineto's trace schema, written by the ``export chrome`` writer.
+    ``max_events``: only the step's longest prefix of at most that many boxes (all files
+    together), described by the returned ``window`` (``events`` of the step's ``of`` boxes,
+    those that start before ``until_ns``, None when that is all of them; ``from_ns``: the
+    step's start); None: the whole step, and no ``window``."""
     from echo_et.converters.chrome import write_timeline
+    from echo_et.sim.timeline import timeline_events, window_end
 
     if ranks:
         bad = sorted(set(ranks) - set(res.ranks))
         if bad:
             raise EchoError(f"--timeline-rank {bad[0]}: not a rank of the job (world size {job.world_size})")
+    chosen = sorted(set(ranks)) if ranks else None
     meta = {"world_size": job.world_size, "simulated": res.mode}
-    return write_timeline(res.timeline_events(ranks or None), dest, job=job, metadata=meta)
+    if max_events is None:
+        return write_timeline(timeline_events(res, chosen), dest, job=job, metadata=meta)
+    until, total = window_end(res, chosen, max_events)
+    written = write_timeline(timeline_events(res, chosen, until_ns=until), dest, job=job, metadata=meta)
+    start = min((st.origin_ns for st in res.timeline.states), default=0)
+    written["window"] = {"events": written["events"], "of": total, "until_ns": until, "from_ns": start}
+    return written
 
 
 def require_matplotlib() -> None:
@@ -224,6 +237,9 @@ def simulate_cmd(
                                           "convert) or one .json / .json.gz file (Perfetto)."),
     timeline_rank: list[int] = typer.Option([], "--timeline-rank", help="Only this rank in the timeline "
                                             "(repeatable; default: every rank)."),
+    timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
+                                               help="With --timeline: only the step's longest prefix of at "
+                                               "most N boxes, all files together (default: the whole step)."),
     max_output: str | None = typer.Option(None, "--max-output", metavar="SIZE", help="With --timeline: "
                                           + MAX_OUTPUT_HELP[0].lower() + MAX_OUTPUT_HELP[1:]),
     plot: Path | None = typer.Option(None, "--plot", help="Draw each rank's step as compute / exposed "
@@ -260,6 +276,8 @@ def simulate_cmd(
     check_output_path("--plot", plot, file_only=True)
     if timeline_rank and timeline is None:
         raise EchoError("--timeline-rank needs --timeline")
+    if timeline_events is not None and timeline is None:
+        raise EchoError("--timeline-events needs --timeline")
     if plot is not None:
         require_matplotlib()
     job = load_job_arg(job_path)
@@ -291,7 +309,7 @@ def simulate_cmd(
     if retime is not None:
         out["compute_retime"] = retime
     if timeline is not None:
-        out["timeline"] = write_sim_timeline(res, timeline, job, timeline_rank)
+        out["timeline"] = write_sim_timeline(res, timeline, job, timeline_rank, timeline_events)
     if plot is not None:
         from echo_et.experiments.plots import rank_breakdown_plot
 
@@ -309,6 +327,10 @@ def simulate_cmd(
     if timeline is not None:
         t = out["timeline"]
         typer.echo(f"wrote {timeline} ({t['events']} events, {t['ranks']} ranks, {t['files']} file(s))")
+        w = t.get("window")
+        if w is not None and w["until_ns"] is not None:
+            typer.echo(f"the timeline holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
+                       f"{w['events']} of its {w['of']} boxes (--timeline-events N)")
     if plot is not None:
         typer.echo(f"wrote {plot}")
 

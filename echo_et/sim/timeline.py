@@ -219,7 +219,14 @@ def window_end(result, ranks: list[int] | None, max_boxes: int | None) -> tuple[
     if max_boxes is not None and max_boxes < 1:
         raise ValueError(f"max_boxes must be >= 1, got {max_boxes}")
     tl = result.timeline
-    starts = [_boxes(tl.state_of(r)).start for r in _chosen(result, ranks)]
+    by_state: dict[int, np.ndarray] = {}   # ranks of one class share their representative's state
+    starts = []
+    for r in _chosen(result, ranks):
+        st = tl.state_of(r)
+        got = by_state.get(id(st))
+        if got is None:
+            got = by_state[id(st)] = _boxes(st).start
+        starts.append(got)
     total = sum(int(s.size) for s in starts)
     if max_boxes is None or total <= max_boxes:
         return None, total
