@@ -222,3 +222,19 @@ def test_findings_on_compact_graphs_are_those_of_the_expansion(world, spec, bloc
         g.expand()
     assert [str(i) for i in check_job(job)] == [str(i) for i in check_job(flat)]
     assert job.graph(job.graph_ids()[0]).has_repeats   # checked without expanding it
+
+
+def test_findings_come_out_in_the_same_order_when_a_body_holds_a_later_send():
+    """Found by the test above (CI, 2026-12-05): a send inside a block body (peer 1) and one
+    before it (peer 2), both outside a one-rank group. The compact walk classifies the body
+    first, the expanded one meets the earlier send first; the findings are reported in the
+    order of their (group, peer, direction), whatever the walk."""
+    plain = (1, [], 0, "a", 0, 0, 1)
+    spec = [plain] * 4 + [(3, [], 0, "a", 2, 0, 1)] + [plain] * 3 + [(3, [], 0, "a", 1, 0, 1)] + [plain] * 3
+    job = with_blocks(build_arbitrary(1, [spec], [[0]], True), [(6, 3, [(7, {}, {}, [])])])
+    assert _consistent(job)
+    flat = job.copy()
+    for g in flat.graphs():
+        g.expand()
+    found = [str(i) for i in check_job(job)]
+    assert len(found) == 2 and found == [str(i) for i in check_job(flat)]

@@ -789,8 +789,10 @@ def _signature(graph: Graph) -> _GraphSignature:
                 out.append((seq_of(n), n.id, n))
     # in sequence order (ties, which the numbering rule reports, in id order as stored)
     order = itemgetter(0, 1)
-    by_seq = {k: [n for _, _, n in sorted(v, key=order)] for k, v in colls.items()}
-    p2p_by_seq = {k: [n for _, _, n in sorted(v, key=order)] for k, v in p2p.items()}
+    # keys in sorted order, not in the order nodes were met: the compact walk (bodies first)
+    # and the expanded one meet them differently, and findings must come out the same
+    by_seq = {k: [n for _, _, n in sorted(v, key=order)] for k, v in sorted(colls.items())}
+    p2p_by_seq = {k: [n for _, _, n in sorted(v, key=order)] for k, v in sorted(p2p.items())}
     keys = set(colls) | {k[0] for k in p2p} | set(graph.header.group_sizes)
     return _GraphSignature(by_seq, p2p_by_seq, keys, max_root)
 
