@@ -105,6 +105,13 @@ SLOW = {
     "test_sim_cli.py::test_predict_with_a_calibrated_profile_and_a_bad_one",
     "test_sim_golden.py::test_real_dlrm_trace_simulates_as_before",
     "test_sweep.py::test_sweep_on_a_local_dask_cluster",
+    # added 2026-12-05 (each 4-14 s: full collective fits, whole-job timelines and exports)
+    "test_comm_calibrate.py::test_cross_validation_never_starts_from_a_measured_network",
+    "test_comm_calibrate.py::test_a_fit_across_nodes_measures_the_network_from_the_spec_sheet",
+    "test_chrome_export.py::test_streamed_export_equals_the_whole_writer_on_fixture_jobs",
+    "test_chrome_export.py::test_streamed_export_equals_the_whole_writer_on_arbitrary_blocks",
+    "test_sim_timeline_placed.py::test_fixture_jobs_timeline_unchanged",
+    "test_export_streaming.py::test_chrome_export_streams_and_equals_the_expanded_export",
 }
 
 
