@@ -20,6 +20,22 @@ def shared_path(rel: str) -> Path:
     return p
 
 
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts, not a
+    package; their own imports of sibling benchmarks resolve through ``sys.path``)."""
+    import importlib.util
+    import sys
+
+    path = REPO / "benchmarks" / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def unpack(archive: Path, dest: Path) -> Path:
     """Unpack a .tar.gz/.tgz from shared data into ``dest`` (a tmp dir); returns ``dest``."""
     with tarfile.open(archive) as tf:

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import shared_path
+from conftest import load_benchmark, shared_path
 from echo_et.errors import EchoError
 from echo_et.ir import GraphBuilder, JobBuilder, pb
 from echo_et.models.comm import CommModel, nccl_tests
@@ -270,19 +270,6 @@ def test_sample_prediction_includes_the_host_bound():
     assert np.isfinite(host)
 
 
-def _load_bench(name: str):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("preset", ["a100-ib", "h100-ib"])
 def test_the_shipped_preset_network_is_what_the_shared_logs_measure(preset):
     """The a100-ib and h100-ib presets' network parameters are the fit on the one cluster of
@@ -290,7 +277,7 @@ def test_the_shipped_preset_network_is_what_the_shared_logs_measure(preset):
     shipped file is byte for byte what measuring it again writes, and its network runs at the
     efficiency that cluster reached (A100: 0.65 of its 200 Gb/s NICs, not the 0.88 guessed
     before; H100: 0.82 of 400 Gb/s)."""
-    bench = _load_bench("comm_preset_network")
+    bench = load_benchmark("comm_preset_network")
     folder, logs = bench.CLUSTERS[preset]
     for log in logs:
         shared_path(f"nccl-tests/{folder}/{log}")

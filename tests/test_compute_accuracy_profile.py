@@ -3,28 +3,19 @@ layer samples (what docs/accuracy.md quotes for the shipped preset and for candi
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import shared_path
+from conftest import load_benchmark, shared_path
 from echo_et.models.compute import ComputeModel
 from echo_et.models.compute.data import aicb_files, layer_samples, read_aicb_layers
 from echo_et.models.compute.fit import errors
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "compute_accuracy.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(PATH.parent))
-    spec = importlib.util.spec_from_file_location("compute_accuracy", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("compute_accuracy")
 
 
 def test_profile_errors_are_the_profiles_own_on_every_layer(bench, capsys) -> None:

@@ -5,23 +5,14 @@ times come from the paper's eq. 3; a mistyped value is caught."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "megatron_paper.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def paper():
-    import sys
-
-    sys.path.insert(0, str(PATH.parent))
-    spec = importlib.util.spec_from_file_location("megatron_paper", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("megatron_paper")
 
 
 def test_transcribed_table_is_consistent(paper) -> None:
