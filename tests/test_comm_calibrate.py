@@ -353,3 +353,28 @@ def test_the_80_gpu_fixed_cost_is_nvls_trees_not_every_network_step():
     assert "nvls_tree_hop_us" in result.free
     assert P["nvls_tree_hop_us"] > 40 and P["net_hop_us.Simple"] < 20
     assert result.by_source["10n80g-all_reduce.log"]["mape_percent"] < 2.5
+
+
+def test_a_one_node_fit_of_broadcasts_sets_the_chain_chunk_and_leaves_the_network_alone():
+    """Broadcast's pipeline fill is a one-node parameter (``chain_chunk_bytes``): a fit of one
+    node's all-reduce and broadcast samples (made here by the model from a known chunk) frees
+    it and finds the chunk again, and leaves ``tree_chunk_bytes`` (a network parameter) as the
+    prior had it; without broadcast or reduce samples the chunk is not a free parameter."""
+    prof = load_preset("a100-ib")
+    truth = {**prof.params, "chain_chunk_bytes": 2.0 * MIB}
+    sizes = [1 << p for p in range(16, 31, 2)]
+    samples = []
+    for n in (2, 4, 8):
+        pl = contiguous(n, 8)
+        for coll in ("all_reduce", "broadcast"):
+            made = [Sample(coll, s, pl, 1.0, source=f"{coll}_{n}") for s in sizes]
+            times = predict_samples(truth, made, prof.nccl)
+            samples += [dataclasses.replace(s, time_us=float(t)) for s, t in zip(made, times, strict=True)]
+    fit = calibrate(samples, prof.params, prof.nccl)
+    assert "chain_chunk_bytes" in fit.free and "tree_chunk_bytes" not in fit.free
+    assert fit.params["chain_chunk_bytes"] == pytest.approx(truth["chain_chunk_bytes"], rel=0.25)
+    assert fit.params["tree_chunk_bytes"] == prof.params["tree_chunk_bytes"]
+    assert fit.mape_percent < 1.0
+    no_chain = calibrate([s for s in samples if s.coll == "all_reduce"], prof.params, prof.nccl)
+    assert "chain_chunk_bytes" not in no_chain.free
+    assert no_chain.params["chain_chunk_bytes"] == prof.params["chain_chunk_bytes"]

@@ -384,3 +384,37 @@ def test_nvls_tree_hops_have_their_own_latency_and_old_profiles_keep_theirs(tmp_
     write_profile(dataclasses.replace(base, params=slow), tmp_path / "p.json")
     again = load_profile(tmp_path / "p.json").params["nvls_tree_hop_us"]
     assert again == pytest.approx(slow["nvls_tree_hop_us"], rel=1e-5)
+
+
+def test_a_one_node_broadcast_pays_its_own_chain_fill_not_the_network_trees(tmp_path):
+    """The broadcast/reduce chain's pipeline fill is priced with ``chain_chunk_bytes`` (a
+    parameter a one-node fit of broadcast or reduce logs sets), not with ``tree_chunk_bytes``
+    (the network tree's, which only multi-node logs fit); a profile written before the
+    parameter existed takes its ``tree_chunk_bytes``, so it prices broadcasts as it did."""
+    from echo_et.models.comm.params import flatten, nest
+    from echo_et.models.comm.profile import load_profile, write_profile
+
+    base = CommModel.preset("a100-ib").profile
+    old = nest(base.params)
+    assert "chain_chunk_bytes" not in old            # the presets keep their bytes
+    flat = flatten(old, "old")
+    assert flat["chain_chunk_bytes"] == flat["tree_chunk_bytes"]
+    ranks = list(range(8))
+
+    def bcast(params, coll="broadcast"):
+        return CommModel(dataclasses.replace(base, params=params)).estimate(coll, 64 * MiB, ranks)
+
+    ref = bcast(base.params)
+    assert ref.algorithm == "ring" and ref.protocol in ("LL128", "Simple")
+    tree_moved = bcast({**base.params, "tree_chunk_bytes": 4 * base.params["tree_chunk_bytes"]})
+    assert tree_moved.time_ns == ref.time_ns
+    bigger = {**base.params, "chain_chunk_bytes": 4 * base.params["chain_chunk_bytes"]}
+    chain_moved = bcast(bigger)
+    assert chain_moved.protocol == ref.protocol
+    assert chain_moved.time_ns > ref.time_ns
+    assert bcast(bigger, "reduce").time_ns > bcast(base.params, "reduce").time_ns
+    assert bcast(bigger, "all_reduce").time_ns == bcast(base.params, "all_reduce").time_ns
+    write_profile(dataclasses.replace(base, params=bigger), tmp_path / "p.json")
+    again = load_profile(tmp_path / "p.json").params
+    assert again["chain_chunk_bytes"] == pytest.approx(bigger["chain_chunk_bytes"], rel=1e-5)
+    assert again["tree_chunk_bytes"] == pytest.approx(base.params["tree_chunk_bytes"], rel=1e-5)

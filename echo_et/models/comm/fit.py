@@ -113,7 +113,8 @@ def _stage_names(stage: str, samples: Sequence[Sample], system: NcclSystem | Non
     """A stage's parameters; a collective's own rates only when the stage has samples of it,
     and only when it also has samples of another collective (one collective alone sets the
     shared rates; its own factor would be the same degree of freedom); a send/recv channel's
-    rate only with samples of a collective NCCL runs as send/recv; the NVLS-tree's network
+    rate only with samples of a collective NCCL runs as send/recv; the chain's chunk only with
+    samples of broadcast or reduce; the NVLS-tree's network
     efficiency only where the release runs it (multi-node all-reduce on NVLink-SHARP nodes)."""
     colls = {s.coll for s in samples}
     out = []
@@ -122,6 +123,10 @@ def _stage_names(stage: str, samples: Sequence[Sample], system: NcclSystem | Non
             continue
         if sp.name in ("nvls_tree_net_eff", "nvls_tree_hop_us"):
             if system is not None and uses_nvls_tree(system) and "all_reduce" in colls:
+                out.append(sp.name)
+            continue
+        if sp.name == "chain_chunk_bytes":   # only broadcast and reduce run the chain
+            if colls & {"broadcast", "reduce"}:
                 out.append(sp.name)
             continue
         if sp.name == "p2p_chan_gbps":

@@ -166,7 +166,7 @@ def _ring(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Channels) 
         t = _vmax(t, bus / (P[f"cap_gbps.{proto}"] * r))
     if coll in ("broadcast", "reduce") and proto != "LL" and steps > 1:
         link = min(P["nvlink_gbps"], k * P["net_gbps"]) if m > 1 else P["nvlink_gbps"]
-        t = t + (steps - 1) * _vmin(S, P["tree_chunk_bytes"]) / (link * e) * _US
+        t = t + (steps - 1) * _vmin(S, P["chain_chunk_bytes"]) / (link * e) * _US
     return (_lat(P, proto, steps - net_steps, net_steps) + _fused(P, t, reduced)
             + _chan(P, proto, ch, net_steps))
 

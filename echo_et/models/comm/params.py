@@ -72,6 +72,9 @@ SPECS: tuple[ParamSpec, ...] = (
               "network efficiency of the tree relative to the ring on three or more nodes (NCCL's "
               "per-channel tree limit for 4+ nodes over the NIC's channel rate)"),
     ParamSpec("tree_chunk_bytes", "B", "net", 1.5, "tree pipeline chunk (all channels): the fill cost"),
+    ParamSpec("chain_chunk_bytes", "B", "intra", 1.5,
+              "broadcast/reduce chain pipeline chunk (all channels): the fill cost; a profile "
+              "without it takes its tree_chunk_bytes"),
     ParamSpec("reduce_gbps", "GB/s", "fixed", 0.3,
               "reduction throughput, fused into the transfers (binds only below the link rates), so not fitted"),
     ParamSpec("nvls_tree_net_eff", "", "net", 0.3,
@@ -106,7 +109,7 @@ OPTIONAL: dict[str, float] = {
 }
 # Parameters a profile or preset may leave out, defaulting to another of its parameters (what
 # the model used before it had them), and written only when they differ from it.
-DEFAULTS_FROM: dict[str, str] = {"nvls_tree_hop_us": "net_hop_us.Simple"}
+DEFAULTS_FROM: dict[str, str] = {"nvls_tree_hop_us": "net_hop_us.Simple", "chain_chunk_bytes": "tree_chunk_bytes"}
 # the collectives NCCL runs as grouped send/recv: the samples that identify p2p_chan_gbps
 P2P_PATTERNS = ("all_to_all", "gather", "scatter", "sendrecv", "hypercube")
 
@@ -131,8 +134,8 @@ def flatten(nested: Mapping[str, object], where: str) -> dict[str, float]:
             out[key] = _number(value, f"{where}: {key}")
     for name, default in OPTIONAL.items():
         out.setdefault(name, default)
-    if "net_hop_us.Simple" in out:
-        for name, like in DEFAULTS_FROM.items():
+    for name, like in DEFAULTS_FROM.items():
+        if like in out:
             out.setdefault(name, out[like])
     unknown = sorted(set(out) - set(NAMES))
     if unknown:
