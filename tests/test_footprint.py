@@ -54,3 +54,38 @@ def test_no_measured_vtrain_row_is_refused() -> None:
     for r in rows:
         workload_for(r, opts)
     assert len(rows) == 1440
+
+
+GPT39B = dict(layers=48, hidden=8192, ffn=4 * 8192, vocab=51200, seq=2048, micro_batch=1)
+
+
+def test_adam_states_are_counted_sharded_over_data_parallel_ranks() -> None:
+    """Megatron-DeepSpeed (ZeRO stage 1) and Megatron-LM (``--use-distributed-optimizer``)
+    shard Adam's fp32 master weights and moments over the data-parallel ranks, so the least a
+    rank holds is 4 + 12 / dp bytes per parameter (16-bit model; fp32: 8 + 8 / dp): a 39B
+    model at TP2 x PP8 x DP32 runs on a 40 GB A100 that way, and is not refused, while the
+    same layout at DP1 (nothing to shard over) still is."""
+    from echo_et.models.footprint import state_bytes_per_param
+
+    assert state_bytes_per_param(2, 1) == STATE_BYTES_PER_PARAM == state_bytes_per_param(4, 1)
+    assert state_bytes_per_param(2, 4) == 4 + 3 and state_bytes_per_param(4, 8) == 8 + 1
+    params = stage_parameters(**{k: v for k, v in GPT39B.items() if k != "micro_batch"}, tp=2, pp=8, stage=0)
+    shape = dict(**GPT39B, tp=2, pp=8, microbatches=48, elem_bytes=2)
+    total, state, act = megatron_min_bytes(**shape, dp=32)
+    assert state == int((4 + 12 / 32) * params) and total == state + act
+    check_fits(40.0, "A100-SXM4-40GB", **shape, dp=32)
+    with pytest.raises(EchoError, match=r"weights, gradients and Adam states 4\d\.\d GB"):
+        check_fits(40.0, "A100-SXM4-40GB", **shape, dp=1)
+    # what is sharded over many ranks still does not fit when the weights alone do not
+    with pytest.raises(EchoError, match=r"Adam's sharded over 64 data-parallel ranks"):
+        check_fits(40.0, "A100-SXM4-40GB", **GPT175B, tp=1, pp=1, microbatches=8, elem_bytes=2, dp=64)
+
+
+def test_sweep_row_is_checked_with_its_data_parallel_degree() -> None:
+    pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+
+    row = dict(layers=48, hidden=8192, heads=64, seq=2048, micro_batch=1, global_batch=1536, tp=2, pp=8, dp=32)
+    workload_for(row, ConfigSweepOptions(recompute=True))          # fits sharded
+    with pytest.raises(EchoError, match="does not fit the GPU's memory"):
+        workload_for({**row, "dp": 1, "global_batch": 48}, ConfigSweepOptions(recompute=True))

@@ -222,7 +222,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
 
 def check_memory(cfg, layout, gpu: str) -> None:
     """EchoError when the configuration cannot fit ``gpu``'s memory even at the lower bound
-    of :mod:`echo_et.models.footprint` (weights, gradients, Adam states, checkpointed inputs)."""
+    of :mod:`echo_et.models.footprint` (weights, gradients, Adam states sharded over the
+    data-parallel ranks, checkpointed inputs)."""
     from echo_et.ir.dtypes import dtype_size
     from echo_et.models.compute import DATASHEETS
     from echo_et.models.footprint import check_fits
@@ -233,7 +234,7 @@ def check_memory(cfg, layout, gpu: str) -> None:
     try:
         check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
                    vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
-                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype))
+                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp)
     except EchoError as e:
         raise EchoError(f"layout {layout.describe()}: {e}") from None
 
