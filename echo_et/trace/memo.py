@@ -1,0 +1,220 @@
+"""Kernels already seen, for the meta-device recorder: the outputs of a call made again with
+the same argument metadata, without running the kernel again.
+
+On the meta device an operator's result is only metadata (shape, strides, dtype), and it is a
+function of the call's argument metadata and plain values alone: there is no data to read.
+Yet most meta kernels are Python (``torch._refs``, ``torch._meta_registrations``, with
+PyTorch's elementwise type-promotion and shape checks), 0.05-2 ms a call, and a model runs
+the same calls over and over: every transformer layer that is not recorded once
+(:mod:`echo_et.trace.units`; an overlapped gradient sync runs the last micro-batch's layers
+for real) and every parameter of a per-parameter optimizer. :class:`KernelMemo` keeps, per
+operator and argument signature, what the first call returned, proven on that call to be
+rebuildable, and gives it again:
+
+- a *functional* operator (no argument or result aliased or written in its schema): new
+  tensors of the recorded shape, strides and dtype (``torch.empty_strided`` on meta), and the
+  same plain values (a flash attention's ``max_q``), in the same tuple or list;
+- an operator *in place on its first argument* that returns it (``add_``, ``addcdiv_``,
+  ``copy_``): the argument itself, when the first call left its shape and strides as they
+  were (the version counter is bumped above the dispatch mode, by autograd, either way).
+
+Never memoised: other namespaces than ``aten`` (a user's custom operator may have side
+effects), views (cheap, and their results must alias), operators whose output shape depends
+on data (``nonzero``, ``item``), calls with an argument that is not a meta tensor or a plain
+value (a CPU tensor, a generator, a symbolic size), and results that are not fresh, dense,
+plain meta tensors (the first call's result sharing storage with an input, a storage larger
+than its strides need, a zero, conjugate or negative bit). The signature holds every
+tensor's shape, strides, storage offset and dtype, every plain value with its type, and the
+default dtype. The recorded operator texts (:func:`echo_et.trace.direct` events) depend on
+nothing else either, so a signature keeps them too.
+
+Imports torch: only the tracer imports this module.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from typing import Any
+
+import torch
+
+# What a memoised call does again.
+FRESH = 1       # new tensors (and plain values) as the first call's results
+SELF = 2        # its first argument, changed in place
+
+# Entries at most (a step calls a few hundred distinct signatures; a script whose shapes
+# never repeat stops adding here).
+MEMO_LIMIT = 200_000
+
+_META = torch.device("meta")
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_VALUES = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout,
+                 torch.memory_format)
+_NOT = object()           # a signature or result that cannot be memoised
+_TENSOR, _VALUE, _SEQ = 0, 1, 2
+_UNSAFE_TAGS = frozenset({torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape,
+                          torch.Tag.inplace_view})
+
+
+@functools.cache
+def memo_kind(func) -> int:
+    """FRESH, SELF or 0 (never memoised) for operator overload ``func``."""
+    if func.namespace != "aten" or func.is_view or _UNSAFE_TAGS.intersection(func.tags):
+        return 0
+    schema = func._schema
+    arg_alias = [a.alias_info for a in schema.arguments]
+    ret_alias = [r.alias_info for r in schema.returns]
+    if all(a is None for a in arg_alias) and all(r is None for r in ret_alias):
+        return FRESH
+    first = arg_alias[0] if arg_alias else None
+    if (first is not None and first.is_write and len(ret_alias) == 1 and ret_alias[0] is not None
+            and ret_alias[0].is_write and ret_alias[0].before_set == first.before_set
+            and all(a is None for a in arg_alias[1:])):
+        return SELF
+    return 0
+
+
+def _sig(v: Any) -> Any:
+    """The part of argument ``v`` a meta kernel can see, hashable; ``_NOT`` when it has
+    more (a tensor of another device or kind, an object)."""
+    t = type(v)
+    if t in _PLAIN_TENSORS:
+        if not v.is_meta or v.layout is not torch.strided or v._is_zerotensor() or v.is_conj() or v.is_neg():
+            return _NOT
+        return (v.shape, v.stride(), v.storage_offset(), v.dtype)
+    if t in _PLAIN_VALUES:
+        return (t, v)
+    if t is list or t is tuple:
+        out = []
+        for x in v:
+            s = _sig(x)
+            if s is _NOT:
+                return _NOT
+            out.append(s)
+        return (t, tuple(out))
+    return _NOT
+
+
+def _storages(values: Any, into: set[int]) -> set[int]:
+    """The storages of the tensors in ``values`` (nested lists and tuples), by identity."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            into.add(v.untyped_storage()._cdata)
+        elif isinstance(v, list | tuple):
+            _storages(v, into)
+    return into
+
+
+def _spec(out: Any, inputs: set[int], seen: set[int]) -> Any:
+    """How to make ``out`` again, or ``_NOT``."""
+    t = type(out)
+    if t is torch.Tensor:
+        if (not out.is_meta or out.layout is not torch.strided or out.storage_offset() != 0
+                or out.requires_grad or out._is_zerotensor() or out.is_conj() or out.is_neg()):
+            return _NOT
+        storage = out.untyped_storage()
+        if storage._cdata in inputs or storage._cdata in seen:
+            return _NOT
+        seen.add(storage._cdata)
+        shape, stride, dtype = tuple(out.shape), out.stride(), out.dtype
+        again = torch.empty_strided(shape, stride, dtype=dtype, device=_META)
+        if again.untyped_storage().nbytes() != storage.nbytes():
+            return _NOT
+        return (_TENSOR, shape, stride, dtype)
+    if t in (bool, int, float, type(None)):
+        return (_VALUE, out)
+    if t is list or t is tuple:
+        specs = []
+        for o in out:
+            s = _spec(o, inputs, seen)
+            if s is _NOT:
+                return _NOT
+            specs.append(s)
+        return (_SEQ, t, tuple(specs))
+    return _NOT
+
+
+def _make(spec: tuple) -> Any:
+    tag = spec[0]
+    if tag == _TENSOR:
+        return torch.empty_strided(spec[1], spec[2], dtype=spec[3], device=_META)
+    if tag == _VALUE:
+        return spec[1]
+    return spec[1](_make(s) for s in spec[2])
+
+
+def _has_tensor(spec: tuple) -> bool:
+    if spec[0] == _TENSOR:
+        return True
+    return spec[0] == _SEQ and any(_has_tensor(s) for s in spec[2])
+
+
+class MemoEntry:
+    """One signature's result, and the recorder's texts for it (filled on first use)."""
+
+    __slots__ = ("kind", "spec", "texts")
+
+    def __init__(self, kind: int, spec: tuple | None):
+        self.kind = kind
+        self.spec = spec
+        self.texts: tuple[str, str, str] | None = None
+
+    def result(self, args: tuple) -> Any:
+        """What the call returns again."""
+        if self.kind == SELF:
+            return args[0]
+        assert self.spec is not None
+        return _make(self.spec)
+
+
+class KernelMemo:
+    """Results of meta-device calls by signature (see the module docstring)."""
+
+    def __init__(self, limit: int = MEMO_LIMIT):
+        self.limit = limit
+        self.hits = 0
+        self._entries: dict[Hashable, MemoEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def find(self, func, args: tuple, kwargs: dict) -> tuple[Hashable | None, MemoEntry | None]:
+        """(signature of this call or None when it cannot be memoised, its entry or None)."""
+        if not memo_kind(func):
+            return None, None
+        sig = _sig(args)
+        if sig is _NOT:
+            return None, None
+        if kwargs:
+            kw = _sig(tuple(sorted(kwargs.items())))
+            if kw is _NOT:
+                return None, None
+        else:
+            kw = ()
+        key = (func, sig, kw, torch.get_default_dtype())
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.hits += 1
+        return key, entry
+
+    def learn(self, func, key: Hashable, args: tuple, kwargs: dict, out: Any) -> MemoEntry | None:
+        """Keep what call ``key`` (just made: ``out = func(*args, **kwargs)``) returned, when
+        it can be made again; the entry, or None."""
+        if len(self._entries) >= self.limit:
+            return None
+        kind = memo_kind(func)
+        if kind == SELF:
+            # The call's signature holds the argument's metadata before the call.
+            if out is not args[0] or _sig(args[0]) != key[1][1][0]:   # type: ignore[index]
+                return None
+            entry = MemoEntry(SELF, None)
+        else:
+            inputs = _storages(args, set())
+            _storages(kwargs.values(), inputs)
+            spec = _spec(out, inputs, set())
+            if spec is _NOT or not _has_tensor(spec):
+                return None
+            entry = MemoEntry(FRESH, spec)
+        self._entries[key] = entry
+        return entry
