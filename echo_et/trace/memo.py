@@ -24,8 +24,9 @@ on data (``nonzero``, ``item``), calls with an argument that is not a meta tenso
 value (a CPU tensor, a generator, a symbolic size), and results that are not fresh, dense,
 plain meta tensors (the first call's result sharing storage with an input, a storage larger
 than its strides need, a zero, conjugate or negative bit). The signature holds every
-tensor's shape, strides, storage offset and dtype, every plain value with its type, and the
-default dtype. The recorded operator texts (:func:`echo_et.trace.direct` events) depend on
+tensor's shape, strides, storage offset and dtype, which of the call's tensors share a
+storage (an in-place kernel refuses overlapping arguments), every plain value with its type,
+and the default dtype. The recorded operator texts (:func:`echo_et.trace.direct` events) depend on
 nothing else either, so a signature keeps them too.
 
 Imports torch: only the tracer imports this module.
@@ -75,25 +76,36 @@ def memo_kind(func) -> int:
     return 0
 
 
-def _sig(v: Any) -> Any:
-    """The part of argument ``v`` a meta kernel can see, hashable; ``_NOT`` when it has
-    more (a tensor of another device or kind, an object)."""
+def _sig(v: Any, storages: list[int]) -> Any:
+    """The part of argument ``v`` a meta kernel can see, hashable (each tensor's storage,
+    by identity, appended to ``storages``); ``_NOT`` when it has more (a tensor of another
+    device or kind, an object)."""
     t = type(v)
     if t in _PLAIN_TENSORS:
         if not v.is_meta or v.layout is not torch.strided or v._is_zerotensor() or v.is_conj() or v.is_neg():
             return _NOT
+        storages.append(v.untyped_storage()._cdata)
         return (v.shape, v.stride(), v.storage_offset(), v.dtype)
     if t in _PLAIN_VALUES:
         return (t, v)
     if t is list or t is tuple:
         out = []
         for x in v:
-            s = _sig(x)
+            s = _sig(x, storages)
             if s is _NOT:
                 return _NOT
             out.append(s)
         return (t, tuple(out))
     return _NOT
+
+
+def _sharing(storages: list[int]) -> tuple[int, ...]:
+    """Which tensors of a call share a storage (a kernel checks in-place overlap): for each,
+    the index of the first one with its storage."""
+    if len(storages) < 2:
+        return ()
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(s, i) for i, s in enumerate(storages))
 
 
 def _storages(values: Any, into: set[int]) -> set[int]:
@@ -183,16 +195,17 @@ class KernelMemo:
         """(signature of this call or None when it cannot be memoised, its entry or None)."""
         if not memo_kind(func):
             return None, None
-        sig = _sig(args)
+        storages: list[int] = []
+        sig = _sig(args, storages)
         if sig is _NOT:
             return None, None
         if kwargs:
-            kw = _sig(tuple(sorted(kwargs.items())))
+            kw = _sig(tuple(sorted(kwargs.items())), storages)
             if kw is _NOT:
                 return None, None
         else:
             kw = ()
-        key = (func, sig, kw, torch.get_default_dtype())
+        key = (func, sig, kw, _sharing(storages), torch.get_default_dtype())
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
@@ -206,7 +219,7 @@ class KernelMemo:
         kind = memo_kind(func)
         if kind == SELF:
             # The call's signature holds the argument's metadata before the call.
-            if out is not args[0] or _sig(args[0]) != key[1][1][0]:   # type: ignore[index]
+            if out is not args[0] or _sig(args[0], []) != key[1][1][0]:   # type: ignore[index]
                 return None
             entry = MemoEntry(SELF, None)
         else:
