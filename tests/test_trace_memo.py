@@ -107,12 +107,12 @@ def test_kinds_follow_the_schema() -> None:
 
 
 def _call(memo: KernelMemo, func, *args, **kwargs):
-    key, entry = memo.find(func, args, kwargs)
+    key, entry, offset = memo.find(func, args, kwargs)
     if entry is not None:
         return entry.result(args), True
     out = func(*args, **kwargs)
     if key is not None:
-        memo.learn(func, key, args, kwargs, out)
+        memo.learn(func, key, args, kwargs, out, offset)
     return out, False
 
 
@@ -153,6 +153,15 @@ def test_in_place_returns_its_argument() -> None:
     # the same metadata, but the two arguments share a storage: another signature
     w = _meta(4, 4)
     assert not _call(memo, aten.add_.Tensor, w, w)[1]
+    # views into one buffer (gradients in a bucket) are the same call at any offset ...
+    bucket = _meta(64)
+    grads = [bucket[i * 16:(i + 1) * 16].view(4, 4) for i in range(4)]
+    assert [_call(memo, aten.add_.Tensor, g, _meta(4, 4))[1] for g in grads] == [True] * 4
+    assert grads[3].storage_offset() == 48
+    # ... but where two arguments share a storage, where each begins in it is part of the call
+    assert not _call(memo, aten.add_.Tensor, grads[0], grads[1])[1]
+    assert _call(memo, aten.add_.Tensor, grads[2], grads[3])[1]      # 16 apart, as 0 and 1
+    assert not _call(memo, aten.add_.Tensor, grads[0], grads[2])[1]  # 32 apart
 
 
 def test_what_is_never_memoised() -> None:

@@ -275,14 +275,15 @@ class DirectRecorder(TorchDispatchMode):
             return func(*args, **kwargs)
         memo = self.memo
         key = entry = None
+        offset = 0
         if memo is not None:
-            key, entry = memo.find(func, args, kwargs)
+            key, entry, offset = memo.find(func, args, kwargs)
         if entry is not None:
             out = entry.result(args)
         else:
             out = func(*args, **kwargs)
             if key is not None:
-                entry = memo.learn(func, key, args, kwargs, out)   # type: ignore[union-attr]
+                entry = memo.learn(func, key, args, kwargs, out, offset)   # type: ignore[union-attr]
         if self.recording and not self._suppress:
             name = func._schema.name
             if runs_kernel(name, func.is_view):

@@ -24,9 +24,12 @@ on data (``nonzero``, ``item``), calls with an argument that is not a meta tenso
 value (a CPU tensor, a generator, a symbolic size), and results that are not fresh, dense,
 plain meta tensors (the first call's result sharing storage with an input, a storage larger
 than its strides need, a zero, conjugate or negative bit). The signature holds every
-tensor's shape, strides, storage offset and dtype, which of the call's tensors share a
-storage (an in-place kernel refuses overlapping arguments), every plain value with its type,
-and the default dtype. The recorded operator texts (:func:`echo_et.trace.direct` events) depend on
+tensor's shape, strides and dtype, which of the call's tensors share a storage and where
+they begin in it (an in-place kernel refuses partly overlapping arguments; a tensor alone in
+its storage is seen the same at any offset: the parameters' gradients, views into one
+gradient bucket, are each the same call), every plain value with its type, and the default
+dtype. An in-place call is kept when it left its argument's shape, strides and offset as
+they were. The recorded operator texts (:func:`echo_et.trace.direct` events) depend on
 nothing else either, so a signature keeps them too.
 
 Imports torch: only the tracer imports this module.
@@ -76,16 +79,16 @@ def memo_kind(func) -> int:
     return 0
 
 
-def _sig(v: Any, storages: list[int]) -> Any:
-    """The part of argument ``v`` a meta kernel can see, hashable (each tensor's storage,
-    by identity, appended to ``storages``); ``_NOT`` when it has more (a tensor of another
-    device or kind, an object)."""
+def _sig(v: Any, storages: list[tuple[int, int]]) -> Any:
+    """The part of argument ``v`` a meta kernel can see, hashable (each tensor's storage, by
+    identity, and storage offset appended to ``storages``); ``_NOT`` when it has more (a
+    tensor of another device or kind, an object)."""
     t = type(v)
     if t in _PLAIN_TENSORS:
         if not v.is_meta or v.layout is not torch.strided or v._is_zerotensor() or v.is_conj() or v.is_neg():
             return _NOT
-        storages.append(v.untyped_storage()._cdata)
-        return (v.shape, v.stride(), v.storage_offset(), v.dtype)
+        storages.append((v.untyped_storage()._cdata, v.storage_offset()))
+        return (v.shape, v.stride(), v.dtype)
     if t in _PLAIN_VALUES:
         return (t, v)
     if t is list or t is tuple:
@@ -99,13 +102,18 @@ def _sig(v: Any, storages: list[int]) -> Any:
     return _NOT
 
 
-def _sharing(storages: list[int]) -> tuple[int, ...]:
-    """Which tensors of a call share a storage (a kernel checks in-place overlap): for each,
-    the index of the first one with its storage."""
-    if len(storages) < 2:
+def _sharing(storages: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Where the tensors of a call share a storage (a kernel refuses partly overlapping
+    arguments): () when none do, else for each tensor the index of the first one with its
+    storage, and its storage offset from that one's."""
+    if len({s for s, _ in storages}) == len(storages):
         return ()
     first: dict[int, int] = {}
-    return tuple(first.setdefault(s, i) for i, s in enumerate(storages))
+    out = []
+    for i, (s, off) in enumerate(storages):
+        j = first.setdefault(s, i)
+        out.append((j, off - storages[j][1]))
+    return tuple(out)
 
 
 def _storages(values: Any, into: set[int]) -> set[int]:
@@ -191,35 +199,40 @@ class KernelMemo:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def find(self, func, args: tuple, kwargs: dict) -> tuple[Hashable | None, MemoEntry | None]:
-        """(signature of this call or None when it cannot be memoised, its entry or None)."""
-        if not memo_kind(func):
-            return None, None
-        storages: list[int] = []
+    def find(self, func, args: tuple, kwargs: dict) -> tuple[Hashable | None, MemoEntry | None, int]:
+        """(signature of this call or None when it cannot be memoised, its entry or None,
+        the storage offset of its first argument, for :meth:`learn`)."""
+        kind = memo_kind(func)
+        if not kind:
+            return None, None, 0
+        storages: list[tuple[int, int]] = []
         sig = _sig(args, storages)
         if sig is _NOT:
-            return None, None
+            return None, None, 0
         if kwargs:
             kw = _sig(tuple(sorted(kwargs.items())), storages)
             if kw is _NOT:
-                return None, None
+                return None, None, 0
         else:
             kw = ()
         key = (func, sig, kw, _sharing(storages), torch.get_default_dtype())
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
-        return key, entry
+        return key, entry, storages[0][1] if storages else 0
 
-    def learn(self, func, key: Hashable, args: tuple, kwargs: dict, out: Any) -> MemoEntry | None:
+    def learn(self, func, key: Hashable, args: tuple, kwargs: dict, out: Any,
+              offset: int = 0) -> MemoEntry | None:
         """Keep what call ``key`` (just made: ``out = func(*args, **kwargs)``) returned, when
-        it can be made again; the entry, or None."""
+        it can be made again; the entry, or None. ``offset``: what :meth:`find` said of the
+        first argument before the call."""
         if len(self._entries) >= self.limit:
             return None
         kind = memo_kind(func)
         if kind == SELF:
             # The call's signature holds the argument's metadata before the call.
-            if out is not args[0] or _sig(args[0], []) != key[1][1][0]:   # type: ignore[index]
+            if (out is not args[0] or _sig(args[0], []) != key[1][1][0]    # type: ignore[index]
+                    or args[0].storage_offset() != offset):
                 return None
             entry = MemoEntry(SELF, None)
         else:
