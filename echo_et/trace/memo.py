@@ -57,6 +57,8 @@ _PLAIN_VALUES = (bool, int, float, str, type(None), torch.dtype, torch.device, t
                  torch.memory_format)
 _NOT = object()           # a signature or result that cannot be memoised
 _TENSOR, _VALUE, _SEQ = 0, 1, 2
+# id(operator) -> (operator, memo_kind(operator)): hashing an OpOverload is a Python call.
+_KINDS: dict[int, tuple[Any, int]] = {}
 _UNSAFE_TAGS = frozenset({torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape,
                           torch.Tag.inplace_view})
 
@@ -202,20 +204,36 @@ class KernelMemo:
     def find(self, func, args: tuple, kwargs: dict) -> tuple[Hashable | None, MemoEntry | None, int]:
         """(signature of this call or None when it cannot be memoised, its entry or None,
         the storage offset of its first argument, for :meth:`learn`)."""
-        kind = memo_kind(func)
-        if not kind:
+        got = _KINDS.get(id(func))
+        if got is None:
+            got = _KINDS[id(func)] = (func, memo_kind(func))   # holds func: its id stays its own
+        if not got[1]:
             return None, None, 0
         storages: list[tuple[int, int]] = []
-        sig = _sig(args, storages)
-        if sig is _NOT:
-            return None, None, 0
+        parts = []
+        for v in args:     # _sig(args), the common cases first
+            t = type(v)
+            if t in _PLAIN_TENSORS:
+                if (not v.is_meta or v.layout is not torch.strided or v._is_zerotensor()
+                        or v.is_conj() or v.is_neg()):
+                    return None, None, 0
+                storages.append((v.untyped_storage()._cdata, v.storage_offset()))
+                parts.append((v.shape, v.stride(), v.dtype))
+            elif t in _PLAIN_VALUES:
+                parts.append((t, v))
+            else:
+                part = _sig(v, storages)
+                if part is _NOT:
+                    return None, None, 0
+                parts.append(part)
+        sig = (tuple, tuple(parts))
         if kwargs:
             kw = _sig(tuple(sorted(kwargs.items())), storages)
             if kw is _NOT:
                 return None, None, 0
         else:
             kw = ()
-        key = (func, sig, kw, _sharing(storages), torch.get_default_dtype())
+        key = (id(func), sig, kw, _sharing(storages), torch.get_default_dtype())
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
@@ -228,8 +246,7 @@ class KernelMemo:
         first argument before the call."""
         if len(self._entries) >= self.limit:
             return None
-        kind = memo_kind(func)
-        if kind == SELF:
+        if _KINDS[id(func)][1] == SELF:
             # The call's signature holds the argument's metadata before the call.
             if (out is not args[0] or _sig(args[0], []) != key[1][1][0]    # type: ignore[index]
                     or args[0].storage_offset() != offset):
