@@ -57,7 +57,7 @@ class TraceOptions:
     warmup_steps: int = 1
     measured_steps: int = 1
     replay: bool = True            # meta device: record repeated units once (direct.py)
-    memo: bool = True              # meta device: a kernel called again with the same metadata is not run again (memo.py)
+    memo: bool = True              # meta device: a call repeated with the same metadata is not run again (memo.py)
     jobs: int = 1                  # meta device: processes tracing the distinct ranks (parallel.py)
     check: bool = True             # run the IR checker on the Job (sweeps of proven workloads skip it)
     name: str = ""
