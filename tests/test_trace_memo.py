@@ -179,6 +179,10 @@ def test_what_is_never_memoised() -> None:
     r = _meta(2)
     out, _ = _call(memo, aten.resize_.default, r, [3, 3])
     assert out.shape == (3, 3) and len(memo) == 0
+    # a multi-tensor call over many tensors (every parameter) is run, not kept
+    many = [_meta(2) for _ in range(300)]
+    assert memo.find(aten._foreach_norm.Scalar, (many, 2.0), {})[0] is None
+    assert memo.find(aten._foreach_norm.Scalar, (many[:3], 2.0), {})[0] is not None
     # a full memo keeps what it has
     small = KernelMemo(limit=1)
     _call(small, aten.mm.default, _meta(2, 2), _meta(2, 2))

@@ -47,6 +47,12 @@ backward events. A backward that runs before the template's own backward was see
 first micro-batch's later layers) leaves a placeholder that is filled once it is. The
 result is the event list a full run would give (tests prove it against full CPU traces).
 
+**A kernel called again is not run again** (:mod:`echo_et.trace.memo`): what a meta kernel
+returns depends only on its arguments' metadata, so a call with a signature seen before gets
+the first call's results (and the same operator texts) without running its kernel, which is
+mostly Python on the meta device. The events are the same either way (``memo=False`` runs
+every call; tests compare the Jobs byte for byte).
+
 Imports torch: only the tracer imports this module.
 """
 

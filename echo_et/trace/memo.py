@@ -21,7 +21,8 @@ rebuildable, and gives it again:
 Never memoised: other namespaces than ``aten`` (a user's custom operator may have side
 effects), views (cheap, and their results must alias), operators whose output shape depends
 on data (``nonzero``, ``item``), calls with an argument that is not a meta tensor or a plain
-value (a CPU tensor, a generator, a symbolic size), and results that are not fresh, dense,
+value (a CPU tensor, a generator, a symbolic size) or with a list of more than ``MAX_LIST``
+items (a multi-tensor kernel over every parameter, called once a step), and results that are not fresh, dense,
 plain meta tensors (the first call's result sharing storage with an input, a storage larger
 than its strides need, a zero, conjugate or negative bit). The signature holds every
 tensor's shape, strides and dtype, which of the call's tensors share a storage and where
@@ -50,6 +51,10 @@ SELF = 2        # its first argument, changed in place
 # Entries at most (a step calls a few hundred distinct signatures; a script whose shapes
 # never repeat stops adding here).
 MEMO_LIMIT = 200_000
+# Longer list arguments are not memoised: a multi-tensor kernel over every parameter
+# (``_foreach_norm``) is called once or twice a step, and its signature would keep a tuple
+# per tensor.
+MAX_LIST = 256
 
 _META = torch.device("meta")
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -222,6 +227,8 @@ class KernelMemo:
             elif t in _PLAIN_VALUES:
                 parts.append((t, v))
             else:
+                if (t is list or t is tuple) and len(v) > MAX_LIST:
+                    return None, None, 0
                 part = _sig(v, storages)
                 if part is _NOT:
                     return None, None, 0
