@@ -38,7 +38,6 @@ Imports torch: only the tracer imports this module.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Hashable
 from typing import Any
 
@@ -68,12 +67,11 @@ _UNSAFE_TAGS = frozenset({torch.Tag.data_dependent_output, torch.Tag.dynamic_out
                           torch.Tag.inplace_view})
 
 
-@functools.cache
-def memo_kind(func) -> int:
-    """FRESH, SELF or 0 (never memoised) for operator overload ``func``."""
+def memo_kind(func, schema) -> int:
+    """FRESH, SELF or 0 (never memoised) for operator overload ``func`` of schema
+    ``schema``."""
     if func.namespace != "aten" or func.is_view or _UNSAFE_TAGS.intersection(func.tags):
         return 0
-    schema = func._schema
     arg_alias = [a.alias_info for a in schema.arguments]
     ret_alias = [r.alias_info for r in schema.returns]
     if all(a is None for a in arg_alias) and all(r is None for r in ret_alias):
@@ -92,9 +90,10 @@ def _sig(v: Any, storages: list[tuple[int, int]]) -> Any:
     tensor of another device or kind, an object)."""
     t = type(v)
     if t in _PLAIN_TENSORS:
-        if not v.is_meta or v.layout is not torch.strided or v._is_zerotensor() or v.is_conj() or v.is_neg():
+        if (not v.is_meta or v.layout is not torch.strided or torch.Tensor._is_zerotensor(v)
+                or v.is_conj() or v.is_neg()):
             return _NOT
-        storages.append((v.untyped_storage()._cdata, v.storage_offset()))
+        storages.append((torch._C._storage_id(v), v.storage_offset()))
         return (v.shape, v.stride(), v.dtype)
     if t in _PLAIN_VALUES:
         return (t, v)
@@ -127,7 +126,7 @@ def _storages(values: Any, into: set[int]) -> set[int]:
     """The storages of the tensors in ``values`` (nested lists and tuples), by identity."""
     for v in values:
         if isinstance(v, torch.Tensor):
-            into.add(v.untyped_storage()._cdata)
+            into.add(torch._C._storage_id(v))
         elif isinstance(v, list | tuple):
             _storages(v, into)
     return into
@@ -138,15 +137,15 @@ def _spec(out: Any, inputs: set[int], seen: set[int]) -> Any:
     t = type(out)
     if t is torch.Tensor:
         if (not out.is_meta or out.layout is not torch.strided or out.storage_offset() != 0
-                or out.requires_grad or out._is_zerotensor() or out.is_conj() or out.is_neg()):
+                or out.requires_grad or torch.Tensor._is_zerotensor(out) or out.is_conj() or out.is_neg()):
             return _NOT
-        storage = out.untyped_storage()
-        if storage._cdata in inputs or storage._cdata in seen:
+        storage = torch._C._storage_id(out)
+        if storage in inputs or storage in seen:
             return _NOT
-        seen.add(storage._cdata)
+        seen.add(storage)
         shape, stride, dtype = tuple(out.shape), out.stride(), out.dtype
         again = torch.empty_strided(shape, stride, dtype=dtype, device=_META)
-        if again.untyped_storage().nbytes() != storage.nbytes():
+        if again.untyped_storage().nbytes() != out.untyped_storage().nbytes():
             return _NOT
         return (_TENSOR, shape, stride, dtype)
     if t in (bool, int, float, type(None)):
@@ -211,7 +210,7 @@ class KernelMemo:
         the storage offset of its first argument, for :meth:`learn`)."""
         got = _KINDS.get(id(func))
         if got is None:
-            got = _KINDS[id(func)] = (func, memo_kind(func))   # holds func: its id stays its own
+            got = _KINDS[id(func)] = (func, memo_kind(func, func._schema))   # holds func: its id stays its own
         if not got[1]:
             return None, None, 0
         storages: list[tuple[int, int]] = []
@@ -219,10 +218,10 @@ class KernelMemo:
         for v in args:     # _sig(args), the common cases first
             t = type(v)
             if t in _PLAIN_TENSORS:
-                if (not v.is_meta or v.layout is not torch.strided or v._is_zerotensor()
+                if (not v.is_meta or v.layout is not torch.strided or torch.Tensor._is_zerotensor(v)
                         or v.is_conj() or v.is_neg()):
                     return None, None, 0
-                storages.append((v.untyped_storage()._cdata, v.storage_offset()))
+                storages.append((torch._C._storage_id(v), v.storage_offset()))
                 parts.append((v.shape, v.stride(), v.dtype))
             elif t in _PLAIN_VALUES:
                 parts.append((t, v))
