@@ -111,12 +111,12 @@ def test_kinds_follow_the_schema() -> None:
 
 
 def _call(memo: KernelMemo, func, *args, **kwargs):
-    key, entry, offset = memo.find(func, args, kwargs)
+    key, entry, where = memo.find(func, args, kwargs)
     if entry is not None:
         return entry.result(args), True
     out = func(*args, **kwargs)
     if key is not None:
-        memo.learn(func, key, args, kwargs, out, offset)
+        memo.learn(func, key, args, kwargs, out, where)
     return out, False
 
 
@@ -187,6 +187,10 @@ def test_what_is_never_memoised() -> None:
     many = [_meta(2) for _ in range(300)]
     assert memo.find(aten._foreach_norm.Scalar, (many, 2.0), {})[0] is None
     assert memo.find(aten._foreach_norm.Scalar, (many[:3], 2.0), {})[0] is not None
+    # set_ keeps the shape but moves its argument to another storage: not kept
+    s, src = _meta(4), _meta(4)
+    out, _ = _call(memo, aten.set_.source_Tensor, s, src)
+    assert torch._C._storage_id(s) == torch._C._storage_id(src) and len(memo) == 0
     # a full memo keeps what it has
     small = KernelMemo(limit=1)
     _call(small, aten.mm.default, _meta(2, 2), _meta(2, 2))

@@ -281,15 +281,15 @@ class DirectRecorder(TorchDispatchMode):
             return func(*args, **kwargs)
         memo = self.memo
         key = entry = None
-        offset = 0
+        where = None
         if memo is not None:
-            key, entry, offset = memo.find(func, args, kwargs)
+            key, entry, where = memo.find(func, args, kwargs)
         if entry is not None:
             out = entry.result(args)
         else:
             out = func(*args, **kwargs)
             if key is not None:
-                entry = memo.learn(func, key, args, kwargs, out, offset)   # type: ignore[union-attr]
+                entry = memo.learn(func, key, args, kwargs, out, where)   # type: ignore[union-attr]
         if self.recording and not self._suppress:
             name = func._schema.name
             if runs_kernel(name, func.is_view):

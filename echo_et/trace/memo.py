@@ -29,8 +29,8 @@ tensor's shape, strides and dtype, which of the call's tensors share a storage a
 they begin in it (an in-place kernel refuses partly overlapping arguments; a tensor alone in
 its storage is seen the same at any offset: the parameters' gradients, views into one
 gradient bucket, are each the same call), every plain value with its type, and the default
-dtype. An in-place call is kept when it left its argument's shape, strides and offset as
-they were. The recorded operator texts (:func:`echo_et.trace.direct` events) depend on
+dtype. An in-place call is kept when it left its argument's shape, strides, storage and
+offset as they were. The recorded operator texts (:func:`echo_et.trace.direct` events) depend on
 nothing else either, so a signature keeps them too.
 
 Imports torch: only the tracer imports this module.
@@ -205,9 +205,9 @@ class KernelMemo:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def find(self, func, args: tuple, kwargs: dict) -> tuple[Hashable | None, MemoEntry | None, int]:
+    def find(self, func, args: tuple, kwargs: dict) -> tuple[Hashable | None, MemoEntry | None, Any]:
         """(signature of this call or None when it cannot be memoised, its entry or None,
-        the storage offset of its first argument, for :meth:`learn`)."""
+        where its first tensor lies (storage, offset), for :meth:`learn`)."""
         got = _KINDS.get(id(func))
         if got is None:
             got = _KINDS[id(func)] = (func, memo_kind(func, func._schema))   # holds func: its id stays its own
@@ -243,19 +243,20 @@ class KernelMemo:
         entry = self._entries.get(key)
         if entry is not None:
             self.hits += 1
-        return key, entry, storages[0][1] if storages else 0
+        return key, entry, storages[0] if storages else None
 
     def learn(self, func, key: Hashable, args: tuple, kwargs: dict, out: Any,
-              offset: int = 0) -> MemoEntry | None:
+              where: Any = None) -> MemoEntry | None:
         """Keep what call ``key`` (just made: ``out = func(*args, **kwargs)``) returned, when
-        it can be made again; the entry, or None. ``offset``: what :meth:`find` said of the
+        it can be made again; the entry, or None. ``where``: what :meth:`find` said of the
         first argument before the call."""
         if len(self._entries) >= self.limit:
             return None
         if _KINDS[id(func)][1] == SELF:
-            # The call's signature holds the argument's metadata before the call.
+            # The call's signature holds the argument's metadata before the call; it must
+            # still be in the same storage at the same offset (``set_`` moves it).
             if (out is not args[0] or _sig(args[0], []) != key[1][1][0]    # type: ignore[index]
-                    or args[0].storage_offset() != offset):
+                    or (torch._C._storage_id(args[0]), args[0].storage_offset()) != where):
                 return None
             entry = MemoEntry(SELF, None)
         else:
