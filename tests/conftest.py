@@ -128,6 +128,8 @@ SLOW = {
     "test_chrome_export.py::test_streamed_export_equals_the_whole_writer_on_arbitrary_blocks",
     "test_sim_timeline_placed.py::test_fixture_jobs_timeline_unchanged",
     "test_export_streaming.py::test_chrome_export_streams_and_equals_the_expanded_export",
+    # four meta-device traces twice each (with and without the kernel memo), 9 s in all
+    "test_trace_memo.py::test_memo_gives_the_same_job_bytes",
 }
 
 

@@ -47,6 +47,12 @@ backward events. A backward that runs before the template's own backward was see
 first micro-batch's later layers) leaves a placeholder that is filled once it is. The
 result is the event list a full run would give (tests prove it against full CPU traces).
 
+**A kernel called again is not run again** (:mod:`echo_et.trace.memo`): what a meta kernel
+returns depends only on its arguments' metadata, so a call with a signature seen before gets
+the first call's results (and the same operator texts) without running its kernel, which is
+mostly Python on the meta device. The events are the same either way (``memo=False`` runs
+every call; tests compare the Jobs byte for byte).
+
 Imports torch: only the tracer imports this module.
 """
 
@@ -69,6 +75,7 @@ from echo_et.ir.limits import MAX_GRAPH_NODES, format_size, total_memory
 from echo_et.ir.repeats import p2p_seq_key
 from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
 from echo_et.trace import annotations
+from echo_et.trace.memo import KernelMemo
 from echo_et.trace.ops import kernel_class, runs_kernel
 from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord, span_index
 
@@ -211,8 +218,13 @@ class DirectRecorder(TorchDispatchMode):
         (and a switch of the frame-evaluation callback) to every dispatched operator."""
         return False
 
-    def __init__(self, *, replay: bool = True, budget: RecordingBudget | None = None):
+    def __init__(self, *, replay: bool = True, budget: RecordingBudget | None = None,
+                 memo: bool = True):
         super().__init__()
+        # Calls made again with the same argument metadata give the first call's results
+        # without running its meta kernel again (:mod:`echo_et.trace.memo`); the events
+        # are the same either way.
+        self.memo = KernelMemo() if memo else None
         self.events: list[tuple] = []
         self.budget = budget or RecordingBudget()
         self._ops = 0                   # operators recorded since reset (replayed copies included)
@@ -267,12 +279,27 @@ class DirectRecorder(TorchDispatchMode):
         if func in _RF_EXITS:
             self._span_exit(args[0])
             return func(*args, **kwargs)
-        out = func(*args, **kwargs)
+        memo = self.memo
+        key = entry = None
+        where = None
+        if memo is not None:
+            key, entry, where = memo.find(func, args, kwargs)
+        if entry is not None:
+            out = entry.result(args)
+        else:
+            out = func(*args, **kwargs)
+            if key is not None:
+                entry = memo.learn(func, key, args, kwargs, out, where)   # type: ignore[union-attr]
         if self.recording and not self._suppress:
             name = func._schema.name
             if runs_kernel(name, func.is_view):
-                shapes, dtypes = _arg_texts(func._schema, args, kwargs)
-                self.events.append((OP, name, shapes, dtypes, _out_text(out, args)))
+                texts = entry.texts if entry is not None else None
+                if texts is None:
+                    shapes, dtypes = _arg_texts(func._schema, args, kwargs)
+                    texts = (shapes, dtypes, _out_text(out, args))
+                    if entry is not None:
+                        entry.texts = texts
+                self.events.append((OP, name, *texts))
                 self._ops += 1
                 if self._ops >= self._next_check:
                     self._check_budget()

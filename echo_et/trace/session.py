@@ -177,11 +177,12 @@ def _cpu_peak(prof) -> int:
 
 def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device: str,
                key_of: KeyFn, memory_limit_bytes: int | None = None,
-               warmup_steps: int = 1, measured_steps: int = 1, replay: bool = True) -> RankRun:
+               warmup_steps: int = 1, measured_steps: int = 1, replay: bool = True,
+               memo: bool = True) -> RankRun:
     """Run and profile rank ``rank`` (see the module docstring)."""
     if device == "meta":
         return _trace_rank_meta(build_fn, layout, rank, key_of=key_of,
-                                warmup_steps=warmup_steps, replay=replay)
+                                warmup_steps=warmup_steps, replay=replay, memo=memo)
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
@@ -278,7 +279,7 @@ def trace_rank(build_fn: Callable, layout: ParallelLayout, rank: int, *, device:
 
 
 def _trace_rank_meta(build_fn: Callable, layout: ParallelLayout, rank: int, *, key_of: KeyFn,
-                     warmup_steps: int, replay: bool) -> RankRun:
+                     warmup_steps: int, replay: bool, memo: bool = True) -> RankRun:
     """Record rank ``rank`` on the meta device (:mod:`echo_et.trace.direct`): no profiler,
     nothing timed, nothing allocated. The warm-up step(s) run recorded (so that repeated
     units are replayed there too) and are then forgotten."""
@@ -296,7 +297,7 @@ def _trace_rank_meta(build_fn: Callable, layout: ParallelLayout, rank: int, *, k
                             store=dist.HashStore())
     RECORDER.reset()
     RECORDER.enabled = False
-    recorder = DirectRecorder(replay=replay)
+    recorder = DirectRecorder(replay=replay, memo=memo)
     recorder.attach(lambda: RECORDER.records)
     step = None
     try:

@@ -57,6 +57,7 @@ class TraceOptions:
     warmup_steps: int = 1
     measured_steps: int = 1
     replay: bool = True            # meta device: record repeated units once (direct.py)
+    memo: bool = True              # meta device: a call repeated with the same metadata is not run again (memo.py)
     jobs: int = 1                  # meta device: processes tracing the distinct ranks (parallel.py)
     check: bool = True             # run the IR checker on the Job (sweeps of proven workloads skip it)
     name: str = ""
@@ -128,7 +129,7 @@ class _Tracer:
                        memory_limit_bytes=self.options.memory_limit_bytes,
                        warmup_steps=self.options.warmup_steps,
                        measured_steps=self.options.measured_steps,
-                       replay=self.options.replay)
+                       replay=self.options.replay, memo=self.options.memo)
         return r, structure_hash(r.graph)
 
     def _keep(self, rank: int, r: RankRun, digest: str) -> None:
