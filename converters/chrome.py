@@ -829,6 +829,15 @@ def _group_flows(flows_f: list[tuple[int, int, int, int, float]], flows_s: list[
         flows.clear()
 
 
+def _prepend(first: TimelineEvent, rest: Iterator[TimelineEvent]) -> Iterator[TimelineEvent]:
+    """``first`` then ``rest``, holding neither once it is given (itertools.chain would keep
+    ``first`` to the end)."""
+    held = [first]
+    del first
+    yield held.pop()
+    yield from rest
+
+
 def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str], *, job: Job | None = None,
                    metadata: Mapping[str, object] | None = None, process_label: str = "rank",
                    origin_ns: int | None = None) -> dict[str, Any]:
@@ -853,7 +862,8 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
     first = next(it, None)
     if first is None and not one_file:
         raise EchoError("no events to write")
-    stream: Iterator[TimelineEvent] = itertools.chain([first], it) if first is not None else iter(())
+    stream: Iterator[TimelineEvent] = _prepend(first, it) if first is not None else iter(())
+    del first
     facts = _JobFacts(job, [])
     names: dict[str, int] = {}
 

@@ -128,6 +128,8 @@ SLOW = {
     "test_chrome_export.py::test_streamed_export_equals_the_whole_writer_on_arbitrary_blocks",
     "test_sim_timeline_placed.py::test_fixture_jobs_timeline_unchanged",
     "test_export_streaming.py::test_chrome_export_streams_and_equals_the_expanded_export",
+    "test_timeline_stream.py::test_fixture_timelines_are_the_whole_writer_s",
+    "test_timeline_stream.py::test_traced_gpt_timeline_is_the_whole_writer_s",
 }
 
 

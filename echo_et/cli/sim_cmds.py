@@ -288,7 +288,7 @@ def simulate_cmd(
     check_node_fill(job.world_size, gpus_per_node)
     if timeline is not None:
         check_output_budget(job, "chrome", timeline, max_output, ranks=timeline_rank or None,
-                            name="the simulated timeline")
+                            name="the simulated timeline", max_nodes=timeline_events)
     elif max_output is not None:
         raise EchoError("--max-output needs --timeline")
     # Repeat blocks are placed in closed form (predict, with symmetry) with or without a
