@@ -691,6 +691,11 @@ class _RankRows:
     def __len__(self) -> int:
         return len(self.start)
 
+    def release(self) -> None:
+        """Drop the per-box numbers (after they were sorted)."""
+        for name in ("track", "start", "dur", "name", "launch", "at", "size", "launch_rows", "launch_ids"):
+            setattr(self, name, array(getattr(self, name).typecode))
+
 
 def _np(a: array, dtype: Any) -> np.ndarray:
     return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype=dtype)
@@ -717,10 +722,10 @@ class _RankPart:
         self.rows = rows
         self.writer = _RankWriter(rows.rank, [], facts, one_file=one_file, origin=origin,
                                   process_label=process_label, tracks=rows.tracks)
-        self.ts = _us_column(_np(rows.start, np.int64) - origin)
-        self.dur = _us_column(_np(rows.dur, np.int64))
-        end = round(float(np.max(self.ts + self.dur)), 3)   # round() is monotone: the latest box end
-        self.step_meta, self.step = self.writer.profiler_step(float(np.min(self.ts)), end)
+        self.origin = origin
+        ts, dur = self.times()
+        end = round(float(np.max(ts + dur)), 3)   # round() is monotone: the latest box end
+        self.step_meta, self.step = self.writer.profiler_step(float(np.min(ts)), end)
         self.lanes = [self.writer.lanes[k][:2] for k in rows.track_ix]
         self.step_lane = (self.step["pid"], self.step["tid"])
         steps = np.array([i for n, i in names.items() if n.startswith("ProfilerStep#")], dtype=np.int32)
@@ -728,6 +733,10 @@ class _RankPart:
         self.events = int(np.count_nonzero(counted))
         tracks = np.unique(_np(rows.track, np.int32)[counted]).tolist()
         self.counted_lanes = {self.lanes[t] for t in tracks}
+
+    def times(self) -> tuple[np.ndarray, np.ndarray]:
+        """``ts`` and ``dur`` of the rank's boxes (us, as written)."""
+        return _us_column(_np(self.rows.start, np.int64) - self.origin), _us_column(_np(self.rows.dur, np.int64))
 
     def head(self, facts: _JobFacts) -> dict[str, Any]:
         backend = "nccl" if self.rows.on_gpu else "gloo"
@@ -758,8 +767,10 @@ def _sorted_events(parts: list[_RankPart], names: dict[str, int], spool: _Spool)
         n = len(rows)
         lut = np.array([lane_rank[lane] for lane in p.lanes], dtype=np.int64)
         lane_c += [lut[_np(rows.track, np.int32)], np.array([lane_rank[p.step_lane]], dtype=np.int64)]
-        ts_c += [p.ts, np.array([p.step["ts"]])]
-        negdur_c += [-p.dur, np.array([-p.step["dur"]])]
+        ts, dur = p.times()
+        ts_c += [ts, np.array([p.step["ts"]])]
+        negdur_c += [-dur, np.array([-p.step["dur"]])]
+        del ts, dur
         name_c += [name_rank[_np(rows.name, np.int32)], np.array([step_rank[p.step["name"]]], dtype=np.int64)]
         part_c.append(np.full(n + 1, k, dtype=np.int32))
         at_c += [_np(rows.at, np.int64), np.array([-1], dtype=np.int64)]
@@ -779,6 +790,7 @@ def _sorted_events(parts: list[_RankPart], names: dict[str, int], spool: _Spool)
         corr_c += [corr, np.array([0], dtype=np.int64)]
         sfirst_c.append(sfirst)
         base += n + 1
+        rows.release()   # all that is needed of them is in the columns now
     if not parts:
         return
     lane, ts, name = np.concatenate(lane_c), np.concatenate(ts_c), np.concatenate(name_c)
