@@ -8,7 +8,7 @@ graph with repeat blocks node by node), printed as a markdown table.
 (the simulated step of the ranks of ``--sim-ranks``, one per pipeline stage by default, written
 by ``write_timeline`` as a folder of rank files), ``sim-timeline-json`` the same into one
 ``t.json``, ``sim-timeline-bounded`` the folder with ``--timeline-events 100000`` (the step's
-first 100,000 boxes).
+first 100,000 boxes), ``sim`` the simulation alone (no timeline: what the simulator holds).
 ``chrome`` is ``echo-et export chrome JOB -o OUT --rank R ...`` (a folder of rank files; the
 ranks of ``--ranks``: a first and a last pipeline stage by default, the whole 128-rank
 timeline is tens of GB at 192 micro-batches), ``check`` is ``echo-et check JOB`` (every
@@ -66,6 +66,8 @@ def du(path: Path) -> int:
 
 
 def command(echo: list[str], fmt: str, job: Path, out: Path, ranks: list[int], sim_ranks: list[int]) -> list[str]:
+    if fmt == "sim":   # the same simulation, no timeline: what the simulator itself holds
+        return [*echo, "simulate", str(job), "--mode", "predict"]
     if fmt.startswith("sim-timeline"):
         dest = out
         if fmt == "sim-timeline-json":
@@ -85,7 +87,7 @@ def command(echo: list[str], fmt: str, job: Path, out: Path, ranks: list[int], s
         return [*echo, "check", str(job)]
     if fmt == "check-chained":
         return [*echo, "check", str(chained(job))]
-    raise SystemExit(f"unknown format {fmt!r} (astra-sim, chakra, chrome, check, check-chained, sim-timeline, "
+    raise SystemExit(f"unknown format {fmt!r} (astra-sim, chakra, chrome, check, check-chained, sim, sim-timeline, "
                      "sim-timeline-json, sim-timeline-bounded)")
 
 
