@@ -206,7 +206,7 @@ def _comm_args(e: TimelineEvent, facts: _JobFacts) -> dict[str, Any]:
 
 
 def _cat_name(e: TimelineEvent) -> tuple[str, str]:
-    """The Kineto ``cat`` and ``name`` of ``e``'s box (what :meth:`_RankWriter._box` gives it)."""
+    """The Kineto ``cat`` and ``name`` of ``e``'s box (what :meth:`_RankWriter.box` gives it)."""
     cat, name = e.category or KINETO_CPU_OP, e.name
     if e.kind not in _COMM_KINDS:
         return cat, name
@@ -288,7 +288,7 @@ class _RankWriter:
                 correlation[e.node_id] = CORRELATION_BASE + e.node_id
         launches: dict[int, tuple[int, int, int]] = {}   # launch correlation id -> (pid, tid, ts)
         for e in self.events:
-            box = self._box(e, correlation.get(e.launch_id, 0))
+            box = self.box(e, correlation.get(e.launch_id, 0))
             self.out.append(box)
             if e.kind == pb.KIND_LAUNCH and e.node_id:
                 launches[correlation[e.node_id]] = (box["pid"], box["tid"], box["ts"])
@@ -318,7 +318,7 @@ class _RankWriter:
                         "args": {"sort_index": order}})
         return out
 
-    def _box(self, e: TimelineEvent, launch_corr: int) -> dict[str, Any]:
+    def box(self, e: TimelineEvent, launch_corr: int) -> dict[str, Any]:
         """The Kineto event of ``e``; ``launch_corr``: the correlation id of the launch that
         issued it (0 none)."""
         gpu = e.category in _GPU_CATS
@@ -829,7 +829,7 @@ def _sorted_events(parts: list[_RankPart], names: dict[str, int], spool: _Spool)
                 yield p.step
                 continue
             e = spool.get(a, sz)
-            box = p.writer._box(e, co)
+            box = p.writer.box(e, co)
             yield box
             if co:
                 flows_f.append((i, co, box["pid"], box["tid"], box["ts"]))
@@ -1176,7 +1176,7 @@ class _RankEvents:
         start = node.start_ns + self.plan.offset
         e = node_event(self.rank, node, (start, start + node.duration_ns, None), self.plan.streams,
                        self.plan.tstreams, self.group_of, launch)
-        return self.writer._box(e, CORRELATION_BASE + launch if launch else 0)
+        return self.writer.box(e, CORRELATION_BASE + launch if launch else 0)
 
     def launch(self, node: pb.Node) -> int:
         return launch_of(node, self.kind_of)
