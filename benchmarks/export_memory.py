@@ -2,8 +2,13 @@
 graph with repeat blocks node by node), printed as a markdown table.
 
     python benchmarks/export_memory.py [--batches 16,64,192] [--formats astra-sim,chakra,chrome,check]
-        [--ranks 0,127] [--jobs DIR] [--before PYTHON]
+        [--ranks 0,127] [--sim-ranks 0,8,...,120] [--jobs DIR] [--before PYTHON]
 
+``sim-timeline`` is ``echo-et simulate JOB --mode predict --timeline OUT --timeline-rank R ...``
+(the simulated step of the ranks of ``--sim-ranks``, one per pipeline stage by default, written
+by ``write_timeline`` as a folder of rank files), ``sim-timeline-json`` the same into one
+``t.json``, ``sim-timeline-bounded`` the folder with ``--timeline-events 100000`` (the step's
+first 100,000 boxes), ``sim`` the simulation alone (no timeline: what the simulator holds).
 ``chrome`` is ``echo-et export chrome JOB -o OUT --rank R ...`` (a folder of rank files; the
 ranks of ``--ranks``: a first and a last pipeline stage by default, the whole 128-rank
 timeline is tens of GB at 192 micro-batches), ``check`` is ``echo-et check JOB`` (every
@@ -60,7 +65,17 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def command(echo: list[str], fmt: str, job: Path, out: Path, ranks: list[int]) -> list[str]:
+def command(echo: list[str], fmt: str, job: Path, out: Path, ranks: list[int], sim_ranks: list[int]) -> list[str]:
+    if fmt == "sim":   # the same simulation, no timeline: what the simulator itself holds
+        return [*echo, "simulate", str(job), "--mode", "predict"]
+    if fmt.startswith("sim-timeline"):
+        dest = out
+        if fmt == "sim-timeline-json":
+            out.mkdir()
+            dest = out / "t.json"
+        bound = ["--timeline-events", "100000"] if fmt == "sim-timeline-bounded" else []
+        return [*echo, "simulate", str(job), "--mode", "predict", "--timeline", str(dest), *bound,
+                *(a for r in sim_ranks for a in ("--timeline-rank", str(r)))]
     if fmt == "astra-sim":
         return [*echo, "export", "astra-sim", str(job), "-o", str(out), "--no-expected"]
     if fmt == "chakra":
@@ -72,7 +87,8 @@ def command(echo: list[str], fmt: str, job: Path, out: Path, ranks: list[int]) -
         return [*echo, "check", str(job)]
     if fmt == "check-chained":
         return [*echo, "check", str(chained(job))]
-    raise SystemExit(f"unknown format {fmt!r} (astra-sim, chakra, chrome, check, check-chained)")
+    raise SystemExit(f"unknown format {fmt!r} (astra-sim, chakra, chrome, check, check-chained, sim, sim-timeline, "
+                     "sim-timeline-json, sim-timeline-bounded)")
 
 
 def chained(job_dir: Path) -> Path:
@@ -101,6 +117,8 @@ def main() -> None:
     ap.add_argument("--batches", default="16,64,192", help="global batches (= micro-batches per pipeline)")
     ap.add_argument("--formats", default="astra-sim,chakra")
     ap.add_argument("--ranks", default="0,127", help="ranks of the chrome export")
+    ap.add_argument("--sim-ranks", default=",".join(str(8 * s) for s in range(16)),
+                    help="ranks of the sim-timeline rows (default: one per pipeline stage)")
     ap.add_argument("--work", type=Path, default=None, help="folder for the Jobs and exports (default: a temp dir)")
     ap.add_argument("--jobs", type=Path, default=None, help="keep the traced Jobs here and reuse them")
     ap.add_argument("--before", default=None, help="another Python whose echo_et is the code to compare with")
@@ -108,6 +126,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     formats = args.formats.split(",")
     ranks = [int(r) for r in args.ranks.split(",")]
+    sim_ranks = [int(r) for r in args.sim_ranks.split(",")]
     sides = [("after", ECHO)] + ([("before", [args.before, "-m", "echo_et.cli.main"])] if args.before else [])
     rows = []
     with tempfile.TemporaryDirectory(dir=args.work) as d:
@@ -121,7 +140,7 @@ def main() -> None:
             for fmt in formats:
                 for side, echo in sides:
                     out = work / f"out-{fmt}-{gb}-{side}"
-                    wall, cpu, rss = run(command(echo, fmt, job, out, ranks))
+                    wall, cpu, rss = run(command(echo, fmt, job, out, ranks, sim_ranks))
                     size = du(out) if out.exists() else 0
                     if out.exists():
                         shutil.rmtree(out)
@@ -131,7 +150,8 @@ def main() -> None:
     print("| command | micro-batches per pipeline | code | wall s | CPU s | peak RSS MiB | written MiB |")
     print("|---|---|---|---|---|---|---|")
     for fmt, gb, side, wall, cpu, rss, size in rows:
-        what = f"chrome --rank {','.join(map(str, ranks))}" if fmt == "chrome" else fmt
+        what = f"chrome --rank {','.join(map(str, ranks))}" if fmt == "chrome" else \
+            f"{fmt} ({len(sim_ranks)} ranks)" if fmt.startswith("sim-timeline") else fmt
         print(f"| {what} | {gb} | {side} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | {size:.0f} |")
 
 

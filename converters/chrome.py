@@ -45,12 +45,18 @@ import gzip
 import heapq
 import itertools
 import json
+import marshal
 import os
+import pickle
 import re
+import tempfile
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.ir.collectives import (
@@ -78,7 +84,7 @@ from echo_et.ir.schema import pb
 from echo_et.ir.timeline import TimelineEvent, TimelineStream, graph_events, launch_of, node_event
 
 __all__ = ["TimelineEvent", "chrome_trace", "is_single_file", "job_timeline", "kineto_traces", "write",
-           "write_timeline"]
+           "write_timeline", "write_timeline_whole"]
 
 HOST_PID_BASE = 1_000_000
 JOB_GPU_PID_BASE = 2_000_000
@@ -141,10 +147,15 @@ class _JobFacts:
         self.rank_groups: dict[int, list[int]] = {}
         if job is not None:
             for r in ranks:
-                self.rank_groups[r] = sorted(set(job.binding(r).groups.values()))
+                self.add_rank(job, r)
             steps = {job.graph(gid).header.attrs.get("kineto.step", "") for gid in job.graph_ids()}
             if len(steps) == 1 and next(iter(steps)).isdigit():
                 self.step = int(next(iter(steps)))
+
+    def add_rank(self, job: Job | None, rank: int) -> None:
+        """Know the groups of ``rank`` (for its ``pg_config``)."""
+        if job is not None and rank not in self.rank_groups:
+            self.rank_groups[rank] = sorted(set(job.binding(rank).groups.values()))
 
     def device_of(self, rank: int, stream: TimelineStream | None) -> int:
         if stream is not None and stream.device >= 0:
@@ -192,6 +203,25 @@ def _comm_args(e: TimelineEvent, facts: _JobFacts) -> dict[str, Any]:
         out["Process Group Description"] = g.desc or g.name or f"group {g.id}"
         out["Process Group Ranks"] = json.dumps(list(g.ranks))
     return out
+
+
+def _cat_name(e: TimelineEvent) -> tuple[str, str]:
+    """The Kineto ``cat`` and ``name`` of ``e``'s box (what :meth:`_RankWriter.box` gives it)."""
+    cat, name = e.category or KINETO_CPU_OP, e.name
+    if e.kind not in _COMM_KINDS:
+        return cat, name
+    if e.args.get("op"):
+        name = str(e.args["op"])   # the node's own name
+    if e.category in _GPU_CATS:
+        kernel = _NCCL_KERNEL_NAME.match(name)
+        if kernel is not None:
+            return cat, kernel.group(1)
+        coll = (collective_word(str(e.args.get("type", ""))) or 0) if e.kind == pb.KIND_COLLECTIVE \
+            else (SEND if e.kind == pb.KIND_SEND else RECV)
+        return cat, nccl_kernel_name(coll)
+    word = str(e.args.get("type", "")) if e.kind == pb.KIND_COLLECTIVE else \
+        ("send" if e.kind == pb.KIND_SEND else "recv")
+    return KINETO_ANNOTATION, f"gloo:{word}"
 
 
 # A rank's tracks: (on a GPU, track name) -> (track order, stream of its first box).
@@ -258,7 +288,7 @@ class _RankWriter:
                 correlation[e.node_id] = CORRELATION_BASE + e.node_id
         launches: dict[int, tuple[int, int, int]] = {}   # launch correlation id -> (pid, tid, ts)
         for e in self.events:
-            box = self._box(e, correlation.get(e.launch_id, 0))
+            box = self.box(e, correlation.get(e.launch_id, 0))
             self.out.append(box)
             if e.kind == pb.KIND_LAUNCH and e.node_id:
                 launches[correlation[e.node_id]] = (box["pid"], box["tid"], box["ts"])
@@ -288,35 +318,23 @@ class _RankWriter:
                         "args": {"sort_index": order}})
         return out
 
-    def _box(self, e: TimelineEvent, launch_corr: int) -> dict[str, Any]:
+    def box(self, e: TimelineEvent, launch_corr: int) -> dict[str, Any]:
         """The Kineto event of ``e``; ``launch_corr``: the correlation id of the launch that
         issued it (0 none)."""
         gpu = e.category in _GPU_CATS
         pid, tid, _ = self.lanes[(gpu, e.track)]
         args: dict[str, Any] = dict(e.args)
-        cat, name = e.category or KINETO_CPU_OP, e.name
+        cat, name = _cat_name(e)
         if e.kind in _COMM_KINDS and e.args.get("op"):
-            name = str(e.args["op"])   # the node's own name; the label stays in args
-            args["label"] = e.name
+            args["label"] = e.name   # the box is named after the node; its label stays in args
         if gpu:
             corr = launch_corr
             args.update({"device": self.facts.device_of(self.rank, e.stream), "stream": tid,
                          "correlation": corr, "External id": corr})
             if e.kind in _COMM_KINDS:
                 args.update(_comm_args(e, self.facts))
-                kernel = _NCCL_KERNEL_NAME.match(name)
-                if kernel is not None:
-                    name = kernel.group(1)
-                else:
-                    coll = (collective_word(str(e.args.get("type", ""))) or 0) if e.kind == pb.KIND_COLLECTIVE \
-                        else (SEND if e.kind == pb.KIND_SEND else RECV)
-                    name = nccl_kernel_name(coll)
         elif e.kind in _COMM_KINDS:
             args.update(_comm_args(e, self.facts))
-            cat = KINETO_ANNOTATION
-            word = str(e.args.get("type", "")) if e.kind == pb.KIND_COLLECTIVE else \
-                ("send" if e.kind == pb.KIND_SEND else "recv")
-            name = f"gloo:{word}"
         elif cat == KINETO_RUNTIME:
             corr = CORRELATION_BASE + e.node_id   # what the correlation map holds for a launch
             args.update({"correlation": corr, "External id": corr})
@@ -514,12 +532,11 @@ def _summary(dest: Path, traces: list[dict[str, Any]], files: int) -> dict[str, 
 _is_timeline_folder = written_by("rank-*.json")
 
 
-def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str], *, job: Job | None = None,
+def write_timeline_whole(events: Iterable[TimelineEvent], dest: str | os.PathLike[str], *, job: Job | None = None,
                    metadata: Mapping[str, object] | None = None, process_label: str = "rank") -> dict[str, Any]:
-    """Write ``events`` in Kineto's schema: one file (``dest`` ends in ``.json`` /
-    ``.json.gz``) or a folder of ``rank-<R>.json`` (any other name; an earlier such folder
-    is replaced). Atomic, byte-identical on reruns. Returns a summary (output, files,
-    events, ranks, tracks); the ``ProfilerStep`` spans are not counted as events."""
+    """:func:`write_timeline` with every event, box and line held before the first byte is
+    written (its sorted whole-trace form): the reference that the streamed writer's bytes are
+    compared with (tests/test_timeline_stream.py)."""
     dest = Path(dest)
     if is_single_file(dest):
         trace = chrome_trace(events, job, metadata=metadata, process_label=process_label)
@@ -538,6 +555,445 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
         for rank, trace in traces.items():
             (tmp / f"rank-{rank}.json").write_bytes(_dump(trace, False))
     return _summary(dest, list(traces.values()), len(traces))
+
+
+
+
+# --- A timeline written as its events come ------------------------------------------------------
+#
+# write_timeline reads its events once. Each event goes to an unnamed scratch file beside the
+# output (``marshal``; ``pickle`` for what marshal refuses) and leaves a few numbers behind: its
+# track, start, duration, interned box name, launch, and where its record lies. A rank's trace is
+# sorted on those numbers with the whole writer's key (lane, ts, -dur, ph, name, then the order
+# the events came in), and each box is made again from its record as it is written. The ``ac2g``
+# flows sort after every box of their lane and instant (their ph, "f" or "s", comes after "X",
+# their dur is 0), so they are written as the sorted boxes leave that instant: a kernel's "f"
+# there, a launch's "s" at the launch's own box, each in the order of the kernel that made it.
+# With ``origin_ns`` (the events' first start, known beforehand) and a Job, a folder's rank
+# files are written one at a time as each rank's events end, and only that rank's numbers are
+# held; otherwise (and always for one file, whose head needs every rank) every rank's numbers are
+# held until the last event: tens of bytes per box, never the events themselves.
+
+_ROWS_CHUNK = 1 << 16
+
+
+_EVENT_FIELDS = ("rank", "track", "name", "start_ns", "duration_ns", "category", "track_order", "args", "kind",
+                 "stream", "node_id", "launch_id")
+
+
+class _Spool:
+    """The events of a timeline in an unnamed scratch file, each read back by its position."""
+
+    def __init__(self, where: Path):
+        self.f = tempfile.TemporaryFile(dir=where)  # noqa: SIM115 - closed by close()
+        self.fd = self.f.fileno()
+        self.end = 0
+        self.streams: list[TimelineStream | None] = []   # held: their ids key _stream_ix
+        self._stream_ix: dict[int, int] = {}
+
+    def put(self, e: TimelineEvent) -> tuple[int, int]:
+        """Store ``e``; (offset, size) of its record."""
+        ix = self._stream_ix.get(id(e.stream))
+        if ix is None:
+            ix = self._stream_ix[id(e.stream)] = len(self.streams)
+            self.streams.append(e.stream)
+        args = e.args if type(e.args) is dict else dict(e.args)
+        rec = (e.rank, e.track, e.name, e.start_ns, e.duration_ns, e.category, e.track_order, args,
+               e.kind, ix, e.node_id, e.launch_id)
+        try:
+            data = b"m" + marshal.dumps(rec)
+        except ValueError:   # a value marshal does not take (a subclass of int or str, ...)
+            data = b"p" + pickle.dumps(rec, protocol=pickle.HIGHEST_PROTOCOL)
+        self.f.write(data)
+        at = self.end
+        self.end += len(data)
+        return at, len(data)
+
+    def ready(self) -> None:
+        """Make what was stored readable (before :meth:`get`)."""
+        self.f.flush()
+
+    def get(self, at: int, size: int) -> TimelineEvent:
+        data = os.pread(self.fd, size, at)
+        rec = marshal.loads(data[1:]) if data[:1] == b"m" else pickle.loads(data[1:])  # noqa: S301 - our own file
+        # The event's own fields, set without TimelineEvent's frozen __init__ (6 us a box, most
+        # of the cost of reading one back); the stream is the very object the event had.
+        e = object.__new__(TimelineEvent)
+        e.__dict__.update(zip(_EVENT_FIELDS, rec, strict=True))
+        e.__dict__["stream"] = self.streams[rec[9]]
+        return e
+
+    def reset(self) -> None:
+        """Forget every record (the streams stay known)."""
+        self.f.seek(0)
+        self.f.truncate()
+        self.end = 0
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _RankRows:
+    """What the streamed writer keeps of one rank's events: per box its track (index into
+    ``tracks``), start, duration (ns, >= 0), name (interned), launch (a GPU box's
+    ``launch_id``, 0 for others) and its record's place in the spool; the rank's launches
+    (row, node id) and devices."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.tracks: _Tracks = {}
+        self.track_ix: dict[tuple[bool, str], int] = {}
+        self.track = array("i")
+        self.start = array("q")
+        self.dur = array("q")
+        self.name = array("i")
+        self.launch = array("q")
+        self.at = array("q")
+        self.size = array("q")
+        self.launch_rows = array("q")
+        self.launch_ids = array("q")
+        self.devices: set[Any] = set()
+        self.on_gpu = False
+        self._device: dict[int, Any] = {}   # by id of a stream the spool holds
+
+    def add(self, e: TimelineEvent, at: int, size: int, names: dict[str, int], facts: _JobFacts) -> None:
+        gpu = e.category in _GPU_CATS
+        key = (gpu, e.track)
+        t = self.track_ix.get(key)
+        if t is None:
+            t = self.track_ix[key] = len(self.track_ix)
+            self.tracks[key] = (e.track_order, e.stream)
+        name = _cat_name(e)[1] if e.kind in _COMM_KINDS else e.name
+        n = names.get(name)
+        if n is None:
+            n = names[name] = len(names)
+        if e.kind == pb.KIND_LAUNCH and e.node_id:
+            self.launch_rows.append(len(self.start))
+            self.launch_ids.append(e.node_id)
+        self.track.append(t)
+        self.start.append(e.start_ns)
+        self.dur.append(max(0, e.duration_ns))
+        self.name.append(n)
+        self.at.append(at)
+        self.size.append(size)
+        if gpu:
+            self.launch.append(e.launch_id)
+            self.on_gpu = True
+            d = self._device.get(id(e.stream))
+            if d is None:
+                d = self._device[id(e.stream)] = facts.device_of(self.rank, e.stream)
+                self.devices.add(d)
+        else:
+            self.launch.append(0)
+            if "device" in e.args:
+                self.devices.add(e.args["device"])
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def release(self) -> None:
+        """Drop the per-box numbers (after they were sorted)."""
+        for name in ("track", "start", "dur", "name", "launch", "at", "size", "launch_rows", "launch_ids"):
+            setattr(self, name, array(getattr(self, name).typecode))
+
+
+def _np(a: array, dtype: Any) -> np.ndarray:
+    return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype=dtype)
+
+
+# Below this many ns, ``ns / 1000.0`` is already :func:`_us` (the float nearest the exact
+# microseconds, which round(..., 3) keeps), so a column is converted at once.
+_EXACT_US_NS = 1 << 50
+
+
+def _us_column(ns: np.ndarray) -> np.ndarray:
+    """:func:`_us` of each of ``ns`` (>= 0)."""
+    if not ns.size or int(ns.max()) < _EXACT_US_NS:
+        return ns / 1000.0
+    return np.array([_us(v) for v in ns.tolist()], dtype=np.float64)
+
+
+class _RankPart:
+    """One rank's part of a trace: its writer (lanes), ``ProfilerStep``, sort columns and
+    what the summary counts (boxes and lanes, the ``ProfilerStep`` span not among them)."""
+
+    def __init__(self, rows: _RankRows, names: dict[str, int], facts: _JobFacts, *, one_file: bool, origin: int,
+                 process_label: str):
+        self.rows = rows
+        self.writer = _RankWriter(rows.rank, [], facts, one_file=one_file, origin=origin,
+                                  process_label=process_label, tracks=rows.tracks)
+        self.origin = origin
+        ts, dur = self.times()
+        end = round(float(np.max(ts + dur)), 3)   # round() is monotone: the latest box end
+        self.step_meta, self.step = self.writer.profiler_step(float(np.min(ts)), end)
+        self.lanes = [self.writer.lanes[k][:2] for k in rows.track_ix]
+        self.step_lane = (self.step["pid"], self.step["tid"])
+        steps = np.array([i for n, i in names.items() if n.startswith("ProfilerStep#")], dtype=np.int32)
+        counted = ~np.isin(_np(rows.name, np.int32), steps)
+        self.events = int(np.count_nonzero(counted))
+        tracks = np.unique(_np(rows.track, np.int32)[counted]).tolist()
+        self.counted_lanes = {self.lanes[t] for t in tracks}
+
+    def times(self) -> tuple[np.ndarray, np.ndarray]:
+        """``ts`` and ``dur`` of the rank's boxes (us, as written)."""
+        return _us_column(_np(self.rows.start, np.int64) - self.origin), _us_column(_np(self.rows.dur, np.int64))
+
+    def head(self, facts: _JobFacts) -> dict[str, Any]:
+        backend = "nccl" if self.rows.on_gpu else "gloo"
+        dist = {"backend": backend, "rank": self.rows.rank, "world_size": facts.world_size,
+                "pg_config": facts.pg_config(self.rows.rank, backend)}
+        dist["pg_count"] = len(dist["pg_config"])
+        return dist
+
+
+def _sorted_events(parts: list[_RankPart], names: dict[str, int], spool: _Spool) -> Iterator[dict[str, Any]]:
+    """The events of ``parts`` (ranks in order) in the trace's order: metadata, then boxes,
+    flows and ``ProfilerStep`` sorted as :func:`_sorted` sorts the whole writer's list."""
+    for p in parts:
+        yield from p.writer.metadata()
+        yield from p.step_meta
+    lane_rank = {lane: i for i, lane in enumerate(sorted({lane for p in parts for lane in p.lanes}
+                                                         | {p.step_lane for p in parts}))}
+    name_rank = np.zeros(len(names) + 1, dtype=np.int64)
+    step_names = {p.step["name"] for p in parts}
+    for r, n in enumerate(sorted(set(names) | step_names)):
+        if n in names:
+            name_rank[names[n]] = r
+    step_rank = {n: r for r, n in enumerate(sorted(set(names) | step_names)) if n in step_names}
+    if not parts:
+        return
+    # One row per box and one per ProfilerStep, rank after rank, in columns filled as each
+    # rank's numbers are dropped (about 50 bytes a row, and the order).
+    total = sum(len(p.rows) + 1 for p in parts)
+    lane = np.empty(total, dtype=np.int32)
+    ts = np.empty(total, dtype=np.float64)
+    negdur = np.empty(total, dtype=np.float64)
+    name = np.empty(total, dtype=np.int32)
+    part = np.empty(total, dtype=np.int32)
+    at = np.empty(total, dtype=np.int64)
+    size = np.empty(total, dtype=np.int32)
+    corr = np.empty(total, dtype=np.int64)
+    sfirst = np.full(total, -1, dtype=np.int64)
+    base = 0
+    for k, p in enumerate(parts):
+        rows = p.rows
+        n = len(rows)
+        end = base + n   # the step's row
+        lut = np.array([lane_rank[lane] for lane in p.lanes], dtype=np.int32)
+        lane[base:end] = lut[_np(rows.track, np.int32)]
+        lane[end] = lane_rank[p.step_lane]
+        ts[base:end], dur = p.times()
+        ts[end] = p.step["ts"]
+        np.negative(dur, out=negdur[base:end])
+        negdur[end] = -p.step["dur"]
+        del dur
+        name[base:end] = name_rank[_np(rows.name, np.int32)]
+        name[end] = step_rank[p.step["name"]]
+        part[base:end + 1] = k
+        at[base:end] = _np(rows.at, np.int64)
+        at[end] = -1
+        size[base:end] = _np(rows.size, np.int64)
+        size[end] = 0
+        launch = _np(rows.launch, np.int64)
+        ids = _np(rows.launch_ids, np.int64)
+        has = (launch != 0) & np.isin(launch, ids)
+        corr[base:end] = np.where(has, CORRELATION_BASE + launch, 0)
+        corr[end] = 0
+        kernels = np.flatnonzero(has)
+        if kernels.size:
+            # each launch's "s" sorts by its first kernel; it lies at the launch's last box
+            used, first = np.unique(launch[kernels], return_index=True)
+            lrows = _np(rows.launch_rows, np.int64)[::-1]
+            known, last = np.unique(ids[::-1], return_index=True)
+            sfirst[base + lrows[last[np.searchsorted(known, used)]]] = base + kernels[first]
+        del launch, ids, has, kernels
+        base = end + 1
+        rows.release()   # all that is needed of them is in the columns now
+    order = np.lexsort((name, negdur, ts, lane))   # stable: ties stay in the order the events came
+    del negdur, name
+    spool.ready()
+    group: tuple[int, float] | None = None
+    flows_f: list[tuple[int, int, int, int, float]] = []
+    flows_s: list[tuple[int, int, int, int, float]] = []
+    for c in range(0, base, _ROWS_CHUNK):
+        idx = order[c:c + _ROWS_CHUNK]
+        cols = (idx.tolist(), lane[idx].tolist(), ts[idx].tolist(), part[idx].tolist(), at[idx].tolist(),
+                size[idx].tolist(), corr[idx].tolist(), sfirst[idx].tolist())
+        for i, ln, t, k, a, sz, co, sf in zip(*cols, strict=True):
+            if (ln, t) != group:
+                if flows_f or flows_s:
+                    yield from _group_flows(flows_f, flows_s)
+                group = (ln, t)
+            p = parts[k]
+            if a < 0:
+                yield p.step
+                continue
+            e = spool.get(a, sz)
+            box = p.writer.box(e, co)
+            yield box
+            if co:
+                flows_f.append((i, co, box["pid"], box["tid"], box["ts"]))
+            if sf >= 0:
+                flows_s.append((sf, CORRELATION_BASE + e.node_id, box["pid"], box["tid"], box["ts"]))
+    if flows_f or flows_s:
+        yield from _group_flows(flows_f, flows_s)
+
+
+def _group_flows(flows_f: list[tuple[int, int, int, int, float]], flows_s: list[tuple[int, int, int, int, float]]
+                 ) -> Iterator[dict[str, Any]]:
+    """The ``f`` then ``s`` flows of one lane and instant in the order of the kernels that
+    made them, each (ph, id) once; empties both lists."""
+    for ph, flows in (("f", flows_f), ("s", flows_s)):
+        flows.sort()
+        seen: set[int] = set()
+        for _, corr, pid, tid, ts in flows:
+            if corr not in seen:
+                seen.add(corr)
+                yield _flow(ph, corr, pid, tid, ts)
+        flows.clear()
+
+
+def _prepend(first: TimelineEvent, rest: Iterator[TimelineEvent]) -> Iterator[TimelineEvent]:
+    """``first`` then ``rest``, holding neither once it is given (itertools.chain would keep
+    ``first`` to the end)."""
+    held = [first]
+    del first
+    yield held.pop()
+    yield from rest
+
+
+def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str], *, job: Job | None = None,
+                   metadata: Mapping[str, object] | None = None, process_label: str = "rank",
+                   origin_ns: int | None = None) -> dict[str, Any]:
+    """Write ``events`` in Kineto's schema: one file (``dest`` ends in ``.json`` /
+    ``.json.gz``) or a folder of ``rank-<R>.json`` (any other name; an earlier such folder
+    is replaced). Atomic, byte-identical on reruns, and the bytes of
+    :func:`write_timeline_whole`. Returns a summary (output, files, events, ranks, tracks);
+    the ``ProfilerStep`` spans are not counted as events.
+
+    The events are read once and not held: each is kept in a scratch file beside ``dest``
+    and a few numbers in memory (see the comment above). ``origin_ns``: the events' earliest
+    start (the trace's time 0), when the caller knows it; then, with ``job``, a folder's rank
+    files are written as each rank's events end (a rank's events must come together), and
+    memory holds one rank's numbers. A wrong ``origin_ns`` is a ValueError (nothing written)."""
+    dest = Path(dest)
+    one_file = is_single_file(dest)
+    if not one_file and dest.exists() and not dest.is_dir():
+        check_output_file(dest)   # a device, FIFO or socket: never replaced
+        raise EchoError(f"{dest}: exists and is not a directory (a timeline folder is written there; "
+                        "give a .json name for one file)")
+    it = iter(events)
+    first = next(it, None)
+    if first is None and not one_file:
+        raise EchoError("no events to write")
+    stream: Iterator[TimelineEvent] = _prepend(first, it) if first is not None else iter(())
+    del first
+    facts = _JobFacts(job, [])
+    names: dict[str, int] = {}
+
+    def other(origin: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"generator": "echo-et", "time_origin_ns": origin}
+        if facts.name:
+            out["job"] = facts.name
+        if metadata:
+            out.update(metadata)
+        return out
+
+    def head(origin: int, devices: set[Any], dist: dict[str, Any]) -> dict[str, Any]:
+        return {"schemaVersion": 1, "deviceProperties": [{"id": d, "name": facts.gpu_name or "GPU"}
+                                                        for d in sorted(devices)],
+                "distributedInfo": dist, "displayTimeUnit": "ms", "baseTimeNanoseconds": origin,
+                "otherData": other(origin)}
+
+    def check_origin(got: int | None) -> int:
+        origin = got if got is not None else 0
+        if origin_ns is not None and got is not None and origin_ns != got:
+            raise ValueError(f"origin_ns {origin_ns} is not the events' first start ({got})")
+        return origin
+
+    def gather(spool: _Spool) -> list[_RankRows]:
+        by_rank: dict[int, _RankRows] = {}
+        for e in stream:
+            rows = by_rank.get(e.rank)
+            if rows is None:
+                rows = by_rank[e.rank] = _RankRows(e.rank)
+                facts.add_rank(job, e.rank)
+            at, size = spool.put(e)
+            rows.add(e, at, size, names, facts)
+        if job is None:
+            facts.world_size = max(by_rank) + 1 if by_rank else 0
+        return [by_rank[r] for r in sorted(by_rank)]
+
+    summary: dict[str, Any] = {"output": str(dest), "files": 1, "events": 0, "ranks": 0, "tracks": 0}
+    lanes: set[tuple[int, int]] = set()
+
+    def count(part: _RankPart) -> None:
+        summary["events"] += part.events
+        summary["ranks"] += 1
+        lanes.update(part.counted_lanes)
+
+    if one_file:
+        with atomic_file(dest) as f:
+            spool = _Spool(dest.absolute().parent)
+            try:
+                ranks = gather(spool)
+                origin = check_origin(min((int(_np(r.start, np.int64).min()) for r in ranks), default=None))
+                parts = [_RankPart(r, names, facts, one_file=True, origin=origin, process_label=process_label)
+                         for r in ranks]
+                for p in parts:
+                    count(p)
+                dist = {"backend": "nccl" if any(r.on_gpu for r in ranks) else "gloo",
+                        "world_size": facts.world_size, "ranks": [r.rank for r in ranks]}
+                devices = set().union(*(r.devices for r in ranks))
+                _write_text(f, _text(head(origin, devices, dist), _sorted_events(parts, names, spool)),
+                            dest.name.lower().endswith(".gz"))
+            finally:
+                spool.close()
+        summary["tracks"] = len(lanes)
+        return summary
+
+    def write_rank(tmp: Path, rows: _RankRows, origin: int, spool: _Spool) -> None:
+        part = _RankPart(rows, names, facts, one_file=False, origin=origin, process_label=process_label)
+        count(part)
+        with open(tmp / f"rank-{rows.rank}.json", "wb") as f:
+            _write_text(f, _text(head(origin, rows.devices, part.head(facts)), _sorted_events([part], names, spool)),
+                        False)
+
+    with atomic_dir(dest, replaceable=_is_timeline_folder, kind="a timeline folder") as tmp:
+        spool = _Spool(tmp)
+        try:
+            if origin_ns is not None and job is not None:
+                done: set[int] = set()
+                rows: _RankRows | None = None
+                low: int | None = None
+                for e in stream:
+                    if rows is None or e.rank != rows.rank:
+                        if rows is not None:
+                            write_rank(tmp, rows, origin_ns, spool)
+                            done.add(rows.rank)
+                            spool.reset()
+                        if e.rank in done:
+                            raise ValueError(f"the events of rank {e.rank} do not come together (with origin_ns)")
+                        rows = _RankRows(e.rank)
+                        facts.add_rank(job, e.rank)
+                    if e.start_ns < origin_ns:
+                        raise ValueError(f"origin_ns {origin_ns} is after an event's start ({e.start_ns})")
+                    low = e.start_ns if low is None else min(low, e.start_ns)
+                    at, size = spool.put(e)
+                    rows.add(e, at, size, names, facts)
+                assert rows is not None   # the first event is there
+                check_origin(low)
+                write_rank(tmp, rows, origin_ns, spool)
+            else:
+                ranks = gather(spool)
+                origin = check_origin(min(int(_np(r.start, np.int64).min()) for r in ranks))
+                for r in ranks:
+                    write_rank(tmp, r, origin, spool)
+        finally:
+            spool.close()
+    summary["files"] = summary["ranks"]
+    summary["tracks"] = len(lanes)
+    return summary
 
 
 def write(job: Job, dest: str | os.PathLike[str], ranks: Sequence[int] | None = None) -> dict[str, Any]:
@@ -720,7 +1176,7 @@ class _RankEvents:
         start = node.start_ns + self.plan.offset
         e = node_event(self.rank, node, (start, start + node.duration_ns, None), self.plan.streams,
                        self.plan.tstreams, self.group_of, launch)
-        return self.writer._box(e, CORRELATION_BASE + launch if launch else 0)
+        return self.writer.box(e, CORRELATION_BASE + launch if launch else 0)
 
     def launch(self, node: pb.Node) -> int:
         return launch_of(node, self.kind_of)

@@ -22,6 +22,7 @@ from echo_et.converters.chrome import (
     kineto_traces,
     write,
     write_timeline,
+    write_timeline_whole,
 )
 from echo_et.errors import EchoError
 from echo_et.ir import save_job
@@ -197,7 +198,7 @@ def test_dlrm_measured_timeline_and_round_trip(tmp_path):
 
 # -- the streamed writer equals the whole one ----------------------------------------------------
 # `write` makes each rank's events in the trace's order from the stored nodes and repeat blocks
-# without expanding a graph; `write_timeline(job_timeline(...))` makes them all from the
+# without expanding a graph; `write_timeline_whole(job_timeline(...))` makes them all from the
 # expanded graph and sorts them. Both must give the same bytes, on every form.
 
 def _flat(job):
@@ -209,7 +210,7 @@ def _flat(job):
 
 def _whole(job, dest, ranks=None):
     meta = {"world_size": job.world_size, "source_format": job.manifest.provenance.source_format}
-    return write_timeline(job_timeline(_flat(job), ranks), dest, job=job, metadata=meta)
+    return write_timeline_whole(job_timeline(_flat(job), ranks), dest, job=job, metadata=meta)
 
 
 def _same_output(job, tmp, ranks=None) -> None:

@@ -130,7 +130,8 @@ def test_chrome_export_streams_and_equals_the_expanded_export(jobs, tmp_path, ti
     a = chrome.write(job, tmp_path / "compact" / dest)
     assert compact == [g.has_repeats for g in job.graphs()] and any(compact)   # streamed: not expanded in place
     flat = _expanded(job)
-    b = chrome.write_timeline(chrome.job_timeline(flat), tmp_path / "expanded" / dest, job=flat, metadata=meta)
+    b = chrome.write_timeline_whole(chrome.job_timeline(flat), tmp_path / "expanded" / dest, job=flat,
+                                    metadata=meta)
     fa, fb = _files(tmp_path / "compact"), _files(tmp_path / "expanded")
     assert fa and fa == fb
     assert {**a, "output": ""} == {**b, "output": ""} and a["events"] == sum(len(g) for g in flat.graphs()

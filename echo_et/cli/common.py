@@ -197,10 +197,11 @@ MAX_OUTPUT_HELP = ("Refuse, before writing, an output estimated above this size 
 
 
 def check_output_budget(job, fmt: str, dest: Path | str, max_output: str | None, *, ranks=None,
-                        per_rank: bool = True, name: str = "") -> None:
+                        per_rank: bool = True, name: str = "", max_nodes: int | None = None) -> None:
     """Refuse, before a byte is written, an export whose estimated size (nodes x ranks x a
     lower bound per node, from the Job's graphs and repeat blocks) passes ``--max-output``
-    (default 64 GB) or the free space where it goes: one line with the estimate and the limit."""
+    (default 64 GB) or the free space where it goes: one line with the estimate and the limit.
+    ``max_nodes``: the writer keeps at most about that many nodes (``--timeline-events``)."""
     import shutil
 
     from echo_et.cli.unit_opts import size_option
@@ -209,10 +210,12 @@ def check_output_budget(job, fmt: str, dest: Path | str, max_output: str | None,
 
     limit = size_option(max_output, "max_output", lo=1, hi=1 << 62)
     limit = DEFAULT_MAX_OUTPUT_BYTES if limit is None else limit
-    est = estimate_output(job, fmt, ranks, per_rank=per_rank)
+    est = estimate_output(job, fmt, ranks, per_rank=per_rank, max_nodes=max_nodes)
     name = name or f"export {fmt}"
+    # bounded, the nodes kept are at most about max_nodes: the size is an estimate, not a floor
+    size = f"{'about' if est.of is not None else 'at least'} {format_size(est.bytes)}"
     if est.bytes > limit:
-        raise EchoError(f"{dest}: {name} would write at least {format_size(est.bytes)} ({est.describe()}); the "
+        raise EchoError(f"{dest}: {name} would write {size} ({est.describe()}); the "
                         f"limit is {format_size(limit)} (--max-output SIZE raises it)")
     where = Path(dest).absolute()
     while not where.exists() and where != where.parent:
@@ -222,7 +225,7 @@ def check_output_budget(job, fmt: str, dest: Path | str, max_output: str | None,
     except OSError:
         return
     if est.bytes > free:
-        raise EchoError(f"{dest}: {name} would write at least {format_size(est.bytes)} ({est.describe()}); "
+        raise EchoError(f"{dest}: {name} would write {size} ({est.describe()}); "
                         f"its file system has {format_size(free)} free")
 
 

@@ -138,7 +138,7 @@ def write_sim_timeline(res, dest: Path, job, ranks: list[int] | None = None,
     those that start before ``until_ns``, None when that is all of them; ``from_ns``: the
     step's start); None: the whole step, and no ``window``."""
     from echo_et.converters.chrome import write_timeline
-    from echo_et.sim.timeline import timeline_events, window_end
+    from echo_et.sim.timeline import first_start, timeline_events, window_end
 
     if ranks:
         bad = sorted(set(ranks) - set(res.ranks))
@@ -146,10 +146,14 @@ def write_sim_timeline(res, dest: Path, job, ranks: list[int] | None = None,
             raise EchoError(f"--timeline-rank {bad[0]}: not a rank of the job (world size {job.world_size})")
     chosen = sorted(set(ranks)) if ranks else None
     meta = {"world_size": job.world_size, "simulated": res.mode}
+    # the boxes are made and written one at a time, never held (a rank file as soon as its
+    # rank's boxes end): the trace's time 0 is found first, from the simulated times
     if max_events is None:
-        return write_timeline(timeline_events(res, chosen), dest, job=job, metadata=meta)
+        return write_timeline(timeline_events(res, chosen), dest, job=job, metadata=meta,
+                              origin_ns=first_start(res, chosen))
     until, total = window_end(res, chosen, max_events)
-    written = write_timeline(timeline_events(res, chosen, until_ns=until), dest, job=job, metadata=meta)
+    written = write_timeline(timeline_events(res, chosen, until_ns=until), dest, job=job, metadata=meta,
+                             origin_ns=first_start(res, chosen, until_ns=until))
     start = min((st.origin_ns for st in res.timeline.states), default=0)
     written["window"] = {"events": written["events"], "of": total, "until_ns": until, "from_ns": start}
     return written
@@ -284,7 +288,7 @@ def simulate_cmd(
     check_node_fill(job.world_size, gpus_per_node)
     if timeline is not None:
         check_output_budget(job, "chrome", timeline, max_output, ranks=timeline_rank or None,
-                            name="the simulated timeline")
+                            name="the simulated timeline", max_nodes=timeline_events)
     elif max_output is not None:
         raise EchoError("--max-output needs --timeline")
     # Repeat blocks are placed in closed form (predict, with symmetry) with or without a

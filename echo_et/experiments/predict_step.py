@@ -100,6 +100,7 @@ def write_prediction(pred: Prediction, outdir: str | os.PathLike[str], *, plot: 
     never replaced. Returns what was written (``timeline.window``: what timeline/ holds,
     also in summary.json)."""
     from echo_et.converters.chrome import write_timeline
+    from echo_et.sim.timeline import first_start
     from echo_et.sim.timeline import timeline_events as sim_events
 
     out = Path(outdir)
@@ -110,9 +111,10 @@ def write_prediction(pred: Prediction, outdir: str | os.PathLike[str], *, plot: 
         meta: dict[str, Any] = {"world_size": pred.timed.world_size, "simulated": pred.result.mode}
         if window["until_ns"] is not None:
             meta["until_ns"] = window["until_ns"]
-        written["timeline"] = write_timeline(sim_events(pred.result, pred.timeline_ranks(),
-                                                        until_ns=window["until_ns"]),
-                                             tmp / TIMELINE, job=pred.timed, metadata=meta)
+        ranks, until = pred.timeline_ranks(), window["until_ns"]
+        written["timeline"] = write_timeline(sim_events(pred.result, ranks, until_ns=until), tmp / TIMELINE,
+                                             job=pred.timed, metadata=meta,
+                                             origin_ns=first_start(pred.result, ranks, until_ns=until))
         written["timeline"]["output"] = str(out / TIMELINE)
         window["events"] = written["timeline"]["events"]
         written["timeline"]["window"] = window

@@ -50,19 +50,22 @@ class OutputEstimate:
     fmt: str
     ranks: int        # ranks (or distinct graphs) written
     nodes: int        # nodes written, over all of them
-    bytes: int        # a lower bound on the bytes written
+    bytes: int        # a lower bound on the bytes written (with ``of``: on those of that many nodes)
+    of: int | None = None   # the nodes there are, when a bound keeps ``nodes`` of them
 
     def describe(self) -> str:
         unit = "distinct graphs" if self.fmt == "graphml" else "ranks"
         what = "communication nodes" if self.fmt == "astra-sim" else "nodes"
-        return (f"{self.nodes:,} {what} over {self.ranks:,} {unit}, >= {BYTES_PER_NODE[self.fmt]} bytes "
-                f"each")
+        count = f"{self.nodes:,} {what}" if self.of is None else f"the first {self.nodes:,} of {self.of:,} {what}"
+        return f"{count} over {self.ranks:,} {unit}, >= {BYTES_PER_NODE[self.fmt]} bytes each"
 
 
-def estimate_output(job: Job, fmt: str, ranks: Iterable[int] | None = None, *, per_rank: bool = True
-                    ) -> OutputEstimate:
+def estimate_output(job: Job, fmt: str, ranks: Iterable[int] | None = None, *, per_rank: bool = True,
+                    max_nodes: int | None = None) -> OutputEstimate:
     """What writing ``job`` in ``fmt`` takes: every rank's expanded graph (``ranks``: only
-    those), or with ``per_rank=False`` every distinct graph once (GraphML)."""
+    those), or with ``per_rank=False`` every distinct graph once (GraphML). ``max_nodes``:
+    the writer keeps at most about that many nodes, all ranks together (a simulated
+    timeline's ``--timeline-events``), and the estimate is of those."""
     sizes: dict[str, GraphSize] = {}
 
     def size(gid: str) -> GraphSize:
@@ -76,4 +79,6 @@ def estimate_output(job: Job, fmt: str, ranks: Iterable[int] | None = None, *, p
     else:
         parts = [size(g) for g in sorted(set(job.graph_ids()))]
     nodes = sum(p.comm if fmt == "astra-sim" else p.nodes for p in parts)
+    if max_nodes is not None and nodes > max_nodes:
+        return OutputEstimate(fmt, len(parts), max_nodes, max_nodes * BYTES_PER_NODE[fmt], of=nodes)
     return OutputEstimate(fmt, len(parts), nodes, nodes * BYTES_PER_NODE[fmt])

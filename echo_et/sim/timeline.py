@@ -36,6 +36,7 @@ from echo_et.ir.timeline import NodeSpan, TimelineEvent, graph_events, node_even
 from echo_et.sim.state import RankState
 
 _COMM = (pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV)
+_CHUNK = 1 << 16
 
 
 def _node_span(st: RankState, idx: int) -> NodeSpan | None:
@@ -63,14 +64,15 @@ class _Boxes:
     wait: np.ndarray
 
 
-def _flat_boxes(st: RankState) -> _Boxes:
+def _flat_starts(st: RankState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(node indices, start, wait -1 none) of a flat rank's boxes: what
+    :func:`_node_span` gives them."""
     prog = st.program
     s_it = np.asarray(prog.node_start_item, dtype=np.int64)
     e_it = np.asarray(prog.node_end_item, dtype=np.int64)
     idx = np.flatnonzero((s_it >= 0) & (e_it >= 0))
     starts = np.asarray(st.item_start, dtype=np.int64)
     start = starts[s_it[idx]] if idx.size else np.zeros(0, dtype=np.int64)
-    end = np.asarray(st.item_end, dtype=np.int64)[e_it[idx]] if idx.size else np.zeros(0, dtype=np.int64)
     wait = np.full(idx.size, -1, dtype=np.int64)
     arrival = st.item_arrival
     if arrival:
@@ -80,6 +82,13 @@ def _flat_boxes(st: RankState) -> _Boxes:
             if a is not None:
                 wait[k] = start[k] - a
                 start[k] = a
+    return idx, start, wait
+
+
+def _flat_boxes(st: RankState) -> _Boxes:
+    idx, start, wait = _flat_starts(st)
+    e_it = np.asarray(st.program.node_end_item, dtype=np.int64)
+    end = np.asarray(st.item_end, dtype=np.int64)[e_it[idx]] if idx.size else np.zeros(0, dtype=np.int64)
     ids = np.asarray([st.graph.nodes[i].id for i in idx.tolist()], dtype=np.int64)
     return _Boxes(ids, np.full(idx.size, -1, dtype=np.int64), idx, start, end, wait)
 
@@ -154,10 +163,15 @@ def _compact_events(rank: int, st: RankState, boxes: _Boxes, keep: np.ndarray,
 
     deps: dict[int, dict[int, list[tuple[int, int]]]] = {}
 
+    def chunks() -> Iterator[tuple[int, int, int, int, int]]:
+        # a block of boxes at a time as Python numbers (all of them would be ~180 bytes a box)
+        for a in range(0, keep.size, _CHUNK):
+            k = keep[a:a + _CHUNK]
+            yield from zip(boxes.occ[k].tolist(), boxes.ref[k].tolist(), boxes.start[k].tolist(),
+                           boxes.end[k].tolist(), boxes.wait[k].tolist(), strict=True)
+
     def spans() -> Iterator[tuple[pb.Node, NodeSpan]]:
-        cols = (boxes.occ[keep].tolist(), boxes.ref[keep].tolist(), boxes.start[keep].tolist(),
-                boxes.end[keep].tolist(), boxes.wait[keep].tolist())
-        for o, r, s, e, w in zip(*cols, strict=True):
+        for o, r, s, e, w in chunks():
             span = (s, e, None if w < 0 else w)
             if o < 0:
                 yield stored[r], span
@@ -208,6 +222,27 @@ def timeline_events(result, ranks: list[int] | None = None, *,
     tl = result.timeline
     for rank in _chosen(result, ranks):
         yield from _rank_events(rank, tl.state_of(rank), tl.group_of(rank), until_ns)
+
+
+def first_start(result, ranks: list[int] | None = None, *, until_ns: int | None = None) -> int | None:
+    """The earliest start (job clock, ns) of the boxes ``timeline_events(result, ranks,
+    until_ns=until_ns)`` gives, None when it gives none: their trace's time 0, found from
+    the simulated times without making a box, so that a writer can write each rank's boxes
+    as they come (``write_timeline(..., origin_ns=...)``)."""
+    tl = result.timeline
+    low: int | None = None
+    by_state: dict[int, int | None] = {}   # ranks of one class share their representative's state
+    for r in _chosen(result, ranks):
+        st = tl.state_of(r)
+        if id(st) not in by_state:
+            starts = _compact_boxes(st).start if st.blocks is not None else _flat_starts(st)[1]
+            if until_ns is not None:
+                starts = starts[starts < until_ns]
+            by_state[id(st)] = int(starts.min()) if starts.size else None
+        got = by_state[id(st)]
+        if got is not None and (low is None or got < low):
+            low = got
+    return low
 
 
 def window_end(result, ranks: list[int] | None, max_boxes: int | None) -> tuple[int | None, int]:
