@@ -717,9 +717,9 @@ def _note(fa: _Facts, k: int, msg: int, nid: int, where_f: str, rank: int, npus:
     """What one node with something to say adds: its own problems, its collective or its
     send/recv once the rank may issue it."""
     where = f"{where_f} node {nid} ({fa.name})"
-    for rule, msg in fa.issues:
+    for rule, text in fa.issues:
         if len(issues) < cap:
-            issues.append((k, 0, rule, msg, where))
+            issues.append((k, 0, rule, text, where))
     if fa.coll is not None:
         key = fa.coll[2]
         if key != WORLD:
