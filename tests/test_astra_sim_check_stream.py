@@ -20,6 +20,7 @@ from test_astra_sim_support import read_et, uniform_job, write_et
 
 from conftest import FIXTURES, shared_path, unpack
 from echo_et.converters import ReadOptions, read
+from echo_et.converters.astra_sim import check as check_module
 from echo_et.converters.astra_sim import check_export, export
 from echo_et.ir import load_job
 from echo_et.ir.io import encode_varint, iter_delimited
@@ -38,15 +39,15 @@ def _edit(folder: Path, rank: int, fn) -> None:
 
 def _raw(folder: Path, rank: int, fn) -> None:
     """Rewrite rank ``rank``'s node messages byte by byte: ``fn(i, node, data)`` gives the bytes
-    written for node ``i`` (None: leave it out)."""
+    written for node ``i`` (a list: several messages)."""
     path = folder / f"workload.{rank}.et"
     with open(path, "rb") as f:
         msgs = list(iter_delimited(f))
     parts = [encode_varint(len(msgs[0])) + msgs[0]]
     for i, data in enumerate(msgs[1:]):
         new = fn(i, et.Node.FromString(data), data)
-        if new is not None:
-            parts.append(encode_varint(len(new)) + new)
+        for m in new if isinstance(new, list) else [new]:
+            parts.append(encode_varint(len(m)) + m)
     path.write_bytes(b"".join(parts))
 
 
@@ -369,6 +370,7 @@ def _layouts(folder: Path) -> None:
     _raw(folder, 0, lambda i, n, d: kinds[i % len(kinds)](n))
     _big_ids(folder, 1, 1 << 22)
     _big_ids(folder, 2, (1 << 63) + 7)
+    _big_ids(folder, 3, 1 << 15)
 
 
 def _layouts_broken(folder: Path) -> None:
@@ -383,6 +385,44 @@ def _id_twice(folder: Path) -> None:
     # A second id field after the node (protobuf keeps the last): the id is the second one.
     _raw(folder, 1, lambda i, n, d: d + et.Node(id=n.id).SerializeToString() if i % 2 else d)
     _raw(folder, 2, lambda i, n, d: d + et.Node(id=n.id + 5000).SerializeToString() if i == 1 else d)
+
+
+def _skipped(folder: Path) -> None:
+    # Messages that are not nodes early in the file, then findings that name later nodes
+    # (read back from the file by message number).
+    _missing_dep(folder)
+    _unchain(folder)
+    _p2p_match(folder)
+    for r in (0, 1, 2):
+        _raw(folder, r, lambda i, n, d: [b"", d] if i in (0, 1) else [d, b"\x08\x01\xff"] if i == 3 else d)
+
+
+def _indirect(folder: Path) -> None:
+    # Each collective waits for the one before through a compute node put in between (ids
+    # doubled to make room): collective order is proved through the graph, not a direct dep.
+    for r in range(len(list(folder.glob("workload.*.et")))):
+        def fn(meta, nodes):
+            out = []
+            for n in nodes:
+                n.id *= 2
+                deps = [2 * d for d in n.data_deps]
+                del n.data_deps[:]
+                if n.type == et.COMM_COLL_NODE:
+                    x = et.Node(id=n.id - 1, name="between", type=et.COMP_NODE, duration_micros=1,
+                                data_deps=deps, attr=[et.AttributeProto(name="is_cpu_op", bool_val=False)])
+                    out.append(x)
+                    deps = [x.id]
+                n.data_deps.extend(deps)
+                out.append(n)
+            nodes[:] = out
+        _edit(folder, r, fn)
+
+
+def _indirect_broken(folder: Path) -> None:
+    _indirect(folder)
+    _unchain(folder)
+    _reversed_ids(folder)
+    _sequence(folder)
 
 
 def _many(folder: Path) -> None:
@@ -430,6 +470,9 @@ EDITS: dict[str, Edit] = {
     "layouts": _layouts,
     "layouts-broken": _layouts_broken,
     "id-twice": _id_twice,
+    "skipped": _skipped,
+    "indirect": _indirect,
+    "indirect-broken": _indirect_broken,
     "many": _many,
 }
 
@@ -481,7 +524,7 @@ def test_small_export_is_clean(small):
 def test_broken_small_export_same_findings(small, tmp_path, name):
     found = _compare(_broken(small, tmp_path, EDITS[name]))
     # Every edit but the layouts (same nodes, written otherwise) breaks something.
-    assert bool(found) == (name not in ("layouts", "ids-reversed", "id-twice"))
+    assert bool(found) == (name not in ("layouts", "ids-reversed", "id-twice", "indirect"))
 
 
 def test_every_rule_is_broken_by_some_edit(small, tmp_path):
@@ -524,7 +567,9 @@ def test_collective_deadlock_same_findings(tmp_path):
 
 # -- real jobs ---------------------------------------------------------------------------------
 REAL_EDITS = ["clean", "unique-ids-forward", "ids-reversed", "dep-exists", "acyclic", "collective-order",
-              "collective-sequence", "p2p-match", "p2p-twice", "framing-truncated", "layouts-broken", "many"]
+              "collective-sequence", "p2p-match", "p2p-twice", "framing-truncated", "layouts-broken", "many",
+              "skipped", "indirect", "indirect-broken"]
+QUIET = ("clean", "ids-reversed", "indirect")    # edits after which a real export is still clean
 
 
 @pytest.fixture(scope="module")
@@ -549,10 +594,46 @@ def dlrm_export(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("name", REAL_EDITS)
 def test_traced_gpt_export_same_findings(gpt_export, tmp_path, name):
     found = _compare(_broken(gpt_export, tmp_path, EDITS[name]), clean=name == "clean")
-    assert bool(found) == (name not in ("clean", "ids-reversed"))
+    assert bool(found) == (name not in QUIET)
 
 
 @pytest.mark.parametrize("name", REAL_EDITS)
 def test_dlrm_kineto_export_same_findings(dlrm_export, tmp_path, name):
     found = _compare(_broken(dlrm_export, tmp_path, EDITS[name]), clean=name == "clean")
-    assert bool(found) == (name not in ("clean", "ids-reversed"))
+    assert bool(found) == (name not in QUIET)
+
+
+@pytest.mark.parametrize("name", ["clean", "layouts-broken", "framing-truncated", "framing-prefix-cut",
+                                  "framing-long-prefix", "skipped", "many"])
+def test_small_reads_and_cache_same_findings(gpt_export, tmp_path, monkeypatch, name):
+    # A file read a few bytes at a time (messages and length prefixes cut between reads) and a
+    # facts cache that keeps almost nothing report the same.
+    folder = _broken(gpt_export, tmp_path, EDITS[name])
+    expected = check_whole(folder)
+    monkeypatch.setattr(check_module, "READ_BYTES", 7)
+    monkeypatch.setattr(check_module, "CACHED_FACTS", 2)
+    assert check_export(folder) == expected
+
+
+def test_deadlock_through_a_chain_same_findings(tmp_path):
+    # Rank 0 issues x, x, y; rank 1 y, x, x: the cycle runs through x's own chain.
+    def build(gb, r, s):
+        if r == 2:
+            gb.compute("idle", s["compute"], duration_ns=1000)
+            return
+        order = ["x", "x", "y"] if r == 0 else ["y", "x", "x"]
+        prev = []
+        for g in order:
+            prev = [gb.collective(g, s["comm"], coll_type=pb.COLL_ALL_REDUCE, group="x", in_bytes=4096,
+                                  deps=prev).id]
+
+    job = uniform_job(3, build, groups={"x": [[0, 1]], "y": [[0, 1]]})
+    out = tmp_path / "out"
+    export(job, out)
+    pg_y = str(int(max(json.loads((out / "comm_group.json").read_text()), key=int)) + 1)
+    _json_edit(out, "comm_group.json", lambda c: {**c, pg_y: [0, 1]})
+    for r in (0, 1):
+        _edit(out, r, lambda meta, nodes: _set_attr(next(n for n in nodes if n.name == "y"), "pg_name",
+                                                    string_val=pg_y))
+    found = _compare(out)
+    assert [i.rule for i in found] == ["collective-deadlock"]

@@ -226,7 +226,8 @@ def workload_prefix(folder: Path) -> str:
 # the many nodes that differ only there (every micro-batch, every rank of a stage) are decoded
 # once. Collectives and sends/recvs are kept as arrays too; a node's name, needed only to word a
 # problem, is read back from the file when there is one to report.
-_CHUNK = 1 << 20
+READ_BYTES = 1 << 20      # how much of a rank file is read at a time
+CACHED_FACTS = 16_384     # node facts kept (a few hundred distinct ones in an export's files)
 _U64 = 1 << 64
 
 
@@ -499,10 +500,10 @@ _SLOW = object()   # a cache key whose messages are decoded one by one
 class _FactsCache:
     """Facts by node message with its id and data_deps cut out (:func:`_split`)."""
 
-    def __init__(self, splits: int | None, limit: int = 16_384, roofline: bool = False):
+    def __init__(self, splits: int | None, roofline: bool = False):
         self.splits = splits
         self.roofline = roofline
-        self.limit = limit
+        self.limit = CACHED_FACTS
         self.by_key: dict[bytes, _Facts | object] = {}
 
     def get(self, data: bytes) -> tuple[int, bytes, _Facts] | str:
@@ -539,13 +540,13 @@ class _FactsCache:
 
 def _frames(f: BinaryIO) -> Iterator[bytes]:
     """The varint-length-prefixed messages of a file, read a megabyte at a time."""
-    buf = f.read(_CHUNK)
+    buf = f.read(READ_BYTES)
     i = 0
-    eof = len(buf) < _CHUNK
+    eof = len(buf) < READ_BYTES
     while True:
-        if len(buf) - i < 10 and not eof:
-            more = f.read(_CHUNK)
-            eof = len(more) < _CHUNK
+        while len(buf) - i < 10 and not eof:
+            more = f.read(READ_BYTES)
+            eof = len(more) < READ_BYTES
             buf = buf[i:] + more
             i = 0
         n = len(buf)
@@ -574,7 +575,7 @@ def _frames(f: BinaryIO) -> Iterator[bytes]:
         parts = [buf[i:]]
         have = n - i
         while have < size and not eof:
-            more = f.read(max(_CHUNK, size - have))
+            more = f.read(max(READ_BYTES, size - have))
             eof = not more
             parts.append(more)
             have += len(more)
