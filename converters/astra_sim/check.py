@@ -785,17 +785,24 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
     deps, ptr = _unpack_all(sc.deps, sc.deps_end)
     sc.deps = bytearray()
     n = len(ids)
-    by_id = np.argsort(ids, kind="stable")
-    sorted_ids = ids[by_id]
-    run_start = np.ones(n, dtype=bool)
-    run_start[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    for i in np.sort(by_id[~run_start]).tolist():
-        out.add("unique-ids", f"node id {int(ids[i])} is used more than once", f"{where_f} node {int(ids[i])}")
-        if out.full:
-            break
-    uniq = sorted_ids[run_start]
-    uid = np.empty(n, dtype=np.int64)
-    uid[by_id] = np.cumsum(run_start) - 1
+    by_id: np.ndarray | None = None
+    run_start: np.ndarray | None = None
+    if n < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        # Ids rising through the file (the exporter's case): node i is u = i, no id repeats.
+        uniq = ids
+        uid = np.arange(n, dtype=np.int64)
+    else:
+        by_id = np.argsort(ids, kind="stable")
+        sorted_ids = ids[by_id]
+        run_start = np.ones(n, dtype=bool)
+        run_start[1:] = sorted_ids[1:] != sorted_ids[:-1]
+        for i in np.sort(by_id[~run_start]).tolist():
+            out.add("unique-ids", f"node id {int(ids[i])} is used more than once", f"{where_f} node {int(ids[i])}")
+            if out.full:
+                break
+        uniq = sorted_ids[run_start]
+        uid = np.empty(n, dtype=np.int64)
+        uid[by_id] = np.cumsum(run_start) - 1
     # The u of each data_dep, -1 where no node has that id.
     dep_u = np.searchsorted(uniq, deps).astype(np.int64)
     if len(deps):
@@ -829,23 +836,29 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
 
 
 def _graph(ids: np.ndarray, uniq: np.ndarray, uid: np.ndarray, ptr: np.ndarray, deps: np.ndarray,
-           dep_u: np.ndarray, run_start: np.ndarray, by_id: np.ndarray, where: str,
+           dep_u: np.ndarray, run_start: np.ndarray | None, by_id: np.ndarray | None, where: str,
            out: IssueCollector) -> _Graph | None:
+    """The graph by u (``by_id`` None: node i is u = i), in issue order."""
     n, nu = len(ids), len(uniq)
     counts = np.diff(ptr)
+    last: np.ndarray | None = None
     if nu == n and (not len(deps) or bool(np.all(deps < np.repeat(ids, counts)))):
         # Every dependency names a smaller id: id order is topological (the exporter's case).
         last = by_id
         pos = np.arange(nu, dtype=np.int64)
     else:
-        last = by_id[np.append(np.flatnonzero(run_start)[1:], n) - 1]   # last node of each id
+        if by_id is not None and run_start is not None:
+            last = by_id[np.append(np.flatnonzero(run_start)[1:], n) - 1]   # last node of each id
         pos = None
-    # The graph by u: the data_deps of the last node of each id (a later one replaces it).
-    lens = counts[last]
-    uptr = np.zeros(nu + 1, dtype=np.int64)
-    np.cumsum(lens, out=uptr[1:])
-    gather = np.repeat(ptr[last] - uptr[:-1], lens) + np.arange(uptr[-1], dtype=np.int64)
-    udeps = dep_u[gather]
+    # The data_deps of the last node of each id (a later one replaces it).
+    if last is None:
+        lens, uptr, udeps = counts, ptr, dep_u
+    else:
+        lens = counts[last]
+        uptr = np.zeros(nu + 1, dtype=np.int64)
+        np.cumsum(lens, out=uptr[1:])
+        gather = np.repeat(ptr[last] - uptr[:-1], lens) + np.arange(uptr[-1], dtype=np.int64)
+        udeps = dep_u[gather]
     if pos is None:
         pos = _kahn(ids, uniq, uid, udeps, uptr, lens, where, out)
         if pos is None:
