@@ -227,6 +227,7 @@ def workload_prefix(folder: Path) -> str:
 # once. Collectives and sends/recvs are kept as arrays too; a node's name, needed only to word a
 # problem, is read back from the file when there is one to report.
 READ_BYTES = 1 << 20      # how much of a rank file is read at a time
+UNPACK_BYTES = 1 << 16    # how many bytes of packed data_deps are decoded at a time
 CACHED_FACTS = 16_384     # node facts kept (a few hundred distinct ones in an export's files)
 _U64 = 1 << 64
 
@@ -452,20 +453,32 @@ def _pack(values) -> bytes:
 
 
 def _unpack_all(raw: bytes | bytearray, ends: array) -> tuple[np.ndarray, np.ndarray]:
-    """The varints of ``raw`` (uint64) and, for byte offsets ``ends``, how many of them end
-    before each (so node k's deps are ``values[ptr[k]:ptr[k + 1]]``, ``ends`` the offsets after
-    each node's)."""
+    """The varints of ``raw`` (uint64) and, for byte offsets ``ends`` (where each node's end),
+    how many of them end before each (node k's deps are ``values[ptr[k]:ptr[k + 1]]``). Decoded
+    a slice at a time, so the temporaries do not grow with the file."""
     b = np.frombuffer(raw, dtype=np.uint8)
-    last = np.flatnonzero(b < 0x80)
-    first = np.zeros(len(last), dtype=np.int64)
-    first[1:] = last[:-1] + 1
-    size = last - first + 1
-    values = np.zeros(len(last), dtype=np.uint64)
-    for k in range(int(size.max()) if len(size) else 0):
-        m = np.flatnonzero(size > k)
-        values[m] |= (b[first[m] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-    ptr = np.zeros(len(ends) + 1, dtype=np.int64)
-    ptr[1:] = np.searchsorted(last, np.frombuffer(ends, dtype=np.int64))
+    node_end = np.frombuffer(ends, dtype=np.int64)
+    values = np.empty(int(np.count_nonzero(b < 0x80)), dtype=np.uint64)
+    ptr = np.zeros(len(node_end) + 1, dtype=np.int64)
+    n, start, at, node = len(b), 0, 0, 0
+    while start < n:
+        stop = min(start + UNPACK_BYTES, n)
+        while stop < n and b[stop - 1] >= 0x80:   # whole varints only
+            stop += 1
+        chunk = b[start:stop]
+        last = np.flatnonzero(chunk < 0x80)
+        first = np.zeros(len(last), dtype=np.int64)
+        first[1:] = last[:-1] + 1
+        size = last - first + 1
+        v = (chunk[first] & 0x7F).astype(np.uint64)
+        for k in range(1, int(size.max())):
+            m = np.flatnonzero(size > k)
+            v[m] |= (chunk[first[m] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        values[at:at + len(v)] = v
+        hi = int(np.searchsorted(node_end, stop, side="right"))   # nodes ending in this slice
+        ptr[node + 1:hi + 1] = at + np.searchsorted(last, node_end[node:hi] - start)
+        at += len(v)
+        node, start = hi, stop
     return values, ptr
 
 
@@ -769,7 +782,7 @@ class _Graph:
     udeps: memoryview
     pos: memoryview
     ptr: memoryview
-    deps: memoryview
+    dep_u: memoryview     # the u of node i's data_deps: dep_u[ptr[i]:ptr[i + 1]]
 
 
 def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: IssueCollector,
@@ -783,7 +796,7 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
         return None
     ids = np.frombuffer(sc.ids, dtype=np.uint64)
     deps, ptr = _unpack_all(sc.deps, sc.deps_end)
-    sc.deps = bytearray()
+    sc.deps, sc.deps_end = bytearray(), array("q")
     n = len(ids)
     by_id: np.ndarray | None = None
     run_start: np.ndarray | None = None
@@ -804,10 +817,10 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
         uid = np.empty(n, dtype=np.int64)
         uid[by_id] = np.cumsum(run_start) - 1
     # The u of each data_dep, -1 where no node has that id.
-    dep_u = np.searchsorted(uniq, deps).astype(np.int64)
-    if len(deps):
-        found = (dep_u < len(uniq)) & (uniq[np.minimum(dep_u, len(uniq) - 1)] == deps)
-        dep_u[~found] = -1
+    dep_u = np.searchsorted(uniq, deps).astype(np.int64, copy=False)
+    for s in range(0, len(deps), UNPACK_BYTES):
+        u = dep_u[s:s + UNPACK_BYTES]
+        u[uniq[np.minimum(u, len(uniq) - 1)] != deps[s:s + UNPACK_BYTES]] = -1
     missing = np.flatnonzero(dep_u < 0)
     dep_issues: list[tuple[int, int, str, str, str]] = []
     if len(missing):
@@ -830,6 +843,7 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
         p2p.rank.append(rank)
         p2p.message.append(k)
     g = _graph(ids, uniq, uid, ptr, deps, dep_u, run_start, by_id, where_f, out)
+    del deps
     if g is None:
         return None
     return _order(path, sc, g, out)
@@ -842,7 +856,7 @@ def _graph(ids: np.ndarray, uniq: np.ndarray, uid: np.ndarray, ptr: np.ndarray, 
     n, nu = len(ids), len(uniq)
     counts = np.diff(ptr)
     last: np.ndarray | None = None
-    if nu == n and (not len(deps) or bool(np.all(deps < np.repeat(ids, counts)))):
+    if nu == n and _deps_below(ids, ptr, deps):
         # Every dependency names a smaller id: id order is topological (the exporter's case).
         last = by_id
         pos = np.arange(nu, dtype=np.int64)
@@ -864,7 +878,18 @@ def _graph(ids: np.ndarray, uniq: np.ndarray, uid: np.ndarray, ptr: np.ndarray, 
         if pos is None:
             return None
     mv = memoryview
-    return _Graph(ids, uniq, mv(uid), mv(uptr), mv(udeps), mv(pos), mv(ptr), mv(deps))
+    return _Graph(ids, uniq, mv(uid), mv(uptr), mv(udeps), mv(pos), mv(ptr), mv(dep_u))
+
+
+def _deps_below(ids: np.ndarray, ptr: np.ndarray, deps: np.ndarray) -> bool:
+    """True when every node's data_deps name smaller ids (compared a slice of nodes at a time)."""
+    step = UNPACK_BYTES
+    for s in range(0, len(ids), step):
+        e = min(s + step, len(ids))
+        a, z = ptr[s], ptr[e]
+        if z > a and not bool(np.all(deps[a:z] < np.repeat(ids[s:e], np.diff(ptr[s:e + 1])))):
+            return False
+    return True
 
 
 def _kahn(ids: np.ndarray, uniq: np.ndarray, uid: np.ndarray, udeps: np.ndarray, uptr: np.ndarray,
@@ -913,11 +938,10 @@ def _kahn(ids: np.ndarray, uniq: np.ndarray, uid: np.ndarray, udeps: np.ndarray,
 
 def _reaches(b: int, a: int, g: _Graph) -> bool:
     """True when node ``b`` (an index in the file) depends on node ``a`` through data_deps."""
-    ptr, deps, target = g.ptr, g.deps, int(g.ids[a])
+    ptr, dep_u, tu = g.ptr, g.dep_u, g.uid[a]
     for p in range(ptr[b], ptr[b + 1]):
-        if deps[p] == target:
+        if dep_u[p] == tu:
             return True
-    tu = g.uid[a]
     floor = g.pos[tu]
     uptr, udeps, pos = g.uptr, g.udeps, g.pos
     start = g.uid[b]
