@@ -220,12 +220,14 @@ def workload_prefix(folder: Path) -> str:
 
 
 # -- one rank file, read as a stream ------------------------------------------------------------
-# A rank file is read once, node by node, keeping per node only its id and its data_deps in
-# flat arrays (8 bytes a value); what a node message says beyond them (its type, attributes,
-# the problems found in it) is cached by the message with the id and the data_deps cut out, so
-# the many nodes that differ only there (every micro-batch, every rank of a stage) are decoded
-# once. Collectives and sends/recvs are kept as arrays too; a node's name, needed only to word a
-# problem, is read back from the file when there is one to report.
+# A rank file is read once, message by message, keeping per node only its id (an array of 8
+# bytes a value) and its data_deps as written (packed varints), decoded into arrays once the
+# file is read; what a node message says beyond them (its type, attributes, the problems found
+# in it) is cached by the message with the id and the data_deps cut out, so the many nodes that
+# differ only there (every micro-batch, every rank of a stage) are decoded once. Collectives
+# and sends/recvs are kept as arrays too; a node's name, needed only to word a problem, is read
+# back from the file when there is one to report. The findings, and their order, are those of
+# the check that read each file whole (tests/test_astra_sim_check_stream.py).
 READ_BYTES = 1 << 20      # how much of a rank file is read at a time
 UNPACK_BYTES = 1 << 16    # how many bytes of packed data_deps are decoded at a time
 CACHED_FACTS = 16_384     # node facts kept (a few hundred distinct ones in an export's files)
