@@ -388,13 +388,16 @@ def _split(data: bytes) -> tuple[int, bytes, bytes] | None:
                 i += 2 + data[i + 1]
             if data[i] == 0x18 and data[i + 1] < 0x80:
                 i += 2
-            if data[i] == 0x2A:
+            tag = data[i]
+            if tag == 0x2A:
                 size = data[i + 1]
                 end = i + 2 + size
                 if size < 0x80 and end <= len(data):
                     seg = data[i + 2:end]
                     if _packed_ok(seg):
                         return nid, seg, data[j:i] + data[end:]
+            elif tag >= 0x30:             # a field after data_deps: there are none
+                return nid, b"", data[j:]
     except IndexError:
         pass
     return _split_any(data)
