@@ -55,11 +55,14 @@ import heapq
 import json
 import math
 import re
-from collections import Counter, defaultdict
+from array import array
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+import numpy as np
 from chakra.schema.protobuf import et_def_pb2 as et
 from google.protobuf.message import DecodeError
 
@@ -216,26 +219,51 @@ def workload_prefix(folder: Path) -> str:
     return found[0] if len(found) == 1 else WORKLOAD_PREFIX
 
 
-# -- one rank file ----------------------------------------------------------------------------
-@dataclass
-class _RankSummary:
-    sequences: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    # (group, k) -> (group, k): the rank issues the first collective before the second
-    order: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
-    # per world collective (pg_name absent), the collectives of other groups issued before it
-    world_prefix: list[int] = field(default_factory=list)
+# -- one rank file, read as a stream ------------------------------------------------------------
+# A rank file is read once, message by message, keeping per node only its id (an array of 8
+# bytes a value) and its data_deps as written (packed varints), decoded into arrays once the
+# file is read; what a node message says beyond them (its type, attributes, the problems found
+# in it) is cached by the message with the id and the data_deps cut out, so the many nodes that
+# differ only there (every micro-batch, every rank of a stage) are decoded once. Collectives
+# and sends/recvs are kept as arrays too; a node's name, needed only to word a problem, is read
+# back from the file when there is one to report. The findings, and their order, are those of
+# the check that read each file whole (tests/test_astra_sim_check_stream.py).
+READ_BYTES = 1 << 20      # how much of a rank file is read at a time
+UNPACK_BYTES = 1 << 16    # how many bytes of packed data_deps are decoded at a time
+CACHED_FACTS = 16_384     # node facts kept (a few hundred distinct ones in an export's files)
+_U64 = 1 << 64
 
 
-@dataclass(frozen=True)
+class _Ints:
+    """Whole numbers appended one by one: 8 bytes each while they fit an int64, a list after
+    one does not (attribute values are checked, not trusted to fit)."""
+
+    __slots__ = ("v",)
+
+    def __init__(self) -> None:
+        self.v: array | list[int] = array("q")
+
+    def append(self, x: int) -> None:
+        try:
+            self.v.append(x)
+        except OverflowError:
+            self.v = [*self.v, x]
+
+    def __len__(self) -> int:
+        return len(self.v)
+
+    def __getitem__(self, i: int) -> int:
+        return self.v[i]
+
+
+@dataclass(frozen=True, slots=True)
 class _Facts:
-    """What the checks need from one node message, independent of the rank it is on (rank
-    files that share a graph repeat most node messages byte for byte, so facts are cached
-    by the message bytes)."""
+    """What the checks need from one node message besides its id and data_deps, the same for
+    every message that differs from it only there (rank files that share a graph, and the
+    micro-batches of one graph, repeat most node messages that way)."""
 
-    id: int
     name: str
     type: int
-    deps: tuple[int, ...]
     issues: tuple[tuple[str, str], ...]          # (rule, message) found in the node alone
     coll: tuple[int, int, str] | None = None     # comm_type, comm_size, group key
     p2p: tuple[bool, int | None, int | None, int | None, int] | None = None  # send?, src, dst, tag, size
@@ -248,17 +276,12 @@ def _int_attr(attrs: dict, name: str) -> int | None:
     return int(v[1])
 
 
-def _facts(data: bytes, splits: int | None, roofline: bool = False) -> _Facts | str:
-    """Facts of one node message, or a decode error message."""
-    n = et.Node()
-    try:
-        n.ParseFromString(data)
-    except DecodeError as e:
-        return f"does not decode as a Node ({e})"
+def _facts(n: et.Node, splits: int | None, roofline: bool = False) -> _Facts:
+    """Facts of one decoded node message."""
     issues: list[tuple[str, str]] = []
     if n.ctrl_deps:
         issues.append(("ctrl-deps-empty", f"ctrl_deps {list(n.ctrl_deps)[:5]} (put ordering in data_deps)"))
-    base = {"id": n.id, "name": n.name, "type": n.type, "deps": tuple(n.data_deps)}
+    base = {"name": n.name, "type": n.type}
     if n.type not in ALLOWED_TYPES:
         name = et.NodeType.Name(n.type) if n.type in et.NodeType.values() else str(n.type)
         issues.append(("node-type", f"node type {name} is not one ASTRA-sim runs (use COMP, "
@@ -323,216 +346,700 @@ def _facts(data: bytes, splits: int | None, roofline: bool = False) -> _Facts | 
     return _Facts(**base, issues=tuple(issues))
 
 
+def _varint(data: bytes, i: int, n: int) -> tuple[int, int]:
+    """The varint at ``data[i:]`` and where it ends; (-1, -1) when it runs past ``n`` or 10 bytes."""
+    v = shift = 0
+    while i < n and shift < 70:
+        b = data[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (v, i) if v < _U64 else (-1, -1)
+        shift += 7
+    return -1, -1
+
+
+_HIGH_BIT = bytes.maketrans(bytes(range(256)), bytes(b >> 7 for b in range(256)))
+
+
+def _packed_ok(seg: bytes) -> bool:
+    """True when ``seg`` is whole varints of at most 9 bytes each (values below 2**63)."""
+    return not seg or (seg[-1] < 0x80 and (len(seg) < 9 or b"\x01" * 9 not in seg.translate(_HIGH_BIT)))
+
+
+def _split(data: bytes) -> tuple[int, bytes, bytes] | None:
+    """A node message written field by field in number order (as protobuf writes it): its id,
+    its packed data_deps (the varints as written) and the rest of the message (the cache key).
+    None for any other layout."""
+    try:
+        # The common case: an id of up to 3 bytes, a name and a type under 128, deps under 128 bytes.
+        if data[0] == 0x08:
+            b = data[1]
+            if b < 0x80:
+                nid, i = b, 2
+            elif data[2] < 0x80:
+                nid, i = (b & 0x7F) | data[2] << 7, 3
+            elif data[3] < 0x80:
+                nid, i = (b & 0x7F) | (data[2] & 0x7F) << 7 | data[3] << 14, 4
+            else:
+                return _split_any(data)
+            j = i
+            if data[i] == 0x12 and data[i + 1] < 0x80:
+                i += 2 + data[i + 1]
+            if data[i] == 0x18 and data[i + 1] < 0x80:
+                i += 2
+            tag = data[i]
+            if tag == 0x2A:
+                size = data[i + 1]
+                end = i + 2 + size
+                if size < 0x80 and end <= len(data):
+                    seg = data[i + 2:end]
+                    if _packed_ok(seg):
+                        return nid, seg, data[j:i] + data[end:]
+            elif tag >= 0x30:             # a field after data_deps: there are none
+                return nid, b"", data[j:]
+    except IndexError:
+        pass
+    return _split_any(data)
+
+
+def _split_any(data: bytes) -> tuple[int, bytes, bytes] | None:
+    """:func:`_split` field by field."""
+    n = len(data)
+    if n < 2 or data[0] != 0x08:
+        return None
+    nid, i = _varint(data, 1, n)
+    if i < 0:
+        return None
+    j = i
+    while i < n:
+        tag = data[i]
+        if tag == 0x2A:                   # data_deps, packed
+            size, k = _varint(data, i + 1, n)
+            if k < 0 or k + size > n:
+                return None
+            seg = data[k:k + size]
+            return (nid, seg, data[j:i] + data[k + size:]) if _packed_ok(seg) else None
+        if tag == 0x12 or tag == 0x22:    # name, packed ctrl_deps
+            size, k = _varint(data, i + 1, n)
+            if k < 0 or k + size > n:
+                return None
+            i = k + size
+        elif tag == 0x18:                 # type
+            _, i = _varint(data, i + 1, n)
+            if i < 0:
+                return None
+        elif tag >= 0x30:                 # a field after data_deps: there are none
+            break
+        else:
+            return None
+    return nid, b"", data[j:]
+
+
+def _unpack(seg: bytes) -> list[int]:
+    out, v, shift = [], 0, 0
+    for b in seg:
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            out.append(v)
+            v = shift = 0
+    return out
+
+
+def _pack(values) -> bytes:
+    out = bytearray()
+    for v in values:
+        while v >= 0x80:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out)
+
+
+def _unpack_all(raw: bytes | bytearray, ends: array) -> tuple[np.ndarray, np.ndarray]:
+    """The varints of ``raw`` (uint64) and, for byte offsets ``ends`` (where each node's end),
+    how many of them end before each (node k's deps are ``values[ptr[k]:ptr[k + 1]]``). Decoded
+    a slice at a time, so the temporaries do not grow with the file."""
+    b = np.frombuffer(raw, dtype=np.uint8)
+    node_end = np.frombuffer(ends, dtype=np.int64)
+    values = np.empty(int(np.count_nonzero(b < 0x80)), dtype=np.uint64)
+    ptr = np.zeros(len(node_end) + 1, dtype=np.int64)
+    n, start, at, node = len(b), 0, 0, 0
+    while start < n:
+        stop = min(start + UNPACK_BYTES, n)
+        while stop < n and b[stop - 1] >= 0x80:   # whole varints only
+            stop += 1
+        chunk = b[start:stop]
+        last = np.flatnonzero(chunk < 0x80)
+        first = np.zeros(len(last), dtype=np.int64)
+        first[1:] = last[:-1] + 1
+        size = last - first + 1
+        v = (chunk[first] & 0x7F).astype(np.uint64)
+        for k in range(1, int(size.max())):
+            m = np.flatnonzero(size > k)
+            v[m] |= (chunk[first[m] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        values[at:at + len(v)] = v
+        hi = int(np.searchsorted(node_end, stop, side="right"))   # nodes ending in this slice
+        ptr[node + 1:hi + 1] = at + np.searchsorted(last, node_end[node:hi] - start)
+        at += len(v)
+        node, start = hi, stop
+    return values, ptr
+
+
+def _plain_fields(data: bytes) -> bool:
+    """True when ``data`` is a sequence of well-formed top-level fields, none of them the id
+    (1) or data_deps (5)."""
+    i, n = 0, len(data)
+    while i < n:
+        tag, i = _varint(data, i, n)
+        if i < 0 or tag >> 3 in (0, 1, 5):
+            return False
+        wire = tag & 7
+        if wire == 0:
+            _, i = _varint(data, i, n)
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            size, i = _varint(data, i, n)
+            i = -1 if i < 0 else i + size
+        elif wire == 5:
+            i += 4
+        else:
+            return False
+        if i < 0 or i > n:
+            return False
+    return True
+
+
+_SLOW = object()   # a cache key whose messages are decoded one by one
+
+
 class _FactsCache:
-    def __init__(self, splits: int | None, limit: int = 200_000, roofline: bool = False):
+    """Facts by node message with its id and data_deps cut out (:func:`_split`)."""
+
+    def __init__(self, splits: int | None, roofline: bool = False):
         self.splits = splits
         self.roofline = roofline
-        self.limit = limit
-        self._d: dict[bytes, _Facts | str] = {}
+        self.limit = CACHED_FACTS
+        self.by_key: dict[bytes, _Facts | object] = {}
 
-    def get(self, data: bytes) -> _Facts | str:
-        f = self._d.get(data)
-        if f is None:
-            f = _facts(data, self.splits, self.roofline)
-            if len(self._d) >= self.limit:
-                self._d.clear()
-            self._d[data] = f
+    def get(self, data: bytes) -> tuple[int, bytes, _Facts] | str:
+        """(id, data_deps as packed varints, facts) of one node message, or a decode error."""
+        sp = _split(data)
+        if sp is not None:
+            nid, seg, key = sp
+            f = self.by_key.get(key)
+            if f is None:
+                f = self.learn(data, nid, seg, key)
+            if f is not _SLOW:
+                return nid, seg, f  # type: ignore[return-value]
+        n = et.Node()
+        try:
+            n.ParseFromString(data)
+        except DecodeError as e:
+            return f"does not decode as a Node ({e})"
+        return n.id, _pack(n.data_deps), _facts(n, self.splits, self.roofline)
+
+    def learn(self, data: bytes, nid: int, seg: bytes, key: bytes) -> _Facts | object:
+        n = et.Node()
+        try:
+            n.ParseFromString(data)
+        except DecodeError:
+            f: _Facts | object = _SLOW
+        else:
+            ok = n.id == nid and list(n.data_deps) == _unpack(seg) and _plain_fields(key)
+            f = _facts(n, self.splits, self.roofline) if ok else _SLOW
+        if len(self.by_key) >= self.limit:
+            self.by_key.clear()
+        self.by_key[key] = f
         return f
 
 
-def _messages(data: bytes) -> Iterator[bytes]:
-    """The varint-length-prefixed messages of a file held in memory (faster than reading
-    the prefix byte by byte)."""
-    i, n = 0, len(data)
-    while i < n:
-        shift = size = 0
-        while True:
-            if i >= n:
-                raise EchoError("truncated length prefix")
-            b = data[i]
-            i += 1
-            size |= (b & 0x7F) << shift
-            if not b & 0x80:
-                break
-            shift += 7
-            if shift > 63:
-                raise EchoError("length prefix longer than 10 bytes (not a length-delimited stream)")
-        if i + size > n:
-            raise EchoError(f"truncated message: expected {size} bytes, found {n - i}")
-        yield data[i:i + size]
-        i += size
+def _frames(f: BinaryIO) -> Iterator[bytes]:
+    """The varint-length-prefixed messages of a file, read a megabyte at a time."""
+    buf = f.read(READ_BYTES)
+    i = 0
+    eof = len(buf) < READ_BYTES
+    while True:
+        while len(buf) - i < 10 and not eof:
+            more = f.read(READ_BYTES)
+            eof = len(more) < READ_BYTES
+            buf = buf[i:] + more
+            i = 0
+        n = len(buf)
+        if i >= n:
+            return
+        size = buf[i]
+        i += 1
+        if size >= 0x80:
+            size &= 0x7F
+            shift = 7
+            while True:
+                if i >= n:
+                    raise EchoError("truncated length prefix")
+                b = buf[i]
+                i += 1
+                size |= (b & 0x7F) << shift
+                if not b & 0x80:
+                    break
+                shift += 7
+                if shift > 63:
+                    raise EchoError("length prefix longer than 10 bytes (not a length-delimited stream)")
+        if i + size <= n:
+            yield buf[i:i + size]
+            i += size
+            continue
+        parts = [buf[i:]]
+        have = n - i
+        while have < size and not eof:
+            more = f.read(max(READ_BYTES, size - have))
+            eof = not more
+            parts.append(more)
+            have += len(more)
+        rest = b"".join(parts)
+        if have < size:
+            raise EchoError(f"truncated message: expected {size} bytes, found {have}")
+        yield rest[:size]
+        buf, i = rest, size
 
 
-def _read_rank(path: Path, out: IssueCollector, cache: _FactsCache) -> list[_Facts] | None:
+def _message_number(k: int, skipped: list[int]) -> int:
+    """The message number of node ``k`` (the k-th message that decoded as a node)."""
+    m = k + 1
+    for s in skipped:
+        if s > m:
+            break
+        m += 1
+    return m
+
+
+def _names(path: Path, want: set[int]) -> dict[int, tuple[int, str]]:
+    """(id, name) of the node messages numbered ``want`` (#0 being the metadata), read again."""
+    out: dict[int, tuple[int, str]] = {}
+    if not want:
+        return out
+    with path.open("rb") as f:
+        for i, data in enumerate(_frames(f)):
+            if i in want:
+                n = et.Node()
+                n.ParseFromString(data)
+                out[i] = (n.id, n.name)
+                if len(out) == len(want):
+                    break
+    return out
+
+
+@dataclass
+class _RankSummary:
+    # group -> (comm_types, comm_sizes) in issue order
+    sequences: dict[str, tuple[_Ints, _Ints]] = field(default_factory=dict)
+    # (group, k) -> (group, k) between groups: the rank issues the first collective before the
+    # second; within a group, k before k + 1 for k < counts[group] - 1
+    cross: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    # per world collective (pg_name absent), the collectives of other groups issued before it
+    world_prefix: array = field(default_factory=lambda: array("q"))
+
+
+class _P2P:
+    """Every send and recv of the job, in the order read: (src, dst, tag, size), and the rank
+    and message number it is at (its name is read again only to report it)."""
+
+    def __init__(self) -> None:
+        self.send = array("b")
+        self.src, self.dst, self.tag, self.size = _Ints(), _Ints(), _Ints(), _Ints()
+        self.rank = array("q")
+        self.message = array("q")
+
+
+@dataclass
+class _Scan:
+    """One rank file after the read: per node (file order) its id and its data_deps as written
+    (packed varints, node i's ending at byte ``deps_end[i]``); the nodes with something to
+    say, sparsely."""
+
+    ids: array = field(default_factory=lambda: array("Q"))
+    deps: bytearray = field(default_factory=bytearray)
+    deps_end: array = field(default_factory=lambda: array("q"))
+    skipped: list[int] = field(default_factory=list)      # message numbers that are not nodes
+    # (node index, 0 before dep-exists / 2 after, rule, message, where), at most limit of them
+    issues: list[tuple[int, int, str, str, str]] = field(default_factory=list)
+    colls: dict[str, tuple[array, list[int], list[int]]] = field(default_factory=dict)  # index, type, size
+    # send?, src, dst, tag, size, message number
+    p2p: list[tuple[bool, int, int, int, int, int]] = field(default_factory=list)
+
+
+def _read_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: IssueCollector,
+               cache: _FactsCache) -> _Scan | None:
     where_f = str(path)
-    content = path.read_bytes()
-    if content[:2] == b"\x1f\x8b":
-        out.add("framing", "file is gzip-compressed; ASTRA-sim master reads plain files only", where_f)
-        return None
-    facts: list[_Facts] = []
     try:
-        it = _messages(content)
-        first = next(it, None)
-        if first is None:
-            out.add("metadata-first", "file is empty", where_f)
-            return None
-        meta = et.GlobalMetadata()
-        try:
-            meta.ParseFromString(first)
-        except DecodeError as e:
-            out.add("metadata-first", f"first message is not a GlobalMetadata ({e})", where_f)
-            return None
-        if not meta.version:
-            out.add("metadata-first", "GlobalMetadata has an empty version", where_f)
-        for i, data in enumerate(it):
-            if not data:
-                out.add("node-decode", f"message #{i + 1} is empty (Python readers stop there)", where_f)
-                continue
-            fa = cache.get(data)
-            if isinstance(fa, str):
-                out.add("node-decode", f"message #{i + 1} {fa}", where_f)
-                continue
-            facts.append(fa)
-    except EchoError as e:
-        out.add("framing", str(e), where_f)
+        f = path.open("rb")
+    except OSError as e:
+        out.add("framing", f"cannot read ({e})", where_f)
         return None
-    return facts
+    with f:
+        if f.read(2) == b"\x1f\x8b":
+            out.add("framing", "file is gzip-compressed; ASTRA-sim master reads plain files only", where_f)
+            return None
+        f.seek(0)
+        sc = _Scan()
+        ids, deps_a, deps_end, issues, colls, p2p = sc.ids, sc.deps, sc.deps_end, sc.issues, sc.colls, sc.p2p
+        cap = out.limit
+        try:
+            it = _frames(f)
+            first = next(it, None)
+            if first is None:
+                out.add("metadata-first", "file is empty", where_f)
+                return None
+            meta = et.GlobalMetadata()
+            try:
+                meta.ParseFromString(first)
+            except DecodeError as e:
+                out.add("metadata-first", f"first message is not a GlobalMetadata ({e})", where_f)
+                return None
+            if not meta.version:
+                out.add("metadata-first", "GlobalMetadata has an empty version", where_f)
+            get, by_key, split = cache.get, cache.by_key, _split
+            for i, data in enumerate(it):
+                # The common case inline: a message like one met before but for id and deps.
+                sp = split(data) if data else None
+                fa = None if sp is None else by_key.get(sp[2])
+                if fa is None or fa is _SLOW:
+                    if not data:
+                        out.add("node-decode", f"message #{i + 1} is empty (Python readers stop there)", where_f)
+                        sc.skipped.append(i + 1)
+                        continue
+                    got = get(data)
+                    if isinstance(got, str):
+                        out.add("node-decode", f"message #{i + 1} {got}", where_f)
+                        sc.skipped.append(i + 1)
+                        continue
+                    sp = got
+                    fa = got[2]
+                nid, seg = sp[0], sp[1]
+                k = len(ids)
+                ids.append(nid)
+                if seg:
+                    deps_a += seg
+                deps_end.append(len(deps_a))
+                if fa.issues or fa.coll or fa.p2p:
+                    _note(fa, k, i + 1, nid, where_f, rank, npus, groups, issues, colls, p2p, cap)
+        except EchoError as e:
+            out.add("framing", str(e), where_f)
+            return None
+    return sc
+
+
+def _note(fa: _Facts, k: int, msg: int, nid: int, where_f: str, rank: int, npus: int, groups: dict[str, set[int]],
+          issues: list, colls: dict, p2p: list, cap: int) -> None:
+    """What one node with something to say adds: its own problems, its collective or its
+    send/recv once the rank may issue it."""
+    where = f"{where_f} node {nid} ({fa.name})"
+    for rule, text in fa.issues:
+        if len(issues) < cap:
+            issues.append((k, 0, rule, text, where))
+    if fa.coll is not None:
+        key = fa.coll[2]
+        if key != WORLD:
+            if key not in groups:
+                if len(issues) < cap:
+                    issues.append((k, 2, "pg-name", f"pg_name {key} is not a group of {FILE_NAMES['comm_group']}",
+                                   where))
+                return
+            if rank not in groups[key]:
+                if len(issues) < cap:
+                    issues.append((k, 2, "pg-name", f"rank {rank} is not a member of group {key}", where))
+                return
+        c = colls.get(key)
+        if c is None:
+            c = colls[key] = (array("q"), [], [])
+        c[0].append(k)
+        c[1].append(fa.coll[0])
+        c[2].append(fa.coll[1])
+    elif fa.p2p is not None:
+        is_send, src, dst, tag, size = fa.p2p
+        other, mine = (dst, src) if is_send else (src, dst)
+        other_name = "comm_dst" if is_send else "comm_src"
+        if not 0 <= other < npus or other == rank:
+            if len(issues) < cap:
+                issues.append((k, 2, "p2p-attrs", f"{other_name} {other} is not another rank of 0..{npus - 1}",
+                               where))
+            return
+        if mine is not None and mine != rank:
+            if len(issues) < cap:
+                issues.append((k, 2, "p2p-attrs", f"{'comm_src' if is_send else 'comm_dst'} {mine} is not "
+                               f"this rank {rank}", where))
+            return
+        p2p.append((is_send, *((rank, other) if is_send else (other, rank)), tag, size, msg))
+
+
+@dataclass
+class _Graph:
+    """A rank's dependency graph by unique id (``u``, in id order): ``pos[u]`` its place in the
+    issue order, ``udeps[uptr[u]:uptr[u + 1]]`` the ``u`` of its data_deps (-1: no such node),
+    ``uid[i]`` the ``u`` of node i of the file."""
+
+    ids: np.ndarray
+    uniq: np.ndarray
+    uid: memoryview
+    uptr: memoryview
+    udeps: memoryview
+    pos: memoryview
+    ptr: memoryview
+    dep_u: memoryview     # the u of node i's data_deps: dep_u[ptr[i]:ptr[i + 1]]
 
 
 def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: IssueCollector,
-                cache: _FactsCache, sends: Counter, recvs: Counter,
-                where_msg: dict) -> _RankSummary | None:
+                cache: _FactsCache, p2p: _P2P) -> _RankSummary | None:
     where_f = str(path)
-    facts = _read_rank(path, out, cache)
-    if facts is None:
+    sc = _read_rank(path, rank, npus, groups, out, cache)
+    if sc is None:
         return None
-    if not facts:
+    if not sc.ids:
         out.add("has-nodes", "no nodes (feeder v3 finds no dependency-free node and aborts)", where_f)
         return None
-    ids: dict[int, _Facts] = {}
-    for n in facts:
-        if n.id in ids:
-            out.add("unique-ids", f"node id {n.id} is used more than once", f"{where_f} node {n.id}")
-        ids[n.id] = n
-    summary = _RankSummary()
-    colls: dict[str, list[_Facts]] = defaultdict(list)
-    for n in facts:
-        if not (n.issues or n.coll or n.p2p) and all(d in ids for d in n.deps):
-            continue  # the common case: a clean compute node
-        where = f"{where_f} node {n.id} ({n.name})"
-        for rule, msg in n.issues:
-            out.add(rule, msg, where)
-        missing = [d for d in n.deps if d not in ids]
-        if missing:
-            out.add("dep-exists", f"data_dep on node {missing[0]}, which does not exist", where)
-        if n.coll is not None:
-            key = n.coll[2]
-            if key != WORLD:
-                if key not in groups:
-                    out.add("pg-name", f"pg_name {key} is not a group of {FILE_NAMES['comm_group']}", where)
-                    continue
-                if rank not in groups[key]:
-                    out.add("pg-name", f"rank {rank} is not a member of group {key}", where)
-                    continue
-            colls[key].append(n)
-        elif n.p2p is not None:
-            is_send, src, dst, tag, size = n.p2p
-            other, mine = (dst, src) if is_send else (src, dst)
-            other_name = "comm_dst" if is_send else "comm_src"
-            if not 0 <= other < npus or other == rank:
-                out.add("p2p-attrs", f"{other_name} {other} is not another rank of 0..{npus - 1}", where)
-                continue
-            if mine is not None and mine != rank:
-                out.add("p2p-attrs", f"{'comm_src' if is_send else 'comm_dst'} {mine} is not this "
-                        f"rank {rank}", where)
-                continue
-            key4 = (rank, other, tag, size) if is_send else (other, rank, tag, size)
-            (sends if is_send else recvs)[key4] += 1
-            where_msg.setdefault(("send" if is_send else "recv", key4), where)
-    order = _topological_positions(facts, ids, where_f, out)
-    if order is None:
-        return None
-    for key, cs in colls.items():
-        cs.sort(key=lambda n: order[n.id])
-        for a, b in zip(cs, cs[1:], strict=False):
-            if not _reaches(b, a, ids, order):
-                out.add("collective-order", f"collective {b.id} does not depend (through data_deps) on the "
-                        f"previous collective {a.id} of group {key}, so ranks may issue them in "
-                        "different orders", f"{where_f} node {b.id} ({b.name})")
+    ids = np.frombuffer(sc.ids, dtype=np.uint64)
+    deps, ptr = _unpack_all(sc.deps, sc.deps_end)
+    sc.deps, sc.deps_end = bytearray(), array("q")
+    n = len(ids)
+    by_id: np.ndarray | None = None
+    run_start: np.ndarray | None = None
+    if n < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        # Ids rising through the file (the exporter's case): node i is u = i, no id repeats.
+        uniq = ids
+        uid = np.arange(n, dtype=np.int64)
+    else:
+        by_id = np.argsort(ids, kind="stable")
+        sorted_ids = ids[by_id]
+        run_start = np.ones(n, dtype=bool)
+        run_start[1:] = sorted_ids[1:] != sorted_ids[:-1]
+        for i in np.sort(by_id[~run_start]).tolist():
+            out.add("unique-ids", f"node id {int(ids[i])} is used more than once", f"{where_f} node {int(ids[i])}")
+            if out.full:
                 break
-        summary.sequences[key] = [n.coll[:2] for n in cs]
-    # The order this rank issues collectives of different groups in, where it is fixed.
-    merged = sorted(((order[n.id], key, k, n) for key, cs in colls.items() for k, n in enumerate(cs)),
-                    key=lambda x: x[0])
-    for (_, ka, ia, a), (_, kb, ib, b) in zip(merged, merged[1:], strict=False):
-        if ka != kb and _reaches(b, a, ids, order):
-            summary.order.append(((ka, ia), (kb, ib)))
-    for key, cs in colls.items():
-        summary.order.extend(((key, k), (key, k + 1)) for k in range(len(cs) - 1))
-    others = 0
-    for _, key, _, _ in merged:
-        if key == WORLD:
-            summary.world_prefix.append(others)
-        else:
-            others += 1
-    return summary
+        uniq = sorted_ids[run_start]
+        uid = np.empty(n, dtype=np.int64)
+        uid[by_id] = np.cumsum(run_start) - 1
+    # The u of each data_dep, -1 where no node has that id.
+    dep_u = np.searchsorted(uniq, deps).astype(np.int64, copy=False)
+    for s in range(0, len(deps), UNPACK_BYTES):
+        u = dep_u[s:s + UNPACK_BYTES]
+        u[uniq[np.minimum(u, len(uniq) - 1)] != deps[s:s + UNPACK_BYTES]] = -1
+    missing = np.flatnonzero(dep_u < 0)
+    dep_issues: list[tuple[int, int, str, str, str]] = []
+    if len(missing):
+        owner = np.searchsorted(ptr, missing, side="right") - 1
+        owner, first = np.unique(owner, return_index=True)
+        owner, first = owner[:out.limit].tolist(), missing[first[:out.limit]].tolist()
+        msg = {k: _message_number(k, sc.skipped) for k in owner}
+        names = _names(path, set(msg.values()))
+        dep_issues = [(k, 1, "dep-exists", f"data_dep on node {int(deps[p])}, which does not exist",
+                       "{} node {} ({})".format(where_f, *names[msg[k]]))
+                      for k, p in zip(owner, first, strict=True)]
+    for _k, _, rule, text, where in sorted(sc.issues + dep_issues, key=lambda x: x[:2]):
+        out.add(rule, text, where)
+    for is_send, src, dst, tag, size, k in sc.p2p:
+        p2p.send.append(is_send)
+        p2p.src.append(src)
+        p2p.dst.append(dst)
+        p2p.tag.append(tag)
+        p2p.size.append(size)
+        p2p.rank.append(rank)
+        p2p.message.append(k)
+    g = _graph(ids, uniq, uid, ptr, deps, dep_u, run_start, by_id, where_f, out)
+    del deps
+    if g is None:
+        return None
+    return _order(path, sc, g, out)
 
 
-def _topological_positions(facts: list[_Facts], ids: dict[int, _Facts], where: str,
-                           out: IssueCollector) -> dict[int, int] | None:
-    if len(ids) == len(facts) and all(d < n.id for n in facts for d in n.deps):
+def _graph(ids: np.ndarray, uniq: np.ndarray, uid: np.ndarray, ptr: np.ndarray, deps: np.ndarray,
+           dep_u: np.ndarray, run_start: np.ndarray | None, by_id: np.ndarray | None, where: str,
+           out: IssueCollector) -> _Graph | None:
+    """The graph by u (``by_id`` None: node i is u = i), in issue order."""
+    n, nu = len(ids), len(uniq)
+    counts = np.diff(ptr)
+    last: np.ndarray | None = None
+    if nu == n and _deps_below(ids, ptr, deps):
         # Every dependency names a smaller id: id order is topological (the exporter's case).
-        return {i: k for k, i in enumerate(sorted(ids))}
-    indeg = dict.fromkeys(ids, 0)
-    children: dict[int, list[int]] = defaultdict(list)
-    for n in ids.values():
-        for d in set(n.deps):
-            if d == n.id:
-                out.add("acyclic", "node depends on itself", f"{where} node {n.id}")
-                return None
-            if d in ids:
-                indeg[n.id] += 1
-                children[d].append(n.id)
-    ready = [i for i, k in indeg.items() if k == 0]
-    heapq.heapify(ready)
-    pos: dict[int, int] = {}
+        last = by_id
+        pos = np.arange(nu, dtype=np.int64)
+    else:
+        if by_id is not None and run_start is not None:
+            last = by_id[np.append(np.flatnonzero(run_start)[1:], n) - 1]   # last node of each id
+        pos = None
+    # The data_deps of the last node of each id (a later one replaces it).
+    if last is None:
+        lens, uptr, udeps = counts, ptr, dep_u
+    else:
+        lens = counts[last]
+        uptr = np.zeros(nu + 1, dtype=np.int64)
+        np.cumsum(lens, out=uptr[1:])
+        gather = np.repeat(ptr[last] - uptr[:-1], lens) + np.arange(uptr[-1], dtype=np.int64)
+        udeps = dep_u[gather]
+    if pos is None:
+        pos = _kahn(ids, uniq, uid, udeps, uptr, lens, where, out)
+        if pos is None:
+            return None
+    mv = memoryview
+    return _Graph(ids, uniq, mv(uid), mv(uptr), mv(udeps), mv(pos), mv(ptr), mv(dep_u))
+
+
+def _deps_below(ids: np.ndarray, ptr: np.ndarray, deps: np.ndarray) -> bool:
+    """True when every node's data_deps name smaller ids (compared a slice of nodes at a time)."""
+    step = UNPACK_BYTES
+    for s in range(0, len(ids), step):
+        e = min(s + step, len(ids))
+        a, z = ptr[s], ptr[e]
+        if z > a and not bool(np.all(deps[a:z] < np.repeat(ids[s:e], np.diff(ptr[s:e + 1])))):
+            return False
+    return True
+
+
+def _kahn(ids: np.ndarray, uniq: np.ndarray, uid: np.ndarray, udeps: np.ndarray, uptr: np.ndarray,
+          lens: np.ndarray, where: str, out: IssueCollector) -> np.ndarray | None:
+    """Issue order by Kahn's algorithm, the smallest ready id first; None after reporting a
+    node that depends on itself or a cycle."""
+    nu = len(uniq)
+    owner = np.repeat(np.arange(nu, dtype=np.int64), lens)
+    selfish = np.unique(owner[udeps == owner])
+    if len(selfish):
+        # The first id met in the file whose (last) node depends on itself.
+        first_seen = np.full(nu, len(ids), dtype=np.int64)
+        np.minimum.at(first_seen, uid, np.arange(len(ids), dtype=np.int64))
+        u = int(selfish[np.argmin(first_seen[selfish])])
+        out.add("acyclic", "node depends on itself", f"{where} node {int(uniq[u])}")
+        return None
+    keep = udeps >= 0
+    edges = np.unique(owner[keep] * nu + udeps[keep])   # (child, parent), each once
+    child, parent = edges // nu, edges % nu
+    indeg = np.bincount(child, minlength=nu)
+    by_parent = np.argsort(parent, kind="stable")
+    kids = memoryview(child[by_parent])
+    kptr = np.zeros(nu + 1, dtype=np.int64)
+    np.cumsum(np.bincount(parent, minlength=nu), out=kptr[1:])
+    kp = memoryview(kptr)
+    deg = memoryview(indeg)
+    pos = np.full(nu, -1, dtype=np.int64)
+    pv = memoryview(pos)
+    ready = np.flatnonzero(indeg == 0).tolist()   # sorted: a heap already
+    k = 0
     while ready:
-        i = heapq.heappop(ready)
-        pos[i] = len(pos)
-        for c in children.get(i, ()):
-            indeg[c] -= 1
-            if indeg[c] == 0:
+        u = heapq.heappop(ready)
+        pv[u] = k
+        k += 1
+        for c in kids[kp[u]:kp[u + 1]]:
+            deg[c] -= 1
+            if deg[c] == 0:
                 heapq.heappush(ready, c)
-    if len(pos) != len(ids):
-        stuck = min(i for i in ids if i not in pos)
+    if k != nu:
+        stuck = int(uniq[int(np.flatnonzero(pos < 0)[0])])
         out.add("acyclic", f"dependency cycle through node {stuck} (its nodes are never issued)",
                 f"{where} node {stuck}")
         return None
     return pos
 
 
-def _reaches(node: _Facts, target: _Facts, ids: dict[int, _Facts], pos: dict[int, int]) -> bool:
-    """True when ``node`` depends on ``target`` through data_deps."""
-    if target.id in node.deps:
-        return True
-    floor = pos[target.id]
-    stack = [node.id]
-    seen = {node.id}
+def _reaches(b: int, a: int, g: _Graph) -> bool:
+    """True when node ``b`` (an index in the file) depends on node ``a`` through data_deps."""
+    ptr, dep_u, tu = g.ptr, g.dep_u, g.uid[a]
+    for p in range(ptr[b], ptr[b + 1]):
+        if dep_u[p] == tu:
+            return True
+    floor = g.pos[tu]
+    uptr, udeps, pos = g.uptr, g.udeps, g.pos
+    start = g.uid[b]
+    stack = [start]
+    seen = {start}
     while stack:
-        for d in ids[stack.pop()].deps:
-            if d == target.id:
+        u = stack.pop()
+        for p in range(uptr[u], uptr[u + 1]):
+            d = udeps[p]
+            if d == tu:
                 return True
-            if d in ids and d not in seen and pos[d] > floor:
+            if d >= 0 and d not in seen and pos[d] > floor:
                 seen.add(d)
                 stack.append(d)
     return False
 
 
-def _digest(seq: list[tuple[int, int]]) -> str:
+def _order(path: Path, sc: _Scan, g: _Graph, out: IssueCollector) -> _RankSummary:
+    """collective-order on one rank, and what the cross-rank rules need from it."""
+    where_f = str(path)
+    uid, pos = g.uid, g.pos
+    summary = _RankSummary()
+    sorted_colls: dict[str, list[int]] = {}
+    unchained: list[tuple[str, int, int]] = []    # group, previous collective, collective
+    for key, (idx, types, sizes) in sc.colls.items():
+        order = sorted(range(len(idx)), key=lambda j: pos[uid[idx[j]]])
+        cs = [idx[j] for j in order]
+        for a, b in zip(cs, cs[1:], strict=False):
+            if not _reaches(b, a, g):
+                unchained.append((key, a, b))
+                break
+        sorted_colls[key] = cs
+        t, s = _Ints(), _Ints()
+        for j in order:
+            t.append(types[j])
+            s.append(sizes[j])
+        summary.sequences[key] = (t, s)
+        summary.counts[key] = len(cs)
+    if unchained:
+        msg = {b: _message_number(b, sc.skipped) for _, _, b in unchained}
+        names = _names(path, set(msg.values()))
+        for key, a, b in unchained:
+            bid, bname = names[msg[b]]
+            out.add("collective-order", f"collective {bid} does not depend (through data_deps) on the "
+                    f"previous collective {int(g.ids[a])} of group {key}, so ranks may issue them in "
+                    "different orders", f"{where_f} node {bid} ({bname})")
+    # The order this rank issues collectives of different groups in, where it is fixed.
+    keys = list(sorted_colls)
+    flat_pos = np.array([pos[uid[i]] for key in keys for i in sorted_colls[key]], dtype=np.int64)
+    flat_key = np.repeat(np.arange(len(keys)), [len(sorted_colls[k]) for k in keys])
+    flat_k = np.concatenate([np.arange(len(sorted_colls[k])) for k in keys]) if keys else np.zeros(0, np.int64)
+    flat_i = np.array([i for key in keys for i in sorted_colls[key]], dtype=np.int64)
+    merged = np.argsort(flat_pos, kind="stable")
+    mk, mkk, mi = flat_key[merged].tolist(), flat_k[merged].tolist(), flat_i[merged].tolist()
+    for j in range(len(mk) - 1):
+        if mk[j] != mk[j + 1] and _reaches(mi[j + 1], mi[j], g):
+            summary.cross.append(((keys[mk[j]], mkk[j]), (keys[mk[j + 1]], mkk[j + 1])))
+    if WORLD in sorted_colls:
+        world, others = keys.index(WORLD), 0
+        for key in mk:
+            if key == world:
+                summary.world_prefix.append(others)
+            else:
+                others += 1
+    return summary
+
+
+def _digest(seq: tuple[_Ints, _Ints]) -> str:
     h = hashlib.sha1(usedforsecurity=False)
-    for t, s in seq:
-        h.update(f"{t}:{s};".encode())
+    types, sizes = seq
+    for i in range(len(types)):
+        h.update(f"{types[i]}:{sizes[i]};".encode())
     return h.hexdigest()
+
+
+class _IssueOrder:
+    """The issue order of collective instances across ranks, (group, k) -> (group, k), each
+    edge with the first rank that has it: within a group k -> k + 1, kept as each rank's count
+    of the group's collectives; between groups the edges the ranks give (one where a rank
+    switches groups)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, tuple[array, array]] = {}   # group -> (ranks, counts), rank order
+        self.cross: dict[tuple[tuple[str, int], tuple[str, int]], int] = {}
+
+    def add(self, rank: int, s: _RankSummary) -> None:
+        for key, c in s.counts.items():
+            if c > 1:
+                rs = self.counts.setdefault(key, (array("q"), array("q")))
+                rs[0].append(rank)
+                rs[1].append(c)
+        for e in s.cross:
+            self.cross.setdefault(e, rank)
 
 
 def check_export(folder, *, limit: int = 100) -> list[Issue]:
@@ -552,28 +1059,25 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     if npus is None:
         return out.issues
     prefix = workload_prefix(folder)
-    sends: Counter = Counter()
-    recvs: Counter = Counter()
-    where_msg: dict = {}
+    p2p = _P2P()
     cache = _FactsCache(splits, roofline=roofline)
     # group -> digest -> (first rank, sequence); group -> rank -> digest
-    reps: dict[str, dict[str, tuple[int, list]]] = defaultdict(dict)
+    reps: dict[str, dict[str, tuple[int, tuple[_Ints, _Ints]]]] = defaultdict(dict)
     seen: dict[str, dict[int, str]] = defaultdict(dict)
     unread: set[int] = set()   # ranks whose sequences are unknown: left out of cross-rank rules
-    edges: dict[tuple[str, int], dict[tuple[str, int], int]] = {}  # issue order -> first rank seen
-    prefixes: dict[int, list[int]] = {}
+    issue_order = _IssueOrder()
+    prefixes: dict[int, array] = {}
     for r in range(npus):
         path = folder / f"{prefix}.{r}.et"
         if not path.is_file():
             out.add("files-present", f"rank {r} has no workload file (ASTRA-sim exits)", str(path))
             unread.add(r)
             continue
-        s = _check_rank(path, r, npus, groups, out, cache, sends, recvs, where_msg)
+        s = _check_rank(path, r, npus, groups, out, cache, p2p)
         if s is None:
             unread.add(r)
         else:
-            for a, b in s.order:
-                edges.setdefault(a, {}).setdefault(b, r)
+            issue_order.add(r, s)
             prefixes[r] = s.world_prefix
             for key, seq in s.sequences.items():
                 d = _digest(seq)
@@ -582,16 +1086,17 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
         if out.full:
             return out.issues
     _check_sequences(folder, prefix, npus, groups, reps, seen, unread, out)
-    _check_cross_order(folder, prefix, edges, out)
+    _check_cross_order(folder, prefix, issue_order, out)
     _check_world_numbering(folder, prefix, prefixes, out)
     _check_offsets(folder, npus, out)
-    _check_p2p(sends, recvs, where_msg, unread, out)
+    _check_p2p(folder, prefix, p2p, unread, out)
     return out.issues
 
 
 def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set[int]],
                      reps: dict, seen: dict, unread: set[int], out: IssueCollector) -> None:
-    empty = _digest([])
+    none: tuple[_Ints, _Ints] = (_Ints(), _Ints())
+    empty = _digest(none)
     for key in sorted(set(reps) | set(groups), key=lambda k: int(k)):
         members = [r for r in (range(npus) if key == WORLD else sorted(groups.get(key, ())))
                    if r not in unread]
@@ -602,58 +1107,92 @@ def _check_sequences(folder: Path, prefix: str, npus: int, groups: dict[str, set
             continue
         ref_rank = min(digests)
         ref_d = digests[ref_rank]
-        ref_seq = reps[key].get(ref_d, (ref_rank, []))[1]
+        ref_t, ref_s = reps[key].get(ref_d, (ref_rank, none))[1]
         for r in sorted(digests):
             if digests[r] == ref_d:
                 continue
-            seq = reps[key].get(digests[r], (r, []))[1]
-            i = next((i for i, (a, b) in enumerate(zip(seq, ref_seq, strict=False)) if a != b),
-                     min(len(seq), len(ref_seq)))
+            t, s = reps[key].get(digests[r], (r, none))[1]
+            common = min(len(t), len(ref_t))
+            i = next((i for i in range(common) if t[i] != ref_t[i] or s[i] != ref_s[i]), common)
             name = "world" if key == WORLD else f"group {key}"
-            if i >= len(seq) or i >= len(ref_seq):
-                msg = f"issues {len(seq)} collectives on {name}, rank {ref_rank} issues {len(ref_seq)}"
+            if i >= len(t) or i >= len(ref_t):
+                msg = f"issues {len(t)} collectives on {name}, rank {ref_rank} issues {len(ref_t)}"
             else:
-                a, b = seq[i], ref_seq[i]
-                msg = (f"collective #{i} on {name} is {CHAKRA_TYPE_NAMES.get(a[0], a[0])} of {a[1]} B, "
-                       f"rank {ref_rank} issues {CHAKRA_TYPE_NAMES.get(b[0], b[0])} of {b[1]} B")
+                msg = (f"collective #{i} on {name} is {CHAKRA_TYPE_NAMES.get(t[i], t[i])} of {s[i]} B, "
+                       f"rank {ref_rank} issues {CHAKRA_TYPE_NAMES.get(ref_t[i], ref_t[i])} of {ref_s[i]} B")
             out.add("collective-sequence", msg, str(folder / f"{prefix}.{r}.et"))
             if out.full:
                 return
 
 
-def _check_cross_order(folder: Path, prefix: str, edges: dict, out: IssueCollector) -> None:
+def _check_cross_order(folder: Path, prefix: str, io: _IssueOrder, out: IssueCollector) -> None:
     """A cycle in the issue order of collective instances across ranks: a deadlock."""
-    color: dict[tuple[str, int], int] = {}
-    for start in sorted(edges):
-        if start in color:
+    most = {key: max(c) for key, (_, c) in io.counts.items()}
+    reach = {key: np.maximum.accumulate(np.frombuffer(c, dtype=np.int64)) for key, (_, c) in io.counts.items()}
+    cross: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
+    for a, b in io.cross:
+        cross[a].append(b)
+    size = dict.fromkeys(most, 0)
+    for a, b in io.cross:
+        for key, k in (a, b):
+            size[key] = max(size.get(key, 0), k + 1)
+    color = {key: bytearray(max(n, most.get(key, 0))) for key, n in size.items()}
+
+    def kids(node: tuple[str, int]) -> Iterator[tuple[str, int]]:
+        key, k = node
+        found = list(cross.get(node, ()))
+        if k + 2 <= most.get(key, 0):
+            found.append((key, k + 1))
+        return iter(sorted(found))
+
+    def first_rank(a: tuple[str, int], b: tuple[str, int]) -> int:
+        if a[0] != b[0]:
+            return io.cross[(a, b)]
+        ranks, _ = io.counts[a[0]]
+        return ranks[int(np.searchsorted(reach[a[0]], a[1] + 2))]
+
+    def starts() -> Iterator[tuple[str, int]]:
+        by_key: dict[str, list[int]] = defaultdict(list)
+        for key, k in cross:
+            by_key[key].append(k)
+        for key in sorted(set(by_key) | set(most)):
+            last = None
+            for k in heapq.merge(range(most.get(key, 0) - 1), sorted(by_key.get(key, ()))):
+                if k != last:
+                    yield key, k
+                    last = k
+
+    for start in starts():
+        if color[start[0]][start[1]]:
             continue
-        stack = [(start, iter(sorted(edges.get(start, {}))))]
-        color[start] = 1
+        stack = [(start, kids(start))]
+        color[start[0]][start[1]] = 1
         path = [start]
         while stack:
             node, it = stack[-1]
             nxt = next(it, None)
             if nxt is None:
-                color[node] = 2
+                color[node[0]][node[1]] = 2
                 stack.pop()
                 path.pop()
                 continue
-            if color.get(nxt) == 1:
+            c = color[nxt[0]][nxt[1]]
+            if c == 1:
                 cyc = path[path.index(nxt):] + [nxt]
                 a, b = cyc[0], cyc[1]
-                ra, rb = edges[a][b], edges[cyc[-2]][cyc[-1]]
+                ra, rb = first_rank(a, b), first_rank(cyc[-2], cyc[-1])
                 name = lambda x: f"#{x[1]} on {'world' if x[0] == WORLD else 'group ' + x[0]}"  # noqa: E731
                 out.add("collective-deadlock", f"rank {ra} issues collective {name(a)} before {name(b)}, "
                         f"but rank {rb} issues {name(cyc[-2])} before {name(cyc[-1])}: each waits for the "
                         "other for ever", str(folder / f"{prefix}.{rb}.et"))
                 return
-            if nxt not in color:
-                color[nxt] = 1
+            if c == 0:
+                color[nxt[0]][nxt[1]] = 1
                 path.append(nxt)
-                stack.append((nxt, iter(sorted(edges.get(nxt, {})))))
+                stack.append((nxt, kids(nxt)))
 
 
-def _check_world_numbering(folder: Path, prefix: str, prefixes: dict[int, list[int]], out: IssueCollector) -> None:
+def _check_world_numbering(folder: Path, prefix: str, prefixes: dict[int, array], out: IssueCollector) -> None:
     if not prefixes or not any(any(p) for p in prefixes.values()):
         return
     ref_rank = min(prefixes)
@@ -679,18 +1218,47 @@ def _check_offsets(folder: Path, npus: int, out: IssueCollector) -> None:
         out.add("start-offsets", f"start_offset_us must list {npus} whole, non-negative numbers of µs", str(path))
 
 
-def _check_p2p(sends: Counter, recvs: Counter, where_msg: dict, unread: set[int],
-               out: IssueCollector) -> None:
-    for key in sorted(set(sends) | set(recvs)):
-        if key[0] in unread or key[1] in unread:
+def _check_p2p(folder: Path, prefix: str, p2p: _P2P, unread: set[int], out: IssueCollector) -> None:
+    """Sends and recvs matched on (src, dst, tag, size), in that order of keys."""
+    n = len(p2p.rank)
+    if not n or out.full:
+        return
+    cols = (p2p.src.v, p2p.dst.v, p2p.tag.v, p2p.size.v)
+    src, dst, tag, size = cols
+    if all(isinstance(c, array) for c in cols):
+        order = np.lexsort([np.frombuffer(c, dtype=np.int64) for c in reversed(cols)]).tolist()
+    else:
+        order = sorted(range(n), key=lambda i: (src[i], dst[i], tag[i], size[i]))
+    found: list[tuple[tuple[int, int, int, int], int, int, int]] = []   # key, sends, recvs, where
+    room = out.limit - len(out.issues)
+    j = 0
+    while j < n and len(found) < room:
+        x = order[j]
+        key = (src[x], dst[x], tag[x], size[x])
+        sends = recvs = 0
+        first = [-1, -1]    # recv, send
+        while j < n:
+            y = order[j]
+            if (src[y], dst[y], tag[y], size[y]) != key:
+                break
+            is_send = p2p.send[y]
+            if is_send:
+                sends += 1
+            else:
+                recvs += 1
+            if first[is_send] < 0:
+                first[is_send] = y
+            j += 1
+        if key[0] in unread or key[1] in unread or sends == recvs:
             continue
-        s, r = sends.get(key, 0), recvs.get(key, 0)
-        if s == r:
-            continue
-        src, dst, tag, size = key
-        kind = "send" if s > r else "recv"
-        where = where_msg.get((kind, key), "")
-        out.add("p2p-match", f"{s} send(s) but {r} recv(s) of {size} B from rank {src} to rank {dst} "
-                f"with tag {tag} (a recv matches a send on equal src, dst, tag and size)", where)
-        if out.full:
-            return
+        found.append((key, sends, recvs, first[1] if sends > recvs else first[0]))
+    want: dict[int, set[int]] = defaultdict(set)
+    for *_, y in found:
+        want[p2p.rank[y]].add(p2p.message[y])
+    names = {r: _names(folder / f"{prefix}.{r}.et", ms) for r, ms in want.items()}
+    for (s_rank, d_rank, t, sz), sends, recvs, y in found:
+        r = p2p.rank[y]
+        nid, name = names[r][p2p.message[y]]
+        out.add("p2p-match", f"{sends} send(s) but {recvs} recv(s) of {sz} B from rank {s_rank} to rank {d_rank} "
+                f"with tag {t} (a recv matches a send on equal src, dst, tag and size)",
+                f"{folder / f'{prefix}.{r}.et'} node {nid} ({name})")
