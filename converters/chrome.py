@@ -557,8 +557,6 @@ def write_timeline_whole(events: Iterable[TimelineEvent], dest: str | os.PathLik
     return _summary(dest, list(traces.values()), len(traces))
 
 
-
-
 # --- A timeline written as its events come ------------------------------------------------------
 #
 # write_timeline reads its events once. Each event goes to an unnamed scratch file beside the
