@@ -43,6 +43,13 @@ def test_predict_writes_one_folder_the_same_bytes_each_run(tmp_path) -> None:
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
     again = runner.invoke(app, ["predict", *TINY, "-o", str(tmp_path / "a")])   # an earlier output: replaced
     assert again.exit_code == 0, again.output
+    # a user's file put beside (or inside) an earlier output makes the folder the user's
+    for where in ("notes.txt", "job/graphs/notes.txt", "timeline/notes.txt"):
+        (tmp_path / "a" / where).write_text("keep")
+        res = runner.invoke(app, ["predict", *TINY, "-o", str(tmp_path / "a")])
+        assert res.exit_code == 2 and "not an echo-et predict folder" in res.stderr, (where, res.output)
+        assert (tmp_path / "a" / where).read_text() == "keep"
+        (tmp_path / "a" / where).unlink()
 
 
 def test_predict_bad_input_is_one_line_and_writes_nothing(tmp_path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_job, trace_row
 from echo_et.ir import Job, save_job
-from echo_et.ir.io import atomic_dir
+from echo_et.ir.io import GRAPH_DIR, GRAPH_SUFFIX, MANIFEST_NAME, atomic_dir, written_by
 
 SUMMARY = "summary.json"
 TIMELINE = "timeline"
@@ -63,9 +63,15 @@ def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Predicti
     return Prediction(dict(config), opts, res, job, timed)
 
 
+# What a predict folder holds: nothing else (a user's notes.txt beside them makes the folder
+# the user's, never replaced: replacing it would delete that file).
+_PREDICTION_FILES = written_by(CHART, f"{TIMELINE}/rank-*.json", f"{JOB}/{MANIFEST_NAME}",
+                               f"{JOB}/{GRAPH_DIR}/*{GRAPH_SUFFIX}", required=SUMMARY)
+
+
 def is_prediction_dir(path: Path) -> bool:
-    """An earlier ``predict`` output folder (which a new one replaces)."""
-    return (path / SUMMARY).is_file() and (path / JOB).is_dir()
+    """An earlier ``predict`` output folder (which a new one replaces): its files and no other."""
+    return (path / JOB).is_dir() and _PREDICTION_FILES(path)
 
 
 def check_output(out: Path) -> None:
