@@ -645,3 +645,23 @@ def test_a_truncated_log_refused_later_prints_its_error_alone(tmp_path, shared_d
             match="the logs name GPUs of different node types")
     code, _, err = cli("calibrate", "nccl-tests", cut, "--gpus-per-node", "8", "-o", tmp_path / "p.json")
     assert code == 0 and err.startswith("warning: h100.log:") and "are missing (a truncated log?)" in err, err
+
+
+@pytest.mark.parametrize("key", ["Ev Idx", "Record function id"])
+@pytest.mark.parametrize("value", [2 ** 64, -(2 ** 63) - 1])
+def test_record_function_id_beyond_int64_links_nothing(tmp_path, key, value):
+    # found by the hostile campaign (seed 1208): a host op's id that no int64 holds was a
+    # protobuf ValueError traceback; it is no record-function id, so it links nothing
+    from echo_et.converters import ReadOptions, read
+
+    evs = base_events()
+    op = next(e for e in evs if e["name"] == "aten::linear")
+    op["args"][key] = value
+    if key == "Record function id":   # the ids that are ints stay linked
+        next(e for e in evs if e["name"] == "aten::addmm")["args"][key] = 7
+    p = write(tmp_path, evs, name="rf.json")
+    job = read([p], "kineto", ReadOptions())
+    nodes = {n.name: n for n in job.graph(job.graph_ids()[0]).iter_nodes()}
+    assert nodes["aten::linear"].cpu.rf_id == 0 and "rf_id_source" not in nodes["aten::linear"].attrs
+    assert nodes["aten::addmm"].cpu.rf_id == (7 if key == "Record function id" else 3)
+    assert cli("convert", p, "-o", tmp_path / "j")[0] == 0

@@ -42,7 +42,7 @@ try:  # a fast canonical key for the shapes-text cache; optional
 except ImportError:  # pragma: no cover
     _orjson = None  # type: ignore[assignment]
 from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR
-from echo_et.ir.limits import MAX_BYTES, checked_int
+from echo_et.ir.limits import INT64_MAX, MAX_BYTES, checked_int
 from echo_et.ir.schema import pb
 
 from . import comm, comm_kernels, groups, sync
@@ -524,7 +524,7 @@ class _RankBuild:
                     types = args.get("Input type")
                     if dims is not None or types is not None:
                         shapes, dtypes = _shape_texts(dims, types)
-                has_rf = type(rf) is int
+                has_rf = _is_rf_id(rf)
                 corr = ev.corr
                 node = gb.cpu_op(ev.name, sids[n.stream], kind=kind, correlation=corr if corr > 0 else 0,
                                  rf_id=rf if has_rf else 0, shapes=shapes, dtypes=dtypes,
@@ -773,13 +773,18 @@ def _peer_index(info: comm.CommInfo, use: GroupUse, ctx: RankContext) -> int | N
     return p
 
 
+def _is_rf_id(rf: object) -> bool:
+    """A record-function id the IR can hold (an int64); any other value links nothing."""
+    return type(rf) is int and -INT64_MAX - 1 <= rf <= INT64_MAX
+
+
 def _cpu_payload(node: pb.Node, ev: Ev, rf_source: str) -> None:
     c = node.cpu
     if rf_source == "record_function_id":
         rf = ev.arg("Record function id")
     else:
         rf = ev.arg("Ev Idx")
-    if type(rf) is int:
+    if _is_rf_id(rf):
         c.rf_id = rf
         node.attrs["rf_id_source"] = rf_source
     dims = ev.arg("Input Dims")
