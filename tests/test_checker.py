@@ -220,6 +220,20 @@ def test_group_bound_undefined_group():
     assert issues and issues[0].rule == "group-bound" and "undefined group 9" in issues[0].message
 
 
+def test_group_bound_unused_key_to_an_undefined_group():
+    # found by the hostile campaign (seed 1209): a key no graph uses, bound to a group the job
+    # does not define, passed check and was a KeyError traceback in simulate
+    job = make_job().copy()
+    job.manifest.bindings[1].groups["xp"] = 40
+    job.invalidate()
+    issues = check_job(job)
+    assert [i.rule for i in issues] == ["group-bound"]
+    assert "'xp'" in issues[0].message and "undefined group 40" in issues[0].message
+    job.manifest.bindings[1].groups["xp"] = job.manifest.bindings[1].groups["dp"]   # a defined one: fine
+    job.invalidate()
+    assert check_job(job) == []
+
+
 def test_group_bound_rank_not_member():
     job = make_job().copy()
     other = job.manifest.groups.add(id=2, name="only0", ranks=[0])

@@ -82,7 +82,8 @@ RULES: dict[str, str] = {
     "binding-graph": "every binding names a graph of the job",
     "binding-values": f"a rank's clock offset is within +-{MAX_CLOCK_OFFSET_NS} ns (2**60) and its measured "
                       f"step within 0..{MAX_NS} ns",
-    "group-bound": "every group key a graph uses is bound, to a group containing the rank",
+    "group-bound": "every group key a graph uses is bound, to a group containing the rank; an unused "
+                   "bound key names a group of the job",
     "group-size": "a graph's declared group size equals the bound group's size",
     "collective-root": "a rooted collective's root is a rank of its group",
     "collective-sequence": "every member of a group issues the same collective sequence on it (type and "
@@ -847,6 +848,9 @@ def check_bindings(job: Job, sigs: dict[str, _GraphSignature], out: IssueCollect
                             f"has root {rooted.collective.root}, outside bound group {pg.id} of "
                             f"{len(pg.ranks)} ranks", f"{where_b} node {rooted.id} ({rooted.name})")
             members[pg.id].append((b.rank, b.graph, key))
+        for key in sorted(set(b.groups) - set(sig.keys)):   # bound, unused: still a group of the job
+            if b.groups[key] not in groups:
+                out.add("group-bound", f"group key {key!r} is bound to undefined group {b.groups[key]}", where_b)
         if out.full:
             break
     return members
