@@ -1,65 +1,13 @@
 """The ASTRA-sim contract check as it was before it streamed (main at e153789): every rank
 file read whole and every node kept as a Python object. Only the equivalence tests use it
 (tests/test_astra_sim_check_stream.py): the streaming check must report exactly what this
-one reports, in the same order.
-
-The rules, as documented in echo_et.converters.astra_sim.check:
-
-Every rank file is decoded with the mlc-chakra schema and held to what both ASTRA-sim
-readers (the legacy feeder and feeder v3 of current master) need to run it to the end.
-Each rule has a name, reported with every problem:
-
-  files-present      network.yml, system.json, remote_memory.json and PREFIX.{r}.et for every
-                     rank r < N, N the product of npus_count
-  network-config     topology/npus_count/bandwidth/latency lists of equal length, known
-                     topologies, counts > 1, bandwidth > 0, latency >= 0
-  system-config      preferred-dataset-splits >= 1, one collective implementation per dimension
-  remote-memory      a memory-type is given
-  comm-group         comm_group.json: keys positive integers, values distinct ranks < N, >= 2
-  framing            the file is a plain (not gzip) stream of varint-length-prefixed messages
-  metadata-first     the first message is a GlobalMetadata with a non-empty version
-  node-decode        every later message decodes as a Node and is not empty
-  has-nodes          at least one node per rank
-  unique-ids         node ids are unique in a file
-  ctrl-deps-empty    ctrl_deps is empty (feeder v3 enforces it, the legacy one ignores it)
-  dep-exists         every data_dep names a node of the file
-  acyclic            data_deps form a DAG (else nodes are silently never issued)
-  node-type          only COMP, COMM_COLL, COMM_SEND and COMM_RECV nodes
-  is-cpu-op          is_cpu_op is present and a bool, and true only on COMP nodes (ASTRA-sim
-                     throws "Comm node should not be on CPU" for a communication node)
-  attr-type          attributes carry the exact types the legacy reader reads (comm_type and
-                     comm_size int64, comm_src/dst/tag/priority int32, pg_name string,
-                     num_ops int64, tensor_size uint64), each at most once
-  comp-duration      with roofline-enabled in system.json, a GPU COMP node carries num_ops and
-                     tensor_size (ASTRA-sim throws without them); otherwise duration_micros is run
-                     as is (0 runs as 1 ns)
-  coll-type          comm_type is ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER or ALL_TO_ALL
-  comm-size          comm_size present; >= preferred-dataset-splits on collectives, > 0 on P2P
-  pg-name            pg_name is "0"/absent (world) or a group of comm_group.json holding the rank
-  collective-order   the collectives of one group on a rank are chained by data_deps, so
-                     their issue order is fixed
-  collective-sequence every member of a group issues the same (comm_type, comm_size) sequence
-  p2p-attrs          send: comm_dst (another rank) and comm_tag, comm_src absent or self;
-                     recv: comm_src (another rank) and comm_tag, comm_dst absent or self
-  p2p-match          every send has exactly one recv with equal (src, dst, tag, size)
-  collective-deadlock no two ranks issue the collectives of two groups in opposite orders (each
-                     rank runs them one after the other: both would wait for ever)
-  start-offsets      start_offsets.json, when present, lists one whole, non-negative number of
-                     µs per rank
-  world-numbering    collectives on the implicit world (no pg_name) are preceded on every rank
-                     by the same number of collectives of smaller groups: ASTRA-sim numbers
-                     world collectives with a counter those advance too, and ranks whose
-                     counts differ pair the wrong collectives and hang (give the world an
-                     explicit group instead)
-"""
+one reports, in the same order. The rules are those of echo_et.converters.astra_sim.check;
+the configuration files are checked by the same code (check_configs)."""
 
 from __future__ import annotations
 
 import hashlib
 import heapq
-import json
-import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -68,156 +16,19 @@ from pathlib import Path
 from chakra.schema.protobuf import et_def_pb2 as et
 from google.protobuf.message import DecodeError
 
-from echo_et.converters.astra_sim.configs import FILE_NAMES, TOPOLOGIES, WORKLOAD_PREFIX
+from echo_et.converters.astra_sim.check import ALLOWED_TYPES, ATTR_TYPES, WORLD
+from echo_et.converters.astra_sim.check_configs import (
+    check_offsets,
+    check_remote_memory,
+    comm_groups,
+    network_shape,
+    system_settings,
+    workload_prefix,
+)
+from echo_et.converters.astra_sim.configs import FILE_NAMES
 from echo_et.converters.astra_sim.mapping import CHAKRA_TYPE_NAMES, SUPPORTED_COMM_TYPES
-from echo_et.converters.chakra.attrs import STANDARD_FIELD
 from echo_et.errors import EchoError
 from echo_et.ir.checker import Issue, IssueCollector
-
-ALLOWED_TYPES = {
-    et.COMP_NODE: "COMP_NODE",
-    et.COMM_COLL_NODE: "COMM_COLL_NODE",
-    et.COMM_SEND_NODE: "COMM_SEND_NODE",
-    et.COMM_RECV_NODE: "COMM_RECV_NODE",
-}
-# The legacy feeder reads exactly these members (chakra-astrasim.md section 1.10).
-ATTR_TYPES = {
-    **{k: STANDARD_FIELD[k] for k in ("is_cpu_op", "comm_type", "comm_size", "comm_src", "comm_dst",
-                                      "comm_tag", "comm_priority", "pg_name", "num_ops", "tensor_size")},
-    "involved_dim": "bool_list",
-}
-WORLD = "0"
-
-
-# -- configuration files ----------------------------------------------------------------------
-_LIST_LINE = re.compile(r"^\s*([A-Za-z_]+)\s*:\s*\[(.*)\]\s*(#.*)?$")
-
-
-def parse_network_yaml(text: str) -> dict[str, list[str]]:
-    """The ``key: [a, b]`` lines of an ASTRA-sim analytical network file."""
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        m = _LIST_LINE.match(line)
-        if m:
-            out[m.group(1)] = [v.strip() for v in m.group(2).split(",") if v.strip()]
-    return out
-
-
-def _network(folder: Path, out: IssueCollector) -> int | None:
-    """Number of NPUs the network declares (None when it cannot be read)."""
-    path = folder / FILE_NAMES["network"]
-    where = str(path)
-    if not path.is_file():
-        out.add("files-present", "network file is missing", where)
-        return None
-    cfg = parse_network_yaml(path.read_text(errors="replace"))
-    keys = ("topology", "npus_count", "bandwidth", "latency")
-    missing = [k for k in keys if k not in cfg]
-    if missing:
-        out.add("network-config", f"missing {', '.join(missing)}", where)
-        return None
-    dims = len(cfg["topology"])
-    if any(len(cfg[k]) != dims for k in keys) or dims == 0:
-        out.add("network-config", "topology, npus_count, bandwidth and latency differ in length", where)
-        return None
-    for t in cfg["topology"]:
-        if t not in TOPOLOGIES:
-            out.add("network-config", f"unknown topology {t!r}", where)
-    try:
-        counts = [int(c) for c in cfg["npus_count"]]
-        bws = [float(b) for b in cfg["bandwidth"]]
-        lats = [float(x) for x in cfg["latency"]]
-    except ValueError:
-        out.add("network-config", "npus_count, bandwidth and latency must be numbers", where)
-        return None
-    if any(c <= 1 for c in counts):
-        out.add("network-config", f"npus_count {counts}: every dimension needs more than 1 NPU", where)
-    if any(not b > 0 for b in bws):
-        out.add("network-config", f"bandwidth {bws}: must be positive", where)
-    if any(x < 0 for x in lats):
-        out.add("network-config", f"latency {lats}: must not be negative", where)
-    return math.prod(counts)
-
-
-def _json(path: Path, rule: str, out: IssueCollector):
-    if not path.is_file():
-        out.add("files-present", "file is missing", str(path))
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        out.add(rule, f"not valid JSON ({e})", str(path))
-        return None
-
-
-def _system(folder: Path, dims: int | None, out: IssueCollector) -> tuple[int | None, bool]:
-    """preferred-dataset-splits (None when invalid) and whether roofline is on."""
-    path = folder / FILE_NAMES["system"]
-    cfg = _json(path, "system-config", out)
-    if cfg is None:
-        return None, False
-    if not isinstance(cfg, dict):
-        out.add("system-config", "not a JSON object", str(path))
-        return None, False
-    splits = cfg.get("preferred-dataset-splits")
-    if not isinstance(splits, int) or isinstance(splits, bool) or splits < 1:
-        out.add("system-config", f"preferred-dataset-splits is {splits!r}; it must be an integer >= 1 "
-                "(0 makes ASTRA-sim divide by zero)", str(path))
-        splits = None
-    for key in ("all-reduce-implementation", "all-gather-implementation",
-                "reduce-scatter-implementation", "all-to-all-implementation"):
-        impl = cfg.get(key)
-        if impl is None and f"{key}-custom" not in cfg:
-            out.add("system-config", f"{key} is missing", str(path))
-        elif impl is not None and (not isinstance(impl, list) or (dims and len(impl) != dims)):
-            out.add("system-config", f"{key} must list one algorithm per network dimension ({dims})",
-                    str(path))
-    return splits, bool(cfg.get("roofline-enabled", 0))
-
-
-def _remote_memory(folder: Path, out: IssueCollector) -> None:
-    path = folder / FILE_NAMES["remote_memory"]
-    cfg = _json(path, "remote-memory", out)
-    if cfg is not None and (not isinstance(cfg, dict) or "memory-type" not in cfg):
-        out.add("remote-memory", "no memory-type", str(path))
-
-
-def _comm_groups(folder: Path, npus: int | None, out: IssueCollector) -> dict[str, set[int]]:
-    path = folder / FILE_NAMES["comm_group"]
-    if not path.is_file():
-        return {}
-    cfg = _json(path, "comm-group", out)
-    groups: dict[str, set[int]] = {}
-    if cfg is None:
-        return groups
-    if not isinstance(cfg, dict):
-        out.add("comm-group", "not a JSON object", str(path))
-        return groups
-    for key, ranks in cfg.items():
-        if not key.isdigit() or int(key) <= 0:
-            out.add("comm-group", f"group id {key!r} is not a positive integer (0 means world)", str(path))
-            continue
-        if (not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks)
-                or len(set(ranks)) != len(ranks)):
-            out.add("comm-group", f"group {key}: members must be distinct integer ranks", str(path))
-            continue
-        if len(ranks) < 2:
-            out.add("comm-group", f"group {key} has {len(ranks)} member(s); a group needs 2", str(path))
-        if npus is not None and any(r < 0 or r >= npus for r in ranks):
-            out.add("comm-group", f"group {key} names a rank outside 0..{npus - 1}", str(path))
-        groups[str(int(key))] = set(ranks)
-    return groups
-
-
-def workload_prefix(folder: Path) -> str:
-    """The prefix of the rank files: the one ``run.sh`` names, else the one with a ``.0.et``."""
-    run = folder / FILE_NAMES["run"]
-    if run.is_file():
-        m = re.search(r"--workload-configuration=(\S+)", run.read_text(errors="replace"))
-        if m:
-            return m.group(1).strip("\"'")
-    found = sorted(p.name[: -len(".0.et")] for p in folder.glob("*.0.et"))
-    return found[0] if len(found) == 1 else WORKLOAD_PREFIX
 
 
 # -- one rank file ----------------------------------------------------------------------------
@@ -546,13 +357,10 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     if not folder.is_dir():
         out.add("files-present", "not a folder", str(folder))
         return out.issues
-    npus = _network(folder, out)
-    dims = None
-    if npus is not None:
-        dims = len(parse_network_yaml((folder / FILE_NAMES["network"]).read_text()).get("topology", []))
-    splits, roofline = _system(folder, dims, out)
-    _remote_memory(folder, out)
-    groups = _comm_groups(folder, npus, out)
+    npus, dims = network_shape(folder, out)
+    splits, roofline = system_settings(folder, dims, out)
+    check_remote_memory(folder, out)
+    groups = comm_groups(folder, npus, out)
     if npus is None:
         return out.issues
     prefix = workload_prefix(folder)
@@ -588,7 +396,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
     _check_sequences(folder, prefix, npus, groups, reps, seen, unread, out)
     _check_cross_order(folder, prefix, edges, out)
     _check_world_numbering(folder, prefix, prefixes, out)
-    _check_offsets(folder, npus, out)
+    check_offsets(folder, npus, out)
     _check_p2p(sends, recvs, where_msg, unread, out)
     return out.issues
 
@@ -670,17 +478,6 @@ def _check_world_numbering(folder: Path, prefix: str, prefixes: dict[int, list[i
                     f"here but {ref[k]} on rank {ref_rank}: ASTRA-sim would pair the wrong world collectives "
                     "and hang", str(folder / f"{prefix}.{r}.et"))
             return
-
-
-def _check_offsets(folder: Path, npus: int, out: IssueCollector) -> None:
-    path = folder / FILE_NAMES["offsets"]
-    if not path.is_file():
-        return
-    cfg = _json(path, "start-offsets", out)
-    vals = cfg.get("start_offset_us") if isinstance(cfg, dict) else None
-    if (not isinstance(vals, list) or len(vals) != npus
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in vals)):
-        out.add("start-offsets", f"start_offset_us must list {npus} whole, non-negative numbers of µs", str(path))
 
 
 def _check_p2p(sends: Counter, recvs: Counter, where_msg: dict, unread: set[int],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from chakra.schema.protobuf import et_def_pb2 as et
-from test_astra_sim_support import read_et, uniform_job, write_et
+from test_astra_sim_support import drop_attr, read_et, set_attr, uniform_job, write_et
 
 from echo_et.converters.astra_sim import check_export, export
 from echo_et.converters.astra_sim.check import __doc__ as CHECK_DOC
@@ -52,23 +52,6 @@ def _edit(folder: Path, rank: int, fn) -> None:
 
 def _node(nodes, name):
     return next(n for n in nodes if n.name == name)
-
-
-def _set_attr(node, name, **value):
-    for a in node.attr:
-        if a.name == name:
-            a.Clear()
-            a.name = name
-            for k, v in value.items():
-                setattr(a, k, v)
-            return
-    node.attr.append(et.AttributeProto(name=name, **value))
-
-
-def _drop_attr(node, name):
-    keep = [a for a in node.attr if a.name != name]
-    del node.attr[:]
-    node.attr.extend(keep)
 
 
 def _rules(folder: Path) -> set[str]:
@@ -178,12 +161,12 @@ def test_rule_node_type(broken):
 
 
 def test_rule_is_cpu_op(broken):
-    _edit(broken, 0, lambda meta, nodes: _drop_attr(_node(nodes, "k1"), "is_cpu_op"))
+    _edit(broken, 0, lambda meta, nodes: drop_attr(_node(nodes, "k1"), "is_cpu_op"))
     assert _rules(broken) == {"is-cpu-op"}
     # A CPU compute node is fine (host time); a communication node on the CPU is not.
-    _edit(broken, 0, lambda meta, nodes: _set_attr(_node(nodes, "k1"), "is_cpu_op", bool_val=True))
+    _edit(broken, 0, lambda meta, nodes: set_attr(_node(nodes, "k1"), "is_cpu_op", bool_val=True))
     assert check_export(broken) == []
-    _edit(broken, 0, lambda meta, nodes: _set_attr(_node(nodes, "ar"), "is_cpu_op", bool_val=True))
+    _edit(broken, 0, lambda meta, nodes: set_attr(_node(nodes, "ar"), "is_cpu_op", bool_val=True))
     assert _rules(broken) == {"is-cpu-op"}
     assert "Comm node should not be on CPU" in check_export(broken)[0].message
 
@@ -191,7 +174,7 @@ def test_rule_is_cpu_op(broken):
 def test_rule_attr_type(broken):
     # comm_size as uint64: the legacy reader reads int64_val and sees 0 (ASTRA-sim #224).
     for r in range(4):
-        _edit(broken, r, lambda meta, nodes: _set_attr(_node(nodes, "ar"), "comm_size",
+        _edit(broken, r, lambda meta, nodes: set_attr(_node(nodes, "ar"), "comm_size",
                                                        uint64_val=1 << 20))
     assert _rules(broken) == {"attr-type"}
 
@@ -231,28 +214,28 @@ def test_rule_start_offsets(broken):
 
 def test_rule_coll_type(broken):
     for r in range(4):
-        _edit(broken, r, lambda meta, nodes: _set_attr(_node(nodes, "ar"), "comm_type",
+        _edit(broken, r, lambda meta, nodes: set_attr(_node(nodes, "ar"), "comm_type",
                                                        int64_val=et.BROADCAST))
     assert _rules(broken) == {"coll-type"}
 
 
 def test_rule_comm_size(broken):
     for r in range(4):
-        _edit(broken, r, lambda meta, nodes: _set_attr(_node(nodes, "ar"), "comm_size", int64_val=2))
+        _edit(broken, r, lambda meta, nodes: set_attr(_node(nodes, "ar"), "comm_size", int64_val=2))
     issues = check_export(broken)
     assert {i.rule for i in issues} == {"comm-size"}
     assert "below preferred-dataset-splits 4" in issues[0].message
 
 
 def test_rule_pg_name(broken):
-    _edit(broken, 0, lambda meta, nodes: _set_attr(_node(nodes, "ag"), "pg_name", string_val="77"))
+    _edit(broken, 0, lambda meta, nodes: set_attr(_node(nodes, "ag"), "pg_name", string_val="77"))
     assert "pg-name" in _rules(broken)
     groups = json.loads((broken / "comm_group.json").read_text())
     other = next(k for k, v in groups.items() if 3 not in v and len(v) == 2 and v != [1, 3])
     broken2 = broken.parent / "b2"
     shutil.copytree(broken, broken2)
     _edit(broken2, 0, lambda meta, nodes: None)
-    _edit(broken2, 3, lambda meta, nodes: _set_attr(_node(nodes, "ag"), "pg_name", string_val=other))
+    _edit(broken2, 3, lambda meta, nodes: set_attr(_node(nodes, "ag"), "pg_name", string_val=other))
     assert any(i.rule == "pg-name" and "rank 3 is not a member" in i.message
                for i in check_export(broken2))
 
@@ -268,20 +251,20 @@ def test_rule_collective_order(broken):
 
 
 def test_rule_collective_sequence(broken):
-    _edit(broken, 3, lambda meta, nodes: _set_attr(_node(nodes, "rs"), "comm_size", int64_val=4096))
+    _edit(broken, 3, lambda meta, nodes: set_attr(_node(nodes, "rs"), "comm_size", int64_val=4096))
     issues = check_export(broken)
     assert {i.rule for i in issues} == {"collective-sequence"}
     assert "REDUCE_SCATTER of 4096 B, rank 2 issues REDUCE_SCATTER of 8192 B" in issues[0].message
 
 
 def test_rule_p2p_attrs(broken):
-    _edit(broken, 0, lambda meta, nodes: _drop_attr(_node(nodes, "act"), "comm_tag"))
+    _edit(broken, 0, lambda meta, nodes: drop_attr(_node(nodes, "act"), "comm_tag"))
     rules = _rules(broken)
     assert "p2p-attrs" in rules
 
 
 def test_rule_p2p_match(broken):
-    _edit(broken, 2, lambda meta, nodes: _set_attr(_node(nodes, "act"), "comm_size", int64_val=1024))
+    _edit(broken, 2, lambda meta, nodes: set_attr(_node(nodes, "act"), "comm_size", int64_val=1024))
     issues = check_export(broken)
     assert {i.rule for i in issues} == {"p2p-match"}
     assert any("from rank 0 to rank 2" in i.message for i in issues)
@@ -305,5 +288,5 @@ def test_rule_world_numbering(tmp_path):
     assert json.loads((out / "comm_group.json").read_text()).keys() >= {"1"}
     # ... and written as the implicit world, the same nodes break the rule.
     for r in range(3):
-        _edit(out, r, lambda meta, nodes: _drop_attr(_node(nodes, "all"), "pg_name"))
+        _edit(out, r, lambda meta, nodes: drop_attr(_node(nodes, "all"), "pg_name"))
     assert _rules(out) == {"world-numbering"}

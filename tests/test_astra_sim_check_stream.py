@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from astra_sim_check_whole import check_export as check_whole
 from chakra.schema.protobuf import et_def_pb2 as et
-from test_astra_sim_support import read_et, uniform_job, write_et
+from test_astra_sim_support import drop_attr, read_et, set_attr, uniform_job, write_et
 
 from conftest import FIXTURES, shared_path, unpack
 from echo_et.converters import ReadOptions, read
@@ -49,23 +49,6 @@ def _raw(folder: Path, rank: int, fn) -> None:
         for m in new if isinstance(new, list) else [new]:
             parts.append(encode_varint(len(m)) + m)
     path.write_bytes(b"".join(parts))
-
-
-def _set_attr(node, name, **value):
-    for a in node.attr:
-        if a.name == name:
-            a.Clear()
-            a.name = name
-            for k, v in value.items():
-                setattr(a, k, v)
-            return
-    node.attr.append(et.AttributeProto(name=name, **value))
-
-
-def _drop_attr(node, name):
-    keep = [a for a in node.attr if a.name != name]
-    del node.attr[:]
-    node.attr.extend(keep)
 
 
 def _of(nodes, t):
@@ -228,16 +211,16 @@ def _node_type(folder: Path) -> None:
 
 def _cpu_op(folder: Path) -> None:
     def fn(meta, nodes):
-        _drop_attr(_of(nodes, et.COMP_NODE)[-1], "is_cpu_op")
-        _set_attr(_of(nodes, et.COMM_COLL_NODE)[0], "is_cpu_op", bool_val=True)
-        _set_attr(nodes[0], "is_cpu_op", int64_val=1)
+        drop_attr(_of(nodes, et.COMP_NODE)[-1], "is_cpu_op")
+        set_attr(_of(nodes, et.COMM_COLL_NODE)[0], "is_cpu_op", bool_val=True)
+        set_attr(nodes[0], "is_cpu_op", int64_val=1)
     _edit(folder, 0, fn)
 
 
 def _attr_type(folder: Path) -> None:
     def fn(meta, nodes):
         c = _of(nodes, et.COMM_COLL_NODE)[0]
-        _set_attr(c, "comm_size", uint64_val=_attr(c, "comm_size"))
+        set_attr(c, "comm_size", uint64_val=_attr(c, "comm_size"))
         c.attr.append(et.AttributeProto(name="pg_name", string_val="1"))
     _edit(folder, 1, fn)
 
@@ -249,28 +232,28 @@ def _roofline(folder: Path) -> None:
 def _coll_type(folder: Path) -> None:
     def fn(meta, nodes):
         cs = _of(nodes, et.COMM_COLL_NODE)
-        _set_attr(cs[0], "comm_type", int64_val=et.BROADCAST)
-        _drop_attr(cs[-1], "comm_type")
+        set_attr(cs[0], "comm_type", int64_val=et.BROADCAST)
+        drop_attr(cs[-1], "comm_type")
     _edit(folder, 0, fn)
 
 
 def _comm_size(folder: Path) -> None:
     def fn(meta, nodes):
         cs = _of(nodes, et.COMM_COLL_NODE)
-        _set_attr(cs[0], "comm_size", int64_val=2)
-        _drop_attr(cs[-1], "comm_size")
+        set_attr(cs[0], "comm_size", int64_val=2)
+        drop_attr(cs[-1], "comm_size")
         for p in _of(nodes, et.COMM_SEND_NODE)[:1] + _of(nodes, et.COMM_RECV_NODE)[:1]:
-            _set_attr(p, "comm_size", int64_val=0)
+            set_attr(p, "comm_size", int64_val=0)
     _edit(folder, 1, fn)
 
 
 def _huge_values(folder: Path) -> None:
     # Attribute values past int64 (uint64), on a collective and a send/recv.
     def fn(meta, nodes):
-        _set_attr(_of(nodes, et.COMM_COLL_NODE)[0], "comm_type", uint64_val=2 ** 64 - 1)
+        set_attr(_of(nodes, et.COMM_COLL_NODE)[0], "comm_type", uint64_val=2 ** 64 - 1)
         for p in (_of(nodes, et.COMM_SEND_NODE) + _of(nodes, et.COMM_RECV_NODE))[:1]:
-            _set_attr(p, "comm_size", uint64_val=2 ** 64 - 2)
-            _set_attr(p, "comm_tag", uint64_val=2 ** 63 + 5)
+            set_attr(p, "comm_size", uint64_val=2 ** 64 - 2)
+            set_attr(p, "comm_tag", uint64_val=2 ** 63 + 5)
     _edit(folder, 1, fn)
 
 
@@ -280,10 +263,10 @@ def _pg_name(folder: Path) -> None:
 
     def fn(meta, nodes):
         cs = _of(nodes, et.COMM_COLL_NODE)
-        _set_attr(cs[0], "pg_name", string_val="77")
-        _set_attr(cs[-1], "pg_name", string_val="tp")
+        set_attr(cs[0], "pg_name", string_val="77")
+        set_attr(cs[-1], "pg_name", string_val="tp")
         if len(cs) > 2:
-            _set_attr(cs[1], "pg_name", string_val=foreign)
+            set_attr(cs[1], "pg_name", string_val=foreign)
     _edit(folder, 3, fn)
 
 
@@ -300,7 +283,7 @@ def _unchain(folder: Path) -> None:
 def _sequence(folder: Path) -> None:
     def fn(meta, nodes):
         cs = _of(nodes, et.COMM_COLL_NODE)
-        _set_attr(cs[-1], "comm_size", int64_val=_attr(cs[-1], "comm_size") + 4096)
+        set_attr(cs[-1], "comm_size", int64_val=_attr(cs[-1], "comm_size") + 4096)
     _edit(folder, 3, fn)
     _edit(folder, 2, lambda meta, nodes: nodes.remove(_of(nodes, et.COMM_COLL_NODE)[0]))
 
@@ -308,20 +291,20 @@ def _sequence(folder: Path) -> None:
 def _p2p_attrs(folder: Path) -> None:
     def fn(meta, nodes):
         s = _of(nodes, et.COMM_SEND_NODE) + _of(nodes, et.COMM_RECV_NODE)
-        _drop_attr(s[0], "comm_tag")
+        drop_attr(s[0], "comm_tag")
         if len(s) > 1:
-            _set_attr(s[1], "comm_src" if s[1].type == et.COMM_RECV_NODE else "comm_dst", int32_val=0)
+            set_attr(s[1], "comm_src" if s[1].type == et.COMM_RECV_NODE else "comm_dst", int32_val=0)
         if len(s) > 2:
-            _set_attr(s[2], "comm_dst" if s[2].type == et.COMM_RECV_NODE else "comm_src", int32_val=2)
+            set_attr(s[2], "comm_dst" if s[2].type == et.COMM_RECV_NODE else "comm_src", int32_val=2)
         if len(s) > 3:
-            _drop_attr(s[3], "comm_src" if s[3].type == et.COMM_RECV_NODE else "comm_dst")
+            drop_attr(s[3], "comm_src" if s[3].type == et.COMM_RECV_NODE else "comm_dst")
     _edit(folder, 0, fn)
 
 
 def _p2p_match(folder: Path) -> None:
     def fn(meta, nodes):
         s = _of(nodes, et.COMM_SEND_NODE) + _of(nodes, et.COMM_RECV_NODE)
-        _set_attr(s[0], "comm_size", int64_val=_attr(s[0], "comm_size") + 1)
+        set_attr(s[0], "comm_size", int64_val=_attr(s[0], "comm_size") + 1)
         if len(s) > 1:
             nodes.remove(s[-1])
     _edit(folder, 2, fn)
@@ -345,10 +328,10 @@ def _offsets(folder: Path) -> None:
 def _world_numbering(folder: Path) -> None:
     # Every collective on the implicit world, the first one of rank 1 on a pair group.
     for r in range(4):
-        _edit(folder, r, lambda meta, nodes: [_drop_attr(c, "pg_name") for c in _of(nodes, et.COMM_COLL_NODE)])
+        _edit(folder, r, lambda meta, nodes: [drop_attr(c, "pg_name") for c in _of(nodes, et.COMM_COLL_NODE)])
     groups = json.loads((folder / "comm_group.json").read_text())
     pair = next(k for k, v in groups.items() if 1 in v)
-    _edit(folder, 1, lambda meta, nodes: _set_attr(_of(nodes, et.COMM_COLL_NODE)[0], "pg_name", string_val=pair))
+    _edit(folder, 1, lambda meta, nodes: set_attr(_of(nodes, et.COMM_COLL_NODE)[0], "pg_name", string_val=pair))
 
 
 def _configs(folder: Path) -> None:
@@ -428,7 +411,7 @@ def _indirect_broken(folder: Path) -> None:
 def _many(folder: Path) -> None:
     # Hundreds of findings: cut at the limit.
     for r in range(4):
-        _edit(folder, r, lambda meta, nodes: [_drop_attr(n, "is_cpu_op") for n in nodes])
+        _edit(folder, r, lambda meta, nodes: [drop_attr(n, "is_cpu_op") for n in nodes])
     _missing_dep(folder)
 
 
@@ -558,8 +541,8 @@ def test_collective_deadlock_same_findings(tmp_path):
     def swap(meta, nodes):   # rank 1 issues y before x
         x, y = _of(nodes, et.COMM_COLL_NODE)
         pg_x, pg_y = _attr(x, "pg_name"), _attr(y, "pg_name")
-        _set_attr(x, "pg_name", string_val=pg_y)
-        _set_attr(y, "pg_name", string_val=pg_x)
+        set_attr(x, "pg_name", string_val=pg_y)
+        set_attr(y, "pg_name", string_val=pg_x)
     _edit(out, 1, swap)
     found = _compare(out)
     assert [i.rule for i in found] == ["collective-deadlock"]
@@ -633,7 +616,7 @@ def test_deadlock_through_a_chain_same_findings(tmp_path):
     pg_y = str(int(max(json.loads((out / "comm_group.json").read_text()), key=int)) + 1)
     _json_edit(out, "comm_group.json", lambda c: {**c, pg_y: [0, 1]})
     for r in (0, 1):
-        _edit(out, r, lambda meta, nodes: _set_attr(next(n for n in nodes if n.name == "y"), "pg_name",
+        _edit(out, r, lambda meta, nodes: set_attr(next(n for n in nodes if n.name == "y"), "pg_name",
                                                     string_val=pg_y))
     found = _compare(out)
     assert [i.rule for i in found] == ["collective-deadlock"]

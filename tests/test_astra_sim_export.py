@@ -12,7 +12,7 @@ from test_astra_sim_support import attr_value, attrs_of, read_et, uniform_job
 from conftest import shared_path
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.astra_sim import ExportOptions, check_export, export
-from echo_et.converters.astra_sim.check import parse_network_yaml
+from echo_et.converters.astra_sim.check_configs import parse_network_yaml
 from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir import GraphBuilder, JobBuilder
 from echo_et.ir.schema import pb

@@ -40,6 +40,24 @@ def attr_value(node: et.Node, name: str):
     return None if a is None else a[1]
 
 
+def set_attr(node: et.Node, name: str, **value) -> None:
+    """Replace (or add) attribute ``name`` of ``node`` with the given fields."""
+    for a in node.attr:
+        if a.name == name:
+            a.Clear()
+            a.name = name
+            for k, v in value.items():
+                setattr(a, k, v)
+            return
+    node.attr.append(et.AttributeProto(name=name, **value))
+
+
+def drop_attr(node: et.Node, name: str) -> None:
+    keep = [a for a in node.attr if a.name != name]
+    del node.attr[:]
+    node.attr.extend(keep)
+
+
 def uniform_job(world: int, build, *, groups: dict[str, list[list[int]]] | None = None,
                 name: str = "t"):
     """A Job whose ranks each get a graph made by ``build(gb, rank, streams)``; ``groups``
