@@ -56,9 +56,11 @@ from echo_et.ir.timeline import TimelineEvent
 
 from .boxes import HOST_PID_BASE
 from .document import chrome_trace, is_single_file, kineto_traces
-from .job_export import job_timeline, write
-from .timeline import write_timeline, write_timeline_whole
+from .job_export import export_scratch, job_timeline, write
+from .spool import RECORD_MIN_BYTES, ScratchEstimate, scratch_dir
+from .timeline import timeline_scratch, write_timeline, write_timeline_whole
 
 # What callers and tests use (the rest is each module's own).
-__all__ = ["HOST_PID_BASE", "TimelineEvent", "chrome_trace", "is_single_file", "job_timeline", "kineto_traces", "write",
+__all__ = ["HOST_PID_BASE", "RECORD_MIN_BYTES", "ScratchEstimate", "TimelineEvent", "chrome_trace", "export_scratch",
+           "is_single_file", "job_timeline", "kineto_traces", "scratch_dir", "timeline_scratch", "write",
            "write_timeline", "write_timeline_whole"]

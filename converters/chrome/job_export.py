@@ -19,7 +19,8 @@ from echo_et.ir.timeline import TimelineEvent, graph_events
 from .boxes import JobFacts, RankWriter, to_us
 from .document import check_folder_dest, is_single_file, is_timeline_folder, trace_head, trace_text, write_text
 from .job_events import RankEvents, RankPlan
-from .timeline import write_timeline
+from .spool import ScratchEstimate
+from .timeline import timeline_scratch, write_timeline
 
 
 def write(job: Job, dest: str | os.PathLike[str], ranks: Sequence[int] | None = None) -> dict[str, Any]:
@@ -73,17 +74,49 @@ def _chosen(job: Job, ranks: Sequence[int] | None) -> list[int]:
     return chosen
 
 
+def _plan(job: Job, ranks: Sequence[int] | None, one_file: bool
+          ) -> tuple[list[RankPlan], int, JobFacts, dict[int, RankWriter]]:
+    """The plans of the ranks with events, the trace's time 0, the job's facts and each
+    rank's writer (its lanes)."""
+    plans = [p for r in _chosen(job, ranks) if (p := RankPlan(job, r)).count]
+    origin = min((p.first_ns for p in plans), default=0)
+    facts = JobFacts(job, [p.rank for p in plans])
+    writers = {p.rank: RankWriter(p.rank, [], facts, one_file=one_file, origin=origin, process_label="rank",
+                                  tracks=p.tracks()) for p in plans}
+    return plans, origin, facts, writers
+
+
+def _pid_ranks(plans: list[RankPlan], writers: dict[int, RankWriter]) -> dict[int, int] | None:
+    """The rank of each process id in one file; None when ranks share one."""
+    pids: dict[int, int] = {}
+    for p in plans:
+        w = writers[p.rank]
+        for pid in {lane[0] for lane in w.lanes.values()} | {w.host_pid}:
+            if pids.setdefault(pid, p.rank) != p.rank:
+                return None
+    return pids
+
+
+def export_scratch(job: Job, dest: str | os.PathLike[str], ranks: Sequence[int] | None = None
+                   ) -> ScratchEstimate | None:
+    """The scratch file :func:`write` keeps at its largest: None when it streams (a folder,
+    and one file unless ranks share a process id there; then every event goes through
+    :func:`.timeline.write_timeline`, whose scratch file holds them all)."""
+    if not is_single_file(dest):
+        return None
+    plans, _, _, writers = _plan(job, ranks, True)
+    if _pid_ranks(plans, writers) is not None:
+        return None
+    return timeline_scratch(dest, [p.count for p in plans], by_rank=False)
+
+
 def _streamed(job: Job, dest: Path, ranks: Sequence[int] | None, metadata: Mapping[str, object]
               ) -> dict[str, Any] | None:
     """Write the measured timeline of ``job`` without expanding a graph (see
     :func:`write`); None when ranks of one file share a process id (then the whole writer
     orders them)."""
-    plans = [p for r in _chosen(job, ranks) if (p := RankPlan(job, r)).count]
-    origin = min((p.first_ns for p in plans), default=0)
-    facts = JobFacts(job, [p.rank for p in plans])
     one_file = is_single_file(dest)
-    writers = {p.rank: RankWriter(p.rank, [], facts, one_file=one_file, origin=origin, process_label="rank",
-                                  tracks=p.tracks()) for p in plans}
+    plans, origin, facts, writers = _plan(job, ranks, one_file)
     lanes = {lane[:2] for w in writers.values() for lane in w.lanes.values()}
     summary = {"output": str(dest), "files": 1 if one_file else len(plans),
                "events": sum(p.count for p in plans), "ranks": len(plans), "tracks": len(lanes)}
@@ -92,12 +125,9 @@ def _streamed(job: Job, dest: Path, ranks: Sequence[int] | None, metadata: Mappi
         return trace_head(facts, origin, devices, dist, metadata)
 
     if one_file:
-        pids: dict[int, int] = {}
-        for p in plans:
-            w = writers[p.rank]
-            for pid in {lane[0] for lane in w.lanes.values()} | {w.host_pid}:
-                if pids.setdefault(pid, p.rank) != p.rank:
-                    return None
+        pids = _pid_ranks(plans, writers)
+        if pids is None:
+            return None
         steps = {p.rank: _step_box(p, writers[p.rank], origin) for p in plans}
         by_rank = {p.rank: p for p in plans}
 

@@ -17,7 +17,7 @@ held until the last event: tens of bytes per box, never the events themselves.""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from .document import (
     trace_text,
     write_text,
 )
-from .spool import Spool
+from .spool import RECORD_MIN_BYTES, ScratchEstimate, Spool, scratch_dir
 from .timeline_rows import RankPart, RankRows, sorted_events
 
 
@@ -77,6 +77,17 @@ def write_timeline_whole(events: Iterable[TimelineEvent], dest: str | os.PathLik
         for rank, trace in traces.items():
             (tmp / f"rank-{rank}.json").write_bytes(dump(trace, False))
     return _summary(dest, list(traces.values()), len(traces))
+
+
+def timeline_scratch(dest: str | os.PathLike[str], rank_events: Sequence[int], *, by_rank: bool) -> ScratchEstimate:
+    """The scratch file :func:`write_timeline` keeps at its largest when it writes ``dest``
+    with ``rank_events`` events per rank, in the order the ranks come: every event for one
+    file, or when a folder is not written rank by rank; with ``by_rank`` (``origin_ns`` and
+    ``job`` given) a folder's scratch holds one rank's events at a time, and at the end, when
+    every file is written, the last rank's."""
+    one_rank = by_rank and not is_single_file(dest)
+    events = (rank_events[-1] if rank_events else 0) if one_rank else sum(rank_events)
+    return ScratchEstimate(scratch_dir(dest), events, events * RECORD_MIN_BYTES)
 
 
 def _prepend(first: TimelineEvent, rest: Iterator[TimelineEvent]) -> Iterator[TimelineEvent]:
@@ -147,7 +158,7 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
 
     if one_file:
         with atomic_file(dest) as f:
-            spool = Spool(dest.absolute().parent)
+            spool = Spool(scratch_dir(dest))
             try:
                 ranks = gather(spool)
                 origin = check_origin(min((r.first_start() for r in ranks), default=None))
@@ -173,7 +184,7 @@ def write_timeline(events: Iterable[TimelineEvent], dest: str | os.PathLike[str]
                        False)
 
     with atomic_dir(dest, replaceable=is_timeline_folder, kind="a timeline folder") as tmp:
-        spool = Spool(tmp)
+        spool = Spool(tmp)   # in scratch_dir(dest), where the temporary folder is made
         try:
             if origin_ns is not None and job is not None:
                 done: set[int] = set()

@@ -10,13 +10,16 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from typer.core import TyperGroup
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
+
+if TYPE_CHECKING:
+    from echo_et.converters.chrome import ScratchEstimate
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -193,17 +196,34 @@ def load_job_arg(path: Path, fmt: str | None = None):
 
 
 MAX_OUTPUT_HELP = ("Refuse, before writing, an output estimated above this size (default 64GB; never above "
-                   "the free space of the output's file system).")
+                   "the free space of the output's file system, less what a scratch file takes there).")
+
+
+def free_space(path: Path | str) -> tuple[int, int] | None:
+    """(device, free bytes) of the file system that ``path`` is on, or would be made on (its
+    nearest existing folder above); None when the system does not say."""
+    import shutil
+
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return os.stat(where).st_dev, shutil.disk_usage(where).free
+    except OSError:
+        return None
 
 
 def check_output_budget(job, fmt: str, dest: Path | str, max_output: str | None, *, ranks=None,
-                        per_rank: bool = True, name: str = "", max_nodes: int | None = None) -> None:
+                        per_rank: bool = True, name: str = "", max_nodes: int | None = None,
+                        scratch: ScratchEstimate | None = None) -> None:
     """Refuse, before a byte is written, an export whose estimated size (nodes x ranks x a
     lower bound per node, from the Job's graphs and repeat blocks) passes ``--max-output``
     (default 64 GB) or the free space where it goes: one line with the estimate and the limit.
-    ``max_nodes``: the writer keeps at most about that many nodes (``--timeline-events``)."""
-    import shutil
-
+    ``max_nodes``: the writer keeps at most about that many nodes (``--timeline-events``).
+    ``scratch``: the scratch file the writer keeps beside what it has written (the timeline
+    writer's, :func:`echo_et.converters.chrome.timeline_scratch`): counted with the output
+    where it lands on the output's file system, against its own file system's free space
+    otherwise (not against ``--max-output``, which bounds what is written)."""
     from echo_et.cli.unit_opts import size_option
     from echo_et.ir.budget import DEFAULT_MAX_OUTPUT_BYTES, estimate_output
     from echo_et.ir.limits import format_size
@@ -213,20 +233,27 @@ def check_output_budget(job, fmt: str, dest: Path | str, max_output: str | None,
     est = estimate_output(job, fmt, ranks, per_rank=per_rank, max_nodes=max_nodes)
     name = name or f"export {fmt}"
     # bounded, the nodes kept are at most about max_nodes: the size is an estimate, not a floor
-    size = f"{'about' if est.of is not None else 'at least'} {format_size(est.bytes)}"
+    bound = "about" if est.of is not None else "at least"
+    size = f"{bound} {format_size(est.bytes)}"
     if est.bytes > limit:
         raise EchoError(f"{dest}: {name} would write {size} ({est.describe()}); the "
                         f"limit is {format_size(limit)} (--max-output SIZE raises it)")
-    where = Path(dest).absolute()
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    try:
-        free = shutil.disk_usage(where).free
-    except OSError:
-        return
-    if est.bytes > free:
+    # the output lands in its folder (a file or folder is written beside it, then renamed)
+    out_fs = free_space(Path(dest).absolute().parent)
+    if out_fs is not None and est.bytes > out_fs[1]:
         raise EchoError(f"{dest}: {name} would write {size} ({est.describe()}); "
-                        f"its file system has {format_size(free)} free")
+                        f"its file system has {format_size(out_fs[1])} free")
+    if scratch is None or not scratch.bytes:
+        return
+    kept = f"a scratch file of {bound} {format_size(scratch.bytes)} ({scratch.describe()}) in {scratch.where}"
+    scratch_fs = free_space(scratch.where)
+    if out_fs is not None and scratch_fs is not None and scratch_fs[0] == out_fs[0]:
+        if est.bytes + scratch.bytes > out_fs[1]:
+            raise EchoError(f"{dest}: {name} would write {size} ({est.describe()}) and keep {kept} while it "
+                            f"writes; their file system has {format_size(out_fs[1])} free")
+    elif scratch_fs is not None and scratch.bytes > scratch_fs[1]:
+        raise EchoError(f"{scratch.where}: {name} would keep {kept} while it writes; "
+                        f"its file system has {format_size(scratch_fs[1])} free")
 
 
 def check_output_path(flag: str, dest: Path | None, *, file_only: bool = False) -> None:

@@ -180,6 +180,9 @@ def export_chrome(
     job = load_job_arg(job_path)
     assert_valid(job)
     check_output_budget(job, "chrome", output, max_output, ranks=rank or None)
+    scratch = chrome.export_scratch(job, output, rank or None)   # None unless it cannot stream
+    if scratch is not None:
+        check_output_budget(job, "chrome", output, max_output, ranks=rank or None, scratch=scratch)
     result = chrome.write(job, output, rank or None)
     if as_json:
         emit_json(result)

@@ -159,6 +159,19 @@ def write_sim_timeline(res, dest: Path, job, ranks: list[int] | None = None,
     return written
 
 
+def sim_timeline_scratch(job, dest: Path, ranks: list[int] | None, max_events: int | None):
+    """The scratch file :func:`write_sim_timeline` keeps at its largest (a folder: rank by
+    rank), from each rank's node count (``max_events``: about each rank's share of them)."""
+    from echo_et.converters.chrome import timeline_scratch
+    from echo_et.ir.budget import nodes_by_rank
+
+    counts = list(nodes_by_rank(job, ranks).values())
+    total = sum(counts)
+    if max_events is not None and total > max_events:
+        counts = [n * max_events // total for n in counts]
+    return timeline_scratch(dest, counts, by_rank=True)
+
+
 def require_matplotlib() -> None:
     """A plot was asked for: say so before any work when matplotlib is missing."""
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
@@ -288,7 +301,8 @@ def simulate_cmd(
     check_node_fill(job.world_size, gpus_per_node)
     if timeline is not None:
         check_output_budget(job, "chrome", timeline, max_output, ranks=timeline_rank or None,
-                            name="the simulated timeline", max_nodes=timeline_events)
+                            name="the simulated timeline", max_nodes=timeline_events,
+                            scratch=sim_timeline_scratch(job, timeline, timeline_rank or None, timeline_events))
     elif max_output is not None:
         raise EchoError("--max-output needs --timeline")
     # Repeat blocks are placed in closed form (predict, with symmetry) with or without a

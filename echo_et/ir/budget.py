@@ -74,11 +74,28 @@ def estimate_output(job: Job, fmt: str, ranks: Iterable[int] | None = None, *, p
         return sizes[gid]
 
     if per_rank:
-        chosen = job.ranks() if ranks is None else [r for r in ranks if r in set(job.ranks())]
-        parts = [size(job.binding(r).graph) for r in chosen]
+        parts = [size(job.binding(r).graph) for r in _chosen(job, ranks)]
     else:
         parts = [size(g) for g in sorted(set(job.graph_ids()))]
     nodes = sum(p.comm if fmt == "astra-sim" else p.nodes for p in parts)
     if max_nodes is not None and nodes > max_nodes:
         return OutputEstimate(fmt, len(parts), max_nodes, max_nodes * BYTES_PER_NODE[fmt], of=nodes)
     return OutputEstimate(fmt, len(parts), nodes, nodes * BYTES_PER_NODE[fmt])
+
+
+def _chosen(job: Job, ranks: Iterable[int] | None) -> list[int]:
+    known = set(job.ranks())
+    return job.ranks() if ranks is None else [r for r in ranks if r in known]
+
+
+def nodes_by_rank(job: Job, ranks: Iterable[int] | None = None) -> dict[int, int]:
+    """Each rank's expanded node count (``ranks``: only those of the job among them), in
+    rank order, without expanding a graph."""
+    sizes: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for r in sorted(set(_chosen(job, ranks))):
+        gid = job.binding(r).graph
+        if gid not in sizes:
+            sizes[gid] = graph_size(job.graph(gid)).nodes
+        out[r] = sizes[gid]
+    return out
