@@ -80,6 +80,8 @@ class ConfigSweepOptions:
     # Megatron's --scatter-gather-tensors-in-pipeline (its default): 1/tp of each pipeline
     # send, all-gathered in the receiving stage's TP group
     scatter_gather_tensors_in_pipeline: bool = True
+    # Megatron's --accumulate-allreduce-grads-in-fp32; None: its default (on with bfloat16)
+    accumulate_allreduce_grads_in_fp32: bool | None = None
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -212,6 +214,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
                              dtype=opts.dtype, grad_sync=opts.grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
+                             accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m)
@@ -234,7 +237,8 @@ def check_memory(cfg, layout, gpu: str) -> None:
     try:
         check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
                    vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
-                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp)
+                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
+                   grad_bytes=dtype_size(cfg.grad_buffer_dtype))
     except EchoError as e:
         raise EchoError(f"layout {layout.describe()}: {e}") from None
 
