@@ -64,7 +64,8 @@ def trace(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1)."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
+                                              "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
                                           help="Expected world size (must equal dp*tp*pp)."),
     device: str = typer.Option("cpu", "--device", metavar="DEVICE",

@@ -82,6 +82,9 @@ class ConfigSweepOptions:
     scatter_gather_tensors_in_pipeline: bool = True
     # Megatron's --accumulate-allreduce-grads-in-fp32; None: its default (on with bfloat16)
     accumulate_allreduce_grads_in_fp32: bool | None = None
+    # Megatron's --use-distributed-optimizer: ZeRO stage 1 (reduce-scatter, Adam on the shard,
+    # all-gather of the 16-bit weights)
+    use_distributed_optimizer: bool = False
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -217,7 +220,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
-    layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m)
+    layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
+                            zero=1 if opts.use_distributed_optimizer else 0)
     cfg.validate(layout)
     check_memory(cfg, layout, opts.gpu())
     return cfg, layout

@@ -20,8 +20,9 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
 Not counted: the working memory of one layer's forward and backward, the logits, NCCL and
 allocator buffers, fragmentation. So a row refused here would not fit; a row accepted may
 still not (the true peak is often 20-40 % above this). The step echo-et simulates is the
-plain optimizer's (a whole all-reduce, Adam over the rank's whole stage), whichever of the
-two a run that fits only sharded would use.
+plain optimizer's (a whole all-reduce, Adam over the rank's whole stage) unless the
+distributed optimizer is asked for (``--use-distributed-optimizer``), whichever of the two a
+run that fits only sharded would use.
 """
 
 from __future__ import annotations

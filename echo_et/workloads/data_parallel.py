@@ -8,7 +8,8 @@ DDP and Megatron-LM's overlapped grad reduce:
 
 - ZeRO stage 0: all-reduce of the bucket; every rank then updates all parameters.
 - ZeRO stage 1: reduce-scatter of the bucket into this rank's shard, an optimizer over the
-  shard only, then an all-gather of the updated parameters into the bucket.
+  shard only, then an all-gather of the updated parameters into the bucket (with Megatron's
+  optimizer, its ``--use-distributed-optimizer``).
 
 Buckets are filled in reverse parameter order (close to the order gradients become ready)
 and padded to a multiple of the data-parallel size so that every shard is equal.
@@ -71,8 +72,6 @@ class GradientSync:
         device, dtype = params[0].device, params[0].dtype
         # gradients accumulated apart from the parameters (``main_grad``), in a wider dtype
         self.separate = grad_dtype is not None and grad_dtype != dtype
-        if self.separate and zero:
-            raise ValueError("gradients accumulated in another dtype than the parameters need ZeRO stage 0")
         grad_dtype = grad_dtype or dtype
         self.buckets: list[_Bucket] = []
         current: list[nn.Parameter] = []
@@ -113,7 +112,10 @@ class GradientSync:
         k = b.padded // self.dp
         p = nn.Parameter(b.param_flat[self.rank * k:(self.rank + 1) * k])
         b.grad_shard = torch.zeros(k, device=b.grad.device, dtype=b.grad.dtype)
-        p.grad = b.grad_shard
+        if self.separate:
+            p.main_grad = b.grad_shard
+        else:
+            p.grad = b.grad_shard
         return p
 
     def _on_grad(self, p: torch.Tensor) -> None:
@@ -143,6 +145,11 @@ class GradientSync:
         the shared embedding's gradient there)."""
         self.armed = False
         if not self.overlap and self.dp > 1:
+            if self.zero and before_step is not None:
+                # Megatron's distributed optimizer reduces the embedding's gradient before
+                # scattering the buffer (its shard must hold the other stage's share)
+                before_step()
+                before_step = None
             for b in self.buckets:
                 target = b.grad_shard if self.zero else b.grad
                 b.grad.div_(self.dp)

@@ -135,8 +135,6 @@ class GPTConfig:
         if self.optimizer not in OPTIMIZERS:
             raise EchoError(f"{where}: optimizer {self.optimizer!r} is not one of "
                             f"{', '.join(OPTIMIZERS)}")
-        if self.optimizer == "megatron" and layout.zero:
-            raise EchoError(f"{where}: the megatron optimizer runs without ZeRO (zero = 0)")
         if self.accumulate_allreduce_grads_in_fp32 and self.optimizer != "megatron":
             raise EchoError(f"{where}: gradients accumulated in fp32 need the megatron optimizer "
                             "(megatron-gpt), whose fp32 master weights read them")
@@ -248,7 +246,14 @@ class _GPTRank:
         if cfg.optimizer == "megatron":
             from echo_et.workloads.megatron import MixedPrecisionAdam
 
-            mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
+            # the gradient norm's group: the model-parallel ranks hold the whole model's
+            # gradients between them; with the distributed optimizer (ZeRO 1) each holds a
+            # data-parallel shard of them, so the norm sums over the world (Megatron's
+            # DistributedOptimizer has no model-parallel group of its own)
+            if layout.zero and layout.world_size > 1:
+                mp_group = ctx.group("world")
+            else:
+                mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
 
             def factory(ps):
                 return MixedPrecisionAdam(ps, mp_group)

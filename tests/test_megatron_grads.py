@@ -1,7 +1,8 @@
-"""Gradients accumulated and data-parallel reduced in fp32 (Megatron's
-``--accumulate-allreduce-grads-in-fp32``, which it forces on with bfloat16): the bytes the
-reduction moves, the accumulation itself, the optimizer reading it, the memory bound and the
-command-line flags."""
+"""How megatron-gpt reduces and applies its gradients: accumulated and data-parallel reduced
+in fp32 (Megatron's ``--accumulate-allreduce-grads-in-fp32``, which it forces on with
+bfloat16), and Megatron's distributed optimizer (``--use-distributed-optimizer``, ZeRO stage
+1): the bytes each collective moves, the accumulation itself, the optimizer reading it, the
+memory bound and the command-line flags."""
 
 from __future__ import annotations
 
@@ -126,13 +127,56 @@ def test_fp32_main_grads_hold_the_exact_sum_and_the_optimizer_reads_them(world_o
     assert all(not grad_of(p).any() for p in lin.parameters())
 
 
-def test_gradient_sync_refuses_fp32_main_grads_under_zero(world_of_one):
+@pytest.mark.parametrize("grad_dtype", [None, torch.float32])
+def test_the_distributed_optimizer_updates_the_weights_as_the_plain_one_does(world_of_one, grad_dtype):
+    """Megatron's optimizer on a ZeRO-1 shard (here the whole buffer: one data-parallel rank)
+    leaves the same bfloat16 weights as on the parameters themselves, with gradients
+    accumulated in the model's dtype or in fp32."""
     from echo_et.workloads.data_parallel import GradientSync
+    from echo_et.workloads.megatron import MixedPrecisionAdam
 
-    lin = torch.nn.Linear(4, 4).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="ZeRO stage 0"):
-        GradientSync(list(lin.parameters()), world_of_one, zero=1, bucket_bytes=1 << 20,
-                     optimizer_factory=lambda ps: None, grad_dtype=torch.float32)
+    weights = []
+    for zero in (0, 1):
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+        model = model.to(torch.bfloat16)
+        sync = GradientSync(list(model.parameters()), world_of_one, zero=zero, bucket_bytes=1 << 20,
+                            optimizer_factory=lambda ps: MixedPrecisionAdam(ps, None), overlap=False,
+                            grad_dtype=grad_dtype)
+        gen = torch.Generator().manual_seed(11)
+        for _ in range(2):
+            model(torch.randn(4, 16, generator=gen).to(torch.bfloat16)).float().square().sum().backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        sync.finish_and_step()
+        after = [p.detach().clone() for p in model.parameters()]
+        assert all(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+        weights.append(after)
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_distributed_optimizer_scatters_the_gradients_and_gathers_the_weights(dtype):
+    """ZeRO stage 1 with Megatron's optimizer (--use-distributed-optimizer): the shared
+    embedding's gradient all-reduced first (its shard must hold both stages' share), the
+    gradient buffer reduce-scattered over the data-parallel ranks (fp32 with bf16), the
+    gradient norm summed over the whole world (each rank holds a shard), the 16-bit weights
+    all-gathered; no data-parallel all-reduce."""
+    from echo_et.ir.schema import pb
+
+    cfg = GPTConfig.megatron(**SHAPE, dtype=dtype)
+    layout = ParallelLayout(tp=2, pp=2, dp=2, microbatches=3, zero=1)
+    Workload(gpt=cfg).validate(layout)
+    job = trace(Workload(gpt=cfg).build_fn(), layout, TraceOptions(device="meta", warmup_steps=0)).job
+    assert check_job(job) == [] and job.manifest.layout.zero_stage == 1
+    plain = _dp_bytes(cfg)
+    nodes = sorted(job.graph_of(0).nodes, key=lambda n: (n.start_ns, n.id))
+    colls = [(n.collective.type, n.collective.in_bytes, n.collective.out_bytes, n.collective.group)
+             for n in nodes if n.kind == pb.KIND_COLLECTIVE and n.annotations.phase == "optimizer"]
+    grads, weights = plain["dp"], plain["dp"] // (2 if cfg.accumulate_allreduce_grads_in_fp32 else 1)
+    assert colls == [(pb.COLL_ALL_REDUCE, plain["embd"], plain["embd"], "embd"),
+                     (pb.COLL_REDUCE_SCATTER, grads, grads // 2, "dp"),
+                     (pb.COLL_ALL_REDUCE, 4, 4, "world"),
+                     (pb.COLL_ALL_GATHER, weights // 2, weights, "dp")]
 
 
 def test_the_memory_bound_counts_fp32_gradients():
@@ -171,6 +215,22 @@ def test_trace_flag_reaches_the_job_and_its_command(tmp_path, dtype, flag, fp32)
     assert dp == [4, 4, params * (4 if fp32 else 2)]   # each micro-batch's loss (fp32), the gradients
 
 
+def test_predict_takes_the_distributed_optimizer(tmp_path):
+    out = tmp_path / "pred"
+    r = runner.invoke(app, ["predict", "-o", str(out), "--layers", "2", "--hidden", "64", "--heads", "4",
+                            "--seq", "16", "--global-batch", "4", "--dp", "2", "--dtype", "bfloat16",
+                            "--use-distributed-optimizer", "--json"])
+    assert r.exit_code == 0, r.output
+    job = load_job(out / "job")
+    assert job.manifest.layout.zero_stage == 1
+    kinds = {c[0] for c in ex_situ_comms(job, 0) if c[2] == "dp"}
+    assert kinds == {"all_reduce", "reduce_scatter", "all_gather"}   # the loss, the gradients, the weights
+    cfg, layout = workload_for({"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1,
+                                "global_batch": 4, "tp": 1, "pp": 1, "dp": 2},
+                               ConfigSweepOptions(use_distributed_optimizer=True))
+    assert layout.zero == 1
+
+
 def test_flag_is_refused_where_nothing_takes_it(tmp_path):
     r = runner.invoke(app, [*TRACE[:2], "gpt", *TRACE[3:], "--accumulate-allreduce-grads-in-fp32",
                             "-o", str(tmp_path / "job")])
@@ -178,6 +238,6 @@ def test_flag_is_refused_where_nothing_takes_it(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "job").exists()
     r = runner.invoke(app, [*TRACE, "-o", str(tmp_path / "ok")])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["sweep", str(tmp_path / "ok"), "--dp", "2", "-o", str(tmp_path / "sw"),
-                            "--accumulate-allreduce-grads-in-fp32"])
-    assert r.exit_code == 2 and "only applies with --configs" in r.stderr
+    for flag in ("--accumulate-allreduce-grads-in-fp32", "--use-distributed-optimizer"):
+        r = runner.invoke(app, ["sweep", str(tmp_path / "ok"), "--dp", "2", "-o", str(tmp_path / "sw"), flag])
+        assert r.exit_code == 2 and f"{flag} only applies with --configs" in r.stderr
