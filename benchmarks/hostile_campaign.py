@@ -272,6 +272,10 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
         t.append((pr, o, "int", 60))
     for o, k in (("--intra-bw", "rate"), ("--gpu", "name"), ("--dtype", "name")):
         t.append((pr, o, k, 60))
+    # Megatron's distributed optimizer and fp32 gradient reduction (ZeRO-1 and main_grad paths)
+    t.append((pr + ["--use-distributed-optimizer"], "--dp", "int", 60))
+    t.append((pr + ["--accumulate-allreduce-grads-in-fp32"], "--dtype", "name", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--zero", "1"], "--dp", "int", 60))
     sw = ["sweep", b.job, "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out]
     for o, k in (("--dp", "ranks"), ("--microbatches", "ranks"), ("--max-memory", "size"), ("--workers", "int"),
                  ("--gpus-per-node", "int"), ("--mode", "name")):

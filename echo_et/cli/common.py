@@ -30,6 +30,18 @@ NoScatterGatherOpt = typer.Option(
     help="Send every activation and gradient between pipeline stages whole from each TP rank, instead of "
          "Megatron's default 1/tp slice per TP rank all-gathered in the receiving stage's TP group "
          "(Megatron's flag of the same name; docs/predict.md).")
+FP32_GRADS = "--accumulate-allreduce-grads-in-fp32"
+Fp32GradsOpt = typer.Option(
+    None, f"{FP32_GRADS}/--no-accumulate-allreduce-grads-in-fp32",
+    help="Accumulate gradients and all-reduce them over the data-parallel ranks in fp32 (Megatron's flag, "
+         "which it forces on with bfloat16: the default with --dtype bfloat16), or in the model's 16-bit "
+         "dtype (the default with float16; with bfloat16, Megatron-Core's --grad-reduce-in-bf16).")
+DIST_OPT = "--use-distributed-optimizer"
+DistOptOpt = typer.Option(
+    False, DIST_OPT,
+    help="Megatron's distributed optimizer (ZeRO stage 1): gradients reduce-scattered over the data-parallel "
+         "ranks, Adam on each rank's shard, the 16-bit weights all-gathered (Megatron's flag; default: "
+         "one all-reduce and Adam over the stage's whole model).")
 GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes, or fit in one)."
 
 

@@ -11,8 +11,12 @@ import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import (
+    DIST_OPT,
+    FP32_GRADS,
     GPN_HELP,
     NO_SCATTER_GATHER,
+    DistOptOpt,
+    Fp32GradsOpt,
     JsonOpt,
     NoScatterGatherOpt,
     emit_json,
@@ -204,6 +208,8 @@ def sweep(
     dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE",
                               help="--configs: model dtype: float16, bfloat16 or float32."),
     no_scatter_gather: bool = NoScatterGatherOpt,
+    fp32_grads: bool | None = Fp32GradsOpt,
+    distributed_optimizer: bool = DistOptOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -219,7 +225,8 @@ def sweep(
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute, compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
-                     max_memory=memory_budget(max_memory), scatter_gather=not no_scatter_gather)
+                     max_memory=memory_budget(max_memory), scatter_gather=not no_scatter_gather,
+                     fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer)
         return
     if job_path is None:
         fail("give a JOB to scale, or --configs CONFIGS.csv")
@@ -231,6 +238,8 @@ def sweep(
         fail("--recompute only applies with --configs")
     if no_scatter_gather:
         fail(f"{NO_SCATTER_GATHER} only applies with --configs")
+    if fp32_grads is not None or distributed_optimizer:
+        fail(f"{FP32_GRADS if fp32_grads is not None else DIST_OPT} only applies with --configs")
     if mode != "predict" and (gpu is not None or compute_profile is not None):
         fail(f"{'--gpu' if gpu is not None else '--compute-profile'} only applies with --mode predict "
              "(replay keeps measured times)")

@@ -14,7 +14,7 @@ from echo_et.cli.cluster_opts import (
     inter_bw_opt,
     intra_bw_opt,
 )
-from echo_et.cli.common import JsonOpt, NoScatterGatherOpt, emit_json, guarded
+from echo_et.cli.common import DistOptOpt, Fp32GradsOpt, JsonOpt, NoScatterGatherOpt, emit_json, guarded
 from echo_et.errors import OptionError
 
 
@@ -51,6 +51,8 @@ def predict_cmd(
                                         help="Collective-model profile (default: the GPU's preset)."),
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     no_scatter_gather: bool = NoScatterGatherOpt,
+    fp32_grads: bool | None = Fp32GradsOpt,
+    distributed_optimizer: bool = DistOptOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -83,7 +85,9 @@ def predict_cmd(
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
-                              scatter_gather_tensors_in_pipeline=not no_scatter_gather)
+                              scatter_gather_tensors_in_pipeline=not no_scatter_gather,
+                              accumulate_allreduce_grads_in_fp32=fp32_grads,
+                              use_distributed_optimizer=distributed_optimizer)
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

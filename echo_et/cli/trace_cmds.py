@@ -52,6 +52,10 @@ def trace(
         help="GPT: with tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient to the "
              "next stage, which all-gathers it in its TP group (Megatron's optimization; megatron-gpt's "
              "default), or every TP rank sends it whole (gpt's default)."),
+    fp32_grads: bool | None = typer.Option(
+        None, "--accumulate-allreduce-grads-in-fp32/--no-accumulate-allreduce-grads-in-fp32",
+        help="megatron-gpt: accumulate gradients and all-reduce them over the data-parallel ranks in fp32 "
+             "(Megatron's flag, forced on with bfloat16: the default there), or in the model's dtype."),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
@@ -60,7 +64,8 @@ def trace(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1)."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
+                                              "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
                                           help="Expected world size (must equal dp*tp*pp)."),
     device: str = typer.Option("cpu", "--device", metavar="DEVICE",
@@ -124,7 +129,8 @@ def trace(
             raise EchoError(f"--workload {workload!r}: the built-in workloads are gpt and megatron-gpt "
                             "(or give --script file.py:build_fn)")
         kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync),
-                                ("scatter_gather_tensors_in_pipeline", scatter_gather)) if v is not None}
+                                ("scatter_gather_tensors_in_pipeline", scatter_gather),
+                                ("accumulate_allreduce_grads_in_fp32", fp32_grads)) if v is not None}
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
                    bucket_mb=bucket_mb, recompute=recompute, **kw)
@@ -143,6 +149,10 @@ def trace(
     if script is None and cfg.scatter_gather_tensors_in_pipeline != (workload == "megatron-gpt"):
         parts.append("--scatter-gather-tensors-in-pipeline" if cfg.scatter_gather_tensors_in_pipeline
                      else "--no-scatter-gather-tensors-in-pipeline")
+    if script is None and cfg.accumulate_allreduce_grads_in_fp32 != (workload == "megatron-gpt"
+                                                                     and cfg.dtype == "bfloat16"):
+        parts.append("--accumulate-allreduce-grads-in-fp32" if cfg.accumulate_allreduce_grads_in_fp32
+                     else "--no-accumulate-allreduce-grads-in-fp32")
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -80,6 +80,11 @@ class ConfigSweepOptions:
     # Megatron's --scatter-gather-tensors-in-pipeline (its default): 1/tp of each pipeline
     # send, all-gathered in the receiving stage's TP group
     scatter_gather_tensors_in_pipeline: bool = True
+    # Megatron's --accumulate-allreduce-grads-in-fp32; None: its default (on with bfloat16)
+    accumulate_allreduce_grads_in_fp32: bool | None = None
+    # Megatron's --use-distributed-optimizer: ZeRO stage 1 (reduce-scatter, Adam on the shard,
+    # all-gather of the 16-bit weights)
+    use_distributed_optimizer: bool = False
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -212,9 +217,11 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
                              dtype=opts.dtype, grad_sync=opts.grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
+                             accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
-    layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m)
+    layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
+                            zero=1 if opts.use_distributed_optimizer else 0)
     cfg.validate(layout)
     check_memory(cfg, layout, opts.gpu())
     return cfg, layout
@@ -234,7 +241,8 @@ def check_memory(cfg, layout, gpu: str) -> None:
     try:
         check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
                    vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
-                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp)
+                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
+                   grad_bytes=dtype_size(cfg.grad_buffer_dtype))
     except EchoError as e:
         raise EchoError(f"layout {layout.describe()}: {e}") from None
 

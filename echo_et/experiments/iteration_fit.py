@@ -156,6 +156,10 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
                                           "global_batch", "tp", "pp", "dp"))
     key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(opts.recompute)}"
     key += f"-sg{int(opts.scatter_gather_tensors_in_pipeline)}"  # the pipeline sends differ
+    if opts.accumulate_allreduce_grads_in_fp32 is not None:      # the gradient buffer's dtype
+        key += f"-g32{int(opts.accumulate_allreduce_grads_in_fp32)}"
+    if opts.use_distributed_optimizer:
+        key += "-zero1"
     d = Path(cache) / key
     if (d / "manifest.pb").is_file():
         return load_job(d)

@@ -4,11 +4,13 @@ A lower bound, so that a configuration that ran is never refused: only what ever
 Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
 
 - the model state of its pipeline stage: 16-bit weights and gradients (2 + 2 bytes per
-  parameter; an fp32 model 4 + 4) and Adam's fp32 master weights, first and second moments
-  (4 + 4 + 4; an fp32 model's master weights are its weights: 4 + 4), the latter **sharded
-  over the data-parallel ranks**, as DeepSpeed's ZeRO stage 1 (which Megatron-DeepSpeed runs
-  with) and Megatron-LM's ``--use-distributed-optimizer`` shard them: 4 + 12 / dp bytes per
-  parameter (16 at dp = 1, what Megatron's plain optimizer holds at any dp). The stage's
+  parameter; an fp32 model 4 + 4; gradients accumulated in fp32, Megatron's
+  ``--accumulate-allreduce-grads-in-fp32`` and its bf16 default, 2 + 4) and Adam's fp32
+  master weights, first and second moments (4 + 4 + 4; an fp32 model's master weights are
+  its weights: 4 + 4), the latter **sharded over the data-parallel ranks**, as DeepSpeed's
+  ZeRO stage 1 (which Megatron-DeepSpeed runs with) and Megatron-LM's
+  ``--use-distributed-optimizer`` shard them: 4 + 12 / dp bytes per parameter (16 at dp = 1,
+  what Megatron's plain optimizer holds at any dp). The stage's
   share of the tensor-parallel split, the word embedding on the first and the last stage
   (Megatron ties them: both hold a copy), positions on the first;
 - with full activation recomputation, the input of every layer of every micro-batch in
@@ -18,8 +20,9 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
 Not counted: the working memory of one layer's forward and backward, the logits, NCCL and
 allocator buffers, fragmentation. So a row refused here would not fit; a row accepted may
 still not (the true peak is often 20-40 % above this). The step echo-et simulates is the
-plain optimizer's (a whole all-reduce, Adam over the rank's whole stage), whichever of the
-two a run that fits only sharded would use.
+plain optimizer's (a whole all-reduce, Adam over the rank's whole stage) unless the
+distributed optimizer is asked for (``--use-distributed-optimizer``), whichever of the two a
+run that fits only sharded would use.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from echo_et.errors import EchoError
 STATE_BYTES_PER_PARAM = 16          # per parameter at dp = 1 (16-bit or fp32 model alike)
 
 
-def state_bytes_per_param(elem_bytes: int, dp: int) -> float:
-    """Weights and gradients in the model's dtype, Adam's fp32 state sharded over ``dp``."""
+def state_bytes_per_param(elem_bytes: int, dp: int, grad_bytes: int | None = None) -> float:
+    """Weights in the model's dtype, gradients in ``grad_bytes`` (default: the model's),
+    Adam's fp32 state sharded over ``dp``."""
     optimizer = 12 if elem_bytes < 4 else 8      # master copy, moments; fp32: the moments
-    return 2 * elem_bytes + optimizer / max(1, dp)
+    return elem_bytes + (grad_bytes or elem_bytes) + optimizer / max(1, dp)
 
 
 def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, tp: int, pp: int,
@@ -51,11 +55,11 @@ def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int
 
 
 def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, micro_batch: int,
-                       tp: int, pp: int, microbatches: int, elem_bytes: int, dp: int = 1
-                       ) -> tuple[int, int, int]:
+                       tp: int, pp: int, microbatches: int, elem_bytes: int, dp: int = 1,
+                       grad_bytes: int | None = None) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most."""
     best = (0, 0, 0)
-    per_param = state_bytes_per_param(elem_bytes, dp)
+    per_param = state_bytes_per_param(elem_bytes, dp, grad_bytes)
     for stage in sorted({0, pp - 1}):
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage))
@@ -73,7 +77,9 @@ def check_fits(memory_gb: float, gpu: str, **shape: int) -> None:
     total, state, act = megatron_min_bytes(**shape)
     dp = shape.get("dp", 1)
     sharded = f" with Adam's sharded over {dp} data-parallel ranks" if dp > 1 else ""
+    wide = (shape.get("grad_bytes") or 0) > shape["elem_bytes"]
+    grads = "fp32 gradients" if wide else "gradients"
     if total > memory_gb * 1e9:
         raise EchoError(f"does not fit the GPU's memory: each rank needs at least {total / 1e9:.1f} GB "
-                        f"(weights, gradients and Adam states{sharded} {state / 1e9:.1f} GB, checkpointed "
+                        f"(weights, {grads} and Adam states{sharded} {state / 1e9:.1f} GB, checkpointed "
                         f"activations {act / 1e9:.1f} GB), {gpu} has {memory_gb:g} GB")

@@ -8,7 +8,8 @@ DDP and Megatron-LM's overlapped grad reduce:
 
 - ZeRO stage 0: all-reduce of the bucket; every rank then updates all parameters.
 - ZeRO stage 1: reduce-scatter of the bucket into this rank's shard, an optimizer over the
-  shard only, then an all-gather of the updated parameters into the bucket.
+  shard only, then an all-gather of the updated parameters into the bucket (with Megatron's
+  optimizer, its ``--use-distributed-optimizer``).
 
 Buckets are filled in reverse parameter order (close to the order gradients become ready)
 and padded to a multiple of the data-parallel size so that every shard is equal.
@@ -16,6 +17,13 @@ and padded to a multiple of the data-parallel size so that every shard is equal.
 With ``overlap=False`` (Megatron-DeepSpeed's local DDP, vTrain's "bucketing off") the
 gradients live in one flat buffer and are reduced after the backward pass: the buffer is
 divided by the data-parallel size and all-reduced at once, before the optimizer.
+
+With ``grad_dtype`` wider than the parameters' (Megatron's
+``--accumulate-allreduce-grads-in-fp32``, forced on with bf16), the buffers hold that dtype
+and each parameter gets a ``main_grad`` view into them instead of a ``grad``: after every
+micro-batch's backward a hook adds the parameter's 16-bit gradient into its ``main_grad``
+and drops it, as Megatron's local DDP does, so the data-parallel reduction moves fp32
+bytes. :func:`grad_of` is where a reader finds a parameter's accumulated gradient.
 """
 
 from __future__ import annotations
@@ -29,6 +37,12 @@ from echo_et.workloads.markers import comm_span
 # torch 2.13 renamed the tensor forms; older releases only have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def grad_of(p: torch.Tensor) -> torch.Tensor | None:
+    """The gradient a parameter accumulated: its ``main_grad`` when it has one, else ``grad``."""
+    main = getattr(p, "main_grad", None)
+    return p.grad if main is None else main
 
 
 class _Bucket:
@@ -45,7 +59,7 @@ class GradientSync:
     """Bucketed gradient reduction over ``group`` for ``params`` (see the module docstring)."""
 
     def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
-                 optimizer_factory, overlap: bool = True):
+                 optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None):
         self.group = group
         self.dp = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -56,6 +70,9 @@ class GradientSync:
         if not overlap:
             bucket_bytes = sum(p.numel() * p.element_size() for p in params) + 1
         device, dtype = params[0].device, params[0].dtype
+        # gradients accumulated apart from the parameters (``main_grad``), in a wider dtype
+        self.separate = grad_dtype is not None and grad_dtype != dtype
+        grad_dtype = grad_dtype or dtype
         self.buckets: list[_Bucket] = []
         current: list[nn.Parameter] = []
         size = 0
@@ -63,10 +80,10 @@ class GradientSync:
             current.append(p)
             size += p.numel() * p.element_size()
             if size >= bucket_bytes:
-                self.buckets.append(_Bucket(current, self.dp, device, dtype))
+                self.buckets.append(_Bucket(current, self.dp, device, grad_dtype))
                 current, size = [], 0
         if current:
-            self.buckets.append(_Bucket(current, self.dp, device, dtype))
+            self.buckets.append(_Bucket(current, self.dp, device, grad_dtype))
         self._bucket_of: dict[int, _Bucket] = {}
         for b in self.buckets:
             offset = 0
@@ -74,7 +91,11 @@ class GradientSync:
                 b.param_flat = torch.zeros(b.padded, device=device, dtype=dtype)
             for p in b.params:
                 n = p.numel()
-                p.grad = b.grad[offset:offset + n].view_as(p)
+                view = b.grad[offset:offset + n].view_as(p)
+                if self.separate:
+                    p.main_grad = view
+                else:
+                    p.grad = view
                 if zero:
                     b.param_flat[offset:offset + n].copy_(p.detach().reshape(-1))
                     p.data = b.param_flat[offset:offset + n].view_as(p)
@@ -91,10 +112,16 @@ class GradientSync:
         k = b.padded // self.dp
         p = nn.Parameter(b.param_flat[self.rank * k:(self.rank + 1) * k])
         b.grad_shard = torch.zeros(k, device=b.grad.device, dtype=b.grad.dtype)
-        p.grad = b.grad_shard
+        if self.separate:
+            p.main_grad = b.grad_shard
+        else:
+            p.grad = b.grad_shard
         return p
 
     def _on_grad(self, p: torch.Tensor) -> None:
+        if self.separate:
+            p.main_grad.add_(p.grad)
+            p.grad = None
         if not self.armed or not self.overlap:
             return
         b = self._bucket_of[id(p)]
@@ -118,6 +145,11 @@ class GradientSync:
         the shared embedding's gradient there)."""
         self.armed = False
         if not self.overlap and self.dp > 1:
+            if self.zero and before_step is not None:
+                # Megatron's distributed optimizer reduces the embedding's gradient before
+                # scattering the buffer (its shard must hold the other stage's share)
+                before_step()
+                before_step = None
             for b in self.buckets:
                 target = b.grad_shard if self.zero else b.grad
                 b.grad.div_(self.dp)

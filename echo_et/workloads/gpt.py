@@ -77,15 +77,29 @@ class GPTConfig:
     # pipeline stages and the receiving stage all-gathers it in its TP group (Megatron's
     # --scatter-gather-tensors-in-pipeline, on by default there; :mod:`.pipeline`).
     scatter_gather_tensors_in_pipeline: bool = False
+    # Gradients accumulated and data-parallel reduced in an fp32 buffer, whatever the model's
+    # dtype (Megatron's --accumulate-allreduce-grads-in-fp32, which it forces on with bf16);
+    # the megatron optimizer only.
+    accumulate_allreduce_grads_in_fp32: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
         """Megatron-DeepSpeed's GPT pretraining defaults (see the module docstring); keyword
-        arguments override them."""
+        arguments override them. As Megatron does, a bfloat16 model accumulates and reduces
+        its gradients in fp32 unless ``accumulate_allreduce_grads_in_fp32`` says otherwise
+        (False there is Megatron-Core's ``--grad-reduce-in-bf16``)."""
         base = {"attention": "megatron", "dropout": 0.1, "vocab_multiple": 128,
                 "tie_embeddings": True, "grad_sync": "after-backward", "optimizer": "megatron",
                 "dtype": "float16", "vocab": MEGATRON_VOCAB, "scatter_gather_tensors_in_pipeline": True}
-        return cls(**{**base, **kw})
+        merged = {**base, **kw}
+        if merged.get("accumulate_allreduce_grads_in_fp32") is None:
+            merged["accumulate_allreduce_grads_in_fp32"] = merged["dtype"] == "bfloat16"
+        return cls(**merged)
+
+    @property
+    def grad_buffer_dtype(self) -> str:
+        """The dtype gradients are accumulated and data-parallel reduced in."""
+        return "float32" if self.accumulate_allreduce_grads_in_fp32 else self.dtype
 
     @property
     def flavor(self) -> str:
@@ -121,8 +135,9 @@ class GPTConfig:
         if self.optimizer not in OPTIMIZERS:
             raise EchoError(f"{where}: optimizer {self.optimizer!r} is not one of "
                             f"{', '.join(OPTIMIZERS)}")
-        if self.optimizer == "megatron" and layout.zero:
-            raise EchoError(f"{where}: the megatron optimizer runs without ZeRO (zero = 0)")
+        if self.accumulate_allreduce_grads_in_fp32 and self.optimizer != "megatron":
+            raise EchoError(f"{where}: gradients accumulated in fp32 need the megatron optimizer "
+                            "(megatron-gpt), whose fp32 master weights read them")
         if not 0.0 <= self.dropout < 1.0:
             raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
         self.check_footprint(layout, device)
@@ -231,7 +246,14 @@ class _GPTRank:
         if cfg.optimizer == "megatron":
             from echo_et.workloads.megatron import MixedPrecisionAdam
 
-            mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
+            # the gradient norm's group: the model-parallel ranks hold the whole model's
+            # gradients between them; with the distributed optimizer (ZeRO 1) each holds a
+            # data-parallel shard of them, so the norm sums over the world (Megatron's
+            # DistributedOptimizer has no model-parallel group of its own)
+            if layout.zero and layout.world_size > 1:
+                mp_group = ctx.group("world")
+            else:
+                mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
 
             def factory(ps):
                 return MixedPrecisionAdam(ps, mp_group)
@@ -241,7 +263,7 @@ class _GPTRank:
         self.sync = GradientSync(
             list(self.model.parameters()), dp_group, zero=layout.zero,
             bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
-            overlap=cfg.grad_sync == "overlap",
+            overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
@@ -319,12 +341,13 @@ class _GPTRank:
     def _sync_embedding(self) -> None:
         import torch.distributed as dist
 
+        from echo_et.workloads.data_parallel import grad_of
         from echo_et.workloads.markers import comm_span
 
         if self.embd_group is None:
             return
         with comm_span(self.embd_group):
-            dist.all_reduce(self.model.word_weight().grad, group=self.embd_group)
+            dist.all_reduce(grad_of(self.model.word_weight()), group=self.embd_group)
 
     def step(self) -> None:
         from echo_et.workloads.markers import span

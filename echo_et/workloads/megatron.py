@@ -143,8 +143,10 @@ class MixedPrecisionAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        grads = [p.grad for p in self.params]
-        if self.mixed:
+        from echo_et.workloads.data_parallel import grad_of
+
+        grads = [grad_of(p) for p in self.params]
+        if self.mixed:     # a no-op for gradients accumulated in fp32 (main_grad)
             grads = [g.float() for g in grads]
         # Gradient clipping needs the global norm: local squares, summed over the model.
         norms = torch._foreach_norm(grads, 2.0)
