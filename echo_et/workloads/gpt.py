@@ -81,6 +81,10 @@ class GPTConfig:
     # dtype (Megatron's --accumulate-allreduce-grads-in-fp32, which it forces on with bf16);
     # the megatron optimizer only.
     accumulate_allreduce_grads_in_fp32: bool = False
+    # Megatron's --num-layers-per-virtual-pipeline-stage N: each stage holds layers / (pp x N)
+    # model chunks of N layers and runs the interleaved 1F1B schedule (:mod:`.pipeline`);
+    # 0: one chunk of layers / pp layers per stage, the plain 1F1B schedule.
+    layers_per_virtual_stage: int = 0
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -104,6 +108,16 @@ class GPTConfig:
     @property
     def flavor(self) -> str:
         return "megatron-gpt" if self.attention == "megatron" else "gpt"
+
+    def virtual_chunks(self, pp: int) -> int:
+        """Model chunks per pipeline stage: 1, or layers / (pp x layers per virtual stage)."""
+        n = self.layers_per_virtual_stage
+        return self.layers // (pp * n) if n > 0 else 1
+
+    def chunk_first_layer(self, pp: int, stage: int, chunk: int) -> int:
+        """The first layer of ``chunk`` on ``stage``: chunk c of stage s is virtual stage
+        c x pp + s, holding the layers after those of the virtual stages before it."""
+        return (chunk * pp + stage) * (self.layers // (pp * self.virtual_chunks(pp)))
 
     def replace(self, **kw) -> GPTConfig:
         return dataclasses.replace(self, **kw)
@@ -140,7 +154,34 @@ class GPTConfig:
                             "(megatron-gpt), whose fp32 master weights read them")
         if not 0.0 <= self.dropout < 1.0:
             raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
+        self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
+
+    def check_virtual_stages(self, layout: ParallelLayout) -> None:
+        """Megatron-LM's rules for interleaved pipeline stages (``--num-layers-per-virtual-
+        pipeline-stage N``): pp > 2 (with two stages, the previous and the next stage are one
+        rank and a combined exchange's two sends to it cannot be told apart), layers a
+        multiple of pp x N with at least two chunks per stage, and micro-batches a multiple of
+        pp; and here, gradients reduced after the backward pass (an overlapped reduction would
+        start on a chunk whose gradients are not final)."""
+        n = self.layers_per_virtual_stage
+        if n == 0:
+            return
+        where = f"layout {layout.describe()}"
+        flag = f"--num-layers-per-virtual-pipeline-stage {n}"
+        if n < 0:
+            raise EchoError(f"{where}: layers per virtual pipeline stage must be >= 0, got {n}")
+        if layout.pp <= 2:
+            raise EchoError(f"{where}: {flag} (interleaved pipeline stages) needs pp > 2, got pp {layout.pp}")
+        if self.layers % (layout.pp * n) or self.layers // (layout.pp * n) < 2:
+            raise EchoError(f"{where}: {flag} needs layers ({self.layers}) to be a multiple of pp x {n} "
+                            f"({layout.pp * n}) with at least 2 chunks per stage (layers >= {2 * layout.pp * n})")
+        if layout.microbatches % layout.pp:
+            raise EchoError(f"{where}: {flag} needs micro-batches ({layout.microbatches}) to be a multiple "
+                            f"of pp ({layout.pp})")
+        if self.grad_sync == "overlap":
+            raise EchoError(f"{where}: {flag} needs the gradient sync after the backward pass "
+                            "(grad_sync after-backward), not overlapped with it")
 
     def check_footprint(self, layout: ParallelLayout, device: str = "meta") -> None:
         """Refuse, before tracing, what cannot finish: a traced rank's graph beyond
@@ -182,7 +223,10 @@ class GPTConfig:
         return self.layers * block + v * h + self.seq * h + 2 * h + head
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.layers_per_virtual_stage:   # the plain schedule's records stay as they were
+            del out["layers_per_virtual_stage"]
+        return out
 
 
 def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
@@ -225,15 +269,23 @@ class _GPTRank:
         self.dtype = getattr(torch, cfg.dtype)
         self.stage = ctx.pp_rank
         self.megatron = cfg.attention == "megatron"
-        per_stage = cfg.layers // layout.pp
-        self.first_layer = self.stage * per_stage
+        self.chunks = cfg.virtual_chunks(layout.pp)
+        per_chunk = cfg.layers // (layout.pp * self.chunks)
         # Initialisation draws on the parameters' own device (a CPU generator cannot fill a
         # CUDA tensor); the data is drawn on CPU and copied, as a data loader would. On the
         # meta device there are no values to draw (gen None).
         gen = None if self.device.type == "meta" else torch.Generator(
             device=self.device).manual_seed(cfg.seed + 7919 * ctx.pp_rank + ctx.tp_rank)
-        self.model = _Stage(cfg, layout, self.stage, self.first_layer, per_stage, tp_group,
-                            gen=gen, device=self.device, dtype=self.dtype)
+        last_stage = self.stage == layout.pp - 1
+        self.models = [_Stage(cfg, layout, self.stage, cfg.chunk_first_layer(layout.pp, self.stage, c),
+                              per_chunk, tp_group, gen=gen, device=self.device, dtype=self.dtype,
+                              first=self.stage == 0 and c == 0,
+                              last=last_stage and c == self.chunks - 1,
+                              chunk=c if self.chunks > 1 else None)
+                       for c in range(self.chunks)]
+        # the chunk whose word embedding is shared: the first chunk of the first stage, the
+        # last chunk of the last stage (chunk 0 of any other stage, which has none)
+        self.model = self.models[-1 if last_stage else 0]
         shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
                  else (cfg.micro_batch, cfg.seq, cfg.hidden))
         self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron,
@@ -261,7 +313,7 @@ class _GPTRank:
             def factory(ps):
                 return torch.optim.Adam(ps, lr=1e-4)
         self.sync = GradientSync(
-            list(self.model.parameters()), dp_group, zero=layout.zero,
+            [p for m in self.models for p in m.parameters()], dp_group, zero=layout.zero,
             bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
         )
@@ -270,27 +322,37 @@ class _GPTRank:
                                generator=data_gen)
         self.inputs = tokens[..., :-1].contiguous().to(self.device)
         self.labels = tokens[..., 1:].contiguous().to(self.device)
-        self._replayed: set[int] = set()     # micro-batches whose forward was a recording
+        # (micro-batch, chunk) whose forward was a recording
+        self._replayed: set[tuple[int, int]] = set()
 
-    def _forward(self, mb: int, inp):
+    def _key(self, key: tuple, chunk: int) -> tuple:
+        """A repeated region's key: each model chunk is its own work (its layers, and the
+        embedding or the loss on the model's first or last chunk)."""
+        return key + (chunk,) if self.chunks > 1 else key
+
+    def _is_last(self, chunk: int) -> bool:
+        return self.link.last and chunk == self.chunks - 1
+
+    def _forward(self, mb: int, inp, chunk: int = 0):
         from echo_et.trace.units import repeat_region
 
         # A micro-batch's forward (and backward) is the same work for every micro-batch: a
         # meta-device trace records the first and copies it (:mod:`echo_et.trace.units`).
-        key = ("gpt-forward", self._replay_ok(mb), inp is None)
-        out, replayed = repeat_region(key, lambda: self._run_forward(mb, inp), mb=mb)
+        key = self._key(("gpt-forward", self._replay_ok(mb), inp is None), chunk)
+        out, replayed = repeat_region(key, lambda: self._run_forward(mb, inp, chunk), mb=mb)
         if replayed:
-            self._replayed.add(mb)
+            self._replayed.add((mb, chunk))
         return out
 
-    def _run_forward(self, mb: int, inp):
+    def _run_forward(self, mb: int, inp, chunk: int = 0):
         from echo_et.workloads.markers import span
 
+        model = self.models[chunk]
         with span(phase="forward", mb=mb, stage=self.stage):
             x = self.inputs[mb] if inp is None else inp
-            out = self.model(x, replay=self._replay_ok(mb))
-            if self.link.last:
-                out = self.model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
+            out = model(x, replay=self._replay_ok(mb))
+            if self._is_last(chunk):
+                out = model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
                 if self.megatron:
                     self._report_loss(out)
             return out
@@ -314,23 +376,25 @@ class _GPTRank:
         gradients (the last micro-batch's backward)."""
         return not (self.sync.overlap and mb == self.ctx.layout.microbatches - 1)
 
-    def _backward(self, mb: int, inp, out, out_grad):
+    def _backward(self, mb: int, inp, out, out_grad, chunk: int = 0):
         from echo_et.trace.units import repeat_region
 
-        run = functools.partial(self._run_backward, mb, inp, out, out_grad)
-        key = ("gpt-backward", mb == self.ctx.layout.microbatches - 1 and self.sync.overlap,
-               inp is None)
-        replay = mb in self._replayed
-        self._replayed.discard(mb)
+        run = functools.partial(self._run_backward, mb, inp, out, out_grad, chunk)
+        key = self._key(("gpt-backward", mb == self.ctx.layout.microbatches - 1 and self.sync.overlap,
+                         inp is None), chunk)
+        replay = (mb, chunk) in self._replayed
+        self._replayed.discard((mb, chunk))
         return repeat_region(key, run, replay=replay, mb=mb)[0]
 
-    def _run_backward(self, mb: int, inp, out, out_grad):
+    def _run_backward(self, mb: int, inp, out, out_grad, chunk: int = 0):
         import torch
 
         from echo_et.workloads.markers import span
 
         with span(phase="backward", mb=mb, stage=self.stage):
-            if mb == self.ctx.layout.microbatches - 1:
+            # the last micro-batch's first backward: its last chunk's (the interleaved
+            # schedule runs backward chunks in reverse)
+            if mb == self.ctx.layout.microbatches - 1 and chunk == self.chunks - 1:
                 self.sync.arm()
             if out_grad is None:
                 torch.autograd.backward(out)
@@ -351,9 +415,15 @@ class _GPTRank:
 
     def step(self) -> None:
         from echo_et.workloads.markers import span
-        from echo_et.workloads.pipeline import one_f_one_b
+        from echo_et.workloads.pipeline import interleaved_one_f_one_b, one_f_one_b
 
-        one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
+        if self.chunks > 1:
+            interleaved_one_f_one_b(
+                self.link, self.ctx.layout.microbatches, self.chunks,
+                lambda mb, c, inp: self._forward(mb, inp, c),
+                lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c))
+        else:
+            one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):
             self.sync.finish_and_step(before_step=self._sync_embedding)
 
@@ -418,15 +488,22 @@ def _stage_class():
 
     class Stage(nn.Module):
         def __init__(self, cfg: GPTConfig, layout: ParallelLayout, stage: int, first_layer: int,
-                     count: int, group, *, gen, device, dtype):
+                     count: int, group, *, gen, device, dtype, first: bool | None = None,
+                     last: bool | None = None, chunk: int | None = None):
+            """``first`` / ``last``: whether this holds the model's first / last layers (the
+            first / last stage's by default; a model chunk's with interleaved stages).
+            ``chunk``: this model chunk's index on its stage, with interleaved stages (each
+            chunk records its own layer: a layer is recorded until its backward, which
+            another chunk's backward can come before)."""
             super().__init__()
             kw = {"gen": gen, "device": device, "dtype": dtype}
             self.cfg = cfg
             self.group = group
             self.megatron = cfg.attention == "megatron"
-            self.first = stage == 0
-            self.last = stage == layout.pp - 1
+            self.first = stage == 0 if first is None else first
+            self.last = stage == layout.pp - 1 if last is None else last
             self.first_layer = first_layer
+            self.unit_key = ("gpt-layer", cfg.recompute) + (() if chunk is None else (chunk,))
             self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)
@@ -478,7 +555,7 @@ def _stage_class():
             for i, block in enumerate(self.blocks):
                 layer = self.first_layer + i
                 if replay:
-                    x = repeat_unit(("gpt-layer", self.cfg.recompute), functools.partial(
+                    x = repeat_unit(self.unit_key, functools.partial(
                         self._layer, block, layer=layer), x, layer=layer)
                 else:
                     x = self._layer(block, x, layer)

@@ -1,4 +1,4 @@
-"""Pipeline-parallel point-to-point transfers and the non-interleaved 1F1B schedule.
+"""Pipeline-parallel point-to-point transfers and the 1F1B schedules, plain and interleaved.
 
 Stage s receives activations from s-1 and gradients from s+1. A combined "send one way,
 receive the other" posts both transfers before waiting on either, as Megatron-LM's
@@ -14,12 +14,22 @@ pieces, piece ``tp_rank``) to the same TP rank of the next stage, and the receiv
 all-gathers the pieces inside its TP group (NVLink) into the whole tensor. Gradients going
 back travel the same way. Without sequence parallelism, as here, every TP rank holds the
 whole activation, so the slice is a view and costs no kernel.
+
+:func:`interleaved_schedule` / :func:`interleaved_one_f_one_b` are Megatron-LM's interleaved
+1F1B schedule (Narayanan et al., SC'21, section 2.2.2; ``--num-layers-per-virtual-pipeline-stage``):
+each stage holds ``chunks`` model chunks, chunk c of stage s being virtual stage c x stages + s;
+forward virtual micro-steps go in groups of ``stages`` micro-batches per chunk, backward ones
+in reverse chunk order; activations leave chunk c of the last stage for chunk c + 1 of the
+first (and gradients the reverse way), so the pipeline group is a ring. Every exchange is one
+combined call posting, in Megatron's order, send-to-previous, receive-from-previous,
+send-to-next, receive-from-next, and waiting for all of them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -64,7 +74,8 @@ class StageLink:
         return self.stage == self.stages - 1
 
     def _peer(self, offset: int) -> int:
-        return dist.get_global_rank(self.group, self.stage + offset)
+        # modulo: the interleaved schedule's ring (the plain schedule never wraps)
+        return dist.get_global_rank(self.group, (self.stage + offset) % self.stages)
 
     def _buffer(self) -> torch.Tensor:
         shape = self.shape if self.split_group is None else (self.chunk,)
@@ -111,6 +122,37 @@ class StageLink:
         if buf is not None and self.split_group is not None:
             buf = self._gather(buf, recv_tag)
         return buf
+
+    def exchange(self, transfers: tuple[Transfer, ...],
+                 outgoing: dict[tuple[str, int, int], torch.Tensor]) -> list[torch.Tensor]:
+        """One combined call of the interleaved schedule: post ``transfers`` in their order
+        (a send takes ``outgoing[(phase, mb, chunk)]``, detached), wait for all of them, then
+        all-gather the received pieces (with a ``split_group``). Returns the received
+        tensors in the order of their transfers; activations require grad."""
+        works = []
+        bufs: list[tuple[torch.Tensor, Transfer]] = []
+        for t in transfers:
+            tag = {"phase": t.phase, "mb": t.mb}
+            if t.send:
+                send = self._slice(outgoing.pop((t.phase, t.mb, t.chunk)).detach())
+                with span(**tag, stage=self.stage), comm_span(self.group):
+                    works.append(dist.isend(send, self._peer(t.peer), group=self.group))
+            else:
+                buf = self._buffer()
+                with span(**tag, stage=self.stage), comm_span(self.group):
+                    works.append(dist.irecv(buf, self._peer(t.peer), group=self.group))
+                bufs.append((buf, t))
+        for w in works:
+            with comm_span(self.group):
+                w.wait()
+        if self.sync_after and works:
+            device_sync(self.device)
+        out = []
+        for buf, t in bufs:
+            if self.split_group is not None:
+                buf = self._gather(buf, {"phase": t.phase, "mb": t.mb})
+            out.append(buf.requires_grad_() if t.phase == "forward" else buf)
+        return out
 
     def recv_forward(self, mb: int) -> torch.Tensor | None:
         if self.first:
@@ -190,3 +232,180 @@ def one_f_one_b(link: StageLink, microbatches: int,
         out_grad = link.recv_backward(mb)
         in_grad = backward(mb, b_inp, b_out, out_grad)
         link.send_backward(in_grad, mb)
+
+
+class Transfer(NamedTuple):
+    """One send or receive of the interleaved schedule. ``peer``: -1 the previous stage, +1
+    the next (around the ring); ``phase``: forward (an activation) or backward (a gradient);
+    ``mb`` and ``chunk``: the micro-batch and the model chunk of this stage that produced the
+    tensor (a send) or will consume it (a receive)."""
+
+    send: bool
+    peer: int
+    phase: str
+    mb: int
+    chunk: int
+
+
+# ("forward", mb, chunk) | ("backward", mb, chunk) | ("comm", transfers)
+ScheduleItem = tuple
+
+
+def virtual_chunk(step: int, stages: int, chunks: int, *, forward: bool) -> int:
+    """The model chunk of virtual micro-step ``step``: groups of ``stages`` steps per chunk,
+    chunks in order for forward steps and in reverse for backward ones."""
+    c = (step % (stages * chunks)) // stages
+    return c if forward else chunks - 1 - c
+
+
+def virtual_microbatch(step: int, stages: int, chunks: int) -> int:
+    """The micro-batch of virtual micro-step ``step`` (the same for forward and backward)."""
+    return (step // (stages * chunks)) * stages + step % stages
+
+
+def interleaved_warmup(stages: int, stage: int, chunks: int, microbatches: int) -> int:
+    """Forward micro-steps before the first backward on ``stage``: (stages - stage - 1) x 2
+    + (chunks - 1) x stages, or all of them when there are only ``stages`` micro-batches."""
+    total = microbatches * chunks
+    if microbatches == stages:
+        return total
+    return min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+
+
+def interleaved_schedule(stages: int, stage: int, chunks: int, microbatches: int) -> list[ScheduleItem]:
+    """Stage ``stage``'s interleaved 1F1B schedule: its forward and backward micro-steps and
+    its combined exchanges, in order (see the module docstring). A receive is labelled with the
+    micro-batch that it carries: each chunk receives activations, and gradients, in micro-batch
+    order."""
+    if stages < 3:
+        raise EchoError(f"the interleaved pipeline schedule needs more than 2 stages, got {stages}")
+    if chunks < 1 or microbatches < 1 or microbatches % stages:
+        raise EchoError(f"the interleaved pipeline schedule needs micro-batches ({microbatches}) "
+                        f"to be a multiple of the stages ({stages})")
+    s, last_stage = stage, stages - 1
+    total = microbatches * chunks
+    warmup = interleaved_warmup(stages, stage, chunks, microbatches)
+    steady = total - warmup
+    all_warmup = microbatches == stages
+    received: dict[tuple[str, int], int] = {}
+    items: list[ScheduleItem] = []
+
+    def fchunk(k: int) -> int:
+        return virtual_chunk(k, stages, chunks, forward=True)
+
+    def bchunk(k: int) -> int:
+        return virtual_chunk(k, stages, chunks, forward=False)
+
+    def mb_of(k: int) -> int:
+        return virtual_microbatch(k, stages, chunks)
+
+    def sends_activation(c: int) -> bool:     # all but the model's last chunk
+        return not (s == last_stage and c == chunks - 1)
+
+    def sends_gradient(c: int) -> bool:       # all but the model's first chunk
+        return not (s == 0 and c == 0)
+
+    def recv(phase: str, chunk: int, peer: int) -> Transfer:
+        mb = received.get((phase, chunk), 0)
+        received[(phase, chunk)] = mb + 1
+        return Transfer(False, peer, phase, mb, chunk)
+
+    def comm(send_prev: tuple[int, int] | None = None, recv_prev: int | None = None,
+             send_next: tuple[int, int] | None = None, recv_next: int | None = None) -> None:
+        ops = []
+        if send_prev is not None:
+            ops.append(Transfer(True, -1, "backward", *send_prev))
+        if recv_prev is not None:
+            ops.append(recv("forward", recv_prev, -1))
+        if send_next is not None:
+            ops.append(Transfer(True, 1, "forward", *send_next))
+        if recv_next is not None:
+            ops.append(recv("backward", recv_next, 1))
+        if ops:
+            items.append(("comm", tuple(ops)))
+
+    if s != 0:
+        comm(recv_prev=0)
+    for k in range(warmup):
+        c, mb = fchunk(k), mb_of(k)
+        items.append(("forward", mb, c))
+        nxt = fchunk(k + 1)
+        # the first stage feeds its chunk 0 from the data; nothing comes after the last step
+        recv_prev = nxt if not (s == 0 and nxt == 0) and k != total - 1 else None
+        send_next = (mb, c) if sends_activation(c) else None
+        if k == warmup - 1 and not all_warmup:   # the first gradient comes with the last one
+            comm(recv_prev=recv_prev, send_next=send_next,
+                 recv_next=chunks - 1 if s != last_stage else None)
+        else:
+            comm(recv_prev=recv_prev, send_next=send_next)
+    for k in range(steady):
+        fk = k + warmup
+        fc, fmb = fchunk(fk), mb_of(fk)
+        bc, bmb = bchunk(k), mb_of(k)
+        items.append(("forward", fmb, fc))
+        items.append(("backward", bmb, bc))
+        # the first stage runs stages - 1 steps ahead of the last: what arrives from it now is
+        # the output of the last stage's step fk - (stages - 1), for the chunk after it
+        if s == 0:
+            c = fchunk(fk - last_stage)
+            recv_prev = c + 1 if c != chunks - 1 else None
+        else:
+            recv_prev = fchunk(fk + 1)
+        if s == last_stage:   # and the last stage as far ahead of the first going back
+            c = bchunk(k - last_stage)
+            recv_next = c - 1 if c != 0 else None
+        else:
+            recv_next = bchunk(k + 1)
+        if k == steady - 1:
+            recv_prev = None
+        comm(send_prev=(bmb, bc) if sends_gradient(bc) else None, recv_prev=recv_prev,
+             send_next=(fmb, fc) if sends_activation(fc) else None, recv_next=recv_next)
+    if all_warmup and s != last_stage:
+        comm(recv_next=chunks - 1)
+    for k in range(steady, total):
+        bc, bmb = bchunk(k), mb_of(k)
+        items.append(("backward", bmb, bc))
+        nxt = bchunk(k + 1)
+        recv_next = nxt if not (s == last_stage and nxt == chunks - 1) and k != total - 1 else None
+        comm(send_prev=(bmb, bc) if sends_gradient(bc) else None, recv_next=recv_next)
+    return items
+
+
+def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
+                            forward: Callable[[int, int, torch.Tensor | None], torch.Tensor],
+                            backward: Callable[[int, int, torch.Tensor | None, torch.Tensor,
+                                                torch.Tensor | None], torch.Tensor | None]) -> None:
+    """Run this stage's ``chunks`` model chunks over ``microbatches`` micro-batches in the
+    interleaved 1F1B order (:func:`interleaved_schedule`).
+
+    ``forward(mb, chunk, input) -> output`` (the loss on the model's last chunk; input None
+    on its first); ``backward(mb, chunk, input, output, output_grad) -> input_grad``.
+    """
+    first = link.first
+    last_chunk = chunks - 1 if link.last else None
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+    out_grads: dict[tuple[int, int], torch.Tensor] = {}
+    saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+    outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
+    for item in interleaved_schedule(link.stages, link.stage, chunks, microbatches):
+        kind = item[0]
+        if kind == "comm":
+            transfers = item[1]
+            got = link.exchange(transfers, outgoing)
+            for t, tensor in zip((t for t in transfers if not t.send), got, strict=True):
+                (inputs if t.phase == "forward" else out_grads)[(t.mb, t.chunk)] = tensor
+            continue
+        _, mb, c = item
+        if kind == "forward":
+            inp = None if first and c == 0 else inputs.pop((mb, c))
+            out = forward(mb, c, inp)
+            saved[(mb, c)] = (inp, out)
+            if c != last_chunk:
+                outgoing[("forward", mb, c)] = out
+        else:
+            inp, out = saved.pop((mb, c))
+            grad = None if c == last_chunk else out_grads.pop((mb, c))
+            in_grad = backward(mb, c, inp, out, grad)
+            if not (first and c == 0):
+                assert in_grad is not None
+                outgoing[("backward", mb, c)] = in_grad
