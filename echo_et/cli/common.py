@@ -30,6 +30,12 @@ NoScatterGatherOpt = typer.Option(
     help="Send every activation and gradient between pipeline stages whole from each TP rank, instead of "
          "Megatron's default 1/tp slice per TP rank all-gathered in the receiving stage's TP group "
          "(Megatron's flag of the same name; docs/predict.md).")
+VIRTUAL_STAGES = "--num-layers-per-virtual-pipeline-stage"
+VirtualStagesOpt = typer.Option(
+    0, VIRTUAL_STAGES, metavar="N",
+    help="Megatron's interleaved 1F1B pipeline schedule (its flag): each stage holds layers / (pp x N) model "
+         "chunks of N layers (needs pp > 2, at least 2 chunks per stage, micro-batches a multiple of pp); "
+         "0: the plain 1F1B schedule (docs/predict.md).")
 FP32_GRADS = "--accumulate-allreduce-grads-in-fp32"
 Fp32GradsOpt = typer.Option(
     None, f"{FP32_GRADS}/--no-accumulate-allreduce-grads-in-fp32",

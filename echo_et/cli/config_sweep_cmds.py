@@ -20,7 +20,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
                  nic_bw: str | None = None, scatter_gather: bool = True,
-                 fp32_grads: bool | None = None, distributed_optimizer: bool = False) -> None:
+                 fp32_grads: bool | None = None, distributed_optimizer: bool = False,
+                 virtual_layers: int = 0) -> None:
     from echo_et.experiments.config_sweep import (
         ConfigSweepOptions,
         check_config_sweep,
@@ -53,7 +54,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
                               comm_profile=comm_profile, slowdown=slowdown,
                               scatter_gather_tensors_in_pipeline=scatter_gather,
                               accumulate_allreduce_grads_in_fp32=fp32_grads,
-                              use_distributed_optimizer=distributed_optimizer)
+                              use_distributed_optimizer=distributed_optimizer,
+                              layers_per_virtual_stage=virtual_layers)
 
     def progress(done: int, total: int, row: dict) -> None:
         label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp"))

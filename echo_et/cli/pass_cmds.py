@@ -15,10 +15,12 @@ from echo_et.cli.common import (
     FP32_GRADS,
     GPN_HELP,
     NO_SCATTER_GATHER,
+    VIRTUAL_STAGES,
     DistOptOpt,
     Fp32GradsOpt,
     JsonOpt,
     NoScatterGatherOpt,
+    VirtualStagesOpt,
     emit_json,
     fail,
     guarded,
@@ -208,6 +210,7 @@ def sweep(
     dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE",
                               help="--configs: model dtype: float16, bfloat16 or float32."),
     no_scatter_gather: bool = NoScatterGatherOpt,
+    virtual_layers: int = VirtualStagesOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     as_json: bool = JsonOpt,
@@ -226,7 +229,8 @@ def sweep(
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
                      max_memory=memory_budget(max_memory), scatter_gather=not no_scatter_gather,
-                     fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer)
+                     fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
+                     virtual_layers=virtual_layers)
         return
     if job_path is None:
         fail("give a JOB to scale, or --configs CONFIGS.csv")
@@ -238,6 +242,8 @@ def sweep(
         fail("--recompute only applies with --configs")
     if no_scatter_gather:
         fail(f"{NO_SCATTER_GATHER} only applies with --configs")
+    if virtual_layers:
+        fail(f"{VIRTUAL_STAGES} only applies with --configs")
     if fp32_grads is not None or distributed_optimizer:
         fail(f"{FP32_GRADS if fp32_grads is not None else DIST_OPT} only applies with --configs")
     if mode != "predict" and (gpu is not None or compute_profile is not None):

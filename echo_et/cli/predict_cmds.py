@@ -14,7 +14,15 @@ from echo_et.cli.cluster_opts import (
     inter_bw_opt,
     intra_bw_opt,
 )
-from echo_et.cli.common import DistOptOpt, Fp32GradsOpt, JsonOpt, NoScatterGatherOpt, emit_json, guarded
+from echo_et.cli.common import (
+    DistOptOpt,
+    Fp32GradsOpt,
+    JsonOpt,
+    NoScatterGatherOpt,
+    VirtualStagesOpt,
+    emit_json,
+    guarded,
+)
 from echo_et.errors import OptionError
 
 
@@ -51,6 +59,7 @@ def predict_cmd(
                                         help="Collective-model profile (default: the GPU's preset)."),
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     no_scatter_gather: bool = NoScatterGatherOpt,
+    virtual_layers: int = VirtualStagesOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
@@ -87,7 +96,8 @@ def predict_cmd(
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
                               scatter_gather_tensors_in_pipeline=not no_scatter_gather,
                               accumulate_allreduce_grads_in_fp32=fp32_grads,
-                              use_distributed_optimizer=distributed_optimizer)
+                              use_distributed_optimizer=distributed_optimizer,
+                              layers_per_virtual_stage=virtual_layers)
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}
@@ -104,8 +114,9 @@ def predict_cmd(
 
     res = pred.result
     typer.echo(f"GPT {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, global batch {global_batch} "
-               f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp} = {len(res.ranks)} "
-               f"{opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
+               f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}"
+               + (f" (interleaved: {virtual_layers} layers per virtual stage)" if virtual_layers else "")
+               + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     echo_result(res)
     t = written["timeline"]
     typer.echo(f"wrote {output}: summary.json, {TIMELINE_NOTE.format(n=t['files'])}, job/"

@@ -56,6 +56,11 @@ def trace(
         None, "--accumulate-allreduce-grads-in-fp32/--no-accumulate-allreduce-grads-in-fp32",
         help="megatron-gpt: accumulate gradients and all-reduce them over the data-parallel ranks in fp32 "
              "(Megatron's flag, forced on with bfloat16: the default there), or in the model's dtype."),
+    virtual_layers: int = typer.Option(
+        0, "--num-layers-per-virtual-pipeline-stage", metavar="N",
+        help="GPT: interleaved 1F1B pipeline schedule (Megatron's flag): each stage holds layers / (pp x N) "
+             "model chunks of N layers (needs pp > 2, at least 2 chunks, micro-batches a multiple of pp); "
+             "0: the plain 1F1B schedule."),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
@@ -122,6 +127,9 @@ def trace(
     _check_step_runs(layout, verify, warmup, steps, device)
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
+        if virtual_layers:
+            raise EchoError("--num-layers-per-virtual-pipeline-stage applies to the built-in workloads "
+                            "(gpt, megatron-gpt), not to --script")
         wl = Workload(script=script)
         attrs = {"script": Path(script.rpartition(":")[0]).name + ":" + script.rpartition(":")[2]}
     else:
@@ -130,7 +138,8 @@ def trace(
                             "(or give --script file.py:build_fn)")
         kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync),
                                 ("scatter_gather_tensors_in_pipeline", scatter_gather),
-                                ("accumulate_allreduce_grads_in_fp32", fp32_grads)) if v is not None}
+                                ("accumulate_allreduce_grads_in_fp32", fp32_grads),
+                                ("layers_per_virtual_stage", virtual_layers or None)) if v is not None}
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
                    bucket_mb=bucket_mb, recompute=recompute, **kw)
@@ -153,6 +162,8 @@ def trace(
                                                                      and cfg.dtype == "bfloat16"):
         parts.append("--accumulate-allreduce-grads-in-fp32" if cfg.accumulate_allreduce_grads_in_fp32
                      else "--no-accumulate-allreduce-grads-in-fp32")
+    if script is None and cfg.layers_per_virtual_stage:
+        parts += ["--num-layers-per-virtual-pipeline-stage", cfg.layers_per_virtual_stage]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

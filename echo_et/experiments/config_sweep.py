@@ -49,7 +49,7 @@ from echo_et.models.cluster import Cluster
 from echo_et.sim.result import STEP_PARTS
 
 REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp")
-OPTIONAL = ("vocab", "measured_ms", "gpus")
+OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage")
 # vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
 # they are, for ``sweep --configs`` and ``calibrate compute --iterations`` alike.
 VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads",
@@ -85,6 +85,9 @@ class ConfigSweepOptions:
     # Megatron's --use-distributed-optimizer: ZeRO stage 1 (reduce-scatter, Adam on the shard,
     # all-gather of the 16-bit weights)
     use_distributed_optimizer: bool = False
+    # Megatron's --num-layers-per-virtual-pipeline-stage (the interleaved 1F1B schedule; 0: the
+    # plain one); a row's layers_per_virtual_stage column overrides it
+    layers_per_virtual_stage: int = 0
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -94,6 +97,8 @@ class ConfigSweepOptions:
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "cluster"}
+        if not self.layers_per_virtual_stage:   # the plain schedule's records stay as they were
+            del out["layers_per_virtual_stage"]
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
         return out
 
@@ -218,13 +223,20 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              dtype=opts.dtype, grad_sync=opts.grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
-                             **extra)
+                             layers_per_virtual_stage=virtual_layers(row, opts), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
                             zero=1 if opts.use_distributed_optimizer else 0)
     cfg.validate(layout)
     check_memory(cfg, layout, opts.gpu())
     return cfg, layout
+
+
+def virtual_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> int:
+    """Layers per virtual pipeline stage of a row: its own column when it gives one, else the
+    sweep's option."""
+    v = row.get("layers_per_virtual_stage")
+    return int(v) if v is not None else opts.layers_per_virtual_stage
 
 
 def check_memory(cfg, layout, gpu: str) -> None:
