@@ -1,0 +1,227 @@
+"""Megatron-LM's interleaved 1F1B pipeline schedule (``--num-layers-per-virtual-pipeline-stage``):
+the schedule against one worked out by hand, sends and receives that pair up around the ring,
+the traced Job (layers per chunk, tied embedding, check_job), a smaller predicted bubble, and
+each bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import pytest
+from typer.testing import CliRunner
+
+from echo_et.cli.main import app
+from echo_et.errors import EchoError
+from echo_et.workloads.pipeline import interleaved_schedule, interleaved_warmup
+
+runner = CliRunner()
+
+
+def _compact(stages: int, stage: int, chunks: int, microbatches: int) -> str:
+    """F<mb>.<chunk> / B<mb>.<chunk> for compute, [..] for one combined exchange: S(end) or
+    R(eceive), + (next stage) or - (previous), f (activation) or b (gradient), mb.chunk."""
+    out = []
+    for item in interleaved_schedule(stages, stage, chunks, microbatches):
+        if item[0] == "comm":
+            out.append("[" + " ".join(f"{'S' if t.send else 'R'}{'+' if t.peer > 0 else '-'}"
+                                      f"{t.phase[0]}{t.mb}.{t.chunk}" for t in item[1]) + "]")
+        else:
+            out.append(f"{item[0][0].upper()}{item[1]}.{item[2]}")
+    return " ".join(out)
+
+
+# pp = 3, v = 2, 6 micro-batches, worked out from Megatron's rules: forward step k runs chunk
+# (k mod 6) // 3 on micro-batch (k // 6) x 3 + k mod 3 (backward: the chunks reversed); stage s
+# warms up with (3 - s - 1) x 2 + (2 - 1) x 3 forward steps (7, 5, 3); chunk 0 of stage 0 reads
+# the data, chunk 1 of stage 2 computes the loss; an activation from chunk 0 of stage 2 goes to
+# chunk 1 of stage 0, a gradient from chunk 1 of stage 0 to chunk 0 of stage 2; each exchange
+# posts send-previous, receive-previous, send-next, receive-next; the last warm-up exchange
+# also receives the first gradient (for the last chunk); the first stage, pp - 1 steps ahead of
+# the last, receives nothing while the last stage's step pp - 1 before it ran the last chunk.
+HAND = {
+    0: "F0.0 [S+f0.0] F1.0 [S+f1.0] F2.0 [R-f0.1 S+f2.0] F0.1 [R-f1.1 S+f0.1] F1.1 [R-f2.1 S+f1.1] "
+       "F2.1 [S+f2.1] F3.0 [S+f3.0 R+b0.1] "
+       "F4.0 B0.1 [S-b0.1 S+f4.0 R+b1.1] F5.0 B1.1 [S-b1.1 R-f3.1 S+f5.0 R+b2.1] "
+       "F3.1 B2.1 [S-b2.1 R-f4.1 S+f3.1 R+b0.0] F4.1 B0.0 [R-f5.1 S+f4.1 R+b1.0] "
+       "F5.1 B1.0 [S+f5.1 R+b2.0] "
+       "B2.0 [R+b3.1] B3.1 [S-b3.1 R+b4.1] B4.1 [S-b4.1 R+b5.1] B5.1 [S-b5.1 R+b3.0] B3.0 [R+b4.0] "
+       "B4.0 [R+b5.0] B5.0",
+    2: "[R-f0.0] F0.0 [R-f1.0 S+f0.0] F1.0 [R-f2.0 S+f1.0] F2.0 [R-f0.1 S+f2.0] "
+       "F0.1 B0.1 [S-b0.1 R-f1.1] F1.1 B1.1 [S-b1.1 R-f2.1] F2.1 B2.1 [S-b2.1 R-f3.0 R+b0.0] "
+       "F3.0 B0.0 [S-b0.0 R-f4.0 S+f3.0 R+b1.0] F4.0 B1.0 [S-b1.0 R-f5.0 S+f4.0 R+b2.0] "
+       "F5.0 B2.0 [S-b2.0 R-f3.1 S+f5.0] F3.1 B3.1 [S-b3.1 R-f4.1] F4.1 B4.1 [S-b4.1 R-f5.1] "
+       "F5.1 B5.1 [S-b5.1 R+b3.0] B3.0 [S-b3.0 R+b4.0] B4.0 [S-b4.0 R+b5.0] B5.0 [S-b5.0]",
+}
+
+
+def test_schedule_matches_the_hand_worked_one() -> None:
+    for stage, want in HAND.items():
+        assert _compact(3, stage, 2, 6) == want, stage
+    assert [interleaved_warmup(3, s, 2, 6) for s in range(3)] == [7, 5, 3]
+    assert [interleaved_warmup(4, s, 2, 4) for s in range(4)] == [8] * 4   # micro-batches == pp: all
+
+
+def _messages(stages: int, chunks: int, microbatches: int):
+    """Per ordered pair of stages, the messages sent and those received, as (phase, mb,
+    receiving chunk), in order; and each stage's compute steps."""
+    sends: dict[tuple[int, int], list] = defaultdict(list)
+    recvs: dict[tuple[int, int], list] = defaultdict(list)
+    compute: dict[int, list] = {}
+    for s in range(stages):
+        items = interleaved_schedule(stages, s, chunks, microbatches)
+        compute[s] = [i for i in items if i[0] != "comm"]
+        for item in items:
+            if item[0] != "comm":
+                continue
+            for t in item[1]:
+                peer = (s + t.peer) % stages
+                if not t.send:
+                    recvs[(peer, s)].append((t.phase, t.mb, t.chunk))
+                    continue
+                if t.phase == "forward":   # the last stage's chunk c feeds the first's c + 1
+                    to_chunk = t.chunk + 1 if s == stages - 1 else t.chunk
+                else:
+                    to_chunk = t.chunk - 1 if s == 0 else t.chunk
+                sends[(s, peer)].append((t.phase, t.mb, to_chunk))
+    return sends, recvs, compute
+
+
+@pytest.mark.parametrize("stages,chunks,microbatches",
+                         [(3, 2, 3), (3, 2, 6), (4, 2, 8), (4, 3, 12), (5, 4, 10), (8, 2, 16), (4, 1, 8)])
+def test_every_send_meets_its_receive_in_order(stages, chunks, microbatches) -> None:
+    sends, recvs, compute = _messages(stages, chunks, microbatches)
+    assert sends.keys() == recvs.keys()
+    for pair in sends:
+        assert sends[pair] == recvs[pair], pair
+    for steps in compute.values():
+        # each (micro-batch, chunk) once forward and once backward, forward first
+        fwd = [(mb, c) for kind, mb, c in steps if kind == "forward"]
+        bwd = [(mb, c) for kind, mb, c in steps if kind == "backward"]
+        assert sorted(fwd) == sorted(bwd) == [(m, c) for m in range(microbatches) for c in range(chunks)]
+        for mb, c in bwd:
+            assert steps.index(("forward", mb, c)) < steps.index(("backward", mb, c))
+
+
+def test_schedule_refuses_what_megatron_refuses() -> None:
+    with pytest.raises(EchoError, match="more than 2 stages"):
+        interleaved_schedule(2, 0, 2, 4)
+    with pytest.raises(EchoError, match="multiple of the stages"):
+        interleaved_schedule(3, 0, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def traced():
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch")
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.trace.tracer import TraceOptions, trace
+    from echo_et.workloads import GPTConfig, Workload
+
+    cfg = GPTConfig.megatron(layers=6, hidden=32, heads=4, seq=16, micro_batch=2, vocab=64,
+                             layers_per_virtual_stage=1)
+    layout = ParallelLayout(pp=3, tp=2, microbatches=6)
+    wl = Workload(gpt=cfg)
+    wl.validate(layout)
+    return trace(wl.build_fn(), layout, TraceOptions(device="meta")).job
+
+
+def test_traced_job_follows_the_schedule(traced) -> None:
+    from echo_et.ir import check_job
+    from echo_et.ir.schema import pb
+    from echo_et.trace.compare import ex_situ_comms
+
+    job = traced
+    assert check_job(job) == []
+    layer_runs: Counter = Counter()
+    for rank in range(job.world_size):
+        nodes = sorted(job.graph_of(rank).nodes, key=lambda n: n.id)
+        p2p = [n for n in nodes if n.kind in (pb.KIND_SEND, pb.KIND_RECV)]
+        stage = p2p[0].annotations.stage
+        want = [(t.send, (stage + t.peer) % 3, t.phase, t.mb)
+                for item in interleaved_schedule(3, stage, 2, 6) if item[0] == "comm" for t in item[1]]
+        got = [(n.kind == pb.KIND_SEND, n.p2p.peer, n.annotations.phase, n.annotations.microbatch) for n in p2p]
+        assert got == want, rank
+        # 1/tp slices (scatter/gather): every received tensor all-gathered in the TP group
+        comms = Counter(c for c in ex_situ_comms(job, rank) if c[0] == "all_gather")
+        assert sum(comms.values()) == sum(1 for w in want if not w[0])
+        # the word embedding's gradient all-reduced between the first and the last stage
+        embd = [c for c in ex_situ_comms(job, rank) if c[2] == "embd"]
+        assert len(embd) == (1 if stage in (0, 2) else 0)
+        if rank % 2 == 0:   # one TP rank per stage: which layers each micro-batch's forward ran
+            for n in nodes:
+                a = n.annotations
+                if a.phase == "forward" and a.HasField("layer") and n.name == "aten::native_layer_norm":
+                    layer_runs[(a.microbatch, a.layer, stage)] += 1
+    # chunk c of stage s holds layer c x 3 + s; each layer runs once per micro-batch's forward
+    # (two LayerNorms), on its stage only
+    assert layer_runs == Counter({(mb, c * 3 + s, s): 2 for mb in range(6) for c in range(2) for s in range(3)})
+
+
+MODEL = ["--layers", "8", "--hidden", "1024", "--heads", "8", "--seq", "512", "--micro-batch", "1",
+         "--global-batch", "8", "--vocab", "1024", "--gpu", "a100"]
+TINY = [*MODEL, "--pp", "4", "--json"]
+
+
+def _predict(tmp_path, name: str, *extra: str) -> dict:
+    res = runner.invoke(app, ["predict", *TINY, *extra, "-o", str(tmp_path / name)])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_interleaving_shrinks_the_predicted_bubble(tmp_path) -> None:
+    plain = _predict(tmp_path, "plain")
+    inter = _predict(tmp_path, "inter", "--num-layers-per-virtual-pipeline-stage", "1")
+    bubble = {k: sum(r["bubble_ns"] for r in d["ranks"].values()) for k, d in (("plain", plain),
+                                                                               ("inter", inter))}
+    assert 0 < bubble["inter"] < 0.8 * bubble["plain"]     # v = 2: about half
+    assert inter["step_time_ns"] < plain["step_time_ns"]
+    cmd = json.loads((tmp_path / "inter" / "summary.json").read_text())
+    assert cmd["prediction"]["layers_per_virtual_stage"] == 1
+    assert "layers_per_virtual_stage" not in json.loads((tmp_path / "plain" / "summary.json").read_text())["prediction"]
+
+
+def test_trace_records_the_flag(tmp_path) -> None:
+    from echo_et.ir import load_job
+
+    args = ["trace", "--workload", "megatron-gpt", "--layers", "6", "--hidden", "32", "--heads", "4", "--seq", "16",
+            "--vocab", "64", "--pp", "3", "--microbatches", "3", "--device", "meta", "--jobs", "1",
+            "--num-layers-per-virtual-pipeline-stage", "1", "-o", str(tmp_path / "job")]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "--num-layers-per-virtual-pipeline-stage 1" in load_job(tmp_path / "job").manifest.provenance.command
+
+
+BASE = ["trace", "--workload", "megatron-gpt", "--layers", "12", "--hidden", "32", "--heads", "4", "--seq", "16",
+        "--vocab", "64", "--device", "meta"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--pp", "2", "--microbatches", "4", "--num-layers-per-virtual-pipeline-stage", "3"], "needs pp > 2"),
+    (["--pp", "3", "--microbatches", "3", "--num-layers-per-virtual-pipeline-stage", "5"],
+     "layers (12) to be a multiple of pp x 5"),
+    (["--pp", "3", "--microbatches", "3", "--num-layers-per-virtual-pipeline-stage", "4"],
+     "at least 2 chunks per stage"),
+    (["--pp", "3", "--microbatches", "4", "--num-layers-per-virtual-pipeline-stage", "2"],
+     "micro-batches (4) to be a multiple of pp (3)"),
+    (["--pp", "3", "--microbatches", "3", "--num-layers-per-virtual-pipeline-stage", "-1"], "must be >= 0"),
+    (["--pp", "3", "--microbatches", "3", "--num-layers-per-virtual-pipeline-stage", "2", "--grad-sync", "overlap"],
+     "gradient sync after the backward pass"),
+])
+def test_bad_input_is_one_line(tmp_path, extra, message) -> None:
+    res = runner.invoke(app, [*BASE, *extra, "-o", str(tmp_path / "job")])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.stderr
+    assert not (tmp_path / "job").exists()
+
+
+def test_bad_input_predict_and_sweep(tmp_path) -> None:
+    res = runner.invoke(app, ["predict", *MODEL, "--pp", "2", "--num-layers-per-virtual-pipeline-stage", "2",
+                              "-o", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "needs pp > 2" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    csv = tmp_path / "c.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,layers_per_virtual_stage\n"
+                   "6,32,4,16,1,3,1,3,1,1\n")
+    res = runner.invoke(app, ["sweep", "--configs", str(csv), "--num-layers-per-virtual-pipeline-stage", "1",
+                              "--dp", "1", "-o", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "cannot be combined with --configs" in res.stderr
