@@ -189,6 +189,10 @@ def test_trace_records_the_flag(tmp_path) -> None:
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "--num-layers-per-virtual-pipeline-stage 1" in load_job(tmp_path / "job").manifest.provenance.command
+    # re-staging reads contiguous stages: an interleaved Job is refused in one line
+    res = runner.invoke(app, ["scale", str(tmp_path / "job"), "--pp", "2", "-o", str(tmp_path / "restaged")])
+    assert res.exit_code == 2 and "interleaved pipeline schedule" in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 BASE = ["trace", "--workload", "megatron-gpt", "--layers", "12", "--hidden", "32", "--heads", "4", "--seq", "16",
@@ -225,3 +229,18 @@ def test_bad_input_predict_and_sweep(tmp_path) -> None:
     res = runner.invoke(app, ["sweep", "--configs", str(csv), "--num-layers-per-virtual-pipeline-stage", "1",
                               "--dp", "1", "-o", str(tmp_path / "s")])
     assert res.exit_code == 2 and "cannot be combined with --configs" in res.stderr
+
+
+def test_sweep_rows_take_their_own_virtual_stages(tmp_path) -> None:
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, read_configs, workload_for
+
+    csv = tmp_path / "c.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,layers_per_virtual_stage\n"
+                   "12,64,4,32,1,6,1,3,1,\n12,64,4,32,1,6,1,3,1,2\n12,64,4,32,1,6,1,3,1,0\n")
+    rows = read_configs(csv)
+    for opts, want in ((ConfigSweepOptions(), [0, 2, 0]),
+                       (ConfigSweepOptions(layers_per_virtual_stage=1), [1, 2, 0])):
+        assert [workload_for(r, opts)[0].layers_per_virtual_stage for r in rows] == want
+    assert "layers_per_virtual_stage" not in ConfigSweepOptions().to_json()
+    with pytest.raises(EchoError, match="multiple of pp x 3"):
+        workload_for(rows[0], ConfigSweepOptions(layers_per_virtual_stage=3))

@@ -428,6 +428,22 @@ def _role_keys(job: Job, decision: LayoutDecision, rank: int) -> dict[str, str]:
     return out
 
 
+def _refuse_interleaved(job: Job) -> None:
+    """A Job traced with the interleaved schedule has each stage's layers in several chunks,
+    not the contiguous stage this pass reads."""
+    import json
+
+    text = job.manifest.attrs.get("trace.workload")
+    try:
+        virtual = json.loads(text).get("layers_per_virtual_stage") if text else None
+    except (ValueError, AttributeError):
+        virtual = None
+    if virtual:
+        raise EchoError(f"{job.source or 'job'}: traced with the interleaved pipeline schedule "
+                        f"(--num-layers-per-virtual-pipeline-stage {virtual}), whose stages are not contiguous "
+                        "layers; re-trace it at the new pipeline depth instead of re-staging it")
+
+
 def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | None,
             bucket_bytes: int | None = None) -> tuple[Job, LayoutDecision, dict[str, Any]]:
     """A Job at pipeline depth ``pp`` and ``microbatches`` micro-batches (dp, tp unchanged)."""
@@ -437,6 +453,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     if job.world_size != old.world:
         raise EchoError(f"{job.source or 'job'}: {job.world_size} ranks, but layout {old.describe()} "
                         f"has {old.world}")
+    _refuse_interleaved(job)
     # Read every old stage of replica 0 (the template, as for dp scaling), per tp rank;
     # each distinct graph once.
     pieces: dict[tuple[int, int], StagePieces] = {}
