@@ -200,7 +200,7 @@ BASE = ["trace", "--workload", "megatron-gpt", "--layers", "12", "--hidden", "32
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--pp", "2", "--microbatches", "4", "--num-layers-per-virtual-pipeline-stage", "3"], "needs pp > 2"),
+    (["--pp", "2", "--microbatches", "4", "--num-layers-per-virtual-pipeline-stage", "3"], "need pp > 2"),
     (["--pp", "3", "--microbatches", "3", "--num-layers-per-virtual-pipeline-stage", "5"],
      "layers (12) to be a multiple of pp x 5"),
     (["--pp", "3", "--microbatches", "3", "--num-layers-per-virtual-pipeline-stage", "4"],
@@ -222,7 +222,7 @@ def test_bad_input_is_one_line(tmp_path, extra, message) -> None:
 def test_bad_input_predict_and_sweep(tmp_path) -> None:
     res = runner.invoke(app, ["predict", *MODEL, "--pp", "2", "--num-layers-per-virtual-pipeline-stage", "2",
                               "-o", str(tmp_path / "p")])
-    assert res.exit_code == 2 and "needs pp > 2" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert res.exit_code == 2 and "need pp > 2" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     csv = tmp_path / "c.csv"
     csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,layers_per_virtual_stage\n"
                    "6,32,4,16,1,3,1,3,1,1\n")

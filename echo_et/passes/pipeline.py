@@ -440,7 +440,7 @@ def _refuse_interleaved(job: Job) -> None:
         virtual = None
     if virtual:
         raise EchoError(f"{job.source or 'job'}: traced with the interleaved pipeline schedule "
-                        f"(--num-layers-per-virtual-pipeline-stage {virtual}), whose stages are not contiguous "
+                        f"({virtual} layers per virtual stage), whose stages are not contiguous "
                         "layers; re-trace it at the new pipeline depth instead of re-staging it")
 
 

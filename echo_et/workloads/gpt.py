@@ -168,20 +168,20 @@ class GPTConfig:
         if n == 0:
             return
         where = f"layout {layout.describe()}"
-        flag = f"--num-layers-per-virtual-pipeline-stage {n}"
+        what = f"interleaved pipeline stages ({n} layers per virtual stage)"
         if n < 0:
             raise EchoError(f"{where}: layers per virtual pipeline stage must be >= 0, got {n}")
         if layout.pp <= 2:
-            raise EchoError(f"{where}: {flag} (interleaved pipeline stages) needs pp > 2, got pp {layout.pp}")
+            raise EchoError(f"{where}: {what} need pp > 2, got pp {layout.pp}")
         if self.layers % (layout.pp * n) or self.layers // (layout.pp * n) < 2:
-            raise EchoError(f"{where}: {flag} needs layers ({self.layers}) to be a multiple of pp x {n} "
+            raise EchoError(f"{where}: {what} need layers ({self.layers}) to be a multiple of pp x {n} "
                             f"({layout.pp * n}) with at least 2 chunks per stage (layers >= {2 * layout.pp * n})")
         if layout.microbatches % layout.pp:
-            raise EchoError(f"{where}: {flag} needs micro-batches ({layout.microbatches}) to be a multiple "
+            raise EchoError(f"{where}: {what} need micro-batches ({layout.microbatches}) to be a multiple "
                             f"of pp ({layout.pp})")
         if self.grad_sync == "overlap":
-            raise EchoError(f"{where}: {flag} needs the gradient sync after the backward pass "
-                            "(grad_sync after-backward), not overlapped with it")
+            raise EchoError(f"{where}: {what} need the gradient sync after the backward pass "
+                            "(after-backward), not overlapped with it")
 
     def check_footprint(self, layout: ParallelLayout, device: str = "meta") -> None:
         """Refuse, before tracing, what cannot finish: a traced rank's graph beyond
