@@ -130,6 +130,8 @@ SLOW = {
     "test_export_streaming.py::test_chrome_export_streams_and_equals_the_expanded_export",
     # four meta-device traces twice each (with and without the kernel memo), 9 s in all
     "test_trace_memo.py::test_memo_gives_the_same_job_bytes",
+    # two real gloo runs (1 and 3 processes) of the GPT, 9 s
+    "test_interleaved_pipeline.py::test_real_run_gives_the_gradients_of_one_stage",
     "test_timeline_stream.py::test_fixture_timelines_are_the_whole_writer_s",
     "test_timeline_stream.py::test_traced_gpt_timeline_is_the_whole_writer_s",
     # the DLRM Kineto job read and exported once, then 15 edits each checked by both checks
