@@ -19,17 +19,22 @@ iterations, ../shared/data) for the 80 GB A100, and the collective model calibra
 vTrain's all-reduce tables of one A100 node (as in ``megatron_accuracy.py``), with the
 network of the cluster as published (``--inter-bw 1600Gb/s/node``).
 
-What the table does not say, and what is assumed: the micro-batch size (1 here; the paper
-studies larger ones separately) and the pipeline schedule (the plain 1F1B
-schedule here; the paper's interleaved schedule has a smaller bubble, so PP rows may be
-predicted long). Megatron-LM's scatter/gather of the pipeline's activations (each TP rank
+What the table does not say is taken from the scripts that produced it, published with the
+paper in the Megatron-LM repository (``examples/sc21/run_table_1.sh``, ``PAPER_RUNS``): each
+row's micro-batch size (16 down to 1), its data-parallel implementation (``DDP=torch`` for
+the rows without pipeline parallelism: PyTorch DDP's 25 MB buckets all-reduced during the
+last micro-batch's backward, ``grad_sync="overlap"``; ``DDP=local`` otherwise: one
+all-reduce after the backward) and, for the 76B-530B rows, the interleaved schedule's layers
+per virtual stage (``--num-layers-per-virtual-pipeline-stage``), which is used where the
+workload has it (``INTERLEAVED``) and otherwise noted: the plain 1F1B schedule's bubble is
+larger, so those rows would be predicted long. Megatron-LM's scatter/gather of the pipeline's activations (each TP rank
 sends 1/TP of an activation across nodes, the receiving stage all-gathers it over NVLink) is
 modelled, as the workload does by default (``--no-scatter-gather-tensors-in-pipeline`` sends
 them whole); its overlapped communication is not. ``--inter-bw`` is the rated rate of the
 NICs; the collective model runs the network at its profile's efficiency of that rate
 (``CommModel.with_overrides``).
 
-    python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch 1]
+    python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch N]
         [--compute-profile P.json] [--json OUT.json] [--max-gpus N] [--max-memory GB]
         [--no-scatter-gather-tensors-in-pipeline]
 """
@@ -69,6 +74,25 @@ PAPER_TABLE_1 = (
 )
 
 
+# examples/sc21/run_table_1.sh of NVIDIA/Megatron-LM, per row of the table: micro-batch size
+# (MBS), data-parallel implementation (DDP: "torch" or "local"), layers per virtual pipeline
+# stage (0: the plain 1F1B schedule); every row runs with --recompute-method uniform.
+PAPER_RUNS = (
+    (16, "torch", 0), (16, "torch", 0), (16, "torch", 0), (8, "torch", 0), (4, "local", 0),
+    (2, "local", 5), (2, "local", 5), (1, "local", 3), (1, "local", 1), (1, "local", 0),
+)
+GRAD_SYNC = {"torch": "overlap", "local": "after-backward"}
+
+
+def interleaving_supported() -> bool:
+    """Whether the workload has Megatron's interleaved schedule (virtual pipeline stages)."""
+    import dataclasses
+
+    from echo_et.experiments.config_sweep import ConfigSweepOptions
+
+    return any(f.name == "layers_per_virtual_stage" for f in dataclasses.fields(ConfigSweepOptions))
+
+
 def paper_parameters(layers: int, hidden: int, vocab: int, seq: int) -> float:
     """Parameters of the model (the paper's eq. 2: 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)))."""
     return 12.0 * layers * hidden ** 2 * (1 + 13 / (12 * hidden) + (vocab + seq) / (12 * layers * hidden))
@@ -86,6 +110,13 @@ def table_problems() -> list[str]:
             out.append(f"{params_b}B: {tflops} TFLOP/s x {gpus} GPUs is not {pflops} PFLOP/s")
         if gpus % (tp * pp) or hidden % heads or heads % tp or layers % pp or batch % (gpus // (tp * pp)):
             out.append(f"{params_b}B: the layout does not divide the model")
+    for (params_b, _, _, layers, tp, pp, gpus, batch, _, _), (mbs, ddp, vpp) in zip(
+            PAPER_TABLE_1, PAPER_RUNS, strict=True):
+        per_rank = mbs * (gpus // (tp * pp))
+        if batch % per_rank or ddp not in GRAD_SYNC:
+            out.append(f"{params_b}B: micro-batch {mbs} or DDP {ddp!r} does not fit the row")
+        elif vpp and (pp < 2 or layers % (pp * vpp) or (batch // per_rank) % pp):
+            out.append(f"{params_b}B: {vpp} layers per virtual stage do not fit the row")
     return out
 
 
@@ -94,16 +125,18 @@ def paper_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> f
     return 96.0 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
-def paper_rows(micro_batch: int) -> list[dict]:
-    """The table as configuration rows with the measured iteration time in ms."""
+def paper_rows(micro_batch: int | None = None) -> list[dict]:
+    """The table as configuration rows with the measured iteration time in ms, each with the
+    run settings of ``PAPER_RUNS`` (``micro_batch`` overrides their micro-batch size)."""
     rows = []
-    for params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops, _ in PAPER_TABLE_1:
+    for (params_b, heads, hidden, layers, tp, pp, gpus, batch, tflops, _), (mbs, ddp, vpp) in zip(
+            PAPER_TABLE_1, PAPER_RUNS, strict=True):
         dp = gpus // (tp * pp)
         ms = paper_flops(batch, SEQ, layers, hidden, VOCAB) / (tflops * 1e12 * gpus) * 1e3
         rows.append({"layers": layers, "hidden": hidden, "heads": heads, "seq": SEQ,
-                     "micro_batch": micro_batch, "global_batch": batch, "tp": tp, "pp": pp, "dp": dp,
+                     "micro_batch": micro_batch or mbs, "global_batch": batch, "tp": tp, "pp": pp, "dp": dp,
                      "vocab": VOCAB, "measured_ms": round(ms, 3), "params_b": params_b, "gpus": gpus,
-                     "paper_tflops": tflops})
+                     "paper_tflops": tflops, "ddp": ddp, "layers_per_virtual_stage": vpp})
     return rows
 
 
@@ -112,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
     ap.add_argument("--max-gpus", type=int, default=0, help="only rows with at most this many GPUs")
-    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="one micro-batch size for every row (default: each row's, from run_table_1.sh)")
+    ap.add_argument("--plain-schedule", action="store_true",
+                    help="the plain 1F1B schedule on every row, even where the paper interleaved")
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
     ap.add_argument("--compute-profile", type=Path, default=None,
                     help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
@@ -137,35 +173,55 @@ def main(argv: list[str] | None = None) -> int:
     rows = paper_rows(args.micro_batch)
     picked = [int(i) for i in args.rows.split(",") if i.strip()] if args.rows else range(len(rows))
     rows = [rows[i] for i in picked if not args.max_gpus or rows[i]["gpus"] <= args.max_gpus]
+    interleave = interleaving_supported() and not args.plain_schedule
+    extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops", "ddp", "layers_per_virtual_stage")}
+              for r in rows]
+    for x in extras:
+        x["schedule"] = "interleaved" if interleave and x["layers_per_virtual_stage"] else "1F1B"
+    # rows that share the run settings are one sweep (the settings are a sweep's options)
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, x in enumerate(extras):
+        key = (GRAD_SYNC[x["ddp"]], x["layers_per_virtual_stage"] if x["schedule"] == "interleaved" else 0)
+        groups.setdefault(key, []).append(i)
+    predicted: list[dict] = [{} for _ in rows]
     with tempfile.TemporaryDirectory() as tmp:
         comm = vtrain_comm_profile(Path(tmp) / "vtrain-a100-allreduce.json")
-        opts = ConfigSweepOptions(
-            cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
-            recompute=True, dtype="float16", comm_profile=str(comm),
-            compute_profile=str(args.compute_profile) if args.compute_profile else None,
-            scatter_gather_tensors_in_pipeline=args.scatter_gather)
-        extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops")} for r in rows]
         t0 = time.perf_counter()
-        out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9),
-                               progress=lambda done, total, r: print(
-                                   f"  {done}/{total}: l{r['layers']} h{r['hidden']} "
-                                   f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+        for (grad_sync, vpp), which in sorted(groups.items()):
+            opts = ConfigSweepOptions(
+                cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
+                recompute=True, dtype="float16", comm_profile=str(comm), grad_sync=grad_sync,
+                compute_profile=str(args.compute_profile) if args.compute_profile else None,
+                scatter_gather_tensors_in_pipeline=args.scatter_gather,
+                **({"layers_per_virtual_stage": vpp} if vpp else {}))
+            out = run_config_sweep([rows[i] for i in which], opts, workers=args.workers,
+                                   max_memory=int(args.max_memory * 1e9),
+                                   progress=lambda done, total, r: print(
+                                       f"  {done}/{total}: l{r['layers']} h{r['hidden']} "
+                                       f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+            for i, r in zip(which, out.rows, strict=True):
+                predicted[i] = r
         wall = time.perf_counter() - t0
-    print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'batch':>6} {'paper TF/s':>10} "
-          f"{'measured ms':>12} {'predicted ms':>13} {'error':>8} {'pred TF/s':>9}")
+    print(f"{'params':>8} {'GPUs':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'batch':>6} {'mb':>3} {'DDP':>5} "
+          f"{'schedule':>14} {'paper TF/s':>10} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'pred TF/s':>9}")
     errs = []
     table = []
-    for r, x in zip(out.rows, extras, strict=True):
+    for r, x in zip(predicted, extras, strict=True):
         r = {**r, **x}
         table.append(r)
+        sched = x["schedule"] + (f" ({x['layers_per_virtual_stage']})" if x["schedule"] == "interleaved" else "")
+        if x["schedule"] == "1F1B" and x["layers_per_virtual_stage"]:
+            sched += "*"
         head = (f"{x['params_b']:>7.1f}B {x['gpus']:>5} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} "
-                f"{r['global_batch']:>6} {x['paper_tflops']:>10}")
+                f"{r['global_batch']:>6} {r['micro_batch']:>3} {x['ddp']:>5} {sched:>14} {x['paper_tflops']:>10}")
         if r.get("error"):
             print(f"{head} {r['measured_ms']:>12.1f} error: {r['error']}")
             continue
         errs.append(r["error_pct"])
         pred_tf = x["paper_tflops"] * r["measured_ms"] / r["predicted_ms"]
         print(f"{head} {r['measured_ms']:>12.1f} {r['predicted_ms']:>13.1f} {r['error_pct']:>+7.2f}% {pred_tf:>9.1f}")
+    if any(x["schedule"] == "1F1B" and x["layers_per_virtual_stage"] for x in extras):
+        print("* the paper ran this row interleaved; simulated with the plain 1F1B schedule (a larger bubble)")
     if errs:
         print(f"MAPE {statistics.fmean(abs(e) for e in errs):.2f} % over {len(errs)} rows "
               f"(mean signed {statistics.fmean(errs):+.2f} %); {wall:.0f} s wall")

@@ -21,6 +21,22 @@ def test_transcribed_table_is_consistent(paper) -> None:
     assert [r["dp"] for r in rows] == [32, 32, 32, 32, 32, 32, 24, 15, 9, 6]
     # GPT-3 scale check of eq. 3: 145.6B, batch 2304 at 148 TFLOP/s on 1536 GPUs
     assert rows[6]["measured_ms"] == pytest.approx(24817.4, abs=0.1)
+    # each row's run settings from the paper's scripts (examples/sc21/run_table_1.sh)
+    rows = paper.paper_rows()
+    assert [r["micro_batch"] for r in rows] == [16, 16, 16, 8, 4, 2, 2, 1, 1, 1]
+    assert [r["ddp"] for r in rows].count("torch") == 4 and all(
+        (r["ddp"] == "torch") == (r["pp"] == 1) for r in rows)
+    assert [r["layers_per_virtual_stage"] for r in rows] == [0, 0, 0, 0, 0, 5, 5, 3, 1, 0]
+
+
+def test_a_run_setting_that_does_not_fit_is_caught(paper, monkeypatch) -> None:
+    runs = list(paper.PAPER_RUNS)
+    runs[7] = (1, "local", 5)            # 96 layers over pp 16 are 6 a stage: not 5 a chunk
+    monkeypatch.setattr(paper, "PAPER_RUNS", tuple(runs))
+    assert paper.table_problems() == ["310.1B: 5 layers per virtual stage do not fit the row"]
+    runs[7] = (7, "local", 3)            # 2160 sequences are not a multiple of 7 x 15
+    monkeypatch.setattr(paper, "PAPER_RUNS", tuple(runs))
+    assert paper.table_problems() == ["310.1B: micro-batch 7 or DDP 'local' does not fit the row"]
 
 
 def test_a_mistyped_row_is_caught(paper, monkeypatch) -> None:
