@@ -13,7 +13,10 @@ from typer.testing import CliRunner
 
 from echo_et.cli.main import app
 from echo_et.errors import EchoError
-from echo_et.workloads.pipeline import interleaved_schedule, interleaved_warmup
+
+pytest.importorskip("torch", reason="the GPT workload needs torch (pip install 'echo-et[trace]')")
+
+from echo_et.workloads.pipeline import interleaved_schedule, interleaved_warmup  # noqa: E402
 
 runner = CliRunner()
 
@@ -112,7 +115,6 @@ def test_schedule_refuses_what_megatron_refuses() -> None:
 
 @pytest.fixture(scope="module")
 def traced():
-    pytest.importorskip("torch", reason="the ex-situ tracer needs torch")
     from echo_et.trace.layout import ParallelLayout
     from echo_et.trace.tracer import TraceOptions, trace
     from echo_et.workloads import GPTConfig, Workload
@@ -335,7 +337,8 @@ def test_real_run_gives_the_gradients_of_one_stage(tmp_path) -> None:
     """Three gloo processes run the interleaved schedule (two chunks each) for real: every
     send meets its receive, and each parameter's gradient, summed over 6 micro-batches, is
     the one-stage run's."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     ref = _real_grads(tmp_path, 1, 0)
     got = _real_grads(tmp_path, 3, 1)
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
