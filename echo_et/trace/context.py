@@ -10,6 +10,14 @@ warm-up step, then the measured one. Everything it allocates must live on ``ctx.
 
 The same contract serves the ex-situ tracer (one process plays each rank in turn) and the
 in-situ runner (one real process per rank with gloo), so a workload written once runs both.
+
+Groups are made in two ways. The ex-situ tracer makes only the groups of the rank it plays,
+lazily, with ``use_local_synchronization=True`` (a 100K-rank layout has too many groups to
+make them all). Real processes (``all_groups=True``, the in-situ runner) make every group of
+every role, in one order on every rank, as Megatron's ``initialize_model_parallel`` does:
+torch names a locally synchronised group by its ranks, so two roles with the same ranks
+("pp" and "mp" at tp 1) would share a name, and a group only some ranks make ("embd" on the
+first and last pipeline stages) would leave the later groups' rendezvous waiting forever.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class RankContext:
     rank: int
     layout: ParallelLayout
     device: str = "cpu"
+    all_groups: bool = False      # real processes: every group made on every rank (above)
     _groups: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -52,6 +61,8 @@ class RankContext:
 
         if role == "world":
             return dist.group.WORLD
+        if self.all_groups and not self._groups:
+            self._make_every_group()
         pg = self._groups.get(role)
         if pg is None:
             ranks = list(self.layout.group_ranks(role, self.rank))
@@ -63,3 +74,17 @@ class RankContext:
         """Create the tp, dp and pp groups in a fixed order (every member does the same)."""
         for role in ("tp", "dp", "pp"):
             self.group(role)
+
+    def _make_every_group(self) -> None:
+        import torch.distributed as dist
+
+        for role in GROUP_ORDER:
+            mine = self.layout.group_ranks(role, self.rank)
+            for ranks in self.layout.all_groups(role):
+                pg = dist.new_group(list(ranks), group_desc=role)
+                if ranks == mine:
+                    self._groups[role] = pg
+
+
+# the roles of RankContext.group, in the order real processes make their groups
+GROUP_ORDER = ("tp", "dp", "pp", "embd", "mp")

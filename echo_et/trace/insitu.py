@@ -39,7 +39,7 @@ def _rank_main(rank: int, workload, layout: ParallelLayout, out_dir: str, port: 
     dist.init_process_group("gloo", rank=rank, world_size=layout.world_size,
                             timeout=timedelta(seconds=timeout_s))
     try:
-        step = workload.build_fn()(RankContext(rank, layout, "cpu"))
+        step = workload.build_fn()(RankContext(rank, layout, "cpu", all_groups=True))
         step()
         dist.barrier()
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:

@@ -22,8 +22,10 @@ def span(**attrs: object) -> AbstractContextManager[None]:
 
 def comm_span(group) -> AbstractContextManager[None]:
     """Encloses one communication call and names its process group (see
-    :mod:`echo_et.trace.annotations`)."""
-    return recorded_span(span_name(group=getattr(group, "group_desc", "") or "unknown"))
+    :mod:`echo_et.trace.annotations`). The world group is "world" in both runs: torch calls
+    a real run's "default_pg", the recording process group "world"."""
+    desc = getattr(group, "group_desc", "") or "unknown"
+    return recorded_span(span_name(group="world" if desc == "default_pg" else desc))
 
 
 def device_sync(device) -> None:
