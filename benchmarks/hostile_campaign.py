@@ -276,6 +276,11 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--use-distributed-optimizer"], "--dp", "int", 60))
     t.append((pr + ["--accumulate-allreduce-grads-in-fp32"], "--dtype", "name", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--zero", "1"], "--dp", "int", 60))
+    # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
+    t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
+              "--num-layers-per-virtual-pipeline-stage", "int", 60))
+    t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6"],
+              "--num-layers-per-virtual-pipeline-stage", "int", 60))
     sw = ["sweep", b.job, "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out]
     for o, k in (("--dp", "ranks"), ("--microbatches", "ranks"), ("--max-memory", "size"), ("--workers", "int"),
                  ("--gpus-per-node", "int"), ("--mode", "name")):
