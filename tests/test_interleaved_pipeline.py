@@ -344,3 +344,30 @@ def test_real_run_gives_the_gradients_of_one_stage(tmp_path) -> None:
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_each_model_chunk_reduces_its_own_gradient_buffer(zero):
+    """Megatron wraps each model chunk in its own DDP module: with the interleaved schedule
+    the data-parallel reduction is one collective per chunk, in chunk order, together the
+    bytes of the stage's one buffer without interleaving (the same parameters)."""
+    from echo_et.trace.compare import ex_situ_comms
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.trace.tracer import TraceOptions, trace
+    from echo_et.workloads import GPTConfig, Workload
+
+    def dp_comms(n: int) -> list[tuple[str, int, str]]:
+        cfg = GPTConfig.megatron(layers=6, hidden=32, heads=4, seq=16, micro_batch=1, vocab=64,
+                                 dtype="float32", layers_per_virtual_stage=n)
+        layout = ParallelLayout(pp=3, dp=2, microbatches=3, zero=zero)
+        Workload(gpt=cfg).validate(layout)
+        job = trace(Workload(gpt=cfg).build_fn(), layout, TraceOptions(device="meta", warmup_steps=0)).job
+        return [c for c in ex_situ_comms(job, 2) if c[2] == "dp" and c[1] > 4]   # a middle stage
+
+    kind = "reduce_scatter" if zero else "all_reduce"
+    plain = [c for c in dp_comms(0) if c[0] == kind]
+    chunked = [c for c in dp_comms(1) if c[0] == kind]
+    assert len(plain) == 1 and len(chunked) == 2
+    assert sum(b for _, b, _ in chunked) == plain[0][1]
+    # chunk 0 (layer 1) and chunk 1 (layer 4) of a middle stage: the same layer shapes
+    assert chunked[0][1] == chunked[1][1]

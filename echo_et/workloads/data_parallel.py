@@ -16,7 +16,9 @@ and padded to a multiple of the data-parallel size so that every shard is equal.
 
 With ``overlap=False`` (Megatron-DeepSpeed's local DDP, vTrain's "bucketing off") the
 gradients live in one flat buffer and are reduced after the backward pass: the buffer is
-divided by the data-parallel size and all-reduced at once, before the optimizer.
+divided by the data-parallel size and all-reduced at once, before the optimizer. With
+``buffers`` (the model chunks of the interleaved schedule, each its own DDP module in
+Megatron) each group of parameters has its own buffer, reduced in the groups' order.
 
 With ``grad_dtype`` wider than the parameters' (Megatron's
 ``--accumulate-allreduce-grads-in-fp32``, forced on with bf16), the buffers hold that dtype
@@ -59,7 +61,8 @@ class GradientSync:
     """Bucketed gradient reduction over ``group`` for ``params`` (see the module docstring)."""
 
     def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
-                 optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None):
+                 optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
+                 buffers: list[list[nn.Parameter]] | None = None):
         self.group = group
         self.dp = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -84,6 +87,12 @@ class GradientSync:
                 current, size = [], 0
         if current:
             self.buckets.append(_Bucket(current, self.dp, device, grad_dtype))
+        if buffers is not None and not overlap:
+            # one flat buffer per group, reduced in the groups' order (Megatron's local DDP
+            # per model chunk of the interleaved schedule)
+            mine = {id(p) for p in params}
+            self.buckets = [_Bucket([p for p in reversed(g) if id(p) in mine], self.dp, device, grad_dtype)
+                            for g in buffers]
         self._bucket_of: dict[int, _Bucket] = {}
         for b in self.buckets:
             offset = 0

@@ -318,6 +318,7 @@ class _GPTRank:
             [p for m in self.models for p in m.parameters()], dp_group, zero=layout.zero,
             bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
+            buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
