@@ -25,12 +25,12 @@ row's micro-batch size (16 down to 1), its data-parallel implementation (``DDP=t
 the rows without pipeline parallelism: PyTorch DDP's 25 MB buckets all-reduced during the
 last micro-batch's backward, ``grad_sync="overlap"``; ``DDP=local`` otherwise: one
 all-reduce after the backward) and, for the 76B-530B rows, the interleaved schedule's layers
-per virtual stage (``--num-layers-per-virtual-pipeline-stage``), which is used where the
-workload has it (``INTERLEAVED``) and otherwise noted: the plain 1F1B schedule's bubble is
-larger, so those rows would be predicted long. Megatron-LM's scatter/gather of the pipeline's activations (each TP rank
-sends 1/TP of an activation across nodes, the receiving stage all-gathers it over NVLink) is
-modelled, as the workload does by default (``--no-scatter-gather-tensors-in-pipeline`` sends
-them whole); its overlapped communication is not. ``--inter-bw`` is the rated rate of the
+per virtual stage (``--num-layers-per-virtual-pipeline-stage``; ``--plain-schedule`` runs
+those rows with the plain 1F1B schedule instead, whose bubble is larger). Megatron-LM's
+scatter/gather of the pipeline's activations (each TP rank sends 1/TP of an activation across
+nodes, the receiving stage all-gathers it over NVLink) is modelled, as the workload does by
+default (``--no-scatter-gather-tensors-in-pipeline`` sends them whole); its overlapped
+communication is not. ``--inter-bw`` is the rated rate of the
 NICs; the collective model runs the network at its profile's efficiency of that rate
 (``CommModel.with_overrides``).
 
@@ -82,15 +82,6 @@ PAPER_RUNS = (
     (2, "local", 5), (2, "local", 5), (1, "local", 3), (1, "local", 1), (1, "local", 0),
 )
 GRAD_SYNC = {"torch": "overlap", "local": "after-backward"}
-
-
-def interleaving_supported() -> bool:
-    """Whether the workload has Megatron's interleaved schedule (virtual pipeline stages)."""
-    import dataclasses
-
-    from echo_et.experiments.config_sweep import ConfigSweepOptions
-
-    return any(f.name == "layers_per_virtual_stage" for f in dataclasses.fields(ConfigSweepOptions))
 
 
 def paper_parameters(layers: int, hidden: int, vocab: int, seq: int) -> float:
@@ -173,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = paper_rows(args.micro_batch)
     picked = [int(i) for i in args.rows.split(",") if i.strip()] if args.rows else range(len(rows))
     rows = [rows[i] for i in picked if not args.max_gpus or rows[i]["gpus"] <= args.max_gpus]
-    interleave = interleaving_supported() and not args.plain_schedule
+    interleave = not args.plain_schedule
     extras = [{k: r.pop(k) for k in ("params_b", "gpus", "paper_tflops", "ddp", "layers_per_virtual_stage")}
               for r in rows]
     for x in extras:

@@ -48,6 +48,25 @@ DistOptOpt = typer.Option(
     help="Megatron's distributed optimizer (ZeRO stage 1): gradients reduce-scattered over the data-parallel "
          "ranks, Adam on each rank's shard, the 16-bit weights all-gathered (Megatron's flag; default: "
          "one all-reduce and Adam over the stage's whole model).")
+def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
+                      distributed_optimizer: bool) -> dict[str, Any]:
+    """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
+    on ``predict`` and ``sweep --configs``."""
+    return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,
+            "layers_per_virtual_stage": virtual_layers,
+            "accumulate_allreduce_grads_in_fp32": fp32_grads,
+            "use_distributed_optimizer": distributed_optimizer}
+
+
+def megatron_flag_given(settings: dict[str, Any]) -> str | None:
+    """The first of Megatron's flags ``settings`` departs from the default with, or None."""
+    given = ((NO_SCATTER_GATHER, not settings["scatter_gather_tensors_in_pipeline"]),
+             (VIRTUAL_STAGES, bool(settings["layers_per_virtual_stage"])),
+             (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
+             (DIST_OPT, settings["use_distributed_optimizer"]))
+    return next((flag for flag, on in given if on), None)
+
+
 GPN_HELP = "GPUs per node of the target cluster (a world size must fill whole nodes, or fit in one)."
 
 

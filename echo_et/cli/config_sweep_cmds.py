@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -19,9 +20,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
-                 nic_bw: str | None = None, scatter_gather: bool = True,
-                 fp32_grads: bool | None = None, distributed_optimizer: bool = False,
-                 virtual_layers: int = 0) -> None:
+                 nic_bw: str | None = None, megatron: dict[str, Any] | None = None) -> None:
+    """``megatron``: the training settings of Megatron's flags (``common.megatron_settings``)."""
     from echo_et.experiments.config_sweep import (
         ConfigSweepOptions,
         check_config_sweep,
@@ -51,11 +51,7 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     draw = have_matplotlib() if plot is None else plot
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
-                              comm_profile=comm_profile, slowdown=slowdown,
-                              scatter_gather_tensors_in_pipeline=scatter_gather,
-                              accumulate_allreduce_grads_in_fp32=fp32_grads,
-                              use_distributed_optimizer=distributed_optimizer,
-                              layers_per_virtual_stage=virtual_layers)
+                              comm_profile=comm_profile, slowdown=slowdown, **(megatron or {}))
 
     def progress(done: int, total: int, row: dict) -> None:
         label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp"))

@@ -11,11 +11,7 @@ import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import (
-    DIST_OPT,
-    FP32_GRADS,
     GPN_HELP,
-    NO_SCATTER_GATHER,
-    VIRTUAL_STAGES,
     DistOptOpt,
     Fp32GradsOpt,
     JsonOpt,
@@ -25,6 +21,8 @@ from echo_et.cli.common import (
     fail,
     guarded,
     load_job_arg,
+    megatron_flag_given,
+    megatron_settings,
 )
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
 
@@ -217,6 +215,8 @@ def sweep(
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
     trace and predict every model configuration of a CSV; table, JSON and PNG."""
+    megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
+                                 fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 
@@ -228,9 +228,7 @@ def sweep(
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute, compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
-                     max_memory=memory_budget(max_memory), scatter_gather=not no_scatter_gather,
-                     fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
-                     virtual_layers=virtual_layers)
+                     max_memory=memory_budget(max_memory), megatron=megatron)
         return
     if job_path is None:
         fail("give a JOB to scale, or --configs CONFIGS.csv")
@@ -240,12 +238,8 @@ def sweep(
         fail("--nic-bw only applies with --configs")
     if recompute:
         fail("--recompute only applies with --configs")
-    if no_scatter_gather:
-        fail(f"{NO_SCATTER_GATHER} only applies with --configs")
-    if virtual_layers:
-        fail(f"{VIRTUAL_STAGES} only applies with --configs")
-    if fp32_grads is not None or distributed_optimizer:
-        fail(f"{FP32_GRADS if fp32_grads is not None else DIST_OPT} only applies with --configs")
+    if (flag := megatron_flag_given(megatron)) is not None:
+        fail(f"{flag} only applies with --configs")
     if mode != "predict" and (gpu is not None or compute_profile is not None):
         fail(f"{'--gpu' if gpu is not None else '--compute-profile'} only applies with --mode predict "
              "(replay keeps measured times)")

@@ -22,6 +22,7 @@ from echo_et.cli.common import (
     VirtualStagesOpt,
     emit_json,
     guarded,
+    megatron_settings,
 )
 from echo_et.errors import OptionError
 
@@ -94,10 +95,9 @@ def predict_cmd(
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
-                              scatter_gather_tensors_in_pipeline=not no_scatter_gather,
-                              accumulate_allreduce_grads_in_fp32=fp32_grads,
-                              use_distributed_optimizer=distributed_optimizer,
-                              layers_per_virtual_stage=virtual_layers)
+                              **megatron_settings(no_scatter_gather=no_scatter_gather,
+                                                  virtual_layers=virtual_layers, fp32_grads=fp32_grads,
+                                                  distributed_optimizer=distributed_optimizer))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

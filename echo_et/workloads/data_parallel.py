@@ -57,6 +57,22 @@ class _Bucket:
         self.work = None
 
 
+def _fill(params, bucket_bytes: int) -> list[list[nn.Parameter]]:
+    """``params`` in order, cut into buckets of at least ``bucket_bytes`` (the last smaller)."""
+    groups: list[list[nn.Parameter]] = []
+    current: list[nn.Parameter] = []
+    size = 0
+    for p in params:
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if size >= bucket_bytes:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
 class GradientSync:
     """Bucketed gradient reduction over ``group`` for ``params`` (see the module docstring)."""
 
@@ -76,23 +92,14 @@ class GradientSync:
         # gradients accumulated apart from the parameters (``main_grad``), in a wider dtype
         self.separate = grad_dtype is not None and grad_dtype != dtype
         grad_dtype = grad_dtype or dtype
-        self.buckets: list[_Bucket] = []
-        current: list[nn.Parameter] = []
-        size = 0
-        for p in reversed(params):
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_bytes:
-                self.buckets.append(_Bucket(current, self.dp, device, grad_dtype))
-                current, size = [], 0
-        if current:
-            self.buckets.append(_Bucket(current, self.dp, device, grad_dtype))
         if buffers is not None and not overlap:
             # one flat buffer per group, reduced in the groups' order (Megatron's local DDP
             # per model chunk of the interleaved schedule)
             mine = {id(p) for p in params}
-            self.buckets = [_Bucket([p for p in reversed(g) if id(p) in mine], self.dp, device, grad_dtype)
-                            for g in buffers]
+            groups = [[p for p in reversed(g) if id(p) in mine] for g in buffers]
+        else:
+            groups = _fill(reversed(params), bucket_bytes)
+        self.buckets = [_Bucket(g, self.dp, device, grad_dtype) for g in groups]
         self._bucket_of: dict[int, _Bucket] = {}
         for b in self.buckets:
             offset = 0
