@@ -50,10 +50,12 @@ def _assert_same_ranks(cfg: GPTConfig, layout: ParallelLayout) -> None:
     assert replayed > 0, "the meta trace recorded nothing once: the test would not cover replay"
 
 
-def test_megatron_gpt_meta_equals_cpu_on_every_rank() -> None:
+@pytest.mark.parametrize("granularity", ["selective", "full"])
+def test_megatron_gpt_meta_equals_cpu_on_every_rank(granularity: str) -> None:
     """Megatron flavour (tied embeddings + their all-reduce, one DP all-reduce after the
-    backward, master weights, fused kernels) with activation recomputation, tp2 x pp2 x dp2."""
-    cfg = GPTConfig.megatron(**SMALL, recompute=True)
+    backward, master weights, fused kernels) with activation recomputation at either
+    granularity, tp2 x pp2 x dp2."""
+    cfg = GPTConfig.megatron(**SMALL, recompute=True, recompute_granularity=granularity)
     _assert_same_ranks(cfg, ParallelLayout(dp=2, tp=2, pp=2, microbatches=3))
 
 

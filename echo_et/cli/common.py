@@ -48,6 +48,28 @@ DistOptOpt = typer.Option(
     help="Megatron's distributed optimizer (ZeRO stage 1): gradients reduce-scattered over the data-parallel "
          "ranks, Adam on each rank's shard, the 16-bit weights all-gathered (Megatron's flag; default: "
          "one all-reduce and Adam over the stage's whole model).")
+RECOMPUTE_GRANULARITY = "--recompute-granularity"
+RecomputeGranularityOpt = typer.Option(
+    None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
+    help="What --recompute recomputes (and implies it): selective (the default: only the core attention, "
+         "from the scores to the context, as Megatron's --recompute-activations) or full (each layer's "
+         "forward runs again in its backward, as Megatron's --recompute-granularity full and the older "
+         "--checkpoint-activations).")
+
+
+def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, str]:
+    """(recompute, granularity) from ``--recompute`` and ``--recompute-granularity``; a
+    granularity given turns recomputation on, as Megatron's flag does."""
+    from echo_et.workloads.gpt import RECOMPUTE_GRANULARITIES
+
+    if granularity is None:
+        return recompute, RECOMPUTE_GRANULARITIES[0]
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise OptionError("recompute-granularity",
+                          f"{granularity!r} is not one of {', '.join(RECOMPUTE_GRANULARITIES)}")
+    return True, granularity
+
+
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
                       distributed_optimizer: bool) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same

@@ -10,7 +10,14 @@ from typing import Any
 import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options, gpus_per_node_opt, inter_bw_opt, intra_bw_opt
-from echo_et.cli.common import JsonOpt, check_output_path, emit_json, guarded
+from echo_et.cli.common import (
+    JsonOpt,
+    RecomputeGranularityOpt,
+    check_output_path,
+    emit_json,
+    guarded,
+    recompute_setting,
+)
 from echo_et.errors import EchoError, OptionError
 
 
@@ -102,7 +109,8 @@ def calibrate_compute_cmd(
              "of attention scores, softmax and optimizer) by tracing each row on the meta device and "
              "simulating it."),
     recompute: bool = typer.Option(False, "--recompute", help="The measured runs recomputed activations "
-                                   "(--iterations)."),
+                                   "(--iterations), at --recompute-granularity."),
+    recompute_granularity: str | None = RecomputeGranularityOpt,
     dtype: str = typer.Option("float16", "--dtype", help="Training dtype of the measured runs (--iterations)."),
     gpus_per_node: int | None = gpus_per_node_opt(),
     intra_bw: str | None = intra_bw_opt(),
@@ -123,7 +131,8 @@ def calibrate_compute_cmd(
 
     check_output_path("--output", output, file_only=True)
     cluster_from_options(gpu, None, None, None)   # an unknown --gpu: one line naming the flag, first
-    used = [f for f, v in (("--recompute", recompute or None), ("--gpus-per-node", gpus_per_node),
+    used = [f for f, v in (("--recompute", recompute or None),
+                           ("--recompute-granularity", recompute_granularity), ("--gpus-per-node", gpus_per_node),
                            ("--intra-bw", intra_bw), ("--inter-bw", inter_bw), ("--cache", cache),
                            ("--comm-profile", comm_profile))
             if v is not None]
@@ -142,8 +151,9 @@ def calibrate_compute_cmd(
         if dtype not in DTYPES:
             raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
         cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
-        opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
-                                  comm_profile=str(comm_profile) if comm_profile else None)
+        recompute, granularity = recompute_setting(recompute, recompute_granularity)
+        opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=granularity,
+                                  dtype=dtype, comm_profile=str(comm_profile) if comm_profile else None)
         if comm_profile is not None:
             from echo_et.experiments.config_sweep import models_for
 

@@ -16,12 +16,13 @@ from echo_et.errors import OptionError
 
 
 def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node: int | None,
-                 intra_bw: str | None, inter_bw: str | None, recompute: bool,
+                 intra_bw: str | None, inter_bw: str | None, recompute: tuple[bool, str],
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
                  nic_bw: str | None = None, megatron: dict[str, Any] | None = None) -> None:
-    """``megatron``: the training settings of Megatron's flags (``common.megatron_settings``)."""
+    """``recompute``: (on, granularity) (``common.recompute_setting``); ``megatron``: the
+    training settings of Megatron's flags (``common.megatron_settings``)."""
     from echo_et.experiments.config_sweep import (
         ConfigSweepOptions,
         check_config_sweep,
@@ -49,8 +50,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     if plot and not have_matplotlib():
         fail(f"--plot needs matplotlib ({INSTALL_HINT})")
     draw = have_matplotlib() if plot is None else plot
-    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
-                              compute_profile=str(compute_profile) if compute_profile else None,
+    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute[0], recompute_granularity=recompute[1],
+                              dtype=dtype, compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=comm_profile, slowdown=slowdown, **(megatron or {}))
 
     def progress(done: int, total: int, row: dict) -> None:

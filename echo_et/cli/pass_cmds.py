@@ -12,10 +12,12 @@ import typer
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import (
     GPN_HELP,
+    RECOMPUTE_GRANULARITY,
     DistOptOpt,
     Fp32GradsOpt,
     JsonOpt,
     NoScatterGatherOpt,
+    RecomputeGranularityOpt,
     VirtualStagesOpt,
     emit_json,
     fail,
@@ -23,6 +25,7 @@ from echo_et.cli.common import (
     load_job_arg,
     megatron_flag_given,
     megatron_settings,
+    recompute_setting,
 )
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
 
@@ -200,8 +203,9 @@ def sweep(
     inter_bw: str | None = inter_bw_opt(),
     nic_bw: str | None = nic_bw_opt(),
     recompute: bool = typer.Option(False, "--recompute",
-                                   help="--configs: full activation checkpointing (each layer's forward "
-                                        "runs again in its backward)."),
+                                   help="--configs: recompute activations in the backward, at "
+                                        "--recompute-granularity (default selective: the core attention)."),
+    recompute_granularity: str | None = RecomputeGranularityOpt,
     compute_profile: Path | None = typer.Option(None, "--compute-profile", metavar="PROFILE.json",
                                                 help="Calibrated compute profile (--configs: default the GPU's "
                                                      "preset; JOB: the job's compute retimed with it)."),
@@ -225,7 +229,8 @@ def sweep(
         if used or mode != "predict":
             fail(f"{', '.join(used) or '--mode'} cannot be combined with --configs")
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
-                     inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute, compute_profile=compute_profile,
+                     inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute_setting(recompute, recompute_granularity),
+                     compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
                      max_memory=memory_budget(max_memory), megatron=megatron)
@@ -236,8 +241,8 @@ def sweep(
         fail("--dp: give at least one data-parallel degree")
     if nic_bw is not None:
         fail("--nic-bw only applies with --configs")
-    if recompute:
-        fail("--recompute only applies with --configs")
+    if recompute or recompute_granularity is not None:
+        fail(f"{'--recompute' if recompute else RECOMPUTE_GRANULARITY} only applies with --configs")
     if (flag := megatron_flag_given(megatron)) is not None:
         fail(f"{flag} only applies with --configs")
     if mode != "predict" and (gpu is not None or compute_profile is not None):

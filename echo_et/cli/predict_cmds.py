@@ -19,10 +19,12 @@ from echo_et.cli.common import (
     Fp32GradsOpt,
     JsonOpt,
     NoScatterGatherOpt,
+    RecomputeGranularityOpt,
     VirtualStagesOpt,
     emit_json,
     guarded,
     megatron_settings,
+    recompute_setting,
 )
 from echo_et.errors import OptionError
 
@@ -48,7 +50,10 @@ def predict_cmd(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
-    recompute: bool = typer.Option(False, "--recompute", help="Full activation recomputation."),
+    recompute: bool = typer.Option(False, "--recompute",
+                                   help="Recompute activations in the backward, at --recompute-granularity "
+                                        "(default selective: the core attention)."),
+    recompute_granularity: str | None = RecomputeGranularityOpt,
     dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE", help="float16, bfloat16 or float32."),
     gpu: str | None = gpu_opt("GPU to predict for (default a100)"),
     gpus_per_node: int | None = gpus_per_node_opt(),
@@ -92,7 +97,8 @@ def predict_cmd(
     check_output(output)
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
     check_node_fill(dp * tp * pp, gpus_per_node)
-    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, dtype=dtype,
+    recompute, granularity = recompute_setting(recompute, recompute_granularity)
+    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=granularity, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
                               **megatron_settings(no_scatter_gather=no_scatter_gather,

@@ -14,7 +14,7 @@ from echo_et.cli.cluster_opts import (
     inter_bw_opt,
     intra_bw_opt,
 )
-from echo_et.cli.common import JsonOpt, emit_json, guarded
+from echo_et.cli.common import JsonOpt, RecomputeGranularityOpt, emit_json, guarded, recompute_setting
 
 
 def register(app: typer.Typer) -> None:
@@ -42,8 +42,9 @@ def trace(
                                      help="GPT: float32, bfloat16 or float16 (default float32; megatron-gpt: "
                                           "float16)."),
     recompute: bool = typer.Option(False, "--recompute",
-                                   help="GPT: full activation checkpointing (each layer's forward runs again "
-                                        "in its backward)."),
+                                   help="GPT: recompute activations in the backward, at --recompute-granularity "
+                                        "(default selective: the core attention)."),
+    recompute_granularity: str | None = RecomputeGranularityOpt,
     grad_sync: str | None = typer.Option(None, "--grad-sync", metavar="MODE",
                                          help="GPT: overlap (bucketed all-reduces during the backward; gpt's "
                                               "default) or after-backward (one all-reduce; megatron-gpt's)."),
@@ -141,8 +142,9 @@ def trace(
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
                                 ("layers_per_virtual_stage", virtual_layers or None)) if v is not None}
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
+        recompute, granularity = recompute_setting(recompute, recompute_granularity)
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
-                   bucket_mb=bucket_mb, recompute=recompute, **kw)
+                   bucket_mb=bucket_mb, recompute=recompute, recompute_granularity=granularity, **kw)
         wl = Workload(gpt=cfg)
         attrs = {"workload": workload, **cfg.to_json()}
     wl.validate(layout, device)
@@ -154,7 +156,8 @@ def trace(
     parts = ["--script", attrs["script"]] if script is not None else [
         "--workload", workload, "--layers", layers, "--hidden", hidden, "--heads", heads,
         "--seq", seq, "--micro-batch", micro_batch, "--vocab", cfg.vocab, "--dtype", cfg.dtype,
-        "--bucket-mb", bucket_mb, "--grad-sync", cfg.grad_sync] + (["--recompute"] if recompute else [])
+        "--bucket-mb", bucket_mb, "--grad-sync", cfg.grad_sync] + (
+            ["--recompute", "--recompute-granularity", cfg.recompute_granularity] if cfg.recompute else [])
     if script is None and cfg.scatter_gather_tensors_in_pipeline != (workload == "megatron-gpt"):
         parts.append("--scatter-gather-tensors-in-pipeline" if cfg.scatter_gather_tensors_in_pipeline
                      else "--no-scatter-gather-tensors-in-pipeline")

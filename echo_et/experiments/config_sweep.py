@@ -70,6 +70,9 @@ class ConfigSweepOptions:
 
     cluster: Cluster = field(default_factory=lambda: Cluster(gpu=DEFAULT_GPU))
     recompute: bool = False
+    # Megatron's --recompute-granularity: "selective" (the core attention, what its
+    # --recompute-activations turns on) or "full" (each layer); with recompute only
+    recompute_granularity: str = "selective"
     dtype: str = "float16"
     vocab: int | None = None           # default: the workload's (GPT-2's 50257)
     grad_sync: str = "after-backward"  # Megatron-DeepSpeed's local DDP: bucketing off
@@ -99,6 +102,8 @@ class ConfigSweepOptions:
         out = {k: v for k, v in asdict(self).items() if k != "cluster"}
         if not self.layers_per_virtual_stage:   # the plain schedule's records stay as they were
             del out["layers_per_virtual_stage"]
+        if not self.recompute:
+            del out["recompute_granularity"]
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
         return out
 
@@ -220,6 +225,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     cfg = GPTConfig.megatron(layers=int(row["layers"]), hidden=int(row["hidden"]),
                              heads=int(row["heads"]), seq=int(row["seq"]),
                              micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
+                             recompute_granularity=opts.recompute_granularity,
                              dtype=opts.dtype, grad_sync=opts.grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,

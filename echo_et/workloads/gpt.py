@@ -19,8 +19,10 @@ optimizer, over the "embd" group), the data-parallel gradients reduced in one al
 after the backward pass, activations and gradients sent between pipeline stages as 1/tp
 slices all-gathered in the receiving stage's TP group (``scatter_gather_tensors_in_pipeline``,
 Megatron's default), and fp32 master weights with a global gradient norm (all-reduced
-over the model-parallel "mp" group) and fused Adam. ``recompute`` (either model) runs each
-layer under a full activation checkpoint.
+over the model-parallel "mp" group) and fused Adam. ``recompute`` (either model) recomputes
+activations in the backward, at ``recompute_granularity``: "selective" (Megatron's
+``--recompute-activations``: only the core attention, from the scores to the context, is
+checkpointed) or "full" (``--recompute-granularity full``: each layer under one checkpoint).
 
 Every forward/backward/optimizer phase, micro-batch, pipeline stage and layer is marked
 with the span names of :mod:`echo_et.trace.annotations`; each layer is a repeated unit
@@ -44,6 +46,7 @@ from echo_et.trace.layout import ParallelLayout
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTIONS = ("sdpa", "megatron")
 GRAD_SYNCS = ("overlap", "after-backward")
+RECOMPUTE_GRANULARITIES = ("selective", "full")
 OPTIMIZERS = ("adam", "megatron")
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
@@ -72,7 +75,11 @@ class GPTConfig:
     dropout: float = 0.0             # attention and hidden dropout
     vocab_multiple: int = 1          # vocabulary padded to a multiple of this x tp
     tie_embeddings: bool = False     # the word embedding is the output layer too
-    recompute: bool = False          # full activation checkpointing, one layer each
+    recompute: bool = False          # activation recomputation, at recompute_granularity
+    # "selective": the core attention (scores, softmax, dropout, context) recomputed, as
+    # Megatron's --recompute-activations; "full": each layer under one checkpoint, as
+    # Megatron's --recompute-granularity full --recompute-method uniform --recompute-num-layers 1.
+    recompute_granularity: str = "selective"
     grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
     optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
     # With tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient between
@@ -101,6 +108,16 @@ class GPTConfig:
         if merged.get("accumulate_allreduce_grads_in_fp32") is None:
             merged["accumulate_allreduce_grads_in_fp32"] = merged["dtype"] == "bfloat16"
         return cls(**merged)
+
+    @property
+    def recomputes_layers(self) -> bool:
+        """Whether each layer runs under one checkpoint (full recomputation)."""
+        return self.recompute and self.recompute_granularity == "full"
+
+    @property
+    def recomputes_core_attention(self) -> bool:
+        """Whether only the core attention is checkpointed (selective recomputation)."""
+        return self.recompute and self.recompute_granularity == "selective"
 
     @property
     def grad_buffer_dtype(self) -> str:
@@ -145,6 +162,9 @@ class GPTConfig:
         if self.attention not in ATTENTIONS:
             raise EchoError(f"{where}: attention {self.attention!r} is not one of "
                             f"{', '.join(ATTENTIONS)}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise EchoError(f"{where}: recompute granularity {self.recompute_granularity!r} is not one of "
+                            f"{', '.join(RECOMPUTE_GRANULARITIES)}")
         if self.grad_sync not in GRAD_SYNCS:
             raise EchoError(f"{where}: gradient sync {self.grad_sync!r} is not one of "
                             f"{', '.join(GRAD_SYNCS)}")
@@ -191,10 +211,10 @@ class GPTConfig:
         where = f"layout {layout.describe()}"
         per_stage = self.layers // layout.pp
         traced_mbs = 1 if device == "meta" else layout.microbatches  # meta records one, repeats it
-        nodes = NODES_PER_LAYER * per_stage * traced_mbs * (2 if self.recompute else 1)
+        nodes = NODES_PER_LAYER * per_stage * traced_mbs * (2 if self.recomputes_layers else 1)
         if nodes > MAX_GRAPH_NODES:
             times = "".join(f" x {n:,} {what}" for n, what in ((traced_mbs, "micro-batches"),
-                                                                (2 if self.recompute else 1, "(recompute)"))
+                                                                (2 if self.recomputes_layers else 1, "(recompute)"))
                             if n > 1)
             raise EchoError(f"{where}: a traced rank would record at least {nodes:,} nodes ({per_stage:,} "
                             f"layers per stage x {NODES_PER_LAYER} nodes{times}); the limit is "
@@ -228,6 +248,8 @@ class GPTConfig:
         out = asdict(self)
         if not self.layers_per_virtual_stage:   # the plain schedule's records stay as they were
             del out["layers_per_virtual_stage"]
+        if not self.recompute:
+            del out["recompute_granularity"]
         return out
 
 
@@ -442,6 +464,12 @@ def _gpu_attention(q, k, v):
                                                                   True)[0]
 
 
+def _causal_sdpa(q, k, v):
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 @functools.cache
 def _stage_class():
     """The nn.Module classes, defined on first use so that importing this module needs no
@@ -468,6 +496,7 @@ def _stage_class():
             h = cfg.hidden
             self.local_heads = cfg.heads // tp
             self.head_dim = h // cfg.heads
+            self.recompute_core = cfg.recomputes_core_attention
             self.ln1 = nn.LayerNorm(h, device=kw["device"], dtype=kw["dtype"])
             self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw)
             self.proj = RowParallelLinear(h, h, group, **kw)
@@ -479,10 +508,8 @@ def _stage_class():
             b, s, _ = x.shape
             qkv = self.qkv(x).view(b, s, 3, self.local_heads, self.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-            if x.device.type == "meta":
-                ctx = _gpu_attention(q, k, v)
-            else:
-                ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            core = _gpu_attention if x.device.type == "meta" else _causal_sdpa
+            ctx = checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
             return self.proj(ctx.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -506,7 +533,8 @@ def _stage_class():
             self.first = stage == 0 if first is None else first
             self.last = stage == layout.pp - 1 if last is None else last
             self.first_layer = first_layer
-            self.unit_key = ("gpt-layer", cfg.recompute) + (() if chunk is None else (chunk,))
+            recompute = cfg.recompute and cfg.recompute_granularity
+            self.unit_key = ("gpt-layer", recompute) + (() if chunk is None else (chunk,))
             self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)
@@ -545,7 +573,7 @@ def _stage_class():
         def _layer(self, block, x: torch.Tensor, layer: int) -> torch.Tensor:
             with span(layer=layer):
                 x = backward_ends_here(x, layer=layer)
-                x = checkpoint(block, x) if self.cfg.recompute else block(x)
+                x = checkpoint(block, x) if self.cfg.recomputes_layers else block(x)
                 return backward_begins_here(x, layer=layer)
 
         def forward(self, x: torch.Tensor, replay: bool = True) -> torch.Tensor:

@@ -8,10 +8,14 @@
   row-parallel output projection whose bias is added with the residual (fused
   ``bias_dropout_add``); MLP with the first bias fused into the GeLU (``bias_gelu``) and the
   second added with the residual (:mod:`echo_et.workloads.fused`);
-- :class:`CheckpointFunction`: full activation recomputation, one layer per checkpoint
-  (``--recompute-activations`` / ``--checkpoint-activations``): the forward runs without
-  keeping activations; the backward runs the layer's forward again (its tensor-parallel
-  all-reduces included) and then its backward;
+- :class:`CheckpointFunction`: activation recomputation. Full (``--recompute-granularity
+  full``, or the older ``--checkpoint-activations``): one layer per checkpoint, the forward
+  runs without keeping activations and the backward runs the layer's forward again (its
+  tensor-parallel all-reduces included) and then its backward. Selective (Megatron's
+  ``--recompute-activations``, Korthikanti et al. 2022): only the core attention (the
+  Q x K^T batched GEMM, the fused softmax, the attention dropout, the batched GEMM with V
+  and the copy back to ``[s, b, h]``) is checkpointed, which keeps the s^2-sized tensors out
+  of memory for the cost of recomputing the memory-bound part of the layer;
 - :class:`MixedPrecisionAdam`: Megatron's optimizer step for 16-bit models with fp32 master
   weights: model gradients copied to fp32, their global L2 norm (all-reduced over the
   model-parallel group, then read on the host) for clipping, fused Adam on the fp32 master weights (what apex's
@@ -63,6 +67,7 @@ def megatron_block_class():
             self.hn = h // cfg.heads
             self.p = cfg.dropout
             self.norm = 1.0 / math.sqrt(self.hn)
+            self.recompute_core = cfg.recomputes_core_attention
             self.ln1 = nn.LayerNorm(h, device=device, dtype=dtype)
             self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw)
             self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw)
@@ -80,12 +85,18 @@ def megatron_block_class():
             v = v.view(s, b * np_, hn).transpose(0, 1)
             # Megatron: baddbmm with beta = 0 (a plain batched GEMM), then its fused
             # scale + causal mask + softmax kernel.
+            ctx = (checkpoint(self.core_attention, q, k, v) if self.recompute_core
+                   else self.core_attention(q, k, v))
+            return self.proj(ctx)
+
+        def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            bnp, s, hn = q.shape
+            b, np_ = bnp // self.np, self.np
             scores = torch.bmm(q, k.transpose(1, 2)).view(b, np_, s, s)
             probs = fused.scaled_upper_triang_masked_softmax(scores, self.norm)
             probs = dropout(probs, self.p)
             ctx = torch.bmm(probs.view(b * np_, s, s), v)
-            ctx = ctx.view(b, np_, s, hn).permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
-            return self.proj(ctx)
+            return ctx.view(b, np_, s, hn).permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             out, bias = self.attention(self.ln1(x))
@@ -102,24 +113,23 @@ class CheckpointFunction(torch.autograd.Function):
     activations; ``backward`` runs ``fn`` again with them and back-propagates through it."""
 
     @staticmethod
-    def forward(ctx, fn, x):
+    def forward(ctx, fn, *xs):
         ctx.fn = fn
-        ctx.save_for_backward(x)
+        ctx.save_for_backward(*xs)
         with torch.no_grad():
-            return fn(x)
+            return fn(*xs)
 
     @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        x = x.detach().requires_grad_(True)
+        xs = [x.detach().requires_grad_(True) for x in ctx.saved_tensors]
         with torch.enable_grad():
-            out = ctx.fn(x)
+            out = ctx.fn(*xs)
         torch.autograd.backward(out, grad)
-        return None, x.grad
+        return (None, *(x.grad for x in xs))
 
 
-def checkpoint(fn, x: torch.Tensor) -> torch.Tensor:
-    return CheckpointFunction.apply(fn, x)
+def checkpoint(fn, *xs: torch.Tensor) -> torch.Tensor:
+    return CheckpointFunction.apply(fn, *xs)
 
 
 class MixedPrecisionAdam:
