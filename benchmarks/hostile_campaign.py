@@ -276,6 +276,10 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--use-distributed-optimizer"], "--dp", "int", 60))
     t.append((pr + ["--accumulate-allreduce-grads-in-fp32"], "--dtype", "name", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--zero", "1"], "--dp", "int", 60))
+    # activation recomputation's granularity (selective: the core attention; full: each layer)
+    t.append((pr, "--recompute-granularity", "name", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--pp", "2", "--microbatches", "2"], "--recompute-granularity",
+              "name", 60))
     # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))

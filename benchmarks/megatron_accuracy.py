@@ -4,7 +4,10 @@ Data: vTrain's 1,440 measured GPT iterations on one node of A100s
 (``../shared/data/measurements/vtrain-a100/data/ground_truth_single.csv``; settings from its
 README: A100, 8 per node, 150 GB/s intra-node, activation recomputation on, 1F1B, gradient
 bucketing off). Every row is traced on the meta device (the ``megatron-gpt`` workload, fp16,
-GPT-2 vocabulary), its compute timed by the compute model, its step simulated
+GPT-2 vocabulary, Megatron's selective recomputation: ``--recompute`` at its default
+granularity; the README does not say which granularity the runs used, and of full, selective,
+none and "all but the last stage" selective cross-validates best, docs/accuracy.md), its
+compute timed by the compute model, its step simulated
 (:mod:`echo_et.experiments.config_sweep`) with the collective model calibrated on vTrain's
 all-reduce tables from the same kind of node (``trace/a100/AR_GPU{2..8}_1M_1024M_LUT``; the
 README's nominal 150 GB/s is not imposed on it: ``--intra-bw`` does that).
