@@ -4,9 +4,9 @@ Data: vTrain's 1,440 measured GPT iterations on one node of A100s
 (``../shared/data/measurements/vtrain-a100/data/ground_truth_single.csv``; settings from its
 README: A100, 8 per node, 150 GB/s intra-node, activation recomputation on, 1F1B, gradient
 bucketing off). Every row is traced on the meta device (the ``megatron-gpt`` workload, fp16,
-GPT-2 vocabulary, Megatron's selective recomputation: ``--recompute`` at its default
-granularity; the README does not say which granularity the runs used, and of full, selective,
-none and "all but the last stage" selective cross-validates best, docs/accuracy.md), its
+GPT-2 vocabulary, Megatron's selective recomputation, ``--recompute-granularity selective``:
+the README says recomputation is on, not at which granularity, and of full, selective, none
+and "all but the last stage" selective cross-validates best, docs/accuracy.md), its
 compute timed by the compute model, its step simulated
 (:mod:`echo_et.experiments.config_sweep`) with the collective model calibrated on vTrain's
 all-reduce tables from the same kind of node (``trace/a100/AR_GPU{2..8}_1M_1024M_LUT``; the
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     comm_profile = args.comm_profile or str(vtrain_comm_profile(tmp / "vtrain-a100-allreduce.json"))
     opts = ConfigSweepOptions(
         cluster=Cluster.parse(gpu="a100", gpus_per_node=8, intra_bw=args.intra_bw, inter_bw="800Gb/s/node"),
-        recompute=True, dtype="float16", comm_profile=comm_profile)
+        recompute=True, recompute_granularity="selective", dtype="float16", comm_profile=comm_profile)
     rows = read_rows(args.data)
     if args.limit:
         rows = rows[::args.limit]

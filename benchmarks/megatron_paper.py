@@ -78,7 +78,7 @@ PAPER_TABLE_1 = (
 # (MBS), data-parallel implementation (DDP: "torch" or "local"), layers per virtual pipeline
 # stage (0: the plain 1F1B schedule); every row recomputes each whole layer (the script's
 # --recompute-granularity full --recompute-method uniform, --checkpoint-activations in the
-# paper's 2020 code): full recomputation, not Megatron's later selective default.
+# paper's 2020 code): full recomputation, not selective.
 PAPER_RUNS = (
     (16, "torch", 0), (16, "torch", 0), (16, "torch", 0), (8, "torch", 0), (4, "local", 0),
     (2, "local", 5), (2, "local", 5), (1, "local", 3), (1, "local", 1), (1, "local", 0),

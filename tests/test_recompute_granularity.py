@@ -78,8 +78,8 @@ def test_each_granularity_recomputes_what_megatron_does() -> None:
     (the four linear GEMMs, both layer norms) once more."""
     base = GPTConfig.megatron(**SMALL)
     none = _op_counts(base, "backward")
-    sel = _op_counts(GPTConfig.megatron(**SMALL, recompute=True), "backward")
-    full = _op_counts(GPTConfig.megatron(**SMALL, recompute=True, recompute_granularity="full"), "backward")
+    sel = _op_counts(GPTConfig.megatron(**SMALL, recompute=True, recompute_granularity="selective"), "backward")
+    full = _op_counts(GPTConfig.megatron(**SMALL, recompute=True), "backward")
     layer_passes = SMALL["layers"] * 1    # one micro-batch traced
     extra_sel, extra_full = sel - none, full - none
     assert extra_sel["aten::bmm"] == 2 * layer_passes
@@ -93,16 +93,16 @@ def test_each_granularity_recomputes_what_megatron_does() -> None:
 
 
 def test_granularity_is_validated_and_recorded() -> None:
-    with pytest.raises(EchoError, match="recompute granularity 'some' is not one of selective, full"):
+    with pytest.raises(EchoError, match="recompute granularity 'some' is not one of full, selective"):
         GPTConfig.megatron(recompute=True, recompute_granularity="some").validate(ParallelLayout())
-    cfg, _ = workload_for(ROW, ConfigSweepOptions(recompute=True))
-    assert cfg.recomputes_core_attention and not cfg.recomputes_layers
-    assert cfg.to_json()["recompute_granularity"] == "selective"
-    cfg, _ = workload_for(ROW, ConfigSweepOptions(recompute=True, recompute_granularity="full"))
+    cfg, _ = workload_for(ROW, ConfigSweepOptions(recompute=True))     # Megatron's --checkpoint-activations
     assert cfg.recomputes_layers and not cfg.recomputes_core_attention
+    assert cfg.to_json()["recompute_granularity"] == "full"
+    cfg, _ = workload_for(ROW, ConfigSweepOptions(recompute=True, recompute_granularity="selective"))
+    assert cfg.recomputes_core_attention and not cfg.recomputes_layers
     assert "recompute_granularity" not in GPTConfig.megatron().to_json()
     assert "recompute_granularity" not in ConfigSweepOptions().to_json()
-    assert ConfigSweepOptions(recompute=True).to_json()["recompute_granularity"] == "selective"
+    assert ConfigSweepOptions(recompute=True).to_json()["recompute_granularity"] == "full"
 
 
 def test_cli_flag_implies_recompute_and_refuses_unknown_levels(tmp_path) -> None:
@@ -112,11 +112,11 @@ def test_cli_flag_implies_recompute_and_refuses_unknown_levels(tmp_path) -> None
     bad = runner.invoke(app, [*base, "--recompute-granularity", "partial", "-o", str(tmp_path / "x")])
     assert bad.exit_code != 0
     assert bad.output.strip().splitlines()[-1] == \
-        "error: --recompute-granularity: 'partial' is not one of selective, full"
+        "error: --recompute-granularity: 'partial' is not one of full, selective"
     assert not (tmp_path / "x").exists()
     steps = {}
-    for name, extra in (("none", []), ("selective", ["--recompute"]),
-                        ("full", ["--recompute-granularity", "full"])):
+    for name, extra in (("none", []), ("selective", ["--recompute-granularity", "selective"]),
+                        ("full", ["--recompute"])):
         res = runner.invoke(app, [*base, *extra, "-o", str(tmp_path / name)])
         assert res.exit_code == 0, res.output
         steps[name] = (tmp_path / name / "summary.json").read_text()

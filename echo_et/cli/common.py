@@ -51,10 +51,10 @@ DistOptOpt = typer.Option(
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
-    help="What --recompute recomputes (and implies it): selective (the default: only the core attention, "
-         "from the scores to the context, as Megatron's --recompute-activations) or full (each layer's "
-         "forward runs again in its backward, as Megatron's --recompute-granularity full and the older "
-         "--checkpoint-activations).")
+    help="What --recompute recomputes (and implies it): full (the default: each layer's forward runs again "
+         "in its backward, as Megatron's --checkpoint-activations or --recompute-granularity full) or "
+         "selective (only the core attention, from the scores to the context, as Megatron's "
+         "--recompute-activations).")
 
 
 def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, str]:

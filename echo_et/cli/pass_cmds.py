@@ -204,7 +204,7 @@ def sweep(
     nic_bw: str | None = nic_bw_opt(),
     recompute: bool = typer.Option(False, "--recompute",
                                    help="--configs: recompute activations in the backward, at "
-                                        "--recompute-granularity (default selective: the core attention)."),
+                                        "--recompute-granularity (default full: each layer)."),
     recompute_granularity: str | None = RecomputeGranularityOpt,
     compute_profile: Path | None = typer.Option(None, "--compute-profile", metavar="PROFILE.json",
                                                 help="Calibrated compute profile (--configs: default the GPU's "

@@ -52,7 +52,7 @@ def predict_cmd(
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
-                                        "(default selective: the core attention)."),
+                                        "(default full: each layer)."),
     recompute_granularity: str | None = RecomputeGranularityOpt,
     dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE", help="float16, bfloat16 or float32."),
     gpu: str | None = gpu_opt("GPU to predict for (default a100)"),

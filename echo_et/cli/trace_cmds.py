@@ -43,7 +43,7 @@ def trace(
                                           "float16)."),
     recompute: bool = typer.Option(False, "--recompute",
                                    help="GPT: recompute activations in the backward, at --recompute-granularity "
-                                        "(default selective: the core attention)."),
+                                        "(default full: each layer)."),
     recompute_granularity: str | None = RecomputeGranularityOpt,
     grad_sync: str | None = typer.Option(None, "--grad-sync", metavar="MODE",
                                          help="GPT: overlap (bucketed all-reduces during the backward; gpt's "

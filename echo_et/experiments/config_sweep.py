@@ -70,9 +70,10 @@ class ConfigSweepOptions:
 
     cluster: Cluster = field(default_factory=lambda: Cluster(gpu=DEFAULT_GPU))
     recompute: bool = False
-    # Megatron's --recompute-granularity: "selective" (the core attention, what its
-    # --recompute-activations turns on) or "full" (each layer); with recompute only
-    recompute_granularity: str = "selective"
+    # Megatron's --recompute-granularity: "full" (each layer, its --checkpoint-activations) or
+    # "selective" (the core attention, what its --recompute-activations turns on); with
+    # recompute only
+    recompute_granularity: str = "full"
     dtype: str = "float16"
     vocab: int | None = None           # default: the workload's (GPT-2's 50257)
     grad_sync: str = "after-backward"  # Megatron-DeepSpeed's local DDP: bucketing off

@@ -20,9 +20,10 @@ after the backward pass, activations and gradients sent between pipeline stages 
 slices all-gathered in the receiving stage's TP group (``scatter_gather_tensors_in_pipeline``,
 Megatron's default), and fp32 master weights with a global gradient norm (all-reduced
 over the model-parallel "mp" group) and fused Adam. ``recompute`` (either model) recomputes
-activations in the backward, at ``recompute_granularity``: "selective" (Megatron's
-``--recompute-activations``: only the core attention, from the scores to the context, is
-checkpointed) or "full" (``--recompute-granularity full``: each layer under one checkpoint).
+activations in the backward, at ``recompute_granularity``: "full" (Megatron's
+``--checkpoint-activations``, ``--recompute-granularity full``: each layer under one
+checkpoint) or "selective" (``--recompute-activations``: only the core attention, from the
+scores to the context, is checkpointed).
 
 Every forward/backward/optimizer phase, micro-batch, pipeline stage and layer is marked
 with the span names of :mod:`echo_et.trace.annotations`; each layer is a repeated unit
@@ -46,7 +47,7 @@ from echo_et.trace.layout import ParallelLayout
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTIONS = ("sdpa", "megatron")
 GRAD_SYNCS = ("overlap", "after-backward")
-RECOMPUTE_GRANULARITIES = ("selective", "full")
+RECOMPUTE_GRANULARITIES = ("full", "selective")   # the first is --recompute's
 OPTIMIZERS = ("adam", "megatron")
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
@@ -76,10 +77,11 @@ class GPTConfig:
     vocab_multiple: int = 1          # vocabulary padded to a multiple of this x tp
     tie_embeddings: bool = False     # the word embedding is the output layer too
     recompute: bool = False          # activation recomputation, at recompute_granularity
+    # "full": each layer under one checkpoint, as Megatron's --checkpoint-activations (its
+    # --recompute-granularity full --recompute-method uniform --recompute-num-layers 1);
     # "selective": the core attention (scores, softmax, dropout, context) recomputed, as
-    # Megatron's --recompute-activations; "full": each layer under one checkpoint, as
-    # Megatron's --recompute-granularity full --recompute-method uniform --recompute-num-layers 1.
-    recompute_granularity: str = "selective"
+    # Megatron's --recompute-activations.
+    recompute_granularity: str = "full"
     grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
     optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
     # With tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient between
