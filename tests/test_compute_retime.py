@@ -235,6 +235,7 @@ def test_calibrate_compute_reproduces_the_shipped_a100_preset(tmp_path):
         "iterations", "ground_truth_single.csv", sha256(iterations))
     it = shipped["fit"].pop("iterations")
     assert it["settings"]["recompute"] is True and it["settings"]["dtype"] == "float16"
+    assert it["settings"]["recompute_granularity"] == "selective"   # the reading docs/accuracy.md chose
     # the measured runs' collectives: the collective model calibrated on vTrain's all-reduce tables
     # (the documented `calibrate nccl-tests` command), its NVLink rate not overridden
     assert it["settings"]["cluster"]["intra_bw_gbps_per_gpu"] is None
