@@ -28,6 +28,7 @@ a constant fitted per fold on the training rows), and the error distribution (``
 
     python benchmarks/megatron_accuracy.py [--folds 5] [--workers 2] [--limit N]
         [--cache DIR] [--plots DIR] [--json OUT.json] [--write-configs CONFIGS.csv]
+        [--recompute selective|full|none]
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-all", type=Path, default=None,
                     help="also fit on ALL rows and write that profile (the shipped a100 preset)")
     ap.add_argument("--fit-only", action="store_true", help="with --fit-all: stop after writing it")
+    ap.add_argument("--recompute", choices=("selective", "full", "none"), default="selective",
+                    help="how the measured runs are read to recompute activations (docs/accuracy.md, "
+                         "'Which recomputation the measured runs did'; default selective)")
     args = ap.parse_args(argv)
     if not args.data.is_file():
         print(f"needs {args.data} (../shared/data, absent in a fresh clone)", file=sys.stderr)
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     comm_profile = args.comm_profile or str(vtrain_comm_profile(tmp / "vtrain-a100-allreduce.json"))
     opts = ConfigSweepOptions(
         cluster=Cluster.parse(gpu="a100", gpus_per_node=8, intra_bw=args.intra_bw, inter_bw="800Gb/s/node"),
-        recompute=True, recompute_granularity="selective", dtype="float16", comm_profile=comm_profile)
+        recompute=args.recompute != "none", recompute_granularity="full" if args.recompute == "full" else "selective",
+        dtype="float16", comm_profile=comm_profile)
     rows = read_rows(args.data)
     if args.limit:
         rows = rows[::args.limit]
