@@ -99,6 +99,7 @@ SLOW = {
     "test_hostile_input.py::test_real_chakra_feeder_trace_checks_and_simulates",
     "test_iteration_fit.py::test_calibrate_compute_fits_measured_iterations",
     "test_recompute_granularity.py::test_cli_flag_implies_recompute_and_refuses_unknown_levels",
+    "test_recompute_granularity.py::test_sweep_configs_passes_the_granularity_to_every_row",
     "test_iteration_fit.py::test_calibrate_compute_iterations_with_a_collective_profile",
     "test_kineto_units.py::test_converted_times_are_the_file_microseconds_in_exact_ns",
     "test_passes_cli.py::test_scale_output_is_byte_identical_across_processes",

@@ -125,3 +125,19 @@ def test_cli_flag_implies_recompute_and_refuses_unknown_levels(tmp_path) -> None
     sweep = runner.invoke(app, ["sweep", "JOB", "--dp", "2", "--recompute-granularity", "full",
                                 "-o", str(tmp_path / "s")])
     assert sweep.exit_code != 0 and "--recompute-granularity only applies with --configs" in sweep.output
+
+
+def test_sweep_configs_passes_the_granularity_to_every_row(tmp_path) -> None:
+    """`sweep --configs` predicts each row at the granularity given, and records it."""
+    csv = tmp_path / "rows.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,vocab\n2,64,4,16,1,2,1,1,1,96\n")
+    runner = CliRunner()
+    ms = {}
+    for level in ("full", "selective"):
+        res = runner.invoke(app, ["sweep", "--configs", str(csv), "--recompute-granularity", level,
+                                  "--workers", "1", "--no-plot", "--json", "-o", str(tmp_path / level)])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["options"]["recompute"] is True and out["options"]["recompute_granularity"] == level
+        ms[level] = out["rows"][0]["predicted_ms"]
+    assert ms["selective"] < ms["full"]

@@ -16,13 +16,13 @@ from echo_et.errors import OptionError
 
 
 def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node: int | None,
-                 intra_bw: str | None, inter_bw: str | None, recompute: tuple[bool, str],
+                 intra_bw: str | None, inter_bw: str | None, recompute: bool, recompute_granularity: str,
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
                  nic_bw: str | None = None, megatron: dict[str, Any] | None = None) -> None:
-    """``recompute``: (on, granularity) (``common.recompute_setting``); ``megatron``: the
-    training settings of Megatron's flags (``common.megatron_settings``)."""
+    """``recompute``, ``recompute_granularity``: as ``common.recompute_setting`` resolves
+    them; ``megatron``: the training settings of Megatron's flags (``common.megatron_settings``)."""
     from echo_et.experiments.config_sweep import (
         ConfigSweepOptions,
         check_config_sweep,
@@ -50,7 +50,7 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     if plot and not have_matplotlib():
         fail(f"--plot needs matplotlib ({INSTALL_HINT})")
     draw = have_matplotlib() if plot is None else plot
-    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute[0], recompute_granularity=recompute[1],
+    opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=recompute_granularity,
                               dtype=dtype, compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=comm_profile, slowdown=slowdown, **(megatron or {}))
 

@@ -228,8 +228,9 @@ def sweep(
                                ("--zero", zero), ("--layout", declared), ("--preset", preset)) if v is not None]
         if used or mode != "predict":
             fail(f"{', '.join(used) or '--mode'} cannot be combined with --configs")
+        on, granularity = recompute_setting(recompute, recompute_granularity)
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
-                     inter_bw=inter_bw, nic_bw=nic_bw, recompute=recompute_setting(recompute, recompute_granularity),
+                     inter_bw=inter_bw, nic_bw=nic_bw, recompute=on, recompute_granularity=granularity,
                      compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
