@@ -128,9 +128,10 @@ def trace(
     _check_step_runs(layout, verify, warmup, steps, device)
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
-        if virtual_layers:
-            raise EchoError("--num-layers-per-virtual-pipeline-stage applies to the built-in workloads "
-                            "(gpt, megatron-gpt), not to --script")
+        for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
+                            ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
+            if given:
+                raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
         wl = Workload(script=script)
         attrs = {"script": Path(script.rpartition(":")[0]).name + ":" + script.rpartition(":")[2]}
     else:
