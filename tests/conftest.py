@@ -43,6 +43,23 @@ def unpack(archive: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.fixture
+def world_of_one():
+    """A one-rank process group on the recording backend, for a workload's modules that
+    need a group (tensor-parallel layers at tp 1, gradient sync); torch is imported here,
+    not at collection, so that torch-free test files stay collectable without it."""
+    import torch.distributed as dist
+
+    from echo_et.trace.recording import BACKEND_NAME, register_backend
+
+    register_backend()
+    dist.init_process_group(BACKEND_NAME, rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.exists():

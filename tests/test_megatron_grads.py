@@ -70,20 +70,6 @@ def test_the_default_follows_megatron_and_only_its_optimizer_takes_the_flag():
     assert not cfg.accumulate_allreduce_grads_in_fp32
 
 
-@pytest.fixture
-def world_of_one():
-    import torch.distributed as dist
-
-    from echo_et.trace.recording import BACKEND_NAME, register_backend
-
-    register_backend()
-    dist.init_process_group(BACKEND_NAME, rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 def test_fp32_main_grads_hold_the_exact_sum_and_the_optimizer_reads_them(world_of_one):
     """Each micro-batch's bfloat16 gradient is added into the fp32 ``main_grad`` and dropped
     (as Megatron's local DDP does); the sum is the fp32 sum of the 16-bit gradients, which a

@@ -26,20 +26,6 @@ ROW = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1, "glob
        "tp": 1, "pp": 1, "dp": 1}
 
 
-@pytest.fixture
-def world_of_one():
-    import torch.distributed as dist
-
-    from echo_et.trace.recording import BACKEND_NAME, register_backend
-
-    register_backend()
-    dist.init_process_group(BACKEND_NAME, rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 def _block_grads(cfg: GPTConfig, group, checkpoint_layer: bool) -> list[torch.Tensor]:
     from echo_et.workloads.megatron import checkpoint, megatron_block_class
 
