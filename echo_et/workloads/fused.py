@@ -136,9 +136,12 @@ def _bda_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(output[1])
     ctx.p = inputs[3]
     ctx.mark_non_differentiable(output[1])
+    # ``keep`` has no gradient; left materialised, autograd would allocate a zero tensor for
+    # it (one ``aten::zeros`` per backward) that Megatron's fused kernel never launches
+    ctx.set_materialize_grads(False)
 
 
-def _bda_grad(ctx, grad, _keep_grad):
+def _bda_grad(ctx, grad: Tensor, _keep_grad: Tensor | None):
     (keep,) = ctx.saved_tensors
     gx = bias_dropout_add_backward(grad, keep, ctx.p)
     return gx, gx.sum(dim=tuple(range(gx.dim() - 1))), grad, None

@@ -166,7 +166,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         softmax, local_t, outside = ctx.saved_tensors
-        grad = softmax.clone()
+        # the gradient is written into the saved softmax, its last use, as Megatron's
+        # backward does: no copy of the (tokens x vocabulary) tensor
+        grad = softmax
         hit = (~outside).to(grad.dtype).unsqueeze(-1)
         grad.scatter_add_(-1, local_t.unsqueeze(-1), -hit)
         grad.mul_(grad_loss.unsqueeze(-1))
