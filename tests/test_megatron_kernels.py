@@ -58,6 +58,31 @@ def test_bias_dropout_add_gradients(p: float) -> None:
     assert torch.equal(residual.grad, g)
 
 
+class _NoGrad(torch.autograd.Function):
+    """Identity whose backward gives no gradient (None) to its input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+def test_bias_dropout_add_takes_no_gradient() -> None:
+    """With its gradients not materialised, the fused op's backward can be called with none
+    for its output: it passes none on (a zero-filled one was what it got before)."""
+    from echo_et.workloads import fused
+
+    x, residual = (torch.randn(4, 3, requires_grad=True) for _ in range(2))
+    bias = torch.randn(3, requires_grad=True)
+    out, _ = fused.bias_dropout_add(x, bias, residual, 0.1)
+    (_NoGrad.apply(out) + residual).sum().backward()
+    assert x.grad is None and bias.grad is None
+    assert torch.equal(residual.grad, torch.ones_like(residual))
+
+
 def test_vocab_parallel_cross_entropy_gradient(world_of_one) -> None:
     """The loss and its gradient are the cross-entropy's (to rounding), the gradient
     computed in the saved softmax; called twice with fresh graphs, it gives the same."""

@@ -141,7 +141,9 @@ def _bda_setup(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _bda_grad(ctx, grad: Tensor, _keep_grad: Tensor | None):
+def _bda_grad(ctx, grad: Tensor | None, _keep_grad: Tensor | None):
+    if grad is None:         # nothing flowed back into the output (grads are not materialised)
+        return None, None, None, None
     (keep,) = ctx.saved_tensors
     gx = bias_dropout_add_backward(grad, keep, ctx.p)
     return gx, gx.sum(dim=tuple(range(gx.dim() - 1))), grad, None
