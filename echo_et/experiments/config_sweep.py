@@ -249,7 +249,7 @@ def virtual_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> int:
 def check_memory(cfg, layout, gpu: str) -> None:
     """EchoError when the configuration cannot fit ``gpu``'s memory even at the lower bound
     of :mod:`echo_et.models.footprint` (weights, gradients, Adam states sharded over the
-    data-parallel ranks, checkpointed inputs)."""
+    data-parallel ranks, the activations kept at the configuration's recomputation)."""
     from echo_et.ir.dtypes import dtype_size
     from echo_et.models.compute import DATASHEETS
     from echo_et.models.footprint import check_fits
@@ -261,7 +261,8 @@ def check_memory(cfg, layout, gpu: str) -> None:
         check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
                    vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
                    pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
-                   grad_bytes=dtype_size(cfg.grad_buffer_dtype))
+                   grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
+                   recompute=cfg.recompute_granularity if cfg.recompute else "none", dropout=cfg.dropout > 0)
     except EchoError as e:
         raise EchoError(f"layout {layout.describe()}: {e}") from None
 
