@@ -118,16 +118,17 @@ def test_activation_counts_are_what_a_megatron_layer_saves(request, tp: int, dro
     from echo_et.workloads.megatron import checkpoint, megatron_block_class
 
     group = request.getfixturevalue("world_of_one" if tp == 1 else "world_of_two")
-    s, b, h, a = 64, 2, 128, 8
-    cfg = GPTConfig.megatron(layers=1, hidden=h, heads=a, seq=s, micro_batch=b, vocab=96, dtype="float32",
+    s, b, h, a = 64, 2, 128, 8         # fp16, b x a / tp a multiple of 4: Megatron's fused softmax
+    cfg = GPTConfig.megatron(layers=1, hidden=h, heads=a, seq=s, micro_batch=b, vocab=96, dtype="float16",
                              dropout=dropout, recompute=recompute != "none",
                              recompute_granularity="full" if recompute == "none" else recompute)
     block = megatron_block_class()(cfg, tp, group, gen=torch.Generator().manual_seed(1), device="cpu",
-                                   dtype=torch.float32)
-    x = torch.randn(s, b, h, requires_grad=True)
+                                   dtype=torch.float16)
+    assert block.fused_softmax
+    x = torch.randn(s, b, h, dtype=torch.float16, requires_grad=True)
     layer = (lambda x: checkpoint(block, x)) if cfg.recomputes_layers else block
     saved = _saved_activation_bytes(layer, x, exclude=list(block.parameters()))
-    count = {lvl: layer_activation_bytes(seq=s, micro_batch=b, hidden=h, heads=a, tp=tp, elem_bytes=4,
+    count = {lvl: layer_activation_bytes(seq=s, micro_batch=b, hidden=h, heads=a, tp=tp, elem_bytes=2,
                                          recompute=lvl, dropout=dropout > 0) for lvl in ("none", "selective", "full")}
     kept, transient = count[recompute]
     masks = 0 if dropout else 2 * s * b * h        # bias_dropout_add keeps an all-true mask at p = 0
