@@ -514,13 +514,21 @@ def check_config_sweep(opts: ConfigSweepOptions, *, executor: str = "local", wor
 
 
 def log_header(configs: str | os.PathLike[str], opts: ConfigSweepOptions, rows: int) -> LogHeader:
-    """What a row log of this sweep is written for: the CSV's bytes, the options, and the
-    bytes of the profiles the options name (a recalibrated profile is another sweep)."""
+    """What a row log of this sweep is written for: the CSV's bytes, the options, the bytes
+    of the profiles the options name and the parameters of the models the rows are priced
+    with (a recalibrated profile, or a shipped preset refitted by another echo-et release, is
+    another sweep: resuming would mix rows of two models)."""
+    from echo_et.models.comm.profile import to_json as comm_json
+    from echo_et.models.compute.profile import to_json as compute_json
+
     profiles = {name: path_sha256(path) for name, path in
                 (("compute_profile", opts.compute_profile), ("comm_profile", opts.comm_profile))
                 if path and Path(path).is_file()}
+    compute, comm, _ = models_for(opts)
+    models = {"compute": compute_json(compute.profile), "comm": comm_json(comm.profile)}
     return LogHeader(kind="config-sweep", rows=rows, input_sha256=path_sha256(configs),
-                     options_sha256=json_sha256({"options": opts.to_json(), "profiles": profiles}),
+                     options_sha256=json_sha256({"options": opts.to_json(), "profiles": profiles,
+                                                 "models": models}),
                      input_name="configuration CSV")
 
 
