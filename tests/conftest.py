@@ -43,21 +43,33 @@ def unpack(archive: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture
-def world_of_one():
-    """A one-rank process group on the recording backend, for a workload's modules that
-    need a group (tensor-parallel layers at tp 1, gradient sync); torch is imported here,
-    not at collection, so that torch-free test files stay collectable without it."""
+def _recording_world(size: int):
+    """Rank 0 of a ``size``-rank process group on the recording backend (collectives are
+    recorded, not run, so the other ranks need not exist); torch is imported here, not at
+    collection, so that torch-free test files stay collectable without it."""
     import torch.distributed as dist
 
     from echo_et.trace.recording import BACKEND_NAME, register_backend
 
     register_backend()
-    dist.init_process_group(BACKEND_NAME, rank=0, world_size=1, store=dist.HashStore())
+    dist.init_process_group(BACKEND_NAME, rank=0, world_size=size, store=dist.HashStore())
     try:
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def world_of_one():
+    """A one-rank group, for a workload's modules that need one (tensor-parallel layers at
+    tp 1, gradient sync)."""
+    yield from _recording_world(1)
+
+
+@pytest.fixture
+def world_of_two():
+    """Rank 0 of a two-rank group: a tensor-parallel layer's share at tp 2."""
+    yield from _recording_world(2)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 from echo_et.errors import EchoError
 from echo_et.models.footprint import STATE_BYTES_PER_PARAM, check_fits, megatron_min_bytes, stage_parameters
 
-GPT175B = dict(layers=96, hidden=12288, ffn=4 * 12288, vocab=51200, seq=2048, micro_batch=1)
+GPT175B = dict(layers=96, hidden=12288, ffn=4 * 12288, vocab=51200, seq=2048, micro_batch=1, heads=96)
 
 
 def test_stage_parameters_add_up_to_the_model() -> None:
@@ -16,7 +16,8 @@ def test_stage_parameters_add_up_to_the_model() -> None:
     p = stage_parameters(layers=96, hidden=12288, ffn=4 * 12288, vocab=51200, seq=2048, tp=1, pp=1, stage=0)
     assert 174e9 < p - 51200 * 12288 < 176e9
     # TP8 x PP16: the middle-free split keeps about 1/128 of the layers' weights
-    mid = stage_parameters(**{k: v for k, v in GPT175B.items() if k != "micro_batch"}, tp=8, pp=16, stage=5)
+    mid = stage_parameters(**{k: v for k, v in GPT175B.items() if k not in ("micro_batch", "heads")}, tp=8, pp=16,
+                           stage=5)
     assert 1.35e9 < mid < 1.45e9
 
 
@@ -28,8 +29,12 @@ def test_175b_on_one_gpu_is_refused_with_its_numbers() -> None:
     check_fits(80.0, "a100", **GPT175B, tp=8, pp=16, microbatches=64, elem_bytes=2)
     total, state, act = megatron_min_bytes(**GPT175B, tp=8, pp=16, microbatches=64, elem_bytes=2)
     assert total == state + act and state % STATE_BYTES_PER_PARAM == 0
-    # the first stage holds pp micro-batches' layer inputs: 16 x 6 layers x s x h x 2 bytes
-    assert act == 16 * 6 * 2048 * 12288 * 2
+    # the first stage holds pp micro-batches' layer inputs (16 x 6 layers x s x h x 2 bytes) and
+    # one layer's recomputed forward (Korthikanti et al.: 10 + 24 / t bytes of s b h outside the
+    # attention, 5 a s^2 b / t in it, less the input already counted)
+    s, h, a = 2048, 12288, 96
+    one_layer = s * h * (10 + 24 // 8) + 5 * a * s * s // 8 - 2 * s * h
+    assert act == 16 * 6 * s * h * 2 + one_layer
 
 
 def test_sweep_row_that_does_not_fit_is_its_error() -> None:
@@ -43,20 +48,7 @@ def test_sweep_row_that_does_not_fit_is_its_error() -> None:
     assert "\n" not in got["error"] and "A100-SXM4-40GB has 40 GB" in got["error"]
 
 
-def test_no_measured_vtrain_row_is_refused() -> None:
-    # the bound is a lower bound: every configuration vTrain ran on a 40 GB A100 fits it
-    pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
-    from conftest import shared_path
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, read_configs, workload_for
-
-    rows = read_configs(shared_path("measurements/vtrain-a100/data/ground_truth_single.csv"))
-    opts = ConfigSweepOptions(recompute=True)
-    for r in rows:
-        workload_for(r, opts)
-    assert len(rows) == 1440
-
-
-GPT39B = dict(layers=48, hidden=8192, ffn=4 * 8192, vocab=51200, seq=2048, micro_batch=1)
+GPT39B = dict(layers=48, hidden=8192, ffn=4 * 8192, vocab=51200, seq=2048, micro_batch=1, heads=64)
 
 
 def test_adam_states_are_counted_sharded_over_data_parallel_ranks() -> None:
@@ -69,7 +61,8 @@ def test_adam_states_are_counted_sharded_over_data_parallel_ranks() -> None:
 
     assert state_bytes_per_param(2, 1) == STATE_BYTES_PER_PARAM == state_bytes_per_param(4, 1)
     assert state_bytes_per_param(2, 4) == 4 + 3 and state_bytes_per_param(4, 8) == 8 + 1
-    params = stage_parameters(**{k: v for k, v in GPT39B.items() if k != "micro_batch"}, tp=2, pp=8, stage=0)
+    params = stage_parameters(**{k: v for k, v in GPT39B.items() if k not in ("micro_batch", "heads")}, tp=2, pp=8,
+                              stage=0)
     shape = dict(**GPT39B, tp=2, pp=8, microbatches=48, elem_bytes=2)
     total, state, act = megatron_min_bytes(**shape, dp=32)
     assert state == int((4 + 12 / 32) * params) and total == state + act
@@ -89,3 +82,105 @@ def test_sweep_row_is_checked_with_its_data_parallel_degree() -> None:
     workload_for(row, ConfigSweepOptions(recompute=True))          # fits sharded
     with pytest.raises(EchoError, match="does not fit the GPU's memory"):
         workload_for({**row, "dp": 1, "global_batch": 48}, ConfigSweepOptions(recompute=True))
+
+
+def _saved_activation_bytes(fn, *args, exclude) -> int:
+    """Bytes of the distinct storages autograd saves for the backward while ``fn`` runs,
+    those of ``exclude`` (the parameters) left out."""
+    import torch
+
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("dropout", [0.1, 0.0])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_activation_counts_are_what_a_megatron_layer_saves(request, tp: int, dropout: float, recompute: str) -> None:
+    """The bound's activations per layer and micro-batch (Korthikanti et al.'s counts) are
+    what the ``megatron-gpt`` layer keeps for its backward at each granularity, at tp 1 and
+    tp 2: no more (a lower bound), and no less than 99.5 % of it with dropout (the rest is the
+    layer norms' statistics). Without dropout the workload still keeps two all-true masks
+    that the bound does not count. Each transient is what recomputation takes off the kept."""
+    torch = pytest.importorskip("torch", reason="the workload's layer needs torch (pip install -e '.[dev]')")
+    from echo_et.models.footprint import layer_activation_bytes
+    from echo_et.workloads import GPTConfig
+    from echo_et.workloads.megatron import checkpoint, megatron_block_class
+
+    group = request.getfixturevalue("world_of_one" if tp == 1 else "world_of_two")
+    s, b, h, a = 64, 2, 128, 8         # fp16, b x a / tp a multiple of 4: Megatron's fused softmax
+    cfg = GPTConfig.megatron(layers=1, hidden=h, heads=a, seq=s, micro_batch=b, vocab=96, dtype="float16",
+                             dropout=dropout, recompute=recompute != "none",
+                             recompute_granularity="full" if recompute == "none" else recompute)
+    block = megatron_block_class()(cfg, tp, group, gen=torch.Generator().manual_seed(1), device="cpu",
+                                   dtype=torch.float16)
+    assert block.fused_softmax
+    x = torch.randn(s, b, h, dtype=torch.float16, requires_grad=True)
+    layer = (lambda x: checkpoint(block, x)) if cfg.recomputes_layers else block
+    saved = _saved_activation_bytes(layer, x, exclude=list(block.parameters()))
+    count = {lvl: layer_activation_bytes(seq=s, micro_batch=b, hidden=h, heads=a, tp=tp, elem_bytes=2,
+                                         recompute=lvl, dropout=dropout > 0) for lvl in ("none", "selective", "full")}
+    kept, transient = count[recompute]
+    masks = 0 if dropout else 2 * s * b * h        # bias_dropout_add keeps an all-true mask at p = 0
+    assert kept <= saved <= kept / 0.995 + masks
+    assert kept + transient == count["none"][0]
+
+
+def test_the_last_stage_holds_the_loss_softmax_in_fp32(world_of_two) -> None:
+    """The vocabulary-parallel cross-entropy saves its fp32 softmax over the rank's slice of the
+    vocabulary for its backward (4 s b V / tp bytes), which the bound counts on the last stage."""
+    torch = pytest.importorskip("torch", reason="the workload's loss needs torch (pip install -e '.[dev]')")
+    from echo_et.models.footprint import layer_activation_bytes
+    from echo_et.workloads.tensor_parallel import vocab_parallel_cross_entropy
+
+    s, b, vocab, tp = 32, 2, 256, 2
+    logits = torch.randn(s, b, vocab // tp, dtype=torch.float16, requires_grad=True)
+    target = torch.randint(0, vocab, (s, b))
+    saved = _saved_activation_bytes(vocab_parallel_cross_entropy, logits, target, world_of_two, 0, vocab // tp,
+                                    exclude=[])
+    softmax = 4 * s * b * vocab // tp
+    assert softmax <= saved <= softmax + 9 * s * b          # + the int64 local targets and the bool mask
+    # a last stage whose loss softmax outweighs a layer's recomputation holds it on top of
+    # its one micro-batch in flight
+    shape = dict(layers=2, hidden=64, ffn=256, vocab=vocab, seq=s, micro_batch=b, tp=tp, pp=2, microbatches=4,
+                 elem_bytes=2, heads=4)
+    kept, transient = layer_activation_bytes(seq=s, micro_batch=b, hidden=64, heads=4, tp=tp, elem_bytes=2,
+                                             recompute="full")
+    big = 100 * vocab
+    assert 4 * s * b * big // tp > transient
+    last = megatron_min_bytes(**{**shape, "vocab": big})      # the last stage needs most
+    assert last[2] == 1 * 1 * kept + 4 * s * b * big // tp
+    first = megatron_min_bytes(**{**shape, "vocab": 64})             # the first: pp micro-batches in flight
+    assert first[2] == 2 * 1 * kept + transient
+
+
+@pytest.mark.parametrize(("recompute", "refused"), [("full", 0), ("selective", 0), ("none", 3)])
+def test_vtrain_rows_fit_with_recomputation_and_three_would_not_without(recompute: str, refused: int) -> None:
+    """vTrain's 1,440 runs on 40 GB A100s all fit the bound with full or selective
+    recomputation; without it the three largest (TP1, hidden 2048, micro-batch 8, PP 1-2)
+    would need more than 40 GB: the memory side of reading the runs as recomputing."""
+    pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
+    from conftest import shared_path
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, read_configs, workload_for
+
+    rows = read_configs(shared_path("measurements/vtrain-a100/data/ground_truth_single.csv"))
+    opts = ConfigSweepOptions(recompute=recompute != "none", recompute_granularity=recompute.replace("none", "full"))
+    errors = []
+    for r in rows:
+        try:
+            workload_for(r, opts)
+        except EchoError as e:
+            errors.append((r, str(e)))
+    assert len(errors) == refused
+    for r, e in errors:
+        assert (r["tp"], r["hidden"], r["micro_batch"]) == (1, 2048, 8) and "activations with no recomputation" in e

@@ -171,7 +171,7 @@ def test_the_memory_bound_counts_fp32_gradients():
     assert state_bytes_per_param(2, 1, 4) == 2 + 4 + 12
     assert state_bytes_per_param(2, 4, 4) == 2 + 4 + 3
     shape = {"layers": 48, "hidden": 8192, "ffn": 4 * 8192, "vocab": 51200, "seq": 2048, "micro_batch": 1,
-             "tp": 1, "pp": 3, "microbatches": 16, "elem_bytes": 2, "dp": 8}
+             "tp": 1, "pp": 3, "microbatches": 16, "elem_bytes": 2, "dp": 8, "heads": 64}
     _, fp16, _ = megatron_min_bytes(**shape)
     _, fp32, _ = megatron_min_bytes(**shape, grad_bytes=4)
     assert fp32 / fp16 == pytest.approx((2 + 4 + 1.5) / (2 + 2 + 1.5), rel=1e-6)

@@ -21,7 +21,7 @@ from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
 from echo_et.trace.compare import kernel_ops  # noqa: E402
 from echo_et.workloads import GPTConfig, build_gpt  # noqa: E402
 
-SMALL = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 2, "vocab": 96}
+SMALL = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2, "vocab": 96}   # fused softmax
 ROW = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1, "global_batch": 2,
        "tp": 1, "pp": 1, "dp": 1}
 

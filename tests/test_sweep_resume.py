@@ -236,8 +236,12 @@ def test_a_killed_sweep_resumes_to_the_same_bytes(tmp_path, torch_needed) -> Non
 @pytest.mark.parametrize("change, needle", [
     ("csv", "was written for another configuration CSV"),
     ("options", "was written for other options"),
+    ("preset", "was written for other options"),
 ])
-def test_resume_refuses_a_log_of_another_csv_or_other_options(tmp_path, torch_needed, change, needle) -> None:
+def test_resume_refuses_a_log_of_another_csv_or_other_options(tmp_path, torch_needed, monkeypatch, change,
+                                                              needle) -> None:
+    """Another CSV, other options, or the shipped compute preset refitted since (another
+    echo-et release, the same options): resuming would mix rows of two models."""
     csv = _csv(tmp_path / "c.csv", ROWS[:1])
     out = tmp_path / "out"
     assert _config_sweep(csv, out).exit_code == 0
@@ -245,8 +249,21 @@ def test_resume_refuses_a_log_of_another_csv_or_other_options(tmp_path, torch_ne
     extra = []
     if change == "csv":
         _csv(csv, ROWS[1:2])
-    else:
+    elif change == "options":
         extra = ["--recompute"]
+    else:
+        import dataclasses
+
+        from echo_et.models.compute import model as compute_model
+
+        shipped = compute_model.load_preset
+
+        def refitted(name: str):
+            p = shipped(name)
+            return dataclasses.replace(p, params={**p.params, "host_launch_ns": p.params["host_launch_ns"] + 1.0})
+
+        monkeypatch.setattr(compute_model, "load_preset", refitted)
+        monkeypatch.setattr(config_sweep, "_MODELS", {})
     r = _config_sweep(csv, out, "--resume", *extra)
     assert r.exit_code == 2
     lines = r.stderr.strip().splitlines()
@@ -286,11 +303,32 @@ def test_the_layout_sweep_logs_each_point_as_it_finishes(job_dir, tmp_path) -> N
         seen.append(len(_log_rows(tmp_path)))        # on disk before it is reported
         assert seen[-1] == done
 
-    with open_row_log(tmp_path, log_header(job_dir, spec), resume=False, replaceable=is_sweep_dir,
+    with open_row_log(tmp_path, log_header(job_dir, spec, load_job(job_dir)), resume=False, replaceable=is_sweep_dir,
                       kind="a sweep") as log:
         run_sweep(load_job(job_dir), spec, workers=2, progress=progress, log=log)
     assert sorted(seen) == [1, 2, 3]
     assert sorted(e["i"] for e in _log_rows(tmp_path)) == [0, 1, 2]
+
+
+def test_a_predicting_layout_sweep_is_not_resumed_with_a_refitted_collective_preset(job_dir, tmp_path,
+                                                                                     monkeypatch) -> None:
+    import dataclasses
+
+    import echo_et.models.comm as comm
+
+    args = ["sweep", str(job_dir), "--dp", "2,4", "--mode", "predict", "--preset", "a100-ib", "--workers", "1",
+            "--no-plot", "-o", str(tmp_path / "out")]
+    assert runner.invoke(app, args).exit_code == 0
+    assert runner.invoke(app, [*args, "--resume"]).exit_code == 0       # the same model: resumed
+    shipped = comm.load_preset
+
+    def refitted(name: str):
+        p = shipped(name)
+        return dataclasses.replace(p, params={**p.params, "net_gbps": p.params["net_gbps"] * 1.01})
+
+    monkeypatch.setattr(comm, "load_preset", refitted)
+    r = runner.invoke(app, [*args, "--resume"])
+    assert r.exit_code == 2 and "was written for other options" in r.stderr, r.output
 
 
 def test_the_layout_sweep_resumes_to_the_same_bytes(job_dir, tmp_path) -> None:

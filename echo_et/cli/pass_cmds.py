@@ -299,7 +299,7 @@ def sweep(
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 
     check_sweep(job, spec, executor=executor, address=address, workers=workers, max_memory=budget)
-    with open_log(output, log_header(job_path, spec), resume=resume, replaceable=is_sweep_dir,
+    with open_log(output, log_header(job_path, spec, job), resume=resume, replaceable=is_sweep_dir,
                   kind="an echo-et sweep folder", noun="points") as log:
         result = run_sweep(job, spec, executor=executor, workers=workers, address=address,
                            progress=progress, max_memory=budget, log=log)

@@ -249,7 +249,7 @@ def virtual_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> int:
 def check_memory(cfg, layout, gpu: str) -> None:
     """EchoError when the configuration cannot fit ``gpu``'s memory even at the lower bound
     of :mod:`echo_et.models.footprint` (weights, gradients, Adam states sharded over the
-    data-parallel ranks, checkpointed inputs)."""
+    data-parallel ranks, the activations kept at the configuration's recomputation)."""
     from echo_et.ir.dtypes import dtype_size
     from echo_et.models.compute import DATASHEETS
     from echo_et.models.footprint import check_fits
@@ -261,7 +261,8 @@ def check_memory(cfg, layout, gpu: str) -> None:
         check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
                    vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
                    pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
-                   grad_bytes=dtype_size(cfg.grad_buffer_dtype))
+                   grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
+                   recompute=cfg.recompute_granularity if cfg.recompute else "none", dropout=cfg.dropout > 0)
     except EchoError as e:
         raise EchoError(f"layout {layout.describe()}: {e}") from None
 
@@ -513,13 +514,21 @@ def check_config_sweep(opts: ConfigSweepOptions, *, executor: str = "local", wor
 
 
 def log_header(configs: str | os.PathLike[str], opts: ConfigSweepOptions, rows: int) -> LogHeader:
-    """What a row log of this sweep is written for: the CSV's bytes, the options, and the
-    bytes of the profiles the options name (a recalibrated profile is another sweep)."""
+    """What a row log of this sweep is written for: the CSV's bytes, the options, the bytes
+    of the profiles the options name and the parameters of the models the rows are priced
+    with (a recalibrated profile, or a shipped preset refitted by another echo-et release, is
+    another sweep: resuming would mix rows of two models)."""
+    from echo_et.models.comm.profile import to_json as comm_json
+    from echo_et.models.compute.profile import to_json as compute_json
+
     profiles = {name: path_sha256(path) for name, path in
                 (("compute_profile", opts.compute_profile), ("comm_profile", opts.comm_profile))
                 if path and Path(path).is_file()}
+    compute, comm, _ = models_for(opts)
+    models = {"compute": compute_json(compute.profile), "comm": comm_json(comm.profile)}
     return LogHeader(kind="config-sweep", rows=rows, input_sha256=path_sha256(configs),
-                     options_sha256=json_sha256({"options": opts.to_json(), "profiles": profiles}),
+                     options_sha256=json_sha256({"options": opts.to_json(), "profiles": profiles,
+                                                 "models": models}),
                      input_name="configuration CSV")
 
 

@@ -228,12 +228,17 @@ def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: 
     return problems
 
 
-def log_header(source: str | os.PathLike[str], spec: SweepSpec) -> LogHeader:
+def log_header(source: str | os.PathLike[str], spec: SweepSpec, job) -> LogHeader:
     """What a row log of this sweep is written for: the Job's (or trace's) bytes, the spec,
-    and the bytes of the profile it names."""
+    the bytes of the profile it names and, when it predicts, the parameters of the collective
+    model its points are priced with (a preset refitted by another echo-et release is another
+    sweep)."""
+    from echo_et.models.comm.profile import to_json as comm_json
+
     profile = path_sha256(spec.profile) if spec.profile and Path(spec.profile).is_file() else None
+    comm = comm_json(comm_model_for(spec, job).profile) if spec.mode == "predict" else None
     return LogHeader(kind="sweep", rows=len(spec.points()), input_sha256=path_sha256(source),
-                     options_sha256=json_sha256({"spec": asdict(spec), "profile": profile}),
+                     options_sha256=json_sha256({"spec": asdict(spec), "profile": profile, "comm": comm}),
                      input_name="job")
 
 

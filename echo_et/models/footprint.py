@@ -13,14 +13,34 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
   what Megatron's plain optimizer holds at any dp). The stage's
   share of the tensor-parallel split, the word embedding on the first and the last stage
   (Megatron ties them: both hold a copy), positions on the first;
-- with full activation recomputation, the input of every layer of every micro-batch in
-  flight: the first stage of the 1F1B schedule holds min(pp, micro-batches) of them;
-  without recomputation, the same input counts (a strict lower bound of what is kept).
+- the activations of Megatron's layers (its unfused core attention, no sequence
+  parallelism, as the ``megatron-gpt`` workload runs them), counted as Korthikanti et al.
+  (*Reducing Activation Recomputation in Large Transformer Models*, 2022, section 4) count
+  them, per layer and micro-batch in flight (the first stage of the 1F1B schedule holds
+  min(pp, micro-batches) of them):
 
-Not counted: the working memory of one layer's forward and backward, the logits, NCCL and
-allocator buffers, fragmentation. So a row refused here would not fit; a row accepted may
-still not (the true peak is often 20-40 % above this). The step echo-et simulates is the
-plain optimizer's (a whole all-reduce, Adam over the rank's whole stage) unless the
+  - full recomputation (``--recompute-granularity full``): the layer's input, e s b h bytes;
+  - selective (only the core attention recomputed): what the layer saves for its backward
+    outside the core attention, (4 e + 2) s b h replicated over the tensor-parallel ranks
+    (two layer-norm inputs, the inputs of the QKV and first MLP GEMMs, two 1-byte dropout
+    masks) and 12 e s b h / tp split over them (Q, K, V, the output projection's input, the
+    GeLU's input and output): 34 s b h at e = 2 bytes, tp = 1;
+  - none: that, plus the core attention's (2 e + 1) a s^2 b / tp (the softmax output, its
+    dropout mask and output: 5 a s^2 b at e = 2);
+
+  without dropout the masks are not counted (and the attention keeps e a s^2 b / tp: the
+  softmax output alone). On top of what the in-flight micro-batches keep, the peak holds at
+  least the larger of two transients that are never live together: the backward of one
+  layer (with full recomputation its whole recomputed forward; with selective, its
+  recomputed core attention) and, on the last stage, the cross-entropy's fp32 softmax over
+  the vocabulary slice (4 s b V / tp bytes, which Megatron saves for the loss's backward).
+  ``tests/test_footprint.py`` checks these counts against what the ``megatron-gpt``
+  workload's layer saves for its backward at each granularity.
+
+Not counted: the other temporaries of a layer's forward and backward (gradients in
+flight, the 16-bit logits), NCCL and allocator buffers, fragmentation. So a row refused here
+would not fit; a row accepted may still not (the true peak is often 20-40 % above this). The
+step echo-et simulates is the plain optimizer's (a whole all-reduce, Adam over the rank's whole stage) unless the
 distributed optimizer is asked for (``--use-distributed-optimizer``), whichever of the two a
 run that fits only sharded would use.
 """
@@ -28,6 +48,7 @@ run that fits only sharded would use.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from echo_et.errors import EchoError
 
@@ -54,23 +75,50 @@ def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int
     return out
 
 
+RECOMPUTE_LEVELS = ("full", "selective", "none")
+
+
+def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: int, tp: int, elem_bytes: int,
+                           recompute: str, dropout: bool = True) -> tuple[int, int]:
+    """(kept, transient) bytes of one layer and micro-batch at ``recompute``: what stays
+    until its backward, and what its backward adds at once on top (see the module docstring)."""
+    if recompute not in RECOMPUTE_LEVELS:
+        raise ValueError(f"recompute {recompute!r} is not one of {RECOMPUTE_LEVELS}")
+    sbh, mask = seq * micro_batch * hidden, 1 if dropout else 0
+    outside_attention = (4 * elem_bytes + 2 * mask) * sbh + 12 * elem_bytes * sbh // tp
+    scores = ((2 * elem_bytes + mask) if dropout else elem_bytes) * heads * seq * seq * micro_batch // tp
+    if recompute == "full":
+        return elem_bytes * sbh, outside_attention + scores - elem_bytes * sbh
+    if recompute == "selective":
+        return outside_attention, scores
+    return outside_attention + scores, 0
+
+
 def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, micro_batch: int,
-                       tp: int, pp: int, microbatches: int, elem_bytes: int, dp: int = 1,
-                       grad_bytes: int | None = None) -> tuple[int, int, int]:
+                       tp: int, pp: int, microbatches: int, elem_bytes: int, heads: int, dp: int = 1,
+                       grad_bytes: int | None = None, recompute: str = "full",
+                       dropout: bool = True) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most."""
     best = (0, 0, 0)
     per_param = state_bytes_per_param(elem_bytes, dp, grad_bytes)
+    kept, transient = layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
+                                             elem_bytes=elem_bytes, recompute=recompute, dropout=dropout)
     for stage in sorted({0, pp - 1}):
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage))
         in_flight = min(pp - stage, microbatches)
-        act = in_flight * (layers // pp) * seq * micro_batch * hidden * elem_bytes
+        loss_softmax = 4 * seq * micro_batch * vocab // tp if stage == pp - 1 else 0
+        act = in_flight * (layers // pp) * kept + max(transient, loss_softmax)
         if state + act > best[0]:
             best = (state + act, state, act)
     return best
 
 
-def check_fits(memory_gb: float, gpu: str, **shape: int) -> None:
+RECOMPUTE_SAID = {"full": "full recomputation", "selective": "selective recomputation",
+                  "none": "no recomputation"}
+
+
+def check_fits(memory_gb: float, gpu: str, **shape: Any) -> None:
     """EchoError naming the numbers when even the lower bound exceeds ``memory_gb``."""
     if memory_gb <= 0:
         return
@@ -81,5 +129,6 @@ def check_fits(memory_gb: float, gpu: str, **shape: int) -> None:
     grads = "fp32 gradients" if wide else "gradients"
     if total > memory_gb * 1e9:
         raise EchoError(f"does not fit the GPU's memory: each rank needs at least {total / 1e9:.1f} GB "
-                        f"(weights, {grads} and Adam states{sharded} {state / 1e9:.1f} GB, checkpointed "
-                        f"activations {act / 1e9:.1f} GB), {gpu} has {memory_gb:g} GB")
+                        f"(weights, {grads} and Adam states{sharded} {state / 1e9:.1f} GB, activations with "
+                        f"{RECOMPUTE_SAID[shape.get('recompute', 'full')]} {act / 1e9:.1f} GB), "
+                        f"{gpu} has {memory_gb:g} GB")

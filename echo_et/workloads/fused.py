@@ -28,12 +28,34 @@ from torch import Tensor
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
+def causal_mask(rows: int, cols: int, device) -> Tensor:
+    """True above the diagonal: the keys a query may not see."""
+    return torch.ones(rows, cols, dtype=torch.bool, device=device).triu(1)
+
+
 def _causal(x: Tensor) -> Tensor:
-    s = x.shape[-1]
-    return torch.ones(x.shape[-2], s, dtype=torch.bool, device=x.device).triu(1)
+    return causal_mask(x.shape[-2], x.shape[-1], x.device)
 
 
 # -- scale + causal mask + softmax ----------------------------------------------------------------
+def upper_triang_softmax_fuses(*, seq: int, attn_batches: int, dtype: torch.dtype) -> bool:
+    """Whether Megatron runs its fused causal softmax kernel on ``[b, np, s, s]`` scores
+    (``attn_batches`` = b x np): 16-bit scores, 16 < s <= 2048, s and b x np multiples of 4
+    (``FusedScaleMaskSoftmax.forward`` in Megatron-DeepSpeed; later Megatron-LM releases
+    raised the length limit). Otherwise it runs :func:`torch_softmax`."""
+    return dtype in (torch.float16, torch.bfloat16) and 16 < seq <= 2048 and seq % 4 == 0 and attn_batches % 4 == 0
+
+
+def torch_softmax(x: Tensor, scale: float, causal_mask: Tensor) -> Tensor:
+    """Megatron's unfused path: 16-bit scores cast to fp32 (its query-key layer scaling
+    makes the softmax fp32), scaled, masked in place, softmax, cast back: five kernels
+    forward and five backward where the fused kernel is one each."""
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    y = (x.float() if half else x) * scale
+    probs = torch.softmax(y.masked_fill_(causal_mask, -10000.0), dim=-1)
+    return probs.to(x.dtype) if half else probs
+
+
 @torch.library.custom_op("echo::scaled_upper_triang_masked_softmax", mutates_args=())
 def scaled_upper_triang_masked_softmax(x: Tensor, scale: float) -> Tensor:
     return torch.softmax((x * scale).masked_fill(_causal(x), -10000.0), dim=-1)

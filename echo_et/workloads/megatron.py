@@ -4,7 +4,9 @@
 - :func:`megatron_block_class`: a pre-LayerNorm transformer layer in Megatron's
   ``[sequence, batch, hidden]`` layout: column-parallel QKV; core attention as Megatron runs it
   without flash attention (a batched GEMM of Q and K^T, the fused scale + causal mask +
-  softmax kernel, attention dropout, ``bmm`` with V, one copy back to ``[s, b, h]``);
+  softmax kernel where Megatron's conditions for it hold, else its unfused fp32 path:
+  :func:`echo_et.workloads.fused.upper_triang_softmax_fuses`; attention dropout, ``bmm``
+  with V, one copy back to ``[s, b, h]``);
   row-parallel output projection whose bias is added with the residual (fused
   ``bias_dropout_add``); MLP with the first bias fused into the GeLU (``bias_gelu``) and the
   second added with the residual (:mod:`echo_et.workloads.fused`);
@@ -68,6 +70,10 @@ def megatron_block_class():
             self.p = cfg.dropout
             self.norm = 1.0 / math.sqrt(self.hn)
             self.recompute_core = cfg.recomputes_core_attention
+            self.fused_softmax = fused.upper_triang_softmax_fuses(seq=cfg.seq, attn_batches=cfg.micro_batch * self.np,
+                                                                  dtype=dtype)
+            # the unfused path's mask, made once here as Megatron's data loader makes it
+            self.mask = None if self.fused_softmax else fused.causal_mask(cfg.seq, cfg.seq, device)
             self.ln1 = nn.LayerNorm(h, device=device, dtype=dtype)
             self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw)
             self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw)
@@ -93,7 +99,8 @@ def megatron_block_class():
             bnp, s, hn = q.shape
             b, np_ = bnp // self.np, self.np
             scores = torch.bmm(q, k.transpose(1, 2)).view(b, np_, s, s)
-            probs = fused.scaled_upper_triang_masked_softmax(scores, self.norm)
+            probs = (fused.scaled_upper_triang_masked_softmax(scores, self.norm) if self.fused_softmax
+                     else fused.torch_softmax(scores, self.norm, self.mask))
             probs = dropout(probs, self.p)
             ctx = torch.bmm(probs.view(b * np_, s, s), v)
             return ctx.view(b, np_, s, hn).permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
