@@ -17,7 +17,8 @@ from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
 from echo_et.trace.compare import kernel_ops  # noqa: E402
 from echo_et.workloads import GPTConfig, build_gpt  # noqa: E402
 
-SMALL = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 2, "vocab": 96}
+# seq 32: Megatron's fused softmax path (at tp 1 and 2: micro-batch x heads per rank a multiple of 4)
+SMALL = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2, "vocab": 96}
 
 
 def _backward_ops(device: str, layout: ParallelLayout) -> Counter:
@@ -35,6 +36,7 @@ def test_the_backward_has_no_zero_gradient_and_no_softmax_copy(device: str, tp: 
     nothing else in the backward copies or zero-fills)."""
     ops = _backward_ops(device, ParallelLayout(tp=tp))
     assert ops["echo::bias_dropout_add_backward"] == 2 * SMALL["layers"]
+    assert ops["echo::scaled_upper_triang_masked_softmax_backward"] == SMALL["layers"]
     assert ops["aten::scatter_add_"] == 1
     assert (ops["aten::zeros"], ops["aten::clone"]) == (0, 0)
 
