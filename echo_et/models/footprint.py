@@ -13,8 +13,8 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
   what Megatron's plain optimizer holds at any dp). The stage's
   share of the tensor-parallel split, the word embedding on the first and the last stage
   (Megatron ties them: both hold a copy), positions on the first;
-- the activations of Megatron's layers (its unfused core attention, no sequence
-  parallelism, as the ``megatron-gpt`` workload runs them), counted as Korthikanti et al.
+- the activations of Megatron's layers (core attention without flash attention, no
+  sequence parallelism, as the ``megatron-gpt`` workload runs them), counted as Korthikanti et al.
   (*Reducing Activation Recomputation in Large Transformer Models*, 2022, section 4) count
   them, per layer and micro-batch in flight (the first stage of the 1F1B schedule holds
   min(pp, micro-batches) of them):
@@ -40,9 +40,9 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
 Not counted: the other temporaries of a layer's forward and backward (gradients in
 flight, the 16-bit logits), NCCL and allocator buffers, fragmentation. So a row refused here
 would not fit; a row accepted may still not (the true peak is often 20-40 % above this). The
-step echo-et simulates is the plain optimizer's (a whole all-reduce, Adam over the rank's whole stage) unless the
-distributed optimizer is asked for (``--use-distributed-optimizer``), whichever of the two a
-run that fits only sharded would use.
+step echo-et simulates is the plain optimizer's (a whole all-reduce, Adam over the rank's
+whole stage) unless the distributed optimizer is asked for (``--use-distributed-optimizer``),
+whichever of the two a run that fits only sharded would use.
 """
 
 from __future__ import annotations
