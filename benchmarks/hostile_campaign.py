@@ -477,6 +477,11 @@ def _parent(doc: Any, path: tuple) -> Any:
     return doc
 
 
+# a string field given another string (a profile named "NaN"): a valid file, whose output may
+# print the name as given
+ECHOED = "(text for text: printed as given)"
+
+
 def _hostile_value(rng: random.Random) -> Any:
     if rng.random() < 0.06:
         return Deep(rng.choice([50, 900, 5000, 100_000]), obj=rng.random() < 0.5)
@@ -547,8 +552,10 @@ def mutate_json(rng: random.Random, doc: Any, others: dict[str, bytes]) -> tuple
                 edits.append(f"numbers as strings under {list(path)}")
             else:
                 v = _hostile_value(rng)
+                was_text = isinstance(parent[path[-1]], str)
                 parent[path[-1]] = v
-                edits.append(f"{list(path)} = {_shown_value(v)}")
+                echoed = f" {ECHOED}" if was_text and isinstance(v, str) else ""
+                edits.append(f"{list(path)} = {_shown_value(v)}{echoed}")
         return dumps_hostile(doc).encode(), "; ".join(edits) or "unchanged"
     text = dumps_hostile(doc).encode()
     if how == "truncate":
@@ -1099,7 +1106,7 @@ class Campaign:
             p = Path(path)
             if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != digest:
                 classes.append("input_modified")
-        if code == 0 and c.kind in MODEL_FILE_KINDS and _nonfinite(out, d / "out"):
+        if code == 0 and c.kind in MODEL_FILE_KINDS and _nonfinite(out, d / "out", c.setup):
             classes.append("nonfinite_output")
         head = next((ln for ln in err.splitlines() if "Traceback" in ln or ln.startswith("error")), "")
         head = head or (err.strip().splitlines() or [""])[-1]
@@ -1293,13 +1300,20 @@ _TIMES = re.compile(r'("wall_s"|"seconds"|"elapsed_s"|"wall_seconds"): *[0-9.e+-
 _NONFINITE = re.compile(r"\b(NaN|nan|Infinity|inf)\b")
 
 
-def _nonfinite(stdout: str, out: Path) -> bool:
+def _nonfinite(stdout: str, out: Path, setup: str = "") -> bool:
     """A NaN or an infinity printed, or written into an output's JSON (a model file accepted
-    that should have been refused: a time of NaN is no prediction)."""
-    if _NONFINITE.search(stdout):
+    that should have been refused: a time of NaN is no prediction). Text the case wrote into
+    a text field (``setup`` marks it ``ECHOED``) is the file's own words, not a number."""
+    echoed = [re.escape(t) for t in re.findall(r'= "([^"]*)" ' + re.escape(ECHOED), setup) if t]
+    own = re.compile(r'"?\b(?:' + "|".join(echoed) + r')\b"?') if echoed else None
+
+    def found(text: str) -> bool:
+        return bool(_NONFINITE.search(own.sub("", text) if own else text))
+
+    if found(stdout):
         return True
     files = [out] if out.is_file() else sorted(out.rglob("*.json")) if out.is_dir() else []
-    return any(_NONFINITE.search(p.read_text("utf-8", errors="replace")) for p in files
+    return any(found(p.read_text("utf-8", errors="replace")) for p in files
                if p.suffix == ".json" and p.stat().st_size < 5_000_000 and "timeline" not in p.parts)
 
 

@@ -284,3 +284,16 @@ def test_every_shipped_preset_passes_the_strict_reader():
     assert len(presets) >= 5
     for p in presets:
         assert read_model_json(p, p.name, "profile") == json.loads(p.read_text())
+
+
+def test_the_campaigns_nan_detector_tells_a_name_from_a_number(tmp_path):
+    """A profile renamed "NaN" (a string field given a string) prints its name: not a
+    non-finite number (campaign seed 1217, case 61). A NaN printed anywhere else still is."""
+    from conftest import load_benchmark
+
+    campaign = load_benchmark("hostile_campaign")
+    setup = f'cc.json: [\'name\'] = "NaN" {campaign.ECHOED}'
+    out = tmp_path / "none"
+    assert not campaign._nonfinite("model NaN (calibrated), choices of NCCL 2.7.5\n 1000000 117.09", out, setup)
+    assert campaign._nonfinite("model NaN (calibrated)\n 1000000 nan", out, setup)
+    assert campaign._nonfinite("model NaN (calibrated)", out, "cc.json: ['params', 'x'] = \"NaN\"")
