@@ -46,13 +46,13 @@ def upper_triang_softmax_fuses(*, seq: int, attn_batches: int, dtype: torch.dtyp
     return dtype in (torch.float16, torch.bfloat16) and 16 < seq <= 2048 and seq % 4 == 0 and attn_batches % 4 == 0
 
 
-def torch_softmax(x: Tensor, scale: float, causal_mask: Tensor) -> Tensor:
+def torch_softmax(x: Tensor, scale: float, mask: Tensor) -> Tensor:
     """Megatron's unfused path: 16-bit scores cast to fp32 (its query-key layer scaling
     makes the softmax fp32), scaled, masked in place, softmax, cast back: five kernels
     forward and five backward where the fused kernel is one each."""
     half = x.dtype in (torch.float16, torch.bfloat16)
     y = (x.float() if half else x) * scale
-    probs = torch.softmax(y.masked_fill_(causal_mask, -10000.0), dim=-1)
+    probs = torch.softmax(y.masked_fill_(mask, -10000.0), dim=-1)
     return probs.to(x.dtype) if half else probs
 
 
