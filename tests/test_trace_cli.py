@@ -55,6 +55,11 @@ def test_trace_gpt_json(tmp_path):
     (["--device", "tpu"], "device 'tpu': use cpu, meta or cuda"),
     (["--verify", "some"], "verify mode 'some' is not one of sample, all"),
     (["--steps", "0"], "measured steps must be >= 1, got 0"),
+    # a Job for a GPU that cannot hold the layout (vTrain's largest row, which fits a 40 GB
+    # A100 only with recomputation)
+    (["--workload", "megatron-gpt", "--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "1024",
+      "--micro-batch", "8", "--device", "meta", "--gpu", "a100"],
+     r"does not fit the GPU's memory: .* activations with no recomputation 31\.4 GB\), A100-SXM4-40GB has 40 GB"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     import re

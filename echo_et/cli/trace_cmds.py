@@ -149,6 +149,10 @@ def trace(
         wl = Workload(gpt=cfg)
         attrs = {"workload": workload, **cfg.to_json()}
     wl.validate(layout, device)
+    if script is None and workload == "megatron-gpt" and cluster.gpu:
+        from echo_et.experiments.config_sweep import check_memory
+
+        check_memory(cfg, layout, cluster.gpu)    # the GPU the Job is for must hold the layout
     build_fn = wl.build_fn()
 
     def progress(msg: str) -> None:
