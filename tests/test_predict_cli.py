@@ -65,6 +65,10 @@ def test_predict_bad_input_is_one_line_and_writes_nothing(tmp_path) -> None:
         (["predict", *TINY, "--timeline-events", "0", "-o", str(tmp_path / "x")], "--timeline-events"),
         (["predict", *TINY, "--timeline-events", "9", "--timeline-all", "-o", str(tmp_path / "x")],
          "not both"),
+        (["predict", *TINY, "--max-output", "lots", "-o", str(tmp_path / "x")], "--max-output"),
+        # past --max-output: refused after the simulation, before a byte is written
+        (["predict", *TINY, "--max-output", "1KB", "-o", str(tmp_path / "x")],
+         "the predicted timeline would write at least"),
         # fits a 40 GB A100 only with recomputation (vTrain's largest row)
         (["predict", "--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "1024", "--micro-batch", "8",
           "--global-batch", "8", "-o", str(tmp_path / "x")], "activations with no recomputation"),

@@ -15,6 +15,7 @@ from echo_et.cli.cluster_opts import (
     intra_bw_opt,
 )
 from echo_et.cli.common import (
+    MAX_OUTPUT_HELP,
     DistOptOpt,
     Fp32GradsOpt,
     JsonOpt,
@@ -75,11 +76,14 @@ def predict_cmd(
     timeline_all: bool = typer.Option(False, "--timeline-all",
                                       help="Write the whole step in timeline/ (millions of boxes for a large "
                                            "job: minutes and gigabytes)."),
+    max_output: str | None = typer.Option(None, "--max-output", metavar="SIZE",
+                                          help="timeline/: " + MAX_OUTPUT_HELP[0].lower() + MAX_OUTPUT_HELP[1:]),
     as_json: bool = JsonOpt,
 ) -> None:
     """Predict one training step of a Megatron GPT on a GPU cluster from its configuration:
     traced on the meta device, timed by the compute and collective models, simulated; writes
     the step's breakdown, its Kineto timeline and a chart into one folder."""
+    from echo_et.cli.unit_opts import size_option
     from echo_et.errors import EchoError
     from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
@@ -95,6 +99,7 @@ def predict_cmd(
         if p is not None and not p.is_file():
             raise EchoError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     check_output(output)
+    size_option(max_output, "max_output", lo=1, hi=1 << 62)     # a bad size fails before the trace
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
     check_node_fill(dp * tp * pp, gpus_per_node)
     recompute, granularity = recompute_setting(recompute, recompute_granularity)
@@ -112,6 +117,7 @@ def predict_cmd(
     pred = predict_config(config, opts)
     plot = have_matplotlib()
     bound = None if timeline_all else (timeline_events or TIMELINE_EVENTS)
+    _check_timeline_budget(pred, output, max_output, bound)
     written = write_prediction(pred, output, plot=plot, timeline_events=bound)
     if as_json:
         emit_json({"output": str(output), "written": written, **pred.to_json()})
@@ -131,6 +137,18 @@ def predict_cmd(
     if w["until_ns"] is not None:
         typer.echo(f"timeline/ holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
+
+
+def _check_timeline_budget(pred, output: Path, max_output: str | None, bound: int | None) -> None:
+    """Refuse, before a byte is written, a timeline/ estimated past ``--max-output`` or the
+    free space (with the writer's scratch file), as ``simulate --timeline`` does."""
+    from echo_et.cli.common import check_output_budget
+    from echo_et.cli.sim_cmds import sim_timeline_scratch
+    from echo_et.experiments.predict_step import TIMELINE
+
+    ranks = pred.timeline_ranks()
+    check_output_budget(pred.timed, "chrome", output, max_output, ranks=ranks, name="the predicted timeline",
+                        max_nodes=bound, scratch=sim_timeline_scratch(pred.timed, output / TIMELINE, ranks, bound))
 
 
 TIMELINE_NOTE = "timeline/ (one rank-R.json per class of equivalent ranks, {n} files: HolisticTraceAnalysis, Perfetto)"
