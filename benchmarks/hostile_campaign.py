@@ -278,6 +278,9 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((tr + ["--workload", "megatron-gpt", "--zero", "1"], "--dp", "int", 60))
     # activation recomputation's granularity (selective: the core attention; full: each layer)
     t.append((pr, "--recompute-granularity", "name", 60))
+    # the bound on predict's timeline/, and the GPU memory check of a megatron-gpt Job for a GPU
+    t.append((pr, "--max-output", "size", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--gpu", "a100"], "--micro-batch", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--pp", "2", "--microbatches", "2"], "--recompute-granularity",
               "name", 60))
     # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
