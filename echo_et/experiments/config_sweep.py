@@ -262,7 +262,7 @@ def check_memory(cfg, layout, gpu: str) -> None:
                    vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
                    pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
                    grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
-                   recompute=cfg.recompute_granularity if cfg.recompute else "none", dropout=cfg.dropout > 0)
+                   recompute=cfg.recompute_level, dropout=cfg.dropout > 0)
     except EchoError as e:
         raise EchoError(f"layout {layout.describe()}: {e}") from None
 

@@ -228,7 +228,7 @@ def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: 
     return problems
 
 
-def log_header(source: str | os.PathLike[str], spec: SweepSpec, job) -> LogHeader:
+def log_header(source: str | os.PathLike[str], spec: SweepSpec, job: Job) -> LogHeader:
     """What a row log of this sweep is written for: the Job's (or trace's) bytes, the spec,
     the bytes of the profile it names and, when it predicts, the parameters of the collective
     model its points are priced with (a preset refitted by another echo-et release is another

@@ -112,6 +112,11 @@ class GPTConfig:
         return cls(**merged)
 
     @property
+    def recompute_level(self) -> str:
+        """"none", or the granularity recomputation runs at ("full", "selective")."""
+        return self.recompute_granularity if self.recompute else "none"
+
+    @property
     def recomputes_layers(self) -> bool:
         """Whether each layer runs under one checkpoint (full recomputation)."""
         return self.recompute and self.recompute_granularity == "full"
@@ -535,8 +540,7 @@ def _stage_class():
             self.first = stage == 0 if first is None else first
             self.last = stage == layout.pp - 1 if last is None else last
             self.first_layer = first_layer
-            recompute = cfg.recompute and cfg.recompute_granularity
-            self.unit_key = ("gpt-layer", recompute) + (() if chunk is None else (chunk,))
+            self.unit_key = ("gpt-layer", cfg.recompute_level) + (() if chunk is None else (chunk,))
             self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)
