@@ -417,8 +417,9 @@ def test_missing_member_collective_reports_who_never_arrives() -> None:
 
 
 # -- symmetry ---------------------------------------------------------------------------------------
-def dp_job(world: int = 8):
-    """Data-parallel replicas sharing one graph: host launches, compute, a gradient all-reduce."""
+def dp_job(world: int = 8, coll_type: int = pb.COLL_ALL_REDUCE, root: int | None = None):
+    """Data-parallel replicas sharing one graph: host launches, compute, a gradient all-reduce
+    (or another collective)."""
     jb = JobBuilder("dp", world)
     jb.job.manifest.hardware.gpus_per_node = 4
     g = jb.group(list(range(world)), name="0")
@@ -434,8 +435,9 @@ def dp_job(world: int = 8):
         k = gb.compute(f"k{i}", s, start_ns=t + 10, duration_ns=100, deps=[(lc.id, pb.DEP_LAUNCH)])
         la = gb.cpu_op(f"launch ar{i}", cpu, kind=pb.KIND_LAUNCH, start_ns=t + 6, duration_ns=5)
         deps = [(la.id, pb.DEP_LAUNCH), (k.id, pb.DEP_SYNC)]
-        prev = gb.collective(f"ar{i}", c, coll_type=pb.COLL_ALL_REDUCE, group="dp", in_bytes=1 << 20,
-                             start_ns=t + 110, duration_ns=40, deps=deps)
+        prev = gb.collective(f"ar{i}", c, coll_type=coll_type, group="dp", in_bytes=1 << 20,
+                             start_ns=t + 110, duration_ns=40, deps=deps,
+                             **({} if root is None else {"root": root}))
         t += 20
     gb.cpu_op("sync", cpu, kind=pb.KIND_SYNC, start_ns=t, duration_ns=500, deps=[(prev.id, pb.DEP_SYNC)])
     jb.add_graph(gb.build())
@@ -458,6 +460,21 @@ def test_symmetric_replicas_are_simulated_once_with_the_same_answer(mode: str) -
     assert _per_rank(sym) == _per_rank(full)
     assert sym.step_time_ns == full.step_time_ns
     assert full.events == 8 * sym.events
+
+
+@pytest.mark.parametrize(("coll_type", "classes"), [(pb.COLL_BROADCAST, 1), (pb.COLL_REDUCE, 1),
+                                                    (pb.COLL_GATHER, 8), (pb.COLL_SCATTER, 8)])
+def test_a_root_splits_the_members_only_where_its_sizes_are_its_own(coll_type: int, classes: int) -> None:
+    """A broadcast or reduce is priced the same for every member whichever is the root (the
+    members stay one class: Megatron's per-micro-batch broadcast of the tokens keeps the
+    tensor-parallel ranks one class, and their repeat blocks placed in closed form); a
+    gather's or scatter's root is told apart."""
+    job = dp_job(coll_type=coll_type, root=2)
+    kw = {"comm_model": FakeComm(coll_ns=777)}
+    sym = simulate(job, "predict", **kw)
+    full = simulate(job, "predict", options=SimOptions(symmetry=False), **kw)
+    assert sym.simulated_ranks == classes
+    assert _per_rank(sym) == _per_rank(full)
 
 
 def test_a_straggler_breaks_symmetry_correctly() -> None:

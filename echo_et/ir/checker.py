@@ -748,7 +748,8 @@ def _signature(graph: Graph) -> _GraphSignature:
             c = n.collective
             if c.HasField("root"):
                 top = max_root.get(c.group)
-                if top is None or c.root > top.collective.root:
+                # ties go to the lowest id: a compact graph names the node its expansion would
+                if top is None or (c.root, -n.id) > (top.collective.root, -top.id):
                     max_root[c.group] = n
             return colls[c.group]
         if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.HasField("p2p"):

@@ -313,12 +313,12 @@ def compile_compact(graph: Graph) -> Program:
         else:
             prog.p2p_items.append((it, rv.key, rv.peer, rv.seq, rv.is_send))
         keys.add(rv.key)
-        if rv.peer >= 0 or rv.root >= 0:
+        if rv.position_matters:
             ordered.add(rv.key)
     for blk in blocks:
         for rv in blk.rendezvous.values():
             keys.add(rv.key)
-            if rv.root >= 0:
+            if rv.position_matters:
                 ordered.add(rv.key)
     for m in occurrence_of_macro:
         prog.is_rendezvous[m] = True       # handled in the rendezvous branch of the event loop

@@ -92,6 +92,9 @@ DEVICE_CATEGORY = {  # an untimed or device-stream node's item category
 }
 
 
+_ROOT_SIZED = frozenset({pb.COLL_GATHER, pb.COLL_SCATTER})
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     """What a communication item needs to meet its partners (graph-local terms)."""
@@ -105,6 +108,15 @@ class Rendezvous:
     root: int           # group rank of the root, -1 when none
     peer: int           # P2P: peer's index in the group; -1 for collectives
     is_send: bool
+
+    @property
+    def position_matters(self) -> bool:
+        """Whether a member's position in its group changes what it does here: its partner
+        in a P2P, being the root of a gather or scatter (whose sizes are the root's alone).
+        A broadcast or reduce is priced from its size and its group's placement, the same
+        for every member whichever is the root, so it leaves members interchangeable
+        (:mod:`echo_et.sim.symmetry`)."""
+        return self.peer >= 0 or (self.root >= 0 and self.coll_type in _ROOT_SIZED)
 
 
 class StartPred(NamedTuple):
@@ -177,7 +189,7 @@ class Program:
     measured_origin: int = 0     # earliest measured start in the graph
     cpu_only: bool = False       # no GPU work: host operators are the compute
     group_keys: list[str] = field(default_factory=list)
-    ordered_keys: frozenset[str] = frozenset()  # keys used by P2P or rooted collectives
+    ordered_keys: frozenset[str] = frozenset()  # keys where member positions matter (Rendezvous.position_matters)
     roots: list[int] = field(default_factory=list)  # items with no predecessor at all
     acausal_deps: int = 0        # dependencies the measured times contradict (dropped unless kept)
     placeholder_comm: int = 0    # communication nodes without a measured time (ex-situ traces)
@@ -439,7 +451,7 @@ def _index_rendezvous(c: _Compilation) -> None:
     ordered: set[str] = set()
     for r in prog.rendezvous.values():
         keys.add(r.key)
-        if r.peer >= 0 or r.root >= 0:
+        if r.position_matters:
             ordered.add(r.key)
     prog.group_keys = sorted(keys)
     prog.ordered_keys = frozenset(ordered)

@@ -9,8 +9,10 @@ the max of its members' arrivals. If ranks are split into classes such that
 * for every group key, the groups that ranks of one class are bound to look the same:
   same placement pattern (which members share a node, so a CC model prices them the same),
   same multiset of (member class, member's key) for plain collectives, and the same
-  *ordered* member classes when the group carries P2P or rooted collectives (there, a
-  rank's position in the group decides who its partner is),
+  *ordered* member classes when the group carries P2P, gathers or scatters (there, a
+  rank's position in the group decides who its partner is, or whether its sizes are the
+  root's; a broadcast's or a reduce's time is the same for every member, whichever is the
+  root),
 
 then giving every rank of a class its representative's timeline satisfies all equations
 of the full job, and so it *is* the full job's timeline. This is an equitable partition of
@@ -84,15 +86,15 @@ def rank_partition(
     """The coarsest equitable partition of ranks (see the module docstring).
 
     ``rank_key(rank)``: everything about a rank that changes its own timeline besides its
-    graph. ``ordered_keys(graph_id)``: group keys on which the graph does P2P or rooted
-    collectives (member positions matter there).
+    graph. ``ordered_keys(graph_id)``: group keys on which the graph does P2P, gathers or
+    scatters (member positions matter there).
     """
     intern = _Interner()
     ranks = job.ranks()
     groups = {g.id: g for g in job.manifest.groups}
     # Who is bound to each group, under which graph-local key.
     members: dict[int, list[tuple[int, str]]] = {gid: [] for gid in groups}
-    ordered: set[int] = set()    # groups where a member's position matters (P2P, rooted)
+    ordered: set[int] = set()    # groups where a member's position matters (P2P, gather, scatter)
     bindings = {}
     for r in ranks:
         b = job.binding(r)

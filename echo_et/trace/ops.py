@@ -129,16 +129,25 @@ def decomposed(name: str) -> bool:
 
 @functools.cache
 def is_view_name(name: str) -> bool:
-    """Whether every (non-out) overload of operator ``name`` returns an alias of an input."""
+    """Whether every (non-out) tensor overload of operator ``name`` returns an alias of an
+    input. Overloads on lists and strings (``aten::slice.t``, TorchScript's) are not tensor
+    operators and do not count."""
     found = False
     for packet, overload in _overloads(name) or ():
         try:
-            if not getattr(packet, overload).is_view:
+            op = getattr(packet, overload)
+            if not _takes_tensor(op._schema):
+                continue
+            if not op.is_view:
                 return False
         except (AttributeError, RuntimeError):
             return False
         found = True
     return found
+
+
+def _takes_tensor(schema: Any) -> bool:
+    return any("Tensor" in str(a.type) for a in schema.arguments)
 
 
 KERNEL_NAMESPACES = ("aten::", "echo::")   # echo:: = fused kernels (echo_et.workloads.fused)

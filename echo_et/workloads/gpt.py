@@ -352,8 +352,13 @@ class _GPTRank:
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
                                generator=data_gen)
-        self.inputs = tokens[..., :-1].contiguous().to(self.device)
-        self.labels = tokens[..., 1:].contiguous().to(self.device)
+        if self.megatron:
+            # Megatron's get_batch cuts each micro-batch on the device (megatron.get_batch)
+            self.tp_group = tp_group
+            self.text = tokens
+        else:
+            self.inputs = tokens[..., :-1].contiguous().to(self.device)
+            self.labels = tokens[..., 1:].contiguous().to(self.device)
         # (micro-batch, chunk) whose forward was a recording
         self._replayed: set[tuple[int, int]] = set()
 
@@ -381,12 +386,20 @@ class _GPTRank:
 
         model = self.models[chunk]
         with span(phase="forward", mb=mb, stage=self.stage):
+            if self.megatron:
+                from echo_et.workloads.megatron import get_batch
+
+                batch = get_batch(self.text[mb], self.tp_group, self.device)
+                x = batch.tokens if inp is None else inp
+                out = model(x, replay=self._replay_ok(mb), position_ids=batch.position_ids)
+                if self._is_last(chunk):
+                    out = model.loss(out, batch.labels, batch.loss_mask) / self.ctx.layout.microbatches
+                    self._report_loss(out)
+                return out
             x = self.inputs[mb] if inp is None else inp
             out = model(x, replay=self._replay_ok(mb))
             if self._is_last(chunk):
                 out = model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
-                if self.megatron:
-                    self._report_loss(out)
             return out
 
     def _report_loss(self, loss) -> None:
@@ -549,10 +562,6 @@ def _stage_class():
                 if gen is not None:
                     with torch.no_grad():
                         self.pos.normal_(0.0, 0.02, generator=gen)
-                if self.megatron:
-                    ids = torch.arange(cfg.seq, device=device).unsqueeze(0)
-                    self.register_buffer("pos_ids", ids.expand(cfg.micro_batch, -1).contiguous(),
-                                         persistent=False)
             if self.megatron:
                 self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, **kw)
                                             for _ in range(count))
@@ -568,9 +577,6 @@ def _stage_class():
                     local = self.vocab // torch.distributed.get_world_size(group)
                     self.head_weight = nn.Parameter(torch.empty(local, cfg.hidden,
                                                                 device=device, dtype=dtype))
-                if self.megatron:
-                    mask = torch.ones(cfg.micro_batch * cfg.seq, device=device, dtype=torch.float32)
-                    self.register_buffer("loss_mask", mask, persistent=False)
 
         def word_weight(self) -> torch.Tensor:
             """The word embedding as the output layer sees it (tied embeddings)."""
@@ -582,10 +588,12 @@ def _stage_class():
                 x = checkpoint(block, x) if self.cfg.recomputes_layers else block(x)
                 return backward_begins_here(x, layer=layer)
 
-        def forward(self, x: torch.Tensor, replay: bool = True) -> torch.Tensor:
+        def forward(self, x: torch.Tensor, replay: bool = True,
+                    position_ids: torch.Tensor | None = None) -> torch.Tensor:
+            """``position_ids``: Megatron's, from its get_batch (megatron flavour)."""
             if self.first:
                 if self.megatron:
-                    x = self.embed(x) + F.embedding(self.pos_ids, self.pos)
+                    x = self.embed(x) + F.embedding(position_ids, self.pos)
                     x = dropout(x.transpose(0, 1).contiguous(), self.cfg.dropout)
                 else:
                     x = self.embed(x) + self.pos
@@ -606,12 +614,15 @@ def _stage_class():
                     x = self.head(x)
             return x
 
-        def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        def loss(self, logits: torch.Tensor, labels: torch.Tensor,
+                 loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+            """``loss_mask``: Megatron's, from its get_batch (megatron flavour)."""
             start, end = vocab_range(self.vocab, self.group)
             if self.megatron:
                 losses = vocab_parallel_cross_entropy(logits.float(), labels, self.group, start,
                                                       end)
-                return torch.sum(losses.view(-1) * self.loss_mask) / self.loss_mask.sum()
+                loss_mask = loss_mask.view(-1)
+                return torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()
             return vocab_parallel_cross_entropy(logits, labels, self.group, start, end).mean()
 
     return Stage

@@ -18,6 +18,10 @@
   Q x K^T batched GEMM, the fused softmax, the attention dropout, the batched GEMM with V
   and the copy back to ``[s, b, h]``) is checkpointed, which keeps the s^2-sized tensors out
   of memory for the cost of recomputing the memory-bound part of the layer;
+- :func:`get_batch`: what each micro-batch's forward begins with on every rank: the tokens
+  broadcast from tensor-parallel rank 0, their sizes read back on the host (one device
+  synchronisation per micro-batch), the inputs, labels, masks and position ids built on the
+  GPU;
 - :class:`MixedPrecisionAdam`: Megatron's optimizer step for 16-bit models with fp32 master
   weights: model gradients copied to fp32, their global L2 norm (all-reduced over the
   model-parallel group, then read on the host) for clipping, fused Adam on the fp32 master weights (what apex's
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -51,6 +56,61 @@ def bias_dropout_add(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor
     from echo_et.workloads import fused
 
     return fused.bias_dropout_add(x, bias, residual, p)[0]
+
+
+#: Megatron's ``_MAX_DATA_DIM``: ``broadcast_data`` sends this many sizes per key.
+MAX_DATA_DIM = 5
+
+
+class Batch(NamedTuple):
+    """One micro-batch as Megatron's ``get_batch`` returns it."""
+
+    tokens: torch.Tensor          # [b, s] int64
+    labels: torch.Tensor          # [b, s] int64
+    loss_mask: torch.Tensor       # [b, s] float32
+    attention_mask: torch.Tensor  # [1, 1, s, s] bool, True where a query may not look
+    position_ids: torch.Tensor    # [b, s] int64 (a broadcast view)
+
+
+def get_batch(text: torch.Tensor, group, device) -> Batch:
+    """Megatron's ``get_batch`` (``pretrain_gpt.py``), run by every rank at the start of
+    each micro-batch's forward, on every pipeline stage and for every model chunk.
+
+    ``broadcast_data`` sends the micro-batch from tensor-parallel rank 0, whose data loader
+    read it, to the other ranks of its group: first the sizes, copied to the GPU, broadcast
+    and read back on the host (``.cpu()``, so the host waits for the device once per
+    micro-batch), then the tokens. Every rank then cuts them into inputs and labels and
+    builds the causal mask, the loss mask and the position ids on the GPU
+    (``get_ltor_masks_and_position_ids``, without end-of-document resets: Megatron's
+    defaults).
+
+    ``text`` is the micro-batch on the host ([b, s+1] int64). Every rank copies it to the
+    device where Megatron's tensor-parallel rank 0 alone does: the receiving ranks' broadcast
+    completes only after rank 0's copy anyway, and with the copy on every rank the
+    tensor-parallel ranks keep one graph (traced once per stage), with the values the
+    broadcast would have given them (the recording process group moves no data).
+    """
+    b, s1 = text.shape
+    seq = s1 - 1
+    if group is not None and dist.get_world_size(group) == 1:
+        group = None        # a group of one: NCCL moves nothing (no call is recorded)
+    sizes = torch.tensor([b, s1] + [0] * (MAX_DATA_DIM - 2), dtype=torch.int64)
+    sizes = sizes.to(device, copy=True)                      # torch.cuda.LongTensor(sizes)
+    if group is not None:
+        with comm_span(group):
+            dist.broadcast(sizes, group_src=0, group=group)
+    device_sync(device)                                      # sizes_cuda.cpu()
+    flat = text.reshape(-1).to(device, copy=True)
+    if group is not None:
+        with comm_span(group):
+            dist.broadcast(flat, group_src=0, group=group)
+    tokens_ = flat.view(b, s1)
+    labels = tokens_[:, 1:].contiguous()
+    tokens = tokens_[:, :-1].contiguous()
+    attention_mask = torch.tril(torch.ones((1, seq, seq), device=device)).view(1, 1, seq, seq)
+    loss_mask = torch.ones((b, seq), dtype=torch.float32, device=device)
+    position_ids = torch.arange(seq, dtype=torch.int64, device=device).unsqueeze(0).expand_as(tokens)
+    return Batch(tokens, labels, loss_mask, attention_mask < 0.5, position_ids)
 
 
 @functools.cache
