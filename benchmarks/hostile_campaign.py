@@ -283,6 +283,10 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((tr + ["--workload", "megatron-gpt", "--gpu", "a100"], "--micro-batch", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--pp", "2", "--microbatches", "2"], "--recompute-granularity",
               "name", 60))
+    # Megatron's synchronising timers (host waits at every phase edge, pipeline exchanges too)
+    t.append((pr + ["--sync-timers", "--pp", "2"], "--micro-batch", "int", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--sync-timers", "--pp", "2", "--microbatches", "2"], "--tp",
+              "int", 60))
     # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))

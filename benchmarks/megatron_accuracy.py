@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recompute", choices=("selective", "full", "none"), default="selective",
                     help="how the measured runs are read to recompute activations (docs/accuracy.md, "
                          "'Which recomputation the measured runs did'; default selective)")
+    ap.add_argument("--sync-timers", action="store_true",
+                    help="Megatron's timers before its 2022 rewrite, which synchronise the device at every "
+                         "micro-batch's forward, backward and pipeline exchange (docs/accuracy.md)")
     args = ap.parse_args(argv)
     if not args.data.is_file():
         print(f"needs {args.data} (../shared/data, absent in a fresh clone)", file=sys.stderr)
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = ConfigSweepOptions(
         cluster=Cluster.parse(gpu="a100", gpus_per_node=8, intra_bw=args.intra_bw, inter_bw="800Gb/s/node"),
         recompute=args.recompute != "none", recompute_granularity="full" if args.recompute == "full" else "selective",
-        dtype="float16", comm_profile=comm_profile)
+        dtype="float16", comm_profile=comm_profile, sync_timers=args.sync_timers)
     rows = read_rows(args.data)
     if args.limit:
         rows = rows[::args.limit]

@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
                          "these rows are a check, never a fitting target)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--sync-timers", action="store_true",
+                    help="Megatron-LM's timers of the paper's time, which synchronise the device at "
+                         "every micro-batch's forward, backward and pipeline exchange")
     ap.add_argument("--no-scatter-gather-tensors-in-pipeline", dest="scatter_gather", action="store_false",
                     help="send pipeline activations whole from every TP rank (Megatron's flag)")
     ap.add_argument("--max-memory", type=float, default=5.0,
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 recompute=True, recompute_granularity="full", dtype="float16", comm_profile=str(comm),
                 grad_sync=grad_sync,
                 compute_profile=str(args.compute_profile) if args.compute_profile else None,
-                scatter_gather_tensors_in_pipeline=args.scatter_gather,
+                scatter_gather_tensors_in_pipeline=args.scatter_gather, sync_timers=args.sync_timers,
                 **({"layers_per_virtual_stage": vpp} if vpp else {}))
             out = run_config_sweep([rows[i] for i in which], opts, workers=args.workers,
                                    max_memory=int(args.max_memory * 1e9),

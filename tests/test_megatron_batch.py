@@ -81,3 +81,30 @@ def test_the_tokens_come_from_tensor_parallel_rank_0() -> None:
 def test_without_tensor_parallelism_nothing_is_broadcast() -> None:
     job = _job(ParallelLayout(tp=1, pp=1, dp=2, microbatches=2))
     assert not [c for c in comm_sequence(job, 0) if c[1] == pb.COLL_BROADCAST]
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_synchronising_timers_wait_for_the_device_at_every_phase_edge(pp: int) -> None:
+    """Megatron's timers before 2022 (``sync_timers``): the host waits for the device at the
+    start and stop of each micro-batch's forward (and after get_batch), of its backward, and
+    before each pipeline exchange (after it, ``_communicate`` always did)."""
+    layout = ParallelLayout(tp=2, pp=pp, microbatches=3)
+
+    def syncs(sync_timers: bool) -> list[Counter]:
+        job = trace(build_gpt(GPTConfig.megatron(**SHAPE, sync_timers=sync_timers)), layout,
+                    TraceOptions(device="meta", warmup_steps=0, verify="stage")).job
+        out = []
+        for stage in range(pp):
+            g = job.graph_of(stage * 2).copy()
+            g.expand()
+            out.append(Counter(n.annotations.phase for n in g.nodes if n.kind == pb.KIND_SYNC))
+        return out
+
+    m = layout.microbatches
+    for stage, (off, on) in enumerate(zip(syncs(False), syncs(True), strict=True)):
+        assert off["forward"] == m and off["backward"] == 0
+        assert on["forward"] == 4 * m and on["backward"] == 2 * m
+        exchanges = off[""]      # one sync after each exchange: the stage's p2p calls
+        assert (exchanges > 0) is (pp > 1), stage
+        assert on[""] == 2 * exchanges
+        assert on["optimizer"] == off["optimizer"]

@@ -137,3 +137,23 @@ def test_predicts_default_nodes_are_recorded_only_where_the_layout_fills_them(tm
         job = load_job(tmp_path / dp / "job")
         assert (job.world_size, job.manifest.hardware.gpus_per_node) == (4 * int(dp), gpn)
         assert check_job(job) == []
+
+
+def test_sync_timers_wait_for_the_gpu_at_every_phase_and_are_recorded(tmp_path) -> None:
+    """``--sync-timers`` (Megatron's timers before 2022) adds host waits at the edges of every
+    micro-batch's forward, backward and pipeline exchange: the step is never faster, and the
+    summary records the setting (absent when off, as before the flag existed)."""
+    runs = {}
+    for name, extra in (("off", []), ("on", ["--sync-timers"])):
+        r = runner.invoke(app, ["predict", *TINY, *extra, "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["on"]["prediction"]["sync_timers"] is True
+    assert "sync_timers" not in runs["off"]["prediction"]
+    assert runs["on"]["step_time_ns"] > runs["off"]["step_time_ns"]
+
+
+def test_sync_timers_are_megatron_only(tmp_path) -> None:
+    r = runner.invoke(app, ["trace", "--workload", "gpt", "--sync-timers", "-o", str(tmp_path / "j")])
+    assert r.exit_code == 2 and "synchronising timers are Megatron's" in r.output
+    assert not (tmp_path / "j").exists()

@@ -48,6 +48,12 @@ DistOptOpt = typer.Option(
     help="Megatron's distributed optimizer (ZeRO stage 1): gradients reduce-scattered over the data-parallel "
          "ranks, Adam on each rank's shard, the 16-bit weights all-gathered (Megatron's flag; default: "
          "one all-reduce and Adam over the stage's whole model).")
+SYNC_TIMERS = "--sync-timers"
+SYNC_TIMERS_HELP = ("Megatron's timers as Megatron-LM had them until 2022: the host waits for the GPU "
+                    "(torch.cuda.synchronize()) at the start and end of every micro-batch's forward and "
+                    "backward and around each pipeline exchange (default: timers that do not synchronise, "
+                    "today's; docs/tracer.md).")
+SyncTimersOpt = typer.Option(False, SYNC_TIMERS, help=SYNC_TIMERS_HELP)
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
@@ -71,13 +77,14 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
-                      distributed_optimizer: bool) -> dict[str, Any]:
+                      distributed_optimizer: bool, sync_timers: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``."""
     return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,
             "layers_per_virtual_stage": virtual_layers,
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
-            "use_distributed_optimizer": distributed_optimizer}
+            "use_distributed_optimizer": distributed_optimizer,
+            "sync_timers": sync_timers}
 
 
 def megatron_flag_given(settings: dict[str, Any]) -> str | None:
@@ -85,7 +92,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
     given = ((NO_SCATTER_GATHER, not settings["scatter_gather_tensors_in_pipeline"]),
              (VIRTUAL_STAGES, bool(settings["layers_per_virtual_stage"])),
              (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
-             (DIST_OPT, settings["use_distributed_optimizer"]))
+             (DIST_OPT, settings["use_distributed_optimizer"]),
+             (SYNC_TIMERS, settings["sync_timers"]))
     return next((flag for flag, on in given if on), None)
 
 

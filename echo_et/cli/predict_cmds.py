@@ -21,6 +21,7 @@ from echo_et.cli.common import (
     JsonOpt,
     NoScatterGatherOpt,
     RecomputeGranularityOpt,
+    SyncTimersOpt,
     VirtualStagesOpt,
     emit_json,
     guarded,
@@ -69,6 +70,7 @@ def predict_cmd(
     virtual_layers: int = VirtualStagesOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
+    sync_timers: bool = SyncTimersOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -108,7 +110,8 @@ def predict_cmd(
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
                               **megatron_settings(no_scatter_gather=no_scatter_gather,
                                                   virtual_layers=virtual_layers, fp32_grads=fp32_grads,
-                                                  distributed_optimizer=distributed_optimizer))
+                                                  distributed_optimizer=distributed_optimizer,
+                                                  sync_timers=sync_timers))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

@@ -14,7 +14,14 @@ from echo_et.cli.cluster_opts import (
     inter_bw_opt,
     intra_bw_opt,
 )
-from echo_et.cli.common import JsonOpt, RecomputeGranularityOpt, emit_json, guarded, recompute_setting
+from echo_et.cli.common import (
+    SYNC_TIMERS_HELP,
+    JsonOpt,
+    RecomputeGranularityOpt,
+    emit_json,
+    guarded,
+    recompute_setting,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -62,6 +69,7 @@ def trace(
         help="GPT: interleaved 1F1B pipeline schedule (Megatron's flag): each stage holds layers / (pp x N) "
              "model chunks of N layers (needs pp > 2, at least 2 chunks, micro-batches a multiple of pp); "
              "0: the plain 1F1B schedule."),
+    sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
@@ -129,6 +137,7 @@ def trace(
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
+                            ("--sync-timers", sync_timers),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -141,7 +150,8 @@ def trace(
         kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync),
                                 ("scatter_gather_tensors_in_pipeline", scatter_gather),
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
-                                ("layers_per_virtual_stage", virtual_layers or None)) if v is not None}
+                                ("layers_per_virtual_stage", virtual_layers or None),
+                                ("sync_timers", sync_timers or None)) if v is not None}
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         recompute, granularity = recompute_setting(recompute, recompute_granularity)
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
@@ -172,6 +182,8 @@ def trace(
                      else "--no-accumulate-allreduce-grads-in-fp32")
     if script is None and cfg.layers_per_virtual_stage:
         parts += ["--num-layers-per-virtual-pipeline-stage", cfg.layers_per_virtual_stage]
+    if script is None and cfg.sync_timers:
+        parts.append("--sync-timers")
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -92,6 +92,9 @@ class ConfigSweepOptions:
     # Megatron's --num-layers-per-virtual-pipeline-stage (the interleaved 1F1B schedule; 0: the
     # plain one); a row's layers_per_virtual_stage column overrides it
     layers_per_virtual_stage: int = 0
+    # Megatron's timers before its 2022 rewrite: the host waits for the device at the edges of
+    # every micro-batch's forward, backward and pipeline exchange (GPTConfig.sync_timers)
+    sync_timers: bool = False
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -103,6 +106,8 @@ class ConfigSweepOptions:
         out = {k: v for k, v in asdict(self).items() if k != "cluster"}
         if not self.layers_per_virtual_stage:   # the plain schedule's records stay as they were
             del out["layers_per_virtual_stage"]
+        if not self.sync_timers:
+            del out["sync_timers"]
         if not self.recompute:
             del out["recompute_granularity"]
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
@@ -230,7 +235,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              dtype=opts.dtype, grad_sync=opts.grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
-                             layers_per_virtual_stage=virtual_layers(row, opts), **extra)
+                             layers_per_virtual_stage=virtual_layers(row, opts),
+                             sync_timers=opts.sync_timers, **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
                             zero=1 if opts.use_distributed_optimizer else 0)

@@ -96,6 +96,12 @@ class GPTConfig:
     # model chunks of N layers and runs the interleaved 1F1B schedule (:mod:`.pipeline`);
     # 0: one chunk of layers / pp layers per stage, the plain 1F1B schedule.
     layers_per_virtual_stage: int = 0
+    # Megatron's timers as Megatron-LM had them until its 2022 rewrite (and Megatron-DeepSpeed
+    # until it took that rewrite): every start and stop calls torch.cuda.synchronize(), and
+    # each micro-batch's forward ("forward-compute", "batch-generator" around get_batch), its
+    # backward ("backward-compute") and each pipeline exchange ("forward-recv", ...) is timed,
+    # so the host waits for the device at each of their edges; the megatron flavour only.
+    sync_timers: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -183,6 +189,8 @@ class GPTConfig:
                             "(megatron-gpt), whose fp32 master weights read them")
         if not 0.0 <= self.dropout < 1.0:
             raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
+        if self.sync_timers and self.attention != "megatron":
+            raise EchoError(f"{where}: synchronising timers are Megatron's (megatron-gpt)")
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
 
@@ -257,6 +265,8 @@ class GPTConfig:
             del out["layers_per_virtual_stage"]
         if not self.recompute:
             del out["recompute_granularity"]
+        if not self.sync_timers:
+            del out["sync_timers"]
         return out
 
 
@@ -320,6 +330,7 @@ class _GPTRank:
         shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
                  else (cfg.micro_batch, cfg.seq, cfg.hidden))
         self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron,
+                              sync_before=self.megatron and cfg.sync_timers,
                               split_group=tp_group if cfg.scatter_gather_tensors_in_pipeline else None)
         # The shared word embedding lives on the first and the last stage; Megatron
         # all-reduces its gradient between them.
@@ -389,18 +400,28 @@ class _GPTRank:
             if self.megatron:
                 from echo_et.workloads.megatron import get_batch
 
+                self._timer_edge()       # forward-compute and batch-generator start
                 batch = get_batch(self.text[mb], self.tp_group, self.device)
+                self._timer_edge()       # batch-generator stop
                 x = batch.tokens if inp is None else inp
                 out = model(x, replay=self._replay_ok(mb), position_ids=batch.position_ids)
                 if self._is_last(chunk):
                     out = model.loss(out, batch.labels, batch.loss_mask) / self.ctx.layout.microbatches
                     self._report_loss(out)
+                self._timer_edge()       # forward-compute stop
                 return out
             x = self.inputs[mb] if inp is None else inp
             out = model(x, replay=self._replay_ok(mb))
             if self._is_last(chunk):
                 out = model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
             return out
+
+    def _timer_edge(self) -> None:
+        """A Megatron timer's start or stop: the host waits for the device (``sync_timers``)."""
+        if self.cfg.sync_timers and self.megatron:
+            from echo_et.workloads.markers import device_sync
+
+            device_sync(self.device)
 
     def _report_loss(self, loss) -> None:
         """Megatron averages each micro-batch's loss over the data-parallel group for its
@@ -441,10 +462,12 @@ class _GPTRank:
             # schedule runs backward chunks in reverse)
             if mb == self.ctx.layout.microbatches - 1 and chunk == self.chunks - 1:
                 self.sync.arm()
+            self._timer_edge()           # backward-compute start
             if out_grad is None:
                 torch.autograd.backward(out)
             else:
                 torch.autograd.backward(out, grad_tensors=out_grad)
+            self._timer_edge()           # backward-compute stop
             return None if inp is None else inp.grad
 
     def _sync_embedding(self) -> None:

@@ -44,11 +44,13 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 class StageLink:
     """``sync_after``: block the host on the device after every exchange, as Megatron-LM's
     ``_communicate`` does (``torch.cuda.synchronize()`` after ``batch_isend_irecv``).
+    ``sync_before``: and before it, as Megatron's synchronising timers do
+    (``GPTConfig.sync_timers``).
     ``split_group``: send 1/size of each tensor and all-gather it in this group on arrival
     (see the module docstring); None, or a group of one rank, sends tensors whole."""
 
     def __init__(self, group, shape: tuple[int, ...], dtype, device, *, sync_after: bool = False,
-                 split_group=None):
+                 sync_before: bool = False, split_group=None):
         self.group = group
         self.stage = dist.get_rank(group)
         self.stages = dist.get_world_size(group)
@@ -56,6 +58,7 @@ class StageLink:
         self.dtype = dtype
         self.device = device
         self.sync_after = sync_after
+        self.sync_before = sync_before
         self.split_group = split_group if split_group is not None and dist.get_world_size(split_group) > 1 \
             else None
         self.parts, self.part = ((dist.get_world_size(split_group), dist.get_rank(split_group))
@@ -105,6 +108,8 @@ class StageLink:
         """Post a send and/or a receive, then wait for both. ``*_tag`` are the annotations
         (phase, micro-batch) of what travels."""
         works = []
+        if self.sync_before and (send is not None or recv_from is not None):
+            device_sync(self.device)
         if send is not None:
             send = self._slice(send)
             with span(**send_tag, stage=self.stage), comm_span(self.group):
@@ -131,6 +136,8 @@ class StageLink:
         tensors in the order of their transfers; activations require grad."""
         works = []
         bufs: list[tuple[torch.Tensor, Transfer]] = []
+        if self.sync_before and transfers:
+            device_sync(self.device)
         for t in transfers:
             tag = {"phase": t.phase, "mb": t.mb}
             if t.send:
