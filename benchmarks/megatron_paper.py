@@ -30,13 +30,16 @@ those rows with the plain 1F1B schedule instead, whose bubble is larger). Megatr
 scatter/gather of the pipeline's activations (each TP rank sends 1/TP of an activation across
 nodes, the receiving stage all-gathers it over NVLink) is modelled, as the workload does by
 default (``--no-scatter-gather-tensors-in-pipeline`` sends them whole); its overlapped
-communication is not. ``--inter-bw`` is the rated rate of the
+communication is not. The Megatron-LM of those scripts (2021) timed each micro-batch's
+forward, backward and pipeline exchange with timers that call ``torch.cuda.synchronize()``
+at every start and stop (its ``_Timer``, replaced in 2022): modelled (``sync_timers``;
+``--no-sync-timers`` leaves them out). ``--inter-bw`` is the rated rate of the
 NICs; the collective model runs the network at its profile's efficiency of that rate
 (``CommModel.with_overrides``).
 
     python benchmarks/megatron_paper.py [--workers 1] [--rows 0,1,2] [--micro-batch N]
         [--compute-profile P.json] [--json OUT.json] [--max-gpus N] [--max-memory GB]
-        [--no-scatter-gather-tensors-in-pipeline]
+        [--no-scatter-gather-tensors-in-pipeline] [--no-sync-timers]
 """
 
 from __future__ import annotations
@@ -147,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
                          "these rows are a check, never a fitting target)")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--sync-timers", action="store_true",
-                    help="Megatron-LM's timers of the paper's time, which synchronise the device at "
-                         "every micro-batch's forward, backward and pipeline exchange")
+    ap.add_argument("--no-sync-timers", dest="sync_timers", action="store_false",
+                    help="leave out Megatron-LM's timers of the paper's time (2021), which synchronise the "
+                         "device at every micro-batch's forward, backward and pipeline exchange")
     ap.add_argument("--no-scatter-gather-tensors-in-pipeline", dest="scatter_gather", action="store_false",
                     help="send pipeline activations whole from every TP rank (Megatron's flag)")
     ap.add_argument("--max-memory", type=float, default=5.0,
