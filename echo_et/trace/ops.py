@@ -135,10 +135,9 @@ def is_view_name(name: str) -> bool:
     found = False
     for packet, overload in _overloads(name) or ():
         try:
-            op = getattr(packet, overload)
-            if not _takes_tensor(op._schema):
+            if not _takes_tensor(name, overload):
                 continue
-            if not op.is_view:
+            if not getattr(packet, overload).is_view:
                 return False
         except (AttributeError, RuntimeError):
             return False
@@ -146,7 +145,10 @@ def is_view_name(name: str) -> bool:
     return found
 
 
-def _takes_tensor(schema: Any) -> bool:
+def _takes_tensor(name: str, overload: str) -> bool:
+    import torch
+
+    schema = torch._C._get_schema(name, "" if overload == "default" else overload)
     return any("Tensor" in str(a.type) for a in schema.arguments)
 
 
