@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recompute", choices=("selective", "full", "none"), default="selective",
                     help="how the measured runs are read to recompute activations (docs/accuracy.md, "
                          "'Which recomputation the measured runs did'; default selective)")
+    ap.add_argument("--gpu", default="a100",
+                    help="the GPU whose data sheet the rows are priced on (vTrain's README says A100, not "
+                         "which memory size: a100 is the 40 GB SXM4, a100-80gb the 80 GB; docs/accuracy.md)")
     ap.add_argument("--sync-timers", action="store_true",
                     help="Megatron's timers before its 2022 rewrite, which synchronise the device at every "
                          "micro-batch's forward, backward and pipeline exchange (docs/accuracy.md)")
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="echo-megatron-acc-"))
     comm_profile = args.comm_profile or str(vtrain_comm_profile(tmp / "vtrain-a100-allreduce.json"))
     opts = ConfigSweepOptions(
-        cluster=Cluster.parse(gpu="a100", gpus_per_node=8, intra_bw=args.intra_bw, inter_bw="800Gb/s/node"),
+        cluster=Cluster.parse(gpu=args.gpu, gpus_per_node=8, intra_bw=args.intra_bw, inter_bw="800Gb/s/node"),
         recompute=args.recompute != "none", recompute_granularity="full" if args.recompute == "full" else "selective",
         dtype="float16", comm_profile=comm_profile, sync_timers=args.sync_timers)
     rows = read_rows(args.data)
