@@ -397,23 +397,22 @@ class _GPTRank:
 
         model = self.models[chunk]
         with span(phase="forward", mb=mb, stage=self.stage):
+            self._timer_edge()           # forward-compute and batch-generator start
             if self.megatron:
                 from echo_et.workloads.megatron import get_batch
 
-                self._timer_edge()       # forward-compute and batch-generator start
                 batch = get_batch(self.text[mb], self.tp_group, self.device)
                 self._timer_edge()       # batch-generator stop
-                x = batch.tokens if inp is None else inp
-                out = model(x, replay=self._replay_ok(mb), position_ids=batch.position_ids)
-                if self._is_last(chunk):
-                    out = model.loss(out, batch.labels, batch.loss_mask) / self.ctx.layout.microbatches
-                    self._report_loss(out)
-                self._timer_edge()       # forward-compute stop
-                return out
-            x = self.inputs[mb] if inp is None else inp
-            out = model(x, replay=self._replay_ok(mb))
+                tokens, labels, loss_mask, position_ids = (batch.tokens, batch.labels, batch.loss_mask,
+                                                           batch.position_ids)
+            else:
+                tokens, labels, loss_mask, position_ids = self.inputs[mb], self.labels[mb], None, None
+            out = model(tokens if inp is None else inp, replay=self._replay_ok(mb), position_ids=position_ids)
             if self._is_last(chunk):
-                out = model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
+                out = model.loss(out, labels, loss_mask) / self.ctx.layout.microbatches
+                if self.megatron:
+                    self._report_loss(out)
+            self._timer_edge()           # forward-compute stop
             return out
 
     def _timer_edge(self) -> None:
