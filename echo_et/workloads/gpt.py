@@ -398,19 +398,21 @@ class _GPTRank:
         model = self.models[chunk]
         with span(phase="forward", mb=mb, stage=self.stage):
             self._timer_edge()           # forward-compute and batch-generator start
+            batch = None
             if self.megatron:
                 from echo_et.workloads.megatron import get_batch
 
                 batch = get_batch(self.text[mb], self.tp_group, self.device)
                 self._timer_edge()       # batch-generator stop
-                tokens, labels, loss_mask, position_ids = (batch.tokens, batch.labels, batch.loss_mask,
-                                                           batch.position_ids)
-            else:
-                tokens, labels, loss_mask, position_ids = self.inputs[mb], self.labels[mb], None, None
-            out = model(tokens if inp is None else inp, replay=self._replay_ok(mb), position_ids=position_ids)
+            if inp is None:
+                inp = self.inputs[mb] if batch is None else batch.tokens
+            out = model(inp, replay=self._replay_ok(mb), position_ids=None if batch is None else batch.position_ids)
             if self._is_last(chunk):
-                out = model.loss(out, labels, loss_mask) / self.ctx.layout.microbatches
-                if self.megatron:
+                # the gpt flavour's labels are cut only here (a select the host runs)
+                if batch is None:
+                    out = model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
+                else:
+                    out = model.loss(out, batch.labels, batch.loss_mask) / self.ctx.layout.microbatches
                     self._report_loss(out)
             self._timer_edge()           # forward-compute stop
             return out
