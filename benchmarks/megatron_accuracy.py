@@ -28,7 +28,7 @@ a constant fitted per fold on the training rows), and the error distribution (``
 
     python benchmarks/megatron_accuracy.py [--folds 5] [--workers 2] [--limit N]
         [--cache DIR] [--plots DIR] [--json OUT.json] [--write-configs CONFIGS.csv]
-        [--recompute selective|full|none]
+        [--recompute selective|full|none] [--sync-timers] [--gpu a100|a100-80gb]
 """
 
 from __future__ import annotations
