@@ -77,7 +77,7 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
-                      distributed_optimizer: bool, sync_timers: bool = False) -> dict[str, Any]:
+                      distributed_optimizer: bool, sync_timers: bool) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``."""
     return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,

@@ -330,7 +330,7 @@ class _GPTRank:
         shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
                  else (cfg.micro_batch, cfg.seq, cfg.hidden))
         self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron,
-                              sync_before=self.megatron and cfg.sync_timers,
+                              sync_before=cfg.sync_timers,
                               split_group=tp_group if cfg.scatter_gather_tensors_in_pipeline else None)
         # The shared word embedding lives on the first and the last stage; Megatron
         # all-reduces its gradient between them.
@@ -419,7 +419,7 @@ class _GPTRank:
 
     def _timer_edge(self) -> None:
         """A Megatron timer's start or stop: the host waits for the device (``sync_timers``)."""
-        if self.cfg.sync_timers and self.megatron:
+        if self.cfg.sync_timers:     # megatron flavour only (GPTConfig.validate)
             from echo_et.workloads.markers import device_sync
 
             device_sync(self.device)
