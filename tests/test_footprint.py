@@ -184,3 +184,41 @@ def test_vtrain_rows_fit_with_recomputation_and_three_would_not_without(recomput
     assert len(errors) == refused
     for r, e in errors:
         assert (r["tp"], r["hidden"], r["micro_batch"]) == (1, 2048, 8) and "activations with no recomputation" in e
+
+
+def test_refusal_names_what_would_fit_keeping_the_layout() -> None:
+    """A refusal says which change is enough with the same layout: recomputing whole layers
+    (the 175B model at TP8 x PP16 with selective recomputation on a 40 GB A100, which keeps
+    31.7 GB of activations), the same GPU with more memory, both, or neither."""
+    from echo_et.experiments.memory_check import what_fits
+    from echo_et.models.compute import DATASHEETS
+
+    a100, a100_80 = DATASHEETS["a100"], DATASHEETS["a100-80gb"]
+    shape = dict(**GPT175B, tp=8, pp=16, microbatches=128, elem_bytes=2, dp=4, recompute="selective")
+    with pytest.raises(EchoError, match=r"activations with selective recomputation 31\.7 GB"):
+        check_fits(a100.memory_gb, a100.name, **shape)
+    full = megatron_min_bytes(**{**shape, "recompute": "full"})[0]
+    assert what_fits(shape, a100) == (f"; with full recomputation it needs at least {full / 1e9:.1f} GB"
+                                      "; A100-SXM4-80GB (a100-80gb, 80 GB) holds it")
+    # nothing larger than 80 GB (what_fits is asked only of a refused row)
+    assert what_fits(shape, a100_80) == f"; with full recomputation it needs at least {full / 1e9:.1f} GB"
+    assert "recomputation" not in what_fits({**shape, "recompute": "full"}, a100)
+    # the whole model on one GPU: no layout-keeping change is enough
+    assert what_fits(dict(**GPT175B, tp=1, pp=1, microbatches=8, elem_bytes=2), a100) == ""
+    # variants are matched by name without the memory size: V100 SXM2 16 -> 32 GB, not the PCIe boards
+    v100 = DATASHEETS["v100-16gb"]
+    small = dict(layers=24, hidden=2048, ffn=8192, vocab=51200, seq=1024, micro_batch=4, heads=16, tp=1, pp=1,
+                 microbatches=4, elem_bytes=2)
+    assert megatron_min_bytes(**small)[0] > 16e9
+    assert what_fits(small, v100) == "; Tesla V100-SXM2-32GB (v100, 32 GB) holds it"
+
+
+def test_sweep_row_refusal_carries_the_hint() -> None:
+    pytest.importorskip("torch", reason="the sweep traces on the meta device (pip install -e '.[dev]')")
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_row
+
+    row = dict(layers=96, hidden=12288, heads=96, seq=2048, micro_batch=1, global_batch=512, tp=8, pp=16, dp=4)
+    got = predict_row(row, ConfigSweepOptions(recompute=True, recompute_granularity="selective"))
+    assert got["predicted_ms"] is None and "\n" not in got["error"]
+    assert got["error"].endswith("A100-SXM4-40GB has 40 GB; with full recomputation it needs at least 15.6 GB; "
+                                 "A100-SXM4-80GB (a100-80gb, 80 GB) holds it"), got["error"]

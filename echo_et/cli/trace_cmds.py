@@ -160,7 +160,7 @@ def trace(
         attrs = {"workload": workload, **cfg.to_json()}
     wl.validate(layout, device)
     if script is None and workload == "megatron-gpt" and cluster.gpu:
-        from echo_et.experiments.config_sweep import check_memory
+        from echo_et.experiments.memory_check import check_memory
 
         check_memory(cfg, layout, cluster.gpu)    # the GPU the Job is for must hold the layout
     build_fn = wl.build_fn()

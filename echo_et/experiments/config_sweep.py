@@ -220,6 +220,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     """(GPTConfig, ParallelLayout) of a row; EchoError naming the numbers when it does not
     fit (tp not dividing heads, pp not dividing layers, a global batch that does not
     divide)."""
+    from echo_et.experiments.memory_check import check_memory
     from echo_et.trace.layout import ParallelLayout
     from echo_et.workloads.gpt import GPTConfig, microbatches_for
 
@@ -250,27 +251,6 @@ def virtual_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> int:
     sweep's option."""
     v = row.get("layers_per_virtual_stage")
     return int(v) if v is not None else opts.layers_per_virtual_stage
-
-
-def check_memory(cfg, layout, gpu: str) -> None:
-    """EchoError when the configuration cannot fit ``gpu``'s memory even at the lower bound
-    of :mod:`echo_et.models.footprint` (weights, gradients, Adam states sharded over the
-    data-parallel ranks, the activations kept at the configuration's recomputation)."""
-    from echo_et.ir.dtypes import dtype_size
-    from echo_et.models.compute import DATASHEETS
-    from echo_et.models.footprint import check_fits
-
-    spec = DATASHEETS.get(gpu)
-    if spec is None:
-        return
-    try:
-        check_fits(spec.memory_gb, spec.name, layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
-                   vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
-                   pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
-                   grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
-                   recompute=cfg.recompute_level, dropout=cfg.dropout > 0)
-    except EchoError as e:
-        raise EchoError(f"layout {layout.describe()}: {e}") from None
 
 
 def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -> Job:
