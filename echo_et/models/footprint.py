@@ -19,7 +19,14 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
   them, per layer and micro-batch in flight (the first stage of the 1F1B schedule holds
   min(pp, micro-batches) of them):
 
-  - full recomputation (``--recompute-granularity full``): the layer's input, e s b h bytes;
+  - full recomputation (``--recompute-granularity full``): the layer's input, e s b h bytes,
+    split over the tensor-parallel ranks, e s b h / tp: Megatron-DeepSpeed partitions the
+    checkpointed inputs over the model-parallel ranks (DeepSpeed's activation checkpointing,
+    ``--partition-activations``) and Megatron-LM's sequence parallelism splits them along the
+    sequence, so a run may hold only that much, though the ``megatron-gpt`` workload keeps
+    the whole input (until 2026-12-06 the bound counted it whole, which refused layouts
+    such as a 39B model at TP8 x PP16, micro-batch 24, on a 40 GB A100: 38.7 GB of layer
+    inputs on the first stage, 4.8 GB partitioned);
   - selective (only the core attention recomputed): what the layer saves for its backward
     outside the core attention, (4 e + 2) s b h replicated over the tensor-parallel ranks
     (two layer-norm inputs, the inputs of the QKV and first MLP GEMMs, two 1-byte dropout
@@ -38,7 +45,9 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
   workload's layer saves for its backward at each granularity.
 
 Not counted: the other temporaries of a layer's forward and backward (gradients in
-flight, the 16-bit logits), NCCL and allocator buffers, fragmentation. So a row refused here
+flight, the 16-bit logits), NCCL and allocator buffers, fragmentation; DeepSpeed's CPU
+checkpointing (``cpu_checkpointing``), which moves the checkpointed inputs to the host at a
+cost in PCIe copies echo-et does not simulate. So a row refused here
 would not fit; a row accepted may still not (the true peak is often 20-40 % above this). The
 step echo-et simulates is the plain optimizer's (a whole all-reduce, Adam over the rank's
 whole stage) unless the distributed optimizer is asked for (``--use-distributed-optimizer``),
@@ -87,8 +96,9 @@ def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: in
     sbh, mask = seq * micro_batch * hidden, 1 if dropout else 0
     outside_attention = (4 * elem_bytes + 2 * mask) * sbh + 12 * elem_bytes * sbh // tp
     scores = ((2 * elem_bytes + mask) if dropout else elem_bytes) * heads * seq * seq * micro_batch // tp
-    if recompute == "full":
-        return elem_bytes * sbh, outside_attention + scores - elem_bytes * sbh
+    if recompute == "full":       # the checkpointed input, partitioned over the TP ranks
+        kept = elem_bytes * sbh // tp
+        return kept, outside_attention + scores - kept
     if recompute == "selective":
         return outside_attention, scores
     return outside_attention + scores, 0
