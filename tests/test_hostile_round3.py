@@ -529,6 +529,13 @@ def test_an_export_beyond_max_output_is_refused_before_writing(tmp_path, cmd):
     assert code == 0, err
 
 
+@pytest.mark.parametrize("cmd", EXPORTS, ids=lambda c: "-".join(c[:2]) + c[-1][-4:])
+def test_a_bad_max_output_is_refused_before_the_job_is_read(tmp_path, cmd):
+    """The size is read once, first: a Job that does not exist is not what the error names."""
+    args = [a.format(job=tmp_path / "nowhere", tmp=tmp_path) for a in cmd]
+    refused(*args, "--max-output", "lots", match="--max-output")
+
+
 def test_exports_are_bounded_by_default(tmp_path, monkeypatch):
     """Without --max-output the default limit applies (64 GB, here lowered to keep the test small)."""
     from echo_et.ir import budget

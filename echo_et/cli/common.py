@@ -280,23 +280,31 @@ def free_space(path: Path | str) -> tuple[int, int] | None:
         return None
 
 
-def check_output_budget(job, fmt: str, dest: Path | str, max_output: str | None, *, ranks=None,
+def max_output_bytes(text: str | None) -> int:
+    """The ``--max-output`` limit in bytes, the default when not given: read once, before any
+    work, so a bad size fails first."""
+    from echo_et.cli.unit_opts import size_option
+    from echo_et.ir.budget import DEFAULT_MAX_OUTPUT_BYTES
+
+    limit = size_option(text, "max_output", lo=1, hi=1 << 62)
+    return DEFAULT_MAX_OUTPUT_BYTES if limit is None else limit
+
+
+def check_output_budget(job, fmt: str, dest: Path | str, limit: int, *, ranks=None,
                         per_rank: bool = True, name: str = "", max_nodes: int | None = None,
                         scratch: ScratchEstimate | None = None) -> None:
     """Refuse, before a byte is written, an export whose estimated size (nodes x ranks x a
-    lower bound per node, from the Job's graphs and repeat blocks) passes ``--max-output``
-    (default 64 GB) or the free space where it goes: one line with the estimate and the limit.
+    lower bound per node, from the Job's graphs and repeat blocks) passes ``limit`` bytes
+    (``--max-output``, :func:`max_output_bytes`) or the free space where it goes: one line
+    with the estimate and the limit.
     ``max_nodes``: the writer keeps at most about that many nodes (``--timeline-events``).
     ``scratch``: the scratch file the writer keeps beside what it has written (the timeline
     writer's, :func:`echo_et.converters.chrome.timeline_scratch`): counted with the output
     where it lands on the output's file system, against its own file system's free space
     otherwise (not against ``--max-output``, which bounds what is written)."""
-    from echo_et.cli.unit_opts import size_option
-    from echo_et.ir.budget import DEFAULT_MAX_OUTPUT_BYTES, estimate_output
+    from echo_et.ir.budget import estimate_output
     from echo_et.ir.limits import format_size
 
-    limit = size_option(max_output, "max_output", lo=1, hi=1 << 62)
-    limit = DEFAULT_MAX_OUTPUT_BYTES if limit is None else limit
     est = estimate_output(job, fmt, ranks, per_rank=per_rank, max_nodes=max_nodes)
     name = name or f"export {fmt}"
     # bounded, the nodes kept are at most about max_nodes: the size is an estimate, not a floor

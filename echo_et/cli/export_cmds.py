@@ -15,6 +15,7 @@ from echo_et.cli.common import (
     emit_json,
     guarded,
     load_job_arg,
+    max_output_bytes,
 )
 from echo_et.errors import EchoError
 
@@ -37,9 +38,10 @@ def export_chakra(
     from echo_et.converters import chakra
     from echo_et.ir import assert_valid
 
+    limit = max_output_bytes(max_output)      # a bad size fails before the Job is read
     job = load_job_arg(job_path)
     assert_valid(job)
-    check_output_budget(job, "chakra", output, max_output)
+    check_output_budget(job, "chakra", output, limit)
     result = chakra.write(job, output)
     if as_json:
         emit_json(result)
@@ -109,8 +111,9 @@ def export_astra_sim(
     if measured_network and (profile is not None or preset is not None or gpu is not None):
         raise EchoError("give --measured-network or a CC model (--profile/--preset/--gpu), not both")
     cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw)
+    limit = max_output_bytes(max_output)      # a bad size fails before the Job is read
     job = load_job_arg(job_path)
-    check_output_budget(job, "astra-sim", output, max_output)
+    check_output_budget(job, "astra-sim", output, limit)
     gpn = job.manifest.hardware.gpus_per_node or DEFAULT_GPUS_PER_NODE
     model = None
     if cluster.gpu:
@@ -177,12 +180,13 @@ def export_chrome(
     from echo_et.ir import assert_valid
 
     check_output_path("--output", output)
+    limit = max_output_bytes(max_output)      # a bad size fails before the Job is read
     job = load_job_arg(job_path)
     assert_valid(job)
-    check_output_budget(job, "chrome", output, max_output, ranks=rank or None)
+    check_output_budget(job, "chrome", output, limit, ranks=rank or None)
     scratch = chrome.export_scratch(job, output, rank or None)   # None unless it cannot stream
     if scratch is not None:
-        check_output_budget(job, "chrome", output, max_output, ranks=rank or None, scratch=scratch)
+        check_output_budget(job, "chrome", output, limit, ranks=rank or None, scratch=scratch)
     result = chrome.write(job, output, rank or None)
     if as_json:
         emit_json(result)
@@ -205,12 +209,13 @@ def export_graphml(
     from echo_et.converters import graphml
     from echo_et.ir import assert_valid
 
+    limit = max_output_bytes(max_output)      # a bad size fails before the Job is read
     job = load_job_arg(job_path)
     assert_valid(job)
     if rank is None:
-        check_output_budget(job, "graphml", output, max_output, per_rank=False)
+        check_output_budget(job, "graphml", output, limit, per_rank=False)
     else:
-        check_output_budget(job, "graphml", output, max_output, ranks=[rank])
+        check_output_budget(job, "graphml", output, limit, ranks=[rank])
     result = graphml.write(job, output, rank)
     if as_json:
         emit_json(result)

@@ -23,8 +23,10 @@ from echo_et.cli.common import (
     RecomputeGranularityOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
+    check_output_budget,
     emit_json,
     guarded,
+    max_output_bytes,
     megatron_settings,
     recompute_setting,
 )
@@ -85,7 +87,6 @@ def predict_cmd(
     """Predict one training step of a Megatron GPT on a GPU cluster from its configuration:
     traced on the meta device, timed by the compute and collective models, simulated; writes
     the step's breakdown, its Kineto timeline and a chart into one folder."""
-    from echo_et.cli.unit_opts import size_option
     from echo_et.errors import EchoError
     from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
@@ -101,7 +102,7 @@ def predict_cmd(
         if p is not None and not p.is_file():
             raise EchoError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     check_output(output)
-    size_option(max_output, "max_output", lo=1, hi=1 << 62)     # a bad size fails before the trace
+    limit = max_output_bytes(max_output)     # a bad size fails before the trace
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
     check_node_fill(dp * tp * pp, gpus_per_node)
     recompute, granularity = recompute_setting(recompute, recompute_granularity)
@@ -120,7 +121,7 @@ def predict_cmd(
     pred = predict_config(config, opts)
     plot = have_matplotlib()
     bound = None if timeline_all else (timeline_events or TIMELINE_EVENTS)
-    _check_timeline_budget(pred, output, max_output, bound)
+    _check_timeline_budget(pred, output, limit, bound)
     written = write_prediction(pred, output, plot=plot, timeline_events=bound)
     if as_json:
         emit_json({"output": str(output), "written": written, **pred.to_json()})
@@ -142,15 +143,15 @@ def predict_cmd(
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
 
 
-def _check_timeline_budget(pred, output: Path, max_output: str | None, bound: int | None) -> None:
+def _check_timeline_budget(pred, output: Path, limit: int, bound: int | None) -> None:
     """Refuse, before a byte is written, a timeline/ estimated past ``--max-output`` or the
-    free space (with the writer's scratch file), as ``simulate --timeline`` does."""
-    from echo_et.cli.common import check_output_budget
+    free space (with the writer's scratch file), as ``simulate --timeline`` does (``limit``:
+    ``--max-output`` in bytes)."""
     from echo_et.cli.sim_cmds import sim_timeline_scratch
     from echo_et.experiments.predict_step import TIMELINE
 
     ranks = pred.timeline_ranks()
-    check_output_budget(pred.timed, "chrome", output, max_output, ranks=ranks, name="the predicted timeline",
+    check_output_budget(pred.timed, "chrome", output, limit, ranks=ranks, name="the predicted timeline",
                         max_nodes=bound, scratch=sim_timeline_scratch(pred.timed, output / TIMELINE, ranks, bound))
 
 

@@ -24,6 +24,7 @@ from echo_et.cli.common import (
     emit_json,
     guarded,
     load_job_arg,
+    max_output_bytes,
 )
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
@@ -297,10 +298,11 @@ def simulate_cmd(
         raise EchoError("--timeline-events needs --timeline")
     if plot is not None:
         require_matplotlib()
+    limit = max_output_bytes(max_output)
     job = load_job_arg(job_path)
     check_node_fill(job.world_size, gpus_per_node)
     if timeline is not None:
-        check_output_budget(job, "chrome", timeline, max_output, ranks=timeline_rank or None,
+        check_output_budget(job, "chrome", timeline, limit, ranks=timeline_rank or None,
                             name="the simulated timeline", max_nodes=timeline_events,
                             scratch=sim_timeline_scratch(job, timeline, timeline_rank or None, timeline_events))
     elif max_output is not None:
