@@ -289,93 +289,116 @@ def interleaved_schedule(stages: int, stage: int, chunks: int, microbatches: int
     if chunks < 1 or microbatches < 1 or microbatches % stages:
         raise EchoError(f"the interleaved pipeline schedule needs micro-batches ({microbatches}) "
                         f"to be a multiple of the stages ({stages})")
-    s, last_stage = stage, stages - 1
-    total = microbatches * chunks
-    warmup = interleaved_warmup(stages, stage, chunks, microbatches)
-    steady = total - warmup
-    all_warmup = microbatches == stages
-    received: dict[tuple[str, int], int] = {}
-    items: list[ScheduleItem] = []
+    return _InterleavedPlan(stages, stage, chunks, microbatches).items()
 
-    def fchunk(k: int) -> int:
-        return virtual_chunk(k, stages, chunks, forward=True)
 
-    def bchunk(k: int) -> int:
-        return virtual_chunk(k, stages, chunks, forward=False)
+class _InterleavedPlan:
+    """One stage's interleaved schedule, written phase by phase: the warm-up forwards, the
+    steady one-forward-one-backward steps, the cool-down backwards."""
 
-    def mb_of(k: int) -> int:
-        return virtual_microbatch(k, stages, chunks)
+    def __init__(self, stages: int, stage: int, chunks: int, microbatches: int) -> None:
+        self.stages, self.s, self.chunks = stages, stage, chunks
+        self.last_stage = stages - 1
+        self.total = microbatches * chunks
+        self.warmup = interleaved_warmup(stages, stage, chunks, microbatches)
+        self.steady = self.total - self.warmup
+        self.all_warmup = microbatches == stages
+        self.received: dict[tuple[str, int], int] = {}
+        self.out: list[ScheduleItem] = []
 
-    def sends_activation(c: int) -> bool:     # all but the model's last chunk
-        return not (s == last_stage and c == chunks - 1)
+    def items(self) -> list[ScheduleItem]:
+        if self.s != 0:
+            self.comm(recv_prev=0)
+        self.warmup_steps()
+        self.steady_steps()
+        self.cooldown_steps()
+        return self.out
 
-    def sends_gradient(c: int) -> bool:       # all but the model's first chunk
-        return not (s == 0 and c == 0)
+    def fchunk(self, k: int) -> int:
+        return virtual_chunk(k, self.stages, self.chunks, forward=True)
 
-    def recv(phase: str, chunk: int, peer: int) -> Transfer:
-        mb = received.get((phase, chunk), 0)
-        received[(phase, chunk)] = mb + 1
+    def bchunk(self, k: int) -> int:
+        return virtual_chunk(k, self.stages, self.chunks, forward=False)
+
+    def mb_of(self, k: int) -> int:
+        return virtual_microbatch(k, self.stages, self.chunks)
+
+    def activation_out(self, mb: int, c: int) -> tuple[int, int] | None:
+        """What a forward of chunk ``c`` sends on: all but the model's last chunk."""
+        return None if (self.s == self.last_stage and c == self.chunks - 1) else (mb, c)
+
+    def gradient_out(self, mb: int, c: int) -> tuple[int, int] | None:
+        """What a backward of chunk ``c`` sends back: all but the model's first chunk."""
+        return None if (self.s == 0 and c == 0) else (mb, c)
+
+    def recv(self, phase: str, chunk: int, peer: int) -> Transfer:
+        mb = self.received.get((phase, chunk), 0)
+        self.received[(phase, chunk)] = mb + 1
         return Transfer(False, peer, phase, mb, chunk)
 
-    def comm(send_prev: tuple[int, int] | None = None, recv_prev: int | None = None,
+    def comm(self, send_prev: tuple[int, int] | None = None, recv_prev: int | None = None,
              send_next: tuple[int, int] | None = None, recv_next: int | None = None) -> None:
         ops = []
         if send_prev is not None:
             ops.append(Transfer(True, -1, "backward", *send_prev))
         if recv_prev is not None:
-            ops.append(recv("forward", recv_prev, -1))
+            ops.append(self.recv("forward", recv_prev, -1))
         if send_next is not None:
             ops.append(Transfer(True, 1, "forward", *send_next))
         if recv_next is not None:
-            ops.append(recv("backward", recv_next, 1))
+            ops.append(self.recv("backward", recv_next, 1))
         if ops:
-            items.append(("comm", tuple(ops)))
+            self.out.append(("comm", tuple(ops)))
 
-    if s != 0:
-        comm(recv_prev=0)
-    for k in range(warmup):
-        c, mb = fchunk(k), mb_of(k)
-        items.append(("forward", mb, c))
-        nxt = fchunk(k + 1)
-        # the first stage feeds its chunk 0 from the data; nothing comes after the last step
-        recv_prev = nxt if not (s == 0 and nxt == 0) and k != total - 1 else None
-        send_next = (mb, c) if sends_activation(c) else None
-        if k == warmup - 1 and not all_warmup:   # the first gradient comes with the last one
-            comm(recv_prev=recv_prev, send_next=send_next,
-                 recv_next=chunks - 1 if s != last_stage else None)
-        else:
-            comm(recv_prev=recv_prev, send_next=send_next)
-    for k in range(steady):
-        fk = k + warmup
-        fc, fmb = fchunk(fk), mb_of(fk)
-        bc, bmb = bchunk(k), mb_of(k)
-        items.append(("forward", fmb, fc))
-        items.append(("backward", bmb, bc))
-        # the first stage runs stages - 1 steps ahead of the last: what arrives from it now is
-        # the output of the last stage's step fk - (stages - 1), for the chunk after it
-        if s == 0:
-            c = fchunk(fk - last_stage)
-            recv_prev = c + 1 if c != chunks - 1 else None
-        else:
-            recv_prev = fchunk(fk + 1)
-        if s == last_stage:   # and the last stage as far ahead of the first going back
-            c = bchunk(k - last_stage)
-            recv_next = c - 1 if c != 0 else None
-        else:
-            recv_next = bchunk(k + 1)
-        if k == steady - 1:
-            recv_prev = None
-        comm(send_prev=(bmb, bc) if sends_gradient(bc) else None, recv_prev=recv_prev,
-             send_next=(fmb, fc) if sends_activation(fc) else None, recv_next=recv_next)
-    if all_warmup and s != last_stage:
-        comm(recv_next=chunks - 1)
-    for k in range(steady, total):
-        bc, bmb = bchunk(k), mb_of(k)
-        items.append(("backward", bmb, bc))
-        nxt = bchunk(k + 1)
-        recv_next = nxt if not (s == last_stage and nxt == chunks - 1) and k != total - 1 else None
-        comm(send_prev=(bmb, bc) if sends_gradient(bc) else None, recv_next=recv_next)
-    return items
+    def warmup_steps(self) -> None:
+        s, chunks = self.s, self.chunks
+        for k in range(self.warmup):
+            c, mb = self.fchunk(k), self.mb_of(k)
+            self.out.append(("forward", mb, c))
+            nxt = self.fchunk(k + 1)
+            # the first stage feeds its chunk 0 from the data; nothing comes after the last step
+            recv_prev = nxt if not (s == 0 and nxt == 0) and k != self.total - 1 else None
+            if k == self.warmup - 1 and not self.all_warmup:   # the first gradient comes with the last one
+                self.comm(recv_prev=recv_prev, send_next=self.activation_out(mb, c),
+                          recv_next=chunks - 1 if s != self.last_stage else None)
+            else:
+                self.comm(recv_prev=recv_prev, send_next=self.activation_out(mb, c))
+
+    def steady_steps(self) -> None:
+        s, chunks, last_stage = self.s, self.chunks, self.last_stage
+        for k in range(self.steady):
+            fk = k + self.warmup
+            fc, fmb = self.fchunk(fk), self.mb_of(fk)
+            bc, bmb = self.bchunk(k), self.mb_of(k)
+            self.out.append(("forward", fmb, fc))
+            self.out.append(("backward", bmb, bc))
+            # the first stage runs stages - 1 steps ahead of the last: what arrives from it now
+            # is the output of the last stage's step fk - (stages - 1), for the chunk after it
+            if s == 0:
+                c = self.fchunk(fk - last_stage)
+                recv_prev = c + 1 if c != chunks - 1 else None
+            else:
+                recv_prev = self.fchunk(fk + 1)
+            if s == last_stage:   # and the last stage as far ahead of the first going back
+                c = self.bchunk(k - last_stage)
+                recv_next = c - 1 if c != 0 else None
+            else:
+                recv_next = self.bchunk(k + 1)
+            if k == self.steady - 1:
+                recv_prev = None
+            self.comm(send_prev=self.gradient_out(bmb, bc), recv_prev=recv_prev,
+                      send_next=self.activation_out(fmb, fc), recv_next=recv_next)
+
+    def cooldown_steps(self) -> None:
+        s, chunks = self.s, self.chunks
+        if self.all_warmup and s != self.last_stage:
+            self.comm(recv_next=chunks - 1)
+        for k in range(self.steady, self.total):
+            bc, bmb = self.bchunk(k), self.mb_of(k)
+            self.out.append(("backward", bmb, bc))
+            nxt = self.bchunk(k + 1)
+            recv_next = nxt if not (s == self.last_stage and nxt == chunks - 1) and k != self.total - 1 else None
+            self.comm(send_prev=self.gradient_out(bmb, bc), recv_next=recv_next)
 
 
 def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
