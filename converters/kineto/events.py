@@ -347,23 +347,9 @@ class _Collector:
                 kept = {k: args[k] for k in COMM_ARG_KEYS if k in args} | (kept or {})
                 if "bytes" in args:
                     kept["bytes"] = args["bytes"]
-                    bw = args.get("memory bandwidth (GB/s)")
-                    if kind != K_KERNEL and bw and len(self.bandwidth_samples) < 64:
-                        b = _int_arg(args["bytes"])
-                        try:
-                            bwf = float(bw)
-                        except (TypeError, ValueError):
-                            bwf = 0.0
-                        if b and dur > 0 and bwf > 0:
-                            self.bandwidth_samples.append((b, dur, bwf))
-        ev = Ev(kind, name, thread, ts, dur, corr if corr is not None else -1, self.idx,
-                kept or None)
-        self.idx += 1
-        tf.events.append(ev)
-        if kind == K_CPU and name.startswith("ProfilerStep#"):
-            m = STEP_RE.match(name)
-            if m:
-                tf.steps.setdefault(int(m.group(1)), ev)
+                    if kind != K_KERNEL:
+                        self._sample_bandwidth(args["bytes"], args.get("memory bandwidth (GB/s)"), dur)
+        self._record(Ev(kind, name, thread, ts, dur, corr if corr is not None else -1, self.idx, kept or None))
 
     def typed(self, e: KinetoEvent) -> None:
         """__call__ for a KinetoEvent: the same rules, read from the struct's fields."""
@@ -488,23 +474,32 @@ class _Collector:
                 kept = _kept(a, COMM_ARG_KEYS) | (kept or {})
                 if a.bytes is not _UNSET:
                     kept["bytes"] = a.bytes
-                    bw = None if a.memory_bandwidth_gb_s is _UNSET else a.memory_bandwidth_gb_s
-                    if kind != K_KERNEL and bw and len(self.bandwidth_samples) < 64:
-                        b = _int_arg(a.bytes)
-                        try:
-                            bwf = float(bw)
-                        except (TypeError, ValueError):
-                            bwf = 0.0
-                        if b and dur > 0 and bwf > 0:
-                            self.bandwidth_samples.append((b, dur, bwf))
-        ev = Ev(kind, name, thread, ts, dur, corr if corr is not None else -1, self.idx,
-                kept or None)
+                    if kind != K_KERNEL:
+                        self._sample_bandwidth(a.bytes, None if a.memory_bandwidth_gb_s is _UNSET
+                                               else a.memory_bandwidth_gb_s, dur)
+        self._record(Ev(kind, name, thread, ts, dur, corr if corr is not None else -1, self.idx, kept or None))
+
+    def _record(self, ev: Ev) -> None:
+        """Keep an event in file order; a ``ProfilerStep#N`` range marks step N."""
         self.idx += 1
-        tf.events.append(ev)
-        if kind == K_CPU and name.startswith("ProfilerStep#"):
-            m = STEP_RE.match(name)
+        self.tf.events.append(ev)
+        if ev.kind == K_CPU and ev.name.startswith("ProfilerStep#"):
+            m = STEP_RE.match(ev.name)
             if m:
-                tf.steps.setdefault(int(m.group(1)), ev)
+                self.tf.steps.setdefault(int(m.group(1)), ev)
+
+    def _sample_bandwidth(self, raw_bytes: Any, bw: Any, dur: float) -> None:
+        """Up to 64 (bytes, duration, GB/s) samples of the memory operations Kineto states a
+        bandwidth for."""
+        if not bw or len(self.bandwidth_samples) >= 64:
+            return
+        b = _int_arg(raw_bytes)
+        try:
+            bwf = float(bw)
+        except (TypeError, ValueError):
+            bwf = 0.0
+        if b and dur > 0 and bwf > 0:
+            self.bandwidth_samples.append((b, dur, bwf))
 
     def on_event(self, e: Any) -> None:
         """The stream reader's callback: typed events and plain dicts alike."""
