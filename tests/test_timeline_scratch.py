@@ -99,7 +99,8 @@ def test_a_scratch_file_on_another_file_system_is_held_to_that_ones_free_space(t
     scratch = chrome.ScratchEstimate(elsewhere, 1000, 1000 * chrome.RECORD_MIN_BYTES)
 
     def check() -> None:
-        common.check_output_budget(job, "chrome", dest, common.max_output_bytes(None), name="the simulated timeline", scratch=scratch)
+        common.check_output_budget(job, "chrome", dest, common.max_output_bytes(None), name="the simulated timeline",
+                                   scratch=scratch)
 
     # the output's file system holds the output, not output + scratch: the scratch is not there
     fake_free_space(monkeypatch, {str(dest.parent): (1, out), str(elsewhere): (2, scratch.bytes)})
