@@ -287,6 +287,9 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--sync-timers", "--pp", "2"], "--micro-batch", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--sync-timers", "--pp", "2", "--microbatches", "2"], "--tp",
               "int", 60))
+    # the data-parallel gradient reduction: local DDP after the backward, or DDP's buckets during it
+    t.append((pr + ["--dp", "2"], "--grad-sync", "name", 60))
+    t.append((pr + ["--grad-sync", "overlap", "--use-distributed-optimizer"], "--dp", "int", 60))
     # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))

@@ -182,6 +182,27 @@ def test_scatter_gather_flag_reaches_the_trace_and_the_row_options(tmp_path) -> 
     assert r.exit_code == 2 and "only applies with --configs" in r.stderr
 
 
+def test_grad_sync_flag_reaches_every_row(tmp_path) -> None:
+    """``sweep --configs --grad-sync overlap``: every row's workload reduces its gradients in
+    buckets during the backward, the options in results.json say so, and a bad mode is one
+    line with nothing written."""
+    p = _csv(tmp_path, HEADER + ",vocab\n4,512,8,256,2,32,1,1,8,1024\n")     # 2 buckets of 25 MB
+    got = {}
+    for mode in ("after-backward", "overlap"):
+        out = tmp_path / mode
+        r = runner.invoke(app, ["sweep", "--configs", str(p), "-o", str(out), "--grad-sync", mode, "--json"])
+        assert r.exit_code == 0, r.output
+        got[mode] = json.loads((out / "results.json").read_text())
+        assert got[mode]["options"]["grad_sync"] == mode
+    rows = {m: g["rows"][0] for m, g in got.items()}
+    assert rows["overlap"]["exposed_comm_ms"] < rows["after-backward"]["exposed_comm_ms"]
+    cfg, _ = workload_for(TINY, ConfigSweepOptions(grad_sync="overlap"))
+    assert cfg.grad_sync == "overlap"
+    r = runner.invoke(app, ["sweep", "--configs", str(p), "-o", str(tmp_path / "bad"), "--grad-sync", "never"])
+    assert r.exit_code == 2 and "--grad-sync: 'never' is not one of" in r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def _pid_and_square(x: int) -> tuple[int, int]:
     import os
 

@@ -224,6 +224,6 @@ def test_flag_is_refused_where_nothing_takes_it(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "job").exists()
     r = runner.invoke(app, [*TRACE, "-o", str(tmp_path / "ok")])
     assert r.exit_code == 0, r.output
-    for flag in ("--accumulate-allreduce-grads-in-fp32", "--use-distributed-optimizer"):
-        r = runner.invoke(app, ["sweep", str(tmp_path / "ok"), "--dp", "2", "-o", str(tmp_path / "sw"), flag])
-        assert r.exit_code == 2 and f"{flag} only applies with --configs" in r.stderr
+    for flag in ("--accumulate-allreduce-grads-in-fp32", "--use-distributed-optimizer", "--grad-sync overlap"):
+        r = runner.invoke(app, ["sweep", str(tmp_path / "ok"), "--dp", "2", "-o", str(tmp_path / "sw"), *flag.split()])
+        assert r.exit_code == 2 and f"{flag.split()[0]} only applies with --configs" in r.stderr

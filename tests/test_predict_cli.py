@@ -157,3 +157,26 @@ def test_sync_timers_are_megatron_only(tmp_path) -> None:
     r = runner.invoke(app, ["trace", "--workload", "gpt", "--sync-timers", "-o", str(tmp_path / "j")])
     assert r.exit_code == 2 and "synchronising timers are Megatron's" in r.output
     assert not (tmp_path / "j").exists()
+
+
+def test_grad_sync_overlap_hides_the_gradient_all_reduce_and_is_recorded(tmp_path) -> None:
+    """``--grad-sync overlap`` (PyTorch DDP, Megatron's ``--DDP-impl torch``) all-reduces the
+    gradients in buckets during the last micro-batch's backward, where the default (Megatron's
+    local DDP) reduces the whole buffer after it: on a data-parallel layout less of the
+    all-reduce is exposed. The summary records the setting; a mode it does not know is one line."""
+    dp8 = ["--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256", "--micro-batch", "2",
+           "--global-batch", "32", "--tp", "1", "--pp", "1", "--dp", "8", "--vocab", "1024", "--gpu", "a100"]
+    runs = {}
+    for name, extra in (("local", []), ("overlap", ["--grad-sync", "overlap"])):
+        r = runner.invoke(app, ["predict", *dp8, *extra, "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["local"]["prediction"]["grad_sync"] == "after-backward"
+    assert runs["overlap"]["prediction"]["grad_sync"] == "overlap"
+    exposed = {k: v["ranks"]["0"]["exposed_comm_ns"] for k, v in runs.items()}
+    comm = {k: v["ranks"]["0"]["comm_ns"] for k, v in runs.items()}
+    assert exposed["overlap"] < exposed["local"] <= comm["local"]
+    r = runner.invoke(app, ["predict", *dp8, "--grad-sync", "sometimes", "-o", str(tmp_path / "bad")])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == "error: --grad-sync: 'sometimes' is not one of overlap, after-backward"
+    assert not (tmp_path / "bad").exists()

@@ -54,6 +54,12 @@ SYNC_TIMERS_HELP = ("Megatron's timers as Megatron-LM had them until 2022: the h
                     "backward and around each pipeline exchange (default: timers that do not synchronise, "
                     "today's; docs/tracer.md).")
 SyncTimersOpt = typer.Option(False, SYNC_TIMERS, help=SYNC_TIMERS_HELP)
+GRAD_SYNC = "--grad-sync"
+GradSyncOpt = typer.Option(
+    None, GRAD_SYNC, metavar="MODE",
+    help="How the gradients are reduced over the data-parallel ranks: after-backward (Megatron's local DDP: "
+         "one all-reduce of the gradient buffer after the backward; the default) or overlap (PyTorch DDP, "
+         "Megatron's --DDP-impl torch: 25 MB buckets all-reduced during the last micro-batch's backward).")
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
@@ -77,14 +83,20 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
-                      distributed_optimizer: bool, sync_timers: bool) -> dict[str, Any]:
+                      distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
-    on ``predict`` and ``sweep --configs``."""
+    on ``predict`` and ``sweep --configs``; ``grad_sync`` only when given (None: the
+    options' default, Megatron's local DDP)."""
+    from echo_et.workloads.gpt import GRAD_SYNCS
+
+    if grad_sync is not None and grad_sync not in GRAD_SYNCS:
+        raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")
     return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,
             "layers_per_virtual_stage": virtual_layers,
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
             "use_distributed_optimizer": distributed_optimizer,
-            "sync_timers": sync_timers}
+            "sync_timers": sync_timers,
+            **({"grad_sync": grad_sync} if grad_sync is not None else {})}
 
 
 def megatron_flag_given(settings: dict[str, Any]) -> str | None:
@@ -93,7 +105,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (VIRTUAL_STAGES, bool(settings["layers_per_virtual_stage"])),
              (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
              (DIST_OPT, settings["use_distributed_optimizer"]),
-             (SYNC_TIMERS, settings["sync_timers"]))
+             (SYNC_TIMERS, settings["sync_timers"]),
+             (GRAD_SYNC, "grad_sync" in settings))
     return next((flag for flag, on in given if on), None)
 
 

@@ -15,6 +15,7 @@ from echo_et.cli.common import (
     RECOMPUTE_GRANULARITY,
     DistOptOpt,
     Fp32GradsOpt,
+    GradSyncOpt,
     JsonOpt,
     NoScatterGatherOpt,
     RecomputeGranularityOpt,
@@ -217,13 +218,14 @@ def sweep(
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
+    grad_sync: str | None = GradSyncOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
     trace and predict every model configuration of a CSV; table, JSON and PNG."""
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
-                                 sync_timers=sync_timers)
+                                 sync_timers=sync_timers, grad_sync=grad_sync)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -18,6 +18,7 @@ from echo_et.cli.common import (
     MAX_OUTPUT_HELP,
     DistOptOpt,
     Fp32GradsOpt,
+    GradSyncOpt,
     JsonOpt,
     NoScatterGatherOpt,
     RecomputeGranularityOpt,
@@ -73,6 +74,7 @@ def predict_cmd(
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
+    grad_sync: str | None = GradSyncOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -112,7 +114,7 @@ def predict_cmd(
                               **megatron_settings(no_scatter_gather=no_scatter_gather,
                                                   virtual_layers=virtual_layers, fp32_grads=fp32_grads,
                                                   distributed_optimizer=distributed_optimizer,
-                                                  sync_timers=sync_timers))
+                                                  sync_timers=sync_timers, grad_sync=grad_sync))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}
