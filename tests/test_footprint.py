@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from echo_et.errors import EchoError
-from echo_et.models.footprint import STATE_BYTES_PER_PARAM, check_fits, megatron_min_bytes, stage_parameters
+from echo_et.models.footprint import (
+    STATE_BYTES_PER_PARAM,
+    check_fits,
+    layer_activation_bytes,
+    megatron_min_bytes,
+    stage_parameters,
+)
 
 GPT175B = dict(layers=96, hidden=12288, ffn=4 * 12288, vocab=51200, seq=2048, micro_batch=1, heads=96)
 
@@ -226,3 +232,20 @@ def test_sweep_row_refusal_carries_the_hint() -> None:
     assert got["predicted_ms"] is None and "\n" not in got["error"]
     assert got["error"].endswith("A100-SXM4-40GB has 40 GB; with full recomputation it needs at least 11.4 GB; "
                                  "A100-SXM4-80GB (a100-80gb, 80 GB) holds it"), got["error"]
+
+
+def test_full_recomputation_counts_the_checkpointed_inputs_partitioned_over_tp() -> None:
+    """Megatron-DeepSpeed partitions the checkpointed layer inputs over the model-parallel
+    ranks (``--partition-activations``) and Megatron-LM's sequence parallelism splits them,
+    so the bound holds e s b h / tp of them: a 39B model at TP8 x PP16 x DP4 and micro-batch
+    24 keeps 16 micro-batches x 3 layers of them on its first stage, 4.8 GB partitioned (38.7 GB
+    whole, which a 40 GB A100 would refuse), and is not refused."""
+    shape = dict(**{**GPT39B, "micro_batch": 24}, tp=8, pp=16, microbatches=16, elem_bytes=2, dp=4)
+    kept, _ = layer_activation_bytes(seq=2048, micro_batch=24, hidden=8192, heads=64, tp=8, elem_bytes=2,
+                                     recompute="full")
+    assert kept == 2 * 2048 * 24 * 8192 // 8
+    assert 16 * 3 * kept * 8 == pytest.approx(38.7e9, rel=2e-3)
+    check_fits(40.0, "A100-SXM4-40GB", **shape)
+    # the same layout with selective recomputation keeps every layer's (10 + 24 / 8) s b h
+    with pytest.raises(EchoError, match="with selective recomputation"):
+        check_fits(80.0, "A100-SXM4-80GB", **shape, recompute="selective")
