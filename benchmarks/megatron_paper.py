@@ -136,6 +136,29 @@ def paper_rows(micro_batch: int | None = None) -> list[dict]:
     return rows
 
 
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The options every public-table benchmark shares: a candidate compute profile, the
+    workers' memory budget."""
+    ap.add_argument("--compute-profile", type=Path, default=None,
+                    help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
+                         "these rows are a check, never a fitting target)")
+    ap.add_argument("--max-memory", type=float, default=5.0,
+                    help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
+
+
+def input_problem(compute_profile: Path | None, transcription: list[str]) -> str | None:
+    """Why the prediction cannot start (the transcribed table's first problem, a missing
+    candidate profile, or no vTrain all-reduce tables to calibrate the collective model on),
+    or None."""
+    if transcription:
+        return f"the transcribed table disagrees with itself: {transcription[0]}"
+    if compute_profile is not None and not compute_profile.is_file():
+        return f"--compute-profile {compute_profile}: no such file"
+    if not (SHARED / "measurements/vtrain-a100/trace/a100").is_dir():
+        return f"{SHARED} lacks vTrain's all-reduce tables (the collective model's calibration)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=1)
@@ -146,28 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain-schedule", action="store_true",
                     help="the plain 1F1B schedule on every row, even where the paper interleaved")
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
-    ap.add_argument("--compute-profile", type=Path, default=None,
-                    help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
-                         "these rows are a check, never a fitting target)")
+    add_model_args(ap)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-sync-timers", dest="sync_timers", action="store_false",
                     help="leave out Megatron-LM's timers of the paper's time (2021), which synchronise the "
                          "device at every micro-batch's forward, backward and pipeline exchange")
     ap.add_argument("--no-scatter-gather-tensors-in-pipeline", dest="scatter_gather", action="store_false",
                     help="send pipeline activations whole from every TP rank (Megatron's flag)")
-    ap.add_argument("--max-memory", type=float, default=5.0,
-                    help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
     args = ap.parse_args(argv)
-    bad = table_problems()
-    if bad:
-        print(f"error: the transcribed table disagrees with itself: {bad[0]}", file=sys.stderr)
-        return 2
-    if args.compute_profile is not None and not args.compute_profile.is_file():
-        print(f"error: --compute-profile {args.compute_profile}: no such file", file=sys.stderr)
-        return 2
-    if not (SHARED / "measurements/vtrain-a100/trace/a100").is_dir():
-        print(f"error: {SHARED} lacks vTrain's all-reduce tables (the collective model's calibration)",
-              file=sys.stderr)
+    problem = input_problem(args.compute_profile, table_problems())
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     rows = paper_rows(args.micro_batch)
     picked = [int(i) for i in args.rows.split(",") if i.strip()] if args.rows else range(len(rows))

@@ -49,8 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from megatron_accuracy import SHARED, vtrain_comm_profile  # noqa: E402
-from megatron_paper import paper_flops  # noqa: E402
+from megatron_accuracy import vtrain_comm_profile  # noqa: E402
+from megatron_paper import add_model_args, input_problem, paper_flops  # noqa: E402
 
 from echo_et.experiments.config_sweep import ConfigSweepOptions, run_config_sweep  # noqa: E402
 from echo_et.models.cluster import Cluster  # noqa: E402
@@ -89,26 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
-    ap.add_argument("--compute-profile", type=Path, default=None,
-                    help="a compute profile to predict with instead of the shipped a100 preset (a candidate; "
-                         "these rows are a check, never a fitting target)")
+    add_model_args(ap)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--max-memory", type=float, default=5.0,
-                    help="GB of data segment per worker (RLIMIT_DATA; a row past it is its error)")
     args = ap.parse_args(argv)
-    bad = table_problems()
-    if bad:
-        print(f"error: the transcribed runs disagree with themselves: {bad[0]}", file=sys.stderr)
-        return 2
+    # the micro-batch first: it needs no input (a clone without ../shared/data says the same)
     if args.micro_batch < 1 or any(BATCH % (args.micro_batch * r["dp"]) for r in mtnlg_rows()):
-        print(f"error: --micro-batch {args.micro_batch} does not divide every run's batch", file=sys.stderr)
-        return 2
-    if args.compute_profile is not None and not args.compute_profile.is_file():
-        print(f"error: --compute-profile {args.compute_profile}: no such file", file=sys.stderr)
-        return 2
-    if not (SHARED / "measurements/vtrain-a100/trace/a100").is_dir():
-        print(f"error: {SHARED} lacks vTrain's all-reduce tables (the collective model's calibration)",
-              file=sys.stderr)
+        problem: str | None = f"--micro-batch {args.micro_batch} does not divide every run's batch"
+    else:
+        problem = input_problem(args.compute_profile, table_problems())
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     rows = mtnlg_rows(args.micro_batch)
     with tempfile.TemporaryDirectory() as tmp:
