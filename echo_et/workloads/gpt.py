@@ -409,10 +409,10 @@ class _GPTRank:
             out = model(inp, replay=self._replay_ok(mb), position_ids=None if batch is None else batch.position_ids)
             if self._is_last(chunk):
                 # the gpt flavour's labels are cut only here (a select the host runs)
-                if batch is None:
-                    out = model.loss(out, self.labels[mb]) / self.ctx.layout.microbatches
-                else:
-                    out = model.loss(out, batch.labels, batch.loss_mask) / self.ctx.layout.microbatches
+                loss = (model.loss(out, self.labels[mb]) if batch is None
+                        else model.loss(out, batch.labels, batch.loss_mask))
+                out = loss / self.ctx.layout.microbatches
+                if batch is not None:
                     self._report_loss(out)
             self._timer_edge()           # forward-compute stop
             return out
