@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="a100",
                     help="the GPU whose data sheet the rows are priced on (vTrain's README says A100, not "
                          "which memory size: a100 is the 40 GB SXM4, a100-80gb the 80 GB; docs/accuracy.md)")
+    ap.add_argument("--pipeline-engine", choices=("megatron", "deepspeed"), default="megatron",
+                    help="the runs' pipeline read as Megatron-LM's 1F1B or DeepSpeed's PipelineEngine")
     ap.add_argument("--sync-timers", action="store_true",
                     help="Megatron's timers before its 2022 rewrite, which synchronise the device at every "
                          "micro-batch's forward, backward and pipeline exchange (docs/accuracy.md)")
@@ -169,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = ConfigSweepOptions(
         cluster=Cluster.parse(gpu=args.gpu, gpus_per_node=8, intra_bw=args.intra_bw, inter_bw="800Gb/s/node"),
         recompute=args.recompute != "none", recompute_granularity="full" if args.recompute == "full" else "selective",
-        dtype="float16", comm_profile=comm_profile, sync_timers=args.sync_timers)
+        dtype="float16", comm_profile=comm_profile, sync_timers=args.sync_timers,
+        pipeline_engine=args.pipeline_engine)
     rows = read_rows(args.data)
     if args.limit:
         rows = rows[::args.limit]

@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
+    ap.add_argument("--pipeline-engine", default="deepspeed", choices=("deepspeed", "megatron"),
+                    help="DeepSpeed's PipelineEngine (what the paper ran; the default) or Megatron-LM's 1F1B")
     add_model_args(ap)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = ConfigSweepOptions(
             cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
             recompute=True, recompute_granularity="full", dtype=args.dtype, comm_profile=str(comm),
+            pipeline_engine=args.pipeline_engine,
             compute_profile=str(args.compute_profile) if args.compute_profile else None)
         t0 = time.perf_counter()
         out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9))
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MAPE {statistics.fmean(abs(e) for e in errs):.2f} % over {len(errs)} rows "
               f"(mean signed {statistics.fmean(errs):+.2f} %); {wall:.0f} s wall")
     if args.json:
-        args.json.write_text(json.dumps({"rows": out.rows, "dtype": args.dtype}, indent=1, sort_keys=True) + "\n",
+        args.json.write_text(json.dumps({"rows": out.rows, "dtype": args.dtype,
+                                         "pipeline_engine": args.pipeline_engine}, indent=1, sort_keys=True) + "\n",
                              encoding="utf-8")
     return 0
 

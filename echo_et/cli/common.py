@@ -60,6 +60,13 @@ GradSyncOpt = typer.Option(
     help="How the gradients are reduced over the data-parallel ranks: after-backward (Megatron's local DDP: "
          "one all-reduce of the gradient buffer after the backward; the default) or overlap (PyTorch DDP, "
          "Megatron's --DDP-impl torch: 25 MB buckets all-reduced during the last micro-batch's backward).")
+PIPELINE_ENGINE = "--pipeline-engine"
+PipelineEngineOpt = typer.Option(
+    None, PIPELINE_ENGINE, metavar="ENGINE",
+    help="Who runs the pipeline: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed "
+         "(DeepSpeed's PipelineEngine, what Megatron-DeepSpeed runs with pipeline parallelism: its "
+         "TrainSchedule, one blocking send or receive per tensor, tensors partitioned over the TP ranks, "
+         "data loaded on the first and last stage only; docs/predict.md).")
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
@@ -83,20 +90,27 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
-                      distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None) -> dict[str, Any]:
+                      distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
+                      pipeline_engine: str | None = None) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
-    on ``predict`` and ``sweep --configs``; ``grad_sync`` only when given (None: the
-    options' default, Megatron's local DDP)."""
-    from echo_et.workloads.gpt import GRAD_SYNCS
+    on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
+    given (None: the options' defaults, Megatron's local DDP and its 1F1B)."""
+    from echo_et.workloads.gpt import GRAD_SYNCS, PIPELINE_ENGINES
 
     if grad_sync is not None and grad_sync not in GRAD_SYNCS:
         raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")
+    if pipeline_engine is not None and pipeline_engine not in PIPELINE_ENGINES:
+        raise OptionError("pipeline_engine", f"{pipeline_engine!r} is not one of {', '.join(PIPELINE_ENGINES)}")
+    if pipeline_engine == "deepspeed" and no_scatter_gather:
+        raise OptionError("pipeline_engine", f"DeepSpeed's engine partitions every pipeline tensor over the TP "
+                                             f"ranks; {NO_SCATTER_GATHER} is Megatron-LM's")
     return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,
             "layers_per_virtual_stage": virtual_layers,
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
             "use_distributed_optimizer": distributed_optimizer,
             "sync_timers": sync_timers,
-            **({"grad_sync": grad_sync} if grad_sync is not None else {})}
+            **({"grad_sync": grad_sync} if grad_sync is not None else {}),
+            **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
 
 def megatron_flag_given(settings: dict[str, Any]) -> str | None:
@@ -106,7 +120,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
              (DIST_OPT, settings["use_distributed_optimizer"]),
              (SYNC_TIMERS, settings["sync_timers"]),
-             (GRAD_SYNC, "grad_sync" in settings))
+             (GRAD_SYNC, "grad_sync" in settings),
+             (PIPELINE_ENGINE, "pipeline_engine" in settings))
     return next((flag for flag, on in given if on), None)
 
 

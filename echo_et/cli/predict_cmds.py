@@ -21,6 +21,7 @@ from echo_et.cli.common import (
     GradSyncOpt,
     JsonOpt,
     NoScatterGatherOpt,
+    PipelineEngineOpt,
     RecomputeGranularityOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
@@ -75,6 +76,7 @@ def predict_cmd(
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
     grad_sync: str | None = GradSyncOpt,
+    pipeline_engine: str | None = PipelineEngineOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -114,7 +116,8 @@ def predict_cmd(
                               **megatron_settings(no_scatter_gather=no_scatter_gather,
                                                   virtual_layers=virtual_layers, fp32_grads=fp32_grads,
                                                   distributed_optimizer=distributed_optimizer,
-                                                  sync_timers=sync_timers, grad_sync=grad_sync))
+                                                  sync_timers=sync_timers, grad_sync=grad_sync,
+                                                  pipeline_engine=pipeline_engine))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

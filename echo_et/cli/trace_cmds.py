@@ -70,6 +70,11 @@ def trace(
              "model chunks of N layers (needs pp > 2, at least 2 chunks, micro-batches a multiple of pp); "
              "0: the plain 1F1B schedule."),
     sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
+    pipeline_engine: str | None = typer.Option(
+        None, "--pipeline-engine", metavar="ENGINE",
+        help="GPT: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed (DeepSpeed's PipelineEngine, "
+             "Megatron-DeepSpeed's with pipeline parallelism: its TrainSchedule, one blocking send or receive "
+             "per tensor, tensors partitioned over the TP ranks, data loaded on the first and last stage only)."),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
@@ -137,7 +142,7 @@ def trace(
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
-                            ("--sync-timers", sync_timers),
+                            ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -151,7 +156,11 @@ def trace(
                                 ("scatter_gather_tensors_in_pipeline", scatter_gather),
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
                                 ("layers_per_virtual_stage", virtual_layers or None),
-                                ("sync_timers", sync_timers or None)) if v is not None}
+                                ("sync_timers", sync_timers or None),
+                                ("pipeline_engine", pipeline_engine)) if v is not None}
+        if pipeline_engine == "deepspeed" and scatter_gather is not None:
+            raise EchoError("--pipeline-engine deepspeed partitions every pipeline tensor over the TP ranks; "
+                            "--[no-]scatter-gather-tensors-in-pipeline is Megatron-LM's")
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         recompute, granularity = recompute_setting(recompute, recompute_granularity)
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
@@ -184,6 +193,8 @@ def trace(
         parts += ["--num-layers-per-virtual-pipeline-stage", cfg.layers_per_virtual_stage]
     if script is None and cfg.sync_timers:
         parts.append("--sync-timers")
+    if script is None and cfg.pipeline_engine != "megatron":
+        parts += ["--pipeline-engine", cfg.pipeline_engine]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

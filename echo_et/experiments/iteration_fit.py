@@ -155,6 +155,13 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     key = "-".join(str(row[k]) for k in ("layers", "hidden", "heads", "seq", "micro_batch",
                                           "global_batch", "tp", "pp", "dp"))
     key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(opts.recompute)}"
+    if opts.recompute:                                           # what the backward runs again
+        key += f"-{opts.recompute_granularity}"
+    for differs, mark in ((opts.grad_sync != "after-backward", f"-{opts.grad_sync}"),
+                          (opts.sync_timers, "-synctimers"),
+                          (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}")):
+        if differs:                                              # the step's calls differ
+            key += mark
     key += f"-sg{int(opts.scatter_gather_tensors_in_pipeline)}"  # the pipeline sends differ
     if opts.accumulate_allreduce_grads_in_fp32 is not None:      # the gradient buffer's dtype
         key += f"-g32{int(opts.accumulate_allreduce_grads_in_fp32)}"

@@ -428,20 +428,26 @@ def _role_keys(job: Job, decision: LayoutDecision, rank: int) -> dict[str, str]:
     return out
 
 
-def _refuse_interleaved(job: Job) -> None:
+def _refuse_other_schedules(job: Job) -> None:
     """A Job traced with the interleaved schedule has each stage's layers in several chunks,
-    not the contiguous stage this pass reads."""
+    not the contiguous stage this pass reads; one traced under DeepSpeed's pipeline engine
+    moves its tensors in calls this pass does not regenerate (its 1F1B is Megatron-LM's)."""
     import json
 
     text = job.manifest.attrs.get("trace.workload")
     try:
-        virtual = json.loads(text).get("layers_per_virtual_stage") if text else None
+        workload = json.loads(text) if text else {}
+        virtual = workload.get("layers_per_virtual_stage")
+        engine = workload.get("pipeline_engine")
     except (ValueError, AttributeError):
-        virtual = None
+        virtual = engine = None
     if virtual:
         raise EchoError(f"{job.source or 'job'}: traced with the interleaved pipeline schedule "
                         f"({virtual} layers per virtual stage), whose stages are not contiguous "
                         "layers; re-trace it at the new pipeline depth instead of re-staging it")
+    if engine and engine != "megatron":
+        raise EchoError(f"{job.source or 'job'}: traced under {engine}'s pipeline engine, whose schedule "
+                        "re-staging does not regenerate; re-trace it at the new pipeline depth instead")
 
 
 def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | None,
@@ -453,7 +459,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     if job.world_size != old.world:
         raise EchoError(f"{job.source or 'job'}: {job.world_size} ranks, but layout {old.describe()} "
                         f"has {old.world}")
-    _refuse_interleaved(job)
+    _refuse_other_schedules(job)
     # Read every old stage of replica 0 (the template, as for dp scaling), per tp rank;
     # each distinct graph once.
     pieces: dict[tuple[int, int], StagePieces] = {}

@@ -26,6 +26,11 @@ and each parameter gets a ``main_grad`` view into them instead of a ``grad``: af
 micro-batch's backward a hook adds the parameter's 16-bit gradient into its ``main_grad``
 and drops it, as Megatron's local DDP does, so the data-parallel reduction moves fp32
 bytes. :func:`grad_of` is where a reader finds a parameter's accumulated gradient.
+
+With ``flatten`` (DeepSpeed's engine without ZeRO: ``buffered_allreduce_fallback``) the
+gradients are not reduced in place: each run of parameters holding more than
+:data:`DEEPSPEED_BUCKET_ELEMENTS` is concatenated into a new flat tensor, all-reduced,
+averaged after the reduction, and copied back parameter by parameter.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from echo_et.workloads.markers import comm_span
 # torch 2.13 renamed the tensor forms; older releases only have the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+#: DeepSpeed's ``MEMORY_OPT_ALLREDUCE_SIZE``: a flattened bucket closes past this many elements
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 
 
 def grad_of(p: torch.Tensor) -> torch.Tensor | None:
@@ -78,8 +86,9 @@ class GradientSync:
 
     def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
                  optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
-                 buffers: list[list[nn.Parameter]] | None = None):
+                 buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False):
         self.group = group
+        self.flatten = flatten and not zero
         self.dp = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.zero = zero
@@ -167,6 +176,9 @@ class GradientSync:
                 before_step()
                 before_step = None
             for b in self.buckets:
+                if self.flatten:
+                    self._flattened_all_reduce(b.params)
+                    continue
                 target = b.grad_shard if self.zero else b.grad
                 b.grad.div_(self.dp)
                 with comm_span(self.group):
@@ -193,6 +205,26 @@ class GradientSync:
         if before_step is not None:
             before_step()
         self._step()
+
+    def _flattened_all_reduce(self, params: list[nn.Parameter]) -> None:
+        """DeepSpeed's ``allreduce_no_retain``: buckets closed past
+        :data:`DEEPSPEED_BUCKET_ELEMENTS`, each flattened, all-reduced, averaged, copied back."""
+        bucket: list[torch.Tensor] = []
+        numel = 0
+        for p in params:
+            g = grad_of(p)
+            bucket.append(g)
+            numel += g.numel()
+            if numel > DEEPSPEED_BUCKET_ELEMENTS or p is params[-1]:
+                flat = torch.cat([t.reshape(-1) for t in bucket])
+                with comm_span(self.group):
+                    dist.all_reduce(flat, group=self.group)
+                flat.mul_(1.0 / self.dp)
+                offset = 0
+                for t in bucket:
+                    t.copy_(flat.narrow(0, offset, t.numel()).view_as(t))
+                    offset += t.numel()
+                bucket, numel = [], 0
 
     def _step(self) -> None:
         self.optimizer.step()

@@ -49,6 +49,7 @@ ATTENTIONS = ("sdpa", "megatron")
 GRAD_SYNCS = ("overlap", "after-backward")
 RECOMPUTE_GRANULARITIES = ("full", "selective")   # the first is --recompute's
 OPTIMIZERS = ("adam", "megatron")
+PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
@@ -102,6 +103,12 @@ class GPTConfig:
     # backward ("backward-compute") and each pipeline exchange ("forward-recv", ...) is timed,
     # so the host waits for the device at each of their edges; the megatron flavour only.
     sync_timers: bool = False
+    # Who runs the pipeline: "megatron" (Megatron-LM's 1F1B, :mod:`.pipeline`) or "deepspeed"
+    # (DeepSpeed's PipelineEngine, Megatron-DeepSpeed's path with pipeline parallelism:
+    # :mod:`.deepspeed_pipe`; only the first and the last stage load data, the tied embedding's
+    # gradient is reduced before the data-parallel reduction, which flattens the gradients
+    # into buckets of DeepSpeed's size, and the loss is averaged once at the end).
+    pipeline_engine: str = "megatron"
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -191,6 +198,7 @@ class GPTConfig:
             raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
         if self.sync_timers and self.attention != "megatron":
             raise EchoError(f"{where}: synchronising timers are Megatron's (megatron-gpt)")
+        self.check_pipeline_engine(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
 
@@ -219,6 +227,22 @@ class GPTConfig:
         if self.grad_sync == "overlap":
             raise EchoError(f"{where}: {what} need the gradient sync after the backward pass "
                             "(after-backward), not overlapped with it")
+
+    def check_pipeline_engine(self, layout: ParallelLayout) -> None:
+        """DeepSpeed's pipeline engine runs its own schedule (no interleaving), reduces the
+        gradients after it (no overlap) and times nothing with Megatron's timers."""
+        where = f"layout {layout.describe()}"
+        if self.pipeline_engine not in PIPELINE_ENGINES:
+            raise EchoError(f"{where}: pipeline engine {self.pipeline_engine!r} is not one of "
+                            f"{', '.join(PIPELINE_ENGINES)}")
+        if self.pipeline_engine != "deepspeed":
+            return
+        for clash, what in ((bool(self.layers_per_virtual_stage), "interleaved pipeline stages (Megatron-LM's)"),
+                            (self.grad_sync == "overlap", "a gradient sync overlapped with the backward "
+                                                          "(it reduces after the schedule)"),
+                            (self.sync_timers, "Megatron's synchronising timers (it has its own)")):
+            if clash:
+                raise EchoError(f"{where}: DeepSpeed's pipeline engine does not run {what}")
 
     def check_footprint(self, layout: ParallelLayout, device: str = "meta") -> None:
         """Refuse, before tracing, what cannot finish: a traced rank's graph beyond
@@ -267,6 +291,8 @@ class GPTConfig:
             del out["recompute_granularity"]
         if not self.sync_timers:
             del out["sync_timers"]
+        if self.pipeline_engine == PIPELINE_ENGINES[0]:
+            del out["pipeline_engine"]
         return out
 
 
@@ -298,6 +324,7 @@ class _GPTRank:
         import torch
 
         from echo_et.workloads.data_parallel import GradientSync
+        from echo_et.workloads.deepspeed_pipe import DeepSpeedLink
         from echo_et.workloads.pipeline import StageLink
 
         self.cfg = cfg
@@ -310,6 +337,7 @@ class _GPTRank:
         self.dtype = getattr(torch, cfg.dtype)
         self.stage = ctx.pp_rank
         self.megatron = cfg.attention == "megatron"
+        self.deepspeed = cfg.pipeline_engine == "deepspeed"
         self.chunks = cfg.virtual_chunks(layout.pp)
         per_chunk = cfg.layers // (layout.pp * self.chunks)
         # Initialisation draws on the parameters' own device (a CPU generator cannot fill a
@@ -329,9 +357,12 @@ class _GPTRank:
         self.model = self.models[-1 if last_stage else 0]
         shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
                  else (cfg.micro_batch, cfg.seq, cfg.hidden))
-        self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron,
-                              sync_before=cfg.sync_timers,
-                              split_group=tp_group if cfg.scatter_gather_tensors_in_pipeline else None)
+        if self.deepspeed:      # partitioned whenever TP > 1, whatever Megatron's flag says
+            self.link = DeepSpeedLink(pp_group, shape, self.dtype, self.device, split_group=tp_group)
+        else:
+            self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron,
+                                  sync_before=cfg.sync_timers,
+                                  split_group=tp_group if cfg.scatter_gather_tensors_in_pipeline else None)
         # The shared word embedding lives on the first and the last stage; Megatron
         # all-reduces its gradient between them.
         self.embd_group = None
@@ -359,6 +390,7 @@ class _GPTRank:
             bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
             buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
+            flatten=self.deepspeed,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
@@ -399,11 +431,13 @@ class _GPTRank:
         with span(phase="forward", mb=mb, stage=self.stage):
             self._timer_edge()           # forward-compute and batch-generator start
             batch = None
-            if self.megatron:
+            if self.megatron and self._loads_data:
                 from echo_et.workloads.megatron import get_batch
 
                 batch = get_batch(self.text[mb], self.tp_group, self.device)
                 self._timer_edge()       # batch-generator stop
+            if self.deepspeed and self.link.first:
+                self._engine_copies(batch, mb)
             if inp is None:
                 inp = self.inputs[mb] if batch is None else batch.tokens
             out = model(inp, replay=self._replay_ok(mb), position_ids=None if batch is None else batch.position_ids)
@@ -412,10 +446,54 @@ class _GPTRank:
                 loss = (model.loss(out, self.labels[mb]) if batch is None
                         else model.loss(out, batch.labels, batch.loss_mask))
                 out = loss / self.ctx.layout.microbatches
-                if batch is not None:
+                if self.deepspeed:
+                    self.total_loss.add_(out.detach())
+                elif batch is not None:
                     self._report_loss(out)
             self._timer_edge()           # forward-compute stop
             return out
+
+    @property
+    def _loads_data(self) -> bool:
+        """Megatron runs get_batch on every stage; DeepSpeed's engine loads micro-batches on
+        the first and the last stage only (``LoadMicroBatch``)."""
+        return not self.deepspeed or self.link.first or self.link.last
+
+    def _engine_copies(self, batch, mb: int) -> None:
+        """DeepSpeed's engine copies the first stage's inputs twice: as it loads them
+        (``clone().detach()``) and as the forward starts (``clone()``)."""
+        loaded = ((self.inputs[mb],) if batch is None
+                  else (batch.tokens, batch.position_ids, batch.attention_mask))
+        for _ in range(2):
+            loaded = tuple(t.clone() for t in loaded)
+
+    def _aggregate_loss(self) -> None:
+        """DeepSpeed's ``_aggregate_total_loss`` after the optimizer step: the last stage
+        averages the step's loss over the data-parallel group and broadcasts it, with its
+        data-parallel group's own, to the other stages of its pipeline."""
+        import torch
+        import torch.distributed as dist
+
+        from echo_et.workloads.markers import comm_span
+
+        layout = self.ctx.layout
+        pp_group = self.ctx.group("pp")
+        with torch.no_grad():
+            if self.link.last:
+                own = (self.total_loss / layout.microbatches).clone().detach()
+                averaged = own.clone().detach()
+                if layout.dp > 1:
+                    with comm_span(self.dp_group):
+                        dist.all_reduce(averaged, group=self.dp_group)
+                    averaged /= layout.dp
+                losses = torch.stack([own, averaged]).float()
+            else:
+                losses = torch.zeros(2).to(self.device, copy=True)
+            if layout.pp > 1:
+                with comm_span(pp_group):
+                    dist.broadcast(losses, group_src=layout.pp - 1, group=pp_group)
+            if not self.link.last:
+                losses[0].clone(), losses[1].clone()
 
     def _timer_edge(self) -> None:
         """A Megatron timer's start or stop: the host waits for the device (``sync_timers``)."""
@@ -486,6 +564,9 @@ class _GPTRank:
         from echo_et.workloads.markers import span
         from echo_et.workloads.pipeline import interleaved_one_f_one_b, one_f_one_b
 
+        if self.deepspeed:
+            self._deepspeed_step()
+            return
         if self.chunks > 1:
             interleaved_one_f_one_b(
                 self.link, self.ctx.layout.microbatches, self.chunks,
@@ -495,6 +576,23 @@ class _GPTRank:
             one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):
             self.sync.finish_and_step(before_step=self._sync_embedding)
+
+    def _deepspeed_step(self) -> None:
+        """``PipelineEngine.train_batch``: the TrainSchedule's steps, then its closing
+        instructions (the tied gradients reduced, then the data-parallel ones, then the
+        optimizer), then the loss averaged and broadcast."""
+        import torch
+
+        from echo_et.workloads.deepspeed_pipe import train_batch
+        from echo_et.workloads.markers import span
+
+        if self.link.last:
+            self.total_loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        train_batch(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
+        with span(phase="optimizer", stage=self.stage):
+            self._sync_embedding()
+            self.sync.finish_and_step()
+            self._aggregate_loss()
 
 
 def _gpu_attention(q, k, v):

@@ -76,7 +76,7 @@ class StageLink:
     def last(self) -> bool:
         return self.stage == self.stages - 1
 
-    def _peer(self, offset: int) -> int:
+    def peer(self, offset: int) -> int:
         # modulo: the interleaved schedule's ring (the plain schedule never wraps)
         return dist.get_global_rank(self.group, (self.stage + offset) % self.stages)
 
@@ -113,12 +113,12 @@ class StageLink:
         if send is not None:
             send = self._slice(send)
             with span(**send_tag, stage=self.stage), comm_span(self.group):
-                works.append(dist.isend(send, self._peer(send_to), group=self.group))
+                works.append(dist.isend(send, self.peer(send_to), group=self.group))
         buf = None
         if recv_from is not None:
             buf = self._buffer()
             with span(**recv_tag, stage=self.stage), comm_span(self.group):
-                works.append(dist.irecv(buf, self._peer(recv_from), group=self.group))
+                works.append(dist.irecv(buf, self.peer(recv_from), group=self.group))
         for w in works:
             with comm_span(self.group):
                 w.wait()
@@ -143,11 +143,11 @@ class StageLink:
             if t.send:
                 send = self._slice(outgoing.pop((t.phase, t.mb, t.chunk)).detach())
                 with span(**tag, stage=self.stage), comm_span(self.group):
-                    works.append(dist.isend(send, self._peer(t.peer), group=self.group))
+                    works.append(dist.isend(send, self.peer(t.peer), group=self.group))
             else:
                 buf = self._buffer()
                 with span(**tag, stage=self.stage), comm_span(self.group):
-                    works.append(dist.irecv(buf, self._peer(t.peer), group=self.group))
+                    works.append(dist.irecv(buf, self.peer(t.peer), group=self.group))
                 bufs.append((buf, t))
         for w in works:
             with comm_span(self.group):

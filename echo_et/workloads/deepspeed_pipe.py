@@ -1,0 +1,215 @@
+"""DeepSpeed's pipeline engine, as Megatron-DeepSpeed trains GPT with pipeline parallelism
+(``GPTModelPipe`` under ``deepspeed.PipelineEngine.train_batch``: its path unless
+``--no-pipeline-parallel``). Written from DeepSpeed's public source (``runtime/pipe/
+schedule.py``, ``engine.py``, ``p2p.py`` and ``PartitionedTensor`` in ``runtime/utils.py``);
+what it does that Megatron-LM's 1F1B (:mod:`.pipeline`) does not, each traced here:
+
+- **The TrainSchedule.** 2 x (micro-batches + stages - 1) steps; at each step a stage runs one
+  forward or one backward, even and odd stages in opposite phases (:func:`train_schedule`). A
+  forward step first receives its activation, then sends the gradient of the backward the
+  step before ran; a backward step first sends the activation of the forward the step before
+  ran, then receives its gradient. The compute order per stage is Megatron's 1F1B; the
+  transfers are not.
+- **One blocking call per tensor.** Every transfer is its own ``dist.send`` / ``dist.recv``
+  (the compute stream waits for it before anything else runs), never a combined exchange and
+  never followed by a device synchronisation.
+- **Partitioned tensors with TP > 1.** DeepSpeed partitions whenever the model-parallel size
+  is above one (``is_pipe_partitioned = is_grad_partitioned = is_model_parallel``): an
+  activation or a gradient leaves as its partition metadata (a small int64 tensor copied to
+  the device) and this TP rank's 1/TP piece (``narrow().clone()``), two sends; the receiver
+  rebuilds it (``PartitionedTensor.full()``: a zeroed flat buffer, the local piece copied in,
+  an all-gather over the TP group whose list form copies every piece back out, and a clone).
+  A stage that sent its output partitioned freed it, so before its backward it rebuilds it
+  the same way.
+- **Copies on receipt.** A received activation is cloned on arrival and again at the start
+  of the forward that reads it.
+
+What the engine does around the schedule (which stages load data, the tied embedding's
+gradient reduced before the data-parallel one, the loss averaged at the end) belongs to the
+model's step (:mod:`echo_et.workloads.gpt`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from echo_et.workloads.markers import comm_span, span
+from echo_et.workloads.pipeline import StageLink
+
+# torch 2.13 renamed the tensor form; older releases only have the old name.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class Instruction(NamedTuple):
+    """One instruction of a TrainSchedule step: ``op`` one of recv_act, send_grad, send_act,
+    recv_grad, load, forward, backward; ``mb`` the micro-batch it concerns."""
+
+    op: str
+    mb: int
+
+
+def _step_micro_batch(step: int, stages: int, stage: int) -> tuple[int, bool]:
+    """(micro-batch, is forward) of ``stage`` at ``step``: forwards on the steps of the
+    stage's parity, backwards on the others (DeepSpeed's ``_step_to_micro_batch``)."""
+    half = step // 2
+    if step % 2 == stage % 2:
+        return half - stage // 2, True
+    if step % 2 == 0:
+        return half - stages + (stage + 1) // 2, False
+    return half - stages + 1 + stage // 2, False
+
+
+def train_schedule(stages: int, stage: int, microbatches: int) -> list[list[Instruction]]:
+    """DeepSpeed's TrainSchedule for ``stage``: one list of instructions per step. A step's
+    micro-batch outside [0, microbatches) is an idle step; ``load`` (first and last stage
+    only) precedes each forward."""
+    def valid(mb: int) -> bool:
+        return 0 <= mb < microbatches
+
+    steps: list[list[Instruction]] = []
+    prev = -1
+    has_prev, has_next = stage > 0, stage < stages - 1
+    for step in range(2 * (microbatches + stages - 1)):
+        mb, forward = _step_micro_batch(step, stages, stage)
+        cmds: list[Instruction] = []
+        if forward:
+            if has_prev and valid(mb):
+                cmds.append(Instruction("recv_act", mb))
+            if has_prev and valid(prev):
+                cmds.append(Instruction("send_grad", prev))
+        else:
+            if has_next and valid(prev):
+                cmds.append(Instruction("send_act", prev))
+            if has_next and valid(mb):
+                cmds.append(Instruction("recv_grad", mb))
+        if forward and valid(mb) and not (has_prev and has_next):
+            cmds.append(Instruction("load", mb))
+        if valid(mb):
+            cmds.append(Instruction("forward" if forward else "backward", mb))
+        steps.append(cmds)
+        prev = mb
+    return steps
+
+
+class DeepSpeedLink(StageLink):
+    """A stage's transfers as DeepSpeed's engine makes them (see the module docstring). With a
+    ``split_group`` of TP > 1 ranks, tensors travel partitioned."""
+
+    def __init__(self, group, shape: tuple[int, ...], dtype, device, *, split_group=None):
+        super().__init__(group, shape, dtype, device, split_group=split_group)
+        # PartitionedTensor.to_meta(): ndim, the shape, parts, this rank, the parts' bounds
+        self.meta = ([len(shape), *shape, self.parts, self.part]
+                     + [i * self.chunk for i in range(self.parts + 1)])
+
+    def _send(self, t: torch.Tensor, offset: int, tag: dict) -> None:
+        with span(**tag, stage=self.stage), comm_span(self.group):
+            work = dist.isend(t, self.peer(offset), group=self.group)
+        with comm_span(self.group):
+            work.wait()
+
+    def _recv(self, buf: torch.Tensor, offset: int, tag: dict) -> torch.Tensor:
+        with span(**tag, stage=self.stage), comm_span(self.group):
+            work = dist.irecv(buf, self.peer(offset), group=self.group)
+        with comm_span(self.group):
+            work.wait()
+        return buf
+
+    def partition(self, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What leaves for a neighbour: ``(meta, piece)`` with TP > 1, else ``(t,)``."""
+        if self.split_group is None:
+            return (t.detach(),)
+        meta = torch.tensor(self.meta, dtype=torch.int64).to(self.device, copy=True)
+        piece = t.detach().contiguous().view(-1).narrow(0, self.part * self.chunk, self.chunk).clone()
+        return meta, piece
+
+    def full(self, piece: torch.Tensor, tag: dict) -> torch.Tensor:
+        """``PartitionedTensor.full()``: the whole tensor from every TP rank's piece."""
+        flat = torch.zeros(self.parts * self.chunk, dtype=self.dtype, device=self.device)
+        flat.narrow(0, self.part * self.chunk, self.chunk).copy_(piece)
+        gathered = torch.empty_like(flat)
+        with span(**tag, stage=self.stage), comm_span(self.split_group):
+            _all_gather(gathered, flat.narrow(0, self.part * self.chunk, self.chunk), group=self.split_group)
+        for i in range(self.parts):     # the list form's copy of each piece back into place
+            flat.narrow(0, i * self.chunk, self.chunk).copy_(gathered.narrow(0, i * self.chunk, self.chunk))
+        return flat.view(self.shape).clone().detach()
+
+    def _receive(self, offset: int, tag: dict) -> list[torch.Tensor]:
+        bufs = ([torch.empty(len(self.meta), dtype=torch.int64, device=self.device), self._piece_buffer()]
+                if self.split_group is not None else [torch.empty(self.shape, dtype=self.dtype, device=self.device)])
+        return [self._recv(b, offset, tag) for b in bufs]
+
+    def _piece_buffer(self) -> torch.Tensor:
+        return torch.empty(self.chunk, dtype=self.dtype, device=self.device)
+
+    def send_activation(self, sent: tuple[torch.Tensor, ...], mb: int) -> None:
+        for t in sent:
+            self._send(t, 1, {"phase": "forward", "mb": mb})
+
+    def recv_activation(self, mb: int) -> list[torch.Tensor]:
+        """The received tensors, each cloned as it arrives."""
+        return [b.clone().detach() for b in self._receive(-1, {"phase": "forward", "mb": mb})]
+
+    def send_gradient(self, grad: torch.Tensor, mb: int) -> None:
+        for t in self.partition(grad):
+            self._send(t, -1, {"phase": "backward", "mb": mb})
+
+    def recv_gradient(self, mb: int) -> list[torch.Tensor]:
+        return self._receive(1, {"phase": "backward", "mb": mb})
+
+    def whole(self, received: list[torch.Tensor], mb: int, phase: str) -> torch.Tensor:
+        """The tensor the received pieces stand for (rebuilt with TP > 1)."""
+        return received[-1] if self.split_group is None else self.full(received[-1], {"phase": phase, "mb": mb})
+
+
+def train_batch(link: DeepSpeedLink, microbatches: int,
+                forward: Callable[[int, torch.Tensor | None], torch.Tensor],
+                backward: Callable[[int, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
+                                   torch.Tensor | None]) -> None:
+    """Run the TrainSchedule's steps on this stage (without its closing reduction and
+    optimizer step). ``forward(mb, input) -> output`` (the loss on the last stage; it loads
+    its own micro-batch on the first and the last stage); ``backward(mb, input, output,
+    output_grad) -> input_grad``."""
+    received: dict[int, list[torch.Tensor]] = {}
+    inputs: dict[int, torch.Tensor | None] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    sent: dict[int, tuple[torch.Tensor, ...]] = {}
+    kept: dict[int, torch.Tensor] = {}      # this rank's piece of each output sent partitioned
+    grads: dict[int, list[torch.Tensor]] = {}
+    input_grads: dict[int, torch.Tensor | None] = {}
+    for cmds in train_schedule(link.stages, link.stage, microbatches):
+        for op, mb in cmds:
+            if op == "recv_act":
+                received[mb] = link.recv_activation(mb)
+            elif op == "send_grad":
+                grad = input_grads.pop(mb)
+                assert grad is not None
+                link.send_gradient(grad, mb)
+            elif op == "send_act":
+                link.send_activation(sent.pop(mb), mb)
+            elif op == "recv_grad":
+                grads[mb] = link.recv_gradient(mb)
+            elif op == "forward":
+                inp = None
+                if mb in received:     # cloned again as the forward starts
+                    inp = link.whole([t.clone() for t in received.pop(mb)], mb, "forward").requires_grad_()
+                inputs[mb] = inp
+                out = forward(mb, inp)
+                outputs[mb] = out
+                if not link.last:
+                    sent[mb] = link.partition(out)
+                    kept[mb] = sent[mb][-1]
+            elif op == "backward":
+                out = outputs.pop(mb)
+                out_grad = None
+                if not link.last:
+                    piece = kept.pop(mb)
+                    if link.split_group is not None:   # the output was freed once sent: rebuilt
+                        out.data = link.full(piece, {"phase": "backward", "mb": mb})
+                    out_grad = link.whole(grads.pop(mb), mb, "backward")
+                input_grads[mb] = backward(mb, inputs.pop(mb), out, out_grad)
+            # "load": the forward loads its micro-batch itself
+
