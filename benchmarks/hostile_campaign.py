@@ -290,6 +290,11 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     # the data-parallel gradient reduction: local DDP after the backward, or DDP's buckets during it
     t.append((pr + ["--dp", "2"], "--grad-sync", "name", 60))
     t.append((pr + ["--grad-sync", "overlap", "--use-distributed-optimizer"], "--dp", "int", 60))
+    # DeepSpeed's pipeline engine: the engine's name, and its partitioned tensors against tp and pp
+    t.append((pr + ["--pp", "2"], "--pipeline-engine", "name", 60))
+    t.append((pr + ["--pipeline-engine", "deepspeed", "--pp", "2"], "--tp", "int", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--pipeline-engine", "deepspeed", "--microbatches", "3"], "--pp",
+              "int", 60))
     # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))
