@@ -295,6 +295,9 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--pipeline-engine", "deepspeed", "--pp", "2"], "--tp", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--pipeline-engine", "deepspeed", "--microbatches", "3"], "--pp",
               "int", 60))
+    # partitioned activation checkpoints: gathered over the TP group in every layer's backward
+    t.append((pr + ["--recompute", "--partition-activations"], "--tp", "int", 60))
+    t.append((pr + ["--partition-activations"], "--recompute-granularity", "name", 60))
     # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))

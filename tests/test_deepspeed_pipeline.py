@@ -191,7 +191,7 @@ def _fill(model, first_layer: int) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
 
 
-def _real_rank(rank: int, tp: int, pp: int, engine: str, port: int, out: str) -> None:
+def _real_rank(rank: int, tp: int, pp: int, settings: dict, port: int, out: str) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -208,12 +208,12 @@ def _real_rank(rank: int, tp: int, pp: int, engine: str, port: int, out: str) ->
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=tp * pp, timeout=timedelta(seconds=120))
     try:
-        cfg = GPTConfig(**REAL, pipeline_engine=engine)
+        cfg = GPTConfig(**REAL, **settings)
         ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, microbatches=REAL_MICROBATCHES), "cpu")
         g = build_gpt(cfg)(ctx).__self__
         for m in g.models:
             _fill(m, m.first_layer)
-        if engine == "deepspeed":
+        if cfg.pipeline_engine == "deepspeed":
             g.total_loss = torch.zeros(())      # what the engine's step sets up on the last stage
             train_batch(g.link, REAL_MICROBATCHES, g._forward, g._backward)
         else:
@@ -230,14 +230,14 @@ def _real_rank(rank: int, tp: int, pp: int, engine: str, port: int, out: str) ->
         dist.destroy_process_group()
 
 
-def _real_grads(tmp_path, tp: int, pp: int, engine: str) -> dict:
+def _real_grads(tmp_path, tp: int, pp: int, **settings) -> dict:
     import torch.multiprocessing as mp
 
     from echo_et.trace.insitu import free_port
 
-    out = tmp_path / f"tp{tp}pp{pp}{engine}"
+    out = tmp_path / ("-".join(f"{k}{v}" for k, v in settings.items()) + f"tp{tp}pp{pp}")
     out.mkdir()
-    mp.start_processes(_real_rank, args=(tp, pp, engine, free_port(), str(out)), nprocs=tp * pp, join=True,
+    mp.start_processes(_real_rank, args=(tp, pp, settings, free_port(), str(out)), nprocs=tp * pp, join=True,
                        start_method="spawn")
     total: dict = {}
     for r in range(tp * pp):
@@ -246,14 +246,16 @@ def _real_grads(tmp_path, tp: int, pp: int, engine: str) -> dict:
     return total
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(1, 3), (2, 2)])
-def test_real_run_gives_the_gradients_of_megatrons_schedule(tmp_path, tp: int, pp: int) -> None:
-    """gloo processes run DeepSpeed's schedule for real (with TP 2, its partitioned tensors):
-    every blocking send meets its receive, and each parameter's gradient, summed over the
-    micro-batches, is the one Megatron's 1F1B gives the same layout, and with one stage the
-    one a single stage gives."""
-    ref = _real_grads(tmp_path, tp, 1, "megatron")
-    got = _real_grads(tmp_path, tp, pp, "deepspeed")
+@pytest.mark.parametrize(("tp", "pp", "checkpoints"), [(1, 3, False), (2, 2, False), (2, 2, True)])
+def test_real_run_gives_the_gradients_of_one_stage(tmp_path, tp: int, pp: int, checkpoints: bool) -> None:
+    """gloo processes run DeepSpeed's schedule for real (with TP 2, its partitioned tensors;
+    and with partitioned activation checkpoints, each layer's input gathered back in the
+    backward): every blocking send meets its receive, and each parameter's gradient, summed
+    over the micro-batches, is the one a single stage of the same TP ranks gives without
+    recomputation."""
+    ref = _real_grads(tmp_path, tp, 1)
+    extra = {"recompute": True, "partition_activations": True} if checkpoints else {}
+    got = _real_grads(tmp_path, tp, pp, pipeline_engine="deepspeed", **extra)
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
@@ -332,3 +334,46 @@ def test_trace_and_sweep_take_the_engine(tmp_path) -> None:
     r = runner.invoke(app, ["sweep", str(tmp_path / "j"), "--dp", "2", "--pipeline-engine", "deepspeed",
                             "-o", str(tmp_path / "lay")])
     assert r.exit_code == 2 and "only applies with --configs" in r.stderr
+
+
+def test_partitioned_checkpoints_gather_each_layer_input_in_the_backward() -> None:
+    """``partition_activations``: each layer keeps 1/TP of its input and all-gathers it over
+    the TP group before it runs again in the backward: one all-gather per layer and
+    micro-batch, of the layer input's bytes, in the backward."""
+    layout = ParallelLayout(tp=2, pp=2, microbatches=3)
+    counts = {}
+    for partition in (False, True):
+        cfg = GPTConfig.megatron(**SHAPE, partition_activations=partition)
+        job = trace(build_gpt(cfg), layout, TraceOptions(device="meta", warmup_steps=0, verify="all")).job
+        g = job.graph_of(0)
+        counts[partition] = Counter(
+            (n.annotations.phase, n.collective.out_bytes) for n in g.nodes
+            if n.kind == pb.KIND_COLLECTIVE and n.collective.type == pb.COLL_ALL_GATHER)
+    layer_input = 16 * 2 * 32 * 2                       # s x b x h, float16
+    extra = counts[True] - counts[False]
+    assert extra == Counter({("backward", layer_input): 3 * 3})   # 3 layers a stage, 3 micro-batches
+    with pytest.raises(Exception, match="partitioned activation checkpoints need full recomputation"):
+        GPTConfig.megatron(**{**SHAPE, "recompute": False}, partition_activations=True).validate(layout)
+
+
+def test_predict_and_sweep_take_partitioned_checkpoints(tmp_path) -> None:
+    import json
+
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+
+    runs = {}
+    for name, extra in (("whole", []), ("partitioned", ["--partition-activations"])):
+        r = runner.invoke(app, ["predict", *PREDICT, "--recompute", *extra, "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["partitioned"]["prediction"]["partition_activations"] is True
+    assert "partition_activations" not in runs["whole"]["prediction"]
+    # the gathers are more work on the critical path of every stage's backward
+    assert runs["partitioned"]["step_time_ns"] > runs["whole"]["step_time_ns"]
+    r = runner.invoke(app, ["predict", *PREDICT, "--partition-activations", "-o", str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "partitioned activation checkpoints need full recomputation" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+    row = {"layers": 4, "hidden": 256, "heads": 8, "seq": 128, "micro_batch": 1, "global_batch": 8,
+           "tp": 2, "pp": 2, "dp": 2, "vocab": 1024}
+    cfg, _ = workload_for(row, ConfigSweepOptions(recompute=True, partition_activations=True))
+    assert cfg.partition_activations

@@ -60,6 +60,12 @@ GradSyncOpt = typer.Option(
     help="How the gradients are reduced over the data-parallel ranks: after-backward (Megatron's local DDP: "
          "one all-reduce of the gradient buffer after the backward; the default) or overlap (PyTorch DDP, "
          "Megatron's --DDP-impl torch: 25 MB buckets all-reduced during the last micro-batch's backward).")
+PARTITION_ACTIVATIONS = "--partition-activations"
+PARTITION_ACTIVATIONS_HELP = ("With full recomputation, keep each layer's checkpointed input split over the TP "
+                              "ranks and all-gather it before the layer runs again in the backward (DeepSpeed's "
+                              "activation checkpointing as Megatron-DeepSpeed's --partition-activations asks; "
+                              "default: every TP rank keeps it whole).")
+PartitionActivationsOpt = typer.Option(False, PARTITION_ACTIVATIONS, help=PARTITION_ACTIVATIONS_HELP)
 PIPELINE_ENGINE = "--pipeline-engine"
 PipelineEngineOpt = typer.Option(
     None, PIPELINE_ENGINE, metavar="ENGINE",
@@ -91,7 +97,7 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
-                      pipeline_engine: str | None = None) -> dict[str, Any]:
+                      pipeline_engine: str | None = None, partition_activations: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B)."""
@@ -109,6 +115,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
             "use_distributed_optimizer": distributed_optimizer,
             "sync_timers": sync_timers,
+            "partition_activations": partition_activations,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -121,7 +128,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (DIST_OPT, settings["use_distributed_optimizer"]),
              (SYNC_TIMERS, settings["sync_timers"]),
              (GRAD_SYNC, "grad_sync" in settings),
-             (PIPELINE_ENGINE, "pipeline_engine" in settings))
+             (PIPELINE_ENGINE, "pipeline_engine" in settings),
+             (PARTITION_ACTIVATIONS, settings["partition_activations"]))
     return next((flag for flag, on in given if on), None)
 
 

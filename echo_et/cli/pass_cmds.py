@@ -18,6 +18,7 @@ from echo_et.cli.common import (
     GradSyncOpt,
     JsonOpt,
     NoScatterGatherOpt,
+    PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
     SyncTimersOpt,
@@ -221,13 +222,15 @@ def sweep(
     sync_timers: bool = SyncTimersOpt,
     grad_sync: str | None = GradSyncOpt,
     pipeline_engine: str | None = PipelineEngineOpt,
+    partition_activations: bool = PartitionActivationsOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
     trace and predict every model configuration of a CSV; table, JSON and PNG."""
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
-                                 sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine)
+                                 sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
+                                                  partition_activations=partition_activations)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

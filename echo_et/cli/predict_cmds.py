@@ -21,6 +21,7 @@ from echo_et.cli.common import (
     GradSyncOpt,
     JsonOpt,
     NoScatterGatherOpt,
+    PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
     SyncTimersOpt,
@@ -77,6 +78,7 @@ def predict_cmd(
     sync_timers: bool = SyncTimersOpt,
     grad_sync: str | None = GradSyncOpt,
     pipeline_engine: str | None = PipelineEngineOpt,
+    partition_activations: bool = PartitionActivationsOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -117,7 +119,8 @@ def predict_cmd(
                                                   virtual_layers=virtual_layers, fp32_grads=fp32_grads,
                                                   distributed_optimizer=distributed_optimizer,
                                                   sync_timers=sync_timers, grad_sync=grad_sync,
-                                                  pipeline_engine=pipeline_engine))
+                                                  pipeline_engine=pipeline_engine,
+                                                  partition_activations=partition_activations))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

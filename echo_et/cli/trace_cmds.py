@@ -15,6 +15,7 @@ from echo_et.cli.cluster_opts import (
     intra_bw_opt,
 )
 from echo_et.cli.common import (
+    PARTITION_ACTIVATIONS_HELP,
     SYNC_TIMERS_HELP,
     JsonOpt,
     RecomputeGranularityOpt,
@@ -70,6 +71,8 @@ def trace(
              "model chunks of N layers (needs pp > 2, at least 2 chunks, micro-batches a multiple of pp); "
              "0: the plain 1F1B schedule."),
     sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
+    partition_activations: bool = typer.Option(False, "--partition-activations",
+                                               help="GPT: " + PARTITION_ACTIVATIONS_HELP),
     pipeline_engine: str | None = typer.Option(
         None, "--pipeline-engine", metavar="ENGINE",
         help="GPT: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed (DeepSpeed's PipelineEngine, "
@@ -143,6 +146,7 @@ def trace(
     if script is not None:
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
                             ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
+                            ("--partition-activations", partition_activations),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -157,7 +161,8 @@ def trace(
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
                                 ("layers_per_virtual_stage", virtual_layers or None),
                                 ("sync_timers", sync_timers or None),
-                                ("pipeline_engine", pipeline_engine)) if v is not None}
+                                ("pipeline_engine", pipeline_engine),
+                                ("partition_activations", partition_activations or None)) if v is not None}
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
             raise EchoError("--pipeline-engine deepspeed partitions every pipeline tensor over the TP ranks; "
                             "--[no-]scatter-gather-tensors-in-pipeline is Megatron-LM's")
@@ -195,6 +200,8 @@ def trace(
         parts.append("--sync-timers")
     if script is None and cfg.pipeline_engine != "megatron":
         parts += ["--pipeline-engine", cfg.pipeline_engine]
+    if script is None and cfg.partition_activations:
+        parts.append("--partition-activations")
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -97,6 +97,8 @@ class ConfigSweepOptions:
     sync_timers: bool = False
     # who runs the pipeline: Megatron-LM's 1F1B or DeepSpeed's engine (GPTConfig.pipeline_engine)
     pipeline_engine: str = "megatron"
+    # DeepSpeed's partitioned activation checkpoints (Megatron-DeepSpeed's --partition-activations)
+    partition_activations: bool = False
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -112,6 +114,8 @@ class ConfigSweepOptions:
             del out["sync_timers"]
         if self.pipeline_engine == "megatron":
             del out["pipeline_engine"]
+        if not self.partition_activations:
+            del out["partition_activations"]
         if not self.recompute:
             del out["recompute_granularity"]
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
@@ -241,7 +245,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              layers_per_virtual_stage=virtual_layers(row, opts),
-                             sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine, **extra)
+                             sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
+                             partition_activations=opts.partition_activations, **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
                             zero=1 if opts.use_distributed_optimizer else 0)

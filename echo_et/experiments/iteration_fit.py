@@ -159,7 +159,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
         key += f"-{opts.recompute_granularity}"
     for differs, mark in ((opts.grad_sync != "after-backward", f"-{opts.grad_sync}"),
                           (opts.sync_timers, "-synctimers"),
-                          (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}")):
+                          (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}"),
+                          (opts.partition_activations, "-partact")):
         if differs:                                              # the step's calls differ
             key += mark
     key += f"-sg{int(opts.scatter_gather_tensors_in_pipeline)}"  # the pipeline sends differ

@@ -44,6 +44,23 @@ from echo_et.workloads.pipeline import StageLink
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def gather_pieces(piece: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's piece of a partitioned tensor, flat, as DeepSpeed gathers one
+    (``PartitionedTensor.full`` and its activation checkpoints): a zeroed buffer of the whole,
+    this rank's piece copied in, and ``dist.all_gather`` in its list form, whose output
+    pieces torch copies one by one out of a flat buffer it gathers into."""
+    parts, part, n = dist.get_world_size(group), dist.get_rank(group), piece.numel()
+    flat = torch.zeros(parts * n, dtype=piece.dtype, device=piece.device)
+    mine = flat.narrow(0, part * n, n)
+    mine.copy_(piece)
+    gathered = torch.empty_like(flat)
+    with comm_span(group):
+        _all_gather(gathered, mine, group=group)
+    for i in range(parts):
+        flat.narrow(0, i * n, n).copy_(gathered.narrow(0, i * n, n))
+    return flat
+
+
 class Instruction(NamedTuple):
     """One instruction of a TrainSchedule step: ``op`` one of recv_act, send_grad, send_act,
     recv_grad, load, forward, backward; ``mb`` the micro-batch it concerns."""
@@ -128,13 +145,8 @@ class DeepSpeedLink(StageLink):
 
     def full(self, piece: torch.Tensor, tag: dict) -> torch.Tensor:
         """``PartitionedTensor.full()``: the whole tensor from every TP rank's piece."""
-        flat = torch.zeros(self.parts * self.chunk, dtype=self.dtype, device=self.device)
-        flat.narrow(0, self.part * self.chunk, self.chunk).copy_(piece)
-        gathered = torch.empty_like(flat)
-        with span(**tag, stage=self.stage), comm_span(self.split_group):
-            _all_gather(gathered, flat.narrow(0, self.part * self.chunk, self.chunk), group=self.split_group)
-        for i in range(self.parts):     # the list form's copy of each piece back into place
-            flat.narrow(0, i * self.chunk, self.chunk).copy_(gathered.narrow(0, i * self.chunk, self.chunk))
+        with span(**tag, stage=self.stage):
+            flat = gather_pieces(piece, self.split_group)
         return flat.view(self.shape).clone().detach()
 
     def _receive(self, offset: int, tag: dict) -> list[torch.Tensor]:

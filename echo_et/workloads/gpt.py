@@ -109,6 +109,10 @@ class GPTConfig:
     # gradient is reduced before the data-parallel reduction, which flattens the gradients
     # into buckets of DeepSpeed's size, and the loss is averaged once at the end).
     pipeline_engine: str = "megatron"
+    # DeepSpeed's activation checkpointing with partitioned checkpoints (Megatron-DeepSpeed's
+    # --partition-activations), with full recomputation: each layer keeps 1/tp of its input
+    # and all-gathers it over the TP group before running again in the backward.
+    partition_activations: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -198,6 +202,9 @@ class GPTConfig:
             raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
         if self.sync_timers and self.attention != "megatron":
             raise EchoError(f"{where}: synchronising timers are Megatron's (megatron-gpt)")
+        if self.partition_activations and not self.recomputes_layers:
+            raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
+                            "(--recompute at granularity full)")
         self.check_pipeline_engine(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
@@ -293,6 +300,8 @@ class GPTConfig:
             del out["sync_timers"]
         if self.pipeline_engine == PIPELINE_ENGINES[0]:
             del out["pipeline_engine"]
+        if not self.partition_activations:
+            del out["partition_activations"]
         return out
 
 
@@ -622,7 +631,7 @@ def _stage_class():
 
     from echo_et.trace.units import repeat_unit
     from echo_et.workloads.markers import backward_begins_here, backward_ends_here, span
-    from echo_et.workloads.megatron import checkpoint, dropout, megatron_block_class
+    from echo_et.workloads.megatron import checkpoint, dropout, megatron_block_class, partitioned_checkpoint
     from echo_et.workloads.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
@@ -707,7 +716,12 @@ def _stage_class():
         def _layer(self, block, x: torch.Tensor, layer: int) -> torch.Tensor:
             with span(layer=layer):
                 x = backward_ends_here(x, layer=layer)
-                x = checkpoint(block, x) if self.cfg.recomputes_layers else block(x)
+                if not self.cfg.recomputes_layers:
+                    x = block(x)
+                elif self.cfg.partition_activations:
+                    x = partitioned_checkpoint(block, self.group, x)
+                else:
+                    x = checkpoint(block, x)
                 return backward_begins_here(x, layer=layer)
 
         def forward(self, x: torch.Tensor, replay: bool = True,

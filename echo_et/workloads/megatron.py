@@ -199,6 +199,42 @@ def checkpoint(fn, *xs: torch.Tensor) -> torch.Tensor:
     return CheckpointFunction.apply(fn, *xs)
 
 
+class PartitionedCheckpointFunction(torch.autograd.Function):
+    """DeepSpeed's activation checkpoint with ``partition_activations`` (Megatron-DeepSpeed's
+    ``--partition-activations``): the forward keeps only this tensor-parallel rank's 1/TP
+    piece of the layer's input (``narrow().clone()``; the TP ranks hold the same input), and
+    the backward gathers the pieces over the TP group before it runs the layer again."""
+
+    @staticmethod
+    def forward(ctx, fn, group, x):
+        ctx.fn, ctx.group, ctx.shape = fn, group, x.shape
+        parts, part = ((dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0))
+        n = x.numel() // parts
+        ctx.save_for_backward(x.detach().contiguous().view(-1).narrow(0, part * n, n).clone())
+        with torch.no_grad():
+            return fn(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from echo_et.workloads.deepspeed_pipe import gather_pieces
+
+        (piece,) = ctx.saved_tensors
+        whole = piece if ctx.group is None else gather_pieces(piece, ctx.group)
+        x = whole.view(ctx.shape).detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = ctx.fn(x)
+        torch.autograd.backward(out, grad)
+        return None, None, x.grad
+
+
+def partitioned_checkpoint(fn, group, x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` under DeepSpeed's partitioned checkpoint; ``group`` the TP group (None or a
+    group of one: the whole input is kept, as DeepSpeed's clone of it)."""
+    if group is not None and dist.get_world_size(group) == 1:
+        group = None
+    return PartitionedCheckpointFunction.apply(fn, group, x)
+
+
 class MixedPrecisionAdam:
     """Adam with Megatron's float16 optimizer around it (see the module docstring). With a
     float32 model there are no master copies: Adam runs on the model's weights."""
