@@ -21,19 +21,21 @@ priori, not chosen on these rows:
 - micro-batch 1: what Megatron-LM's own script runs for the same model shape on the same
   cluster (``examples/sc21/run_table_1.sh``, the 530B row of ``megatron_paper.py``);
 - full recomputation (DeepSpeed's activation checkpointing recomputes whole layers);
-- the plain 1F1B schedule (DeepSpeed's pipeline engine does not interleave), the gradients
-  all-reduced after the backward, the plain optimizer (1.9 billion parameters a GPU: 30 GB of
-  weights, gradients and Adam states, which an 80 GB A100 holds unsharded), today's timers;
+- DeepSpeed's pipeline engine, which the paper names (``--pipeline-engine deepspeed``: its
+  TrainSchedule, no interleaving; ``megatron`` predicts with Megatron-LM's 1F1B instead), the
+  gradients all-reduced after the backward, the plain optimizer (1.9 billion parameters a GPU:
+  30 GB of weights, gradients and Adam states, which an 80 GB A100 holds unsharded);
+- whole activation checkpoints on every TP rank (``--partition-activations`` for DeepSpeed's
+  partitioned ones: the paper does not say, and an 80 GB A100 holds either);
 - bfloat16 with its gradients accumulated and reduced in fp32 (Megatron's default for
   bfloat16; ``--dtype float16`` for the other reading).
 
-Not modelled: DeepSpeed's pipeline engine itself (its instruction schedule, its
-one-transfer-at-a-time send and receive), the all-gather of partitioned activation
-checkpoints in the backward, the 2021 software stack. The same model shape on the same
+Not modelled: the 2021 software stack. The same model shape on the same
 cluster ran at 163 teraFLOP/s per GPU under Megatron-LM (the Megatron-LM paper's 530B row,
 interleaved, batch 2,520): the difference between the two published runs is software.
 
     python benchmarks/mtnlg.py [--workers 1] [--dtype bfloat16] [--micro-batch 1]
+        [--pipeline-engine deepspeed|megatron] [--partition-activations]
         [--compute-profile P.json] [--json OUT.json] [--max-memory GB]
 """
 
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inter-bw", default="1600Gb/s/node")
     ap.add_argument("--pipeline-engine", default="deepspeed", choices=("deepspeed", "megatron"),
                     help="DeepSpeed's PipelineEngine (what the paper ran; the default) or Megatron-LM's 1F1B")
+    ap.add_argument("--partition-activations", action="store_true",
+                    help="DeepSpeed's partitioned activation checkpoints (the paper does not say)")
     add_model_args(ap)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = ConfigSweepOptions(
             cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=args.inter_bw),
             recompute=True, recompute_granularity="full", dtype=args.dtype, comm_profile=str(comm),
-            pipeline_engine=args.pipeline_engine,
+            pipeline_engine=args.pipeline_engine, partition_activations=args.partition_activations,
             compute_profile=str(args.compute_profile) if args.compute_profile else None)
         t0 = time.perf_counter()
         out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9))
@@ -133,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(mean signed {statistics.fmean(errs):+.2f} %); {wall:.0f} s wall")
     if args.json:
         args.json.write_text(json.dumps({"rows": out.rows, "dtype": args.dtype,
-                                         "pipeline_engine": args.pipeline_engine}, indent=1, sort_keys=True) + "\n",
+                                         "pipeline_engine": args.pipeline_engine,
+                                         "partition_activations": args.partition_activations}, indent=1, sort_keys=True) + "\n",
                              encoding="utf-8")
     return 0
 
