@@ -136,10 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MAPE {statistics.fmean(abs(e) for e in errs):.2f} % over {len(errs)} rows "
               f"(mean signed {statistics.fmean(errs):+.2f} %); {wall:.0f} s wall")
     if args.json:
-        args.json.write_text(json.dumps({"rows": out.rows, "dtype": args.dtype,
-                                         "pipeline_engine": args.pipeline_engine,
-                                         "partition_activations": args.partition_activations}, indent=1, sort_keys=True) + "\n",
-                             encoding="utf-8")
+        record = {"rows": out.rows, "dtype": args.dtype, "pipeline_engine": args.pipeline_engine,
+                  "partition_activations": args.partition_activations}
+        args.json.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return 0
 
 

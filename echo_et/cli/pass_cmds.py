@@ -230,7 +230,7 @@ def sweep(
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
-                                                  partition_activations=partition_activations)
+                                 partition_activations=partition_activations)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

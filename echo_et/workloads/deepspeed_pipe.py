@@ -44,6 +44,13 @@ from echo_et.workloads.pipeline import StageLink
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def own_piece(t: torch.Tensor, parts: int, part: int) -> torch.Tensor:
+    """This rank's 1/``parts`` of ``t``, a copy, as DeepSpeed partitions a tensor
+    (``narrow().clone()`` of the flattened tensor)."""
+    n = t.numel() // parts
+    return t.detach().contiguous().view(-1).narrow(0, part * n, n).clone()
+
+
 def gather_pieces(piece: torch.Tensor, group) -> torch.Tensor:
     """Every rank's piece of a partitioned tensor, flat, as DeepSpeed gathers one
     (``PartitionedTensor.full`` and its activation checkpoints): a zeroed buffer of the whole,
@@ -140,8 +147,7 @@ class DeepSpeedLink(StageLink):
         if self.split_group is None:
             return (t.detach(),)
         meta = torch.tensor(self.meta, dtype=torch.int64).to(self.device, copy=True)
-        piece = t.detach().contiguous().view(-1).narrow(0, self.part * self.chunk, self.chunk).clone()
-        return meta, piece
+        return meta, own_piece(t, self.parts, self.part)
 
     def full(self, piece: torch.Tensor, tag: dict) -> torch.Tensor:
         """``PartitionedTensor.full()``: the whole tensor from every TP rank's piece."""

@@ -204,7 +204,7 @@ class GPTConfig:
             raise EchoError(f"{where}: synchronising timers are Megatron's (megatron-gpt)")
         if self.partition_activations and not self.recomputes_layers:
             raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
-                            "(--recompute at granularity full)")
+                            "(recomputation at granularity full)")
         self.check_pipeline_engine(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)

@@ -207,10 +207,11 @@ class PartitionedCheckpointFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fn, group, x):
+        from echo_et.workloads.deepspeed_pipe import own_piece
+
         ctx.fn, ctx.group, ctx.shape = fn, group, x.shape
         parts, part = ((dist.get_world_size(group), dist.get_rank(group)) if group is not None else (1, 0))
-        n = x.numel() // parts
-        ctx.save_for_backward(x.detach().contiguous().view(-1).narrow(0, part * n, n).clone())
+        ctx.save_for_backward(own_piece(x, parts, part))
         with torch.no_grad():
             return fn(x)
 
