@@ -150,10 +150,17 @@ class DeepSpeedLink(StageLink):
         return meta, own_piece(t, self.parts, self.part)
 
     def full(self, piece: torch.Tensor, tag: dict) -> torch.Tensor:
-        """``PartitionedTensor.full()``: the whole tensor from every TP rank's piece."""
-        with span(**tag, stage=self.stage):
-            flat = gather_pieces(piece, self.split_group)
-        return flat.view(self.shape).clone().detach()
+        """``PartitionedTensor.full()``: the whole tensor from every TP rank's piece. The same
+        work at every micro-batch: a meta-device trace records it once per phase and repeats it
+        (:func:`echo_et.trace.units.repeat_region`)."""
+        from echo_et.trace.units import repeat_region
+
+        def run() -> torch.Tensor:
+            with span(**tag, stage=self.stage):
+                flat = gather_pieces(piece, self.split_group)
+            return flat.view(self.shape).clone().detach()
+
+        return repeat_region(("deepspeed-full", tag["phase"]), run, mb=tag["mb"])[0]
 
     def _receive(self, offset: int, tag: dict) -> list[torch.Tensor]:
         bufs = ([torch.empty(len(self.meta), dtype=torch.int64, device=self.device), self._piece_buffer()]
