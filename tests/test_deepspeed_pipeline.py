@@ -172,78 +172,6 @@ def test_tied_gradients_are_reduced_before_the_flattened_data_parallel_ones(jobs
 
 REAL = {"layers": 6, "hidden": 32, "heads": 4, "seq": 8, "micro_batch": 2, "vocab": 64,
         "grad_sync": "after-backward"}
-REAL_MICROBATCHES = 5
-
-
-def _fill(model, first_layer: int) -> None:
-    """The same weights for a layer wherever it lives: drawn from (layer, parameter name), so
-    that the TP ranks' copies of a replicated parameter agree (the model is one model)."""
-    import zlib
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith("blocks."):
-                i, rest = name.split(".", 2)[1:]
-                key = f"layer{first_layer + int(i)}.{rest}"
-            else:
-                key = "word" if name in ("embed.weight", "head_weight") else name
-            gen = torch.Generator().manual_seed(zlib.crc32(key.encode()))
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-
-
-def _real_rank(rank: int, tp: int, pp: int, settings: dict, port: int, out: str) -> None:
-    import faulthandler
-    import os
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from echo_et.trace.context import RankContext
-    from echo_et.workloads.data_parallel import grad_of
-    from echo_et.workloads.deepspeed_pipe import train_batch
-    from echo_et.workloads.pipeline import one_f_one_b
-
-    faulthandler.dump_traceback_later(120, exit=True)   # a hang fails the test, with its stack
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=tp * pp, timeout=timedelta(seconds=120))
-    try:
-        cfg = GPTConfig(**REAL, **settings)
-        ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, microbatches=REAL_MICROBATCHES), "cpu")
-        g = build_gpt(cfg)(ctx).__self__
-        for m in g.models:
-            _fill(m, m.first_layer)
-        if cfg.pipeline_engine == "deepspeed":
-            g.total_loss = torch.zeros(())      # what the engine's step sets up on the last stage
-            train_batch(g.link, REAL_MICROBATCHES, g._forward, g._backward)
-        else:
-            one_f_one_b(g.link, REAL_MICROBATCHES, g._forward, g._backward)
-        grads = {}
-        for m in g.models:
-            for name, p in m.named_parameters():
-                if name.startswith("blocks."):
-                    i, rest = name.split(".", 2)[1:]
-                    name = f"layer{m.first_layer + int(i)}.{rest}"
-                grads[f"{name}/{ctx.tp_rank}"] = grad_of(p).clone()
-        torch.save(grads, f"{out}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def _real_grads(tmp_path, tp: int, pp: int, **settings) -> dict:
-    import torch.multiprocessing as mp
-
-    from echo_et.trace.insitu import free_port
-
-    out = tmp_path / ("-".join(f"{k}{v}" for k, v in settings.items()) + f"tp{tp}pp{pp}")
-    out.mkdir()
-    mp.start_processes(_real_rank, args=(tp, pp, settings, free_port(), str(out)), nprocs=tp * pp, join=True,
-                       start_method="spawn")
-    total: dict = {}
-    for r in range(tp * pp):
-        for k, v in torch.load(out / f"rank{r}.pt").items():
-            total[k] = total.get(k, 0) + v     # the tied embedding's two copies add up
-    return total
 
 
 @pytest.mark.parametrize(("tp", "pp", "checkpoints"), [(1, 3, False), (2, 2, False), (2, 2, True)])
@@ -253,9 +181,11 @@ def test_real_run_gives_the_gradients_of_one_stage(tmp_path, tp: int, pp: int, c
     backward): every blocking send meets its receive, and each parameter's gradient, summed
     over the micro-batches, is the one a single stage of the same TP ranks gives without
     recomputation."""
-    ref = _real_grads(tmp_path, tp, 1)
+    from gpt_real_runs import real_grads
+
+    ref = real_grads(tmp_path, tp=tp, **REAL)
     extra = {"recompute": True, "partition_activations": True} if checkpoints else {}
-    got = _real_grads(tmp_path, tp, pp, pipeline_engine="deepspeed", **extra)
+    got = real_grads(tmp_path, tp=tp, pp=pp, pipeline_engine="deepspeed", **REAL, **extra)
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)

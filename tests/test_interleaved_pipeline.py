@@ -257,90 +257,15 @@ REAL = {"layers": 6, "hidden": 32, "heads": 4, "seq": 8, "micro_batch": 2, "voca
         "grad_sync": "after-backward"}
 
 
-def _fill(model, first_layer: int) -> None:
-    """The same weights for a layer wherever it lives: drawn from (layer, parameter name)."""
-    import zlib
-
-    import torch
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith("blocks."):
-                i, rest = name.split(".", 2)[1:]
-                key = f"layer{first_layer + int(i)}.{rest}"
-            else:
-                key = "word" if name in ("embed.weight", "head_weight") else name
-            gen = torch.Generator().manual_seed(zlib.crc32(key.encode()))
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-
-
-def _real_rank(rank: int, pp: int, virtual: int, port: int, out: str) -> None:
-    import faulthandler
-    import os
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from echo_et.trace.context import RankContext
-    from echo_et.trace.layout import ParallelLayout
-    from echo_et.workloads import GPTConfig
-    from echo_et.workloads.data_parallel import grad_of
-    from echo_et.workloads.gpt import build_gpt
-    from echo_et.workloads.pipeline import interleaved_one_f_one_b, one_f_one_b
-
-    faulthandler.dump_traceback_later(120, exit=True)   # a hang fails the test, with its stack
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=pp, timeout=timedelta(seconds=120))
-    try:
-        cfg = GPTConfig(**REAL, layers_per_virtual_stage=virtual)
-        layout = ParallelLayout(pp=pp, microbatches=6)
-        g = build_gpt(cfg)(RankContext(rank, layout, "cpu")).__self__
-        for m in g.models:
-            _fill(m, m.first_layer)
-        if g.chunks > 1:
-            interleaved_one_f_one_b(g.link, 6, g.chunks, lambda mb, c, x: g._forward(mb, x, c),
-                                    lambda mb, c, x, y, dy: g._backward(mb, x, y, dy, c))
-        else:
-            one_f_one_b(g.link, 6, g._forward, g._backward)
-        grads = {}
-        for m in g.models:
-            for name, p in m.named_parameters():
-                if name.startswith("blocks."):
-                    i, rest = name.split(".", 2)[1:]
-                    name = f"layer{m.first_layer + int(i)}.{rest}"
-                grads[name] = grads.get(name, 0) + grad_of(p).clone()
-        torch.save(grads, f"{out}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def _real_grads(tmp_path, pp: int, virtual: int) -> dict:
-    import torch
-    import torch.multiprocessing as mp
-
-    from echo_et.trace.insitu import free_port
-
-    out = tmp_path / f"pp{pp}v{virtual}"
-    out.mkdir()
-    mp.start_processes(_real_rank, args=(pp, virtual, free_port(), str(out)), nprocs=pp, join=True,
-                       start_method="spawn")
-    total: dict = {}
-    for r in range(pp):
-        for k, v in torch.load(out / f"rank{r}.pt").items():
-            total[k] = total.get(k, 0) + v     # the tied embedding's two copies add up
-    return total
-
-
 def test_real_run_gives_the_gradients_of_one_stage(tmp_path) -> None:
     """Three gloo processes run the interleaved schedule (two chunks each) for real: every
     send meets its receive, and each parameter's gradient, summed over 6 micro-batches, is
     the one-stage run's."""
     import torch
+    from gpt_real_runs import real_grads
 
-    ref = _real_grads(tmp_path, 1, 0)
-    got = _real_grads(tmp_path, 3, 1)
+    ref = real_grads(tmp_path, **REAL)
+    got = real_grads(tmp_path, pp=3, layers_per_virtual_stage=1, **REAL)
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)

@@ -1,0 +1,93 @@
+"""Real runs of the built-in GPT in gloo processes, for the pipeline schedules' tests: every
+rank of a TP x PP layout runs its stage on CPU under the schedule its configuration names
+(Megatron's 1F1B, its interleaved form, or DeepSpeed's engine), and the gradients each rank
+accumulates over the micro-batches come back named by layer and TP rank, so that runs of
+different layouts compare parameter by parameter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+MICROBATCHES = 6
+
+
+def fill_by_layer(model, first_layer: int) -> None:
+    """The same weights for a layer wherever it lives, drawn from (layer, parameter name): the
+    TP ranks' copies of a replicated parameter agree, so the ranks hold one model."""
+    import zlib
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gen = torch.Generator().manual_seed(zlib.crc32(_layer_name(name, first_layer).encode()))
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+def _layer_name(name: str, first_layer: int) -> str:
+    if name.startswith("blocks."):
+        i, rest = name.split(".", 2)[1:]
+        return f"layer{first_layer + int(i)}.{rest}"
+    return "word" if name in ("embed.weight", "head_weight") else name
+
+
+def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str) -> None:
+    import faulthandler
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from echo_et.trace.context import RankContext
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.workloads import GPTConfig
+    from echo_et.workloads.data_parallel import grad_of
+    from echo_et.workloads.deepspeed_pipe import train_batch
+    from echo_et.workloads.gpt import build_gpt
+    from echo_et.workloads.pipeline import interleaved_one_f_one_b, one_f_one_b
+
+    faulthandler.dump_traceback_later(120, exit=True)   # a hang fails the test, with its stack
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=tp * pp, timeout=timedelta(seconds=120))
+    try:
+        cfg = GPTConfig(**cfg_kw)
+        ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, microbatches=MICROBATCHES), "cpu")
+        g = build_gpt(cfg)(ctx).__self__
+        for m in g.models:
+            fill_by_layer(m, m.first_layer)
+        if cfg.pipeline_engine == "deepspeed":
+            g.total_loss = torch.zeros(())      # what the engine's step sets up on the last stage
+            train_batch(g.link, MICROBATCHES, g._forward, g._backward)
+        elif g.chunks > 1:
+            interleaved_one_f_one_b(g.link, MICROBATCHES, g.chunks, lambda mb, c, x: g._forward(mb, x, c),
+                                    lambda mb, c, x, y, dy: g._backward(mb, x, y, dy, c))
+        else:
+            one_f_one_b(g.link, MICROBATCHES, g._forward, g._backward)
+        grads: dict = {}
+        for m in g.models:
+            for name, p in m.named_parameters():
+                key = f"{_layer_name(name, m.first_layer)}/{ctx.tp_rank}"
+                grads[key] = grads.get(key, 0) + grad_of(p).clone()
+        torch.save(grads, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
+    """Each parameter's gradient over ``MICROBATCHES`` micro-batches of a real run of the GPT
+    ``GPTConfig(**cfg_kw)`` on TP x PP gloo processes; the tied embedding's two copies (first
+    and last stage) summed."""
+    import torch.multiprocessing as mp
+
+    from echo_et.trace.insitu import free_port
+
+    out = tmp_path / (f"tp{tp}pp{pp}-" + "-".join(f"{k}{v}" for k, v in sorted(cfg_kw.items())))
+    out.mkdir()
+    mp.start_processes(_rank_main, args=(tp, pp, cfg_kw, free_port(), str(out)), nprocs=tp * pp, join=True,
+                       start_method="spawn")
+    total: dict = {}
+    for r in range(tp * pp):
+        for k, v in torch.load(out / f"rank{r}.pt").items():
+            total[k] = total.get(k, 0) + v
+    return total
