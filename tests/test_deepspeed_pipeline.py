@@ -307,3 +307,19 @@ def test_predict_and_sweep_take_partitioned_checkpoints(tmp_path) -> None:
            "tp": 2, "pp": 2, "dp": 2, "vocab": 1024}
     cfg, _ = workload_for(row, ConfigSweepOptions(recompute=True, partition_activations=True))
     assert cfg.partition_activations
+
+
+def test_the_gpt_workload_reduces_after_the_schedule_under_the_engine(tmp_path) -> None:
+    """The gpt workload's default gradient sync overlaps the backward, which the engine does
+    not run: under ``--pipeline-engine deepspeed`` its default is the reduction after the
+    schedule, and asking for the overlap is one line."""
+    from echo_et.ir import load_job
+
+    base = ["trace", "--workload", "gpt", "--pp", "2", "--tp", "2", "--microbatches", "2", "--device", "meta",
+            "--pipeline-engine", "deepspeed"]
+    r = runner.invoke(app, [*base, "-o", str(tmp_path / "j")])
+    assert r.exit_code == 0, r.output
+    assert "--grad-sync after-backward" in load_job(tmp_path / "j").manifest.provenance.command
+    r = runner.invoke(app, [*base, "--grad-sync", "overlap", "-o", str(tmp_path / "k")])
+    assert r.exit_code == 2 and "does not run a gradient sync overlapped" in r.stderr
+    assert not (tmp_path / "k").exists()

@@ -163,6 +163,8 @@ def trace(
                                 ("sync_timers", sync_timers or None),
                                 ("pipeline_engine", pipeline_engine),
                                 ("partition_activations", partition_activations or None)) if v is not None}
+        if pipeline_engine == "deepspeed" and grad_sync is None:
+            kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
             raise EchoError("--pipeline-engine deepspeed partitions every pipeline tensor over the TP ranks; "
                             "--[no-]scatter-gather-tensors-in-pipeline is Megatron-LM's")
