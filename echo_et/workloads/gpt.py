@@ -455,8 +455,8 @@ class _GPTRank:
                 loss = (model.loss(out, self.labels[mb]) if batch is None
                         else model.loss(out, batch.labels, batch.loss_mask))
                 out = loss / self.ctx.layout.microbatches
-                if self.deepspeed:
-                    self.total_loss.add_(out.detach())
+                if self.deepspeed:       # the engine sums the losses, divided at the end
+                    self.total_loss.add_(loss.detach())
                 elif batch is not None:
                     self._report_loss(out)
             self._timer_edge()           # forward-compute stop
@@ -501,8 +501,8 @@ class _GPTRank:
             if layout.pp > 1:
                 with comm_span(pp_group):
                     dist.broadcast(losses, group_src=layout.pp - 1, group=pp_group)
-            if not self.link.last:
-                losses[0].clone(), losses[1].clone()
+            if not self.link.last:      # the engine's dp_group_loss and agg_train_loss
+                self.losses = (losses[0].clone(), losses[1].clone())
 
     def _timer_edge(self) -> None:
         """A Megatron timer's start or stop: the host waits for the device (``sync_timers``)."""
