@@ -295,6 +295,9 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--pipeline-engine", "deepspeed", "--pp", "2"], "--tp", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--pipeline-engine", "deepspeed", "--microbatches", "3"], "--pp",
               "int", 60))
+    # sequence parallelism: the sequence split over the TP ranks
+    t.append((pr + ["--sequence-parallel"], "--tp", "int", 60))
+    t.append((pr + ["--sequence-parallel", "--tp", "2"], "--seq", "int", 60))
     # partitioned activation checkpoints: gathered over the TP group in every layer's backward
     t.append((pr + ["--recompute", "--partition-activations"], "--tp", "int", 60))
     t.append((pr + ["--partition-activations"], "--recompute-granularity", "name", 60))

@@ -165,6 +165,8 @@ SLOW = {
     "test_interleaved_pipeline.py::test_real_run_gives_the_gradients_of_one_stage",
     # three real gloo runs of DeepSpeed's schedule against one stage (3-4 processes), 20 s
     "test_deepspeed_pipeline.py::test_real_run_gives_the_gradients_of_one_stage",
+    # two real gloo runs of the Megatron GPT with sequence parallelism and one without, 25 s
+    "test_sequence_parallel.py::test_real_run_gives_the_gradients_of_the_run_without_it",
     "test_timeline_stream.py::test_fixture_timelines_are_the_whole_writer_s",
     "test_timeline_stream.py::test_traced_gpt_timeline_is_the_whole_writer_s",
     # the DLRM Kineto job read and exported once, then 15 edits each checked by both checks

@@ -51,7 +51,8 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str) -
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=tp * pp, timeout=timedelta(seconds=120))
     try:
-        cfg = GPTConfig(**cfg_kw)
+        kw = dict(cfg_kw)
+        cfg = GPTConfig.megatron(**kw) if kw.pop("megatron", False) else GPTConfig(**kw)
         ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, microbatches=MICROBATCHES), "cpu")
         g = build_gpt(cfg)(ctx).__self__
         for m in g.models:
@@ -64,6 +65,7 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str) -
                                     lambda mb, c, x, y, dy: g._backward(mb, x, y, dy, c))
         else:
             one_f_one_b(g.link, MICROBATCHES, g._forward, g._backward)
+        g._sync_sequence_parallel()     # what the step does first after the schedule (a no-op without it)
         grads: dict = {}
         for m in g.models:
             for name, p in m.named_parameters():
@@ -76,8 +78,8 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str) -
 
 def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
     """Each parameter's gradient over ``MICROBATCHES`` micro-batches of a real run of the GPT
-    ``GPTConfig(**cfg_kw)`` on TP x PP gloo processes; the tied embedding's two copies (first
-    and last stage) summed."""
+    ``GPTConfig(**cfg_kw)`` (``megatron=True``: ``GPTConfig.megatron``) on TP x PP gloo
+    processes; the tied embedding's two copies (first and last stage) summed."""
     import torch.multiprocessing as mp
 
     from echo_et.trace.insitu import free_port

@@ -66,6 +66,12 @@ PARTITION_ACTIVATIONS_HELP = ("With full recomputation, keep each layer's checkp
                               "activation checkpointing as Megatron-DeepSpeed's --partition-activations asks; "
                               "default: every TP rank keeps it whole).")
 PartitionActivationsOpt = typer.Option(False, PARTITION_ACTIVATIONS, help=PARTITION_ACTIVATIONS_HELP)
+SEQUENCE_PARALLEL = "--sequence-parallel"
+SEQUENCE_PARALLEL_HELP = ("Megatron-LM's sequence parallelism (its flag): between the tensor-parallel regions each TP "
+                          "rank holds 1/tp of the sequence, so layer norms and dropouts run on s / tp tokens and each "
+                          "layer's two all-reduces become all-gathers and reduce-scatters of the same bytes (needs tp "
+                          "to divide the sequence; a no-op at tp 1).")
+SequenceParallelOpt = typer.Option(False, SEQUENCE_PARALLEL, help=SEQUENCE_PARALLEL_HELP)
 PIPELINE_ENGINE = "--pipeline-engine"
 PipelineEngineOpt = typer.Option(
     None, PIPELINE_ENGINE, metavar="ENGINE",
@@ -97,7 +103,8 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
-                      pipeline_engine: str | None = None, partition_activations: bool = False) -> dict[str, Any]:
+                      pipeline_engine: str | None = None, partition_activations: bool = False,
+                      sequence_parallel: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B)."""
@@ -116,6 +123,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "use_distributed_optimizer": distributed_optimizer,
             "sync_timers": sync_timers,
             "partition_activations": partition_activations,
+            "sequence_parallel": sequence_parallel,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -129,7 +137,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (SYNC_TIMERS, settings["sync_timers"]),
              (GRAD_SYNC, "grad_sync" in settings),
              (PIPELINE_ENGINE, "pipeline_engine" in settings),
-             (PARTITION_ACTIVATIONS, settings["partition_activations"]))
+             (PARTITION_ACTIVATIONS, settings["partition_activations"]),
+             (SEQUENCE_PARALLEL, settings["sequence_parallel"]))
     return next((flag for flag, on in given if on), None)
 
 

@@ -21,6 +21,7 @@ from echo_et.cli.common import (
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
+    SequenceParallelOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
     emit_json,
@@ -223,6 +224,7 @@ def sweep(
     grad_sync: str | None = GradSyncOpt,
     pipeline_engine: str | None = PipelineEngineOpt,
     partition_activations: bool = PartitionActivationsOpt,
+    sequence_parallel: bool = SequenceParallelOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -230,7 +232,8 @@ def sweep(
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
-                                 partition_activations=partition_activations)
+                                 partition_activations=partition_activations,
+                                                  sequence_parallel=sequence_parallel)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

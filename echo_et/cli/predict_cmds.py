@@ -24,6 +24,7 @@ from echo_et.cli.common import (
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
+    SequenceParallelOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
     check_output_budget,
@@ -79,6 +80,7 @@ def predict_cmd(
     grad_sync: str | None = GradSyncOpt,
     pipeline_engine: str | None = PipelineEngineOpt,
     partition_activations: bool = PartitionActivationsOpt,
+    sequence_parallel: bool = SequenceParallelOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -120,7 +122,8 @@ def predict_cmd(
                                                   distributed_optimizer=distributed_optimizer,
                                                   sync_timers=sync_timers, grad_sync=grad_sync,
                                                   pipeline_engine=pipeline_engine,
-                                                  partition_activations=partition_activations))
+                                                  partition_activations=partition_activations,
+                                                  sequence_parallel=sequence_parallel))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

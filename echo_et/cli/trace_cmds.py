@@ -16,6 +16,7 @@ from echo_et.cli.cluster_opts import (
 )
 from echo_et.cli.common import (
     PARTITION_ACTIVATIONS_HELP,
+    SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
     JsonOpt,
     RecomputeGranularityOpt,
@@ -73,6 +74,8 @@ def trace(
     sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
     partition_activations: bool = typer.Option(False, "--partition-activations",
                                                help="GPT: " + PARTITION_ACTIVATIONS_HELP),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel",
+                                           help="megatron-gpt: " + SEQUENCE_PARALLEL_HELP),
     pipeline_engine: str | None = typer.Option(
         None, "--pipeline-engine", metavar="ENGINE",
         help="GPT: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed (DeepSpeed's PipelineEngine, "
@@ -147,6 +150,7 @@ def trace(
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
                             ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
                             ("--partition-activations", partition_activations),
+                            ("--sequence-parallel", sequence_parallel),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -162,7 +166,8 @@ def trace(
                                 ("layers_per_virtual_stage", virtual_layers or None),
                                 ("sync_timers", sync_timers or None),
                                 ("pipeline_engine", pipeline_engine),
-                                ("partition_activations", partition_activations or None)) if v is not None}
+                                ("partition_activations", partition_activations or None),
+                                ("sequence_parallel", sequence_parallel or None)) if v is not None}
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
@@ -204,6 +209,8 @@ def trace(
         parts += ["--pipeline-engine", cfg.pipeline_engine]
     if script is None and cfg.partition_activations:
         parts.append("--partition-activations")
+    if script is None and cfg.sequence_parallel:
+        parts.append("--sequence-parallel")
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -99,6 +99,8 @@ class ConfigSweepOptions:
     pipeline_engine: str = "megatron"
     # DeepSpeed's partitioned activation checkpoints (Megatron-DeepSpeed's --partition-activations)
     partition_activations: bool = False
+    # Megatron-LM's --sequence-parallel (GPTConfig.sequence_parallel)
+    sequence_parallel: bool = False
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -116,6 +118,8 @@ class ConfigSweepOptions:
             del out["pipeline_engine"]
         if not self.partition_activations:
             del out["partition_activations"]
+        if not self.sequence_parallel:
+            del out["sequence_parallel"]
         if not self.recompute:
             del out["recompute_granularity"]
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
@@ -246,7 +250,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              layers_per_virtual_stage=virtual_layers(row, opts),
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
-                             partition_activations=opts.partition_activations, **extra)
+                             partition_activations=opts.partition_activations,
+                             sequence_parallel=opts.sequence_parallel, **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
                             zero=1 if opts.use_distributed_optimizer else 0)

@@ -160,7 +160,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     for differs, mark in ((opts.grad_sync != "after-backward", f"-{opts.grad_sync}"),
                           (opts.sync_timers, "-synctimers"),
                           (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}"),
-                          (opts.partition_activations, "-partact")):
+                          (opts.partition_activations, "-partact"),
+                          (opts.sequence_parallel, "-seqpar")):
         if differs:                                              # the step's calls differ
             key += mark
     key += f"-sg{int(opts.scatter_gather_tensors_in_pipeline)}"  # the pipeline sends differ

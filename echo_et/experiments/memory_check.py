@@ -23,7 +23,8 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
                 pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
                 grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
-                recompute=cfg.recompute_level, dropout=cfg.dropout > 0)
+                recompute=cfg.recompute_level, dropout=cfg.dropout > 0,
+                sequence_parallel=cfg.sequence_parallel and layout.tp > 1)
 
 
 def check_memory(cfg: Any, layout: Any, gpu: str) -> None:

@@ -13,8 +13,10 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
   what Megatron's plain optimizer holds at any dp). The stage's
   share of the tensor-parallel split, the word embedding on the first and the last stage
   (Megatron ties them: both hold a copy), positions on the first;
-- the activations of Megatron's layers (core attention without flash attention, no
-  sequence parallelism, as the ``megatron-gpt`` workload runs them), counted as Korthikanti et al.
+- the activations of Megatron's layers (core attention without flash attention, as the
+  ``megatron-gpt`` workload runs them; with sequence parallelism the tensors the TP ranks
+  otherwise replicate, layer-norm and dropout inputs and masks, split along the sequence:
+  ``--sequence-parallel``), counted as Korthikanti et al.
   (*Reducing Activation Recomputation in Large Transformer Models*, 2022, section 4) count
   them, per layer and micro-batch in flight (the first stage of the 1F1B schedule holds
   min(pp, micro-batches) of them):
@@ -88,13 +90,16 @@ RECOMPUTE_LEVELS = ("full", "selective", "none")
 
 
 def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: int, tp: int, elem_bytes: int,
-                           recompute: str, dropout: bool = True) -> tuple[int, int]:
+                           recompute: str, dropout: bool = True, sequence_parallel: bool = False) -> tuple[int, int]:
     """(kept, transient) bytes of one layer and micro-batch at ``recompute``: what stays
-    until its backward, and what its backward adds at once on top (see the module docstring)."""
+    until its backward, and what its backward adds at once on top (see the module docstring).
+    With ``sequence_parallel`` the tensors the TP ranks otherwise replicate are split along
+    the sequence too (Korthikanti et al.: 34 s b h / tp at e = 2 with selective recomputation)."""
     if recompute not in RECOMPUTE_LEVELS:
         raise ValueError(f"recompute {recompute!r} is not one of {RECOMPUTE_LEVELS}")
     sbh, mask = seq * micro_batch * hidden, 1 if dropout else 0
-    outside_attention = (4 * elem_bytes + 2 * mask) * sbh + 12 * elem_bytes * sbh // tp
+    replicated = (4 * elem_bytes + 2 * mask) * sbh
+    outside_attention = (replicated // tp if sequence_parallel else replicated) + 12 * elem_bytes * sbh // tp
     scores = ((2 * elem_bytes + mask) if dropout else elem_bytes) * heads * seq * seq * micro_batch // tp
     if recompute == "full":       # the checkpointed input, partitioned over the TP ranks
         kept = elem_bytes * sbh // tp
@@ -107,12 +112,13 @@ def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: in
 def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, micro_batch: int,
                        tp: int, pp: int, microbatches: int, elem_bytes: int, heads: int, dp: int = 1,
                        grad_bytes: int | None = None, recompute: str = "full",
-                       dropout: bool = True) -> tuple[int, int, int]:
+                       dropout: bool = True, sequence_parallel: bool = False) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most."""
     best = (0, 0, 0)
     per_param = state_bytes_per_param(elem_bytes, dp, grad_bytes)
     kept, transient = layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
-                                             elem_bytes=elem_bytes, recompute=recompute, dropout=dropout)
+                                             elem_bytes=elem_bytes, recompute=recompute, dropout=dropout,
+                                             sequence_parallel=sequence_parallel)
     for stage in sorted({0, pp - 1}):
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage))

@@ -113,6 +113,11 @@ class GPTConfig:
     # --partition-activations), with full recomputation: each layer keeps 1/tp of its input
     # and all-gathers it over the TP group before running again in the backward.
     partition_activations: bool = False
+    # Megatron-LM's --sequence-parallel (megatron flavour, with tied embeddings): between the
+    # tensor-parallel regions each TP rank holds s / tp of the sequence (:mod:`.tensor_parallel`);
+    # pipeline stages send those rows; the layer norms' and row-parallel biases' gradients are
+    # all-reduced over the TP group after the backward. A no-op at tp = 1, as in Megatron.
+    sequence_parallel: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -206,6 +211,7 @@ class GPTConfig:
             raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
                             "(recomputation at granularity full)")
         self.check_pipeline_engine(layout)
+        self.check_sequence_parallel(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
 
@@ -250,6 +256,22 @@ class GPTConfig:
                             (self.sync_timers, "Megatron's synchronising timers (it has its own)")):
             if clash:
                 raise EchoError(f"{where}: DeepSpeed's pipeline engine does not run {what}")
+
+    def check_sequence_parallel(self, layout: ParallelLayout) -> None:
+        """Megatron's sequence parallelism: its layers (megatron flavour, the output layer
+        tied to the embedding), a sequence the TP ranks split evenly; DeepSpeed's engine and
+        partitioned checkpoints are another software's."""
+        if not self.sequence_parallel:
+            return
+        where = f"layout {layout.describe()}"
+        if self.attention != "megatron" or not self.tie_embeddings:
+            raise EchoError(f"{where}: sequence parallelism is Megatron's (megatron-gpt, with its tied output layer)")
+        if self.seq % layout.tp:
+            raise EchoError(f"{where}: sequence parallelism needs tp ({layout.tp}) to divide the sequence "
+                            f"({self.seq})")
+        if self.pipeline_engine != "megatron" or self.partition_activations:
+            raise EchoError(f"{where}: sequence parallelism is Megatron-LM's; DeepSpeed's pipeline engine "
+                            "and partitioned activation checkpoints do not run with it here")
 
     def check_footprint(self, layout: ParallelLayout, device: str = "meta") -> None:
         """Refuse, before tracing, what cannot finish: a traced rank's graph beyond
@@ -302,6 +324,8 @@ class GPTConfig:
             del out["pipeline_engine"]
         if not self.partition_activations:
             del out["partition_activations"]
+        if not self.sequence_parallel:
+            del out["sequence_parallel"]
         return out
 
 
@@ -364,14 +388,18 @@ class _GPTRank:
         # the chunk whose word embedding is shared: the first chunk of the first stage, the
         # last chunk of the last stage (chunk 0 of any other stage, which has none)
         self.model = self.models[-1 if last_stage else 0]
-        shape = ((cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
+        # with sequence parallelism a stage sends its s / tp rows (and nothing is split again)
+        sp = cfg.sequence_parallel and layout.tp > 1
+        shape = ((cfg.seq // layout.tp if sp else cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
                  else (cfg.micro_batch, cfg.seq, cfg.hidden))
         if self.deepspeed:      # partitioned whenever TP > 1, whatever Megatron's flag says
             self.link = DeepSpeedLink(pp_group, shape, self.dtype, self.device, split_group=tp_group)
         else:
             self.link = StageLink(pp_group, shape, self.dtype, self.device, sync_after=self.megatron,
                                   sync_before=cfg.sync_timers,
-                                  split_group=tp_group if cfg.scatter_gather_tensors_in_pipeline else None)
+                                  split_group=tp_group if cfg.scatter_gather_tensors_in_pipeline and not sp
+                                  else None)
+        self.tp_group = tp_group
         # The shared word embedding lives on the first and the last stage; Megatron
         # all-reduces its gradient between them.
         self.embd_group = None
@@ -406,7 +434,6 @@ class _GPTRank:
                                generator=data_gen)
         if self.megatron:
             # Megatron's get_batch cuts each micro-batch on the device (megatron.get_batch)
-            self.tp_group = tp_group
             self.text = tokens
         else:
             self.inputs = tokens[..., :-1].contiguous().to(self.device)
@@ -558,6 +585,34 @@ class _GPTRank:
             self._timer_edge()           # backward-compute stop
             return None if inp is None else inp.grad
 
+    def _before_step(self) -> None:
+        """Between the data-parallel reduction and the optimizer, in Megatron's order: the
+        sequence-parallel parameters' gradients, then the tied embedding's."""
+        self._sync_sequence_parallel()
+        self._sync_embedding()
+
+    def _sync_sequence_parallel(self) -> None:
+        """Megatron's ``allreduce_layernorm_grads``: the gradients of the parameters applied to
+        s / tp rows on each TP rank, flattened into one buffer, all-reduced over the TP group
+        and copied back."""
+        import torch
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        from echo_et.workloads.data_parallel import grad_of
+        from echo_et.workloads.markers import comm_span
+        from echo_et.workloads.tensor_parallel import is_sequence_parallel
+
+        grads = [grad_of(p) for m in self.models for p in m.parameters() if is_sequence_parallel(p)]
+        if not grads:
+            return
+        flat = _flatten_dense_tensors(grads)
+        with comm_span(self.tp_group):
+            dist.all_reduce(flat, group=self.tp_group)
+        with torch.no_grad():
+            for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+                g.copy_(synced)
+
     def _sync_embedding(self) -> None:
         import torch.distributed as dist
 
@@ -584,7 +639,7 @@ class _GPTRank:
         else:
             one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):
-            self.sync.finish_and_step(before_step=self._sync_embedding)
+            self.sync.finish_and_step(before_step=self._before_step)
 
     def _deepspeed_step(self) -> None:
         """``PipelineEngine.train_batch``: the TrainSchedule's steps, then its closing
@@ -637,6 +692,9 @@ def _stage_class():
         RowParallelLinear,
         VocabParallelEmbedding,
         copy_to_region,
+        gather_from_sequence,
+        mark_sequence_parallel,
+        scatter_to_sequence,
         vocab_parallel_cross_entropy,
         vocab_range,
     )
@@ -681,6 +739,7 @@ def _stage_class():
             self.cfg = cfg
             self.group = group
             self.megatron = cfg.attention == "megatron"
+            self.sequence_parallel = cfg.sequence_parallel and layout.tp > 1
             self.first = stage == 0 if first is None else first
             self.last = stage == layout.pp - 1 if last is None else last
             self.first_layer = first_layer
@@ -700,6 +759,8 @@ def _stage_class():
                 self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
             if self.last:
                 self.ln_f = nn.LayerNorm(cfg.hidden, device=device, dtype=dtype)
+                if self.sequence_parallel:
+                    mark_sequence_parallel(*self.ln_f.parameters())
                 if not cfg.tie_embeddings:
                     self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, **kw)
                 elif not self.first:
@@ -730,7 +791,10 @@ def _stage_class():
             if self.first:
                 if self.megatron:
                     x = self.embed(x) + F.embedding(position_ids, self.pos)
-                    x = dropout(x.transpose(0, 1).contiguous(), self.cfg.dropout)
+                    x = x.transpose(0, 1).contiguous()
+                    if self.sequence_parallel:      # each TP rank keeps its s / tp rows
+                        x = scatter_to_sequence(x, self.group)
+                    x = dropout(x, self.cfg.dropout)
                 else:
                     x = self.embed(x) + self.pos
             for i, block in enumerate(self.blocks):
@@ -742,9 +806,13 @@ def _stage_class():
                     x = self._layer(block, x, layer)
             if self.last:
                 x = self.ln_f(x)
+                if self.sequence_parallel:          # the logits need the whole sequence
+                    x = gather_from_sequence(x, self.group)
                 if self.megatron:
                     x = x.transpose(0, 1).contiguous()
-                if self.cfg.tie_embeddings:
+                if self.sequence_parallel:          # the gather's backward sums the gradients
+                    x = F.linear(x, self.word_weight())
+                elif self.cfg.tie_embeddings:
                     x = F.linear(copy_to_region(x, self.group), self.word_weight())
                 else:
                     x = self.head(x)

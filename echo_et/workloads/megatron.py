@@ -116,7 +116,7 @@ def get_batch(text: torch.Tensor, group, device) -> Batch:
 @functools.cache
 def megatron_block_class():
     from echo_et.workloads import fused
-    from echo_et.workloads.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from echo_et.workloads.tensor_parallel import ColumnParallelLinear, RowParallelLinear, mark_sequence_parallel
 
     class MegatronBlock(nn.Module):
         """One transformer layer on ``[s, b, h]`` input (see the module docstring)."""
@@ -134,17 +134,21 @@ def megatron_block_class():
                                                                   dtype=dtype)
             # the unfused path's mask, made once here as Megatron's data loader makes it
             self.mask = None if self.fused_softmax else fused.causal_mask(cfg.seq, cfg.seq, device)
+            sp = {"sequence_parallel": cfg.sequence_parallel}
             self.ln1 = nn.LayerNorm(h, device=device, dtype=dtype)
-            self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw)
-            self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw)
+            self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw, **sp)
+            self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw, **sp)
             self.ln2 = nn.LayerNorm(h, device=device, dtype=dtype)
-            self.fc1 = ColumnParallelLinear(h, cfg.ffn_mult * h, group, skip_bias_add=True, **kw)
-            self.fc2 = RowParallelLinear(cfg.ffn_mult * h, h, group, skip_bias_add=True, **kw)
+            self.fc1 = ColumnParallelLinear(h, cfg.ffn_mult * h, group, skip_bias_add=True, **kw, **sp)
+            self.fc2 = RowParallelLinear(cfg.ffn_mult * h, h, group, skip_bias_add=True, **kw, **sp)
+            if self.qkv.sequence_parallel:      # the layer norms run on s / tp rows
+                mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
 
         def attention(self, x: torch.Tensor):
-            s, b, _ = x.shape
             np_, hn = self.np, self.hn
-            mixed = self.qkv(x).view(s, b, np_, 3 * hn)
+            mixed = self.qkv(x)
+            s, b = mixed.shape[:2]              # the whole sequence, sequence-parallel or not
+            mixed = mixed.view(s, b, np_, 3 * hn)
             q, k, v = mixed.split(hn, dim=-1)
             q = q.view(s, b * np_, hn).transpose(0, 1)
             k = k.view(s, b * np_, hn).transpose(0, 1)

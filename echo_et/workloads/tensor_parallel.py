@@ -5,6 +5,16 @@ features and all-reduce their output; the pair needs one all-reduce in forward (
 in backward (the gradient of the column's input), expressed by two autograd Functions. The
 embedding and the loss are vocab-parallel: each rank holds a slice of the vocabulary.
 With a group of size 1 no collective is issued.
+
+Sequence parallelism (Megatron-LM's ``--sequence-parallel``, Korthikanti et al. 2022, arXiv
+2205.05198): between the tensor-parallel regions the activations are split along the
+sequence (dimension 0 of Megatron's ``[s, b, h]``), so the layer norms, dropouts and residual
+adds run on s / tp tokens per rank. A column-parallel linear all-gathers its input along the
+sequence first (and in its backward gathers it again, overlapped with the input-gradient
+GEMM, then reduce-scatters that gradient, overlapped with the weight-gradient GEMM:
+Megatron's ``LinearWithGradAccumulationAndAsyncCommunication``); a row-parallel linear
+reduce-scatters its output along the sequence instead of all-reducing it. The same bytes as
+the two all-reduces, in four collectives a layer each way.
 """
 
 from __future__ import annotations
@@ -18,9 +28,122 @@ from torch import nn
 
 from echo_et.workloads.markers import comm_span
 
+# torch 2.13 renamed the tensor forms; older releases only have the old names.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def _size(group) -> int:
     return dist.get_world_size(group)
+
+
+def _gather_sequence(x: torch.Tensor, group, async_op: bool = False):
+    """``x`` all-gathered along dimension 0 (the sequence): (tensor, work or None)."""
+    out = torch.empty((x.shape[0] * _size(group), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    with comm_span(group):
+        work = _all_gather(out, x.contiguous(), group=group, async_op=async_op)
+    return out, work
+
+
+def _scatter_sequence(x: torch.Tensor, group, async_op: bool = False):
+    """``x`` reduce-scattered along dimension 0: this rank's summed s / tp rows, (tensor, work)."""
+    out = torch.empty((x.shape[0] // _size(group), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    with comm_span(group):
+        work = _reduce_scatter(out, x.contiguous(), group=group, async_op=async_op)
+    return out, work
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """All-gather along the sequence in forward; reduce-scatter of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_sequence(x, group)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _scatter_sequence(grad, ctx.group)[0], None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    """Reduce-scatter along the sequence in forward; all-gather of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _scatter_sequence(x, group)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_sequence(grad, ctx.group)[0], None
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    """This rank's s / tp rows (a copy) in forward; all-gather of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        n = x.shape[0] // _size(group)
+        return x.narrow(0, dist.get_rank(group) * n, n).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_sequence(grad, ctx.group)[0], None
+
+
+class _SequenceParallelLinear(torch.autograd.Function):
+    """Megatron's column-parallel GEMM on a sequence-split input (see the module docstring):
+    the gathered input is not kept; the backward gathers it again."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.group = group
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        total, _ = _gather_sequence(x, group)
+        out = torch.matmul(total, weight.t())
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        total, gathering = _gather_sequence(x, ctx.group, async_op=True)
+        grad_input = grad.matmul(weight)
+        with comm_span(ctx.group):
+            gathering.wait()
+        grad2d = grad.reshape(-1, grad.shape[-1])
+        sub_grad_input, scattering = _scatter_sequence(grad_input, ctx.group, async_op=True)
+        grad_weight = grad2d.t().matmul(total.reshape(-1, total.shape[-1]))
+        grad_bias = grad2d.sum(dim=0) if ctx.has_bias else None
+        with comm_span(ctx.group):
+            scattering.wait()
+        return sub_grad_input, grad_weight, grad_bias, None
+
+
+def mark_sequence_parallel(*params: nn.Parameter) -> None:
+    """Parameters applied to s / tp rows on every TP rank: each rank's gradient covers its
+    rows only, so their gradients are all-reduced over the TP group after the backward
+    (Megatron's ``sequence_parallel`` attribute, ``allreduce_layernorm_grads``)."""
+    for p in params:
+        p.sequence_parallel = True
+
+
+def is_sequence_parallel(p: nn.Parameter) -> bool:
+    return getattr(p, "sequence_parallel", False)
+
+
+def gather_from_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    return _GatherFromSequence.apply(x, group) if _size(group) > 1 else x
+
+
+def reduce_scatter_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    return _ReduceScatterToSequence.apply(x, group) if _size(group) > 1 else x
+
+
+def scatter_to_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    return _ScatterToSequence.apply(x, group) if _size(group) > 1 else x
 
 
 class _CopyToRegion(torch.autograd.Function):
@@ -73,19 +196,25 @@ def _init(weight: torch.Tensor, gen: torch.Generator | None) -> None:
 
 class ColumnParallelLinear(nn.Module):
     """``skip_bias_add``: return ``(x @ W^T, bias)`` and let the caller fuse the bias into
-    what follows, as Megatron-LM's layers do."""
+    what follows, as Megatron-LM's layers do. ``sequence_parallel``: the input is split along
+    the sequence and gathered here (see the module docstring)."""
 
     def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
-                 skip_bias_add: bool = False):
+                 skip_bias_add: bool = False, sequence_parallel: bool = False):
         super().__init__()
         self.group = group
         self.skip_bias_add = skip_bias_add
+        self.sequence_parallel = sequence_parallel and _size(group) > 1
         local = out_features // _size(group)
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(local, device=device, dtype=dtype))
         _init(self.weight, gen)
 
     def forward(self, x: torch.Tensor):
+        if self.sequence_parallel:
+            bias = None if self.skip_bias_add else self.bias
+            out = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
+            return (out, self.bias) if self.skip_bias_add else out
         x = copy_to_region(x, self.group)
         if self.skip_bias_add:
             return F.linear(x, self.weight), self.bias
@@ -93,18 +222,27 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
+    """``sequence_parallel``: the output is reduce-scattered along the sequence instead of
+    all-reduced, and the bias (added to s / tp rows on every rank) is marked for the
+    tensor-parallel all-reduce of its gradient."""
+
     def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
-                 skip_bias_add: bool = False):
+                 skip_bias_add: bool = False, sequence_parallel: bool = False):
         super().__init__()
         self.group = group
         self.skip_bias_add = skip_bias_add
+        self.sequence_parallel = sequence_parallel and _size(group) > 1
         local = in_features // _size(group)
         self.weight = nn.Parameter(torch.empty(out_features, local, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
         _init(self.weight, gen)
+        if self.sequence_parallel:
+            mark_sequence_parallel(self.bias)
 
     def forward(self, x: torch.Tensor):
-        out = reduce_from_region(F.linear(x, self.weight), self.group)
+        out = F.linear(x, self.weight)
+        out = (reduce_scatter_to_sequence(out, self.group) if self.sequence_parallel
+               else reduce_from_region(out, self.group))
         if self.skip_bias_add:
             return out, self.bias
         return out + self.bias
