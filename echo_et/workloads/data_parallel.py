@@ -49,6 +49,21 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
 
 
+def all_reduce_flattened(tensors: list[torch.Tensor], group, *, scale: float | None = None) -> None:
+    """Reduce ``tensors`` over ``group`` in one call, the way Megatron and DeepSpeed reduce
+    loose gradients: concatenated into a new flat tensor (``torch.cat``), all-reduced, scaled
+    when asked, and copied back tensor by tensor."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    with comm_span(group):
+        dist.all_reduce(flat, group=group)
+    if scale is not None:
+        flat.mul_(scale)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat.narrow(0, offset, t.numel()).view_as(t))
+        offset += t.numel()
+
+
 def grad_of(p: torch.Tensor) -> torch.Tensor | None:
     """The gradient a parameter accumulated: its ``main_grad`` when it has one, else ``grad``."""
     main = getattr(p, "main_grad", None)
@@ -216,14 +231,7 @@ class GradientSync:
             bucket.append(g)
             numel += g.numel()
             if numel > DEEPSPEED_BUCKET_ELEMENTS or p is params[-1]:
-                flat = torch.cat([t.reshape(-1) for t in bucket])
-                with comm_span(self.group):
-                    dist.all_reduce(flat, group=self.group)
-                flat.mul_(1.0 / self.dp)
-                offset = 0
-                for t in bucket:
-                    t.copy_(flat.narrow(0, offset, t.numel()).view_as(t))
-                    offset += t.numel()
+                all_reduce_flattened(bucket, self.group, scale=1.0 / self.dp)
                 bucket, numel = [], 0
 
     def _step(self) -> None:

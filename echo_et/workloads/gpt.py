@@ -595,23 +595,12 @@ class _GPTRank:
         """Megatron's ``allreduce_layernorm_grads``: the gradients of the parameters applied to
         s / tp rows on each TP rank, flattened into one buffer, all-reduced over the TP group
         and copied back."""
-        import torch
-        import torch.distributed as dist
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-        from echo_et.workloads.data_parallel import grad_of
-        from echo_et.workloads.markers import comm_span
+        from echo_et.workloads.data_parallel import all_reduce_flattened, grad_of
         from echo_et.workloads.tensor_parallel import is_sequence_parallel
 
         grads = [grad_of(p) for m in self.models for p in m.parameters() if is_sequence_parallel(p)]
-        if not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
-        with comm_span(self.tp_group):
-            dist.all_reduce(flat, group=self.tp_group)
-        with torch.no_grad():
-            for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-                g.copy_(synced)
+        if grads:
+            all_reduce_flattened(grads, self.tp_group)
 
     def _sync_embedding(self) -> None:
         import torch.distributed as dist
