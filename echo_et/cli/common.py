@@ -73,12 +73,11 @@ SEQUENCE_PARALLEL_HELP = ("Megatron-LM's sequence parallelism (its flag): betwee
                           "to divide the sequence; a no-op at tp 1).")
 SequenceParallelOpt = typer.Option(False, SEQUENCE_PARALLEL, help=SEQUENCE_PARALLEL_HELP)
 PIPELINE_ENGINE = "--pipeline-engine"
-PipelineEngineOpt = typer.Option(
-    None, PIPELINE_ENGINE, metavar="ENGINE",
-    help="Who runs the pipeline: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed "
-         "(DeepSpeed's PipelineEngine, what Megatron-DeepSpeed runs with pipeline parallelism: its "
-         "TrainSchedule, one blocking send or receive per tensor, tensors partitioned over the TP ranks, "
-         "data loaded on the first and last stage only; docs/predict.md).")
+PIPELINE_ENGINE_HELP = ("Who runs the pipeline: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed "
+                        "(DeepSpeed's PipelineEngine, what Megatron-DeepSpeed runs with pipeline parallelism: its "
+                        "TrainSchedule, one blocking send or receive per tensor, tensors partitioned over the TP "
+                        "ranks, data loaded on the first and last stage only; docs/tracer.md).")
+PipelineEngineOpt = typer.Option(None, PIPELINE_ENGINE, metavar="ENGINE", help=PIPELINE_ENGINE_HELP)
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",

@@ -16,6 +16,7 @@ from echo_et.cli.cluster_opts import (
 )
 from echo_et.cli.common import (
     PARTITION_ACTIVATIONS_HELP,
+    PIPELINE_ENGINE_HELP,
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
     JsonOpt,
@@ -76,11 +77,8 @@ def trace(
                                                help="GPT: " + PARTITION_ACTIVATIONS_HELP),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel",
                                            help="megatron-gpt: " + SEQUENCE_PARALLEL_HELP),
-    pipeline_engine: str | None = typer.Option(
-        None, "--pipeline-engine", metavar="ENGINE",
-        help="GPT: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed (DeepSpeed's PipelineEngine, "
-             "Megatron-DeepSpeed's with pipeline parallelism: its TrainSchedule, one blocking send or receive "
-             "per tensor, tensors partitioned over the TP ranks, data loaded on the first and last stage only)."),
+    pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
+                                               help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
