@@ -9,6 +9,9 @@ from __future__ import annotations
 # Name prefix of the host operator put where a communication call was issued
 # ("issue:send", "issue:all_reduce"); the communication node itself hangs off it.
 ISSUE_PREFIX = "issue:"
+# Name prefix of the host wait put where a communication's completion was waited for
+# ("wait:recv"): a wait on that one call, not on the whole device.
+WAIT_PREFIX = "wait:"
 
 # Node attrs with the launch configuration of a communication's NCCL kernel, as a trace
 # recorded it: thread blocks (NCCL's channels for that call) and threads per block (which
@@ -20,3 +23,18 @@ LAUNCH_THREADS_ATTR = "launch_threads"
 # Manifest attr with the NCCL release a trace states (Kineto's distributedInfo.nccl_version,
 # e.g. "2.17.1"); models.comm.launch prefers it among equally good emulations.
 NCCL_VERSION_ATTR = "kineto.nccl_version"
+
+# Descriptions the tracer gives the groups it derives from the layout that are not one of its
+# axes: Megatron's embedding group (the first and the last pipeline stage of one tp and dp
+# coordinate, which share the word embedding) and its model-parallel group (every tp and pp
+# rank of one data-parallel replica). Re-staging a pipeline reads them to re-derive those
+# groups at the new depth.
+EMBEDDING_GROUP = "embd"
+MODEL_PARALLEL_GROUP = "mp"
+
+# Node attr: a factor on the work the node stands for. A pass that carries one piece of work
+# to a place where it does more or less of it writes it (the re-staged optimizer of a stage
+# with more or fewer parameters than the one it was traced on); whoever prices the node from
+# its operator and shapes multiplies the price by it (``passes.compute_retime``), as the
+# pass already did to the measured duration.
+WORK_SCALE_ATTR = "work_scale"

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, Job
+from echo_et.ir.conventions import WORK_SCALE_ATTR
 from echo_et.ir.schema import pb
 
 # How a node was timed (the first four are the model's answers for an operator).
@@ -107,7 +108,7 @@ def retime_compute(job: Job, model: ComputeTimer) -> tuple[Job, RetimeReport]:
         else:
             for n in nodes:   # untimed: the host issues each operator in the model's launch time
                 if n.kind == pb.KIND_LAUNCH and n.id not in new:
-                    new[n.id] = model.launch_ns(n.cpu.op)
+                    new[n.id] = _scaled(n, model.launch_ns(n.cpu.op))
                     report.by_status[LAUNCH] += times.get(n.id, 1)
                 if n.id in new:
                     n.duration_ns = new[n.id]
@@ -162,7 +163,7 @@ def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src:
             report.by_status[status] += t
             if status == GUESSED:
                 report.guessed_ops[op] += t
-            new[n.id] = ns
+            new[n.id] = _scaled(n, ns)
             continue
         parent = _launching_op(n, by_id)
         if parent is not None:
@@ -184,6 +185,18 @@ def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src:
     for n in targets:
         report.compute_ns_after += new.get(n.id, n.duration_ns) * times.get(n.id, 1)
     return new
+
+
+def _scaled(n: pb.Node, ns: int) -> int:
+    """``ns`` for the work ``n`` stands for (its ``work_scale``, when a pass gave it one)."""
+    text = n.attrs.get(WORK_SCALE_ATTR)
+    if text is None:
+        return ns
+    try:
+        factor = float(text)
+    except ValueError:
+        return ns
+    return max(0, round(ns * factor)) if factor >= 0 and factor == factor else ns
 
 
 def _retimable(n: pb.Node) -> bool:

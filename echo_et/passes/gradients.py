@@ -55,6 +55,25 @@ def grad_bytes(node: pb.Node) -> tuple[int, str] | None:
     return math.prod(dims) * size, dtype
 
 
+INPLACE_ADD = "aten::add_"
+
+
+def accumulated_bytes(node: pb.Node) -> int:
+    """Bytes of the buffer an in-place add of a same-shaped tensor writes (``aten::add_``),
+    else 0. Autograd accumulates a gradient into a parameter's preset ``grad`` this way, and
+    Megatron's hook adds it into the fp32 ``main_grad``; other in-place adds count too, so
+    this weighs pieces of a backward against each other rather than sizing gradients."""
+    payload = node.cpu if node.HasField("cpu") else node.compute if node.HasField("compute") else None
+    if payload is None or (payload.op or node.name) != INPLACE_ADD:
+        return 0
+    shapes, dtypes = _parse_list(payload.shapes), _parse_list(payload.dtypes)
+    if len(shapes) < 2 or not dtypes or shapes[0] != shapes[1] or not isinstance(shapes[0], list):
+        return 0
+    if not all(isinstance(d, int) for d in shapes[0]):
+        return 0
+    return math.prod(shapes[0]) * (dtype_size(_dtype_name(str(dtypes[0]))) or 0)
+
+
 def _dtype_name(text: str) -> str:
     """'Tensor(float)' (host ET) -> 'float' (Kineto's spelling)."""
     text = text.strip()

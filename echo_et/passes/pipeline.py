@@ -39,12 +39,24 @@ from typing import Any
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job
-from echo_et.ir.conventions import ISSUE_PREFIX
+from echo_et.ir.conventions import (
+    EMBEDDING_GROUP,
+    ISSUE_PREFIX,
+    MODEL_PARALLEL_GROUP,
+    WAIT_PREFIX,
+    WORK_SCALE_ATTR,
+)
 from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.limits import MAX_GRAPH_NODES
 from echo_et.ir.schema import pb
 from echo_et.passes.derive import derived_job_builder
-from echo_et.passes.gradients import ACCUMULATE_GRAD, Gradient, bucket_gradients, grad_bytes
+from echo_et.passes.gradients import (
+    ACCUMULATE_GRAD,
+    Gradient,
+    accumulated_bytes,
+    bucket_gradients,
+    grad_bytes,
+)
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
 
@@ -78,17 +90,22 @@ class StagePieces:
     fwd_post: Unit                # after the last layer (head, loss)
     bwd_pre: Unit                 # before the first layer's backward (loss/head backward)
     bwd_post: Unit                # after the last (embedding backward)
-    optimizer: Unit
+    optimizer: Unit               # after the data-parallel reduction
     prologue: Unit
     epilogue: Unit
     microbatches: int
     p2p_bytes: int = 0
     p2p_stream: tuple[int, str] | None = None
     p2p_duration: int = 0
+    p2p_sync: tuple[int, str] | None = None   # host stream of a device sync after each transfer
     dp_stream: tuple[int, str] | None = None
     dp_dtype: str = ""
     dp_bytes: int = 0             # total data-parallel bytes of this stage (unpadded estimate)
     dp_buckets: list[int] = field(default_factory=list)
+    dp_after_backward: bool = False   # reduced once the schedule is done (Megatron's local DDP), not in hooks
+    shared_bytes: int = 0         # gradient bytes reduced over the embedding group (shared with the other end)
+    optimizer_pre: Unit = field(default_factory=Unit)   # before a reduction after the backward
+    header_attrs: dict[str, str] = field(default_factory=dict)   # what the graph says of its timing
     dropped: int = 0
     glue_ns: int = 0              # host time between two micro-batch blocks, less P2P (median)
     # The first micro-batch's forward as measured (it runs colder than the median one).
@@ -117,14 +134,16 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
     p2p: list[pb.Node] = []
     dp_colls: list[pb.Node] = []
     streams = {s.id: (s.kind, s.name) for s in graph.header.streams}
-    for n in graph.nodes:
+    for n in _launches_annotated(graph.nodes):
         if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == pp_key:
             p2p.append(n)
             continue
-        if n.kind == pb.KIND_COLLECTIVE and n.collective.group == dp_key:
+        a = n.annotations
+        if n.kind == pb.KIND_COLLECTIVE and n.collective.group == dp_key and a.phase != "forward":
+            # the gradients' reduction; one in a forward (Megatron averaging each
+            # micro-batch's loss over the replicas) stays with its micro-batch
             dp_colls.append(n)
             continue
-        a = n.annotations
         if a.phase in ("forward", "backward") and a.HasField("microbatch"):
             by_phase_mb[(a.phase, a.microbatch)].append(n)
         elif a.phase == "optimizer":
@@ -139,10 +158,12 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
     # The last micro-batch's backward carries the gradient hooks: not representative.
     bwd, bwd_pre, bwd_post = _median_units(by_phase_mb, "backward", mbs[:-1] or mbs)
     annotated = [n for lst in by_phase_mb.values() for n in lst] + optimizer.nodes
-    lo = min(n.start_ns for n in annotated)
-    hi = max(n.start_ns + n.duration_ns for n in annotated)
-    prologue = Unit([n for n in rest if n.start_ns + n.duration_ns <= lo])
-    epilogue = Unit([n for n in rest if n.start_ns >= hi])
+    # Before the first annotated node and after the last; ids order what time does not (a
+    # meta-device trace has every node at 0), so no node is both.
+    lo = min((n.start_ns, n.id) for n in annotated)
+    hi = max((n.start_ns + n.duration_ns, n.id) for n in annotated)
+    prologue = Unit([n for n in rest if (n.start_ns + n.duration_ns, n.id) < lo])
+    epilogue = Unit([n for n in rest if (n.start_ns, n.id) > hi])
     pieces = StagePieces(
         graph_id=graph.id, layers=sorted(fwd), fwd=fwd, bwd=bwd, fwd_pre=fwd_pre,
         fwd_post=fwd_post, bwd_pre=bwd_pre, bwd_post=bwd_post, optimizer=optimizer,
@@ -150,6 +171,13 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
         dropped=len(rest) - len(prologue.nodes) - len(epilogue.nodes),
     )
     sends = [n for n in p2p if n.kind == pb.KIND_SEND]
+    p2p_ids = {n.id for n in p2p}
+    # Megatron's p2p calls synchronise the device after posting their transfers (a sync,
+    # not the wait on one transfer that every trace has)
+    synced = next((n for n in rest if n.kind == pb.KIND_SYNC and not n.name.startswith(WAIT_PREFIX)
+                   and any(d.kind == pb.DEP_SYNC and d.id in p2p_ids for d in n.deps)), None)
+    if synced is not None:
+        pieces.p2p_sync = streams[synced.stream]
     if p2p:
         pieces.p2p_bytes = max(n.p2p.bytes for n in p2p)
         pieces.p2p_stream = streams[p2p[0].stream]
@@ -160,11 +188,42 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
         grads = [c for c in dp_colls if c.collective.type in (pb.COLL_ALL_REDUCE, pb.COLL_REDUCE_SCATTER)]
         pieces.dp_buckets = [c.collective.in_bytes for c in grads]
         pieces.dp_bytes = sum(pieces.dp_buckets)
+        pieces.dp_after_backward = bool(grads) and all(c.annotations.phase == "optimizer" for c in grads)
+        if pieces.dp_after_backward:
+            # what the step does before reducing (Megatron divides the buffer by dp), cut at
+            # the first reduction's issue: ids follow the tracer's program order
+            first = min(grads, key=lambda c: c.id)
+            cut = min([first.id, *(d.id for d in first.deps if d.kind in (pb.DEP_LAUNCH, pb.DEP_DATA))])
+            pieces.optimizer_pre = Unit([n for n in optimizer.nodes if n.id < cut])
+            pieces.optimizer = Unit([n for n in optimizer.nodes if n.id >= cut])
+    embd_key = keys.get(EMBEDDING_GROUP)
+    pieces.shared_bytes = sum(n.collective.in_bytes for n in optimizer.nodes
+                              if n.kind == pb.KIND_COLLECTIVE and embd_key and n.collective.group == embd_key)
     pieces.glue_ns = _block_glue(by_phase_mb, p2p)
+    # an untimed (meta-device) graph stays untimed: the simulator times it from its models
+    pieces.header_attrs = {k: graph.header.attrs[k] for k in _CARRIED_HEADER_ATTRS if k in graph.header.attrs}
     first = _split_layers(by_phase_mb.get(("forward", mbs[0]), []))
     if sorted(first[0]) == pieces.layers:
         pieces.fwd0, pieces.fwd_pre0, pieces.fwd_post0 = first
     return pieces
+
+
+_CARRIED_HEADER_ATTRS = ("trace.timing", "trace.device")
+
+
+def _launches_annotated(nodes: list[pb.Node]) -> list[pb.Node]:
+    """``nodes``, where a launch the tracer left unannotated (the meta device's) is a copy
+    carrying the annotations of the kernel it launches: it belongs to that kernel's piece
+    of work, and its host time moves with it."""
+    launched = {d.id: n for n in nodes for d in n.deps if d.kind == pb.DEP_LAUNCH}
+    out = []
+    for n in nodes:
+        kernel = launched.get(n.id) if n.kind == pb.KIND_LAUNCH and not n.annotations.phase else None
+        if kernel is not None and kernel.annotations.phase:
+            n = _copy(n)
+            n.annotations.CopyFrom(kernel.annotations)
+        out.append(n)
+    return out
 
 
 def _split_at_issue(unit: Unit) -> tuple[Unit, Unit]:
@@ -257,18 +316,29 @@ class _Emitter:
         self.source_streams = source_streams   # old graph id -> stream id -> Stream
         self.last_nodes: list[pb.Node] = []    # nodes of the unit just emitted
         self.waits: list[int] = []             # ids the next unit's first nodes wait for
+        self.drop_groups: frozenset[str] = frozenset()   # group keys this graph has no part in
+        self.last_on: dict[int, int] = {}      # stream -> its last node so far
+        # Whether the host waits, too, for what the next unit waits for: in a measured trace
+        # it did (a CPU run's wait() blocks); on a GPU only the device streams wait, and a
+        # host that blocks does so through a sync node of its own (the meta device's).
+        self.host_waits = True
 
     def stream_for(self, graph_id: str, sid: int) -> int:
         s = self.source_streams[graph_id][sid]
         return self.b.stream(s.kind, s.name, device=s.device, native_id=s.native_id)
 
     def unit(self, graph_id: str, unit: Unit, *, mb: int | None, stage: int,
-             scale: float = 1.0, drop_ids: frozenset[int] = frozenset(),
+             scale: float = 1.0, launch_scale: float | None = None, drop_ids: frozenset[int] = frozenset(),
              lead: int | None = None) -> list[pb.Node]:
-        """Copy ``unit`` to the clock (after its lead, or ``lead`` when given)."""
-        nodes = [n for n in sorted(unit.nodes, key=lambda n: n.id) if n.id not in drop_ids]
+        """Copy ``unit`` to the clock (after its lead, or ``lead`` when given), less the
+        collectives on ``drop_groups`` and the host time spent on them."""
+        dropped = drop_ids | _collectives_on(unit.nodes, self.drop_groups)
+        nodes = [n for n in sorted(unit.nodes, key=lambda n: n.id) if n.id not in dropped]
         if not nodes:
             return []
+        if len(nodes) < len(unit.nodes):
+            nodes = _close_host_gaps(nodes, [n for n in unit.nodes if n.id in dropped],
+                                     self.source_streams[graph_id])
         if scale != 1.0:
             # The whole unit's timeline stretches (host loops over parameters, their
             # kernels, the gaps between them): nesting and order are kept.
@@ -281,11 +351,18 @@ class _Emitter:
                                     - (c.start_ns - origin))
                 scaled.append(c)
             nodes = scaled
+            # An untimed graph has no duration to stretch: whoever prices a node scales it, a
+            # kernel by the work, the launch that issues it by how many such calls there are.
+            for n in nodes:
+                factor = {pb.KIND_COMPUTE: scale, pb.KIND_LAUNCH: launch_scale or scale}.get(n.kind)
+                if factor is not None:
+                    n.attrs[WORK_SCALE_ATTR] = f"{factor * float(n.attrs.get(WORK_SCALE_ATTR, '1')):.6g}"
         start = min(n.start_ns for n in nodes)
         shift = self.clock + (unit.lead_ns if lead is None else lead) - start
         ids: dict[int, int] = {}
         made: list[pb.Node] = []
         first_on_stream: set[int] = set()
+        waited = False
         for n in nodes:
             stream = self.stream_for(graph_id, n.stream)
             new = self._clone(n, stream, n.start_ns + shift)
@@ -295,14 +372,18 @@ class _Emitter:
                     new.deps.add(id=ids[d.id], kind=d.kind)
             if stream not in first_on_stream:
                 first_on_stream.add(stream)
-                for w in self.waits:
-                    new.deps.add(id=w, kind=pb.DEP_SYNC)
+                if self.host_waits or self.source_streams[graph_id][n.stream].kind != pb.STREAM_CPU_THREAD:
+                    for w in self.waits:
+                        new.deps.add(id=w, kind=pb.DEP_SYNC)
+                    waited = True
             if mb is not None:
                 new.annotations.microbatch = mb
             new.annotations.stage = stage
             ids[n.id] = nid
             made.append(new)
-        self.waits = []
+            self.last_on[stream] = nid
+        if waited:
+            self.waits = []   # else the first unit with device work waits
         self.clock = max(n.start_ns + n.duration_ns for n in made)
         self.last_nodes = made
         return made
@@ -330,19 +411,35 @@ class _Emitter:
             new.attrs[k] = v
         return new
 
+    def _kind(self, stream: int) -> int:
+        return next((st.kind for st in self.b.graph.header.streams if st.id == stream), pb.STREAM_UNKNOWN)
+
     def p2p(self, ops: list[tuple[bool, int]], *, key: str, nbytes: int, stream: tuple[int, str],
-            duration: int, device: int) -> None:
-        """Post ``ops`` ((is_send, peer) each) together; the next unit waits for all."""
-        after = max(self.last_nodes, key=lambda n: (n.start_ns + n.duration_ns, n.id), default=None)
+            duration: int, device: int, sync: tuple[int, str] | None = None) -> None:
+        """Post ``ops`` ((is_send, peer) each) together; the next unit waits for all. With
+        ``sync`` (a host stream), the host then waits for the whole device, as Megatron's
+        p2p calls do."""
+        # after the unit before (its host posts the transfer) and the last kernel so far on
+        # each compute stream (what is sent; an untimed graph orders by ids, not times)
+        before = max(self.last_nodes, key=lambda n: (n.start_ns + n.duration_ns, n.id), default=None)
+        kernels = [nid for sid, nid in self.last_on.items() if self._kind(sid) == pb.STREAM_GPU_COMPUTE]
+        after = sorted({*([before.id] if before is not None else []), *kernels})
         made = []
         for is_send, peer in ops:
             sid = self.b.stream(stream[0], p2p_stream_name(stream[1], is_send, peer), device=device)
-            deps = [(after.id, pb.DEP_SYNC)] if after is not None else []
+            deps = [(i, pb.DEP_SYNC) for i in after]
             n = self.b.p2p(is_send, "pp:send" if is_send else "pp:recv", sid, group=key, peer=peer,
                            nbytes=nbytes, start_ns=self.clock, duration_ns=duration, deps=deps)
             made.append(n)
+            self.last_on[sid] = n.id
         self.clock += duration
         self.waits = [n.id for n in made]
+        if sync is not None:
+            host = self.b.stream(sync[0], sync[1], device=-1)
+            n = self.b.node(pb.KIND_SYNC, "sync", host, start_ns=self.clock,
+                            deps=[(i, pb.DEP_SYNC) for i in sorted(self.last_on.values())])
+            self.last_on[host] = n.id
+            self.waits.append(n.id)
 
 
 def p2p_stream_name(traced: str, is_send: bool, peer: int) -> str:
@@ -360,6 +457,58 @@ def _copy(n: pb.Node) -> pb.Node:
     c = pb.Node()
     c.CopyFrom(n)
     return c
+
+
+def _collectives_on(nodes: list[pb.Node], keys: frozenset[str]) -> frozenset[int]:
+    """Ids of the collectives on ``keys`` with what exists only for them: the host operator
+    or launch that issues each, what that operator nests, and a host wait on nothing else."""
+    if not keys:
+        return frozenset()
+    by_id = {n.id: n for n in nodes}
+    out = {n.id for n in nodes if n.kind == pb.KIND_COLLECTIVE and n.collective.group in keys}
+    if not out:
+        return frozenset()
+    for cid in list(out):
+        for d in by_id[cid].deps:
+            issuer = by_id.get(d.id)
+            if issuer is not None and (issuer.kind == pb.KIND_LAUNCH or issuer.name.startswith(ISSUE_PREFIX)):
+                out.add(issuer.id)
+    for n in sorted(nodes, key=lambda n: n.id):
+        if any(d.kind == pb.DEP_CONTROL and d.id in out for d in n.deps):
+            out.add(n.id)
+        elif n.kind == pb.KIND_SYNC:
+            waited = [d.id for d in n.deps if d.kind == pb.DEP_SYNC]
+            if waited and all(w in out for w in waited):
+                out.add(n.id)
+    return frozenset(out)
+
+
+def _close_host_gaps(kept: list[pb.Node], dropped: list[pb.Node],
+                     streams: dict[int, pb.Stream]) -> list[pb.Node]:
+    """Copies of ``kept`` with the host time of ``dropped`` taken out of the timeline: every
+    instant moves earlier by the dropped host time before it, so that the simulator does not
+    keep it as a gap (and an operator nesting dropped work gets shorter)."""
+    spans = sorted((n.start_ns, n.start_ns + n.duration_ns) for n in dropped
+                   if streams[n.stream].kind == pb.STREAM_CPU_THREAD and n.duration_ns > 0)
+    merged: list[list[int]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    if not merged:
+        return kept
+
+    def moved(t: int) -> int:
+        return t - sum(max(0, min(b, t) - a) for a, b in merged)
+
+    out = []
+    for n in kept:
+        c = _copy(n)
+        c.start_ns = moved(n.start_ns)
+        c.duration_ns = moved(n.start_ns + n.duration_ns) - c.start_ns
+        out.append(c)
+    return out
 
 
 # -- the pass -----------------------------------------------------------------------------
@@ -415,32 +564,74 @@ def schedule(stage: int, stages: int, microbatches: int) -> list[tuple]:
     return out
 
 
+_AXIS_ROLES = ("tp", "dp", "pp")
+_DERIVED_ROLES = (EMBEDDING_GROUP, MODEL_PARALLEL_GROUP)
+
+
 def _role_keys(job: Job, decision: LayoutDecision, rank: int) -> dict[str, str]:
-    """role -> graph-local key on ``rank``; keys of other roles cannot be re-derived."""
+    """role -> graph-local key on ``rank``: the layout's axes (as the layout decision reads
+    the groups), the world, and the groups the tracer derives from the layout (by the
+    description it gives them: at pp 2 an embedding group has a pipeline group's ranks);
+    groups of other roles cannot be re-derived."""
     out = {}
     for key, gid in sorted(job.binding(rank).groups.items()):
-        role = decision.roles.get(gid, "")
-        if role in ("tp", "dp", "pp") and role not in out:
+        group = job.group(gid)
+        if group.desc in _DERIVED_ROLES:
+            role = group.desc
+        elif group.role == pb.ROLE_WORLD:
+            role = "world"
+        else:
+            role = decision.roles.get(gid, "")
+        if role in (*_AXIS_ROLES, "world", *_DERIVED_ROLES) and role not in out:
             out[role] = key
         else:
             raise EchoError(f"rank {rank} uses group key {key!r} (group {gid}, role {role or 'unknown'}), "
-                            "which re-staging cannot re-derive (only tp, dp and pp groups)")
+                            "which re-staging cannot re-derive (only tp, dp, pp, world, and the "
+                            "embedding and model-parallel groups the tracer derives)")
     return out
+
+
+def restaged_group(mesh: Mesh, role: str, rank: int) -> list[int] | None:
+    """Members of ``rank``'s group of ``role`` in ``mesh``, as the tracer derives them; None
+    where the workload would not use one: an embedding group at one stage or on a middle
+    stage, a model-parallel group of one rank."""
+    if role in _AXIS_ROLES:
+        return mesh.group_ranks(rank, [role])
+    if role == "world":
+        return list(range(mesh.world))
+    if role == MODEL_PARALLEL_GROUP:
+        return mesh.group_ranks(rank, ["tp", "pp"]) if mesh.tp * mesh.pp > 1 else None
+    c = mesh.coords(rank)
+    if mesh.pp == 1 or c["pp"] not in (0, mesh.pp - 1):
+        return None
+    return [mesh.rank({**c, "pp": 0}), mesh.rank({**c, "pp": mesh.pp - 1})]
+
+
+def _traced_workload(job: Job) -> dict[str, Any]:
+    """The settings the tracer recorded for the Job's workload (``trace.workload``), or {}."""
+    import json
+
+    text = job.manifest.attrs.get("trace.workload")
+    try:
+        workload = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return workload if isinstance(workload, dict) else {}
+
+
+def _traced_bucket_bytes(job: Job) -> int | None:
+    """The gradient bucket cap the traced workload ran with (its ``bucket_mb``), if it says."""
+    mb = _traced_workload(job).get("bucket_mb")
+    return int(mb * 1024 * 1024) if isinstance(mb, int | float) and mb > 0 else None
 
 
 def _refuse_other_schedules(job: Job) -> None:
     """A Job traced with the interleaved schedule has each stage's layers in several chunks,
     not the contiguous stage this pass reads; one traced under DeepSpeed's pipeline engine
     moves its tensors in calls this pass does not regenerate (its 1F1B is Megatron-LM's)."""
-    import json
-
-    text = job.manifest.attrs.get("trace.workload")
-    try:
-        workload = json.loads(text) if text else {}
-        virtual = workload.get("layers_per_virtual_stage")
-        engine = workload.get("pipeline_engine")
-    except (ValueError, AttributeError):
-        virtual = engine = None
+    workload = _traced_workload(job)
+    virtual = workload.get("layers_per_virtual_stage")
+    engine = workload.get("pipeline_engine")
     if virtual:
         raise EchoError(f"{job.source or 'job'}: traced with the interleaved pipeline schedule "
                         f"({virtual} layers per virtual stage), whose stages are not contiguous "
@@ -470,7 +661,8 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
         for s in range(old.pp):
             r = old.rank({"tp": t, "dp": 0, "pp": s})
             keys = _role_keys(job, decision, r)
-            keys0 = keys0 or keys
+            for role, key in keys.items():
+                keys0.setdefault(role, key)
             gid_ = job.binding(r).graph
             ck = (gid_, tuple(sorted(keys.items())))
             if ck not in read:
@@ -496,9 +688,14 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     p2p_bytes = max(p.p2p_bytes for p in pieces.values())
     p2p_src = next((p for p in pieces.values() if p.p2p_stream), ref)
     dp_src = next((p for p in pieces.values() if p.dp_stream), None)
+    after_backward = dp_src is not None and dp_src.dp_after_backward
     if bucket_bytes is None:
         olds = [b for p in pieces.values() for b in p.dp_buckets]
-        bucket_bytes = max(olds) if olds else 25 << 20
+        # reduced after the backward: one buffer per stage, whatever its size; else the
+        # traced workload's cap, or the largest bucket seen
+        bucket_bytes = ((1 << 62) if after_backward else _traced_bucket_bytes(job)
+                        or (max(olds) if olds else 25 << 20))
+    shared_bytes = max((p.shared_bytes for p in pieces.values()), default=0)
     dropped = sum(p.dropped for p in read.values())
 
     new_mesh = old.with_sizes(pp=pp)
@@ -508,7 +705,8 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     def gid(role: str, ranks: list[int]) -> int:
         k = (role, tuple(ranks))
         if k not in group_ids:
-            group_ids[k] = jb.group(ranks, name=f"{role}{ranks[0]}", desc=role, role=role)
+            group_ids[k] = jb.group(ranks, name=f"{role}{ranks[0]}", desc=role,
+                                    role="custom" if role in _DERIVED_ROLES else role)
         return group_ids[k]
 
     graphs: dict[tuple[int, int], Graph] = {}
@@ -526,7 +724,8 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
                 graph_id=f"t{t}s{s}", tp_rank=t, stage=s, stages=pp, microbatches=new_m, layers=split[s],
                 pieces=pieces, stage_of_layer=where_layer, old_mesh=old, streams=streams, keys=keys0,
                 p2p_bytes=p2p_bytes, p2p_source=p2p_src, dp_source=dp_src, zero=decision.zero,
-                bucket_bytes=bucket_bytes, dp=new_mesh.dp)).build()
+                bucket_bytes=bucket_bytes, dp=new_mesh.dp, dp_after_backward=after_backward,
+                shared_bytes=shared_bytes)).build()
             graphs[(t, s)] = g
     # Graphs identical across tp ranks are shared (proved by content hash).
     by_hash: dict[str, str] = {}
@@ -541,12 +740,11 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     for r in range(new_mesh.world):
         c = new_mesh.coords(r)
         groups = {}
-        for role in ("tp", "dp", "pp"):
-            key = keys0.get(role)
-            if key is None:
-                continue
-            groups[key] = gid(role, new_mesh.group_ranks(r, [role]))
-            roles[groups[key]] = role
+        for role, key in sorted(keys0.items()):
+            ranks = restaged_group(new_mesh, role, r)
+            if ranks is not None:
+                groups[key] = gid(role, ranks)
+                roles[groups[key]] = role
         jb.bind(r, graph_of[(c["tp"], c["pp"])], groups)
     out = jb.build()
     m = out.manifest
@@ -559,7 +757,7 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
     info = {
         "pp": {"from": old.pp, "to": pp}, "microbatches": {"from": old_m, "to": new_m},
         "layers": len(layers), "layers_per_stage": [len(x) for x in split],
-        "activation_bytes": p2p_bytes, "bucket_cap_bytes": bucket_bytes,
+        "activation_bytes": p2p_bytes, "bucket_cap_bytes": None if after_backward else bucket_bytes,
         "gradient_sizes": grad_source, "dropped_schedule_nodes": dropped,
         "graphs": len(by_hash),
     }
@@ -610,6 +808,8 @@ class StageInputs:
     zero: int                                      # ZeRO stage (0 or 1)
     bucket_bytes: int                              # gradient bucket cap
     dp: int                                        # data-parallel degree
+    dp_after_backward: bool = False                # gradients reduced after the whole schedule
+    shared_bytes: int = 0                          # gradient bytes the two ends share (tied embedding)
 
     @property
     def first(self) -> bool:
@@ -661,33 +861,52 @@ class _StageBuilder:
         self.lead_after_recv_bwd = self.p0.bwd[max(self.p0.bwd)].lead_ns if self.edges and self.p0.bwd else None
         # What the last micro-batch's backward leaves for the gradient buckets.
         self.last_bwd_nodes: list[pb.Node] = []
-        self.unit_ends: list[tuple[pb.Node, int]] = []   # (last node of a unit with params, share key)
+        # The last micro-batch's backward units that may hold parameters: (which: a layer, -1
+        # the embedding, -2 the head; the unit's nodes; the node that ends it)
+        self.final_units: list[tuple[int, list[pb.Node], pb.Node]] = []
         self.grad_source = ""
         self.reduce_ids: list[int] = []
+        self.buckets: list[list[Gradient]] = []
         self.bucket_sizes: list[int] = []
         self.dtype = x.dp_source.dp_dtype if x.dp_source else ""
         self.elem = dtype_size(self.dtype) or 1
 
     def build(self) -> tuple[Graph, str]:
         x, e = self.inp, self.e
-        old = x.old_mesh
-        for role in ("tp", "dp", "pp"):
-            if role in x.keys:
-                e.b.declare_group(x.keys[role], {"tp": old.tp, "dp": old.dp, "pp": x.stages}[role])
+        new_mesh = x.old_mesh.with_sizes(pp=x.stages)
+        rank = new_mesh.rank({"tp": x.tp_rank, "dp": 0, "pp": x.stage})
+        drop = []
+        for role, key in sorted(x.keys.items()):
+            ranks = restaged_group(new_mesh, role, rank)
+            if ranks is None:
+                drop.append(key)
+            else:
+                e.b.declare_group(key, len(ranks))
+        e.drop_groups = frozenset(drop)
+        e.b.graph.header.attrs.update(self.template.header_attrs)
+        e.host_waits = self.template.header_attrs.get("trace.timing") != "untimed"
         e.unit(self.template.graph_id, self.template.prologue, mb=None, stage=x.stage)
         p2p_src = x.p2p_source
         p2p = dict(key=self.pp_key, nbytes=x.p2p_bytes,
                    stream=p2p_src.p2p_stream or (pb.STREAM_CPU_THREAD, "p2p"),
-                   duration=p2p_src.p2p_duration, device=self.device)
+                   duration=p2p_src.p2p_duration, device=self.device, sync=p2p_src.p2p_sync)
         for item in schedule(x.stage, x.stages, x.microbatches):
             if item[0] == "F":
                 self.forward(item[1])
             elif item[0] == "B":
                 self.backward(item[1])
-                if item[1] == x.microbatches - 1:
-                    self.gradient_buckets()
+                if item[1] == x.microbatches - 1 and not x.dp_after_backward:
+                    self.plan_buckets()
+                    self.issue_buckets()
             else:
                 e.p2p([(is_send, x.stage + off) for is_send, off in item[1]], **p2p)
+        if x.dp_after_backward:
+            self.plan_buckets()
+            waits = list(e.waits)
+            e.waits = []
+            made = e.unit(self.template.graph_id, self.template.optimizer_pre, mb=None, stage=x.stage,
+                          **self.optimizer_scales())
+            self.issue_buckets(after=waits + [n.id for n in made[-1:]])
         self.optimizer()
         e.unit(self.template.graph_id, self.template.epilogue, mb=None, stage=x.stage)
         return e.b.build(), self.grad_source
@@ -720,7 +939,7 @@ class _StageBuilder:
         if x.last:
             made += e.unit(plast.graph_id, plast.bwd_pre, mb=mb, stage=s)
             if final and made:
-                self.unit_ends.append((made[-1], -2))
+                self.final_units.append((-2, list(made), made[-1]))
         elif self.edges:
             e.unit(p0.graph_id, self.recv_bwd, mb=mb, stage=s)
         for i, layer in enumerate(reversed(x.layers)):
@@ -729,12 +948,12 @@ class _StageBuilder:
             got = e.unit(src.graph_id, src.bwd[layer], mb=mb, stage=s, lead=lead)
             made += got
             if final and got:
-                self.unit_ends.append((max(got, key=lambda n: (n.start_ns + n.duration_ns, n.id)), layer))
+                self.final_units.append((layer, got, max(got, key=lambda n: (n.start_ns + n.duration_ns, n.id))))
         if x.first:
             got = e.unit(p0.graph_id, p0.bwd_post, mb=mb, stage=s)
             made += got
             if final and got:
-                self.unit_ends.append((got[-1], -1))
+                self.final_units.append((-1, got, got[-1]))
         elif self.edges:
             if self.head_src is not None and self.head_tail.nodes:
                 e.unit(self.head_src.graph_id, self.head_tail, mb=mb, stage=s)
@@ -751,22 +970,29 @@ class _StageBuilder:
         """A ZeRO shard of ``size`` bytes: whole elements, padded to dp shards."""
         return math.ceil(size / self.elem / self.inp.dp) * self.elem
 
-    def gradient_buckets(self) -> None:
-        """Data-parallel gradient buckets over the last micro-batch's backward, issued (in
-        program order) right after it, before the send of its input gradient, as DDP's
-        hooks do."""
-        x, e = self.inp, self.e
+    def plan_buckets(self) -> None:
+        """The data-parallel gradient buckets of the last micro-batch's backward."""
+        x = self.inp
         dp_src = x.dp_source
         if not (self.dp_key and dp_src is not None and dp_src.dp_stream is not None and x.dp > 1):
             return
-        grads, self.grad_source = _gradients(self.last_bwd_nodes, self.unit_ends, x)
-        buckets = bucket_gradients(grads, x.bucket_bytes, x.bucket_bytes)
+        grads, self.grad_source = _gradients(self.last_bwd_nodes, self.final_units, x)
+        self.buckets = bucket_gradients(grads, x.bucket_bytes, x.bucket_bytes)
+        self.bucket_sizes = [sum(g.nbytes for g in b) for b in self.buckets]
+
+    def issue_buckets(self, after: list[int] | None = None) -> None:
+        """Reduce each bucket once its last gradient is ready: right after the last
+        backward, before the send of its input gradient, as DDP's hooks do; or, when
+        ``after`` names the end of the schedule, once it is done, as Megatron's local DDP
+        does."""
+        x, e = self.inp, self.e
+        if not self.buckets:
+            return
         sid = self._dp_stream()
-        for k, bucket in enumerate(buckets):
-            size = sum(g.nbytes for g in bucket)
+        for k, (bucket, size) in enumerate(zip(self.buckets, self.bucket_sizes, strict=True)):
             hook = bucket[-1].node
-            deps = [(hook.id, pb.DEP_SYNC)]
-            at = hook.start_ns + hook.duration_ns
+            deps = [(hook.id, pb.DEP_SYNC), *((i, pb.DEP_SYNC) for i in after or ())]
+            at = max(hook.start_ns + hook.duration_ns, e.clock if after else 0)
             if x.zero:
                 shard = self._shard_bytes(size)
                 n = e.b.collective(f"dp:reduce_scatter bucket {k}", sid, coll_type=pb.COLL_REDUCE_SCATTER,
@@ -775,21 +1001,33 @@ class _StageBuilder:
             else:
                 n = e.b.collective(f"dp:all_reduce bucket {k}", sid, coll_type=pb.COLL_ALL_REDUCE,
                                    group=self.dp_key, in_bytes=size, dtype=self.dtype, start_ns=at, deps=deps)
-            n.annotations.phase = "backward"
+            n.annotations.phase = "optimizer" if after else "backward"
             n.annotations.stage = x.stage
             self.reduce_ids.append(n.id)
-            self.bucket_sizes.append(size)
+
+    def optimizer_scales(self) -> dict[str, float]:
+        """The template's optimizer carried to this stage's parameters: its work by their
+        bytes, its calls by their number (a loop over parameters issues one call or more
+        per parameter). Both from the gradients one micro-batch's backward accumulates in
+        each stage, else the bytes from the data-parallel buckets."""
+        x, tmpl = self.inp, self.template
+        mine = [x.piece_of_layer(layer).bwd[layer] for layer in x.layers]
+        mine += [self.p0.bwd_post] if x.first else []
+        mine += [self.plast.bwd_pre] if x.last else []
+        new, old = _parameters(mine), _parameters([*tmpl.bwd.values(), tmpl.bwd_pre, tmpl.bwd_post])
+        if x.first and x.last and x.old_mesh.pp > 1 and x.shared_bytes and new[1] > 1:
+            new = (max(0, new[0] - x.shared_bytes), new[1] - 1)   # the tied embedding, once
+        if old[0] and old[1]:
+            return {"scale": new[0] / old[0], "launch_scale": new[1] / old[1]}
+        new_bytes, old_bytes = sum(self.bucket_sizes), tmpl.dp_bytes
+        return {"scale": new_bytes / old_bytes if new_bytes and old_bytes else 1.0}
 
     def optimizer(self) -> None:
         """The template stage's optimizer, scaled by parameter bytes, after the gradient
         buckets; for ZeRO-1, the all-gathers of the updated shards after it."""
         x, e, tmpl = self.inp, self.e, self.template
         e.waits = list(self.reduce_ids)
-        ratio = 1.0
-        new_bytes = sum(self.bucket_sizes)
-        if tmpl.dp_bytes and new_bytes:
-            ratio = new_bytes / tmpl.dp_bytes
-        made = e.unit(tmpl.graph_id, tmpl.optimizer, mb=None, stage=x.stage, scale=ratio)
+        made = e.unit(tmpl.graph_id, tmpl.optimizer, mb=None, stage=x.stage, **self.optimizer_scales())
         if not (x.zero and self.reduce_ids):
             return
         tail = max(made, key=lambda n: (n.start_ns + n.duration_ns, n.id)) if made else None
@@ -803,25 +1041,75 @@ class _StageBuilder:
             n.annotations.stage = x.stage
 
 
-def _gradients(nodes: list[pb.Node], unit_ends: list[tuple[pb.Node, int]],
+def _gradients(nodes: list[pb.Node], units: list[tuple[int, list[pb.Node], pb.Node]],
                inputs: StageInputs) -> tuple[list[Gradient], str]:
     """Gradients of the new stage in ready order: AccumulateGrad shapes when every one has
-    them, else each old stage's data-parallel bytes spread over its layers and extras."""
+    them; else, per parameter, the bytes each in-place accumulation of the backward adds (a
+    meta-device trace records no AccumulateGrad: autograd's accumulation into a preset
+    gradient, or Megatron's into ``main_grad``, shows as ``aten::add_``), in the units of
+    the old stage's data-parallel bytes; else those bytes spread evenly over the old stage's
+    layers and extras, one gradient at the end of each."""
+    # Both ends in one stage: the parameter they shared (the tied word embedding) is one
+    # gradient; the old last stage's copy of it is not reduced again.
+    shared = inputs.shared_bytes if inputs.first and inputs.last and inputs.old_mesh.pp > 1 else 0
     accs = [n for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD]
     sized = [(grad_bytes(n), n) for n in accs]
     if accs and all(sz is not None for sz, _ in sized):
-        return [Gradient(n, sz[0], "") for sz, n in sized], "AccumulateGrad input shapes"  # type: ignore[index]
-    out = []
-    t = inputs.tp_rank
-    for node, what in unit_ends:
-        if what >= 0:
-            src = next(p for (tt, _), p in inputs.pieces.items() if tt == t and what in p.layers)
+        grads = [Gradient(n, sz[0], "") for sz, n in sized]  # type: ignore[index]
+        copy = next((i for i, g in enumerate(grads) if shared and g.nbytes == shared), None)
+        return [g for i, g in enumerate(grads) if i != copy], "AccumulateGrad input shapes"
+    out: list[Gradient] = []
+    how = set()
+    for what, made, end in units:
+        src = _piece_of(inputs, what)
+        total = sum(_accumulation_weights(src).values())
+        if total:
+            mine = [Gradient(n, src.dp_bytes * b // total, "") for n in made if (b := accumulated_bytes(n))]
+            how.add("split over the parameters by the bytes each accumulates")
         else:
-            src = inputs.old_piece(0) if what == -1 else inputs.old_piece(inputs.old_mesh.pp - 1)
-        shares = len(src.layers) + (1 if src.fwd_pre.nodes or src.bwd_post.nodes else 0) \
-            + (1 if src.fwd_post.nodes or src.bwd_pre.nodes else 0)
-        out.append(Gradient(node, src.dp_bytes // max(1, shares), ""))
-    return [g for g in out if g.nbytes], "old stages' data-parallel bytes spread over their layers"
+            mine = [Gradient(end, src.dp_bytes // max(1, _even_shares(src)), "")]
+            how.add("spread evenly over their layers")
+        if what == -2 and shared and mine:
+            big = max(range(len(mine)), key=lambda i: mine[i].nbytes)   # the tied copy
+            mine[big] = Gradient(mine[big].node, max(0, mine[big].nbytes - shared), "")
+        out += mine
+    out.sort(key=lambda g: (g.node.start_ns + g.node.duration_ns, g.node.id))
+    return [g for g in out if g.nbytes], f"old stages' data-parallel bytes {' or '.join(sorted(how))}"
 
 
-__all__ = ["StagePieces", "Unit", "read_stage", "restage", "schedule"]
+def _parameters(units: list[Unit]) -> tuple[int, int]:
+    """(bytes, count) of the gradients ``units`` accumulate: their AccumulateGrad ops when
+    there are any, else their in-place accumulations."""
+    nodes = [n for u in units for n in u.nodes]
+    accs = [b[0] for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD
+            and (b := grad_bytes(n)) is not None]
+    if accs:
+        return sum(accs), len(accs)
+    adds = [b for n in nodes if (b := accumulated_bytes(n))]
+    return sum(adds), len(adds)
+
+
+def _piece_of(inputs: StageInputs, what: int) -> StagePieces:
+    """The old stage that ran ``what``: a layer, -1 the first stage's embedding, -2 the last
+    stage's head."""
+    if what >= 0:
+        return next(p for (t, _), p in inputs.pieces.items() if t == inputs.tp_rank and what in p.layers)
+    return inputs.old_piece(0) if what == -1 else inputs.old_piece(inputs.old_mesh.pp - 1)
+
+
+def _accumulation_weights(src: StagePieces) -> dict[int, int]:
+    """Per piece of ``src``'s backward (layer, -1 embedding, -2 head), the bytes it adds in place."""
+    def weight(unit: Unit) -> int:
+        return sum(accumulated_bytes(n) for n in unit.nodes)
+
+    out = {layer: weight(unit) for layer, unit in src.bwd.items()}
+    out[-1], out[-2] = weight(src.bwd_post), weight(src.bwd_pre)
+    return out
+
+
+def _even_shares(src: StagePieces) -> int:
+    return len(src.layers) + (1 if src.fwd_pre.nodes or src.bwd_post.nodes else 0) \
+        + (1 if src.fwd_post.nodes or src.bwd_pre.nodes else 0)
+
+
+__all__ = ["StagePieces", "Unit", "read_stage", "restage", "restaged_group", "schedule"]

@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
+from echo_et.ir.conventions import EMBEDDING_GROUP, MODEL_PARALLEL_GROUP
 from echo_et.ir.limits import MAX_MICROBATCHES, MAX_WORLD_SIZE
 
 ROLES = ("tp", "dp", "pp")
@@ -21,7 +22,7 @@ ROLES = ("tp", "dp", "pp")
 # embedding group: the first and the last pipeline stage of the same tp and dp coordinates,
 # which share the word embedding) and "mp" (Megatron's model-parallel group: every tp and pp
 # rank of one data-parallel replica).
-DERIVED_ROLES = ("embd", "mp")
+DERIVED_ROLES = (EMBEDDING_GROUP, MODEL_PARALLEL_GROUP)
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,9 @@ class ParallelLayout:
         c = self.coords(rank)
         if role in ROLES:
             return self.rank_of(**{**c, role: 0})
-        if role == "embd":
+        if role == EMBEDDING_GROUP:
             return self.rank_of(c["tp"], c["dp"], 0)
-        if role == "mp":
+        if role == MODEL_PARALLEL_GROUP:
             return self.rank_of(0, c["dp"], 0)
         raise EchoError(f"layout {self.describe()}: unknown group role {role!r}")
 
@@ -104,10 +105,10 @@ class ParallelLayout:
 @functools.lru_cache(maxsize=1 << 16)
 def _group_ranks(layout: ParallelLayout, role: str, rank: int) -> tuple[int, ...]:
     c = layout.coords(rank)
-    if role == "embd":
+    if role == EMBEDDING_GROUP:
         stages = (0,) if layout.pp == 1 else (0, layout.pp - 1)
         return tuple(layout.rank_of(c["tp"], c["dp"], s) for s in stages)
-    if role == "mp":
+    if role == MODEL_PARALLEL_GROUP:
         return tuple(layout.rank_of(t, c["dp"], s) for s in range(layout.pp) for t in range(layout.tp))
     if role not in ROLES:
         raise EchoError(f"layout {layout.describe()}: unknown group role {role!r}")

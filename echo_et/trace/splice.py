@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder
-from echo_et.ir.conventions import ISSUE_PREFIX
+from echo_et.ir.conventions import ISSUE_PREFIX, WAIT_PREFIX
 from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
 from echo_et.trace import annotations
 from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord, span_index
@@ -322,7 +322,7 @@ class _Splicer:
                     p = kept_parent(n.id)
                     if p is not None:
                         deps.append((p, pb.DEP_CONTROL))
-                    w = gb.cpu_op(f"wait:{self.records[k].op}", new_sid[n.stream],
+                    w = gb.cpu_op(f"{WAIT_PREFIX}{self.records[k].op}", new_sid[n.stream],
                                   kind=pb.KIND_SYNC, start_ns=start, duration_ns=dur, deps=deps)
                     _annotate(w, notes.get(n.id))
                 continue
@@ -404,7 +404,7 @@ class _Splicer:
             sid = new_sid[src_sid]
             end = max((n.start_ns + n.duration_ns for n in gb.graph.nodes if n.stream == sid),
                       default=0)
-            gb.cpu_op("wait:unobserved", sid, kind=pb.KIND_SYNC, start_ns=end, duration_ns=0,
+            gb.cpu_op(f"{WAIT_PREFIX}unobserved", sid, kind=pb.KIND_SYNC, start_ns=end, duration_ns=0,
                       deps=[(comm_node[k], pb.DEP_SYNC) for k in ks])
             self.dropped["ex_situ_wait_not_observed"] += len(ks)
 
