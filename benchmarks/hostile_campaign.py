@@ -110,6 +110,7 @@ class Base:
     slowdown: Path = field(init=False)
     script: Path = field(init=False)
     job_meta: Path = field(init=False)      # 2-rank GPT traced on the meta device for an a100 (no times)
+    job_mpp: Path = field(init=False)       # megatron-gpt tp2 pp2 on the meta device (embedding, model-parallel groups)
     compute_profile: Path = field(init=False)
     comm_preset: Path = field(init=False)
     slowdown_model: Path = field(init=False)
@@ -155,6 +156,10 @@ class Base:
         # the model files of the MODEL_FILE_KINDS, each as echo-et ships or writes it
         self.job_meta = r / "job_meta"
         ok(run("trace", "--device", "meta", "--gpu", "a100", "--dp", "2", "--jobs", "1", "-o", self.job_meta))
+        self.job_mpp = r / "job_mpp"
+        ok(run("trace", "--workload", "megatron-gpt", "--device", "meta", "--gpu", "a100", "--layers", "4",
+               "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "512", "--tp", "2", "--pp", "2",
+               "--microbatches", "2", "--jobs", "1", "-o", self.job_mpp))
         self.compute_profile = r / "compute.json"
         shutil.copyfile(REPO / "echo_et" / "models" / "compute" / "presets" / "a100.json", self.compute_profile)
         self.comm_preset = r / "a100-ib.json"
@@ -247,6 +252,8 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     for o, k in (("--dp", "int"), ("--pp", "int"), ("--microbatches", "int"), ("--zero", "int"),
                  ("--gpus-per-node", "int"), ("--tp", "int")):
         t.append((["scale", b.job_pp if o in ("--pp", "--microbatches") else b.job, "-o", out], o, k, 40))
+    for o, k in (("--pp", "int"), ("--microbatches", "int"), ("--dp", "int")):
+        t.append((["scale", b.job_mpp, "-o", out], o, k, 40))
     for o, k in (("--dp", "int"), ("--bucket-mb", "float"), ("--first-bucket-mb", "float"),
                  ("--param-bytes", "size"), ("--zero", "int"), ("--gpus-per-node", "int")):
         t.append((["inject", b.job1, "-o", out] + (["--dp", "4"] if o != "--dp" else []), o, k, 30))

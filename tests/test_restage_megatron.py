@@ -29,13 +29,15 @@ MICRO = 4
 
 @pytest.fixture(scope="module")
 def traced():
-    cache: dict[tuple[int, int, int, str, str], object] = {}
+    cache: dict[tuple, object] = {}
 
-    def get(tp: int, pp: int, dp: int, device: str = "meta", workload: str = "megatron-gpt"):
-        key = (tp, pp, dp, device, workload)
+    def get(tp: int, pp: int, dp: int, device: str = "meta", workload: str = "megatron-gpt", zero: int = 0,
+            **options):
+        key = (tp, pp, dp, device, workload, zero, tuple(sorted(options.items())))
         if key not in cache:
-            cfg = GPTConfig.megatron(**SHAPE) if workload == "megatron-gpt" else GPTConfig(**SHAPE)
-            cache[key] = trace(build_gpt(cfg), ParallelLayout(tp=tp, pp=pp, dp=dp, microbatches=MICRO),
+            cfg = (GPTConfig.megatron(**SHAPE, **options) if workload == "megatron-gpt"
+                   else GPTConfig(**SHAPE, **options))
+            cache[key] = trace(build_gpt(cfg), ParallelLayout(tp=tp, pp=pp, dp=dp, microbatches=MICRO, zero=zero),
                                TraceOptions(device=device, warmup_steps=0), workload_attrs=cfg.to_json()).job
         return cache[key]
 
@@ -95,6 +97,21 @@ def test_restaged_meta_job_predicts_what_the_traced_one_does(traced, layout, pp,
     host = [sum(n.duration_ns for n in retime_compute(j, model)[0].graph_of(0).nodes if n.kind == pb.KIND_LAUNCH)
             for j in (restaged, direct)]
     assert abs(host[0] / host[1] - 1) < 0.05, host
+
+
+@pytest.mark.parametrize("options", [{"zero": 1}, {"recompute": True}, {"grad_sync": "overlap"},
+                                     {"sync_timers": True}, {"dtype": "bfloat16"},
+                                     {"recompute": True, "partition_activations": True}])
+def test_restaging_matches_tracing_with_megatrons_settings(traced, options) -> None:
+    """The distributed optimizer (ZeRO-1: the gradient norm over the world), recomputation,
+    overlapped DDP, synchronising timers, bf16 (gradients in fp32) and partitioned
+    checkpoints: every rank's calls and groups are those of tracing at the target depth."""
+    for old_pp, pp in ((2, 4), (2, 1)):
+        restaged, _ = scale(traced(2, old_pp, 2, **options), pp=pp)
+        direct = traced(2, pp, 2, **options)
+        for r in range(direct.world_size):
+            assert comm_sequence(restaged, r) == comm_sequence(direct, r), (pp, r)
+            assert _groups(restaged, r) == _groups(direct, r), (pp, r)
 
 
 def test_restaging_a_timed_job_drops_the_embedding_sync_and_its_host_time(traced) -> None:

@@ -2,7 +2,8 @@
 per-layer measurements, with a regenerated 1F1B schedule.
 
 Needs nodes annotated with ``phase`` (forward / backward / optimizer), ``microbatch`` and,
-for transformer blocks, ``layer`` (the ex-situ tracer's workloads emit them). What is taken
+for transformer blocks, ``layer`` (the ex-situ tracer's workloads emit them; a launch the
+meta-device tracer leaves unannotated goes with the kernel it launches). What is taken
 from the trace, per tensor-parallel rank:
 
 - per layer, the nodes of its forward and of its backward for one micro-batch: the one whose
@@ -13,21 +14,32 @@ from the trace, per tensor-parallel rank:
 - the stage prologue of the first stage (embedding: the forward nodes before the first
   layer, the backward nodes after the last) and the epilogue of the last stage (final norm,
   head, loss);
-- the optimizer phase of the old stage of the same kind (first / middle / last), its math
-  scaled by the ratio of parameter bytes;
-- activation bytes and the stream and duration of the traced send/recv;
-- gradient sizes from the AccumulateGrad ops of each layer's backward (``cpu.shapes``),
-  else the old stage's data-parallel bytes spread evenly over its layers and extras.
+- the optimizer phase of the old stage of the same kind (first / middle / last), carried to
+  the new stage's parameters (measured: stretched by their bytes; untimed: marked with
+  ``work_scale``, kernels by bytes and launches by count, for pricing to apply);
+- activation bytes, the stream and duration of the traced send/recv, and whether a device
+  sync followed each (Megatron's p2p calls);
+- gradient sizes from the AccumulateGrad ops of each layer's backward (``cpu.shapes``), else
+  per parameter from its in-place accumulations (``aten::add_``) in the units of the old
+  stage's data-parallel bytes, else those bytes spread evenly over its layers and extras;
+- whether the data-parallel reduction ran in the backward's hooks or after the schedule
+  (Megatron's local DDP: one buffer, after whatever the step did first).
 
 What is generated: layers split evenly over the new stages (contiguous, like Megatron-LM),
 the non-interleaved 1F1B order (warm-up ``min(P - s - 1, M)`` forwards, steady 1F1B,
-cool-down backwards) with send/recv on the pipeline group between neighbouring stages, the
-data-parallel gradient buckets (reverse-ready order, cap from the old buckets) issued on
-the old data-parallel stream when their last gradient is ready in the last micro-batch's
-backward, and for ZeRO-1 the all-gathers after the optimizer. Nodes of the traced step that
-belong to the schedule's machinery (unannotated host ops between micro-batches) are not
-copied; their count is reported. Units are laid out back to back on a fresh clock; the
-simulator recomposes the real timing.
+cool-down backwards) with send/recv on the pipeline group between neighbouring stages, each
+after the kernels making what it sends; the data-parallel gradient buckets (reverse-ready
+order, cap from the traced workload or the old buckets) issued on the old data-parallel
+stream when their last gradient is ready in the last micro-batch's backward, or one buffer
+after the schedule; and for ZeRO-1 the all-gathers after the optimizer. Groups are
+re-derived at the new depth: tp, dp, pp, the world, and the groups the tracer derives
+(Megatron's embedding group between the two ends, its model-parallel group); a stage that
+has no part in one (a middle stage's embedding group; one stage) loses its collectives on
+it with the host time spent on them. Nodes of the traced step that belong to the
+schedule's machinery (unannotated host ops between micro-batches) are not copied; their
+count is reported. Units are laid out back to back on a fresh clock (an untimed graph stays
+untimed, and there only the device streams wait for a transfer); the simulator recomposes
+the real timing.
 """
 
 from __future__ import annotations
