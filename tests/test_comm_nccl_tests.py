@@ -153,6 +153,9 @@ def test_reduce_scatter_and_rooted_collectives_from_the_table(tmp_path):
     ("# nThread 1 nGpus 1 minBytes 8\n#  size count type redop algbw busbw\n 8 2 float sum 0 0\n",
      "size, count and time"),
     ("# nThread 1 nGpus 1 minBytes 8\n#  size count type redop time algbw busbw error\n", "no rows"),
+    # a corrupted header word (hostile campaign seed 1231, case 287: a flipped bit)
+    ("# nThread 1 nGpus 1 minBytes 8\n#  size count type` redop time algbw busbw error\n"
+     " 8 2 float sum 1.0 0 0 0\n", "no 'type' column"),
 ])
 def test_bad_logs(tmp_path, content, match):
     p = tmp_path / "x.log"

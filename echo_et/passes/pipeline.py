@@ -1023,7 +1023,7 @@ class _StageBuilder:
         per parameter). Both from the gradients one micro-batch's backward accumulates in
         each stage, else the bytes from the data-parallel buckets."""
         x, tmpl = self.inp, self.template
-        mine = [x.piece_of_layer(layer).bwd[layer] for layer in x.layers]
+        mine = [x.piece_of_layer(layer).bwd.get(layer, Unit()) for layer in x.layers]
         mine += [self.p0.bwd_post] if x.first else []
         mine += [self.plast.bwd_pre] if x.last else []
         new, old = _parameters(mine), _parameters([*tmpl.bwd.values(), tmpl.bwd_pre, tmpl.bwd_post])

@@ -271,8 +271,10 @@ def _segments(text: str):
 
 
 def _row(line: str, columns: list[str], lineno: int) -> Row | None:
+    """One table row, or None for a line that is not one (a header without a ``type``
+    column is refused after the table is read, naming it)."""
     tokens = line.split()
-    if len(tokens) != len(columns):
+    if len(tokens) != len(columns) or "type" not in columns:
         return None
     times = [i for i, c in enumerate(columns) if c == "time"]
     try:
