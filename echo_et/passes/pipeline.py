@@ -118,6 +118,7 @@ class StagePieces:
     shared_bytes: int = 0         # gradient bytes reduced over the embedding group (shared with the other end)
     optimizer_pre: Unit = field(default_factory=Unit)   # before a reduction after the backward
     header_attrs: dict[str, str] = field(default_factory=dict)   # what the graph says of its timing
+    tp_after_bytes: int = 0       # bytes all-reduced over tp after the backward (sequence parallelism's norms)
     dropped: int = 0
     glue_ns: int = 0              # host time between two micro-batch blocks, less P2P (median)
     # The first micro-batch's forward as measured (it runs colder than the median one).
@@ -208,6 +209,9 @@ def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
             cut = min([first.id, *(d.id for d in first.deps if d.kind in (pb.DEP_LAUNCH, pb.DEP_DATA))])
             pieces.optimizer_pre = Unit([n for n in optimizer.nodes if n.id < cut])
             pieces.optimizer = Unit([n for n in optimizer.nodes if n.id >= cut])
+    tp_key = keys.get("tp")
+    pieces.tp_after_bytes = sum(n.collective.in_bytes for n in optimizer.nodes
+                                if n.kind == pb.KIND_COLLECTIVE and tp_key and n.collective.group == tp_key)
     embd_key = keys.get(EMBEDDING_GROUP)
     pieces.shared_bytes = sum(n.collective.in_bytes for n in optimizer.nodes
                               if n.kind == pb.KIND_COLLECTIVE and embd_key and n.collective.group == embd_key)
@@ -918,6 +922,7 @@ class _StageBuilder:
             e.waits = []
             made = e.unit(self.template.graph_id, self.template.optimizer_pre, mb=None, stage=x.stage,
                           **self.optimizer_scales())
+            self.resize_layer_sync(made)
             self.issue_buckets(after=waits + [n.id for n in made[-1:]])
         self.optimizer()
         e.unit(self.template.graph_id, self.template.epilogue, mb=None, stage=x.stage)
@@ -1034,12 +1039,30 @@ class _StageBuilder:
         new_bytes, old_bytes = sum(self.bucket_sizes), tmpl.dp_bytes
         return {"scale": new_bytes / old_bytes if new_bytes and old_bytes else 1.0}
 
+    def resize_layer_sync(self, made: list[pb.Node]) -> None:
+        """An all-reduce over tp after the backward (Megatron's sequence parallelism reduces
+        its layers' norm and bias gradients in one flattened call) sized for this stage's
+        layers: so much per layer as the old first stage reduced per layer, plus, on the
+        last stage, what the old last stage reduced beyond its layers (the final norm)."""
+        x = self.inp
+        tp_key = x.keys.get("tp")
+        syncs = [n for n in made if n.kind == pb.KIND_COLLECTIVE and tp_key and n.collective.group == tp_key]
+        first, last = x.old_piece(0), x.old_piece(x.old_mesh.pp - 1)
+        if len(syncs) != 1 or not first.tp_after_bytes or not first.layers:
+            return
+        per_layer = first.tp_after_bytes / len(first.layers)
+        extra = max(0.0, last.tp_after_bytes - per_layer * len(last.layers)) if x.last else 0.0
+        elem = dtype_size(syncs[0].collective.dtype) or 1
+        nbytes = round((per_layer * len(x.layers) + extra) / elem) * elem
+        syncs[0].collective.in_bytes = syncs[0].collective.out_bytes = nbytes
+
     def optimizer(self) -> None:
         """The template stage's optimizer, scaled by parameter bytes, after the gradient
         buckets; for ZeRO-1, the all-gathers of the updated shards after it."""
         x, e, tmpl = self.inp, self.e, self.template
         e.waits = list(self.reduce_ids)
         made = e.unit(tmpl.graph_id, tmpl.optimizer, mb=None, stage=x.stage, **self.optimizer_scales())
+        self.resize_layer_sync(made)
         if not (x.zero and self.reduce_ids):
             return
         tail = max(made, key=lambda n: (n.start_ns + n.duration_ns, n.id)) if made else None
