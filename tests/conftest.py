@@ -98,6 +98,7 @@ SLOW = {
     "test_trace_layout.py",
     "test_trace_meta.py",
     "test_trace_steps.py",
+    "test_restage_megatron.py::test_restaging_a_cpu_traced_megatron_job_matches_tracing",
     "test_trace_user.py",
     "test_determinism.py",
     "test_fuzz_promise.py",
