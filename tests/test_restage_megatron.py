@@ -199,3 +199,21 @@ def test_a_group_of_another_role_is_still_refused_in_one_line(traced) -> None:
     with pytest.raises(EchoError, match="group key 'odd'.*cannot re-derive") as e:
         scale(job, pp=4)
     assert "\n" not in str(e.value)
+
+
+def test_a_sweep_row_whose_layout_does_not_fit_the_gpu_is_that_rows_error() -> None:
+    """A megatron-gpt Job traced for an A100 40 GB and swept over the pipeline depth: the
+    depth at which its weights, gradients and Adam states do not fit is the row's one-line
+    error naming what would fit (as predict and the configuration sweep say), not a step."""
+    from echo_et.experiments.sweep import SweepSpec, run_point
+
+    cfg = GPTConfig.megatron(layers=32, hidden=8192, heads=64, seq=2048, micro_batch=1, recompute=True)
+    job = trace(build_gpt(cfg), ParallelLayout(tp=8, pp=2, microbatches=4),
+                TraceOptions(device="meta", warmup_steps=0), workload_attrs={"workload": "megatron-gpt",
+                                                                             **cfg.to_json()}).job
+    job.manifest.hardware.gpu_name = "NVIDIA A100-SXM4-40GB"
+    spec = SweepSpec(dp=[1], pp=[1, 2], preset="a100-ib")
+    one, two = (run_point(job, {"dp": 1, "pp": pp, "microbatches": None}, spec) for pp in (1, 2))
+    assert "does not fit the GPU's memory" in one["error"] and "a100-80gb" in one["error"]
+    assert "\n" not in one["error"]
+    assert "error" not in two and two["step_time_ns"] > 0

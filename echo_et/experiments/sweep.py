@@ -141,6 +141,7 @@ def run_point(job: Job, point: dict[str, int | None], spec: SweepSpec) -> dict[s
         scaled, report = scale(job, dp=point["dp"], pp=point["pp"],
                                microbatches=point["microbatches"], zero=spec.zero,
                                gpus_per_node=spec.gpus_per_node, layout=spec.layout, a2a=spec.a2a)
+        check_fits(scaled)
         model = slow = None
         if spec.mode == "predict":
             model, slow = comm_model_for(spec, scaled), slowdown_model_for(spec)
@@ -175,14 +176,45 @@ def error_text(e: EchoError) -> str:
     return f"{e.option}: {line}" if isinstance(e, OptionError) else line
 
 
-def _micro_batch_size(job) -> int:
-    """Sequences per micro-batch when the Job says (the tracer's ``trace.workload`` attrs)."""
+def _workload(job) -> dict[str, Any]:
+    """What the tracer recorded of the Job's workload (``trace.workload``), or {}."""
     try:
         work = json.loads(job.manifest.attrs.get("trace.workload", "") or "{}")
     except ValueError:
-        work = {}
-    v = work.get("micro_batch") if isinstance(work, dict) else None
+        return {}
+    return work if isinstance(work, dict) else {}
+
+
+def _micro_batch_size(job) -> int:
+    """Sequences per micro-batch when the Job says (the tracer's ``trace.workload`` attrs)."""
+    v = _workload(job).get("micro_batch")
     return int(v) if isinstance(v, int) and v > 0 else 0
+
+
+def check_fits(job) -> None:
+    """EchoError when a traced megatron-gpt Job's layout cannot hold its model in its GPU's
+    memory (the footprint's lower bound, as ``predict`` and the configuration sweep check):
+    a layout the software cannot run is that row's error, not a prediction. Jobs that do not
+    describe a Megatron GPT, or name no GPU with a data sheet, are not checked."""
+    from dataclasses import fields
+
+    from echo_et.experiments.memory_check import check_memory
+    from echo_et.models.compute.gpus import resolve_gpu
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.workloads.gpt import GPTConfig
+
+    work = _workload(job)
+    if work.get("workload") != "megatron-gpt":
+        return
+    try:
+        gpu = resolve_gpu(job.manifest.hardware.gpu_name)
+        cfg = GPTConfig(**{f.name: work[f.name] for f in fields(GPTConfig) if f.name in work})
+        lay = job.manifest.layout
+        layout = ParallelLayout(dp=lay.dp, tp=lay.tp, pp=lay.pp, microbatches=max(1, lay.microbatches),
+                                zero=lay.zero_stage)
+    except (EchoError, TypeError, ValueError):
+        return
+    check_memory(cfg, layout, gpu)
 
 
 def check_sweep(job: Job, spec: SweepSpec, *, executor: str = "local", address: str | None = None,
