@@ -15,6 +15,7 @@ from echo_et.converters import chakra, chrome  # noqa: E402
 from echo_et.converters.astra_sim import ExportOptions  # noqa: E402
 from echo_et.converters.astra_sim import writer as astra_writer  # noqa: E402
 from echo_et.converters.astra_sim.plan import plan_graph  # noqa: E402
+from echo_et.errors import EchoError  # noqa: E402
 from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for  # noqa: E402
 from echo_et.passes import retime_compute  # noqa: E402
 from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
@@ -185,6 +186,10 @@ def test_scaling_dp_keeps_the_blocks_and_equals_scaling_the_expanded_job(jobs) -
     from echo_et.passes.scale import scale
 
     lay = jobs.manifest.layout
+    if lay.dp == 1:   # a training Job with one replica has nothing to grow (test_passes_scale)
+        with pytest.raises(EchoError, match="one data-parallel replica"):
+            scale(jobs, dp=2)
+        return
     new_dp = lay.dp * 2
     a, ra = scale(jobs, dp=new_dp)
     b, rb = scale(_expanded(jobs), dp=new_dp)

@@ -183,3 +183,40 @@ def test_select_ranks_keeps_contained_groups_and_refuses_straddling_ones() -> No
     with pytest.raises(EchoError, match="not selected"):
         select_ranks(job3, parse_ranks("0-3"))
     assert parse_ranks("0-2,5") == [0, 1, 2, 5]
+
+
+def test_a_training_job_with_one_replica_is_not_grown_into_unsynchronised_replicas() -> None:
+    """Traced at dp=1, a training step reduces no gradients over data parallelism (the
+    workloads skip a collective over one rank): scaling it to dp > 1 would predict replicas
+    that never synchronise. Refused in one line naming what to do instead; a Job at dp=1
+    that does reduce over its dp group (a synthetic one here) still scales."""
+    pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.trace.tracer import TraceOptions, trace
+    from echo_et.workloads import GPTConfig, build_gpt
+
+    for cfg in (GPTConfig(layers=2, hidden=32, heads=4, seq=16, micro_batch=1, vocab=64),
+                GPTConfig.megatron(layers=2, hidden=32, heads=4, seq=16, micro_batch=1, vocab=64)):
+        job = trace(build_gpt(cfg), ParallelLayout(tp=2, pp=2, microbatches=2),
+                    TraceOptions(device="meta", warmup_steps=0)).job
+        for kw in ({"dp": 4}, {"dp": 4, "pp": 1}):
+            with pytest.raises(EchoError, match="one data-parallel replica.*train apart") as e:
+                scale(job, **kw)
+            assert "\n" not in str(e.value) and "--" not in str(e.value)
+        assert scale(job, pp=1)[0].world_size == 2          # dp unchanged: nothing to grow
+    synthetic, _ = make_3d_job(1, 2, 2, roles=True)
+    assert scale(synthetic, dp=4)[0].world_size == 16
+
+
+def test_megatrons_per_replica_groups_never_span_data_parallelism() -> None:
+    """At dp=1 Megatron's model-parallel group is the whole world and, at tp 1 and pp 2, its
+    embedding group is too; neither spans data parallelism (they are per replica), whatever
+    their ranks say."""
+    from echo_et.passes.regroup import group_shape
+
+    mesh = Mesh(1, 1, 2)
+    for desc in ("mp", "embd"):
+        g = pb.ProcessGroup(id=1, name=desc, desc=desc, ranks=[0, 1], role=pb.ROLE_CUSTOM)
+        assert not group_shape(mesh, g, "world").spans_dp
+    g = pb.ProcessGroup(id=1, name="world", desc="default_pg", ranks=[0, 1], role=pb.ROLE_WORLD)
+    assert group_shape(mesh, g, "world").spans_dp

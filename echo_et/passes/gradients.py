@@ -15,6 +15,7 @@ from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import pb
 
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
+OPTIMIZER_PREFIX = "Optimizer.step"     # PyTorch's record_function around an optimizer's step
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
 
 

@@ -49,6 +49,7 @@ from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
 from echo_et.passes.gradients import (
     ACCUMULATE_GRAD,
     EVALUATE_PREFIX,
+    OPTIMIZER_PREFIX,
     Gradient,
     bucket_gradients,
     grad_bytes,
@@ -56,7 +57,6 @@ from echo_et.passes.gradients import (
 
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_BUCKET_MB = 25.0
-OPTIMIZER_PREFIX = "Optimizer.step"
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
+from echo_et.ir.conventions import EMBEDDING_GROUP, MODEL_PARALLEL_GROUP
 from echo_et.ir.schema import pb
 from echo_et.passes.mesh import Mesh
 
@@ -41,7 +42,9 @@ def group_shape(mesh: Mesh, group: pb.ProcessGroup, role: str = "") -> GroupShap
         raise EchoError(f"{where}: its ranks are not a tp x dp x pp box under layout "
                         f"{mesh.describe()}; cannot re-derive it")
     n_dp = len(values["dp"])
-    if mesh.dp == 1:
+    if group.desc in (EMBEDDING_GROUP, MODEL_PARALLEL_GROUP):
+        spans = False     # the tracer's per-replica groups, even when one replica is the world
+    elif mesh.dp == 1:
         spans = role in ("dp", "world") or (len(group.ranks) == mesh.world and mesh.world > 1)
     elif n_dp == mesh.dp:
         spans = True

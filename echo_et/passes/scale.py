@@ -37,6 +37,7 @@ from echo_et.ir import Graph, Job
 from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import COMM_KINDS, ROLE_BY_NAME, pb
 from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
+from echo_et.passes.gradients import ACCUMULATE_GRAD, OPTIMIZER_PREFIX
 from echo_et.passes.layout import LayoutDecision, infer_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.regroup import GroupShape, derived_ranks, group_shape
@@ -115,6 +116,8 @@ def scale(
     world = new_dp * decision.tp * (pp or decision.pp)
     recorded = job.manifest.hardware.gpus_per_node
     check_gpus_per_node(world, gpus_per_node, recorded)
+    if decision.dp == 1 and new_dp > 1:
+        _refuse_unsynchronised_replicas(job, decision, new_dp)
     current = job
     if (pp is not None and pp != decision.pp) or (
             microbatches is not None and microbatches != (decision.microbatches or None)):
@@ -127,6 +130,30 @@ def scale(
     out = scale_dp(current, decision, new_dp, a2a=a2a,
                    gpus_per_node=gpus_per_node if gpus_per_node is not None else recorded or None, report=report)
     return out, report
+
+
+def _refuse_unsynchronised_replicas(job: Job, decision: LayoutDecision, new_dp: int) -> None:
+    """A training Job with one data-parallel replica reduces no gradients over data
+    parallelism (a collective over one rank is skipped), so there is nothing to grow: its
+    copies would train apart. Refused, rather than predicting a step with no gradient
+    reduction in it."""
+    dp_groups = {gid for gid, role in decision.roles.items() if role == "dp"}
+    dp_keys: dict[str, set[str]] = {}
+    for b in job.manifest.bindings:
+        dp_keys.setdefault(b.graph, set()).update(k for k, gid in b.groups.items() if gid in dp_groups)
+    trains = False
+    for gid, keys in sorted(dp_keys.items()):
+        for n in job.graph(gid).nodes:
+            if n.kind == pb.KIND_COLLECTIVE and n.collective.group in keys and n.annotations.phase != "forward":
+                return    # a gradient reduction (one in a forward averages a loss: Megatron's)
+            name = n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name
+            trains = trains or n.annotations.phase == "optimizer" or name == ACCUMULATE_GRAD \
+                or name.startswith(OPTIMIZER_PREFIX)
+    if trains:
+        raise EchoError(f"{job.source or 'job'}: traced with one data-parallel replica, so it reduces no "
+                        f"gradients over data parallelism: {new_dp} replicas of it would train apart. "
+                        "Trace it with two or more replicas, or, for a one-rank trace, add data "
+                        "parallelism with `echo-et inject`")
 
 
 def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "keep-rank",
