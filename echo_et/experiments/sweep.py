@@ -31,6 +31,7 @@ from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
+from echo_et.ir.conventions import traced_workload
 from echo_et.ir.io import atomic_file
 from echo_et.ir.limits import MAX_MICROBATCHES, MAX_PIPELINE_STAGES, MAX_SWEEP_ROWS, MAX_WORLD_SIZE
 
@@ -176,18 +177,9 @@ def error_text(e: EchoError) -> str:
     return f"{e.option}: {line}" if isinstance(e, OptionError) else line
 
 
-def _workload(job) -> dict[str, Any]:
-    """What the tracer recorded of the Job's workload (``trace.workload``), or {}."""
-    try:
-        work = json.loads(job.manifest.attrs.get("trace.workload", "") or "{}")
-    except ValueError:
-        return {}
-    return work if isinstance(work, dict) else {}
-
-
 def _micro_batch_size(job) -> int:
     """Sequences per micro-batch when the Job says (the tracer's ``trace.workload`` attrs)."""
-    v = _workload(job).get("micro_batch")
+    v = traced_workload(job.manifest).get("micro_batch")
     return int(v) if isinstance(v, int) and v > 0 else 0
 
 
@@ -203,7 +195,7 @@ def check_fits(job) -> None:
     from echo_et.trace.layout import ParallelLayout
     from echo_et.workloads.gpt import GPTConfig
 
-    work = _workload(job)
+    work = traced_workload(job.manifest)
     if work.get("workload") != "megatron-gpt":
         return
     try:

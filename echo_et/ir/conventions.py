@@ -1,10 +1,13 @@
-"""Node-naming conventions one part writes and another reads.
+"""Conventions one part writes and another reads: node names, node and manifest attrs.
 
 The ex-situ tracer (``echo_et.trace``) writes them and passes read them back; both depend on
 the IR, so the convention lives here, below both, rather than in either.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 # Name prefix of the host operator put where a communication call was issued
 # ("issue:send", "issue:all_reduce"); the communication node itself hangs off it.
@@ -38,3 +41,17 @@ MODEL_PARALLEL_GROUP = "mp"
 # its operator and shapes multiplies the price by it (``passes.compute_retime``), as the
 # pass already did to the measured duration.
 WORK_SCALE_ATTR = "work_scale"
+
+# Manifest attr with the settings of the workload the tracer ran (a JSON object: the GPT
+# configuration's fields and "workload", e.g. "megatron-gpt"); passes and sweeps read it.
+WORKLOAD_ATTR = "trace.workload"
+
+
+def traced_workload(manifest: Any) -> dict[str, Any]:
+    """What a Job's manifest records of its workload (``WORKLOAD_ATTR``), or {} when it
+    records nothing readable."""
+    try:
+        work = json.loads(manifest.attrs.get(WORKLOAD_ATTR, "") or "{}")
+    except ValueError:
+        return {}
+    return work if isinstance(work, dict) else {}

@@ -57,6 +57,7 @@ from echo_et.ir.conventions import (
     MODEL_PARALLEL_GROUP,
     WAIT_PREFIX,
     WORK_SCALE_ATTR,
+    traced_workload,
 )
 from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.limits import MAX_GRAPH_NODES
@@ -623,21 +624,9 @@ def restaged_group(mesh: Mesh, role: str, rank: int) -> list[int] | None:
     return [mesh.rank({**c, "pp": 0}), mesh.rank({**c, "pp": mesh.pp - 1})]
 
 
-def _traced_workload(job: Job) -> dict[str, Any]:
-    """The settings the tracer recorded for the Job's workload (``trace.workload``), or {}."""
-    import json
-
-    text = job.manifest.attrs.get("trace.workload")
-    try:
-        workload = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return workload if isinstance(workload, dict) else {}
-
-
 def _traced_bucket_bytes(job: Job) -> int | None:
     """The gradient bucket cap the traced workload ran with (its ``bucket_mb``), if it says."""
-    mb = _traced_workload(job).get("bucket_mb")
+    mb = traced_workload(job.manifest).get("bucket_mb")
     return int(mb * 1024 * 1024) if isinstance(mb, int | float) and mb > 0 else None
 
 
@@ -645,7 +634,7 @@ def _refuse_other_schedules(job: Job) -> None:
     """A Job traced with the interleaved schedule has each stage's layers in several chunks,
     not the contiguous stage this pass reads; one traced under DeepSpeed's pipeline engine
     moves its tensors in calls this pass does not regenerate (its 1F1B is Megatron-LM's)."""
-    workload = _traced_workload(job)
+    workload = traced_workload(job.manifest)
     virtual = workload.get("layers_per_virtual_stage")
     engine = workload.get("pipeline_engine")
     if virtual:

@@ -38,6 +38,7 @@ from typing import Any
 
 from echo_et.errors import CheckError, EchoError, OptionError
 from echo_et.ir import Job, JobBuilder, check_job
+from echo_et.ir.conventions import WORKLOAD_ATTR
 from echo_et.ir.limits import MAX_TRACE_STEPS, fills_nodes
 from echo_et.trace.identity import structure_hash
 from echo_et.trace.layout import DERIVED_ROLES, ROLES, ParallelLayout
@@ -333,7 +334,7 @@ def trace(build_fn: Callable, layout: ParallelLayout, options: TraceOptions | No
     result = _Tracer(build_fn, layout, options).trace()
     m = result.job.manifest
     if workload_attrs:
-        m.attrs["trace.workload"] = json.dumps(workload_attrs, sort_keys=True)
+        m.attrs[WORKLOAD_ATTR] = json.dumps(workload_attrs, sort_keys=True)
     if options.device.startswith("cuda"):
         import torch
 
