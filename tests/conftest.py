@@ -173,6 +173,8 @@ SLOW = {
     # the DLRM Kineto job read and exported once, then 15 edits each checked by both checks
     # (1-3 s each, 25 s in all)
     "test_astra_sim_check_stream.py::test_dlrm_kineto_export_same_findings",
+    # three CPU traces of a TP2 x PP2 gpt Job (6 s)
+    "test_inject_replicas.py::test_injected_job_reduces_what_the_job_traced_at_that_dp_reduces",
 }
 
 

@@ -80,7 +80,7 @@ def test_inject_verb(tmp_path) -> None:
     assert out["world_size"] == 1024 and out["buckets"] >= 1
     assert check_job(load_job(tmp_path / "dp")) == []
     res = run("inject", tmp_path / "dp", "--dp", "4", "-o", tmp_path / "again")
-    assert "single-rank" in one_line_error(res)
+    assert "already data-parallel" in one_line_error(res)
     assert not (tmp_path / "again").exists()
 
 

@@ -150,7 +150,7 @@ def test_bucket_assignment_caps() -> None:
 def test_inject_refuses_bad_input() -> None:
     job = make_single_gpu_job()
     out, _ = inject_dp(job, dp=2)
-    with pytest.raises(EchoError, match="single-rank"):
+    with pytest.raises(EchoError, match="already data-parallel .*dp=2.*echo-et scale"):
         inject_dp(out, dp=4)
     with pytest.raises(OptionError, match="12 is not a multiple of 8 GPUs per node") as err:
         inject_dp(job, dp=12, gpus_per_node=8)

@@ -128,7 +128,8 @@ def scale(
 
 @guarded
 def inject(
-    job_path: Path = typer.Argument(..., metavar="JOB", help="Single-rank Job directory or trace."),
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace of one model copy: a single "
+                                    "rank, or the TP/PP ranks of a job traced with one data-parallel replica."),
     output: Path = typer.Option(..., "-o", "--output", help="Job directory to write."),
     dp: int = typer.Option(..., "--dp", help="Data-parallel degree of the new Job."),
     bucket_mb: float | None = typer.Option(
@@ -140,9 +141,11 @@ def inject(
         None, "--param-bytes", help="Total parameter bytes (e.g. 500MB or 1.5GiB) when the trace has no "
         "gradient shapes."),
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=GPN_HELP),
+    declared: str | None = LayoutOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Turn a single-GPU trace into a data-parallel Job: DDP gradient buckets on a comm stream."""
+    """Add data parallelism to a trace of one model copy (one GPU, or the TP/PP ranks of one
+    replica): DDP gradient buckets on a comm stream, on every rank of every replica."""
     from echo_et.cli.unit_opts import size_option
     from echo_et.passes.inject import inject_dp
 
@@ -150,7 +153,7 @@ def inject(
     job = load_job_arg(job_path)
     out, report = inject_dp(job, dp=dp, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb,
                             zero=zero, param_bytes=size_option(param_bytes, "param_bytes", lo=1),
-                            gpus_per_node=gpus_per_node)
+                            gpus_per_node=gpus_per_node, layout=declared)
     _save_checked(out, output)
     if as_json:
         emit_json({"output": str(output), **report.to_json()})

@@ -7,6 +7,7 @@ Shared by :mod:`echo_et.passes.inject` (data parallelism for a single-GPU trace)
 from __future__ import annotations
 
 import ast
+import bisect
 import json
 import math
 from dataclasses import dataclass
@@ -103,3 +104,43 @@ def bucket_gradients(grads: list[Gradient], first_cap: int, cap: int) -> list[li
     buckets.extend(m for m, _ in open_.values())
     buckets.sort(key=lambda b: (b[-1].node.start_ns + b[-1].node.duration_ns, b[-1].node.id))
     return buckets
+
+
+def last_backward(accs: list[pb.Node], host: list[pb.Node]) -> list[pb.Node]:
+    """The AccumulateGrad ops (in ready order) of the step's last backward pass.
+
+    With gradient accumulation every micro-batch's backward accumulates each parameter once,
+    and DDP (under ``no_sync`` until then) reduces during the last one. A traced micro-batch
+    annotation tells the passes apart. Without it, a backward pass ends where a forward op
+    starts before the next AccumulateGrad: a top-level host op (no enclosing op) that is not
+    part of autograd's engine. The passes are kept apart only when each accumulates the same
+    gradients, in the same order (two backward calls over different parameters are one
+    step's gradients, all of them kept)."""
+    tagged = [a for a in accs if a.annotations.HasField("microbatch")]
+    if tagged:
+        last = max(a.annotations.microbatch for a in tagged)
+        return [a for a in tagged if a.annotations.microbatch == last]
+    if len(accs) < 2:
+        return accs
+    forward = sorted(n.start_ns for n in host if not any(d.kind == pb.DEP_CONTROL for d in n.deps)
+                     and not _autograd_op(n))
+    passes: list[list[pb.Node]] = [[accs[0]]]
+    for prev, a in zip(accs, accs[1:], strict=False):
+        lo = prev.start_ns + prev.duration_ns
+        i = bisect.bisect_right(forward, lo)
+        if i < len(forward) and forward[i] < a.start_ns:
+            passes.append([])
+        passes[-1].append(a)
+    shapes = [[(a.cpu.shapes, a.cpu.dtypes) for a in p] for p in passes]
+    if len(passes) > 1 and all(s == shapes[0] for s in shapes):
+        return passes[-1]
+    return accs
+
+
+def _autograd_op(n: pb.Node) -> bool:
+    return op_name(n).startswith((EVALUATE_PREFIX, "autograd::engine", ACCUMULATE_GRAD))
+
+
+def op_name(n: pb.Node) -> str:
+    """A host op's operator name (the node's name when it records none)."""
+    return n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name

@@ -45,7 +45,9 @@ def group_shape(mesh: Mesh, group: pb.ProcessGroup, role: str = "") -> GroupShap
     if group.desc in (EMBEDDING_GROUP, MODEL_PARALLEL_GROUP):
         spans = False     # the tracer's per-replica groups, even when one replica is the world
     elif mesh.dp == 1:
-        spans = role in ("dp", "world") or (len(group.ranks) == mesh.world and mesh.world > 1)
+        # a group of every rank is the world, unless the layout reads it as its TP or PP
+        # group (a TP-only Job's one group): that one stays inside each replica
+        spans = role in ("dp", "world") or (role not in ("tp", "pp") and len(group.ranks) == mesh.world > 1)
     elif n_dp == mesh.dp:
         spans = True
     elif n_dp == 1:

@@ -152,8 +152,8 @@ def _refuse_unsynchronised_replicas(job: Job, decision: LayoutDecision, new_dp: 
     if trains:
         raise EchoError(f"{job.source or 'job'}: traced with one data-parallel replica, so it reduces no "
                         f"gradients over data parallelism: {new_dp} replicas of it would train apart. "
-                        "Trace it with two or more replicas, or, for a one-rank trace, add data "
-                        "parallelism with `echo-et inject`")
+                        "Add data parallelism with `echo-et inject` (DDP's gradient buckets), or "
+                        "trace it with two or more replicas")
 
 
 def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "keep-rank",
@@ -215,6 +215,10 @@ def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "kee
         seen[ident[0]] = k + 1
         name = oldg.name if per_old[ident[0]] == 1 else f"{oldg.name}/{k}"
         role = oldg.role or ROLE_BY_NAME.get(decision.roles.get(oldg.id, ""), 0)
+        if role == pb.ROLE_WORLD and ident[1] >= 0:
+            # the world of a one-replica Job, copied into each replica: the layout's reading
+            role = ROLE_BY_NAME.get(decision.roles.get(oldg.id, ""), pb.ROLE_UNKNOWN)
+            role = pb.ROLE_UNKNOWN if role == pb.ROLE_WORLD else role
         new_ids[ident] = jb.group(new_members[ident], name=name, desc=oldg.desc, role=role)
     for g in graphs.values():
         jb.add_graph(g)
