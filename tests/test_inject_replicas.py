@@ -152,3 +152,16 @@ def test_injected_job_reduces_what_the_job_traced_at_that_dp_reduces(traced, zer
         rest = sorted(c for c in _colls(out, r) if c not in _colls(out, r, "dp"))
         assert rest == sorted(c for c in _colls(two, r) if c not in _colls(two, r, "dp")), r
     assert simulate(out).step_time_ns > 0
+
+
+def test_inject_one_replica_then_scale_is_inject_at_that_dp(tp_job) -> None:
+    """``inject --dp 1`` gives a Job whose gradients are reduced over a one-rank group, which
+    ``scale --dp N`` (and so ``sweep --dp``) then grows: the same Job as injecting N."""
+    from echo_et.passes import scale
+
+    one, _ = inject_dp(tp_job, dp=1, layout="tp=2")
+    assert check_job(one) == [] and one.manifest.layout.dp == 1 and one.manifest.layout.tp == 2
+    grown, _ = scale(one, dp=4)
+    direct, _ = inject_dp(tp_job, dp=4, layout="tp=2")
+    for r in range(8):
+        assert _colls(grown, r) == _colls(direct, r)
