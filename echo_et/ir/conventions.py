@@ -35,6 +35,20 @@ NCCL_VERSION_ATTR = "kineto.nccl_version"
 EMBEDDING_GROUP = "embd"
 MODEL_PARALLEL_GROUP = "mp"
 
+
+def derived_group_coords(role: str, at: dict[str, int], tp: int, pp: int) -> list[dict[str, int]]:
+    """The (tp, dp, pp) coordinates of the members of Megatron's derived group ``role`` seen
+    from the rank at ``at``, in group-rank order: the embedding group's are the first and
+    the last stage at its tp and dp coordinates (one stage when pp = 1; a middle stage is not
+    a member of the group it sees); the model-parallel group's are every tp and pp rank of
+    its replica, stage by stage. Both the tracer (``trace.layout``) and re-staging
+    (``passes.pipeline``) number them with their own rank order."""
+    if role == EMBEDDING_GROUP:
+        return [{"tp": at["tp"], "dp": at["dp"], "pp": s} for s in ((0,) if pp == 1 else (0, pp - 1))]
+    if role == MODEL_PARALLEL_GROUP:
+        return [{"tp": t, "dp": at["dp"], "pp": s} for s in range(pp) for t in range(tp)]
+    raise ValueError(f"not a derived group role: {role!r}")
+
 # Node attr: a factor on the work the node stands for. A pass that carries one piece of work
 # to a place where it does more or less of it writes it (the re-staged optimizer of a stage
 # with more or fewer parameters than the one it was traced on); whoever prices the node from

@@ -57,6 +57,7 @@ from echo_et.ir.conventions import (
     MODEL_PARALLEL_GROUP,
     WAIT_PREFIX,
     WORK_SCALE_ATTR,
+    derived_group_coords,
     traced_workload,
 )
 from echo_et.ir.dtypes import dtype_size
@@ -616,12 +617,12 @@ def restaged_group(mesh: Mesh, role: str, rank: int) -> list[int] | None:
         return mesh.group_ranks(rank, [role])
     if role == "world":
         return list(range(mesh.world))
-    if role == MODEL_PARALLEL_GROUP:
-        return mesh.group_ranks(rank, ["tp", "pp"]) if mesh.tp * mesh.pp > 1 else None
     c = mesh.coords(rank)
-    if mesh.pp == 1 or c["pp"] not in (0, mesh.pp - 1):
+    if role == MODEL_PARALLEL_GROUP and mesh.tp * mesh.pp == 1:
         return None
-    return [mesh.rank({**c, "pp": 0}), mesh.rank({**c, "pp": mesh.pp - 1})]
+    if role == EMBEDDING_GROUP and (mesh.pp == 1 or c["pp"] not in (0, mesh.pp - 1)):
+        return None
+    return [mesh.rank(m) for m in derived_group_coords(role, c, mesh.tp, mesh.pp)]
 
 
 def _traced_bucket_bytes(job: Job) -> int | None:

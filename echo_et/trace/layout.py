@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
-from echo_et.ir.conventions import EMBEDDING_GROUP, MODEL_PARALLEL_GROUP
+from echo_et.ir.conventions import EMBEDDING_GROUP, MODEL_PARALLEL_GROUP, derived_group_coords
 from echo_et.ir.limits import MAX_MICROBATCHES, MAX_WORLD_SIZE
 
 ROLES = ("tp", "dp", "pp")
@@ -105,11 +105,8 @@ class ParallelLayout:
 @functools.lru_cache(maxsize=1 << 16)
 def _group_ranks(layout: ParallelLayout, role: str, rank: int) -> tuple[int, ...]:
     c = layout.coords(rank)
-    if role == EMBEDDING_GROUP:
-        stages = (0,) if layout.pp == 1 else (0, layout.pp - 1)
-        return tuple(layout.rank_of(c["tp"], c["dp"], s) for s in stages)
-    if role == MODEL_PARALLEL_GROUP:
-        return tuple(layout.rank_of(t, c["dp"], s) for s in range(layout.pp) for t in range(layout.tp))
+    if role in DERIVED_ROLES:
+        return tuple(layout.rank_of(**m) for m in derived_group_coords(role, c, layout.tp, layout.pp))
     if role not in ROLES:
         raise EchoError(f"layout {layout.describe()}: unknown group role {role!r}")
     n = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp}[role]
