@@ -103,6 +103,7 @@ class Base:
     chakra: Path = field(init=False)
     job: Path = field(init=False)           # 4-rank DDP Job
     job1: Path = field(init=False)          # 1-rank Job (inject's input)
+    job_tp: Path = field(init=False)        # 2 Kineto ranks of one TP2 replica (inject's multi-rank input)
     job_pp: Path = field(init=False)        # tp2 pp2 dp2 GPT Job
     nccl: list[Path] = field(init=False)
     profile: Path = field(init=False)
@@ -131,6 +132,8 @@ class Base:
         shutil.copytree(FIX / "jobs" / "gpt-tp2-pp2-dp2", self.job_pp)
         self.job1 = r / "job1"
         ok(run("convert", FIX / "traces" / "cpu_single" / "rank0.kineto.json.gz", "-o", self.job1))
+        self.job_tp = r / "job_tp"
+        ok(run("convert", FIX / "traces" / "tp_gloo2", "-o", self.job_tp))
         ok(run("export", "chakra", self.job, "-o", r / "chakra" / "t"))
         self.chakra = r / "chakra" / "t.0.et"
         logs = [SHARED / "nccl-tests" / "echo-a100" / "nccl_8.log",
@@ -257,6 +260,11 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     for o, k in (("--dp", "int"), ("--bucket-mb", "float"), ("--first-bucket-mb", "float"),
                  ("--param-bytes", "size"), ("--zero", "int"), ("--gpus-per-node", "int")):
         t.append((["inject", b.job1, "-o", out] + (["--dp", "4"] if o != "--dp" else []), o, k, 30))
+    # a multi-rank Job traced with one replica: its layout declared, DDP's buckets on every rank
+    for o, k in (("--dp", "int"), ("--zero", "int"), ("--bucket-mb", "float"), ("--layout", "name"),
+                 ("--gpus-per-node", "int")):
+        t.append((["inject", b.job_tp, "-o", out] + (["--dp", "4"] if o != "--dp" else [])
+                  + (["--layout", "tp=2"] if o != "--layout" else []), o, k, 30))
     t.append((["select", b.job, "-o", out], "--ranks", "ranks", 30))
     for o, k in (("--gpus-per-node", "int"), ("--intra-bw", "rate"), ("--inter-bw", "rate"), ("--latency", "float"),
                  ("--splits", "int"), ("--topology", "name"), ("--preset", "name")):

@@ -113,7 +113,7 @@ def test_untimed_graph_is_refused() -> None:
     cfg = GPTConfig(layers=2, hidden=64, heads=4, seq=32, micro_batch=1, vocab=256)
     job = trace(build_gpt(cfg), ParallelLayout(tp=2, pp=1, dp=1), TraceOptions(device="meta", warmup_steps=0),
                 workload_attrs=cfg.to_json()).job
-    with pytest.raises(EchoError, match="traced on the meta device.*echo-et trace --dp N"):
+    with pytest.raises(EchoError, match="traced on the meta device.*`echo-et trace`"):
         inject_dp(job, dp=2)
 
 

@@ -341,3 +341,34 @@ def test_the_traced_devices_are_the_nodes_only_where_the_world_fills_them(tmp_pa
     p.write_text(json.dumps(obj))
     assert convert(p).manifest.hardware.gpus_per_node == gpn
     assert convert(p, gpus_per_node=2).manifest.hardware.gpus_per_node == 2
+
+
+def test_megatron_group_names_state_the_layout(tmp_path):
+    """Megatron-core names its groups (``group_desc``, Kineto's ``Process Group
+    Description``): the tensor-parallel group's role is read from its name, and the layout
+    from the roles, where the groups alone read two ranks on one group as data parallelism."""
+    from echo_et.passes import infer_layout
+
+    def rank_events(r: int) -> list[dict]:
+        return [
+            cpu("ProfilerStep#3", 0, 1000, cat="user_annotation", **{"Ev Idx": 0}),
+            cpu("c10d::allreduce_", 100, 200, **{"Ev Idx": 1}),
+            cpu("record_param_comms", 101, 198, **{
+                "Ev Idx": 2, "Collective name": "allreduce", "In msg nelems": 10,
+                "Out msg nelems": 10, "dtype": "Float", "Process Group Name": "1",
+                "Process Group Ranks": "[0, 1]", "Group size": 2,
+                "Process Group Description": "TENSOR_MODEL_PARALLEL_GROUP"}),
+        ]
+
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
+              {"pg_name": "1", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP", "pg_size": 2, "ranks": [0, 1]}]
+    for r in (0, 1):
+        write(tmp_path, rank_events(r), f"rank{r}.json", backend="gloo", rank=r, pg_config=groups)
+    job = convert(tmp_path)
+    (tp,) = [g for g in job.manifest.groups if g.desc == "TENSOR_MODEL_PARALLEL_GROUP"]
+    assert tp.role == pb.ROLE_TP
+    d = infer_layout(job)
+    assert (d.dp, d.tp, d.pp, d.source) == (1, 2, 1, "stated:group-roles")
+    tp.desc, tp.role = "undefined", pb.ROLE_UNKNOWN     # an older PyTorch, or no names
+    job.invalidate()
+    assert (infer_layout(job).dp, infer_layout(job).tp) == (2, 1)

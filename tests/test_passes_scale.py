@@ -220,3 +220,21 @@ def test_megatrons_per_replica_groups_never_span_data_parallelism() -> None:
         assert not group_shape(mesh, g, "world").spans_dp
     g = pb.ProcessGroup(id=1, name="world", desc="default_pg", ranks=[0, 1], role=pb.ROLE_WORLD)
     assert group_shape(mesh, g, "world").spans_dp
+
+
+@pytest.mark.parametrize(("desc", "role", "spans"), [
+    ("", "", True),                              # a group of every rank, unexplained: the world
+    ("", "world", True),
+    ("", "tp", False),                           # a TP-only Job's one group: per replica
+    ("", "pp", False),
+    ("EMBEDDING_GROUP", "", False),              # Megatron-core's per-replica groups, by name
+    ("MODEL_PARALLEL_GROUP", "", False),
+    ("POSITION_EMBEDDING_GROUP", "", False),
+    ("embd", "", False),                         # the tracer's
+])
+def test_one_replica_group_of_every_rank_spans_dp_only_when_it_is_the_world(desc, role, spans) -> None:
+    from echo_et.passes.regroup import group_shape
+
+    mesh = Mesh(tp=4, dp=1, pp=1)
+    g = pb.ProcessGroup(id=1, name="g", desc=desc, ranks=[0, 1, 2, 3])
+    assert group_shape(mesh, g, role).spans_dp is spans

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Job, JobBuilder
-from echo_et.ir.conventions import NCCL_VERSION_ATTR
+from echo_et.ir.conventions import MEGATRON_AXIS_DESCS, NCCL_VERSION_ATTR
 from echo_et.ir.limits import MAX_WORLD_SIZE, checked_int, fills_nodes
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
 
@@ -198,7 +198,7 @@ def read_job(paths: list[Path], options) -> Job:
             use = rg.groups[key]
             mapped = [job_index[x] for x in use.ranks if x in job_index]
             role = "world" if (use.desc == "default_pg" or use.key == "0") \
-                and len(use.ranks) == world else 0
+                and len(use.ranks) == world else MEGATRON_AXIS_DESCS.get(use.desc, 0)
             bound[key] = jb.group(mapped, name=use.name, desc=use.desc, role=role)
         bindings[r] = bound
         jb.bind(job_index[r], rg.graph.id, bound, measured_step_ns=rg.measured_step_ns,

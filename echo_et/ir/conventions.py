@@ -36,6 +36,23 @@ EMBEDDING_GROUP = "embd"
 MODEL_PARALLEL_GROUP = "mp"
 
 
+# Megatron-core names the process groups it makes (``torch.distributed.new_group``'s
+# ``group_desc``, which Kineto's distributedInfo records as ``pg_desc``): the axis of the
+# layout each one is.
+MEGATRON_AXIS_DESCS: dict[str, str] = {
+    "TENSOR_MODEL_PARALLEL_GROUP": "tp",
+    "DATA_PARALLEL_GROUP": "dp",
+    "DATA_PARALLEL_GROUP_GLOO": "dp",
+    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
+    "CONTEXT_PARALLEL_GROUP": "cp",
+    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
+}
+# Groups inside one data-parallel replica that are none of its axes: the tracer's derived
+# groups and Megatron-core's by their names. More replicas copy them; they never span dp.
+PER_REPLICA_DESCS = frozenset({EMBEDDING_GROUP, MODEL_PARALLEL_GROUP, "EMBEDDING_GROUP",
+                               "POSITION_EMBEDDING_GROUP", "MODEL_PARALLEL_GROUP"})
+
+
 def derived_group_coords(role: str, at: dict[str, int], tp: int, pp: int) -> list[dict[str, int]]:
     """The (tp, dp, pp) coordinates of the members of Megatron's derived group ``role`` seen
     from the rank at ``at``, in group-rank order: the embedding group's are the first and

@@ -302,7 +302,7 @@ def _inject_graph(src: Graph, *, key: str, size: int, caps: tuple[int, int], zer
     if src.header.attrs.get("trace.timing") == "untimed":
         raise EchoError(f"{where}: graph {src.id} was traced on the meta device and has no times to "
                         "place gradient buckets by; trace it at the data-parallel degree wanted "
-                        "(`echo-et trace --dp N`)")
+                        "(`echo-et trace`, which takes as long)")
     graph = src.copy()
     graph.expand()
     done = GraphInjection(graph=graph.id)

@@ -314,6 +314,11 @@ def infer_layout(job: Job, declared: str | dict[str, Any] | None = None) -> Layo
         fixed = {"dp": m.dp, "tp": m.tp, "pp": m.pp}
         source = f"manifest:{m.source or 'unspecified'}"
         reasons.append(f"layout from the job manifest (source {m.source or 'unspecified'})")
+    elif stated := _stated_sizes(job, world):
+        fixed = stated
+        source = "stated:group-roles"
+        reasons.append(f"the groups' stated roles (e.g. Megatron's group names) give dp={stated['dp']},"
+                       f"tp={stated['tp']},pp={stated['pp']}")
     else:
         source = "inferred:groups"
 
@@ -376,6 +381,21 @@ def infer_layout(job: Job, declared: str | dict[str, Any] | None = None) -> Layo
     micro = int(spec.get("microbatches", 0)) or (m.microbatches if manifest_ok else 0)
     return LayoutDecision(mesh=mesh, ep=ep, microbatches=micro, zero=int(zero), source=source,
                           roles=roles, reasons=reasons)
+
+
+def _stated_sizes(job: Job, world: int) -> dict[str, int] | None:
+    """dp, tp, pp from the groups whose role the trace states (Megatron-core names its
+    groups), when each stated axis has one group size and they multiply to the world."""
+    sizes: dict[str, set[int]] = {}
+    for g in job.manifest.groups:
+        axis = ROLE_NAMES.get(g.role, "")
+        if axis in AXES:
+            sizes.setdefault(axis, set()).add(len(g.ranks))
+    if not sizes or any(len(v) != 1 for v in sizes.values()):
+        return None
+    tp, pp = (min(sizes.get(a, {1})) for a in ("tp", "pp"))
+    dp = min(sizes["dp"]) if "dp" in sizes else world // (tp * pp)
+    return {"dp": dp, "tp": tp, "pp": pp} if dp * tp * pp == world else None
 
 
 def geometric_role(mesh: Mesh, ranks: list[int]) -> str:

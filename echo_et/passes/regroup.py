@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo_et.errors import EchoError
-from echo_et.ir.conventions import EMBEDDING_GROUP, MODEL_PARALLEL_GROUP
+from echo_et.ir.conventions import PER_REPLICA_DESCS
 from echo_et.ir.schema import pb
 from echo_et.passes.mesh import Mesh
 
@@ -42,8 +42,8 @@ def group_shape(mesh: Mesh, group: pb.ProcessGroup, role: str = "") -> GroupShap
         raise EchoError(f"{where}: its ranks are not a tp x dp x pp box under layout "
                         f"{mesh.describe()}; cannot re-derive it")
     n_dp = len(values["dp"])
-    if group.desc in (EMBEDDING_GROUP, MODEL_PARALLEL_GROUP):
-        spans = False     # the tracer's per-replica groups, even when one replica is the world
+    if group.desc in PER_REPLICA_DESCS:
+        spans = False     # per-replica groups (the tracer's, Megatron's), even when one replica is the world
     elif mesh.dp == 1:
         # a group of every rank is the world, unless the layout reads it as its TP or PP
         # group (a TP-only Job's one group): that one stays inside each replica
