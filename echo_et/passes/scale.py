@@ -152,8 +152,9 @@ def _refuse_unsynchronised_replicas(job: Job, decision: LayoutDecision, new_dp: 
     if trains:
         raise EchoError(f"{job.source or 'job'}: traced with one data-parallel replica, so it reduces no "
                         f"gradients over data parallelism: {new_dp} replicas of it would train apart. "
-                        "Add data parallelism with `echo-et inject` (DDP's gradient buckets), or "
-                        "trace it with two or more replicas")
+                        "Add data parallelism with `echo-et inject` (DDP's gradient buckets; inject "
+                        "one replica to scale or sweep it from there), or trace it with two or "
+                        "more replicas")
 
 
 def scale_dp(job: Job, decision: LayoutDecision, new_dp: int, *, a2a: str = "keep-rank",
