@@ -230,15 +230,23 @@ def test_steps_choice_and_errors(tmp_path):
         read([p], "kineto", ReadOptions(step=5))
 
 
-def _gloo_rank(rank: int) -> list[dict]:
-    p2p = ("send", "Dst Rank", 1) if rank == 0 else ("recv", "Src Rank", 0)
+def _host_all_reduce_step(group: str = "0", **args) -> list[dict]:
+    """A step whose host all-reduces 10 floats over ``group`` (ranks 0 and 1), as a CPU
+    backend's ``record_param_comms`` says it (``args``: more of its fields)."""
     return [
         cpu("ProfilerStep#3", 0, 1000, cat="user_annotation", **{"Ev Idx": 0}),
         cpu("c10d::allreduce_", 100, 200, **{"Ev Idx": 1}),
         cpu("record_param_comms", 101, 198, **{
             "Ev Idx": 2, "Collective name": "allreduce", "In msg nelems": 10,
-            "Out msg nelems": 10, "dtype": "Float", "Process Group Name": "0",
-            "Process Group Ranks": "[0, 1]", "Group size": 2}),
+            "Out msg nelems": 10, "dtype": "Float", "Process Group Name": group,
+            "Process Group Ranks": "[0, 1]", "Group size": 2, **args}),
+    ]
+
+
+def _gloo_rank(rank: int) -> list[dict]:
+    p2p = ("send", "Dst Rank", 1) if rank == 0 else ("recv", "Src Rank", 0)
+    return [
+        *_host_all_reduce_step(),
         cpu(f"c10d::{p2p[0]}", 400, 50, **{"Ev Idx": 3}),
         cpu("record_param_comms", 401, 48, **{
             "Ev Idx": 4, "Collective name": p2p[0], "In msg nelems": 6, "Out msg nelems": 6,
@@ -349,21 +357,11 @@ def test_megatron_group_names_state_the_layout(tmp_path):
     from the roles, where the groups alone read two ranks on one group as data parallelism."""
     from echo_et.passes import infer_layout
 
-    def rank_events(r: int) -> list[dict]:
-        return [
-            cpu("ProfilerStep#3", 0, 1000, cat="user_annotation", **{"Ev Idx": 0}),
-            cpu("c10d::allreduce_", 100, 200, **{"Ev Idx": 1}),
-            cpu("record_param_comms", 101, 198, **{
-                "Ev Idx": 2, "Collective name": "allreduce", "In msg nelems": 10,
-                "Out msg nelems": 10, "dtype": "Float", "Process Group Name": "1",
-                "Process Group Ranks": "[0, 1]", "Group size": 2,
-                "Process Group Description": "TENSOR_MODEL_PARALLEL_GROUP"}),
-        ]
-
     groups = [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
               {"pg_name": "1", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP", "pg_size": 2, "ranks": [0, 1]}]
     for r in (0, 1):
-        write(tmp_path, rank_events(r), f"rank{r}.json", backend="gloo", rank=r, pg_config=groups)
+        write(tmp_path, _host_all_reduce_step("1", **{"Process Group Description": "TENSOR_MODEL_PARALLEL_GROUP"}),
+              f"rank{r}.json", backend="gloo", rank=r, pg_config=groups)
     job = convert(tmp_path)
     (tp,) = [g for g in job.manifest.groups if g.desc == "TENSOR_MODEL_PARALLEL_GROUP"]
     assert tp.role == pb.ROLE_TP
