@@ -165,3 +165,32 @@ def test_inject_one_replica_then_scale_is_inject_at_that_dp(tp_job) -> None:
     direct, _ = inject_dp(tp_job, dp=4, layout="tp=2")
     for r in range(8):
         assert _colls(grown, r) == _colls(direct, r)
+
+
+def test_gradients_without_shapes() -> None:
+    """A gradient recorded as no dense tensor (no dims, no dtype: a sparse embedding's) is
+    left out of the buckets and said so; one recorded without its shape stops a multi-rank
+    inject in one line, since its ranks cannot share one total of parameter bytes."""
+    run = json.loads((TP_GLOO / "run.json").read_text())
+    for shapes, dtypes in (('[[]]', '[""]'), ("", "")):
+        job = read(sorted(TP_GLOO.glob("*.kineto.json.gz")), None, ReadOptions())
+        g = job.graph("rank0")
+        accs = [n for n in g.nodes if n.cpu.op == "torch::autograd::AccumulateGrad"]
+        recorded = accs[-1].cpu.shapes      # one parameter (the shapes are unique), in both backwards
+        first_dims = json.loads(recorded)[0]
+        for n in accs:
+            if n.cpu.shapes == recorded:
+                n.cpu.shapes, n.cpu.dtypes = shapes, dtypes
+        if shapes:
+            out, report = inject_dp(job, dp=2, layout="tp=2")
+            assert check_job(out) == []
+            assert report.per_graph[0].param_source.endswith("(1 without a dense gradient left out)")
+            n = 1
+            for d in first_dims:
+                n *= d
+            assert report.per_graph[0].param_bytes == run["param_bytes_per_rank"] - 4 * n
+            assert report.per_graph[1].param_bytes == run["param_bytes_per_rank"]
+        else:
+            with pytest.raises(EchoError, match="graph rank0: 1 of 6 AccumulateGrad ops have no usable "
+                                                "shape/dtype; every rank's gradients need their shapes"):
+                inject_dp(job, dp=2, layout="tp=2")

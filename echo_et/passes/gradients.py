@@ -57,6 +57,14 @@ def grad_bytes(node: pb.Node) -> tuple[int, str] | None:
     return math.prod(dims) * size, dtype
 
 
+def undefined_input(node: pb.Node) -> bool:
+    """Whether an op's first input is recorded as no dense tensor: no dims and no dtype
+    (Kineto's record of a sparse or undefined tensor)."""
+    shapes = _parse_list(node.cpu.shapes) if node.HasField("cpu") else []
+    dtypes = _parse_list(node.cpu.dtypes) if node.HasField("cpu") else []
+    return bool(shapes) and shapes[0] == [] and (not dtypes or str(dtypes[0]).strip() == "")
+
+
 INPLACE_ADD = "aten::add_"
 
 

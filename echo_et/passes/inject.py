@@ -64,6 +64,7 @@ from echo_et.passes.gradients import (
     grad_bytes,
     last_backward,
     op_name,
+    undefined_input,
 )
 from echo_et.passes.layout import LayoutDecision, infer_layout
 from echo_et.passes.scale import scale_dp
@@ -155,8 +156,10 @@ def _host_nodes(graph: Graph) -> list[pb.Node]:
     return [n for n in graph.nodes if n.stream in host]
 
 
-def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient], str]:
-    """Gradients in ready order and where their sizes came from."""
+def find_gradients(graph: Graph, param_bytes: int | None, *, one_rank: bool = True) -> tuple[list[Gradient], str]:
+    """Gradients in ready order and where their sizes came from. Without their shapes a
+    one-rank trace may be given its parameter bytes; a rank of a multi-rank Job may not
+    (``one_rank`` False: the ranks hold different pieces of the model)."""
     host = _host_nodes(graph)
     ready = sorted(host, key=lambda n: (n.start_ns + n.duration_ns, n.id))
     accs = [n for n in ready if op_name(n) == ACCUMULATE_GRAD]
@@ -164,14 +167,26 @@ def find_gradients(graph: Graph, param_bytes: int | None) -> tuple[list[Gradient
         accs = [n for n in ready if op_name(n) == EVALUATE_PREFIX + ACCUMULATE_GRAD]
     accs = last_backward(accs, host)
     if accs and param_bytes is None:
-        sized = [(grad_bytes(n), n) for n in accs]
-        if all(s is not None for s, _ in sized):
+        # an input recorded as no dense tensor (no dims, no dtype: a sparse gradient, as a
+        # sparse embedding's) is not a bucket's: DDP reduces sparse gradients apart
+        dense = [n for n in accs if not undefined_input(n)]
+        sized = [(grad_bytes(n), n) for n in dense]
+        if dense and all(s is not None for s, _ in sized):
             grads = [Gradient(n, s[0], s[1]) for s, n in sized]  # type: ignore[index]
-            return _without_received_inputs(grads, graph), "AccumulateGrad input shapes"
-        missing = sum(1 for s, _ in sized if s is None)
-        raise OptionError("param_bytes", f"{missing} of {len(accs)} AccumulateGrad ops have no usable "
-                                         "shape/dtype (trace recorded without record_shapes?); give the "
+            skipped = len(accs) - len(dense)
+            source = "AccumulateGrad input shapes" + (f" ({skipped} without a dense gradient left out)"
+                                                      if skipped else "")
+            return _without_received_inputs(grads, graph), source
+        missing = sum(1 for s, _ in sized if s is None) + len(accs) - len(dense)
+        what = f"{missing} of {len(accs)} AccumulateGrad ops have no usable shape/dtype"
+        if not one_rank:
+            raise EchoError(f"graph {graph.id}: {what}; every rank's gradients need their shapes (profile "
+                            "with record_shapes=True)")
+        raise OptionError("param_bytes", f"{what} (trace recorded without record_shapes?); give the "
                                          "total parameter bytes")
+    if not one_rank:
+        raise EchoError(f"graph {graph.id}: no AccumulateGrad ops to size gradients from (a rank that "
+                        "trains records one per parameter, with record_shapes=True)")
     if param_bytes is None:
         raise OptionError("param_bytes", "the trace has no AccumulateGrad ops to size gradients from; "
                                          "give the total parameter bytes to spread over the backward ops")
@@ -296,7 +311,7 @@ def inject_dp(job: Job, *, dp: int, bucket_mb: float | None = None,
 
 
 def _inject_graph(src: Graph, *, key: str, size: int, caps: tuple[int, int], zero: int,
-                  param_bytes: int | None, where: str) -> tuple[Graph, GraphInjection]:
+                  param_bytes: int | None, where: str, one_rank: bool = True) -> tuple[Graph, GraphInjection]:
     """A copy of ``src`` with DDP's gradient buckets reduced over the group bound to ``key``
     (``size`` ranks) on a new communication stream (rules: the module docstring)."""
     if src.header.attrs.get("trace.timing") == "untimed":
@@ -306,7 +321,7 @@ def _inject_graph(src: Graph, *, key: str, size: int, caps: tuple[int, int], zer
     graph = src.copy()
     graph.expand()
     done = GraphInjection(graph=graph.id)
-    grads, done.param_source = find_gradients(graph, param_bytes)
+    grads, done.param_source = find_gradients(graph, param_bytes, one_rank=one_rank)
     done.gradients = len(grads)
     done.param_bytes = sum(g.nbytes for g in grads)
     buckets = bucket_gradients(grads, *caps)
@@ -426,7 +441,7 @@ def _inject_replicas(job: Job, *, dp: int, caps: tuple[int, int], zero: int, par
             raise EchoError(f"{where}: graph {gid} already communicates over its data-parallel group "
                             f"{key!r} (node {used.id} {used.name}); grow it with `echo-et scale`")
         graphs[gid], done = _inject_graph(src, key=key, size=1, caps=caps, zero=zero, param_bytes=None,
-                                          where=where)
+                                          where=where, one_rank=False)
         done.ranks = users[gid]
         report.per_graph.append(done)
         report.collectives += len(done.bucket_bytes) * (2 if zero else 1) * users[gid]
