@@ -70,6 +70,7 @@ from echo_et.passes.gradients import (
     accumulated_bytes,
     bucket_gradients,
     grad_bytes,
+    op_name,
 )
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
@@ -1077,7 +1078,7 @@ def _gradients(nodes: list[pb.Node], units: list[tuple[int, list[pb.Node], pb.No
     # Both ends in one stage: the parameter they shared (the tied word embedding) is one
     # gradient; the old last stage's copy of it is not reduced again.
     shared = inputs.shared_bytes if inputs.first and inputs.last and inputs.old_mesh.pp > 1 else 0
-    accs = [n for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD]
+    accs = [n for n in nodes if op_name(n) == ACCUMULATE_GRAD]
     sized = [(grad_bytes(n), n) for n in accs]
     if accs and all(sz is not None for sz, _ in sized):
         grads = [Gradient(n, sz[0], "") for sz, n in sized]  # type: ignore[index]
@@ -1106,7 +1107,7 @@ def _parameters(units: list[Unit]) -> tuple[int, int]:
     """(bytes, count) of the gradients ``units`` accumulate: their AccumulateGrad ops when
     there are any, else their in-place accumulations."""
     nodes = [n for u in units for n in u.nodes]
-    accs = [b[0] for n in nodes if (n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name) == ACCUMULATE_GRAD
+    accs = [b[0] for n in nodes if op_name(n) == ACCUMULATE_GRAD
             and (b := grad_bytes(n)) is not None]
     if accs:
         return sum(accs), len(accs)

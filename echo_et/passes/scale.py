@@ -37,7 +37,7 @@ from echo_et.ir import Graph, Job
 from echo_et.ir.dtypes import dtype_size
 from echo_et.ir.schema import COMM_KINDS, ROLE_BY_NAME, pb
 from echo_et.passes.derive import check_gpus_per_node, derived_job_builder
-from echo_et.passes.gradients import ACCUMULATE_GRAD, OPTIMIZER_PREFIX
+from echo_et.passes.gradients import ACCUMULATE_GRAD, OPTIMIZER_PREFIX, op_name
 from echo_et.passes.layout import LayoutDecision, infer_layout
 from echo_et.passes.mesh import Mesh
 from echo_et.passes.regroup import GroupShape, derived_ranks, group_shape
@@ -146,7 +146,7 @@ def _refuse_unsynchronised_replicas(job: Job, decision: LayoutDecision, new_dp: 
         for n in job.graph(gid).nodes:
             if n.kind == pb.KIND_COLLECTIVE and n.collective.group in keys and n.annotations.phase != "forward":
                 return    # a gradient reduction (one in a forward averages a loss: Megatron's)
-            name = n.cpu.op if n.HasField("cpu") and n.cpu.op else n.name
+            name = op_name(n)
             trains = trains or n.annotations.phase == "optimizer" or name == ACCUMULATE_GRAD \
                 or name.startswith(OPTIMIZER_PREFIX)
     if trains:
