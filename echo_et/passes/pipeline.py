@@ -734,11 +734,13 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
                 bucket_bytes=bucket_bytes, dp=new_mesh.dp, dp_after_backward=after_backward,
                 shared_bytes=shared_bytes)).build()
             graphs[(t, s)] = g
-    # Graphs identical across tp ranks are shared (proved by content hash).
+    # Graphs identical across tp ranks are shared (proved by content hash; a graph built
+    # once for several tp ranks is hashed once).
     by_hash: dict[str, str] = {}
+    hashed: dict[int, str] = {}
     graph_of: dict[tuple[int, int], str] = {}
     for (t, s), g in sorted(graphs.items()):
-        h = g.content_hash()
+        h = hashed.get(id(g)) or hashed.setdefault(id(g), g.content_hash())
         if h not in by_hash:
             by_hash[h] = g.id
             jb.add_graph(g)
