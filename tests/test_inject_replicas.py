@@ -194,3 +194,18 @@ def test_gradients_without_shapes() -> None:
             with pytest.raises(EchoError, match="graph rank0: 1 of 6 AccumulateGrad ops have no usable "
                                                 "shape/dtype; every rank's gradients need their shapes"):
                 inject_dp(job, dp=2, layout="tp=2")
+
+
+@pytest.mark.parametrize(("shapes", "dtypes", "undefined"), [
+    ("[[]]", '[""]', True),                                   # Kineto: a sparse or undefined tensor
+    ("[[]]", '["Tensor(nullptr (uninitialized))"]', True),    # the host ET's spelling
+    ("[[]]", '["float"]', False),                             # a dense scalar
+    ("[[4]]", '[""]', False),                                 # dims without a dtype: unsized, not undefined
+    ("", "", False),                                          # nothing recorded
+])
+def test_undefined_input(shapes, dtypes, undefined) -> None:
+    from echo_et.passes.gradients import undefined_input
+
+    n = pb.Node(id=1, name="torch::autograd::AccumulateGrad", kind=pb.KIND_CPU_OP)
+    n.cpu.shapes, n.cpu.dtypes = shapes, dtypes
+    assert undefined_input(n) is undefined

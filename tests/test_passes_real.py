@@ -97,3 +97,23 @@ def test_inject_single_rank_profile_to_dp_1024(single) -> None:
     assert check_job(out1) == []
     types = [t for t, _ in _colls(out1, 0)]
     assert types == [pb.COLL_REDUCE_SCATTER, pb.COLL_ALL_GATHER]
+
+
+def test_gradients_and_first_bucket_match_ddp_on_a_real_gpu_run(dlrm) -> None:
+    """DLRM on 8 V100s under DDP (NCCL): the dense gradients inject reads from rank 0's
+    AccumulateGrad shapes (the embeddings' sparse gradient left out) add up to exactly what
+    DDP all-reduced that step, and DDP's first bucket (1 MiB cap) is inject's first bucket.
+    DDP reduced one 448-byte gradient in a bucket of its own where inject's second bucket
+    holds it; the DDP rule that split it is not one inject knows."""
+    from echo_et.passes.gradients import bucket_gradients
+    from echo_et.passes.inject import DEFAULT_BUCKET_MB, DEFAULT_FIRST_BUCKET_BYTES, find_gradients
+
+    graph = dlrm.graph_of(0)
+    real = [n.collective.in_bytes for n in graph.nodes
+            if n.kind == pb.KIND_COLLECTIVE and n.collective.type == pb.COLL_ALL_REDUCE]
+    assert real == [1_576_964, 448, 907_840]
+    grads, source = find_gradients(graph, None)
+    assert source == "AccumulateGrad input shapes (1 without a dense gradient left out)"
+    assert sum(g.nbytes for g in grads) == sum(real)
+    buckets = bucket_gradients(grads, DEFAULT_FIRST_BUCKET_BYTES, int(DEFAULT_BUCKET_MB * (1 << 20)))
+    assert [sum(g.nbytes for g in b) for b in buckets] == [1_576_964, 448 + 907_840]

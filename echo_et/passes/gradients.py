@@ -58,11 +58,14 @@ def grad_bytes(node: pb.Node) -> tuple[int, str] | None:
 
 
 def undefined_input(node: pb.Node) -> bool:
-    """Whether an op's first input is recorded as no dense tensor: no dims and no dtype
-    (Kineto's record of a sparse or undefined tensor)."""
+    """Whether an op's first input is recorded as no dense tensor: no dims and no element
+    type (Kineto's record of a sparse or undefined tensor: dtype ""; the host ET's:
+    ``Tensor(nullptr (uninitialized))``). A dense scalar has no dims but a dtype."""
     shapes = _parse_list(node.cpu.shapes) if node.HasField("cpu") else []
     dtypes = _parse_list(node.cpu.dtypes) if node.HasField("cpu") else []
-    return bool(shapes) and shapes[0] == [] and (not dtypes or str(dtypes[0]).strip() == "")
+    if not shapes or shapes[0] != []:
+        return False
+    return not dtypes or dtype_size(_dtype_name(str(dtypes[0]))) is None
 
 
 INPLACE_ADD = "aten::add_"
