@@ -96,6 +96,15 @@ def test_gradient_accumulation_keeps_the_last_backward() -> None:
     inner = [op(7, "autograd::engine::evaluate_function: AddmmBackward0", 25),
              op(8, "aten::mm", 26, parent=7)]
     assert [n.id for n in last_backward(accs, nodes[1:3] + inner + nodes[4:])] == [2, 3, 5, 6]
+    # identical layers, and another thread's op (a data loader's) between their gradients:
+    # the training loop's thread (it marks the profiler's step) ran no forward there
+    step = op(20, "ProfilerStep#3", 0, dur=100)
+    loader = op(21, "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 25)
+    loader.stream = 1
+    accs2 = [op(2, acc, 10, shapes="[[4]]"), op(3, acc, 20, shapes="[[4]]"),
+             op(5, acc, 30, shapes="[[4]]"), op(6, acc, 40, shapes="[[4]]")]
+    assert [n.id for n in last_backward(accs2, [step, loader, *accs2])] == [2, 3, 5, 6]
+    assert [n.id for n in last_backward(accs2, [loader, *accs2])] == [5, 6]   # no step marker: read as two
     # two backward calls over different parameters: one step's gradients, all kept
     other = [*nodes[:5], op(6, acc, 50, shapes="[[16]]")]
     assert [n.id for n in last_backward([n for n in other if n.name == acc], other)] == [2, 3, 5, 6]

@@ -18,6 +18,7 @@ from echo_et.ir.schema import pb
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 OPTIMIZER_PREFIX = "Optimizer.step"     # PyTorch's record_function around an optimizer's step
 EVALUATE_PREFIX = "autograd::engine::evaluate_function: "
+PROFILER_STEP_PREFIX = "ProfilerStep#"   # torch.profiler's step marker, on the training loop's thread
 
 
 @dataclass
@@ -123,18 +124,36 @@ def last_backward(accs: list[pb.Node], host: list[pb.Node]) -> list[pb.Node]:
     With gradient accumulation every micro-batch's backward accumulates each parameter once,
     and DDP (under ``no_sync`` until then) reduces during the last one. A traced micro-batch
     annotation tells the passes apart. Without it, a backward pass ends where a forward op
-    starts before the next AccumulateGrad: a top-level host op (no enclosing op) that is not
-    part of autograd's engine. The passes are kept apart only when each accumulates the same
-    gradients, in the same order (two backward calls over different parameters are one
-    step's gradients, all of them kept)."""
+    starts before the next AccumulateGrad: a host op outside autograd's engine (neither one
+    of its ops nor inside one), on the thread that marks the profiler's steps when one does.
+    The passes are kept apart only when each accumulates the same gradients, in the same
+    order (two backward calls over different parameters are one step's gradients, all of
+    them kept)."""
     tagged = [a for a in accs if a.annotations.HasField("microbatch")]
     if tagged:
         last = max(a.annotations.microbatch for a in tagged)
         return [a for a in tagged if a.annotations.microbatch == last]
     if len(accs) < 2:
         return accs
-    forward = sorted(n.start_ns for n in host if not any(d.kind == pb.DEP_CONTROL for d in n.deps)
-                     and not _autograd_op(n))
+    # the forward runs on the training loop's thread (the one that marks the profiler's
+    # steps); another thread's ops (a data loader's) say nothing about the backward
+    main = {n.stream for n in host if op_name(n).startswith(PROFILER_STEP_PREFIX)}
+    by_id = {n.id: n for n in host}
+    parent = {n.id: next((d.id for d in n.deps if d.kind == pb.DEP_CONTROL), None) for n in host}
+    autograd: dict[int, bool] = {}
+
+    def in_autograd(i: int | None) -> bool:
+        chain = []
+        while i is not None and i in by_id and i not in autograd:
+            chain.append(i)
+            i = parent[i]
+        known = autograd.get(i, False) if i is not None else False
+        for j in reversed(chain):
+            known = known or _autograd_op(by_id[j])
+            autograd[j] = known
+        return known
+
+    forward = sorted(n.start_ns for n in host if (not main or n.stream in main) and not in_autograd(n.id))
     passes: list[list[pb.Node]] = [[accs[0]]]
     for prev, a in zip(accs, accs[1:], strict=False):
         lo = prev.start_ns + prev.duration_ns
