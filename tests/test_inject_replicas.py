@@ -44,6 +44,10 @@ def test_real_tensor_parallel_trace_gets_one_bucket_set_per_rank_and_replica(tp_
     before = {gid: tp_job.graph(gid).content_hash() for gid in tp_job.graph_ids()}
     with pytest.raises(EchoError, match="already data-parallel.*declare that layout \\(e.g. tp=2\\)"):
         inject_dp(tp_job, dp=4)    # read as DP2: its one group is the world
+    from echo_et.passes import infer_layout
+
+    assert any("tensor parallelism alone reads the same: declare its layout (tp=2)" in r
+               for r in infer_layout(tp_job).reasons)
     out, report = inject_dp(tp_job, dp=4, layout="tp=2")
     assert {gid: tp_job.graph(gid).content_hash() for gid in tp_job.graph_ids()} == before
     assert check_job(out) == [] and out.world_size == 8

@@ -353,6 +353,9 @@ def infer_layout(job: Job, declared: str | dict[str, Any] | None = None) -> Layo
                            "orders apart)")
         else:
             reasons.append(f"rank order {'-'.join(mesh.order)} matches the groups")
+        if not fixed and world > 1 and mesh.dp == world and best.axis_sets.get("dp"):
+            reasons.append(f"one group of all {world} ranks reads as data parallelism; a job split by "
+                           f"tensor parallelism alone reads the same: declare its layout (tp={world}) if so")
 
     roles: dict[int, str] = {}
     for axis, lst in best.axis_sets.items():
