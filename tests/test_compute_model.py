@@ -235,3 +235,111 @@ def test_fit_end_to_end_fits_the_host_launch_time_from_launch_nodes():
                for n in (100, 400, 1600, 6400)]
     fitted = fit_end_to_end(samples, prior, params=("host_launch_ns",))
     assert fitted.profile.params["host_launch_ns"] == pytest.approx(38_000, rel=0.02)
+
+
+# -- the sustained tensor-core ceiling ----------------------------------------------------------
+def _with(profile, **params):
+    from dataclasses import replace
+
+    return replace(profile, params={**profile.params, **{k.replace("__", "."): v for k, v in params.items()}})
+
+
+def test_sustained_ceiling_caps_large_gemms_and_leaves_wave_bound_ones_alone():
+    from echo_et.models.compute.roofline import parts
+
+    prior = _with(default_profile("a100"), gemm_eff__tensor=1.0, kernel_overhead_ns=0.0)
+    capped = _with(prior, sustained_eff__tensor=0.75)
+    gpu = prior.gpu
+    big = K.gemm(16384, 16384, 16384, 1, "bf16", 3 * 16384 * 16384 * 2)
+    # no GEMM runs faster than the ceiling x the data-sheet peak
+    assert kernel_time_ns(big, gpu, capped.params) == pytest.approx(big.flops / (0.75 * 312e12) * 1e9, rel=1e-9)
+    assert kernel_time_ns(big, gpu, prior.params) < kernel_time_ns(big, gpu, capped.params)
+    # one tile row over a full wave: the tiling keeps it below the ceiling, which does not bind
+    small = K.gemm(256 * 108 + 256, 128, 4096, 1, "bf16", 1e6)
+    assert parts(small, gpu, prior.params).cns > parts(small, gpu, prior.params).sns / 0.75
+    assert kernel_time_ns(small, gpu, capped.params) == kernel_time_ns(small, gpu, prior.params)
+    # FP32 (SIMT) GEMMs and memory-bound kernels have no such side
+    assert parts(K.gemm(4096, 4096, 4096, 1, "fp32", 1e6), gpu, prior.params).sp == ""
+    assert parts(K.mem("elementwise", 1e6), gpu, prior.params).sp == ""
+
+
+def test_profile_without_the_ceiling_loads_with_none(tmp_path):
+    obj = to_json(default_profile("a100"))
+    del obj["params"]["sustained_eff"]
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(obj))
+    assert load_profile(f).params["sustained_eff.tensor"] == 1.0
+    obj["params"]["sustained_eff"] = {"tensor": 0.0}
+    f.write_text(json.dumps(obj))
+    with pytest.raises(EchoError, match="sustained_eff.tensor must be in"):
+        load_profile(f)
+
+
+def test_fit_finds_a_ceiling_that_binds_nowhere_at_the_start():
+    """Large GEMMs capped at 0.7 of the peak, small ones wave-bound below it: starting from no
+    ceiling (1.0, which binds nowhere), the fit finds 0.7 and keeps the tile efficiency."""
+    from echo_et.models.compute.fit import PARAM_NAMES
+
+    prior = _with(default_profile("a100"), gemm_eff__tensor=1.0)
+    truth = _with(prior, sustained_eff__tensor=0.7)
+    samples = []
+    for i, (m, n, k) in enumerate(((8192, 8192, 8192), (16384, 8192, 4096), (12288, 12288, 12288),
+                                   (256 * 108 + 256, 128, 4096), (300, 300, 4096))):
+        s = Sample(((K.gemm(m, n, k, 1, "bf16", 2 * (m * k + k * n + m * n)), 1.0),), 0.0, group=f"g{i}",
+                   source="layers")
+        samples.append(Sample(s.items, predict(s, truth), group=s.group, source="layers"))
+    free = ("sustained_eff.tensor",)
+    r = fit(samples, prior, fixed=tuple(p for p in PARAM_NAMES if p not in free))
+    assert r.profile.params["sustained_eff.tensor"] == pytest.approx(0.7, rel=1e-3)
+    assert max(abs(predict(s, r.profile) / s.measured_ns - 1) for s in samples) < 1e-3
+
+
+def test_calibration_fits_the_ceiling_on_the_large_gemm_layers_only():
+    """The ceiling stage uses the AICB layers whose GEMMs average >= 1e11 FLOPs (GPT-175B and
+    Llama-65B at TP8), with the tile efficiency at its bound; the earlier stages are as before."""
+    from echo_et.models.compute.calibration import calibrate_kernels_and_layers
+    from echo_et.models.compute.data import aicb_files, layer_samples, read_aicb_layers
+    from echo_et.models.compute.fit import SUSTAINED_MIN_GEMM_FLOPS, mean_tensor_gemm_flops
+
+    prior = default_profile("a100")
+    big = set()
+    for f in aicb_files(shared_path("workloads")):
+        lt = read_aicb_layers(f)
+        if lt is None:
+            continue
+        for s in layer_samples(lt, 312e12)[0]:
+            if s.source == "layers" and mean_tensor_gemm_flops(s, prior) >= SUSTAINED_MIN_GEMM_FLOPS:
+                big.add(f.name.split("_")[1])
+    assert big == {"GPT175B", "Llama65B"}
+    cal = calibrate_kernels_and_layers(None, [shared_path("workloads")], name="a100")
+    stage = cal.profile.fit["stages"][-1]
+    assert stage["free"] == ["sustained_eff.tensor"] and stage["samples"] == 4
+    assert stage["pinned"] == {"gemm_eff.tensor": 1.0}
+    ceiling = cal.profile.params["sustained_eff.tensor"]
+    assert 0.6 < ceiling < 0.9
+    # the tile efficiency stays the layers stage's (0.71 on all 8 layers), not the pinned 1.0
+    assert 0.6 < cal.profile.params["gemm_eff.tensor"] < 0.8
+
+
+def test_end_to_end_fit_with_a_fixed_ceiling_prices_its_samples_well():
+    """The tile efficiency fitted end to end under a fixed ceiling (the iterations stage):
+    the large GEMMs sit on the ceiling, the others identify the efficiency; the ceiling is
+    kept and the samples are priced within their noise."""
+    from echo_et.models.compute import fit_end_to_end
+    from echo_et.models.compute.layers import LayerShape, layer_backward, layer_forward
+
+    prior = ComputeModel(_with(ComputeModel.preset("a100").profile, gemm_eff__tensor=0.7,
+                               sustained_eff__tensor=0.75))
+    truth = ComputeModel(_with(prior.profile, gemm_eff__tensor=0.95, kernel_overhead_ns=4000.0))
+    samples = []
+    for hidden, tp, mb in ((1024, 8, 1), (1024, 1, 8), (2048, 2, 4), (2048, 1, 8), (4096, 8, 1), (8192, 8, 1)):
+        shape = LayerShape("gpt", hidden, 16, 4 * hidden, 1024, mb, tp, "fp16")
+        calls = [(c, 12) for block in (*layer_forward(shape), *layer_backward(shape)) for c in block]
+        measured = 2e6 + sum(n * truth.op_time_ns(c.op, c.shapes, c.dtypes, c.attrs) for c, n in calls)
+        samples.append((calls, 2e6, measured * (1.04 if hidden == 2048 else 0.97)))
+    fitted = fit_end_to_end(samples, prior, params=("gemm_eff.tensor", "kernel_overhead_ns"))
+    assert fitted.profile.params["sustained_eff.tensor"] == 0.75
+    assert 0.8 < fitted.profile.params["gemm_eff.tensor"] <= 1.0
+    for calls, rest, measured in samples:
+        pred = rest + sum(n * fitted.op_time_ns(c.op, c.shapes, c.dtypes, c.attrs) for c, n in calls)
+        assert abs(pred / measured - 1) < 0.08

@@ -142,10 +142,14 @@ def test_predicts_default_nodes_are_recorded_only_where_the_layout_fills_them(tm
 def test_sync_timers_wait_for_the_gpu_at_every_phase_and_are_recorded(tmp_path) -> None:
     """``--sync-timers`` (Megatron's timers before 2022) adds host waits at the edges of every
     micro-batch's forward, backward and pipeline exchange: the step is never faster, and the
-    summary records the setting (absent when off, as before the flag existed)."""
+    summary records the setting (absent when off, as before the flag existed). The layers are
+    large enough that the GPU, not the host, binds between the waits: on a host-bound step
+    (TINY) a wait for an idle GPU costs nothing and the two steps are equal."""
+    gpu_bound = ["--layers", "2", "--hidden", "1024", "--heads", "8", "--seq", "512", "--micro-batch", "2",
+                 "--global-batch", "8", "--tp", "2", "--pp", "2", "--dp", "2", "--vocab", "1024", "--gpu", "a100"]
     runs = {}
     for name, extra in (("off", []), ("on", ["--sync-timers"])):
-        r = runner.invoke(app, ["predict", *TINY, *extra, "-o", str(tmp_path / name)])
+        r = runner.invoke(app, ["predict", *gpu_bound, *extra, "-o", str(tmp_path / name)])
         assert r.exit_code == 0, r.output
         runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
     assert runs["on"]["prediction"]["sync_timers"] is True
@@ -164,7 +168,9 @@ def test_grad_sync_overlap_hides_the_gradient_all_reduce_and_is_recorded(tmp_pat
     gradients in buckets during the last micro-batch's backward, where the default (Megatron's
     local DDP) reduces the whole buffer after it: on a data-parallel layout less of the
     all-reduce is exposed. The summary records the setting; a mode it does not know is one line."""
-    dp8 = ["--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "256", "--micro-batch", "2",
+    # hidden 1024: 50M parameters, four 25 MB buckets. At hidden 512 the all-reduce is small
+    # enough that the buckets' per-call host time outweighs what overlapping hides.
+    dp8 = ["--layers", "4", "--hidden", "1024", "--heads", "8", "--seq", "512", "--micro-batch", "2",
            "--global-batch", "32", "--tp", "1", "--pp", "1", "--dp", "8", "--vocab", "1024", "--gpu", "a100"]
     runs = {}
     for name, extra in (("local", []), ("overlap", ["--grad-sync", "overlap"])):

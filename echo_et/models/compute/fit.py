@@ -35,7 +35,7 @@ from echo_et.ir.schema import pb
 from echo_et.models.compute import ops
 from echo_et.models.compute.kernels import MEM_CLASSES, Kernel
 from echo_et.models.compute.profile import ComputeProfile
-from echo_et.models.compute.roofline import EFF_MAX, EFF_PARAMS, PARAM_DEFAULTS, parts
+from echo_et.models.compute.roofline import EFF_MAX, EFF_PARAMS, PARAM_DEFAULTS, Parts, parts
 
 PARAM_NAMES = tuple(PARAM_DEFAULTS)
 # What each source may set (None: everything). Kernels measured one by one identify every
@@ -52,6 +52,17 @@ END_TO_END_PARAMS = ("kernel_overhead_ns", "host_launch_ns", "host_collective_ns
                      "mem_eff.gemm_io", "mem_eff.softmax", "mem_eff.optimizer")
 STAGES: tuple[tuple[str, tuple[str, ...] | None], ...] = (("kernels", None), ("layers", LAYER_PARAMS),
                                                           ("iterations", END_TO_END_PARAMS))
+
+# The sustained tensor-core ceiling (``sustained_eff.tensor``) is identified by the layer
+# samples whose tensor-core GEMMs are large: on average at least this many FLOPs per GEMM
+# (0.32 ms each at the A100's data-sheet peak, long against the power controller's reaction:
+# the GEMMs of GPT-175B and Llama-65B at TP8; GPT-13B's are a third of that). It is fitted
+# with ``gemm_eff.tensor`` at its bound (1): the ceiling is what the largest GEMMs reach when
+# the tiling model alone would run them near the data-sheet peak, as the iterations stage
+# finds for the GEMMs of the measured Megatron runs. The end-to-end stage keeps it.
+SUSTAINED_PARAM = "sustained_eff.tensor"
+SUSTAINED_MIN_GEMM_FLOPS = 1e11
+SUSTAINED_STARTS = (0.5,)  # a ceiling that binds nowhere has no gradient: also start from one that binds
 
 K_HALF_GRID = (0.0, 32.0, 64.0, 128.0, 256.0)
 PRIOR_SAMPLES = 0.001     # pull of each parameter toward the profile a fit starts from
@@ -113,11 +124,7 @@ def predict(sample: Sample, profile: ComputeProfile) -> float:
     p, gpu = profile.params, profile.gpu
     t = sample.offset_ns + sample.launches * p["host_launch_ns"] + sample.comm_launches * p["host_collective_ns"]
     for k, n in sample.items:
-        cp, cns, mp, mns = parts(k, gpu, p, profile.fp32_matmul)
-        v = mns / p[mp]
-        if cp:
-            v = max(v, cns / p[cp])
-        t += n * (p["kernel_overhead_ns"] + v)
+        t += n * (p["kernel_overhead_ns"] + parts(k, gpu, p, profile.fp32_matmul).time_ns(p))
     return t
 
 
@@ -139,12 +146,17 @@ def fit(samples: Sequence[Sample], prior: ComputeProfile, *, fixed: Iterable[str
         raise EchoError("no samples to fit the compute model on")
     fixed = set(fixed)
     grid = (prior.params["gemm_k_half"],) if "gemm_k_half" in fixed else K_HALF_GRID
+    ceilings: tuple[float, ...] = (prior.params[SUSTAINED_PARAM],)
+    if SUSTAINED_PARAM not in fixed and any(parts(k, prior.gpu, prior.params, prior.fp32_matmul).sp
+                                            for s in samples for k, _ in s.items):
+        ceilings += tuple(c for c in SUSTAINED_STARTS if c < ceilings[0])
     best: FitResult | None = None
     for kh in grid:
-        start = replace(prior, params={**prior.params, "gemm_k_half": kh})
-        res = _fit_fixed_k(samples, start, prior, fixed, source_weights or {})
-        if best is None or res.objective < best.objective - 1e-12:
-            best = res
+        for ceiling in ceilings:
+            start = replace(prior, params={**prior.params, "gemm_k_half": kh, SUSTAINED_PARAM: ceiling})
+            res = _fit_fixed_k(samples, start, prior, fixed, source_weights or {})
+            if best is None or res.objective < best.objective - 1e-12:
+                best = res
     assert best is not None
     return best
 
@@ -176,23 +188,23 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
             continue
         xp[n] = 1.0 / prior.params[n]
     x = dict(x0)
-    sides: list[list[bool]] | None = None
+    sides: list[list[str]] | None = None
     rounds = 0
+    tried: list[tuple[float, int, dict[str, float]]] = []
     while rounds < MAX_ROUNDS:
         rounds += 1
-        new_sides = [[bool(cp) and cns * x[cp] >= mns * x[mp] for _, (cp, cns, mp, mns) in items] for items in pre]
+        new_sides = [[_side(pt, x) for _, pt in items] for items in pre]
         if new_sides == sides:
             break
+        if sides is not None:
+            tried.append((_objective(samples, pre, x, w), rounds, x))
         sides = new_sides
         a = np.zeros((len(samples), len(names)))
         rhs = np.zeros(len(samples))
         for i, (s, items) in enumerate(zip(samples, pre, strict=True)):
-            for (n, (cp, cns, mp, mns)), comp in zip(items, sides[i], strict=True):
+            for (n, pt), side in zip(items, sides[i], strict=True):
                 a[i, idx["kernel_overhead_ns"]] += n
-                if comp:
-                    a[i, idx[cp]] += n * cns
-                else:
-                    a[i, idx[mp]] += n * mns
+                a[i, idx[side]] += n * pt.side_ns(side)
             a[i, idx["host_launch_ns"]] += s.launches
             a[i, idx["host_collective_ns"]] += s.comm_launches
             rhs[i] = s.measured_ns - s.offset_ns
@@ -218,6 +230,12 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
         big_a = np.vstack([a, np.array(prior_rows)])
         big_b = np.concatenate([rhs, np.array(prior_rhs)])
         x = _bounded_lstsq(big_a, big_b, names, {n: x0[n] for n in fixed if n in idx})
+    else:
+        # the sides never settled (a kernel whose sides swap as the parameters move, e.g. a
+        # GEMM between its tile efficiency and a fixed sustained ceiling): keep the round
+        # whose parameters price the samples best
+        tried.append((_objective(samples, pre, x, w), rounds, x))
+        x = min(tried, key=lambda t: (t[0], t[1]))[2]
     params = dict(start.params)
     for n in names[:-1]:
         if n in fixed:
@@ -228,6 +246,30 @@ def _fit_fixed_k(samples: Sequence[Sample], start: ComputeProfile, prior: Comput
     meas = np.array([s.measured_ns for s in samples])
     objective = float(np.sum(w * ((pred - meas) / meas) ** 2))
     return FitResult(prof, rounds, start.params["gemm_k_half"], objective)
+
+
+def _objective(samples: Sequence[Sample], pre: list, x: dict[str, float], w: np.ndarray) -> float:
+    """The fit's weighted squared relative error with inverse efficiencies ``x`` (every
+    kernel on its slowest side)."""
+    total = 0.0
+    for s, items, wi in zip(samples, pre, w, strict=True):
+        t = s.offset_ns + s.launches * x["host_launch_ns"] + s.comm_launches * x["host_collective_ns"]
+        for n, pt in items:
+            t += n * (x["kernel_overhead_ns"] + pt.side_ns(_side(pt, x)) * x[_side(pt, x)])
+        total += wi * ((t - s.measured_ns) / s.measured_ns) ** 2
+    return total
+
+
+def _side(pt: Parts, x: dict[str, float]) -> str:
+    """The parameter of the binding side of a kernel's roofline under inverse efficiencies
+    ``x``: compute wins a tie against memory, the sustained ceiling binds only when strictly
+    slower than both."""
+    best, t = pt.mp, pt.mns * x[pt.mp]
+    if pt.cp and pt.cns * x[pt.cp] >= t:
+        best, t = pt.cp, pt.cns * x[pt.cp]
+    if pt.sp and pt.sns * x[pt.sp] > t:
+        best = pt.sp
+    return best
 
 
 def _unit(n: int, i: int, v: float) -> np.ndarray:
@@ -281,9 +323,49 @@ def calibrate(samples: Sequence[Sample], prior: ComputeProfile) -> tuple[Compute
         current = res.profile
         done.append({"source": source, "samples": len(sel), "free": list(free or PARAM_NAMES),
                      "rounds": res.rounds, "k_half": res.k_half})
+        if source == "layers":
+            ceiling = fit_sustained(sel, current)
+            if ceiling is not None:
+                current = ceiling.profile
+                done.append({"source": source, "samples": ceiling.samples, "free": [SUSTAINED_PARAM],
+                             "pinned": {"gemm_eff.tensor": EFF_BOUNDS[1]},
+                             "min_gemm_flops": SUSTAINED_MIN_GEMM_FLOPS, "rounds": ceiling.rounds,
+                             "k_half": ceiling.k_half})
     if not done:
         raise EchoError("no samples to fit the compute model on")
     return current, done
+
+
+def mean_tensor_gemm_flops(sample: Sample, profile: ComputeProfile) -> float:
+    """FLOPs per tensor-core GEMM kernel of a sample (0 without one)."""
+    flops = count = 0.0
+    for k, n in sample.items:
+        if parts(k, profile.gpu, profile.params, profile.fp32_matmul).sp:
+            flops += n * k.flops
+            count += n
+    return flops / count if count else 0.0
+
+
+@dataclass(frozen=True)
+class CeilingFit:
+    profile: ComputeProfile
+    samples: int
+    rounds: int
+    k_half: float
+
+
+def fit_sustained(samples: Sequence[Sample], profile: ComputeProfile) -> CeilingFit | None:
+    """``profile`` with ``sustained_eff.tensor`` fitted to the samples whose tensor-core GEMMs
+    average at least ``SUSTAINED_MIN_GEMM_FLOPS``, with ``gemm_eff.tensor`` held at its bound
+    during this fit (see ``SUSTAINED_MIN_GEMM_FLOPS``); every other parameter as given. None
+    when no sample has GEMMs that large."""
+    sel = [s for s in samples if mean_tensor_gemm_flops(s, profile) >= SUSTAINED_MIN_GEMM_FLOPS]
+    if not sel:
+        return None
+    pinned = replace(profile, params={**profile.params, "gemm_eff.tensor": EFF_BOUNDS[1]})
+    res = fit(sel, pinned, fixed=tuple(n for n in PARAM_NAMES if n != SUSTAINED_PARAM))
+    out = replace(profile, params={**profile.params, SUSTAINED_PARAM: res.profile.params[SUSTAINED_PARAM]})
+    return CeilingFit(out, len(sel), res.rounds, res.k_half)
 
 
 # -- evaluation ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ FITTED_PRESET = "a100"
 FP32_MATMUL = ("fp32", "tf32")
 # Parameters added after profiles of this schema were first written: a profile without them
 # takes the default, so older profiles keep loading.
-ADDED_PARAMS = ("host_launch_ns", "host_collective_ns")
+ADDED_PARAMS = ("host_launch_ns", "host_collective_ns", "sustained_eff.tensor")
 # An added parameter that defaults to another one of the same profile (a profile written before
 # collectives had their own host time issued them like any operator).
 ADDED_LIKE = {"host_collective_ns": "host_launch_ns"}

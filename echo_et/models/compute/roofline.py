@@ -10,6 +10,12 @@
   GEMMs), of the useful fraction of the issued tile work (tile padding and wave quantisation:
   tiles are dealt to the SMs in waves, a partial last wave leaves SMs idle) times the
   K-efficiency K / (K + k_half) of the main loop (prologue/epilogue of each tile);
+- sustained tensor-core ceiling: a tensor-core GEMM never runs faster than FLOPs / (peak x
+  ``sustained_eff.tensor``). The data-sheet peak assumes the boost clock; under a large GEMM
+  an A100 SXM reaches its power limit and lowers its clock, so the throughput it sustains is
+  capped below the peak whatever the tiling (a power roofline: at the power cap the achieved
+  FLOP/s is bounded by the power budget over the energy per FLOP). GEMMs whose tiling keeps
+  them below the cap (small, wave-quantised, short-K) are not affected;
 - fused attention compute time = FLOPs / (peak x attn_eff x wave utilisation of its
   (batch x heads x query blocks) tiles). FP32 attention on a GPU with TF32 tensor cores runs
   as three TF32 products (PyTorch's memory-efficient kernel on sm80+): peak = TF32 peak / 3,
@@ -21,8 +27,8 @@
   host-bound iteration is host-bound in the simulation too.
 
 Which numbers are which: the GPU's SM count, peaks and bandwidth come from its data sheet
-(:mod:`~echo_et.models.compute.gpus`); ``gemm_eff``, ``attn_eff``, ``mem_eff``, ``k_half`` and
-the overhead are fitted (:mod:`~echo_et.models.compute.fit`); the tile shapes, their relative
+(:mod:`~echo_et.models.compute.gpus`); ``gemm_eff``, ``sustained_eff``, ``attn_eff``, ``mem_eff``,
+``k_half`` and the overhead are fitted (:mod:`~echo_et.models.compute.fit`); the tile shapes, their relative
 efficiencies, the split-K choices and the attention block size below are model constants
 (chosen from how the libraries work, not fitted).
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 from echo_et.models.compute import kernels as K
 from echo_et.models.compute.gpus import GpuSpec
@@ -52,6 +59,7 @@ PARAM_DEFAULTS: dict[str, float] = {
     "host_collective_ns": 10000.0,
     "gemm_eff.tensor": 0.70,
     "gemm_eff.simt": 0.70,
+    "sustained_eff.tensor": 1.0,
     "gemm_k_half": 64.0,
     "attn_eff.fwd": 0.50,
     "attn_eff.bwd": 0.40,
@@ -102,11 +110,36 @@ def compute_peak(kernel: K.Kernel, gpu: GpuSpec, fp32_matmul: str) -> tuple[floa
     return gpu.peak_flops(mc), gpu.uses_tensor_cores(mc)
 
 
-def parts(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul: str = "fp32"
-          ) -> tuple[str, float, str, float]:
-    """The two sides of the roofline before efficiencies: (compute parameter, ns at
-    efficiency 1, memory parameter, ns at efficiency 1). The time is
-    ``overhead + max(c / eff[c_param], m / eff[m_param])``; the fit uses this linear form."""
+class Parts(NamedTuple):
+    """The sides of one kernel's roofline before efficiencies (ns at efficiency 1)."""
+
+    cp: str          # compute parameter ("" for a memory-bound kernel)
+    cns: float
+    mp: str          # memory parameter
+    mns: float
+    sp: str = ""     # sustained-throughput ceiling parameter (tensor-core GEMMs)
+    sns: float = 0.0
+
+    def side_ns(self, param: str) -> float:
+        """ns at efficiency 1 of the side priced by ``param``."""
+        return {self.mp: self.mns, self.cp: self.cns, self.sp: self.sns}[param]
+
+    def time_ns(self, params: dict[str, float]) -> float:
+        """``max(c / eff[cp], m / eff[mp], s / eff[sp])``, without the overhead."""
+        t = self.mns / params[self.mp]
+        if self.cp:
+            t = max(t, self.cns / params[self.cp])
+        if self.sp:
+            t = max(t, self.sns / params[self.sp])
+        return t
+
+
+def parts(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul: str = "fp32") -> Parts:
+    """The sides of the roofline before efficiencies: the compute side (parameter, ns at
+    efficiency 1), the memory side, and for tensor-core GEMMs the sustained-throughput
+    ceiling (``sustained_eff.tensor``, ns of the FLOPs at the data-sheet peak, no tiling).
+    The time is ``overhead + max(c / eff[c], m / eff[m], s / eff[s])``; the fit uses this
+    linear form."""
     mem_ns = kernel.bytes / (gpu.hbm_gbps * 1e9) * 1e9
     mem_param = f"mem_eff.{kernel.cls}"
     if kernel.kind == K.MEM and kernel.bytes <= gpu.l2_mb * 1e6 * L2_RESIDENT_FRACTION:
@@ -115,7 +148,10 @@ def parts(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul:
         peak, tensor = compute_peak(kernel, gpu, fp32_matmul)
         u = gemm_utilisation(kernel.m, kernel.n, kernel.k, kernel.batch, gpu.sm_count, tensor,
                              params["gemm_k_half"])
-        return ("gemm_eff.tensor" if tensor else "gemm_eff.simt"), kernel.flops / (peak * u) * 1e9, mem_param, mem_ns
+        if tensor:
+            return Parts("gemm_eff.tensor", kernel.flops / (peak * u) * 1e9, mem_param, mem_ns,
+                         "sustained_eff.tensor", kernel.flops / peak * 1e9)
+        return Parts("gemm_eff.simt", kernel.flops / (peak * u) * 1e9, mem_param, mem_ns)
     if kernel.kind in (K.ATTN_FWD, K.ATTN_BWD):
         peak, _ = compute_peak(kernel, gpu, fp32_matmul)
         u = attention_utilisation(kernel.m, kernel.batch, gpu.sm_count)
@@ -123,13 +159,9 @@ def parts(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul:
             name = "attn_eff.fp32"
         else:
             name = "attn_eff.fwd" if kernel.kind == K.ATTN_FWD else "attn_eff.bwd"
-        return name, kernel.flops / (peak * u) * 1e9, mem_param, mem_ns
-    return "", 0.0, mem_param, mem_ns
+        return Parts(name, kernel.flops / (peak * u) * 1e9, mem_param, mem_ns)
+    return Parts("", 0.0, mem_param, mem_ns)
 
 
 def kernel_time_ns(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul: str = "fp32") -> float:
-    cp, cns, mp, mns = parts(kernel, gpu, params, fp32_matmul)
-    t = mns / params[mp]
-    if cp:
-        t = max(t, cns / params[cp])
-    return params["kernel_overhead_ns"] + t
+    return params["kernel_overhead_ns"] + parts(kernel, gpu, params, fp32_matmul).time_ns(params)
