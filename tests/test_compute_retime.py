@@ -227,6 +227,9 @@ def test_calibrate_compute_reproduces_the_shipped_a100_preset(tmp_path):
     r = run("calibrate", "compute", "--kernels", str(kernels), "--layers", str(layers), "--name", "a100",
             "-o", str(out))
     assert r.returncode == 0, r.stderr
+    # the layers stage fits the sustained tensor-core ceiling on the large-GEMM layers, and says so
+    assert "sustained tensor-core ceiling: 0.751 of the peak (234 TFLOP/s fp16 on a100), " \
+        "from 4 layer samples of >= 1e+11 FLOPs per GEMM" in r.stdout
     stages = json.loads(out.read_text("utf-8"))
     shipped = json.loads((resources.files("echo_et.models.compute") / "presets" / "a100.json").read_text("utf-8"))
     *first, it_source = shipped["sources"]

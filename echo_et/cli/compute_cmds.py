@@ -191,6 +191,14 @@ def calibrate_compute_cmd(
         if s.get("n"):
             median = "" if math.isnan(s["median_ape_pct"]) else f"  median {s['median_ape_pct']:6.1f}%"
             typer.echo(f"  {src:16s} n={s['n']:4d}  MAPE {s['mape_pct']:6.1f}%{median} (in sample)")
+    from echo_et.models.compute.fit import SUSTAINED_PARAM
+
+    ceiling = next((st for st in profile.fit.get("stages", []) if st.get("free") == [SUSTAINED_PARAM]), None)
+    if ceiling is not None:
+        eff = profile.params[SUSTAINED_PARAM]
+        typer.echo(f"  sustained tensor-core ceiling: {eff:.3f} of the peak "
+                   f"({eff * profile.gpu.peak_flops('fp16') / 1e12:.0f} TFLOP/s fp16 on {profile.gpu.key}), "
+                   f"from {ceiling['samples']} layer samples of >= {ceiling['min_gemm_flops']:.0e} FLOPs per GEMM")
     for e in excluded[:5]:
         typer.echo(f"  excluded: {e['sample']}: {e['reason']}")
     if len(excluded) > 5:
