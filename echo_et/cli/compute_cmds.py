@@ -191,7 +191,7 @@ def calibrate_compute_cmd(
         if s.get("n"):
             median = "" if math.isnan(s["median_ape_pct"]) else f"  median {s['median_ape_pct']:6.1f}%"
             typer.echo(f"  {src:16s} n={s['n']:4d}  MAPE {s['mape_pct']:6.1f}%{median} (in sample)")
-    from echo_et.models.compute.fit import SUSTAINED_PARAM
+    from echo_et.models.compute.roofline import SUSTAINED_PARAM
 
     ceiling = next((st for st in profile.fit.get("stages", []) if st.get("free") == [SUSTAINED_PARAM]), None)
     if ceiling is not None:

@@ -35,7 +35,7 @@ from echo_et.ir.schema import pb
 from echo_et.models.compute import ops
 from echo_et.models.compute.kernels import MEM_CLASSES, Kernel
 from echo_et.models.compute.profile import ComputeProfile
-from echo_et.models.compute.roofline import EFF_MAX, EFF_PARAMS, PARAM_DEFAULTS, Parts, parts
+from echo_et.models.compute.roofline import EFF_MAX, EFF_PARAMS, PARAM_DEFAULTS, SUSTAINED_PARAM, Parts, parts
 
 PARAM_NAMES = tuple(PARAM_DEFAULTS)
 # What each source may set (None: everything). Kernels measured one by one identify every
@@ -60,7 +60,6 @@ STAGES: tuple[tuple[str, tuple[str, ...] | None], ...] = (("kernels", None), ("l
 # with ``gemm_eff.tensor`` at its bound (1): the ceiling is what the largest GEMMs reach when
 # the tiling model alone would run them near the data-sheet peak, as the iterations stage
 # finds for the GEMMs of the measured Megatron runs. The end-to-end stage keeps it.
-SUSTAINED_PARAM = "sustained_eff.tensor"
 SUSTAINED_MIN_GEMM_FLOPS = 1e11
 SUSTAINED_STARTS = (0.5,)  # a ceiling that binds nowhere has no gradient: also start from one that binds
 
@@ -255,7 +254,8 @@ def _objective(samples: Sequence[Sample], pre: list, x: dict[str, float], w: np.
     for s, items, wi in zip(samples, pre, w, strict=True):
         t = s.offset_ns + s.launches * x["host_launch_ns"] + s.comm_launches * x["host_collective_ns"]
         for n, pt in items:
-            t += n * (x["kernel_overhead_ns"] + pt.side_ns(_side(pt, x)) * x[_side(pt, x)])
+            side = _side(pt, x)
+            t += n * (x["kernel_overhead_ns"] + pt.side_ns(side) * x[side])
         total += wi * ((t - s.measured_ns) / s.measured_ns) ** 2
     return total
 

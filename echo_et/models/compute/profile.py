@@ -21,7 +21,7 @@ from typing import Any
 from echo_et.errors import EchoError
 from echo_et.ir.limits import checked_float
 from echo_et.models.compute.gpus import DATASHEETS, GpuSpec, gpu_names, resolve_gpu
-from echo_et.models.compute.roofline import EFF_MAX, PARAM_DEFAULTS
+from echo_et.models.compute.roofline import EFF_MAX, PARAM_DEFAULTS, SUSTAINED_PARAM
 from echo_et.models.profile_file import dumps_profile, read_model_json, rounded, write_profile_json
 
 SCHEMA = "echo-et/compute-profile/1"
@@ -29,7 +29,7 @@ FITTED_PRESET = "a100"
 FP32_MATMUL = ("fp32", "tf32")
 # Parameters added after profiles of this schema were first written: a profile without them
 # takes the default, so older profiles keep loading.
-ADDED_PARAMS = ("host_launch_ns", "host_collective_ns", "sustained_eff.tensor")
+ADDED_PARAMS = ("host_launch_ns", "host_collective_ns", SUSTAINED_PARAM)
 # An added parameter that defaults to another one of the same profile (a profile written before
 # collectives had their own host time issued them like any operator).
 ADDED_LIKE = {"host_collective_ns": "host_launch_ns"}

@@ -52,6 +52,8 @@ SPLIT_K_COST = 0.05          # relative cost per extra split (reduction of parti
 ATTN_BLOCK_M = 128           # query rows per attention tile
 L2_RESIDENT_FRACTION = 0.5   # a memory-bound kernel moving at most this share of L2 works from L2
 
+# The sustained tensor-core ceiling's parameter (a fraction of the data-sheet peak).
+SUSTAINED_PARAM = "sustained_eff.tensor"
 # Fitted parameters: name -> default (an uncalibrated guess used as the fit's prior).
 PARAM_DEFAULTS: dict[str, float] = {
     "kernel_overhead_ns": 2500.0,
@@ -59,7 +61,7 @@ PARAM_DEFAULTS: dict[str, float] = {
     "host_collective_ns": 10000.0,
     "gemm_eff.tensor": 0.70,
     "gemm_eff.simt": 0.70,
-    "sustained_eff.tensor": 1.0,
+    SUSTAINED_PARAM: 1.0,
     "gemm_k_half": 64.0,
     "attn_eff.fwd": 0.50,
     "attn_eff.bwd": 0.40,
@@ -122,7 +124,13 @@ class Parts(NamedTuple):
 
     def side_ns(self, param: str) -> float:
         """ns at efficiency 1 of the side priced by ``param``."""
-        return {self.mp: self.mns, self.cp: self.cns, self.sp: self.sns}[param]
+        if param == self.mp:
+            return self.mns
+        if param == self.cp:
+            return self.cns
+        if param == self.sp:
+            return self.sns
+        raise KeyError(param)
 
     def time_ns(self, params: dict[str, float]) -> float:
         """``max(c / eff[cp], m / eff[mp], s / eff[sp])``, without the overhead."""
@@ -150,7 +158,7 @@ def parts(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul:
                              params["gemm_k_half"])
         if tensor:
             return Parts("gemm_eff.tensor", kernel.flops / (peak * u) * 1e9, mem_param, mem_ns,
-                         "sustained_eff.tensor", kernel.flops / peak * 1e9)
+                         SUSTAINED_PARAM, kernel.flops / peak * 1e9)
         return Parts("gemm_eff.simt", kernel.flops / (peak * u) * 1e9, mem_param, mem_ns)
     if kernel.kind in (K.ATTN_FWD, K.ATTN_BWD):
         peak, _ = compute_peak(kernel, gpu, fp32_matmul)
