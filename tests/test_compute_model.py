@@ -263,6 +263,42 @@ def test_sustained_ceiling_caps_large_gemms_and_leaves_wave_bound_ones_alone():
     assert parts(K.mem("elementwise", 1e6), gpu, prior.params).sp == ""
 
 
+def test_each_kernel_is_bound_by_the_side_that_sets_its_time():
+    """``Parts.bound`` names the side of the max; the binding side's ns and the overhead add up
+    to the kernel's time (what the retime report splits the compute time by)."""
+    from echo_et.models.compute.roofline import kernel_bound_ns
+
+    prior = _with(default_profile("a100"), gemm_eff__tensor=1.0, kernel_overhead_ns=1500.0)
+    capped = _with(prior, sustained_eff__tensor=0.75)
+    gpu = prior.gpu
+    big = K.gemm(16384, 16384, 16384, 1, "bf16", 3 * 16384 * 16384 * 2)
+    small = K.gemm(256 * 108 + 256, 128, 4096, 1, "bf16", 1e6)
+    thin = K.gemm(8192, 8192, 64, 1, "bf16", 2 * (8192 * 64 * 2 + 8192 * 8192))   # reads little, writes much
+    cases = ((big, capped, "ceiling"), (big, prior, "compute"), (small, capped, "compute"),
+             (K.mem("elementwise", 1e8), capped, "memory"), (thin, capped, "memory"),
+             (K.gemm(4096, 4096, 4096, 1, "fp32", 1e6), capped, "compute"))
+    for kernel, profile, side in cases:
+        got, ns, overhead = kernel_bound_ns(kernel, gpu, profile.params)
+        assert got == side, (kernel, side)
+        assert overhead == 1500.0
+        assert ns + overhead == pytest.approx(kernel_time_ns(kernel, gpu, profile.params), rel=1e-12)
+
+
+def test_an_operators_bounds_add_up_to_its_price(a100):
+    shapes = ("[[8192, 5120], [5120, 5120]]", f"[{BF}, {BF}]")
+    ns, status = a100.op_cost("aten::mm", *shapes)
+    split = a100.op_bounds("aten::mm", *shapes)
+    assert status == "priced" and set(split) == {"ceiling", "overhead"}
+    assert sum(split.values()) == pytest.approx(ns, abs=1)
+    assert split["overhead"] == a100.profile.params["kernel_overhead_ns"]
+    ln = ("aten::native_layer_norm", "[[2048, 4, 5120], [5120], [5120], [5120], []]", f"[{BF}, \"\", {BF}, {BF}, \"\"]")
+    assert set(a100.op_bounds(*ln)) == {"memory", "overhead"}
+    assert sum(a100.op_bounds(*ln).values()) == pytest.approx(a100.op_time_ns(*ln), abs=1)
+    assert a100.op_bounds("aten::view", "[[4, 4], []]", f"[{BF}, \"\"]") == {}
+    copy = a100.memcpy_bounds(1 << 30)
+    assert set(copy) == {"memory", "overhead"} and sum(copy.values()) == pytest.approx(a100.memcpy_ns(1 << 30), abs=1)
+
+
 def test_profile_without_the_ceiling_loads_with_none(tmp_path):
     obj = to_json(default_profile("a100"))
     del obj["params"]["sustained_eff"]

@@ -80,6 +80,28 @@ def test_h100_is_faster_than_a100_on_the_same_graph():
     assert 0 < h < a
 
 
+def test_the_report_splits_the_compute_time_by_what_bounds_it():
+    """Every retimed ns lands in one bound: the model's split of the node's price, or
+    not_modelled for kernels kept or scaled from the trace."""
+    model = ComputeModel.preset("a100")
+    _, rep = retime_compute(meta_job(), model)
+    got = rep.to_json()["compute_ns_by_bound"]
+    assert set(got) == {"ceiling", "memory", "overhead"}      # the 4096^3 mm at the ceiling, the add on memory
+    assert sum(got.values()) == pytest.approx(rep.compute_ns_after, abs=3)
+    mm = model.op_bounds(*MM, {})
+    assert got["ceiling"] == pytest.approx(2 * mm["ceiling"], abs=2)    # two ranks
+    assert sum(rep.bound_shares().values()) == pytest.approx(1.0)
+    # kernels priced from their launching operator carry the operator's split
+    _, rep = retime_compute(gpu_trace_job("NVIDIA A100-SXM4-40GB", with_shapes=True), model)
+    got = rep.to_json()["compute_ns_by_bound"]
+    assert "not_modelled" not in got and got["ceiling"] > 0
+    assert sum(got.values()) == pytest.approx(rep.compute_ns_after, abs=3)
+    # kernels without shapes, scaled or kept: not the model's bounds
+    for gpu in ("NVIDIA A100-SXM4-40GB", ""):
+        _, rep = retime_compute(gpu_trace_job(gpu, with_shapes=False), ComputeModel.preset("h100"))
+        assert rep.to_json()["compute_ns_by_bound"] == {"not_modelled": rep.compute_ns_after}
+
+
 def test_timed_graph_is_relaid_out_without_breaking_dependencies():
     job = meta_job(timed=True)
     out, _ = retime_compute(job, ComputeModel.preset("a100"))

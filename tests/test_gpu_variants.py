@@ -167,6 +167,13 @@ def test_gpu_option_picks_both_presets_and_refuses_pcie_without_a_collective_mod
     assert "note: no calibrated compute preset for h100-pcie: its data sheet with the efficiencies of a100" in text
     text = run("simulate", str(job), "--mode", "predict", "--gpu", "a100").stdout
     assert "compute retimed for a100" in text and "no calibrated compute preset" not in text
+    # the synthetic job's kernels have no shapes and its manifest names no GPU: the model
+    # prices none of them, and the line says so
+    assert "compute time by what bounds it: kept or scaled from the trace 100.0 %" in text
+    meta = save_job(meta_job(), tmp_path / "meta")
+    text = run("simulate", str(meta), "--mode", "predict", "--gpu", "a100").stdout
+    bounds = next(x for x in text.splitlines() if x.startswith("compute time by what bounds it: "))
+    assert "sustained tensor-core ceiling" in bounds and "memory bandwidth" in bounds   # the 4096^3 mm; the add
 
 
 def test_a_job_naming_a_pcie_gpu_is_not_priced_as_sxm(tmp_path) -> None:

@@ -186,3 +186,28 @@ def test_grad_sync_overlap_hides_the_gradient_all_reduce_and_is_recorded(tmp_pat
     assert r.exit_code == 2
     assert r.stderr.strip() == "error: --grad-sync: 'sometimes' is not one of overlap, after-backward"
     assert not (tmp_path / "bad").exists()
+
+
+def test_predict_says_what_bounds_the_compute_time(tmp_path) -> None:
+    """summary.json's ``compute_retime`` splits the compute time by what sets it, and the
+    output says so in one line: hidden 4096's GEMMs at the sustained tensor-core ceiling, the
+    larger share of its step; TINY's kernels (hidden 64) far below it, on memory and per-kernel
+    overhead."""
+    gpu_bound = ["--layers", "2", "--hidden", "4096", "--heads", "32", "--seq", "1024", "--micro-batch", "2",
+                 "--global-batch", "16", "--tp", "2", "--pp", "1", "--dp", "2", "--vocab", "1024", "--gpu", "a100"]
+    shares = {}
+    for name, args in (("large", gpu_bound), ("tiny", TINY)):
+        r = runner.invoke(app, ["predict", *args, "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        line = next(x for x in r.stdout.splitlines() if x.startswith("compute time by what bounds it: "))
+        retime = json.loads((tmp_path / name / "summary.json").read_text())["compute_retime"]
+        by_bound = retime["compute_ns_by_bound"]
+        assert sum(by_bound.values()) == pytest.approx(retime["compute_ns_after"], abs=len(by_bound))
+        assert retime["gpu"] == "a100" and "not_modelled" not in by_bound
+        shares[name] = {k: v / retime["compute_ns_after"] for k, v in by_bound.items()}
+        top = max(by_bound, key=lambda k: by_bound[k])
+        label = {"ceiling": "sustained tensor-core ceiling", "memory": "memory bandwidth",
+                 "overhead": "per-kernel overhead"}[top]
+        assert line.split(": ", 1)[1].startswith(f"{label} {100 * shares[name][top]:.1f} %"), line
+    assert shares["large"]["ceiling"] > 0.5
+    assert shares["tiny"].get("ceiling", 0.0) < 0.05

@@ -137,7 +137,7 @@ def predict_cmd(
     if as_json:
         emit_json({"output": str(output), "written": written, **pred.to_json()})
         return
-    from echo_et.cli.sim_cmds import echo_result
+    from echo_et.cli.sim_cmds import echo_compute_bounds, echo_result
 
     res = pred.result
     typer.echo(f"GPT {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, global batch {global_batch} "
@@ -145,6 +145,7 @@ def predict_cmd(
                + (f" (interleaved: {virtual_layers} layers per virtual stage)" if virtual_layers else "")
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     echo_result(res)
+    echo_compute_bounds(pred.retime.to_json())
     t = written["timeline"]
     typer.echo(f"wrote {output}: summary.json, {TIMELINE_NOTE.format(n=t['files'])}, job/"
                + (", step.png" if plot else f" (no step.png: {INSTALL_HINT})"))

@@ -241,6 +241,23 @@ def echo_result(res) -> None:
         typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
 
 
+# What each bound of the compute model is called for a person (passes.RetimeReport.by_bound).
+_BOUND_LABELS = {"ceiling": "sustained tensor-core ceiling", "compute": "tiled compute (GEMM tiles, attention)",
+                 "memory": "memory bandwidth", "overhead": "per-kernel overhead",
+                 "not_modelled": "kept or scaled from the trace"}
+
+
+def echo_compute_bounds(retime: dict[str, Any]) -> None:
+    """The retimed compute time's split by what sets it (docs/compute-model.md), one line."""
+    ns = retime.get("compute_ns_by_bound") or {}
+    total = sum(ns.values())
+    if total <= 0:
+        return
+    parts = sorted(ns.items(), key=lambda kv: (-kv[1], kv[0]))
+    typer.echo("compute time by what bounds it: "
+               + ", ".join(f"{_BOUND_LABELS.get(k, k)} {100 * v / total:.1f} %" for k, v in parts if v > 0))
+
+
 # -- simulate ---------------------------------------------------------------------------------------
 @guarded
 def simulate_cmd(
@@ -340,6 +357,7 @@ def simulate_cmd(
     if retime is not None:
         typer.echo(f"compute retimed for {retime['gpu']} (profile {retime['profile']}): {retime['nodes']} nodes, "
                    + ", ".join(f"{k} {v}" for k, v in retime["by_status"].items()))
+        echo_compute_bounds(retime)
         if not retime["calibrated"]:
             typer.echo(f"note: no calibrated compute preset for {retime['gpu']}: its data sheet with the efficiencies "
                        f"of {retime['efficiencies_from']} (not measured on this GPU)")

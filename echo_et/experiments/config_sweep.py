@@ -334,19 +334,29 @@ def models_for(opts: ConfigSweepOptions) -> tuple[Any, Any, Any]:
 def predict_job(job: Job, opts: ConfigSweepOptions, *, critical_nodes: bool = False, repeats: bool = True):
     """(SimResult, retimed Job): ``job``'s compute timed for the cluster's GPU, its step
     simulated in predict mode (``repeats=False``: node by node, for a timeline)."""
+    timed, _ = retime_job(job, opts)
+    return simulate_timed(timed, opts, critical_nodes=critical_nodes, repeats=repeats), timed
+
+
+def retime_job(job: Job, opts: ConfigSweepOptions):
+    """(retimed Job, ``passes.RetimeReport``): ``job``'s compute timed for the cluster's GPU."""
     from echo_et.passes import retime_compute
+
+    return retime_compute(job, models_for(opts)[0])
+
+
+def simulate_timed(timed: Job, opts: ConfigSweepOptions, *, critical_nodes: bool = False, repeats: bool = True):
+    """The SimResult of a retimed Job's step in predict mode, on the cluster of ``opts``."""
     from echo_et.sim import SimOptions, simulate
     from echo_et.sim.nic_share import NodeNetwork
 
-    compute, comm, slow = models_for(opts)
-    timed, _ = retime_compute(job, compute)
+    _, comm, slow = models_for(opts)
     net = opts.cluster.node_network(opts.gpus_per_node())
-    res = simulate(timed, "predict",
+    return simulate(timed, "predict",
                    options=SimOptions(gpus_per_node=opts.gpus_per_node(), check=False,
                                       critical_nodes=critical_nodes, repeats=repeats),
                    comm_model=comm, slowdown_model=slow,
                    node_network=None if net is None else NodeNetwork(*net))
-    return res, timed
 
 
 def summarize(row: dict[str, Any], res) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_job, trace_row
+from echo_et.experiments.config_sweep import ConfigSweepOptions, retime_job, simulate_timed, trace_row
 from echo_et.ir import Job, save_job
 from echo_et.ir.io import GRAPH_DIR, GRAPH_SUFFIX, MANIFEST_NAME, atomic_dir, written_by
 
@@ -42,6 +42,7 @@ class Prediction:
     result: Any          # echo_et.sim.SimResult (repeat blocks placed in closed form)
     job: Job
     timed: Job
+    retime: Any          # echo_et.passes.RetimeReport: the compute time and what bounds it
 
     def timeline_ranks(self) -> list[int]:
         """One rank per class of equivalent ranks: the timeline of the others is the same."""
@@ -50,7 +51,8 @@ class Prediction:
     def to_json(self) -> dict[str, Any]:
         """What summary.json holds: the same bytes for the same configuration and options."""
         return {**self.result.to_json(), "config": self.config, "prediction": self.options.to_json(),
-                "rank_classes": [members for _, members in self.result.rank_classes()]}
+                "rank_classes": [members for _, members in self.result.rank_classes()],
+                "compute_retime": self.retime.to_json()}
 
 
 def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Prediction:
@@ -59,8 +61,9 @@ def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Predicti
     from echo_et.trace.parallel import usable_cpus
 
     job = trace_row(config, opts, jobs=usable_cpus())
-    res, timed = predict_job(job, opts, repeats=True)
-    return Prediction(dict(config), opts, res, job, timed)
+    timed, retime = retime_job(job, opts)
+    res = simulate_timed(timed, opts, repeats=True)
+    return Prediction(dict(config), opts, res, job, timed, retime)
 
 
 # What a predict folder holds: nothing else (a user's notes.txt beside them makes the folder

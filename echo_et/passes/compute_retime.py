@@ -46,6 +46,8 @@ FROM_OP = "from_launching_op"
 SCALED = "scaled"
 KEPT = "kept"
 LAUNCH = "host_launch"
+# The compute time of kernels the model did not price (kept or scaled from the trace).
+NOT_MODELLED = "not_modelled"
 
 
 class ComputeTimer(Protocol):
@@ -62,6 +64,10 @@ class ComputeTimer(Protocol):
     def memcpy_ns(self, nbytes: int, memset: bool = False) -> int: ...
 
     def kernel_scale(self, source_gpu: str, kernel_name: str, compute_bound: bool) -> float | None: ...
+
+    def op_bounds(self, op: str, shapes: str, dtypes: str, attrs: dict[str, str]) -> dict[str, float]: ...
+
+    def memcpy_bounds(self, nbytes: int, memset: bool = False) -> dict[str, float]: ...
 _COMPUTE_BOUND = frozenset({pb.KC_GEMM, pb.KC_ATTENTION, pb.KC_CONV})
 _DEVICE_STREAMS = frozenset({pb.STREAM_GPU_COMPUTE, pb.STREAM_GPU_COMM, pb.STREAM_GPU_COPY})
 
@@ -76,6 +82,9 @@ class RetimeReport:
     guessed_ops: Counter = field(default_factory=Counter)
     compute_ns_before: int = 0      # over distinct graphs
     compute_ns_after: int = 0
+    # compute_ns_after by what sets it: the model's bounds (``ceiling``, ``compute``,
+    # ``memory``, ``overhead``) and NOT_MODELLED (kernels kept or scaled from the trace)
+    by_bound: dict[str, float] = field(default_factory=dict)
     graphs_without_compute: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -83,7 +92,13 @@ class RetimeReport:
                 "by_status": dict(sorted(self.by_status.items())),
                 "guessed_ops": dict(self.guessed_ops.most_common(10)),
                 "compute_ns_before": self.compute_ns_before, "compute_ns_after": self.compute_ns_after,
+                "compute_ns_by_bound": {k: round(v) for k, v in sorted(self.by_bound.items())},
                 "graphs_without_compute": self.graphs_without_compute}
+
+    def bound_shares(self) -> dict[str, float]:
+        """Each bound's share of the retimed compute time (0-1; empty when there is none)."""
+        total = sum(self.by_bound.values())
+        return {k: v / total for k, v in self.by_bound.items()} if total > 0 else {}
 
 
 def retime_compute(job: Job, model: ComputeTimer) -> tuple[Job, RetimeReport]:
@@ -147,13 +162,16 @@ def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src:
     if not targets:
         return {}
     new: dict[int, int] = {}
+    bounds: dict[int, dict[str, float]] = {}    # node -> the model's split of its time
     pending: dict[int, list[pb.Node]] = defaultdict(list)   # launching operator -> its kernels
     for n in targets:
         t = times.get(n.id, 1)
         report.nodes += t
         report.compute_ns_before += n.duration_ns * t
         if n.kind in (pb.KIND_MEMCPY, pb.KIND_MEMSET):
-            new[n.id] = model.memcpy_ns(n.memcpy.bytes, memset=n.kind == pb.KIND_MEMSET)
+            memset = n.kind == pb.KIND_MEMSET
+            new[n.id] = model.memcpy_ns(n.memcpy.bytes, memset=memset)
+            bounds[n.id] = model.memcpy_bounds(n.memcpy.bytes, memset=memset)
             report.by_status[PRICED] += t
             continue
         c = n.compute
@@ -164,6 +182,7 @@ def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src:
             if status == GUESSED:
                 report.guessed_ops[op] += t
             new[n.id] = _scaled(n, ns)
+            bounds[n.id] = model.op_bounds(op, c.shapes, c.dtypes, dict(n.attrs))
             continue
         parent = _launching_op(n, by_id)
         if parent is not None:
@@ -172,7 +191,8 @@ def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src:
             new[n.id] = _fallback(n, model, src, report)
     for pid, kernels in pending.items():
         p = by_id[pid]
-        ns, status = model.op_cost(p.cpu.op or p.name, p.cpu.shapes, p.cpu.dtypes, dict(p.attrs))
+        op, attrs = p.cpu.op or p.name, dict(p.attrs)
+        ns, status = model.op_cost(op, p.cpu.shapes, p.cpu.dtypes, attrs)
         if status != PRICED:
             for k in kernels:
                 new[k.id] = _fallback(k, model, src, report)
@@ -181,10 +201,25 @@ def _durations(g: Graph, nodes, times: dict[int, int], model: ComputeTimer, src:
         for k in kernels:
             share = k.duration_ns / measured if measured > 0 else 1.0 / len(kernels)
             new[k.id] = max(1, round(ns * share))
+            bounds[k.id] = model.op_bounds(op, p.cpu.shapes, p.cpu.dtypes, attrs)
             report.by_status[FROM_OP] += times.get(k.id, 1)
     for n in targets:
-        report.compute_ns_after += new.get(n.id, n.duration_ns) * times.get(n.id, 1)
+        ns = new.get(n.id, n.duration_ns) * times.get(n.id, 1)
+        report.compute_ns_after += ns
+        _add_bounds(report.by_bound, ns, bounds.get(n.id))
     return new
+
+
+def _add_bounds(by_bound: dict[str, float], ns: int, split: dict[str, float] | None) -> None:
+    """``ns`` shared among the bounds in the proportions of the model's ``split`` of the
+    node's price (all of it NOT_MODELLED without one)."""
+    total = sum(split.values()) if split else 0.0
+    if not split or total <= 0:
+        if ns:
+            by_bound[NOT_MODELLED] = by_bound.get(NOT_MODELLED, 0.0) + ns
+        return
+    for side, part in split.items():
+        by_bound[side] = by_bound.get(side, 0.0) + ns * part / total
 
 
 def _scaled(n: pb.Node, ns: int) -> int:

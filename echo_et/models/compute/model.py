@@ -17,7 +17,7 @@ from echo_et.models.compute import ops
 from echo_et.models.compute.gpus import DATASHEETS, resolve_gpu
 from echo_et.models.compute.kernels import Kernel
 from echo_et.models.compute.profile import ComputeProfile, load_preset, load_profile, write_profile
-from echo_et.models.compute.roofline import kernel_time_ns
+from echo_et.models.compute.roofline import BOUND_OVERHEAD, kernel_bound_ns, kernel_time_ns
 
 _FALSE = frozenset({"0", "false", "False", "no"})
 
@@ -29,6 +29,7 @@ class ComputeModel:
     def __init__(self, profile: ComputeProfile):
         self.profile = profile
         self._cache: dict[tuple, tuple[int, str]] = {}
+        self._bounds: dict[tuple, dict[str, float]] = {}
 
     @classmethod
     def preset(cls, name: str) -> ComputeModel:
@@ -75,8 +76,11 @@ class ComputeModel:
 
     def memcpy_ns(self, nbytes: int, memset: bool = False) -> int:
         """A device-to-device copy (reads and writes ``nbytes``) or a memset (writes them)."""
-        k = K.mem("fill", nbytes) if memset else K.mem("copy", 2 * nbytes)
-        return round(self.kernel_ns(k))
+        return round(self.kernel_ns(_memcpy_kernel(nbytes, memset)))
+
+    def memcpy_bounds(self, nbytes: int, memset: bool = False) -> dict[str, float]:
+        """:meth:`memcpy_ns` split by what sets it (:meth:`kernels_bounds`)."""
+        return self.kernels_bounds((_memcpy_kernel(nbytes, memset),))
 
     def kernel_scale(self, source_gpu: str, kernel_name: str, compute_bound: bool) -> float | None:
         """Factor from a kernel measured on ``source_gpu`` (any spelling) to this GPU, for a
@@ -103,18 +107,38 @@ class ComputeModel:
     def kernels_ns(self, kernels: tuple[Kernel, ...] | list[Kernel]) -> float:
         return sum(self.kernel_ns(k) for k in kernels)
 
+    def kernels_bounds(self, kernels: tuple[Kernel, ...] | list[Kernel]) -> dict[str, float]:
+        """ns of ``kernels`` by what sets each one's time (``roofline.BOUNDS``: the sustained
+        tensor-core ceiling, the tiled compute side, the memory side, the per-kernel
+        overhead); the values add up to :meth:`kernels_ns`."""
+        out: dict[str, float] = {}
+        p = self.profile
+        for k in kernels:
+            side, ns, overhead = kernel_bound_ns(k, p.gpu, p.params, p.fp32_matmul)
+            out[side] = out.get(side, 0.0) + ns
+            out[BOUND_OVERHEAD] = out.get(BOUND_OVERHEAD, 0.0) + overhead
+        return out
+
     def op_cost(self, op: str, shapes: str = "", dtypes: str = "", attrs: dict[str, str] | None = None
                 ) -> tuple[int, str]:
         """(time in ns, how it was priced: ops.PRICED / NO_WORK / GUESSED / NO_SHAPES)."""
-        attrs = attrs or {}
-        out_shapes = attrs.get("out_shapes", "")
-        causal = attrs.get("is_causal", "1") not in _FALSE
-        key = (op, shapes, dtypes, out_shapes, causal)
+        key = _op_key(op, shapes, dtypes, attrs)
         hit = self._cache.get(key)
         if hit is None:
-            cost = ops.op_cost(op, shapes, dtypes, out_shapes, causal)
+            cost = ops.op_cost(*key)
             hit = (round(self.kernels_ns(cost.kernels)), cost.status)
             self._cache[key] = hit
+        return hit
+
+    def op_bounds(self, op: str, shapes: str = "", dtypes: str = "", attrs: dict[str, str] | None = None
+                  ) -> dict[str, float]:
+        """:meth:`op_cost`'s time split by what sets it (:meth:`kernels_bounds`; empty for an
+        operator without kernels)."""
+        key = _op_key(op, shapes, dtypes, attrs)
+        hit = self._bounds.get(key)
+        if hit is None:
+            hit = self.kernels_bounds(ops.op_cost(*key).kernels)
+            self._bounds[key] = hit
         return hit
 
     def op_time_ns(self, op: str, shapes: str = "", dtypes: str = "", attrs: dict[str, str] | None = None) -> int:
@@ -131,3 +155,14 @@ class ComputeModel:
                 return self.op_time_ns(item.cpu.op or item.name, item.cpu.shapes, item.cpu.dtypes, attrs)
             return self.op_time_ns(item.name, "", "", attrs)
         return self.op_time_ns(item.op, item.shapes, item.dtypes)
+
+
+def _memcpy_kernel(nbytes: int, memset: bool) -> Kernel:
+    return K.mem("fill", nbytes) if memset else K.mem("copy", 2 * nbytes)
+
+
+def _op_key(op: str, shapes: str, dtypes: str, attrs: dict[str, str] | None) -> tuple[str, str, str, str, bool]:
+    """``ops.op_cost``'s arguments for an operator call (its output shapes and causality from
+    the node's attributes): one key for both caches."""
+    attrs = attrs or {}
+    return op, shapes, dtypes, attrs.get("out_shapes", ""), attrs.get("is_causal", "1") not in _FALSE

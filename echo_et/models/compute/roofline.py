@@ -54,6 +54,11 @@ L2_RESIDENT_FRACTION = 0.5   # a memory-bound kernel moving at most this share o
 
 # The sustained tensor-core ceiling's parameter (a fraction of the data-sheet peak).
 SUSTAINED_PARAM = "sustained_eff.tensor"
+# What sets a kernel's time, in the order reports list them: the sustained tensor-core
+# ceiling, the tiled compute side (GEMM tiles, attention, SIMT), the memory side, and the fixed
+# per-kernel overhead (every kernel pays it on top of its binding side).
+BOUND_CEILING, BOUND_COMPUTE, BOUND_MEMORY, BOUND_OVERHEAD = "ceiling", "compute", "memory", "overhead"
+BOUNDS = (BOUND_CEILING, BOUND_COMPUTE, BOUND_MEMORY, BOUND_OVERHEAD)
 # Fitted parameters: name -> default (an uncalibrated guess used as the fit's prior).
 PARAM_DEFAULTS: dict[str, float] = {
     "kernel_overhead_ns": 2500.0,
@@ -141,6 +146,16 @@ class Parts(NamedTuple):
             t = max(t, self.sns / params[self.sp])
         return t
 
+    def bound(self, params: dict[str, float]) -> str:
+        """Which side sets :meth:`time_ns` (ties go to the memory side, then the tiled one)."""
+        t = self.mns / params[self.mp]
+        side = BOUND_MEMORY
+        if self.cp and self.cns / params[self.cp] > t:
+            t, side = self.cns / params[self.cp], BOUND_COMPUTE
+        if self.sp and self.sns / params[self.sp] > t:
+            side = BOUND_CEILING
+        return side
+
 
 def parts(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul: str = "fp32") -> Parts:
     """The sides of the roofline before efficiencies: the compute side (parameter, ns at
@@ -173,3 +188,11 @@ def parts(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul:
 
 def kernel_time_ns(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul: str = "fp32") -> float:
     return params["kernel_overhead_ns"] + parts(kernel, gpu, params, fp32_matmul).time_ns(params)
+
+
+def kernel_bound_ns(kernel: K.Kernel, gpu: GpuSpec, params: dict[str, float], fp32_matmul: str = "fp32"
+                    ) -> tuple[str, float, float]:
+    """(the binding side of :data:`BOUNDS`, its ns, the per-kernel overhead's ns): the two
+    add up to :func:`kernel_time_ns`."""
+    p = parts(kernel, gpu, params, fp32_matmul)
+    return p.bound(params), p.time_ns(params), params["kernel_overhead_ns"]
