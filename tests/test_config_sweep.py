@@ -105,7 +105,14 @@ def test_sweep_cli_rows_in_order_with_errors_and_mape(tmp_path) -> None:
     assert got["mape_pct"] == pytest.approx(abs(rows[0]["error_pct"]))
     saved = json.loads((out / "results.json").read_text())
     assert saved["rows"] == rows and saved["options"]["cluster"]["inter_bw_gbps_per_gpu"] == 12.5
-    assert "MAPE" in (out / "table.txt").read_text()
+    table = (out / "table.txt").read_text()
+    assert "MAPE" in table
+    # each row that ran carries its rates; the table shows its MFU
+    for x in (rows[0], rows[2]):
+        assert x["tokens_per_s"] == pytest.approx(4 * 32 / (x["predicted_ms"] / 1e3), rel=1e-4)
+        assert x["mfu_pct"] == pytest.approx(100 * x["model_tflops_per_gpu"] / 312, rel=1e-3)
+        assert f" {x['mfu_pct']:.1f}\n" in table
+    assert "mfu_pct" not in rows[1] and table.splitlines()[0].split()[-1] == "MFU_%"
 
 
 @pytest.mark.parametrize("extra, text, needle", [

@@ -36,6 +36,12 @@ def test_predict_writes_one_folder_the_same_bytes_each_run(tmp_path) -> None:
     timeline = sorted(p.name for p in (tmp_path / "a" / "timeline").iterdir())
     assert timeline == sorted(f"rank-{c[0]}.json" for c in classes)   # one file per class
     assert (tmp_path / "a" / "job" / "manifest.pb").is_file()
+    rates = summary["throughput"]   # 8 sequences of 32 tokens per step; TINY runs fp16 without recomputation
+    assert rates["tokens_per_s"] == pytest.approx(8 * 32 / (summary["step_time_ns"] / 1e9), abs=0.1)
+    assert rates["model_tflops_per_gpu"] == rates["hardware_tflops_per_gpu"] > 0
+    assert rates["mfu_pct"] == pytest.approx(100 * rates["model_tflops_per_gpu"] / 312, rel=1e-3)
+    line = next(x for x in lines if x.startswith("throughput: "))
+    assert f"(MFU {rates['mfu_pct']:.1f} % of the a100's 312 TFLOP/s fp16 peak)" in line and "HFU" not in line
     window = summary["timeline"]    # the whole step fits the default bound
     assert window["until_ns"] is None and window["events"] == window["of"] > 0
     b = runner.invoke(app, ["predict", *TINY, "-o", str(tmp_path / "b")])

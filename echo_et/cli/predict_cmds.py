@@ -146,6 +146,7 @@ def predict_cmd(
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     echo_result(res)
     echo_compute_bounds(pred.retime.to_json())
+    echo_throughput(pred.throughput, opts.gpu(), recompute)
     t = written["timeline"]
     typer.echo(f"wrote {output}: summary.json, {TIMELINE_NOTE.format(n=t['files'])}, job/"
                + (", step.png" if plot else f" (no step.png: {INSTALL_HINT})"))
@@ -153,6 +154,17 @@ def predict_cmd(
     if w["until_ns"] is not None:
         typer.echo(f"timeline/ holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
+
+
+def echo_throughput(rates: dict, gpu: str, recompute: bool) -> None:
+    """The step's rates in one line (docs/predict.md: what MFU counts)."""
+    line = (f"throughput: {rates['tokens_per_s']:,.0f} tokens/s; {rates['model_tflops_per_gpu']:.1f} TFLOP/s per GPU "
+            f"of model FLOPs (MFU {rates['mfu_pct']:.1f} % of the {gpu}'s {rates['peak_tflops']:g} TFLOP/s "
+            f"{rates['math']} peak)")
+    if recompute:
+        line += (f", {rates['hardware_tflops_per_gpu']:.1f} with the recomputed FLOPs "
+                 f"(HFU {rates['hfu_pct']:.1f} %)")
+    typer.echo(line)
 
 
 def _check_timeline_budget(pred, output: Path, limit: int, bound: int | None) -> None:

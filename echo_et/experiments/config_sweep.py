@@ -359,6 +359,21 @@ def simulate_timed(timed: Job, opts: ConfigSweepOptions, *, critical_nodes: bool
                    node_network=None if net is None else NodeNetwork(*net))
 
 
+def row_throughput(row: dict[str, Any], opts: ConfigSweepOptions, step_ns: int) -> dict[str, Any]:
+    """The rates of a row's predicted step (:mod:`echo_et.experiments.throughput`: tokens/s,
+    model and hardware FLOPs per GPU, MFU) on the cluster's GPU."""
+    from echo_et.experiments.throughput import step_throughput
+
+    cfg, layout = workload_for(row, opts)
+    profile = models_for(opts)[0].profile
+    return step_throughput(cfg, layout.dp * layout.microbatches * cfg.micro_batch, layout.tp, layout.world_size,
+                           step_ns, profile.gpu, profile.fp32_matmul)
+
+
+# The rates a sweep's result row carries (all of them are in predict's summary.json).
+ROW_RATES = ("tokens_per_s", "model_tflops_per_gpu", "mfu_pct")
+
+
 def summarize(row: dict[str, Any], res) -> dict[str, Any]:
     """The result row: the configuration, the prediction and its breakdown, the error (no
     wall-clock times: a row's result is the same on every run)."""
@@ -439,7 +454,8 @@ def timed_predict_row(opts: ConfigSweepOptions, row: dict[str, Any]) -> tuple[di
         t1 = time.perf_counter()
         res, _ = predict_job(job, opts)
         seconds = {"trace_s": round(t1 - t0, 3), "simulate_s": round(time.perf_counter() - t1, 3)}
-        return summarize(row, res), seconds
+        rates = row_throughput(row, opts, res.step_time_ns)
+        return {**summarize(row, res), **{k: rates[k] for k in ROW_RATES}}, seconds
     except EchoError as e:
         return failed_row(row, str(e).splitlines()[0]), {}
 
@@ -485,7 +501,7 @@ class ConfigSweepResult:
     def table(self) -> str:
         head = ("#", "layers", "hidden", "heads", "seq", "mb", "gb", "tp", "pp", "dp",
                 "measured_ms", "predicted_ms", "error_%", "compute_ms", "exp_comm_ms", "bubble_ms",
-                "host_idle_ms")
+                "host_idle_ms", "MFU_%")
         lines = [" ".join(f"{h:>12}" if i >= 10 else f"{h:>6}" for i, h in enumerate(head))]
         for i, r in enumerate(self.rows):
             cols = [str(i), *(str(r[k]) for k in REQUIRED)]
@@ -497,13 +513,18 @@ class ConfigSweepResult:
             err = f"{r['error_pct']:+.2f}" if r.get("error_pct") is not None else "-"
             lines.append(f"{left} {meas:>12} {r['predicted_ms']:>12.3f} {err:>12} "
                          f"{r['compute_ms']:>12.3f} {r['exposed_comm_ms']:>12.3f} {r['bubble_ms']:>12.3f} "
-                         f"{r['host_idle_ms']:>12.3f}")
+                         f"{r['host_idle_ms']:>12.3f} {_mfu(r):>12}")
         if self.mape_pct is not None:
             lines.append(f"MAPE {self.mape_pct:.2f} % over "
                          f"{sum(1 for r in self.rows if r.get('error_pct') is not None)} rows")
         lines.append("the slowest rank's step = compute + exposed comm + bubble (waiting for peers: pipeline "
                      "bubble, sync wait) + host idle (waiting for the host); docs/step-breakdown.md")
         return "\n".join(lines)
+
+
+def _mfu(row: dict[str, Any]) -> str:
+    """The table's MFU cell (a row logged before rows carried it has none)."""
+    return f"{row['mfu_pct']:.1f}" if row.get("mfu_pct") is not None else "-"
 
 
 # Imported once in the process the local workers are forked from: a fresh worker's first row

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, retime_job, simulate_timed, trace_row
+from echo_et.experiments.config_sweep import ConfigSweepOptions, retime_job, row_throughput, simulate_timed, trace_row
 from echo_et.ir import Job, save_job
 from echo_et.ir.io import GRAPH_DIR, GRAPH_SUFFIX, MANIFEST_NAME, atomic_dir, written_by
 
@@ -43,6 +43,7 @@ class Prediction:
     job: Job
     timed: Job
     retime: Any          # echo_et.passes.RetimeReport: the compute time and what bounds it
+    throughput: dict[str, Any]   # the step's rates (echo_et.experiments.throughput)
 
     def timeline_ranks(self) -> list[int]:
         """One rank per class of equivalent ranks: the timeline of the others is the same."""
@@ -52,7 +53,7 @@ class Prediction:
         """What summary.json holds: the same bytes for the same configuration and options."""
         return {**self.result.to_json(), "config": self.config, "prediction": self.options.to_json(),
                 "rank_classes": [members for _, members in self.result.rank_classes()],
-                "compute_retime": self.retime.to_json()}
+                "compute_retime": self.retime.to_json(), "throughput": self.throughput}
 
 
 def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Prediction:
@@ -63,7 +64,7 @@ def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Predicti
     job = trace_row(config, opts, jobs=usable_cpus())
     timed, retime = retime_job(job, opts)
     res = simulate_timed(timed, opts, repeats=True)
-    return Prediction(dict(config), opts, res, job, timed, retime)
+    return Prediction(dict(config), opts, res, job, timed, retime, row_throughput(config, opts, res.step_time_ns))
 
 
 # What a predict folder holds: nothing else (a user's notes.txt beside them makes the folder

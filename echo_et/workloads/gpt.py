@@ -304,6 +304,23 @@ class GPTConfig:
         step = self.vocab_multiple * tp
         return int(math.ceil(self.vocab / step) * step)
 
+    def step_flops(self, sequences: int, tp: int = 1) -> tuple[float, float]:
+        """(model FLOPs, hardware FLOPs) of one training step over ``sequences`` sequences, as
+        Narayanan et al. 2021 count them (their eq. 3, with this MLP's width): the matrix
+        products only, 2 FLOPs per multiply-add, attention scores and context over the whole
+        s x s (causal masking not subtracted), the output layer on the vocabulary padded for
+        ``tp``; forward and backward are 3 forwards. Hardware FLOPs add what recomputation runs
+        again: every layer's forward (full) or the core attention's two batched products
+        (selective). What MFU and the Megatron-LM paper's teraFLOP/s are computed from."""
+        h, s, f = self.hidden, self.seq, self.ffn_mult
+        layer = (8 + 4 * f) * h * h + 4 * s * h          # per token: QKV, projection, MLP; scores, context
+        tokens = sequences * s
+        model = 3 * tokens * (self.layers * layer + 2 * h * self.padded_vocab(tp))
+        again = 0
+        if self.recompute:
+            again = self.layers * (layer if self.recompute_granularity == "full" else 4 * s * h)
+        return float(model), float(model + tokens * again)
+
     def parameters(self) -> int:
         """Parameters of the whole (unsplit) model, for reports."""
         h, f = self.hidden, self.hidden * self.ffn_mult
