@@ -10,10 +10,11 @@ from echo_et.models.compute import DATASHEETS
 from echo_et.workloads.gpt import GPTConfig
 
 
-def _megatron_formulas(b: int, s: int, l: int, h: int, v: int) -> tuple[float, float]:
-    """Narayanan et al. 2021, eq. 3 (full recomputation: 4 forwards) and the same with 3."""
-    hardware = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
-    model = 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+def _megatron_formulas(b: int, s: int, n: int, h: int, v: int) -> tuple[float, float]:
+    """Narayanan et al. 2021, eq. 3 (full recomputation: 4 forwards) and the same with 3
+    (``n`` layers)."""
+    hardware = 96 * b * s * n * h * h * (1 + s / (6 * h) + v / (16 * n * h))
+    model = 72 * b * s * n * h * h * (1 + s / (6 * h) + v / (12 * n * h))
     return model, hardware
 
 
