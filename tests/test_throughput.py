@@ -62,3 +62,13 @@ def test_published_runs_give_their_published_throughput() -> None:
     fp32 = GPTConfig.megatron(layers=2, hidden=1024, heads=8, seq=512, micro_batch=1, dtype="float32")
     assert step_throughput(fp32, 8, 1, 8, 10**9, a100)["peak_tflops"] == 19.5
     assert step_throughput(fp32, 8, 1, 8, 10**9, a100, fp32_matmul="tf32")["peak_tflops"] == 156
+
+
+def test_a_step_without_time_has_no_rates() -> None:
+    from echo_et.errors import EchoError
+    from echo_et.experiments.throughput import step_throughput
+
+    cfg = GPTConfig.megatron(layers=2, hidden=1024, heads=8, seq=512, micro_batch=1)
+    for step_ns, gpus in ((0, 8), (-5, 8), (10**9, 0)):
+        with pytest.raises(EchoError, match="no rates for a step"):
+            step_throughput(cfg, 8, 1, gpus, step_ns, DATASHEETS["a100"])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from echo_et.errors import EchoError
+
 # The math class a model's dtype runs its GEMMs in (float32 as TF32 where the profile says so).
 _MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -17,6 +19,8 @@ def step_throughput(cfg: Any, sequences: int, tp: int, gpus: int, step_ns: int, 
     """The rates of a step of ``step_ns`` on ``gpus`` GPUs of ``gpu`` (a
     ``models.compute.GpuSpec``) that trains ``cfg`` (a ``workloads.gpt.GPTConfig``) on
     ``sequences`` sequences; rounded so that the same step gives the same bytes."""
+    if step_ns <= 0 or gpus < 1 or sequences < 1:
+        raise EchoError(f"no rates for a step of {step_ns} ns on {gpus} GPUs over {sequences} sequences")
     model, hardware = cfg.step_flops(sequences, tp)
     math = _MATH[cfg.dtype]
     if math == "fp32" and fp32_matmul == "tf32":
