@@ -7,6 +7,7 @@ memory bound and the command-line flags."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -227,3 +228,34 @@ def test_flag_is_refused_where_nothing_takes_it(tmp_path):
     for flag in ("--accumulate-allreduce-grads-in-fp32", "--use-distributed-optimizer", "--grad-sync overlap"):
         r = runner.invoke(app, ["sweep", str(tmp_path / "ok"), "--dp", "2", "-o", str(tmp_path / "sw"), *flag.split()])
         assert r.exit_code == 2 and f"{flag.split()[0]} only applies with --configs" in r.stderr
+
+
+def test_float16_unscales_and_checks_the_gradients_before_the_norm():
+    """Megatron's float16 path (its loss scaler; bfloat16 has none): one multi-tensor unscale
+    and inf/NaN check over the fp32 main gradients, the flag all-reduced (MAX) over the
+    model-parallel group and read on the host, before the gradient norm's all-reduce. The
+    check reads and writes every gradient in fp32: 8 bytes each."""
+    from echo_et.ir.schema import pb
+    from echo_et.models.compute import ops
+
+    layout = ParallelLayout(tp=2, pp=2, dp=2, microbatches=3)
+    graphs = {}
+    for dtype in ("float16", "bfloat16"):
+        cfg = GPTConfig.megatron(**SHAPE, dtype=dtype)
+        job = trace(Workload(gpt=cfg).build_fn(), layout, TraceOptions(device="meta", warmup_steps=0)).job
+        assert check_job(job) == []
+        graphs[dtype] = job.graph(job.graph_ids()[0]).nodes
+        mp = [c for c in ex_situ_comms(job, 0) if c[2] == "mp"]
+        assert mp == [("all_reduce", 4, "mp")] * (2 if dtype == "float16" else 1)
+    names = {k: [n.name for n in v] for k, v in graphs.items()}
+    check = "aten::_amp_foreach_non_finite_check_and_unscale_"
+    assert names["float16"].count(check) == 1 and check not in names["bfloat16"]
+    syncs = {k: sum(1 for n in v if n.kind == pb.KIND_SYNC) for k, v in graphs.items()}
+    assert syncs["float16"] == syncs["bfloat16"] + 1
+    # its place: after the last backward's gradients, before the norm
+    order = names["float16"]
+    assert order.index(check) < order.index("aten::_foreach_norm") < order.index("aten::_fused_adam_")
+    node = next(n for n in graphs["float16"] if n.name == check)
+    elems = sum(math.prod(shape) for shape in json.loads(node.compute.shapes)[0])
+    cost = ops.op_cost(node.compute.op, node.compute.shapes, node.compute.dtypes)
+    assert cost.status == "priced" and sum(k.bytes for k in cost.kernels) == 8 * elems > 0

@@ -435,7 +435,7 @@ class _GPTRank:
                 mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
 
             def factory(ps):
-                return MixedPrecisionAdam(ps, mp_group)
+                return MixedPrecisionAdam(ps, mp_group, loss_scaling=cfg.dtype == "float16")
         else:
             def factory(ps):
                 return torch.optim.Adam(ps, lr=1e-4)

@@ -25,7 +25,9 @@
 - :class:`MixedPrecisionAdam`: Megatron's optimizer step for 16-bit models with fp32 master
   weights: model gradients copied to fp32, their global L2 norm (all-reduced over the
   model-parallel group, then read on the host) for clipping, fused Adam on the fp32 master weights (what apex's
-  ``FusedAdam`` does), and the updated weights copied back to the 16-bit model.
+  ``FusedAdam`` does), and the updated weights copied back to the 16-bit model; in float16,
+  first the loss scaler's unscale and inf/NaN check (one multi-tensor kernel, a flag
+  all-reduced over the model-parallel group and read on the host).
 
 Kernels Megatron fuses with its JIT (``bias_gelu``, ``bias_dropout_add``) or with custom
 CUDA code (``scaled_upper_triang_masked_softmax``) are single ``echo::`` operators here.
@@ -246,9 +248,10 @@ class MixedPrecisionAdam:
 
     def __init__(self, params: list[nn.Parameter], mp_group, *, lr: float = 1e-4,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.1):
+                 weight_decay: float = 0.1, loss_scaling: bool = False):
         self.params = [p for p in params if p.requires_grad]
         self.mp_group = mp_group
+        self.loss_scaling = loss_scaling
         self.hp = {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps,
                    "weight_decay": weight_decay}
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
@@ -258,6 +261,21 @@ class MixedPrecisionAdam:
             self.exp_avg = [torch.zeros_like(m) for m in self.main]
             self.exp_avg_sq = [torch.zeros_like(m) for m in self.main]
             self.steps = [torch.zeros((), dtype=torch.float32, device=m.device) for m in self.main]
+            device = self.main[0].device if self.main else None
+            self.found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+            self.inv_scale = torch.ones(1, dtype=torch.float32, device=device)
+
+    def _unscale_and_check(self, grads: list[torch.Tensor]) -> None:
+        """Megatron's float16 path (its DynamicGradScaler; bfloat16 has none): the main
+        gradients divided by the loss scale and checked for inf/NaN in one multi-tensor
+        kernel, the flag agreed on over the model-parallel group (MAX) and read on the host,
+        before the gradient norm."""
+        self.found_inf.fill_(0.0)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, self.inv_scale)
+        if self.mp_group is not None and dist.get_world_size(self.mp_group) > 1:
+            with comm_span(self.mp_group):
+                dist.all_reduce(self.found_inf, op=dist.ReduceOp.MAX, group=self.mp_group)
+        device_sync(self.found_inf.device)     # found_inf.item()
 
     @torch.no_grad()
     def step(self) -> None:
@@ -266,6 +284,8 @@ class MixedPrecisionAdam:
         grads = [grad_of(p) for p in self.params]
         if self.mixed:     # a no-op for gradients accumulated in fp32 (main_grad)
             grads = [g.float() for g in grads]
+        if self.loss_scaling and grads:
+            self._unscale_and_check(grads)
         # Gradient clipping needs the global norm: local squares, summed over the model.
         norms = torch._foreach_norm(grads, 2.0)
         total = torch.linalg.vector_norm(torch.stack(norms), 2.0) ** 2.0
