@@ -353,10 +353,10 @@ def simulate_timed(timed: Job, opts: ConfigSweepOptions, *, critical_nodes: bool
     _, comm, slow = models_for(opts)
     net = opts.cluster.node_network(opts.gpus_per_node())
     return simulate(timed, "predict",
-                   options=SimOptions(gpus_per_node=opts.gpus_per_node(), check=False,
-                                      critical_nodes=critical_nodes, repeats=repeats),
-                   comm_model=comm, slowdown_model=slow,
-                   node_network=None if net is None else NodeNetwork(*net))
+                    options=SimOptions(gpus_per_node=opts.gpus_per_node(), check=False,
+                                       critical_nodes=critical_nodes, repeats=repeats),
+                    comm_model=comm, slowdown_model=slow,
+                    node_network=None if net is None else NodeNetwork(*net))
 
 
 def row_throughput(row: dict[str, Any], opts: ConfigSweepOptions, step_ns: int) -> dict[str, Any]:

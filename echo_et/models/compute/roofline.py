@@ -54,9 +54,9 @@ L2_RESIDENT_FRACTION = 0.5   # a memory-bound kernel moving at most this share o
 
 # The sustained tensor-core ceiling's parameter (a fraction of the data-sheet peak).
 SUSTAINED_PARAM = "sustained_eff.tensor"
-# What sets a kernel's time, in the order reports list them: the sustained tensor-core
-# ceiling, the tiled compute side (GEMM tiles, attention, SIMT), the memory side, and the fixed
-# per-kernel overhead (every kernel pays it on top of its binding side).
+# What sets a kernel's time: the sustained tensor-core ceiling, the tiled compute side (GEMM
+# tiles, attention, SIMT), the memory side, and the fixed per-kernel overhead (every kernel
+# pays it on top of its binding side).
 BOUND_CEILING, BOUND_COMPUTE, BOUND_MEMORY, BOUND_OVERHEAD = "ceiling", "compute", "memory", "overhead"
 BOUNDS = (BOUND_CEILING, BOUND_COMPUTE, BOUND_MEMORY, BOUND_OVERHEAD)
 # Fitted parameters: name -> default (an uncalibrated guess used as the fit's prior).
