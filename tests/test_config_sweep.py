@@ -272,3 +272,23 @@ def test_missing_ray_is_an_option_error() -> None:
             run_config_sweep([TINY], ConfigSweepOptions(), executor="ray", workers=1)
     else:
         pytest.skip("ray is installed: the missing-package error cannot be shown")
+
+
+def test_the_table_names_the_fastest_layout_of_each_model() -> None:
+    """Rows of one model at one global batch on one number of GPUs are alternatives: the table
+    names the fastest (the first on a tie); a model with one layout, or failed rows, get none."""
+    from echo_et.experiments.config_sweep import ConfigSweepResult
+
+    base = {"layers": 4, "hidden": 256, "heads": 8, "seq": 128, "micro_batch": 1, "global_batch": 16,
+            "compute_ms": 1.0, "exposed_comm_ms": 0.0, "bubble_ms": 0.0, "host_idle_ms": 0.0, "error_pct": None}
+    rows = [{**base, "tp": 2, "pp": 2, "dp": 2, "predicted_ms": 30.0, "mfu_pct": 10.0},
+            {**base, "tp": 1, "pp": 2, "dp": 4, "predicted_ms": 20.0, "mfu_pct": 15.0},
+            {**base, "tp": 1, "pp": 1, "dp": 8, "predicted_ms": 20.0, "mfu_pct": 15.0},
+            {**base, "tp": 8, "pp": 1, "dp": 1, "predicted_ms": None, "error": "does not fit"},
+            {**base, "hidden": 512, "tp": 1, "pp": 1, "dp": 8, "predicted_ms": 5.0, "mfu_pct": 1.0},
+            {**base, "tp": 1, "pp": 1, "dp": 4, "predicted_ms": 1.0, "mfu_pct": 1.0}]
+    result = ConfigSweepResult(rows, ConfigSweepOptions(), "local")
+    assert result.fastest_lines() == [
+        "fastest of 3 layouts for 4 layers, hidden 256, 8 heads, seq 128, global batch 16 on 8 GPUs: row 1 "
+        "(tp 1, pp 2, dp 4, micro-batch 1), 20.000 ms, MFU 15.0 %"]
+    assert result.table().splitlines()[-2] == result.fastest_lines()[0]

@@ -517,9 +517,32 @@ class ConfigSweepResult:
         if self.mape_pct is not None:
             lines.append(f"MAPE {self.mape_pct:.2f} % over "
                          f"{sum(1 for r in self.rows if r.get('error_pct') is not None)} rows")
+        lines.extend(self.fastest_lines())
         lines.append("the slowest rank's step = compute + exposed comm + bubble (waiting for peers: pipeline "
                      "bubble, sync wait) + host idle (waiting for the host); docs/step-breakdown.md")
         return "\n".join(lines)
+
+
+    def fastest_lines(self) -> list[str]:
+        """For each model (layers, hidden, heads, sequence, vocabulary) trained at one global
+        batch on one number of GPUs with more than one layout predicted: the fastest layout."""
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(self.rows):
+            if r.get("predicted_ms") is None:
+                continue
+            key = (r["layers"], r["hidden"], r["heads"], r["seq"], r.get("vocab") or 0, r["global_batch"],
+                   r["tp"] * r["pp"] * r["dp"])
+            groups.setdefault(key, []).append(i)
+        out = []
+        for (layers, hidden, heads, seq, _, gb, gpus), members in groups.items():
+            if len(members) < 2:
+                continue
+            best = min(members, key=lambda i: (self.rows[i]["predicted_ms"], i))
+            r = self.rows[best]
+            out.append(f"fastest of {len(members)} layouts for {layers} layers, hidden {hidden}, {heads} heads, "
+                       f"seq {seq}, global batch {gb} on {gpus} GPUs: row {best} (tp {r['tp']}, pp {r['pp']}, "
+                       f"dp {r['dp']}, micro-batch {r['micro_batch']}), {r['predicted_ms']:.3f} ms, MFU {_mfu(r)} %")
+        return out
 
 
 def _mfu(row: dict[str, Any]) -> str:
