@@ -257,6 +257,14 @@ def test_float16_unscales_and_checks_the_gradients_before_the_norm():
     # its place: after the last backward's gradients, before the norm
     order = names["float16"]
     assert order.index(check) < order.index("aten::_foreach_norm") < order.index("aten::_fused_adam_")
+    # DeepSpeed's FP16_Optimizer reads the overflow from the norm and unscales after it, in one
+    # pass over the gradients: no flag of its own, no second host read
+    cfg = GPTConfig.megatron(**SHAPE, dtype="float16", pipeline_engine="deepspeed")
+    job = trace(Workload(gpt=cfg).build_fn(), layout, TraceOptions(device="meta", warmup_steps=0)).job
+    assert [c for c in ex_situ_comms(job, 0) if c[2] == "mp"] == [("all_reduce", 4, "mp")]
+    ds = [n.name for n in job.graph(job.graph_ids()[0]).nodes]
+    assert check not in ds and ds.index("aten::_foreach_norm") < ds.index("aten::_foreach_mul_") < ds.index(
+        "aten::_fused_adam_")
     node = next(n for n in graphs["float16"] if n.name == check)
     elems = sum(math.prod(shape) for shape in json.loads(node.compute.shapes)[0])
     cost = ops.op_cost(node.compute.op, node.compute.shapes, node.compute.dtypes)

@@ -434,8 +434,10 @@ class _GPTRank:
             else:
                 mp_group = ctx.group("mp") if layout.tp * layout.pp > 1 else None
 
+            scaler = "" if cfg.dtype != "float16" else cfg.pipeline_engine
+
             def factory(ps):
-                return MixedPrecisionAdam(ps, mp_group, loss_scaling=cfg.dtype == "float16")
+                return MixedPrecisionAdam(ps, mp_group, loss_scaling=scaler)
         else:
             def factory(ps):
                 return torch.optim.Adam(ps, lr=1e-4)

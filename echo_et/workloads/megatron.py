@@ -27,7 +27,9 @@
   model-parallel group, then read on the host) for clipping, fused Adam on the fp32 master weights (what apex's
   ``FusedAdam`` does), and the updated weights copied back to the 16-bit model; in float16,
   first the loss scaler's unscale and inf/NaN check (one multi-tensor kernel, a flag
-  all-reduced over the model-parallel group and read on the host).
+  all-reduced over the model-parallel group and read on the host), or with DeepSpeed's
+  pipeline engine, DeepSpeed's (the overflow read from the norm, the unscale one pass over the
+  gradients after it).
 
 Kernels Megatron fuses with its JIT (``bias_gelu``, ``bias_dropout_add``) or with custom
 CUDA code (``scaled_upper_triang_masked_softmax``) are single ``echo::`` operators here.
@@ -242,13 +244,20 @@ def partitioned_checkpoint(fn, group, x: torch.Tensor) -> torch.Tensor:
     return PartitionedCheckpointFunction.apply(fn, group, x)
 
 
+# Who scales the float16 loss: nobody (bfloat16, float32), Megatron's DynamicGradScaler, or
+# DeepSpeed's FP16_Optimizer (Megatron-DeepSpeed with DeepSpeed's pipeline engine).
+LOSS_SCALERS = ("", "megatron", "deepspeed")
+
+
 class MixedPrecisionAdam:
     """Adam with Megatron's float16 optimizer around it (see the module docstring). With a
     float32 model there are no master copies: Adam runs on the model's weights."""
 
     def __init__(self, params: list[nn.Parameter], mp_group, *, lr: float = 1e-4,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.1, loss_scaling: bool = False):
+                 weight_decay: float = 0.1, loss_scaling: str = ""):
+        if loss_scaling not in LOSS_SCALERS:
+            raise ValueError(f"loss_scaling {loss_scaling!r} is not one of {LOSS_SCALERS}")
         self.params = [p for p in params if p.requires_grad]
         self.mp_group = mp_group
         self.loss_scaling = loss_scaling
@@ -284,7 +293,7 @@ class MixedPrecisionAdam:
         grads = [grad_of(p) for p in self.params]
         if self.mixed:     # a no-op for gradients accumulated in fp32 (main_grad)
             grads = [g.float() for g in grads]
-        if self.loss_scaling and grads:
+        if self.loss_scaling == "megatron" and grads:
             self._unscale_and_check(grads)
         # Gradient clipping needs the global norm: local squares, summed over the model.
         norms = torch._foreach_norm(grads, 2.0)
@@ -294,6 +303,10 @@ class MixedPrecisionAdam:
                 dist.all_reduce(total, group=self.mp_group)
         total = total ** 0.5
         device_sync(total.device)     # Megatron reads the norm on the host (.item())
+        if self.loss_scaling == "deepspeed" and grads:
+            # DeepSpeed's FP16_Optimizer finds an overflow in the norm it has just read, and
+            # unscales (with the clipping) in one pass over the gradients: no flag of its own
+            torch._foreach_mul_(grads, 1.0)
         torch._foreach_add_(self.steps, 1)
         torch._fused_adam_(self.main, grads, self.exp_avg, self.exp_avg_sq, [], self.steps,
                            amsgrad=False, maximize=False, **self.hp)
