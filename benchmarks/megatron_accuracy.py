@@ -49,7 +49,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from echo_et.errors import EchoError
-from echo_et.experiments.config_sweep import REQUIRED, ConfigSweepOptions, layout_family, map_rows, workload_for
+from echo_et.experiments.config_sweep import (
+    REQUIRED,
+    ConfigSweepOptions,
+    choice_summary,
+    layout_choices,
+    layout_family,
+    map_rows,
+    workload_for,
+)
 from echo_et.experiments.iteration_fit import (
     PathSample,
     bounding_profiles,
@@ -270,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                 "error_pct": round(err_pct(pred[i], r["measured_ms"]), 2),
                 "baseline_error_pct": round(err_pct(base_pred[i], r["measured_ms"]), 2)}
                for i, r in enumerate(rows)]
+    # Choosing a layout: per model at one global batch and GPU count, the layout predicted
+    # fastest against the measured fastest (the baseline's times tie within a model: its
+    # FLOPs per GPU do not depend on the layout, so it picks the first row).
+    baseline_rows = [{**r, "predicted_ms": base_pred[i]} for i, r in enumerate(per_row)]
+    report["layout_choice"] = {"echo-et, fitted per fold (cross-validated)": choice_summary(layout_choices(per_row)),
+                               "baseline: FLOPs / peak x constant (per fold)":
+                                   choice_summary(layout_choices(baseline_rows))}
     print(json.dumps({k: v for k, v in report.items() if k != "fold_details"}, indent=1))
     if args.json:
         args.json.write_text(json.dumps({**report, "per_row": per_row}, indent=1) + "\n")

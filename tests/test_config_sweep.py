@@ -292,3 +292,12 @@ def test_the_table_names_the_fastest_layout_of_each_model() -> None:
         "fastest of 3 layouts for 4 layers, hidden 256, 8 heads, seq 128, global batch 16 on 8 GPUs: row 1 "
         "(tp 1, pp 2, dp 4, micro-batch 1), 20.000 ms, MFU 15.0 %"]
     assert result.table().splitlines()[-2] == result.fastest_lines()[0]
+    # measured rows: how the pick fared against the measured fastest
+    measured = [{**r, "measured_ms": m} for r, m in zip(rows, (25.0, 30.0, 24.0, 1.0, 5.0, 1.0), strict=True)]
+    lines = ConfigSweepResult(measured, ConfigSweepOptions(), "local").fastest_lines()
+    assert lines[0].endswith("; measured fastest: row 2, the pick measured +25.0 % slower")
+    assert lines[1] == ("layout choice against the measurements: the predicted fastest is the measured fastest for "
+                        "0 of 1 models and within 5 % of it for 0; mean regret 25.00 %, max 25.00 %")
+    measured[1]["measured_ms"] = 10.0
+    lines = ConfigSweepResult(measured, ConfigSweepOptions(), "local").fastest_lines()
+    assert lines[0].endswith("MFU 15.0 %; measured fastest too") and "measured fastest for 1 of 1" in lines[1]

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.executors import EXECUTORS as EXECUTORS
@@ -524,25 +524,74 @@ class ConfigSweepResult:
 
 
     def fastest_lines(self) -> list[str]:
-        """For each model (layers, hidden, heads, sequence, vocabulary) trained at one global
-        batch on one number of GPUs with more than one layout predicted: the fastest layout."""
-        groups: dict[tuple, list[int]] = {}
-        for i, r in enumerate(self.rows):
-            if r.get("predicted_ms") is None:
-                continue
-            key = (r["layers"], r["hidden"], r["heads"], r["seq"], r.get("vocab") or 0, r["global_batch"],
-                   r["tp"] * r["pp"] * r["dp"])
-            groups.setdefault(key, []).append(i)
+        """The table's lines on choosing a layout (:func:`layout_choices`): each model's
+        fastest predicted layout and, where the rows are measured, how the choice fared."""
         out = []
-        for (layers, hidden, heads, seq, _, gb, gpus), members in groups.items():
-            if len(members) < 2:
-                continue
-            best = min(members, key=lambda i: (self.rows[i]["predicted_ms"], i))
-            r = self.rows[best]
-            out.append(f"fastest of {len(members)} layouts for {layers} layers, hidden {hidden}, {heads} heads, "
-                       f"seq {seq}, global batch {gb} on {gpus} GPUs: row {best} (tp {r['tp']}, pp {r['pp']}, "
-                       f"dp {r['dp']}, micro-batch {r['micro_batch']}), {r['predicted_ms']:.3f} ms, MFU {_mfu(r)} %")
+        choices = layout_choices(self.rows)
+        for c in choices:
+            r = self.rows[c.pick]
+            line = (f"fastest of {c.layouts} layouts for {r['layers']} layers, hidden {r['hidden']}, "
+                    f"{r['heads']} heads, seq {r['seq']}, global batch {r['global_batch']} on {c.gpus} GPUs: row "
+                    f"{c.pick} (tp {r['tp']}, pp {r['pp']}, dp {r['dp']}, micro-batch {r['micro_batch']}), "
+                    f"{r['predicted_ms']:.3f} ms, MFU {_mfu(r)} %")
+            if c.measured_best is not None:
+                line += ("; measured fastest too" if c.measured_best == c.pick else
+                         f"; measured fastest: row {c.measured_best}, the pick measured {100 * c.regret:+.1f} % slower")
+            out.append(line)
+        summary = choice_summary(choices)
+        if summary:
+            out.append(f"layout choice against the measurements: the predicted fastest is the measured fastest for "
+                       f"{summary['same']} of {summary['models']} models and within 5 % of it for "
+                       f"{summary['within_5_pct']}; mean regret {summary['mean_regret_pct']:.2f} %, "
+                       f"max {summary['max_regret_pct']:.2f} %")
         return out
+
+
+class LayoutChoice(NamedTuple):
+    """One model's layouts (same layers, hidden, heads, sequence, vocabulary, global batch
+    and number of GPUs): the row predicted fastest, and when every row is measured the row
+    measured fastest and the regret (the pick's measured time over the best's, minus 1)."""
+
+    pick: int
+    layouts: int
+    gpus: int
+    measured_best: int | None
+    regret: float | None
+
+
+def layout_choices(rows: Sequence[dict[str, Any]], predicted: str = "predicted_ms") -> list[LayoutChoice]:
+    """What a planner choosing a layout from these rows would pick, per model with more than
+    one layout that ran (ties go to the first row)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.get(predicted) is None:
+            continue
+        key = (r["layers"], r["hidden"], r["heads"], r["seq"], r.get("vocab") or 0, r["global_batch"],
+               r["tp"] * r["pp"] * r["dp"])
+        groups.setdefault(key, []).append(i)
+    out = []
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        pick = min(members, key=lambda i: (rows[i][predicted], i))
+        best = regret = None
+        if all(rows[i].get("measured_ms") for i in members):
+            best = min(members, key=lambda i: (rows[i]["measured_ms"], i))
+            regret = rows[pick]["measured_ms"] / rows[best]["measured_ms"] - 1
+        out.append(LayoutChoice(pick, len(members), key[-1], best, regret))
+    return out
+
+
+def choice_summary(choices: Sequence[LayoutChoice]) -> dict[str, Any] | None:
+    """How the measured choices fared (None when no model's rows are all measured)."""
+    measured = [c for c in choices if c.regret is not None]
+    if not measured:
+        return None
+    regrets = [c.regret for c in measured]
+    return {"models": len(measured), "same": sum(1 for c in measured if c.pick == c.measured_best),
+            "within_5_pct": sum(1 for x in regrets if x < 0.05), "within_10_pct": sum(1 for x in regrets if x < 0.10),
+            "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
+            "max_regret_pct": round(100 * max(regrets), 2)}
 
 
 def _mfu(row: dict[str, Any]) -> str:
