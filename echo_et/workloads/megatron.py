@@ -270,9 +270,10 @@ class MixedPrecisionAdam:
             self.exp_avg = [torch.zeros_like(m) for m in self.main]
             self.exp_avg_sq = [torch.zeros_like(m) for m in self.main]
             self.steps = [torch.zeros((), dtype=torch.float32, device=m.device) for m in self.main]
-            device = self.main[0].device if self.main else None
-            self.found_inf = torch.zeros(1, dtype=torch.float32, device=device)
-            self.inv_scale = torch.ones(1, dtype=torch.float32, device=device)
+            if loss_scaling == "megatron":     # the scaler's overflow flag and 1 / scale
+                device = self.main[0].device if self.main else None
+                self.found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+                self.inv_scale = torch.ones(1, dtype=torch.float32, device=device)
 
     def _unscale_and_check(self, grads: list[torch.Tensor]) -> None:
         """Megatron's float16 path (its DynamicGradScaler; bfloat16 has none): the main
