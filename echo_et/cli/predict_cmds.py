@@ -146,7 +146,7 @@ def predict_cmd(
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     echo_result(res)
     echo_compute_bounds(pred.retime.to_json())
-    echo_throughput(pred.throughput, opts.gpu(), recompute)
+    echo_throughput(pred.throughput, opts.gpu())
     t = written["timeline"]
     typer.echo(f"wrote {output}: summary.json, {TIMELINE_NOTE.format(n=t['files'])}, job/"
                + (", step.png" if plot else f" (no step.png: {INSTALL_HINT})"))
@@ -156,12 +156,13 @@ def predict_cmd(
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
 
 
-def echo_throughput(rates: dict, gpu: str, recompute: bool) -> None:
-    """The step's rates in one line (docs/predict.md: what MFU counts)."""
+def echo_throughput(rates: dict, gpu: str) -> None:
+    """The step's rates in one line (docs/predict.md: what MFU counts); the hardware FLOPs
+    when recomputation adds to the model's."""
     line = (f"throughput: {rates['tokens_per_s']:,.0f} tokens/s; {rates['model_tflops_per_gpu']:.1f} TFLOP/s per GPU "
             f"of model FLOPs (MFU {rates['mfu_pct']:.1f} % of the {gpu}'s {rates['peak_tflops']:g} TFLOP/s "
             f"{rates['math']} peak)")
-    if recompute:
+    if rates["hardware_flops"] > rates["model_flops"]:
         line += (f", {rates['hardware_tflops_per_gpu']:.1f} with the recomputed FLOPs "
                  f"(HFU {rates['hfu_pct']:.1f} %)")
     typer.echo(line)
