@@ -200,12 +200,14 @@ def test_predict_says_what_bounds_the_compute_time(tmp_path) -> None:
     larger share of its step; TINY's kernels (hidden 64) far below it, on memory and per-kernel
     overhead."""
     gpu_bound = ["--layers", "2", "--hidden", "4096", "--heads", "32", "--seq", "1024", "--micro-batch", "2",
-                 "--global-batch", "16", "--tp", "2", "--pp", "1", "--dp", "2", "--vocab", "1024", "--gpu", "a100"]
-    shares = {}
+                 "--global-batch", "16", "--tp", "2", "--pp", "1", "--dp", "2", "--vocab", "1024", "--gpu", "a100",
+                 "--recompute"]
+    shares, hfu = {}, {}
     for name, args in (("large", gpu_bound), ("tiny", TINY)):
         r = runner.invoke(app, ["predict", *args, "-o", str(tmp_path / name)])
         assert r.exit_code == 0, r.output
         line = next(x for x in r.stdout.splitlines() if x.startswith("compute time by what bounds it: "))
+        hfu[name] = "(HFU " in next(x for x in r.stdout.splitlines() if x.startswith("throughput: "))
         retime = json.loads((tmp_path / name / "summary.json").read_text())["compute_retime"]
         by_bound = retime["compute_ns_by_bound"]
         assert sum(by_bound.values()) == pytest.approx(retime["compute_ns_after"], abs=len(by_bound))
@@ -216,4 +218,8 @@ def test_predict_says_what_bounds_the_compute_time(tmp_path) -> None:
                  "overhead": "per-kernel overhead"}[top]
         assert line.split(": ", 1)[1].startswith(f"{label} {100 * shares[name][top]:.1f} %"), line
     assert shares["large"]["ceiling"] > 0.5
+    # recomputation adds FLOPs the model does not count: the throughput line gives both
+    rates = json.loads((tmp_path / "large" / "summary.json").read_text())["throughput"]
+    assert rates["hardware_flops"] > rates["model_flops"] and rates["hfu_pct"] > rates["mfu_pct"]
+    assert hfu == {"large": True, "tiny": False}
     assert shares["tiny"].get("ceiling", 0.0) < 0.05
