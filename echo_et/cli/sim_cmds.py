@@ -241,21 +241,22 @@ def echo_result(res) -> None:
         typer.echo(f"  {100 * t['share']:5.1f}%  {t['category']:<10} {t['name'][:80]} (x{t['count']})")
 
 
-# What each bound of the compute model is called for a person (passes.RetimeReport.by_bound).
-_BOUND_LABELS = {"ceiling": "sustained tensor-core ceiling", "compute": "tiled compute (GEMM tiles, attention)",
-                 "memory": "memory bandwidth", "overhead": "per-kernel overhead",
-                 "not_modelled": "kept or scaled from the trace"}
-
-
 def echo_compute_bounds(retime: dict[str, Any]) -> None:
     """The retimed compute time's split by what sets it (docs/compute-model.md), one line."""
+    from echo_et.models.compute import roofline
+    from echo_et.passes.compute_retime import NOT_MODELLED
+
+    labels = {roofline.BOUND_CEILING: "sustained tensor-core ceiling",
+              roofline.BOUND_COMPUTE: "tiled compute (GEMM tiles, attention)",
+              roofline.BOUND_MEMORY: "memory bandwidth", roofline.BOUND_OVERHEAD: "per-kernel overhead",
+              NOT_MODELLED: "kept or scaled from the trace"}
     ns = retime.get("compute_ns_by_bound") or {}
     total = sum(ns.values())
     if total <= 0:
         return
     parts = sorted(ns.items(), key=lambda kv: (-kv[1], kv[0]))
     typer.echo("compute time by what bounds it: "
-               + ", ".join(f"{_BOUND_LABELS.get(k, k)} {100 * v / total:.1f} %" for k, v in parts if v > 0))
+               + ", ".join(f"{labels.get(k, k)} {100 * v / total:.1f} %" for k, v in parts if v > 0))
 
 
 # -- simulate ---------------------------------------------------------------------------------------

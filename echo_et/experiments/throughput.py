@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from echo_et.errors import EchoError
-
-# The math class a model's dtype runs its GEMMs in (float32 as TF32 where the profile says so).
-_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+from echo_et.models.compute import math_class
 
 
 def step_throughput(cfg: Any, sequences: int, tp: int, gpus: int, step_ns: int, gpu: Any,
@@ -22,7 +20,7 @@ def step_throughput(cfg: Any, sequences: int, tp: int, gpus: int, step_ns: int, 
     if step_ns <= 0 or gpus < 1 or sequences < 1:
         raise EchoError(f"no rates for a step of {step_ns} ns on {gpus} GPUs over {sequences} sequences")
     model, hardware = cfg.step_flops(sequences, tp)
-    math = _MATH[cfg.dtype]
+    math = math_class(cfg.dtype)     # float32 runs as TF32 where the profile says so
     if math == "fp32" and fp32_matmul == "tf32":
         math = "tf32"
     peak = gpu.peak_flops(math)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from echo_et.models.compute._dtypes import math_class
 from echo_et.models.compute.fit import END_TO_END_PARAMS, Sample, sample_from_ops
 from echo_et.models.compute.fit import fit as _fit
 from echo_et.models.compute.gpus import DATASHEETS, GpuSpec, gpu_names, resolve_gpu
@@ -26,7 +27,8 @@ from echo_et.models.compute.ops import GUESSED, NO_SHAPES, NO_WORK, PRICED
 from echo_et.models.compute.profile import ComputeProfile, load_preset, load_profile, write_profile
 
 __all__ = ["DATASHEETS", "GUESSED", "NO_SHAPES", "NO_WORK", "PRICED", "ComputeModel", "ComputeProfile", "GpuSpec",
-           "Sample", "fit_end_to_end", "gpu_names", "load_preset", "load_profile", "resolve_gpu", "write_profile"]
+           "Sample", "fit_end_to_end", "gpu_names", "load_preset", "load_profile", "math_class", "resolve_gpu",
+           "write_profile"]
 
 
 def fit_end_to_end(samples: Iterable[tuple[Sequence[tuple[Any, float]], float, float]], prior: ComputeModel, *,
