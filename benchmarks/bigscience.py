@@ -1,0 +1,263 @@
+"""echo-et's predictions against BigScience's layout search for its 176B model (public,
+multi-node, Megatron-DeepSpeed on 384 A100s; nothing fitted).
+
+Source: the BigScience workshop's training notes for BLOOM, ``train/tr11-176B-ml/
+chronicles-prequel.md`` of github.com/bigscience-workshop/bigscience (February 2022): before
+training BLOOM the team measured the seconds per iteration of 176-206B GPT models on 48 nodes
+of Jean Zay (eight 80 GB A100 per node, four 100 Gb/s Omni-Path links per node; the repository's
+``train/tr11-176B-ml/README.md``) under Megatron-DeepSpeed, changing the tensor, pipeline and
+data-parallel degrees, the micro-batch, the heads and the global batch. Each row's seconds
+per iteration and teraFLOP/s are transcribed; every row's teraFLOP/s follows from its seconds
+by the Megatron-LM paper's FLOPs count (eq. 3 of arXiv 2104.04473, recomputation included,
+vocabulary 250,000) on its 384 GPUs within 0.1 %, which checks the transcription
+(``table_problems``).
+
+Rows kept: the tables from 2022-02-21 on (the FLOPs count was corrected that day, and the
+layers and heads of each model are stated from then on) up to 2022-02-27, whose layers divide
+evenly over the pipeline stages. Left out, and why: the 2022-02-20 tables (the layer count of
+each model is not stated), a 40-node row whose data-parallel degree disagrees with its node
+count, the ZeRO-stage table (its two columns are swapped), a repeated configuration logged at
+a different memory use (another setting), the 78-layer models on 12 stages (DeepSpeed gave
+the last stage one layer: "uneven", the notes say), the runs partitioned with
+``--pp-partition-method 'type:transformer|embedding'`` (from 2022-02-27: the first and the last
+stage hold one layer fewer; echo-et's pipeline places whole equal stages), and identical
+configurations logged twice with the same numbers.
+
+What the runs did, from the same notes and the training script (``tr11-176B-ml.slurm``), set
+before the rows were predicted: float16 (the bfloat16 optimizer came on 2022-02-28) with its
+gradients accumulated and reduced in float16 and DeepSpeed's loss scaler; DeepSpeed's ZeRO
+stage 1 (Adam sharded over the data-parallel ranks: the notes' memory per GPU needs it), which
+the distributed optimizer models (gradients reduce-scattered, the 16-bit weights all-gathered);
+DeepSpeed's pipeline engine (``GPTModelPipe``); DeepSpeed's activation checkpointing of whole
+layers (full recomputation, not partitioned); sequence 2,048; the vocabulary padded by
+Megatron to a multiple of 128 x TP. The network: 4 x 100 Gb/s per node, run at the collective
+model's measured network efficiency; NVLink inside a node from vTrain's all-reduce tables.
+
+Not modelled: ``CUDA_LAUNCH_BLOCKING=1``, which the notes set at 40 nodes and more to stop a
+hang (every kernel launch waits for the kernel; the notes measured 0-7 % on smaller runs);
+the notes' iteration-to-iteration spread (each row is the second iteration of one run: the
+same configuration logged on four days reads 113.95-121.48 s).
+
+    python benchmarks/bigscience.py [--workers 1] [--rows 0,1,...] [--inter-bw 400Gb/s/node]
+        [--pipeline-engine deepspeed|megatron] [--comm-preset a100-ib] [--compute-profile P.json]
+        [--json OUT.json]
+        [--max-memory GB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from megatron_accuracy import vtrain_comm_profile  # noqa: E402
+from megatron_paper import add_model_args, input_problem, paper_flops  # noqa: E402
+
+from echo_et.experiments.config_sweep import (  # noqa: E402
+    ConfigSweepOptions,
+    choice_summary,
+    layout_choices,
+    run_config_sweep,
+)
+from echo_et.models.cluster import Cluster  # noqa: E402
+
+SEQ, VOCAB, GPUS = 2048, 250_000, 384
+SOURCE = "bigscience-workshop/bigscience, train/tr11-176B-ml/chronicles-prequel.md"
+# (date of the table in 2022, layers, hidden, heads, DP, TP, PP, micro-batch, global batch,
+# seconds per iteration, teraFLOP/s per GPU), in the notes' order
+BIGSCIENCE_RUNS = (
+    ("02-21", 72, 14336, 64, 4, 8, 12, 1, 2048, 143.31, 112.49),
+    ("02-21", 72, 14336, 64, 4, 8, 12, 2, 2048, 134.02, 120.29),
+    ("02-21", 72, 14336, 64, 4, 8, 12, 4, 2048, 123.69, 130.34),
+    ("02-21", 72, 14336, 64, 4, 8, 12, 8, 2048, 129.26, 124.72),
+    ("02-21", 72, 14336, 64, 8, 8, 6, 1, 2048, 139.82, 115.31),
+    ("02-21", 72, 14336, 64, 8, 8, 6, 2, 2048, 131.02, 123.05),
+    ("02-21", 72, 14336, 64, 8, 8, 6, 4, 2048, 121.48, 132.71),
+    ("02-21", 84, 13824, 64, 4, 8, 12, 2, 2048, 143.89, 121.45),
+    ("02-21", 84, 13824, 64, 4, 8, 12, 4, 2048, 133.12, 131.27),
+    ("02-21", 84, 13824, 64, 8, 8, 6, 2, 2048, 141.41, 123.58),
+    ("02-21", 84, 13824, 64, 8, 8, 6, 4, 2048, 130.31, 134.11),
+    ("02-23", 96, 12288, 64, 8, 8, 6, 2, 2048, 136.73, 115.73),
+    ("02-23", 96, 12288, 64, 8, 8, 6, 4, 2048, 122.96, 128.69),
+    ("02-23", 84, 13312, 64, 4, 8, 12, 4, 2048, 125.52, 129.29),
+    ("02-23", 84, 13312, 64, 8, 8, 6, 2, 2048, 135.55, 119.72),
+    ("02-23", 84, 13312, 64, 8, 8, 6, 4, 2048, 122.93, 132.00),
+    ("02-23", 78, 13824, 64, 8, 8, 6, 4, 2048, 121.28, 133.93),
+    ("02-23", 72, 14336, 64, 4, 8, 12, 4, 2048, 123.79, 130.24),
+    ("02-23", 72, 14336, 64, 8, 8, 6, 4, 2048, 120.85, 133.40),
+    ("02-24", 72, 14336, 16, 8, 8, 6, 4, 2048, 121.03, 133.20),
+    ("02-23", 72, 14336, 32, 8, 8, 6, 4, 2048, 124.01, 130.00),
+    ("02-23", 72, 14336, 64, 8, 8, 6, 4, 2048, 120.18, 134.15),
+    ("02-23", 72, 14336, 112, 8, 8, 6, 4, 2048, 138.72, 116.21),
+    ("02-23", 72, 14336, 128, 8, 8, 6, 4, 2048, 124.89, 129.08),
+    ("02-24", 72, 14336, 256, 8, 8, 6, 4, 2048, 132.85, 121.35),
+    ("02-23", 78, 13824, 96, 8, 8, 6, 4, 2048, 124.75, 130.21),
+    ("02-23", 78, 13824, 128, 8, 8, 6, 4, 2048, 162.72, 99.82),
+    ("02-23", 84, 13312, 128, 8, 8, 6, 4, 2048, 129.17, 125.63),
+    ("02-24", 96, 12288, 96, 8, 8, 6, 4, 2048, 145.40, 108.83),
+    ("02-24", 96, 12288, 128, 8, 8, 6, 4, 2048, 129.42, 122.27),
+    ("02-25", 72, 14336, 64, 8, 8, 6, 4, 1568, 113.01, 109.22),
+    ("02-25", 72, 14336, 64, 8, 8, 6, 4, 2048, 114.11, 141.27),
+    ("02-25", 72, 14336, 64, 8, 8, 6, 6, 2016, 123.57, 128.43),
+    ("02-25", 72, 14336, 64, 4, 8, 12, 4, 1568, 92.75, 133.08),
+    ("02-25", 72, 14336, 64, 4, 8, 12, 4, 2048, 117.07, 137.70),
+    ("02-25", 72, 14336, 64, 4, 8, 12, 2, 1568, 99.93, 123.51),
+    ("02-25", 72, 14336, 64, 4, 8, 12, 2, 2048, 128.82, 125.15),
+    ("02-25", 72, 14336, 64, 6, 8, 8, 4, 2016, 113.16, 140.24),
+    ("02-25", 72, 14336, 64, 12, 8, 4, 2, 2016, 125.52, 126.43),
+    ("02-25", 72, 14336, 64, 12, 8, 4, 4, 2016, 114.81, 138.22),
+    ("02-25", 72, 14336, 64, 24, 8, 2, 1, 2016, 145.45, 109.11),
+    ("02-25", 72, 14336, 64, 24, 8, 2, 2, 2016, 136.13, 116.58),
+    ("02-25", 72, 14336, 64, 8, 4, 12, 4, 2048, 111.89, 144.08),
+    ("02-25", 72, 14336, 64, 8, 4, 12, 2, 2048, 110.48, 145.92),
+    ("02-25", 72, 14336, 64, 16, 4, 6, 4, 2048, 117.11, 137.66),
+    ("02-25", 72, 14336, 64, 16, 4, 6, 2, 2048, 111.71, 144.31),
+    ("02-25", 72, 14336, 64, 16, 2, 12, 2, 2048, 112.50, 143.30),
+    ("02-25", 72, 14336, 64, 8, 2, 24, 1, 2048, 119.53, 134.88),
+    ("02-25", 72, 14336, 64, 8, 2, 24, 2, 2048, 122.75, 131.33),
+    ("02-25", 72, 14336, 64, 4, 4, 24, 1, 2048, 130.60, 123.44),
+    ("02-25", 96, 12288, 64, 8, 1, 48, 1, 2048, 142.17, 111.30),
+    ("02-26", 78, 13824, 96, 8, 8, 6, 4, 2048, 118.12, 137.51),
+    ("02-26", 78, 13824, 128, 8, 8, 6, 4, 2048, 156.84, 103.56),
+    ("02-26", 72, 14336, 64, 8, 4, 12, 2, 2048, 110.42, 146.00),
+    ("02-26", 72, 14336, 128, 8, 4, 12, 2, 2048, 114.02, 141.39),
+    ("02-26", 72, 14336, 128, 8, 4, 12, 4, 2048, 137.53, 117.23),
+    ("02-26", 72, 14336, 64, 8, 8, 6, 4, 2048, 113.95, 141.47),
+    ("02-26", 72, 14336, 128, 8, 8, 6, 4, 2048, 116.06, 138.90),
+    ("02-26", 84, 13312, 64, 8, 4, 12, 2, 2048, 103.82, 156.46),
+    ("02-26", 84, 13312, 64, 8, 4, 12, 4, 2048, 113.21, 143.34),
+    ("02-26", 84, 13312, 64, 8, 8, 6, 2, 2048, 129.61, 125.21),
+    ("02-27", 78, 13824, 96, 8, 8, 6, 2, 2048, 133.57, 121.61),
+    ("02-27", 78, 13824, 96, 8, 8, 6, 4, 2048, 118.24, 137.38),
+    ("02-27", 78, 13824, 96, 16, 4, 6, 4, 2048, 115.55, 140.57),
+)
+# a row's throughput from its seconds may differ from the logged one by this much (rounding)
+TFLOPS_TOLERANCE = 0.002
+
+
+def table_problems() -> list[str]:
+    """Transcription checks: each row's logged throughput from its seconds (eq. 3) on 384 GPUs,
+    and a layout that divides the GPUs, the model and the batch."""
+    out = []
+    for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, tflops) in enumerate(BIGSCIENCE_RUNS):
+        got = paper_flops(batch, SEQ, layers, hidden, VOCAB) / (seconds * GPUS) / 1e12
+        if abs(got - tflops) > TFLOPS_TOLERANCE * tflops:
+            out.append(f"row {i} ({date}): {seconds} s gives {got:.2f} TFLOP/s, not {tflops}")
+        if dp * tp * pp != GPUS or layers % pp or hidden % heads or heads % tp or batch % (mb * dp):
+            out.append(f"row {i} ({date}): the layout does not divide the GPUs, the model or the batch")
+    return out
+
+
+def bigscience_rows() -> list[dict]:
+    """The runs as configuration rows with the measured iteration time in ms."""
+    return [{"layers": layers, "hidden": hidden, "heads": heads, "seq": SEQ, "micro_batch": mb,
+             "global_batch": batch, "tp": tp, "pp": pp, "dp": dp, "vocab": VOCAB,
+             "measured_ms": round(seconds * 1e3, 3), "date": date}
+            for date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, _ in BIGSCIENCE_RUNS]
+
+
+def run_options(comm_profile: str | None = None, inter_bw: str = "400Gb/s/node", pipeline_engine: str = "deepspeed",
+                compute_profile: str | None = None, comm_preset: str | None = None) -> ConfigSweepOptions:
+    """What every run shares (the module's docstring says where each setting comes from)."""
+    return ConfigSweepOptions(
+        cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=inter_bw),
+        recompute=True, recompute_granularity="full", dtype="float16", comm_profile=comm_profile,
+        comm_preset=comm_preset, pipeline_engine=pipeline_engine, use_distributed_optimizer=True,
+        compute_profile=compute_profile)
+
+
+def same_day_choices(rows: list[dict]) -> dict | None:
+    """The layout choice judged within each day's runs (a day's runs share the cluster's state:
+    the notes say 2022-02-25 ran 1-5 % faster than the day before)."""
+    choices = []
+    for date in sorted({r["date"] for r in rows}):
+        day = [r for r in rows if r["date"] == date]
+        choices += layout_choices(day)
+    return choice_summary(choices)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
+    ap.add_argument("--inter-bw", default="400Gb/s/node")
+    ap.add_argument("--pipeline-engine", default="deepspeed", choices=("deepspeed", "megatron"),
+                    help="DeepSpeed's PipelineEngine (what the runs ran; the default) or Megatron-LM's 1F1B")
+    ap.add_argument("--comm-preset", default=None, choices=("a100-ib",),
+                    help="price collectives with the shipped, uncalibrated preset (nominal NVLink rate) instead "
+                         "of the model calibrated on vTrain's all-reduce tables")
+    add_model_args(ap)
+    # the deepest pipelines (24 and 48 stages) need more than the shared default
+    ap.set_defaults(max_memory=10.0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    rows = bigscience_rows()
+    try:
+        picked = [int(i) for i in args.rows.split(",") if i.strip()] if args.rows else list(range(len(rows)))
+    except ValueError:
+        picked = [-1]
+    if any(not 0 <= i < len(rows) for i in picked):
+        problem: str | None = f"--rows {args.rows}: row indices are 0-{len(rows) - 1}"
+    else:
+        problem = input_problem(args.compute_profile, table_problems())
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    rows = [rows[i] for i in picked]
+    dates = [r.pop("date") for r in rows]
+    with tempfile.TemporaryDirectory() as tmp:
+        comm = None if args.comm_preset else str(vtrain_comm_profile(Path(tmp) / "vtrain-a100-allreduce.json"))
+        opts = run_options(comm, args.inter_bw, args.pipeline_engine,
+                           str(args.compute_profile) if args.compute_profile else None, args.comm_preset)
+        t0 = time.perf_counter()
+        out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9),
+                               progress=lambda done, total, r: print(
+                                   f"  {done}/{total}: l{r['layers']} h{r['hidden']} tp{r['tp']} pp{r['pp']} "
+                                   f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+        wall = time.perf_counter() - t0
+    print(f"{'row':>3} {'date':>5} {'layers':>6} {'hidden':>6} {'heads':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'mb':>3} "
+          f"{'batch':>5} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'compute ms':>11} {'exp. comm':>10} "
+          f"{'bubble':>9}")
+    table, errs = [], []
+    for i, r, date in zip(picked, out.rows, dates, strict=True):
+        r = {**r, "date": date, "row": i}
+        table.append(r)
+        head = (f"{i:>3} {date:>5} {r['layers']:>6} {r['hidden']:>6} {r['heads']:>5} {r['tp']:>3} {r['pp']:>3} "
+                f"{r['dp']:>3} {r['micro_batch']:>3} {r['global_batch']:>5} {r['measured_ms']:>12.1f}")
+        if r.get("error"):
+            print(f"{head} error: {r['error']}")
+            continue
+        errs.append(r["error_pct"])
+        print(f"{head} {r['predicted_ms']:>13.1f} {r['error_pct']:>+7.2f}% {r['compute_ms']:>11.1f} "
+              f"{r['exposed_comm_ms']:>10.1f} {r['bubble_ms']:>9.1f}")
+    summary: dict = {}
+    if errs:
+        summary = {"rows": len(errs), "mape_pct": round(statistics.fmean(abs(e) for e in errs), 2),
+                   "mean_signed_pct": round(statistics.fmean(errs), 2),
+                   "median_abs_pct": round(statistics.median(abs(e) for e in errs), 2),
+                   "within_10_pct": sum(1 for e in errs if abs(e) < 10), "max_abs_pct": round(max(map(abs, errs)), 2)}
+        print(f"MAPE {summary['mape_pct']:.2f} % over {len(errs)} rows "
+              f"(mean signed {summary['mean_signed_pct']:+.2f} %, "
+              f"median |err| {summary['median_abs_pct']:.2f} %, {summary['within_10_pct']} within 10 %, "
+              f"max {summary['max_abs_pct']:.2f} %); {wall:.0f} s wall")
+        choice = same_day_choices([r for r in table if r.get("predicted_ms") is not None])
+        if choice:
+            summary["layout_choice"] = choice
+            print(f"layout choice, within each day's runs: {choice['same']} of {choice['models']} models pick the "
+                  f"measured fastest, mean regret {choice['mean_regret_pct']:.2f} %, max "
+                  f"{choice['max_regret_pct']:.2f} %")
+    if args.json:
+        record = {"rows": table, "summary": summary, "pipeline_engine": args.pipeline_engine,
+                  "comm": args.comm_preset or "vtrain-calibrated", "source": SOURCE}
+        args.json.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

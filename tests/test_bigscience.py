@@ -1,0 +1,75 @@
+"""The public validation targets of ``benchmarks/bigscience.py`` (BigScience's layout search
+for BLOOM on 384 A100s, Megatron-DeepSpeed) agree with themselves and with the memory bound:
+every run's logged throughput follows from its logged seconds by the Megatron-LM paper's FLOPs
+count, every run that ran fits its GPU by the lower bound, the layout the notes report out of
+memory is refused, and the layout choice is judged within one day's runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bigscience():
+    return load_benchmark("bigscience")
+
+
+def test_transcribed_runs_are_consistent(bigscience) -> None:
+    assert bigscience.table_problems() == []
+    rows = bigscience.bigscience_rows()
+    assert len(rows) == 64
+    assert all(r["tp"] * r["pp"] * r["dp"] == 384 and r["layers"] % r["pp"] == 0 for r in rows)
+    assert rows[0]["measured_ms"] == 143310.0 and rows[-1]["measured_ms"] == 115550.0
+    assert {r["date"] for r in rows} == {"02-21", "02-23", "02-24", "02-25", "02-26", "02-27"}
+
+
+def test_a_mistyped_run_is_caught(bigscience, monkeypatch) -> None:
+    runs = list(bigscience.BIGSCIENCE_RUNS)
+    runs[2] = ("02-21", 72, 14336, 64, 4, 8, 12, 4, 2048, 132.69, 130.34)   # seconds mistyped
+    monkeypatch.setattr(bigscience, "BIGSCIENCE_RUNS", tuple(runs))
+    assert bigscience.table_problems() == ["row 2 (02-21): 132.69 s gives 121.49 TFLOP/s, not 130.34"]
+    runs[2] = ("02-21", 72, 14336, 64, 8, 8, 12, 4, 2048, 123.69, 130.34)   # 768 GPUs
+    monkeypatch.setattr(bigscience, "BIGSCIENCE_RUNS", tuple(runs))
+    assert "row 2 (02-21): the layout does not divide the GPUs, the model or the batch" in bigscience.table_problems()
+
+
+def test_bad_options_are_one_line_exit_2(bigscience, capsys) -> None:
+    assert bigscience.main(["--rows", "3,64"]) == 2
+    assert capsys.readouterr().err == "error: --rows 3,64: row indices are 0-63\n"
+    assert bigscience.main(["--rows", "x"]) == 2
+    assert capsys.readouterr().err == "error: --rows x: row indices are 0-63\n"
+    assert bigscience.main(["--compute-profile", "/nonexistent/candidate.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --compute-profile") and err.count("\n") == 1
+
+
+def test_every_run_that_ran_fits_and_the_one_out_of_memory_is_refused(bigscience) -> None:
+    """The footprint is a lower bound: no run the notes measured is refused with the runs'
+    settings (ZeRO stage 1, full recomputation, float16 on 80 GB), and the notes' TP8 x PP1 x
+    DP48 run, "OOM", is refused."""
+    pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
+    from echo_et.errors import EchoError
+    from echo_et.experiments.config_sweep import workload_for
+
+    opts = bigscience.run_options()
+    for row in bigscience.bigscience_rows():
+        workload_for(row, opts)
+    oom = {**bigscience.bigscience_rows()[41], "tp": 8, "pp": 1, "dp": 48, "micro_batch": 1}
+    with pytest.raises(EchoError, match="does not fit the GPU's memory"):
+        workload_for(oom, opts)
+
+
+def test_layout_choice_is_judged_within_each_day(bigscience) -> None:
+    """Two days measured the same two layouts; the pick is judged against each day's own
+    fastest, never against the other day's (the notes say the cluster got faster between)."""
+    base = {"layers": 72, "hidden": 14336, "heads": 64, "seq": 2048, "vocab": 250000, "global_batch": 2048,
+            "micro_batch": 4}
+    rows = [{**base, "date": "02-23", "tp": 8, "pp": 6, "dp": 8, "measured_ms": 120.0, "predicted_ms": 100.0},
+            {**base, "date": "02-23", "tp": 8, "pp": 12, "dp": 4, "measured_ms": 123.0, "predicted_ms": 99.0},
+            {**base, "date": "02-25", "tp": 8, "pp": 6, "dp": 8, "measured_ms": 114.0, "predicted_ms": 100.0},
+            {**base, "date": "02-25", "tp": 8, "pp": 12, "dp": 4, "measured_ms": 117.0, "predicted_ms": 101.0}]
+    got = bigscience.same_day_choices(rows)
+    assert got["models"] == 2 and got["same"] == 1
+    assert got["max_regret_pct"] == pytest.approx(2.5)
