@@ -40,7 +40,7 @@ same configuration logged on four days reads 113.95-121.48 s).
 
     python benchmarks/bigscience.py [--workers 1] [--rows 0,1,...] [--inter-bw 400Gb/s/node]
         [--pipeline-engine deepspeed|megatron] [--comm-preset a100-ib] [--compute-profile P.json]
-        [--json OUT.json]
+        [--json OUT.json] [--memory]
         [--max-memory GB]
 """
 
@@ -137,6 +137,13 @@ BIGSCIENCE_RUNS = (
     ("02-27", 78, 13824, 96, 8, 8, 6, 4, 2048, 118.24, 137.38),
     ("02-27", 78, 13824, 96, 16, 4, 6, 4, 2048, 115.55, 140.57),
 )
+# The notes' "Mem" column where it gives one (row index -> GB): the most any GPU of the first
+# (or last) node used, as nvidia-smi shows it (CUDA context and the allocator's cache included).
+MEASURED_MEMORY_GB = {
+    0: 29, 1: 37, 2: 49, 3: 69, 4: 38, 5: 44, 6: 56, 7: 39, 8: 52, 9: 65, 10: 56, 19: 54, 20: 55, 21: 55,
+    22: 53, 23: 55, 24: 54, 26: 59, 30: 56, 31: 55, 32: 66, 34: 49, 37: 52, 38: 53, 39: 59, 40: 65, 41: 76,
+    42: 60, 43: 44, 44: 75, 45: 57, 46: 63, 47: 44, 48: 53, 50: 58, 62: 59, 63: 75,
+}
 # a row's throughput from its seconds may differ from the logged one by this much (rounding)
 TFLOPS_TOLERANCE = 0.002
 
@@ -172,6 +179,22 @@ def run_options(comm_profile: str | None = None, inter_bw: str = "400Gb/s/node",
         compute_profile=compute_profile)
 
 
+def memory_bounds() -> list[tuple[int, float, float]]:
+    """(row, measured GB, echo-et's lower bound in GB) for every row whose memory the notes
+    give: the bound the memory check refuses a row by (``echo_et.models.footprint``), with
+    the runs' settings."""
+    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.memory_check import megatron_shape
+    from echo_et.models.footprint import megatron_min_bytes
+
+    rows, opts = bigscience_rows(), run_options()
+    out = []
+    for i, gb in sorted(MEASURED_MEMORY_GB.items()):
+        cfg, layout = workload_for(rows[i], opts)
+        out.append((i, float(gb), megatron_min_bytes(**megatron_shape(cfg, layout))[0] / 1e9))
+    return out
+
+
 def same_day_choices(rows: list[dict]) -> dict | None:
     """The layout choice judged within each day's runs (a day's runs share the cluster's state:
     the notes say 2022-02-25 ran 1-5 % faster than the day before)."""
@@ -192,11 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--comm-preset", default=None, choices=("a100-ib",),
                     help="price collectives with the shipped, uncalibrated preset (nominal NVLink rate) instead "
                          "of the model calibrated on vTrain's all-reduce tables")
+    ap.add_argument("--memory", action="store_true",
+                    help="only compare the notes' measured memory per GPU with echo-et's lower bound (no prediction, "
+                         "no input needed)")
     add_model_args(ap)
     # the deepest pipelines (24 and 48 stages) need more than the shared default
     ap.set_defaults(max_memory=10.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.memory:
+        print(f"{'row':>3} {'tp':>3} {'pp':>3} {'dp':>3} {'mb':>3} {'measured GB':>11} {'bound GB':>9} "
+              f"{'bound/measured':>14}")
+        for i, gb, bound in memory_bounds():
+            r = bigscience_rows()[i]
+            print(f"{i:>3} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['micro_batch']:>3} {gb:>11.0f} {bound:>9.1f} "
+                  f"{bound / gb:>14.2f}")
+        return 0
     rows = bigscience_rows()
     try:
         picked = [int(i) for i in args.rows.split(",") if i.strip()] if args.rows else list(range(len(rows)))

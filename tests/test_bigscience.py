@@ -73,3 +73,17 @@ def test_layout_choice_is_judged_within_each_day(bigscience) -> None:
     got = bigscience.same_day_choices(rows)
     assert got["models"] == 2 and got["same"] == 1
     assert got["max_regret_pct"] == pytest.approx(2.5)
+
+
+def test_the_memory_bound_stays_below_every_measured_run(bigscience, capsys) -> None:
+    """37 of the runs logged the memory a GPU used (nvidia-smi): echo-et's footprint, a lower
+    bound by design, is below every one of them, and not vacuously (at least a third of the
+    measurement on every row)."""
+    pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
+    bounds = bigscience.memory_bounds()
+    assert len(bounds) == 37
+    ratios = [bound / gb for _, gb, bound in bounds]
+    assert max(ratios) < 1.0 and min(ratios) > 0.33
+    assert bigscience.main(["--memory"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 38 and out[0].split()[-1] == "bound/measured"
