@@ -16,18 +16,19 @@ Rows kept: the tables from 2022-02-21 on (the FLOPs count was corrected that day
 layers and heads of each model are stated from then on) up to 2022-02-27, whose layers divide
 evenly over the pipeline stages. Left out, and why: the 2022-02-20 tables (the layer count of
 each model is not stated), a 40-node row whose data-parallel degree disagrees with its node
-count, the ZeRO-stage table (its two columns are swapped), a repeated configuration logged at
-a different memory use (another setting), the 78-layer models on 12 stages (DeepSpeed gave
-the last stage one layer: "uneven", the notes say), the runs partitioned with
-``--pp-partition-method 'type:transformer|embedding'`` (from 2022-02-27: the first and the last
-stage hold one layer fewer; echo-et's pipeline places whole equal stages), and identical
-configurations logged twice with the same numbers.
+count, the ZeRO-stage table (its stage-1 row is a 2022-02-21 configuration with the seconds
+and the teraFLOP/s exchanged; the 2022-02-21 row fits its micro-batch series), a repeated
+configuration logged at a different memory use (another setting), the 78-layer models on 12
+stages (DeepSpeed gave the last stage one layer: "uneven", the notes say), the runs
+partitioned with ``--pp-partition-method 'type:transformer|embedding'`` (from 2022-02-27: the
+first and the last stage hold one layer fewer; echo-et's pipeline places whole equal stages),
+and identical configurations logged twice with the same numbers.
 
 What the runs did, from the same notes and the training script (``tr11-176B-ml.slurm``), set
 before the rows were predicted: float16 (the bfloat16 optimizer came on 2022-02-28) with its
 gradients accumulated and reduced in float16 and DeepSpeed's loss scaler; DeepSpeed's ZeRO
-stage 1 (Adam sharded over the data-parallel ranks: the notes' memory per GPU needs it), which
-the distributed optimizer models (gradients reduce-scattered, the 16-bit weights all-gathered);
+stage 1 (Adam sharded over the data-parallel ranks: the notes credit it for their memory
+use), which the distributed optimizer models (gradients reduce-scattered, the 16-bit weights all-gathered);
 DeepSpeed's pipeline engine (``GPTModelPipe``); DeepSpeed's activation checkpointing of whole
 layers (full recomputation, not partitioned); sequence 2,048; the vocabulary padded by
 Megatron to a multiple of 128 x TP. The network: 4 x 100 Gb/s per node, run at the collective
