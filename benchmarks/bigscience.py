@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             summary["layout_choice"] = choice
             print(f"layout choice, within each day's runs: {choice['same']} of {choice['models']} models pick the "
                   f"measured fastest, mean regret {choice['mean_regret_pct']:.2f} %, max "
-                  f"{choice['max_regret_pct']:.2f} %")
+                  f"{choice['max_regret_pct']:.2f} %; the measured fastest is on the 5 % shortlist for "
+                  f"{choice['best_in_shortlist']} ({choice['shortlist_share_pct']:.1f} % of the layouts)")
     if args.json:
         record = {"rows": table, "summary": summary, "pipeline_engine": args.pipeline_engine,
                   "comm": args.comm_preset or "vtrain-calibrated", "source": SOURCE}

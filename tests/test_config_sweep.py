@@ -276,7 +276,8 @@ def test_missing_ray_is_an_option_error() -> None:
 
 def test_the_table_names_the_fastest_layout_of_each_model() -> None:
     """Rows of one model at one global batch on one number of GPUs are alternatives: the table
-    names the fastest (the first on a tie); a model with one layout, or failed rows, get none."""
+    names the fastest (the first on a tie) and the others predicted within 5 % of it (its
+    shortlist); a model with one layout, or failed rows, get none."""
     from echo_et.experiments.config_sweep import ConfigSweepResult
 
     base = {"layers": 4, "hidden": 256, "heads": 8, "seq": 128, "micro_batch": 1, "global_batch": 16,
@@ -290,14 +291,37 @@ def test_the_table_names_the_fastest_layout_of_each_model() -> None:
     result = ConfigSweepResult(rows, ConfigSweepOptions(), "local")
     assert result.fastest_lines() == [
         "fastest of 3 layouts for 4 layers, hidden 256, 8 heads, seq 128, global batch 16 on 8 GPUs: row 1 "
-        "(tp 1, pp 2, dp 4, micro-batch 1), 20.000 ms, MFU 15.0 %"]
+        "(tp 1, pp 2, dp 4, micro-batch 1), 20.000 ms, MFU 15.0 %; within 5 % of it: row 2"]
     assert result.table().splitlines()[-2] == result.fastest_lines()[0]
     # measured rows: how the pick fared against the measured fastest
     measured = [{**r, "measured_ms": m} for r, m in zip(rows, (25.0, 30.0, 24.0, 1.0, 5.0, 1.0), strict=True)]
     lines = ConfigSweepResult(measured, ConfigSweepOptions(), "local").fastest_lines()
     assert lines[0].endswith("; measured fastest: row 2, the pick measured +25.0 % slower")
     assert lines[1] == ("layout choice against the measurements: the predicted fastest is the measured fastest for "
-                        "0 of 1 models and within 5 % of it for 0; mean regret 25.00 %, max 25.00 %")
+                        "0 of 1 models and within 5 % of it for 0; mean regret 25.00 %, max 25.00 %; the measured "
+                        "fastest is on the shortlist (predicted within 5 % of the fastest) for 1 of 1, which holds "
+                        "66.7 % of the layouts")
     measured[1]["measured_ms"] = 10.0
     lines = ConfigSweepResult(measured, ConfigSweepOptions(), "local").fastest_lines()
-    assert lines[0].endswith("MFU 15.0 %; measured fastest too") and "measured fastest for 1 of 1" in lines[1]
+    assert lines[0].endswith("MFU 15.0 %; within 5 % of it: row 2; measured fastest too")
+    assert "measured fastest for 1 of 1" in lines[1]
+
+
+def test_the_shortlist_holds_the_layouts_within_the_band_in_predicted_order() -> None:
+    """The shortlist starts with the pick and takes every layout predicted within 5 % of it,
+    nearest first; a measured fastest outside it counts against it."""
+    from echo_et.experiments.config_sweep import SHORTLIST_BAND, choice_summary, layout_choices
+
+    base = {"layers": 4, "hidden": 256, "heads": 8, "seq": 128, "micro_batch": 1, "global_batch": 16}
+    times = ((100.0, 130.0), (104.0, 101.0), (105.0, 120.0), (105.1, 90.0), (102.0, 125.0))
+    rows = [{**base, "tp": 1, "pp": 1, "dp": 8, "micro_batch": i + 1, "predicted_ms": p, "measured_ms": m}
+            for i, (p, m) in enumerate(times)]
+    assert SHORTLIST_BAND == 0.05
+    (choice,) = layout_choices(rows)
+    assert choice.pick == 0 and choice.shortlist == (0, 4, 1, 2)      # 105.1 is past 105.0
+    assert choice.measured_best == 3
+    summary = choice_summary([choice])
+    assert summary["best_in_shortlist"] == 0 and summary["shortlist_share_pct"] == 80.0
+    rows[3]["predicted_ms"] = 105.0
+    assert layout_choices(rows)[0].shortlist == (0, 4, 1, 2, 3)
+    assert choice_summary(layout_choices(rows))["best_in_shortlist"] == 1

@@ -525,7 +525,8 @@ class ConfigSweepResult:
 
     def fastest_lines(self) -> list[str]:
         """The table's lines on choosing a layout (:func:`layout_choices`): each model's
-        fastest predicted layout and, where the rows are measured, how the choice fared."""
+        fastest predicted layout, the others on its shortlist and, where the rows are
+        measured, how the choice fared."""
         out = []
         choices = layout_choices(self.rows)
         for c in choices:
@@ -534,6 +535,9 @@ class ConfigSweepResult:
                     f"{r['heads']} heads, seq {r['seq']}, global batch {r['global_batch']} on {c.gpus} GPUs: row "
                     f"{c.pick} (tp {r['tp']}, pp {r['pp']}, dp {r['dp']}, micro-batch {r['micro_batch']}), "
                     f"{r['predicted_ms']:.3f} ms, MFU {_mfu(r)} %")
+            if len(c.shortlist) > 1:
+                others = ", ".join(str(i) for i in c.shortlist[1:])
+                line += f"; within {100 * SHORTLIST_BAND:g} % of it: row{'s' if len(c.shortlist) > 2 else ''} {others}"
             if c.measured_best is not None:
                 line += ("; measured fastest too" if c.measured_best == c.pick else
                          f"; measured fastest: row {c.measured_best}, the pick measured {100 * c.regret:+.1f} % slower")
@@ -543,20 +547,32 @@ class ConfigSweepResult:
             out.append(f"layout choice against the measurements: the predicted fastest is the measured fastest for "
                        f"{summary['same']} of {summary['models']} models and within 5 % of it for "
                        f"{summary['within_5_pct']}; mean regret {summary['mean_regret_pct']:.2f} %, "
-                       f"max {summary['max_regret_pct']:.2f} %")
+                       f"max {summary['max_regret_pct']:.2f} %; the measured fastest is on the shortlist (predicted "
+                       f"within {100 * SHORTLIST_BAND:g} % of the fastest) for {summary['best_in_shortlist']} of "
+                       f"{summary['models']}, which holds {summary['shortlist_share_pct']:.1f} % of the layouts")
         return out
+
+
+# A planner's shortlist: the layouts predicted within this fraction of the predicted fastest.
+# The cross-validated single-node error is about this size (median |error| 5.5 %, docs/
+# accuracy.md), so layouts closer than it are not told apart by the prediction and are the
+# ones worth measuring on the target before choosing.
+SHORTLIST_BAND = 0.05
 
 
 class LayoutChoice(NamedTuple):
     """One model's layouts (same layers, hidden, heads, sequence, vocabulary, global batch
-    and number of GPUs): the row predicted fastest, and when every row is measured the row
-    measured fastest and the regret (the pick's measured time over the best's, minus 1)."""
+    and number of GPUs): the row predicted fastest; the shortlist, every row predicted within
+    :data:`SHORTLIST_BAND` of it (the pick first, then by predicted time); and when every row
+    is measured the row measured fastest and the regret (the pick's measured time over the
+    best's, minus 1)."""
 
     pick: int
     layouts: int
     gpus: int
     measured_best: int | None
     regret: float | None
+    shortlist: tuple[int, ...] = ()
 
 
 def layout_choices(rows: Sequence[dict[str, Any]], predicted: str = "predicted_ms") -> list[LayoutChoice]:
@@ -573,12 +589,14 @@ def layout_choices(rows: Sequence[dict[str, Any]], predicted: str = "predicted_m
     for key, members in groups.items():
         if len(members) < 2:
             continue
-        pick = min(members, key=lambda i: (rows[i][predicted], i))
+        ranked = sorted(members, key=lambda i: (rows[i][predicted], i))
+        pick = ranked[0]
+        shortlist = tuple(i for i in ranked if rows[i][predicted] <= rows[pick][predicted] * (1 + SHORTLIST_BAND))
         best = regret = None
         if all(rows[i].get("measured_ms") for i in members):
             best = min(members, key=lambda i: (rows[i]["measured_ms"], i))
             regret = rows[pick]["measured_ms"] / rows[best]["measured_ms"] - 1
-        out.append(LayoutChoice(pick, len(members), key[-1], best, regret))
+        out.append(LayoutChoice(pick, len(members), key[-1], best, regret, shortlist))
     return out
 
 
@@ -591,7 +609,9 @@ def choice_summary(choices: Sequence[LayoutChoice]) -> dict[str, Any] | None:
     return {"models": len(measured), "same": sum(1 for c in measured if c.pick == c.measured_best),
             "within_5_pct": sum(1 for x in regrets if x < 0.05), "within_10_pct": sum(1 for x in regrets if x < 0.10),
             "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
-            "max_regret_pct": round(100 * max(regrets), 2)}
+            "max_regret_pct": round(100 * max(regrets), 2),
+            "best_in_shortlist": sum(1 for c in measured if c.measured_best in c.shortlist),
+            "shortlist_share_pct": round(100 * sum(len(c.shortlist) / c.layouts for c in measured) / len(measured), 1)}
 
 
 def _mfu(row: dict[str, Any]) -> str:
