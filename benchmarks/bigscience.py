@@ -196,6 +196,26 @@ def memory_bounds() -> list[tuple[int, float, float]]:
     return out
 
 
+def error_breakdown(rows: list[dict]) -> dict[str, dict]:
+    """MAPE and mean signed error by tensor-parallel degree, at TP8 by micro-batch, and by
+    head count (64 or fewer, more): where the table's miss is."""
+    def stats(errs: list[float]) -> dict:
+        return {"rows": len(errs), "mape_pct": round(statistics.fmean(abs(e) for e in errs), 2),
+                "mean_signed_pct": round(statistics.fmean(errs), 2),
+                "within_10_pct": sum(1 for e in errs if abs(e) < 10)}
+
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("error_pct") is None:
+            continue
+        keys = [f"tp{r['tp']}", "heads<=64" if r["heads"] <= 64 else "heads>64"]
+        if r["tp"] == 8:
+            keys.append(f"tp8 mb{r['micro_batch']}")
+        for k in keys:
+            groups.setdefault(k, []).append(r["error_pct"])
+    return {k: stats(v) for k, v in sorted(groups.items())}
+
+
 def same_day_choices(rows: list[dict]) -> dict | None:
     """The layout choice judged within each day's runs (a day's runs share the cluster's state:
     the notes say 2022-02-25 ran 1-5 % faster than the day before)."""
@@ -281,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
               f"(mean signed {summary['mean_signed_pct']:+.2f} %, "
               f"median |err| {summary['median_abs_pct']:.2f} %, {summary['within_10_pct']} within 10 %, "
               f"max {summary['max_abs_pct']:.2f} %); {wall:.0f} s wall")
+        summary["by"] = error_breakdown(table)
+        print("by " + "; ".join(f"{k}: {v['mape_pct']:.2f} % ({v['mean_signed_pct']:+.2f} %, {v['rows']} rows)"
+                                for k, v in summary["by"].items()))
         choice = same_day_choices([r for r in table if r.get("predicted_ms") is not None])
         if choice:
             summary["layout_choice"] = choice
