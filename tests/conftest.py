@@ -99,6 +99,7 @@ SLOW = {
     "test_trace_meta.py",
     "test_trace_steps.py",
     "test_restage_megatron.py::test_restaging_a_cpu_traced_megatron_job_matches_tracing",
+    "test_bigscience.py::test_one_run_predicts_end_to_end",
     "test_trace_user.py",
     "test_determinism.py",
     "test_fuzz_promise.py",

@@ -100,3 +100,24 @@ def test_the_error_breakdown_groups_by_tp_micro_batch_and_heads(bigscience) -> N
     assert list(got) == ["heads<=64", "heads>64", "tp2", "tp8", "tp8 mb1", "tp8 mb4"]
     assert got["tp8"] == {"rows": 2, "mape_pct": 15.0, "mean_signed_pct": -15.0, "within_10_pct": 0}
     assert got["heads<=64"] == {"rows": 2, "mape_pct": 12.0, "mean_signed_pct": -8.0, "within_10_pct": 1}
+
+
+def test_one_run_predicts_end_to_end(bigscience, tmp_path, capsys) -> None:
+    """The benchmark's whole path on one run (TP2 x PP12 x DP16, micro-batch 2): traced, timed
+    by the shipped presets and simulated, its row, error and breakdown printed and written."""
+    pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
+    from conftest import shared_path
+
+    shared_path("measurements/vtrain-a100/trace/a100")
+    out = tmp_path / "one.json"
+    assert bigscience.main(["--rows", "46", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert " 46 02-25     72  14336    64   2  12  16   2  2048     112500.0" in printed
+    assert "by heads<=64:" in printed and "tp2:" in printed
+    import json
+
+    record = json.loads(out.read_text(encoding="utf-8"))
+    (row,) = record["rows"]
+    assert row["row"] == 46 and row["date"] == "02-25" and row["measured_ms"] == 112500.0
+    assert 0.8 * 112500 < row["predicted_ms"] < 1.2 * 112500
+    assert record["summary"]["by"]["tp2"]["rows"] == 1 and record["comm"] == "vtrain-calibrated"
