@@ -6,9 +6,11 @@ memory is refused, and the layout choice is judged within one day's runs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from conftest import load_benchmark
+from conftest import load_benchmark, shared_path
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +108,12 @@ def test_one_run_predicts_end_to_end(bigscience, tmp_path, capsys) -> None:
     """The benchmark's whole path on one run (TP2 x PP12 x DP16, micro-batch 2): traced, timed
     by the shipped presets and simulated, its row, error and breakdown printed and written."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
-    from conftest import shared_path
-
     shared_path("measurements/vtrain-a100/trace/a100")
     out = tmp_path / "one.json"
     assert bigscience.main(["--rows", "46", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert " 46 02-25     72  14336    64   2  12  16   2  2048     112500.0" in printed
     assert "by heads<=64:" in printed and "tp2:" in printed
-    import json
-
     record = json.loads(out.read_text(encoding="utf-8"))
     (row,) = record["rows"]
     assert row["row"] == 46 and row["date"] == "02-25" and row["measured_ms"] == 112500.0
