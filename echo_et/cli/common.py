@@ -78,6 +78,17 @@ PIPELINE_ENGINE_HELP = ("Who runs the pipeline: megatron (Megatron-LM's 1F1B sch
                         "TrainSchedule, one blocking send or receive per tensor, tensors partitioned over the TP "
                         "ranks, data loaded on the first and last stage only; docs/tracer.md).")
 PipelineEngineOpt = typer.Option(None, PIPELINE_ENGINE, metavar="ENGINE", help=PIPELINE_ENGINE_HELP)
+FIRST_STAGE_LAYERS = "--decoder-first-pipeline-num-layers"
+FirstStageLayersOpt = typer.Option(
+    0, FIRST_STAGE_LAYERS, metavar="N",
+    help="Layers on the first pipeline stage, the other stages sharing the rest evenly (Megatron-Core's flag; "
+         "DeepSpeed's --pp-partition-method 'type:transformer|embedding' is this and the last stage's at "
+         "(layers + 2) / pp - 1 each); 0: layers / pp on every stage (docs/predict.md).")
+LAST_STAGE_LAYERS = "--decoder-last-pipeline-num-layers"
+LastStageLayersOpt = typer.Option(
+    0, LAST_STAGE_LAYERS, metavar="N",
+    help="Layers on the last pipeline stage, the other stages sharing the rest evenly (Megatron-Core's flag); "
+         "0: the even share.")
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
@@ -103,7 +114,8 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
-                      sequence_parallel: bool = False) -> dict[str, Any]:
+                      sequence_parallel: bool = False, first_stage_layers: int = 0,
+                      last_stage_layers: int = 0) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B)."""
@@ -123,6 +135,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "sync_timers": sync_timers,
             "partition_activations": partition_activations,
             "sequence_parallel": sequence_parallel,
+            "first_stage_layers": first_stage_layers,
+            "last_stage_layers": last_stage_layers,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -137,7 +151,9 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (GRAD_SYNC, "grad_sync" in settings),
              (PIPELINE_ENGINE, "pipeline_engine" in settings),
              (PARTITION_ACTIVATIONS, settings["partition_activations"]),
-             (SEQUENCE_PARALLEL, settings["sequence_parallel"]))
+             (SEQUENCE_PARALLEL, settings["sequence_parallel"]),
+             (FIRST_STAGE_LAYERS, bool(settings["first_stage_layers"])),
+             (LAST_STAGE_LAYERS, bool(settings["last_stage_layers"])))
     return next((flag for flag, on in given if on), None)
 
 

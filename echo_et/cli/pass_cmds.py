@@ -14,9 +14,11 @@ from echo_et.cli.common import (
     GPN_HELP,
     RECOMPUTE_GRANULARITY,
     DistOptOpt,
+    FirstStageLayersOpt,
     Fp32GradsOpt,
     GradSyncOpt,
     JsonOpt,
+    LastStageLayersOpt,
     NoScatterGatherOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
@@ -228,6 +230,8 @@ def sweep(
     pipeline_engine: str | None = PipelineEngineOpt,
     partition_activations: bool = PartitionActivationsOpt,
     sequence_parallel: bool = SequenceParallelOpt,
+    first_stage_layers: int = FirstStageLayersOpt,
+    last_stage_layers: int = LastStageLayersOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -236,7 +240,9 @@ def sweep(
                                  fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
                                  partition_activations=partition_activations,
-                                                  sequence_parallel=sequence_parallel)
+                                 sequence_parallel=sequence_parallel,
+                                 first_stage_layers=first_stage_layers,
+                                 last_stage_layers=last_stage_layers)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -17,9 +17,11 @@ from echo_et.cli.cluster_opts import (
 from echo_et.cli.common import (
     MAX_OUTPUT_HELP,
     DistOptOpt,
+    FirstStageLayersOpt,
     Fp32GradsOpt,
     GradSyncOpt,
     JsonOpt,
+    LastStageLayersOpt,
     NoScatterGatherOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
@@ -81,6 +83,8 @@ def predict_cmd(
     pipeline_engine: str | None = PipelineEngineOpt,
     partition_activations: bool = PartitionActivationsOpt,
     sequence_parallel: bool = SequenceParallelOpt,
+    first_stage_layers: int = FirstStageLayersOpt,
+    last_stage_layers: int = LastStageLayersOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -123,7 +127,9 @@ def predict_cmd(
                                                   sync_timers=sync_timers, grad_sync=grad_sync,
                                                   pipeline_engine=pipeline_engine,
                                                   partition_activations=partition_activations,
-                                                  sequence_parallel=sequence_parallel))
+                                                  sequence_parallel=sequence_parallel,
+                                                  first_stage_layers=first_stage_layers,
+                                                  last_stage_layers=last_stage_layers))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}
@@ -143,6 +149,8 @@ def predict_cmd(
     typer.echo(f"GPT {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}"
                + (f" (interleaved: {virtual_layers} layers per virtual stage)" if virtual_layers else "")
+               + (f" (layers per stage: {_stages_said(layers, first_stage_layers, last_stage_layers, pp)})"
+                  if first_stage_layers or last_stage_layers else "")
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     echo_result(res)
     echo_compute_bounds(pred.retime.to_json())
@@ -154,6 +162,17 @@ def predict_cmd(
     if w["until_ns"] is not None:
         typer.echo(f"timeline/ holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
+
+
+def _stages_said(layers: int, first: int, last: int, pp: int) -> str:
+    """Each stage's layers, runs of equal stages folded: "8, 9 x 10, 8"."""
+    from itertools import groupby
+
+    from echo_et.workloads.gpt import GPTConfig
+
+    counts = GPTConfig(layers=layers, first_stage_layers=first, last_stage_layers=last).stage_layer_counts(pp)
+    runs = [(n, len(list(g))) for n, g in groupby(counts)]
+    return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
 
 
 def echo_throughput(rates: dict, gpu: str) -> None:

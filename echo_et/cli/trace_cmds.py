@@ -15,11 +15,15 @@ from echo_et.cli.cluster_opts import (
     intra_bw_opt,
 )
 from echo_et.cli.common import (
+    FIRST_STAGE_LAYERS,
+    LAST_STAGE_LAYERS,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
+    FirstStageLayersOpt,
     JsonOpt,
+    LastStageLayersOpt,
     RecomputeGranularityOpt,
     emit_json,
     guarded,
@@ -77,6 +81,8 @@ def trace(
                                                help="GPT: " + PARTITION_ACTIVATIONS_HELP),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel",
                                            help="megatron-gpt: " + SEQUENCE_PARALLEL_HELP),
+    first_stage_layers: int = FirstStageLayersOpt,
+    last_stage_layers: int = LastStageLayersOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
@@ -149,6 +155,8 @@ def trace(
                             ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
                             ("--partition-activations", partition_activations),
                             ("--sequence-parallel", sequence_parallel),
+                            (FIRST_STAGE_LAYERS, bool(first_stage_layers)),
+                            (LAST_STAGE_LAYERS, bool(last_stage_layers)),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -165,7 +173,9 @@ def trace(
                                 ("sync_timers", sync_timers or None),
                                 ("pipeline_engine", pipeline_engine),
                                 ("partition_activations", partition_activations or None),
-                                ("sequence_parallel", sequence_parallel or None)) if v is not None}
+                                ("sequence_parallel", sequence_parallel or None),
+                                ("first_stage_layers", first_stage_layers or None),
+                                ("last_stage_layers", last_stage_layers or None)) if v is not None}
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
@@ -209,6 +219,10 @@ def trace(
         parts.append("--partition-activations")
     if script is None and cfg.sequence_parallel:
         parts.append("--sequence-parallel")
+    if script is None and cfg.first_stage_layers:
+        parts += [FIRST_STAGE_LAYERS, cfg.first_stage_layers]
+    if script is None and cfg.last_stage_layers:
+        parts += [LAST_STAGE_LAYERS, cfg.last_stage_layers]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

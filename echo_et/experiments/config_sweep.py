@@ -49,7 +49,7 @@ from echo_et.models.cluster import Cluster
 from echo_et.sim.result import STEP_PARTS
 
 REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp")
-OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage")
+OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage", "first_stage_layers", "last_stage_layers")
 # vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
 # they are, for ``sweep --configs`` and ``calibrate compute --iterations`` alike.
 VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads",
@@ -101,6 +101,11 @@ class ConfigSweepOptions:
     partition_activations: bool = False
     # Megatron-LM's --sequence-parallel (GPTConfig.sequence_parallel)
     sequence_parallel: bool = False
+    # Megatron-Core's --decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers
+    # (GPTConfig.first_stage_layers, last_stage_layers; 0: the even share); a row's
+    # first_stage_layers and last_stage_layers columns override them
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -120,6 +125,9 @@ class ConfigSweepOptions:
             del out["partition_activations"]
         if not self.sequence_parallel:
             del out["sequence_parallel"]
+        for k in ("first_stage_layers", "last_stage_layers"):
+            if not out[k]:
+                del out[k]
         if not self.recompute:
             del out["recompute_granularity"]
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
@@ -251,7 +259,9 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              layers_per_virtual_stage=virtual_layers(row, opts),
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
-                             sequence_parallel=opts.sequence_parallel, **extra)
+                             sequence_parallel=opts.sequence_parallel,
+                             **dict(zip(("first_stage_layers", "last_stage_layers"), edge_stage_layers(row, opts),
+                                        strict=True)), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
                             zero=1 if opts.use_distributed_optimizer else 0)
@@ -265,6 +275,15 @@ def virtual_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> int:
     sweep's option."""
     v = row.get("layers_per_virtual_stage")
     return int(v) if v is not None else opts.layers_per_virtual_stage
+
+
+def edge_stage_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, int]:
+    """(first, last) stage's own layer counts of a row (0: the even share): its own columns
+    when it gives them, else the sweep's options."""
+    got = [row.get(f"{k}_stage_layers") for k in ("first", "last")]
+    first = int(got[0]) if got[0] is not None else opts.first_stage_layers
+    last = int(got[1]) if got[1] is not None else opts.last_stage_layers
+    return first, last
 
 
 def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -> Job:

@@ -147,7 +147,7 @@ def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prio
 # -- simulating the configurations -----------------------------------------------------------------
 def _row_job(row: dict[str, Any], opts, cache: str | None):
     """The row's traced Job, kept in ``cache`` (a folder) between runs when given."""
-    from echo_et.experiments.config_sweep import trace_row, virtual_layers
+    from echo_et.experiments.config_sweep import edge_stage_layers, trace_row, virtual_layers
     from echo_et.ir import load_job, save_job
 
     if not cache:
@@ -172,6 +172,9 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     vls = virtual_layers(row, opts)
     if vls:                                                      # the interleaved schedule
         key += f"-vls{vls}"
+    first, last = edge_stage_layers(row, opts)
+    if first or last:                                            # uneven stages
+        key += f"-stages{first}.{last}"
     d = Path(cache) / key
     if (d / "manifest.pb").is_file():
         return load_job(d)

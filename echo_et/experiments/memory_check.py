@@ -24,7 +24,8 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
                 grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
                 recompute=cfg.recompute_level, dropout=cfg.dropout > 0,
-                sequence_parallel=cfg.sequence_parallel and layout.tp > 1)
+                sequence_parallel=cfg.sequence_parallel and layout.tp > 1,
+                **({"stage_layers": cfg.stage_layer_counts(layout.pp)} if cfg.uneven_stages else {}))
 
 
 def check_memory(cfg: Any, layout: Any, gpu: str) -> None:

@@ -74,11 +74,12 @@ def state_bytes_per_param(elem_bytes: int, dp: int, grad_bytes: int | None = Non
 
 
 def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, tp: int, pp: int,
-                     stage: int) -> int:
-    """Parameters one tensor-parallel rank of pipeline ``stage`` holds (``vocab`` padded)."""
+                     stage: int, stage_layers: int | None = None) -> int:
+    """Parameters one tensor-parallel rank of pipeline ``stage`` holds (``vocab`` padded);
+    ``stage_layers``: the stage's layers when the stages are uneven (default layers / pp)."""
     h = hidden
     per_layer = (3 * h * h + h * h + 2 * h * ffn) // tp + (3 * h + ffn) // tp + 6 * h
-    out = (layers // pp) * per_layer
+    out = (layers // pp if stage_layers is None else stage_layers) * per_layer
     if stage == 0:
         out += vocab * h // tp + seq * h
     if stage == pp - 1:
@@ -112,19 +113,28 @@ def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: in
 def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, micro_batch: int,
                        tp: int, pp: int, microbatches: int, elem_bytes: int, heads: int, dp: int = 1,
                        grad_bytes: int | None = None, recompute: str = "full",
-                       dropout: bool = True, sequence_parallel: bool = False) -> tuple[int, int, int]:
-    """(total, model state, activations) in bytes on the rank that needs most."""
+                       dropout: bool = True, sequence_parallel: bool = False,
+                       stage_layers: tuple[int, ...] | None = None) -> tuple[int, int, int]:
+    """(total, model state, activations) in bytes on the rank that needs most;
+    ``stage_layers``: each stage's layers, first to last, when they are uneven (default
+    layers / pp each, where only the first and the last stage can need most)."""
     best = (0, 0, 0)
     per_param = state_bytes_per_param(elem_bytes, dp, grad_bytes)
     kept, transient = layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
                                              elem_bytes=elem_bytes, recompute=recompute, dropout=dropout,
                                              sequence_parallel=sequence_parallel)
-    for stage in sorted({0, pp - 1}):
+    if stage_layers is not None and len(stage_layers) != pp:
+        raise ValueError(f"{len(stage_layers)} stage layer counts for pp {pp}")
+    counts = stage_layers or (layers // pp,) * pp
+    # a middle stage needs most only when it holds more layers than every stage before it
+    stages = [s for s in range(pp) if s in (0, pp - 1) or counts[s] > max(counts[:s])]
+    for stage in stages:
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
-                                                         seq=seq, tp=tp, pp=pp, stage=stage))
+                                                         seq=seq, tp=tp, pp=pp, stage=stage,
+                                                         stage_layers=counts[stage]))
         in_flight = min(pp - stage, microbatches)
         loss_softmax = 4 * seq * micro_batch * vocab // tp if stage == pp - 1 else 0
-        act = in_flight * (layers // pp) * kept + max(transient, loss_softmax)
+        act = in_flight * counts[stage] * kept + max(transient, loss_softmax)
         if state + act > best[0]:
             best = (state + act, state, act)
     return best

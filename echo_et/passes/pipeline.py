@@ -634,7 +634,8 @@ def _traced_bucket_bytes(job: Job) -> int | None:
 
 def _refuse_other_schedules(job: Job) -> None:
     """A Job traced with the interleaved schedule has each stage's layers in several chunks,
-    not the contiguous stage this pass reads; one traced under DeepSpeed's pipeline engine
+    not the contiguous stage this pass reads; one traced with uneven stages would come out
+    even; one traced under DeepSpeed's pipeline engine
     moves its tensors in calls this pass does not regenerate (its 1F1B is Megatron-LM's)."""
     workload = traced_workload(job.manifest)
     virtual = workload.get("layers_per_virtual_stage")
@@ -643,6 +644,12 @@ def _refuse_other_schedules(job: Job) -> None:
         raise EchoError(f"{job.source or 'job'}: traced with the interleaved pipeline schedule "
                         f"({virtual} layers per virtual stage), whose stages are not contiguous "
                         "layers; re-trace it at the new pipeline depth instead of re-staging it")
+    uneven = {k: workload.get(f"{k}_stage_layers") for k in ("first", "last")}
+    if any(uneven.values()):
+        given = " and ".join(f"{n} layers on the {k} stage" for k, n in uneven.items() if n)
+        raise EchoError(f"{job.source or 'job'}: traced with uneven pipeline stages ({given}), which "
+                        "re-staging (it splits the layers evenly) would not keep; re-trace it at the new "
+                        "pipeline depth or micro-batch count instead")
     if engine and engine != "megatron":
         raise EchoError(f"{job.source or 'job'}: traced under {engine}'s pipeline engine, whose schedule "
                         "re-staging does not regenerate; re-trace it at the new pipeline depth instead")

@@ -118,6 +118,13 @@ class GPTConfig:
     # pipeline stages send those rows; the layer norms' and row-parallel biases' gradients are
     # all-reduced over the TP group after the backward. A no-op at tp = 1, as in Megatron.
     sequence_parallel: bool = False
+    # Uneven pipeline stages: the first and the last stage hold this many layers (0: their even
+    # share) and the stages between share the rest evenly, as Megatron-Core's
+    # --decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers place them.
+    # DeepSpeed's --pp-partition-method 'type:transformer|embedding' (BLOOM's) is both at
+    # (layers + 2) / pp - 1: each word embedding counted as a layer of its stage.
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -157,6 +164,23 @@ class GPTConfig:
     def flavor(self) -> str:
         return "megatron-gpt" if self.attention == "megatron" else "gpt"
 
+    @property
+    def uneven_stages(self) -> bool:
+        """Whether the first or the last stage is given its own layer count."""
+        return bool(self.first_stage_layers or self.last_stage_layers)
+
+    def stage_layer_counts(self, pp: int) -> tuple[int, ...]:
+        """Layers of each pipeline stage, first to last: layers / pp each, or the first and
+        the last stage's own counts with the stages between sharing the rest evenly (the
+        caller has validated that they do)."""
+        if not self.uneven_stages or pp == 1:
+            return (self.layers // pp,) * pp
+        first, last = self.first_stage_layers, self.last_stage_layers
+        between = pp - 2 if first and last else pp - 1
+        rest = self.layers - first - last
+        each = rest // between if between else 0
+        return ((first or each),) + (each,) * (pp - 2) + ((last or each),)
+
     def virtual_chunks(self, pp: int) -> int:
         """Model chunks per pipeline stage: 1, or layers / (pp x layers per virtual stage)."""
         n = self.layers_per_virtual_stage
@@ -165,6 +189,8 @@ class GPTConfig:
     def chunk_first_layer(self, pp: int, stage: int, chunk: int) -> int:
         """The first layer of ``chunk`` on ``stage``: chunk c of stage s is virtual stage
         c x pp + s, holding the layers after those of the virtual stages before it."""
+        if self.uneven_stages:      # one chunk per stage (interleaving refuses uneven stages)
+            return sum(self.stage_layer_counts(pp)[:stage])
         return (chunk * pp + stage) * (self.layers // (pp * self.virtual_chunks(pp)))
 
     def replace(self, **kw) -> GPTConfig:
@@ -182,7 +208,9 @@ class GPTConfig:
             raise EchoError(f"{where}: tp ({layout.tp}) must divide heads ({self.heads})")
         if self.hidden % layout.tp:
             raise EchoError(f"{where}: tp ({layout.tp}) must divide hidden ({self.hidden})")
-        if self.layers % layout.pp:
+        if self.uneven_stages:
+            self.check_stage_layers(layout)
+        elif self.layers % layout.pp:
             raise EchoError(f"{where}: pp ({layout.pp}) must divide layers ({self.layers})")
         if self.dtype not in DTYPES:
             raise EchoError(f"{where}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
@@ -214,6 +242,33 @@ class GPTConfig:
         self.check_sequence_parallel(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
+
+    def check_stage_layers(self, layout: ParallelLayout) -> None:
+        """Megatron-Core's rules for the first and the last stage's own layer counts: at
+        least one layer each (DeepSpeed's engine cannot run a stage without a transformer
+        block either), pp > 1, the stages between sharing the rest evenly with at least one
+        layer each; and the plain schedule (interleaved chunks of an uneven stage are not
+        modelled)."""
+        where = f"layout {layout.describe()}"
+        first, last, pp = self.first_stage_layers, self.last_stage_layers, layout.pp
+        for name, n in (("first", first), ("last", last)):
+            if n < 0:
+                raise EchoError(f"{where}: the {name} stage's layers must be >= 0 (0: the even share), got {n}")
+        if pp == 1:
+            raise EchoError(f"{where}: the first and the last stage's own layer counts need pp > 1")
+        if self.layers_per_virtual_stage:
+            raise EchoError(f"{where}: uneven first and last stages run the plain 1F1B schedule here, "
+                            "not interleaved pipeline stages")
+        between = pp - 2 if first and last else pp - 1
+        rest = self.layers - first - last
+        given = " and ".join(f"{n} on the {name} stage" for name, n in (("first", first), ("last", last)) if n)
+        if between == 0:
+            if rest:
+                raise EchoError(f"{where}: {given} must add up to the layers ({self.layers}) with pp 2")
+            return
+        if rest < between or rest % between:
+            raise EchoError(f"{where}: with {given}, the other {between} stage(s) must share the remaining "
+                            f"{rest} of {self.layers} layers evenly, at least one each")
 
     def check_virtual_stages(self, layout: ParallelLayout) -> None:
         """Megatron-LM's rules for interleaved pipeline stages (``--num-layers-per-virtual-
@@ -277,7 +332,7 @@ class GPTConfig:
         """Refuse, before tracing, what cannot finish: a traced rank's graph beyond
         ``MAX_GRAPH_NODES``, or host memory beyond this machine's (lower-bound estimates)."""
         where = f"layout {layout.describe()}"
-        per_stage = self.layers // layout.pp
+        per_stage = max(self.stage_layer_counts(layout.pp))
         traced_mbs = 1 if device == "meta" else layout.microbatches  # meta records one, repeats it
         nodes = NODES_PER_LAYER * per_stage * traced_mbs * (2 if self.recomputes_layers else 1)
         if nodes > MAX_GRAPH_NODES:
@@ -343,6 +398,9 @@ class GPTConfig:
             del out["partition_activations"]
         if not self.sequence_parallel:
             del out["sequence_parallel"]
+        for k in ("first_stage_layers", "last_stage_layers"):
+            if not out[k]:
+                del out[k]
         return out
 
 
@@ -389,7 +447,7 @@ class _GPTRank:
         self.megatron = cfg.attention == "megatron"
         self.deepspeed = cfg.pipeline_engine == "deepspeed"
         self.chunks = cfg.virtual_chunks(layout.pp)
-        per_chunk = cfg.layers // (layout.pp * self.chunks)
+        per_chunk = cfg.stage_layer_counts(layout.pp)[ctx.pp_rank] // self.chunks
         # Initialisation draws on the parameters' own device (a CPU generator cannot fill a
         # CUDA tensor); the data is drawn on CPU and copied, as a data loader would. On the
         # meta device there are no values to draw (gen None).
