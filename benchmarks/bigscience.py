@@ -13,16 +13,21 @@ vocabulary 250,000) on its 384 GPUs within 0.1 %, which checks the transcription
 (``table_problems``).
 
 Rows kept: the tables from 2022-02-21 on (the FLOPs count was corrected that day, and the
-layers and heads of each model are stated from then on) up to 2022-02-27, whose layers divide
-evenly over the pipeline stages. Left out, and why: the 2022-02-20 tables (the layer count of
-each model is not stated), a 40-node row whose data-parallel degree disagrees with its node
-count, the ZeRO-stage table (its stage-1 row is a 2022-02-21 configuration with the seconds
-and the teraFLOP/s exchanged; the 2022-02-21 row fits its micro-batch series), a repeated
-configuration logged at a different memory use (another setting), the 78-layer models on 12
-stages (DeepSpeed gave the last stage one layer: "uneven", the notes say), the runs
-partitioned with ``--pp-partition-method 'type:transformer|embedding'`` (from 2022-02-27: the
-first and the last stage hold one layer fewer; echo-et's pipeline places whole equal stages),
-and identical configurations logged twice with the same numbers.
+layers and heads of each model are stated from then on) up to 2022-02-27, the last day of
+float16: 64 runs whose layers divide evenly over the pipeline stages (rows 0-63) and 12 whose
+stages are uneven (rows 64-75, ``UNEVEN_RUNS``): the 78-layer models on 12 stages, where
+DeepSpeed gave the last stage one layer and the others seven ("uneven", the notes say), and
+the runs partitioned with ``--pp-partition-method 'type:transformer|embedding'`` (from
+2022-02-27: the first and the last stage hold one layer fewer than the others), each placed as
+DeepSpeed placed it (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-
+layers``). Left out, and why: the 2022-02-20 tables (the layer count of each model is not
+stated), a 40-node row whose data-parallel degree disagrees with its node count, the
+ZeRO-stage table (its stage-1 row is a 2022-02-21 configuration with the seconds and the
+teraFLOP/s exchanged; the 2022-02-21 row fits its micro-batch series), a repeated
+configuration logged at a different memory use (another setting), identical configurations
+logged twice with the same numbers, and the tables from 2022-02-28 on, which ran DeepSpeed's
+new bfloat16 optimizer (gradients accumulated in fp32 and all-reduced whole, "a bit slower",
+the notes say), which echo-et does not model.
 
 What the runs did, from the same notes and the training script (``tr11-176B-ml.slurm``), set
 before the rows were predicted: float16 (the bfloat16 optimizer came on 2022-02-28) with its
@@ -138,26 +143,55 @@ BIGSCIENCE_RUNS = (
     ("02-27", 78, 13824, 96, 8, 8, 6, 4, 2048, 118.24, 137.38),
     ("02-27", 78, 13824, 96, 16, 4, 6, 4, 2048, 115.55, 140.57),
 )
+# Runs whose layers DeepSpeed placed unevenly, fp16 as the rows above, with the first and the
+# last stage's layers appended: (..., first, last). Megatron-DeepSpeed's GPTModelPipe
+# partitions by DeepSpeed's 'type:transformer' unless told otherwise, which balances the count
+# of transformer blocks greedily (``partition_balanced``): 78 blocks on 12 stages is 7 on each
+# of the first 11 and 1 on the last, as the notes say ("the last stage has 1 block, while the
+# rest have 7"). From 2022-02-27 the notes' runs pass --pp-partition-method
+# 'type:transformer|embedding', counting each word embedding as a block of its stage: 106 + 2
+# blocks on 12 stages is 9 each, 8 layers on the first and the last stage.
+UNEVEN_RUNS = (
+    ("02-26", 78, 13824, 64, 8, 4, 12, 1, 2048, 148.24, 109.57, 7, 1),
+    ("02-26", 78, 13824, 64, 8, 4, 12, 2, 2048, 103.51, 156.92, 7, 1),
+    ("02-26", 78, 13824, 96, 8, 4, 12, 2, 2048, 107.12, 151.64, 7, 1),
+    ("02-26", 78, 13824, 128, 8, 4, 12, 2, 2048, 147.41, 110.19, 7, 1),
+    ("02-26", 78, 13824, 64, 8, 4, 12, 4, 2048, 106.72, 152.21, 7, 1),
+    ("02-26", 78, 13824, 96, 8, 4, 12, 4, 2048, 110.31, 147.25, 7, 1),
+    ("02-26", 78, 13824, 128, 8, 4, 12, 4, 2048, 153.90, 105.54, 7, 1),
+    ("02-26", 78, 13824, 96, 8, 4, 12, 2, 512, 35.77, 113.52, 7, 1),
+    ("02-26", 78, 13824, 96, 8, 4, 12, 2, 1024, 59.65, 136.15, 7, 1),
+    ("02-26", 78, 13824, 96, 8, 4, 12, 2, 1536, 83.11, 146.59, 7, 1),
+    ("02-27", 106, 12288, 96, 8, 4, 12, 2, 2048, 112.69, 154.86, 8, 8),
+    ("02-27", 106, 12288, 64, 8, 4, 12, 2, 2048, 110.96, 157.27, 8, 8),
+)
 # The notes' "Mem" column where it gives one (row index -> GB): the most any GPU of the first
 # (or last) node used, as nvidia-smi shows it (CUDA context and the allocator's cache included).
 MEASURED_MEMORY_GB = {
     0: 29, 1: 37, 2: 49, 3: 69, 4: 38, 5: 44, 6: 56, 7: 39, 8: 52, 9: 65, 10: 56, 19: 54, 20: 55, 21: 55,
     22: 53, 23: 55, 24: 54, 26: 59, 30: 56, 31: 55, 32: 66, 34: 49, 37: 52, 38: 53, 39: 59, 40: 65, 41: 76,
-    42: 60, 43: 44, 44: 75, 45: 57, 46: 63, 47: 44, 48: 53, 50: 58, 62: 59, 63: 75,
+    42: 60, 43: 44, 44: 75, 45: 57, 46: 63, 47: 44, 48: 53, 50: 58, 62: 59, 63: 75, 65: 48, 66: 48, 74: 44,
 }
 # a row's throughput from its seconds may differ from the logged one by this much (rounding)
 TFLOPS_TOLERANCE = 0.002
 
 
+def all_runs() -> list[tuple]:
+    """Every run with its first and last stage's layers (0, 0: layers / pp on every stage)."""
+    return [(*r, 0, 0) for r in BIGSCIENCE_RUNS] + list(UNEVEN_RUNS)
+
+
 def table_problems() -> list[str]:
     """Transcription checks: each row's logged throughput from its seconds (eq. 3) on 384 GPUs,
-    and a layout that divides the GPUs, the model and the batch."""
+    and a layout that divides the GPUs, the model (its stages) and the batch."""
     out = []
-    for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, tflops) in enumerate(BIGSCIENCE_RUNS):
+    for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, tflops, first, last) in enumerate(all_runs()):
         got = paper_flops(batch, SEQ, layers, hidden, VOCAB) / (seconds * GPUS) / 1e12
         if abs(got - tflops) > TFLOPS_TOLERANCE * tflops:
             out.append(f"row {i} ({date}): {seconds} s gives {got:.2f} TFLOP/s, not {tflops}")
-        if dp * tp * pp != GPUS or layers % pp or hidden % heads or heads % tp or batch % (mb * dp):
+        rest, between = layers - first - last, pp - bool(first) - bool(last)
+        stages_split = rest % between == 0 and rest >= between
+        if dp * tp * pp != GPUS or not stages_split or hidden % heads or heads % tp or batch % (mb * dp):
             out.append(f"row {i} ({date}): the layout does not divide the GPUs, the model or the batch")
     return out
 
@@ -166,8 +200,9 @@ def bigscience_rows() -> list[dict]:
     """The runs as configuration rows with the measured iteration time in ms."""
     return [{"layers": layers, "hidden": hidden, "heads": heads, "seq": SEQ, "micro_batch": mb,
              "global_batch": batch, "tp": tp, "pp": pp, "dp": dp, "vocab": VOCAB,
-             "measured_ms": round(seconds * 1e3, 3), "date": date}
-            for date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, _ in BIGSCIENCE_RUNS]
+             "measured_ms": round(seconds * 1e3, 3), "date": date,
+             **({"first_stage_layers": first, "last_stage_layers": last} if first or last else {})}
+            for date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, _, first, last in all_runs()]
 
 
 def run_options(comm_profile: str | None = None, inter_bw: str = "400Gb/s/node", pipeline_engine: str = "deepspeed",

@@ -21,27 +21,39 @@ def bigscience():
 def test_transcribed_runs_are_consistent(bigscience) -> None:
     assert bigscience.table_problems() == []
     rows = bigscience.bigscience_rows()
-    assert len(rows) == 64
-    assert all(r["tp"] * r["pp"] * r["dp"] == 384 and r["layers"] % r["pp"] == 0 for r in rows)
-    assert rows[0]["measured_ms"] == 143310.0 and rows[-1]["measured_ms"] == 115550.0
+    assert len(rows) == 76
+    assert all(r["tp"] * r["pp"] * r["dp"] == 384 for r in rows)
+    assert all(r["layers"] % r["pp"] == 0 for r in rows[:64])
+    assert rows[0]["measured_ms"] == 143310.0 and rows[63]["measured_ms"] == 115550.0
     assert {r["date"] for r in rows} == {"02-21", "02-23", "02-24", "02-25", "02-26", "02-27"}
+    # the uneven runs: DeepSpeed's 'type:transformer' on 78 layers and 12 stages (7 x 11, 1),
+    # and 'type:transformer|embedding' on 106 (8, 9 x 10, 8)
+    assert [(r["layers"], r["first_stage_layers"], r["last_stage_layers"]) for r in (rows[64], rows[75])] \
+        == [(78, 7, 1), (106, 8, 8)]
+    assert all("first_stage_layers" not in r for r in rows[:64])
 
 
 def test_a_mistyped_run_is_caught(bigscience, monkeypatch) -> None:
-    runs = list(bigscience.BIGSCIENCE_RUNS)
+    original = bigscience.BIGSCIENCE_RUNS
+    runs = list(original)
     runs[2] = ("02-21", 72, 14336, 64, 4, 8, 12, 4, 2048, 132.69, 130.34)   # seconds mistyped
     monkeypatch.setattr(bigscience, "BIGSCIENCE_RUNS", tuple(runs))
     assert bigscience.table_problems() == ["row 2 (02-21): 132.69 s gives 121.49 TFLOP/s, not 130.34"]
     runs[2] = ("02-21", 72, 14336, 64, 8, 8, 12, 4, 2048, 123.69, 130.34)   # 768 GPUs
     monkeypatch.setattr(bigscience, "BIGSCIENCE_RUNS", tuple(runs))
     assert "row 2 (02-21): the layout does not divide the GPUs, the model or the batch" in bigscience.table_problems()
+    monkeypatch.setattr(bigscience, "BIGSCIENCE_RUNS", original)
+    uneven = list(bigscience.UNEVEN_RUNS)
+    uneven[-1] = (*uneven[-1][:11], 8, 9)      # 106 layers: 89 left for 10 stages
+    monkeypatch.setattr(bigscience, "UNEVEN_RUNS", tuple(uneven))
+    assert bigscience.table_problems() == ["row 75 (02-27): the layout does not divide the GPUs, the model or the batch"]
 
 
 def test_bad_options_are_one_line_exit_2(bigscience, capsys) -> None:
-    assert bigscience.main(["--rows", "3,64"]) == 2
-    assert capsys.readouterr().err == "error: --rows 3,64: row indices are 0-63\n"
+    assert bigscience.main(["--rows", "3,76"]) == 2
+    assert capsys.readouterr().err == "error: --rows 3,76: row indices are 0-75\n"
     assert bigscience.main(["--rows", "x"]) == 2
-    assert capsys.readouterr().err == "error: --rows x: row indices are 0-63\n"
+    assert capsys.readouterr().err == "error: --rows x: row indices are 0-75\n"
     assert bigscience.main(["--compute-profile", "/nonexistent/candidate.json"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --compute-profile") and err.count("\n") == 1
@@ -78,17 +90,17 @@ def test_layout_choice_is_judged_within_each_day(bigscience) -> None:
 
 
 def test_the_memory_bound_stays_below_every_measured_run(bigscience, capsys) -> None:
-    """37 of the runs logged the memory a GPU used (nvidia-smi): echo-et's footprint, a lower
+    """40 of the runs logged the memory a GPU used (nvidia-smi): echo-et's footprint, a lower
     bound by design, is below every one of them, and not vacuously (at least a third of the
     measurement on every row)."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     bounds = bigscience.memory_bounds()
-    assert len(bounds) == 37
+    assert len(bounds) == 40
     ratios = [bound / gb for _, gb, bound in bounds]
     assert max(ratios) < 1.0 and min(ratios) > 0.33
     assert bigscience.main(["--memory"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 38 and out[0].split()[-1] == "bound/measured"
+    assert len(out) == 41 and out[0].split()[-1] == "bound/measured"
 
 
 def test_the_error_breakdown_groups_by_tp_micro_batch_and_heads(bigscience) -> None:
