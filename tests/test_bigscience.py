@@ -46,7 +46,8 @@ def test_a_mistyped_run_is_caught(bigscience, monkeypatch) -> None:
     uneven = list(bigscience.UNEVEN_RUNS)
     uneven[-1] = (*uneven[-1][:11], 8, 9)      # 106 layers: 89 left for 10 stages
     monkeypatch.setattr(bigscience, "UNEVEN_RUNS", tuple(uneven))
-    assert bigscience.table_problems() == ["row 75 (02-27): the layout does not divide the GPUs, the model or the batch"]
+    assert bigscience.table_problems() == [
+        "row 75 (02-27): the layout does not divide the GPUs, the model or the batch"]
 
 
 def test_bad_options_are_one_line_exit_2(bigscience, capsys) -> None:
