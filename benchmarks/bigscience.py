@@ -239,15 +239,15 @@ def error_stats(errs: list[float]) -> dict:
 
 
 def error_breakdown(rows: list[dict]) -> dict[str, dict]:
-    """:func:`error_stats` by tensor-parallel degree, at TP8 by micro-batch, and by head count
-    (64 or fewer, more): where the table's miss is."""
+    """:func:`error_stats` by tensor-parallel degree, at TP4 and TP8 by micro-batch, and by head
+    count (64 or fewer, more): where the table's miss is."""
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.get("error_pct") is None:
             continue
         keys = [f"tp{r['tp']}", "heads<=64" if r["heads"] <= 64 else "heads>64"]
-        if r["tp"] == 8:
-            keys.append(f"tp8 mb{r['micro_batch']}")
+        if r["tp"] >= 4:
+            keys.append(f"tp{r['tp']} mb{r['micro_batch']}")
         for k in keys:
             groups.setdefault(k, []).append(r["error_pct"])
     return {k: error_stats(v) for k, v in sorted(groups.items())}

@@ -105,16 +105,17 @@ def test_the_memory_bound_stays_below_every_measured_run(bigscience, capsys) -> 
 
 
 def test_the_error_breakdown_groups_by_tp_micro_batch_and_heads(bigscience) -> None:
-    """Where the table's miss is: by TP degree, at TP8 by micro-batch, by head count; a row
-    without a prediction counts nowhere."""
+    """Where the table's miss is: by TP degree, at TP4 and TP8 by micro-batch, by head count; a
+    row without a prediction counts nowhere."""
     rows = [{"tp": 8, "micro_batch": 1, "heads": 64, "error_pct": -20.0},
             {"tp": 8, "micro_batch": 4, "heads": 128, "error_pct": -10.0},
             {"tp": 2, "micro_batch": 2, "heads": 64, "error_pct": 4.0},
-            {"tp": 4, "micro_batch": 2, "heads": 96, "error_pct": None}]
+            {"tp": 4, "micro_batch": 2, "heads": 96, "error_pct": None},
+            {"tp": 4, "micro_batch": 1, "heads": 64, "error_pct": -30.0}]
     got = bigscience.error_breakdown(rows)
-    assert list(got) == ["heads<=64", "heads>64", "tp2", "tp8", "tp8 mb1", "tp8 mb4"]
+    assert list(got) == ["heads<=64", "heads>64", "tp2", "tp4", "tp4 mb1", "tp8", "tp8 mb1", "tp8 mb4"]
     assert got["tp8"] == {"rows": 2, "mape_pct": 15.0, "mean_signed_pct": -15.0, "within_10_pct": 0}
-    assert got["heads<=64"] == {"rows": 2, "mape_pct": 12.0, "mean_signed_pct": -8.0, "within_10_pct": 1}
+    assert got["heads<=64"] == {"rows": 3, "mape_pct": 18.0, "mean_signed_pct": -15.33, "within_10_pct": 1}
 
 
 def test_one_run_predicts_end_to_end(bigscience, tmp_path, capsys) -> None:
