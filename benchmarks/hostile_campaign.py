@@ -321,6 +321,11 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
               "--num-layers-per-virtual-pipeline-stage", "int", 60))
     t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))
+    # uneven stages: the first and the last stage's layers against layers, pp and each other
+    t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
+              "--decoder-first-pipeline-num-layers", "int", 60))
+    t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--decoder-first-pipeline-num-layers", "2"],
+              "--decoder-last-pipeline-num-layers", "int", 60))
     sw = ["sweep", b.job, "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out]
     for o, k in (("--dp", "ranks"), ("--microbatches", "ranks"), ("--max-memory", "size"), ("--workers", "int"),
                  ("--gpus-per-node", "int"), ("--mode", "name")):
