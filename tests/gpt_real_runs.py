@@ -93,3 +93,47 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
         for k, v in torch.load(out / f"rank{r}.pt").items():
             total[k] = total.get(k, 0) + v
     return total
+
+
+def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,
+                  out: str) -> None:
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from echo_et.workloads.data_parallel import GradientSync
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    try:
+        torch.manual_seed(5)     # the same model on every rank
+        model = torch.nn.Sequential(torch.nn.Linear(12, 7), torch.nn.GELU(), torch.nn.Linear(7, 3))
+        sync = GradientSync(list(model.parameters()), dist.group.WORLD, zero=zero, bucket_bytes=256,
+                            optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-2), overlap=overlap,
+                            reduce_scatter=reduce_scatter)
+        gen = torch.Generator().manual_seed(100 + rank)      # each rank its own data
+        for mb in range(2):
+            if mb == 1:
+                sync.arm()
+            model(torch.randn(5, 12, generator=gen)).square().sum().backward()
+        sync.finish_and_step()
+        torch.save([p.detach().clone() for p in model.parameters()], f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overlap: bool = False,
+               world: int = 2) -> list:
+    """The weights every rank holds after one step of a small model on ``world`` data-parallel
+    gloo processes (each its own data) under :class:`GradientSync`: one list per rank."""
+    import torch.multiprocessing as mp
+
+    from echo_et.trace.insitu import free_port
+
+    out = tmp_path / f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}"
+    out.mkdir()
+    mp.start_processes(_dp_rank_main, args=(world, zero, reduce_scatter, overlap, free_port(), str(out)),
+                       nprocs=world, join=True, start_method="spawn")
+    return [torch.load(out / f"rank{r}.pt") for r in range(world)]

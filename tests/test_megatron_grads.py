@@ -269,3 +269,67 @@ def test_float16_unscales_and_checks_the_gradients_before_the_norm():
     elems = sum(math.prod(shape) for shape in json.loads(node.compute.shapes)[0])
     cost = ops.op_cost(node.compute.op, node.compute.shapes, node.compute.dtypes)
     assert cost.status == "priced" and sum(k.bytes for k in cost.kernels) == 8 * elems > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero1_all_reducing_whole_leaves_the_weights_of_reduce_scatter(tmp_path, overlap):
+    """Two gloo data-parallel ranks, each its own data: ZeRO stage 1 with the gradients
+    all-reduced whole and each rank keeping its shard (DeepSpeed's "reduce_scatter": false,
+    its bfloat16 optimizer) leaves every rank the weights of reduce-scattering them, and of the
+    plain optimizer over the whole model, after the backward or overlapped with it."""
+    from gpt_real_runs import dp_weights
+
+    plain = dp_weights(tmp_path, zero=0, overlap=overlap)
+    scattered = dp_weights(tmp_path, zero=1, overlap=overlap)
+    whole = dp_weights(tmp_path, zero=1, reduce_scatter=False, overlap=overlap)
+    for got in (scattered, whole):
+        for rank in range(2):
+            for a, b in zip(got[rank], plain[0], strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert all(torch.equal(a, b) for a, b in zip(whole[0], whole[1], strict=True))
+
+
+def test_zero1_without_reduce_scatter_all_reduces_the_whole_gradient_buffer():
+    """DeepSpeed's bfloat16 optimizer as traced: the fp32 gradient buffer all-reduced whole over
+    the data-parallel ranks (twice the reduce-scatter's bytes on the wire), the bfloat16 weights
+    all-gathered after each rank's step on its shard; refused without ZeRO stage 1."""
+    from echo_et.ir.schema import pb
+
+    cfg = GPTConfig.megatron(**SHAPE, dtype="bfloat16", grad_reduce_scatter=False)
+    assert cfg.to_json()["grad_reduce_scatter"] is False
+    assert "grad_reduce_scatter" not in GPTConfig.megatron(**SHAPE).to_json()
+    layout = ParallelLayout(tp=2, pp=2, dp=2, microbatches=3, zero=1)
+    Workload(gpt=cfg).validate(layout)
+    job = trace(Workload(gpt=cfg).build_fn(), layout, TraceOptions(device="meta", warmup_steps=0)).job
+    assert check_job(job) == []
+    plain = _dp_bytes(GPTConfig.megatron(**SHAPE, dtype="bfloat16"))
+    nodes = sorted(job.graph_of(0).nodes, key=lambda n: (n.start_ns, n.id))
+    colls = [(n.collective.type, n.collective.in_bytes, n.collective.group)
+             for n in nodes if n.kind == pb.KIND_COLLECTIVE and n.annotations.phase == "optimizer"]
+    assert colls == [(pb.COLL_ALL_REDUCE, plain["embd"], "embd"), (pb.COLL_ALL_REDUCE, plain["dp"], "dp"),
+                     (pb.COLL_ALL_REDUCE, 4, "world"), (pb.COLL_ALL_GATHER, plain["dp"] // 4, "dp")]
+    with pytest.raises(EchoError, match="need ZeRO stage 1"):
+        cfg.validate(ParallelLayout(tp=2, pp=2, dp=2, microbatches=3))
+
+
+def test_no_reduce_scatter_flag_on_predict_and_its_refusal(tmp_path):
+    base = ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "16", "--global-batch", "4",
+            "--dp", "2", "--dtype", "bfloat16"]
+    r = runner.invoke(app, [*base, "--no-reduce-scatter", "-o", str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "--no-reduce-scatter changes how --use-distributed-optimizer" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
+    steps = {}
+    for name, extra in (("rs", []), ("ar", ["--no-reduce-scatter"])):
+        r = runner.invoke(app, [*base, "--use-distributed-optimizer", *extra, "-o", str(tmp_path / name), "--json"])
+        assert r.exit_code == 0, r.output
+        kinds = {c[0] for c in ex_situ_comms(load_job(tmp_path / name / "job"), 0) if c[2] == "dp"}
+        assert kinds == ({"all_reduce", "reduce_scatter", "all_gather"} if name == "rs" else
+                         {"all_reduce", "all_gather"})
+        steps[name] = json.loads(r.stdout)["step_time_ns"]
+    assert steps["ar"] > steps["rs"]          # twice the gradient bytes on the wire
+    opts = ConfigSweepOptions(use_distributed_optimizer=True, grad_reduce_scatter=False)
+    assert opts.to_json()["grad_reduce_scatter"] is False
+    assert "grad_reduce_scatter" not in ConfigSweepOptions().to_json()
+    row = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1, "global_batch": 4, "tp": 1, "pp": 1,
+           "dp": 2}
+    assert workload_for(row, opts)[0].grad_reduce_scatter is False

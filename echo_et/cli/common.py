@@ -78,6 +78,13 @@ PIPELINE_ENGINE_HELP = ("Who runs the pipeline: megatron (Megatron-LM's 1F1B sch
                         "TrainSchedule, one blocking send or receive per tensor, tensors partitioned over the TP "
                         "ranks, data loaded on the first and last stage only; docs/tracer.md).")
 PipelineEngineOpt = typer.Option(None, PIPELINE_ENGINE, metavar="ENGINE", help=PIPELINE_ENGINE_HELP)
+NO_REDUCE_SCATTER = "--no-reduce-scatter"
+NoReduceScatterOpt = typer.Option(
+    False, NO_REDUCE_SCATTER,
+    help="With --use-distributed-optimizer, all-reduce the gradients whole and keep each rank's shard instead of "
+         "reduce-scattering them (twice the bytes): DeepSpeed's ZeRO with \"reduce_scatter\": false, and its bfloat16 "
+         "optimizer (BF16_Optimizer, what Megatron-DeepSpeed runs with --bf16 and pipeline parallelism: "
+         "--dtype bfloat16 --use-distributed-optimizer --no-reduce-scatter).")
 FIRST_STAGE_LAYERS = "--decoder-first-pipeline-num-layers"
 FirstStageLayersOpt = typer.Option(
     0, FIRST_STAGE_LAYERS, metavar="N",
@@ -115,7 +122,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
-                      last_stage_layers: int = 0) -> dict[str, Any]:
+                      last_stage_layers: int = 0, no_reduce_scatter: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B)."""
@@ -125,6 +132,9 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
         raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")
     if pipeline_engine is not None and pipeline_engine not in PIPELINE_ENGINES:
         raise OptionError("pipeline_engine", f"{pipeline_engine!r} is not one of {', '.join(PIPELINE_ENGINES)}")
+    if no_reduce_scatter and not distributed_optimizer:
+        raise OptionError("no_reduce_scatter", f"{NO_REDUCE_SCATTER} changes how {DIST_OPT} reduces the gradients; "
+                                               f"give {DIST_OPT} too")
     if pipeline_engine == "deepspeed" and no_scatter_gather:
         raise OptionError("pipeline_engine", f"DeepSpeed's engine partitions every pipeline tensor over the TP "
                                              f"ranks; {NO_SCATTER_GATHER} is Megatron-LM's")
@@ -137,6 +147,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "sequence_parallel": sequence_parallel,
             "first_stage_layers": first_stage_layers,
             "last_stage_layers": last_stage_layers,
+            "grad_reduce_scatter": not no_reduce_scatter,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -153,7 +164,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (PARTITION_ACTIVATIONS, settings["partition_activations"]),
              (SEQUENCE_PARALLEL, settings["sequence_parallel"]),
              (FIRST_STAGE_LAYERS, bool(settings["first_stage_layers"])),
-             (LAST_STAGE_LAYERS, bool(settings["last_stage_layers"])))
+             (LAST_STAGE_LAYERS, bool(settings["last_stage_layers"])),
+             (NO_REDUCE_SCATTER, not settings["grad_reduce_scatter"]))
     return next((flag for flag, on in given if on), None)
 
 

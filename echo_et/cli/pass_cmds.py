@@ -19,6 +19,7 @@ from echo_et.cli.common import (
     GradSyncOpt,
     JsonOpt,
     LastStageLayersOpt,
+    NoReduceScatterOpt,
     NoScatterGatherOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
@@ -232,6 +233,7 @@ def sweep(
     sequence_parallel: bool = SequenceParallelOpt,
     first_stage_layers: int = FirstStageLayersOpt,
     last_stage_layers: int = LastStageLayersOpt,
+    no_reduce_scatter: bool = NoReduceScatterOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -242,7 +244,7 @@ def sweep(
                                  partition_activations=partition_activations,
                                  sequence_parallel=sequence_parallel,
                                  first_stage_layers=first_stage_layers,
-                                 last_stage_layers=last_stage_layers)
+                                 last_stage_layers=last_stage_layers, no_reduce_scatter=no_reduce_scatter)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

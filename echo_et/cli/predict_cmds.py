@@ -22,6 +22,7 @@ from echo_et.cli.common import (
     GradSyncOpt,
     JsonOpt,
     LastStageLayersOpt,
+    NoReduceScatterOpt,
     NoScatterGatherOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
@@ -85,6 +86,7 @@ def predict_cmd(
     sequence_parallel: bool = SequenceParallelOpt,
     first_stage_layers: int = FirstStageLayersOpt,
     last_stage_layers: int = LastStageLayersOpt,
+    no_reduce_scatter: bool = NoReduceScatterOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
                                                help="Boxes in timeline/ at most, all files together: the step's "
                                                     "longest prefix that holds no more (default 100000; the "
@@ -129,7 +131,8 @@ def predict_cmd(
                                                   partition_activations=partition_activations,
                                                   sequence_parallel=sequence_parallel,
                                                   first_stage_layers=first_stage_layers,
-                                                  last_stage_layers=last_stage_layers))
+                                                  last_stage_layers=last_stage_layers,
+                                                  no_reduce_scatter=no_reduce_scatter))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

@@ -17,6 +17,7 @@ from echo_et.cli.cluster_opts import (
 from echo_et.cli.common import (
     FIRST_STAGE_LAYERS,
     LAST_STAGE_LAYERS,
+    NO_REDUCE_SCATTER,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
     SEQUENCE_PARALLEL_HELP,
@@ -24,6 +25,7 @@ from echo_et.cli.common import (
     FirstStageLayersOpt,
     JsonOpt,
     LastStageLayersOpt,
+    NoReduceScatterOpt,
     RecomputeGranularityOpt,
     emit_json,
     guarded,
@@ -83,6 +85,7 @@ def trace(
                                            help="megatron-gpt: " + SEQUENCE_PARALLEL_HELP),
     first_stage_layers: int = FirstStageLayersOpt,
     last_stage_layers: int = LastStageLayersOpt,
+    no_reduce_scatter: bool = NoReduceScatterOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
@@ -157,6 +160,7 @@ def trace(
                             ("--sequence-parallel", sequence_parallel),
                             (FIRST_STAGE_LAYERS, bool(first_stage_layers)),
                             (LAST_STAGE_LAYERS, bool(last_stage_layers)),
+                            (NO_REDUCE_SCATTER, no_reduce_scatter),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -175,7 +179,8 @@ def trace(
                                 ("partition_activations", partition_activations or None),
                                 ("sequence_parallel", sequence_parallel or None),
                                 ("first_stage_layers", first_stage_layers or None),
-                                ("last_stage_layers", last_stage_layers or None)) if v is not None}
+                                ("last_stage_layers", last_stage_layers or None),
+                                ("grad_reduce_scatter", False if no_reduce_scatter else None)) if v is not None}
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
@@ -223,6 +228,8 @@ def trace(
         parts += [FIRST_STAGE_LAYERS, cfg.first_stage_layers]
     if script is None and cfg.last_stage_layers:
         parts += [LAST_STAGE_LAYERS, cfg.last_stage_layers]
+    if script is None and not cfg.grad_reduce_scatter:
+        parts.append(NO_REDUCE_SCATTER)
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -106,6 +106,9 @@ class ConfigSweepOptions:
     # first_stage_layers and last_stage_layers columns override them
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # with the distributed optimizer: gradients reduce-scattered (Megatron's) or all-reduced
+    # whole (DeepSpeed's "reduce_scatter": false and its bfloat16 optimizer; GPTConfig.grad_reduce_scatter)
+    grad_reduce_scatter: bool = True
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -128,6 +131,8 @@ class ConfigSweepOptions:
         for k in ("first_stage_layers", "last_stage_layers"):
             if not out[k]:
                 del out[k]
+        if self.grad_reduce_scatter:
+            del out["grad_reduce_scatter"]
         if not self.recompute:
             del out["recompute_granularity"]
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
@@ -259,7 +264,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              layers_per_virtual_stage=virtual_layers(row, opts),
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
-                             sequence_parallel=opts.sequence_parallel,
+                             sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,
                              **dict(zip(("first_stage_layers", "last_stage_layers"), edge_stage_layers(row, opts),
                                         strict=True)), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))

@@ -168,7 +168,7 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     if opts.accumulate_allreduce_grads_in_fp32 is not None:      # the gradient buffer's dtype
         key += f"-g32{int(opts.accumulate_allreduce_grads_in_fp32)}"
     if opts.use_distributed_optimizer:
-        key += "-zero1"
+        key += "-zero1" if opts.grad_reduce_scatter else "-zero1ar"
     vls = virtual_layers(row, opts)
     if vls:                                                      # the interleaved schedule
         key += f"-vls{vls}"

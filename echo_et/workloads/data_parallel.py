@@ -9,7 +9,10 @@ DDP and Megatron-LM's overlapped grad reduce:
 - ZeRO stage 0: all-reduce of the bucket; every rank then updates all parameters.
 - ZeRO stage 1: reduce-scatter of the bucket into this rank's shard, an optimizer over the
   shard only, then an all-gather of the updated parameters into the bucket (with Megatron's
-  optimizer, its ``--use-distributed-optimizer``).
+  optimizer, its ``--use-distributed-optimizer``). With ``reduce_scatter=False`` the bucket is
+  all-reduced whole and the rank keeps its shard of it, twice the bytes on the wire: DeepSpeed's
+  ZeRO with ``"reduce_scatter": false`` and its bfloat16 optimizer (``BF16_Optimizer``, which
+  all-reduces the fp32 gradients before each rank updates its partition).
 
 Buckets are filled in reverse parameter order (close to the order gradients become ready)
 and padded to a multiple of the data-parallel size so that every shard is equal.
@@ -101,8 +104,10 @@ class GradientSync:
 
     def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
                  optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
-                 buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False):
+                 buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
+                 reduce_scatter: bool = True):
         self.group = group
+        self.reduce_scatter = reduce_scatter
         self.flatten = flatten and not zero
         self.dp = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -168,7 +173,7 @@ class GradientSync:
         b.pending -= 1
         if b.pending == 0 and self.dp > 1:
             with comm_span(self.group):
-                if self.zero:
+                if self.zero and self.reduce_scatter:
                     b.work = _reduce_scatter(b.grad_shard, b.grad, group=self.group, async_op=True)
                 else:
                     b.work = dist.all_reduce(b.grad, group=self.group, async_op=True)
@@ -197,10 +202,12 @@ class GradientSync:
                 target = b.grad_shard if self.zero else b.grad
                 b.grad.div_(self.dp)
                 with comm_span(self.group):
-                    if self.zero:
+                    if self.zero and self.reduce_scatter:
                         _reduce_scatter(target, b.grad, group=self.group)
                     else:
                         dist.all_reduce(b.grad, group=self.group)
+                if self.zero and not self.reduce_scatter:
+                    self._keep_shard(b)
             if before_step is not None:
                 before_step()
             self._step()
@@ -213,13 +220,21 @@ class GradientSync:
             if self.zero:
                 if self.dp == 1:
                     b.grad_shard.copy_(b.grad)
-                else:
+                elif self.reduce_scatter:
                     b.grad_shard.div_(self.dp)
+                else:
+                    b.grad.div_(self.dp)
+                    self._keep_shard(b)
             elif self.dp > 1:
                 b.grad.div_(self.dp)
         if before_step is not None:
             before_step()
         self._step()
+
+    def _keep_shard(self, b: _Bucket) -> None:
+        """This rank's shard of an all-reduced bucket, for the optimizer over the shard."""
+        k = b.padded // self.dp
+        b.grad_shard.copy_(b.grad[self.rank * k:(self.rank + 1) * k])
 
     def _flattened_all_reduce(self, params: list[nn.Parameter]) -> None:
         """DeepSpeed's ``allreduce_no_retain``: buckets closed past

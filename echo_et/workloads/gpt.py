@@ -125,6 +125,11 @@ class GPTConfig:
     # (layers + 2) / pp - 1: each word embedding counted as a layer of its stage.
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # With ZeRO stage 1 (the distributed optimizer): the gradients reduce-scattered into each
+    # rank's shard (Megatron's, DeepSpeed's default), or all-reduced whole with each rank
+    # keeping its shard (False: DeepSpeed's "reduce_scatter": false, and its bfloat16
+    # optimizer, BF16_Optimizer, which all-reduces the fp32 gradients).
+    grad_reduce_scatter: bool = True
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -238,6 +243,9 @@ class GPTConfig:
         if self.partition_activations and not self.recomputes_layers:
             raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
                             "(recomputation at granularity full)")
+        if not self.grad_reduce_scatter and not layout.zero:
+            raise EchoError(f"{where}: gradients all-reduced whole before a sharded optimizer step need ZeRO "
+                            "stage 1 (the distributed optimizer); without it they are all-reduced anyway")
         self.check_pipeline_engine(layout)
         self.check_sequence_parallel(layout)
         self.check_virtual_stages(layout)
@@ -401,6 +409,8 @@ class GPTConfig:
         for k in ("first_stage_layers", "last_stage_layers"):
             if not out[k]:
                 del out[k]
+        if self.grad_reduce_scatter:
+            del out["grad_reduce_scatter"]
         return out
 
 
@@ -504,7 +514,7 @@ class _GPTRank:
             bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
             buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
-            flatten=self.deepspeed,
+            flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
