@@ -165,20 +165,50 @@ UNEVEN_RUNS = (
     ("02-27", 106, 12288, 96, 8, 4, 12, 2, 2048, 112.69, 154.86, 8, 8),
     ("02-27", 106, 12288, 64, 8, 4, 12, 2, 2048, 110.96, 157.27, 8, 8),
 )
+# From 2022-02-28 the runs train with DeepSpeed's new bfloat16 optimizer (``BF16_Optimizer``,
+# with ZeRO stage 0 in DeepSpeed's configuration: it shards the optimizer itself): bfloat16
+# weights and activations, each micro-batch's gradients added into an fp32 copy ("written to
+# accumulate gradients in fp32, so it is more memory heavy and is a bit slower"), the fp32
+# gradients all-reduced whole over the data-parallel ranks, Adam on each rank's partition, the
+# bfloat16 weights all-gathered; and all of them partitioned 'type:transformer|embedding'.
+# (date, layers, hidden, heads, DP, TP, PP, micro-batch, global batch, seconds, teraFLOP/s,
+# first, last); the last is BLOOM's own layout at 112 heads.
+BF16_RUNS = (
+    ("02-28", 106, 12288, 64, 8, 4, 12, 2, 2048, 116.54, 149.75, 8, 8),
+    ("02-28", 106, 12288, 96, 8, 4, 12, 2, 2048, 118.79, 146.90, 8, 8),
+    ("02-28", 106, 12288, 128, 8, 4, 12, 2, 2048, 121.42, 143.73, 8, 8),
+    ("02-28", 106, 12288, 96, 8, 4, 12, 4, 2048, 120.34, 145.01, 8, 8),
+    ("02-28", 100, 12288, 64, 8, 8, 6, 2, 2048, 139.72, 117.91, 16, 16),
+    ("02-28", 100, 12288, 64, 8, 8, 6, 4, 2048, 120.96, 136.20, 16, 16),
+    ("02-28", 82, 13312, 64, 4, 8, 12, 4, 2048, 111.79, 141.76, 6, 6),
+    ("02-28", 82, 13312, 64, 8, 4, 12, 2, 2048, 104.45, 151.71, 6, 6),
+    ("02-28", 82, 13312, 104, 8, 4, 12, 2, 2048, 123.71, 128.10, 6, 6),
+    ("02-28", 82, 13312, 128, 8, 4, 12, 2, 2048, 108.78, 145.68, 6, 6),
+    ("02-28", 82, 13312, 64, 8, 4, 12, 4, 2048, 104.82, 151.18, 6, 6),
+    ("02-28", 94, 13312, 128, 8, 4, 12, 2, 2048, 124.10, 146.12, 7, 7),
+    ("02-28", 70, 14336, 64, 4, 8, 12, 2, 2048, 121.63, 128.92, 5, 5),
+    ("02-28", 70, 14336, 64, 8, 4, 12, 2, 2048, 102.03, 153.68, 5, 5),
+    ("02-28", 70, 14336, 64, 8, 4, 12, 4, 2048, 102.27, 153.33, 5, 5),
+    ("02-28", 70, 14336, 128, 8, 4, 12, 2, 2048, 105.89, 148.08, 5, 5),
+    ("02-28", 70, 14336, 112, 8, 4, 12, 2, 2048, 104.50, 150.05, 5, 5),
+)
 # The notes' "Mem" column where it gives one (row index -> GB): the most any GPU of the first
 # (or last) node used, as nvidia-smi shows it (CUDA context and the allocator's cache included).
 MEASURED_MEMORY_GB = {
     0: 29, 1: 37, 2: 49, 3: 69, 4: 38, 5: 44, 6: 56, 7: 39, 8: 52, 9: 65, 10: 56, 19: 54, 20: 55, 21: 55,
     22: 53, 23: 55, 24: 54, 26: 59, 30: 56, 31: 55, 32: 66, 34: 49, 37: 52, 38: 53, 39: 59, 40: 65, 41: 76,
     42: 60, 43: 44, 44: 75, 45: 57, 46: 63, 47: 44, 48: 53, 50: 58, 62: 59, 63: 75, 65: 48, 66: 48, 74: 44,
+    76: 67, 77: 65, 78: 67, 79: 79, 80: 61, 81: 72, 82: 52, 83: 63, 84: 62, 85: 60, 86: 74, 87: 67, 88: 40,
+    89: 59, 90: 73, 91: 60, 92: 59,
 }
+FIRST_BF16_ROW = 76
 # a row's throughput from its seconds may differ from the logged one by this much (rounding)
 TFLOPS_TOLERANCE = 0.002
 
 
 def all_runs() -> list[tuple]:
     """Every run with its first and last stage's layers (0, 0: layers / pp on every stage)."""
-    return [(*r, 0, 0) for r in BIGSCIENCE_RUNS] + list(UNEVEN_RUNS)
+    return [(*r, 0, 0) for r in BIGSCIENCE_RUNS] + list(UNEVEN_RUNS) + list(BF16_RUNS)
 
 
 def table_problems() -> list[str]:
@@ -201,18 +231,24 @@ def bigscience_rows() -> list[dict]:
     return [{"layers": layers, "hidden": hidden, "heads": heads, "seq": SEQ, "micro_batch": mb,
              "global_batch": batch, "tp": tp, "pp": pp, "dp": dp, "vocab": VOCAB,
              "measured_ms": round(seconds * 1e3, 3), "date": date,
+             "optimizer": "bf16" if i >= FIRST_BF16_ROW else "fp16",
              **({"first_stage_layers": first, "last_stage_layers": last} if first or last else {})}
-            for date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, _, first, last in all_runs()]
+            for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, _, first, last)
+            in enumerate(all_runs())]
 
 
 def run_options(comm_profile: str | None = None, inter_bw: str = "400Gb/s/node", pipeline_engine: str = "deepspeed",
-                compute_profile: str | None = None, comm_preset: str | None = None) -> ConfigSweepOptions:
-    """What every run shares (the module's docstring says where each setting comes from)."""
+                compute_profile: str | None = None, comm_preset: str | None = None,
+                optimizer: str = "fp16") -> ConfigSweepOptions:
+    """What the runs of one optimizer share (the module's docstring says where each setting
+    comes from): float16 with DeepSpeed's ZeRO stage 1 (gradients reduce-scattered), or its
+    bfloat16 optimizer (fp32 gradients all-reduced whole, Adam sharded)."""
+    bf16 = optimizer == "bf16"
     return ConfigSweepOptions(
         cluster=Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw=inter_bw),
-        recompute=True, recompute_granularity="full", dtype="float16", comm_profile=comm_profile,
-        comm_preset=comm_preset, pipeline_engine=pipeline_engine, use_distributed_optimizer=True,
-        compute_profile=compute_profile)
+        recompute=True, recompute_granularity="full", dtype="bfloat16" if bf16 else "float16",
+        comm_profile=comm_profile, comm_preset=comm_preset, pipeline_engine=pipeline_engine,
+        use_distributed_optimizer=True, grad_reduce_scatter=not bf16, compute_profile=compute_profile)
 
 
 def memory_bounds() -> list[tuple[int, float, float]]:
@@ -223,10 +259,10 @@ def memory_bounds() -> list[tuple[int, float, float]]:
     from echo_et.experiments.memory_check import megatron_shape
     from echo_et.models.footprint import megatron_min_bytes
 
-    rows, opts = bigscience_rows(), run_options()
+    rows = bigscience_rows()
     out = []
     for i, gb in sorted(MEASURED_MEMORY_GB.items()):
-        cfg, layout = workload_for(rows[i], opts)
+        cfg, layout = workload_for(rows[i], run_options(optimizer=rows[i]["optimizer"]))
         out.append((i, float(gb), megatron_min_bytes(**megatron_shape(cfg, layout))[0] / 1e9))
     return out
 
@@ -239,13 +275,16 @@ def error_stats(errs: list[float]) -> dict:
 
 
 def error_breakdown(rows: list[dict]) -> dict[str, dict]:
-    """:func:`error_stats` by tensor-parallel degree, at TP4 and TP8 by micro-batch, and by head
-    count (64 or fewer, more): where the table's miss is."""
+    """:func:`error_stats` by tensor-parallel degree, at TP4 and TP8 by micro-batch, by head
+    count (64 or fewer, more) and by optimizer (float16, DeepSpeed's bfloat16): where the
+    table's miss is."""
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.get("error_pct") is None:
             continue
         keys = [f"tp{r['tp']}", "heads<=64" if r["heads"] <= 64 else "heads>64"]
+        if r.get("optimizer"):
+            keys.append(f"{r['optimizer']} optimizer")
         if r["tp"] >= 4:
             keys.append(f"tp{r['tp']} mb{r['micro_batch']}")
         for k in keys:
@@ -304,21 +343,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [rows[i] for i in picked]
     dates = [r.pop("date") for r in rows]
+    optimizers = [r.pop("optimizer") for r in rows]
+    predicted: list[dict] = [{}] * len(rows)
     with tempfile.TemporaryDirectory() as tmp:
         comm = None if args.comm_preset else str(vtrain_comm_profile(Path(tmp) / "vtrain-a100-allreduce.json"))
-        opts = run_options(comm, args.inter_bw, args.pipeline_engine,
-                           str(args.compute_profile) if args.compute_profile else None, args.comm_preset)
         t0 = time.perf_counter()
-        out = run_config_sweep(rows, opts, workers=args.workers, max_memory=int(args.max_memory * 1e9),
-                               progress=lambda done, total, r: print(
-                                   f"  {done}/{total}: l{r['layers']} h{r['hidden']} tp{r['tp']} pp{r['pp']} "
-                                   f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+        for optimizer in sorted(set(optimizers)):    # each optimizer's runs share their settings
+            at = [k for k, o in enumerate(optimizers) if o == optimizer]
+            opts = run_options(comm, args.inter_bw, args.pipeline_engine,
+                               str(args.compute_profile) if args.compute_profile else None, args.comm_preset,
+                               optimizer=optimizer)
+            out = run_config_sweep([rows[k] for k in at], opts, workers=args.workers,
+                                   max_memory=int(args.max_memory * 1e9),
+                                   progress=lambda done, total, r: print(
+                                       f"  {done}/{total}: l{r['layers']} h{r['hidden']} tp{r['tp']} pp{r['pp']} "
+                                       f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+            for k, r in zip(at, out.rows, strict=True):
+                predicted[k] = {**r, "optimizer": optimizer}
         wall = time.perf_counter() - t0
     print(f"{'row':>3} {'date':>5} {'layers':>6} {'hidden':>6} {'heads':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'mb':>3} "
           f"{'batch':>5} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'compute ms':>11} {'exp. comm':>10} "
           f"{'bubble':>9}")
     table, errs = [], []
-    for i, r, date in zip(picked, out.rows, dates, strict=True):
+    for i, r, date in zip(picked, predicted, dates, strict=True):
         r = {**r, "date": date, "row": i}
         table.append(r)
         head = (f"{i:>3} {date:>5} {r['layers']:>6} {r['hidden']:>6} {r['heads']:>5} {r['tp']:>3} {r['pp']:>3} "

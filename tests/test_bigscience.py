@@ -21,20 +21,27 @@ def bigscience():
 def test_transcribed_runs_are_consistent(bigscience) -> None:
     assert bigscience.table_problems() == []
     rows = bigscience.bigscience_rows()
-    assert len(rows) == 76
+    assert len(rows) == 93
     assert all(r["tp"] * r["pp"] * r["dp"] == 384 for r in rows)
     assert all(r["layers"] % r["pp"] == 0 for r in rows[:64])
     assert rows[0]["measured_ms"] == 143310.0 and rows[63]["measured_ms"] == 115550.0
-    assert {r["date"] for r in rows} == {"02-21", "02-23", "02-24", "02-25", "02-26", "02-27"}
+    assert {r["date"] for r in rows} == {"02-21", "02-23", "02-24", "02-25", "02-26", "02-27", "02-28"}
+    assert [r["optimizer"] for r in rows].count("bf16") == 17 and rows[76]["optimizer"] == "bf16"
+    assert {r["date"] for r in rows if r["optimizer"] == "bf16"} == {"02-28"}
     # the uneven runs: DeepSpeed's 'type:transformer' on 78 layers and 12 stages (7 x 11, 1),
     # and 'type:transformer|embedding' on 106 (8, 9 x 10, 8)
     assert [(r["layers"], r["first_stage_layers"], r["last_stage_layers"]) for r in (rows[64], rows[75])] \
         == [(78, 7, 1), (106, 8, 8)]
     assert all("first_stage_layers" not in r for r in rows[:64])
+    # BLOOM's own layout, partitioned 'type:transformer|embedding': 5, 6 x 10, 5 of 70 layers
+    bloom = rows[92]
+    assert (bloom["layers"], bloom["heads"], bloom["tp"], bloom["pp"], bloom["dp"], bloom["micro_batch"]) == \
+        (70, 112, 4, 12, 8, 2)
+    assert (bloom["first_stage_layers"], bloom["last_stage_layers"], bloom["measured_ms"]) == (5, 5, 104500.0)
 
 
 def test_a_mistyped_run_is_caught(bigscience, monkeypatch) -> None:
-    original = bigscience.BIGSCIENCE_RUNS
+    original, original_uneven = bigscience.BIGSCIENCE_RUNS, bigscience.UNEVEN_RUNS
     runs = list(original)
     runs[2] = ("02-21", 72, 14336, 64, 4, 8, 12, 4, 2048, 132.69, 130.34)   # seconds mistyped
     monkeypatch.setattr(bigscience, "BIGSCIENCE_RUNS", tuple(runs))
@@ -48,13 +55,18 @@ def test_a_mistyped_run_is_caught(bigscience, monkeypatch) -> None:
     monkeypatch.setattr(bigscience, "UNEVEN_RUNS", tuple(uneven))
     assert bigscience.table_problems() == [
         "row 75 (02-27): the layout does not divide the GPUs, the model or the batch"]
+    monkeypatch.setattr(bigscience, "UNEVEN_RUNS", original_uneven)
+    bf16 = list(bigscience.BF16_RUNS)
+    bf16[0] = (*bf16[0][:9], 161.54, *bf16[0][10:])     # the 106-layer bfloat16 row, digits exchanged
+    monkeypatch.setattr(bigscience, "BF16_RUNS", tuple(bf16))
+    assert bigscience.table_problems() == ["row 76 (02-28): 161.54 s gives 108.03 TFLOP/s, not 149.75"]
 
 
 def test_bad_options_are_one_line_exit_2(bigscience, capsys) -> None:
-    assert bigscience.main(["--rows", "3,76"]) == 2
-    assert capsys.readouterr().err == "error: --rows 3,76: row indices are 0-75\n"
+    assert bigscience.main(["--rows", "3,93"]) == 2
+    assert capsys.readouterr().err == "error: --rows 3,93: row indices are 0-92\n"
     assert bigscience.main(["--rows", "x"]) == 2
-    assert capsys.readouterr().err == "error: --rows x: row indices are 0-75\n"
+    assert capsys.readouterr().err == "error: --rows x: row indices are 0-92\n"
     assert bigscience.main(["--compute-profile", "/nonexistent/candidate.json"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --compute-profile") and err.count("\n") == 1
@@ -68,12 +80,14 @@ def test_every_run_that_ran_fits_and_the_one_out_of_memory_is_refused(bigscience
     from echo_et.errors import EchoError
     from echo_et.experiments.config_sweep import workload_for
 
-    opts = bigscience.run_options()
     for row in bigscience.bigscience_rows():
-        workload_for(row, opts)
+        cfg, layout = workload_for(row, bigscience.run_options(optimizer=row["optimizer"]))
+        # DeepSpeed's bfloat16 optimizer: fp32 gradients all-reduced whole, Adam sharded
+        assert (cfg.dtype, cfg.grad_buffer_dtype, cfg.grad_reduce_scatter, layout.zero) == (
+            ("bfloat16", "float32", False, 1) if row["optimizer"] == "bf16" else ("float16", "float16", True, 1))
     oom = {**bigscience.bigscience_rows()[41], "tp": 8, "pp": 1, "dp": 48, "micro_batch": 1}
     with pytest.raises(EchoError, match="does not fit the GPU's memory"):
-        workload_for(oom, opts)
+        workload_for(oom, bigscience.run_options())
 
 
 def test_layout_choice_is_judged_within_each_day(bigscience) -> None:
@@ -91,17 +105,17 @@ def test_layout_choice_is_judged_within_each_day(bigscience) -> None:
 
 
 def test_the_memory_bound_stays_below_every_measured_run(bigscience, capsys) -> None:
-    """40 of the runs logged the memory a GPU used (nvidia-smi): echo-et's footprint, a lower
+    """57 of the runs logged the memory a GPU used (nvidia-smi): echo-et's footprint, a lower
     bound by design, is below every one of them, and not vacuously (at least a third of the
     measurement on every row)."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     bounds = bigscience.memory_bounds()
-    assert len(bounds) == 40
+    assert len(bounds) == 57
     ratios = [bound / gb for _, gb, bound in bounds]
     assert max(ratios) < 1.0 and min(ratios) > 0.33
     assert bigscience.main(["--memory"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 41 and out[0].split()[-1] == "bound/measured"
+    assert len(out) == 58 and out[0].split()[-1] == "bound/measured"
 
 
 def test_the_error_breakdown_groups_by_tp_micro_batch_and_heads(bigscience) -> None:
@@ -119,17 +133,22 @@ def test_the_error_breakdown_groups_by_tp_micro_batch_and_heads(bigscience) -> N
 
 
 def test_one_run_predicts_end_to_end(bigscience, tmp_path, capsys) -> None:
-    """The benchmark's whole path on one run (TP2 x PP12 x DP16, micro-batch 2): traced, timed
-    by the shipped presets and simulated, its row, error and breakdown printed and written."""
+    """The benchmark's whole path on two runs (TP2 x PP12 x DP16, micro-batch 2, float16; BLOOM's
+    layout under the bfloat16 optimizer): traced, timed by the shipped presets and simulated,
+    their rows, errors and breakdown printed and written."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     shared_path("measurements/vtrain-a100/trace/a100")
     out = tmp_path / "one.json"
-    assert bigscience.main(["--rows", "46", "--json", str(out)]) == 0
+    assert bigscience.main(["--rows", "46,92", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert " 46 02-25     72  14336    64   2  12  16   2  2048     112500.0" in printed
-    assert "by heads<=64:" in printed and "tp2:" in printed
+    assert " 92 02-28     70  14336   112   4  12   8   2  2048     104500.0" in printed
+    assert "by bf16 optimizer:" in printed and "fp16 optimizer:" in printed and "tp2:" in printed
     record = json.loads(out.read_text(encoding="utf-8"))
-    (row,) = record["rows"]
+    row, bloom = record["rows"]
     assert row["row"] == 46 and row["date"] == "02-25" and row["measured_ms"] == 112500.0
     assert 0.8 * 112500 < row["predicted_ms"] < 1.2 * 112500
+    # BLOOM's own layout under DeepSpeed's bfloat16 optimizer, on 5, 6 x 10, 5 layers
+    assert (bloom["row"], bloom["optimizer"], bloom["first_stage_layers"]) == (92, "bf16", 5)
+    assert 0.8 * 104500 < bloom["predicted_ms"] < 1.2 * 104500
     assert record["summary"]["by"]["tp2"]["rows"] == 1 and record["comm"] == "vtrain-calibrated"
