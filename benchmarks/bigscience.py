@@ -13,25 +13,28 @@ vocabulary 250,000) on its 384 GPUs within 0.1 %, which checks the transcription
 (``table_problems``).
 
 Rows kept: the tables from 2022-02-21 on (the FLOPs count was corrected that day, and the
-layers and heads of each model are stated from then on) up to 2022-02-27, the last day of
-float16: 64 runs whose layers divide evenly over the pipeline stages (rows 0-63) and 12 whose
-stages are uneven (rows 64-75, ``UNEVEN_RUNS``): the 78-layer models on 12 stages, where
-DeepSpeed gave the last stage one layer and the others seven ("uneven", the notes say), and
-the runs partitioned with ``--pp-partition-method 'type:transformer|embedding'`` (from
-2022-02-27: the first and the last stage hold one layer fewer than the others), each placed as
-DeepSpeed placed it (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-
-layers``). Left out, and why: the 2022-02-20 tables (the layer count of each model is not
-stated), a 40-node row whose data-parallel degree disagrees with its node count, the
-ZeRO-stage table (its stage-1 row is a 2022-02-21 configuration with the seconds and the
-teraFLOP/s exchanged; the 2022-02-21 row fits its micro-batch series), a repeated
-configuration logged at a different memory use (another setting), identical configurations
-logged twice with the same numbers, and the tables from 2022-02-28 on, which ran DeepSpeed's
-new bfloat16 optimizer (gradients accumulated in fp32 and all-reduced whole, "a bit slower",
-the notes say), which echo-et does not model.
+layers and heads of each model are stated from then on): in float16 up to 2022-02-27, 64 runs
+whose layers divide evenly over the pipeline stages (rows 0-63) and 12 whose stages are
+uneven (rows 64-75, ``UNEVEN_RUNS``); and the 17 runs of 2022-02-28 under DeepSpeed's
+bfloat16 optimizer (rows 76-92, ``BF16_RUNS``, BLOOM's own layout the last). The uneven
+stages are the 78-layer models on 12 stages, where DeepSpeed gave the last stage one layer and
+the others seven ("uneven", the notes say), and the runs partitioned with
+``--pp-partition-method 'type:transformer|embedding'`` (from 2022-02-27: the first and the last
+stage hold one layer fewer than the others), each placed as DeepSpeed placed it
+(``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``). Left out,
+and why: the 2022-02-20 tables (the layer count of each model is not stated), a 40-node row
+whose data-parallel degree disagrees with its node count, the ZeRO-stage table (its stage-1
+row is a 2022-02-21 configuration with the seconds and the teraFLOP/s exchanged; the
+2022-02-21 row fits its micro-batch series), a repeated configuration logged at a different
+memory use (another setting), identical configurations logged twice with the same numbers,
+and the rows logged out of memory (no time).
 
 What the runs did, from the same notes and the training script (``tr11-176B-ml.slurm``), set
-before the rows were predicted: float16 (the bfloat16 optimizer came on 2022-02-28) with its
-gradients accumulated and reduced in float16 and DeepSpeed's loss scaler; DeepSpeed's ZeRO
+before the rows were predicted: up to 2022-02-27 float16 with its gradients accumulated and
+reduced in float16 and DeepSpeed's loss scaler; from 2022-02-28 DeepSpeed's bfloat16 optimizer
+(each micro-batch's gradients added into fp32 ones, the fp32 gradients all-reduced whole over
+the data-parallel ranks, Adam on each rank's partition, the bfloat16 weights all-gathered:
+``--dtype bfloat16 --use-distributed-optimizer --no-reduce-scatter``); DeepSpeed's ZeRO
 stage 1 (Adam sharded over the data-parallel ranks: the notes credit it for their memory
 use), which the distributed optimizer models (gradients reduce-scattered, the 16-bit weights all-gathered);
 DeepSpeed's pipeline engine (``GPTModelPipe``); DeepSpeed's activation checkpointing of whole
