@@ -127,7 +127,11 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
         raise ValueError(f"{len(stage_layers)} stage layer counts for pp {pp}")
     counts = stage_layers or (layers // pp,) * pp
     # a middle stage needs most only when it holds more layers than every stage before it
-    stages = [s for s in range(pp) if s in (0, pp - 1) or counts[s] > max(counts[:s])]
+    stages, most = [], -1
+    for s, n in enumerate(counts):
+        if s in (0, pp - 1) or n > most:
+            stages.append(s)
+        most = max(most, n)
     for stage in stages:
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage,
