@@ -139,17 +139,28 @@ def test_pipeline_tensors_travel_partitioned_and_one_call_each(jobs) -> None:
     assert len([c for c in megatron if c[0] == "coll" and c[1] == pb.COLL_ALL_GATHER]) == 2 * m
 
 
-def test_only_the_end_stages_load_data_and_nothing_waits_after_a_transfer(jobs) -> None:
+def test_only_the_end_stages_load_data_and_the_host_waits_at_each_partitioned_tensor(jobs) -> None:
+    """With TP > 1 the host waits for the device wherever DeepSpeed turns a partitioned tensor's
+    metadata into a device tensor (``to_meta``: each output and gradient that leaves) or back
+    into a list (``from_meta``'s ``tolist()``: each received activation and gradient, and the
+    stage's own output rebuilt before its backward); with TP = 1 nothing waits after a transfer."""
     layout, by_engine = jobs
     job = by_engine["deepspeed"]
     m = layout.microbatches
-    for stage, loads in ((0, True), (1, False), (2, True)):
+    # (stage, loads data, waits per micro-batch in the forward, in the backward)
+    for stage, loads, fwd, bwd in ((0, True, 1, 2), (1, False, 2, 3), (2, True, 1, 1)):
         rank = _stage_rank(layout, stage)
         bcasts = [c for c in comm_sequence(job, rank) if c[0] == "coll" and c[1] == pb.COLL_BROADCAST]
         # get_batch: the sizes and the tokens per micro-batch; then the loss over the pipeline
         assert len(bcasts) == (2 * m if loads else 0) + 1, stage
         syncs = Counter(n.annotations.phase for n in job.graph_of(rank).nodes if n.kind == pb.KIND_SYNC)
-        # the host waits for get_batch's sizes and for the optimizer's gradient norm only
+        # besides get_batch's sizes and the optimizer's gradient norm
+        assert syncs == Counter({"forward": (fwd + loads) * m, "backward": bwd * m, "optimizer": 1}), stage
+    cfg = GPTConfig.megatron(**SHAPE, pipeline_engine="deepspeed")
+    plain = ParallelLayout(tp=1, pp=3, microbatches=4)
+    job = trace(build_gpt(cfg), plain, TraceOptions(device="meta", warmup_steps=0)).job
+    for stage, loads in ((0, True), (1, False), (2, True)):
+        syncs = Counter(n.annotations.phase for n in job.graph_of(stage).nodes if n.kind == pb.KIND_SYNC)
         assert syncs == Counter({"forward": m if loads else 0, "optimizer": 1}) - Counter(), stage
 
 

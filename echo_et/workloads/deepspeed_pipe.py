@@ -11,8 +11,8 @@ what it does that Megatron-LM's 1F1B (:mod:`.pipeline`) does not, each traced he
   ran, then receives its gradient. The compute order per stage is Megatron's 1F1B; the
   transfers are not.
 - **One blocking call per tensor.** Every transfer is its own ``dist.send`` / ``dist.recv``
-  (the compute stream waits for it before anything else runs), never a combined exchange and
-  never followed by a device synchronisation.
+  (the compute stream waits for it before anything else runs), never a combined exchange and,
+  with TP = 1, never followed by a device synchronisation.
 - **Partitioned tensors with TP > 1.** DeepSpeed partitions whenever the model-parallel size
   is above one (``is_pipe_partitioned = is_grad_partitioned = is_model_parallel``): an
   activation or a gradient leaves as its partition metadata (a small int64 tensor copied to
@@ -21,6 +21,15 @@ what it does that Megatron-LM's 1F1B (:mod:`.pipeline`) does not, each traced he
   an all-gather over the TP group whose list form copies every piece back out, and a clone).
   A stage that sent its output partitioned freed it, so before its backward it rebuilds it
   the same way.
+- **The host waits for the device at each partitioned tensor.** ``PartitionedTensor.to_meta()``
+  copies the metadata list to the device with a blocking copy from pageable memory, which
+  synchronises the compute stream (after each forward whose output leaves, and at each
+  gradient that leaves); ``PartitionedTensor.from_meta()`` reads the metadata back on the host
+  (``meta.tolist()``: at each received activation and gradient, and at the stage's own output
+  rebuilt before its backward). With TP > 1 the host therefore never runs ahead of the device
+  across a forward or a backward: five waits per micro-batch on a middle stage. (DeepSpeed
+  releases from 2023 keep the received activation's metadata on the host after the first;
+  the 2021-2022 engine Megatron-DeepSpeed's published runs used read it every time.)
 - **Copies on receipt.** A received activation is cloned on arrival and again at the start
   of the forward that reads it.
 
@@ -37,7 +46,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from echo_et.workloads.markers import comm_span, span
+from echo_et.workloads.markers import comm_span, device_sync, span
 from echo_et.workloads.pipeline import StageLink
 
 # torch 2.13 renamed the tensor form; older releases only have the old name.
@@ -142,12 +151,27 @@ class DeepSpeedLink(StageLink):
             work.wait()
         return buf
 
-    def partition(self, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """What leaves for a neighbour: ``(meta, piece)`` with TP > 1, else ``(t,)``."""
+    def partition(self, t: torch.Tensor, tag: dict) -> tuple[torch.Tensor, ...]:
+        """What leaves for a neighbour: ``(meta, piece)`` with TP > 1, else ``(t,)``; the
+        metadata's blocking copy to the device makes the host wait for it."""
         if self.split_group is None:
             return (t.detach(),)
         meta = torch.tensor(self.meta, dtype=torch.int64).to(self.device, copy=True)
+        self._host_waits(tag)
         return meta, own_piece(t, self.parts, self.part)
+
+    def _host_waits(self, tag: dict) -> None:
+        """The host waits for the device: ``to_meta()``'s blocking copy, ``from_meta()``'s
+        ``meta.tolist()``."""
+        with span(**tag, stage=self.stage):
+            device_sync(self.device)
+
+    def rebuild(self, piece: torch.Tensor, mb: int) -> torch.Tensor:
+        """The stage's own output, freed once sent, rebuilt before its backward
+        (``from_meta`` of its saved metadata, then ``full()``)."""
+        tag = {"phase": "backward", "mb": mb}
+        self._host_waits(tag)
+        return self.full(piece, tag)
 
     def full(self, piece: torch.Tensor, tag: dict) -> torch.Tensor:
         """``PartitionedTensor.full()``: the whole tensor from every TP rank's piece. The same
@@ -179,15 +203,21 @@ class DeepSpeedLink(StageLink):
         return [b.clone().detach() for b in self._receive(-1, {"phase": "forward", "mb": mb})]
 
     def send_gradient(self, grad: torch.Tensor, mb: int) -> None:
-        for t in self.partition(grad):
-            self._send(t, -1, {"phase": "backward", "mb": mb})
+        tag = {"phase": "backward", "mb": mb}
+        for t in self.partition(grad, tag):
+            self._send(t, -1, tag)
 
     def recv_gradient(self, mb: int) -> list[torch.Tensor]:
         return self._receive(1, {"phase": "backward", "mb": mb})
 
     def whole(self, received: list[torch.Tensor], mb: int, phase: str) -> torch.Tensor:
-        """The tensor the received pieces stand for (rebuilt with TP > 1)."""
-        return received[-1] if self.split_group is None else self.full(received[-1], {"phase": phase, "mb": mb})
+        """The tensor the received pieces stand for (rebuilt with TP > 1, once the host has
+        read the metadata)."""
+        if self.split_group is None:
+            return received[-1]
+        tag = {"phase": phase, "mb": mb}
+        self._host_waits(tag)
+        return self.full(received[-1], tag)
 
 
 def train_batch(link: DeepSpeedLink, microbatches: int,
@@ -225,7 +255,7 @@ def train_batch(link: DeepSpeedLink, microbatches: int,
                 out = forward(mb, inp)
                 outputs[mb] = out
                 if not link.last:
-                    sent[mb] = link.partition(out)
+                    sent[mb] = link.partition(out, {"phase": "forward", "mb": mb})
                     kept[mb] = sent[mb][-1]
             elif op == "backward":
                 out = outputs.pop(mb)
@@ -233,7 +263,7 @@ def train_batch(link: DeepSpeedLink, microbatches: int,
                 if not link.last:
                     piece = kept.pop(mb)
                     if link.split_group is not None:   # the output was freed once sent: rebuilt
-                        out.data = link.full(piece, {"phase": "backward", "mb": mb})
+                        out.data = link.rebuild(piece, mb)
                     out_grad = link.whole(grads.pop(mb), mb, "backward")
                 input_grads[mb] = backward(mb, inputs.pop(mb), out, out_grad)
             # "load": the forward loads its micro-batch itself
