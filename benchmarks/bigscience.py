@@ -66,7 +66,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megatron_accuracy import vtrain_comm_profile  # noqa: E402
-from megatron_paper import add_model_args, input_problem, paper_flops  # noqa: E402
+from megatron_paper import add_model_args, input_problem, paper_flops, sweep_progress  # noqa: E402
 
 from echo_et.experiments.config_sweep import (  # noqa: E402
     ConfigSweepOptions,
@@ -357,10 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                                str(args.compute_profile) if args.compute_profile else None, args.comm_preset,
                                optimizer=optimizer)
             out = run_config_sweep([rows[k] for k in at], opts, workers=args.workers,
-                                   max_memory=int(args.max_memory * 1e9),
-                                   progress=lambda done, total, r: print(
-                                       f"  {done}/{total}: l{r['layers']} h{r['hidden']} tp{r['tp']} pp{r['pp']} "
-                                       f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+                                   max_memory=int(args.max_memory * 1e9), progress=sweep_progress)
             for k, r in zip(at, out.rows, strict=True):
                 predicted[k] = {**r, "optimizer": optimizer}
         wall = time.perf_counter() - t0

@@ -159,6 +159,12 @@ def input_problem(compute_profile: Path | None, transcription: list[str]) -> str
     return None
 
 
+def sweep_progress(done: int, total: int, row: dict) -> None:
+    """One line on stderr per row a benchmark's sweep finishes."""
+    print(f"  {done}/{total}: l{row['layers']} h{row['hidden']} tp{row['tp']} pp{row['pp']} "
+          f"{row.get('predicted_ms') or row.get('error')}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=1)
@@ -207,10 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 scatter_gather_tensors_in_pipeline=args.scatter_gather, sync_timers=args.sync_timers,
                 **({"layers_per_virtual_stage": vpp} if vpp else {}))
             out = run_config_sweep([rows[i] for i in which], opts, workers=args.workers,
-                                   max_memory=int(args.max_memory * 1e9),
-                                   progress=lambda done, total, r: print(
-                                       f"  {done}/{total}: l{r['layers']} h{r['hidden']} "
-                                       f"{r.get('predicted_ms') or r.get('error')}", file=sys.stderr, flush=True))
+                                   max_memory=int(args.max_memory * 1e9), progress=sweep_progress)
             for i, r in zip(which, out.rows, strict=True):
                 predicted[i] = r
         wall = time.perf_counter() - t0
