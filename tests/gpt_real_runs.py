@@ -97,6 +97,7 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
 
 def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,
                   out: str) -> None:
+    import faulthandler
     import os
     from datetime import timedelta
 
@@ -104,6 +105,7 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
 
     from echo_et.workloads.data_parallel import GradientSync
 
+    faulthandler.dump_traceback_later(120, exit=True)   # a hang fails the test, with its stack
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
@@ -120,6 +122,9 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
             model(torch.randn(5, 12, generator=gen)).square().sum().backward()
         sync.finish_and_step()
         torch.save([p.detach().clone() for p in model.parameters()], f"{out}/rank{rank}.pt")
+        # no rank tears its connections down while the other still reads from them (gloo
+        # aborts the process that loses a peer mid-transfer)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
