@@ -16,7 +16,9 @@ Rows kept: the tables from 2022-02-21 on (the FLOPs count was corrected that day
 layers and heads of each model are stated from then on): in float16 up to 2022-02-27, 64 runs
 whose layers divide evenly over the pipeline stages (rows 0-63) and 12 whose stages are
 uneven (rows 64-75, ``UNEVEN_RUNS``); and the 17 runs of 2022-02-28 under DeepSpeed's
-bfloat16 optimizer (rows 76-92, ``BF16_RUNS``, BLOOM's own layout the last). The uneven
+bfloat16 optimizer (rows 76-92, ``BF16_RUNS``, BLOOM's own layout the last); and, apart from
+the table's statistics (their own group), three runs of 2022-02-21 on one node, TP8 alone
+(rows 93-95, ``ONE_NODE_RUNS``): where the 8-way tensor-parallel miss lives. The uneven
 stages are the 78-layer models on 12 stages, where DeepSpeed gave the last stage one layer and
 the others seven ("uneven", the notes say), and the runs partitioned with
 ``--pp-partition-method 'type:transformer|embedding'`` (from 2022-02-27: the first and the last
@@ -195,6 +197,17 @@ BF16_RUNS = (
     ("02-28", 70, 14336, 128, 8, 4, 12, 2, 2048, 105.89, 148.08, 5, 5),
     ("02-28", 70, 14336, 112, 8, 4, 12, 2, 2048, 104.50, 150.05, 5, 5),
 )
+# The one-node runs of 2022-02-21 ("Max possible TFLOPs check for NHIDDEN=14336"): the same
+# software and nodes with neither pipeline nor data parallelism, the tensor-parallel all-reduces
+# alone on one node's NVLink; the model of the 48-node table cut to 6 and 10 layers, 64 heads
+# (the notes: "all NHEADS=64 (above too)"). Their "GBS" column says 2048, their heading 512;
+# the logged teraFLOP/s follow from the seconds on 8 GPUs only with 512. The 6-layer
+# configuration was logged twice, 9 % apart. Float16, as every run before 2022-02-28.
+ONE_NODE_RUNS = (
+    ("02-21", 6, 14336, 64, 1, 8, 1, 2, 512, 130.43, 143.48),
+    ("02-21", 6, 14336, 64, 1, 8, 1, 2, 512, 119.19, 157.02),
+    ("02-21", 10, 14336, 64, 1, 8, 1, 1, 512, 205.52, 142.59),
+)
 # The notes' "Mem" column where it gives one (row index -> GB): the most any GPU of the first
 # (or last) node used, as nvidia-smi shows it (CUDA context and the allocator's cache included).
 MEASURED_MEMORY_GB = {
@@ -202,29 +215,35 @@ MEASURED_MEMORY_GB = {
     22: 53, 23: 55, 24: 54, 26: 59, 30: 56, 31: 55, 32: 66, 34: 49, 37: 52, 38: 53, 39: 59, 40: 65, 41: 76,
     42: 60, 43: 44, 44: 75, 45: 57, 46: 63, 47: 44, 48: 53, 50: 58, 62: 59, 63: 75, 65: 48, 66: 48, 74: 44,
     76: 67, 77: 65, 78: 67, 79: 79, 80: 61, 81: 72, 82: 52, 83: 63, 84: 62, 85: 60, 86: 74, 87: 67, 88: 40,
-    89: 59, 90: 73, 91: 60, 92: 59,
+    89: 59, 90: 73, 91: 60, 92: 59, 93: 54, 94: 54, 95: 80,
 }
-FIRST_BF16_ROW = 76
+FIRST_ONE_NODE_ROW = 93
+ONE_NODE = "one node (TP8)"
 # a row's throughput from its seconds may differ from the logged one by this much (rounding)
 TFLOPS_TOLERANCE = 0.002
 
 
 def all_runs() -> list[tuple]:
-    """Every run with its first and last stage's layers (0, 0: layers / pp on every stage)."""
-    return [(*r, 0, 0) for r in BIGSCIENCE_RUNS] + list(UNEVEN_RUNS) + list(BF16_RUNS)
+    """Every run with its first and last stage's layers (0, 0: layers / pp on every stage) and
+    its optimizer ("fp16": float16 under DeepSpeed's ZeRO stage 1; "bf16": DeepSpeed's
+    bfloat16 optimizer)."""
+    return ([(*r, 0, 0, "fp16") for r in BIGSCIENCE_RUNS] + [(*r, "fp16") for r in UNEVEN_RUNS]
+            + [(*r, "bf16") for r in BF16_RUNS] + [(*r, 0, 0, "fp16") for r in ONE_NODE_RUNS])
 
 
 def table_problems() -> list[str]:
     """Transcription checks: each row's logged throughput from its seconds (eq. 3) on 384 GPUs,
     and a layout that divides the GPUs, the model (its stages) and the batch."""
     out = []
-    for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, tflops, first, last) in enumerate(all_runs()):
-        got = paper_flops(batch, SEQ, layers, hidden, VOCAB) / (seconds * GPUS) / 1e12
+    for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, tflops, first, last, _) \
+            in enumerate(all_runs()):
+        gpus = GPUS if i < FIRST_ONE_NODE_ROW else 8
+        got = paper_flops(batch, SEQ, layers, hidden, VOCAB) / (seconds * gpus) / 1e12
         if abs(got - tflops) > TFLOPS_TOLERANCE * tflops:
             out.append(f"row {i} ({date}): {seconds} s gives {got:.2f} TFLOP/s, not {tflops}")
         rest, between = layers - first - last, pp - bool(first) - bool(last)
         stages_split = rest % between == 0 and rest >= between
-        if dp * tp * pp != GPUS or not stages_split or hidden % heads or heads % tp or batch % (mb * dp):
+        if dp * tp * pp != gpus or not stages_split or hidden % heads or heads % tp or batch % (mb * dp):
             out.append(f"row {i} ({date}): the layout does not divide the GPUs, the model or the batch")
     return out
 
@@ -233,11 +252,10 @@ def bigscience_rows() -> list[dict]:
     """The runs as configuration rows with the measured iteration time in ms."""
     return [{"layers": layers, "hidden": hidden, "heads": heads, "seq": SEQ, "micro_batch": mb,
              "global_batch": batch, "tp": tp, "pp": pp, "dp": dp, "vocab": VOCAB,
-             "measured_ms": round(seconds * 1e3, 3), "date": date,
-             "optimizer": "bf16" if i >= FIRST_BF16_ROW else "fp16",
+             "measured_ms": round(seconds * 1e3, 3), "date": date, "optimizer": optimizer,
              **({"first_stage_layers": first, "last_stage_layers": last} if first or last else {})}
-            for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, _, first, last)
-            in enumerate(all_runs())]
+            for date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, _, first, last, optimizer
+            in all_runs()]
 
 
 def run_options(comm_profile: str | None = None, inter_bw: str = "400Gb/s/node", pipeline_engine: str = "deepspeed",
@@ -278,12 +296,15 @@ def error_stats(errs: list[float]) -> dict:
 
 
 def error_breakdown(rows: list[dict]) -> dict[str, dict]:
-    """:func:`error_stats` by tensor-parallel degree, at TP4 and TP8 by micro-batch, by head
-    count (64 or fewer, more) and by optimizer (float16, DeepSpeed's bfloat16): where the
-    table's miss is."""
+    """:func:`error_stats` of the 384-GPU runs by tensor-parallel degree, at TP4 and TP8 by
+    micro-batch, by head count (64 or fewer, more) and by optimizer (float16, DeepSpeed's
+    bfloat16): where the table's miss is; the one-node runs in a group of their own."""
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.get("error_pct") is None:
+            continue
+        if r["tp"] * r["pp"] * r["dp"] != GPUS:
+            groups.setdefault(ONE_NODE, []).append(r["error_pct"])
             continue
         keys = [f"tp{r['tp']}", "heads<=64" if r["heads"] <= 64 else "heads>64"]
         if r.get("optimizer"):
@@ -300,7 +321,7 @@ def same_day_choices(rows: list[dict]) -> dict | None:
     the notes say 2022-02-25 ran 1-5 % faster than the day before)."""
     choices = []
     for date in sorted({r["date"] for r in rows}):
-        day = [r for r in rows if r["date"] == date]
+        day = [r for r in rows if r["date"] == date and r["tp"] * r["pp"] * r["dp"] == GPUS]
         choices += layout_choices(day)
     return choice_summary(choices)
 
@@ -364,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'row':>3} {'date':>5} {'layers':>6} {'hidden':>6} {'heads':>5} {'tp':>3} {'pp':>3} {'dp':>3} {'mb':>3} "
           f"{'batch':>5} {'measured ms':>12} {'predicted ms':>13} {'error':>8} {'compute ms':>11} {'exp. comm':>10} "
           f"{'bubble':>9}")
-    table, errs = [], []
+    table, errs = [], []    # errs: the 384-GPU runs (the layout search) only
     for i, r, date in zip(picked, predicted, dates, strict=True):
         r = {**r, "date": date, "row": i}
         table.append(r)
@@ -373,20 +394,24 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("error"):
             print(f"{head} error: {r['error']}")
             continue
-        errs.append(r["error_pct"])
+        if i < FIRST_ONE_NODE_ROW:
+            errs.append(r["error_pct"])
         print(f"{head} {r['predicted_ms']:>13.1f} {r['error_pct']:>+7.2f}% {r['compute_ms']:>11.1f} "
               f"{r['exposed_comm_ms']:>10.1f} {r['bubble_ms']:>9.1f}")
     summary: dict = {}
+    by = error_breakdown(table)
     if errs:
         summary = {**error_stats(errs), "median_abs_pct": round(statistics.median(abs(e) for e in errs), 2),
                    "max_abs_pct": round(max(map(abs, errs)), 2)}
-        print(f"MAPE {summary['mape_pct']:.2f} % over {len(errs)} rows "
+        print(f"MAPE {summary['mape_pct']:.2f} % over {len(errs)} rows on {GPUS} GPUs "
               f"(mean signed {summary['mean_signed_pct']:+.2f} %, "
               f"median |err| {summary['median_abs_pct']:.2f} %, {summary['within_10_pct']} within 10 %, "
               f"max {summary['max_abs_pct']:.2f} %); {wall:.0f} s wall")
-        summary["by"] = error_breakdown(table)
+    if by:
+        summary["by"] = by
         print("by " + "; ".join(f"{k}: {v['mape_pct']:.2f} % ({v['mean_signed_pct']:+.2f} %, {v['rows']} rows)"
-                                for k, v in summary["by"].items()))
+                                for k, v in by.items()))
+    if errs:
         choice = same_day_choices([r for r in table if r.get("predicted_ms") is not None])
         if choice:
             summary["layout_choice"] = choice

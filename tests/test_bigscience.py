@@ -21,13 +21,17 @@ def bigscience():
 def test_transcribed_runs_are_consistent(bigscience) -> None:
     assert bigscience.table_problems() == []
     rows = bigscience.bigscience_rows()
-    assert len(rows) == 93
-    assert all(r["tp"] * r["pp"] * r["dp"] == 384 for r in rows)
+    assert len(rows) == 96
+    assert all(r["tp"] * r["pp"] * r["dp"] == 384 for r in rows[:93])
     assert all(r["layers"] % r["pp"] == 0 for r in rows[:64])
     assert rows[0]["measured_ms"] == 143310.0 and rows[63]["measured_ms"] == 115550.0
     assert {r["date"] for r in rows} == {"02-21", "02-23", "02-24", "02-25", "02-26", "02-27", "02-28"}
     assert [r["optimizer"] for r in rows].count("bf16") == 17 and rows[76]["optimizer"] == "bf16"
     assert {r["date"] for r in rows if r["optimizer"] == "bf16"} == {"02-28"}
+    # the one-node runs: TP8 alone on 8 GPUs, batch 512 (their logged TFLOP/s hold only on 8 GPUs
+    # and batch 512, which table_problems checked above)
+    assert [(r["layers"], r["tp"], r["pp"], r["dp"], r["micro_batch"], r["global_batch"], r["optimizer"])
+            for r in rows[93:]] == [(6, 8, 1, 1, 2, 512, "fp16")] * 2 + [(10, 8, 1, 1, 1, 512, "fp16")]
     # the uneven runs: DeepSpeed's 'type:transformer' on 78 layers and 12 stages (7 x 11, 1),
     # and 'type:transformer|embedding' on 106 (8, 9 x 10, 8)
     assert [(r["layers"], r["first_stage_layers"], r["last_stage_layers"]) for r in (rows[64], rows[75])] \
@@ -56,17 +60,23 @@ def test_a_mistyped_run_is_caught(bigscience, monkeypatch) -> None:
     assert bigscience.table_problems() == [
         "row 75 (02-27): the layout does not divide the GPUs, the model or the batch"]
     monkeypatch.setattr(bigscience, "UNEVEN_RUNS", original_uneven)
-    bf16 = list(bigscience.BF16_RUNS)
+    original_bf16 = bigscience.BF16_RUNS
+    bf16 = list(original_bf16)
     bf16[0] = (*bf16[0][:9], 161.54, *bf16[0][10:])     # the 106-layer bfloat16 row, digits exchanged
     monkeypatch.setattr(bigscience, "BF16_RUNS", tuple(bf16))
     assert bigscience.table_problems() == ["row 76 (02-28): 161.54 s gives 108.03 TFLOP/s, not 149.75"]
+    monkeypatch.setattr(bigscience, "BF16_RUNS", original_bf16)
+    one_node = list(bigscience.ONE_NODE_RUNS)
+    one_node[0] = (*one_node[0][:8], 2048, *one_node[0][9:])    # the column's batch, not the heading's
+    monkeypatch.setattr(bigscience, "ONE_NODE_RUNS", tuple(one_node))
+    assert bigscience.table_problems() == ["row 93 (02-21): 130.43 s gives 573.62 TFLOP/s, not 143.48"]
 
 
 def test_bad_options_are_one_line_exit_2(bigscience, capsys) -> None:
-    assert bigscience.main(["--rows", "3,93"]) == 2
-    assert capsys.readouterr().err == "error: --rows 3,93: row indices are 0-92\n"
+    assert bigscience.main(["--rows", "3,96"]) == 2
+    assert capsys.readouterr().err == "error: --rows 3,96: row indices are 0-95\n"
     assert bigscience.main(["--rows", "x"]) == 2
-    assert capsys.readouterr().err == "error: --rows x: row indices are 0-92\n"
+    assert capsys.readouterr().err == "error: --rows x: row indices are 0-95\n"
     assert bigscience.main(["--compute-profile", "/nonexistent/candidate.json"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --compute-profile") and err.count("\n") == 1
@@ -105,17 +115,17 @@ def test_layout_choice_is_judged_within_each_day(bigscience) -> None:
 
 
 def test_the_memory_bound_stays_below_every_measured_run(bigscience, capsys) -> None:
-    """57 of the runs logged the memory a GPU used (nvidia-smi): echo-et's footprint, a lower
+    """60 of the runs logged the memory a GPU used (nvidia-smi): echo-et's footprint, a lower
     bound by design, is below every one of them, and not vacuously (at least a third of the
     measurement on every row)."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     bounds = bigscience.memory_bounds()
-    assert len(bounds) == 57
+    assert len(bounds) == 60
     ratios = [bound / gb for _, gb, bound in bounds]
     assert max(ratios) < 1.0 and min(ratios) > 0.33
     assert bigscience.main(["--memory"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 58 and out[0].split()[-1] == "bound/measured"
+    assert len(out) == 61 and out[0].split()[-1] == "bound/measured"
 
 
 def test_the_error_breakdown_groups_by_tp_micro_batch_and_heads(bigscience) -> None:
@@ -126,8 +136,13 @@ def test_the_error_breakdown_groups_by_tp_micro_batch_and_heads(bigscience) -> N
             {"tp": 2, "micro_batch": 2, "heads": 64, "error_pct": 4.0},
             {"tp": 4, "micro_batch": 2, "heads": 96, "error_pct": None},
             {"tp": 4, "micro_batch": 1, "heads": 64, "error_pct": -30.0}]
+    rows = [{"pp": 12, "dp": 384 // (12 * r["tp"]), **r} for r in rows]
+    # a one-node run counts in its own group only
+    rows.append({"tp": 8, "pp": 1, "dp": 1, "micro_batch": 2, "heads": 64, "error_pct": -16.0})
     got = bigscience.error_breakdown(rows)
-    assert list(got) == ["heads<=64", "heads>64", "tp2", "tp4", "tp4 mb1", "tp8", "tp8 mb1", "tp8 mb4"]
+    assert list(got) == ["heads<=64", "heads>64", "one node (TP8)", "tp2", "tp4", "tp4 mb1", "tp8", "tp8 mb1",
+                         "tp8 mb4"]
+    assert got["one node (TP8)"]["rows"] == 1
     assert got["tp8"] == {"rows": 2, "mape_pct": 15.0, "mean_signed_pct": -15.0, "within_10_pct": 0}
     assert got["heads<=64"] == {"rows": 3, "mape_pct": 18.0, "mean_signed_pct": -15.33, "within_10_pct": 1}
 
