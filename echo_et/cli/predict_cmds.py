@@ -155,6 +155,8 @@ def predict_cmd(
                + (f" (layers per stage: {_stages_said(layers, first_stage_layers, last_stage_layers, pp)})"
                   if first_stage_layers or last_stage_layers else "")
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
+    for line in pred.advice:
+        typer.echo(f"advice: {line}")
     echo_result(res)
     echo_compute_bounds(pred.retime.to_json())
     echo_throughput(pred.throughput, opts.gpu())

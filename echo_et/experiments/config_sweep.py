@@ -42,6 +42,7 @@ from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.executors import Failure, run_rows
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
+from echo_et.experiments.shape_advice import shape_advice
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
 from echo_et.ir.limits import MAX_SWEEP_ROWS, fills_nodes, format_size
@@ -479,9 +480,21 @@ def timed_predict_row(opts: ConfigSweepOptions, row: dict[str, Any]) -> tuple[di
         res, _ = predict_job(job, opts)
         seconds = {"trace_s": round(t1 - t0, 3), "simulate_s": round(time.perf_counter() - t1, 3)}
         rates = row_throughput(row, opts, res.step_time_ns)
-        return {**summarize(row, res), **{k: rates[k] for k in ROW_RATES}}, seconds
+        advice = shape_advice(int(row["hidden"]), int(row["heads"]), opts.dtype)
+        return {**summarize(row, res), **{k: rates[k] for k in ROW_RATES},
+                **({"advice": list(advice)} if advice else {})}, seconds
     except EchoError as e:
         return failed_row(row, str(e).splitlines()[0]), {}
+
+
+def advice_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The table's lines for the rows whose shape costs what the models do not price
+    (:mod:`echo_et.experiments.shape_advice`): each piece of advice once, with its rows."""
+    said: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        for a in r.get("advice", ()):
+            said.setdefault(a, []).append(i)
+    return [f"row{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}: {a}" for a, at in said.items()]
 
 
 def failed_row(row: dict[str, Any], error: str) -> dict[str, Any]:
@@ -538,6 +551,7 @@ class ConfigSweepResult:
             lines.append(f"{left} {meas:>12} {r['predicted_ms']:>12.3f} {err:>12} "
                          f"{r['compute_ms']:>12.3f} {r['exposed_comm_ms']:>12.3f} {r['bubble_ms']:>12.3f} "
                          f"{r['host_idle_ms']:>12.3f} {_mfu(r):>12}")
+        lines.extend(advice_lines(self.rows))
         if self.mape_pct is not None:
             lines.append(f"MAPE {self.mape_pct:.2f} % over "
                          f"{sum(1 for r in self.rows if r.get('error_pct') is not None)} rows")

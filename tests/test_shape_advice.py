@@ -1,0 +1,69 @@
+"""A shape whose cost the models do not price is said beside its prediction: a 16-bit head
+size off the 16-byte alignment, in ``predict`` (printed and in summary.json) and in
+``sweep --configs`` (each row's ``advice``, once per piece of advice in table.txt); aligned
+shapes and float32 say nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from echo_et.cli.main import app
+from echo_et.experiments.shape_advice import shape_advice
+
+
+@pytest.mark.parametrize(("hidden", "heads", "dtype", "said"), [
+    (13824, 128, "float16", True),     # head size 108: BigScience's slow runs
+    (13824, 128, "bfloat16", True),
+    (14400, 96, "float16", True),      # 150
+    (13824, 64, "float16", False),     # 216
+    (14336, 112, "bfloat16", False),   # 128: BLOOM's
+    (13824, 128, "float32", False),    # the measurements are of 16-bit runs
+    (100, 3, "float16", False),        # heads that do not divide: the workload's own error, not advice
+])
+def test_which_shapes_are_advised(hidden, heads, dtype, said) -> None:
+    got = shape_advice(hidden, heads, dtype)
+    assert bool(got) is said
+    if said:
+        (line,) = got
+        assert line.startswith(f"head size {hidden // heads} (hidden {hidden} / {heads} heads) is not a multiple "
+                               "of 8") and "33-44 % slower" in line and "--" not in line
+
+
+torch = pytest.importorskip("torch", reason="the meta-device tracer needs torch (pip install 'echo-et[trace]')")
+runner = CliRunner()
+SMALL = ["--layers", "2", "--seq", "32", "--micro-batch", "1", "--global-batch", "8", "--tp", "2", "--pp", "2",
+         "--dp", "2", "--vocab", "256", "--gpu", "a100"]
+
+
+def test_predict_says_the_advice_and_writes_it(tmp_path) -> None:
+    odd = runner.invoke(app, ["predict", *SMALL, "--hidden", "48", "--heads", "4", "-o", str(tmp_path / "odd")])
+    assert odd.exit_code == 0, odd.output
+    lines = odd.stdout.splitlines()
+    assert lines[1].startswith("advice: head size 12 (hidden 48 / 4 heads) is not a multiple of 8")
+    assert lines[2].startswith("predict: step time ")
+    summary = json.loads((tmp_path / "odd" / "summary.json").read_text())
+    assert summary["advice"] == [lines[1].removeprefix("advice: ")]
+    even = runner.invoke(app, ["predict", *SMALL, "--hidden", "64", "--heads", "4", "-o", str(tmp_path / "even")])
+    assert even.exit_code == 0, even.output
+    assert "advice:" not in even.stdout
+    assert json.loads((tmp_path / "even" / "summary.json").read_text())["advice"] == []
+
+
+def test_a_sweep_carries_the_advice_per_row_and_says_it_once(tmp_path) -> None:
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, run_config_sweep
+
+    base = dict(layers=2, seq=32, micro_batch=1, global_batch=4, tp=2, pp=1, dp=2)
+    rows = [{**base, "hidden": 64, "heads": 4}, {**base, "hidden": 48, "heads": 4},
+            {**base, "hidden": 48, "heads": 4, "dp": 1, "global_batch": 2}]
+    out = run_config_sweep(rows, ConfigSweepOptions(), workers=1)
+    assert "advice" not in out.rows[0]
+    assert out.rows[1]["advice"] == out.rows[2]["advice"] == list(shape_advice(48, 4, "float16"))
+    table = out.table().splitlines()
+    said = [line for line in table if "head size 12" in line]
+    assert said == [f"rows 1, 2: {shape_advice(48, 4, 'float16')[0]}"]
+    # float32 runs are not judged
+    plain = run_config_sweep(rows[1:2], ConfigSweepOptions(dtype="float32"), workers=1)
+    assert "advice" not in plain.rows[0] and "head size" not in plain.table()
