@@ -232,8 +232,9 @@ def all_runs() -> list[tuple]:
 
 
 def table_problems() -> list[str]:
-    """Transcription checks: each row's logged throughput from its seconds (eq. 3) on 384 GPUs,
-    and a layout that divides the GPUs, the model (its stages) and the batch."""
+    """Transcription checks: each row's logged throughput from its seconds (eq. 3) on its GPUs
+    (384; 8 for the one-node runs), and a layout that divides the GPUs, the model (its stages)
+    and the batch."""
     out = []
     for i, (date, layers, hidden, heads, dp, tp, pp, mb, batch, seconds, tflops, first, last, _) \
             in enumerate(all_runs()):
