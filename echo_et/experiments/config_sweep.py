@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from echo_et.errors import EchoError, OptionError
+from echo_et.experiments.advice import prediction_advice
 from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.executors import Failure, run_rows
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
-from echo_et.experiments.shape_advice import shape_advice
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
 from echo_et.ir.limits import MAX_SWEEP_ROWS, fills_nodes, format_size
@@ -480,7 +480,7 @@ def timed_predict_row(opts: ConfigSweepOptions, row: dict[str, Any]) -> tuple[di
         res, _ = predict_job(job, opts)
         seconds = {"trace_s": round(t1 - t0, 3), "simulate_s": round(time.perf_counter() - t1, 3)}
         rates = row_throughput(row, opts, res.step_time_ns)
-        advice = shape_advice(int(row["hidden"]), int(row["heads"]), opts.dtype)
+        advice = prediction_advice(int(row["hidden"]), int(row["heads"]), opts.dtype, int(row["tp"]))
         return {**summarize(row, res), **{k: rates[k] for k in ROW_RATES},
                 **({"advice": list(advice)} if advice else {})}, seconds
     except EchoError as e:
@@ -488,8 +488,8 @@ def timed_predict_row(opts: ConfigSweepOptions, row: dict[str, Any]) -> tuple[di
 
 
 def advice_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The table's lines for the rows whose shape costs what the models do not price
-    (:mod:`echo_et.experiments.shape_advice`): each piece of advice once, with its rows."""
+    """The table's lines for the rows whose configuration costs what the models do not price
+    (:mod:`echo_et.experiments.advice`): each piece of advice once, with its rows."""
     said: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         for a in r.get("advice", ()):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from echo_et.experiments.advice import prediction_advice
 from echo_et.experiments.config_sweep import ConfigSweepOptions, retime_job, row_throughput, simulate_timed, trace_row
-from echo_et.experiments.shape_advice import shape_advice
 from echo_et.ir import Job, save_job
 from echo_et.ir.io import GRAPH_DIR, GRAPH_SUFFIX, MANIFEST_NAME, atomic_dir, written_by
 
@@ -45,7 +45,7 @@ class Prediction:
     timed: Job
     retime: Any          # echo_et.passes.RetimeReport: the compute time and what bounds it
     throughput: dict[str, Any]   # the step's rates (echo_et.experiments.throughput)
-    advice: tuple[str, ...] = ()  # what the shape costs that the models do not price (shape_advice)
+    advice: tuple[str, ...] = ()  # what the prediction does not price (experiments.advice)
 
     def timeline_ranks(self) -> list[int]:
         """One rank per class of equivalent ranks: the timeline of the others is the same."""
@@ -68,7 +68,8 @@ def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Predicti
     timed, retime = retime_job(job, opts)
     res = simulate_timed(timed, opts, repeats=True)
     return Prediction(dict(config), opts, res, job, timed, retime, row_throughput(config, opts, res.step_time_ns),
-                      shape_advice(int(config["hidden"]), int(config["heads"]), opts.dtype))
+                      prediction_advice(int(config["hidden"]), int(config["heads"]), opts.dtype,
+                                        int(config["tp"])))
 
 
 # What a predict folder holds: nothing else (a user's notes.txt beside them makes the folder

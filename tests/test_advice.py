@@ -1,7 +1,7 @@
-"""A shape whose cost the models do not price is said beside its prediction: a 16-bit head
-size off the 16-byte alignment, in ``predict`` (printed and in summary.json) and in
-``sweep --configs`` (each row's ``advice``, once per piece of advice in table.txt); aligned
-shapes and float32 say nothing."""
+"""What a prediction does not price is said beside it: a 16-bit head size off the 16-byte
+alignment and 8-way tensor parallelism, in ``predict`` (printed and in summary.json) and in
+``sweep --configs`` (each row's ``advice``, once per piece of advice in table.txt); other
+configurations, and head sizes at float32, say nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from echo_et.cli.main import app
-from echo_et.experiments.shape_advice import shape_advice
+from echo_et.experiments.advice import prediction_advice
 
 
 @pytest.mark.parametrize(("hidden", "heads", "dtype", "said"), [
@@ -23,13 +23,22 @@ from echo_et.experiments.shape_advice import shape_advice
     (13824, 128, "float32", False),    # the measurements are of 16-bit runs
     (100, 3, "float16", False),        # heads that do not divide: the workload's own error, not advice
 ])
-def test_which_shapes_are_advised(hidden, heads, dtype, said) -> None:
-    got = shape_advice(hidden, heads, dtype)
+def test_which_head_sizes_are_advised(hidden, heads, dtype, said) -> None:
+    got = prediction_advice(hidden, heads, dtype, tp=4)
     assert bool(got) is said
     if said:
         (line,) = got
         assert line.startswith(f"head size {hidden // heads} (hidden {hidden} / {heads} heads) is not a multiple "
                                "of 8") and "33-44 % slower" in line and "--" not in line
+
+
+def test_tensor_parallelism_8_is_advised_alone_and_with_a_head_size() -> None:
+    assert [prediction_advice(14336, 64, "float16", tp) for tp in (1, 2, 4, 16)] == [()] * 4
+    (tp8,) = prediction_advice(14336, 64, "float16", 8)
+    assert tp8.startswith("tensor parallelism 8: ") and "13-17 % fast" in tp8 and "--" not in tp8
+    both = prediction_advice(13824, 128, "bfloat16", 8)
+    assert [a.split(":")[0] for a in both] == ["head size 108 (hidden 13824 / 128 heads) is not a multiple of 8",
+                                              "tensor parallelism 8"]
 
 
 torch = pytest.importorskip("torch", reason="the meta-device tracer needs torch (pip install 'echo-et[trace]')")
@@ -56,14 +65,17 @@ def test_a_sweep_carries_the_advice_per_row_and_says_it_once(tmp_path) -> None:
     from echo_et.experiments.config_sweep import ConfigSweepOptions, run_config_sweep
 
     base = dict(layers=2, seq=32, micro_batch=1, global_batch=4, tp=2, pp=1, dp=2)
-    rows = [{**base, "hidden": 64, "heads": 4}, {**base, "hidden": 48, "heads": 4},
-            {**base, "hidden": 48, "heads": 4, "dp": 1, "global_batch": 2}]
+    rows = [{**base, "hidden": 64, "heads": 8}, {**base, "hidden": 48, "heads": 4},
+            {**base, "hidden": 48, "heads": 4, "dp": 1, "global_batch": 2},
+            {**base, "hidden": 64, "heads": 8, "tp": 8, "dp": 1, "global_batch": 2}]
     out = run_config_sweep(rows, ConfigSweepOptions(), workers=1)
     assert "advice" not in out.rows[0]
-    assert out.rows[1]["advice"] == out.rows[2]["advice"] == list(shape_advice(48, 4, "float16"))
+    head, tp8 = prediction_advice(48, 4, "float16", 2)[0], prediction_advice(64, 8, "float16", 8)[0]
+    assert out.rows[1]["advice"] == out.rows[2]["advice"] == [head]
+    assert out.rows[3]["advice"] == [tp8]
     table = out.table().splitlines()
-    said = [line for line in table if "head size 12" in line]
-    assert said == [f"rows 1, 2: {shape_advice(48, 4, 'float16')[0]}"]
-    # float32 runs are not judged
+    assert [line for line in table if "head size 12" in line or "tensor parallelism 8:" in line] == [
+        f"rows 1, 2: {head}", f"row 3: {tp8}"]
+    # float32 runs' head sizes are not judged
     plain = run_config_sweep(rows[1:2], ConfigSweepOptions(dtype="float32"), workers=1)
     assert "advice" not in plain.rows[0] and "head size" not in plain.table()
