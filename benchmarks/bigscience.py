@@ -231,6 +231,11 @@ def all_runs() -> list[tuple]:
             + [(*r, "bf16") for r in BF16_RUNS] + [(*r, 0, 0, "fp16") for r in ONE_NODE_RUNS])
 
 
+def on_all_gpus(row: dict) -> bool:
+    """A run of the 384-GPU layout search (not one of the one-node runs), by its layout."""
+    return row["tp"] * row["pp"] * row["dp"] == GPUS
+
+
 def table_problems() -> list[str]:
     """Transcription checks: each row's logged throughput from its seconds (eq. 3) on its GPUs
     (384; 8 for the one-node runs), and a layout that divides the GPUs, the model (its stages)
@@ -304,7 +309,7 @@ def error_breakdown(rows: list[dict]) -> dict[str, dict]:
     for r in rows:
         if r.get("error_pct") is None:
             continue
-        if r["tp"] * r["pp"] * r["dp"] != GPUS:
+        if not on_all_gpus(r):
             groups.setdefault(ONE_NODE, []).append(r["error_pct"])
             continue
         keys = [f"tp{r['tp']}", "heads<=64" if r["heads"] <= 64 else "heads>64"]
@@ -322,7 +327,7 @@ def same_day_choices(rows: list[dict]) -> dict | None:
     the notes say 2022-02-25 ran 1-5 % faster than the day before)."""
     choices = []
     for date in sorted({r["date"] for r in rows}):
-        day = [r for r in rows if r["date"] == date and r["tp"] * r["pp"] * r["dp"] == GPUS]
+        day = [r for r in rows if r["date"] == date and on_all_gpus(r)]
         choices += layout_choices(day)
     return choice_summary(choices)
 
@@ -395,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("error"):
             print(f"{head} error: {r['error']}")
             continue
-        if i < FIRST_ONE_NODE_ROW:
+        if on_all_gpus(r):
             errs.append(r["error_pct"])
         print(f"{head} {r['predicted_ms']:>13.1f} {r['error_pct']:>+7.2f}% {r['compute_ms']:>11.1f} "
               f"{r['exposed_comm_ms']:>10.1f} {r['bubble_ms']:>9.1f}")
