@@ -65,7 +65,7 @@ def test_a_folder_of_metadata_only_says_so(tmp_path) -> None:
     (b'{"command": "python x.py", "layers": [1]}', "a JSON object with keys command, layers, none a trace's"),
     (b'[1, 2, 3]', "a JSON array of 3 items, not trace events"),
     (b'{"traceEvents": [', "text starting like JSON"),
-    (gzip.compress(b"hello world"), "gzip of text starting with 'hello world'"),
+    (gzip.compress(b"hello world", mtime=0), "gzip of text starting with 'hello world'"),
     (b"\x1f\x8bnot really gzip", "gzip data that does not decompress"),
 ])
 def test_describe_says_what_a_file_holds(tmp_path, content: bytes, found: str) -> None:

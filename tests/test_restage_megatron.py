@@ -120,16 +120,23 @@ def test_restaging_matches_tracing_with_megatrons_settings(traced, options) -> N
             assert _groups(restaged, r) == _groups(direct, r), (pp, r)
 
 
+def _busiest_rank_work_ns(job) -> int:
+    """The most measured time any rank's nodes add up to (streams and threads summed)."""
+    return max(sum(n.duration_ns for n in job.graph_of(r).nodes) for r in range(job.world_size))
+
+
 def test_restaging_a_cpu_traced_megatron_job_matches_tracing(traced) -> None:
     """Measured (CPU, gloo) traces: re-staged from PP2 to PP4, every rank issues what the
-    Job traced at PP4 issues, and the replayed step is in the same range (CPU timings are
-    noisy: what is compared is that no wait or transfer was lost or invented)."""
+    Job traced at PP4 issues, and the replayed step, per unit of the measured work it
+    replays, is in the same range as the traced Job's: no wait or transfer was lost or
+    invented. (The two traces are two runs: a machine busy with other tests stretched one
+    run's operators 1.4-3x against the other's, so the steps themselves are not compared.)"""
     restaged, _ = scale(traced(2, 2, 2, "cpu"), pp=4)
     direct = traced(2, 4, 2, "cpu")
     for r in range(direct.world_size):
         assert comm_sequence(restaged, r) == comm_sequence(direct, r), r
-    steps = [simulate(job, "replay").step_time_ns for job in (restaged, direct)]
-    assert 0.5 < steps[0] / steps[1] < 2.0, steps
+    shares = [simulate(job, "replay").step_time_ns / _busiest_rank_work_ns(job) for job in (restaged, direct)]
+    assert 0.5 < shares[0] / shares[1] < 2.0, shares
 
 
 def test_restaging_a_timed_job_drops_the_embedding_sync_and_its_host_time(traced) -> None:
