@@ -2,12 +2,15 @@
 
 from setuptools import find_packages, setup
 
-packages = ["echo_et", *(f"echo_et.{p}" for p in find_packages("echo_et"))]
+# the model presets are folders of JSON, not modules: listed as (namespace) packages so that
+# setuptools installs their data as such, not through the deprecated path it warns about
+PRESETS = ["echo_et.models.comm.presets", "echo_et.models.compute.presets"]
+
+packages = ["echo_et", *(f"echo_et.{p}" for p in find_packages("echo_et")), *PRESETS]
 packages += ["echo_et.converters", *(f"echo_et.converters.{p}" for p in find_packages("converters"))]
 
 setup(
     packages=packages,
     package_dir={"echo_et": "echo_et", "echo_et.converters": "converters"},
-    package_data={"echo_et": ["py.typed", "data/*.json", "models/comm/presets/*.json",
-                              "models/compute/presets/*.json"]},
+    package_data={"echo_et": ["py.typed"], **{p: ["*.json"] for p in PRESETS}},
 )
