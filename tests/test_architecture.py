@@ -231,10 +231,7 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> No
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
 # Messages in parts that other work owns at the time of writing; each names a flag still.
 # Remove an entry when its file is reworded (the test then guards it).
-FLAG_DEBT = {
-    "echo_et.models.comm.nccl_tests",    # "pass --collective" (issue 16)
-    "echo_et.models.comm.calibrate",     # "more than --gpus-per-node" (issue 16)
-}
+FLAG_DEBT: set[str] = set()
 
 
 def _error_strings(tree: ast.AST) -> list[tuple[int, str]]:

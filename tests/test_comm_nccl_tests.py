@@ -7,9 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
+from test_comm_cli import one_line_error
+from typer.testing import CliRunner
 
 from conftest import shared_path
-from echo_et.errors import EchoError
+from echo_et.cli.main import app
+from echo_et.errors import EchoError, OptionError
 from echo_et.models.comm import nccl_tests
 
 LOGS = [1, 2, 4, 8, 16, 32]
@@ -132,8 +135,13 @@ def test_all_gather_bytes_become_the_shard(tmp_path):
     # the table alone cannot tell all-gather from all-to-all
     q = tmp_path / "perf.log"
     q.write_text(text)
-    with pytest.raises(EchoError, match="--collective"):
+    with pytest.raises(OptionError, match="the table cannot tell") as refused:
         nccl_tests.read_log(q)
+    # the value to give is the collective: the CLI names its own flag for it
+    assert refused.value.option == "collective"
+    line = one_line_error(CliRunner().invoke(app, ["calibrate", "nccl-tests", str(q), "--gpus-per-node", "8",
+                                                  "-o", str(tmp_path / "p.json")]))
+    assert line.startswith("error: --collective: perf.log:") and line.endswith("name the collective"), line
     (forced,) = nccl_tests.read_log(q, "all_to_all")
     assert forced.ir_bytes(forced.rows[0]) == 65536
 

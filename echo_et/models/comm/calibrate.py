@@ -33,8 +33,8 @@ def run_placement(run: nccl_tests.Run, gpus_per_node: int) -> Placement:
             per_host[h] = per_host.get(h, 0) + 1
         host, most = max(per_host.items(), key=lambda kv: kv[1])
         if most > gpus_per_node:
-            raise EchoError(f"{run.source}: {most} ranks ran on {host}, more than --gpus-per-node "
-                            f"{gpus_per_node}")
+            raise OptionError("gpus_per_node", f"{run.source}: {most} ranks ran on {host}, more than "
+                              f"{gpus_per_node} GPUs per node")
         fewest_host, fewest = min(per_host.items(), key=lambda kv: kv[1])
         if fewest != most:
             raise EchoError(f"{run.source}: its {n} ranks ran on hosts of unequal size ({most} on {host}, "
@@ -84,9 +84,9 @@ def default_preset(gpu_names: Iterable[str]) -> str:
     presets = preset_names()
     chosen = {n: comm_preset(n, presets) for n in names}
     if len(set(chosen.values())) > 1:
-        raise EchoError("the logs name GPUs of different node types ("
-                        + ", ".join(f"{n!r} -> {p}" for n, p in chosen.items())
-                        + "): calibrate each cluster apart, or name one with --preset")
+        raise OptionError("preset", "the logs name GPUs of different node types ("
+                          + ", ".join(f"{n!r} -> {p}" for n, p in chosen.items())
+                          + "): calibrate each cluster apart, or name the preset to fit from")
     return chosen[names[0]]
 
 
@@ -205,8 +205,8 @@ def stated_release(runs: Sequence[nccl_tests.Run]) -> str | None:
     in the header), None when none states one; logs stating different releases are an error."""
     stated = {r.nccl_version for r in runs if r.nccl_version}
     if len(stated) > 1:
-        raise EchoError(f"the logs state different NCCL releases ({', '.join(sorted(stated))}); "
-                        "fit each cluster's logs apart or pass --nccl-version")
+        raise OptionError("nccl_version", f"the logs state different NCCL releases ({', '.join(sorted(stated))}); "
+                          "fit each cluster's logs apart or name the release")
     return modelled_release(stated.pop()) if stated else None
 
 

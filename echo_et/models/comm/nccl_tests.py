@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from echo_et.errors import EchoError
+from echo_et.errors import EchoError, OptionError
 from echo_et.ir.dtypes import dtype_size
 
 WARMUP_ROWS = 4
@@ -323,8 +323,8 @@ def _from_table(run: Run, name: str) -> str:
     where = f"{name}:{row.line}"
     width = dtype_size(row.dtype)
     if width is None or row.count == 0:
-        raise EchoError(f"{where}: cannot tell which collective this is (type {row.dtype!r}); "
-                        "pass --collective")
+        raise OptionError("collective", f"{where}: cannot tell which collective this is (type {row.dtype!r}); "
+                          "name the collective")
     reduces = row.redop.lower() not in ("none", "")
     n = run.ranks
     ratio = row.size / (row.count * width)
@@ -343,13 +343,14 @@ def _from_table(run: Run, name: str) -> str:
             return "all_reduce"   # at 2 ranks all_reduce and sendrecv print the same busbw
     elif n > 1 and abs(ratio - n) < 1e-9:
         if row.root >= 0:
-            raise EchoError(f"{where}: gather or scatter (the table cannot tell); pass --collective")
+            raise OptionError("collective", f"{where}: gather or scatter (the table cannot tell); name the collective")
         if reduces:
             return "reduce_scatter"
         if near(bus, 1.0) and n > 2:
             return "hypercube"
-        raise EchoError(f"{where}: all_gather or all_to_all (the table cannot tell); pass --collective")
-    raise EchoError(f"{where}: cannot tell which collective this is; pass --collective")
+        raise OptionError("collective", f"{where}: all_gather or all_to_all (the table cannot tell); "
+                          "name the collective")
+    raise OptionError("collective", f"{where}: cannot tell which collective this is; name the collective")
 
 
 def _check_sizes(run: Run, name: str) -> None:
@@ -370,9 +371,9 @@ def _check_mixed(runs: list[Run], name: str, collective: str | None) -> None:
         return
     for r in runs:
         if not r.binary:
-            raise EchoError(f"{name}:{r.line}: runs of different collectives "
-                            f"({', '.join(sorted({x.collective for x in runs}))}) in one file without "
-                            "'# Collective test starting' headers; split the file or pass --collective")
+            raise OptionError("collective", f"{name}:{r.line}: runs of different collectives "
+                              f"({', '.join(sorted({x.collective for x in runs}))}) in one file without "
+                              "'# Collective test starting' headers; split the file or name the collective")
 
 
 def measurements(run: Run) -> tuple[list[Measurement], int, int]:
