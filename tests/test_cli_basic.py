@@ -89,6 +89,15 @@ def test_version():
     assert r.exit_code == 0 and r.stdout.strip() == f"echo-et {__version__}"
 
 
+@pytest.mark.parametrize("args", [(), ("calibrate",), ("export",)])
+def test_a_bare_command_group_prints_its_help_and_no_empty_error(args):
+    """``echo-et`` (or a group such as ``echo-et calibrate``) with nothing after it: its help
+    on stdout, exit 2 as click has it, and no ``error:`` line with nothing to say."""
+    r = run(*args)
+    assert r.exit_code == 2 and "Usage: echo-et" in r.stdout and "Commands" in r.stdout
+    assert r.stderr == "", r.stderr
+
+
 def test_convert_check_inspect_export_on_every_real_input(inputs, tmp_path):
     for name, arg, files in inputs:
         want = expected_summary(files)

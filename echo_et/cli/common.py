@@ -186,7 +186,9 @@ class OneLineErrors(TyperGroup):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _CLICK_ERROR as e:
-            typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+            message = " ".join(e.format_message().split())
+            if message:  # a group called bare has printed its help and has nothing to add
+                typer.echo(f"error: {message}", err=True)
             sys.exit(e.exit_code)
         except typer.Abort:
             typer.echo("error: interrupted", err=True)
