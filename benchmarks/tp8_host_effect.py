@@ -17,6 +17,13 @@ the same micro-batches per rank:
 Nothing is fitted; the script prints, per (hidden, micro-batch), the median over layer counts
 and global batches of each ratio.
 
+A second table pairs every row at hidden 2048 with the row of the same layout, batch,
+micro-batch and layer count at hidden 1024 (pipelines included): a layer at 2048 holds 3.7
+times the FLOPs of one at 1024 (sequence 1,024) and the same operators, so where the host
+binds the ratio of their times cannot fall below 1 in any model that prices the same host
+work per operator; it prints, per (tp, micro-batch), the pairs and the least, median and
+largest ratio of the measured times.
+
     python benchmarks/tp8_host_effect.py
 """
 
@@ -66,6 +73,22 @@ def extra_us(rows) -> dict[tuple[int, int], float]:
     return {k: statistics.median(v) for k, v in got.items()}
 
 
+def hidden_ratios(path: Path) -> dict[tuple[int, int], list[float]]:
+    """(tp, micro-batch) -> measured time at hidden 2048 / at hidden 1024, one per pair of rows
+    that differ in the hidden size alone."""
+    times: dict[tuple, dict[int, float]] = defaultdict(dict)
+    with path.open(encoding="utf-8-sig") as f:
+        for r in csv.DictReader(f):
+            layout = tuple(int(r[c]) for c in ("tensor parallelism", "pipeline parallelism", "data parallelism",
+                                               "global batch", "micro batch", "# layers", "sequence length"))
+            times[layout][int(r["hidden size"])] = float(r["iteration time (ms)"])
+    out: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for layout, by_hidden in times.items():
+        if 1024 in by_hidden and 2048 in by_hidden:
+            out[(layout[0], layout[4])].append(by_hidden[2048] / by_hidden[1024])
+    return dict(out)
+
+
 def main() -> int:
     if not DATA.is_file():
         print(f"error: {DATA} is absent (../shared/data)", file=sys.stderr)
@@ -81,6 +104,10 @@ def main() -> int:
         base = statistics.median(d[(4, 1)] for (h, mb, _, _), d in rows.items() if (h, mb) == k and (4, 1) in d)
         print(f"{k[0]:>6} {k[1]:>3} {base:>11.0f} {dp8.get(k, float('nan')):>16.3f} "
               f"{tp4dp2.get(k, float('nan')):>16.3f} {tp8[k]:>8.3f} {extra[k]:>30.0f}")
+    print()
+    print(f"{'tp':>3} {'mb':>3} {'pairs':>5} {'hidden 2048 / hidden 1024: least':>33} {'median':>7} {'largest':>8}")
+    for (tp, mb), rs in sorted(hidden_ratios(DATA).items()):
+        print(f"{tp:>3} {mb:>3} {len(rs):>5} {min(rs):>33.3f} {statistics.median(rs):>7.3f} {max(rs):>8.3f}")
     return 0
 
 
