@@ -175,6 +175,9 @@ def test_calibrate_compute_iterations_with_a_collective_profile(tmp_path) -> Non
     ("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,measured_ms,gpus\n2,64,2,32,1,2,1,1,1,4,8\n", [],
      "gpus 8 is not tp x pp x dp"),
     (TINY, ["--dtype", "int3"], "'int3' is not one of"),
+    # below a nanosecond an error over it overflows to infinity (the hostile campaign, seed 1244)
+    *((TINY.rsplit("\n", 2)[0] + f"\n2,64,2,32,1,2,1,1,1,{t}\n", [],
+       f"measured_ms '{t}' is not a number of milliseconds from 1e-06") for t in ("1e-320", "0", "-3", "nan", "1e13")),
     (None, ["--recompute"], "--recompute only apply with --iterations"),
     (None, ["--comm-profile", "x.json"], "--comm-profile only apply with --iterations"),
 ])

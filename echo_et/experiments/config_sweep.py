@@ -45,11 +45,15 @@ from echo_et.experiments.executors import Failure, run_rows
 from echo_et.experiments.row_log import LogHeader, RowLog, check_output_dir, json_sha256, path_sha256
 from echo_et.ir import Job
 from echo_et.ir.io import atomic_file
-from echo_et.ir.limits import MAX_SWEEP_ROWS, fills_nodes, format_size
+from echo_et.ir.limits import MAX_NS, MAX_SWEEP_ROWS, fills_nodes, format_size
 from echo_et.models.cluster import Cluster
 from echo_et.sim.result import STEP_PARTS
 
 REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp")
+# A measured iteration time, ms: at least the IR's unit of time (below it, an error over it
+# overflows to infinity) and at most the longest time the IR holds.
+MIN_MEASURED_MS = 1e-6
+MAX_MEASURED_MS = MAX_NS / 1e6
 OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage", "first_stage_layers", "last_stage_layers")
 # vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
 # they are, for ``sweep --configs`` and ``calibrate compute --iterations`` alike.
@@ -218,9 +222,10 @@ def _value(where: str, line: int, column: str, text: str, option: str = "configs
             v = float(text)
         except ValueError:
             v = math.nan
-        if not math.isfinite(v) or v <= 0:
+        if not MIN_MEASURED_MS <= v <= MAX_MEASURED_MS:   # NaN fails both
             raise OptionError(option, f"{where}, line {line}: measured_ms {text!r} is not a "
-                                         "positive number of milliseconds")
+                                      f"number of milliseconds from {MIN_MEASURED_MS:g} (one nanosecond, the "
+                                      f"IR's unit) to {MAX_MEASURED_MS:.4g}")
         return v
     try:
         f = float(text)
