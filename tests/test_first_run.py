@@ -56,6 +56,17 @@ def test_every_option_of_every_verb_has_help_and_a_metavar() -> None:
     assert not missing, "\n".join(missing)
 
 
+def test_every_command_lists_with_a_one_line_summary() -> None:
+    """A group's command list shows each command's first paragraph rewrapped, not the
+    docstring's own line breaks (typer's rich mode keeps them)."""
+    for path, cmd in COMMANDS:
+        summary = cmd.short_help if path else None
+        if summary is not None:
+            assert "\n" not in summary and summary == " ".join(summary.split()), (path, summary)
+    out = runner.invoke(app, ["--help"]).stdout   # rich's 80 columns: the break is rich's own
+    assert "the TP/PP ranks of one replica): DDP gradient buckets" in out, out
+
+
 def test_preset_help_lists_the_presets() -> None:
     assert PRESETS
     for verb in (["simulate"], ["validate"], ["sweep"], ["estimate"]):

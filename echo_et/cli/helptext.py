@@ -11,6 +11,7 @@ help text.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +92,23 @@ class EchoGroup(_QuietHelp, TyperGroup):
             _describe(self.name or "", p)
 
 
+def one_line_summary(text: str) -> str:
+    """The first paragraph of a help text on one line: in rich markup mode typer keeps the
+    docstring's line breaks in a group's command list, so a wrapped docstring showed there
+    as ragged lines."""
+    first = inspect.cleandoc(text).split("\n\n")[0]
+    return " ".join(first.split())
+
+
 def polish(app: typer.Typer) -> None:
-    """Give every command and group of ``app`` (recursively) the classes above."""
+    """Give every command and group of ``app`` (recursively) the classes above, and each
+    command a one-line summary for its group's list."""
     for info in app.registered_commands:
         if info.cls in (None, TyperCommand):
             info.cls = EchoCommand
+        text = info.help or inspect.getdoc(info.callback) or ""
+        if info.short_help is None and text:
+            info.short_help = one_line_summary(text)
     for group in app.registered_groups:
         sub = group.typer_instance
         if sub is not None:
