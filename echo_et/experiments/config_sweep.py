@@ -122,24 +122,9 @@ class ConfigSweepOptions:
         return self.cluster.gpus_per_node or DEFAULT_GPUS_PER_NODE
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k != "cluster"}
-        if not self.layers_per_virtual_stage:   # the plain schedule's records stay as they were
-            del out["layers_per_virtual_stage"]
-        if not self.sync_timers:
-            del out["sync_timers"]
-        if self.pipeline_engine == "megatron":
-            del out["pipeline_engine"]
-        if not self.partition_activations:
-            del out["partition_activations"]
-        if not self.sequence_parallel:
-            del out["sequence_parallel"]
-        for k in ("first_stage_layers", "last_stage_layers"):
-            if not out[k]:
-                del out[k]
-        if self.grad_reduce_scatter:
-            del out["grad_reduce_scatter"]
-        if not self.recompute:
-            del out["recompute_granularity"]
+        from echo_et.workloads.gpt import omit_record_defaults
+
+        out = omit_record_defaults({k: v for k, v in asdict(self).items() if k != "cluster"})
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
         return out
 

@@ -37,6 +37,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.ir.dtypes import dtype_size
@@ -393,25 +394,27 @@ class GPTConfig:
         return self.layers * block + v * h + self.seq * h + 2 * h + head
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        if not self.layers_per_virtual_stage:   # the plain schedule's records stay as they were
-            del out["layers_per_virtual_stage"]
-        if not self.recompute:
-            del out["recompute_granularity"]
-        if not self.sync_timers:
-            del out["sync_timers"]
-        if self.pipeline_engine == PIPELINE_ENGINES[0]:
-            del out["pipeline_engine"]
-        if not self.partition_activations:
-            del out["partition_activations"]
-        if not self.sequence_parallel:
-            del out["sequence_parallel"]
-        for k in ("first_stage_layers", "last_stage_layers"):
-            if not out[k]:
-                del out[k]
-        if self.grad_reduce_scatter:
-            del out["grad_reduce_scatter"]
-        return out
+        return omit_record_defaults(asdict(self))
+
+
+# Options added after the first records were written: at these values a record leaves them out,
+# so the records (Jobs' provenance, sweep results and logs) of the plain Megatron run stay as
+# they were.
+RECORD_DEFAULTS: dict[str, Any] = {
+    "layers_per_virtual_stage": 0, "sync_timers": False, "pipeline_engine": PIPELINE_ENGINES[0],
+    "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
+    "last_stage_layers": 0, "grad_reduce_scatter": True,
+}
+
+
+def omit_record_defaults(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (a GPT configuration's or a sweep's options, as a dict) without the options
+    at their :data:`RECORD_DEFAULTS`, and without ``recompute_granularity`` when nothing is
+    recomputed."""
+    out = {k: v for k, v in record.items() if k not in RECORD_DEFAULTS or v != RECORD_DEFAULTS[k]}
+    if not record.get("recompute"):
+        out.pop("recompute_granularity", None)
+    return out
 
 
 def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
