@@ -19,6 +19,10 @@ nodes simply carry no annotations.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from echo_et.ir.schema import pb
+
 PREFIX = "echo:"
 INT_KEYS = ("layer", "mb", "stage")
 KEYS = ("phase", "group", *INT_KEYS)
@@ -59,3 +63,19 @@ def parse(name: str) -> tuple[str, dict[str, str | int]] | None:
         else:
             attrs[key] = value
     return (kind, attrs) if attrs else None
+
+
+def apply(node: pb.Node, attrs: Mapping[str, str | int] | None) -> None:
+    """Set ``node``'s annotations from a span's attrs (``mb`` is the node's ``microbatch``;
+    ``group`` is not an annotation)."""
+    if not attrs:
+        return
+    a = node.annotations
+    if "phase" in attrs:
+        a.phase = str(attrs["phase"])
+    if "layer" in attrs:
+        a.layer = int(attrs["layer"])
+    if "mb" in attrs:
+        a.microbatch = int(attrs["mb"])
+    if "stage" in attrs:
+        a.stage = int(attrs["stage"])

@@ -742,18 +742,7 @@ class _Build:
             raise EchoError(f"{self.where}: internal: unfilled placeholder in a flat event list")
 
     def annotate(self, n: pb.Node) -> None:
-        cur = self.current
-        if not cur:
-            return
-        a = n.annotations
-        if "phase" in cur:
-            a.phase = str(cur["phase"])
-        if "layer" in cur:
-            a.layer = int(cur["layer"])
-        if "mb" in cur:
-            a.microbatch = int(cur["mb"])
-        if "stage" in cur:
-            a.stage = int(cur["stage"])
+        annotations.apply(n, self.current)
 
     def op(self, e: tuple) -> None:
         nid = self.next_id

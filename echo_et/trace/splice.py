@@ -304,10 +304,10 @@ class _Splicer:
                 issue = gb.cpu_op(f"{ISSUE_PREFIX}{rec.op}", new_sid[n.stream], start_ns=start,
                                   duration_ns=dur, deps=deps)
                 new_id[n.id] = issue.id
-                _annotate(issue, notes.get(n.id))
+                annotations.apply(issue, notes.get(n.id))
                 c = self._emit_comm(gb, rec, self.keys[k], issue, start + dur, gpu_device)
                 stream_waits.append((c.id, n.start_ns))
-                _annotate(c, notes.get(n.id))
+                annotations.apply(c, notes.get(n.id))
                 comm_node[k] = c.id
                 issue_thread[k] = n.stream
                 keys_used[self.keys[k]] = len(rec.group_ranks)
@@ -324,7 +324,7 @@ class _Splicer:
                         deps.append((p, pb.DEP_CONTROL))
                     w = gb.cpu_op(f"{WAIT_PREFIX}{self.records[k].op}", new_sid[n.stream],
                                   kind=pb.KIND_SYNC, start_ns=start, duration_ns=dur, deps=deps)
-                    _annotate(w, notes.get(n.id))
+                    annotations.apply(w, notes.get(n.id))
                 continue
             if n.id in self.removed:
                 continue
@@ -353,7 +353,7 @@ class _Splicer:
             _copy_payload(n, copy)
             new_id[n.id] = copy.id
             if host:
-                _annotate(copy, notes.get(n.id))
+                annotations.apply(copy, notes.get(n.id))
             elif lid is not None and lid in new_id:
                 copy.annotations.CopyFrom(gb.graph.node(new_id[lid]).annotations)
 
@@ -421,17 +421,3 @@ def _copy_payload(src: pb.Node, dst: pb.Node) -> None:
     for k, v in src.attrs.items():
         if k != "rf_id_source":
             dst.attrs[k] = v
-
-
-def _annotate(node: pb.Node, attrs: dict[str, str | int] | None) -> None:
-    if not attrs:
-        return
-    a = node.annotations
-    if "phase" in attrs:
-        a.phase = str(attrs["phase"])
-    if "layer" in attrs:
-        a.layer = int(attrs["layer"])
-    if "mb" in attrs:
-        a.microbatch = int(attrs["mb"])
-    if "stage" in attrs:
-        a.stage = int(attrs["stage"])
