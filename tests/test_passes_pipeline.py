@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from echo_et.passes.pipeline import p2p_stream_name, schedule
+from echo_et.passes.pipeline import schedule
+from echo_et.passes.stage_write import p2p_stream_name
 
 
 class _RecordingLink:
@@ -86,7 +87,8 @@ def test_units_keep_the_host_time_between_them() -> None:
     after the unit before it in the new schedule."""
     from echo_et.ir import GraphBuilder
     from echo_et.ir.schema import pb
-    from echo_et.passes.pipeline import _Emitter, _split_layers
+    from echo_et.passes.stage_read import _split_layers
+    from echo_et.passes.stage_write import Emitter
 
     b = GraphBuilder("g")
     cpu = b.stream(pb.STREAM_CPU_THREAD, "main")
@@ -94,7 +96,7 @@ def test_units_keep_the_host_time_between_them() -> None:
              _op(b, cpu, "l1", 70, 20, layer=1), _op(b, cpu, "head", 100, 5)]
     units, pre, post = _split_layers(nodes)
     assert (pre.lead_ns, units[0].lead_ns, units[1].lead_ns, post.lead_ns) == (0, 15, 15, 10)
-    e = _Emitter("new", {"g": {s.id: s for s in b.graph.header.streams}})
+    e = Emitter("new", {"g": {s.id: s for s in b.graph.header.streams}})
     e.clock = 1000
     made = e.unit("g", units[1], mb=0, stage=0)
     assert made[0].start_ns == 1015 and e.clock == 1035
@@ -107,7 +109,7 @@ def test_block_glue_is_the_median_gap_less_p2p() -> None:
     block owns; the P2P in the gap is counted apart (the schedule posts it again)."""
     from echo_et.ir import GraphBuilder
     from echo_et.ir.schema import pb
-    from echo_et.passes.pipeline import _block_glue
+    from echo_et.passes.stage_read import _block_glue
 
     b = GraphBuilder("g")
     cpu = b.stream(pb.STREAM_CPU_THREAD, "main")
@@ -128,12 +130,13 @@ def test_optimizer_scaled_as_a_whole() -> None:
     timeline (operators and the gaps between them) stretched by that share."""
     from echo_et.ir import GraphBuilder
     from echo_et.ir.schema import pb
-    from echo_et.passes.pipeline import Unit, _Emitter
+    from echo_et.passes.stage_read import Unit
+    from echo_et.passes.stage_write import Emitter
 
     b = GraphBuilder("g")
     cpu = b.stream(pb.STREAM_CPU_THREAD, "main")
     step = _op(b, cpu, "Optimizer.step", 100, 100, phase="optimizer")
     inner = b.cpu_op("aten::add_", cpu, start_ns=120, duration_ns=40, deps=[(step.id, pb.DEP_CONTROL)])
-    e = _Emitter("new", {"g": {s.id: s for s in b.graph.header.streams}})
+    e = Emitter("new", {"g": {s.id: s for s in b.graph.header.streams}})
     made = e.unit("g", Unit([step, inner]), mb=None, stage=0, scale=0.5)
     assert [(n.start_ns, n.duration_ns) for n in made] == [(0, 50), (10, 20)]

@@ -164,7 +164,7 @@ def _node(nid: int, start: int, dur: int, *, kind=pb.KIND_CPU_OP, name="op", str
 
 
 def test_dropping_a_collective_takes_its_issue_nesting_and_wait_and_closes_the_gap() -> None:
-    from echo_et.passes.pipeline import _close_host_gaps, _collectives_on
+    from echo_et.passes.stage_write import _close_host_gaps, _collectives_on
 
     host, gpu = 0, 1
     step = _node(1, 0, 100, name="optimizer step")

@@ -40,23 +40,22 @@ schedule's machinery (unannotated host ops between micro-batches) are not copied
 count is reported. Units are laid out back to back on a fresh clock (an untimed graph stays
 untimed, and there only the device streams wait for a transfer); the simulator recomposes
 the real timing.
+
+Reading a traced stage is :mod:`echo_et.passes.stage_read`, writing a new stage's nodes
+:mod:`echo_et.passes.stage_write`; this module is the pass (the schedule, groups, buckets).
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from echo_et.errors import EchoError, OptionError
-from echo_et.ir import Graph, GraphBuilder, Job
+from echo_et.ir import Graph, Job
 from echo_et.ir.conventions import (
     EMBEDDING_GROUP,
-    ISSUE_PREFIX,
     MODEL_PARALLEL_GROUP,
-    WAIT_PREFIX,
-    WORK_SCALE_ATTR,
     derived_group_coords,
     traced_workload,
 )
@@ -74,463 +73,10 @@ from echo_et.passes.gradients import (
 )
 from echo_et.passes.layout import LayoutDecision
 from echo_et.passes.mesh import Mesh
+from echo_et.passes.stage_read import StagePieces, Unit, read_stage, split_at_issue
+from echo_et.passes.stage_write import Emitter
 
 
-# -- reading a traced stage -----------------------------------------------------------------
-@dataclass
-class Unit:
-    """Nodes of one piece of work (a layer's forward for one micro-batch, ...); ``lead_ns``
-    is the host time between the piece before it and this one in the trace (glue code that
-    belongs to neither), kept when the unit is placed in a new schedule."""
-
-    nodes: list[pb.Node] = field(default_factory=list)
-    lead_ns: int = 0
-
-    @property
-    def start(self) -> int:
-        return min((n.start_ns for n in self.nodes), default=0)
-
-    @property
-    def end(self) -> int:
-        return max((n.start_ns + n.duration_ns for n in self.nodes), default=0)
-
-
-@dataclass
-class StagePieces:
-    graph_id: str
-    layers: list[int]
-    fwd: dict[int, Unit]          # layer -> forward unit (representative micro-batch)
-    bwd: dict[int, Unit]
-    fwd_pre: Unit                 # before the first layer (embedding)
-    fwd_post: Unit                # after the last layer (head, loss)
-    bwd_pre: Unit                 # before the first layer's backward (loss/head backward)
-    bwd_post: Unit                # after the last (embedding backward)
-    optimizer: Unit               # after the data-parallel reduction
-    prologue: Unit
-    epilogue: Unit
-    microbatches: int
-    p2p_bytes: int = 0
-    p2p_stream: tuple[int, str] | None = None
-    p2p_duration: int = 0
-    p2p_sync: tuple[int, str] | None = None   # host stream of a device sync after each transfer
-    dp_stream: tuple[int, str] | None = None
-    dp_dtype: str = ""
-    dp_bytes: int = 0             # total data-parallel bytes of this stage (unpadded estimate)
-    dp_buckets: list[int] = field(default_factory=list)
-    dp_after_backward: bool = False   # reduced once the schedule is done (Megatron's local DDP), not in hooks
-    shared_bytes: int = 0         # gradient bytes reduced over the embedding group (shared with the other end)
-    optimizer_pre: Unit = field(default_factory=Unit)   # before a reduction after the backward
-    header_attrs: dict[str, str] = field(default_factory=dict)   # what the graph says of its timing
-    tp_after_bytes: int = 0       # bytes all-reduced over tp after the backward (sequence parallelism's norms)
-    dropped: int = 0
-    glue_ns: int = 0              # host time between two micro-batch blocks, less P2P (median)
-    # The first micro-batch's forward as measured (it runs colder than the median one).
-    fwd0: dict[int, Unit] = field(default_factory=dict)
-    fwd_pre0: Unit = field(default_factory=Unit)
-    fwd_post0: Unit = field(default_factory=Unit)
-
-    def forward_units(self, mb: int) -> tuple[dict[int, Unit], Unit, Unit]:
-        """(per-layer, pre, post) forward units to copy for micro-batch ``mb``."""
-        if mb == 0 and self.fwd0:
-            return self.fwd0, self.fwd_pre0, self.fwd_post0
-        return self.fwd, self.fwd_pre, self.fwd_post
-
-
-def _unit_key(n: pb.Node) -> str:
-    a = n.annotations
-    return a.phase if a.phase else ""
-
-
-def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
-    """Cut one traced stage graph into units. ``keys`` maps role -> group key ("dp", "pp")."""
-    dp_key, pp_key = keys.get("dp", ""), keys.get("pp", "")
-    by_phase_mb: dict[tuple[str, int], list[pb.Node]] = defaultdict(list)
-    optimizer = Unit()
-    rest: list[pb.Node] = []
-    p2p: list[pb.Node] = []
-    dp_colls: list[pb.Node] = []
-    streams = {s.id: (s.kind, s.name) for s in graph.header.streams}
-    for n in _launches_annotated(graph.nodes):
-        if n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == pp_key:
-            p2p.append(n)
-            continue
-        a = n.annotations
-        if n.kind == pb.KIND_COLLECTIVE and n.collective.group == dp_key and a.phase != "forward":
-            # the gradients' reduction; one in a forward (Megatron averaging each
-            # micro-batch's loss over the replicas) stays with its micro-batch
-            dp_colls.append(n)
-            continue
-        if a.phase in ("forward", "backward") and a.HasField("microbatch"):
-            by_phase_mb[(a.phase, a.microbatch)].append(n)
-        elif a.phase == "optimizer":
-            optimizer.nodes.append(n)
-        else:
-            rest.append(n)
-    if not by_phase_mb:
-        raise EchoError(f"graph {graph.id}: no node carries phase and micro-batch annotations; "
-                        "re-staging a pipeline needs a Job from `echo-et trace` (annotated layers)")
-    mbs = sorted({mb for _, mb in by_phase_mb})
-    fwd, fwd_pre, fwd_post = _median_units(by_phase_mb, "forward", mbs)
-    # The last micro-batch's backward carries the gradient hooks: not representative.
-    bwd, bwd_pre, bwd_post = _median_units(by_phase_mb, "backward", mbs[:-1] or mbs)
-    annotated = [n for lst in by_phase_mb.values() for n in lst] + optimizer.nodes
-    # Before the first annotated node and after the last; ids order what time does not (a
-    # meta-device trace has every node at 0), so no node is both.
-    lo = min((n.start_ns, n.id) for n in annotated)
-    hi = max((n.start_ns + n.duration_ns, n.id) for n in annotated)
-    prologue = Unit([n for n in rest if (n.start_ns + n.duration_ns, n.id) < lo])
-    epilogue = Unit([n for n in rest if (n.start_ns, n.id) > hi])
-    pieces = StagePieces(
-        graph_id=graph.id, layers=sorted(fwd), fwd=fwd, bwd=bwd, fwd_pre=fwd_pre,
-        fwd_post=fwd_post, bwd_pre=bwd_pre, bwd_post=bwd_post, optimizer=optimizer,
-        prologue=prologue, epilogue=epilogue, microbatches=len(mbs),
-        dropped=len(rest) - len(prologue.nodes) - len(epilogue.nodes),
-    )
-    sends = [n for n in p2p if n.kind == pb.KIND_SEND]
-    p2p_ids = {n.id for n in p2p}
-    # Megatron's p2p calls synchronise the device after posting their transfers (a sync,
-    # not the wait on one transfer that every trace has)
-    synced = next((n for n in rest if n.kind == pb.KIND_SYNC and not n.name.startswith(WAIT_PREFIX)
-                   and any(d.kind == pb.DEP_SYNC and d.id in p2p_ids for d in n.deps)), None)
-    if synced is not None:
-        pieces.p2p_sync = streams[synced.stream]
-    if p2p:
-        pieces.p2p_bytes = max(n.p2p.bytes for n in p2p)
-        pieces.p2p_stream = streams[p2p[0].stream]
-        pieces.p2p_duration = min(n.duration_ns for n in (sends or p2p))
-    if dp_colls:
-        pieces.dp_stream = streams[dp_colls[0].stream]
-        pieces.dp_dtype = dp_colls[0].collective.dtype
-        grads = [c for c in dp_colls if c.collective.type in (pb.COLL_ALL_REDUCE, pb.COLL_REDUCE_SCATTER)]
-        pieces.dp_buckets = [c.collective.in_bytes for c in grads]
-        pieces.dp_bytes = sum(pieces.dp_buckets)
-        pieces.dp_after_backward = bool(grads) and all(c.annotations.phase == "optimizer" for c in grads)
-        if pieces.dp_after_backward:
-            # what the step does before reducing (Megatron divides the buffer by dp), cut at
-            # the first reduction's issue: ids follow the tracer's program order
-            first = min(grads, key=lambda c: c.id)
-            cut = min([first.id, *(d.id for d in first.deps if d.kind in (pb.DEP_LAUNCH, pb.DEP_DATA))])
-            pieces.optimizer_pre = Unit([n for n in optimizer.nodes if n.id < cut])
-            pieces.optimizer = Unit([n for n in optimizer.nodes if n.id >= cut])
-    tp_key = keys.get("tp")
-    pieces.tp_after_bytes = sum(n.collective.in_bytes for n in optimizer.nodes
-                                if n.kind == pb.KIND_COLLECTIVE and tp_key and n.collective.group == tp_key)
-    embd_key = keys.get(EMBEDDING_GROUP)
-    pieces.shared_bytes = sum(n.collective.in_bytes for n in optimizer.nodes
-                              if n.kind == pb.KIND_COLLECTIVE and embd_key and n.collective.group == embd_key)
-    pieces.glue_ns = _block_glue(by_phase_mb, p2p)
-    # an untimed (meta-device) graph stays untimed: the simulator times it from its models
-    pieces.header_attrs = {k: graph.header.attrs[k] for k in _CARRIED_HEADER_ATTRS if k in graph.header.attrs}
-    first = _split_layers(by_phase_mb.get(("forward", mbs[0]), []))
-    if sorted(first[0]) == pieces.layers:
-        pieces.fwd0, pieces.fwd_pre0, pieces.fwd_post0 = first
-    return pieces
-
-
-_CARRIED_HEADER_ATTRS = ("trace.timing", "trace.device")
-
-
-def _launches_annotated(nodes: list[pb.Node]) -> list[pb.Node]:
-    """``nodes``, where a launch the tracer left unannotated (the meta device's) is a copy
-    carrying the annotations of the kernel it launches: it belongs to that kernel's piece
-    of work, and its host time moves with it."""
-    launched = {d.id: n for n in nodes for d in n.deps if d.kind == pb.DEP_LAUNCH}
-    out = []
-    for n in nodes:
-        kernel = launched.get(n.id) if n.kind == pb.KIND_LAUNCH and not n.annotations.phase else None
-        if kernel is not None and kernel.annotations.phase:
-            n = _copy(n)
-            n.annotations.CopyFrom(kernel.annotations)
-        out.append(n)
-    return out
-
-
-def _split_at_issue(unit: Unit) -> tuple[Unit, Unit]:
-    """``unit`` cut before its first communication issue (``issue:<op>`` spans of the
-    tracer): what comes before belongs to the work before it, the rest is the P2P glue."""
-    nodes = sorted(unit.nodes, key=lambda n: (n.start_ns, n.id))
-    cut = next((i for i, n in enumerate(nodes) if n.name.startswith(ISSUE_PREFIX)), len(nodes))
-    before, after = Unit(nodes[:cut], unit.lead_ns), Unit(nodes[cut:])
-    if after.nodes:
-        after.lead_ns = max(0, after.start - before.end) if before.nodes else unit.lead_ns
-    return before, after
-
-
-def _block_glue(by_phase_mb: dict[tuple[str, int], list[pb.Node]], p2p: list[pb.Node]) -> int:
-    """Median time between the end of one micro-batch block (a forward or backward) and the
-    start of the next, less the P2P time in between: the schedule's own host work (posting
-    and waiting, Python), which no layer owns but every block transition pays."""
-    spans = sorted((min(n.start_ns for n in ns), max(n.start_ns + n.duration_ns for n in ns))
-                   for ns in by_phase_mb.values() if ns)
-    p2p_spans = sorted((n.start_ns, n.start_ns + n.duration_ns) for n in p2p)
-    glue = []
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
-        if start <= end:
-            glue.append(0)
-            continue
-        covered, at = 0, end
-        for a, b in p2p_spans:           # union of P2P time inside [end, start]
-            a, b = max(a, at), min(b, start)
-            if b > a:
-                covered += b - a
-                at = b
-        glue.append(max(0, start - end - covered))
-    glue.sort()
-    return glue[(len(glue) - 1) // 2] if glue else 0
-
-
-def _median_units(by_phase_mb: dict[tuple[str, int], list[pb.Node]], phase: str,
-                  mbs: list[int]) -> tuple[dict[int, Unit], Unit, Unit]:
-    """Per piece (each layer, pre, post), the micro-batch whose span is the median: one
-    measurement disturbed by the machine (a descheduled thread) does not become the model."""
-    cuts = [_split_layers(by_phase_mb.get((phase, mb), [])) for mb in mbs]
-
-    def median(units: list[Unit]) -> Unit:
-        units = [u for u in units if u.nodes]
-        if not units:
-            return Unit()
-        units.sort(key=lambda u: (u.end - u.start, u.nodes[0].id))
-        return units[(len(units) - 1) // 2]
-
-    layers = sorted({layer for c in cuts for layer in c[0]})
-    per_layer = {layer: median([c[0][layer] for c in cuts if layer in c[0]]) for layer in layers}
-    return per_layer, median([c[1] for c in cuts]), median([c[2] for c in cuts])
-
-
-def _split_layers(nodes: list[pb.Node]) -> tuple[dict[int, Unit], Unit, Unit]:
-    """Per-layer units; unannotated nodes before the first layer node are 'pre', after the
-    last 'post', in between they join the layer that precedes them."""
-    nodes = sorted(nodes, key=lambda n: (n.start_ns, n.id))
-    layered = [i for i, n in enumerate(nodes) if n.annotations.HasField("layer")]
-    units: dict[int, Unit] = defaultdict(Unit)
-    pre, post = Unit(), Unit()
-    if not layered:
-        return {}, Unit(list(nodes)), Unit()
-    first, last = layered[0], layered[-1]
-    last_end = max(nodes[i].start_ns + nodes[i].duration_ns for i in layered)
-    current = nodes[first].annotations.layer
-    for i, n in enumerate(nodes):
-        if n.annotations.HasField("layer"):
-            current = n.annotations.layer
-            units[current].nodes.append(n)
-        elif i < first:
-            pre.nodes.append(n)
-        elif i > last and n.start_ns >= last_end:
-            post.nodes.append(n)
-        else:
-            units[current].nodes.append(n)
-    ordered = sorted((u for u in [pre, *units.values(), post] if u.nodes), key=lambda u: u.start)
-    for before, unit in zip(ordered, ordered[1:], strict=False):
-        unit.lead_ns = max(0, unit.start - before.end)
-    return dict(units), pre, post
-
-
-# -- writing a new stage ------------------------------------------------------------------
-class _Emitter:
-    """Copies units into a GraphBuilder on a fresh clock, in schedule order."""
-
-    def __init__(self, graph_id: str, source_streams: dict[str, dict[int, pb.Stream]]):
-        self.b = GraphBuilder(graph_id)
-        self.clock = 0
-        self.source_streams = source_streams   # old graph id -> stream id -> Stream
-        self.last_nodes: list[pb.Node] = []    # nodes of the unit just emitted
-        self.waits: list[int] = []             # ids the next unit's first nodes wait for
-        self.drop_groups: frozenset[str] = frozenset()   # group keys this graph has no part in
-        self.last_on: dict[int, int] = {}      # stream -> its last node so far
-        # Whether the host waits, too, for what the next unit waits for: in a measured trace
-        # it did (a CPU run's wait() blocks); on a GPU only the device streams wait, and a
-        # host that blocks does so through a sync node of its own (the meta device's).
-        self.host_waits = True
-
-    def stream_for(self, graph_id: str, sid: int) -> int:
-        s = self.source_streams[graph_id][sid]
-        return self.b.stream(s.kind, s.name, device=s.device, native_id=s.native_id)
-
-    def unit(self, graph_id: str, unit: Unit, *, mb: int | None, stage: int,
-             scale: float = 1.0, launch_scale: float | None = None, drop_ids: frozenset[int] = frozenset(),
-             lead: int | None = None) -> list[pb.Node]:
-        """Copy ``unit`` to the clock (after its lead, or ``lead`` when given), less the
-        collectives on ``drop_groups`` and the host time spent on them."""
-        dropped = drop_ids | _collectives_on(unit.nodes, self.drop_groups)
-        nodes = [n for n in sorted(unit.nodes, key=lambda n: n.id) if n.id not in dropped]
-        if not nodes:
-            return []
-        if len(nodes) < len(unit.nodes):
-            nodes = _close_host_gaps(nodes, [n for n in unit.nodes if n.id in dropped],
-                                     self.source_streams[graph_id])
-        if scale != 1.0:
-            # The whole unit's timeline stretches (host loops over parameters, their
-            # kernels, the gaps between them): nesting and order are kept.
-            origin = min(n.start_ns for n in nodes)
-            scaled = []
-            for n in nodes:
-                c = _copy(n)
-                c.start_ns = origin + round((n.start_ns - origin) * scale)
-                c.duration_ns = max(0, round((n.start_ns + n.duration_ns - origin) * scale)
-                                    - (c.start_ns - origin))
-                scaled.append(c)
-            nodes = scaled
-            # An untimed graph has no duration to stretch: whoever prices a node scales it, a
-            # kernel by the work, the launch that issues it by how many such calls there are.
-            for n in nodes:
-                factor = {pb.KIND_COMPUTE: scale, pb.KIND_LAUNCH: launch_scale or scale}.get(n.kind)
-                if factor is not None:
-                    n.attrs[WORK_SCALE_ATTR] = f"{factor * float(n.attrs.get(WORK_SCALE_ATTR, '1')):.6g}"
-        start = min(n.start_ns for n in nodes)
-        shift = self.clock + (unit.lead_ns if lead is None else lead) - start
-        ids: dict[int, int] = {}
-        made: list[pb.Node] = []
-        first_on_stream: set[int] = set()
-        waited = False
-        for n in nodes:
-            stream = self.stream_for(graph_id, n.stream)
-            new = self._clone(n, stream, n.start_ns + shift)
-            nid = new.id
-            for d in n.deps:
-                if d.id in ids:
-                    new.deps.add(id=ids[d.id], kind=d.kind)
-            if stream not in first_on_stream:
-                first_on_stream.add(stream)
-                if self.host_waits or self.source_streams[graph_id][n.stream].kind != pb.STREAM_CPU_THREAD:
-                    for w in self.waits:
-                        new.deps.add(id=w, kind=pb.DEP_SYNC)
-                    waited = True
-            if mb is not None:
-                new.annotations.microbatch = mb
-            new.annotations.stage = stage
-            ids[n.id] = nid
-            made.append(new)
-            self.last_on[stream] = nid
-        if waited:
-            self.waits = []   # else the first unit with device work waits
-        self.clock = max(n.start_ns + n.duration_ns for n in made)
-        self.last_nodes = made
-        return made
-
-    def _clone(self, n: pb.Node, stream: int, start: int) -> pb.Node:
-        """A copy of ``n`` (payload, annotations, attrs; no deps) made through the builder,
-        so that collective sequence numbers follow this graph's order."""
-        kw = {"start_ns": start, "duration_ns": n.duration_ns}
-        if n.kind == pb.KIND_COLLECTIVE and n.HasField("collective"):
-            c = n.collective
-            new = self.b.collective(n.name, stream, coll_type=c.type, group=c.group,
-                                    in_bytes=c.in_bytes, out_bytes=c.out_bytes, dtype=c.dtype,
-                                    root=c.root if c.HasField("root") else None, **kw)
-            new.collective.algorithm = c.algorithm
-        elif n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.HasField("p2p"):
-            new = self.b.p2p(n.kind == pb.KIND_SEND, n.name, stream, group=n.p2p.group,
-                             peer=n.p2p.peer, nbytes=n.p2p.bytes, tag=n.p2p.tag, **kw)
-        else:
-            new = self.b.node(n.kind, n.name, stream, **kw)
-            which = n.WhichOneof("payload")
-            if which:
-                getattr(new, which).CopyFrom(getattr(n, which))
-        new.annotations.CopyFrom(n.annotations)
-        for k, v in n.attrs.items():
-            new.attrs[k] = v
-        return new
-
-    def _kind(self, stream: int) -> int:
-        return next((st.kind for st in self.b.graph.header.streams if st.id == stream), pb.STREAM_UNKNOWN)
-
-    def p2p(self, ops: list[tuple[bool, int]], *, key: str, nbytes: int, stream: tuple[int, str],
-            duration: int, device: int, sync: tuple[int, str] | None = None) -> None:
-        """Post ``ops`` ((is_send, peer) each) together; the next unit waits for all. With
-        ``sync`` (a host stream), the host then waits for the whole device, as Megatron's
-        p2p calls do."""
-        # after the unit before (its host posts the transfer) and the last kernel so far on
-        # each compute stream (what is sent; an untimed graph orders by ids, not times)
-        before = max(self.last_nodes, key=lambda n: (n.start_ns + n.duration_ns, n.id), default=None)
-        kernels = [nid for sid, nid in self.last_on.items() if self._kind(sid) == pb.STREAM_GPU_COMPUTE]
-        after = sorted({*([before.id] if before is not None else []), *kernels})
-        made = []
-        for is_send, peer in ops:
-            sid = self.b.stream(stream[0], p2p_stream_name(stream[1], is_send, peer), device=device)
-            deps = [(i, pb.DEP_SYNC) for i in after]
-            n = self.b.p2p(is_send, "pp:send" if is_send else "pp:recv", sid, group=key, peer=peer,
-                           nbytes=nbytes, start_ns=self.clock, duration_ns=duration, deps=deps)
-            made.append(n)
-            self.last_on[sid] = n.id
-        self.clock += duration
-        self.waits = [n.id for n in made]
-        if sync is not None:
-            host = self.b.stream(sync[0], sync[1], device=-1)
-            n = self.b.node(pb.KIND_SYNC, "sync", host, start_ns=self.clock,
-                            deps=[(i, pb.DEP_SYNC) for i in sorted(self.last_on.values())])
-            self.last_on[host] = n.id
-            self.waits.append(n.id)
-
-
-def p2p_stream_name(traced: str, is_send: bool, peer: int) -> str:
-    """The stream of a send/recv to ``peer``: the tracer's ``<base>:send|recv:<peer>`` naming
-    (one stream per direction and peer, so that a send and a recv posted together do not
-    wait on each other) when the traced stream follows it, else the traced stream."""
-    for d in (":send:", ":recv:"):
-        if d in traced:
-            base = traced[:traced.rindex(d)]
-            return f"{base}:{'send' if is_send else 'recv'}:{peer}"
-    return traced
-
-
-def _copy(n: pb.Node) -> pb.Node:
-    c = pb.Node()
-    c.CopyFrom(n)
-    return c
-
-
-def _collectives_on(nodes: list[pb.Node], keys: frozenset[str]) -> frozenset[int]:
-    """Ids of the collectives on ``keys`` with what exists only for them: the host operator
-    or launch that issues each, what that operator nests, and a host wait on nothing else."""
-    if not keys:
-        return frozenset()
-    by_id = {n.id: n for n in nodes}
-    out = {n.id for n in nodes if n.kind == pb.KIND_COLLECTIVE and n.collective.group in keys}
-    if not out:
-        return frozenset()
-    for cid in list(out):
-        for d in by_id[cid].deps:
-            issuer = by_id.get(d.id)
-            if issuer is not None and (issuer.kind == pb.KIND_LAUNCH or issuer.name.startswith(ISSUE_PREFIX)):
-                out.add(issuer.id)
-    for n in sorted(nodes, key=lambda n: n.id):
-        if any(d.kind == pb.DEP_CONTROL and d.id in out for d in n.deps):
-            out.add(n.id)
-        elif n.kind == pb.KIND_SYNC:
-            waited = [d.id for d in n.deps if d.kind == pb.DEP_SYNC]
-            if waited and all(w in out for w in waited):
-                out.add(n.id)
-    return frozenset(out)
-
-
-def _close_host_gaps(kept: list[pb.Node], dropped: list[pb.Node],
-                     streams: dict[int, pb.Stream]) -> list[pb.Node]:
-    """Copies of ``kept`` with the host time of ``dropped`` taken out of the timeline: every
-    instant moves earlier by the dropped host time before it, so that the simulator does not
-    keep it as a gap (and an operator nesting dropped work gets shorter)."""
-    spans = sorted((n.start_ns, n.start_ns + n.duration_ns) for n in dropped
-                   if streams[n.stream].kind == pb.STREAM_CPU_THREAD and n.duration_ns > 0)
-    merged: list[list[int]] = []
-    for a, b in spans:
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    if not merged:
-        return kept
-
-    def moved(t: int) -> int:
-        return t - sum(max(0, min(b, t) - a) for a, b in merged)
-
-    out = []
-    for n in kept:
-        c = _copy(n)
-        c.start_ns = moved(n.start_ns)
-        c.duration_ns = moved(n.start_ns + n.duration_ns) - c.start_ns
-        out.append(c)
-    return out
-
-
-# -- the pass -----------------------------------------------------------------------------
 def _split(layers: list[int], stages: int) -> list[list[int]]:
     if len(layers) % stages:
         raise OptionError("pp", f"the job has {len(layers)} annotated layers, which {stages} stages "
@@ -850,7 +396,7 @@ class _StageBuilder:
 
     def __init__(self, inputs: StageInputs):
         self.inp = x = inputs
-        self.e = _Emitter(x.graph_id, x.streams)
+        self.e = Emitter(x.graph_id, x.streams)
         old = x.old_mesh
         self.p0, self.plast = x.old_piece(0), x.old_piece(old.pp - 1)
         self.template = x.old_piece(_template_stage(_stage_kind(x.stage, x.stages), old.pp))
@@ -867,11 +413,11 @@ class _StageBuilder:
         self.recv_bwd = self.p0.bwd_pre
         # After a non-first stage's backward: the first layer's own tail (its boundary's
         # backward, which the trace does not attribute to the layer), then the send.
-        _, self.send_bwd = _split_at_issue(self.plast.bwd_post)
+        _, self.send_bwd = split_at_issue(self.plast.bwd_post)
         head = x.layers[0] if x.layers else None
         self.head_src = x.piece_of_layer(head) if head is not None else None
         hs = self.head_src
-        self.head_tail = (_split_at_issue(hs.bwd_post)[0]
+        self.head_tail = (split_at_issue(hs.bwd_post)[0]
                           if hs is not None and hs is not self.p0 and hs.layers and hs.layers[0] == head
                           else Unit())
         self.lead_after_recv_bwd = self.p0.bwd[max(self.p0.bwd)].lead_ns if self.edges and self.p0.bwd else None
@@ -1147,4 +693,4 @@ def _even_shares(src: StagePieces) -> int:
         + (1 if src.fwd_post.nodes or src.bwd_pre.nodes else 0)
 
 
-__all__ = ["StagePieces", "Unit", "read_stage", "restage", "restaged_group", "schedule"]
+__all__ = ["restage", "restaged_group", "schedule"]
