@@ -74,11 +74,6 @@ class StagePieces:
         return self.fwd, self.fwd_pre, self.fwd_post
 
 
-def _unit_key(n: pb.Node) -> str:
-    a = n.annotations
-    return a.phase if a.phase else ""
-
-
 def read_stage(graph: Graph, keys: dict[str, str]) -> StagePieces:
     """Cut one traced stage graph into units. ``keys`` maps role -> group key ("dp", "pp")."""
     dp_key, pp_key = keys.get("dp", ""), keys.get("pp", "")
