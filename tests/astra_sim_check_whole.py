@@ -16,7 +16,6 @@ from pathlib import Path
 from chakra.schema.protobuf import et_def_pb2 as et
 from google.protobuf.message import DecodeError
 
-from echo_et.converters.astra_sim.check import ALLOWED_TYPES, ATTR_TYPES, WORLD
 from echo_et.converters.astra_sim.check_configs import (
     check_offsets,
     check_remote_memory,
@@ -27,6 +26,7 @@ from echo_et.converters.astra_sim.check_configs import (
 )
 from echo_et.converters.astra_sim.configs import FILE_NAMES
 from echo_et.converters.astra_sim.mapping import CHAKRA_TYPE_NAMES, SUPPORTED_COMM_TYPES
+from echo_et.converters.astra_sim.node_facts import ALLOWED_TYPES, ATTR_TYPES, WORLD
 from echo_et.errors import EchoError
 from echo_et.ir.checker import Issue, IssueCollector
 

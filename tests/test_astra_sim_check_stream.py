@@ -20,8 +20,7 @@ from test_astra_sim_support import drop_attr, read_et, set_attr, uniform_job, wr
 
 from conftest import FIXTURES, shared_path, unpack
 from echo_et.converters import ReadOptions, read
-from echo_et.converters.astra_sim import check as check_module
-from echo_et.converters.astra_sim import check_export, export
+from echo_et.converters.astra_sim import check_export, export, node_facts, wire_scan
 from echo_et.ir import load_job
 from echo_et.ir.io import encode_varint, iter_delimited
 from echo_et.ir.schema import pb
@@ -593,8 +592,8 @@ def test_small_reads_and_cache_same_findings(gpt_export, tmp_path, monkeypatch, 
     # facts cache that keeps almost nothing report the same.
     folder = _broken(gpt_export, tmp_path, EDITS[name])
     expected = check_whole(folder)
-    monkeypatch.setattr(check_module, "READ_BYTES", 7)
-    monkeypatch.setattr(check_module, "CACHED_FACTS", 2)
+    monkeypatch.setattr(wire_scan, "READ_BYTES", 7)
+    monkeypatch.setattr(node_facts, "CACHED_FACTS", 2)
     assert check_export(folder) == expected
 
 

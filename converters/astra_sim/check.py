@@ -57,13 +57,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 from chakra.schema.protobuf import et_def_pb2 as et
 from google.protobuf.message import DecodeError
 
-from echo_et.converters.chakra.attrs import STANDARD_FIELD
 from echo_et.errors import EchoError
 from echo_et.ir.checker import Issue, IssueCollector
 
@@ -76,22 +74,9 @@ from .check_configs import (
     workload_prefix,
 )
 from .configs import FILE_NAMES
-from .mapping import CHAKRA_TYPE_NAMES, SUPPORTED_COMM_TYPES
-
-ALLOWED_TYPES = {
-    et.COMP_NODE: "COMP_NODE",
-    et.COMM_COLL_NODE: "COMM_COLL_NODE",
-    et.COMM_SEND_NODE: "COMM_SEND_NODE",
-    et.COMM_RECV_NODE: "COMM_RECV_NODE",
-}
-# The legacy feeder reads exactly these members (chakra-astrasim.md section 1.10).
-ATTR_TYPES = {
-    **{k: STANDARD_FIELD[k] for k in ("is_cpu_op", "comm_type", "comm_size", "comm_src", "comm_dst",
-                                      "comm_tag", "comm_priority", "pg_name", "num_ops", "tensor_size")},
-    "involved_dim": "bool_list",
-}
-WORLD = "0"
-
+from .mapping import CHAKRA_TYPE_NAMES
+from .node_facts import SLOW, WORLD, Facts, FactsCache
+from .wire_scan import UNPACK_BYTES, frames, message_number, node_names, split_node, unpack_all
 
 # -- one rank file, read as a stream ------------------------------------------------------------
 # A rank file is read once, message by message, keeping per node only its id (an array of 8
@@ -101,11 +86,8 @@ WORLD = "0"
 # differ only there (every micro-batch, every rank of a stage) are decoded once. Collectives
 # and sends/recvs are kept as arrays too; a node's name, needed only to word a problem, is read
 # back from the file when there is one to report. The findings, and their order, are those of
-# the check that read each file whole (tests/test_astra_sim_check_stream.py).
-READ_BYTES = 1 << 20      # how much of a rank file is read at a time
-UNPACK_BYTES = 1 << 16    # how many bytes of packed data_deps are decoded at a time
-CACHED_FACTS = 16_384     # node facts kept (a few hundred distinct ones in an export's files)
-_U64 = 1 << 64
+# the check that read each file whole (tests/test_astra_sim_check_stream.py). The reading is
+# wire_scan's, a node message's facts and their cache node_facts'.
 
 
 class _Ints:
@@ -128,380 +110,6 @@ class _Ints:
 
     def __getitem__(self, i: int) -> int:
         return self.v[i]
-
-
-@dataclass(frozen=True, slots=True)
-class _Facts:
-    """What the checks need from one node message besides its id and data_deps, the same for
-    every message that differs from it only there (rank files that share a graph, and the
-    micro-batches of one graph, repeat most node messages that way)."""
-
-    name: str
-    type: int
-    issues: tuple[tuple[str, str], ...]          # (rule, message) found in the node alone
-    coll: tuple[int, int, str] | None = None     # comm_type, comm_size, group key
-    p2p: tuple[bool, int | None, int | None, int | None, int] | None = None  # send?, src, dst, tag, size
-
-
-def _int_attr(attrs: dict, name: str) -> int | None:
-    v = attrs.get(name)
-    if v is None or v[0] not in ("int64_val", "int32_val", "uint64_val", "uint32_val"):
-        return None
-    return int(v[1])
-
-
-def _facts(n: et.Node, splits: int | None, roofline: bool = False) -> _Facts:
-    """Facts of one decoded node message."""
-    issues: list[tuple[str, str]] = []
-    if n.ctrl_deps:
-        issues.append(("ctrl-deps-empty", f"ctrl_deps {list(n.ctrl_deps)[:5]} (put ordering in data_deps)"))
-    base = {"name": n.name, "type": n.type}
-    if n.type not in ALLOWED_TYPES:
-        name = et.NodeType.Name(n.type) if n.type in et.NodeType.values() else str(n.type)
-        issues.append(("node-type", f"node type {name} is not one ASTRA-sim runs (use COMP, "
-                       "COMM_COLL, COMM_SEND or COMM_RECV)"))
-        return _Facts(**base, issues=tuple(issues))
-    attrs: dict[str, tuple[str, object]] = {}
-    for a in n.attr:
-        kind = a.WhichOneof("value") or ""
-        if a.name in attrs and a.name in ATTR_TYPES:
-            issues.append(("attr-type", f"attribute {a.name} appears more than once"))
-        attrs[a.name] = (kind, getattr(a, kind) if kind else None)
-        want = ATTR_TYPES.get(a.name)
-        if want is not None and kind != want:
-            issues.append(("attr-type", f"attribute {a.name} is {kind or 'unset'}, ASTRA-sim reads {want}"))
-    cpu = attrs.get("is_cpu_op")
-    on_cpu = cpu is not None and cpu[0] == "bool_val" and bool(cpu[1])
-    if cpu is None:
-        issues.append(("is-cpu-op", "is_cpu_op is missing (older readers default it to true)"))
-    elif on_cpu and n.type != et.COMP_NODE:
-        issues.append(("is-cpu-op", "is_cpu_op is true on a communication node (ASTRA-sim throws "
-                       "\"Comm node should not be on CPU\")"))
-    if n.type == et.COMP_NODE:
-        if roofline and not on_cpu and not (_int_attr(attrs, "num_ops") and _int_attr(attrs, "tensor_size")):
-            issues.append(("comp-duration", "GPU COMP node without num_ops and tensor_size while "
-                           "roofline-enabled is on (ASTRA-sim throws)"))
-        return _Facts(**base, issues=tuple(issues))
-    size = _int_attr(attrs, "comm_size")
-    if n.type == et.COMM_COLL_NODE:
-        ctype = _int_attr(attrs, "comm_type")
-        if ctype is None:
-            issues.append(("coll-type", "comm_type is missing"))
-            return _Facts(**base, issues=tuple(issues))
-        if ctype not in SUPPORTED_COMM_TYPES:
-            issues.append(("coll-type", f"comm_type {ctype} is not one of "
-                           f"{', '.join(CHAKRA_TYPE_NAMES[t] for t in sorted(SUPPORTED_COMM_TYPES))}"))
-        if size is None:
-            issues.append(("comm-size", "comm_size is missing"))
-        elif size <= 0 or (splits and size < splits):
-            issues.append(("comm-size", f"comm_size {size} is below preferred-dataset-splits {splits} "
-                           "(ASTRA-sim divides it into zero-size chunks)"))
-        key = WORLD
-        pg = attrs.get("pg_name")
-        if pg is not None and pg[0] == "string_val":
-            key = str(pg[1]) or WORLD
-            if not key.isdigit():
-                issues.append(("pg-name", f"pg_name {key!r} is not a decimal integer"))
-                return _Facts(**base, issues=tuple(issues))
-            key = str(int(key))
-        return _Facts(**base, issues=tuple(issues),
-                      coll=(ctype, size if size is not None else -1, key))
-    is_send = n.type == et.COMM_SEND_NODE
-    src, dst, tag = (_int_attr(attrs, k) for k in ("comm_src", "comm_dst", "comm_tag"))
-    other = dst if is_send else src
-    if other is None:
-        issues.append(("p2p-attrs", f"{'comm_dst' if is_send else 'comm_src'} is missing"))
-    elif tag is None:
-        issues.append(("p2p-attrs", "comm_tag is missing"))
-    elif size is None or size <= 0:
-        issues.append(("comm-size", f"comm_size {size} on a {'send' if is_send else 'recv'}"))
-    else:
-        return _Facts(**base, issues=tuple(issues), p2p=(is_send, src, dst, tag, size))
-    return _Facts(**base, issues=tuple(issues))
-
-
-def _varint(data: bytes, i: int, n: int) -> tuple[int, int]:
-    """The varint at ``data[i:]`` and where it ends; (-1, -1) when it runs past ``n`` or 10 bytes."""
-    v = shift = 0
-    while i < n and shift < 70:
-        b = data[i]
-        i += 1
-        v |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (v, i) if v < _U64 else (-1, -1)
-        shift += 7
-    return -1, -1
-
-
-_HIGH_BIT = bytes.maketrans(bytes(range(256)), bytes(b >> 7 for b in range(256)))
-
-
-def _packed_ok(seg: bytes) -> bool:
-    """True when ``seg`` is whole varints of at most 9 bytes each (values below 2**63)."""
-    return not seg or (seg[-1] < 0x80 and (len(seg) < 9 or b"\x01" * 9 not in seg.translate(_HIGH_BIT)))
-
-
-def _split(data: bytes) -> tuple[int, bytes, bytes] | None:
-    """A node message written field by field in number order (as protobuf writes it): its id,
-    its packed data_deps (the varints as written) and the rest of the message (the cache key).
-    None for any other layout."""
-    try:
-        # The common case: an id of up to 3 bytes, a name and a type under 128, deps under 128 bytes.
-        if data[0] == 0x08:
-            b = data[1]
-            if b < 0x80:
-                nid, i = b, 2
-            elif data[2] < 0x80:
-                nid, i = (b & 0x7F) | data[2] << 7, 3
-            elif data[3] < 0x80:
-                nid, i = (b & 0x7F) | (data[2] & 0x7F) << 7 | data[3] << 14, 4
-            else:
-                return _split_any(data)
-            j = i
-            if data[i] == 0x12 and data[i + 1] < 0x80:
-                i += 2 + data[i + 1]
-            if data[i] == 0x18 and data[i + 1] < 0x80:
-                i += 2
-            tag = data[i]
-            if tag == 0x2A:
-                size = data[i + 1]
-                end = i + 2 + size
-                if size < 0x80 and end <= len(data):
-                    seg = data[i + 2:end]
-                    if _packed_ok(seg):
-                        return nid, seg, data[j:i] + data[end:]
-            elif tag >= 0x30:             # a field after data_deps: there are none
-                return nid, b"", data[j:]
-    except IndexError:
-        pass
-    return _split_any(data)
-
-
-def _split_any(data: bytes) -> tuple[int, bytes, bytes] | None:
-    """:func:`_split` field by field."""
-    n = len(data)
-    if n < 2 or data[0] != 0x08:
-        return None
-    nid, i = _varint(data, 1, n)
-    if i < 0:
-        return None
-    j = i
-    while i < n:
-        tag = data[i]
-        if tag == 0x2A:                   # data_deps, packed
-            size, k = _varint(data, i + 1, n)
-            if k < 0 or k + size > n:
-                return None
-            seg = data[k:k + size]
-            return (nid, seg, data[j:i] + data[k + size:]) if _packed_ok(seg) else None
-        if tag == 0x12 or tag == 0x22:    # name, packed ctrl_deps
-            size, k = _varint(data, i + 1, n)
-            if k < 0 or k + size > n:
-                return None
-            i = k + size
-        elif tag == 0x18:                 # type
-            _, i = _varint(data, i + 1, n)
-            if i < 0:
-                return None
-        elif tag >= 0x30:                 # a field after data_deps: there are none
-            break
-        else:
-            return None
-    return nid, b"", data[j:]
-
-
-def _unpack(seg: bytes) -> list[int]:
-    out, v, shift = [], 0, 0
-    for b in seg:
-        v |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            out.append(v)
-            v = shift = 0
-    return out
-
-
-def _pack(values) -> bytes:
-    out = bytearray()
-    for v in values:
-        while v >= 0x80:
-            out.append(v & 0x7F | 0x80)
-            v >>= 7
-        out.append(v)
-    return bytes(out)
-
-
-def _unpack_all(raw: bytes | bytearray, ends: array) -> tuple[np.ndarray, np.ndarray]:
-    """The varints of ``raw`` (uint64) and, for byte offsets ``ends`` (where each node's end),
-    how many of them end before each (node k's deps are ``values[ptr[k]:ptr[k + 1]]``). Decoded
-    a slice at a time, so the temporaries do not grow with the file."""
-    b = np.frombuffer(raw, dtype=np.uint8)
-    node_end = np.frombuffer(ends, dtype=np.int64)
-    values = np.empty(int(np.count_nonzero(b < 0x80)), dtype=np.uint64)
-    ptr = np.zeros(len(node_end) + 1, dtype=np.int64)
-    n, start, at, node = len(b), 0, 0, 0
-    while start < n:
-        stop = min(start + UNPACK_BYTES, n)
-        while stop < n and b[stop - 1] >= 0x80:   # whole varints only
-            stop += 1
-        chunk = b[start:stop]
-        last = np.flatnonzero(chunk < 0x80)
-        first = np.zeros(len(last), dtype=np.int64)
-        first[1:] = last[:-1] + 1
-        size = last - first + 1
-        v = (chunk[first] & 0x7F).astype(np.uint64)
-        for k in range(1, int(size.max())):
-            m = np.flatnonzero(size > k)
-            v[m] |= (chunk[first[m] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-        values[at:at + len(v)] = v
-        hi = int(np.searchsorted(node_end, stop, side="right"))   # nodes ending in this slice
-        ptr[node + 1:hi + 1] = at + np.searchsorted(last, node_end[node:hi] - start)
-        at += len(v)
-        node, start = hi, stop
-    return values, ptr
-
-
-def _plain_fields(data: bytes) -> bool:
-    """True when ``data`` is a sequence of well-formed top-level fields, none of them the id
-    (1) or data_deps (5)."""
-    i, n = 0, len(data)
-    while i < n:
-        tag, i = _varint(data, i, n)
-        if i < 0 or tag >> 3 in (0, 1, 5):
-            return False
-        wire = tag & 7
-        if wire == 0:
-            _, i = _varint(data, i, n)
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            size, i = _varint(data, i, n)
-            i = -1 if i < 0 else i + size
-        elif wire == 5:
-            i += 4
-        else:
-            return False
-        if i < 0 or i > n:
-            return False
-    return True
-
-
-_SLOW = object()   # a cache key whose messages are decoded one by one
-
-
-class _FactsCache:
-    """Facts by node message with its id and data_deps cut out (:func:`_split`)."""
-
-    def __init__(self, splits: int | None, roofline: bool = False):
-        self.splits = splits
-        self.roofline = roofline
-        self.limit = CACHED_FACTS
-        self.by_key: dict[bytes, _Facts | object] = {}
-
-    def get(self, data: bytes) -> tuple[int, bytes, _Facts] | str:
-        """(id, data_deps as packed varints, facts) of one node message, or a decode error."""
-        sp = _split(data)
-        if sp is not None:
-            nid, seg, key = sp
-            f = self.by_key.get(key)
-            if f is None:
-                f = self.learn(data, nid, seg, key)
-            if f is not _SLOW:
-                return nid, seg, f  # type: ignore[return-value]
-        n = et.Node()
-        try:
-            n.ParseFromString(data)
-        except DecodeError as e:
-            return f"does not decode as a Node ({e})"
-        return n.id, _pack(n.data_deps), _facts(n, self.splits, self.roofline)
-
-    def learn(self, data: bytes, nid: int, seg: bytes, key: bytes) -> _Facts | object:
-        n = et.Node()
-        try:
-            n.ParseFromString(data)
-        except DecodeError:
-            f: _Facts | object = _SLOW
-        else:
-            ok = n.id == nid and list(n.data_deps) == _unpack(seg) and _plain_fields(key)
-            f = _facts(n, self.splits, self.roofline) if ok else _SLOW
-        if len(self.by_key) >= self.limit:
-            self.by_key.clear()
-        self.by_key[key] = f
-        return f
-
-
-def _frames(f: BinaryIO) -> Iterator[bytes]:
-    """The varint-length-prefixed messages of a file, read a megabyte at a time."""
-    buf = f.read(READ_BYTES)
-    i = 0
-    eof = len(buf) < READ_BYTES
-    while True:
-        while len(buf) - i < 10 and not eof:
-            more = f.read(READ_BYTES)
-            eof = len(more) < READ_BYTES
-            buf = buf[i:] + more
-            i = 0
-        n = len(buf)
-        if i >= n:
-            return
-        size = buf[i]
-        i += 1
-        if size >= 0x80:
-            size &= 0x7F
-            shift = 7
-            while True:
-                if i >= n:
-                    raise EchoError("truncated length prefix")
-                b = buf[i]
-                i += 1
-                size |= (b & 0x7F) << shift
-                if not b & 0x80:
-                    break
-                shift += 7
-                if shift > 63:
-                    raise EchoError("length prefix longer than 10 bytes (not a length-delimited stream)")
-        if i + size <= n:
-            yield buf[i:i + size]
-            i += size
-            continue
-        parts = [buf[i:]]
-        have = n - i
-        while have < size and not eof:
-            more = f.read(max(READ_BYTES, size - have))
-            eof = not more
-            parts.append(more)
-            have += len(more)
-        rest = b"".join(parts)
-        if have < size:
-            raise EchoError(f"truncated message: expected {size} bytes, found {have}")
-        yield rest[:size]
-        buf, i = rest, size
-
-
-def _message_number(k: int, skipped: list[int]) -> int:
-    """The message number of node ``k`` (the k-th message that decoded as a node)."""
-    m = k + 1
-    for s in skipped:
-        if s > m:
-            break
-        m += 1
-    return m
-
-
-def _names(path: Path, want: set[int]) -> dict[int, tuple[int, str]]:
-    """(id, name) of the node messages numbered ``want`` (#0 being the metadata), read again."""
-    out: dict[int, tuple[int, str]] = {}
-    if not want:
-        return out
-    with path.open("rb") as f:
-        for i, data in enumerate(_frames(f)):
-            if i in want:
-                n = et.Node()
-                n.ParseFromString(data)
-                out[i] = (n.id, n.name)
-                if len(out) == len(want):
-                    break
-    return out
 
 
 @dataclass
@@ -545,7 +153,7 @@ class _Scan:
 
 
 def _read_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: IssueCollector,
-               cache: _FactsCache) -> _Scan | None:
+               cache: FactsCache) -> _Scan | None:
     where_f = str(path)
     try:
         f = path.open("rb")
@@ -561,7 +169,7 @@ def _read_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], ou
         ids, deps_a, deps_end, issues, colls, p2p = sc.ids, sc.deps, sc.deps_end, sc.issues, sc.colls, sc.p2p
         cap = out.limit
         try:
-            it = _frames(f)
+            it = frames(f)
             first = next(it, None)
             if first is None:
                 out.add("metadata-first", "file is empty", where_f)
@@ -574,12 +182,12 @@ def _read_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], ou
                 return None
             if not meta.version:
                 out.add("metadata-first", "GlobalMetadata has an empty version", where_f)
-            get, by_key, split = cache.get, cache.by_key, _split
+            get, by_key, split = cache.get, cache.by_key, split_node
             for i, data in enumerate(it):
                 # The common case inline: a message like one met before but for id and deps.
                 sp = split(data) if data else None
                 fa = None if sp is None else by_key.get(sp[2])
-                if fa is None or fa is _SLOW:
+                if fa is None or fa is SLOW:
                     if not data:
                         out.add("node-decode", f"message #{i + 1} is empty (Python readers stop there)", where_f)
                         sc.skipped.append(i + 1)
@@ -605,7 +213,7 @@ def _read_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], ou
     return sc
 
 
-def _note(fa: _Facts, k: int, msg: int, nid: int, where_f: str, rank: int, npus: int, groups: dict[str, set[int]],
+def _note(fa: Facts, k: int, msg: int, nid: int, where_f: str, rank: int, npus: int, groups: dict[str, set[int]],
           issues: list, colls: dict, p2p: list, cap: int) -> None:
     """What one node with something to say adds: its own problems, its collective or its
     send/recv once the rank may issue it."""
@@ -665,7 +273,7 @@ class _Graph:
 
 
 def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], out: IssueCollector,
-                cache: _FactsCache, p2p: _P2P) -> _RankSummary | None:
+                cache: FactsCache, p2p: _P2P) -> _RankSummary | None:
     where_f = str(path)
     sc = _read_rank(path, rank, npus, groups, out, cache)
     if sc is None:
@@ -674,7 +282,7 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
         out.add("has-nodes", "no nodes (feeder v3 finds no dependency-free node and aborts)", where_f)
         return None
     ids = np.frombuffer(sc.ids, dtype=np.uint64)
-    deps, ptr = _unpack_all(sc.deps, sc.deps_end)
+    deps, ptr = unpack_all(sc.deps, sc.deps_end)
     sc.deps, sc.deps_end = bytearray(), array("q")
     n = len(ids)
     by_id: np.ndarray | None = None
@@ -706,8 +314,8 @@ def _check_rank(path: Path, rank: int, npus: int, groups: dict[str, set[int]], o
         owner = np.searchsorted(ptr, missing, side="right") - 1
         owner, first = np.unique(owner, return_index=True)
         owner, first = owner[:out.limit].tolist(), missing[first[:out.limit]].tolist()
-        msg = {k: _message_number(k, sc.skipped) for k in owner}
-        names = _names(path, set(msg.values()))
+        msg = {k: message_number(k, sc.skipped) for k in owner}
+        names = node_names(path, set(msg.values()))
         dep_issues = [(k, 1, "dep-exists", f"data_dep on node {int(deps[p])}, which does not exist",
                        "{} node {} ({})".format(where_f, *names[msg[k]]))
                       for k, p in zip(owner, first, strict=True)]
@@ -860,8 +468,8 @@ def _order(path: Path, sc: _Scan, g: _Graph, out: IssueCollector) -> _RankSummar
         summary.sequences[key] = (t, s)
         summary.counts[key] = len(cs)
     if unchained:
-        msg = {b: _message_number(b, sc.skipped) for _, _, b in unchained}
-        names = _names(path, set(msg.values()))
+        msg = {b: message_number(b, sc.skipped) for _, _, b in unchained}
+        names = node_names(path, set(msg.values()))
         for key, a, b in unchained:
             bid, bname = names[msg[b]]
             out.add("collective-order", f"collective {bid} does not depend (through data_deps) on the "
@@ -931,7 +539,7 @@ def check_export(folder, *, limit: int = 100) -> list[Issue]:
         return out.issues
     prefix = workload_prefix(folder)
     p2p = _P2P()
-    cache = _FactsCache(splits, roofline=roofline)
+    cache = FactsCache(splits, roofline=roofline)
     # group -> digest -> (first rank, sequence); group -> rank -> digest
     reps: dict[str, dict[str, tuple[int, tuple[_Ints, _Ints]]]] = defaultdict(dict)
     seen: dict[str, dict[int, str]] = defaultdict(dict)
@@ -1115,7 +723,7 @@ def _check_p2p(folder: Path, prefix: str, p2p: _P2P, unread: set[int], out: Issu
     want: dict[int, set[int]] = defaultdict(set)
     for *_, y in found:
         want[p2p.rank[y]].add(p2p.message[y])
-    names = {r: _names(folder / f"{prefix}.{r}.et", ms) for r, ms in want.items()}
+    names = {r: node_names(folder / f"{prefix}.{r}.et", ms) for r, ms in want.items()}
     for (s_rank, d_rank, t, sz), sends, recvs, y in found:
         r = p2p.rank[y]
         nid, name = names[r][p2p.message[y]]
