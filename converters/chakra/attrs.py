@@ -159,16 +159,5 @@ def text_to_attr(name: str, text: str) -> et.AttributeProto | None:
     return a
 
 
-def int_attr(name: str, value: int) -> et.AttributeProto:
-    """An integer attribute in its standard member (int64 when it has none)."""
-    a = et.AttributeProto(name=name)
-    setattr(a, STANDARD_FIELD.get(name, "int64_val"), int(value))
-    return a
-
-
-def bool_attr(name: str, value: bool) -> et.AttributeProto:
-    return et.AttributeProto(name=name, bool_val=bool(value))
-
-
 def str_attr(name: str, value: str) -> et.AttributeProto:
     return et.AttributeProto(name=name, string_val=value)

@@ -9,11 +9,6 @@ from echo_et.ir.job import Job
 from echo_et.ir.schema import ROLE_NAMES, collective_name, node_kind_name, pb
 
 
-def graph_counts(graph) -> tuple[Counter, Counter, int]:
-    kinds, colls, comm_bytes, _ = _graph_counts(graph)
-    return kinds, colls, comm_bytes
-
-
 def _graph_counts(graph) -> tuple[Counter, Counter, int, Counter]:
     """Node kinds, collectives, bytes issued and communication kernels of unknown libraries,
     in one pass (each field read of a node is a call)."""

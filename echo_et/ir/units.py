@@ -181,11 +181,6 @@ def parse_bandwidth(text: str) -> Bandwidth:
     return Bandwidth(max(MIN_BANDWIDTH_GBPS, float(value / 10**9)), per, s)
 
 
-def format_bandwidth(gbps: float) -> str:
-    """GB/s per GPU as text (``150GB/s``)."""
-    return f"{gbps:.6g}GB/s"
-
-
 # -- latencies ------------------------------------------------------------------------------------
 def check_latency_ns(value: float, what: str = "latency") -> float:
     """A link latency in ns: 0 (an ideal link, on purpose) or between a nanosecond and a

@@ -19,11 +19,6 @@ def merge_intervals(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndar
     return lo[starts], run_hi[ends]
 
 
-def union_length(lo: np.ndarray, hi: np.ndarray) -> int:
-    mlo, mhi = merge_intervals(lo, hi)
-    return int(np.clip(mhi - mlo, 0, None).sum())
-
-
 def covered_length(lo: np.ndarray, hi: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
     """Length of each [s, e) covered by the sorted disjoint intervals [lo, hi)."""
     if lo.size == 0:
