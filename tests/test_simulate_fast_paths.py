@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from echo_et.ir import pb
-from echo_et.ir.checker import _signature
+from echo_et.ir.job_checker import _signature
 from echo_et.sim.analysis import _row_unions, _unions
 from echo_et.sim.blocks import compile_compact, flat_layout
 from echo_et.sim.program import CAT_OTHER, DEVICE_CATEGORY

@@ -20,9 +20,9 @@ from pathlib import Path
 from chakra.schema.protobuf import et_def_pb2 as et
 
 from echo_et.errors import CheckError, EchoError, OptionError
-from echo_et.ir.checker import check_job
 from echo_et.ir.io import atomic_dir, encode_varint, written_by
 from echo_et.ir.job import Job
+from echo_et.ir.job_checker import check_job
 from echo_et.ir.schema import pb
 
 from . import configs

@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from echo_et.errors import EchoError
-from echo_et.ir.checker import assert_valid
 from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
+from echo_et.ir.job_checker import assert_valid
 from echo_et.ir.limits import MAX_NS
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
 from echo_et.ir.summary import comm_libraries
