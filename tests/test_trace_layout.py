@@ -53,3 +53,13 @@ def test_importing_the_tracer_does_not_import_torch():
     code = ("import sys, echo_et.trace, echo_et.trace.compare, echo_et.workloads, "
             "echo_et.cli.trace_cmds; sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_meta_device_graph_builder_does_not_import_torch():
+    """The graph half of meta-device tracing (``echo_et.trace.direct_graph``) needs no torch;
+    only the recorder (``echo_et.trace.direct``) does."""
+    import subprocess
+    import sys
+
+    code = "import sys, echo_et.trace.direct_graph; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

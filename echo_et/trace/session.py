@@ -285,7 +285,8 @@ def _trace_rank_meta(build_fn: Callable, layout: ParallelLayout, rank: int, *, k
     units are replayed there too) and are then forgotten."""
     import torch.distributed as dist
 
-    from echo_et.trace.direct import DirectRecorder, build_graph
+    from echo_et.trace.direct import DirectRecorder
+    from echo_et.trace.direct_graph import build_graph
     from echo_et.trace.recording import BACKEND_NAME, RECORDER, register_backend
 
     t0 = time.perf_counter()
