@@ -38,9 +38,9 @@ from echo_et.models.comm import CommModel, nccl  # noqa: E402
 from echo_et.models.comm.calibrate import read_measurements, samples_from_runs, stated_release  # noqa: E402
 from echo_et.models.comm.evaluate import cross_validate  # noqa: E402
 from echo_et.models.comm.fit import predict_samples  # noqa: E402
+from echo_et.models.comm.nccl_releases import VERSIONS  # noqa: E402
 from echo_et.models.comm.profile import load_preset  # noqa: E402
 from echo_et.models.comm.topology import contiguous  # noqa: E402
-from echo_et.models.comm.tuning import VERSIONS  # noqa: E402
 
 LOGS = (1, 2, 4, 8, 16, 32)
 

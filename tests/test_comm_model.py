@@ -279,7 +279,7 @@ def test_the_h100_preset_emulates_the_newest_modelled_release():
     """H100 clusters run NCCL 2.2x (the shared H100 logs state 2.29.2): the preset emulates the
     newest release whose sources were read, so NVLS-tree runs across Hopper NVSwitch nodes
     without naming a release."""
-    from echo_et.models.comm.tuning import VERSIONS
+    from echo_et.models.comm.nccl_releases import VERSIONS
 
     h100 = CommModel.preset("h100-ib")
     assert h100.nccl_version == VERSIONS[-1] == "2.28.3"

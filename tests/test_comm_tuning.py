@@ -1,6 +1,7 @@
-"""NCCL's own choice (echo_et.models.comm.tuning): the constants of each modelled release, the
-channel/thread rule, what is enabled where, every collective's estimate path, and the
-non-monotone step of the shared 32-GPU log coming out of the choice."""
+"""NCCL's own choice (echo_et.models.comm.tuning, with the releases' constants of
+echo_et.models.comm.nccl_releases): the constants of each modelled release, the channel/thread
+rule, what is enabled where, every collective's estimate path, and the non-monotone step of the
+shared 32-GPU log coming out of the choice."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 from conftest import shared_path
 from echo_et.cli.main import app
 from echo_et.errors import EchoError
-from echo_et.models.comm import CommModel, nccl, nccl_tests, tuning
+from echo_et.models.comm import CommModel, nccl, nccl_releases, nccl_tests, tuning
 from echo_et.models.comm.calibrate import fit_profile, samples_from_runs
 from echo_et.models.comm.profile import from_json, load_preset, to_json
 from echo_et.models.comm.topology import contiguous
@@ -30,7 +31,7 @@ def system(version: str, **facts) -> NcclSystem:
 
 def test_graphs_and_channels_of_an_a100_node():
     # across nodes: one channel per NIC at 24 GB/s (the GPU-NIC PCIe Gen4 path), none duplicated
-    for version in tuning.VERSIONS:
+    for version in nccl_releases.VERSIONS:
         t = tuning.table_for(system(version), contiguous(32, 8))
         assert (t.graphs["ring"].channels, t.graphs["ring"].bw_inter) == (8, 24.0)
         assert t.channels == 16                       # the communicator runs twice the searched channels
@@ -98,7 +99,7 @@ def test_nvls_only_on_hopper_nvswitch_nodes_from_2_17():
         assert tuning.choose(NcclSystem(version, h100), one, "all_reduce", GIB).algorithm == "nvls"
         assert tuning.choose(NcclSystem(version, h100), contiguous(16, 8), "all_reduce", GIB).algorithm != "nvls"
     assert tuning.choose(NcclSystem("2.7.5", h100), one, "all_reduce", GIB).algorithm == "ring"
-    assert all(tuning.choose(system(v), one, "all_reduce", GIB).algorithm == "ring" for v in tuning.VERSIONS)
+    assert all(tuning.choose(system(v), one, "all_reduce", GIB).algorithm == "ring" for v in nccl_releases.VERSIONS)
 
 
 def test_only_all_reduce_has_a_tree_and_p2p_follows_the_release():
@@ -146,11 +147,11 @@ def test_estimate_cli_for_every_collective(coll):
 def test_the_time_model_prices_every_pair_nccl_can_pick():
     for name in CommModel.preset_names():
         m = CommModel.preset(name)
-        for version in tuning.VERSIONS:
+        for version in nccl_releases.VERSIONS:
             sysv = m.nccl.with_version(version)
             for n in (2, 8, 16, 64):
                 pl = contiguous(n, 8)
-                for coll in tuning.FUNCTIONS:
+                for coll in nccl_releases.FUNCTIONS:
                     t, picks = nccl.choose(m.profile.params, coll, np.array([4.0 * KIB, 4.0 * MIB, 4.0 * GIB]),
                                            pl, sysv)
                     assert np.all(t > 0) and len(picks) == 3
@@ -235,7 +236,7 @@ def test_send_recv_channels_grow_with_size_as_nccl_2_2x_splits_them():
 
 def test_tree_correction_is_nccls_table_between_powers_of_two():
     a100 = load_preset("a100-ib").nccl
-    table = tuning.RELEASES["2.7.5"].tree_correction["LL128"]
+    table = nccl_releases.RELEASES["2.7.5"].tree_correction["LL128"]
     for i in range(len(table)):
         assert tuning.tree_correction(a100, "LL128", 64 << i) == table[i]
     mid = tuning.tree_correction(a100, "LL128", int(64 * 2 ** 15.5))

@@ -314,7 +314,7 @@ def calibrate_choices_cmd(
     with the channels and threads the emulation gives it; the release (and channel cap) that
     matches most calls is the one to estimate with."""
     from echo_et.models.comm import CommModel, launch
-    from echo_et.models.comm.tuning import VERSIONS
+    from echo_et.models.comm.nccl_releases import VERSIONS
 
     if nccl_version != "all":
         _check_version(nccl_version, auto=False)
@@ -415,7 +415,7 @@ def _refuse_overwrite(output: Path, inputs: list[Path]) -> None:
 
 
 def _check_version(version: str | None, auto: bool, extra: tuple[str, ...] = ()) -> None:
-    from echo_et.models.comm.tuning import VERSIONS
+    from echo_et.models.comm.nccl_releases import VERSIONS
 
     allowed = VERSIONS + (("auto",) if auto else ()) + extra
     if version is not None and version not in allowed:

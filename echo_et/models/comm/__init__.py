@@ -4,7 +4,8 @@
 release and node it emulates) and answers :meth:`CommModel.estimate` / :meth:`CommModel.p2p`
 / :meth:`CommModel.time_ns` with the kernel time, excluding waiting for peers
 (synchronisation is the simulator's job), and the algorithm, protocol and channels NCCL
-itself picks. NCCL's choice is emulated in :mod:`echo_et.models.comm.tuning`, its timing in
+itself picks. NCCL's choice is emulated in :mod:`echo_et.models.comm.tuning` (each release's
+constants in :mod:`~echo_et.models.comm.nccl_releases`), its timing in
 :mod:`echo_et.models.comm.nccl`; fitting in
 :mod:`~echo_et.models.comm.fit`; inputs from nccl-tests in
 :mod:`~echo_et.models.comm.nccl_tests` and from traced Jobs in
@@ -112,7 +113,7 @@ class CommModel:
         return CommModel(dataclasses.replace(self.profile, params=P, gpus_per_node=gpn, rated_net_gbps=rated))
 
     def with_nccl_version(self, version: str) -> CommModel:
-        """A copy that chooses as NCCL ``version`` would (one of ``tuning.VERSIONS``)."""
+        """A copy that chooses as NCCL ``version`` would (one of ``nccl_releases.VERSIONS``)."""
         return CommModel(dataclasses.replace(self.profile, nccl=self.profile.nccl.with_version(version)))
 
     def with_max_channels(self, max_channels: int) -> CommModel:

@@ -12,10 +12,10 @@ from echo_et.errors import EchoError, OptionError
 from echo_et.ir.limits import check_node_fill
 from echo_et.models.comm import lut, nccl_tests
 from echo_et.models.comm.fit import FitResult, Sample, calibrate
+from echo_et.models.comm.nccl_releases import VERSIONS
 from echo_et.models.comm.params import DEFAULTS_FROM, SPECS
 from echo_et.models.comm.profile import Profile, load_preset, preset_names
 from echo_et.models.comm.topology import Placement, contiguous, from_nodes
-from echo_et.models.comm.tuning import VERSIONS
 from echo_et.models.gpu_variants import comm_preset
 
 

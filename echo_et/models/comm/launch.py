@@ -22,7 +22,7 @@ from echo_et.ir.collectives import is_nccl_kernel, kernel_collective
 from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR, NCCL_VERSION_ATTR
 from echo_et.ir.job import Job
 from echo_et.ir.schema import collective_name, pb
-from echo_et.models.comm import tuning
+from echo_et.models.comm import nccl_releases, tuning
 from echo_et.models.comm.topology import Placement, placement
 from echo_et.models.comm.tuning import Choice, NcclSystem
 
@@ -79,7 +79,7 @@ def job_launches(job: Job) -> tuple[list[Launch], Counter[str]]:
             if blocks is None or threads is None:
                 skipped["no_launch_configuration"] += 1
                 continue
-            if coll not in tuning.FUNCTIONS:
+            if coll not in nccl_releases.FUNCTIONS:
                 skipped["grouped_point_to_point"] += 1
                 continue
             if is_nccl_kernel(node.name) and kernel_collective(node.name) != node.collective.type:
@@ -140,7 +140,7 @@ def closest_version(agreements: dict[str, dict[str, int]], prefer: Iterable[str]
 
 
 def closest_system(launches: list[Launch], base: NcclSystem, gpus_per_node: int,
-                   versions: Iterable[str] = tuning.VERSIONS, prefer: Iterable[str] = ()
+                   versions: Iterable[str] = nccl_releases.VERSIONS, prefer: Iterable[str] = ()
                    ) -> tuple[NcclSystem, dict[str, int]]:
     """The release and channel cap whose emulation matches the traced calls best, searched
     over ``versions`` and the caps the traced block counts suggest; ranked as

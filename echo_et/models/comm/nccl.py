@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from echo_et.errors import EchoError
-from echo_et.models.comm import tuning
+from echo_et.models.comm import nccl_releases, tuning
 from echo_et.models.comm.params import PROTOCOL_PAYLOAD, PROTOCOLS
 from echo_et.models.comm.topology import Placement
 from echo_et.models.comm.tuning import Choice, NcclSystem
@@ -417,7 +417,7 @@ def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], sc
         used = [tuning.choose(system, pl, coll, b).channels for b in sizes]
         ch = Channels(float(used[0]) if scalar else np.array(used, dtype=float), tuning.p2p_channels(system, pl)[0])
         return {("p2p", "LL"): ch, ("p2p", "Simple"): ch}
-    if coll not in tuning.FUNCTIONS:
+    if coll not in nccl_releases.FUNCTIONS:
         return {}
     table = tuning.table_for(system, pl)
     out = {}

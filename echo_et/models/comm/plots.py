@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from echo_et.errors import EchoError
-from echo_et.models.comm import tuning
+from echo_et.models.comm import nccl_releases, tuning
 from echo_et.models.comm.calibrate import samples_from_runs
 from echo_et.models.comm.fit import predict_samples
 from echo_et.models.comm.nccl_tests import Run
@@ -127,7 +127,7 @@ def choice_regions(plt, system: tuning.NcclSystem, gpus_per_node: int, max_ranks
 
     exps = list(range(10, 33))
     ranks = [n for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if n <= max_ranks]
-    versions = list(tuning.VERSIONS)
+    versions = list(nccl_releases.VERSIONS)
     fig, axes = plt.subplots(1, len(versions), figsize=(5.2 * len(versions), 3.6), squeeze=False)
     cmap = ListedColormap(PAIR_COLOURS)
     for ax, version in zip(axes[0], versions, strict=True):
