@@ -214,6 +214,8 @@ def every_reader_refuses(job_dir: Path, tmp: Path, match: str) -> None:
     (lambda m: setattr(m.graphs[0], "sha256", ""), "is not a SHA-256 hex digest"),
     (lambda m: setattr(m.graphs[0], "path", "../../etc/passwd"), "is not a relative path inside"),
     (lambda m: setattr(m.graphs[0], "path", "/etc/passwd"), "is not a relative path inside"),
+    # a zeroed byte in the path (hostile seed 1247): no path the OS can open
+    (lambda m: setattr(m.graphs[0], "path", "graphs/g\x00.graph"), "is not a relative path inside"),
     (lambda m: m.graphs.append(m.graphs[0]), "is listed twice"),
 ])
 def test_manifest_graph_refs_refused_by_every_reader(tmp_path, edit, shown):

@@ -670,7 +670,7 @@ def _check_graph_refs(m: pb.JobManifest, root: Path, where: Path) -> None:
             raise EchoError(f"{what} is listed twice")
         ids.add(ref.id)
         rel = Path(ref.path)
-        if not ref.path or rel.is_absolute() or ".." in rel.parts or "\\" in ref.path:
+        if not ref.path or rel.is_absolute() or ".." in rel.parts or "\\" in ref.path or "\x00" in ref.path:
             raise EchoError(f"{what}: path {ref.path!r} is not a relative path inside the job directory")
         norm = rel.as_posix()
         if norm in paths:
