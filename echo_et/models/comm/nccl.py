@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -410,12 +411,20 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
 
 def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], scalar: bool
               ) -> dict[tuple[str, str], Channels]:
-    """NCCL's channel count for every candidate and size."""
+    """NCCL's channel count for every candidate and size. It depends on NCCL's tables, not
+    on the performance parameters, so a fit that prices the same sizes thousands of times
+    looks it up once (the arrays are read-only: every caller shares them)."""
+    return _channels_of(system, pl, coll, tuple(sizes), scalar)
+
+
+@lru_cache(maxsize=4096)
+def _channels_of(system: NcclSystem, pl: Placement, coll: str, sizes: tuple[int, ...], scalar: bool
+                 ) -> dict[tuple[str, str], Channels]:
     if pl.ranks < 2:
         return {}
     if coll in tuning.P2P_COLLECTIVES:        # one operation's channels, out of all p2p channels
         used = [tuning.choose(system, pl, coll, b).channels for b in sizes]
-        ch = Channels(float(used[0]) if scalar else np.array(used, dtype=float), tuning.p2p_channels(system, pl)[0])
+        ch = Channels(float(used[0]) if scalar else _frozen(used), tuning.p2p_channels(system, pl)[0])
         return {("p2p", "LL"): ch, ("p2p", "Simple"): ch}
     if coll not in nccl_releases.FUNCTIONS:
         return {}
@@ -428,9 +437,15 @@ def _channels(system: NcclSystem, pl: Placement, coll: str, sizes: list[int], sc
         # of its bandwidth NCCL's tree correction factors say
         reach = [tuning.tree_correction(system, proto, b) if algo == "tree" and proto != "LL" and pl.multi_node
                  else 1.0 for b in nbytes]
-        out[(algo, proto)] = Channels(float(used[0]) if scalar else np.array(used, dtype=float), table.channels,
-                                      float(reach[0]) if scalar else np.array(reach, dtype=float))
+        out[(algo, proto)] = Channels(float(used[0]) if scalar else _frozen(used), table.channels,
+                                      float(reach[0]) if scalar else _frozen(reach))
     return out
+
+
+def _frozen(values: list[int] | list[float]) -> np.ndarray:
+    arr = np.array(values, dtype=float)
+    arr.flags.writeable = False
+    return arr
 
 
 def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement, system: NcclSystem,
@@ -468,6 +483,7 @@ def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement, syst
     if scalar:
         c = picks[0]
         return np.asarray(perf[(c.algorithm, c.protocol)], dtype=float), picks
-    times = np.array([np.ravel(np.broadcast_to(perf[(c.algorithm, c.protocol)], S.shape))[i]
-                      for i, c in enumerate(picks)], dtype=float).reshape(S.shape)
+    keys = [(c.algorithm, c.protocol) for c in picks]
+    flat = {key: np.ravel(np.broadcast_to(perf[key], S.shape)) for key in dict.fromkeys(keys)}
+    times = np.array([flat[key][i] for i, key in enumerate(keys)], dtype=float).reshape(S.shape)
     return times, picks
