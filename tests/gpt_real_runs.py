@@ -11,6 +11,20 @@ from pathlib import Path
 import torch
 
 MICROBATCHES = 6
+# The ranks start from a fork server that imported these once (as `echo-et trace`'s in-situ
+# runs do): a spawned rank spends seconds importing torch before it runs a millisecond model.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim", "echo_et.workloads", "echo_et.trace.context",
+           "echo_et.trace.layout", "echo_et.workloads.data_parallel", "echo_et.workloads.deepspeed_pipe",
+           "echo_et.workloads.gpt", "echo_et.workloads.pipeline", "gpt_real_runs"]
+
+
+def _start(fn, args: tuple, nprocs: int) -> None:
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.set_forkserver_preload(PRELOAD)    # read only by the server's first start
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
 def fill_by_layer(model, first_layer: int) -> None:
@@ -80,14 +94,11 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
     """Each parameter's gradient over ``MICROBATCHES`` micro-batches of a real run of the GPT
     ``GPTConfig(**cfg_kw)`` (``megatron=True``: ``GPTConfig.megatron``) on TP x PP gloo
     processes; the tied embedding's two copies (first and last stage) summed."""
-    import torch.multiprocessing as mp
-
     from echo_et.trace.insitu import free_port
 
     out = tmp_path / (f"tp{tp}pp{pp}-" + "-".join(f"{k}{v}" for k, v in sorted(cfg_kw.items())))
     out.mkdir()
-    mp.start_processes(_rank_main, args=(tp, pp, cfg_kw, free_port(), str(out)), nprocs=tp * pp, join=True,
-                       start_method="spawn")
+    _start(_rank_main, (tp, pp, cfg_kw, free_port(), str(out)), tp * pp)
     total: dict = {}
     for r in range(tp * pp):
         for k, v in torch.load(out / f"rank{r}.pt").items():
@@ -133,12 +144,9 @@ def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overla
                world: int = 2) -> list:
     """The weights every rank holds after one step of a small model on ``world`` data-parallel
     gloo processes (each its own data) under :class:`GradientSync`: one list per rank."""
-    import torch.multiprocessing as mp
-
     from echo_et.trace.insitu import free_port
 
     out = tmp_path / f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}"
     out.mkdir()
-    mp.start_processes(_dp_rank_main, args=(world, zero, reduce_scatter, overlap, free_port(), str(out)),
-                       nprocs=world, join=True, start_method="spawn")
+    _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out)), world)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
