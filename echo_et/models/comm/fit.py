@@ -70,17 +70,39 @@ def predict_samples(P: Mapping[str, float], samples: Sequence[Sample], system: N
                     mode: str = "nccl") -> np.ndarray:
     """The model's prediction of each sample's measured time (us), for what ``system``'s NCCL
     runs (``mode="nccl"``) or the fastest enabled choice (``"fastest"``)."""
-    out = np.empty(len(samples))
+    return predict_groups(P, group_samples(samples), len(samples), system, mode)
+
+
+@dataclass(frozen=True)
+class SampleGroup:
+    """The samples of one (collective, placement, host GPUs): one vectorised model call."""
+
+    coll: str
+    placement: Placement
+    host_gpus: int
+    index: np.ndarray        # positions in the sample list
+    nbytes: np.ndarray
+
+
+def group_samples(samples: Sequence[Sample]) -> list[SampleGroup]:
+    """The samples by what one model call prices; a fit groups once and prices thousands of times."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
         groups[(s.coll, s.placement, s.host_gpus)].append(i)
-    for (coll, pl, g), idx in groups.items():
-        S = np.array([samples[i].nbytes for i in idx], dtype=float)
-        t, _ = nccl.choose(P, coll, S, pl, system, mode)
-        if g > 0:
-            h = P["host_launch_us"] * g
+    return [SampleGroup(coll, pl, g, np.array(idx), np.array([samples[i].nbytes for i in idx], dtype=float))
+            for (coll, pl, g), idx in groups.items()]
+
+
+def predict_groups(P: Mapping[str, float], groups: Sequence[SampleGroup], n: int, system: NcclSystem,
+                   mode: str = "nccl") -> np.ndarray:
+    """:func:`predict_samples` on samples already grouped (``n`` of them)."""
+    out = np.empty(n)
+    for grp in groups:
+        t, _ = nccl.choose(P, grp.coll, grp.nbytes, grp.placement, system, mode)
+        if grp.host_gpus > 0:
+            h = P["host_launch_us"] * grp.host_gpus
             t = (t ** SMOOTH_MAX_POWER + h ** SMOOTH_MAX_POWER) ** (1.0 / SMOOTH_MAX_POWER)
-        out[idx] = t
+        out[grp.index] = t
     return out
 
 
@@ -157,12 +179,13 @@ def _fit_stage(samples: Sequence[Sample], names: list[str], start: dict[str, flo
     meas = np.log(np.array([s.time_us for s in samples]))
     centre = np.array([math.log(prior[n]) for n in names])
     sigma = np.array([next(sp.sigma for sp in SPECS if sp.name == n) for n in names])
+    groups = group_samples(samples)
 
     def residuals(th: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         P = dict(start)
         P.update({n: math.exp(t) for n, t in zip(names, th, strict=True)})
         with np.errstate(all="ignore"):
-            r = np.log(predict_samples(P, samples, system)) - meas
+            r = np.log(predict_groups(P, groups, len(samples), system)) - meas
         return r, PRIOR_WEIGHT * (th - centre) / sigma
 
     rng = np.random.default_rng(0)

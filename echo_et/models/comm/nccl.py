@@ -47,7 +47,7 @@ Everything here is a pure function of (parameters, NCCL system, collective, size
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -364,9 +364,11 @@ def p2p_costs(P: Mapping[str, float], S: np.ndarray, same_node: bool,
 
 
 def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement,
-                    channels: Mapping[tuple[str, str], Channels] | None = None) -> Costs:
+                    channels: Mapping[tuple[str, str], Channels] | None = None,
+                    only: Collection[tuple[str, str]] | None = None) -> Costs:
     """Time (us) of every (algorithm, protocol) NCCL could run for ``coll`` on ``pl``, each on
-    ``channels[(algorithm, protocol)]`` (default: all channels)."""
+    ``channels[(algorithm, protocol)]`` (default: all channels); ``only``: just those pairs
+    (what NCCL picked), where the parameters can price them."""
     channels = channels or {}
     if coll == "barrier":
         coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
@@ -377,34 +379,47 @@ def candidate_costs(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placem
         return _sendrecv(P, S, pl, channels)
     if coll == "hypercube":
         return _hypercube(P, S, pl, channels)
+
+    def wanted(algo: str, proto: str) -> bool:
+        return only is None or (algo, proto) in only
+
+    def ch(algo: str, proto: str) -> Channels:
+        return channels.get((algo, proto), FULL)
+
     out: Costs = {}
     if coll in ("all_to_all", "gather", "scatter"):
         for proto in ("LL", "Simple"):
-            out[("p2p", proto)] = _p2p_pattern(P, coll, S, pl, proto, channels.get(("p2p", proto), FULL))
+            if wanted("p2p", proto):
+                out[("p2p", proto)] = _p2p_pattern(P, coll, S, pl, proto, ch("p2p", proto))
         return out
     for proto in PROTOCOLS:
-        out[("ring", proto)] = _ring(P, coll, S, pl, proto, channels.get(("ring", proto), FULL))
+        if wanted("ring", proto):
+            out[("ring", proto)] = _ring(P, coll, S, pl, proto, ch("ring", proto))
     if coll in ("all_gather", "reduce_scatter"):
-        if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:
+        if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2 and wanted("nvls", "Simple"):
             out[("nvls", "Simple")] = _nvls_gather(P, coll, S, pl)
         if pl.multi_node:
-            if P["nvls_gbps"] > 0 and pl.per_node > 1:
-                out[("nvls", "Simple")] = _in_network_gather(P, coll, S, pl, "nvls", channels.get(("nvls", "Simple"),
-                                                                                                 FULL))
-            out[("collnet_direct", "Simple")] = _in_network_gather(
-                P, coll, S, pl, "collnet_direct", channels.get(("collnet_direct", "Simple"), FULL))
-        if pl.per_node == 1:
-            out[("pat", "Simple")] = _pat(P, coll, S, pl, channels.get(("pat", "Simple"), FULL))
+            if P["nvls_gbps"] > 0 and pl.per_node > 1 and wanted("nvls", "Simple"):
+                out[("nvls", "Simple")] = _in_network_gather(P, coll, S, pl, "nvls", ch("nvls", "Simple"))
+            if wanted("collnet_direct", "Simple"):
+                out[("collnet_direct", "Simple")] = _in_network_gather(P, coll, S, pl, "collnet_direct",
+                                                                       ch("collnet_direct", "Simple"))
+        if pl.per_node == 1 and wanted("pat", "Simple"):
+            out[("pat", "Simple")] = _pat(P, coll, S, pl, ch("pat", "Simple"))
     if coll == "all_reduce":
         if pl.multi_node and P["nvls_gbps"] > 0 and pl.per_node > 1:
-            out[("nvls_tree", "Simple")] = _nvls_tree(P, S, pl, channels.get(("nvls_tree", "Simple"), FULL))
-            out[("nvls", "Simple")] = _in_network(P, S, pl, "nvls", channels.get(("nvls", "Simple"), FULL))
+            if wanted("nvls_tree", "Simple"):
+                out[("nvls_tree", "Simple")] = _nvls_tree(P, S, pl, ch("nvls_tree", "Simple"))
+            if wanted("nvls", "Simple"):
+                out[("nvls", "Simple")] = _in_network(P, S, pl, "nvls", ch("nvls", "Simple"))
         if pl.multi_node:
             for algo in ("collnet_direct", "collnet_chain"):
-                out[(algo, "Simple")] = _in_network(P, S, pl, algo, channels.get((algo, "Simple"), FULL))
+                if wanted(algo, "Simple"):
+                    out[(algo, "Simple")] = _in_network(P, S, pl, algo, ch(algo, "Simple"))
         for proto in PROTOCOLS:
-            out[("tree", proto)] = _tree(P, S, pl, proto, channels.get(("tree", proto), FULL))
-        if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2:
+            if wanted("tree", proto):
+                out[("tree", proto)] = _tree(P, S, pl, proto, ch("tree", proto))
+        if not pl.multi_node and P["nvls_gbps"] > 0 and pl.ranks > 2 and wanted("nvls", "Simple"):
             out[("nvls", "Simple")] = _nvls(P, S, pl)
     return out
 
@@ -442,6 +457,12 @@ def _channels_of(system: NcclSystem, pl: Placement, coll: str, sizes: tuple[int,
     return out
 
 
+@lru_cache(maxsize=4096)
+def _nccl_picks(system: NcclSystem, pl: Placement, coll: str, sizes: tuple[int, ...]) -> tuple[Choice, ...]:
+    """NCCL's choice for each size, looked up once per list of sizes (see :func:`_channels`)."""
+    return tuple(tuning.choose(system, pl, coll, b) for b in sizes)
+
+
 def _frozen(values: list[int] | list[float]) -> np.ndarray:
     arr = np.array(values, dtype=float)
     arr.flags.writeable = False
@@ -465,12 +486,15 @@ def choose(P: Mapping[str, float], coll: str, S: np.ndarray, pl: Placement, syst
     if coll == "barrier":
         coll, S = "all_reduce", S * 0.0 + _BARRIER_BYTES
     sizes = [int(S)] if scalar else [int(x) for x in np.ravel(S)]
-    perf = candidate_costs(P, coll, S, pl, _channels(system, pl, coll, sizes, scalar))
+    channels = _channels(system, pl, coll, sizes, scalar)
     if pl.ranks == 1:
         picks = [Choice("local", "Simple", 1, 0, -1.0)] * len(sizes)
-    elif mode == "nccl":
-        picks = [tuning.choose(system, pl, coll, b) for b in sizes]
+        perf = candidate_costs(P, coll, S, pl, channels)
+    elif mode == "nccl":     # what runs does not depend on the parameters: price only that
+        picks = list(_nccl_picks(system, pl, coll, tuple(sizes)))
+        perf = candidate_costs(P, coll, S, pl, channels, only={(c.algorithm, c.protocol) for c in picks})
     else:
+        perf = candidate_costs(P, coll, S, pl, channels)
         enabled = [key for key in tuning.candidates(system, pl, coll) if key in perf]
         picks = []
         for i, b in enumerate(sizes):
