@@ -948,6 +948,12 @@ class Simulator:
             cp = critical_path_blocks(self._states, part, self.options.critical_top)
         else:
             cp = critical_path(self._states, part, self.options.critical_top, nodes=nodes)
+        for st in self._states:
+            # the meetings' member lists hold the states themselves (a cycle between ranks):
+            # the critical path was their last reader, and dropped here the states die with the
+            # result by reference counting instead of waiting for a full cyclic collection (a
+            # sweep's rows collect rarely: memory grew by tens of MB per row)
+            st.participants = {}
         opts = self.options.to_json() | {"gpus_per_node": self.gpus_per_node}
         acausal = {gid: p.acausal_deps for gid, p in sorted(self._programs.items()) if p.acausal_deps}
         placeholders = sum(p.placeholder_comm for p in self._programs.values())
