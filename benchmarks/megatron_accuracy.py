@@ -65,6 +65,7 @@ from echo_et.experiments.iteration_fit import (
     fit_profile_on_iterations,
     read_iterations,
     simulate_row,
+    simulate_row_profiles,
 )
 from echo_et.models.cluster import Cluster
 from echo_et.models.compute import ComputeModel, write_profile
@@ -222,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         base, g_raw, h_raw = pickle.loads(stash.read_bytes())
     else:
         base = run(prior_path, False, everything)
-        g_raw = run(gpu_p, True, everything)
-        h_raw = run(host_p, True, everything)
+        # one trace per row for both bounds (simulate_row_profiles)
+        both = map_rows(simulate_row_profiles, [(rows[i], opts, (str(gpu_p), str(host_p)), True, args.cache)
+                                                for i in everything], max(1, args.workers))
+        g_raw, h_raw = [b[0] for b in both], [b[1] for b in both]
         if stash is not None:
             Path(args.cache).mkdir(parents=True, exist_ok=True)
             stash.write_bytes(pickle.dumps((base, g_raw, h_raw)))

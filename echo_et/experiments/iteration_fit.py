@@ -187,35 +187,44 @@ def simulate_row(task: tuple) -> dict[str, Any]:
     """One configuration simulated with one compute profile (a worker's task):
     ``(row, ConfigSweepOptions, profile path, want the critical path, cache folder)`` ->
     ``{"predicted_ms": ..., "path": wire form}`` or ``{"error": ...}``."""
+    row, opts, profile, want_path, cache = task
+    return simulate_row_profiles((row, opts, (profile,), want_path, cache))[0]
+
+
+def simulate_row_profiles(task: tuple) -> list[dict[str, Any]]:
+    """:func:`simulate_row` under several compute profiles, ``(row, options, profile paths,
+    want the critical path, cache folder)``: the row is traced once (the traced Job does not
+    depend on the compute profile; each profile retimes it), one result per profile."""
     from echo_et.experiments.config_sweep import predict_job, quiet_gc
 
     quiet_gc()
-    row, opts, profile, want_path, cache = task
-    opts = replace(opts, compute_profile=str(profile))
+    row, opts, profiles, want_path, cache = task
+    out: list[dict[str, Any]] = []
     try:
         job = _row_job(row, opts, cache)
-        res, timed = predict_job(job, opts, critical_nodes=want_path)
+        for profile in profiles:
+            res, timed = predict_job(job, replace(opts, compute_profile=str(profile)), critical_nodes=want_path)
+            got: dict[str, Any] = {"predicted_ms": res.step_time_ns / 1e6}
+            if want_path:
+                got["path"] = path_sample(res, timed).to_wire()
+            out.append(got)
     except EchoError as e:
-        return {"error": str(e).splitlines()[0]}
-    out: dict[str, Any] = {"predicted_ms": res.step_time_ns / 1e6}
-    if want_path:
-        out["path"] = path_sample(res, timed).to_wire()
+        return [{"error": str(e).splitlines()[0]}] * len(profiles)
     return out
 
 
 def bound_samples(rows: Sequence[dict[str, Any]], opts, prior, folder: Path, *,
                   workers: int = 1, cache: str | None = None,
-                  run: Callable[[list[tuple]], list[dict]] | None = None
+                  run: Callable[[list[tuple]], list[list[dict]]] | None = None
                   ) -> list[tuple[PathSample, PathSample] | None]:
     """Each row's (gpu-bound, host-bound) critical path under ``prior``'s bounding models
-    (None for a row that cannot run). ``run`` maps tasks to results (default: a local
-    process pool of ``workers``)."""
+    (None for a row that cannot run). ``run`` maps tasks (:func:`simulate_row_profiles`'s)
+    to results (default: a local process pool of ``workers``)."""
     gpu_p, host_p = bounding_profiles(prior, folder)
-    tasks = [(r, opts, p, True, cache) for p in (gpu_p, host_p) for r in rows]
+    tasks = [(r, opts, (gpu_p, host_p), True, cache) for r in rows]
     got = (run or _pool_map(workers))(tasks)
-    n = len(rows)
     out: list[tuple[PathSample, PathSample] | None] = []
-    for g, h in zip(got[:n], got[n:], strict=True):
+    for g, h in got:
         if "path" in g and "path" in h:
             out.append((PathSample.from_wire(g["path"]), PathSample.from_wire(h["path"])))
         else:
@@ -223,11 +232,11 @@ def bound_samples(rows: Sequence[dict[str, Any]], opts, prior, folder: Path, *,
     return out
 
 
-def _pool_map(workers: int) -> Callable[[list[tuple]], list[dict]]:
+def _pool_map(workers: int) -> Callable[[list[tuple]], list[list[dict]]]:
     from echo_et.experiments.config_sweep import map_rows
 
-    def run(tasks: list[tuple]) -> list[dict]:
-        return map_rows(simulate_row, tasks, workers)
+    def run(tasks: list[tuple]) -> list[list[dict]]:
+        return map_rows(simulate_row_profiles, tasks, workers)
 
     return run
 
