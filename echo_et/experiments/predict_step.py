@@ -86,10 +86,11 @@ def is_prediction_dir(path: Path) -> bool:
 def check_output(out: Path) -> None:
     """Refuse, before any work, an output that is a file or a folder of the user's."""
     from echo_et.errors import EchoError
+    from echo_et.ir.io import holds_more_than_leftovers
 
     if out.exists() and not out.is_dir():
         raise EchoError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not is_prediction_dir(out):
+    if out.is_dir() and holds_more_than_leftovers(out) and not is_prediction_dir(out):
         raise EchoError(f"{out}: exists and is not an echo-et predict folder; refusing to replace it")
 
 

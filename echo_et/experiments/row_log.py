@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from echo_et.errors import EchoError, OptionError
-from echo_et.ir.io import publish_file, temp_file_beside
+from echo_et.ir.io import holds_more_than_leftovers, publish_file, temp_file_beside
 
 LOG_FILE = "rows.jsonl"
 FORMAT = "echo-et row log 1"
@@ -181,7 +181,7 @@ def check_output_dir(out: Path, replaceable: Callable[[Path], bool], kind: str) 
     """Refuse an output folder that is not ours: a file, or a folder of the user's."""
     if out.exists() and not out.is_dir():
         raise EchoError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (replaceable(out) or is_row_log_dir(out)):
+    if out.is_dir() and holds_more_than_leftovers(out) and not (replaceable(out) or is_row_log_dir(out)):
         raise EchoError(f"{out}: exists and is not {kind}; refusing to replace it")
 
 

@@ -305,6 +305,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def is_stale_leftover(path: str | os.PathLike[str]) -> bool:
+    """``path`` is a temporary output of a run that was killed (``.NAME.PID-*.tmp`` or
+    ``.old`` whose process is gone): not the user's, and not a live writer's."""
+    m = _TEMP.match(Path(path).name)
+    return m is not None and not _pid_alive(int(m.group("pid")))
+
+
+def holds_more_than_leftovers(folder: str | os.PathLike[str]) -> bool:
+    """``folder`` holds something other than the leftovers of killed runs: an output folder
+    whose only entry is a killed run's temporary file is as good as empty."""
+    return any(not is_stale_leftover(p) for p in Path(folder).iterdir())
+
+
 def stale_outputs(dest: str | os.PathLike[str]) -> list[Path]:
     """Temporary outputs beside ``dest`` left by runs that were killed (their process is
     gone): hidden ``.NAME.PID-*.tmp`` files or folders and ``.NAME.PID-*.old`` folders."""
@@ -316,7 +329,7 @@ def stale_outputs(dest: str | os.PathLike[str]) -> list[Path]:
     out = []
     for e in entries:
         m = _TEMP.match(e.name)
-        if m and m.group("name") == dest.name and not _pid_alive(int(m.group("pid"))):
+        if m and m.group("name") == dest.name and is_stale_leftover(e.name):
             out.append(Path(e.path))
     return sorted(out)
 
@@ -574,7 +587,7 @@ def _check_dest_dir(dest: Path, replaceable: Callable[[Path], bool] | None, kind
         if not stat.S_ISDIR(st.st_mode):
             raise EchoError(f"{dest}: exists and is not a directory")
         try:
-            nonempty = any(dest.iterdir())
+            nonempty = holds_more_than_leftovers(dest)
         except FileNotFoundError:
             continue
         except OSError as e:
