@@ -185,3 +185,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         name = item.originalname if hasattr(item, "originalname") else item.name
         if file in SLOW or f"{file}::{name}" in SLOW:
             item.add_marker(pytest.mark.slow)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (a killed run's, for its leftovers' names)."""
+    import multiprocessing
+    import os
+
+    p = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
+    p.start()
+    p.join()
+    return p.pid

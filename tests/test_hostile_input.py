@@ -22,7 +22,7 @@ import pytest
 from test_kineto_graph import base_events, write
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, shared_path, unpack
+from conftest import FIXTURES, dead_pid, shared_path, unpack
 from echo_et.cli.main import app
 from echo_et.errors import EchoError
 from echo_et.ir import GraphBuilder, JobBuilder, check_job, load_job, pb, save_job
@@ -398,7 +398,7 @@ def test_output_naming_a_character_device_is_never_replaced(tmp_path, monkeypatc
 
 
 def test_stale_temporaries_of_killed_runs_are_removed(tmp_path):
-    dead = _dead_pid()
+    dead = dead_pid()
     stale_dir = tmp_path / f".out.{dead}-abc123.tmp"
     stale_dir.mkdir()
     (stale_dir / "manifest.pb").write_bytes(b"partial")
@@ -411,13 +411,6 @@ def test_stale_temporaries_of_killed_runs_are_removed(tmp_path):
     save_job(small_job(), tmp_path / "out")
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(["out", live.name, other.name])
-
-
-def _dead_pid() -> int:
-    p = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
-    p.start()
-    p.join()
-    return p.pid
 
 
 def _save_many(dest: str, n: int) -> None:

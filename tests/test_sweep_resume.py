@@ -17,6 +17,7 @@ import pytest
 from test_passes_scale import make_3d_job
 from typer.testing import CliRunner
 
+from conftest import dead_pid
 from echo_et.cli.main import app
 from echo_et.errors import EchoError, OptionError
 from echo_et.experiments import config_sweep, executors
@@ -149,18 +150,11 @@ def test_the_row_log_never_takes_a_folder_of_the_users(tmp_path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
-def _dead_pid() -> int:
-    p = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
-    p.start()
-    p.join()
-    return p.pid
-
-
 def test_a_folder_holding_only_a_killed_runs_log_temp_is_taken_and_cleaned(tmp_path) -> None:
     """A sweep killed while it put its first log in place leaves ``.rows.jsonl.PID-*.tmp``
     and nothing else (hostile seed 1249): the rerun is not refused as a folder of the user's,
     and the leftover is gone; a live writer's temporary file still counts as content."""
-    stale = tmp_path / f".{LOG_FILE}.{_dead_pid()}-abc123.tmp"
+    stale = tmp_path / f".{LOG_FILE}.{dead_pid()}-abc123.tmp"
     stale.write_text('{"format": "echo-et row log 1"}')
     with open_row_log(tmp_path, _header(), resume=False, replaceable=is_sweep_dir, kind="a sweep"):
         pass
@@ -177,7 +171,7 @@ def test_predict_takes_a_folder_holding_only_a_killed_runs_leftover(tmp_path) ->
 
     out = tmp_path / "pred"
     out.mkdir()
-    (out / f".summary.json.{_dead_pid()}-abc123.tmp").write_text("{")
+    (out / f".summary.json.{dead_pid()}-abc123.tmp").write_text("{")
     check_output(out)                  # no refusal
     (out / "notes.txt").write_text("mine")
     with pytest.raises(EchoError, match="not an echo-et predict folder"):

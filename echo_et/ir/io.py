@@ -329,7 +329,7 @@ def stale_outputs(dest: str | os.PathLike[str]) -> list[Path]:
     out = []
     for e in entries:
         m = _TEMP.match(e.name)
-        if m and m.group("name") == dest.name and is_stale_leftover(e.name):
+        if m and m.group("name") == dest.name and not _pid_alive(int(m.group("pid"))):
             out.append(Path(e.path))
     return sorted(out)
 
