@@ -418,3 +418,14 @@ def test_a_one_node_broadcast_pays_its_own_chain_fill_not_the_network_trees(tmp_
     again = load_profile(tmp_path / "p.json").params
     assert again["chain_chunk_bytes"] == pytest.approx(bigger["chain_chunk_bytes"], rel=1e-5)
     assert again["tree_chunk_bytes"] == pytest.approx(base.params["tree_chunk_bytes"], rel=1e-5)
+
+
+@pytest.mark.parametrize("coll", ["all_to_all", "gather", "scatter"])
+def test_a_grouped_send_recv_with_one_gpu_per_node_is_priced(a100, coll):
+    # SimAI's expert-parallel groups stride across nodes: 16 ranks, one on each node. There is
+    # no intra-node peer, and the time once came out NaN (0 bytes over a rate of 0).
+    spread = [24 * i for i in range(16)]
+    t = a100.estimate(coll, 96 * MiB, spread).time_ns
+    assert np.isfinite(t) and t > 0
+    packed = a100.estimate(coll, 96 * MiB, list(range(16))).time_ns   # 2 nodes of 8
+    assert t > packed

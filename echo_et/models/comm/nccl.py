@@ -306,7 +306,8 @@ def _p2p_pattern(P, coll: str, S: np.ndarray, pl: Placement, proto: str, ch: Cha
     r = (_ramp(P, S, proto) if proto != "Simple" or ch is FULL else 1.0 + 0.0 * S) / _US
     e = PROTOCOL_PAYLOAD[proto]
     op = S if coll == "gather" else S / n           # one peer's operation
-    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, k - 1)) * e * r) * _p2p_fill(op, ch, proto, False)
+    # one GPU per node: no intra-node peer, and no rate to divide the (zero) bytes by
+    t = intra / (_vmin(P["nvlink_gbps"], _p2p_rate(P, ch, max(k - 1, 1))) * e * r) * _p2p_fill(op, ch, proto, False)
     if pl.multi_node:
         t = _vmax(t, inter / (_vmin(P["net_gbps"], _p2p_rate(P, ch, n - k)) * e * r)
                   * _p2p_fill(op, ch, proto, True))
