@@ -23,7 +23,9 @@ Semantics, as SimAI runs them:
 - Comm types ``ALLREDUCE``, ``ALLGATHER``, ``REDUCESCATTER``, ``ALLTOALL``, ``NONE``; the
   suffix picks the group: none = tensor-parallel group for forward and input-gradient
   comm, data-parallel group for weight-gradient comm; ``_EP`` the expert-parallel group;
-  ``_DP_EP`` the data-parallel group among equal experts. Sizes are per-rank bytes.
+  ``_DP_EP`` the data-parallel group among equal experts. Sizes are per-rank bytes of the
+  buffer SimAI's ring cuts into one chunk per rank: an all-gather's output (the IR's
+  ``in_bytes`` is its shard, size / n), a reduce-scatter's input.
   ``BROADCAST`` (AICB's input broadcast; SimAI itself ignores it) is kept as a broadcast
   from group rank 0. ``MICRO`` workloads run every collective on all ranks.
 - Groups as SimAI's ``MockNcclGroup`` builds them: TP groups are consecutive ranks; with
@@ -321,8 +323,10 @@ class _GraphMaker:
         self.used.add(c.group)
         in_b = out_b = c.nbytes
         n = self.lay.size(c.group)
+        # SimAI's size is the buffer its ring cuts into n chunks (MockNcclGroup's flow models
+        # send (n-1)/n of it per rank): an all-gather's output, a reduce-scatter's input
         if c.type == pb.COLL_ALL_GATHER:
-            out_b = c.nbytes * n
+            in_b = -(-c.nbytes // n)
         elif c.type == pb.COLL_REDUCE_SCATTER:
             out_b = c.nbytes // n
         node = self.gb.collective(f"{layer.name}.{phase}_comm", stream, coll_type=c.type,

@@ -81,6 +81,11 @@ _NAMES = {pb.COLL_ALL_REDUCE: "ALLREDUCE", pb.COLL_ALL_GATHER: "ALLGATHER",
           pb.COLL_BROADCAST: "BROADCAST"}
 
 
+def _simai_size(c: pb.CollectiveInfo) -> int:
+    """The size SimAI's column states: an all-gather's output, otherwise the input."""
+    return c.out_bytes if c.type == pb.COLL_ALL_GATHER else c.in_bytes
+
+
 @pytest.fixture(scope="module")
 def moe_job():
     return read([shared_path(MOE)], "simai", ReadOptions())
@@ -102,7 +107,7 @@ def test_workload_converts_to_graphs_the_text_describes(rel, request):
     nodes = g.nodes
     comp = [n.duration_ns for n in nodes if n.kind == pb.KIND_COMPUTE]
     assert sorted(comp) == sorted(compute)              # ns, as SimAI ticks
-    got = [(_NAMES[n.collective.type], n.collective.in_bytes, n.collective.group)
+    got = [(_NAMES[n.collective.type], _simai_size(n.collective), n.collective.group)
            for n in nodes if n.kind == pb.KIND_COLLECTIVE]
     assert sorted(got) == sorted(colls)
     m = job.manifest
@@ -230,3 +235,25 @@ def test_simai_nodes_of_8_are_recorded_only_where_the_world_fills_them(tmp_path)
         assert job.manifest.hardware.gpus_per_node == gpn, world
         assert check_job(job) == []
     assert read([p], "simai", ReadOptions(world_size=12, gpus_per_node=4)).manifest.hardware.gpus_per_node == 4
+
+
+def test_an_all_gathers_size_is_its_output_and_each_rank_holds_a_shard(tmp_path):
+    # SimAI's MockNcclGroup cuts an all-gather's size into one chunk per rank and sends n-1 of
+    # them from each rank: the size is the gathered output. AICB writes the parameters a
+    # data-parallel rank gathers after the distributed optimizer (2.6 GiB in the MoE example),
+    # not one shard of them per rank.
+    p = tmp_path / "w.txt"
+    p.write_text("HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: 2 all_gpus: 8\n2\n"
+                 "a -1 5 ALLGATHER 4096 5 REDUCESCATTER 4096 5 ALLGATHER 4096 0\n"
+                 "b -1 5 ALLGATHER 1 5 NONE 0 5 NONE 0 0\n")
+    job = read([p], "simai", ReadOptions())
+    colls = [n.collective for n in job.graph_of(0).nodes if n.kind == pb.KIND_COLLECTIVE]
+    by = {(c.group, c.type, c.out_bytes if c.type == pb.COLL_ALL_GATHER else c.in_bytes): c for c in colls}
+    tp_ag = by[("tp", pb.COLL_ALL_GATHER, 4096)]
+    assert (tp_ag.in_bytes, tp_ag.out_bytes) == (2048, 4096)          # TP 2: a half each
+    dp_ag = by[("dp", pb.COLL_ALL_GATHER, 4096)]
+    assert (dp_ag.in_bytes, dp_ag.out_bytes) == (1024, 4096)          # DP 4: a quarter each
+    rs = by[("tp", pb.COLL_REDUCE_SCATTER, 4096)]
+    assert (rs.in_bytes, rs.out_bytes) == (4096, 2048)
+    tiny = by[("tp", pb.COLL_ALL_GATHER, 1)]
+    assert (tiny.in_bytes, tiny.out_bytes) == (1, 1)                  # never a shard of 0 bytes

@@ -1,4 +1,4 @@
-"""export: hand a Job to other tools (Chakra ET, ASTRA-sim, Perfetto, GraphML)."""
+"""export: hand a Job to other tools (Chakra ET, ASTRA-sim, SimAI, Perfetto, GraphML)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ from pathlib import Path
 
 import typer
 
-from echo_et.cli.cluster_opts import BW_HELP, cluster_from_options, gpu_opt
+from echo_et.cli.cluster_opts import (
+    BW_HELP,
+    cluster_from_options,
+    gpu_opt,
+    gpus_per_node_opt,
+    inter_bw_opt,
+    intra_bw_opt,
+    nic_bw_opt,
+)
 from echo_et.cli.common import (
     MAX_OUTPUT_HELP,
     JsonOpt,
@@ -221,3 +229,71 @@ def export_graphml(
         emit_json(result)
     else:
         typer.echo(f"wrote {output}: {result['nodes']} nodes, {result['edges']} edges")
+
+
+@export_app.command("simai")
+@guarded
+def export_simai(
+    job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="Workload text file to write."),
+    rank: int | None = typer.Option(None, "--rank", help="The rank whose step every SimAI rank runs "
+                                    "(default: the slowest rank of the simulated step)."),
+    mode: str = typer.Option("replay", "--mode", help="Times from replay (measured) or predict (models)."),
+    profile: Path | None = typer.Option(None, "--profile", help="CC model calibration profile (predict)."),
+    preset: str | None = typer.Option(None, "--preset", help="CC model preset name (predict)."),
+    slowdown: Path | None = typer.Option(None, "--slowdown", help="Slowdown model JSON (predict; default: built in)."),
+    no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
+    gpu: str | None = gpu_opt("Target GPU (predict; default: the job's)"),
+    intra_bw: str | None = intra_bw_opt(),
+    inter_bw: str | None = inter_bw_opt(),
+    nic_bw: str | None = nic_bw_opt(),
+    gpus_per_node: int | None = gpus_per_node_opt(),
+    compute_profile: Path | None = typer.Option(
+        None, "--compute-profile", metavar="PROFILE.json",
+        help="Compute-model profile (from `calibrate compute`) to retime every compute node with (predict)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """A SimAI / AICB text workload: one rank's simulated step as SimAI's layer rows."""
+    from echo_et.cli.sim_cmds import check_mode_options, run_simulation
+    from echo_et.converters import simai_writer
+    from echo_et.ir import assert_valid
+    from echo_et.ir.limits import check_node_fill
+    from echo_et.sim import SimOptions
+
+    check_output_path("--output", output, file_only=True)
+    src = job_path.resolve()
+    dest = output.resolve()
+    if dest == src or src in dest.parents:
+        raise EchoError(f"{output}: output would overwrite the input")
+    cluster = check_mode_options(mode, profile=profile, preset=preset, slowdown=slowdown, gpu=gpu,
+                                 gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
+                                 nic_bw=nic_bw, compute_profile=compute_profile)
+    job = load_job_arg(job_path)
+    assert_valid(job)
+    check_node_fill(job.world_size, gpus_per_node)
+    if rank is not None and not 0 <= rank < job.world_size:
+        raise EchoError(f"--rank {rank}: not a rank of the job (world size {job.world_size})")
+    job, res, _ = run_simulation(job, mode, SimOptions(gpus_per_node=gpus_per_node), cluster, profile=profile,
+                                 preset=preset, slowdown=slowdown, no_slowdown=no_slowdown,
+                                 compute_profile=compute_profile)
+    chosen = res.slowest_rank if rank is None else rank
+    workload = simai_writer.plan(res.timeline_events([chosen]), job, chosen)
+    written = simai_writer.write(workload, output)
+    report = workload.report()
+    graph = job.binding(chosen).graph
+    report.update(file=str(output), bytes=written, mode=mode, step_ns=res.step_time_ns,
+                  ranks_on_other_graphs=sum(1 for b in job.manifest.bindings if b.graph != graph))
+    if as_json:
+        emit_json(report)
+        return
+    t = report["time"]
+    typer.echo(f"wrote {output}: {report['lines']} lines, rank {chosen}'s step "
+               f"({t['rank_step_ns'] / 1e6:.3f} ms; the job's {res.step_time_ns / 1e6:.3f} ms, {mode})")
+    typer.echo("mapped: " + (", ".join(f"{k}={v}" for k, v in report["mapped"].items()) or "no collectives"))
+    if report["dropped"]:
+        typer.echo("dropped/kept as compute: " + ", ".join(f"{k}={v}" for k, v in report["dropped"].items()))
+    typer.echo(f"expected step in SimAI's order with these communication times: "
+               f"{report['expected_step_ns'] / 1e6:.3f} ms")
+    if report["ranks_on_other_graphs"]:
+        typer.echo(f"note: {report['ranks_on_other_graphs']} ranks run another graph than rank {chosen}; "
+                   f"SimAI runs rank {chosen}'s on every rank")

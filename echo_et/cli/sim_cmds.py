@@ -260,6 +260,45 @@ def echo_compute_bounds(retime: dict[str, Any]) -> None:
 
 
 # -- simulate ---------------------------------------------------------------------------------------
+def check_mode_options(mode: str, *, profile: Path | None, preset: str | None, slowdown: Path | None,
+                       gpu: str | None, gpus_per_node: int | None, intra_bw: str | None,
+                       inter_bw: str | None, nic_bw: str | None, compute_profile: Path | None):
+    """The cluster the options state; an error when a model option is given in replay mode
+    (replay keeps the measured times, so a model option would be silently ignored)."""
+    if mode not in ("replay", "predict"):
+        raise EchoError(f"--mode {mode!r}: use replay or predict")
+    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw, nic_bw)
+    if mode == "replay":
+        used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
+                               ("--inter-bw", inter_bw), ("--nic-bw", nic_bw), ("--slowdown", slowdown), ("--gpu", gpu),
+                               ("--compute-profile", compute_profile)) if v is not None]
+        if used:
+            raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
+    return cluster
+
+
+def run_simulation(job, mode: str, options, cluster, *, profile: Path | None, preset: str | None,
+                   slowdown: Path | None, no_slowdown: bool, compute_profile: Path | None):
+    """(the Job simulated, its result, the compute retiming or None): ``simulate``'s run,
+    shared by every command that needs a simulated step (``export simai``). In predict mode
+    the Job is first retimed for the cluster's GPU, as ``simulate`` does."""
+    from echo_et.sim import simulate
+
+    comm = slow = retime = net = None
+    if mode == "predict":
+        from echo_et.cli.compute_cmds import retime_for_gpu
+        from echo_et.models.cluster import Cluster
+        from echo_et.sim.nic_share import NodeNetwork
+
+        job, retime = retime_for_gpu(job, cluster.gpu, compute_profile)
+        comm = comm_model_for(job, profile, preset, cluster)
+        slow = slowdown_model_for(slowdown, no_slowdown)
+        shape = cluster.over(Cluster.from_job(job)).node_network(comm.gpus_per_node)
+        net = None if shape is None else NodeNetwork(*shape)
+    res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow, node_network=net)
+    return job, res, retime
+
+
 @guarded
 def simulate_cmd(
     job_path: Path = typer.Argument(..., metavar="JOB", help="Job directory or trace(s)."),
@@ -295,19 +334,15 @@ def simulate_cmd(
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate one training step: step time per rank, breakdown, critical path."""
-    from echo_et.sim import SimOptions, simulate
+    from echo_et.sim import SimOptions
 
     if mode not in ("replay", "predict"):
         raise EchoError(f"--mode {mode!r}: use replay or predict")
     if compute_scale <= 0:
         raise EchoError("--compute-scale must be > 0")
-    cluster = cluster_from_options(gpu, gpus_per_node, intra_bw, inter_bw, nic_bw)
-    if mode == "replay":
-        used = [f for f, v in (("--profile", profile), ("--preset", preset), ("--intra-bw", intra_bw),
-                               ("--inter-bw", inter_bw), ("--nic-bw", nic_bw), ("--slowdown", slowdown), ("--gpu", gpu),
-                               ("--compute-profile", compute_profile)) if v is not None]
-        if used:
-            raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
+    cluster = check_mode_options(mode, profile=profile, preset=preset, slowdown=slowdown, gpu=gpu,
+                                 gpus_per_node=gpus_per_node, intra_bw=intra_bw, inter_bw=inter_bw,
+                                 nic_bw=nic_bw, compute_profile=compute_profile)
     check_output_path("--timeline", timeline)
     check_output_path("--plot", plot, file_only=True)
     if timeline_rank and timeline is None:
@@ -330,19 +365,10 @@ def simulate_cmd(
     # the same bytes as a node-by-node simulation (tests/test_sim_timeline_placed.py).
     options = SimOptions(compute_scale=compute_scale, stragglers=parse_stragglers(straggler, job.world_size),
                          symmetry=not no_symmetry, gpus_per_node=gpus_per_node, align_start=align_start)
-    comm = slow = retime = net = None
-    if mode == "predict":
-        from echo_et.cli.compute_cmds import retime_for_gpu
-        from echo_et.models.cluster import Cluster
-        from echo_et.sim.nic_share import NodeNetwork
-
-        job, retime = retime_for_gpu(job, cluster.gpu, compute_profile)
-        comm = comm_model_for(job, profile, preset, cluster)
-        slow = slowdown_model_for(slowdown, no_slowdown)
-        shape = cluster.over(Cluster.from_job(job)).node_network(comm.gpus_per_node)
-        net = None if shape is None else NodeNetwork(*shape)
     _progress(f"simulating {job.world_size} ranks ({mode})...")
-    res = simulate(job, mode, options=options, comm_model=comm, slowdown_model=slow, node_network=net)
+    job, res, retime = run_simulation(job, mode, options, cluster, profile=profile, preset=preset,
+                                      slowdown=slowdown, no_slowdown=no_slowdown,
+                                      compute_profile=compute_profile)
     out = res.to_json()
     if retime is not None:
         out["compute_retime"] = retime
