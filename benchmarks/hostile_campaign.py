@@ -271,6 +271,8 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
         t.append((["export", "astra-sim", b.job, "--no-expected", "-o", out], o, k, 30))
     t.append((["export", "chrome", b.job, "-o", out], "--rank", "int", 30))
     t.append((["export", "graphml", b.job, "-o", out.with_suffix(".graphml")], "--rank", "int", 30))
+    for o, k in (("--rank", "int"), ("--mode", "name"), ("--gpus-per-node", "int")):
+        t.append((["export", "simai", b.job, "-o", out.with_suffix(".txt")], o, k, 30))
     tr = ["trace", "--device", "meta", "--jobs", "1", "-o", out]
     for o in ("--layers", "--hidden", "--heads", "--seq", "--micro-batch", "--dp", "--tp", "--pp", "--microbatches",
               "--warmup", "--steps", "--vocab", "--global-batch", "--zero"):
@@ -418,12 +420,14 @@ def _reader_verbs(kind: str, src: Path, out: Path) -> list[list[Any]]:
     """Commands that read ``src`` (a trace, a Job folder, a log, a CSV, a profile)."""
     if kind == "trace":
         return [["convert", src, "-o", out], ["inspect", src], ["check", src], ["simulate", src],
-                ["export", "chrome", src, "-o", out], ["layout", src]]
+                ["export", "chrome", src, "-o", out], ["export", "simai", src, "-o", out.with_suffix(".txt")],
+                ["layout", src]]
     if kind == "job":
         return [["check", src], ["inspect", src], ["layout", src], ["simulate", src],
                 ["validate", src, "--preset", "a100-ib"], ["export", "chakra", src, "-o", out / "t"],
                 ["export", "astra-sim", src, "--no-expected", "-o", out], ["export", "chrome", src, "-o", out],
-                ["export", "graphml", src, "-o", out.with_suffix(".graphml")], ["scale", src, "--dp", "8", "-o", out],
+                ["export", "graphml", src, "-o", out.with_suffix(".graphml")],
+                ["export", "simai", src, "-o", out.with_suffix(".txt")], ["scale", src, "--dp", "8", "-o", out],
                 ["select", src, "--ranks", "0-1", "-o", out], ["simulate", src, "--timeline", out],
                 ["calibrate", "trace", src, "-o", out.with_suffix(".json")],
                 ["calibrate", "slowdown", src, "-o", out.with_suffix(".json")]]
@@ -855,7 +859,7 @@ class Campaign:
                   ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "2",
                    "-o", out]]
         files = [["export", "graphml", b.job, "-o", out], ["export", "chrome", b.job, "-o", out],
-                 ["export", "chakra", b.job, "-o", out]]
+                 ["export", "chakra", b.job, "-o", out], ["export", "simai", b.job, "-o", out]]
         if b.nccl:
             files.append(["calibrate", "nccl-tests", b.nccl[0], "--gpus-per-node", "8", "-o", out])
         if file_out is None:

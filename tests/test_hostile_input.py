@@ -198,7 +198,8 @@ def edit_graph(job_dir: Path, edit) -> None:
 
 JOB_READERS = [["check"], ["inspect"], ["simulate"], ["export", "chrome", "-o", "{tmp}/c.json"],
                ["export", "graphml", "-o", "{tmp}/g.graphml"], ["export", "chakra", "-o", "{tmp}/ch/t"],
-               ["export", "astra-sim", "-o", "{tmp}/as"], ["scale", "--dp", "4", "-o", "{tmp}/sc"],
+               ["export", "astra-sim", "-o", "{tmp}/as"], ["export", "simai", "-o", "{tmp}/w.txt"],
+               ["scale", "--dp", "4", "-o", "{tmp}/sc"],
                ["validate", "--preset", "a100-ib"]]
 
 
@@ -369,7 +370,7 @@ def test_read_only_directory_when_not_root(tmp_path):
         ro.chmod(0o700)
 
 
-@pytest.mark.parametrize("cmd", [["export", "chrome", JOB], ["export", "graphml", JOB],
+@pytest.mark.parametrize("cmd", [["export", "chrome", JOB], ["export", "graphml", JOB], ["export", "simai", JOB],
                                  ["calibrate", "slowdown", "slowdown/echo-a100-gpt2/merged_features.csv"]])
 def test_output_naming_a_directory(tmp_path, cmd):
     if cmd[0] == "calibrate":
@@ -391,7 +392,7 @@ def test_output_naming_a_character_device_is_never_replaced(tmp_path, monkeypatc
 
     monkeypatch.setattr(ir_io.os, "replace", guarded_replace)
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-    for cmd in (["export", "chrome"], ["export", "graphml"]):
+    for cmd in (["export", "chrome"], ["export", "graphml"], ["export", "simai"]):
         refused(*cmd, JOB, "-o", "/dev/null", match=["/dev/null", "not a regular file"])
     with pytest.raises(EchoError, match="not a regular file"):
         ir_io.check_output_file("/dev/null")
