@@ -410,9 +410,9 @@ def plan(events: Iterable[TimelineEvent], job: Job, rank: int) -> SimaiWorkload:
         nexts = [int(work_starts[w])] if w < len(work_starts) else []
         for track, starts in by_track.items():
             if track != c.track:
-                k = bisect.bisect_right(starts, c.start)
-                if k < len(starts):
-                    nexts.append(starts[k])
+                after = bisect.bisect_right(starts, c.start)
+                if after < len(starts):
+                    nexts.append(starts[after])
         # waited: nothing of the rank started while it ran, nor did compute run through it
         waited = (min(nexts) >= c.end and chosen.busy.covered(c.start, c.end) < c.end - c.start
                   if nexts else True)

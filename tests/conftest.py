@@ -100,6 +100,7 @@ SLOW = {
     "test_trace_steps.py",
     "test_restage_megatron.py::test_restaging_a_cpu_traced_megatron_job_matches_tracing",
     "test_bigscience.py::test_one_run_predicts_end_to_end",
+    "test_simai_export.py::test_a_meta_device_trace_is_exported_from_its_prediction",
     "test_trace_user.py",
     "test_determinism.py",
     "test_fuzz_promise.py",

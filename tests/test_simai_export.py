@@ -274,3 +274,21 @@ def test_the_output_never_replaces_the_input(tmp_path):
     res = CliRunner().invoke(app, ["export", "simai", str(FIXTURES / "ddp-dp4"), "-o",
                                    str(tmp_path / "missing" / "w.txt")])
     assert res.exit_code == 2 and "does not exist" in res.stderr
+
+
+def test_a_meta_device_trace_is_exported_from_its_prediction(tmp_path):
+    """A Job traced on the meta device has no measured time: replay would write a workload of
+    zeros, so it is refused with the way out; predict prices it."""
+    res = CliRunner().invoke(app, ["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32",
+                                   "--global-batch", "4", "--tp", "2", "--dp", "2", "--gpu", "a100",
+                                   "-o", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "w.txt"
+    res = CliRunner().invoke(app, ["export", "simai", str(tmp_path / "p" / "job"), "-o", str(out)])
+    assert res.exit_code == 2 and "no measured times" in res.stderr and "--mode predict" in res.stderr
+    assert not out.exists()
+    r = _export(tmp_path / "p" / "job", out, "--mode", "predict", "--gpu", "a100")
+    assert r["step_ns"] > 0 and r["time"]["rank_step_ns"] == r["step_ns"]
+    assert r["mapped"].get("all_reduce/tp", 0) > 0
+    head = out.read_text().splitlines()[0].split()
+    assert head[head.index("model_parallel_NPU_group:") + 1] == "2" and head[head.index("all_gpus:") + 1] == "4"

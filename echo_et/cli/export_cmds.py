@@ -276,6 +276,9 @@ def export_simai(
     job, res, _ = run_simulation(job, mode, SimOptions(gpus_per_node=gpus_per_node), cluster, profile=profile,
                                  preset=preset, slowdown=slowdown, no_slowdown=no_slowdown,
                                  compute_profile=compute_profile)
+    if res.step_time_ns == 0 and mode == "replay":
+        raise EchoError(f"{job_path}: the job has no measured times (a meta-device trace): give "
+                        "--mode predict (with --gpu NAME where the job names none)")
     chosen = res.slowest_rank if rank is None else rank
     workload = simai_writer.plan(res.timeline_events([chosen]), job, chosen)
     written = simai_writer.write(workload, output)
