@@ -417,13 +417,23 @@ def plan(events: Iterable[TimelineEvent], job: Job, rank: int) -> SimaiWorkload:
         waited = (min(nexts) >= c.end and chosen.busy.covered(c.start, c.end) < c.end - c.start
                   if nexts else True)
         if c.kind in _P2P:
+            # SimAI has no send/recv rows. In a pipeline its bubble (from pp_comm) stands for
+            # them, so the rank's wait for its neighbours is left out; otherwise the wait stays
+            # time, as compute.
             if c.kind == pb.KIND_SEND:
                 sends = max(sends, int(c.args.get("bytes", 0)))
-            if waited and c.end > pos:
+            waited_ns = c.end - max(pos, c.start) if waited and c.end > pos else 0
+            if lay.pp > 1:
+                p.drop("simai_pipeline_transfer_not_modelled")
+            else:
+                p.drop("simai_send_recv_not_in_simai", waited_ns)
+            if waited_ns:
                 p.span(pos, c.start)
-                p.add_time("pipeline_wait_ns", c.end - max(pos, c.start))
+                if lay.pp > 1:
+                    p.add_time("pipeline_wait_ns", waited_ns)
+                else:
+                    p.compute(max(pos, c.start), c.end)
                 pos = c.end
-            p.drop("simai_pipeline_transfer_not_modelled")
             continue
         if p.forward and (not waited or (backward_at is not None and c.start >= backward_at)):
             p.forward = False

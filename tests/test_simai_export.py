@@ -229,6 +229,18 @@ def test_what_simai_cannot_hold_stays_time_and_is_counted(tp2_job):
     assert [b.comm.token for _, _, b in w.lines if b is not None and b.comm] == ["ALLREDUCE"]
 
 
+def test_a_send_recv_wait_outside_a_pipeline_stays_time(tp2_job):
+    # SimAI has no send/recv rows; without pipeline stages no bubble of SimAI's stands for the
+    # wait, so it stays (as compute), counted
+    recv = TimelineEvent(rank=0, track="p2p", name="recv", start_ns=10, duration_ns=30, kind=pb.KIND_RECV,
+                         args={"bytes": 4096})
+    w = plan([_comp(0, 10), recv, _comp(40, 50)], tp2_job, 0)
+    assert w.dropped == {"simai_send_recv_not_in_simai": 1}
+    assert w.time["simai_send_recv_not_in_simai_ns"] == 30
+    assert w.time["compute_ns"] == 50 == w.expected_step_ns() and "pipeline_wait_ns" not in w.time
+    assert w.pp_comm == 0
+
+
 def test_an_all_gathers_simai_size_is_its_output(tp2_job):
     j = tp2_job
     w = plan([_comp(0, 10), _coll(j, 10, 20, "tp", typ="all_gather", nbytes=512, out_bytes=1024),
