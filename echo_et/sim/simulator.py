@@ -47,10 +47,11 @@ from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
 from echo_et.ir.job_checker import assert_valid
 from echo_et.ir.limits import MAX_NS
-from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, collective_name, pb
+from echo_et.ir.schema import collective_name, pb
 from echo_et.ir.summary import comm_libraries
 from echo_et.models.slowdown.intervals import covered_length, merge_intervals
 from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, same_durations
+from echo_et.sim.diagnose import check_collective_match, check_p2p_match, deadlock_message
 from echo_et.sim.gc_pause import cyclic_gc_paused
 from echo_et.sim.meeting_keys import CollectiveMeetings
 from echo_et.sim.program import (
@@ -68,7 +69,7 @@ from echo_et.sim.program import (
 )
 from echo_et.sim.replay_times import measured_tails, one_node_time
 from echo_et.sim.result import RankResult, SimResult, SimTimeline
-from echo_et.sim.state import CollectiveKey, Meeting, MeetingKey, P2PKey, Participant, ParticipantTuple, RankState
+from echo_et.sim.state import CollectiveKey, Meeting, MeetingKey, P2PKey, ParticipantTuple, RankState
 from echo_et.sim.symmetry import Partition, identity_partition, rank_partition
 
 _new_tuple = tuple.__new__
@@ -669,12 +670,12 @@ class Simulator:
                 prog0 = st0.program
                 one_node = all(st.program is prog0 and it == it0 for st, it, _ in parts)
                 if not one_node:
-                    self._check_match(parts, group)
+                    check_collective_match(parts, group)
                 call = CommCall(collective_name(rv0.coll_type), rv0.coll_type, rv0.in_bytes, rv0.out_bytes,
                                 rv0.dtype, group, rv0.seq, rv0.root, -1, -1, parts, one_node)
                 own = self.collective(call)
             else:
-                self._check_p2p(parts, group)
+                check_p2p_match(parts, group)
                 if self._replay_p2p:
                     return measured_tails(parts)
                 sender = next(((st, it) for st, it, _ in parts if st.program.rendezvous[it].is_send), None)
@@ -716,109 +717,10 @@ class Simulator:
             st.queued = True
             self._active.append(st)
 
-    def _check_match(self, parts: list[ParticipantTuple], group: pb.ProcessGroup) -> None:
-        st0, it0, _ = parts[0]
-        prog0 = st0.program
-        a = prog0.rendezvous[it0]
-        for st, it, _ in parts[1:]:
-            if st.program is prog0 and it == it0:
-                continue  # the same node of a shared graph
-            b = st.program.rendezvous[it]
-            same = a.coll_type == b.coll_type and (
-                a.coll_type not in EQUAL_SIZE_COLLECTIVES or a.in_bytes == b.in_bytes)
-            if not same:
-                raise EchoError(
-                    f"mismatched collectives on group {group.id} ({_group_label(group)}) at sequence #{a.seq}: "
-                    f"rank {st0.rank} {st0.describe(it0)} issues {collective_name(a.coll_type)} of {a.in_bytes} B, "
-                    f"rank {st.rank} {st.describe(it)} issues {collective_name(b.coll_type)} of {b.in_bytes} B")
-
-    def _check_p2p(self, parts: list[ParticipantTuple], group: pb.ProcessGroup) -> None:
-        if len(parts) < 2:
-            return
-        (sa, ia, _), (sb, ib, _) = parts[0], parts[1]
-        a, b = sa.program.rendezvous[ia], sb.program.rendezvous[ib]
-        key = sa.meeting_key[ia]
-        assert isinstance(key, P2PKey)
-        if a.is_send == b.is_send and key.sender != key.receiver:
-            raise EchoError(f"two {'sends' if a.is_send else 'recvs'} meet on group {group.id} at sequence #{a.seq}")
-        if a.in_bytes != b.in_bytes:
-            raise EchoError(f"mismatched send/recv on group {group.id} at sequence #{a.seq}: rank {sa.rank} "
-                            f"{sa.describe(ia)} passes {a.in_bytes} B, rank {sb.rank} {sb.describe(ib)} "
-                            f"passes {b.in_bytes} B")
-
-    # -- deadlocks ---------------------------------------------------------------------------
     def _deadlock_message(self, unfinished: list[RankState]) -> str:
         part = self._partition
         assert part is not None
-        rep_of_class = part.reps
-        waiting: dict[int, tuple[RankState, int, MeetingKey]] = {}   # class -> (state, item, meeting key)
-        edges: dict[int, list[int]] = {}
-        missing_of: dict[MeetingKey, list[int]] = {}
-        # An eager send that ran leaves a meeting nobody waits at: only its recv can be missing.
-        pending = {k: m for k, m in self._meetings.items()
-                   if any(Participant(*p).unfinished() for p in m.parts)}
-        if not unfinished and not pending:
-            st, it, _ = next(iter(self._meetings.values())).parts[0]
-            return f"rank {st.rank} {st.describe(it)}: nobody receives this send (mismatched send/recv)"
-        for key, m in pending.items():
-            parts = [p for p in m.parts if Participant(*p).unfinished()]
-            missing = sorted(self._wanted(key, parts) - {st.class_id for st, _, _ in parts})
-            missing_of[key] = missing
-            for st, it, _ in parts:
-                waiting[st.class_id] = (st, it, key)
-                edges.setdefault(st.class_id, []).extend(missing)
-        # A cycle of ranks each waiting for the next: a cross-rank deadlock.
-        cycle = _find_cycle(edges)
-        if cycle:
-            lines = []
-            for k, c in enumerate(cycle):
-                nxt = cycle[(k + 1) % len(cycle)]
-                if c in waiting:
-                    st, it, key = waiting[c]
-                    lines.append(f"rank {st.rank} waits at {st.describe(it)} ({self._meeting_label(st, it, key)}) "
-                                 f"for rank {rep_of_class[nxt]}")
-                else:
-                    lines.append(f"rank {rep_of_class[c]} is blocked")
-            return "deadlock (cyclic wait across ranks): " + "; ".join(lines)
-        if pending:
-            key, m = min(pending.items(), key=lambda kv: (kv[1].parts[0][0].rank, kv[1].parts[0][1]))
-            st, it, _ = next(p for p in m.parts if Participant(*p).unfinished())
-            missing = missing_of[key]
-            why = []
-            for c in missing:
-                other = next((s for s in self._states if s.class_id == c), None)
-                if other is None:
-                    continue
-                if other.items_done >= other.program.n_items:
-                    why.append(f"rank {other.rank} finished without issuing it")
-                else:
-                    blocked = other.first_unfinished()
-                    why.append(f"rank {other.rank} never reaches it (stuck at {other.describe(blocked)})")
-            return (f"deadlock: rank {st.rank} waits at {st.describe(it)} ({self._meeting_label(st, it, key)}) "
-                    f"for ranks {[rep_of_class[c] for c in missing]}: " + "; ".join(why))
-        st = unfinished[0]
-        blocked = st.first_unfinished()
-        return (f"deadlock: rank {st.rank} {st.describe(blocked)} can never start (its dependencies and "
-                "stream order form a cycle)")
-
-    def _wanted(self, key: MeetingKey, parts: list[ParticipantTuple]) -> frozenset[int]:
-        """The classes a meeting waits for."""
-        if isinstance(key, CollectiveKey):
-            return self._members_of[key.group_class]
-        st, it, _ = parts[0]
-        rv = st.program.rendezvous[it]
-        partner = st.group_of_key[rv.key].ranks[rv.peer]
-        part = self._partition
-        assert part is not None
-        return frozenset({st.class_id} | ({part.class_of[partner]} if partner in part.class_of else set()))
-
-    def _meeting_label(self, st: RankState, item: int, key: MeetingKey) -> str:
-        rv = st.program.rendezvous[item]
-        g = st.group_of_key[rv.key]
-        if isinstance(key, CollectiveKey):
-            return f"{collective_name(rv.coll_type)} #{rv.seq} on group {g.id}"
-        verb = "send to" if rv.is_send else "recv from"
-        return f"{verb} rank {g.ranks[rv.peer]} #{rv.seq} on group {g.id}"
+        return deadlock_message(unfinished, self._meetings, self._states, part, self._members_of)
 
     # -- overlap slowdown --------------------------------------------------------------------
     def _iterate_slowdown(self, base: dict[Hashable, list[int]]) -> None:
@@ -972,36 +874,3 @@ class Simulator:
             timeline=SimTimeline(self._states, part, self.job),
             critical_nodes=dict(nodes) if nodes is not None else {},
         )
-
-
-def _group_label(g: pb.ProcessGroup) -> str:
-    ranks = list(g.ranks)
-    shown = ", ".join(str(r) for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
-    name = f"{g.name} " if g.name else ""
-    return f"{name}ranks [{shown}]"
-
-
-def _find_cycle(edges: dict[int, list[int]]) -> list[int]:
-    color: dict[int, int] = {}
-    stack_path: list[int] = []
-
-    def visit(u: int) -> list[int]:
-        color[u] = 1
-        stack_path.append(u)
-        for v in edges.get(u, ()):
-            if color.get(v) == 1:
-                return stack_path[stack_path.index(v):]
-            if v not in color:
-                found = visit(v)
-                if found:
-                    return found
-        stack_path.pop()
-        color[u] = 2
-        return []
-
-    for u in sorted(edges):
-        if u not in color:
-            found = visit(u)
-            if found:
-                return found
-    return []
