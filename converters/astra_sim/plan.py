@@ -44,158 +44,18 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from array import array
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from echo_et.errors import EchoError
 from echo_et.ir.graph import Graph
 from echo_et.ir.schema import collective_name, node_kind_name, pb
 
-from .mapping import comm_type_of, mapping_label
-
-# Roles of a planned node.
-COMP = "comp"
-COLL = "coll"
-P2P = "p2p"
-# Lanes.
-HOST = "host"
-GPU = "gpu"
-COMM = "comm"
-RECV = "recv"
+from .mapping import mapping_label
+from .plan_classes import LANE_OF, classify, empty_stats, graph_kinds
+from .plan_stream import UntimedStream
+from .planned import COLL, COMM, COMP, GPU, HOST, P2P, RECV, GraphPlan, PlannedNode
 
 ACAUSAL_TOLERANCE_NS = 1000
-_HOST_KINDS = frozenset({pb.KIND_CPU_OP, pb.KIND_LAUNCH, pb.KIND_SYNC})
-_DEVICE_COMP_KINDS = frozenset({pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET, pb.KIND_COMM_UNKNOWN})
-_COMM_KINDS = frozenset({pb.KIND_COLLECTIVE, pb.KIND_SEND, pb.KIND_RECV})
 _NEG = -(1 << 62)
-
-
-@dataclass
-class PlannedNode:
-    """One node of the export, before rank-specific fields are known."""
-
-    index: int                 # position in export order (0-based): the node id is index + 1
-    role: str                  # COMP, COLL or P2P
-    lane: str                  # HOST, GPU, COMM or RECV
-    node: pb.Node | None       # the IR node it comes from (None: host segment, join, start)
-    name: str
-    start_ns: int = 0          # exported start on the graph's clock (measured time)
-    end_ns: int = 0            # exported end (COMP: start + length; communication: measured end)
-    deps: list[int] = field(default_factory=list)  # indices of planned nodes
-    label: str = ""            # mapping label (``mapped`` counts)
-    merged: list[pb.Node] = field(default_factory=list)  # collectives of the same group that ran
-    #                                                      concurrently with ``node``: one collective
-    #                                                      of the summed bytes
-
-    @property
-    def in_bytes(self) -> int:
-        """A collective's per-rank input bytes, those of the collectives merged into it included."""
-        return self.node.collective.in_bytes + sum(m.collective.in_bytes for m in self.merged)
-
-    @property
-    def out_bytes(self) -> int:
-        return self.node.collective.out_bytes + sum(m.collective.out_bytes for m in self.merged)
-
-    @property
-    def duration_ns(self) -> int:
-        return max(0, self.end_ns - self.start_ns)
-
-
-class GraphPlan:
-    """What one graph becomes. ``nodes`` is the planned list; a *streamed* plan (an untimed
-    graph whose dependencies point back, see :func:`plan_graph`) holds none: it re-plans the
-    graph node by node on each :meth:`iter_nodes` (``nodes`` makes the list on demand), and
-    its counts (``mapped``, ``dropped``, ``stats``) are those of its first complete pass."""
-
-    def __init__(self, graph_id: str, nodes: list[PlannedNode] | None, mapped: dict[str, int],
-                 merged: dict[str, int], dropped: dict[str, int], stats: dict[str, int], host_cpu: bool,
-                 gpu_cpu: bool, origin_ns: int, has_all_to_all: bool, coll_groups: frozenset[str],
-                 source: _UntimedStream | None = None):
-        self.graph_id = graph_id
-        self._nodes = nodes
-        self._mapped = mapped        # mapping label -> nodes written per rank
-        self.merged = merged         # IR kind -> nodes merged into another exported node (per rank)
-        self._dropped = dropped      # what had no counterpart -> count (per rank)
-        self._stats = stats          # ns and counts: clipped, gaps, waits, busy and lost time (per rank)
-        self.host_cpu = host_cpu     # the host lane is written as CPU nodes (is_cpu_op=true)
-        self.gpu_cpu = gpu_cpu       # the gpu lane is written as CPU nodes (CPU-only graphs)
-        self.origin_ns = origin_ns   # the graph's first measured start
-        self.has_all_to_all = has_all_to_all
-        self.coll_groups = coll_groups   # group keys of the exported collectives
-        self._source = source
-        self._counted = source is None
-
-    @property
-    def streamed(self) -> bool:
-        return self._source is not None
-
-    @property
-    def any_merged(self) -> bool:
-        """Whether collectives were merged into others (never in a streamed, untimed plan)."""
-        return self._source is None and any(pn.merged for pn in self._nodes or ())
-
-    @property
-    def nodes(self) -> list[PlannedNode]:
-        if self._nodes is not None:
-            return self._nodes
-        return list(self.iter_nodes())
-
-    def iter_nodes(self) -> Iterator[PlannedNode]:
-        """The planned nodes in export order (a streamed plan makes them one at a time)."""
-        if self._source is None:
-            yield from self._nodes or ()
-            return
-        src = self._source
-        yield from src.plan()
-        if not self._counted:
-            self._mapped, self._dropped, self._stats = src.mapped, src.dropped, src.stats
-            self._counted = True
-
-    def _count(self) -> None:
-        if not self._counted:
-            for _ in self.iter_nodes():
-                pass
-
-    @property
-    def mapped(self) -> dict[str, int]:
-        self._count()
-        return self._mapped
-
-    @property
-    def dropped(self) -> dict[str, int]:
-        self._count()
-        return self._dropped
-
-    @property
-    def stats(self) -> dict[str, int]:
-        self._count()
-        return self._stats
-
-    @property
-    def first(self) -> PlannedNode:
-        """The start node (index 0)."""
-        if self._source is not None:
-            return self._source.start_node()
-        return self.nodes[0]
-
-    def is_cpu(self, pn: PlannedNode) -> bool:
-        if pn.lane == HOST:
-            return self.host_cpu
-        if pn.lane == GPU:
-            return self.gpu_cpu
-        return False
-
-
-def round_us(ns: int) -> int:
-    """Nanoseconds to whole microseconds, half up (ASTRA-sim reads integer µs)."""
-    return max(0, (int(ns) + 500) // 1000)
-
-
-def exported_us(pn: PlannedNode) -> int:
-    """The whole microseconds a COMP node runs: its end and start are rounded on the graph's
-    clock, so the lengths of back-to-back nodes add up to the rounded total (no drift)."""
-    return max(0, round_us(pn.end_ns) - round_us(pn.start_ns))
 
 
 class _Node:
@@ -223,154 +83,6 @@ def _label(s: _Node) -> str:
     return mapping_label(s.n)
 
 
-_LANE_OF = {"host": HOST, "gpu": GPU, "solo": GPU, "comm": COMM, "block": COMM, "recv": RECV,
-            "block-recv": RECV}
-
-
-def _classify(n: pb.Node, host_streams: set[int], group_sizes: dict[str, int]) -> str:
-    """The planning class of a node (see ``_Node.cls``)."""
-    if n.kind in _COMM_KINDS:
-        if n.kind == pb.KIND_COLLECTIVE:
-            comm_type_of(n)  # raises for types ASTRA-sim cannot express
-            if group_sizes.get(n.collective.group, 0) <= 1:
-                # Nothing to send: its measured time stays, as compute (host time on a
-                # host thread); without a time it is folded into dependencies.
-                return "fold" if n.duration_ns <= 0 else ("host" if n.stream in host_streams else "solo")
-        if n.stream in host_streams:
-            return "block-recv" if n.kind == pb.KIND_RECV else "block"
-        return "recv" if n.kind == pb.KIND_RECV else "comm"
-    if n.stream in host_streams:
-        return "host"
-    if n.kind in _DEVICE_COMP_KINDS:
-        return "gpu"
-    raise EchoError(
-        f"node {n.id} ({n.name}): node kind {node_kind_name(n.kind)} has no ASTRA-sim "
-        "equivalent (neither compute nor communication); give it a kind before exporting")
-
-
-def _graph_kinds(nodes, group_sizes: dict[str, int]) -> tuple[set[int], bool]:
-    """The host streams of a graph and whether it is CPU-only (no launches, no device work)."""
-    host_streams = {n.stream for n in nodes if n.kind in _HOST_KINDS}
-    has_launch = any(n.kind == pb.KIND_LAUNCH for n in nodes)
-    device = any(n.kind in (pb.KIND_COMPUTE, pb.KIND_MEMCPY, pb.KIND_MEMSET)
-                 for n in nodes if n.stream not in host_streams)
-    return host_streams, bool(host_streams) and not has_launch and not device
-
-
-def _empty_stats() -> dict[str, int]:
-    return {"gpu_clipped_ns": 0, "gpu_gaps_added_ns": 0, "comm_gaps_dropped_ns": 0,
-            "comm_serialised": 0, "comm_serialised_ns": 0, "comm_merged": 0, "comm_merged_ns": 0,
-            "host_waits_elastic": 0, "host_wait_ns_elastic": 0, "acausal_deps_dropped": 0, "lost_busy_ns": 0}
-
-
-class _UntimedStream:
-    """``_Planner.plan_untimed`` node by node, for an untimed graph whose dependencies all
-    point back (``Graph.deps_point_back``): its program order is then the id order, and
-    every planned node depends only on planned nodes before it, so the plan is the expanded
-    graph streamed in id order (``Graph.iter_nodes``) and no topological sort is needed.
-    What it holds is the id map a dependency is resolved through (per node: its id, its
-    planned index, whether it is host work: 17 bytes), not the nodes; the same plan as
-    :meth:`_Planner.plan_untimed` followed by :meth:`_Planner.finish`."""
-
-    def __init__(self, graph: Graph, group_sizes: dict[str, int]):
-        self.graph = graph
-        self.group_sizes = group_sizes
-        stored = graph.stored_nodes   # a copy has its body node's kind and stream
-        self.host_streams, self.cpu_only = _graph_kinds(stored, group_sizes)
-        self.origin = min((n.start_ns for n in stored), default=0)
-        classes = [(n, _classify(n, self.host_streams, group_sizes)) for n in stored]
-        colls = [n for n, c in classes if c in ("comm", "block") and n.kind == pb.KIND_COLLECTIVE]
-        self.coll_groups = frozenset(n.collective.group for n in colls)
-        self.has_all_to_all = any(n.collective.type == pb.COLL_ALL_TO_ALL for n in colls)
-        self.mapped: dict[str, int] = {}
-        self.dropped: dict[str, int] = {}
-        self.stats: dict[str, int] = {}
-
-    def start_node(self) -> PlannedNode:
-        return PlannedNode(0, COMP, HOST, None, "start (rank offset)", -1, -1, [], "start offset->COMP_NODE")
-
-    def plan(self) -> Iterator[PlannedNode]:
-        mapped: dict[str, int] = {}
-        dropped: dict[str, int] = {}
-        start = self.start_node()
-        mapped[start.label] = 1
-        yield start
-        host_streams, group_sizes = self.host_streams, self.group_sizes
-        host_label = "host compute->COMP_NODE" if self.cpu_only else "host time->COMP_NODE"
-        ids = array("q")          # node ids in id order: a dependency's position by bisection
-        outs = array("q")         # planned index per position (-1: folded, see fold_out)
-        is_host = bytearray()
-        fold_out: dict[int, set[int]] = {}
-        last: dict[str, int] = {HOST: 0}
-        last_coll: dict[str, int] = {}
-        last_on_stream: dict[int, int] = {}
-        index = 0
-        busy = kept = 0
-        bisect_left = bisect.bisect_left
-        for n in self.graph.iter_nodes():
-            pos = len(ids)
-            cls = _classify(n, host_streams, group_sizes)
-            busy += n.duration_ns
-            ps: list[int] = []
-            if cls != "host" and n.stream in last_on_stream:
-                ps.append(last_on_stream[n.stream])
-            last_on_stream[n.stream] = pos
-            for d in n.deps:
-                if d.id == n.id:
-                    continue
-                j = bisect_left(ids, d.id)
-                if j == pos or ids[j] != d.id:
-                    raise EchoError(f"node {n.id} ({n.name}): dependency on missing node {d.id}")
-                if d.kind == pb.DEP_CONTROL and not (is_host[j] and cls != "host"):
-                    continue
-                ps.append(j)
-            deps: set[int] = set()
-            for j in ps:
-                o = outs[j]
-                if o < 0:
-                    deps |= fold_out[j]
-                else:
-                    deps.add(o)
-            ids.append(n.id)
-            is_host.append(cls == "host")
-            if cls == "fold":
-                outs.append(-1)
-                fold_out[pos] = deps
-                key = f"{collective_name(n.collective.type)}(one-rank group)"
-                dropped[key] = dropped.get(key, 0) + 1
-                continue
-            lane = _LANE_OF[cls]
-            if lane in last:
-                deps.add(last[lane])
-            if not deps:
-                deps.add(0)
-            coll = lane == COMM and n.kind == pb.KIND_COLLECTIVE
-            if coll:
-                prev = last_coll.get(n.collective.group)
-                if prev is not None:
-                    deps.add(prev)
-            if lane == HOST:
-                role, label = COMP, host_label
-            else:
-                role = COMP if lane == GPU else COLL if n.kind == pb.KIND_COLLECTIVE else P2P
-                label = mapping_label(n) if cls != "solo" else \
-                    f"{collective_name(n.collective.type)}(one-rank group)->COMP_NODE"
-            index += 1
-            pn = PlannedNode(index, role, lane, n, n.name or f"node{n.id}", 0,
-                             n.duration_ns if role == COMP else 0, sorted(deps), label)
-            outs.append(index)
-            if lane != RECV:
-                last[lane] = index
-            if role == COLL:
-                last_coll[n.collective.group] = index
-            kept += pn.duration_ns if role == COMP else n.duration_ns
-            mapped[label] = mapped.get(label, 0) + 1
-            yield pn
-        stats = _empty_stats()
-        stats["busy_ns"], stats["lost_busy_ns"] = busy, max(0, busy - kept)
-        self.mapped, self.dropped, self.stats = mapped, dropped, stats
-
-
 class _Planner:
     def __init__(self, graph: Graph, group_sizes: dict[str, int], merge: dict[str, frozenset[int]] | None = None):
         self.graph = graph
@@ -381,13 +93,13 @@ class _Planner:
         self.index = {n.id: i for i, n in enumerate(nodes)}
         if len(self.index) != len(nodes):
             raise EchoError(f"graph {graph.id}: node ids are not unique")
-        self.host_streams, self.cpu_only = _graph_kinds(nodes, group_sizes)
+        self.host_streams, self.cpu_only = graph_kinds(nodes, group_sizes)
         self.timed = any(n.start_ns for n in nodes) and len({n.start_ns for n in nodes}) > 1
         self.origin = min((n.start_ns for n in nodes), default=0)
         self.planned: list[PlannedNode] = []
         self.merged: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
-        self.stats: dict[str, int] = _empty_stats()
+        self.stats: dict[str, int] = empty_stats()
         self.sources: dict[int, list[int]] = {}   # host time -> planned indices waiting for the host there
         self.waits: list[tuple[int, int, int]] = []  # (start, end, host stream) of removable waits
         self._pending_sinks: list[tuple[int, list[int]]] = []  # (host time, waited node indices)
@@ -400,7 +112,7 @@ class _Planner:
     # -- classification ---------------------------------------------------------------------
     def classify(self) -> None:
         for i, n in enumerate(self.nodes):
-            self.st.append(_Node(i, n, _classify(n, self.host_streams, self.group_sizes)))
+            self.st.append(_Node(i, n, classify(n, self.host_streams, self.group_sizes)))
 
     def ref_time(self, p: pb.Node, launch: bool) -> int:
         return p.start_ns if launch else p.start_ns + p.duration_ns
@@ -549,7 +261,7 @@ class _Planner:
                 s.out, s.host_t, s.end = deps, host_t, max(ready, n.start_ns + n.duration_ns)
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
                 continue
-            lane = _LANE_OF[s.cls]
+            lane = LANE_OF[s.cls]
             lp = last.get(lane)
             if lp is not None:
                 deps.add(lp.index)
@@ -792,7 +504,7 @@ class _Planner:
                 s.out = deps
                 self.count(self.dropped, f"{collective_name(n.collective.type)}(one-rank group)")
                 continue
-            lane = _LANE_OF[s.cls]
+            lane = LANE_OF[s.cls]
             if lane in last:
                 deps.add(last[lane].index)
             if not deps:
@@ -947,9 +659,9 @@ def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = F
     graphs need the whole graph at once: a measured timeline is cut where any node of any
     stream attaches, lanes are ordered by a topological sort on measured starts, and a
     dependency that points forward needs that sort too; they are planned here, expanded."""
-    if (stream and not (fold_host and _graph_kinds(graph.stored_nodes, group_sizes)[0])
+    if (stream and not (fold_host and graph_kinds(graph.stored_nodes, group_sizes)[0])
             and graph.starts_uniform() and graph.deps_point_back()):
-        src = _UntimedStream(graph, group_sizes)
+        src = UntimedStream(graph, group_sizes)
         host_cpu = bool(src.host_streams) and not src.cpu_only
         return GraphPlan(graph.id, None, {}, {}, {}, {}, host_cpu, src.cpu_only, src.origin,
                          src.has_all_to_all, src.coll_groups, src)
@@ -980,5 +692,4 @@ def plan_graph(graph: Graph, group_sizes: dict[str, int], *, fold_host: bool = F
                      p.origin, has_a2a, coll_groups)
 
 
-__all__ = ["COLL", "COMM", "COMP", "GPU", "HOST", "P2P", "RECV", "GraphPlan", "PlannedNode",
-           "concurrent_collectives", "exported_us", "plan_graph", "round_us"]
+__all__ = ["concurrent_collectives", "plan_graph"]

@@ -19,7 +19,7 @@ from echo_et.ir.graph import Graph
 from echo_et.ir.job import Job
 from echo_et.ir.schema import pb
 
-from .plan import COMM, COMP, GPU, HOST, RECV, GraphPlan, exported_us
+from .planned import COMM, COMP, GPU, HOST, RECV, GraphPlan, exported_us
 
 LANE_STREAMS = {HOST: (0, "astra:host", pb.STREAM_CPU_THREAD), GPU: (1, "astra:gpu", pb.STREAM_GPU_COMPUTE),
                 COMM: (2, "astra:comm", pb.STREAM_GPU_COMM)}

@@ -28,7 +28,8 @@ from echo_et.ir.schema import pb
 from . import configs
 from .configs import FILE_NAMES, WORKLOAD_PREFIX, ExportOptions
 from .mapping import comm_size_of, comm_type_of
-from .plan import COLL, COMP, GPU, GraphPlan, PlannedNode, concurrent_collectives, exported_us, plan_graph, round_us
+from .plan import concurrent_collectives, plan_graph
+from .planned import COLL, COMP, GPU, GraphPlan, PlannedNode, exported_us, round_us
 
 # What an export writes, and so the only folder an export replaces (see written_by).
 is_export_folder = written_by(*FILE_NAMES.values(), f"{WORKLOAD_PREFIX}.*.et", required=FILE_NAMES["network"])
