@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from echo_et.models.compute import DATASHEETS
-from echo_et.workloads.gpt import GPTConfig
+from echo_et.workloads.gpt_config import GPTConfig
 
 
 def _megatron_formulas(b: int, s: int, n: int, h: int, v: int) -> tuple[float, float]:

@@ -20,7 +20,7 @@ runner = CliRunner()
 
 
 def _cfg(**kw):
-    from echo_et.workloads.gpt import GPTConfig
+    from echo_et.workloads.gpt_config import GPTConfig
 
     return GPTConfig.megatron(**{"layers": 10, "hidden": 32, "heads": 4, "seq": 16, "vocab": 64, **kw})
 

@@ -108,7 +108,7 @@ RecomputeGranularityOpt = typer.Option(
 def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, str]:
     """(recompute, granularity) from ``--recompute`` and ``--recompute-granularity``; a
     granularity given turns recomputation on, as Megatron's flag does."""
-    from echo_et.workloads.gpt import RECOMPUTE_GRANULARITIES
+    from echo_et.workloads.gpt_config import RECOMPUTE_GRANULARITIES
 
     if granularity is None:
         return recompute, RECOMPUTE_GRANULARITIES[0]
@@ -126,7 +126,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B)."""
-    from echo_et.workloads.gpt import GRAD_SYNCS, PIPELINE_ENGINES
+    from echo_et.workloads.gpt_config import GRAD_SYNCS, PIPELINE_ENGINES
 
     if grad_sync is not None and grad_sync not in GRAD_SYNCS:
         raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")

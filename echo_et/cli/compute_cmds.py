@@ -146,7 +146,7 @@ def calibrate_compute_cmd(
     opts = None
     if iterations is not None:
         from echo_et.experiments.config_sweep import ConfigSweepOptions
-        from echo_et.workloads.gpt import DTYPES
+        from echo_et.workloads.gpt_config import DTYPES
 
         if dtype not in DTYPES:
             raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")

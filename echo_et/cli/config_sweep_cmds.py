@@ -33,7 +33,7 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
         write_outputs,
     )
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
-    from echo_et.workloads.gpt import DTYPES
+    from echo_et.workloads.gpt_config import DTYPES
 
     if not configs.is_file():
         fail(f"{configs}: {'not a regular file' if configs.exists() else 'no such file'}")

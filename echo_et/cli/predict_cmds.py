@@ -106,7 +106,7 @@ def predict_cmd(
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.experiments.predict_step import TIMELINE_EVENTS, check_output, predict_config, write_prediction
     from echo_et.ir.limits import check_node_fill
-    from echo_et.workloads.gpt import DTYPES
+    from echo_et.workloads.gpt_config import DTYPES
 
     if timeline_all and timeline_events is not None:
         raise OptionError("timeline_all", "give --timeline-events N or --timeline-all, not both")
@@ -173,7 +173,7 @@ def _stages_said(layers: int, first: int, last: int, pp: int) -> str:
     """Each stage's layers, runs of equal stages folded: "8, 9 x 10, 8"."""
     from itertools import groupby
 
-    from echo_et.workloads.gpt import GPTConfig
+    from echo_et.workloads.gpt_config import GPTConfig
 
     counts = GPTConfig(layers=layers, first_stage_layers=first, last_stage_layers=last).stage_layer_counts(pp)
     runs = [(n, len(list(g))) for n, g in groupby(counts)]

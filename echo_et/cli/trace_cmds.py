@@ -134,7 +134,7 @@ def trace(
     from echo_et.trace.tracer import TraceOptions
     from echo_et.trace.tracer import trace as run_trace
     from echo_et.workloads import GPTConfig, Workload
-    from echo_et.workloads.gpt import microbatches_for
+    from echo_et.workloads.gpt_config import microbatches_for
 
     if jobs < 0:
         raise EchoError(f"--jobs {jobs}: give a number of processes, or 0 for one per CPU")

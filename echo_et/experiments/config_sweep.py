@@ -122,7 +122,7 @@ class ConfigSweepOptions:
         return self.cluster.gpus_per_node or DEFAULT_GPUS_PER_NODE
 
     def to_json(self) -> dict[str, Any]:
-        from echo_et.workloads.gpt import omit_record_defaults
+        from echo_et.workloads.gpt_config import omit_record_defaults
 
         out = omit_record_defaults({k: v for k, v in asdict(self).items() if k != "cluster"})
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
@@ -238,7 +238,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     divide)."""
     from echo_et.experiments.memory_check import check_memory
     from echo_et.trace.layout import ParallelLayout
-    from echo_et.workloads.gpt import GPTConfig, microbatches_for
+    from echo_et.workloads.gpt_config import GPTConfig, microbatches_for
 
     for k in REQUIRED:
         if int(row[k]) < 1:

@@ -193,7 +193,7 @@ def check_fits(job) -> None:
     from echo_et.experiments.memory_check import check_memory
     from echo_et.models.compute.gpus import resolve_gpu
     from echo_et.trace.layout import ParallelLayout
-    from echo_et.workloads.gpt import GPTConfig
+    from echo_et.workloads.gpt_config import GPTConfig
 
     work = traced_workload(job.manifest)
     if work.get("workload") != "megatron-gpt":

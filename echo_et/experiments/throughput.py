@@ -15,7 +15,7 @@ from echo_et.models.compute import math_class
 def step_throughput(cfg: Any, sequences: int, tp: int, gpus: int, step_ns: int, gpu: Any,
                     fp32_matmul: str = "fp32") -> dict[str, Any]:
     """The rates of a step of ``step_ns`` on ``gpus`` GPUs of ``gpu`` (a
-    ``models.compute.GpuSpec``) that trains ``cfg`` (a ``workloads.gpt.GPTConfig``) on
+    ``models.compute.GpuSpec``) that trains ``cfg`` (a ``workloads.gpt_config.GPTConfig``) on
     ``sequences`` sequences; rounded so that the same step gives the same bytes."""
     if step_ns <= 0 or gpus < 1 or sequences < 1:
         raise EchoError(f"no rates for a step of {step_ns} ns on {gpus} GPUs over {sequences} sequences")

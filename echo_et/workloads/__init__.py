@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo_et.errors import EchoError, OptionError
-from echo_et.workloads.gpt import GPTConfig, build_gpt
+from echo_et.workloads.gpt import build_gpt
+from echo_et.workloads.gpt_config import GPTConfig
 
 __all__ = ["GPTConfig", "Workload", "build_gpt", "load_script"]
 

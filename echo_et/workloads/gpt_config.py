@@ -1,0 +1,398 @@
+"""A GPT configuration: the model, its parallel schedule and optimizer options, the checks
+that refuse a layout it cannot run (with the constraint named), and what a record of it keeps.
+Torch-free: the CLI and the sweeps read and check configurations without importing torch;
+:mod:`echo_et.workloads.gpt` builds the model from one."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from echo_et.errors import EchoError
+from echo_et.ir.dtypes import dtype_size
+from echo_et.ir.limits import MAX_GRAPH_NODES, format_size, total_memory
+from echo_et.trace.layout import ParallelLayout
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTIONS = ("sdpa", "megatron")
+GRAD_SYNCS = ("overlap", "after-backward")
+RECOMPUTE_GRANULARITIES = ("full", "selective")   # the first is --recompute's
+OPTIMIZERS = ("adam", "megatron")
+PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
+MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
+
+
+# What tracing one rank of a GPT builds, as lower bounds (measured on this project's CPU,
+# torch 2.13, `echo-et trace --device meta --hidden 64 --layers 2|4|512`): the estimate
+# refuses only what surely cannot finish, before any work.
+NODES_PER_LAYER = 200            # recorded nodes of a layer's forward and backward (280 measured)
+HOST_BYTES_PER_LAYER = 100_000   # a layer's modules and records in host memory (210 KB measured)
+TOKEN_BYTES = 24                 # a token's int64 id, input and label, on the host whatever the device
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    seq: int = 32
+    micro_batch: int = 2
+    vocab: int = 256
+    ffn_mult: int = 4
+    dtype: str = "float32"
+    bucket_mb: float = 25.0
+    seed: int = 1234
+    attention: str = "sdpa"          # sdpa | megatron ([s, b, h], baddbmm + softmax + bmm)
+    dropout: float = 0.0             # attention and hidden dropout
+    vocab_multiple: int = 1          # vocabulary padded to a multiple of this x tp
+    tie_embeddings: bool = False     # the word embedding is the output layer too
+    recompute: bool = False          # activation recomputation, at recompute_granularity
+    # "full": each layer under one checkpoint, as Megatron's --checkpoint-activations (its
+    # --recompute-granularity full --recompute-method uniform --recompute-num-layers 1);
+    # "selective": the core attention (scores, softmax, dropout, context) recomputed, as
+    # Megatron's --recompute-activations.
+    recompute_granularity: str = "full"
+    grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
+    optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
+    # With tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient between
+    # pipeline stages and the receiving stage all-gathers it in its TP group (Megatron's
+    # --scatter-gather-tensors-in-pipeline, on by default there; :mod:`.pipeline`).
+    scatter_gather_tensors_in_pipeline: bool = False
+    # Gradients accumulated and data-parallel reduced in an fp32 buffer, whatever the model's
+    # dtype (Megatron's --accumulate-allreduce-grads-in-fp32, which it forces on with bf16);
+    # the megatron optimizer only.
+    accumulate_allreduce_grads_in_fp32: bool = False
+    # Megatron's --num-layers-per-virtual-pipeline-stage N: each stage holds layers / (pp x N)
+    # model chunks of N layers and runs the interleaved 1F1B schedule (:mod:`.pipeline`);
+    # 0: one chunk of layers / pp layers per stage, the plain 1F1B schedule.
+    layers_per_virtual_stage: int = 0
+    # Megatron's timers as Megatron-LM had them until its 2022 rewrite (and Megatron-DeepSpeed
+    # until it took that rewrite): every start and stop calls torch.cuda.synchronize(), and
+    # each micro-batch's forward ("forward-compute", "batch-generator" around get_batch), its
+    # backward ("backward-compute") and each pipeline exchange ("forward-recv", ...) is timed,
+    # so the host waits for the device at each of their edges; the megatron flavour only.
+    sync_timers: bool = False
+    # Who runs the pipeline: "megatron" (Megatron-LM's 1F1B, :mod:`.pipeline`) or "deepspeed"
+    # (DeepSpeed's PipelineEngine, Megatron-DeepSpeed's path with pipeline parallelism:
+    # :mod:`.deepspeed_pipe`; only the first and the last stage load data, the tied embedding's
+    # gradient is reduced before the data-parallel reduction, which flattens the gradients
+    # into buckets of DeepSpeed's size, and the loss is averaged once at the end).
+    pipeline_engine: str = "megatron"
+    # DeepSpeed's activation checkpointing with partitioned checkpoints (Megatron-DeepSpeed's
+    # --partition-activations), with full recomputation: each layer keeps 1/tp of its input
+    # and all-gathers it over the TP group before running again in the backward.
+    partition_activations: bool = False
+    # Megatron-LM's --sequence-parallel (megatron flavour, with tied embeddings): between the
+    # tensor-parallel regions each TP rank holds s / tp of the sequence (:mod:`.tensor_parallel`);
+    # pipeline stages send those rows; the layer norms' and row-parallel biases' gradients are
+    # all-reduced over the TP group after the backward. A no-op at tp = 1, as in Megatron.
+    sequence_parallel: bool = False
+    # Uneven pipeline stages: the first and the last stage hold this many layers (0: their even
+    # share) and the stages between share the rest evenly, as Megatron-Core's
+    # --decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers place them.
+    # DeepSpeed's --pp-partition-method 'type:transformer|embedding' (BLOOM's) is both at
+    # (layers + 2) / pp - 1: each word embedding counted as a layer of its stage.
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    # With ZeRO stage 1 (the distributed optimizer): the gradients reduce-scattered into each
+    # rank's shard (Megatron's, DeepSpeed's default), or all-reduced whole with each rank
+    # keeping its shard (False: DeepSpeed's "reduce_scatter": false, and its bfloat16
+    # optimizer, BF16_Optimizer, which all-reduces the fp32 gradients).
+    grad_reduce_scatter: bool = True
+
+    @classmethod
+    def megatron(cls, **kw) -> GPTConfig:
+        """Megatron-DeepSpeed's GPT pretraining defaults (see the module docstring); keyword
+        arguments override them. As Megatron does, a bfloat16 model accumulates and reduces
+        its gradients in fp32 unless ``accumulate_allreduce_grads_in_fp32`` says otherwise
+        (False there is Megatron-Core's ``--grad-reduce-in-bf16``)."""
+        base = {"attention": "megatron", "dropout": 0.1, "vocab_multiple": 128,
+                "tie_embeddings": True, "grad_sync": "after-backward", "optimizer": "megatron",
+                "dtype": "float16", "vocab": MEGATRON_VOCAB, "scatter_gather_tensors_in_pipeline": True}
+        merged = {**base, **kw}
+        if merged.get("accumulate_allreduce_grads_in_fp32") is None:
+            merged["accumulate_allreduce_grads_in_fp32"] = merged["dtype"] == "bfloat16"
+        return cls(**merged)
+
+    @property
+    def recompute_level(self) -> str:
+        """"none", or the granularity recomputation runs at ("full", "selective")."""
+        return self.recompute_granularity if self.recompute else "none"
+
+    @property
+    def recomputes_layers(self) -> bool:
+        """Whether each layer runs under one checkpoint (full recomputation)."""
+        return self.recompute and self.recompute_granularity == "full"
+
+    @property
+    def recomputes_core_attention(self) -> bool:
+        """Whether only the core attention is checkpointed (selective recomputation)."""
+        return self.recompute and self.recompute_granularity == "selective"
+
+    @property
+    def grad_buffer_dtype(self) -> str:
+        """The dtype gradients are accumulated and data-parallel reduced in."""
+        return "float32" if self.accumulate_allreduce_grads_in_fp32 else self.dtype
+
+    @property
+    def flavor(self) -> str:
+        return "megatron-gpt" if self.attention == "megatron" else "gpt"
+
+    @property
+    def uneven_stages(self) -> bool:
+        """Whether the first or the last stage is given its own layer count."""
+        return bool(self.first_stage_layers or self.last_stage_layers)
+
+    def stage_layer_counts(self, pp: int) -> tuple[int, ...]:
+        """Layers of each pipeline stage, first to last: layers / pp each, or the first and
+        the last stage's own counts with the stages between sharing the rest evenly (the
+        caller has validated that they do)."""
+        if not self.uneven_stages or pp == 1:
+            return (self.layers // pp,) * pp
+        first, last = self.first_stage_layers, self.last_stage_layers
+        between = pp - 2 if first and last else pp - 1
+        rest = self.layers - first - last
+        each = rest // between if between else 0
+        return ((first or each),) + (each,) * (pp - 2) + ((last or each),)
+
+    def virtual_chunks(self, pp: int) -> int:
+        """Model chunks per pipeline stage: 1, or layers / (pp x layers per virtual stage)."""
+        n = self.layers_per_virtual_stage
+        return self.layers // (pp * n) if n > 0 else 1
+
+    def chunk_first_layer(self, pp: int, stage: int, chunk: int) -> int:
+        """The first layer of ``chunk`` on ``stage``: chunk c of stage s is virtual stage
+        c x pp + s, holding the layers after those of the virtual stages before it."""
+        if self.uneven_stages:      # one chunk per stage (interleaving refuses uneven stages)
+            return sum(self.stage_layer_counts(pp)[:stage])
+        return (chunk * pp + stage) * (self.layers // (pp * self.virtual_chunks(pp)))
+
+    def replace(self, **kw) -> GPTConfig:
+        return dataclasses.replace(self, **kw)
+
+    def validate(self, layout: ParallelLayout, device: str = "meta") -> None:
+        where = f"layout {layout.describe()}"
+        for name in ("layers", "hidden", "heads", "seq", "micro_batch", "vocab", "ffn_mult",
+                     "vocab_multiple"):
+            if int(getattr(self, name)) < 1:
+                raise EchoError(f"{where}: gpt {name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % self.heads:
+            raise EchoError(f"{where}: heads ({self.heads}) must divide hidden ({self.hidden})")
+        if self.heads % layout.tp:
+            raise EchoError(f"{where}: tp ({layout.tp}) must divide heads ({self.heads})")
+        if self.hidden % layout.tp:
+            raise EchoError(f"{where}: tp ({layout.tp}) must divide hidden ({self.hidden})")
+        if self.uneven_stages:
+            self.check_stage_layers(layout)
+        elif self.layers % layout.pp:
+            raise EchoError(f"{where}: pp ({layout.pp}) must divide layers ({self.layers})")
+        if self.dtype not in DTYPES:
+            raise EchoError(f"{where}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.bucket_mb <= 0:
+            raise EchoError(f"{where}: bucket size must be > 0 MB, got {self.bucket_mb}")
+        if self.attention not in ATTENTIONS:
+            raise EchoError(f"{where}: attention {self.attention!r} is not one of "
+                            f"{', '.join(ATTENTIONS)}")
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise EchoError(f"{where}: recompute granularity {self.recompute_granularity!r} is not one of "
+                            f"{', '.join(RECOMPUTE_GRANULARITIES)}")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise EchoError(f"{where}: gradient sync {self.grad_sync!r} is not one of "
+                            f"{', '.join(GRAD_SYNCS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise EchoError(f"{where}: optimizer {self.optimizer!r} is not one of "
+                            f"{', '.join(OPTIMIZERS)}")
+        if self.accumulate_allreduce_grads_in_fp32 and self.optimizer != "megatron":
+            raise EchoError(f"{where}: gradients accumulated in fp32 need the megatron optimizer "
+                            "(megatron-gpt), whose fp32 master weights read them")
+        if not 0.0 <= self.dropout < 1.0:
+            raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
+        if self.sync_timers and self.attention != "megatron":
+            raise EchoError(f"{where}: synchronising timers are Megatron's (megatron-gpt)")
+        if self.partition_activations and not self.recomputes_layers:
+            raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
+                            "(recomputation at granularity full)")
+        if not self.grad_reduce_scatter and not layout.zero:
+            raise EchoError(f"{where}: gradients all-reduced whole before a sharded optimizer step need ZeRO "
+                            "stage 1 (the distributed optimizer); without it they are all-reduced anyway")
+        self.check_pipeline_engine(layout)
+        self.check_sequence_parallel(layout)
+        self.check_virtual_stages(layout)
+        self.check_footprint(layout, device)
+
+    def check_stage_layers(self, layout: ParallelLayout) -> None:
+        """Megatron-Core's rules for the first and the last stage's own layer counts: at
+        least one layer each (DeepSpeed's engine cannot run a stage without a transformer
+        block either), pp > 1, the stages between sharing the rest evenly with at least one
+        layer each; and the plain schedule (interleaved chunks of an uneven stage are not
+        modelled)."""
+        where = f"layout {layout.describe()}"
+        first, last, pp = self.first_stage_layers, self.last_stage_layers, layout.pp
+        for name, n in (("first", first), ("last", last)):
+            if n < 0:
+                raise EchoError(f"{where}: the {name} stage's layers must be >= 0 (0: the even share), got {n}")
+        if pp == 1:
+            raise EchoError(f"{where}: the first and the last stage's own layer counts need pp > 1")
+        if self.layers_per_virtual_stage:
+            raise EchoError(f"{where}: uneven first and last stages run the plain 1F1B schedule here, "
+                            "not interleaved pipeline stages")
+        between = pp - 2 if first and last else pp - 1
+        rest = self.layers - first - last
+        given = " and ".join(f"{n} on the {name} stage" for name, n in (("first", first), ("last", last)) if n)
+        if between == 0:
+            if rest:
+                raise EchoError(f"{where}: {given} must add up to the layers ({self.layers}) with pp 2")
+            return
+        if rest < between or rest % between:
+            raise EchoError(f"{where}: with {given}, the other {between} stage(s) must share the remaining "
+                            f"{rest} of {self.layers} layers evenly, at least one each")
+
+    def check_virtual_stages(self, layout: ParallelLayout) -> None:
+        """Megatron-LM's rules for interleaved pipeline stages (``--num-layers-per-virtual-
+        pipeline-stage N``): pp > 2 (with two stages, the previous and the next stage are one
+        rank and a combined exchange's two sends to it cannot be told apart), layers a
+        multiple of pp x N with at least two chunks per stage, and micro-batches a multiple of
+        pp; and here, gradients reduced after the backward pass (an overlapped reduction would
+        start on a chunk whose gradients are not final)."""
+        n = self.layers_per_virtual_stage
+        if n == 0:
+            return
+        where = f"layout {layout.describe()}"
+        what = f"interleaved pipeline stages ({n} layers per virtual stage)"
+        if n < 0:
+            raise EchoError(f"{where}: layers per virtual pipeline stage must be >= 0, got {n}")
+        if layout.pp <= 2:
+            raise EchoError(f"{where}: {what} need pp > 2, got pp {layout.pp}")
+        if self.layers % (layout.pp * n) or self.layers // (layout.pp * n) < 2:
+            raise EchoError(f"{where}: {what} need layers ({self.layers}) to be a multiple of pp x {n} "
+                            f"({layout.pp * n}) with at least 2 chunks per stage (layers >= {2 * layout.pp * n})")
+        if layout.microbatches % layout.pp:
+            raise EchoError(f"{where}: {what} need micro-batches ({layout.microbatches}) to be a multiple "
+                            f"of pp ({layout.pp})")
+        if self.grad_sync == "overlap":
+            raise EchoError(f"{where}: {what} need the gradient sync after the backward pass "
+                            "(after-backward), not overlapped with it")
+
+    def check_pipeline_engine(self, layout: ParallelLayout) -> None:
+        """DeepSpeed's pipeline engine runs its own schedule (no interleaving), reduces the
+        gradients after it (no overlap) and times nothing with Megatron's timers."""
+        where = f"layout {layout.describe()}"
+        if self.pipeline_engine not in PIPELINE_ENGINES:
+            raise EchoError(f"{where}: pipeline engine {self.pipeline_engine!r} is not one of "
+                            f"{', '.join(PIPELINE_ENGINES)}")
+        if self.pipeline_engine != "deepspeed":
+            return
+        for clash, what in ((bool(self.layers_per_virtual_stage), "interleaved pipeline stages (Megatron-LM's)"),
+                            (self.grad_sync == "overlap", "a gradient sync overlapped with the backward "
+                                                          "(it reduces after the schedule)"),
+                            (self.sync_timers, "Megatron's synchronising timers (it has its own)")):
+            if clash:
+                raise EchoError(f"{where}: DeepSpeed's pipeline engine does not run {what}")
+
+    def check_sequence_parallel(self, layout: ParallelLayout) -> None:
+        """Megatron's sequence parallelism: its layers (megatron flavour, the output layer
+        tied to the embedding), a sequence the TP ranks split evenly; DeepSpeed's engine and
+        partitioned checkpoints are another software's."""
+        if not self.sequence_parallel:
+            return
+        where = f"layout {layout.describe()}"
+        if self.attention != "megatron" or not self.tie_embeddings:
+            raise EchoError(f"{where}: sequence parallelism is Megatron's (megatron-gpt, with its tied output layer)")
+        if self.seq % layout.tp:
+            raise EchoError(f"{where}: sequence parallelism needs tp ({layout.tp}) to divide the sequence "
+                            f"({self.seq})")
+        if self.pipeline_engine != "megatron" or self.partition_activations:
+            raise EchoError(f"{where}: sequence parallelism is Megatron-LM's; DeepSpeed's pipeline engine "
+                            "and partitioned activation checkpoints do not run with it here")
+
+    def check_footprint(self, layout: ParallelLayout, device: str = "meta") -> None:
+        """Refuse, before tracing, what cannot finish: a traced rank's graph beyond
+        ``MAX_GRAPH_NODES``, or host memory beyond this machine's (lower-bound estimates)."""
+        where = f"layout {layout.describe()}"
+        per_stage = max(self.stage_layer_counts(layout.pp))
+        traced_mbs = 1 if device == "meta" else layout.microbatches  # meta records one, repeats it
+        nodes = NODES_PER_LAYER * per_stage * traced_mbs * (2 if self.recomputes_layers else 1)
+        if nodes > MAX_GRAPH_NODES:
+            times = "".join(f" x {n:,} {what}" for n, what in ((traced_mbs, "micro-batches"),
+                                                                (2 if self.recomputes_layers else 1, "(recompute)"))
+                            if n > 1)
+            raise EchoError(f"{where}: a traced rank would record at least {nodes:,} nodes ({per_stage:,} "
+                            f"layers per stage x {NODES_PER_LAYER} nodes{times}); the limit is "
+                            f"{MAX_GRAPH_NODES:,} nodes per graph")
+        tokens = layout.microbatches * self.micro_batch * (self.seq + 1)
+        parts = {"layers": HOST_BYTES_PER_LAYER * per_stage, "tokens": TOKEN_BYTES * tokens}
+        if device == "cpu":  # weights and gradients, and one kept activation per layer
+            el = dtype_size(self.dtype) or 4
+            parts["weights"] = 2 * el * self.parameters() // (layout.tp * layout.pp)
+            parts["activations"] = el * self.micro_batch * self.seq * self.hidden * per_stage
+        need, have = sum(parts.values()), total_memory()
+        if need > have:
+            shown = ", ".join(f"{k} {format_size(v)}" for k, v in parts.items() if v)
+            raise EchoError(f"{where}: tracing needs at least {format_size(need)} of host memory ({shown}); "
+                            f"this machine has {format_size(have)}")
+
+    def padded_vocab(self, tp: int) -> int:
+        """The vocabulary rounded up to a multiple of ``vocab_multiple`` x tp."""
+        step = self.vocab_multiple * tp
+        return int(math.ceil(self.vocab / step) * step)
+
+    def step_flops(self, sequences: int, tp: int = 1) -> tuple[float, float]:
+        """(model FLOPs, hardware FLOPs) of one training step over ``sequences`` sequences, as
+        Narayanan et al. 2021 count them (their eq. 3, with this MLP's width): the matrix
+        products only, 2 FLOPs per multiply-add, attention scores and context over the whole
+        s x s (causal masking not subtracted), the output layer on the vocabulary padded for
+        ``tp``; forward and backward are 3 forwards. Hardware FLOPs add what recomputation runs
+        again: every layer's forward (full) or the core attention's two batched products
+        (selective). What MFU and the Megatron-LM paper's teraFLOP/s are computed from."""
+        h, s, f = self.hidden, self.seq, self.ffn_mult
+        layer = (8 + 4 * f) * h * h + 4 * s * h          # per token: QKV, projection, MLP; scores, context
+        tokens = sequences * s
+        model = 3 * tokens * (self.layers * layer + 2 * h * self.padded_vocab(tp))
+        again = 0
+        if self.recompute:
+            again = self.layers * (layer if self.recompute_granularity == "full" else 4 * s * h)
+        return float(model), float(model + tokens * again)
+
+    def parameters(self) -> int:
+        """Parameters of the whole (unsplit) model, for reports."""
+        h, f = self.hidden, self.hidden * self.ffn_mult
+        block = 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h
+        v = self.padded_vocab(1)
+        head = 0 if self.tie_embeddings else h * v + v
+        return self.layers * block + v * h + self.seq * h + 2 * h + head
+
+    def to_json(self) -> dict:
+        return omit_record_defaults(asdict(self))
+
+
+# Options added after the first records were written: at these values a record leaves them out,
+# so the records (Jobs' provenance, sweep results and logs) of the plain Megatron run stay as
+# they were.
+RECORD_DEFAULTS: dict[str, Any] = {
+    "layers_per_virtual_stage": 0, "sync_timers": False, "pipeline_engine": PIPELINE_ENGINES[0],
+    "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
+    "last_stage_layers": 0, "grad_reduce_scatter": True,
+}
+
+
+def omit_record_defaults(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (a GPT configuration's or a sweep's options, as a dict) without the options
+    at their :data:`RECORD_DEFAULTS`, and without ``recompute_granularity`` when nothing is
+    recomputed."""
+    out = {k: v for k, v in record.items() if k not in RECORD_DEFAULTS or v != RECORD_DEFAULTS[k]}
+    if not record.get("recompute"):
+        out.pop("recompute_granularity", None)
+    return out
+
+
+def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per pipeline: global batch / (micro-batch x dp), which must divide."""
+    if global_batch < 1:
+        raise EchoError(f"global batch must be >= 1, got {global_batch}")
+    per = micro_batch * dp
+    if global_batch % per:
+        raise EchoError(f"global batch ({global_batch}) is not a multiple of micro-batch x dp "
+                        f"({micro_batch} x {dp} = {per})")
+    return global_batch // per
