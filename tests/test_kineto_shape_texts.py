@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from echo_et.converters.kineto.build import _shape_texts
+from echo_et.converters.kineto.payloads import shape_texts
 
 CASES = [
     ([[4, 32, 64], [128, 64]], ["float", "float"]),
@@ -25,6 +25,6 @@ CASES = [
 @pytest.mark.parametrize("dims,types", CASES)
 def test_pair_texts_are_each_value_alone(dims, types):
     for _ in range(2):   # the first call fills the cache, the second reads it
-        shapes, dtypes = _shape_texts(dims, types)
+        shapes, dtypes = shape_texts(dims, types)
         assert shapes == ("" if dims is None else json.dumps(dims))
         assert dtypes == ("" if types is None else json.dumps(types))

@@ -25,8 +25,6 @@ the file's wall clock), so the job assembler can place ranks on one clock with
 
 from __future__ import annotations
 
-import json
-import math
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,13 +34,7 @@ from typing import NamedTuple
 import msgspec
 
 from echo_et.ir import Graph, GraphBuilder
-
-try:  # a fast canonical key for the shapes-text cache; optional
-    import orjson as _orjson
-except ImportError:  # pragma: no cover
-    _orjson = None  # type: ignore[assignment]
 from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR
-from echo_et.ir.limits import INT64_MAX, MAX_BYTES, checked_int
 from echo_et.ir.schema import pb
 
 from . import comm, comm_kernels, groups, sync
@@ -50,6 +42,15 @@ from .events import K_CPU, K_KERNEL, K_MEMCPY, K_MEMSET, K_RUNTIME, K_SYNC_ACT, 
 from .groups import GroupUse, PgDef
 from .kernel_class import kernel_class
 from .nesting import assign_parents, host_order_key
+from .payloads import (
+    bytes_of,
+    copy_direction,
+    cpu_payload,
+    is_rf_id,
+    launch_shape,
+    shape_texts,
+    split_attrs,
+)
 from .steps import Window
 from .units import CommUnit, find_units
 
@@ -523,8 +524,8 @@ class _RankBuild:
                     dims = args.get("Input Dims")
                     types = args.get("Input type")
                     if dims is not None or types is not None:
-                        shapes, dtypes = _shape_texts(dims, types)
-                has_rf = _is_rf_id(rf)
+                        shapes, dtypes = shape_texts(dims, types)
+                has_rf = is_rf_id(rf)
                 corr = ev.corr
                 node = gb.cpu_op(ev.name, sids[n.stream], kind=kind, correlation=corr if corr > 0 else 0,
                                  rf_id=rf if has_rf else 0, shapes=shapes, dtypes=dtypes,
@@ -663,7 +664,7 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
         kind = {_CPU: pb.KIND_CPU_OP, _LAUNCH: pb.KIND_LAUNCH, _SYNC: pb.KIND_SYNC}[n.role]
         node = gb.cpu_op(ev.name, sid, kind=kind, correlation=max(ev.corr, 0), **kw)
         if n.role == _CPU:
-            _cpu_payload(node, ev, tf.rf_id_source)
+            cpu_payload(node, ev, tf.rf_id_source)
         return
     if n.role == _GPU:
         if ev.kind == K_KERNEL:
@@ -673,12 +674,12 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
             else:
                 gb.compute(ev.name, sid, kernel_class=kernel_class(ev.name), **kw)
             return
-        nbytes = _bytes_of(ev, n.launches)
+        nbytes = bytes_of(ev, n.launches)
         if ev.kind == K_MEMSET:
             gb.memcpy(ev.name, sid, nbytes=nbytes, direction="memset", kind=pb.KIND_MEMSET, **kw)
         else:
             assert ev.kind == K_MEMCPY
-            gb.memcpy(ev.name, sid, nbytes=nbytes, direction=_direction(ev.name), **kw)
+            gb.memcpy(ev.name, sid, nbytes=nbytes, direction=copy_direction(ev.name), **kw)
         return
     # Communication.
     u = n.unit
@@ -702,7 +703,7 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
         if info.algorithm:
             node.collective.algorithm = info.algorithm
         if info.coll == comm.ALL_TO_ALL:
-            _split_attrs(node, info, len(use.ranks), drop)
+            split_attrs(node, info, len(use.ranks), drop)
         out.groups[use.key] = use
     else:
         drop["comm_type_unknown"] += 1
@@ -711,51 +712,11 @@ def _emit(gb: GraphBuilder, n: _Node, sid: int, kw: dict, tf: TraceFile, ctx: Ra
         return
     node = gb.graph.nodes[-1]
     node.attrs["comm_source"] = ",".join(info.sources) or "none"
-    launch = _launch(u.kernels)
+    launch = launch_shape(u.kernels)
     if launch is not None:
         node.attrs[LAUNCH_BLOCKS_ATTR], node.attrs[LAUNCH_THREADS_ATTR] = str(launch[0]), str(launch[1])
     if use.guess:
         node.attrs["group_guess"] = use.guess
-
-
-def _dims(value: object) -> int | None:
-    """The product of a kernel's ``grid`` or ``block`` ([x, y, z]); None when not that."""
-    if not isinstance(value, list) or not 1 <= len(value) <= 3:
-        return None
-    out = 1
-    for v in value:
-        if type(v) is not int or not 1 <= v <= 1 << 31:
-            return None
-        out *= v
-    return out
-
-
-def _launch(kernels: list) -> tuple[int, int] | None:
-    """(blocks, threads per block) of the first kernel that states both."""
-    for k in kernels:
-        blocks, threads = _dims(k.arg("grid")), _dims(k.arg("block"))
-        if blocks is not None and threads is not None:
-            return blocks, threads
-    return None
-
-
-# Node attrs with an all-to-all's bytes per peer (comma-separated, group-rank order), read
-# by the ASTRA-sim exporter (converters/astra_sim: in_split_bytes).
-IN_SPLIT_ATTR, OUT_SPLIT_ATTR = "in_split_bytes", "out_split_bytes"
-
-
-def _split_attrs(node: pb.Node, info: comm.CommInfo, group_size: int, drop: Counter) -> None:
-    """Uneven all-to-all: the bytes sent to / received from each peer, when the trace
-    recorded split sizes (``In/Out split size`` args, or the c10d op's split-size inputs)."""
-    if info.splits_truncated:
-        drop["all_to_all_splits_truncated"] += 1
-    for splits, total, attr in ((info.in_splits, info.in_bytes, IN_SPLIT_ATTR),
-                                (info.out_splits, info.out_bytes, OUT_SPLIT_ATTR)):
-        per_peer, why = comm.split_bytes(splits, total, group_size)
-        if why:
-            drop[why] += 1
-        elif per_peer is not None:
-            node.attrs[attr] = ",".join(str(b) for b in per_peer)
 
 
 def _comm_name(n: _Node) -> str:
@@ -771,93 +732,6 @@ def _peer_index(info: comm.CommInfo, use: GroupUse, ctx: RankContext) -> int | N
     if p is None or p < 0 or p >= len(use.ranks) or use.ranks[p] == ctx.rank:
         return None
     return p
-
-
-def _is_rf_id(rf: object) -> bool:
-    """A record-function id the IR can hold (an int64); any other value links nothing."""
-    return type(rf) is int and -INT64_MAX - 1 <= rf <= INT64_MAX
-
-
-def _cpu_payload(node: pb.Node, ev: Ev, rf_source: str) -> None:
-    c = node.cpu
-    if rf_source == "record_function_id":
-        rf = ev.arg("Record function id")
-    else:
-        rf = ev.arg("Ev Idx")
-    if _is_rf_id(rf):
-        c.rf_id = rf
-        node.attrs["rf_id_source"] = rf_source
-    dims = ev.arg("Input Dims")
-    if dims is not None:
-        c.shapes = _json_text(dims)
-    types = ev.arg("Input type")
-    if types is not None:
-        c.dtypes = _json_text(types)
-
-
-_JSON_CACHE: dict[bytes | str, str] = {}
-_PAIR_CACHE: dict[bytes | str, tuple[str, str]] = {}
-
-
-def _shape_texts(dims, types) -> tuple[str, str]:
-    """(shapes, dtypes) texts of a host op's ``Input Dims`` and ``Input type`` ("" for one
-    that is None): _json_text of each, cached per pair (ops repeat a few hundred pairs), so
-    that a node costs one key and one look-up."""
-    try:
-        key: bytes | str = _orjson.dumps((dims, types)) if _orjson is not None else repr((dims, types))
-    except TypeError:  # an integer beyond 64 bits
-        key = repr((dims, types))
-    got = _PAIR_CACHE.get(key)
-    if got is None:
-        got = ("" if dims is None else _json_text(dims), "" if types is None else _json_text(types))
-        if len(_PAIR_CACHE) < 100_000:
-            _PAIR_CACHE[key] = got
-    return got
-
-
-def _json_text(value) -> str:
-    """JSON text of a shapes/types list; many ops repeat the same lists, so the text is cached
-    under orjson's (fast, canonical) encoding of the value."""
-    try:
-        key: bytes | str = _orjson.dumps(value) if _orjson is not None else repr(value)
-    except TypeError:  # an integer beyond 64 bits
-        key = repr(value)
-    text = _JSON_CACHE.get(key)
-    if text is None:
-        text = json.dumps(value)
-        if len(_JSON_CACHE) < 100_000:
-            _JSON_CACHE[key] = text
-    return text
-
-
-def _bytes_of(ev: Ev, launches: list[Ev]) -> int:
-    b = ev.arg("bytes")
-    if b is not None:
-        return _checked_bytes(b, "bytes", ev)
-    for launch in launches:  # HIP records the size on the runtime call only
-        s = launch.arg("size")
-        if s is not None:
-            return _checked_bytes(s, "size", launch)
-    return 0
-
-
-def _checked_bytes(value, field: str, ev: Ev) -> int:
-    """A byte count from an event's args: an integer (or integral number text) in
-    0..MAX_BYTES, else one EchoError naming the event."""
-    if type(value) is str:  # floats are kept as their text
-        try:
-            f = float(value)
-        except ValueError:
-            f = math.nan
-        value = int(f) if math.isfinite(f) and f.is_integer() and abs(f) <= MAX_BYTES else value
-    return checked_int(value, f"{field} of {ev.name[:60]!r}", hi=MAX_BYTES)
-
-
-def _direction(name: str) -> str:
-    for d in ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "DtoA", "AtoD", "HtoA", "AtoH"):
-        if d in name:
-            return d
-    return "other"
 
 
 def _stream_kinds(nodes: list[_Node]) -> dict[StreamKey, int]:

@@ -41,9 +41,10 @@ from echo_et.ir.conventions import MEGATRON_AXIS_DESCS, NCCL_VERSION_ATTR
 from echo_et.ir.limits import MAX_WORLD_SIZE, checked_int, fills_nodes
 from echo_et.ir.schema import EQUAL_SIZE_COLLECTIVES, pb
 
-from .build import IN_SPLIT_ATTR, OUT_SPLIT_ATTR, RankContext, RankGraph, build_rank_graph
+from .build import RankContext, RankGraph, build_rank_graph
 from .events import TraceFile, load_trace
 from .groups import GroupUse, pg_config
+from .payloads import IN_SPLIT_ATTR, OUT_SPLIT_ATTR
 from .steps import choose_step, recording_span, window_of
 
 _NAME_RANK = [
