@@ -27,6 +27,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,35 +42,49 @@ def measured_run(args: list[str], cwd: Path) -> tuple[str, float, float]:
     """Like :func:`run`, with the child's own peak memory (os.wait4 on it)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(CLI + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = p.stdout.read()
-    err = p.stderr.read()
+    with p.stdout, p.stderr:
+        out = p.stdout.read()
+        err = p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status):
+    if p.returncode:
         raise SystemExit(f"echo-et {' '.join(args)} failed: {err.strip()}")
     return out, wall, usage.ru_maxrss / 1024
 
 
-def inputs(tmp: Path) -> list[tuple[str, Path, str, list[str]]]:
-    """(name, Job or file, mode, extra convert options for the file read back)."""
-    rows = []
+def inputs(tmp: Path) -> list[tuple[str, Callable[[], Path], str, list[str]]]:
+    """(name, what makes the Job or file to export, mode, convert options for the file read
+    back); nothing is made until asked for, so ``--only`` skips the work of other rows."""
+    rows: list[tuple[str, Callable[[], Path], str, list[str]]] = []
     for p in sorted((DATA / "workloads").rglob("*.txt")):
         lines = p.read_text().splitlines()
         if len(lines) < 2 or not lines[1].strip().isdigit():
             continue
         world = [] if "all_gpus:" in lines[0] else ["--world-size", "16"]
-        job = tmp / f"job-{p.stem}"
-        measured_run(["convert", str(p), "--from", "simai", *world, "-o", str(job)], tmp)
-        rows.append((f"SimAI {p.stem[:40]}", job, "predict", world))
+
+        def convert(p: Path = p, world: list[str] = world) -> Path:
+            job = tmp / f"job-{p.stem}"
+            measured_run(["convert", str(p), "--from", "simai", *world, "-o", str(job)], tmp)
+            return job
+
+        rows.append((f"SimAI {p.stem[:40]}", convert, "predict", world))
     for name in ("gpt-tp2-pp2-dp2", "gpt-tp2-pp2-dp8", "gpt-dp4-zero1", "ddp-dp4"):
-        rows.append((f"fixture {name}", REPO / "fixtures/jobs" / name, "predict", []))
+        rows.append((f"fixture {name}", lambda name=name: REPO / "fixtures/jobs" / name, "predict", []))
     dlrm = DATA / "traces/param/et_replay/tests/inputs/dlrm_kineto.tar.gz"
     if dlrm.exists():
-        with tarfile.open(dlrm) as tf:
-            tf.extractall(tmp / "dlrm", filter="data")
-        rows.append(("DLRM Kineto, 8x V100", tmp / "dlrm/dlrm_kineto", "replay", []))
-    measured_run(["predict", *GPT13B, "-o", str(tmp / "gpt3-13b")], tmp)
-    rows.append(("GPT-3 13B TP4 PP2 DP8 (main job)", tmp / "gpt3-13b/job", "predict", []))
+        def unpack() -> Path:
+            with tarfile.open(dlrm) as tf:
+                tf.extractall(tmp / "dlrm", filter="data")
+            return tmp / "dlrm/dlrm_kineto"
+
+        rows.append(("DLRM Kineto, 8x V100", unpack, "replay", []))
+
+    def gpt3() -> Path:
+        measured_run(["predict", *GPT13B, "-o", str(tmp / "gpt3-13b")], tmp)
+        return tmp / "gpt3-13b/job"
+
+    rows.append(("GPT-3 13B TP4 PP2 DP8 (main job)", gpt3, "predict", []))
     return rows
 
 
@@ -82,9 +97,10 @@ def main() -> None:
     print("|---|---:|---|---:|---:|---:|---:|---|---:|---:|")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for name, src, mode, world in inputs(tmp):
+        for name, make, mode, world in inputs(tmp):
             if args.only and args.only not in name:
                 continue
+            src = make()
             out = tmp / "w.txt"
             model = ["--mode", "predict", "--preset", PRESET, "--no-slowdown"] if mode == "predict" else []
             text, wall, peak = measured_run(["export", "simai", str(src), "-o", str(out), "--json", *model], tmp)
