@@ -8,9 +8,11 @@ timeline of one *representative* rank (measured or simulated, the caller's choic
 
 - The rank's time is cut at its collectives. The time between two cuts is compute, whatever
   filled it (kernels, host time, idle), so the rows add up to the rank's step.
-- A collective is *blocking* when nothing else of the rank started before it ended (the
-  rank waited for it); otherwise it ran under other work and is written where SimAI does not
-  wait for it (a weight-gradient column).
+- A collective is *blocking* when nothing else of the rank started before it ended and no
+  compute ran through it (the rank waited for it; a collective that only queued behind it on
+  its own stream does not count); otherwise it ran under other work and is written where
+  SimAI does not wait for it (a weight-gradient column). Compute that idled until such a
+  background collective ended waited for it: that stretch is the collective's, not compute.
 - Rows are forward until the first node of the backward (its ``phase`` annotation) or the
   first collective that nothing waited for, whichever comes first; the rest are backward
   rows, written in reverse, because SimAI runs the backward from the last row.
@@ -20,8 +22,10 @@ timeline of one *representative* rank (measured or simulated, the caller's choic
 
 What SimAI cannot express is kept as time and counted (``dropped`` in the report, never
 silent): collectives of other types or groups, and blocking ones where the column cannot hold
-their group, stay compute time; pipeline send/recv become SimAI's ``pp_comm`` header and the
-time the rank waited for them is left out, because SimAI adds the pipeline bubble itself.
+their group, stay compute time. In a pipeline, send/recv become SimAI's ``pp_comm`` header and
+the time the rank waited for them is left out, because SimAI adds the pipeline bubble itself;
+without pipeline stages their waits stay compute time. docs/export.md ("SimAI") has the rules
+and the report.
 """
 
 from __future__ import annotations
