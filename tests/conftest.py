@@ -12,6 +12,20 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 FIXTURES = REPO / "fixtures"
 
 
+def simai_workloads() -> list[str]:
+    """Every SimAI / AICB workload under ../shared/data/workloads (paths relative to it), for
+    parametrising; ``["<missing>"]`` without the data, so that shared_path skips the test."""
+    root = SHARED_DATA / "workloads"
+    if not root.exists():
+        return ["<missing>"]
+    out = []
+    for p in sorted(root.rglob("*.txt")):
+        lines = p.read_text().splitlines()
+        if len(lines) > 1 and lines[1].strip().isdigit():
+            out.append(str(p.relative_to(SHARED_DATA)))
+    return out
+
+
 def shared_path(rel: str) -> Path:
     """A file under ../shared/data; skips the test with a clear reason when it is absent."""
     p = SHARED_DATA / rel

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SHARED_DATA, shared_path
+from conftest import shared_path, simai_workloads
 from echo_et.cli.main import app
 from echo_et.cli.sim_cmds import check_mode_options, run_simulation
 from echo_et.converters import ReadOptions, read
@@ -27,18 +27,6 @@ from echo_et.sim import SimOptions
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "jobs"
 PRESET = "a100-ib"
-
-
-def _workloads() -> list[str]:
-    root = SHARED_DATA / "workloads"
-    if not root.exists():
-        return ["<missing>"]
-    out = []
-    for p in sorted(root.rglob("*.txt")):
-        lines = p.read_text().splitlines()
-        if len(lines) > 1 and lines[1].strip().isdigit():
-            out.append(str(p.relative_to(SHARED_DATA)))
-    return out
 
 
 def _world(path: Path) -> int | None:
@@ -72,7 +60,7 @@ def _compute_ns(job, rank: int) -> int:
 
 
 # -- round trip on SimAI's and AICB's own workloads ------------------------------------------
-@pytest.mark.parametrize("rel", _workloads())
+@pytest.mark.parametrize("rel", simai_workloads())
 def test_a_simai_workload_read_exported_and_read_back_simulates_to_the_same_step(rel, tmp_path):
     path = shared_path(rel)
     world = _world(path)

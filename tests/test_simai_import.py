@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SHARED_DATA, shared_path
+from conftest import shared_path, simai_workloads
 from echo_et.cli.main import app
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.simai import parse, sniff
@@ -18,18 +18,6 @@ from echo_et.ir import check_job, load_job
 from echo_et.ir.schema import pb
 
 MOE = "workloads/SimAI/example/workload_analytical.txt"
-
-
-def _workloads() -> list[str]:
-    root = SHARED_DATA / "workloads"
-    if not root.exists():
-        return ["<missing>"]
-    out = []
-    for p in sorted(root.rglob("*.txt")):
-        lines = p.read_text().splitlines()
-        if len(lines) > 1 and lines[1].strip().isdigit():
-            out.append(str(p.relative_to(SHARED_DATA)))
-    return out
 
 
 def _facts(text: str, world: int):
@@ -91,7 +79,7 @@ def moe_job():
     return read([shared_path(MOE)], "simai", ReadOptions())
 
 
-@pytest.mark.parametrize("rel", _workloads())
+@pytest.mark.parametrize("rel", simai_workloads())
 def test_workload_converts_to_graphs_the_text_describes(rel, request):
     path = shared_path(rel)
     text = path.read_text()
