@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from conftest import shared_path, simai_workloads
@@ -21,6 +23,7 @@ from echo_et.cli.sim_cmds import check_mode_options, run_simulation
 from echo_et.converters import ReadOptions, read
 from echo_et.converters.simai_writer import plan
 from echo_et.errors import EchoError
+from echo_et.ir import check_job
 from echo_et.ir.schema import pb
 from echo_et.ir.timeline import TimelineEvent
 from echo_et.sim import SimOptions
@@ -292,3 +295,43 @@ def test_a_meta_device_trace_is_exported_from_its_prediction(tmp_path):
     assert r["mapped"].get("all_reduce/tp", 0) > 0
     head = out.read_text().splitlines()[0].split()
     assert head[head.index("model_parallel_NPU_group:") + 1] == "2" and head[head.index("all_gpus:") + 1] == "4"
+
+
+# -- any timeline: a file SimAI's reader takes -----------------------------------------------------
+_FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_EVENT = st.tuples(
+    st.sampled_from(["compute", "tp", "dp", "tp-broadcast", "recv"]),
+    st.integers(0, 2_000), st.integers(0, 500),
+    st.sampled_from(["forward", "backward", ""]),
+    st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]),
+    st.integers(0, 1 << 20),
+)
+
+
+@_FUZZ
+@given(events=st.lists(_EVENT, min_size=1, max_size=40))
+def test_any_timeline_gives_a_workload_simais_reader_takes(tp2_job, events, tmp_path):
+    ev = []
+    for what, t0, dur, phase, typ, nbytes in events:
+        if what == "compute":
+            ev.append(_comp(t0, t0 + dur, phase))
+        elif what == "recv":
+            ev.append(TimelineEvent(rank=0, track="p2p", name="recv", start_ns=t0, duration_ns=dur,
+                                    kind=pb.KIND_RECV, args={"bytes": nbytes}))
+        else:
+            key = what.split("-")[0]
+            ev.append(_coll(tp2_job, t0, t0 + dur, key, typ="broadcast" if "broadcast" in what else typ,
+                            nbytes=nbytes, out_bytes=nbytes * 2))
+    w = plan(ev, tp2_job, 0)
+    step = max(e.start_ns + e.duration_ns for e in ev) - min(e.start_ns for e in ev)
+    assert w.time["rank_step_ns"] == step
+    assert 0 <= w.time["compute_ns"] <= step and w.expected_step_ns() >= w.time["compute_ns"]
+    path = tmp_path / "w.txt"
+    path.write_text(w.text())
+    rows = path.read_text().splitlines()
+    assert int(rows[1]) == len(rows) - 2 == len(w.lines) and all(len(r.split("\t")) == 12 for r in rows[2:])
+    back = read([path], "simai", ReadOptions())
+    assert check_job(back) == []
+    # every collective written is one the file read back holds, on the group it was matched to
+    written = sum(v for v in w.mapped.values())
+    assert sum(1 for n in back.graph_of(0).nodes if n.kind == pb.KIND_COLLECTIVE) == written
