@@ -137,6 +137,9 @@ class SimaiWorkload:
     mapped: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     time: dict[str, int] = field(default_factory=dict)
+    # SimAI groups whose members differ from the job's (SimAI numbers ranks tp, then pipeline
+    # stage, then data-parallel index, and places groups itself)
+    regrouped: set[str] = field(default_factory=set)
 
     def header(self) -> str:
         lay = self.layout
@@ -190,6 +193,7 @@ class SimaiWorkload:
                        "world_size": lay.world, "pp_comm": self.pp_comm},
             "mapped": dict(sorted(self.mapped.items())), "dropped": dict(sorted(self.dropped.items())),
             "time": dict(sorted(self.time.items())), "expected_step_ns": self.expected_step_ns(),
+            "regrouped": sorted(self.regrouped),
         }
 
 
@@ -277,6 +281,8 @@ class _Planner:
         pg = self.by_id.get(group_id)
         key = None if pg is None else self._match(pg)
         self.key_of_group[group_id] = key
+        if key is not None and set(pg.ranks) != set(self.groups.group_of(key, self.rank)):
+            self.out.regrouped.add(key)
         return key
 
     def _match(self, pg: pb.ProcessGroup) -> str | None:

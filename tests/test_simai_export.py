@@ -80,6 +80,7 @@ def test_a_simai_workload_read_exported_and_read_back_simulates_to_the_same_step
     rank = report["rank"]
     step = _predict(job)
     assert report["step_ns"] == step
+    assert report["regrouped"] == []           # SimAI's own groups, read back as SimAI builds them
     # SimAI's order with the exported times is what echo-et simulates of the file read back
     assert _predict(back) == report["expected_step_ns"] == step
     # every collective SimAI knows survives with its sizes; the others (broadcasts) became
@@ -111,6 +112,8 @@ def test_a_pipeline_rank_becomes_simai_rows_without_its_pipeline_waits(tmp_path)
     assert t["compute_ns"] + t["comm_blocking_ns"] + t["pipeline_wait_ns"] == t["rank_step_ns"]
     assert r["expected_step_ns"] == t["rank_step_ns"] - t["pipeline_wait_ns"]
     assert r["dropped"] == {"simai_pipeline_transfer_not_modelled": 8}    # 4 micro-batches, 2 ways
+    # Megatron's DP groups (ranks TP apart) are not SimAI's (TP x PP apart): said, not hidden
+    assert r["regrouped"] == ["dp"]
     job = read([FIXTURES / "gpt-tp2-pp2-dp2"], None, ReadOptions())
     tp = sum(1 for n in job.graph_of(0).nodes
              if n.kind == pb.KIND_COLLECTIVE and n.collective.group == "tp")

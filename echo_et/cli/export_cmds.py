@@ -297,6 +297,10 @@ def export_simai(
         typer.echo("dropped/kept as compute: " + ", ".join(f"{k}={v}" for k, v in report["dropped"].items()))
     typer.echo(f"expected step in SimAI's order with these communication times: "
                f"{report['expected_step_ns'] / 1e6:.3f} ms")
+    if report["regrouped"]:
+        typer.echo(f"note: SimAI numbers ranks tp, then pipeline stage, then data-parallel index: its "
+                   f"{', '.join(report['regrouped'])} groups hold other ranks than the job's, so they may "
+                   "span other nodes")
     if report["ranks_on_other_graphs"]:
         typer.echo(f"note: {report['ranks_on_other_graphs']} ranks run another graph than rank {chosen}; "
                    f"SimAI runs rank {chosen}'s on every rank")
