@@ -180,6 +180,11 @@ def test_interleaving_shrinks_the_predicted_bubble(tmp_path) -> None:
     cmd = json.loads((tmp_path / "inter" / "summary.json").read_text())
     assert cmd["prediction"]["layers_per_virtual_stage"] == 1
     assert "layers_per_virtual_stage" not in json.loads((tmp_path / "plain" / "summary.json").read_text())["prediction"]
+    # the Job records the virtual pipeline size (Megatron's model chunks per stage), 0 without
+    from echo_et.ir import load_job
+
+    assert load_job(tmp_path / "inter" / "job").manifest.layout.vpp == 2
+    assert load_job(tmp_path / "plain" / "job").manifest.layout.vpp == 0
 
 
 def test_trace_records_the_flag(tmp_path) -> None:
@@ -190,7 +195,12 @@ def test_trace_records_the_flag(tmp_path) -> None:
             "--num-layers-per-virtual-pipeline-stage", "1", "-o", str(tmp_path / "job")]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "--num-layers-per-virtual-pipeline-stage 1" in load_job(tmp_path / "job").manifest.provenance.command
+    job = load_job(tmp_path / "job")
+    assert "--num-layers-per-virtual-pipeline-stage 1" in job.manifest.provenance.command
+    assert job.manifest.layout.vpp == 2              # 6 layers over 3 stages, 1 per chunk: 2 chunks a stage
+    from echo_et.converters.simai_writer import layout_of
+
+    assert layout_of(job, 0).vpp == 2                # what SimAI's header says (its bubble formula reads it)
     # re-staging reads contiguous stages: an interleaved Job is refused in one line
     res = runner.invoke(app, ["scale", str(tmp_path / "job"), "--pp", "2", "-o", str(tmp_path / "restaged")])
     assert res.exit_code == 2 and "interleaved pipeline schedule" in res.stderr, res.output

@@ -247,6 +247,8 @@ def trace(
                         progress=progress, check=script is not None,
                         jobs=jobs or usable_cpus())
     result = run_trace(build_fn, layout, opts, workload_attrs=attrs)
+    if wl.gpt is not None:
+        result.job.manifest.layout.vpp = wl.gpt.virtual_pipeline_size(layout.pp)
     cluster.write_hardware(result.job.manifest)
     save_job(result.job, output)
     summary = {"output": str(output), "layout": layout.describe(), **result.summary()}

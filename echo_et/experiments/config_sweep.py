@@ -298,6 +298,7 @@ def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -
                 TraceOptions(device="meta", verify="stage", warmup_steps=0, name=name, check=False, jobs=jobs),
                 workload_attrs={"workload": cfg.flavor, **cfg.to_json()})
     job = res.job
+    job.manifest.layout.vpp = cfg.virtual_pipeline_size(layout.pp)
     job.manifest.hardware.gpu_name = opts.gpu()
     gpn = opts.gpus_per_node()
     # the nodes are recorded where the layout fills them (the checker's node-fill rule); else

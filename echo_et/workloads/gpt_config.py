@@ -162,6 +162,11 @@ class GPTConfig:
         n = self.layers_per_virtual_stage
         return self.layers // (pp * n) if n > 0 else 1
 
+    def virtual_pipeline_size(self, pp: int) -> int:
+        """What a Job's ``layout.vpp`` records: the model chunks per stage of an interleaved
+        schedule (Megatron's virtual pipeline size), 0 without one."""
+        return self.virtual_chunks(pp) if self.layers_per_virtual_stage > 0 else 0
+
     def chunk_first_layer(self, pp: int, stage: int, chunk: int) -> int:
         """The first layer of ``chunk`` on ``stage``: chunk c of stage s is virtual stage
         c x pp + s, holding the layers after those of the virtual stages before it."""
