@@ -294,7 +294,7 @@ def export_simai(
                f"({t['rank_step_ns'] / 1e6:.3f} ms; the job's {res.step_time_ns / 1e6:.3f} ms, {mode})")
     typer.echo("mapped: " + (", ".join(f"{k}={v}" for k, v in report["mapped"].items()) or "no collectives"))
     if report["dropped"]:
-        typer.echo("dropped/kept as compute: " + ", ".join(f"{k}={v}" for k, v in report["dropped"].items()))
+        typer.echo("not SimAI rows (counted): " + ", ".join(f"{k}={v}" for k, v in report["dropped"].items()))
     typer.echo(f"expected step in SimAI's order with these communication times: "
                f"{report['expected_step_ns'] / 1e6:.3f} ms")
     if report["regrouped"]:
