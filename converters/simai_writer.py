@@ -41,6 +41,7 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.ir.collectives import SIMAI_NAMES
+from echo_et.ir.intervals import covered_length, merge_intervals
 from echo_et.ir.io import atomic_file
 from echo_et.ir.job import Job
 from echo_et.ir.schema import pb
@@ -566,21 +567,11 @@ class _Work:
 
 
 class _Busy:
-    """The union of the compute boxes (sorted by start), to measure how much of a span
-    compute covered."""
+    """The union of the compute boxes, to measure how much of a span compute covered and
+    where it idled."""
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray):
-        lo: list[int] = []
-        hi: list[int] = []
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-            if lo and s <= hi[-1]:
-                hi[-1] = max(hi[-1], e)
-            else:
-                lo.append(s)
-                hi.append(e)
-        self.lo = np.asarray(lo, dtype=np.int64)
-        self.hi = np.asarray(hi, dtype=np.int64)
-        self.cum = np.concatenate([[0], np.cumsum(self.hi - self.lo)]).astype(np.int64)
+        self.lo, self.hi = merge_intervals(starts, ends)
 
     def gaps(self, a: int, b: int) -> list[tuple[int, int]]:
         """The stretches of [a, b] that no compute box covers."""
@@ -600,14 +591,8 @@ class _Busy:
         """ns of [a, b] that some compute box covers."""
         if b <= a:
             return 0
-        i = int(np.searchsorted(self.hi, a, side="right"))
-        j = int(np.searchsorted(self.lo, b, side="left"))
-        if i >= j:
-            return 0
-        total = int(self.cum[j] - self.cum[i])
-        total -= max(0, a - int(self.lo[i]))
-        total -= max(0, int(self.hi[j - 1]) - b)
-        return max(0, total)
+        return int(covered_length(self.lo, self.hi, np.array([a], dtype=np.int64),
+                                  np.array([b], dtype=np.int64))[0])
 
 
 @dataclass

@@ -45,8 +45,11 @@ from __future__ import annotations
 import bisect
 import heapq
 
+import numpy as np
+
 from echo_et.errors import EchoError
 from echo_et.ir.graph import Graph
+from echo_et.ir.intervals import merge_intervals
 from echo_et.ir.schema import collective_name, node_kind_name, pb
 
 from .mapping import mapping_label
@@ -566,15 +569,11 @@ class _Planner:
 
 
 def _intervals_len(iv: list[tuple[int, int]]) -> int:
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(iv):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    return total + (cur_e - cur_s if cur_e is not None else 0)
+    """ns the union of ``iv`` covers."""
+    if not iv:
+        return 0
+    lo, hi = merge_intervals(np.array([s for s, _ in iv], dtype=np.int64), np.array([e for _, e in iv], dtype=np.int64))
+    return int((hi - lo).sum())
 
 
 def _lost_busy(graph: Graph, nodes: list[PlannedNode], waits: list[tuple[int, int]], timed: bool) -> tuple[int, int]:

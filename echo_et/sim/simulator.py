@@ -44,12 +44,12 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.ir.graph import Graph
+from echo_et.ir.intervals import covered_length, merge_intervals
 from echo_et.ir.job import Job
 from echo_et.ir.job_checker import assert_valid
 from echo_et.ir.limits import MAX_NS
 from echo_et.ir.schema import collective_name, pb
 from echo_et.ir.summary import comm_libraries
-from echo_et.models.slowdown.intervals import covered_length, merge_intervals
 from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, same_durations
 from echo_et.sim.diagnose import check_collective_match, check_p2p_match, deadlock_message
 from echo_et.sim.gc_pause import cyclic_gc_paused

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from echo_et.errors import EchoError
+from echo_et.ir.intervals import covered_length, merge_intervals
 from echo_et.ir.job import Job
 from echo_et.ir.schema import COMM_KINDS, pb
-from echo_et.models.slowdown.intervals import covered_length, merge_intervals
 from echo_et.models.slowdown.kernels import classify_kernel, node_kernel_class, node_kernel_name, short_kernel_name
 from echo_et.models.slowdown.model import SlowdownModel
 
