@@ -211,3 +211,22 @@ def dead_pid() -> int:
     p.start()
     p.join()
     return p.pid
+
+
+def saved_activation_bytes(fn, *args, exclude) -> int:
+    """Bytes of the distinct storages autograd saves for the backward while ``fn`` runs,
+    those of ``exclude`` (the parameters) left out."""
+    import torch
+
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sum(seen.values())

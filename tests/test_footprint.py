@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import saved_activation_bytes
 from echo_et.errors import EchoError
 from echo_et.models.footprint import (
     STATE_BYTES_PER_PARAM,
@@ -90,25 +91,6 @@ def test_sweep_row_is_checked_with_its_data_parallel_degree() -> None:
         workload_for({**row, "dp": 1, "global_batch": 48}, ConfigSweepOptions(recompute=True))
 
 
-def _saved_activation_bytes(fn, *args, exclude) -> int:
-    """Bytes of the distinct storages autograd saves for the backward while ``fn`` runs,
-    those of ``exclude`` (the parameters) left out."""
-    import torch
-
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skip:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*args)
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("dropout", [0.1, 0.0])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
@@ -133,7 +115,7 @@ def test_activation_counts_are_what_a_megatron_layer_saves(request, tp: int, dro
     assert block.fused_softmax
     x = torch.randn(s, b, h, dtype=torch.float16, requires_grad=True)
     layer = (lambda x: checkpoint(block, x)) if cfg.recomputes_layers else block
-    saved = _saved_activation_bytes(layer, x, exclude=list(block.parameters()))
+    saved = saved_activation_bytes(layer, x, exclude=list(block.parameters()))
     count = {lvl: layer_activation_bytes(seq=s, micro_batch=b, hidden=h, heads=a, tp=tp, elem_bytes=2,
                                          recompute=lvl, dropout=dropout > 0) for lvl in ("none", "selective", "full")}
     kept, transient = count[recompute]
@@ -156,7 +138,7 @@ def test_the_last_stage_holds_the_loss_softmax_in_fp32(world_of_two) -> None:
     s, b, vocab, tp = 32, 2, 256, 2
     logits = torch.randn(s, b, vocab // tp, dtype=torch.float16, requires_grad=True)
     target = torch.randint(0, vocab, (s, b))
-    saved = _saved_activation_bytes(vocab_parallel_cross_entropy, logits, target, world_of_two, 0, vocab // tp,
+    saved = saved_activation_bytes(vocab_parallel_cross_entropy, logits, target, world_of_two, 0, vocab // tp,
                                     exclude=[])
     softmax = 4 * s * b * vocab // tp
     assert softmax <= saved <= softmax + 9 * s * b          # + the int64 local targets and the bool mask

@@ -96,6 +96,28 @@ LastStageLayersOpt = typer.Option(
     0, LAST_STAGE_LAYERS, metavar="N",
     help="Layers on the last pipeline stage, the other stages sharing the rest evenly (Megatron-Core's flag); "
          "0: the even share.")
+ARCH = "--arch"
+ArchOpt = typer.Option(
+    None, ARCH, metavar="ARCH",
+    help="The layer: gpt (LayerNorm, GeLU MLP, biases, learned positions, output layer tied to the embedding; the "
+         "default) or llama (what Megatron-LM's --swiglu --normalization RMSNorm --disable-bias-linear "
+         "--position-embedding-type rope --untie-embeddings-and-output-weights run, without dropout, as its Llama "
+         "recipes set it; docs/predict.md).")
+FFN_HIDDEN = "--ffn-hidden"
+FfnHiddenOpt = typer.Option(
+    0, FFN_HIDDEN, "--ffn-hidden-size", metavar="N",
+    help="The MLP's inner width (Megatron's --ffn-hidden-size; 0: 4 x hidden). With --arch llama the first MLP "
+         "projection is twice this (SwiGLU).")
+KV_HEADS = "--kv-heads"
+KvHeadsOpt = typer.Option(
+    0, KV_HEADS, "--num-query-groups", metavar="N",
+    help="Key/value heads, grouped-query attention (Megatron's --group-query-attention --num-query-groups; must "
+         "divide --heads, and tp must divide it); 0: one per query head.")
+FLASH_ATTN = "--flash-attn"
+FlashAttnOpt = typer.Option(
+    False, FLASH_ATTN, "--use-flash-attn",
+    help="The core attention as one flash-attention kernel each way (Megatron's --use-flash-attn), instead of "
+         "its batched GEMMs and softmax: no sequence x sequence tensor in memory.")
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
@@ -122,11 +144,19 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
-                      last_stage_layers: int = 0, no_reduce_scatter: bool = False) -> dict[str, Any]:
+                      last_stage_layers: int = 0, no_reduce_scatter: bool = False, arch: str | None = None,
+                      ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
-    given (None: the options' defaults, Megatron's local DDP and its 1F1B)."""
-    from echo_et.workloads.gpt_config import GRAD_SYNCS, PIPELINE_ENGINES
+    given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
+    architecture, MLP width, key/value heads and flash attention likewise."""
+    from echo_et.workloads.gpt_config import ARCHS, GRAD_SYNCS, PIPELINE_ENGINES
+
+    if arch is not None and arch not in ARCHS:
+        raise OptionError("arch", f"{arch!r} is not one of {', '.join(ARCHS)}")
+    for name, n in (("ffn_hidden", ffn_hidden), ("kv_heads", kv_heads)):
+        if n < 0:
+            raise OptionError(name, f"{n}: give a positive number, or 0 for the default")
 
     if grad_sync is not None and grad_sync not in GRAD_SYNCS:
         raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")
@@ -148,6 +178,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "first_stage_layers": first_stage_layers,
             "last_stage_layers": last_stage_layers,
             "grad_reduce_scatter": not no_reduce_scatter,
+            "arch": arch or ARCHS[0], "ffn_hidden": ffn_hidden, "kv_heads": kv_heads,
+            "flash_attention": flash_attention,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -165,7 +197,11 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (SEQUENCE_PARALLEL, settings["sequence_parallel"]),
              (FIRST_STAGE_LAYERS, bool(settings["first_stage_layers"])),
              (LAST_STAGE_LAYERS, bool(settings["last_stage_layers"])),
-             (NO_REDUCE_SCATTER, not settings["grad_reduce_scatter"]))
+             (NO_REDUCE_SCATTER, not settings["grad_reduce_scatter"]),
+             (ARCH, settings["arch"] != "gpt"),
+             (FFN_HIDDEN, bool(settings["ffn_hidden"])),
+             (KV_HEADS, bool(settings["kv_heads"])),
+             (FLASH_ATTN, settings["flash_attention"]))
     return next((flag for flag, on in given if on), None)
 
 

@@ -13,11 +13,15 @@ from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt
 from echo_et.cli.common import (
     GPN_HELP,
     RECOMPUTE_GRANULARITY,
+    ArchOpt,
     DistOptOpt,
+    FfnHiddenOpt,
     FirstStageLayersOpt,
+    FlashAttnOpt,
     Fp32GradsOpt,
     GradSyncOpt,
     JsonOpt,
+    KvHeadsOpt,
     LastStageLayersOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
@@ -234,6 +238,10 @@ def sweep(
     first_stage_layers: int = FirstStageLayersOpt,
     last_stage_layers: int = LastStageLayersOpt,
     no_reduce_scatter: bool = NoReduceScatterOpt,
+    arch: str | None = ArchOpt,
+    ffn_hidden: int = FfnHiddenOpt,
+    kv_heads: int = KvHeadsOpt,
+    flash_attention: bool = FlashAttnOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -244,7 +252,9 @@ def sweep(
                                  partition_activations=partition_activations,
                                  sequence_parallel=sequence_parallel,
                                  first_stage_layers=first_stage_layers,
-                                 last_stage_layers=last_stage_layers, no_reduce_scatter=no_reduce_scatter)
+                                 last_stage_layers=last_stage_layers, no_reduce_scatter=no_reduce_scatter,
+                                 arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads,
+                                 flash_attention=flash_attention)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

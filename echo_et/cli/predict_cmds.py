@@ -16,11 +16,15 @@ from echo_et.cli.cluster_opts import (
 )
 from echo_et.cli.common import (
     MAX_OUTPUT_HELP,
+    ArchOpt,
     DistOptOpt,
+    FfnHiddenOpt,
     FirstStageLayersOpt,
+    FlashAttnOpt,
     Fp32GradsOpt,
     GradSyncOpt,
     JsonOpt,
+    KvHeadsOpt,
     LastStageLayersOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
@@ -58,6 +62,10 @@ def predict_cmd(
                                      help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     vocab: int | None = typer.Option(None, "--vocab", metavar="N",
                                      help="Vocabulary (default GPT-2's 50257, padded to a multiple of 128 x tp)."),
+    arch: str | None = ArchOpt,
+    ffn_hidden: int = FfnHiddenOpt,
+    kv_heads: int = KvHeadsOpt,
+    flash_attention: bool = FlashAttnOpt,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
@@ -98,7 +106,7 @@ def predict_cmd(
                                           help="timeline/: " + MAX_OUTPUT_HELP[0].lower() + MAX_OUTPUT_HELP[1:]),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Predict one training step of a Megatron GPT on a GPU cluster from its configuration:
+    """Predict one training step of a Megatron GPT (or Llama) on a GPU cluster from its configuration:
     traced on the meta device, timed by the compute and collective models, simulated; writes
     the step's breakdown, its Kineto timeline and a chart into one folder."""
     from echo_et.errors import EchoError
@@ -132,7 +140,9 @@ def predict_cmd(
                                                   sequence_parallel=sequence_parallel,
                                                   first_stage_layers=first_stage_layers,
                                                   last_stage_layers=last_stage_layers,
-                                                  no_reduce_scatter=no_reduce_scatter))
+                                                  no_reduce_scatter=no_reduce_scatter, arch=arch,
+                                                  ffn_hidden=ffn_hidden, kv_heads=kv_heads,
+                                                  flash_attention=flash_attention))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}
@@ -149,7 +159,9 @@ def predict_cmd(
     from echo_et.cli.sim_cmds import echo_compute_bounds, echo_result
 
     res = pred.result
-    typer.echo(f"GPT {layers} layers, hidden {hidden}, {heads} heads, seq {seq}, global batch {global_batch} "
+    shape = "".join(f", {what} {n}" for what, n in (("MLP", ffn_hidden), ("key/value heads", kv_heads)) if n)
+    typer.echo(f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{shape}, "
+               f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}"
                + (f" (interleaved: {virtual_layers} layers per virtual stage)" if virtual_layers else "")
                + (f" (layers per stage: {_stages_said(layers, first_stage_layers, last_stage_layers, pp)})"

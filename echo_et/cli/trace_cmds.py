@@ -15,15 +15,23 @@ from echo_et.cli.cluster_opts import (
     intra_bw_opt,
 )
 from echo_et.cli.common import (
+    ARCH,
+    FFN_HIDDEN,
     FIRST_STAGE_LAYERS,
+    FLASH_ATTN,
+    KV_HEADS,
     LAST_STAGE_LAYERS,
     NO_REDUCE_SCATTER,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
+    ArchOpt,
+    FfnHiddenOpt,
     FirstStageLayersOpt,
+    FlashAttnOpt,
     JsonOpt,
+    KvHeadsOpt,
     LastStageLayersOpt,
     NoReduceScatterOpt,
     RecomputeGranularityOpt,
@@ -86,6 +94,10 @@ def trace(
     first_stage_layers: int = FirstStageLayersOpt,
     last_stage_layers: int = LastStageLayersOpt,
     no_reduce_scatter: bool = NoReduceScatterOpt,
+    arch: str | None = ArchOpt,
+    ffn_hidden: int = FfnHiddenOpt,
+    kv_heads: int = KvHeadsOpt,
+    flash_attention: bool = FlashAttnOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
@@ -161,6 +173,8 @@ def trace(
                             (FIRST_STAGE_LAYERS, bool(first_stage_layers)),
                             (LAST_STAGE_LAYERS, bool(last_stage_layers)),
                             (NO_REDUCE_SCATTER, no_reduce_scatter),
+                            (ARCH, arch is not None), (FFN_HIDDEN, bool(ffn_hidden)), (KV_HEADS, bool(kv_heads)),
+                            (FLASH_ATTN, flash_attention),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -180,7 +194,9 @@ def trace(
                                 ("sequence_parallel", sequence_parallel or None),
                                 ("first_stage_layers", first_stage_layers or None),
                                 ("last_stage_layers", last_stage_layers or None),
-                                ("grad_reduce_scatter", False if no_reduce_scatter else None)) if v is not None}
+                                ("grad_reduce_scatter", False if no_reduce_scatter else None),
+                                ("arch", arch), ("ffn_hidden", ffn_hidden or None), ("kv_heads", kv_heads or None),
+                                ("flash_attention", flash_attention or None)) if v is not None}
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
@@ -230,6 +246,14 @@ def trace(
         parts += [LAST_STAGE_LAYERS, cfg.last_stage_layers]
     if script is None and not cfg.grad_reduce_scatter:
         parts.append(NO_REDUCE_SCATTER)
+    if script is None and cfg.arch != "gpt":
+        parts += [ARCH, cfg.arch]
+    if script is None and cfg.ffn_hidden:
+        parts += [FFN_HIDDEN, cfg.ffn_hidden]
+    if script is None and cfg.kv_heads:
+        parts += [KV_HEADS, cfg.kv_heads]
+    if script is None and cfg.flash_attention:
+        parts.append(FLASH_ATTN)
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -54,7 +54,8 @@ REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "
 # overflows to infinity) and at most the longest time the IR holds.
 MIN_MEASURED_MS = 1e-6
 MAX_MEASURED_MS = MAX_NS / 1e6
-OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage", "first_stage_layers", "last_stage_layers")
+OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage", "first_stage_layers", "last_stage_layers",
+            "ffn_hidden", "kv_heads")
 # vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
 # they are, for ``sweep --configs`` and ``calibrate compute --iterations`` alike.
 VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads",
@@ -114,6 +115,13 @@ class ConfigSweepOptions:
     # with the distributed optimizer: gradients reduce-scattered (Megatron's) or all-reduced
     # whole (DeepSpeed's "reduce_scatter": false and its bfloat16 optimizer; GPTConfig.grad_reduce_scatter)
     grad_reduce_scatter: bool = True
+    # the layer: "gpt" or "llama" (GPTConfig.arch); the MLP width and key/value heads of every
+    # row (0: 4 x hidden, one per head; a row's ffn_hidden and kv_heads columns override them);
+    # Megatron's --use-flash-attn (GPTConfig.flash_attention)
+    arch: str = "gpt"
+    ffn_hidden: int = 0
+    kv_heads: int = 0
+    flash_attention: bool = False
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -257,13 +265,22 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              partition_activations=opts.partition_activations,
                              sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,
                              **dict(zip(("first_stage_layers", "last_stage_layers"), edge_stage_layers(row, opts),
-                                        strict=True)), **extra)
+                                        strict=True)),
+                             arch=opts.arch, flash_attention=opts.flash_attention,
+                             ffn_hidden=_row_or(row, "ffn_hidden", opts.ffn_hidden),
+                             kv_heads=_row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
                             zero=1 if opts.use_distributed_optimizer else 0)
     cfg.validate(layout)
     check_memory(cfg, layout, opts.gpu())
     return cfg, layout
+
+
+def _row_or(row: dict[str, Any], column: str, default: int) -> int:
+    """A row's own value of an optional column, else the sweep's."""
+    v = row.get(column)
+    return int(v) if v is not None else default
 
 
 def virtual_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> int:

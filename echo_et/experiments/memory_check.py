@@ -19,13 +19,15 @@ from echo_et.models.footprint import check_fits, megatron_min_bytes
 
 def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
     """The footprint's keywords for a ``GPTConfig`` at ``layout``."""
-    return dict(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.hidden * cfg.ffn_mult,
+    return dict(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn_size,
                 vocab=cfg.padded_vocab(layout.tp), seq=cfg.seq, micro_batch=cfg.micro_batch, tp=layout.tp,
                 pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
                 grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
                 recompute=cfg.recompute_level, dropout=cfg.dropout > 0,
                 sequence_parallel=cfg.sequence_parallel and layout.tp > 1,
-                **({"stage_layers": cfg.stage_layer_counts(layout.pp)} if cfg.uneven_stages else {}))
+                **({"stage_layers": cfg.stage_layer_counts(layout.pp)} if cfg.uneven_stages else {}),
+                **({"kv": cfg.hidden // cfg.heads * cfg.query_groups} if cfg.query_groups != cfg.heads else {}),
+                **({"llama": True} if cfg.llama else {}), **({"flash": True} if cfg.flash_attention else {}))
 
 
 def check_memory(cfg: Any, layout: Any, gpu: str) -> None:

@@ -74,16 +74,22 @@ def state_bytes_per_param(elem_bytes: int, dp: int, grad_bytes: int | None = Non
 
 
 def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, tp: int, pp: int,
-                     stage: int, stage_layers: int | None = None) -> int:
+                     stage: int, stage_layers: int | None = None, kv: int | None = None,
+                     llama: bool = False) -> int:
     """Parameters one tensor-parallel rank of pipeline ``stage`` holds (``vocab`` padded);
-    ``stage_layers``: the stage's layers when the stages are uneven (default layers / pp)."""
+    ``stage_layers``: the stage's layers when the stages are uneven (default layers / pp);
+    ``kv``: the width of the keys (and of the values), key/value heads x head size (default
+    ``hidden``); ``llama``: the llama layer (SwiGLU's three MLP matrices, no linear biases,
+    RMSNorm's one weight, rotary positions, an output layer of its own without a bias)."""
     h = hidden
-    per_layer = (3 * h * h + h * h + 2 * h * ffn) // tp + (3 * h + ffn) // tp + 6 * h
+    kv = h if kv is None else kv
+    weights = (h * (h + 2 * kv) + h * h + (3 if llama else 2) * h * ffn) // tp
+    per_layer = weights + (2 * h if llama else (h + 2 * kv + ffn) // tp + 6 * h)
     out = (layers // pp if stage_layers is None else stage_layers) * per_layer
     if stage == 0:
-        out += vocab * h // tp + seq * h
+        out += vocab * h // tp + (0 if llama else seq * h)
     if stage == pp - 1:
-        out += vocab * h // tp + 2 * h
+        out += vocab * h // tp + (h if llama else 2 * h)
     return out
 
 
@@ -91,17 +97,28 @@ RECOMPUTE_LEVELS = ("full", "selective", "none")
 
 
 def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: int, tp: int, elem_bytes: int,
-                           recompute: str, dropout: bool = True, sequence_parallel: bool = False) -> tuple[int, int]:
+                           recompute: str, dropout: bool = True, sequence_parallel: bool = False,
+                           ffn: int | None = None, kv: int | None = None, gated: bool = False,
+                           flash: bool = False) -> tuple[int, int]:
     """(kept, transient) bytes of one layer and micro-batch at ``recompute``: what stays
     until its backward, and what its backward adds at once on top (see the module docstring).
     With ``sequence_parallel`` the tensors the TP ranks otherwise replicate are split along
-    the sequence too (Korthikanti et al.: 34 s b h / tp at e = 2 with selective recomputation)."""
+    the sequence too (Korthikanti et al.: 34 s b h / tp at e = 2 with selective recomputation).
+    ``ffn`` (default 4 x hidden) and ``kv`` (default hidden): the MLP's width and the keys';
+    ``gated``: a SwiGLU MLP (its input twice as wide); ``flash``: flash attention, which keeps
+    no s x s tensor."""
     if recompute not in RECOMPUTE_LEVELS:
         raise ValueError(f"recompute {recompute!r} is not one of {RECOMPUTE_LEVELS}")
-    sbh, mask = seq * micro_batch * hidden, 1 if dropout else 0
+    ffn = 4 * hidden if ffn is None else ffn
+    kv = hidden if kv is None else kv
+    sb, mask = seq * micro_batch, 1 if dropout else 0
+    sbh = sb * hidden
     replicated = (4 * elem_bytes + 2 * mask) * sbh
-    outside_attention = (replicated // tp if sequence_parallel else replicated) + 12 * elem_bytes * sbh // tp
-    scores = ((2 * elem_bytes + mask) if dropout else elem_bytes) * heads * seq * seq * micro_batch // tp
+    # Q, K, V, the output projection's input, the MLP activation's input and output
+    split = elem_bytes * sb * (2 * hidden + 2 * kv + (3 if gated else 2) * ffn) // tp
+    outside_attention = (replicated // tp if sequence_parallel else replicated) + split
+    scores = 0 if flash else (
+        ((2 * elem_bytes + mask) if dropout else elem_bytes) * heads * seq * seq * micro_batch // tp)
     if recompute == "full":       # the checkpointed input, partitioned over the TP ranks
         kept = elem_bytes * sbh // tp
         return kept, outside_attention + scores - kept
@@ -114,15 +131,19 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                        tp: int, pp: int, microbatches: int, elem_bytes: int, heads: int, dp: int = 1,
                        grad_bytes: int | None = None, recompute: str = "full",
                        dropout: bool = True, sequence_parallel: bool = False,
-                       stage_layers: tuple[int, ...] | None = None) -> tuple[int, int, int]:
+                       stage_layers: tuple[int, ...] | None = None, kv: int | None = None,
+                       llama: bool = False, flash: bool = False) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most;
     ``stage_layers``: each stage's layers, first to last, when they are uneven (default
-    layers / pp each, where only the first and the last stage can need most)."""
+    layers / pp each, where only the first and the last stage can need most); ``kv``,
+    ``llama``, ``flash``: the keys' width, the llama layer, flash attention (as
+    :func:`stage_parameters` and :func:`layer_activation_bytes` take them)."""
     best = (0, 0, 0)
     per_param = state_bytes_per_param(elem_bytes, dp, grad_bytes)
     kept, transient = layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
                                              elem_bytes=elem_bytes, recompute=recompute, dropout=dropout,
-                                             sequence_parallel=sequence_parallel)
+                                             sequence_parallel=sequence_parallel, ffn=ffn, kv=kv, gated=llama,
+                                             flash=flash)
     if stage_layers is not None and len(stage_layers) != pp:
         raise ValueError(f"{len(stage_layers)} stage layer counts for pp {pp}")
     counts = stage_layers or (layers // pp,) * pp
@@ -135,7 +156,7 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
     for stage in stages:
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage,
-                                                         stage_layers=counts[stage]))
+                                                         stage_layers=counts[stage], kv=kv, llama=llama))
         in_flight = min(pp - stage, microbatches)
         loss_softmax = 4 * seq * micro_batch * vocab // tp if stage == pp - 1 else 0
         act = in_flight * counts[stage] * kept + max(transient, loss_softmax)

@@ -172,3 +172,146 @@ def _bda_grad(ctx, grad: Tensor | None, _keep_grad: Tensor | None):
 
 
 bias_dropout_add.register_autograd(_bda_grad, setup_context=_bda_setup)
+
+
+# -- RMSNorm (the llama architecture) ------------------------------------------------------------
+# Megatron runs Transformer Engine's or Apex's fused RMSNorm: one kernel forward, one (plus the
+# weight gradient's reduction) backward.
+def _wide(x: Tensor) -> Tensor:
+    """``x`` in fp32 at least (what the fused kernels compute in)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+@torch.library.custom_op("echo::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    xf = _wide(x)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * _wide(weight)).to(x.dtype)
+
+
+@rms_norm.register_fake
+def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("echo::rms_norm_backward", mutates_args=())
+def rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    xf, gf, wf = _wide(x), _wide(grad), _wide(weight)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xhat = xf * rstd
+    gw = gf * wf
+    gx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+    dw = (gf * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return gx.to(x.dtype), dw.to(weight.dtype)
+
+
+@rms_norm_backward.register_fake
+def _(grad: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _rms_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.eps = inputs[2]
+
+
+def _rms_grad(ctx, grad):
+    x, weight = ctx.saved_tensors
+    gx, gw = rms_norm_backward(grad, x, weight, ctx.eps)
+    return gx, gw, None
+
+
+rms_norm.register_autograd(_rms_grad, setup_context=_rms_setup)
+
+
+# -- SwiGLU (the llama architecture's MLP) --------------------------------------------------------
+# Megatron's bias_swiglu_impl without a bias: silu of the first half of the projection times
+# the second half, TorchScript-fused, one kernel each way.
+def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
+    a, b = torch.chunk(x, 2, dim=-1)
+    return a, b
+
+
+@torch.library.custom_op("echo::swiglu", mutates_args=())
+def swiglu(x: Tensor) -> Tensor:
+    a, b = _halves(x)
+    return torch.nn.functional.silu(a) * b
+
+
+@swiglu.register_fake
+def _(x: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@torch.library.custom_op("echo::swiglu_backward", mutates_args=())
+def swiglu_backward(grad: Tensor, x: Tensor) -> Tensor:
+    a, b = _halves(x)
+    sig = torch.sigmoid(a)
+    silu = a * sig
+    da = grad * b * sig * (1 + a * (1 - sig))
+    return torch.cat((da, grad * silu), dim=-1)
+
+
+@swiglu_backward.register_fake
+def _(grad: Tensor, x: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
+def _swiglu_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_grad(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return swiglu_backward(grad, x)
+
+
+swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+
+
+# -- rotary position embedding (the llama architecture) ------------------------------------------
+# Megatron-LM's fused RoPE (its --apply-rope-fusion, the default): one kernel per query or key
+# tensor each way; ``freqs`` is [s, 1, 1, d] in fp32, made once per sequence length.
+def rotary_freqs(seq: int, head_dim: int, device, base: float = 10000.0) -> Tensor:
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    freqs = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
+    return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+
+
+def _rotate(t: Tensor, freqs: Tensor, sign: float) -> Tensor:
+    tf = _wide(t)
+    a, b = torch.chunk(tf, 2, dim=-1)
+    rotated = torch.cat((-b, a), dim=-1)
+    return (tf * freqs.cos() + sign * rotated * freqs.sin()).to(t.dtype)
+
+
+@torch.library.custom_op("echo::rotary_pos_emb", mutates_args=())
+def rotary_pos_emb(t: Tensor, freqs: Tensor) -> Tensor:
+    return _rotate(t, freqs, 1.0)
+
+
+@rotary_pos_emb.register_fake
+def _(t: Tensor, freqs: Tensor) -> Tensor:
+    return torch.empty_like(t)
+
+
+@torch.library.custom_op("echo::rotary_pos_emb_backward", mutates_args=())
+def rotary_pos_emb_backward(grad: Tensor, freqs: Tensor) -> Tensor:
+    return _rotate(grad, freqs, -1.0)     # the transpose of a rotation is the opposite one
+
+
+@rotary_pos_emb_backward.register_fake
+def _(grad: Tensor, freqs: Tensor) -> Tensor:
+    return torch.empty_like(grad)
+
+
+def _rope_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[1])
+
+
+def _rope_grad(ctx, grad):
+    (freqs,) = ctx.saved_tensors
+    return rotary_pos_emb_backward(grad, freqs), None
+
+
+rotary_pos_emb.register_autograd(_rope_grad, setup_context=_rope_setup)

@@ -377,7 +377,13 @@ def _stage_class():
 
     from echo_et.trace.units import repeat_unit
     from echo_et.workloads.markers import backward_begins_here, backward_ends_here, span
-    from echo_et.workloads.megatron import checkpoint, dropout, megatron_block_class, partitioned_checkpoint
+    from echo_et.workloads.megatron import (
+        RMSNorm,
+        checkpoint,
+        dropout,
+        megatron_block_class,
+        partitioned_checkpoint,
+    )
     from echo_et.workloads.tensor_parallel import (
         ColumnParallelLinear,
         RowParallelLinear,
@@ -401,8 +407,8 @@ def _stage_class():
             self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw)
             self.proj = RowParallelLinear(h, h, group, **kw)
             self.ln2 = nn.LayerNorm(h, device=kw["device"], dtype=kw["dtype"])
-            self.fc1 = ColumnParallelLinear(h, cfg.ffn_mult * h, group, **kw)
-            self.fc2 = RowParallelLinear(cfg.ffn_mult * h, h, group, **kw)
+            self.fc1 = ColumnParallelLinear(h, cfg.ffn_size, group, **kw)
+            self.fc2 = RowParallelLinear(cfg.ffn_size, h, group, **kw)
 
         def attention(self, x: torch.Tensor) -> torch.Tensor:
             b, s, _ = x.shape
@@ -438,6 +444,7 @@ def _stage_class():
             self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)
+            if self.first and not cfg.llama:    # the llama architecture's positions are rotary
                 self.pos = nn.Parameter(torch.empty(cfg.seq, cfg.hidden, device=device,
                                                     dtype=dtype))
                 if gen is not None:
@@ -449,11 +456,12 @@ def _stage_class():
             else:
                 self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
             if self.last:
-                self.ln_f = nn.LayerNorm(cfg.hidden, device=device, dtype=dtype)
+                self.ln_f = (RMSNorm(cfg.hidden, device, dtype) if cfg.llama
+                             else nn.LayerNorm(cfg.hidden, device=device, dtype=dtype))
                 if self.sequence_parallel:
                     mark_sequence_parallel(*self.ln_f.parameters())
-                if not cfg.tie_embeddings:
-                    self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, **kw)
+                if not cfg.tie_embeddings:      # Megatron's own output layer has no bias
+                    self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, bias=not self.megatron, **kw)
                 elif not self.first:
                     # The last stage's copy of the word embedding (Megatron keeps one there
                     # and all-reduces its gradient with the first stage's).
@@ -464,6 +472,10 @@ def _stage_class():
         def word_weight(self) -> torch.Tensor:
             """The word embedding as the output layer sees it (tied embeddings)."""
             return self.embed.weight if self.first else self.head_weight
+
+        def output_weight(self) -> torch.Tensor:
+            """The output layer's weight: the word embedding's, or its own (untied)."""
+            return self.word_weight() if self.cfg.tie_embeddings else self.head.weight
 
         def _layer(self, block, x: torch.Tensor, layer: int) -> torch.Tensor:
             with span(layer=layer):
@@ -481,7 +493,9 @@ def _stage_class():
             """``position_ids``: Megatron's, from its get_batch (megatron flavour)."""
             if self.first:
                 if self.megatron:
-                    x = self.embed(x) + F.embedding(position_ids, self.pos)
+                    x = self.embed(x)
+                    if not self.cfg.llama:
+                        x = x + F.embedding(position_ids, self.pos)
                     x = x.transpose(0, 1).contiguous()
                     if self.sequence_parallel:      # each TP rank keeps its s / tp rows
                         x = scatter_to_sequence(x, self.group)
@@ -502,7 +516,7 @@ def _stage_class():
                 if self.megatron:
                     x = x.transpose(0, 1).contiguous()
                 if self.sequence_parallel:          # the gather's backward sums the gradients
-                    x = F.linear(x, self.word_weight())
+                    x = F.linear(x, self.output_weight())
                 elif self.cfg.tie_embeddings:
                     x = F.linear(copy_to_region(x, self.group), self.word_weight())
                 else:

@@ -21,6 +21,7 @@ GRAD_SYNCS = ("overlap", "after-backward")
 RECOMPUTE_GRANULARITIES = ("full", "selective")   # the first is --recompute's
 OPTIMIZERS = ("adam", "megatron")
 PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
+ARCHS = ("gpt", "llama")   # the first is the default
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
@@ -101,6 +102,20 @@ class GPTConfig:
     # keeping its shard (False: DeepSpeed's "reduce_scatter": false, and its bfloat16
     # optimizer, BF16_Optimizer, which all-reduces the fp32 gradients).
     grad_reduce_scatter: bool = True
+    # The layer's architecture: "gpt" (LayerNorm, GeLU MLP, biases, learned positions) or
+    # "llama" (Megatron-LM's --swiglu --normalization RMSNorm --disable-bias-linear
+    # --position-embedding-type rope --untie-embeddings-and-output-weights: RMSNorm, SwiGLU
+    # MLP, no linear biases, rotary positions, an output layer of its own); megatron flavour.
+    arch: str = "gpt"
+    # Megatron's --ffn-hidden-size: the MLP's inner width (0: ffn_mult x hidden); with SwiGLU
+    # the first MLP projection is twice as wide.
+    ffn_hidden: int = 0
+    # Megatron's --group-query-attention --num-query-groups: key/value heads (0: one per
+    # query head, multi-head attention); megatron flavour.
+    kv_heads: int = 0
+    # Megatron's --use-flash-attn: the core attention as one flash-attention kernel each way
+    # (no s x s scores in memory) instead of its batched GEMMs and softmax; megatron flavour.
+    flash_attention: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -108,13 +123,28 @@ class GPTConfig:
         arguments override them. As Megatron does, a bfloat16 model accumulates and reduces
         its gradients in fp32 unless ``accumulate_allreduce_grads_in_fp32`` says otherwise
         (False there is Megatron-Core's ``--grad-reduce-in-bf16``)."""
-        base = {"attention": "megatron", "dropout": 0.1, "vocab_multiple": 128,
-                "tie_embeddings": True, "grad_sync": "after-backward", "optimizer": "megatron",
+        llama = kw.get("arch") == "llama"    # Megatron-LM's Llama recipes: no dropout, untied
+        base = {"attention": "megatron", "dropout": 0.0 if llama else 0.1, "vocab_multiple": 128,
+                "tie_embeddings": not llama, "grad_sync": "after-backward", "optimizer": "megatron",
                 "dtype": "float16", "vocab": MEGATRON_VOCAB, "scatter_gather_tensors_in_pipeline": True}
         merged = {**base, **kw}
         if merged.get("accumulate_allreduce_grads_in_fp32") is None:
             merged["accumulate_allreduce_grads_in_fp32"] = merged["dtype"] == "bfloat16"
         return cls(**merged)
+
+    @property
+    def ffn_size(self) -> int:
+        """The MLP's inner width: ``ffn_hidden``, or ``ffn_mult`` x hidden."""
+        return self.ffn_hidden or self.ffn_mult * self.hidden
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads: ``kv_heads``, or one per query head."""
+        return self.kv_heads or self.heads
+
+    @property
+    def llama(self) -> bool:
+        return self.arch == "llama"
 
     @property
     def recompute_level(self) -> str:
@@ -189,6 +219,7 @@ class GPTConfig:
             raise EchoError(f"{where}: tp ({layout.tp}) must divide heads ({self.heads})")
         if self.hidden % layout.tp:
             raise EchoError(f"{where}: tp ({layout.tp}) must divide hidden ({self.hidden})")
+        self.check_architecture(layout)
         if self.uneven_stages:
             self.check_stage_layers(layout)
         elif self.layers % layout.pp:
@@ -226,6 +257,29 @@ class GPTConfig:
         self.check_sequence_parallel(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
+
+    def check_architecture(self, layout: ParallelLayout) -> None:
+        """Megatron's rules for the MLP width and grouped-query attention (query groups divide
+        the heads, tp divides the query groups and the MLP width); the Llama layer, grouped
+        queries and flash attention are the megatron flavour's."""
+        where = f"layout {layout.describe()}"
+        if self.arch not in ARCHS:
+            raise EchoError(f"{where}: architecture {self.arch!r} is not one of {', '.join(ARCHS)}")
+        for name in ("ffn_hidden", "kv_heads"):
+            if getattr(self, name) < 0:
+                raise EchoError(f"{where}: gpt {name} must be >= 0 (0: the default), got {getattr(self, name)}")
+        if self.ffn_size % layout.tp:
+            raise EchoError(f"{where}: tp ({layout.tp}) must divide the MLP width ({self.ffn_size})")
+        if self.heads % self.query_groups:
+            raise EchoError(f"{where}: key/value heads ({self.query_groups}) must divide heads ({self.heads})")
+        if self.query_groups % layout.tp:
+            raise EchoError(f"{where}: tp ({layout.tp}) must divide the key/value heads ({self.query_groups})")
+        if self.attention != "megatron":
+            for given, what in ((self.llama, "the llama architecture"),
+                                (self.query_groups != self.heads, "grouped-query attention (kv heads)"),
+                                (self.flash_attention, "--use-flash-attn (gpt's attention is flash already)")):
+                if given:
+                    raise EchoError(f"{where}: {what} is Megatron's (megatron-gpt)")
 
     def check_stage_layers(self, layout: ParallelLayout) -> None:
         """Megatron-Core's rules for the first and the last stage's own layer counts: at
@@ -303,8 +357,9 @@ class GPTConfig:
         if not self.sequence_parallel:
             return
         where = f"layout {layout.describe()}"
-        if self.attention != "megatron" or not self.tie_embeddings:
-            raise EchoError(f"{where}: sequence parallelism is Megatron's (megatron-gpt, with its tied output layer)")
+        if self.attention != "megatron" or not (self.tie_embeddings or self.llama):
+            raise EchoError(f"{where}: sequence parallelism is Megatron's (megatron-gpt, with its tied output layer, "
+                            "or the llama architecture's own)")
         if self.seq % layout.tp:
             raise EchoError(f"{where}: sequence parallelism needs tp ({layout.tp}) to divide the sequence "
                             f"({self.seq})")
@@ -351,8 +406,10 @@ class GPTConfig:
         ``tp``; forward and backward are 3 forwards. Hardware FLOPs add what recomputation runs
         again: every layer's forward (full) or the core attention's two batched products
         (selective). What MFU and the Megatron-LM paper's teraFLOP/s are computed from."""
-        h, s, f = self.hidden, self.seq, self.ffn_mult
-        layer = (8 + 4 * f) * h * h + 4 * s * h          # per token: QKV, projection, MLP; scores, context
+        h, s, f = self.hidden, self.seq, self.ffn_size
+        kv = h // self.heads * self.query_groups          # the width of K and of V
+        mlp = (6 if self.llama else 4) * h * f            # SwiGLU's first projection is twice as wide
+        layer = 4 * h * h + 4 * h * kv + mlp + 4 * s * h  # per token: Q and projection, K and V, MLP; attention
         tokens = sequences * s
         model = 3 * tokens * (self.layers * layer + 2 * h * self.padded_vocab(tp))
         again = 0
@@ -362,9 +419,13 @@ class GPTConfig:
 
     def parameters(self) -> int:
         """Parameters of the whole (unsplit) model, for reports."""
-        h, f = self.hidden, self.hidden * self.ffn_mult
-        block = 3 * h * h + 3 * h + h * h + h + h * f + f + f * h + h + 4 * h
+        h, f = self.hidden, self.ffn_size
+        kv = h // self.heads * self.query_groups
         v = self.padded_vocab(1)
+        if self.llama:      # no biases, one weight per RMSNorm, no learned positions
+            block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+            return self.layers * block + v * h + h + (0 if self.tie_embeddings else h * v)
+        block = 2 * h * h + 2 * h * kv + (h + 2 * kv) + h + 2 * h * f + f + h + 4 * h
         head = 0 if self.tie_embeddings else h * v + v
         return self.layers * block + v * h + self.seq * h + 2 * h + head
 
@@ -378,7 +439,8 @@ class GPTConfig:
 RECORD_DEFAULTS: dict[str, Any] = {
     "layers_per_virtual_stage": 0, "sync_timers": False, "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
-    "last_stage_layers": 0, "grad_reduce_scatter": True,
+    "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
+    "flash_attention": False,
 }
 
 

@@ -123,7 +123,8 @@ def megatron_block_class():
     from echo_et.workloads.tensor_parallel import ColumnParallelLinear, RowParallelLinear, mark_sequence_parallel
 
     class MegatronBlock(nn.Module):
-        """One transformer layer on ``[s, b, h]`` input (see the module docstring)."""
+        """One transformer layer on ``[s, b, h]`` input (see the module docstring); with
+        ``cfg.arch`` "llama", Megatron-LM's Llama layer (:class:`LlamaParts`)."""
 
         def __init__(self, cfg, tp: int, group, *, gen, device, dtype):
             super().__init__()
@@ -131,37 +132,82 @@ def megatron_block_class():
             kw = {"gen": gen, "device": device, "dtype": dtype}
             self.np = cfg.heads // tp
             self.hn = h // cfg.heads
+            self.ng = cfg.query_groups // tp          # key/value heads on this rank
             self.p = cfg.dropout
             self.norm = 1.0 / math.sqrt(self.hn)
             self.recompute_core = cfg.recomputes_core_attention
+            self.flash = cfg.flash_attention
+            self.llama = LlamaParts(cfg, device) if cfg.llama else None
             self.fused_softmax = fused.upper_triang_softmax_fuses(seq=cfg.seq, attn_batches=cfg.micro_batch * self.np,
                                                                   dtype=dtype)
             # the unfused path's mask, made once here as Megatron's data loader makes it
-            self.mask = None if self.fused_softmax else fused.causal_mask(cfg.seq, cfg.seq, device)
-            sp = {"sequence_parallel": cfg.sequence_parallel}
-            self.ln1 = nn.LayerNorm(h, device=device, dtype=dtype)
-            self.qkv = ColumnParallelLinear(h, 3 * h, group, **kw, **sp)
+            self.mask = None if self.fused_softmax or self.flash else fused.causal_mask(cfg.seq, cfg.seq, device)
+            sp = {"sequence_parallel": cfg.sequence_parallel, "bias": not cfg.llama}
+            qkv = (cfg.heads + 2 * cfg.query_groups) * self.hn
+            ffn = cfg.ffn_size * (2 if cfg.llama else 1)     # SwiGLU's two halves
+            self.ln1 = self._norm(cfg, device, dtype)
+            self.qkv = ColumnParallelLinear(h, qkv, group, **kw, **sp)
             self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw, **sp)
-            self.ln2 = nn.LayerNorm(h, device=device, dtype=dtype)
-            self.fc1 = ColumnParallelLinear(h, cfg.ffn_mult * h, group, skip_bias_add=True, **kw, **sp)
-            self.fc2 = RowParallelLinear(cfg.ffn_mult * h, h, group, skip_bias_add=True, **kw, **sp)
+            self.ln2 = self._norm(cfg, device, dtype)
+            self.fc1 = ColumnParallelLinear(h, ffn, group, skip_bias_add=True, **kw, **sp)
+            self.fc2 = RowParallelLinear(cfg.ffn_size, h, group, skip_bias_add=True, **kw, **sp)
             if self.qkv.sequence_parallel:      # the layer norms run on s / tp rows
                 mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
+
+        @staticmethod
+        def _norm(cfg, device, dtype) -> nn.Module:
+            return RMSNorm(cfg.hidden, device, dtype) if cfg.llama else nn.LayerNorm(cfg.hidden, device=device,
+                                                                                     dtype=dtype)
 
         def attention(self, x: torch.Tensor):
             np_, hn = self.np, self.hn
             mixed = self.qkv(x)
             s, b = mixed.shape[:2]              # the whole sequence, sequence-parallel or not
-            mixed = mixed.view(s, b, np_, 3 * hn)
-            q, k, v = mixed.split(hn, dim=-1)
-            q = q.view(s, b * np_, hn).transpose(0, 1)
-            k = k.view(s, b * np_, hn).transpose(0, 1)
-            v = v.view(s, b * np_, hn).transpose(0, 1)
-            # Megatron: baddbmm with beta = 0 (a plain batched GEMM), then its fused
-            # scale + causal mask + softmax kernel.
-            ctx = (checkpoint(self.core_attention, q, k, v) if self.recompute_core
-                   else self.core_attention(q, k, v))
+            if self.ng == np_ and self.llama is None and not self.flash:
+                mixed = mixed.view(s, b, np_, 3 * hn)
+                q, k, v = mixed.split(hn, dim=-1)
+                q = q.view(s, b * np_, hn).transpose(0, 1)
+                k = k.view(s, b * np_, hn).transpose(0, 1)
+                v = v.view(s, b * np_, hn).transpose(0, 1)
+                # Megatron: baddbmm with beta = 0 (a plain batched GEMM), then its fused
+                # scale + causal mask + softmax kernel.
+                ctx = (checkpoint(self.core_attention, q, k, v) if self.recompute_core
+                       else self.core_attention(q, k, v))
+                return self.proj(ctx)
+            if self.ng == np_:
+                q, k, v = mixed.view(s, b, np_, 3 * hn).split(hn, dim=-1)
+            else:   # Megatron's grouped layout: per group, its queries, then its key and value
+                mixed = mixed.view(s, b, self.ng, (np_ // self.ng + 2) * hn)
+                q, k, v = mixed.split([np_ // self.ng * hn, hn, hn], dim=-1)
+                q = q.reshape(s, b, np_, hn)
+            if self.llama is not None:
+                q, k = self.llama.rotate(q), self.llama.rotate(k)
+            core = self.flash_attention if self.flash else self.grouped_core_attention
+            ctx = checkpoint(core, q, k, v) if self.recompute_core else core(q, k, v)
             return self.proj(ctx)
+
+        def flash_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            """Megatron's ``FlashSelfAttention`` (``--use-flash-attn``) on ``[s, b, heads, d]``:
+            the inputs made ``[b, s, heads, d]`` contiguous, one causal flash-attention kernel
+            (grouped key and value heads as they are), the context back to ``[s, b, h]``."""
+            s, b, np_, hn = q.shape
+            q, k, v = (t.transpose(0, 1).contiguous().transpose(1, 2) for t in (q, k, v))
+            if q.device.type == "meta":
+                out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, self.p, True)[0]
+            else:
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, dropout_p=self.p, is_causal=True, enable_gqa=k.shape[1] != np_)
+            return out.permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
+
+        def grouped_core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            """:meth:`core_attention` on ``[s, b, heads, d]``, each key/value head repeated for
+            its group's queries first (Megatron's ``repeat_interleave``)."""
+            s, b, np_, hn = q.shape
+            if k.shape[2] != np_:
+                k = k.repeat_interleave(np_ // k.shape[2], dim=2)
+                v = v.repeat_interleave(np_ // v.shape[2], dim=2)
+            q, k, v = (t.reshape(s, b * np_, hn).transpose(0, 1) for t in (q, k, v))
+            return self.core_attention(q, k, v)
 
         def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             bnp, s, hn = q.shape
@@ -174,6 +220,8 @@ def megatron_block_class():
             return ctx.view(b, np_, s, hn).permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.llama is not None:
+                return self.llama.forward(self, x)
             out, bias = self.attention(self.ln1(x))
             x = bias_dropout_add(out, bias, x, self.p)
             h4, b4 = self.fc1(self.ln2(x))
@@ -181,6 +229,48 @@ def megatron_block_class():
             return bias_dropout_add(out, bias, x, self.p)
 
     return MegatronBlock
+
+
+class RMSNorm(nn.Module):
+    """Megatron's fused RMSNorm (the llama architecture): one weight, no bias."""
+
+    def __init__(self, hidden: int, device, dtype, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from echo_et.workloads import fused
+
+        return fused.rms_norm(x, self.weight, self.eps)
+
+
+class LlamaParts:
+    """What Megatron-LM's Llama layer runs where the GPT layer runs its own: the rotary
+    position embedding of the queries and keys (its fused kernel; the frequencies made once,
+    as Megatron caches them per sequence length), and the layer's order of operations with
+    RMSNorm, no linear biases (the residual adds are plain, with Megatron's dropout where
+    one is asked for) and the SwiGLU MLP."""
+
+    def __init__(self, cfg, device):
+        from echo_et.workloads import fused
+
+        self.freqs = fused.rotary_freqs(cfg.seq, cfg.hidden // cfg.heads, device)
+
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
+        from echo_et.workloads import fused
+
+        return fused.rotary_pos_emb(t, self.freqs)
+
+    @staticmethod
+    def forward(block, x: torch.Tensor) -> torch.Tensor:
+        from echo_et.workloads import fused
+
+        out, _ = block.attention(block.ln1(x))
+        x = x + dropout(out, block.p)
+        h, _ = block.fc1(block.ln2(x))
+        out, _ = block.fc2(fused.swiglu(h))
+        return x + dropout(out, block.p)
 
 
 class CheckpointFunction(torch.autograd.Function):

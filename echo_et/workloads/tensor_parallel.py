@@ -197,17 +197,18 @@ def _init(weight: torch.Tensor, gen: torch.Generator | None) -> None:
 class ColumnParallelLinear(nn.Module):
     """``skip_bias_add``: return ``(x @ W^T, bias)`` and let the caller fuse the bias into
     what follows, as Megatron-LM's layers do. ``sequence_parallel``: the input is split along
-    the sequence and gathered here (see the module docstring)."""
+    the sequence and gathered here (see the module docstring). ``bias`` False: no bias
+    (Megatron's --disable-bias-linear; ``skip_bias_add`` then returns None for it)."""
 
     def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
-                 skip_bias_add: bool = False, sequence_parallel: bool = False):
+                 skip_bias_add: bool = False, sequence_parallel: bool = False, bias: bool = True):
         super().__init__()
         self.group = group
         self.skip_bias_add = skip_bias_add
         self.sequence_parallel = sequence_parallel and _size(group) > 1
         local = out_features // _size(group)
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(local, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(local, device=device, dtype=dtype)) if bias else None
         _init(self.weight, gen)
 
     def forward(self, x: torch.Tensor):
@@ -227,16 +228,16 @@ class RowParallelLinear(nn.Module):
     tensor-parallel all-reduce of its gradient."""
 
     def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
-                 skip_bias_add: bool = False, sequence_parallel: bool = False):
+                 skip_bias_add: bool = False, sequence_parallel: bool = False, bias: bool = True):
         super().__init__()
         self.group = group
         self.skip_bias_add = skip_bias_add
         self.sequence_parallel = sequence_parallel and _size(group) > 1
         local = in_features // _size(group)
         self.weight = nn.Parameter(torch.empty(out_features, local, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
         _init(self.weight, gen)
-        if self.sequence_parallel:
+        if self.sequence_parallel and bias:
             mark_sequence_parallel(self.bias)
 
     def forward(self, x: torch.Tensor):
@@ -245,7 +246,7 @@ class RowParallelLinear(nn.Module):
                else reduce_from_region(out, self.group))
         if self.skip_bias_add:
             return out, self.bias
-        return out + self.bias
+        return out if self.bias is None else out + self.bias
 
 
 def vocab_range(vocab: int, group) -> tuple[int, int]:

@@ -524,7 +524,40 @@ MEMORY_OPS.update({
     "echo::bias_gelu_backward": lambda a: _elementwise(a),
     "echo::bias_dropout_add": lambda a: _with_mask(_elementwise(a)),
     "echo::bias_dropout_add_backward": lambda a: _elementwise(a),
+    # the llama architecture's (Megatron's fused RMSNorm, SwiGLU and rotary embedding)
+    "echo::rms_norm": lambda a: _rms_norm(a, False),
+    "echo::rms_norm_backward": lambda a: _rms_norm(a, True),
+    "echo::swiglu": lambda a: _swiglu(a, False),
+    "echo::swiglu_backward": lambda a: _swiglu(a, True),
+    "echo::rotary_pos_emb": lambda a: _elementwise(a),
+    "echo::rotary_pos_emb_backward": lambda a: _elementwise(a),
 })
+
+
+def _rms_norm(a: Args, backward: bool) -> list[K.Kernel] | None:
+    """``echo::rms_norm(x, weight, eps)`` and its backward ``(grad, x, weight, eps)``: as
+    ``aten::_fused_rms_norm`` (one fp32 statistic per row)."""
+    x, w = (a.tensor(1), a.tensor(2)) if backward else (a.tensor(0), a.tensor(1))
+    if x is None or w is None:
+        return None
+    n = nbytes(x)
+    stats = (numel(x[0]) // max(1, x[0][-1])) * 4 if x[0] else 0
+    if not backward:
+        return [K.mem("norm", 2 * n + stats + nbytes(w), flops=8 * numel(x[0]))]
+    return [K.mem("norm", 3 * n + stats + nbytes(w), flops=10 * numel(x[0])),
+            K.mem("norm_param_grad", 2 * n + 2 * nbytes(w), flops=4 * numel(x[0]))]
+
+
+def _swiglu(a: Args, backward: bool) -> list[K.Kernel] | None:
+    """``echo::swiglu(x)``: reads the projection ``x`` (both halves), writes half of it;
+    the backward reads the output gradient and ``x`` and writes the gradient of ``x``."""
+    x = a.tensor(1 if backward else 0)
+    if x is None:
+        return None
+    n, half = nbytes(x), nbytes(x) // 2
+    if not backward:
+        return [K.mem("elementwise", n + half, flops=4 * numel(x[0]) // 2)]
+    return [K.mem("elementwise", half + 2 * n, flops=8 * numel(x[0]) // 2)]
 
 
 def _with_mask(ks: list[K.Kernel] | None) -> list[K.Kernel] | None:
