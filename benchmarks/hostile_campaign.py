@@ -328,6 +328,12 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
               "--decoder-first-pipeline-num-layers", "int", 60))
     t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--decoder-first-pipeline-num-layers", "2"],
               "--decoder-last-pipeline-num-layers", "int", 60))
+    # the llama layer: the architecture's name, key/value heads against heads and tp, the MLP width against tp
+    t.append((pr + ["--heads", "8", "--hidden", "64"], "--arch", "name", 60))
+    t.append((pr + ["--arch", "llama", "--heads", "8", "--hidden", "64", "--tp", "2"], "--kv-heads", "int", 60))
+    t.append((pr + ["--arch", "llama", "--kv-heads", "2", "--heads", "8", "--hidden", "64", "--flash-attn"], "--tp",
+              "int", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--arch", "llama", "--tp", "2"], "--ffn-hidden", "int", 60))
     sw = ["sweep", b.job, "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out]
     for o, k in (("--dp", "ranks"), ("--microbatches", "ranks"), ("--max-memory", "size"), ("--workers", "int"),
                  ("--gpus-per-node", "int"), ("--mode", "name")):
@@ -1035,6 +1041,8 @@ class Campaign:
         if kind == "configs_csv":
             return [["sweep", "--configs", f, "--workers", "1", "--no-plot", "-o", out],
                     ["sweep", "--configs", f, "--workers", "1", "--no-plot", "--gpu", "h100", "-o", out],
+                    ["sweep", "--configs", f, "--workers", "1", "--no-plot", "--arch", "llama", "--flash-attn",
+                     "-o", out],
                     ["calibrate", "compute", "--iterations", f, "-o", d / "fitted.json"]]
         raise ValueError(kind)
 

@@ -106,12 +106,15 @@ def test_restaged_meta_job_predicts_what_the_traced_one_does(traced, layout, pp,
 @pytest.mark.parametrize("options", [{"zero": 1}, {"recompute": True}, {"grad_sync": "overlap"},
                                      {"sync_timers": True}, {"dtype": "bfloat16"},
                                      {"recompute": True, "partition_activations": True},
-                                     {"sequence_parallel": True}, {"sequence_parallel": True, "zero": 1}])
+                                     {"sequence_parallel": True}, {"sequence_parallel": True, "zero": 1},
+                                     {"arch": "llama", "kv_heads": 2, "flash_attention": True},
+                                     {"arch": "llama", "sequence_parallel": True}])
 def test_restaging_matches_tracing_with_megatrons_settings(traced, options) -> None:
     """The distributed optimizer (ZeRO-1: the gradient norm over the world), recomputation,
-    overlapped DDP, synchronising timers, bf16 (gradients in fp32), partitioned checkpoints
-    and sequence parallelism (its norms' all-reduce sized for the stage's layers): every
-    rank's calls and groups are those of tracing at the target depth."""
+    overlapped DDP, synchronising timers, bf16 (gradients in fp32), partitioned checkpoints,
+    sequence parallelism (its norms' all-reduce sized for the stage's layers) and the llama
+    layer (no embedding all-reduce: its output layer is its own): every rank's calls and
+    groups are those of tracing at the target depth."""
     for old_pp, pp in ((2, 4), (2, 1)):
         restaged, _ = scale(traced(2, old_pp, 2, **options), pp=pp)
         direct = traced(2, pp, 2, **options)

@@ -46,6 +46,13 @@ Megatron-LM / Megatron-DeepSpeed rank must hold at once is counted,
   ``tests/test_footprint.py`` checks these counts against what the ``megatron-gpt``
   workload's layer saves for its backward at each granularity.
 
+The llama layer (``llama``: SwiGLU's three MLP matrices, no linear biases, RMSNorm's single
+weight, rotary positions, an output layer of its own) and grouped-query attention (``kv``: the
+keys' and values' width) are counted the same way: the weights of each, and among the kept
+activations Q, K and V at their widths and the SwiGLU input (twice the MLP width) and output in
+place of the GeLU's. With flash attention (``flash``) no sequence x sequence tensor is kept or
+made. ``tests/test_llama.py`` checks these against what the llama layer saves.
+
 Not counted: the other temporaries of a layer's forward and backward (gradients in
 flight, the 16-bit logits), NCCL and allocator buffers, fragmentation; DeepSpeed's CPU
 checkpointing (``cpu_checkpointing``), which moves the checkpointed inputs to the host at a
