@@ -49,19 +49,23 @@ def test_the_parameter_count_is_llamas(shape: dict, params: int) -> None:
     assert sum(stages) == params
 
 
-def test_a_ranks_modules_hold_the_bounds_parameters(world_of_two) -> None:
-    """What one TP rank of the traced model holds is what the memory bound counts for it."""
-    from echo_et.workloads.gpt import _Stage
+@pytest.mark.parametrize("stage", [0, 1])
+def test_each_stages_gradient_all_reduce_is_the_bounds_parameters(stage: int) -> None:
+    """What one TP rank of each pipeline stage reduces over the data-parallel ranks (one
+    all-reduce of every gradient, 2 bytes each in float16) is what the memory bound counts
+    for it: no bias, no learned positions, no embedding shared between the ends."""
+    from echo_et.trace.compare import ex_situ_comms
 
     cfg = _llama()
-    layout = ParallelLayout(tp=2)
-    stage = _Stage(cfg, layout, 0, 0, cfg.layers, world_of_two, gen=None, device=torch.device("meta"),
-                   dtype=torch.float16)
-    held = sum(p.numel() for p in stage.parameters())
-    assert held == stage_parameters(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn_size, vocab=cfg.padded_vocab(2),
-                                    seq=cfg.seq, tp=2, pp=1, stage=0, kv=cfg.hidden // cfg.heads * 2, llama=True)
-    assert not any(n.endswith("bias") for n, _ in stage.named_parameters())
-    assert not hasattr(stage, "pos")
+    layout = ParallelLayout(tp=2, pp=2, dp=2, microbatches=2)
+    job = trace(build_gpt(cfg), layout, TraceOptions(device="meta", warmup_steps=0)).job
+    rank = layout.rank_of(tp=0, dp=0, pp=stage)
+    # the last stage also averages each micro-batch's 4-byte loss over the data-parallel group
+    calls = [(kind, group, nbytes) for kind, nbytes, group in ex_situ_comms(job, rank)
+             if group in ("dp", "embd") and nbytes > 4]
+    want = stage_parameters(layers=cfg.layers, hidden=cfg.hidden, ffn=cfg.ffn_size, vocab=cfg.padded_vocab(2),
+                            seq=cfg.seq, tp=2, pp=2, stage=stage, kv=cfg.hidden // cfg.heads * 2, llama=True)
+    assert calls == [("all_reduce", "dp", 2 * want)]
 
 
 def test_the_flops_are_six_per_weight_and_token_plus_attention() -> None:
@@ -131,6 +135,27 @@ def test_the_layer_is_a_llama_layer(world_of_one, flash: bool, kv_heads: int) ->
     (gx,) = torch.autograd.grad(got, x, g)
     (wx,) = torch.autograd.grad(want, x, g)
     assert torch.allclose(gx, wx, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_flash_attention_computes_what_megatrons_core_attention_does(world_of_one, arch: str) -> None:
+    """``--flash-attn`` swaps the core attention for one kernel, for either layer: the same
+    weights give the same output and input gradient as Megatron's batched GEMMs and softmax."""
+    from echo_et.workloads.megatron import megatron_block_class
+
+    kw = {"arch": arch, "dtype": "float32", "dropout": 0.0}
+    if arch == "gpt":
+        kw.update(kv_heads=0, ffn_hidden=0)
+    blocks = [megatron_block_class()(_llama(**kw, flash_attention=flash), 1, world_of_one,
+                                     gen=torch.Generator().manual_seed(3), device="cpu", dtype=torch.float64)
+              for flash in (False, True)]
+    blocks[1].load_state_dict(blocks[0].state_dict())
+    x = torch.randn(SMALL["seq"], SMALL["micro_batch"], SMALL["hidden"], dtype=torch.float64, requires_grad=True)
+    outs = [b(x) for b in blocks]
+    assert torch.allclose(outs[0], outs[1], atol=1e-9)
+    g = torch.randn_like(outs[0])
+    grads = [torch.autograd.grad(o, x, g)[0] for o in outs]
+    assert torch.allclose(grads[0], grads[1], atol=1e-9)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "swiglu", "rotary_pos_emb"])
