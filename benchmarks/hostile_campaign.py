@@ -334,6 +334,7 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--arch", "llama", "--kv-heads", "2", "--heads", "8", "--hidden", "64", "--flash-attn"], "--tp",
               "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--arch", "llama", "--tp", "2"], "--ffn-hidden", "int", 60))
+    t.append((pr + ["--gradient-accumulation-fusion"], "--dtype", "name", 60))
     sw = ["sweep", b.job, "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out]
     for o, k in (("--dp", "ranks"), ("--microbatches", "ranks"), ("--max-memory", "size"), ("--workers", "int"),
                  ("--gpus-per-node", "int"), ("--mode", "name")):

@@ -108,13 +108,15 @@ def test_restaged_meta_job_predicts_what_the_traced_one_does(traced, layout, pp,
                                      {"recompute": True, "partition_activations": True},
                                      {"sequence_parallel": True}, {"sequence_parallel": True, "zero": 1},
                                      {"arch": "llama", "kv_heads": 2, "flash_attention": True},
-                                     {"arch": "llama", "sequence_parallel": True}])
+                                     {"arch": "llama", "sequence_parallel": True},
+                                     {"dtype": "bfloat16", "gradient_accumulation_fusion": True}])
 def test_restaging_matches_tracing_with_megatrons_settings(traced, options) -> None:
     """The distributed optimizer (ZeRO-1: the gradient norm over the world), recomputation,
     overlapped DDP, synchronising timers, bf16 (gradients in fp32), partitioned checkpoints,
-    sequence parallelism (its norms' all-reduce sized for the stage's layers) and the llama
-    layer (no embedding all-reduce: its output layer is its own): every rank's calls and
-    groups are those of tracing at the target depth."""
+    sequence parallelism (its norms' all-reduce sized for the stage's layers), the llama
+    layer (no embedding all-reduce: its output layer is its own) and gradient-accumulation
+    fusion (weights accumulated by their GEMM, not an add): every rank's calls and groups
+    are those of tracing at the target depth."""
     for old_pp, pp in ((2, 4), (2, 1)):
         restaged, _ = scale(traced(2, old_pp, 2, **options), pp=pp)
         direct = traced(2, pp, 2, **options)

@@ -118,6 +118,12 @@ FlashAttnOpt = typer.Option(
     False, FLASH_ATTN, "--use-flash-attn",
     help="The core attention as one flash-attention kernel each way (Megatron's --use-flash-attn), instead of "
          "its batched GEMMs and softmax: no sequence x sequence tensor in memory.")
+GRAD_ACC_FUSION = "--gradient-accumulation-fusion"
+GradAccFusionOpt = typer.Option(
+    False, GRAD_ACC_FUSION,
+    help="Each weight gradient added into the fp32 main_grad by its GEMM, with no separate accumulation kernel "
+         "(Megatron-LM's flag, on there where Apex is installed); needs gradients accumulated in fp32 (bfloat16's "
+         "default).")
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
@@ -145,7 +151,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
                       last_stage_layers: int = 0, no_reduce_scatter: bool = False, arch: str | None = None,
-                      ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False) -> dict[str, Any]:
+                      ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False,
+                      gradient_accumulation_fusion: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -179,7 +186,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "last_stage_layers": last_stage_layers,
             "grad_reduce_scatter": not no_reduce_scatter,
             "arch": arch or ARCHS[0], "ffn_hidden": ffn_hidden, "kv_heads": kv_heads,
-            "flash_attention": flash_attention,
+            "flash_attention": flash_attention, "gradient_accumulation_fusion": gradient_accumulation_fusion,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -201,7 +208,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (ARCH, settings["arch"] != "gpt"),
              (FFN_HIDDEN, bool(settings["ffn_hidden"])),
              (KV_HEADS, bool(settings["kv_heads"])),
-             (FLASH_ATTN, settings["flash_attention"]))
+             (FLASH_ATTN, settings["flash_attention"]),
+             (GRAD_ACC_FUSION, settings["gradient_accumulation_fusion"]))
     return next((flag for flag, on in given if on), None)
 
 

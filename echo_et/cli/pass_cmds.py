@@ -19,6 +19,7 @@ from echo_et.cli.common import (
     FirstStageLayersOpt,
     FlashAttnOpt,
     Fp32GradsOpt,
+    GradAccFusionOpt,
     GradSyncOpt,
     JsonOpt,
     KvHeadsOpt,
@@ -242,6 +243,7 @@ def sweep(
     ffn_hidden: int = FfnHiddenOpt,
     kv_heads: int = KvHeadsOpt,
     flash_attention: bool = FlashAttnOpt,
+    gradient_accumulation_fusion: bool = GradAccFusionOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -254,7 +256,8 @@ def sweep(
                                  first_stage_layers=first_stage_layers,
                                  last_stage_layers=last_stage_layers, no_reduce_scatter=no_reduce_scatter,
                                  arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads,
-                                 flash_attention=flash_attention)
+                                 flash_attention=flash_attention,
+                                 gradient_accumulation_fusion=gradient_accumulation_fusion)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -22,6 +22,7 @@ from echo_et.cli.common import (
     FirstStageLayersOpt,
     FlashAttnOpt,
     Fp32GradsOpt,
+    GradAccFusionOpt,
     GradSyncOpt,
     JsonOpt,
     KvHeadsOpt,
@@ -66,6 +67,7 @@ def predict_cmd(
     ffn_hidden: int = FfnHiddenOpt,
     kv_heads: int = KvHeadsOpt,
     flash_attention: bool = FlashAttnOpt,
+    gradient_accumulation_fusion: bool = GradAccFusionOpt,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
@@ -142,7 +144,8 @@ def predict_cmd(
                                                   last_stage_layers=last_stage_layers,
                                                   no_reduce_scatter=no_reduce_scatter, arch=arch,
                                                   ffn_hidden=ffn_hidden, kv_heads=kv_heads,
-                                                  flash_attention=flash_attention))
+                                                  flash_attention=flash_attention,
+                                                  gradient_accumulation_fusion=gradient_accumulation_fusion))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

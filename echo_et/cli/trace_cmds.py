@@ -19,6 +19,7 @@ from echo_et.cli.common import (
     FFN_HIDDEN,
     FIRST_STAGE_LAYERS,
     FLASH_ATTN,
+    GRAD_ACC_FUSION,
     KV_HEADS,
     LAST_STAGE_LAYERS,
     NO_REDUCE_SCATTER,
@@ -30,6 +31,7 @@ from echo_et.cli.common import (
     FfnHiddenOpt,
     FirstStageLayersOpt,
     FlashAttnOpt,
+    GradAccFusionOpt,
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
@@ -98,6 +100,7 @@ def trace(
     ffn_hidden: int = FfnHiddenOpt,
     kv_heads: int = KvHeadsOpt,
     flash_attention: bool = FlashAttnOpt,
+    gradient_accumulation_fusion: bool = GradAccFusionOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
@@ -174,7 +177,7 @@ def trace(
                             (LAST_STAGE_LAYERS, bool(last_stage_layers)),
                             (NO_REDUCE_SCATTER, no_reduce_scatter),
                             (ARCH, arch is not None), (FFN_HIDDEN, bool(ffn_hidden)), (KV_HEADS, bool(kv_heads)),
-                            (FLASH_ATTN, flash_attention),
+                            (FLASH_ATTN, flash_attention), (GRAD_ACC_FUSION, gradient_accumulation_fusion),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -196,7 +199,9 @@ def trace(
                                 ("last_stage_layers", last_stage_layers or None),
                                 ("grad_reduce_scatter", False if no_reduce_scatter else None),
                                 ("arch", arch), ("ffn_hidden", ffn_hidden or None), ("kv_heads", kv_heads or None),
-                                ("flash_attention", flash_attention or None)) if v is not None}
+                                ("flash_attention", flash_attention or None),
+                                ("gradient_accumulation_fusion", gradient_accumulation_fusion or None))
+              if v is not None}
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
@@ -254,6 +259,8 @@ def trace(
         parts += [KV_HEADS, cfg.kv_heads]
     if script is None and cfg.flash_attention:
         parts.append(FLASH_ATTN)
+    if script is None and cfg.gradient_accumulation_fusion:
+        parts.append(GRAD_ACC_FUSION)
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

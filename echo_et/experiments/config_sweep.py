@@ -122,6 +122,8 @@ class ConfigSweepOptions:
     ffn_hidden: int = 0
     kv_heads: int = 0
     flash_attention: bool = False
+    # Megatron-LM's --gradient-accumulation-fusion (GPTConfig.gradient_accumulation_fusion)
+    gradient_accumulation_fusion: bool = False
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -267,6 +269,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              **dict(zip(("first_stage_layers", "last_stage_layers"), edge_stage_layers(row, opts),
                                         strict=True)),
                              arch=opts.arch, flash_attention=opts.flash_attention,
+                             gradient_accumulation_fusion=opts.gradient_accumulation_fusion,
                              ffn_hidden=_row_or(row, "ffn_hidden", opts.ffn_hidden),
                              kv_heads=_row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))

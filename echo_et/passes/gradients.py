@@ -70,22 +70,30 @@ def undefined_input(node: pb.Node) -> bool:
 
 
 INPLACE_ADD = "aten::add_"
+FUSED_WGRAD_ACCUMULATE = "echo::wgrad_gemm_accum_fp32"   # (x, grad, main_grad): writes main_grad
 
 
 def accumulated_bytes(node: pb.Node) -> int:
-    """Bytes of the buffer an in-place add of a same-shaped tensor writes (``aten::add_``),
-    else 0. Autograd accumulates a gradient into a parameter's preset ``grad`` this way, and
-    Megatron's hook adds it into the fp32 ``main_grad``; other in-place adds count too, so
-    this weighs pieces of a backward against each other rather than sizing gradients."""
+    """Bytes of the buffer an in-place accumulation writes, else 0: an ``aten::add_`` of a
+    same-shaped tensor, or the weight-gradient GEMM that accumulates into ``main_grad``
+    (gradient-accumulation fusion). Autograd accumulates a gradient into a parameter's
+    preset ``grad`` this way, and Megatron's hook adds it into the fp32 ``main_grad``; other
+    in-place adds count too, so this weighs pieces of a backward against each other rather
+    than sizing gradients."""
     payload = node.cpu if node.HasField("cpu") else node.compute if node.HasField("compute") else None
-    if payload is None or (payload.op or node.name) != INPLACE_ADD:
+    if payload is None:
         return 0
+    name = payload.op or node.name
     shapes, dtypes = _parse_list(payload.shapes), _parse_list(payload.dtypes)
-    if len(shapes) < 2 or not dtypes or shapes[0] != shapes[1] or not isinstance(shapes[0], list):
+    if name == FUSED_WGRAD_ACCUMULATE:
+        target, dtype = (shapes[2], dtypes[2]) if len(shapes) > 2 and len(dtypes) > 2 else (None, None)
+    elif name == INPLACE_ADD and len(shapes) >= 2 and dtypes and shapes[0] == shapes[1]:
+        target, dtype = shapes[0], dtypes[0]
+    else:
         return 0
-    if not all(isinstance(d, int) for d in shapes[0]):
+    if not isinstance(target, list) or not all(isinstance(d, int) for d in target):
         return 0
-    return math.prod(shapes[0]) * (dtype_size(_dtype_name(str(dtypes[0]))) or 0)
+    return math.prod(target) * (dtype_size(_dtype_name(str(dtype))) or 0)
 
 
 def _dtype_name(text: str) -> str:

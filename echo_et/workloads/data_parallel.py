@@ -165,7 +165,10 @@ class GradientSync:
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if self.separate:
-            p.main_grad.add_(p.grad)
+            if getattr(p, "grad_added_to_main_grad", False):   # fused into its weight-gradient GEMM
+                p.grad_added_to_main_grad = False
+            else:
+                p.main_grad.add_(p.grad)
             p.grad = None
         if not self.armed or not self.overlap:
             return

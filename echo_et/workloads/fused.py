@@ -315,3 +315,17 @@ def _rope_grad(ctx, grad):
 
 
 rotary_pos_emb.register_autograd(_rope_grad, setup_context=_rope_setup)
+
+
+# -- gradient-accumulation fusion (Megatron-LM's --gradient-accumulation-fusion) -----------------
+# Apex's fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32: the weight gradient of a linear
+# computed by one GEMM that adds it into the weight's fp32 ``main_grad`` (C = C + grad^T x), so
+# no 16-bit gradient is written and no separate accumulation kernel runs.
+@torch.library.custom_op("echo::wgrad_gemm_accum_fp32", mutates_args=("main_grad",))
+def wgrad_gemm_accum_fp32(x: Tensor, grad: Tensor, main_grad: Tensor) -> None:
+    main_grad.add_(_wide(grad).t() @ _wide(x))
+
+
+@wgrad_gemm_accum_fp32.register_fake
+def _(x: Tensor, grad: Tensor, main_grad: Tensor) -> None:
+    return None

@@ -461,7 +461,8 @@ def _stage_class():
                 if self.sequence_parallel:
                     mark_sequence_parallel(*self.ln_f.parameters())
                 if not cfg.tie_embeddings:      # Megatron's own output layer has no bias
-                    self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, bias=not self.megatron, **kw)
+                    self.head = ColumnParallelLinear(cfg.hidden, self.vocab, group, bias=not self.megatron,
+                                                     fusion=cfg.gradient_accumulation_fusion, **kw)
                 elif not self.first:
                     # The last stage's copy of the word embedding (Megatron keeps one there
                     # and all-reduces its gradient with the first stage's).

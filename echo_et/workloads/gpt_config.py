@@ -116,6 +116,10 @@ class GPTConfig:
     # Megatron's --use-flash-attn: the core attention as one flash-attention kernel each way
     # (no s x s scores in memory) instead of its batched GEMMs and softmax; megatron flavour.
     flash_attention: bool = False
+    # Megatron-LM's --gradient-accumulation-fusion (its default where Apex is installed): each
+    # weight gradient added into the fp32 main_grad by its GEMM, with no separate accumulation
+    # kernel; needs the gradients accumulated in fp32 (bf16's default), Megatron-LM's pipeline.
+    gradient_accumulation_fusion: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -274,6 +278,14 @@ class GPTConfig:
             raise EchoError(f"{where}: key/value heads ({self.query_groups}) must divide heads ({self.heads})")
         if self.query_groups % layout.tp:
             raise EchoError(f"{where}: tp ({layout.tp}) must divide the key/value heads ({self.query_groups})")
+        if self.gradient_accumulation_fusion and not (self.optimizer == "megatron" and self.dtype != "float32"
+                                                      and self.grad_buffer_dtype == "float32"):
+            raise EchoError(f"{where}: gradient-accumulation fusion adds each weight gradient into an fp32 main_grad: "
+                            "it needs a 16-bit model whose gradients are accumulated in fp32 (megatron-gpt; "
+                            "bfloat16's default, --accumulate-allreduce-grads-in-fp32 with float16)")
+        if self.gradient_accumulation_fusion and self.pipeline_engine != "megatron":
+            raise EchoError(f"{where}: gradient-accumulation fusion is Megatron-LM's; DeepSpeed's pipeline engine "
+                            "reduces the model's own gradients")
         if self.attention != "megatron":
             for given, what in ((self.llama, "the llama architecture"),
                                 (self.query_groups != self.heads, "grouped-query attention (kv heads)"),
@@ -440,7 +452,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "layers_per_virtual_stage": 0, "sync_timers": False, "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
-    "flash_attention": False,
+    "flash_attention": False, "gradient_accumulation_fusion": False,
 }
 
 

@@ -142,7 +142,8 @@ def megatron_block_class():
                                                                   dtype=dtype)
             # the unfused path's mask, made once here as Megatron's data loader makes it
             self.mask = None if self.fused_softmax or self.flash else fused.causal_mask(cfg.seq, cfg.seq, device)
-            sp = {"sequence_parallel": cfg.sequence_parallel, "bias": not cfg.llama}
+            sp = {"sequence_parallel": cfg.sequence_parallel, "bias": not cfg.llama,
+                  "fusion": cfg.gradient_accumulation_fusion}
             qkv = (cfg.heads + 2 * cfg.query_groups) * self.hn
             ffn = cfg.ffn_size * (2 if cfg.llama else 1)     # SwiGLU's two halves
             self.ln1 = self._norm(cfg, device, dtype)

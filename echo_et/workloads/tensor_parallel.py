@@ -93,13 +93,50 @@ class _ScatterToSequence(torch.autograd.Function):
         return _gather_sequence(grad, ctx.group)[0], None
 
 
+def accumulate_weight_grad(x: torch.Tensor, grad: torch.Tensor, weight: nn.Parameter) -> torch.Tensor:
+    """Megatron's gradient-accumulation fusion: ``grad^T x`` added into ``weight.main_grad``
+    by one GEMM; returns the empty stand-in autograd gets for the weight, marked
+    (``grad_added_to_main_grad``) so that the data-parallel hook adds nothing more."""
+    from echo_et.workloads import fused
+
+    fused.wgrad_gemm_accum_fp32(x.reshape(-1, x.shape[-1]), grad.reshape(-1, grad.shape[-1]), weight.main_grad)
+    weight.grad_added_to_main_grad = True
+    return torch.empty_like(weight)
+
+
+class _FusedWgradLinear(torch.autograd.Function):
+    """``x @ W^T`` whose backward accumulates the weight gradient into the fp32 ``main_grad``
+    (:func:`accumulate_weight_grad`; Megatron's ``LinearWithGradAccumulationAndAsyncCommunication``
+    with ``gradient_accumulation_fusion``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return torch.matmul(x, weight.t())
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_input = grad.matmul(weight)
+        return grad_input, accumulate_weight_grad(x, grad, weight)
+
+
+def _linear(x: torch.Tensor, weight: nn.Parameter, bias: torch.Tensor | None, fusion: bool) -> torch.Tensor:
+    """``F.linear``, or with gradient-accumulation fusion Megatron's GEMM and bias add."""
+    if not fusion:
+        return F.linear(x, weight, bias)
+    out = _FusedWgradLinear.apply(x, weight)
+    return out if bias is None else out + bias
+
+
 class _SequenceParallelLinear(torch.autograd.Function):
     """Megatron's column-parallel GEMM on a sequence-split input (see the module docstring):
     the gathered input is not kept; the backward gathers it again."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group):
+    def forward(ctx, x, weight, bias, group, fusion=False):
         ctx.group = group
+        ctx.fusion = fusion
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         total, _ = _gather_sequence(x, group)
@@ -115,11 +152,14 @@ class _SequenceParallelLinear(torch.autograd.Function):
             gathering.wait()
         grad2d = grad.reshape(-1, grad.shape[-1])
         sub_grad_input, scattering = _scatter_sequence(grad_input, ctx.group, async_op=True)
-        grad_weight = grad2d.t().matmul(total.reshape(-1, total.shape[-1]))
+        if ctx.fusion:
+            grad_weight = accumulate_weight_grad(total, grad2d, weight)
+        else:
+            grad_weight = grad2d.t().matmul(total.reshape(-1, total.shape[-1]))
         grad_bias = grad2d.sum(dim=0) if ctx.has_bias else None
         with comm_span(ctx.group):
             scattering.wait()
-        return sub_grad_input, grad_weight, grad_bias, None
+        return sub_grad_input, grad_weight, grad_bias, None, None
 
 
 def mark_sequence_parallel(*params: nn.Parameter) -> None:
@@ -198,12 +238,15 @@ class ColumnParallelLinear(nn.Module):
     """``skip_bias_add``: return ``(x @ W^T, bias)`` and let the caller fuse the bias into
     what follows, as Megatron-LM's layers do. ``sequence_parallel``: the input is split along
     the sequence and gathered here (see the module docstring). ``bias`` False: no bias
-    (Megatron's --disable-bias-linear; ``skip_bias_add`` then returns None for it)."""
+    (Megatron's --disable-bias-linear; ``skip_bias_add`` then returns None for it).
+    ``fusion``: Megatron's gradient-accumulation fusion (:func:`accumulate_weight_grad`)."""
 
     def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
-                 skip_bias_add: bool = False, sequence_parallel: bool = False, bias: bool = True):
+                 skip_bias_add: bool = False, sequence_parallel: bool = False, bias: bool = True,
+                 fusion: bool = False):
         super().__init__()
         self.group = group
+        self.fusion = fusion
         self.skip_bias_add = skip_bias_add
         self.sequence_parallel = sequence_parallel and _size(group) > 1
         local = out_features // _size(group)
@@ -214,23 +257,25 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor):
         if self.sequence_parallel:
             bias = None if self.skip_bias_add else self.bias
-            out = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
+            out = _SequenceParallelLinear.apply(x, self.weight, bias, self.group, self.fusion)
             return (out, self.bias) if self.skip_bias_add else out
         x = copy_to_region(x, self.group)
         if self.skip_bias_add:
-            return F.linear(x, self.weight), self.bias
-        return F.linear(x, self.weight, self.bias)
+            return _linear(x, self.weight, None, self.fusion), self.bias
+        return _linear(x, self.weight, self.bias, self.fusion)
 
 
 class RowParallelLinear(nn.Module):
     """``sequence_parallel``: the output is reduce-scattered along the sequence instead of
     all-reduced, and the bias (added to s / tp rows on every rank) is marked for the
-    tensor-parallel all-reduce of its gradient."""
+    tensor-parallel all-reduce of its gradient. ``fusion``: as :class:`ColumnParallelLinear`'s."""
 
     def __init__(self, in_features: int, out_features: int, group, *, gen, device, dtype,
-                 skip_bias_add: bool = False, sequence_parallel: bool = False, bias: bool = True):
+                 skip_bias_add: bool = False, sequence_parallel: bool = False, bias: bool = True,
+                 fusion: bool = False):
         super().__init__()
         self.group = group
+        self.fusion = fusion
         self.skip_bias_add = skip_bias_add
         self.sequence_parallel = sequence_parallel and _size(group) > 1
         local = in_features // _size(group)
@@ -241,7 +286,7 @@ class RowParallelLinear(nn.Module):
             mark_sequence_parallel(self.bias)
 
     def forward(self, x: torch.Tensor):
-        out = F.linear(x, self.weight)
+        out = _linear(x, self.weight, None, self.fusion)
         out = (reduce_scatter_to_sequence(out, self.group) if self.sequence_parallel
                else reduce_from_region(out, self.group))
         if self.skip_bias_add:

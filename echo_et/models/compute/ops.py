@@ -449,6 +449,8 @@ GEMM_OPS = {
     "aten::linear": _linear,
     "aten::mv": _mv,
     "aten::addmv": lambda a: _mv(Args(a.shapes[1:], a.dtypes[1:])),
+    # Megatron's gradient-accumulation fusion (echo_et.workloads.fused)
+    "echo::wgrad_gemm_accum_fp32": lambda a: _wgrad_accum(a),
 }
 MEMORY_OPS = {
     "aten::_softmax": lambda a: _softmax(a, False),
@@ -532,6 +534,16 @@ MEMORY_OPS.update({
     "echo::rotary_pos_emb": lambda a: _elementwise(a),
     "echo::rotary_pos_emb_backward": lambda a: _elementwise(a),
 })
+
+
+def _wgrad_accum(a: Args) -> list[K.Kernel] | None:
+    """``echo::wgrad_gemm_accum_fp32(x [rows, in], grad [rows, out], main_grad [out, in])``:
+    the weight-gradient GEMM reading and writing its fp32 accumulator (C = C + grad^T x)."""
+    x, g, c = a.tensor(0), a.tensor(1), a.tensor(2)
+    if x is None or g is None or c is None or len(x[0]) != 2 or len(g[0]) != 2:
+        return None
+    (rows, n), (_, m) = x[0], g[0]
+    return [K.gemm(m, n, rows, 1, math_class(x[1]), nbytes(x) + nbytes(g) + 2 * nbytes(c), extra_flops=m * n)]
 
 
 def _rms_norm(a: Args, backward: bool) -> list[K.Kernel] | None:
