@@ -281,15 +281,15 @@ class GPTConfig:
         if self.gradient_accumulation_fusion and not (self.optimizer == "megatron" and self.dtype != "float32"
                                                       and self.grad_buffer_dtype == "float32"):
             raise EchoError(f"{where}: gradient-accumulation fusion adds each weight gradient into an fp32 main_grad: "
-                            "it needs a 16-bit model whose gradients are accumulated in fp32 (megatron-gpt; "
-                            "bfloat16's default, --accumulate-allreduce-grads-in-fp32 with float16)")
+                            "it needs a 16-bit model whose gradients are accumulated in fp32 (megatron-gpt in "
+                            "bfloat16, or in float16 with its gradients all-reduced in fp32)")
         if self.gradient_accumulation_fusion and self.pipeline_engine != "megatron":
             raise EchoError(f"{where}: gradient-accumulation fusion is Megatron-LM's; DeepSpeed's pipeline engine "
                             "reduces the model's own gradients")
         if self.attention != "megatron":
             for given, what in ((self.llama, "the llama architecture"),
                                 (self.query_groups != self.heads, "grouped-query attention (kv heads)"),
-                                (self.flash_attention, "--use-flash-attn (gpt's attention is flash already)")):
+                                (self.flash_attention, "flash attention (gpt's attention is flash already)")):
                 if given:
                     raise EchoError(f"{where}: {what} is Megatron's (megatron-gpt)")
 
