@@ -335,6 +335,10 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
               "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--arch", "llama", "--tp", "2"], "--ffn-hidden", "int", 60))
     t.append((pr + ["--gradient-accumulation-fusion"], "--dtype", "name", 60))
+    # a published model by name (its shape under the options given beside it)
+    t.append((pr, "--model", "name", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "8",
+                    "--ffn-hidden", "128", "--seq", "32"], "--model", "name", 60))
     sw = ["sweep", b.job, "--workers", "1", "--no-plot", "--preset", "a100-ib", "-o", out]
     for o, k in (("--dp", "ranks"), ("--microbatches", "ranks"), ("--max-memory", "size"), ("--workers", "int"),
                  ("--gpus-per-node", "int"), ("--mode", "name")):
@@ -1044,6 +1048,8 @@ class Campaign:
                     ["sweep", "--configs", f, "--workers", "1", "--no-plot", "--gpu", "h100", "-o", out],
                     ["sweep", "--configs", f, "--workers", "1", "--no-plot", "--arch", "llama", "--flash-attn",
                      "-o", out],
+                    ["sweep", "--configs", f, "--workers", "1", "--no-plot", "--model", "llama2-7b",
+                     "--ffn-hidden", "256", "-o", out],
                     ["calibrate", "compute", "--iterations", f, "-o", d / "fitted.json"]]
         raise ValueError(kind)
 

@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import limits
+from echo_et.workloads.model_shapes import MODEL_SHAPES
 
 if TYPE_CHECKING:
     from echo_et.converters.chrome import ScratchEstimate
@@ -124,6 +125,12 @@ GradAccFusionOpt = typer.Option(
     help="Each weight gradient added into the fp32 main_grad by its GEMM, with no separate accumulation kernel "
          "(Megatron-LM's flag, on there where Apex is installed); needs gradients accumulated in fp32 (bfloat16's "
          "default).")
+MODEL = "--model"
+ModelOpt = typer.Option(
+    None, MODEL, metavar="NAME",
+    help="A published model's shape by name: " + ", ".join(MODEL_SHAPES) + " (layers, hidden, heads, key/value "
+         "heads, MLP width, sequence, vocabulary and architecture, from its paper; docs/predict.md). Options given "
+         "beside it override its values.")
 RECOMPUTE_GRANULARITY = "--recompute-granularity"
 RecomputeGranularityOpt = typer.Option(
     None, RECOMPUTE_GRANULARITY, metavar="LEVEL",
@@ -131,6 +138,20 @@ RecomputeGranularityOpt = typer.Option(
          "in its backward, as Megatron's --checkpoint-activations or --recompute-granularity full) or "
          "selective (only the core attention, from the scores to the context, as Megatron's "
          "--recompute-activations).")
+
+
+def model_fields(model: str | None, **given: Any) -> dict[str, Any]:
+    """A named model's shape (GPTConfig field names) under the options given beside it: an
+    option given (not None, not 0) wins over the model's value. Without a model, the options
+    given."""
+    from echo_et.workloads.model_shapes import model_shape
+
+    try:
+        out: dict[str, Any] = {} if model is None else model_shape(model).options()
+    except EchoError as e:
+        raise OptionError("model", str(e)) from None
+    out.update({k: v for k, v in given.items() if v})
+    return out
 
 
 def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, str]:

@@ -20,10 +20,13 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
-                 nic_bw: str | None = None, megatron: dict[str, Any] | None = None) -> None:
+                 nic_bw: str | None = None, megatron: dict[str, Any] | None = None,
+                 model: str | None = None) -> None:
     """``recompute``, ``recompute_granularity``: as ``common.recompute_setting`` resolves
-    them; ``megatron``: the training settings of Megatron's flags (``common.megatron_settings``)."""
+    them; ``megatron``: the training settings of Megatron's flags (``common.megatron_settings``);
+    ``model``: the named model whose shape fills the columns a row leaves out."""
     from echo_et.experiments.config_sweep import (
+        MODEL_COLUMNS,
         ConfigSweepOptions,
         check_config_sweep,
         is_config_sweep_dir,
@@ -34,6 +37,7 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     )
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.workloads.gpt_config import DTYPES
+    from echo_et.workloads.model_shapes import model_shape
 
     if not configs.is_file():
         fail(f"{configs}: {'not a regular file' if configs.exists() else 'no such file'}")
@@ -46,13 +50,15 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
             fail(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw, nic_bw)
     cluster.node_network(8)   # a NIC rate needs the node's network: refused before any row runs
-    rows = read_configs(configs)
+    name = model.strip().lower() if model else ""
+    shape = model_shape(name).options() if name else {}
+    rows = read_configs(configs, defaults={k: v for k, v in shape.items() if k in MODEL_COLUMNS})
     if plot and not have_matplotlib():
         fail(f"--plot needs matplotlib ({INSTALL_HINT})")
     draw = have_matplotlib() if plot is None else plot
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=recompute_granularity,
                               dtype=dtype, compute_profile=str(compute_profile) if compute_profile else None,
-                              comm_profile=comm_profile, slowdown=slowdown, **(megatron or {}))
+                              comm_profile=comm_profile, slowdown=slowdown, model=name, **(megatron or {}))
 
     def progress(done: int, total: int, row: dict) -> None:
         label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp"))

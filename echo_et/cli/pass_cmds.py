@@ -12,6 +12,7 @@ import typer
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import (
     GPN_HELP,
+    MODEL,
     RECOMPUTE_GRANULARITY,
     ArchOpt,
     DistOptOpt,
@@ -24,6 +25,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    ModelOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     PartitionActivationsOpt,
@@ -38,6 +40,7 @@ from echo_et.cli.common import (
     load_job_arg,
     megatron_flag_given,
     megatron_settings,
+    model_fields,
     recompute_setting,
 )
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
@@ -192,7 +195,10 @@ def sweep(
     configs: Path | None = typer.Option(None, "--configs", metavar="CONFIGS.csv",
                                         help="Model configurations to trace on the meta device and predict, one per "
                                              "row: layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp"
-                                             "[,vocab][,measured_ms] (docs/predict.md)."),
+                                             "[,vocab][,measured_ms] (docs/predict.md); with --model, "
+                                             "layers, hidden, heads, seq and vocab are the model's where a "
+                                             "row leaves them out."),
+    model: str | None = ModelOpt,
     dp: str | None = typer.Option(None, "--dp", metavar="N,N,...",
                                   help="Data-parallel degrees, e.g. 8,64,512 (JOB sweeps)."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
@@ -248,6 +254,7 @@ def sweep(
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
     trace and predict every model configuration of a CSV; table, JSON and PNG."""
+    shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
@@ -255,8 +262,8 @@ def sweep(
                                  sequence_parallel=sequence_parallel,
                                  first_stage_layers=first_stage_layers,
                                  last_stage_layers=last_stage_layers, no_reduce_scatter=no_reduce_scatter,
-                                 arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads,
-                                 flash_attention=flash_attention,
+                                 arch=shape.get("arch"), ffn_hidden=shape.get("ffn_hidden", 0),
+                                 kv_heads=shape.get("kv_heads", 0), flash_attention=flash_attention,
                                  gradient_accumulation_fusion=gradient_accumulation_fusion)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
@@ -271,7 +278,7 @@ def sweep(
                      compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
-                     max_memory=memory_budget(max_memory), megatron=megatron)
+                     max_memory=memory_budget(max_memory), megatron=megatron, model=model)
         return
     if job_path is None:
         fail("give a JOB to scale, or --configs CONFIGS.csv")
@@ -281,7 +288,7 @@ def sweep(
         fail("--nic-bw only applies with --configs")
     if recompute or recompute_granularity is not None:
         fail(f"{'--recompute' if recompute else RECOMPUTE_GRANULARITY} only applies with --configs")
-    if (flag := megatron_flag_given(megatron)) is not None:
+    if (flag := MODEL if model else megatron_flag_given(megatron)) is not None:
         fail(f"{flag} only applies with --configs")
     if mode != "predict" and (gpu is not None or compute_profile is not None):
         fail(f"{'--gpu' if gpu is not None else '--compute-profile'} only applies with --mode predict "

@@ -27,6 +27,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    ModelOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     PartitionActivationsOpt,
@@ -37,9 +38,11 @@ from echo_et.cli.common import (
     VirtualStagesOpt,
     check_output_budget,
     emit_json,
+    fail,
     guarded,
     max_output_bytes,
     megatron_settings,
+    model_fields,
     recompute_setting,
 )
 from echo_et.errors import OptionError
@@ -54,15 +57,17 @@ def predict_cmd(
     output: Path = typer.Option(..., "-o", "--output", metavar="DIR",
                                 help="Folder to write: summary.json, timeline/ (HolisticTraceAnalysis, "
                                      "Perfetto), step.png, job/."),
-    layers: int = typer.Option(..., "--layers", help="Transformer layers."),
-    hidden: int = typer.Option(..., "--hidden", help="Hidden size."),
-    heads: int = typer.Option(..., "--heads", help="Attention heads."),
-    seq: int = typer.Option(2048, "--seq", help="Sequence length."),
+    model: str | None = ModelOpt,
+    layers: int | None = typer.Option(None, "--layers", help="Transformer layers (or --model's)."),
+    hidden: int | None = typer.Option(None, "--hidden", help="Hidden size (or --model's)."),
+    heads: int | None = typer.Option(None, "--heads", help="Attention heads (or --model's)."),
+    seq: int | None = typer.Option(None, "--seq", help="Sequence length (default --model's, else 2048)."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Sequences per micro-batch."),
     global_batch: int = typer.Option(..., "--global-batch", metavar="N",
                                      help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
     vocab: int | None = typer.Option(None, "--vocab", metavar="N",
-                                     help="Vocabulary (default GPT-2's 50257, padded to a multiple of 128 x tp)."),
+                                     help="Vocabulary (default --model's, else GPT-2's 50257; padded to a "
+                                          "multiple of 128 x tp)."),
     arch: str | None = ArchOpt,
     ffn_hidden: int = FfnHiddenOpt,
     kv_heads: int = KvHeadsOpt,
@@ -118,6 +123,14 @@ def predict_cmd(
     from echo_et.ir.limits import check_node_fill
     from echo_et.workloads.gpt_config import DTYPES
 
+    shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
+                         ffn_hidden=ffn_hidden, kv_heads=kv_heads)
+    missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in shape]
+    if missing:
+        fail(f"give --model NAME, or {', '.join(missing)} (the model's shape)")
+    layers, hidden, heads = shape["layers"], shape["hidden"], shape["heads"]
+    seq, vocab, arch = shape.get("seq", 2048), shape.get("vocab"), shape.get("arch")
+    ffn_hidden, kv_heads = shape.get("ffn_hidden", 0), shape.get("kv_heads", 0)
     if timeline_all and timeline_events is not None:
         raise OptionError("timeline_all", "give --timeline-events N or --timeline-all, not both")
     if dtype not in DTYPES:
@@ -162,8 +175,9 @@ def predict_cmd(
     from echo_et.cli.sim_cmds import echo_compute_bounds, echo_result
 
     res = pred.result
-    shape = "".join(f", {what} {n}" for what, n in (("MLP", ffn_hidden), ("key/value heads", kv_heads)) if n)
-    typer.echo(f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{shape}, "
+    widths = "".join(f", {what} {n}" for what, n in (("MLP", ffn_hidden), ("key/value heads", kv_heads)) if n)
+    typer.echo(f"{model.strip().lower() + ': ' if model else ''}"
+               f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}"
                + (f" (interleaved: {virtual_layers} layers per virtual stage)" if virtual_layers else "")

@@ -22,6 +22,7 @@ from echo_et.cli.common import (
     GRAD_ACC_FUSION,
     KV_HEADS,
     LAST_STAGE_LAYERS,
+    MODEL,
     NO_REDUCE_SCATTER,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
@@ -35,10 +36,12 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    ModelOpt,
     NoReduceScatterOpt,
     RecomputeGranularityOpt,
     emit_json,
     guarded,
+    model_fields,
     recompute_setting,
 )
 
@@ -56,14 +59,15 @@ def trace(
                                       "all-reduce after the backward, fp32 master weights)."),
     script: str | None = typer.Option(None, "--script",
                                       help="User workload: path/to/file.py:build_fn (see docs/tracer.md)."),
-    layers: int = typer.Option(2, "--layers", help="GPT: transformer layers."),
-    hidden: int = typer.Option(64, "--hidden", help="GPT: hidden size."),
-    heads: int = typer.Option(4, "--heads", help="GPT: attention heads."),
-    seq: int = typer.Option(32, "--seq", help="GPT: sequence length."),
+    model: str | None = ModelOpt,
+    layers: int | None = typer.Option(None, "--layers", help="GPT: transformer layers (default --model's, else 2)."),
+    hidden: int | None = typer.Option(None, "--hidden", help="GPT: hidden size (default --model's, else 64)."),
+    heads: int | None = typer.Option(None, "--heads", help="GPT: attention heads (default --model's, else 4)."),
+    seq: int | None = typer.Option(None, "--seq", help="GPT: sequence length (default --model's, else 32)."),
     micro_batch: int = typer.Option(2, "--micro-batch", help="GPT: sequences per micro-batch."),
     vocab: int | None = typer.Option(None, "--vocab", metavar="N",
-                                     help="GPT: vocabulary size (default 256; megatron-gpt: 50257, padded "
-                                          "to a multiple of 128 x tp)."),
+                                     help="GPT: vocabulary size (default --model's, else 256; megatron-gpt: "
+                                          "50257, padded to a multiple of 128 x tp)."),
     dtype: str | None = typer.Option(None, "--dtype", metavar="DTYPE",
                                      help="GPT: float32, bfloat16 or float16 (default float32; megatron-gpt: "
                                           "float16)."),
@@ -178,6 +182,7 @@ def trace(
                             (NO_REDUCE_SCATTER, no_reduce_scatter),
                             (ARCH, arch is not None), (FFN_HIDDEN, bool(ffn_hidden)), (KV_HEADS, bool(kv_heads)),
                             (FLASH_ATTN, flash_attention), (GRAD_ACC_FUSION, gradient_accumulation_fusion),
+                            (MODEL, model is not None),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -187,6 +192,11 @@ def trace(
         if workload not in ("gpt", "megatron-gpt"):
             raise EchoError(f"--workload {workload!r}: the built-in workloads are gpt and megatron-gpt "
                             "(or give --script file.py:build_fn)")
+        shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
+                             ffn_hidden=ffn_hidden, kv_heads=kv_heads)
+        layers, hidden, heads = shape.get("layers", 2), shape.get("hidden", 64), shape.get("heads", 4)
+        seq, vocab, arch = shape.get("seq", 32), shape.get("vocab"), shape.get("arch")
+        ffn_hidden, kv_heads = shape.get("ffn_hidden", 0), shape.get("kv_heads", 0)
         kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync),
                                 ("scatter_gather_tensors_in_pipeline", scatter_gather),
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),

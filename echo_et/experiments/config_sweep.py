@@ -33,7 +33,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,6 +54,9 @@ REQUIRED = ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "
 # overflows to infinity) and at most the longest time the IR holds.
 MIN_MEASURED_MS = 1e-6
 MAX_MEASURED_MS = MAX_NS / 1e6
+# the columns a named model (``sweep --configs --model``) fills where a row leaves them out; its
+# architecture, MLP width and key/value heads are the sweep's options
+MODEL_COLUMNS = ("layers", "hidden", "heads", "seq", "vocab")
 OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage", "first_stage_layers", "last_stage_layers",
             "ffn_hidden", "kv_heads")
 # vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
@@ -124,6 +127,9 @@ class ConfigSweepOptions:
     flash_attention: bool = False
     # Megatron-LM's --gradient-accumulation-fusion (GPTConfig.gradient_accumulation_fusion)
     gradient_accumulation_fusion: bool = False
+    # the named model whose shape fills the rows' missing columns (workloads.model_shapes;
+    # "": none); recorded, so that a sweep resumed under another model is another sweep
+    model: str = ""
 
     def gpu(self) -> str:
         return self.cluster.gpu or DEFAULT_GPU
@@ -134,17 +140,20 @@ class ConfigSweepOptions:
     def to_json(self) -> dict[str, Any]:
         from echo_et.workloads.gpt_config import omit_record_defaults
 
-        out = omit_record_defaults({k: v for k, v in asdict(self).items() if k != "cluster"})
+        out = omit_record_defaults({k: v for k, v in asdict(self).items()
+                                    if k != "cluster" and not (k == "model" and not v)})
         out["cluster"] = self.cluster.to_json(self.gpus_per_node()) | {"gpu": self.gpu()}
         return out
 
 
 # -- the configurations ---------------------------------------------------------------------------
-def read_configs(path: str | os.PathLike[str], *, option: str = "configs") -> list[dict[str, Any]]:
+def read_configs(path: str | os.PathLike[str], *, option: str = "configs",
+                 defaults: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """The rows of a configuration CSV (a byte-order mark and surrounding spaces are
     tolerated; vTrain's column names are read as ours); a missing or unknown column, a value
     that is not a number, or a ``gpus`` that is not tp x pp x dp, is one OptionError (of
-    ``--option``) naming it."""
+    ``--option``) naming it. ``defaults`` (a named model's shape) fill the columns a row
+    leaves empty or the file does not have."""
     p = Path(path)
     size = p.stat().st_size
     if size > MAX_CSV_BYTES:  # before reading it: each row is a trace and a simulation
@@ -155,12 +164,13 @@ def read_configs(path: str | os.PathLike[str], *, option: str = "configs") -> li
     except UnicodeDecodeError:
         raise OptionError(option, f"{p.name}: not a UTF-8 CSV file") from None
     try:
-        return _config_rows(p, csv.reader(line for line in text.splitlines() if line.strip()), option)
+        return _config_rows(p, csv.reader(line for line in text.splitlines() if line.strip()), option,
+                            dict(defaults or {}))
     except csv.Error as e:  # a field beyond csv's limit (128 KiB), a NUL byte, a stray quote
         raise OptionError(option, f"{p.name}: not a readable CSV file ({e})") from None
 
 
-def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
+def _config_rows(p: Path, reader: Any, option: str, defaults: dict[str, int]) -> list[dict[str, Any]]:
     header = next(reader, None)
     if not header:
         raise OptionError(option, f"{p.name}: empty, expected a header row "
@@ -173,7 +183,7 @@ def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise OptionError(option, f"{p.name}: column {dup[0]!r} appears twice")
-    missing = [n for n in REQUIRED if n not in names]
+    missing = [n for n in REQUIRED if n not in names and n not in defaults]
     if missing:
         raise OptionError(option, f"{p.name}: missing column {missing[0]!r} (columns: "
                                      f"{', '.join(REQUIRED)})")
@@ -184,7 +194,10 @@ def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
                                          f"{len(names)} columns")
         row: dict[str, Any] = {}
         for n, v in zip(names, values, strict=True):
-            row[n] = _value(p.name, i, n, v.strip(), option)
+            row[n] = _value(p.name, i, n, v.strip(), option, optional=n in defaults)
+        for n, v in defaults.items():
+            if row.get(n) is None:
+                row[n] = v
         if row.get("gpus") is not None and row["gpus"] != row["tp"] * row["pp"] * row["dp"]:
             raise OptionError(option, f"{p.name}, line {i}: gpus {row['gpus']} is not tp x pp x dp "
                                       f"({row['tp']} x {row['pp']} x {row['dp']})")
@@ -200,8 +213,9 @@ def _config_rows(p: Path, reader: Any, option: str) -> list[dict[str, Any]]:
 _PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 
-def _value(where: str, line: int, column: str, text: str, option: str = "configs") -> int | float | None:
-    if column in OPTIONAL and text == "":
+def _value(where: str, line: int, column: str, text: str, option: str = "configs", *,
+           optional: bool = False) -> int | float | None:
+    if (optional or column in OPTIONAL) and text == "":
         return None
     if not _PLAIN_NUMBER.fullmatch(text):
         # float() also reads Arabic-Indic and full-width digits and "1_000": a CSV number is ASCII
