@@ -335,6 +335,8 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
               "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--arch", "llama", "--tp", "2"], "--ffn-hidden", "int", 60))
     t.append((pr + ["--gradient-accumulation-fusion"], "--dtype", "name", 60))
+    # Megatron-Core's overlapped gradient sync: its buckets follow dp
+    t.append((pr + ["--overlap-grad-reduce", "--use-distributed-optimizer"], "--dp", "int", 60))
     # a published model by name (its shape under the options given beside it)
     t.append((pr, "--model", "name", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "8",

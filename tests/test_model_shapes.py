@@ -126,7 +126,7 @@ def test_a_sweep_takes_its_models_shape_where_rows_leave_it_out(tmp_path) -> Non
 
 
 def test_a_layout_sweep_and_a_script_refuse_a_model(tmp_path) -> None:
-    res = runner.invoke(app, ["sweep", "fixtures/ddp_gloo_2rank", "--dp", "2", "--model", "llama2-7b",
+    res = runner.invoke(app, ["sweep", "fixtures/jobs/ddp-dp4", "--dp", "2", "--model", "llama2-7b",
                               "-o", str(tmp_path / "s")])
     assert res.exit_code == 2 and "--model only applies with --configs" in res.output, res.output
     res = runner.invoke(app, ["trace", "--script", "x.py:build", "--model", "llama2-7b", "-o", str(tmp_path / "j")])

@@ -61,6 +61,12 @@ GradSyncOpt = typer.Option(
     help="How the gradients are reduced over the data-parallel ranks: after-backward (Megatron's local DDP: "
          "one all-reduce of the gradient buffer after the backward; the default) or overlap (PyTorch DDP, "
          "Megatron's --DDP-impl torch: 25 MB buckets all-reduced during the last micro-batch's backward).")
+OVERLAP_GRAD_REDUCE = "--overlap-grad-reduce"
+OverlapGradReduceOpt = typer.Option(
+    False, OVERLAP_GRAD_REDUCE,
+    help="Megatron-Core's overlapped gradient sync (its flag): buckets of max(40M, 1M x dp) parameters, each "
+         "all-reduced (reduce-scattered with --use-distributed-optimizer) as the last micro-batch's backward "
+         "fills it; --grad-sync overlap with Megatron-Core's buckets instead of PyTorch DDP's 25 MB.")
 PARTITION_ACTIVATIONS = "--partition-activations"
 PARTITION_ACTIVATIONS_HELP = ("With full recomputation, keep each layer's checkpointed input split over the TP "
                               "ranks and all-gather it before the layer runs again in the backward (DeepSpeed's "
@@ -173,7 +179,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
                       last_stage_layers: int = 0, no_reduce_scatter: bool = False, arch: str | None = None,
                       ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False,
-                      gradient_accumulation_fusion: bool = False) -> dict[str, Any]:
+                      gradient_accumulation_fusion: bool = False,
+                      overlap_grad_reduce: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -188,6 +195,9 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
 
     if grad_sync is not None and grad_sync not in GRAD_SYNCS:
         raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")
+    if overlap_grad_reduce and grad_sync is not None:
+        raise OptionError("grad_sync", f"{OVERLAP_GRAD_REDUCE} is the overlapped sync in Megatron-Core's "
+                                       "buckets; give it or --grad-sync, not both")
     if pipeline_engine is not None and pipeline_engine not in PIPELINE_ENGINES:
         raise OptionError("pipeline_engine", f"{pipeline_engine!r} is not one of {', '.join(PIPELINE_ENGINES)}")
     if no_reduce_scatter and not distributed_optimizer:
@@ -208,6 +218,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "grad_reduce_scatter": not no_reduce_scatter,
             "arch": arch or ARCHS[0], "ffn_hidden": ffn_hidden, "kv_heads": kv_heads,
             "flash_attention": flash_attention, "gradient_accumulation_fusion": gradient_accumulation_fusion,
+            "overlap_grad_reduce": overlap_grad_reduce,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -230,7 +241,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (FFN_HIDDEN, bool(settings["ffn_hidden"])),
              (KV_HEADS, bool(settings["kv_heads"])),
              (FLASH_ATTN, settings["flash_attention"]),
-             (GRAD_ACC_FUSION, settings["gradient_accumulation_fusion"]))
+             (GRAD_ACC_FUSION, settings["gradient_accumulation_fusion"]),
+             (OVERLAP_GRAD_REDUCE, settings["overlap_grad_reduce"]))
     return next((flag for flag, on in given if on), None)
 
 

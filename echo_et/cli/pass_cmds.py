@@ -28,6 +28,7 @@ from echo_et.cli.common import (
     ModelOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
+    OverlapGradReduceOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
@@ -250,6 +251,7 @@ def sweep(
     kv_heads: int = KvHeadsOpt,
     flash_attention: bool = FlashAttnOpt,
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
+    overlap_grad_reduce: bool = OverlapGradReduceOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -264,7 +266,8 @@ def sweep(
                                  last_stage_layers=last_stage_layers, no_reduce_scatter=no_reduce_scatter,
                                  arch=shape.get("arch"), ffn_hidden=shape.get("ffn_hidden", 0),
                                  kv_heads=shape.get("kv_heads", 0), flash_attention=flash_attention,
-                                 gradient_accumulation_fusion=gradient_accumulation_fusion)
+                                 gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                 overlap_grad_reduce=overlap_grad_reduce)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

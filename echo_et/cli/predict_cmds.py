@@ -30,6 +30,7 @@ from echo_et.cli.common import (
     ModelOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
+    OverlapGradReduceOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
@@ -73,6 +74,7 @@ def predict_cmd(
     kv_heads: int = KvHeadsOpt,
     flash_attention: bool = FlashAttnOpt,
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
+    overlap_grad_reduce: bool = OverlapGradReduceOpt,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
@@ -158,7 +160,8 @@ def predict_cmd(
                                                   no_reduce_scatter=no_reduce_scatter, arch=arch,
                                                   ffn_hidden=ffn_hidden, kv_heads=kv_heads,
                                                   flash_attention=flash_attention,
-                                                  gradient_accumulation_fusion=gradient_accumulation_fusion))
+                                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                                  overlap_grad_reduce=overlap_grad_reduce))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

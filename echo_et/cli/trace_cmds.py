@@ -24,6 +24,7 @@ from echo_et.cli.common import (
     LAST_STAGE_LAYERS,
     MODEL,
     NO_REDUCE_SCATTER,
+    OVERLAP_GRAD_REDUCE,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
     SEQUENCE_PARALLEL_HELP,
@@ -38,12 +39,15 @@ from echo_et.cli.common import (
     LastStageLayersOpt,
     ModelOpt,
     NoReduceScatterOpt,
+    OverlapGradReduceOpt,
     RecomputeGranularityOpt,
     emit_json,
     guarded,
     model_fields,
     recompute_setting,
 )
+
+BUCKET_MB = 25.0   # PyTorch DDP's bucket_cap_mb
 
 
 def register(app: typer.Typer) -> None:
@@ -105,11 +109,12 @@ def trace(
     kv_heads: int = KvHeadsOpt,
     flash_attention: bool = FlashAttnOpt,
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
+    overlap_grad_reduce: bool = OverlapGradReduceOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="Sequences per step: micro-batches = N / (micro-batch x dp)."),
-    bucket_mb: float = typer.Option(25.0, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
+    bucket_mb: float = typer.Option(BUCKET_MB, "--bucket-mb", help="GPT: gradient bucket size (MiB)."),
     microbatches: int | None = typer.Option(None, "--microbatches", metavar="N",
                                             help="Micro-batches per step (default 1, or from --global-batch)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
@@ -153,7 +158,7 @@ def trace(
     from echo_et.trace.tracer import TraceOptions
     from echo_et.trace.tracer import trace as run_trace
     from echo_et.workloads import GPTConfig, Workload
-    from echo_et.workloads.gpt_config import microbatches_for
+    from echo_et.workloads.gpt_config import megatron_core_bucket_mb, microbatches_for
 
     if jobs < 0:
         raise EchoError(f"--jobs {jobs}: give a number of processes, or 0 for one per CPU")
@@ -182,7 +187,7 @@ def trace(
                             (NO_REDUCE_SCATTER, no_reduce_scatter),
                             (ARCH, arch is not None), (FFN_HIDDEN, bool(ffn_hidden)), (KV_HEADS, bool(kv_heads)),
                             (FLASH_ATTN, flash_attention), (GRAD_ACC_FUSION, gradient_accumulation_fusion),
-                            (MODEL, model is not None),
+                            (MODEL, model is not None), (OVERLAP_GRAD_REDUCE, overlap_grad_reduce),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -212,6 +217,12 @@ def trace(
                                 ("flash_attention", flash_attention or None),
                                 ("gradient_accumulation_fusion", gradient_accumulation_fusion or None))
               if v is not None}
+        if overlap_grad_reduce:
+            if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
+                raise EchoError(f"{OVERLAP_GRAD_REDUCE} is Megatron-Core's overlapped sync in its own buckets: "
+                                "megatron-gpt, without --grad-sync or --bucket-mb")
+            kw["grad_sync"] = "overlap"
+            kw["bucket_mb"] = megatron_core_bucket_mb(dp, dtype or GPTConfig.megatron().dtype)
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
@@ -220,7 +231,8 @@ def trace(
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         recompute, granularity = recompute_setting(recompute, recompute_granularity)
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
-                   bucket_mb=bucket_mb, recompute=recompute, recompute_granularity=granularity, **kw)
+                   bucket_mb=kw.pop("bucket_mb", bucket_mb), recompute=recompute,
+                   recompute_granularity=granularity, **kw)
         wl = Workload(gpt=cfg)
         attrs = {"workload": workload, **cfg.to_json()}
     wl.validate(layout, device)
@@ -236,7 +248,7 @@ def trace(
     parts = ["--script", attrs["script"]] if script is not None else [
         "--workload", workload, "--layers", layers, "--hidden", hidden, "--heads", heads,
         "--seq", seq, "--micro-batch", micro_batch, "--vocab", cfg.vocab, "--dtype", cfg.dtype,
-        "--bucket-mb", bucket_mb, "--grad-sync", cfg.grad_sync] + (
+        "--bucket-mb", cfg.bucket_mb, "--grad-sync", cfg.grad_sync] + (
             ["--recompute", "--recompute-granularity", cfg.recompute_granularity] if cfg.recompute else [])
     if script is None and cfg.scatter_gather_tensors_in_pipeline != (workload == "megatron-gpt"):
         parts.append("--scatter-gather-tensors-in-pipeline" if cfg.scatter_gather_tensors_in_pipeline

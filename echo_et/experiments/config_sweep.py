@@ -127,6 +127,9 @@ class ConfigSweepOptions:
     flash_attention: bool = False
     # Megatron-LM's --gradient-accumulation-fusion (GPTConfig.gradient_accumulation_fusion)
     gradient_accumulation_fusion: bool = False
+    # Megatron-Core's --overlap-grad-reduce: the gradient sync overlapped with the backward, in
+    # its buckets of max(40M, 1M x dp) parameters (gpt_config.megatron_core_bucket_mb)
+    overlap_grad_reduce: bool = False
     # the named model whose shape fills the rows' missing columns (workloads.model_shapes;
     # "": none); recorded, so that a sweep resumed under another model is another sweep
     model: str = ""
@@ -262,18 +265,22 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     divide)."""
     from echo_et.experiments.memory_check import check_memory
     from echo_et.trace.layout import ParallelLayout
-    from echo_et.workloads.gpt_config import GPTConfig, microbatches_for
+    from echo_et.workloads.gpt_config import GPTConfig, megatron_core_bucket_mb, microbatches_for
 
     for k in REQUIRED:
         if int(row[k]) < 1:
             raise EchoError(f"{k} must be >= 1, got {row[k]}")
     extra = {"vocab": int(row["vocab"])} if row.get("vocab") else (
         {"vocab": opts.vocab} if opts.vocab else {})
+    grad_sync = opts.grad_sync
+    if opts.overlap_grad_reduce:
+        grad_sync = "overlap"
+        extra["bucket_mb"] = megatron_core_bucket_mb(int(row["dp"]), opts.dtype)
     cfg = GPTConfig.megatron(layers=int(row["layers"]), hidden=int(row["hidden"]),
                              heads=int(row["heads"]), seq=int(row["seq"]),
                              micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
                              recompute_granularity=opts.recompute_granularity,
-                             dtype=opts.dtype, grad_sync=opts.grad_sync,
+                             dtype=opts.dtype, grad_sync=grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              layers_per_virtual_stage=virtual_layers(row, opts),

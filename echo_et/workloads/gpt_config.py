@@ -452,7 +452,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "layers_per_virtual_stage": 0, "sync_timers": False, "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
-    "flash_attention": False, "gradient_accumulation_fusion": False,
+    "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
 }
 
 
@@ -464,6 +464,13 @@ def omit_record_defaults(record: dict[str, Any]) -> dict[str, Any]:
     if not record.get("recompute"):
         out.pop("recompute_granularity", None)
     return out
+
+
+def megatron_core_bucket_mb(dp: int, dtype: str) -> float:
+    """Megatron-Core's gradient bucket under ``--overlap-grad-reduce``, in MiB of parameters
+    of ``dtype``: max(40M, 1M x dp) parameters (its ``DistributedDataParallel``'s default
+    ``bucket_size``), filled in reverse parameter order and closed once it holds that many."""
+    return max(40_000_000, 1_000_000 * dp) * (dtype_size(dtype) or 4) / (1 << 20)
 
 
 def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:

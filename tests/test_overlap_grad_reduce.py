@@ -1,0 +1,98 @@
+"""Megatron-Core's ``--overlap-grad-reduce``: the data-parallel gradient sync overlapped with
+the last micro-batch's backward, in Megatron-Core's buckets of max(40M, 1M x dp) parameters
+(where ``--grad-sync overlap`` is PyTorch DDP's 25 MB), reduce-scattered with the distributed
+optimizer; on trace, predict and sweep --configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from echo_et.cli.main import app  # noqa: E402
+from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for  # noqa: E402
+from echo_et.ir import load_job  # noqa: E402
+from echo_et.trace.compare import ex_situ_comms  # noqa: E402
+from echo_et.workloads.gpt_config import megatron_core_bucket_mb  # noqa: E402
+
+runner = CliRunner()
+# 8 layers of hidden 1024 and GPT-2's vocabulary: 152M parameters, 3-4 of Megatron-Core's buckets
+SHAPE = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--seq", "64", "--dtype", "bfloat16"]
+
+
+def test_megatron_cores_bucket_is_40m_parameters_or_1m_per_data_parallel_rank() -> None:
+    assert megatron_core_bucket_mb(8, "bfloat16") == 40_000_000 * 2 / (1 << 20)
+    assert megatron_core_bucket_mb(40, "float16") == megatron_core_bucket_mb(1, "float16")
+    assert megatron_core_bucket_mb(64, "float32") == 64_000_000 * 4 / (1 << 20)
+
+
+def _buckets(tmp_path, dp: int) -> tuple[list[int], str]:
+    out = tmp_path / f"dp{dp}"
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE, "--overlap-grad-reduce", "--zero", "1",
+                              "--dp", str(dp), "--device", "meta", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    job = load_job(out)
+    calls = ex_situ_comms(job, 0)
+    scattered = [nbytes // 4 for kind, nbytes, group in calls if kind == "reduce_scatter"]   # fp32 elements
+    # reduced during the backward: every bucket's reduce-scatter before the optimizer's gathers
+    kinds = [kind for kind, _, group in calls if group == "dp" and kind != "all_reduce"]
+    assert kinds == ["reduce_scatter"] * len(scattered) + ["all_gather"] * len(scattered)
+    return scattered, job.manifest.provenance.command
+
+
+def test_the_trace_reduces_megatron_cores_buckets(tmp_path) -> None:
+    """Each bucket closes at the first parameter that takes it to max(40M, 1M x dp): at dp 2
+    every full bucket holds 40M-41M parameters (a layer's largest weight is 4M), at dp 64
+    64M-65M, so fewer buckets carry the same 152M gradients; the recorded command reruns it."""
+    small, command = _buckets(tmp_path, 2)
+    large, _ = _buckets(tmp_path, 64)
+    assert sum(small) == pytest.approx(sum(large), rel=1e-4) and sum(small) > 150_000_000
+    for sizes, cap in ((small, 40_000_000), (large, 64_000_000)):
+        full = [n for n in sizes if n >= cap]
+        assert full and all(n < cap + 4_200_000 or n == max(sizes) for n in full)
+    assert len(large) < len(small)
+    assert "--grad-sync overlap" in command and f"--bucket-mb {megatron_core_bucket_mb(2, 'bfloat16')}" in command
+
+
+def test_a_sweep_row_gets_the_bucket_of_its_data_parallel_size() -> None:
+    opts = ConfigSweepOptions(overlap_grad_reduce=True, dtype="bfloat16", use_distributed_optimizer=True)
+    row = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 1, "global_batch": 64, "tp": 1,
+           "pp": 1, "dp": 64}
+    cfg, _ = workload_for(row, opts)
+    assert cfg.grad_sync == "overlap" and cfg.bucket_mb == megatron_core_bucket_mb(64, "bfloat16")
+    assert "overlap_grad_reduce" in opts.to_json() and "overlap_grad_reduce" not in ConfigSweepOptions().to_json()
+
+
+def test_predict_overlaps_the_reduction_and_records_it(tmp_path) -> None:
+    dp8 = [*SHAPE, "--micro-batch", "2", "--global-batch", "32", "--dp", "8", "--use-distributed-optimizer",
+           "--gpu", "a100"]
+    runs = {}
+    for name, extra in (("after", []), ("overlap", ["--overlap-grad-reduce"])):
+        r = runner.invoke(app, ["predict", *dp8, *extra, "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["overlap"]["prediction"]["overlap_grad_reduce"] is True
+    assert "overlap_grad_reduce" not in runs["after"]["prediction"]
+    exposed = {k: v["ranks"]["0"]["exposed_comm_ns"] for k, v in runs.items()}
+    assert exposed["overlap"] < exposed["after"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--global-batch", "2", "--overlap-grad-reduce",
+      "--grad-sync", "after-backward"], "--grad-sync: --overlap-grad-reduce is the overlapped sync in Megatron-Core's"),
+    (["trace", "--workload", "gpt", "--overlap-grad-reduce"], "--overlap-grad-reduce is Megatron-Core's overlapped"),
+    (["trace", "--workload", "megatron-gpt", "--overlap-grad-reduce", "--bucket-mb", "10"],
+     "without --grad-sync or --bucket-mb"),
+    (["trace", "--script", "x.py:build", "--overlap-grad-reduce"], "--overlap-grad-reduce applies to the built-in"),
+    (["sweep", "fixtures/jobs/ddp-dp4", "--dp", "2", "--overlap-grad-reduce"],
+     "--overlap-grad-reduce only applies with --configs"),
+])
+def test_what_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> None:
+    res = runner.invoke(app, [*args, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert message in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "out").exists()
