@@ -337,6 +337,8 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--gradient-accumulation-fusion"], "--dtype", "name", 60))
     # Megatron-Core's overlapped gradient sync: its buckets follow dp
     t.append((pr + ["--overlap-grad-reduce", "--use-distributed-optimizer"], "--dp", "int", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1",
+                    "--microbatches", "2"], "--dp", "int", 60))
     # a published model by name (its shape under the options given beside it)
     t.append((pr, "--model", "name", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "8",

@@ -107,7 +107,7 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
 
 
 def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,
-                  out: str) -> None:
+                  out: str, gather_in_forward: bool = False) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -125,13 +125,17 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
         model = torch.nn.Sequential(torch.nn.Linear(12, 7), torch.nn.GELU(), torch.nn.Linear(7, 3))
         sync = GradientSync(list(model.parameters()), dist.group.WORLD, zero=zero, bucket_bytes=256,
                             optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-2), overlap=overlap,
-                            reduce_scatter=reduce_scatter)
+                            reduce_scatter=reduce_scatter, gather_in_forward=[model] if gather_in_forward else None)
         gen = torch.Generator().manual_seed(100 + rank)      # each rank its own data
         for mb in range(2):
             if mb == 1:
                 sync.arm()
             model(torch.randn(5, 12, generator=gen)).square().sum().backward()
         sync.finish_and_step()
+        if gather_in_forward:   # the next step's forward gathers what the optimizer updated
+            torch.save([p.detach().clone() for p in model.parameters()], f"{out}/rank{rank}-before.pt")
+            sync.start_step()
+            model(torch.randn(1, 12, generator=gen))
         torch.save([p.detach().clone() for p in model.parameters()], f"{out}/rank{rank}.pt")
         # no rank tears its connections down while the other still reads from them (gloo
         # aborts the process that loses a peer mid-transfer)
@@ -141,12 +145,14 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
 
 
 def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overlap: bool = False,
-               world: int = 2) -> list:
+               world: int = 2, gather_in_forward: bool = False) -> list:
     """The weights every rank holds after one step of a small model on ``world`` data-parallel
-    gloo processes (each its own data) under :class:`GradientSync`: one list per rank."""
+    gloo processes (each its own data) under :class:`GradientSync`: one list per rank (with
+    ``gather_in_forward``, after the next step's first forward; what they held before it is
+    saved beside as ``rank{r}-before.pt`` in the run's folder, ``dp-z1-rs1-ov1-g1``)."""
     from echo_et.trace.insitu import free_port
 
-    out = tmp_path / f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}"
+    out = tmp_path / f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}-g{int(gather_in_forward)}"
     out.mkdir()
-    _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out)), world)
+    _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out), gather_in_forward), world)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]

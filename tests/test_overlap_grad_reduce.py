@@ -1,7 +1,9 @@
-"""Megatron-Core's ``--overlap-grad-reduce``: the data-parallel gradient sync overlapped with
-the last micro-batch's backward, in Megatron-Core's buckets of max(40M, 1M x dp) parameters
-(where ``--grad-sync overlap`` is PyTorch DDP's 25 MB), reduce-scattered with the distributed
-optimizer; on trace, predict and sweep --configs."""
+"""Megatron-Core's overlapped data-parallel sync. ``--overlap-grad-reduce``: the gradient sync
+overlapped with the last micro-batch's backward, in Megatron-Core's buckets of max(40M, 1M x
+dp) parameters (where ``--grad-sync overlap`` is PyTorch DDP's 25 MB), reduce-scattered with
+the distributed optimizer. ``--overlap-param-gather``: the distributed optimizer's all-gathers
+of the updated weights during the next step's forward, one bucket ahead of the layers. On
+trace, predict and sweep --configs."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install 'echo-et[trace]')")
 
+from gpt_real_runs import dp_weights  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from echo_et.cli.main import app  # noqa: E402
 from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for  # noqa: E402
 from echo_et.ir import load_job  # noqa: E402
+from echo_et.ir.schema import pb  # noqa: E402
 from echo_et.trace.compare import ex_situ_comms  # noqa: E402
 from echo_et.workloads.gpt_config import megatron_core_bucket_mb  # noqa: E402
 
@@ -92,6 +96,74 @@ def test_predict_overlaps_the_reduction_and_records_it(tmp_path) -> None:
      "--overlap-grad-reduce only applies with --configs"),
 ])
 def test_what_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> None:
+    res = runner.invoke(app, [*args, "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert message in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "out").exists()
+
+
+# -- the weights gathered in the next forward (--overlap-param-gather) ------------------------------
+def test_the_next_forward_gathers_what_the_optimizer_updated(tmp_path) -> None:
+    """Two gloo ranks with ZeRO 1: after the optimizer each rank holds only its own shard
+    updated; the next step's first forward gathers the rest, and the weights are then those
+    the all-gather after the optimizer gives."""
+    after_step = dp_weights(tmp_path, zero=1, overlap=True)
+    in_forward = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True)
+    before = [torch.load(tmp_path / "dp-z1-rs1-ov1-g1" / f"rank{r}-before.pt") for r in range(2)]
+    for r in range(2):
+        assert any(not torch.equal(a, b) for a, b in zip(before[r], after_step[r], strict=True))
+        for a, b in zip(in_forward[r], after_step[r], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_trace_gathers_in_the_first_forward(tmp_path) -> None:
+    out = tmp_path / "job"
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE, "--overlap-grad-reduce",
+                              "--overlap-param-gather", "--zero", "1", "--dp", "2", "--microbatches", "2",
+                              "--device", "meta", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    job = load_job(out)
+    assert "--overlap-param-gather" in job.manifest.provenance.command
+    graph = job.graph(job.manifest.bindings[0].graph)
+    colls = [n for n in graph.nodes if n.kind == pb.KIND_COLLECTIVE and n.collective.type != pb.COLL_ALL_REDUCE]
+    gathers = [n for n in colls if n.collective.type == pb.COLL_ALL_GATHER]
+    scatters = [n for n in colls if n.collective.type == pb.COLL_REDUCE_SCATTER]
+    # every bucket's weights gathered once, in the first micro-batch's forward, before any
+    # gradient is reduced; nothing gathered after the optimizer
+    assert len(gathers) == len(scatters) > 2
+    assert {(n.annotations.phase, n.annotations.microbatch) for n in gathers} == {("forward", 0)}
+    assert max(n.id for n in gathers) < min(n.id for n in scatters)
+    assert sorted(n.collective.out_bytes for n in gathers) == sorted(n.collective.in_bytes // 2 for n in scatters)
+    # re-staging does not regenerate the waits inside the first forward's layers: refused
+    res = runner.invoke(app, ["scale", str(out), "--pp", "2", "-o", str(tmp_path / "restaged")])
+    assert res.exit_code == 2 and "re-staging does not regenerate" in res.output, res.output
+
+
+def test_predict_hides_the_gathers_behind_the_forward(tmp_path) -> None:
+    dp8 = [*SHAPE[:-4], "--seq", "1024", "--dtype", "bfloat16", "--micro-batch", "2", "--global-batch", "64",
+           "--dp", "8", "--use-distributed-optimizer", "--overlap-grad-reduce", "--gpu", "a100",
+           "--gpus-per-node", "4", "--inter-bw", "200Gb/s/node"]
+    runs = {}
+    for name, extra in (("after", []), ("forward", ["--overlap-param-gather"])):
+        r = runner.invoke(app, ["predict", *dp8, *extra, "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert runs["forward"]["prediction"]["overlap_param_gather"] is True
+    rank = {k: v["ranks"]["0"] for k, v in runs.items()}
+    assert rank["forward"]["comm_ns"] == rank["after"]["comm_ns"]          # the same calls, moved
+    assert rank["forward"]["exposed_comm_ns"] < rank["after"]["exposed_comm_ns"]
+    assert runs["forward"]["step_time_ns"] < runs["after"]["step_time_ns"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--global-batch", "2", "--dp", "2",
+      "--overlap-param-gather", "--overlap-grad-reduce"],
+     "--overlap-param-gather: the weights' all-gathers belong to --use-distributed-optimizer"),
+    (["trace", "--workload", "megatron-gpt", "--overlap-param-gather", "--grad-sync", "overlap", "--dp", "2"],
+     "need Megatron's distributed optimizer (ZeRO stage 1) and its gradient sync overlapped"),
+    (["trace", "--script", "x.py:build", "--overlap-param-gather"], "--overlap-param-gather applies to the built-in"),
+])
+def test_a_gather_that_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> None:
     res = runner.invoke(app, [*args, "-o", str(tmp_path / "out")])
     assert res.exit_code == 2
     assert message in res.output and len(res.output.strip().splitlines()) == 1, res.output

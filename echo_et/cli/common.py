@@ -67,6 +67,12 @@ OverlapGradReduceOpt = typer.Option(
     help="Megatron-Core's overlapped gradient sync (its flag): buckets of max(40M, 1M x dp) parameters, each "
          "all-reduced (reduce-scattered with --use-distributed-optimizer) as the last micro-batch's backward "
          "fills it; --grad-sync overlap with Megatron-Core's buckets instead of PyTorch DDP's 25 MB.")
+OVERLAP_PARAM_GATHER = "--overlap-param-gather"
+OverlapParamGatherOpt = typer.Option(
+    False, OVERLAP_PARAM_GATHER,
+    help="Megatron-Core's flag: the distributed optimizer's all-gathers of the updated weights run during the "
+         "next step's forward, one bucket ahead of the layers that need them, instead of after the optimizer "
+         "(needs --use-distributed-optimizer and --overlap-grad-reduce; trace: --zero 1).")
 PARTITION_ACTIVATIONS = "--partition-activations"
 PARTITION_ACTIVATIONS_HELP = ("With full recomputation, keep each layer's checkpointed input split over the TP "
                               "ranks and all-gather it before the layer runs again in the backward (DeepSpeed's "
@@ -180,7 +186,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       last_stage_layers: int = 0, no_reduce_scatter: bool = False, arch: str | None = None,
                       ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False,
                       gradient_accumulation_fusion: bool = False,
-                      overlap_grad_reduce: bool = False) -> dict[str, Any]:
+                      overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -200,6 +206,10 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                                        "buckets; give it or --grad-sync, not both")
     if pipeline_engine is not None and pipeline_engine not in PIPELINE_ENGINES:
         raise OptionError("pipeline_engine", f"{pipeline_engine!r} is not one of {', '.join(PIPELINE_ENGINES)}")
+    if overlap_param_gather and not (distributed_optimizer and overlap_grad_reduce):
+        raise OptionError("overlap_param_gather", f"the weights' all-gathers belong to {DIST_OPT} and overlap "
+                                                  f"with the forward as Megatron-Core runs them with "
+                                                  f"{OVERLAP_GRAD_REDUCE}; give both")
     if no_reduce_scatter and not distributed_optimizer:
         raise OptionError("no_reduce_scatter", f"{NO_REDUCE_SCATTER} changes how {DIST_OPT} reduces the gradients; "
                                                f"give {DIST_OPT} too")
@@ -218,7 +228,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "grad_reduce_scatter": not no_reduce_scatter,
             "arch": arch or ARCHS[0], "ffn_hidden": ffn_hidden, "kv_heads": kv_heads,
             "flash_attention": flash_attention, "gradient_accumulation_fusion": gradient_accumulation_fusion,
-            "overlap_grad_reduce": overlap_grad_reduce,
+            "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -242,7 +252,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (KV_HEADS, bool(settings["kv_heads"])),
              (FLASH_ATTN, settings["flash_attention"]),
              (GRAD_ACC_FUSION, settings["gradient_accumulation_fusion"]),
-             (OVERLAP_GRAD_REDUCE, settings["overlap_grad_reduce"]))
+             (OVERLAP_GRAD_REDUCE, settings["overlap_grad_reduce"]),
+             (OVERLAP_PARAM_GATHER, settings["overlap_param_gather"]))
     return next((flag for flag, on in given if on), None)
 
 

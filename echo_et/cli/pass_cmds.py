@@ -29,6 +29,7 @@ from echo_et.cli.common import (
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     OverlapGradReduceOpt,
+    OverlapParamGatherOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
@@ -252,6 +253,7 @@ def sweep(
     flash_attention: bool = FlashAttnOpt,
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
     overlap_grad_reduce: bool = OverlapGradReduceOpt,
+    overlap_param_gather: bool = OverlapParamGatherOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -267,7 +269,8 @@ def sweep(
                                  arch=shape.get("arch"), ffn_hidden=shape.get("ffn_hidden", 0),
                                  kv_heads=shape.get("kv_heads", 0), flash_attention=flash_attention,
                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
-                                 overlap_grad_reduce=overlap_grad_reduce)
+                                 overlap_grad_reduce=overlap_grad_reduce,
+                                 overlap_param_gather=overlap_param_gather)
     if configs is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

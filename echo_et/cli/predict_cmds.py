@@ -31,6 +31,7 @@ from echo_et.cli.common import (
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     OverlapGradReduceOpt,
+    OverlapParamGatherOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
@@ -75,6 +76,7 @@ def predict_cmd(
     flash_attention: bool = FlashAttnOpt,
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
     overlap_grad_reduce: bool = OverlapGradReduceOpt,
+    overlap_param_gather: bool = OverlapParamGatherOpt,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
@@ -161,7 +163,8 @@ def predict_cmd(
                                                   ffn_hidden=ffn_hidden, kv_heads=kv_heads,
                                                   flash_attention=flash_attention,
                                                   gradient_accumulation_fusion=gradient_accumulation_fusion,
-                                                  overlap_grad_reduce=overlap_grad_reduce))
+                                                  overlap_grad_reduce=overlap_grad_reduce,
+                                                  overlap_param_gather=overlap_param_gather))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

@@ -25,6 +25,7 @@ from echo_et.cli.common import (
     MODEL,
     NO_REDUCE_SCATTER,
     OVERLAP_GRAD_REDUCE,
+    OVERLAP_PARAM_GATHER,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
     SEQUENCE_PARALLEL_HELP,
@@ -40,6 +41,7 @@ from echo_et.cli.common import (
     ModelOpt,
     NoReduceScatterOpt,
     OverlapGradReduceOpt,
+    OverlapParamGatherOpt,
     RecomputeGranularityOpt,
     emit_json,
     guarded,
@@ -110,6 +112,7 @@ def trace(
     flash_attention: bool = FlashAttnOpt,
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
     overlap_grad_reduce: bool = OverlapGradReduceOpt,
+    overlap_param_gather: bool = OverlapParamGatherOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
@@ -188,6 +191,7 @@ def trace(
                             (ARCH, arch is not None), (FFN_HIDDEN, bool(ffn_hidden)), (KV_HEADS, bool(kv_heads)),
                             (FLASH_ATTN, flash_attention), (GRAD_ACC_FUSION, gradient_accumulation_fusion),
                             (MODEL, model is not None), (OVERLAP_GRAD_REDUCE, overlap_grad_reduce),
+                            (OVERLAP_PARAM_GATHER, overlap_param_gather),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -215,7 +219,8 @@ def trace(
                                 ("grad_reduce_scatter", False if no_reduce_scatter else None),
                                 ("arch", arch), ("ffn_hidden", ffn_hidden or None), ("kv_heads", kv_heads or None),
                                 ("flash_attention", flash_attention or None),
-                                ("gradient_accumulation_fusion", gradient_accumulation_fusion or None))
+                                ("gradient_accumulation_fusion", gradient_accumulation_fusion or None),
+                                ("overlap_param_gather", overlap_param_gather or None))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -283,6 +288,8 @@ def trace(
         parts.append(FLASH_ATTN)
     if script is None and cfg.gradient_accumulation_fusion:
         parts.append(GRAD_ACC_FUSION)
+    if script is None and cfg.overlap_param_gather:
+        parts.append(OVERLAP_PARAM_GATHER)
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -130,6 +130,8 @@ class ConfigSweepOptions:
     # Megatron-Core's --overlap-grad-reduce: the gradient sync overlapped with the backward, in
     # its buckets of max(40M, 1M x dp) parameters (gpt_config.megatron_core_bucket_mb)
     overlap_grad_reduce: bool = False
+    # Megatron-Core's --overlap-param-gather (GPTConfig.overlap_param_gather)
+    overlap_param_gather: bool = False
     # the named model whose shape fills the rows' missing columns (workloads.model_shapes;
     # "": none); recorded, so that a sweep resumed under another model is another sweep
     model: str = ""
@@ -291,6 +293,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                                         strict=True)),
                              arch=opts.arch, flash_attention=opts.flash_attention,
                              gradient_accumulation_fusion=opts.gradient_accumulation_fusion,
+                             overlap_param_gather=opts.overlap_param_gather,
                              ffn_hidden=_row_or(row, "ffn_hidden", opts.ffn_hidden),
                              kv_heads=_row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))

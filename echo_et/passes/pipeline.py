@@ -182,8 +182,15 @@ def _refuse_other_schedules(job: Job) -> None:
     """A Job traced with the interleaved schedule has each stage's layers in several chunks,
     not the contiguous stage this pass reads; one traced with uneven stages would come out
     even; one traced under DeepSpeed's pipeline engine
-    moves its tensors in calls this pass does not regenerate (its 1F1B is Megatron-LM's)."""
+    moves its tensors in calls this pass does not regenerate (its 1F1B is Megatron-LM's); one
+    traced with the weights' all-gathers in the forward (Megatron-Core's overlapped param
+    gather) waits for them inside its first micro-batch's layers, which this pass does not
+    regenerate either."""
     workload = traced_workload(job.manifest)
+    if workload.get("overlap_param_gather"):
+        raise EchoError(f"{job.source or 'job'}: traced with the weights' all-gathers overlapped with the "
+                        "forward, which re-staging does not regenerate; re-trace it at the new pipeline "
+                        "depth instead")
     virtual = workload.get("layers_per_virtual_stage")
     engine = workload.get("pipeline_engine")
     if virtual:

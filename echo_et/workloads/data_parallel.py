@@ -30,6 +30,15 @@ micro-batch's backward a hook adds the parameter's 16-bit gradient into its ``ma
 and drops it, as Megatron's local DDP does, so the data-parallel reduction moves fp32
 bytes. :func:`grad_of` is where a reader finds a parameter's accumulated gradient.
 
+With ``gather_in_forward`` (ZeRO stage 1 only; Megatron-Core's ``--overlap-param-gather``) the
+updated parameters are not all-gathered after the optimizer: the next step gathers them
+while its forward runs. :meth:`GradientSync.start_step` (Megatron's ``zero_grad``) issues the
+all-gather of the bucket the forward uses first; a forward pre-hook on each module that owns
+parameters waits for its buckets' all-gathers the first time it runs in the step and issues
+the next bucket's, so one all-gather is in flight ahead of the layers that need it (Megatron
+keeps one in flight too, so that its all-gathers do not block the compute kernels queued
+behind them on one device connection).
+
 With ``flatten`` (DeepSpeed's engine without ZeRO: ``buffered_allreduce_fallback``) the
 gradients are not reduced in place: each run of parameters holding more than
 :data:`DEEPSPEED_BUCKET_ELEMENTS` is concatenated into a new flat tensor, all-reduced,
@@ -81,6 +90,8 @@ class _Bucket:
         self.grad = torch.zeros(self.padded, device=device, dtype=dtype)
         self.pending = len(params)
         self.work = None
+        self.gather = None        # the all-gather of the updated parameters, in flight
+        self.gathered = True      # this step's forward has them
 
 
 def _fill(params, bucket_bytes: int) -> list[list[nn.Parameter]]:
@@ -105,7 +116,7 @@ class GradientSync:
     def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
                  optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
                  buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
-                 reduce_scatter: bool = True):
+                 reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None):
         self.group = group
         self.reduce_scatter = reduce_scatter
         self.flatten = flatten and not zero
@@ -152,6 +163,15 @@ class GradientSync:
             self.optimizer = optimizer_factory(shard)
         else:
             self.optimizer = optimizer_factory(params)
+        # the buckets in the order the forward uses them (the gradients fill them in reverse)
+        self._gather_order: list[_Bucket] = []
+        self._gathered = 0
+        if gather_in_forward is not None and zero and self.dp > 1:
+            self._gather_order = list(reversed(self.buckets))
+            for module in (m for root in gather_in_forward for m in root.modules()):
+                own = [self._bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in self._bucket_of]
+                if own:
+                    module.register_forward_pre_hook(self._pre_forward(own))
 
     def _shard_param(self, b: _Bucket) -> nn.Parameter:
         k = b.padded // self.dp
@@ -252,9 +272,42 @@ class GradientSync:
                 all_reduce_flattened(bucket, self.group, scale=1.0 / self.dp)
                 bucket, numel = [], 0
 
+    def start_step(self) -> None:
+        """The step's start (Megatron's ``zero_grad``): with the gather in the forward, issue
+        the all-gather of the bucket the forward uses first."""
+        if not self._gather_order:
+            return
+        for b in self.buckets:
+            b.gathered = False
+        self._gathered = 0
+        self._issue_gather()
+
+    def _issue_gather(self) -> None:
+        if self._gathered < len(self._gather_order):
+            b = self._gather_order[self._gathered]
+            self._gathered += 1
+            k = b.padded // self.dp
+            with comm_span(self.group):
+                b.gather = _all_gather(b.param_flat, b.param_flat[self.rank * k:(self.rank + 1) * k],
+                                       group=self.group, async_op=True)
+
+    def _pre_forward(self, buckets: list[_Bucket]):
+        def hook(module, args) -> None:
+            for b in buckets:
+                if b.gathered:
+                    continue
+                while b.gather is None and self._gathered < len(self._gather_order):
+                    self._issue_gather()       # a bucket used out of order: issued now
+                if b.gather is not None:
+                    with comm_span(self.group):
+                        b.gather.wait()
+                b.gather, b.gathered = None, True
+                self._issue_gather()           # the next bucket's, while these layers run
+        return hook
+
     def _step(self) -> None:
         self.optimizer.step()
-        if self.zero and self.dp > 1:
+        if self.zero and self.dp > 1 and not self._gather_order:
             for b in self.buckets:
                 k = b.padded // self.dp
                 shard = b.param_flat[self.rank * k:(self.rank + 1) * k]

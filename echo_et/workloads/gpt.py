@@ -130,6 +130,7 @@ class _GPTRank:
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
             buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
             flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
+            gather_in_forward=self.models if cfg.overlap_param_gather else None,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
@@ -156,7 +157,8 @@ class _GPTRank:
 
         # A micro-batch's forward (and backward) is the same work for every micro-batch: a
         # meta-device trace records the first and copies it (:mod:`echo_et.trace.units`).
-        key = self._key(("gpt-forward", self._replay_ok(mb), inp is None), chunk)
+        key = self._key(("gpt-forward", self._replay_ok(mb), inp is None)
+                        + (("gathers",) if self._gathers(mb) else ()), chunk)
         out, replayed = repeat_region(key, lambda: self._run_forward(mb, inp, chunk), mb=mb)
         if replayed:
             self._replayed.add((mb, chunk))
@@ -256,8 +258,13 @@ class _GPTRank:
 
     def _replay_ok(self, mb: int) -> bool:
         """Layers may be recorded once unless an overlapped gradient sync watches their
-        gradients (the last micro-batch's backward)."""
-        return not (self.sync.overlap and mb == self.ctx.layout.microbatches - 1)
+        gradients (the last micro-batch's backward) or the first forward waits for their
+        weights' all-gathers (the first micro-batch's, with the gather in the forward)."""
+        return not ((self.sync.overlap and mb == self.ctx.layout.microbatches - 1) or self._gathers(mb))
+
+    def _gathers(self, mb: int) -> bool:
+        """Whether micro-batch ``mb``'s forward waits for the weights' all-gathers."""
+        return self.cfg.overlap_param_gather and mb == 0
 
     def _backward(self, mb: int, inp, out, out_grad, chunk: int = 0):
         from echo_et.trace.units import repeat_region
@@ -322,6 +329,9 @@ class _GPTRank:
         if self.deepspeed:
             self._deepspeed_step()
             return
+        if self.cfg.overlap_param_gather:
+            with span(phase="forward", mb=0, stage=self.stage):
+                self.sync.start_step()   # Megatron's zero_grad: the first bucket's all-gather
         if self.chunks > 1:
             interleaved_one_f_one_b(
                 self.link, self.ctx.layout.microbatches, self.chunks,

@@ -120,6 +120,10 @@ class GPTConfig:
     # weight gradient added into the fp32 main_grad by its GEMM, with no separate accumulation
     # kernel; needs the gradients accumulated in fp32 (bf16's default), Megatron-LM's pipeline.
     gradient_accumulation_fusion: bool = False
+    # Megatron-Core's --overlap-param-gather: the distributed optimizer's all-gathers of the
+    # updated weights run during the next step's forward, one bucket ahead of the layers that
+    # need them, instead of after the optimizer; needs ZeRO 1 and the overlapped gradient sync.
+    overlap_param_gather: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -254,6 +258,11 @@ class GPTConfig:
         if self.partition_activations and not self.recomputes_layers:
             raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
                             "(recomputation at granularity full)")
+        if self.overlap_param_gather and not (layout.zero and self.grad_sync == "overlap"
+                                              and self.optimizer == "megatron"):
+            raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward need Megatron's "
+                            "distributed optimizer (ZeRO stage 1) and its gradient sync overlapped with the "
+                            "backward (megatron-gpt)")
         if not self.grad_reduce_scatter and not layout.zero:
             raise EchoError(f"{where}: gradients all-reduced whole before a sharded optimizer step need ZeRO "
                             "stage 1 (the distributed optimizer); without it they are all-reduced anyway")
@@ -453,6 +462,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
+    "overlap_param_gather": False,
 }
 
 
