@@ -59,7 +59,7 @@ def test_the_trace_reduces_megatron_cores_buckets(tmp_path) -> None:
         full = [n for n in sizes if n >= cap]
         assert full and all(n < cap + 4_200_000 or n == max(sizes) for n in full)
     assert len(large) < len(small)
-    assert "--grad-sync overlap" in command and f"--bucket-mb {megatron_core_bucket_mb(2, 'bfloat16')}" in command
+    assert "--overlap-grad-reduce" in command and "--bucket-mb" not in command
 
 
 def test_a_sweep_row_gets_the_bucket_of_its_data_parallel_size() -> None:
@@ -168,3 +168,26 @@ def test_a_gather_that_cannot_overlap_is_one_line(tmp_path, args: list, message:
     assert res.exit_code == 2
     assert message in res.output and len(res.output.strip().splitlines()) == 1, res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_megatron_core_buckets_the_first_stages_first_chunk_only(tmp_path) -> None:
+    """Megatron-Core turns bucketing off on the pipeline stages after the first and for the
+    model chunks after the first: each such chunk's gradients are one reduce-scatter, issued
+    at that chunk's last backward (the interleaved schedule, 3 stages of 2 chunks)."""
+    out = tmp_path / "job"
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE[:1], "12", *SHAPE[2:],
+                              "--overlap-grad-reduce", "--zero", "1", "--dp", "2", "--pp", "3", "--microbatches", "6",
+                              "--num-layers-per-virtual-pipeline-stage", "2", "--device", "meta", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    job = load_job(out)
+    per_stage = []
+    for stage in range(3):
+        graph = job.graph_of(job.manifest.layout.dp * stage)
+        scatters = [n for n in graph.nodes
+                    if n.kind == pb.KIND_COLLECTIVE and n.collective.type == pb.COLL_REDUCE_SCATTER]
+        # reduced as the last micro-batch's backward fills them, never earlier
+        assert {(n.annotations.phase, n.annotations.microbatch) for n in scatters} == {("backward", 5)}
+        per_stage.append([n.collective.in_bytes // 4 for n in scatters])
+    # the first stage: its second chunk whole (2 layers), then its first chunk's buckets of 40M
+    assert len(per_stage[0]) > 2 and per_stage[0][0] == per_stage[1][0] == per_stage[1][1]
+    assert [len(s) for s in per_stage[1:]] == [2, 2]

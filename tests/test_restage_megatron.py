@@ -103,6 +103,25 @@ def test_restaged_meta_job_predicts_what_the_traced_one_does(traced, layout, pp,
     assert abs(host[0] / host[1] - 1) < 0.05, host
 
 
+def test_restaging_keeps_megatron_cores_buckets_on_the_first_stage_only(traced) -> None:
+    """Megatron-Core's overlapped sync (``--overlap-grad-reduce``) buckets the first stage's
+    gradients and reduces every other stage's in one call: re-staged from 2 to 4 stages, each
+    later stage's data-parallel calls are tracing's, and the first stage's as many, of the same
+    bytes (its bucket edges are placed from the old stages' accumulations, as for any
+    overlapped sync)."""
+    options = {"overlap_grad_reduce": True, "grad_sync": "overlap", "bucket_mb": 0.002}
+    restaged, _ = scale(traced(2, 2, 2, **options), pp=4)
+    direct = traced(2, 4, 2, **options)
+    for r in range(direct.world_size):
+        calls = [[c for c in comm_sequence(job, r) if c[2] == "dp"] for job in (restaged, direct)]
+        if r < 4:       # the first stage: its buckets
+            assert len(calls[0]) == len(calls[1]) == 6
+            assert sum(c[4] for c in calls[0]) == sum(c[4] for c in calls[1])
+        else:
+            assert calls[0] == calls[1], r
+            assert sum(c[4] > 1000 for c in calls[0]) == 1
+
+
 @pytest.mark.parametrize("options", [{"zero": 1}, {"recompute": True}, {"grad_sync": "overlap"},
                                      {"sync_timers": True}, {"dtype": "bfloat16"},
                                      {"recompute": True, "partition_activations": True},

@@ -226,7 +226,7 @@ def trace(
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
                 raise EchoError(f"{OVERLAP_GRAD_REDUCE} is Megatron-Core's overlapped sync in its own buckets: "
                                 "megatron-gpt, without --grad-sync or --bucket-mb")
-            kw["grad_sync"] = "overlap"
+            kw["grad_sync"], kw["overlap_grad_reduce"] = "overlap", True
             kw["bucket_mb"] = megatron_core_bucket_mb(dp, dtype or GPTConfig.megatron().dtype)
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
@@ -253,7 +253,8 @@ def trace(
     parts = ["--script", attrs["script"]] if script is not None else [
         "--workload", workload, "--layers", layers, "--hidden", hidden, "--heads", heads,
         "--seq", seq, "--micro-batch", micro_batch, "--vocab", cfg.vocab, "--dtype", cfg.dtype,
-        "--bucket-mb", cfg.bucket_mb, "--grad-sync", cfg.grad_sync] + (
+        *([OVERLAP_GRAD_REDUCE] if cfg.overlap_grad_reduce else ["--bucket-mb", bucket_mb, "--grad-sync",
+                                                                  cfg.grad_sync])] + (
             ["--recompute", "--recompute-granularity", cfg.recompute_granularity] if cfg.recompute else [])
     if script is None and cfg.scatter_gather_tensors_in_pipeline != (workload == "megatron-gpt"):
         parts.append("--scatter-gather-tensors-in-pipeline" if cfg.scatter_gather_tensors_in_pipeline

@@ -294,6 +294,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              arch=opts.arch, flash_attention=opts.flash_attention,
                              gradient_accumulation_fusion=opts.gradient_accumulation_fusion,
                              overlap_param_gather=opts.overlap_param_gather,
+                             overlap_grad_reduce=opts.overlap_grad_reduce,
                              ffn_hidden=_row_or(row, "ffn_hidden", opts.ffn_hidden),
                              kv_heads=_row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))

@@ -264,6 +264,8 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
                         or (max(olds) if olds else 25 << 20))
     shared_bytes = max((p.shared_bytes for p in pieces.values()), default=0)
     dropped = sum(p.dropped for p in read.values())
+    # Megatron-Core's overlapped sync buckets the first stage only: one buffer elsewhere
+    core = bool(traced_workload(job.manifest).get("overlap_grad_reduce"))
 
     new_mesh = old.with_sizes(pp=pp)
     jb = derived_job_builder(job, new_mesh.world, None)
@@ -291,7 +293,8 @@ def restage(job: Job, decision: LayoutDecision, *, pp: int, microbatches: int | 
                 graph_id=f"t{t}s{s}", tp_rank=t, stage=s, stages=pp, microbatches=new_m, layers=split[s],
                 pieces=pieces, stage_of_layer=where_layer, old_mesh=old, streams=streams, keys=keys0,
                 p2p_bytes=p2p_bytes, p2p_source=p2p_src, dp_source=dp_src, zero=decision.zero,
-                bucket_bytes=bucket_bytes, dp=new_mesh.dp, dp_after_backward=after_backward,
+                bucket_bytes=(1 << 62) if core and s > 0 else bucket_bytes, dp=new_mesh.dp,
+                dp_after_backward=after_backward,
                 shared_bytes=shared_bytes)).build()
             graphs[(t, s)] = g
     # Graphs identical across tp ranks are shared (proved by content hash; a graph built

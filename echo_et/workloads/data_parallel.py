@@ -4,7 +4,8 @@ Gradients live in flat per-bucket buffers (each ``param.grad`` is a view into on
 micro-batches accumulate in place and a bucket is reduced without a copy. During the last
 micro-batch's backward, a post-accumulate-grad hook counts the parameters of each bucket;
 the bucket's collective is issued asynchronously as soon as its last gradient lands, like
-DDP and Megatron-LM's overlapped grad reduce:
+DDP and Megatron-LM's overlapped grad reduce (Megatron-Core's arms each model chunk's buckets at that
+chunk's last backward, ``arm(chunk)``, with a cap per chunk: ``bucket_bytes`` a list):
 
 - ZeRO stage 0: all-reduce of the bucket; every rank then updates all parameters.
 - ZeRO stage 1: reduce-scatter of the bucket into this rank's shard, an optimizer over the
@@ -89,6 +90,8 @@ class _Bucket:
         self.padded = -(-numel // dp) * dp
         self.grad = torch.zeros(self.padded, device=device, dtype=dtype)
         self.pending = len(params)
+        self.armed = False        # its gradients of this backward are the step's last
+        self.chunk = 0            # the buffer (model chunk) it belongs to
         self.work = None
         self.gather = None        # the all-gather of the updated parameters, in flight
         self.gathered = True      # this step's forward has them
@@ -113,7 +116,7 @@ def _fill(params, bucket_bytes: int) -> list[list[nn.Parameter]]:
 class GradientSync:
     """Bucketed gradient reduction over ``group`` for ``params`` (see the module docstring)."""
 
-    def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int,
+    def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int | list[int],
                  optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
                  buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
                  reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None):
@@ -124,7 +127,6 @@ class GradientSync:
         self.rank = dist.get_rank(group)
         self.zero = zero
         self.overlap = overlap
-        self.armed = False
         params = [p for p in params if p.requires_grad]
         if not overlap:
             bucket_bytes = sum(p.numel() * p.element_size() for p in params) + 1
@@ -132,14 +134,24 @@ class GradientSync:
         # gradients accumulated apart from the parameters (``main_grad``), in a wider dtype
         self.separate = grad_dtype is not None and grad_dtype != dtype
         grad_dtype = grad_dtype or dtype
-        if buffers is not None and not overlap:
+        caps = bucket_bytes if isinstance(bucket_bytes, list) else [bucket_bytes] * len(buffers or [params])
+        chunks: list[int] = []       # the buffer (model chunk) of each bucket
+        if buffers is not None:
             # one flat buffer per group, reduced in the groups' order (Megatron's local DDP
-            # per model chunk of the interleaved schedule)
+            # per model chunk of the interleaved schedule); overlapped, each group's own buckets
             mine = {id(p) for p in params}
-            groups = [[p for p in reversed(g) if id(p) in mine] for g in buffers]
+            groups = []
+            for c, g in enumerate(buffers):
+                own = [p for p in reversed(g) if id(p) in mine]
+                cut = _fill(own, caps[c]) if overlap else [own]
+                groups += cut
+                chunks += [c] * len(cut)
         else:
-            groups = _fill(reversed(params), bucket_bytes)
+            groups = _fill(reversed(params), caps[0])
+            chunks = [0] * len(groups)
         self.buckets = [_Bucket(g, self.dp, device, grad_dtype) for g in groups]
+        for b, c in zip(self.buckets, chunks, strict=True):
+            b.chunk = c
         self._bucket_of: dict[int, _Bucket] = {}
         for b in self.buckets:
             offset = 0
@@ -190,9 +202,11 @@ class GradientSync:
             else:
                 p.main_grad.add_(p.grad)
             p.grad = None
-        if not self.armed or not self.overlap:
+        if not self.overlap:
             return
         b = self._bucket_of[id(p)]
+        if not b.armed:
+            return
         b.pending -= 1
         if b.pending == 0 and self.dp > 1:
             with comm_span(self.group):
@@ -201,17 +215,19 @@ class GradientSync:
                 else:
                     b.work = dist.all_reduce(b.grad, group=self.group, async_op=True)
 
-    def arm(self) -> None:
-        """Issue each bucket's collective as its gradients complete in the next backward."""
-        self.armed = True
+    def arm(self, chunk: int | None = None) -> None:
+        """Issue each bucket's collective (of model chunk ``chunk``'s buffer; None: all) as its
+        gradients complete in the next backward."""
         for b in self.buckets:
-            b.pending = len(b.params)
+            if chunk is None or b.chunk == chunk:
+                b.armed, b.pending = True, len(b.params)
 
     def finish_and_step(self, before_step=None) -> None:
         """Wait for the gradient collectives, average, update, and (ZeRO-1) gather.
         ``before_step()`` runs between the reduction and the optimizer (Megatron all-reduces
         the shared embedding's gradient there)."""
-        self.armed = False
+        for b in self.buckets:
+            b.armed = False
         if not self.overlap and self.dp > 1:
             if self.zero and before_step is not None:
                 # Megatron's distributed optimizer reduces the embedding's gradient before

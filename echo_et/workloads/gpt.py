@@ -124,9 +124,15 @@ class _GPTRank:
         else:
             def factory(ps):
                 return torch.optim.Adam(ps, lr=1e-4)
+        cap = int(cfg.bucket_mb * 1024 * 1024)
+        if cfg.overlap_grad_reduce:
+            # Megatron-Core buckets the first stage's first model chunk only: elsewhere its
+            # reduction is off the critical path, and each chunk is one bucket
+            caps = [cap if self.stage == 0 and c == 0 else 1 << 62 for c in range(self.chunks)]
         self.sync = GradientSync(
             [p for m in self.models for p in m.parameters()], dp_group, zero=layout.zero,
-            bucket_bytes=int(cfg.bucket_mb * 1024 * 1024), optimizer_factory=factory,
+            bucket_bytes=(caps if self.chunks > 1 else caps[0]) if cfg.overlap_grad_reduce else cap,
+            optimizer_factory=factory,
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
             buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
             flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
@@ -282,10 +288,10 @@ class _GPTRank:
         from echo_et.workloads.markers import span
 
         with span(phase="backward", mb=mb, stage=self.stage):
-            # the last micro-batch's first backward: its last chunk's (the interleaved
-            # schedule runs backward chunks in reverse)
-            if mb == self.ctx.layout.microbatches - 1 and chunk == self.chunks - 1:
-                self.sync.arm()
+            # each chunk's last backward: its buckets reduce as they fill (the interleaved
+            # schedule's other micro-batches may still run other chunks' backward)
+            if mb == self.ctx.layout.microbatches - 1:
+                self.sync.arm(chunk if self.chunks > 1 else None)
             self._timer_edge()           # backward-compute start
             if out_grad is None:
                 torch.autograd.backward(out)

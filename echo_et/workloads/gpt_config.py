@@ -120,6 +120,11 @@ class GPTConfig:
     # weight gradient added into the fp32 main_grad by its GEMM, with no separate accumulation
     # kernel; needs the gradients accumulated in fp32 (bf16's default), Megatron-LM's pipeline.
     gradient_accumulation_fusion: bool = False
+    # Megatron-Core's --overlap-grad-reduce: grad_sync "overlap" in its DistributedDataParallel's
+    # buckets (bucket_mb: megatron_core_bucket_mb of the layout's dp), bucketed on the first
+    # pipeline stage's first model chunk only (one bucket per chunk elsewhere, as Megatron-Core
+    # turns bucketing off there); with the interleaved schedule too.
+    overlap_grad_reduce: bool = False
     # Megatron-Core's --overlap-param-gather: the distributed optimizer's all-gathers of the
     # updated weights run during the next step's forward, one bucket ahead of the layers that
     # need them, instead of after the optimizer; needs ZeRO 1 and the overlapped gradient sync.
@@ -258,6 +263,12 @@ class GPTConfig:
         if self.partition_activations and not self.recomputes_layers:
             raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
                             "(recomputation at granularity full)")
+        if self.overlap_grad_reduce and not (self.grad_sync == "overlap" and self.optimizer == "megatron"):
+            raise EchoError(f"{where}: Megatron-Core's overlapped gradient sync is megatron-gpt's, with the "
+                            "gradient sync overlapped with the backward")
+        if self.overlap_param_gather and self.layers_per_virtual_stage:
+            raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward are not modelled "
+                            "with the interleaved pipeline schedule")
         if self.overlap_param_gather and not (layout.zero and self.grad_sync == "overlap"
                                               and self.optimizer == "megatron"):
             raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward need Megatron's "
@@ -351,9 +362,9 @@ class GPTConfig:
         if layout.microbatches % layout.pp:
             raise EchoError(f"{where}: {what} need micro-batches ({layout.microbatches}) to be a multiple "
                             f"of pp ({layout.pp})")
-        if self.grad_sync == "overlap":
+        if self.grad_sync == "overlap" and not self.overlap_grad_reduce:
             raise EchoError(f"{where}: {what} need the gradient sync after the backward pass "
-                            "(after-backward), not overlapped with it")
+                            "(after-backward) or Megatron-Core's overlapped one, not PyTorch DDP's")
 
     def check_pipeline_engine(self, layout: ParallelLayout) -> None:
         """DeepSpeed's pipeline engine runs its own schedule (no interleaving), reduces the
