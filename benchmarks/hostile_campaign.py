@@ -339,6 +339,11 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--overlap-grad-reduce", "--use-distributed-optimizer"], "--dp", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1",
                     "--microbatches", "2"], "--dp", "int", 60))
+    # a model's layouts on N GPUs: the GPU count, the batch and the micro-batch sizes
+    lg = ["sweep", "--model", "llama2-7b", "--workers", "1", "--no-plot", "--recompute", "-o", out]
+    t.append((lg + ["--global-batch", "8"], "--gpus", "int", 60))
+    t.append((lg + ["--gpus", "2"], "--global-batch", "int", 60))
+    t.append((lg + ["--gpus", "2", "--global-batch", "8"], "--micro-batch", "ranks", 60))
     # a published model by name (its shape under the options given beside it)
     t.append((pr, "--model", "name", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "8",

@@ -119,6 +119,7 @@ SLOW = {
     "test_determinism.py",
     "test_fuzz_promise.py",
     # single tests (each several seconds: `pytest --durations`)
+    "test_layout_grid.py::test_sweep_predicts_a_models_layouts",
     "test_architecture.py::test_library_errors_name_no_flag",
     "test_architecture.py::test_no_private_attribute_read_across_objects",
     "test_astra_sim_fit.py::test_dlrm_export_replays_to_the_measured_step",

@@ -15,16 +15,18 @@ from echo_et.cli.sweep_opts import finish, open_log
 from echo_et.errors import OptionError
 
 
-def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node: int | None,
+def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_per_node: int | None,
                  intra_bw: str | None, inter_bw: str | None, recompute: bool, recompute_granularity: str,
                  compute_profile: Path | None, comm_profile: str | None, dtype: str, slowdown: bool,
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
                  nic_bw: str | None = None, megatron: dict[str, Any] | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, layouts: tuple[int, int, list[int]] | None = None) -> None:
     """``recompute``, ``recompute_granularity``: as ``common.recompute_setting`` resolves
     them; ``megatron``: the training settings of Megatron's flags (``common.megatron_settings``);
-    ``model``: the named model whose shape fills the columns a row leaves out."""
+    ``model``: the named model whose shape fills the columns a row leaves out; without
+    ``configs``, ``layouts`` (GPUs, global batch, micro-batch sizes): the rows are every layout
+    of the model on that many GPUs that Megatron runs and the GPU holds."""
     from echo_et.experiments.config_sweep import (
         MODEL_COLUMNS,
         ConfigSweepOptions,
@@ -35,13 +37,15 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
         run_config_sweep,
         write_outputs,
     )
+    from echo_et.experiments.layout_grid import candidate_layouts, layout_grid
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
+    from echo_et.ir.limits import check_node_fill
     from echo_et.workloads.gpt_config import DTYPES
     from echo_et.workloads.model_shapes import model_shape
 
-    if not configs.is_file():
+    if configs is not None and not configs.is_file():
         fail(f"{configs}: {'not a regular file' if configs.exists() else 'no such file'}")
-    if output.resolve() == configs.resolve():
+    if configs is not None and output.resolve() == configs.resolve():
         fail(f"{output}: output would overwrite an input")
     if dtype not in DTYPES:
         raise OptionError("dtype", f"{dtype!r} is not one of {', '.join(DTYPES)}")
@@ -52,13 +56,23 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
     cluster.node_network(8)   # a NIC rate needs the node's network: refused before any row runs
     name = model.strip().lower() if model else ""
     shape = model_shape(name).options() if name else {}
-    rows = read_configs(configs, defaults={k: v for k, v in shape.items() if k in MODEL_COLUMNS})
-    if plot and not have_matplotlib():
-        fail(f"--plot needs matplotlib ({INSTALL_HINT})")
-    draw = have_matplotlib() if plot is None else plot
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=recompute_granularity,
                               dtype=dtype, compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=comm_profile, slowdown=slowdown, model=name, **(megatron or {}))
+    if configs is not None:
+        rows = read_configs(configs, defaults={k: v for k, v in shape.items() if k in MODEL_COLUMNS})
+    else:
+        assert layouts is not None
+        gpus, global_batch, micro_batches = layouts
+        check_node_fill(gpus, gpus_per_node)
+        grid = layout_grid(candidate_layouts(shape, gpus=gpus, global_batch=global_batch,
+                                             gpus_per_node=opts.gpus_per_node(), micro_batches=micro_batches), opts)
+        rows = grid.rows
+        print(f"sweep: {name} on {gpus} {opts.gpu()} GPUs, global batch {global_batch}: {grid.said()}",
+              file=sys.stderr, flush=True)
+    if plot and not have_matplotlib():
+        fail(f"--plot needs matplotlib ({INSTALL_HINT})")
+    draw = have_matplotlib() if plot is None else plot
 
     def progress(done: int, total: int, row: dict) -> None:
         label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp"))
@@ -66,7 +80,8 @@ def config_sweep(configs: Path, output: Path, *, gpu: str | None, gpus_per_node:
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 
     check_config_sweep(opts, executor=executor, workers=workers, address=address, max_memory=max_memory)
-    with open_log(output, log_header(configs, opts, len(rows)), resume=resume, replaceable=is_config_sweep_dir,
+    header = log_header(configs, opts, len(rows), rows_given=rows)
+    with open_log(output, header, resume=resume, replaceable=is_config_sweep_dir,
                   kind="an echo-et configuration sweep folder", noun="rows") as log:
         result = run_config_sweep(rows, opts, executor=executor, workers=workers, address=address,
                                   progress=progress, max_memory=max_memory, log=log)

@@ -201,6 +201,14 @@ def sweep(
                                              "layers, hidden, heads, seq and vocab are the model's where a "
                                              "row leaves them out."),
     model: str | None = ModelOpt,
+    gpus: int | None = typer.Option(None, "--gpus", metavar="N",
+                                    help="With --model and --global-batch (no --configs): sweep every layout of the "
+                                         "model on N GPUs that Megatron runs and the GPU holds (tp a power of two "
+                                         "up to a node, pp dividing the layers, each --micro-batch size)."),
+    global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
+                                            help="--gpus: sequences per step of every layout."),
+    micro_batch: str | None = typer.Option(None, "--micro-batch", metavar="N,N,...",
+                                           help="--gpus: the micro-batch sizes to try (default 1,2)."),
     dp: str | None = typer.Option(None, "--dp", metavar="N,N,...",
                                   help="Data-parallel degrees, e.g. 8,64,512 (JOB sweeps)."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
@@ -257,7 +265,8 @@ def sweep(
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
-    trace and predict every model configuration of a CSV; table, JSON and PNG."""
+    trace and predict every model configuration of a CSV, or, with --model and --gpus, every
+    layout of one model on that many GPUs; table, JSON and PNG."""
     shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
@@ -271,23 +280,32 @@ def sweep(
                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
                                  overlap_grad_reduce=overlap_grad_reduce,
                                  overlap_param_gather=overlap_param_gather)
-    if configs is not None:
+    if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 
+        what = "--configs" if configs is not None else "--gpus"
         used = [f for f, v in (("JOB", job_path), ("--dp", dp), ("--pp", pp), ("--microbatches", microbatches),
                                ("--zero", zero), ("--layout", declared), ("--preset", preset)) if v is not None]
         if used or mode != "predict":
-            fail(f"{', '.join(used) or '--mode'} cannot be combined with --configs")
+            fail(f"{', '.join(used) or '--mode'} cannot be combined with {what}")
+        if configs is not None and (gpus, global_batch, micro_batch) != (None, None, None):
+            fail("--gpus, --global-batch and --micro-batch sweep a model's layouts; the rows of --configs "
+                 "say their own")
+        if gpus is not None and (model is None or global_batch is None):
+            fail("--gpus sweeps a model's layouts: give --model NAME and --global-batch N")
+        layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch") or [1, 2])
         on, granularity = recompute_setting(recompute, recompute_granularity)
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=on, recompute_granularity=granularity,
                      compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
-                     max_memory=memory_budget(max_memory), megatron=megatron, model=model)
+                     max_memory=memory_budget(max_memory), megatron=megatron, model=model, layouts=layouts)
         return
     if job_path is None:
-        fail("give a JOB to scale, or --configs CONFIGS.csv")
+        fail("give a JOB to scale, --configs CONFIGS.csv, or --model NAME --gpus N --global-batch N")
+    if global_batch is not None or micro_batch is not None:
+        fail(f"{'--global-batch' if global_batch is not None else '--micro-batch'} only applies with --gpus")
     if dp is None:
         fail("--dp: give at least one data-parallel degree")
     if nic_bw is not None:

@@ -710,8 +710,10 @@ def check_config_sweep(opts: ConfigSweepOptions, *, executor: str = "local", wor
     models_for(opts)
 
 
-def log_header(configs: str | os.PathLike[str], opts: ConfigSweepOptions, rows: int) -> LogHeader:
-    """What a row log of this sweep is written for: the CSV's bytes, the options, the bytes
+def log_header(configs: str | os.PathLike[str] | None, opts: ConfigSweepOptions, rows: int, *,
+               rows_given: Sequence[dict[str, Any]] = ()) -> LogHeader:
+    """What a row log of this sweep is written for: the CSV's bytes (without a CSV, the rows
+    themselves: a generated layout grid), the options, the bytes
     of the profiles the options name and the parameters of the models the rows are priced
     with (a recalibrated profile, or a shipped preset refitted by another echo-et release, is
     another sweep: resuming would mix rows of two models)."""
@@ -723,10 +725,11 @@ def log_header(configs: str | os.PathLike[str], opts: ConfigSweepOptions, rows: 
                 if path and Path(path).is_file()}
     compute, comm, _ = models_for(opts)
     models = {"compute": compute_json(compute.profile), "comm": comm_json(comm.profile)}
-    return LogHeader(kind="config-sweep", rows=rows, input_sha256=path_sha256(configs),
+    return LogHeader(kind="config-sweep", rows=rows,
+                     input_sha256=path_sha256(configs) if configs is not None else json_sha256(list(rows_given)),
                      options_sha256=json_sha256({"options": opts.to_json(), "profiles": profiles,
                                                  "models": models}),
-                     input_name="configuration CSV")
+                     input_name="configuration CSV" if configs is not None else "layout grid")
 
 
 def run_config_sweep(rows: Sequence[dict[str, Any]], opts: ConfigSweepOptions, *,

@@ -1,0 +1,91 @@
+"""Every layout one model could train with on a number of GPUs: the rows ``sweep --model NAME
+--gpus N`` predicts, so a user asks "how should llama2-70b run on 512 A100s?" without writing
+the layouts out. A candidate is refused before it runs when Megatron cannot run it or the
+memory bound says it does not fit (the reason counted, not predicted)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo_et.errors import EchoError, OptionError
+
+MAX_TP = 8        # tensor parallelism stays inside a node of 8 (NVLink): Megatron's practice
+MICRO_BATCHES = (1, 2)
+MEMORY = "does not fit the GPU's memory"     # models.footprint's refusal
+
+
+@dataclass
+class LayoutGrid:
+    """The candidates that run (config rows, in a fixed order) and what was refused, counted
+    by the constraint that refused it."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    refused: Counter = field(default_factory=Counter)
+    hint: str = ""     # what would let more run
+
+    def said(self) -> str:
+        """One line: how many layouts run, and why the others do not."""
+        total = len(self.rows) + sum(self.refused.values())
+        why = "; ".join(f"{what}: {n}" for what, n in sorted(self.refused.items(), key=lambda kv: (-kv[1], kv[0])))
+        return (f"{len(self.rows)} of {total} layouts run" + (f" (refused, by constraint: {why})" if why else "")
+                + (f"; {self.hint}" if self.hint else ""))
+
+
+def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gpus_per_node: int,
+                      micro_batches: Sequence[int] = MICRO_BATCHES) -> list[dict[str, Any]]:
+    """Every (tp, pp, dp, micro-batch) of ``gpus`` GPUs for the model ``shape`` (its layers,
+    hidden, heads, seq, vocab): tp a power of two up to a node (at most 8), pp dividing the
+    layers, dp the rest; in the order tp, pp, micro-batch. Megatron's other rules are the
+    workload's to check."""
+    if gpus < 1 or global_batch < 1:
+        raise OptionError("gpus" if gpus < 1 else "global_batch", "give a positive number")
+    if any(m < 1 for m in micro_batches):
+        raise OptionError("micro_batch", f"micro-batch sizes must be >= 1, got {list(micro_batches)}")
+    rows = []
+    tp = 1
+    while tp <= min(MAX_TP, gpus_per_node, gpus):
+        for pp in range(1, shape["layers"] + 1):
+            if shape["layers"] % pp or gpus % (tp * pp):
+                continue
+            for mb in sorted(set(micro_batches)):
+                rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab") if k in shape},
+                             "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
+                             "dp": gpus // (tp * pp)})
+        tp *= 2
+    return rows
+
+
+def layout_grid(candidates: list[dict[str, Any]], opts: Any) -> LayoutGrid:
+    """The candidates a sweep with ``opts`` (``ConfigSweepOptions``) can run: each checked by
+    ``config_sweep.workload_for`` (Megatron's rules, the memory bound), the refused counted by
+    their constraint."""
+    from echo_et.experiments.config_sweep import workload_for
+
+    grid = LayoutGrid()
+    for row in candidates:
+        try:
+            workload_for(row, opts)
+        except EchoError as e:
+            grid.refused[_constraint(str(e))] += 1
+            continue
+        grid.rows.append(row)
+    if grid.refused[MEMORY] and not (opts.recompute and opts.recompute_granularity == "full"):
+        grid.hint = "full recomputation lets more of them fit"
+    if not grid.rows:
+        raise EchoError(f"no layout of this model runs: {grid.said()}")
+    return grid
+
+
+def _constraint(message: str) -> str:
+    """What a refusal says, without its numbers: "does not fit the GPU's memory", "tp must
+    divide the key/value heads", "N ranks and N micro-batches: ..."."""
+    text = message.split(": ", 1)[-1] if message.startswith("layout ") else message
+    text = text.split(": each rank needs")[0]
+    return re.sub(r"\d[\d,]*(\.\d+)?", "N", re.sub(r"\s*\([^)]*\)", "", text)).strip()
+
+
+__all__ = ["LayoutGrid", "candidate_layouts", "layout_grid"]
