@@ -49,8 +49,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from echo_et.errors import EchoError
+from echo_et.experiments.config_csv import REQUIRED
 from echo_et.experiments.config_sweep import (
-    REQUIRED,
     ConfigSweepOptions,
     choice_summary,
     layout_choices,

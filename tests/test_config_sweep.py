@@ -9,11 +9,11 @@ from typer.testing import CliRunner
 
 from echo_et.cli.main import app
 from echo_et.errors import EchoError, OptionError
+from echo_et.experiments.config_csv import read_configs
 from echo_et.experiments.config_sweep import (
     ConfigSweepOptions,
     layout_family,
     predict_row,
-    read_configs,
     run_config_sweep,
     workload_for,
 )

@@ -163,7 +163,8 @@ def test_vtrain_rows_fit_with_recomputation_and_three_would_not_without(recomput
     would need more than 40 GB: the memory side of reading the runs as recomputing."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     from conftest import shared_path
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, read_configs, workload_for
+    from echo_et.experiments.config_csv import read_configs
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
 
     rows = read_configs(shared_path("measurements/vtrain-a100/data/ground_truth_single.csv"))
     opts = ConfigSweepOptions(recompute=recompute != "none", recompute_granularity=recompute.replace("none", "full"))

@@ -244,7 +244,8 @@ def test_bad_input_predict_and_sweep(tmp_path) -> None:
 
 
 def test_sweep_rows_take_their_own_virtual_stages(tmp_path) -> None:
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, read_configs, workload_for
+    from echo_et.experiments.config_csv import read_configs
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
 
     csv = tmp_path / "c.csv"
     csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,layers_per_virtual_stage\n"

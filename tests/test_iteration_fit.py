@@ -194,7 +194,7 @@ def test_calibrate_compute_iterations_bad_input_is_one_line(tmp_path, text, args
 
 
 def test_vtrain_columns_read_as_configuration_columns(tmp_path) -> None:
-    from echo_et.experiments.config_sweep import read_configs
+    from echo_et.experiments.config_csv import read_configs
 
     p = tmp_path / "gt.csv"
     p.write_text("\ufeff# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from conftest import load_benchmark
 from echo_et.cli.main import app
 from echo_et.errors import EchoError
-from echo_et.experiments.config_sweep import read_configs
+from echo_et.experiments.config_csv import read_configs
 from echo_et.trace.layout import ParallelLayout
 from echo_et.workloads import GPTConfig
 from echo_et.workloads.model_shapes import MODEL_SHAPES, model_shape

@@ -27,13 +27,12 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
     ``model``: the named model whose shape fills the columns a row leaves out; without
     ``configs``, ``layouts`` (GPUs, global batch, micro-batch sizes): the rows are every layout
     of the model on that many GPUs that Megatron runs and the GPU holds."""
+    from echo_et.experiments.config_csv import MODEL_COLUMNS, read_configs
     from echo_et.experiments.config_sweep import (
-        MODEL_COLUMNS,
         ConfigSweepOptions,
         check_config_sweep,
         is_config_sweep_dir,
         log_header,
-        read_configs,
         run_config_sweep,
         write_outputs,
     )

@@ -257,7 +257,8 @@ def read_iterations(path: Path, opts) -> tuple[list[dict[str, Any]], list[dict[s
     """The measured configurations of ``path`` (a ``sweep --configs`` CSV with
     ``measured_ms``, or vTrain's ``ground_truth_single.csv``) that can run, and those that
     cannot (with the reason)."""
-    from echo_et.experiments.config_sweep import read_configs, workload_for
+    from echo_et.experiments.config_csv import read_configs
+    from echo_et.experiments.config_sweep import workload_for
 
     rows = read_configs(path, option="iterations")
     if any(r.get("measured_ms") is None for r in rows):
