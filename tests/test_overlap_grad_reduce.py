@@ -28,6 +28,16 @@ runner = CliRunner()
 SHAPE = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--seq", "64", "--dtype", "bfloat16"]
 
 
+def _predicted(tmp_path, args: list, variants: dict[str, list]) -> dict[str, dict]:
+    """Each variant's summary.json: ``predict`` with ``args`` and the variant's own options."""
+    runs = {}
+    for name, extra in variants.items():
+        r = runner.invoke(app, ["predict", *args, *extra, "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    return runs
+
+
 def test_megatron_cores_bucket_is_40m_parameters_or_1m_per_data_parallel_rank() -> None:
     assert megatron_core_bucket_mb(8, "bfloat16") == 40_000_000 * 2 / (1 << 20)
     assert megatron_core_bucket_mb(40, "float16") == megatron_core_bucket_mb(1, "float16")
@@ -74,11 +84,7 @@ def test_a_sweep_row_gets_the_bucket_of_its_data_parallel_size() -> None:
 def test_predict_overlaps_the_reduction_and_records_it(tmp_path) -> None:
     dp8 = [*SHAPE, "--micro-batch", "2", "--global-batch", "32", "--dp", "8", "--use-distributed-optimizer",
            "--gpu", "a100"]
-    runs = {}
-    for name, extra in (("after", []), ("overlap", ["--overlap-grad-reduce"])):
-        r = runner.invoke(app, ["predict", *dp8, *extra, "-o", str(tmp_path / name)])
-        assert r.exit_code == 0, r.output
-        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    runs = _predicted(tmp_path, dp8, {"after": [], "overlap": ["--overlap-grad-reduce"]})
     assert runs["overlap"]["prediction"]["overlap_grad_reduce"] is True
     assert "overlap_grad_reduce" not in runs["after"]["prediction"]
     exposed = {k: v["ranks"]["0"]["exposed_comm_ns"] for k, v in runs.items()}
@@ -152,11 +158,7 @@ def test_predict_hides_the_gathers_behind_the_forward(tmp_path) -> None:
     dp8 = [*SHAPE[:-4], "--seq", "1024", "--dtype", "bfloat16", "--micro-batch", "2", "--global-batch", "64",
            "--dp", "8", "--use-distributed-optimizer", "--overlap-grad-reduce", "--gpu", "a100",
            "--gpus-per-node", "4", "--inter-bw", "200Gb/s/node"]
-    runs = {}
-    for name, extra in (("after", []), ("forward", ["--overlap-param-gather"])):
-        r = runner.invoke(app, ["predict", *dp8, *extra, "-o", str(tmp_path / name)])
-        assert r.exit_code == 0, r.output
-        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    runs = _predicted(tmp_path, dp8, {"after": [], "forward": ["--overlap-param-gather"]})
     assert runs["forward"]["prediction"]["overlap_param_gather"] is True
     rank = {k: v["ranks"]["0"] for k, v in runs.items()}
     assert rank["forward"]["comm_ns"] == rank["after"]["comm_ns"]          # the same calls, moved
