@@ -83,8 +83,10 @@ def test_predict_takes_a_model_and_the_options_beside_it_win(tmp_path) -> None:
     spelled = runner.invoke(app, ["predict", "--arch", "llama", "--kv-heads", "8", "--vocab", "128256", *SMALL,
                                   *LAYOUT, "-o", str(tmp_path / "b")])
     assert spelled.exit_code == 0, spelled.output
-    step = [json.loads((tmp_path / d / "summary.json").read_text())["step_time_ns"] for d in "ab"]
-    assert step[0] == step[1] > 0
+    summary = [json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab"]
+    assert summary[0]["step_time_ns"] == summary[1]["step_time_ns"] > 0
+    # the summary says which model the shape came from
+    assert summary[0]["prediction"]["model"] == "llama3-8b" and "model" not in summary[1]["prediction"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -150,6 +150,7 @@ def predict_cmd(
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=granularity, dtype=dtype,
                               compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
+                              model=model.strip().lower() if model else "",
                               **megatron_settings(no_scatter_gather=no_scatter_gather,
                                                   virtual_layers=virtual_layers, fp32_grads=fp32_grads,
                                                   distributed_optimizer=distributed_optimizer,
