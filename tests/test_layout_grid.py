@@ -41,6 +41,7 @@ def test_what_cannot_run_is_counted_by_its_constraint() -> None:
     assert grid.said() == ("11 of 40 layouts run (refused, by constraint: does not fit the GPU's memory: 29); "
                            "full recomputation lets more of them fit")
     assert all(r["tp"] >= 2 for r in grid.rows)
+    assert grid.to_json() == {"candidates": 40, "run": 11, "refused": {"does not fit the GPU's memory": 29}}
     recomputed = layout_grid(rows, ConfigSweepOptions(cluster=Cluster(gpu="a100-80gb"), recompute=True, **LLAMA70))
     assert len(recomputed.rows) > len(grid.rows) and "recomputation" not in recomputed.said()
     # a global batch the data-parallel ranks cannot share, and nothing left: one error
@@ -69,6 +70,7 @@ def test_sweep_predicts_a_models_layouts(tmp_path) -> None:
     assert layouts == [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
     assert all(r.get("error") is None and r["predicted_ms"] > 0 for r in result["rows"])
     assert "fastest of 6 layouts" in res.stdout
+    assert result["layouts"] == {"candidates": 6, "run": 6, "refused": {}}
 
 
 @pytest.mark.parametrize("args, message", [

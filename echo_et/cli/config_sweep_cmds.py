@@ -58,6 +58,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=recompute_granularity,
                               dtype=dtype, compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=comm_profile, slowdown=slowdown, model=name, **(megatron or {}))
+    grid_json: dict[str, Any] | None = None     # a generated grid's candidates, for results.json
     if configs is not None:
         rows = read_configs(configs, defaults={k: v for k, v in shape.items() if k in MODEL_COLUMNS})
     else:
@@ -67,6 +68,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         grid = layout_grid(candidate_layouts(shape, gpus=gpus, global_batch=global_batch,
                                              gpus_per_node=opts.gpus_per_node(), micro_batches=micro_batches), opts)
         rows = grid.rows
+        grid_json = grid.to_json()
         print(f"sweep: {name} on {gpus} {opts.gpu()} GPUs, global batch {global_batch}: {grid.said()}",
               file=sys.stderr, flush=True)
     if plot and not have_matplotlib():
@@ -84,6 +86,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
                   kind="an echo-et configuration sweep folder", noun="rows") as log:
         result = run_config_sweep(rows, opts, executor=executor, workers=workers, address=address,
                                   progress=progress, max_memory=max_memory, log=log)
+    result.layouts = grid_json
     files = write_outputs(result, output, plot=draw)
     if as_json:
         emit_json({"output": str(output), "files": files, "wall_s": round(result.wall_s, 3),

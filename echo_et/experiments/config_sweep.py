@@ -430,6 +430,8 @@ class ConfigSweepResult:
     executor: str
     wall_s: float = 0.0
     seconds: dict[int, dict[str, float]] = field(default_factory=dict)   # per row, when known
+    # a generated layout grid's candidates: how many ran, and the refused by constraint
+    layouts: dict[str, Any] | None = None
 
     @property
     def failed(self) -> int:
@@ -446,6 +448,8 @@ class ConfigSweepResult:
                                "executor": self.executor, "failed": self.failed}
         if any(r.get("measured_ms") for r in self.rows):
             out["mape_pct"] = self.mape_pct
+        if self.layouts is not None:
+            out["layouts"] = self.layouts
         return out
 
     def timings(self) -> dict[str, Any]:

@@ -27,6 +27,11 @@ class LayoutGrid:
     refused: Counter = field(default_factory=Counter)
     hint: str = ""     # what would let more run
 
+    def to_json(self) -> dict[str, Any]:
+        """What results.json says of the grid: the layouts that ran, the refused by constraint."""
+        return {"candidates": len(self.rows) + sum(self.refused.values()), "run": len(self.rows),
+                "refused": dict(sorted(self.refused.items()))}
+
     def said(self) -> str:
         """One line: how many layouts run, and why the others do not."""
         total = len(self.rows) + sum(self.refused.values())
