@@ -149,3 +149,16 @@ def test_trace_takes_a_model_and_records_its_shape(tmp_path) -> None:
     # the command it records spells the shape out: it reruns without the catalogue
     for part in ("--arch llama", "--kv-heads 8", "--seq 4096", "--vocab 32000"):
         assert part in job.manifest.provenance.command
+
+
+def test_models_lists_the_catalogue() -> None:
+    res = runner.invoke(app, ["models", "--json"])
+    assert res.exit_code == 0, res.output
+    models = json.loads(res.stdout)["models"]
+    assert [m["name"] for m in models] == list(MODEL_SHAPES)
+    llama = next(m for m in models if m["name"] == "llama2-70b")
+    assert (llama["kv_heads"], llama["ffn_hidden"], llama["parameters"]) == (8, 28672, 68_976_648_192)
+    assert next(m for m in models if m["name"] == "gpt3-175b")["ffn_hidden"] == 4 * 12288
+    table = runner.invoke(app, ["models"]).stdout.splitlines()
+    assert table[0].split()[:3] == ["name", "arch", "layers"] and len(table) == 1 + len(MODEL_SHAPES) + 1 + 4
+    assert table[1 + list(MODEL_SHAPES).index("llama3-405b")].split()[-1] == "405.9"

@@ -52,6 +52,33 @@ from echo_et.errors import OptionError
 
 def register(app: typer.Typer) -> None:
     app.command("predict")(predict_cmd)
+    app.command("models")(models_cmd)
+
+
+@guarded
+def models_cmd(as_json: bool = JsonOpt) -> None:
+    """The published models --model names (predict, trace, sweep): each one's shape, parameter
+    count and source."""
+    from echo_et.workloads.gpt_config import GPTConfig
+    from echo_et.workloads.model_shapes import MODEL_SHAPES
+
+    rows = []
+    for name, shape in MODEL_SHAPES.items():
+        cfg = GPTConfig.megatron(**shape.options())
+        rows.append({"name": name, "arch": shape.arch, "layers": shape.layers, "hidden": shape.hidden,
+                     "heads": shape.heads, "kv_heads": cfg.query_groups, "ffn_hidden": cfg.ffn_size,
+                     "seq": shape.seq, "vocab": shape.vocab, "parameters": cfg.parameters(), "source": shape.source})
+    if as_json:
+        emit_json({"models": rows})
+        return
+    columns = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq", "vocab")
+    typer.echo(f"{'name':<14}" + "".join(f"{c:>11}" for c in columns[1:]) + f"{'params (B)':>12}")
+    for r in rows:
+        typer.echo(f"{r['name']:<14}" + "".join(f"{r[c]:>11}" for c in columns[1:])
+                   + f"{r['parameters'] / 1e9:>12.1f}")
+    typer.echo("sources:")
+    for source in dict.fromkeys(r["source"] for r in rows):
+        typer.echo(f"  {source}")
 
 
 @guarded
