@@ -152,6 +152,15 @@ def test_the_trace_gathers_in_the_first_forward(tmp_path) -> None:
     # re-staging does not regenerate the waits inside the first forward's layers: refused
     res = runner.invoke(app, ["scale", str(out), "--pp", "2", "-o", str(tmp_path / "restaged")])
     assert res.exit_code == 2 and "re-staging does not regenerate" in res.output, res.output
+    # more data-parallel ranks: each gather in the forward takes a smaller shard of the same bucket
+    from echo_et.passes import scale
+
+    wider, _ = scale(job, dp=8)
+    resized = [n for n in wider.graph_of(0).nodes
+               if n.kind == pb.KIND_COLLECTIVE and n.collective.type == pb.COLL_ALL_GATHER]
+    assert [(n.annotations.phase, n.collective.out_bytes) for n in resized] == [
+        (n.annotations.phase, -(-n.collective.out_bytes // 16) * 16) for n in gathers]
+    assert all(n.collective.in_bytes * 8 == n.collective.out_bytes for n in resized)
 
 
 def test_predict_hides_the_gathers_behind_the_forward(tmp_path) -> None:
