@@ -34,6 +34,27 @@ def test_the_candidates_are_every_layout_of_the_gpus() -> None:
     assert max(r["tp"] for r in small) == 4 and len(small) == 4 + 3 + 2      # tp 1, 2, 4: pp up to 8 / tp
 
 
+def test_a_pipeline_depth_that_does_not_divide_the_layers_gets_uneven_ends() -> None:
+    """Llama 3 405B's 126 layers on 16 stages run as Meta ran them: 7 on each end, 8 on the 14
+    stages between; 64 stages, 1 on each end; where no split keeps a layer on each end, no
+    candidate. The workload takes the row as Megatron-Core's uneven stages."""
+    from echo_et.experiments.config_sweep import workload_for
+
+    rows = candidate_layouts(model_shape("llama3-405b").options(), gpus=16384, global_batch=2048,
+                             gpus_per_node=8, micro_batches=[1])
+    edges = {r["pp"]: (r.get("first_stage_layers"), r.get("last_stage_layers")) for r in rows if r["tp"] == 8}
+    assert edges == {1: (None, None), 2: (None, None), 4: (31, 31), 8: (15, 15), 16: (7, 7), 32: (3, 3),
+                     64: (1, 1)}
+    meta = next(r for r in rows if (r["tp"], r["pp"]) == (8, 16))
+    cfg, layout = workload_for(meta, ConfigSweepOptions(cluster=Cluster(gpu="h100"), recompute=True, dtype="bfloat16",
+                                                         arch="llama", ffn_hidden=53248, kv_heads=8,
+                                                         flash_attention=True, use_distributed_optimizer=True))
+    assert list(cfg.stage_layer_counts(16)) == [7] + [8] * 14 + [7] and layout.dp == 128
+    # 80 layers on 32 stages: 3 a stage leaves the ends -10
+    assert {r["pp"] for r in candidate_layouts(model_shape("llama2-70b").options(), gpus=256, global_batch=256,
+                                               gpus_per_node=8)} == {1, 2, 4, 8, 16}
+
+
 def test_what_cannot_run_is_counted_by_its_constraint() -> None:
     opts = ConfigSweepOptions(cluster=Cluster(gpu="a100-80gb"), **LLAMA70)
     rows = candidate_layouts(model_shape("llama2-70b").options(), gpus=512, global_batch=1024, gpus_per_node=8)

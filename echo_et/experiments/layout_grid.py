@@ -43,9 +43,11 @@ class LayoutGrid:
 def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gpus_per_node: int,
                       micro_batches: Sequence[int] = MICRO_BATCHES) -> list[dict[str, Any]]:
     """Every (tp, pp, dp, micro-batch) of ``gpus`` GPUs for the model ``shape`` (its layers,
-    hidden, heads, seq, vocab): tp a power of two up to a node (at most 8), pp dividing the
-    layers, dp the rest; in the order tp, pp, micro-batch. Megatron's other rules are the
-    workload's to check."""
+    hidden, heads, seq, vocab): tp a power of two up to a node (at most 8), pp up to the
+    layers with tp x pp dividing the GPUs, dp the rest; in the order tp, pp, micro-batch. A pp
+    that does not divide the layers gives the middle stages ceil(layers / pp) each and the
+    first and the last the rest, halved (Megatron-Core's uneven stages, as Llama 3 405B's 126
+    layers ran on 16 stages: 7, 8 x 14, 7). Megatron's other rules are the workload's to check."""
     if gpus < 1 or global_batch < 1:
         raise OptionError("gpus" if gpus < 1 else "global_batch", "give a positive number")
     if any(m < 1 for m in micro_batches):
@@ -54,14 +56,31 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
     tp = 1
     while tp <= min(MAX_TP, gpus_per_node, gpus):
         for pp in range(1, shape["layers"] + 1):
-            if shape["layers"] % pp or gpus % (tp * pp):
+            if gpus % (tp * pp):
+                continue
+            edges = _edge_stages(shape["layers"], pp)
+            if edges is None:
                 continue
             for mb in sorted(set(micro_batches)):
                 rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab") if k in shape},
                              "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
-                             "dp": gpus // (tp * pp)})
+                             "dp": gpus // (tp * pp), **edges})
         tp *= 2
     return rows
+
+
+def _edge_stages(layers: int, pp: int) -> dict[str, int] | None:
+    """The first and the last stage's own layer counts when ``pp`` does not divide ``layers``
+    ({} when it does; None when no uneven split keeps a layer on each end)."""
+    if layers % pp == 0:
+        return {}
+    if pp < 2:
+        return None
+    middle = -(-layers // pp)
+    rest = layers - (pp - 2) * middle
+    if rest < 2:
+        return None
+    return {"first_stage_layers": rest // 2, "last_stage_layers": rest - rest // 2}
 
 
 def layout_grid(candidates: list[dict[str, Any]], opts: Any) -> LayoutGrid:
