@@ -344,6 +344,7 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((lg + ["--global-batch", "8"], "--gpus", "int", 60))
     t.append((lg + ["--gpus", "2"], "--global-batch", "int", 60))
     t.append((lg + ["--gpus", "2", "--global-batch", "8"], "--micro-batch", "ranks", 60))
+    t.append((lg + ["--gpus", "4", "--global-batch", "8"], "--virtual-stages", "ranks", 60))
     # a published model by name (its shape under the options given beside it)
     t.append((pr, "--model", "name", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "8",

@@ -82,26 +82,33 @@ def test_a_grids_row_log_is_its_rows() -> None:
 
 def test_sweep_predicts_a_models_layouts(tmp_path) -> None:
     res = runner.invoke(app, ["sweep", "--model", "llama2-7b", "--gpus", "4", "--global-batch", "8", "--micro-batch",
-                              "1", "--dtype", "bfloat16", "--flash-attn", "--use-distributed-optimizer", "--recompute",
-                              "--gpu", "a100-80gb", "--workers", "1", "--no-plot", "-o", str(tmp_path / "out")])
+                              "1", "--virtual-stages", "2", "--dtype", "bfloat16", "--flash-attn",
+                              "--use-distributed-optimizer", "--recompute", "--gpu", "a100-80gb", "--workers", "1",
+                              "--no-plot", "-o", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
-    assert "sweep: llama2-7b on 4 a100-80gb GPUs, global batch 8: 6 of 6 layouts run" in res.stderr
+    assert "sweep: llama2-7b on 4 a100-80gb GPUs, global batch 8: 7 of 7 layouts run" in res.stderr
     result = json.loads((tmp_path / "out" / "results.json").read_text())
-    layouts = [(r["tp"], r["pp"], r["dp"]) for r in result["rows"]]
-    assert layouts == [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+    layouts = [(r["tp"], r["pp"], r["dp"], r.get("layers_per_virtual_stage")) for r in result["rows"]]
+    # 4 stages of 8 layers are also tried as 2 chunks of 4 (interleaved)
+    assert layouts == [(1, 1, 4, None), (1, 2, 2, None), (1, 4, 1, None), (1, 4, 1, 4), (2, 1, 2, None),
+                       (2, 2, 1, None), (4, 1, 1, None)]
     assert all(r.get("error") is None and r["predicted_ms"] > 0 for r in result["rows"])
-    assert "fastest of 6 layouts" in res.stdout
-    assert result["layouts"] == {"candidates": 6, "run": 6, "refused": {}}
+    assert result["rows"][3]["bubble_ms"] < result["rows"][2]["bubble_ms"]     # what interleaving is for
+    assert "fastest of 7 layouts" in res.stdout
+    assert result["layouts"] == {"candidates": 7, "run": 7, "refused": {}}
 
 
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "8", "--global-batch", "8"], "--gpus sweeps a model's layouts: give --model NAME and --global-batch"),
     (["--model", "llama2-7b", "--gpus", "8"], "give --model NAME and --global-batch N"),
     (["--model", "llama2-7b", "--gpus", "8", "--global-batch", "8", "--configs", "x.csv"],
-     "--gpus, --global-batch and --micro-batch sweep a model's layouts"),
+     "--gpus, --global-batch, --micro-batch and --virtual-stages sweep a model's layouts"),
     (["--model", "llama2-7b", "--gpus", "8", "--global-batch", "8", "--micro-batch", "0"],
      "--micro-batch '0': values must be >= 1"),
     (["fixtures/jobs/ddp-dp4", "--dp", "2", "--global-batch", "8"], "--global-batch only applies with --gpus"),
+    (["fixtures/jobs/ddp-dp4", "--dp", "2", "--virtual-stages", "2"], "--virtual-stages only applies with --gpus"),
+    (["--model", "llama2-7b", "--gpus", "8", "--global-batch", "8", "--virtual-stages", "1"],
+     "--virtual-stages: model chunks per stage must be >= 2"),
     (["--model", "llama2-70b", "--gpus", "8", "--global-batch", "8"], "no layout of this model runs"),
 ])
 def test_a_grid_that_cannot_run_is_one_line(tmp_path, args: list, message: str) -> None:

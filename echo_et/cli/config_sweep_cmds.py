@@ -21,11 +21,12 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
                  nic_bw: str | None = None, megatron: dict[str, Any] | None = None,
-                 model: str | None = None, layouts: tuple[int, int, list[int]] | None = None) -> None:
+                 model: str | None = None, layouts: tuple[int, int, list[int], list[int]] | None = None) -> None:
     """``recompute``, ``recompute_granularity``: as ``common.recompute_setting`` resolves
     them; ``megatron``: the training settings of Megatron's flags (``common.megatron_settings``);
     ``model``: the named model whose shape fills the columns a row leaves out; without
-    ``configs``, ``layouts`` (GPUs, global batch, micro-batch sizes): the rows are every layout
+    ``configs``, ``layouts`` (GPUs, global batch, micro-batch sizes, model chunks per stage to
+    try interleaved): the rows are every layout
     of the model on that many GPUs that Megatron runs and the GPU holds."""
     from echo_et.experiments.config_csv import MODEL_COLUMNS, read_configs
     from echo_et.experiments.config_sweep import (
@@ -63,10 +64,11 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         rows = read_configs(configs, defaults={k: v for k, v in shape.items() if k in MODEL_COLUMNS})
     else:
         assert layouts is not None
-        gpus, global_batch, micro_batches = layouts
+        gpus, global_batch, micro_batches, chunks = layouts
         check_node_fill(gpus, gpus_per_node)
         grid = layout_grid(candidate_layouts(shape, gpus=gpus, global_batch=global_batch,
-                                             gpus_per_node=opts.gpus_per_node(), micro_batches=micro_batches), opts)
+                                             gpus_per_node=opts.gpus_per_node(), micro_batches=micro_batches,
+                                             chunks=chunks), opts)
         rows = grid.rows
         grid_json = grid.to_json()
         print(f"sweep: {name} on {gpus} {opts.gpu()} GPUs, global batch {global_batch}: {grid.said()}",

@@ -209,6 +209,10 @@ def sweep(
                                             help="--gpus: sequences per step of every layout."),
     micro_batch: str | None = typer.Option(None, "--micro-batch", metavar="N,N,...",
                                            help="--gpus: the micro-batch sizes to try (default 1,2)."),
+    virtual_stages: str | None = typer.Option(None, "--virtual-stages", metavar="N,N,...",
+                                              help="--gpus: also try Megatron's interleaved schedule with these "
+                                                   "model chunks per pipeline stage (its "
+                                                   "--virtual-pipeline-model-parallel-size), e.g. 2,4."),
     dp: str | None = typer.Option(None, "--dp", metavar="N,N,...",
                                   help="Data-parallel degrees, e.g. 8,64,512 (JOB sweeps)."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
@@ -288,12 +292,13 @@ def sweep(
                                ("--zero", zero), ("--layout", declared), ("--preset", preset)) if v is not None]
         if used or mode != "predict":
             fail(f"{', '.join(used) or '--mode'} cannot be combined with {what}")
-        if configs is not None and (gpus, global_batch, micro_batch) != (None, None, None):
-            fail("--gpus, --global-batch and --micro-batch sweep a model's layouts; the rows of --configs "
-                 "say their own")
+        if configs is not None and (gpus, global_batch, micro_batch, virtual_stages) != (None,) * 4:
+            fail("--gpus, --global-batch, --micro-batch and --virtual-stages sweep a model's layouts; the rows "
+                 "of --configs say their own")
         if gpus is not None and (model is None or global_batch is None):
             fail("--gpus sweeps a model's layouts: give --model NAME and --global-batch N")
-        layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch") or [1, 2])
+        layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch") or [1, 2],
+                                             _int_list(virtual_stages, "--virtual-stages"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=on, recompute_granularity=granularity,
@@ -304,8 +309,10 @@ def sweep(
         return
     if job_path is None:
         fail("give a JOB to scale, --configs CONFIGS.csv, or --model NAME --gpus N --global-batch N")
-    if global_batch is not None or micro_batch is not None:
-        fail(f"{'--global-batch' if global_batch is not None else '--micro-batch'} only applies with --gpus")
+    for flag, given in (("--global-batch", global_batch), ("--micro-batch", micro_batch),
+                        ("--virtual-stages", virtual_stages)):
+        if given is not None:
+            fail(f"{flag} only applies with --gpus")
     if dp is None:
         fail("--dp: give at least one data-parallel degree")
     if nic_bw is not None:

@@ -41,17 +41,23 @@ class LayoutGrid:
 
 
 def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gpus_per_node: int,
-                      micro_batches: Sequence[int] = MICRO_BATCHES) -> list[dict[str, Any]]:
+                      micro_batches: Sequence[int] = MICRO_BATCHES,
+                      chunks: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Every (tp, pp, dp, micro-batch) of ``gpus`` GPUs for the model ``shape`` (its layers,
     hidden, heads, seq, vocab): tp a power of two up to a node (at most 8), pp up to the
     layers with tp x pp dividing the GPUs, dp the rest; in the order tp, pp, micro-batch. A pp
     that does not divide the layers gives the middle stages ceil(layers / pp) each and the
     first and the last the rest, halved (Megatron-Core's uneven stages, as Llama 3 405B's 126
-    layers ran on 16 stages: 7, 8 x 14, 7). Megatron's other rules are the workload's to check."""
+    layers ran on 16 stages: 7, 8 x 14, 7). With ``chunks`` (model chunks per stage), each even
+    candidate deeper than 2 stages is also tried with Megatron's interleaved schedule at each
+    count that splits its layers, after the plain one. Megatron's other rules are the
+    workload's to check."""
     if gpus < 1 or global_batch < 1:
         raise OptionError("gpus" if gpus < 1 else "global_batch", "give a positive number")
     if any(m < 1 for m in micro_batches):
         raise OptionError("micro_batch", f"micro-batch sizes must be >= 1, got {list(micro_batches)}")
+    if any(c < 2 for c in chunks):
+        raise OptionError("virtual_stages", f"model chunks per stage must be >= 2, got {list(chunks)}")
     rows = []
     tp = 1
     while tp <= min(MAX_TP, gpus_per_node, gpus):
@@ -61,10 +67,14 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
             edges = _edge_stages(shape["layers"], pp)
             if edges is None:
                 continue
+            interleaved = [] if edges or pp <= 2 else [
+                {"layers_per_virtual_stage": shape["layers"] // (pp * c)} for c in sorted(set(chunks))
+                if shape["layers"] % (pp * c) == 0]
             for mb in sorted(set(micro_batches)):
-                rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab") if k in shape},
-                             "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
-                             "dp": gpus // (tp * pp), **edges})
+                for schedule in [edges, *interleaved]:
+                    rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab") if k in shape},
+                                 "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
+                                 "dp": gpus // (tp * pp), **schedule})
         tp *= 2
     return rows
 
