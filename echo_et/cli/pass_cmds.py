@@ -204,7 +204,8 @@ def sweep(
     gpus: int | None = typer.Option(None, "--gpus", metavar="N",
                                     help="With --model and --global-batch (no --configs): sweep every layout of the "
                                          "model on N GPUs that Megatron runs and the GPU holds (tp a power of two "
-                                         "up to a node, pp dividing the layers, each --micro-batch size)."),
+                                         "up to a node, pp up to the layers with uneven ends where it does not "
+                                         "divide them, each --micro-batch size)."),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
                                             help="--gpus: sequences per step of every layout."),
     micro_batch: str | None = typer.Option(None, "--micro-batch", metavar="N,N,...",
