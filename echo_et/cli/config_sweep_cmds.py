@@ -37,7 +37,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         run_config_sweep,
         write_outputs,
     )
-    from echo_et.experiments.layout_grid import candidate_layouts, layout_grid
+    from echo_et.experiments.layout_grid import MICRO_BATCHES, candidate_layouts, layout_grid
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.ir.limits import check_node_fill
     from echo_et.workloads.gpt_config import DTYPES
@@ -67,8 +67,8 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         gpus, global_batch, micro_batches, chunks = layouts
         check_node_fill(gpus, gpus_per_node)
         grid = layout_grid(candidate_layouts(shape, gpus=gpus, global_batch=global_batch,
-                                             gpus_per_node=opts.gpus_per_node(), micro_batches=micro_batches,
-                                             chunks=chunks), opts)
+                                             gpus_per_node=opts.gpus_per_node(),
+                                             micro_batches=micro_batches or MICRO_BATCHES, chunks=chunks), opts)
         rows = grid.rows
         grid_json = grid.to_json()
         print(f"sweep: {name} on {gpus} {opts.gpu()} GPUs, global batch {global_batch}: {grid.said()}",

@@ -298,7 +298,7 @@ def sweep(
                  "of --configs say their own")
         if gpus is not None and (model is None or global_batch is None):
             fail("--gpus sweeps a model's layouts: give --model NAME and --global-batch N")
-        layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch") or [1, 2],
+        layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch"),
                                              _int_list(virtual_stages, "--virtual-stages"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echo_et.errors import EchoError, OptionError
+from echo_et.models.footprint import DOES_NOT_FIT
 
 MAX_TP = 8        # tensor parallelism stays inside a node of 8 (NVLink): Megatron's practice
 MICRO_BATCHES = (1, 2)
-MEMORY = "does not fit the GPU's memory"     # models.footprint's refusal
 
 
 @dataclass
@@ -107,7 +107,7 @@ def layout_grid(candidates: list[dict[str, Any]], opts: Any) -> LayoutGrid:
             grid.refused[_constraint(str(e))] += 1
             continue
         grid.rows.append(row)
-    if grid.refused[MEMORY] and not (opts.recompute and opts.recompute_granularity == "full"):
+    if grid.refused[DOES_NOT_FIT] and not (opts.recompute and opts.recompute_granularity == "full"):
         grid.hint = "full recomputation lets more of them fit"
     if not grid.rows:
         raise EchoError(f"no layout of this model runs: {grid.said()}")

@@ -73,6 +73,9 @@ from echo_et.errors import EchoError
 STATE_BYTES_PER_PARAM = 16          # per parameter at dp = 1 (16-bit or fp32 model alike)
 
 
+# how a layout the GPU cannot hold is refused (the layout grid counts refusals by it)
+DOES_NOT_FIT = "does not fit the GPU's memory"
+
 def state_bytes_per_param(elem_bytes: int, dp: int, grad_bytes: int | None = None) -> float:
     """Weights in the model's dtype, gradients in ``grad_bytes`` (default: the model's),
     Adam's fp32 state sharded over ``dp``."""
@@ -186,7 +189,7 @@ def check_fits(memory_gb: float, gpu: str, **shape: Any) -> None:
     wide = (shape.get("grad_bytes") or 0) > shape["elem_bytes"]
     grads = "fp32 gradients" if wide else "gradients"
     if total > memory_gb * 1e9:
-        raise EchoError(f"does not fit the GPU's memory: each rank needs at least {total / 1e9:.1f} GB "
+        raise EchoError(f"{DOES_NOT_FIT}: each rank needs at least {total / 1e9:.1f} GB "
                         f"(weights, {grads} and Adam states{sharded} {state / 1e9:.1f} GB, activations with "
                         f"{RECOMPUTE_SAID[shape.get('recompute', 'full')]} {act / 1e9:.1f} GB), "
                         f"{gpu} has {memory_gb:g} GB")
