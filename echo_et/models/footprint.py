@@ -76,6 +76,7 @@ STATE_BYTES_PER_PARAM = 16          # per parameter at dp = 1 (16-bit or fp32 mo
 # how a layout the GPU cannot hold is refused (the layout grid counts refusals by it)
 DOES_NOT_FIT = "does not fit the GPU's memory"
 
+
 def state_bytes_per_param(elem_bytes: int, dp: int, grad_bytes: int | None = None) -> float:
     """Weights in the model's dtype, gradients in ``grad_bytes`` (default: the model's),
     Adam's fp32 state sharded over ``dp``."""
