@@ -318,6 +318,7 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     # partitioned activation checkpoints: gathered over the TP group in every layer's backward
     t.append((pr + ["--recompute", "--partition-activations"], "--tp", "int", 60))
     t.append((pr + ["--partition-activations"], "--recompute-granularity", "name", 60))
+    lg = ["sweep", "--model", "llama2-7b", "--workers", "1", "--no-plot", "--recompute", "-o", out]
     # the interleaved schedule: its layers per virtual stage against layers, pp, micro-batches
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "6", "--pp", "3", "--microbatches", "3"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))
@@ -328,6 +329,13 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
               "--decoder-first-pipeline-num-layers", "int", 60))
     t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--decoder-first-pipeline-num-layers", "2"],
               "--decoder-last-pipeline-num-layers", "int", 60))
+    # the interleaved schedule by model chunks per stage, over uneven stages (V must split each)
+    t.append((tr + ["--workload", "megatron-gpt", "--layers", "10", "--pp", "4", "--microbatches", "4",
+                    "--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "2"],
+              "--num-virtual-stages-per-pipeline-rank", "int", 60))
+    t.append((pr + ["--layers", "10", "--pp", "4", "--global-batch", "8", "--num-virtual-stages-per-pipeline-rank",
+                    "2"], "--decoder-first-pipeline-num-layers", "int", 60))
+    t.append((lg + ["--gpus", "6", "--global-batch", "6", "--micro-batch", "1"], "--virtual-stages", "ranks", 60))
     # the llama layer: the architecture's name, key/value heads against heads and tp, the MLP width against tp
     t.append((pr + ["--heads", "8", "--hidden", "64"], "--arch", "name", 60))
     t.append((pr + ["--arch", "llama", "--heads", "8", "--hidden", "64", "--tp", "2"], "--kv-heads", "int", 60))
@@ -340,7 +348,6 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((tr + ["--workload", "megatron-gpt", "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1",
                     "--microbatches", "2"], "--dp", "int", 60))
     # a model's layouts on N GPUs: the GPU count, the batch and the micro-batch sizes
-    lg = ["sweep", "--model", "llama2-7b", "--workers", "1", "--no-plot", "--recompute", "-o", out]
     t.append((lg + ["--global-batch", "8"], "--gpus", "int", 60))
     t.append((lg + ["--gpus", "2"], "--global-batch", "int", 60))
     t.append((lg + ["--gpus", "2", "--global-batch", "8"], "--micro-batch", "ranks", 60))

@@ -50,7 +50,7 @@ def test_layer_counts_per_stage(first, last, pp, want) -> None:
     ({"first_stage_layers": 2}, 1, "need pp > 1"),
     ({"last_stage_layers": -1}, 4, "the last stage's layers must be >= 0"),
     ({"first_stage_layers": 2, "last_stage_layers": 2, "layers": 14, "layers_per_virtual_stage": 1}, 4,
-     "not interleaved pipeline stages"),
+     "not as layers per virtual stage"),
 ])
 def test_what_megatron_core_refuses(kw, pp, message) -> None:
     pytest.importorskip("torch", reason="the GPT workload needs torch")

@@ -37,6 +37,13 @@ VirtualStagesOpt = typer.Option(
     help="Megatron's interleaved 1F1B pipeline schedule (its flag): each stage holds layers / (pp x N) model "
          "chunks of N layers (needs pp > 2, at least 2 chunks per stage, micro-batches a multiple of pp); "
          "0: the plain 1F1B schedule (docs/predict.md).")
+VIRTUAL_STAGES_PER_RANK = "--num-virtual-stages-per-pipeline-rank"
+VirtualStagesPerRankOpt = typer.Option(
+    0, VIRTUAL_STAGES_PER_RANK, metavar="V",
+    help="Megatron-Core's interleaved 1F1B schedule given by its model chunks: each stage's layers in V chunks "
+         "(V must divide every stage's layers, uneven first and last stages included; pp > 2, micro-batches a "
+         "multiple of pp); the form Megatron-Core takes with --decoder-first/last-pipeline-num-layers. "
+         "0: not given.")
 FP32_GRADS = "--accumulate-allreduce-grads-in-fp32"
 Fp32GradsOpt = typer.Option(
     None, f"{FP32_GRADS}/--no-accumulate-allreduce-grads-in-fp32",
@@ -180,6 +187,7 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
+                      virtual_chunks: int = 0,
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
@@ -218,6 +226,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                                              f"ranks; {NO_SCATTER_GATHER} is Megatron-LM's")
     return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,
             "layers_per_virtual_stage": virtual_layers,
+            "virtual_stages_per_rank": virtual_chunks,
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
             "use_distributed_optimizer": distributed_optimizer,
             "sync_timers": sync_timers,
@@ -237,6 +246,7 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
     """The first of Megatron's flags ``settings`` departs from the default with, or None."""
     given = ((NO_SCATTER_GATHER, not settings["scatter_gather_tensors_in_pipeline"]),
              (VIRTUAL_STAGES, bool(settings["layers_per_virtual_stage"])),
+             (VIRTUAL_STAGES_PER_RANK, bool(settings["virtual_stages_per_rank"])),
              (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
              (DIST_OPT, settings["use_distributed_optimizer"]),
              (SYNC_TIMERS, settings["sync_timers"]),

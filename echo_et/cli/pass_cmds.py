@@ -36,6 +36,7 @@ from echo_et.cli.common import (
     SequenceParallelOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
+    VirtualStagesPerRankOpt,
     emit_json,
     fail,
     guarded,
@@ -250,6 +251,7 @@ def sweep(
                               help="--configs: model dtype: float16, bfloat16 or float32."),
     no_scatter_gather: bool = NoScatterGatherOpt,
     virtual_layers: int = VirtualStagesOpt,
+    virtual_chunks: int = VirtualStagesPerRankOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
@@ -274,7 +276,8 @@ def sweep(
     layout of one model on that many GPUs; table, JSON and PNG."""
     shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
-                                 fp32_grads=fp32_grads, distributed_optimizer=distributed_optimizer,
+                                 virtual_chunks=virtual_chunks, fp32_grads=fp32_grads,
+                                 distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
                                  partition_activations=partition_activations,
                                  sequence_parallel=sequence_parallel,

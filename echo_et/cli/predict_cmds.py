@@ -38,6 +38,7 @@ from echo_et.cli.common import (
     SequenceParallelOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
+    VirtualStagesPerRankOpt,
     check_output_budget,
     emit_json,
     fail,
@@ -123,6 +124,7 @@ def predict_cmd(
     no_slowdown: bool = typer.Option(False, "--no-slowdown", help="Do not slow compute that overlaps comm."),
     no_scatter_gather: bool = NoScatterGatherOpt,
     virtual_layers: int = VirtualStagesOpt,
+    virtual_chunks: int = VirtualStagesPerRankOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
@@ -152,7 +154,7 @@ def predict_cmd(
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.experiments.predict_step import TIMELINE_EVENTS, check_output, predict_config, write_prediction
     from echo_et.ir.limits import check_node_fill
-    from echo_et.workloads.gpt_config import DTYPES
+    from echo_et.workloads.gpt_config import DTYPES, GPTConfig
 
     shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
                          ffn_hidden=ffn_hidden, kv_heads=kv_heads)
@@ -179,7 +181,8 @@ def predict_cmd(
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
                               model=model.strip().lower() if model else "",
                               **megatron_settings(no_scatter_gather=no_scatter_gather,
-                                                  virtual_layers=virtual_layers, fp32_grads=fp32_grads,
+                                                  virtual_layers=virtual_layers, virtual_chunks=virtual_chunks,
+                                                  fp32_grads=fp32_grads,
                                                   distributed_optimizer=distributed_optimizer,
                                                   sync_timers=sync_timers, grad_sync=grad_sync,
                                                   pipeline_engine=pipeline_engine,
@@ -209,13 +212,17 @@ def predict_cmd(
     from echo_et.cli.sim_cmds import echo_compute_bounds, echo_result
 
     res = pred.result
+    stages = GPTConfig(layers=layers, first_stage_layers=first_stage_layers,
+                       last_stage_layers=last_stage_layers).stages_said(pp)
     widths = "".join(f", {what} {n}" for what, n in (("MLP", ffn_hidden), ("key/value heads", kv_heads)) if n)
     typer.echo(f"{model.strip().lower() + ': ' if model else ''}"
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}"
-               + (f" (interleaved: {virtual_layers} layers per virtual stage)" if virtual_layers else "")
-               + (f" (layers per stage: {_stages_said(layers, first_stage_layers, last_stage_layers, pp)})"
+               + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
+                                                                       (virtual_chunks, "model chunks per stage"))
+                         if n)
+               + (f" (layers per stage: {stages})"
                   if first_stage_layers or last_stage_layers else "")
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     for line in pred.advice:
@@ -230,17 +237,6 @@ def predict_cmd(
     if w["until_ns"] is not None:
         typer.echo(f"timeline/ holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
-
-
-def _stages_said(layers: int, first: int, last: int, pp: int) -> str:
-    """Each stage's layers, runs of equal stages folded: "8, 9 x 10, 8"."""
-    from itertools import groupby
-
-    from echo_et.workloads.gpt_config import GPTConfig
-
-    counts = GPTConfig(layers=layers, first_stage_layers=first, last_stage_layers=last).stage_layer_counts(pp)
-    runs = [(n, len(list(g))) for n, g in groupby(counts)]
-    return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
 
 
 def echo_throughput(rates: dict, gpu: str) -> None:

@@ -30,6 +30,7 @@ from echo_et.cli.common import (
     PIPELINE_ENGINE_HELP,
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
+    VIRTUAL_STAGES_PER_RANK,
     ArchOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
@@ -43,6 +44,7 @@ from echo_et.cli.common import (
     OverlapGradReduceOpt,
     OverlapParamGatherOpt,
     RecomputeGranularityOpt,
+    VirtualStagesPerRankOpt,
     emit_json,
     guarded,
     model_fields,
@@ -98,6 +100,7 @@ def trace(
         help="GPT: interleaved 1F1B pipeline schedule (Megatron's flag): each stage holds layers / (pp x N) "
              "model chunks of N layers (needs pp > 2, at least 2 chunks, micro-batches a multiple of pp); "
              "0: the plain 1F1B schedule."),
+    virtual_chunks: int = VirtualStagesPerRankOpt,
     sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
     partition_activations: bool = typer.Option(False, "--partition-activations",
                                                help="GPT: " + PARTITION_ACTIVATIONS_HELP),
@@ -182,6 +185,7 @@ def trace(
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
+                            (VIRTUAL_STAGES_PER_RANK, bool(virtual_chunks)),
                             ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
                             ("--partition-activations", partition_activations),
                             ("--sequence-parallel", sequence_parallel),
@@ -210,6 +214,7 @@ def trace(
                                 ("scatter_gather_tensors_in_pipeline", scatter_gather),
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
                                 ("layers_per_virtual_stage", virtual_layers or None),
+                                ("virtual_stages_per_rank", virtual_chunks or None),
                                 ("sync_timers", sync_timers or None),
                                 ("pipeline_engine", pipeline_engine),
                                 ("partition_activations", partition_activations or None),
@@ -265,6 +270,8 @@ def trace(
                      else "--no-accumulate-allreduce-grads-in-fp32")
     if script is None and cfg.layers_per_virtual_stage:
         parts += ["--num-layers-per-virtual-pipeline-stage", cfg.layers_per_virtual_stage]
+    if script is None and cfg.virtual_stages_per_rank:
+        parts += [VIRTUAL_STAGES_PER_RANK, cfg.virtual_stages_per_rank]
     if script is None and cfg.sync_timers:
         parts.append("--sync-timers")
     if script is None and cfg.pipeline_engine != "megatron":

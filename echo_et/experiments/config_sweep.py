@@ -82,6 +82,9 @@ class ConfigSweepOptions:
     # Megatron's --num-layers-per-virtual-pipeline-stage (the interleaved 1F1B schedule; 0: the
     # plain one); a row's layers_per_virtual_stage column overrides it
     layers_per_virtual_stage: int = 0
+    # Megatron-Core's --num-virtual-stages-per-pipeline-rank (the interleaved schedule by its
+    # model chunks per stage; 0: not given); a row's virtual_stages_per_rank column overrides it
+    virtual_stages_per_rank: int = 0
     # Megatron's timers before its 2022 rewrite: the host waits for the device at the edges of
     # every micro-batch's forward, backward and pipeline exchange (GPTConfig.sync_timers)
     sync_timers: bool = False
@@ -168,7 +171,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              dtype=opts.dtype, grad_sync=grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
-                             layers_per_virtual_stage=virtual_layers(row, opts),
+                             **dict(zip(("layers_per_virtual_stage", "virtual_stages_per_rank"),
+                                        interleaving(row, opts), strict=True)),
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
                              sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,
@@ -194,11 +198,28 @@ def _row_or(row: dict[str, Any], column: str, default: int) -> int:
     return int(v) if v is not None else default
 
 
-def virtual_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> int:
-    """Layers per virtual pipeline stage of a row: its own column when it gives one, else the
-    sweep's option."""
-    v = row.get("layers_per_virtual_stage")
-    return int(v) if v is not None else opts.layers_per_virtual_stage
+def interleaving(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, int]:
+    """(layers per virtual stage, virtual stages per pipeline rank) of a row (0: not given):
+    its own columns when it gives them, else the sweep's options."""
+    return (_row_or(row, "layers_per_virtual_stage", opts.layers_per_virtual_stage),
+            _row_or(row, "virtual_stages_per_rank", opts.virtual_stages_per_rank))
+
+
+def schedule_said(row: dict[str, Any], opts: ConfigSweepOptions) -> str:
+    """A row's pipeline schedule in a few words (``GPTConfig.schedule_said``): "1F1B",
+    "interleaved x2, stages 6, 8 x 14, 8"; "" for a row whose degrees are not numbers >= 1."""
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    try:
+        layers, pp = int(row["layers"]), int(row["pp"])
+        vls, vpr = interleaving(row, opts)
+        first, last = edge_stage_layers(row, opts)
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if layers < 1 or pp < 1 or min(vls, vpr, first, last) < 0:
+        return ""
+    return GPTConfig(layers=layers, layers_per_virtual_stage=vls, virtual_stages_per_rank=vpr,
+                     first_stage_layers=first, last_stage_layers=last).schedule_said(pp)
 
 
 def edge_stage_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, int]:
@@ -462,7 +483,10 @@ class ConfigSweepResult:
         head = ("#", "layers", "hidden", "heads", "seq", "mb", "gb", "tp", "pp", "dp",
                 "measured_ms", "predicted_ms", "error_%", "compute_ms", "exp_comm_ms", "bubble_ms",
                 "host_idle_ms", "MFU_%")
-        lines = [" ".join(f"{h:>12}" if i >= 10 else f"{h:>6}" for i, h in enumerate(head))]
+        schedules = [schedule_said(r, self.options) for r in self.rows]
+        shown = any(sched not in ("", "1F1B") for sched in schedules)   # a column only where a row differs
+        lines = [" ".join(f"{h:>12}" if i >= 10 else f"{h:>6}" for i, h in enumerate(head))
+                 + (" schedule" if shown else "")]
         for i, r in enumerate(self.rows):
             cols = [str(i), *(str(r[k]) for k in REQUIRED)]
             left = " ".join(f"{c:>6}" for c in cols)
@@ -473,7 +497,7 @@ class ConfigSweepResult:
             err = f"{r['error_pct']:+.2f}" if r.get("error_pct") is not None else "-"
             lines.append(f"{left} {meas:>12} {r['predicted_ms']:>12.3f} {err:>12} "
                          f"{r['compute_ms']:>12.3f} {r['exposed_comm_ms']:>12.3f} {r['bubble_ms']:>12.3f} "
-                         f"{r['host_idle_ms']:>12.3f} {_mfu(r):>12}")
+                         f"{r['host_idle_ms']:>12.3f} {_mfu(r):>12}" + (f" {schedules[i]}" if shown else ""))
         lines.extend(advice_lines(self.rows))
         if self.mape_pct is not None:
             lines.append(f"MAPE {self.mape_pct:.2f} % over "
@@ -494,7 +518,8 @@ class ConfigSweepResult:
             r = self.rows[c.pick]
             line = (f"fastest of {c.layouts} layouts for {r['layers']} layers, hidden {r['hidden']}, "
                     f"{r['heads']} heads, seq {r['seq']}, global batch {r['global_batch']} on {c.gpus} GPUs: row "
-                    f"{c.pick} (tp {r['tp']}, pp {r['pp']}, dp {r['dp']}, micro-batch {r['micro_batch']}), "
+                    f"{c.pick} (tp {r['tp']}, pp {r['pp']}, dp {r['dp']}, micro-batch {r['micro_batch']}"
+                    f"{'' if (sched := schedule_said(r, self.options)) in ('', '1F1B') else ', ' + sched}), "
                     f"{r['predicted_ms']:.3f} ms, MFU {_mfu(r)} %")
             if len(c.shortlist) > 1:
                 others = ", ".join(str(i) for i in c.shortlist[1:])

@@ -147,7 +147,7 @@ def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prio
 # -- simulating the configurations -----------------------------------------------------------------
 def _row_job(row: dict[str, Any], opts, cache: str | None):
     """The row's traced Job, kept in ``cache`` (a folder) between runs when given."""
-    from echo_et.experiments.config_sweep import edge_stage_layers, trace_row, virtual_layers
+    from echo_et.experiments.config_sweep import edge_stage_layers, interleaving, trace_row
     from echo_et.ir import load_job, save_job
 
     if not cache:
@@ -169,9 +169,11 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
         key += f"-g32{int(opts.accumulate_allreduce_grads_in_fp32)}"
     if opts.use_distributed_optimizer:
         key += "-zero1" if opts.grad_reduce_scatter else "-zero1ar"
-    vls = virtual_layers(row, opts)
+    vls, vpr = interleaving(row, opts)
     if vls:                                                      # the interleaved schedule
         key += f"-vls{vls}"
+    if vpr:
+        key += f"-vpr{vpr}"
     first, last = edge_stage_layers(row, opts)
     if first or last:                                            # uneven stages
         key += f"-stages{first}.{last}"

@@ -48,10 +48,12 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
     layers with tp x pp dividing the GPUs, dp the rest; in the order tp, pp, micro-batch. A pp
     that does not divide the layers gives the middle stages ceil(layers / pp) each and the
     first and the last the rest, halved (Megatron-Core's uneven stages, as Llama 3 405B's 126
-    layers ran on 16 stages: 7, 8 x 14, 7). With ``chunks`` (model chunks per stage), each even
+    layers ran on 16 stages: 7, 8 x 14, 7). With ``chunks`` (model chunks per stage), each
     candidate deeper than 2 stages is also tried with Megatron's interleaved schedule at each
-    count that splits its layers, after the plain one. Megatron's other rules are the
-    workload's to check."""
+    count that splits its layers, after the plain one: an even one at layers / (pp x chunks)
+    layers per virtual stage, an uneven one at that many virtual stages per pipeline rank with
+    ends the count splits (Megatron-Core's rule; 126 layers on 16 stages in 2 chunks: 6, 8 x
+    14, 8). Megatron's other rules are the workload's to check."""
     if gpus < 1 or global_batch < 1:
         raise OptionError("gpus" if gpus < 1 else "global_batch", "give a positive number")
     if any(m < 1 for m in micro_batches):
@@ -67,9 +69,8 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
             edges = _edge_stages(shape["layers"], pp)
             if edges is None:
                 continue
-            interleaved = [] if edges or pp <= 2 else [
-                {"layers_per_virtual_stage": shape["layers"] // (pp * c)} for c in sorted(set(chunks))
-                if shape["layers"] % (pp * c) == 0]
+            interleaved = [] if pp <= 2 else [
+                sched for c in sorted(set(chunks)) if (sched := _interleaved(shape["layers"], pp, c)) is not None]
             for mb in sorted(set(micro_batches)):
                 for schedule in [edges, *interleaved]:
                     rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab") if k in shape},
@@ -79,18 +80,33 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
     return rows
 
 
-def _edge_stages(layers: int, pp: int) -> dict[str, int] | None:
+def _interleaved(layers: int, pp: int, chunks: int) -> dict[str, int] | None:
+    """The interleaved schedule of ``chunks`` model chunks per stage as a row's columns: layers
+    per virtual stage when ``pp`` divides the layers evenly into them, virtual stages per
+    pipeline rank with uneven ends when it does not divide the layers (None when neither splits)."""
+    if layers % pp == 0:
+        return {"layers_per_virtual_stage": layers // (pp * chunks)} if layers % (pp * chunks) == 0 else None
+    edges = _edge_stages(layers, pp, chunks)
+    return {**edges, "virtual_stages_per_rank": chunks} if edges else None
+
+
+def _edge_stages(layers: int, pp: int, chunks: int = 1) -> dict[str, int] | None:
     """The first and the last stage's own layer counts when ``pp`` does not divide ``layers``
-    ({} when it does; None when no uneven split keeps a layer on each end)."""
+    ({} when it does; None when no uneven split keeps a chunk on each end): the stages between
+    ceil(layers / pp) each, rounded up to a multiple of ``chunks`` (model chunks per stage,
+    which must split every stage's layers), the ends the rest, halved to a multiple of
+    ``chunks`` (the last the larger half)."""
     if layers % pp == 0:
         return {}
     if pp < 2:
         return None
     middle = -(-layers // pp)
+    middle += -middle % chunks
     rest = layers - (pp - 2) * middle
-    if rest < 2:
+    if rest < 2 * chunks or rest % chunks:
         return None
-    return {"first_stage_layers": rest // 2, "last_stage_layers": rest - rest // 2}
+    first = chunks * (rest // chunks // 2)
+    return {"first_stage_layers": first, "last_stage_layers": rest - first}
 
 
 def layout_grid(candidates: list[dict[str, Any]], opts: Any) -> LayoutGrid:

@@ -191,11 +191,13 @@ def _refuse_other_schedules(job: Job) -> None:
         raise EchoError(f"{job.source or 'job'}: traced with the weights' all-gathers overlapped with the "
                         "forward, which re-staging does not regenerate; re-trace it at the new pipeline "
                         "depth instead")
-    virtual = workload.get("layers_per_virtual_stage")
+    virtual = [f"{n} {what}" for key, what in (("layers_per_virtual_stage", "layers per virtual stage"),
+                                               ("virtual_stages_per_rank", "virtual stages per pipeline rank"))
+               if (n := workload.get(key))]
     engine = workload.get("pipeline_engine")
     if virtual:
         raise EchoError(f"{job.source or 'job'}: traced with the interleaved pipeline schedule "
-                        f"({virtual} layers per virtual stage), whose stages are not contiguous "
+                        f"({virtual[0]}), whose stages are not contiguous "
                         "layers; re-trace it at the new pipeline depth instead of re-staging it")
     uneven = {k: workload.get(f"{k}_stage_layers") for k in ("first", "last")}
     if any(uneven.values()):

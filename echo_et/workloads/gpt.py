@@ -5,9 +5,10 @@ word embedding and a learned position embedding, the last stage the final LayerN
 vocab-parallel output projection and the vocab-parallel cross-entropy. Inside a block the
 QKV and first MLP projections are column-parallel and the attention output and second MLP
 projections row-parallel (one all-reduce each in forward and in backward). A step runs the
-1F1B schedule over ``microbatches`` micro-batches (with ``layers_per_virtual_stage`` N,
-Megatron's interleaved one: each stage holds layers / (pp x N) model chunks, chunk c of
-stage s the N layers from (c x pp + s) x N), then the data-parallel gradient
+1F1B schedule over ``microbatches`` micro-batches (with ``layers_per_virtual_stage`` N or
+``virtual_stages_per_rank`` V, Megatron's interleaved one: each stage's layers in V model
+chunks, chunk c of stage s being virtual stage c x pp + s; with N, V is layers / (pp x N) and
+chunk c of stage s holds the N layers from (c x pp + s) x N), then the data-parallel gradient
 synchronisation (all-reduce, or ZeRO-1 reduce-scatter + all-gather) and Adam.
 
 ``GPTConfig.megatron(...)`` (the ``megatron-gpt`` workload) is the same model as

@@ -69,6 +69,11 @@ class GPTConfig:
     # model chunks of N layers and runs the interleaved 1F1B schedule (:mod:`.pipeline`);
     # 0: one chunk of layers / pp layers per stage, the plain 1F1B schedule.
     layers_per_virtual_stage: int = 0
+    # Megatron-Core's --num-virtual-stages-per-pipeline-rank V: the interleaved schedule given
+    # by its model chunks per stage, each stage's layers split into V chunks (the form
+    # Megatron-Core requires with uneven first and last stages, each of whose layer counts V
+    # must divide); 0: not given. One of this and layers_per_virtual_stage at most.
+    virtual_stages_per_rank: int = 0
     # Megatron's timers as Megatron-LM had them until its 2022 rewrite (and Megatron-DeepSpeed
     # until it took that rewrite): every start and stop calls torch.cuda.synchronize(), and
     # each micro-batch's forward ("forward-compute", "batch-generator" around get_batch), its
@@ -200,22 +205,53 @@ class GPTConfig:
         each = rest // between if between else 0
         return ((first or each),) + (each,) * (pp - 2) + ((last or each),)
 
+    @property
+    def interleaved(self) -> bool:
+        """Whether the interleaved 1F1B schedule runs (given by either of Megatron's flags)."""
+        return self.layers_per_virtual_stage > 0 or self.virtual_stages_per_rank > 0
+
+    def interleaving_said(self) -> str:
+        """The interleaved schedule as its flag gave it, for messages ("" when plain)."""
+        if self.virtual_stages_per_rank > 0:
+            return f"{self.virtual_stages_per_rank} virtual stages per pipeline rank"
+        if self.layers_per_virtual_stage > 0:
+            return f"{self.layers_per_virtual_stage} layers per virtual stage"
+        return ""
+
+    def stages_said(self, pp: int) -> str:
+        """Each stage's layers, runs of equal stages folded: "8, 9 x 10, 8"."""
+        from itertools import groupby
+
+        runs = [(n, len(list(g))) for n, g in groupby(self.stage_layer_counts(pp))]
+        return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
+
+    def schedule_said(self, pp: int) -> str:
+        """The pipeline schedule in a few words: "1F1B", "interleaved x2", with ", stages 6,
+        8 x 14, 8" when the first or the last stage holds its own count."""
+        said = f"interleaved x{self.virtual_chunks(pp)}" if self.interleaved else "1F1B"
+        return said + (f", stages {self.stages_said(pp)}" if self.uneven_stages else "")
+
     def virtual_chunks(self, pp: int) -> int:
-        """Model chunks per pipeline stage: 1, or layers / (pp x layers per virtual stage)."""
+        """Model chunks per pipeline stage: 1, the virtual stages per rank given, or layers /
+        (pp x layers per virtual stage)."""
+        if self.virtual_stages_per_rank > 0:
+            return self.virtual_stages_per_rank
         n = self.layers_per_virtual_stage
         return self.layers // (pp * n) if n > 0 else 1
 
     def virtual_pipeline_size(self, pp: int) -> int:
         """What a Job's ``layout.vpp`` records: the model chunks per stage of an interleaved
         schedule (Megatron's virtual pipeline size), 0 without one."""
-        return self.virtual_chunks(pp) if self.layers_per_virtual_stage > 0 else 0
+        return self.virtual_chunks(pp) if self.interleaved else 0
 
     def chunk_first_layer(self, pp: int, stage: int, chunk: int) -> int:
-        """The first layer of ``chunk`` on ``stage``: chunk c of stage s is virtual stage
-        c x pp + s, holding the layers after those of the virtual stages before it."""
-        if self.uneven_stages:      # one chunk per stage (interleaving refuses uneven stages)
-            return sum(self.stage_layer_counts(pp)[:stage])
-        return (chunk * pp + stage) * (self.layers // (pp * self.virtual_chunks(pp)))
+        """The first layer of ``chunk`` on ``stage``. Chunk c of stage s is virtual stage
+        c x pp + s and holds 1/V of its stage's layers (V chunks per stage), after those of the
+        virtual stages before it: c whole passes over the stages (layers / V each) and chunk c
+        of the stages before s (Megatron-Core's layer offset, uneven stages included)."""
+        counts = self.stage_layer_counts(pp)
+        chunks = self.virtual_chunks(pp)
+        return chunk * (self.layers // chunks) + sum(counts[:stage]) // chunks
 
     def replace(self, **kw) -> GPTConfig:
         return dataclasses.replace(self, **kw)
@@ -266,7 +302,7 @@ class GPTConfig:
         if self.overlap_grad_reduce and not (self.grad_sync == "overlap" and self.optimizer == "megatron"):
             raise EchoError(f"{where}: Megatron-Core's overlapped gradient sync is megatron-gpt's, with the "
                             "gradient sync overlapped with the backward")
-        if self.overlap_param_gather and self.layers_per_virtual_stage:
+        if self.overlap_param_gather and self.interleaved:
             raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward are not modelled "
                             "with the interleaved pipeline schedule")
         if self.overlap_param_gather and not (layout.zero and self.grad_sync == "overlap"
@@ -327,8 +363,9 @@ class GPTConfig:
         if pp == 1:
             raise EchoError(f"{where}: the first and the last stage's own layer counts need pp > 1")
         if self.layers_per_virtual_stage:
-            raise EchoError(f"{where}: uneven first and last stages run the plain 1F1B schedule here, "
-                            "not interleaved pipeline stages")
+            raise EchoError(f"{where}: interleaved chunks of uneven first and last stages are given as virtual "
+                            "stages per pipeline rank (Megatron-Core's --num-virtual-stages-per-pipeline-rank), "
+                            "not as layers per virtual stage")
         between = pp - 2 if first and last else pp - 1
         rest = self.layers - first - last
         given = " and ".join(f"{n} on the {name} stage" for name, n in (("first", first), ("last", last)) if n)
@@ -341,24 +378,39 @@ class GPTConfig:
                             f"{rest} of {self.layers} layers evenly, at least one each")
 
     def check_virtual_stages(self, layout: ParallelLayout) -> None:
-        """Megatron-LM's rules for interleaved pipeline stages (``--num-layers-per-virtual-
-        pipeline-stage N``): pp > 2 (with two stages, the previous and the next stage are one
-        rank and a combined exchange's two sends to it cannot be told apart), layers a
-        multiple of pp x N with at least two chunks per stage, and micro-batches a multiple of
-        pp; and here, gradients reduced after the backward pass (an overlapped reduction would
-        start on a chunk whose gradients are not final)."""
-        n = self.layers_per_virtual_stage
-        if n == 0:
-            return
+        """Megatron's rules for interleaved pipeline stages, given as layers per virtual stage
+        (``--num-layers-per-virtual-pipeline-stage N``: layers a multiple of pp x N) or as
+        model chunks per stage (Megatron-Core's ``--num-virtual-stages-per-pipeline-rank V``:
+        V dividing each stage's layers, uneven first and last stages included): not both, pp
+        > 2 (with two stages, the previous and the next stage are one rank and a combined
+        exchange's two sends to it cannot be told apart), at least two chunks per stage, and
+        micro-batches a multiple of pp; and here, gradients reduced after the backward pass or
+        in Megatron-Core's buckets (PyTorch DDP's overlapped reduction would start on a chunk
+        whose gradients are not final)."""
+        n, v = self.layers_per_virtual_stage, self.virtual_stages_per_rank
         where = f"layout {layout.describe()}"
-        what = f"interleaved pipeline stages ({n} layers per virtual stage)"
-        if n < 0:
-            raise EchoError(f"{where}: layers per virtual pipeline stage must be >= 0, got {n}")
+        for name, given in (("layers per virtual pipeline stage", n), ("virtual stages per pipeline rank", v)):
+            if given < 0:
+                raise EchoError(f"{where}: {name} must be >= 0, got {given}")
+        if not self.interleaved:
+            return
+        if n and v:
+            raise EchoError(f"{where}: give the interleaved schedule as layers per virtual stage ({n}) or as "
+                            f"virtual stages per pipeline rank ({v}), not both")
+        what = f"interleaved pipeline stages ({self.interleaving_said()})"
         if layout.pp <= 2:
             raise EchoError(f"{where}: {what} need pp > 2, got pp {layout.pp}")
-        if self.layers % (layout.pp * n) or self.layers // (layout.pp * n) < 2:
+        if n and (self.layers % (layout.pp * n) or self.layers // (layout.pp * n) < 2):
             raise EchoError(f"{where}: {what} need layers ({self.layers}) to be a multiple of pp x {n} "
                             f"({layout.pp * n}) with at least 2 chunks per stage (layers >= {2 * layout.pp * n})")
+        if v == 1:
+            raise EchoError(f"{where}: {what} need at least 2 chunks per stage")
+        if v:
+            counts = self.stage_layer_counts(layout.pp)
+            for name, i in (("first", 0), ("last", layout.pp - 1), ("middle", 1)):
+                if counts[i] % v:
+                    raise EchoError(f"{where}: {what} need each stage's layers to split into {v} chunks; the "
+                                    f"{name} stage's {counts[i]} layers do not")
         if layout.microbatches % layout.pp:
             raise EchoError(f"{where}: {what} need micro-batches ({layout.microbatches}) to be a multiple "
                             f"of pp ({layout.pp})")
@@ -375,7 +427,7 @@ class GPTConfig:
                             f"{', '.join(PIPELINE_ENGINES)}")
         if self.pipeline_engine != "deepspeed":
             return
-        for clash, what in ((bool(self.layers_per_virtual_stage), "interleaved pipeline stages (Megatron-LM's)"),
+        for clash, what in ((self.interleaved, "interleaved pipeline stages (Megatron-LM's)"),
                             (self.grad_sync == "overlap", "a gradient sync overlapped with the backward "
                                                           "(it reduces after the schedule)"),
                             (self.sync_timers, "Megatron's synchronising timers (it has its own)")):
@@ -469,7 +521,8 @@ class GPTConfig:
 # so the records (Jobs' provenance, sweep results and logs) of the plain Megatron run stay as
 # they were.
 RECORD_DEFAULTS: dict[str, Any] = {
-    "layers_per_virtual_stage": 0, "sync_timers": False, "pipeline_engine": PIPELINE_ENGINES[0],
+    "layers_per_virtual_stage": 0, "virtual_stages_per_rank": 0, "sync_timers": False,
+    "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
