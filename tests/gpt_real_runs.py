@@ -107,7 +107,7 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
 
 
 def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,
-                  out: str, gather_in_forward: bool = False) -> None:
+                  out: str, gather_in_forward: bool = False, align_gather: bool = False) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -123,9 +123,13 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
     try:
         torch.manual_seed(5)     # the same model on every rank
         model = torch.nn.Sequential(torch.nn.Linear(12, 7), torch.nn.GELU(), torch.nn.Linear(7, 3))
+        # aligned: two model chunks (the interleaved schedule's), each its own buffer
+        chunks = [model[:2], model[2:]] if align_gather else [model]
         sync = GradientSync(list(model.parameters()), dist.group.WORLD, zero=zero, bucket_bytes=256,
                             optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-2), overlap=overlap,
-                            reduce_scatter=reduce_scatter, gather_in_forward=[model] if gather_in_forward else None)
+                            reduce_scatter=reduce_scatter, gather_in_forward=chunks if gather_in_forward else None,
+                            buffers=[list(c.parameters()) for c in chunks] if align_gather else None,
+                            align_gather=align_gather)
         gen = torch.Generator().manual_seed(100 + rank)      # each rank its own data
         for mb in range(2):
             if mb == 1:
@@ -135,6 +139,8 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
         if gather_in_forward:   # the next step's forward gathers what the optimizer updated
             torch.save([p.detach().clone() for p in model.parameters()], f"{out}/rank{rank}-before.pt")
             sync.start_step()
+            if align_gather:     # the schedule issues the first chunk's; the second's hook issues its own
+                sync.gather_chunk(0)
             model(torch.randn(1, 12, generator=gen))
         torch.save([p.detach().clone() for p in model.parameters()], f"{out}/rank{rank}.pt")
         # no rank tears its connections down while the other still reads from them (gloo
@@ -145,14 +151,18 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
 
 
 def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overlap: bool = False,
-               world: int = 2, gather_in_forward: bool = False) -> list:
+               world: int = 2, gather_in_forward: bool = False, align_gather: bool = False) -> list:
     """The weights every rank holds after one step of a small model on ``world`` data-parallel
     gloo processes (each its own data) under :class:`GradientSync`: one list per rank (with
     ``gather_in_forward``, after the next step's first forward; what they held before it is
-    saved beside as ``rank{r}-before.pt`` in the run's folder, ``dp-z1-rs1-ov1-g1``)."""
+    saved beside as ``rank{r}-before.pt`` in the run's folder, ``dp-z1-rs1-ov1-g1``; with
+    ``align_gather``, the model in two chunks whose all-gathers are issued a chunk at a time,
+    as the interleaved schedule does)."""
     from echo_et.trace.insitu import free_port
 
-    out = tmp_path / f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}-g{int(gather_in_forward)}"
+    out = tmp_path / (f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}-g{int(gather_in_forward)}"
+                      + ("-aligned" if align_gather else ""))
     out.mkdir()
-    _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out), gather_in_forward), world)
+    _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out), gather_in_forward,
+                           align_gather), world)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]

@@ -108,3 +108,29 @@ def test_synchronising_timers_wait_for_the_device_at_every_phase_edge(pp: int) -
         assert (exchanges > 0) is (pp > 1), stage
         assert on[""] == 2 * exchanges
         assert on["optimizer"] == off["optimizer"]
+
+
+def test_reading_a_value_waits_for_the_compute_stream_not_for_communication_in_flight() -> None:
+    """``.item()`` and ``.cpu()`` synchronise the current stream only: an all-gather issued
+    with ``async_op`` and not yet waited for keeps running (Megatron-Core's overlapped param
+    gather, in flight across get_batch's ``sizes.cpu()``); ``torch.cuda.synchronize()`` waits
+    for it too. A collective waited for before the read is waited for by it."""
+    from echo_et.trace.direct_graph import COMM, OP, STREAM, SYNC, WAIT, build_graph
+    from echo_et.trace.records import CommRecord
+
+    def rec() -> CommRecord:
+        return CommRecord(index=0, op="all_gather", group_ranks=(0, 1), group_name="1", group_desc="dp",
+                          in_bytes=64, out_bytes=128, dtype="c10::BFloat16")
+
+    def sync_deps(*events) -> set[str]:
+        g = build_graph([(OP, "aten::mm", "[]", "[]", ""), *events], lambda r: "dp", graph_id="g", where="t").graph
+        by_id = {n.id: n for n in g.nodes}
+        syncs = [n for n in g.nodes if n.kind == pb.KIND_SYNC]
+        assert len(syncs) == 1
+        return {by_id[d.id].name for d in syncs[0].deps}
+
+    gather = rec()
+    assert sync_deps((COMM, gather), (SYNC, STREAM)) == {"aten::mm"}
+    assert sync_deps((COMM, gather), (SYNC,)) == {"aten::mm", "all_gather"}
+    waited = rec()
+    assert sync_deps((COMM, waited), (WAIT, waited), (SYNC, STREAM)) == {"aten::mm", "all_gather"}

@@ -105,9 +105,6 @@ def test_predict_overlaps_the_reduction_and_records_it(tmp_path) -> None:
      "--overlap-param-gather: the weights' all-gathers belong to --use-distributed-optimizer"),
     (["trace", "--workload", "megatron-gpt", "--overlap-param-gather", "--grad-sync", "overlap", "--dp", "2"],
      "need Megatron's distributed optimizer (ZeRO stage 1) and its gradient sync overlapped"),
-    (["trace", "--workload", "megatron-gpt", "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1",
-      "--layers", "6", "--pp", "3", "--microbatches", "3", "--num-layers-per-virtual-pipeline-stage", "1"],
-     "the weights' all-gathers overlapped with the forward are not modelled with the interleaved"),
     (["trace", "--script", "x.py:build", "--overlap-param-gather"], "--overlap-param-gather applies to the built-in"),
 ])
 def test_what_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> None:
@@ -196,3 +193,70 @@ def test_megatron_core_buckets_the_first_stages_first_chunk_only(tmp_path) -> No
     # the first stage: its second chunk whole (2 layers), then its first chunk's buckets of 40M
     assert len(per_stage[0]) > 2 and per_stage[0][0] == per_stage[1][0] == per_stage[1][1]
     assert [len(s) for s in per_stage[1:]] == [2, 2]
+
+
+# -- the gathers with the interleaved schedule, aligned across the stages ---------------------------
+def test_the_interleaved_schedule_issues_each_chunks_gathers_where_megatron_does() -> None:
+    """Megatron's --align-param-gather: chunks 0 and 1 before the schedule; chunk c + 1's when
+    virtual micro-step k + stage is chunk c's first micro-batch, so every stage issues it at
+    the same time (c x stages virtual micro-steps in)."""
+    from echo_et.workloads.pipeline import param_sync_chunk
+
+    def issued(stages, chunks, microbatches):
+        return {s: [(k, c) for k in range(microbatches * chunks)
+                    if (c := param_sync_chunk(k, stages, s, chunks, microbatches)) is not None]
+                for s in range(stages)}
+
+    assert issued(4, 4, 8) == {0: [(4, 2), (8, 3)], 1: [(3, 2), (7, 3)], 2: [(2, 2), (6, 3)], 3: [(1, 2), (5, 3)]}
+    assert issued(3, 2, 6) == {0: [], 1: [], 2: []}        # two chunks: both before the schedule
+
+
+def test_aligned_gathers_give_the_weights_the_optimizer_made(tmp_path) -> None:
+    """Two gloo ranks, the model in two chunks: the schedule issues the first chunk's gathers,
+    the second chunk's first forward issues its own; the weights are those the all-gather
+    after the optimizer gives."""
+    after_step = dp_weights(tmp_path, zero=1, overlap=True)
+    aligned = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True, align_gather=True)
+    before = [torch.load(tmp_path / "dp-z1-rs1-ov1-g1-aligned" / f"rank{r}-before.pt") for r in range(2)]
+    for r in range(2):
+        assert any(not torch.equal(a, b) for a, b in zip(before[r], after_step[r], strict=True))
+        for a, b in zip(aligned[r], after_step[r], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_interleaved_trace_gathers_each_chunk_where_the_schedule_says(tmp_path) -> None:
+    out = tmp_path / "job"
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE[:1], "12", *SHAPE[2:],
+                              "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1", "--dp", "2", "--pp",
+                              "3", "--microbatches", "6", "--num-virtual-stages-per-pipeline-rank", "4",
+                              "--device", "meta", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    job = load_job(out)
+    for stage in range(3):
+        graph = job.graph_of(job.manifest.layout.dp * stage)
+        colls = [n for n in graph.nodes if n.kind == pb.KIND_COLLECTIVE]
+        gathers = [n for n in colls if n.collective.type == pb.COLL_ALL_GATHER]
+        scatters = [n for n in colls if n.collective.type == pb.COLL_REDUCE_SCATTER]
+        # one gather per bucket (a chunk past the first stage's first is one bucket), each in
+        # the forward: chunks 0 and 1 at the start, chunks 2 and 3 at micro-batch 0 on the first
+        # stage, 2 on the second and 1 on the third; none after the optimizer
+        assert len(gathers) == len(scatters) == (5 if stage == 0 else 4), stage
+        assert [(n.annotations.phase, n.annotations.microbatch) for n in gathers] == \
+            [("forward", 0)] * (len(gathers) - 2) + [("forward", (0, 2, 1)[stage])] * 2
+        assert max(n.id for n in gathers) < min(n.id for n in scatters)
+    # re-staging cannot regenerate them: one line
+    res = runner.invoke(app, ["scale", str(out), "--pp", "2", "-o", str(tmp_path / "restaged")])
+    assert res.exit_code == 2 and "re-staging does not regenerate" in res.output, res.output
+
+
+def test_predict_hides_the_interleaved_gathers_too(tmp_path) -> None:
+    args = [*SHAPE[:1], "12", *SHAPE[2:-4], "--seq", "1024", "--dtype", "bfloat16", "--micro-batch", "1",
+            "--global-batch", "48", "--pp", "3", "--dp", "4", "--num-layers-per-virtual-pipeline-stage", "1",
+            "--use-distributed-optimizer", "--overlap-grad-reduce", "--gpu", "a100", "--gpus-per-node", "4",
+            "--inter-bw", "200Gb/s/node"]
+    runs = _predicted(tmp_path, args, {"after": [], "forward": ["--overlap-param-gather"]})
+    rank = {k: v["ranks"]["0"] for k, v in runs.items()}
+    # the same calls, moved (into the forward, where they share the links with the pipeline's)
+    assert rank["forward"]["comm_ns"] == pytest.approx(rank["after"]["comm_ns"], rel=0.02)
+    assert rank["forward"]["exposed_comm_ns"] < rank["after"]["exposed_comm_ns"]
+    assert runs["forward"]["step_time_ns"] < runs["after"]["step_time_ns"]

@@ -64,6 +64,7 @@ from echo_et.trace.direct_graph import (
     SLOT,
     SPAN_IN,
     SPAN_OUT,
+    STREAM,
     SYNC,
     WAIT,
     Region,
@@ -75,6 +76,7 @@ from echo_et.trace.ops import runs_kernel
 from echo_et.trace.records import COMM_SPAN, WAIT_SPAN, CommRecord, span_index
 
 SYNC_SPAN = "echo:sync"
+STREAM_SYNC_SPAN = "echo:stream_sync"
 
 _RF_ENTER = torch.ops.profiler._record_function_enter_new.default
 _RF_EXITS = frozenset(getattr(torch.ops.profiler._record_function_exit, o)
@@ -292,6 +294,9 @@ class DirectRecorder(TorchDispatchMode):
             elif name == SYNC_SPAN:
                 if not self._suppress:
                     self.events.append((SYNC,))
+            elif name == STREAM_SYNC_SPAN:
+                if not self._suppress:
+                    self.events.append((SYNC, STREAM))
             else:
                 k = span_index(name, WAIT_SPAN)
                 if k is not None:

@@ -16,8 +16,10 @@ rank's graph, shaped like a GPU trace without its host side:
 - the host that issues this work, on ``host:0``: one KIND_LAUNCH node (``cpu.op`` = the
   operator or ``c10d::<collective>``) before each compute and communication node, which
   depends on it (DEP_LAUNCH), and a KIND_SYNC node wherever the workload blocks the host on
-  the device (an ``echo:sync`` span: ``torch.cuda.synchronize()``, ``.item()``), with DEP_SYNC
-  on the last node of every device stream so far. A compute model gives launches their host
+  the device (an ``echo:sync`` span: ``torch.cuda.synchronize()``), with DEP_SYNC on the
+  last node of every device stream so far, or on the compute stream (``echo:stream_sync``:
+  ``.item()``, ``.cpu()``), with DEP_SYNC on its last kernel and the communications it has
+  waited for since. A compute model gives launches their host
   cost; an iteration whose kernels are shorter than that is then bound by the host, as real
   eager PyTorch runs of small models are;
 - annotations (phase, layer, micro-batch, stage) as the profiler-based splice gives them;
@@ -52,7 +54,9 @@ MARK_END = 4    # (MARK_END, attrs)
 COMM = 5        # (COMM, CommRecord)
 WAIT = 6        # (WAIT, CommRecord)
 SLOT = 7        # (SLOT, slot): a unit's backward, filled when its template is known
-SYNC = 8        # (SYNC,): the host waits for the device (``echo:sync``)
+SYNC = 8        # (SYNC,): the host waits for the device (``echo:sync``); (SYNC, STREAM): for
+#                 the compute stream only (``echo:stream_sync``: ``.item()``, ``.cpu()``)
+STREAM = "stream"
 REGION_IN = 9   # (REGION_IN, Region): a repeated region's first run begins
 REGION_OUT = 10  # (REGION_OUT, Region): ... and ends
 REPEAT = 11     # (REPEAT, Region, labels): the region again, with these annotation values
@@ -223,7 +227,11 @@ class _Build:
         elif kind == SYNC:
             n = self.new_node(id=self.next_id, name="sync", kind=pb.KIND_SYNC, stream=self.host)
             self.next_id += 1
-            for nid in sorted(self.last_on.values()):
+            if len(e) > 1:      # the compute stream: its last kernel and what it has waited for since
+                on = ([] if self.last_compute is None else [self.last_compute]) + self.waited
+            else:
+                on = list(self.last_on.values())
+            for nid in sorted(set(on)):
                 n.deps.add(id=nid, kind=pb.DEP_SYNC)
             self.annotate(n)
         elif kind in (SPAN_IN, MARK_BEGIN):

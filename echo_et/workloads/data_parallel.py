@@ -40,6 +40,12 @@ the next bucket's, so one all-gather is in flight ahead of the layers that need 
 keeps one in flight too, so that its all-gathers do not block the compute kernels queued
 behind them on one device connection).
 
+With ``align_gather`` too (Megatron-LM's default with the interleaved schedule,
+``--align-param-gather``), nothing is issued at the step's start nor by the pre-hooks: the
+schedule issues all of one model chunk's all-gathers at once (:meth:`GradientSync.gather_chunk`,
+Megatron's ``start_param_sync``), at points aligned across the pipeline stages, and a pre-hook
+only waits for its buckets (issuing one the schedule has not, as Megatron's does).
+
 With ``flatten`` (DeepSpeed's engine without ZeRO: ``buffered_allreduce_fallback``) the
 gradients are not reduced in place: each run of parameters holding more than
 :data:`DEEPSPEED_BUCKET_ELEMENTS` is concatenated into a new flat tensor, all-reduced,
@@ -119,7 +125,8 @@ class GradientSync:
     def __init__(self, params: list[nn.Parameter], group, *, zero: int, bucket_bytes: int | list[int],
                  optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
                  buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
-                 reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None):
+                 reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None,
+                 align_gather: bool = False):
         self.group = group
         self.reduce_scatter = reduce_scatter
         self.flatten = flatten and not zero
@@ -178,6 +185,7 @@ class GradientSync:
         # the buckets in the order the forward uses them (the gradients fill them in reverse)
         self._gather_order: list[_Bucket] = []
         self._gathered = 0
+        self.align_gather = align_gather
         if gather_in_forward is not None and zero and self.dp > 1:
             self._gather_order = list(reversed(self.buckets))
             for module in (m for root in gather_in_forward for m in root.modules()):
@@ -290,35 +298,53 @@ class GradientSync:
 
     def start_step(self) -> None:
         """The step's start (Megatron's ``zero_grad``): with the gather in the forward, issue
-        the all-gather of the bucket the forward uses first."""
+        the all-gather of the bucket the forward uses first (aligned: none, the schedule
+        issues them)."""
         if not self._gather_order:
             return
         for b in self.buckets:
             b.gathered = False
         self._gathered = 0
-        self._issue_gather()
+        if not self.align_gather:
+            self._issue_gather()
+
+    def gather_chunk(self, chunk: int) -> None:
+        """Issue every all-gather of model chunk ``chunk``'s buckets not yet issued, in the
+        order its forward uses them (Megatron's ``start_param_sync`` of one chunk)."""
+        for b in self._gather_order:
+            if b.chunk == chunk and not b.gathered and b.gather is None:
+                self._dispatch(b)
 
     def _issue_gather(self) -> None:
-        if self._gathered < len(self._gather_order):
+        while self._gathered < len(self._gather_order):
             b = self._gather_order[self._gathered]
             self._gathered += 1
-            k = b.padded // self.dp
-            with comm_span(self.group):
-                b.gather = _all_gather(b.param_flat, b.param_flat[self.rank * k:(self.rank + 1) * k],
-                                       group=self.group, async_op=True)
+            if not b.gathered and b.gather is None:
+                self._dispatch(b)
+                return
+
+    def _dispatch(self, b: _Bucket) -> None:
+        k = b.padded // self.dp
+        with comm_span(self.group):
+            b.gather = _all_gather(b.param_flat, b.param_flat[self.rank * k:(self.rank + 1) * k],
+                                   group=self.group, async_op=True)
 
     def _pre_forward(self, buckets: list[_Bucket]):
         def hook(module, args) -> None:
             for b in buckets:
                 if b.gathered:
                     continue
-                while b.gather is None and self._gathered < len(self._gather_order):
-                    self._issue_gather()       # a bucket used out of order: issued now
+                if b.gather is None:
+                    if self.align_gather:
+                        self._dispatch(b)      # one the schedule has not issued: issued now
+                    while b.gather is None and self._gathered < len(self._gather_order):
+                        self._issue_gather()   # a bucket used out of order: issued now
                 if b.gather is not None:
                     with comm_span(self.group):
                         b.gather.wait()
                 b.gather, b.gathered = None, True
-                self._issue_gather()           # the next bucket's, while these layers run
+                if not self.align_gather:
+                    self._issue_gather()       # the next bucket's, while these layers run
         return hook
 
     def _step(self) -> None:

@@ -138,6 +138,7 @@ class _GPTRank:
             buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
             flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
             gather_in_forward=self.models if cfg.overlap_param_gather else None,
+            align_gather=self.chunks > 1,       # Megatron-LM aligns them with the interleaved schedule
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
@@ -343,11 +344,19 @@ class _GPTRank:
             interleaved_one_f_one_b(
                 self.link, self.ctx.layout.microbatches, self.chunks,
                 lambda mb, c, inp: self._forward(mb, inp, c),
-                lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c))
+                lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c),
+                param_sync=self._gather_chunk if self.cfg.overlap_param_gather else None)
         else:
             one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):
             self.sync.finish_and_step(before_step=self._before_step)
+
+    def _gather_chunk(self, chunk: int, mb: int) -> None:
+        """The interleaved schedule's issue of one model chunk's weight all-gathers."""
+        from echo_et.workloads.markers import span
+
+        with span(phase="forward", mb=mb, stage=self.stage):
+            self.sync.gather_chunk(chunk)
 
     def _deepspeed_step(self) -> None:
         """``PipelineEngine.train_batch``: the TrainSchedule's steps, then its closing

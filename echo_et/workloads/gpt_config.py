@@ -302,9 +302,6 @@ class GPTConfig:
         if self.overlap_grad_reduce and not (self.grad_sync == "overlap" and self.optimizer == "megatron"):
             raise EchoError(f"{where}: Megatron-Core's overlapped gradient sync is megatron-gpt's, with the "
                             "gradient sync overlapped with the backward")
-        if self.overlap_param_gather and self.interleaved:
-            raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward are not modelled "
-                            "with the interleaved pipeline schedule")
         if self.overlap_param_gather and not (layout.zero and self.grad_sync == "overlap"
                                               and self.optimizer == "megatron"):
             raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward need Megatron's "

@@ -36,6 +36,16 @@ def device_sync(device) -> None:
     _mark("echo:sync")
 
 
+def stream_sync(device) -> None:
+    """Block the host until the current stream is done: what ``.item()`` and ``.cpu()`` do
+    (``cudaStreamSynchronize``), so a communication issued with ``async_op`` and not yet
+    waited for keeps running on its own stream; marked ``echo:stream_sync`` for the
+    meta-device tracer."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    _mark("echo:stream_sync")
+
+
 def _mark(name: str) -> None:
     with recorded_span(name):
         pass

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from echo_et.workloads.markers import comm_span, device_sync
+from echo_et.workloads.markers import comm_span, stream_sync
 
 
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -103,7 +103,7 @@ def get_batch(text: torch.Tensor, group, device) -> Batch:
     if group is not None:
         with comm_span(group):
             dist.broadcast(sizes, group_src=0, group=group)
-    device_sync(device)                                      # sizes_cuda.cpu()
+    stream_sync(device)                                      # sizes_cuda.cpu()
     flat = text.reshape(-1).to(device, copy=True)
     if group is not None:
         with comm_span(group):
@@ -376,7 +376,7 @@ class MixedPrecisionAdam:
         if self.mp_group is not None and dist.get_world_size(self.mp_group) > 1:
             with comm_span(self.mp_group):
                 dist.all_reduce(self.found_inf, op=dist.ReduceOp.MAX, group=self.mp_group)
-        device_sync(self.found_inf.device)     # found_inf.item()
+        stream_sync(self.found_inf.device)     # found_inf.item()
 
     @torch.no_grad()
     def step(self) -> None:
@@ -394,7 +394,7 @@ class MixedPrecisionAdam:
             with comm_span(self.mp_group):
                 dist.all_reduce(total, group=self.mp_group)
         total = total ** 0.5
-        device_sync(total.device)     # Megatron reads the norm on the host (.item())
+        stream_sync(total.device)     # Megatron reads the norm on the host (.item())
         if self.loss_scaling == "deepspeed" and grads:
             # DeepSpeed's FP16_Optimizer finds an overflow in the norm it has just read, and
             # unscales (with the clipping) in one pass over the gradients: no flag of its own

@@ -401,16 +401,38 @@ class _InterleavedPlan:
             self.comm(send_prev=self.gradient_out(bmb, bc), recv_next=recv_next)
 
 
+def param_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatches: int) -> int | None:
+    """The model chunk whose weights' all-gathers Megatron's interleaved schedule issues
+    before forward virtual micro-step ``step`` of ``stage`` (None: none). With the gathers
+    aligned across stages (``--align-param-gather``), virtual micro-step k + stage being the
+    first micro-batch of chunk c issues chunk c + 1's, for c + 1 from 2 (chunks 0 and 1 are
+    issued before the schedule) to the last: so every stage issues chunk c + 1's at the same
+    time, c x stages virtual micro-steps into the schedule."""
+    k = step + stage
+    if k >= microbatches * chunks or k >= stages * chunks or k % stages:
+        return None
+    c = virtual_chunk(k, stages, chunks, forward=True) + 1
+    return c if 1 < c < chunks else None
+
+
 def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                             forward: Callable[[int, int, torch.Tensor | None], torch.Tensor],
                             backward: Callable[[int, int, torch.Tensor | None, torch.Tensor,
-                                                torch.Tensor | None], torch.Tensor | None]) -> None:
+                                                torch.Tensor | None], torch.Tensor | None],
+                            param_sync: Callable[[int, int], None] | None = None) -> None:
     """Run this stage's ``chunks`` model chunks over ``microbatches`` micro-batches in the
     interleaved 1F1B order (:func:`interleaved_schedule`).
 
     ``forward(mb, chunk, input) -> output`` (the loss on the model's last chunk; input None
-    on its first); ``backward(mb, chunk, input, output, output_grad) -> input_grad``.
+    on its first); ``backward(mb, chunk, input, output, output_grad) -> input_grad``;
+    ``param_sync(chunk, mb)``, when given, issues a chunk's weight all-gathers (Megatron's
+    ``param_sync_func``): chunks 0 and 1 before the schedule, the others where
+    :func:`param_sync_chunk` says, before the forward of micro-batch ``mb``.
     """
+    if param_sync is not None:
+        param_sync(0, 0)
+        param_sync(1, 0)
+    forwards = 0
     first = link.first
     last_chunk = chunks - 1 if link.last else None
     inputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -427,6 +449,11 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
             continue
         _, mb, c = item
         if kind == "forward":
+            sync = None if param_sync is None else param_sync_chunk(forwards, link.stages, link.stage, chunks,
+                                                                    microbatches)
+            if sync is not None:
+                param_sync(sync, mb)
+            forwards += 1
             inp = None if first and c == 0 else inputs.pop((mb, c))
             out = forward(mb, c, inp)
             saved[(mb, c)] = (inp, out)
