@@ -61,7 +61,7 @@ def test_each_chunk_holds_its_share_of_its_stage() -> None:
     ({"layers": 16, "virtual_stages_per_rank": 3}, 4, 4, "the first stage's 4 layers do not"),
     ({"virtual_stages_per_rank": 2, "layers_per_virtual_stage": 1, "layers": 16}, 4, 4, "not both"),
     ({"first_stage_layers": 2, "layers_per_virtual_stage": 1}, 4, 4,
-     "virtual stages per pipeline rank (Megatron-Core's --num-virtual-stages-per-pipeline-rank), not as layers"),
+     "virtual stages per pipeline rank (Megatron-Core's rule), not as layers per virtual stage"),
     ({"first_stage_layers": 2, "virtual_stages_per_rank": 1}, 4, 4, "need at least 2 chunks per stage"),
     ({"layers": 6, "first_stage_layers": 2, "last_stage_layers": 4, "virtual_stages_per_rank": 2}, 2, 4,
      "need pp > 2"),

@@ -361,8 +361,7 @@ class GPTConfig:
             raise EchoError(f"{where}: the first and the last stage's own layer counts need pp > 1")
         if self.layers_per_virtual_stage:
             raise EchoError(f"{where}: interleaved chunks of uneven first and last stages are given as virtual "
-                            "stages per pipeline rank (Megatron-Core's --num-virtual-stages-per-pipeline-rank), "
-                            "not as layers per virtual stage")
+                            "stages per pipeline rank (Megatron-Core's rule), not as layers per virtual stage")
         between = pp - 2 if first and last else pp - 1
         rest = self.layers - first - last
         given = " and ".join(f"{n} on the {name} stage" for name, n in (("first", first), ("last", last)) if n)
