@@ -107,7 +107,8 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
 
 
 def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,
-                  out: str, gather_in_forward: bool = False, align_gather: bool = False) -> None:
+                  out: str, gather_in_forward: bool = False, align_gather: bool = False,
+                  align_reduce: bool = False) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -124,17 +125,19 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
         torch.manual_seed(5)     # the same model on every rank
         model = torch.nn.Sequential(torch.nn.Linear(12, 7), torch.nn.GELU(), torch.nn.Linear(7, 3))
         # aligned: two model chunks (the interleaved schedule's), each its own buffer
-        chunks = [model[:2], model[2:]] if align_gather else [model]
+        chunks = [model[:2], model[2:]] if align_gather or align_reduce else [model]
         sync = GradientSync(list(model.parameters()), dist.group.WORLD, zero=zero, bucket_bytes=256,
                             optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-2), overlap=overlap,
                             reduce_scatter=reduce_scatter, gather_in_forward=chunks if gather_in_forward else None,
-                            buffers=[list(c.parameters()) for c in chunks] if align_gather else None,
-                            align_gather=align_gather)
+                            buffers=[list(c.parameters()) for c in chunks] if len(chunks) > 1 else None,
+                            align_gather=align_gather, align_reduce=align_reduce)
         gen = torch.Generator().manual_seed(100 + rank)      # each rank its own data
         for mb in range(2):
-            if mb == 1:
+            if mb == 1 and not align_reduce:
                 sync.arm()
             model(torch.randn(5, 12, generator=gen)).square().sum().backward()
+        if align_reduce:     # the schedule issues the second chunk's; finish_and_step the first's
+            sync.reduce_chunk(1)
         sync.finish_and_step()
         if gather_in_forward:   # the next step's forward gathers what the optimizer updated
             torch.save([p.detach().clone() for p in model.parameters()], f"{out}/rank{rank}-before.pt")
@@ -151,18 +154,20 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
 
 
 def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overlap: bool = False,
-               world: int = 2, gather_in_forward: bool = False, align_gather: bool = False) -> list:
+               world: int = 2, gather_in_forward: bool = False, align_gather: bool = False,
+               align_reduce: bool = False) -> list:
     """The weights every rank holds after one step of a small model on ``world`` data-parallel
     gloo processes (each its own data) under :class:`GradientSync`: one list per rank (with
     ``gather_in_forward``, after the next step's first forward; what they held before it is
     saved beside as ``rank{r}-before.pt`` in the run's folder, ``dp-z1-rs1-ov1-g1``; with
     ``align_gather``, the model in two chunks whose all-gathers are issued a chunk at a time,
-    as the interleaved schedule does)."""
+    as the interleaved schedule does; with ``align_reduce``, in two chunks whose gradient
+    collectives are issued a chunk at a time, after the backward)."""
     from echo_et.trace.insitu import free_port
 
     out = tmp_path / (f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}-g{int(gather_in_forward)}"
-                      + ("-aligned" if align_gather else ""))
+                      + ("-aligned" if align_gather else "") + ("-aligned-reduce" if align_reduce else ""))
     out.mkdir()
     _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out), gather_in_forward,
-                           align_gather), world)
+                           align_gather, align_reduce), world)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]

@@ -174,8 +174,10 @@ def test_predict_hides_the_gathers_behind_the_forward(tmp_path) -> None:
 
 def test_megatron_core_buckets_the_first_stages_first_chunk_only(tmp_path) -> None:
     """Megatron-Core turns bucketing off on the pipeline stages after the first and for the
-    model chunks after the first: each such chunk's gradients are one reduce-scatter, issued
-    at that chunk's last backward (the interleaved schedule, 3 stages of 2 chunks)."""
+    model chunks after the first: each such chunk's gradients are one reduce-scatter. With the
+    interleaved schedule (3 stages of 2 chunks) Megatron-LM aligns the reductions across the
+    stages (--align-grad-reduce): a chunk's are issued whole, stage s steps after the chunk's
+    last backward on the first stage, the chunks not reached by the schedule's end after it."""
     out = tmp_path / "job"
     res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE[:1], "12", *SHAPE[2:],
                               "--overlap-grad-reduce", "--zero", "1", "--dp", "2", "--pp", "3", "--microbatches", "6",
@@ -187,8 +189,15 @@ def test_megatron_core_buckets_the_first_stages_first_chunk_only(tmp_path) -> No
         graph = job.graph_of(job.manifest.layout.dp * stage)
         scatters = [n for n in graph.nodes
                     if n.kind == pb.KIND_COLLECTIVE and n.collective.type == pb.COLL_REDUCE_SCATTER]
-        # reduced as the last micro-batch's backward fills them, never earlier
-        assert {(n.annotations.phase, n.annotations.microbatch) for n in scatters} == {("backward", 5)}
+        # chunk 1's after backward virtual micro-step 8 + stage (micro-batch 5, 3, 4), chunk 0's
+        # after step 11 on the first stage, after the schedule on the others (micro-batch 5)
+        mbs = [n.annotations.microbatch for n in scatters]
+        assert {n.annotations.phase for n in scatters} == {"backward"}
+        assert mbs == [(5, 3, 4)[stage]] + [5] * (len(mbs) - 1), stage
+        # issued whole after the backward, none while it runs
+        last_backward = max(n.id for n in graph.nodes if n.kind == pb.KIND_COMPUTE
+                            and n.annotations.phase == "backward")
+        assert min(n.id for n in scatters[1:]) > last_backward
         per_stage.append([n.collective.in_bytes // 4 for n in scatters])
     # the first stage: its second chunk whole (2 layers), then its first chunk's buckets of 40M
     assert len(per_stage[0]) > 2 and per_stage[0][0] == per_stage[1][0] == per_stage[1][1]
@@ -209,6 +218,37 @@ def test_the_interleaved_schedule_issues_each_chunks_gathers_where_megatron_does
 
     assert issued(4, 4, 8) == {0: [(4, 2), (8, 3)], 1: [(3, 2), (7, 3)], 2: [(2, 2), (6, 3)], 3: [(1, 2), (5, 3)]}
     assert issued(3, 2, 6) == {0: [], 1: [], 2: []}        # two chunks: both before the schedule
+
+
+def test_the_interleaved_schedule_issues_each_chunks_reduction_where_megatron_does() -> None:
+    """Megatron's --align-grad-reduce: a chunk's after backward virtual micro-step k + stage
+    when k is the chunk's last backward micro-batch (the last group's, the last of its stages
+    steps); what the schedule does not reach is issued after it."""
+    from echo_et.workloads.pipeline import grad_sync_chunk
+
+    def issued(stages, chunks, microbatches):
+        return {s: [(k, c) for k in range(microbatches * chunks)
+                    if (c := grad_sync_chunk(k, stages, s, chunks, microbatches)) is not None]
+                for s in range(stages)}
+
+    assert issued(3, 2, 6) == {0: [(8, 1), (11, 0)], 1: [(9, 1)], 2: [(10, 1)]}
+    # 4 stages, 3 chunks, 8 micro-batches: the last group is steps 12-23, chunk 2's last backward
+    # step 15, chunk 1's 19, chunk 0's 23; a later stage reaches fewer of them
+    assert issued(4, 3, 8) == {0: [(15, 2), (19, 1), (23, 0)], 1: [(16, 2), (20, 1)],
+                               2: [(17, 2), (21, 1)], 3: [(18, 2), (22, 1)]}
+    assert issued(4, 3, 12)[3] == [(30, 2), (34, 1)]
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_aligned_reductions_give_the_weights_of_the_reduction_after_the_backward(tmp_path, zero) -> None:
+    """Two gloo ranks, the model in two chunks: the second chunk's gradients reduced when the
+    schedule says, the first's by finish_and_step; the step's weights are those of the
+    reduction after the backward, on every rank."""
+    after = dp_weights(tmp_path, zero=zero)
+    aligned = dp_weights(tmp_path, zero=zero, overlap=True, align_reduce=True)
+    for r in range(2):
+        for a, b in zip(aligned[r], after[r], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_aligned_gathers_give_the_weights_the_optimizer_made(tmp_path) -> None:

@@ -40,6 +40,12 @@ the next bucket's, so one all-gather is in flight ahead of the layers that need 
 keeps one in flight too, so that its all-gathers do not block the compute kernels queued
 behind them on one device connection).
 
+With ``align_reduce`` (Megatron-Core's overlapped sync under the interleaved schedule, with
+Megatron-LM's default ``--align-grad-reduce``) no bucket is issued by the gradient hooks: the
+schedule issues all of one model chunk's collectives at once
+(:meth:`GradientSync.reduce_chunk`, Megatron's ``start_grad_sync``) at points aligned across the
+pipeline stages, and :meth:`GradientSync.finish_and_step` issues the chunks it has not.
+
 With ``align_gather`` too (Megatron-LM's default with the interleaved schedule,
 ``--align-param-gather``), nothing is issued at the step's start nor by the pre-hooks: the
 schedule issues all of one model chunk's all-gathers at once (:meth:`GradientSync.gather_chunk`,
@@ -99,6 +105,7 @@ class _Bucket:
         self.armed = False        # its gradients of this backward are the step's last
         self.chunk = 0            # the buffer (model chunk) it belongs to
         self.work = None
+        self.reduced = False      # its collective of this step is issued
         self.gather = None        # the all-gather of the updated parameters, in flight
         self.gathered = True      # this step's forward has them
 
@@ -126,7 +133,7 @@ class GradientSync:
                  optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
                  buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
                  reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None,
-                 align_gather: bool = False):
+                 align_gather: bool = False, align_reduce: bool = False):
         self.group = group
         self.reduce_scatter = reduce_scatter
         self.flatten = flatten and not zero
@@ -186,6 +193,7 @@ class GradientSync:
         self._gather_order: list[_Bucket] = []
         self._gathered = 0
         self.align_gather = align_gather
+        self.align_reduce = align_reduce and overlap
         if gather_in_forward is not None and zero and self.dp > 1:
             self._gather_order = list(reversed(self.buckets))
             for module in (m for root in gather_in_forward for m in root.modules()):
@@ -216,12 +224,25 @@ class GradientSync:
         if not b.armed:
             return
         b.pending -= 1
-        if b.pending == 0 and self.dp > 1:
+        if b.pending == 0:
+            self._reduce(b)
+
+    def _reduce(self, b: _Bucket) -> None:
+        """Issue bucket ``b``'s collective (asynchronous; nothing to do with one rank)."""
+        if self.dp > 1:
             with comm_span(self.group):
                 if self.zero and self.reduce_scatter:
                     b.work = _reduce_scatter(b.grad_shard, b.grad, group=self.group, async_op=True)
                 else:
                     b.work = dist.all_reduce(b.grad, group=self.group, async_op=True)
+        b.reduced = True
+
+    def reduce_chunk(self, chunk: int) -> None:
+        """Issue every collective of model chunk ``chunk``'s buckets not yet issued, in the
+        order the backward fills them (Megatron's ``start_grad_sync`` of one chunk)."""
+        for b in self.buckets:
+            if b.chunk == chunk and not b.reduced:
+                self._reduce(b)
 
     def arm(self, chunk: int | None = None) -> None:
         """Issue each bucket's collective (of model chunk ``chunk``'s buffer; None: all) as its
@@ -234,8 +255,11 @@ class GradientSync:
         """Wait for the gradient collectives, average, update, and (ZeRO-1) gather.
         ``before_step()`` runs between the reduction and the optimizer (Megatron all-reduces
         the shared embedding's gradient there)."""
+        if self.align_reduce:     # Megatron's "launch any remaining grad reductions", chunk order
+            for c in sorted({b.chunk for b in self.buckets}):
+                self.reduce_chunk(c)
         for b in self.buckets:
-            b.armed = False
+            b.armed, b.reduced = False, False
         if not self.overlap and self.dp > 1:
             if self.zero and before_step is not None:
                 # Megatron's distributed optimizer reduces the embedding's gradient before

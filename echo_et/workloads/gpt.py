@@ -138,7 +138,8 @@ class _GPTRank:
             buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
             flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
             gather_in_forward=self.models if cfg.overlap_param_gather else None,
-            align_gather=self.chunks > 1,       # Megatron-LM aligns them with the interleaved schedule
+            # Megatron-LM aligns both across the stages with the interleaved schedule
+            align_gather=self.chunks > 1, align_reduce=self.chunks > 1 and cfg.overlap_grad_reduce,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
@@ -292,7 +293,7 @@ class _GPTRank:
         with span(phase="backward", mb=mb, stage=self.stage):
             # each chunk's last backward: its buckets reduce as they fill (the interleaved
             # schedule's other micro-batches may still run other chunks' backward)
-            if mb == self.ctx.layout.microbatches - 1:
+            if mb == self.ctx.layout.microbatches - 1 and not self.sync.align_reduce:
                 self.sync.arm(chunk if self.chunks > 1 else None)
             self._timer_edge()           # backward-compute start
             if out_grad is None:
@@ -345,7 +346,8 @@ class _GPTRank:
                 self.link, self.ctx.layout.microbatches, self.chunks,
                 lambda mb, c, inp: self._forward(mb, inp, c),
                 lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c),
-                param_sync=self._gather_chunk if self.cfg.overlap_param_gather else None)
+                param_sync=self._gather_chunk if self.cfg.overlap_param_gather else None,
+                grad_sync=self._reduce_chunk if self.sync.align_reduce else None)
         else:
             one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):
@@ -357,6 +359,13 @@ class _GPTRank:
 
         with span(phase="forward", mb=mb, stage=self.stage):
             self.sync.gather_chunk(chunk)
+
+    def _reduce_chunk(self, chunk: int, mb: int) -> None:
+        """The interleaved schedule's issue of one model chunk's gradient collectives."""
+        from echo_et.workloads.markers import span
+
+        with span(phase="backward", mb=mb, stage=self.stage):
+            self.sync.reduce_chunk(chunk)
 
     def _deepspeed_step(self) -> None:
         """``PipelineEngine.train_batch``: the TrainSchedule's steps, then its closing

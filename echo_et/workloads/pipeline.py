@@ -415,11 +415,26 @@ def param_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatch
     return c if 1 < c < chunks else None
 
 
+def grad_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatches: int) -> int | None:
+    """The model chunk whose gradient collectives Megatron's interleaved schedule issues after
+    backward virtual micro-step ``step`` of ``stage`` (None: none). With the reductions
+    aligned across stages (``--align-grad-reduce``), a chunk's are issued once virtual
+    micro-step ``step - stage`` is that chunk's last backward micro-batch (in the last group
+    of stages x chunks steps, the last of its stages steps): every stage issues them at the
+    same time, the later stages ``stage`` steps after their own last backward of the chunk."""
+    k = step - stage
+    group = stages * chunks
+    if k < 0 or k // group != microbatches * chunks // group - 1 or k % stages != stages - 1:
+        return None
+    return virtual_chunk(k, stages, chunks, forward=False)
+
+
 def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                             forward: Callable[[int, int, torch.Tensor | None], torch.Tensor],
                             backward: Callable[[int, int, torch.Tensor | None, torch.Tensor,
                                                 torch.Tensor | None], torch.Tensor | None],
-                            param_sync: Callable[[int, int], None] | None = None) -> None:
+                            param_sync: Callable[[int, int], None] | None = None,
+                            grad_sync: Callable[[int, int], None] | None = None) -> None:
     """Run this stage's ``chunks`` model chunks over ``microbatches`` micro-batches in the
     interleaved 1F1B order (:func:`interleaved_schedule`).
 
@@ -427,12 +442,16 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     on its first); ``backward(mb, chunk, input, output, output_grad) -> input_grad``;
     ``param_sync(chunk, mb)``, when given, issues a chunk's weight all-gathers (Megatron's
     ``param_sync_func``): chunks 0 and 1 before the schedule, the others where
-    :func:`param_sync_chunk` says, before the forward of micro-batch ``mb``.
+    :func:`param_sync_chunk` says, before the forward of micro-batch ``mb``; ``grad_sync(chunk,
+    mb)``, when given, issues a chunk's gradient collectives (Megatron's ``grad_sync_func``)
+    where :func:`grad_sync_chunk` says, after the backward of micro-batch ``mb``, and the
+    chunks it has not reached after the schedule, in chunk order.
     """
     if param_sync is not None:
         param_sync(0, 0)
         param_sync(1, 0)
-    forwards = 0
+    forwards = backwards = 0
+    synced: set[int] = set()
     first = link.first
     last_chunk = chunks - 1 if link.last else None
     inputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -466,3 +485,13 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
             if not (first and c == 0):
                 assert in_grad is not None
                 outgoing[("backward", mb, c)] = in_grad
+            sync = None if grad_sync is None else grad_sync_chunk(backwards, link.stages, link.stage, chunks,
+                                                                  microbatches)
+            if sync is not None:
+                grad_sync(sync, mb)
+                synced.add(sync)
+            backwards += 1
+    if grad_sync is not None:
+        for c in range(chunks):
+            if c not in synced:
+                grad_sync(c, microbatches - 1)
