@@ -336,6 +336,9 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--layers", "10", "--pp", "4", "--global-batch", "8", "--num-virtual-stages-per-pipeline-rank",
                     "2"], "--decoder-first-pipeline-num-layers", "int", 60))
     t.append((lg + ["--gpus", "6", "--global-batch", "6", "--micro-batch", "1"], "--virtual-stages", "ranks", 60))
+    # pipeline communication overlapped with the compute: the interleaved schedule's only
+    t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--overlap-p2p-communication"],
+              "--num-layers-per-virtual-pipeline-stage", "int", 60))
     # the llama layer: the architecture's name, key/value heads against heads and tp, the MLP width against tp
     t.append((pr + ["--heads", "8", "--hidden", "64"], "--arch", "name", 60))
     t.append((pr + ["--arch", "llama", "--heads", "8", "--hidden", "64", "--tp", "2"], "--kv-heads", "int", 60))

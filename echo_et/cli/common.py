@@ -44,6 +44,12 @@ VirtualStagesPerRankOpt = typer.Option(
          "(V must divide every stage's layers, uneven first and last stages included; pp > 2, micro-batches a "
          "multiple of pp); the form Megatron-Core takes with --decoder-first/last-pipeline-num-layers. "
          "0: not given.")
+OVERLAP_P2P = "--overlap-p2p-communication"
+OverlapP2pOpt = typer.Option(
+    False, OVERLAP_P2P,
+    help="Megatron's overlap_p2p_comm with the interleaved schedule (Megatron-LM's default there): each pipeline "
+         "send and receive posted on its own, unbatched, right after the compute that makes it and waited for "
+         "before the compute that needs it, with no device synchronisation (docs/predict.md).")
 FP32_GRADS = "--accumulate-allreduce-grads-in-fp32"
 Fp32GradsOpt = typer.Option(
     None, f"{FP32_GRADS}/--no-accumulate-allreduce-grads-in-fp32",
@@ -187,7 +193,7 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
-                      virtual_chunks: int = 0,
+                      virtual_chunks: int = 0, overlap_p2p: bool = False,
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
@@ -227,6 +233,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
     return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,
             "layers_per_virtual_stage": virtual_layers,
             "virtual_stages_per_rank": virtual_chunks,
+            "overlap_p2p_comm": overlap_p2p,
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
             "use_distributed_optimizer": distributed_optimizer,
             "sync_timers": sync_timers,
@@ -247,6 +254,7 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
     given = ((NO_SCATTER_GATHER, not settings["scatter_gather_tensors_in_pipeline"]),
              (VIRTUAL_STAGES, bool(settings["layers_per_virtual_stage"])),
              (VIRTUAL_STAGES_PER_RANK, bool(settings["virtual_stages_per_rank"])),
+             (OVERLAP_P2P, settings["overlap_p2p_comm"]),
              (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
              (DIST_OPT, settings["use_distributed_optimizer"]),
              (SYNC_TIMERS, settings["sync_timers"]),

@@ -29,6 +29,7 @@ from echo_et.cli.common import (
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     OverlapGradReduceOpt,
+    OverlapP2pOpt,
     OverlapParamGatherOpt,
     PartitionActivationsOpt,
     PipelineEngineOpt,
@@ -252,6 +253,7 @@ def sweep(
     no_scatter_gather: bool = NoScatterGatherOpt,
     virtual_layers: int = VirtualStagesOpt,
     virtual_chunks: int = VirtualStagesPerRankOpt,
+    overlap_p2p: bool = OverlapP2pOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
@@ -276,7 +278,7 @@ def sweep(
     layout of one model on that many GPUs; table, JSON and PNG."""
     shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
-                                 virtual_chunks=virtual_chunks, fp32_grads=fp32_grads,
+                                 virtual_chunks=virtual_chunks, overlap_p2p=overlap_p2p, fp32_grads=fp32_grads,
                                  distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
                                  partition_activations=partition_activations,

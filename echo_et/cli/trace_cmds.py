@@ -25,6 +25,7 @@ from echo_et.cli.common import (
     MODEL,
     NO_REDUCE_SCATTER,
     OVERLAP_GRAD_REDUCE,
+    OVERLAP_P2P,
     OVERLAP_PARAM_GATHER,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
@@ -42,6 +43,7 @@ from echo_et.cli.common import (
     ModelOpt,
     NoReduceScatterOpt,
     OverlapGradReduceOpt,
+    OverlapP2pOpt,
     OverlapParamGatherOpt,
     RecomputeGranularityOpt,
     VirtualStagesPerRankOpt,
@@ -101,6 +103,7 @@ def trace(
              "model chunks of N layers (needs pp > 2, at least 2 chunks, micro-batches a multiple of pp); "
              "0: the plain 1F1B schedule."),
     virtual_chunks: int = VirtualStagesPerRankOpt,
+    overlap_p2p: bool = OverlapP2pOpt,
     sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
     partition_activations: bool = typer.Option(False, "--partition-activations",
                                                help="GPT: " + PARTITION_ACTIVATIONS_HELP),
@@ -185,7 +188,7 @@ def trace(
     check_job_output(output)  # before minutes of tracing, not after
     if script is not None:
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
-                            (VIRTUAL_STAGES_PER_RANK, bool(virtual_chunks)),
+                            (VIRTUAL_STAGES_PER_RANK, bool(virtual_chunks)), (OVERLAP_P2P, overlap_p2p),
                             ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
                             ("--partition-activations", partition_activations),
                             ("--sequence-parallel", sequence_parallel),
@@ -215,6 +218,7 @@ def trace(
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
                                 ("layers_per_virtual_stage", virtual_layers or None),
                                 ("virtual_stages_per_rank", virtual_chunks or None),
+                                ("overlap_p2p_comm", overlap_p2p or None),
                                 ("sync_timers", sync_timers or None),
                                 ("pipeline_engine", pipeline_engine),
                                 ("partition_activations", partition_activations or None),
@@ -272,6 +276,8 @@ def trace(
         parts += ["--num-layers-per-virtual-pipeline-stage", cfg.layers_per_virtual_stage]
     if script is None and cfg.virtual_stages_per_rank:
         parts += [VIRTUAL_STAGES_PER_RANK, cfg.virtual_stages_per_rank]
+    if script is None and cfg.overlap_p2p_comm:
+        parts.append(OVERLAP_P2P)
     if script is None and cfg.sync_timers:
         parts.append("--sync-timers")
     if script is None and cfg.pipeline_engine != "megatron":

@@ -85,6 +85,8 @@ class ConfigSweepOptions:
     # Megatron-Core's --num-virtual-stages-per-pipeline-rank (the interleaved schedule by its
     # model chunks per stage; 0: not given); a row's virtual_stages_per_rank column overrides it
     virtual_stages_per_rank: int = 0
+    # Megatron's overlap_p2p_comm with the interleaved schedule (GPTConfig.overlap_p2p_comm)
+    overlap_p2p_comm: bool = False
     # Megatron's timers before its 2022 rewrite: the host waits for the device at the edges of
     # every micro-batch's forward, backward and pipeline exchange (GPTConfig.sync_timers)
     sync_timers: bool = False
@@ -173,6 +175,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              **dict(zip(("layers_per_virtual_stage", "virtual_stages_per_rank"),
                                         interleaving(row, opts), strict=True)),
+                             overlap_p2p_comm=opts.overlap_p2p_comm,
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
                              sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,

@@ -161,7 +161,7 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
                           (opts.sync_timers, "-synctimers"),
                           (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}"),
                           (opts.partition_activations, "-partact"),
-                          (opts.sequence_parallel, "-seqpar")):
+                          (opts.sequence_parallel, "-seqpar"), (opts.overlap_p2p_comm, "-p2pov")):
         if differs:                                              # the step's calls differ
             key += mark
     key += f"-sg{int(opts.scatter_gather_tensors_in_pipeline)}"  # the pipeline sends differ

@@ -347,7 +347,8 @@ class _GPTRank:
                 lambda mb, c, inp: self._forward(mb, inp, c),
                 lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c),
                 param_sync=self._gather_chunk if self.cfg.overlap_param_gather else None,
-                grad_sync=self._reduce_chunk if self.sync.align_reduce else None)
+                grad_sync=self._reduce_chunk if self.sync.align_reduce else None,
+                overlap_p2p=self.cfg.overlap_p2p_comm)
         else:
             one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):

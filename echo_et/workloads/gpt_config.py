@@ -74,6 +74,12 @@ class GPTConfig:
     # Megatron-Core requires with uneven first and last stages, each of whose layer counts V
     # must divide); 0: not given. One of this and layers_per_virtual_stage at most.
     virtual_stages_per_rank: int = 0
+    # Megatron's overlap_p2p_comm (Megatron-LM's default with the interleaved schedule,
+    # --no-overlap-p2p-communication turning it off): the interleaved schedule's sends and
+    # receives posted as separate asynchronous calls right after the compute that makes them
+    # and waited for before the compute that needs them, with no batched call and no device
+    # synchronisation (:func:`.pipeline.overlapped_plan`); interleaved schedule only.
+    overlap_p2p_comm: bool = False
     # Megatron's timers as Megatron-LM had them until its 2022 rewrite (and Megatron-DeepSpeed
     # until it took that rewrite): every start and stop calls torch.cuda.synchronize(), and
     # each micro-batch's forward ("forward-compute", "batch-generator" around get_batch), its
@@ -389,6 +395,9 @@ class GPTConfig:
             if given < 0:
                 raise EchoError(f"{where}: {name} must be >= 0, got {given}")
         if not self.interleaved:
+            if self.overlap_p2p_comm:
+                raise EchoError(f"{where}: pipeline communication overlapped with the compute is the interleaved "
+                                "schedule's (Megatron turns it off without one)")
             return
         if n and v:
             raise EchoError(f"{where}: give the interleaved schedule as layers per virtual stage ({n}) or as "
@@ -517,7 +526,7 @@ class GPTConfig:
 # so the records (Jobs' provenance, sweep results and logs) of the plain Megatron run stay as
 # they were.
 RECORD_DEFAULTS: dict[str, Any] = {
-    "layers_per_virtual_stage": 0, "virtual_stages_per_rank": 0, "sync_timers": False,
+    "layers_per_virtual_stage": 0, "virtual_stages_per_rank": 0, "overlap_p2p_comm": False, "sync_timers": False,
     "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,

@@ -154,12 +154,32 @@ class StageLink:
                 w.wait()
         if self.sync_after and works:
             device_sync(self.device)
-        out = []
-        for buf, t in bufs:
-            if self.split_group is not None:
-                buf = self._gather(buf, {"phase": t.phase, "mb": t.mb})
-            out.append(buf.requires_grad_() if t.phase == "forward" else buf)
-        return out
+        return [self.arrived(t, buf) for buf, t in bufs]
+
+    def post(self, transfers: tuple[Transfer, ...], outgoing: dict[tuple[str, int, int], torch.Tensor]
+             ) -> list[tuple[Transfer, object, torch.Tensor | None]]:
+        """Post ``transfers`` as separate asynchronous calls and return them unwaited, each with
+        its receive buffer (Megatron's ``overlap_p2p_comm``: no batched call, no device
+        synchronisation; the schedule waits for them before the compute that needs them)."""
+        posted = []
+        for t in transfers:
+            tag = {"phase": t.phase, "mb": t.mb}
+            if t.send:
+                send = self._slice(outgoing.pop((t.phase, t.mb, t.chunk)).detach())
+                with span(**tag, stage=self.stage), comm_span(self.group):
+                    posted.append((t, dist.isend(send, self.peer(t.peer), group=self.group), None))
+            else:
+                buf = self._buffer()
+                with span(**tag, stage=self.stage), comm_span(self.group):
+                    posted.append((t, dist.irecv(buf, self.peer(t.peer), group=self.group), buf))
+        return posted
+
+    def arrived(self, t: Transfer, buf: torch.Tensor) -> torch.Tensor:
+        """A received piece as the schedule uses it: all-gathered whole (with a
+        ``split_group``); an activation requires grad."""
+        if self.split_group is not None:
+            buf = self._gather(buf, {"phase": t.phase, "mb": t.mb})
+        return buf.requires_grad_() if t.phase == "forward" else buf
 
     def recv_forward(self, mb: int) -> torch.Tensor | None:
         if self.first:
@@ -429,12 +449,33 @@ def grad_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatche
     return virtual_chunk(k, stages, chunks, forward=False)
 
 
+def overlapped_plan(items: list[ScheduleItem]) -> list[ScheduleItem]:
+    """The interleaved schedule with Megatron's ``overlap_p2p_comm``: each combined exchange
+    split by direction into ("post", transfers) items, the activations' (a forward's send to
+    the next stage, the receive from the previous) right after the latest forward, the
+    gradients' right after the latest backward (or where the exchange was, before any), so a
+    forward's send runs while the backward after it computes."""
+    slots: list[tuple[ScheduleItem | None, list[ScheduleItem]]] = [(None, [])]
+    latest: dict[str, int] = {}
+    for item in items:
+        if item[0] != "comm":
+            slots.append((item, []))
+            latest[item[0]] = len(slots) - 1
+            continue
+        for phase in ("forward", "backward"):
+            part = tuple(t for t in item[1] if t.phase == phase)
+            if part:
+                slots[latest.get(phase, len(slots) - 1)][1].append(("post", part))
+    return [x for item, posts in slots for x in ([item] if item is not None else []) + posts]
+
+
 def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                             forward: Callable[[int, int, torch.Tensor | None], torch.Tensor],
                             backward: Callable[[int, int, torch.Tensor | None, torch.Tensor,
                                                 torch.Tensor | None], torch.Tensor | None],
                             param_sync: Callable[[int, int], None] | None = None,
-                            grad_sync: Callable[[int, int], None] | None = None) -> None:
+                            grad_sync: Callable[[int, int], None] | None = None,
+                            overlap_p2p: bool = False) -> None:
     """Run this stage's ``chunks`` model chunks over ``microbatches`` micro-batches in the
     interleaved 1F1B order (:func:`interleaved_schedule`).
 
@@ -445,7 +486,9 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     :func:`param_sync_chunk` says, before the forward of micro-batch ``mb``; ``grad_sync(chunk,
     mb)``, when given, issues a chunk's gradient collectives (Megatron's ``grad_sync_func``)
     where :func:`grad_sync_chunk` says, after the backward of micro-batch ``mb``, and the
-    chunks it has not reached after the schedule, in chunk order.
+    chunks it has not reached after the schedule, in chunk order. ``overlap_p2p``: Megatron's
+    ``overlap_p2p_comm`` (:func:`overlapped_plan`): the transfers posted unwaited, each
+    direction's waited for before the next compute of that direction.
     """
     if param_sync is not None:
         param_sync(0, 0)
@@ -458,8 +501,26 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     out_grads: dict[tuple[int, int], torch.Tensor] = {}
     saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
     outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
-    for item in interleaved_schedule(link.stages, link.stage, chunks, microbatches):
+    plan = interleaved_schedule(link.stages, link.stage, chunks, microbatches)
+    pending: dict[str, list[tuple[Transfer, object, torch.Tensor | None]]] = {"forward": [], "backward": []}
+
+    def arrive(phase: str) -> None:
+        """Wait for what was posted in ``phase``'s direction (Megatron waits for all of it)."""
+        for t, work, buf in pending[phase]:
+            with comm_span(link.group):
+                work.wait()
+            if buf is not None:
+                (inputs if phase == "forward" else out_grads)[(t.mb, t.chunk)] = link.arrived(t, buf)
+        pending[phase] = []
+
+    for item in (overlapped_plan(plan) if overlap_p2p else plan):
         kind = item[0]
+        if kind == "post":
+            for posted in link.post(item[1], outgoing):
+                pending[posted[0].phase].append(posted)
+            continue
+        if overlap_p2p:
+            arrive(kind)
         if kind == "comm":
             transfers = item[1]
             got = link.exchange(transfers, outgoing)
@@ -491,6 +552,8 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                 grad_sync(sync, mb)
                 synced.add(sync)
             backwards += 1
+    arrive("forward")
+    arrive("backward")
     if grad_sync is not None:
         for c in range(chunks):
             if c not in synced:
