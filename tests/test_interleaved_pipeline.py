@@ -320,7 +320,7 @@ def test_overlapped_plan_posts_each_direction_after_its_compute() -> None:
                     assert (before[-1][1], before[-1][2]) == (sent.mb, sent.chunk)
 
 
-def test_overlapped_pipeline_communication_is_traced_and_refused_without_interleaving(tmp_path) -> None:
+def test_overlapped_pipeline_communication_is_traced_and_off_without_interleaving(tmp_path) -> None:
     from echo_et.ir import check_job, load_job
     from echo_et.ir.schema import pb
 
@@ -340,9 +340,17 @@ def test_overlapped_pipeline_communication_is_traced_and_refused_without_interle
     assert "--overlap-p2p-communication" in job.manifest.provenance.command
     # no device synchronisation after the exchanges: only get_batch's reads are left
     assert syncs["overlapped"] < syncs["batched"] - 12
+    # without an interleaved schedule Megatron turns it off, and so does echo-et: the plain run
     res = runner.invoke(app, [*base, "--overlap-p2p-communication", "-o", str(tmp_path / "plain")])
-    assert res.exit_code == 2 and "overlapped with the compute is the interleaved schedule's" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "plain").exists()
+    assert res.exit_code == 0, res.output
+    assert "--overlap-p2p-communication" not in load_job(tmp_path / "plain").manifest.provenance.command
+    # the library refuses it outright
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    with pytest.raises(EchoError, match="overlapped with the compute is the interleaved schedule's"):
+        GPTConfig.megatron(layers=12, hidden=64, heads=4, overlap_p2p_comm=True).validate(
+            ParallelLayout(pp=3, microbatches=6))
 
 
 def test_overlapped_pipeline_communication_hides_the_sends(tmp_path) -> None:
@@ -386,3 +394,17 @@ def test_each_model_chunk_reduces_its_own_gradient_buffer(zero):
     assert sum(b for _, b, _ in chunked) == plain[0][1]
     # chunk 0 (layer 1) and chunk 1 (layer 4) of a middle stage: the same layer shapes
     assert chunked[0][1] == chunked[1][1]
+
+
+def test_a_sweeps_overlapped_communication_holds_for_its_interleaved_rows() -> None:
+    """``sweep --configs --overlap-p2p-communication`` over plain and interleaved rows: as in
+    Megatron, the plain rows run without it."""
+    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+
+    row = {"layers": 12, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1, "global_batch": 6, "tp": 1,
+           "pp": 3, "dp": 1}
+    opts = ConfigSweepOptions(overlap_p2p_comm=True)
+    assert workload_for(row, opts)[0].overlap_p2p_comm is False
+    assert workload_for({**row, "layers_per_virtual_stage": 2}, opts)[0].overlap_p2p_comm is True
+    assert workload_for({**row, "virtual_stages_per_rank": 2}, opts)[0].overlap_p2p_comm is True
+    assert workload_for({**row, "layers_per_virtual_stage": 2}, ConfigSweepOptions())[0].overlap_p2p_comm is False

@@ -49,7 +49,8 @@ OverlapP2pOpt = typer.Option(
     False, OVERLAP_P2P,
     help="Megatron's overlap_p2p_comm with the interleaved schedule (Megatron-LM's default there): each pipeline "
          "send and receive posted on its own, unbatched, right after the compute that makes it and waited for "
-         "before the compute that needs it, with no device synchronisation (docs/predict.md).")
+         "before the compute that needs it, with no device synchronisation; off without an interleaved schedule, "
+         "as Megatron turns it off (docs/predict.md).")
 FP32_GRADS = "--accumulate-allreduce-grads-in-fp32"
 Fp32GradsOpt = typer.Option(
     None, f"{FP32_GRADS}/--no-accumulate-allreduce-grads-in-fp32",

@@ -218,7 +218,8 @@ def trace(
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
                                 ("layers_per_virtual_stage", virtual_layers or None),
                                 ("virtual_stages_per_rank", virtual_chunks or None),
-                                ("overlap_p2p_comm", overlap_p2p or None),
+                                # Megatron turns it off without an interleaved schedule
+                                ("overlap_p2p_comm", (overlap_p2p and bool(virtual_layers or virtual_chunks)) or None),
                                 ("sync_timers", sync_timers or None),
                                 ("pipeline_engine", pipeline_engine),
                                 ("partition_activations", partition_activations or None),

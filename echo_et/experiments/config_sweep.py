@@ -175,7 +175,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,
                              **dict(zip(("layers_per_virtual_stage", "virtual_stages_per_rank"),
                                         interleaving(row, opts), strict=True)),
-                             overlap_p2p_comm=opts.overlap_p2p_comm,
+                             # as Megatron does, only with an interleaved schedule (off without one)
+                             overlap_p2p_comm=opts.overlap_p2p_comm and any(interleaving(row, opts)),
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
                              sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,
