@@ -232,3 +232,35 @@ def test_full_recomputation_counts_the_checkpointed_inputs_partitioned_over_tp()
     # the same layout with selective recomputation keeps every layer's (10 + 24 / 8) s b h
     with pytest.raises(EchoError, match="with selective recomputation"):
         check_fits(80.0, "A100-SXM4-80GB", **shape, recompute="selective")
+
+
+def test_the_interleaved_schedule_keeps_the_chunk_forwards_its_warm_up_runs() -> None:
+    """Megatron's interleaved schedule keeps more activations than 1F1B: stage s holds the
+    chunk forwards of its warm-up and the first steady one before its first backward. The
+    bound counts exactly the most forwards the schedule (workloads.pipeline) has waiting for
+    their backward, and refuses an interleaved layout the plain one fits."""
+    pytest.importorskip("torch", reason="the schedule's module needs torch")
+    from echo_et.workloads.pipeline import interleaved_schedule
+
+    def most_waiting(stages: int, stage: int, chunks: int, mbs: int) -> int:
+        waiting = most = 0
+        for item in interleaved_schedule(stages, stage, chunks, mbs):
+            waiting += {"forward": 1, "backward": -1}.get(item[0], 0)
+            most = max(most, waiting)
+        return most
+
+    shape = dict(layers=32, hidden=4096, ffn=16384, vocab=50304, seq=2048, micro_batch=1, tp=1, elem_bytes=2,
+                 heads=32, recompute="none")
+    kept = layer_activation_bytes(**{k: shape[k] for k in ("seq", "micro_batch", "hidden", "heads", "tp",
+                                                           "elem_bytes", "recompute", "ffn")})[0]
+    for pp, chunks, mbs in ((4, 2, 16), (4, 4, 8), (8, 2, 8), (4, 2, 4)):
+        plain = megatron_min_bytes(**shape, pp=pp, microbatches=mbs)
+        inter = megatron_min_bytes(**shape, pp=pp, microbatches=mbs, chunks=chunks)
+        layers_held = most_waiting(pp, 0, chunks, mbs) * (32 // pp // chunks)      # on the first stage
+        assert inter[2] - plain[2] == (layers_held - min(pp, mbs) * (32 // pp)) * kept, (pp, chunks, mbs)
+        assert inter[1] == plain[1]                                          # the same weights
+    # the first stage, 4 stages of 2 chunks: 11 chunk forwards of 4 layers = 1.375 x 1F1B's 32 layers
+    assert most_waiting(4, 0, 2, 16) == 11
+    with pytest.raises(EchoError, match="does not fit"):
+        check_fits(70, "A100", **shape, pp=4, microbatches=16, chunks=2)   # 71.3 GB
+    check_fits(70, "A100", **shape, pp=4, microbatches=16)                  # 59.8 GB
