@@ -21,9 +21,10 @@ from echo_et.errors import EchoError
 from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR
 from echo_et.ir.schema import pb
 from echo_et.models.comm import CommModel, launch
+from echo_et.models.comm.nccl_graphs import NcclSystem
 from echo_et.models.comm.profile import dumps_profile, load_preset, to_json
 from echo_et.models.comm.topology import contiguous
-from echo_et.models.comm.tuning import NcclSystem, choose
+from echo_et.models.comm.tuning import choose
 
 runner = CliRunner()
 HTA = "traces/HolisticTraceAnalysis/tests/data/"

@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 from conftest import shared_path
 from echo_et.cli.main import app
 from echo_et.errors import EchoError
-from echo_et.models.comm import CommModel, nccl, nccl_releases, nccl_tests, tuning
+from echo_et.models.comm import CommModel, nccl, nccl_graphs, nccl_releases, nccl_tests, tuning
 from echo_et.models.comm.calibrate import fit_profile, samples_from_runs
+from echo_et.models.comm.nccl_graphs import NcclSystem, NodeFacts
 from echo_et.models.comm.profile import from_json, load_preset, to_json
 from echo_et.models.comm.topology import contiguous
-from echo_et.models.comm.tuning import NcclSystem, NodeFacts
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 A100 = NodeFacts()            # Azure ND A100 v4 / DGX A100: NVSwitch, 8 HDR NICs, AMD hosts
@@ -277,7 +277,7 @@ def test_2_28_nvls_tree_across_h800_nodes_is_nvlink_bound():
     # the H100); the ring's pass 1 keeps 4 x 45 GB/s (8 x 45 would need 8 x 45 x 7/8 > 164.8 of
     # NVLink), duplicated to 8 x 22.5: 91 GB/s against NVLS-tree's 120, so the ring never wins
     s, pl = NcclSystem("2.28.3", H800), contiguous(80, 8)
-    assert tuning.nvls_graph(s, pl).bw_intra == 20.0
+    assert nccl_graphs.nvls_graph(s, pl).bw_intra == 20.0
     t = tuning.table_for(s, pl)
     assert t.bandwidth[("all_reduce", "nvls_tree", "Simple")] == pytest.approx(8 * 20 * .85 * 7 / 8 * 2 * 80 / 158)
     assert t.latency[("all_reduce", "nvls_tree", "Simple")] == pytest.approx(25 + 2 * 3 * 14)

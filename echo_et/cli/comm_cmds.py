@@ -91,7 +91,7 @@ _MAX_CHANNELS_HELP = ("Cap on a communicator's channels, as NCCL_MAX_NCHANNELS (
 def _with_max_channels(model, max_channels: int | None):
     if max_channels is None:
         return model
-    from echo_et.models.comm.tuning import MAX_CHANNELS
+    from echo_et.models.comm.nccl_graphs import MAX_CHANNELS
 
     if not 1 <= max_channels <= MAX_CHANNELS:
         raise EchoError(f"--max-channels must be from 1 to {MAX_CHANNELS}, got {max_channels}")

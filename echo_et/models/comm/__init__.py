@@ -28,12 +28,12 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.ir.limits import MAX_NS
-from echo_et.models.comm import nccl, tuning
+from echo_et.models.comm import nccl, nccl_graphs, tuning
+from echo_et.models.comm.nccl_graphs import NcclSystem
 from echo_et.models.comm.profile import Profile, load_preset, load_profile
 from echo_et.models.comm.profile import preset_names as _preset_names
 from echo_et.models.comm.profile import rated_net_gbps as profile_rated_net_gbps
 from echo_et.models.comm.topology import Placement, from_nodes, placement
-from echo_et.models.comm.tuning import NcclSystem
 from echo_et.models.gpu_variants import comm_preset
 
 __all__ = ["COLLECTIVES", "CommModel", "Estimate", "NcclSystem"]
@@ -218,7 +218,7 @@ class CommModel:
         same_node = src // gpn == dst // gpn
         pair = from_nodes([0, 0] if same_node else [0, 1])
         c = tuning.choose(self.profile.nccl, pair, "send", nbytes)
-        ch = nccl.Channels(float(c.channels), tuning.MAX_CHANNELS)
+        ch = nccl.Channels(float(c.channels), nccl_graphs.MAX_CHANNELS)
         t = nccl.p2p_costs(P, S, same_node, {("p2p", c.protocol): ch})[("p2p", c.protocol)]
         return Estimate(_ns(t), c.algorithm, c.protocol, c.channels)
 

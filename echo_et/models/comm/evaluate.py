@@ -14,9 +14,9 @@ from echo_et.models.comm import nccl
 from echo_et.models.comm.baseline import AlphaBeta, TieredBaseline
 from echo_et.models.comm.calibrate import fit_profile, samples_from_runs, spec_network
 from echo_et.models.comm.fit import Sample, predict_samples
+from echo_et.models.comm.nccl_graphs import NcclSystem
 from echo_et.models.comm.nccl_tests import Run
 from echo_et.models.comm.profile import Profile
-from echo_et.models.comm.tuning import NcclSystem
 
 KIB, MIB = 1 << 10, 1 << 20
 BANDS = (("lt_64kib", 0, 64 * KIB), ("64kib_1mib", 64 * KIB, MIB), ("ge_1mib", MIB, None))

@@ -34,9 +34,10 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.models.comm import nccl
+from echo_et.models.comm.nccl_graphs import NcclSystem
 from echo_et.models.comm.params import OPTIONAL, P2P_PATTERNS, SPECS
 from echo_et.models.comm.topology import Placement
-from echo_et.models.comm.tuning import NcclSystem, uses_nvls_tree
+from echo_et.models.comm.tuning import uses_nvls_tree
 
 SOFT_L1_SCALE = 0.05      # residual (log ratio) where the loss turns linear
 PRIOR_WEIGHT = 0.1        # weight of a one-sigma move away from the preset

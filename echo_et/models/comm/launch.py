@@ -22,9 +22,10 @@ from echo_et.ir.collectives import is_nccl_kernel, kernel_collective
 from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR, NCCL_VERSION_ATTR
 from echo_et.ir.job import Job
 from echo_et.ir.schema import collective_name, pb
-from echo_et.models.comm import nccl_releases, tuning
+from echo_et.models.comm import nccl_graphs, nccl_releases, tuning
+from echo_et.models.comm.nccl_graphs import NcclSystem
 from echo_et.models.comm.topology import Placement, placement
-from echo_et.models.comm.tuning import Choice, NcclSystem
+from echo_et.models.comm.tuning import Choice
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,8 @@ def closest_system(launches: list[Launch], base: NcclSystem, gpus_per_node: int,
     over ``versions`` and the caps the traced block counts suggest; ranked as
     :func:`closest_version`, then the larger cap (no cap before a cap)."""
     versions, prefer = list(versions), list(prefer)
-    caps = sorted({tuning.MAX_CHANNELS, base.max_channels} | {min(lc.blocks, tuning.MAX_CHANNELS) for lc in launches},
-                  reverse=True)
+    cap = nccl_graphs.MAX_CHANNELS
+    caps = sorted({cap, base.max_channels} | {min(lc.blocks, cap) for lc in launches}, reverse=True)
     best: tuple[tuple, NcclSystem, dict[str, int]] | None = None
     for i, version in enumerate(versions):
         for cap in caps:

@@ -55,9 +55,10 @@ import numpy as np
 
 from echo_et.errors import EchoError
 from echo_et.models.comm import nccl_releases, tuning
+from echo_et.models.comm.nccl_graphs import NcclSystem
 from echo_et.models.comm.params import PROTOCOL_PAYLOAD, PROTOCOLS
 from echo_et.models.comm.topology import Placement
-from echo_et.models.comm.tuning import Choice, NcclSystem
+from echo_et.models.comm.tuning import Choice
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                "reduce", "gather", "scatter", "barrier", "send", "recv")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from echo_et.errors import EchoError
-from echo_et.models.comm import nccl_releases, tuning
+from echo_et.models.comm import nccl_graphs, nccl_releases, tuning
 from echo_et.models.comm.calibrate import samples_from_runs
 from echo_et.models.comm.fit import predict_samples
 from echo_et.models.comm.nccl_tests import Run
@@ -79,7 +79,7 @@ def write_plots(dest: Path, sets: Mapping[str, Sequence[tuple[Run, Profile]]], g
     return written
 
 
-def write_choice_regions(path: Path, system: tuning.NcclSystem, gpus_per_node: int) -> Path:
+def write_choice_regions(path: Path, system: nccl_graphs.NcclSystem, gpus_per_node: int) -> Path:
     """Write the choice-region plot of ``system`` (every modelled release on its node) to ``path``."""
     plt = _pyplot()
     fig = choice_regions(plt, system, gpus_per_node)
@@ -121,7 +121,7 @@ def measured_vs_predicted(plt, sets: Mapping[str, Sequence[tuple[Run, Profile]]]
     return fig
 
 
-def choice_regions(plt, system: tuning.NcclSystem, gpus_per_node: int, max_ranks: int = 1024):
+def choice_regions(plt, system: nccl_graphs.NcclSystem, gpus_per_node: int, max_ranks: int = 1024):
     """Which (algorithm, protocol) and how many channels NCCL runs an all-reduce with."""
     from matplotlib.colors import ListedColormap
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.ir.limits import MAX_GPUS_PER_NODE
+from echo_et.models.comm.nccl_graphs import NcclSystem
 from echo_et.models.comm.params import flatten, nest
-from echo_et.models.comm.tuning import NcclSystem
 from echo_et.models.profile_file import dumps_profile, read_model_json, rounded, write_profile_json
 
 SCHEMA = "echo-et/comm-profile/1"
