@@ -21,10 +21,12 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
                  executor: str, workers: int | None, address: str | None, plot: bool | None,
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
                  nic_bw: str | None = None, megatron: dict[str, Any] | None = None,
-                 model: str | None = None, layouts: tuple[int, int, list[int], list[int]] | None = None) -> None:
+                 model: str | None = None, shape: dict[str, Any] | None = None,
+                 layouts: tuple[int, int, list[int], list[int]] | None = None) -> None:
     """``recompute``, ``recompute_granularity``: as ``common.recompute_setting`` resolves
     them; ``megatron``: the training settings of Megatron's flags (``common.megatron_settings``);
-    ``model``: the named model whose shape fills the columns a row leaves out; without
+    ``model``: the named model whose shape (``shape``, as ``common.model_fields`` resolved
+    it) fills the columns a row leaves out; without
     ``configs``, ``layouts`` (GPUs, global batch, micro-batch sizes, model chunks per stage to
     try interleaved): the rows are every layout
     of the model on that many GPUs that Megatron runs and the GPU holds."""
@@ -41,7 +43,6 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.ir.limits import check_node_fill
     from echo_et.workloads.gpt_config import DTYPES
-    from echo_et.workloads.model_shapes import model_shape
 
     if configs is not None and not configs.is_file():
         fail(f"{configs}: {'not a regular file' if configs.exists() else 'no such file'}")
@@ -55,7 +56,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw, nic_bw)
     cluster.node_network(8)   # a NIC rate needs the node's network: refused before any row runs
     name = model.strip().lower() if model else ""
-    shape = model_shape(name).options() if name else {}
+    shape = shape or {}
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=recompute_granularity,
                               dtype=dtype, compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=comm_profile, slowdown=slowdown, model=name, **(megatron or {}))

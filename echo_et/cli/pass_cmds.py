@@ -311,7 +311,8 @@ def sweep(
                      compute_profile=compute_profile,
                      comm_profile=profile, dtype=dtype, slowdown=not no_slowdown, executor=executor,
                      workers=workers, address=address, plot=plot, as_json=as_json, resume=resume,
-                     max_memory=memory_budget(max_memory), megatron=megatron, model=model, layouts=layouts)
+                     max_memory=memory_budget(max_memory), megatron=megatron, model=model,
+                     shape=shape if model else None, layouts=layouts)
         return
     if job_path is None:
         fail("give a JOB to scale, --configs CONFIGS.csv, or --model NAME --gpus N --global-batch N")
