@@ -110,6 +110,11 @@ def test_sweep_predicts_a_models_layouts(tmp_path) -> None:
     (["--model", "llama2-7b", "--gpus", "8", "--global-batch", "8", "--virtual-stages", "1"],
      "--virtual-stages: model chunks per stage must be >= 2"),
     (["--model", "llama2-70b", "--gpus", "8", "--global-batch", "8"], "no layout of this model runs"),
+    # each layout has its own stages and schedule: the flags that would give every row the same are refused
+    *[(["--model", "llama2-7b", "--gpus", "4", "--global-batch", "8", flag, "2"],
+       f"{flag}: --gpus gives each layout its own stages and schedule")
+      for flag in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                   "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")],
 ])
 def test_a_grid_that_cannot_run_is_one_line(tmp_path, args: list, message: str) -> None:
     res = runner.invoke(app, ["sweep", *args, "-o", str(tmp_path / "out")])

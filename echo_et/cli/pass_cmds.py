@@ -11,9 +11,13 @@ import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import (
+    FIRST_STAGE_LAYERS,
     GPN_HELP,
+    LAST_STAGE_LAYERS,
     MODEL,
     RECOMPUTE_GRANULARITY,
+    VIRTUAL_STAGES,
+    VIRTUAL_STAGES_PER_RANK,
     ArchOpt,
     DistOptOpt,
     FfnHiddenOpt,
@@ -303,6 +307,12 @@ def sweep(
                  "of --configs say their own")
         if gpus is not None and (model is None or global_batch is None):
             fail("--gpus sweeps a model's layouts: give --model NAME and --global-batch N")
+        if gpus is not None:
+            for flag, given in ((VIRTUAL_STAGES, virtual_layers), (VIRTUAL_STAGES_PER_RANK, virtual_chunks),
+                                (FIRST_STAGE_LAYERS, first_stage_layers), (LAST_STAGE_LAYERS, last_stage_layers)):
+                if given:
+                    fail(f"{flag}: --gpus gives each layout its own stages and schedule (uneven ends where the "
+                         "depth does not divide the layers; --virtual-stages N,N to try the interleaved schedule)")
         layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch"),
                                              _int_list(virtual_stages, "--virtual-stages"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
