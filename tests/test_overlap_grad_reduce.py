@@ -115,13 +115,17 @@ def test_what_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> 
 
 
 # -- the weights gathered in the next forward (--overlap-param-gather) ------------------------------
-def test_the_next_forward_gathers_what_the_optimizer_updated(tmp_path) -> None:
+@pytest.mark.parametrize("aligned", [False, True])
+def test_the_next_forward_gathers_what_the_optimizer_updated(tmp_path, aligned: bool) -> None:
     """Two gloo ranks with ZeRO 1: after the optimizer each rank holds only its own shard
     updated; the next step's first forward gathers the rest, and the weights are then those
-    the all-gather after the optimizer gives."""
+    the all-gather after the optimizer gives. Aligned (the interleaved schedule's form), the
+    model is in two chunks: the schedule issues the first chunk's gathers, the second chunk's
+    first forward issues its own."""
     after_step = dp_weights(tmp_path, zero=1, overlap=True)
-    in_forward = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True)
-    before = [torch.load(tmp_path / "dp-z1-rs1-ov1-g1" / f"rank{r}-before.pt") for r in range(2)]
+    in_forward = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True, align_gather=aligned)
+    run = "dp-z1-rs1-ov1-g1" + ("-aligned" if aligned else "")
+    before = [torch.load(tmp_path / run / f"rank{r}-before.pt") for r in range(2)]
     for r in range(2):
         assert any(not torch.equal(a, b) for a, b in zip(before[r], after_step[r], strict=True))
         for a, b in zip(in_forward[r], after_step[r], strict=True):
@@ -249,19 +253,6 @@ def test_aligned_reductions_give_the_weights_of_the_reduction_after_the_backward
     for r in range(2):
         for a, b in zip(aligned[r], after[r], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
-
-
-def test_aligned_gathers_give_the_weights_the_optimizer_made(tmp_path) -> None:
-    """Two gloo ranks, the model in two chunks: the schedule issues the first chunk's gathers,
-    the second chunk's first forward issues its own; the weights are those the all-gather
-    after the optimizer gives."""
-    after_step = dp_weights(tmp_path, zero=1, overlap=True)
-    aligned = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True, align_gather=True)
-    before = [torch.load(tmp_path / "dp-z1-rs1-ov1-g1-aligned" / f"rank{r}-before.pt") for r in range(2)]
-    for r in range(2):
-        assert any(not torch.equal(a, b) for a, b in zip(before[r], after_step[r], strict=True))
-        for a, b in zip(aligned[r], after_step[r], strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_the_interleaved_trace_gathers_each_chunk_where_the_schedule_says(tmp_path) -> None:
