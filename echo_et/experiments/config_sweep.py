@@ -211,7 +211,7 @@ def interleaving(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, in
 
 def schedule_said(row: dict[str, Any], opts: ConfigSweepOptions) -> str:
     """A row's pipeline schedule in a few words (``GPTConfig.schedule_said``): "1F1B",
-    "interleaved x2, stages 6, 8 x 14, 8"; "" for a row whose degrees are not numbers >= 1."""
+    "interleaved x2, stages 6, 8 x 15"; "" for a row whose degrees are not numbers >= 1."""
     from echo_et.workloads.gpt_config import GPTConfig
 
     try:

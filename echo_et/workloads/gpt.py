@@ -292,7 +292,8 @@ class _GPTRank:
 
         with span(phase="backward", mb=mb, stage=self.stage):
             # each chunk's last backward: its buckets reduce as they fill (the interleaved
-            # schedule's other micro-batches may still run other chunks' backward)
+            # schedule's other micro-batches may still run other chunks' backward); aligned,
+            # the schedule issues each chunk's whole after its backward (_reduce_chunk)
             if mb == self.ctx.layout.microbatches - 1 and not self.sync.align_reduce:
                 self.sync.arm(chunk if self.chunks > 1 else None)
             self._timer_edge()           # backward-compute start

@@ -232,8 +232,8 @@ class GPTConfig:
         return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
 
     def schedule_said(self, pp: int) -> str:
-        """The pipeline schedule in a few words: "1F1B", "interleaved x2", with ", stages 6,
-        8 x 14, 8" when the first or the last stage holds its own count."""
+        """The pipeline schedule in a few words: "1F1B", "interleaved x2", with ", stages 7,
+        8 x 14, 7" when the first or the last stage holds its own count."""
         said = f"interleaved x{self.virtual_chunks(pp)}" if self.interleaved else "1F1B"
         return said + (f", stages {self.stages_said(pp)}" if self.uneven_stages else "")
 
