@@ -45,7 +45,7 @@ def _layer_name(name: str, first_layer: int) -> str:
     return "word" if name in ("embed.weight", "head_weight") else name
 
 
-def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str) -> None:
+def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str, microbatches: int) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -67,18 +67,19 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str) -
     try:
         kw = dict(cfg_kw)
         cfg = GPTConfig.megatron(**kw) if kw.pop("megatron", False) else GPTConfig(**kw)
-        ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, microbatches=MICROBATCHES), "cpu")
+        ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, microbatches=microbatches), "cpu")
         g = build_gpt(cfg)(ctx).__self__
         for m in g.models:
             fill_by_layer(m, m.first_layer)
         if cfg.pipeline_engine == "deepspeed":
             g.total_loss = torch.zeros(())      # what the engine's step sets up on the last stage
-            train_batch(g.link, MICROBATCHES, g._forward, g._backward)
+            train_batch(g.link, microbatches, g._forward, g._backward)
         elif g.chunks > 1:
-            interleaved_one_f_one_b(g.link, MICROBATCHES, g.chunks, lambda mb, c, x: g._forward(mb, x, c),
-                                    lambda mb, c, x, y, dy: g._backward(mb, x, y, dy, c))
+            interleaved_one_f_one_b(g.link, microbatches, g.chunks, lambda mb, c, x: g._forward(mb, x, c),
+                                    lambda mb, c, x, y, dy: g._backward(mb, x, y, dy, c),
+                                    overlap_p2p=cfg.overlap_p2p_comm, group=cfg.microbatch_group_size)
         else:
-            one_f_one_b(g.link, MICROBATCHES, g._forward, g._backward)
+            one_f_one_b(g.link, microbatches, g._forward, g._backward)
         g._sync_sequence_parallel()     # what the step does first after the schedule (a no-op without it)
         grads: dict = {}
         for m in g.models:
@@ -90,15 +91,15 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str) -
         dist.destroy_process_group()
 
 
-def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, **cfg_kw) -> dict:
-    """Each parameter's gradient over ``MICROBATCHES`` micro-batches of a real run of the GPT
+def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, microbatches: int = MICROBATCHES, **cfg_kw) -> dict:
+    """Each parameter's gradient over ``microbatches`` micro-batches of a real run of the GPT
     ``GPTConfig(**cfg_kw)`` (``megatron=True``: ``GPTConfig.megatron``) on TP x PP gloo
     processes; the tied embedding's two copies (first and last stage) summed."""
     from echo_et.trace.insitu import free_port
 
-    out = tmp_path / (f"tp{tp}pp{pp}-" + "-".join(f"{k}{v}" for k, v in sorted(cfg_kw.items())))
+    out = tmp_path / (f"tp{tp}pp{pp}m{microbatches}-" + "-".join(f"{k}{v}" for k, v in sorted(cfg_kw.items())))
     out.mkdir()
-    _start(_rank_main, (tp, pp, cfg_kw, free_port(), str(out)), tp * pp)
+    _start(_rank_main, (tp, pp, cfg_kw, free_port(), str(out), microbatches), tp * pp)
     total: dict = {}
     for r in range(tp * pp):
         for k, v in torch.load(out / f"rank{r}.pt").items():

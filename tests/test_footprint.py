@@ -237,14 +237,13 @@ def test_full_recomputation_counts_the_checkpointed_inputs_partitioned_over_tp()
 def test_the_interleaved_schedule_keeps_the_chunk_forwards_its_warm_up_runs() -> None:
     """Megatron's interleaved schedule keeps more activations than 1F1B: stage s holds the
     chunk forwards of its warm-up and the first steady one before its first backward. The
-    bound counts exactly the most forwards the schedule (workloads.pipeline) has waiting for
+    bound counts exactly the most forwards the schedule (workloads.pipeline_plan) has waiting for
     their backward, and refuses an interleaved layout the plain one fits."""
-    pytest.importorskip("torch", reason="the schedule's module needs torch")
-    from echo_et.workloads.pipeline import interleaved_schedule
+    from echo_et.workloads.pipeline_plan import interleaved_schedule
 
-    def most_waiting(stages: int, stage: int, chunks: int, mbs: int) -> int:
+    def most_waiting(stages: int, stage: int, chunks: int, mbs: int, group: int = 0) -> int:
         waiting = most = 0
-        for item in interleaved_schedule(stages, stage, chunks, mbs):
+        for item in interleaved_schedule(stages, stage, chunks, mbs, group):
             waiting += {"forward": 1, "backward": -1}.get(item[0], 0)
             most = max(most, waiting)
         return most
@@ -253,11 +252,12 @@ def test_the_interleaved_schedule_keeps_the_chunk_forwards_its_warm_up_runs() ->
                  heads=32, recompute="none")
     kept = layer_activation_bytes(**{k: shape[k] for k in ("seq", "micro_batch", "hidden", "heads", "tp",
                                                            "elem_bytes", "recompute", "ffn")})[0]
-    for pp, chunks, mbs in ((4, 2, 16), (4, 4, 8), (8, 2, 8), (4, 2, 4)):
+    for pp, chunks, mbs, group in ((4, 2, 16, 0), (4, 4, 8, 0), (8, 2, 8, 0), (4, 2, 4, 0), (4, 2, 10, 5),
+                                   (4, 2, 10, 6)):        # and micro-batch groups larger than pp
         plain = megatron_min_bytes(**shape, pp=pp, microbatches=mbs)
-        inter = megatron_min_bytes(**shape, pp=pp, microbatches=mbs, chunks=chunks)
-        layers_held = most_waiting(pp, 0, chunks, mbs) * (32 // pp // chunks)      # on the first stage
-        assert inter[2] - plain[2] == (layers_held - min(pp, mbs) * (32 // pp)) * kept, (pp, chunks, mbs)
+        inter = megatron_min_bytes(**shape, pp=pp, microbatches=mbs, chunks=chunks, microbatch_group=group)
+        layers_held = most_waiting(pp, 0, chunks, mbs, group) * (32 // pp // chunks)      # on the first stage
+        assert inter[2] - plain[2] == (layers_held - min(pp, mbs) * (32 // pp)) * kept, (pp, chunks, mbs, group)
         assert inter[1] == plain[1]                                          # the same weights
     # the first stage, 4 stages of 2 chunks: 11 chunk forwards of 4 layers = 1.375 x 1F1B's 32 layers
     assert most_waiting(4, 0, 2, 16) == 11

@@ -16,7 +16,7 @@ from echo_et.errors import EchoError
 
 pytest.importorskip("torch", reason="the GPT workload needs torch (pip install 'echo-et[trace]')")
 
-from echo_et.workloads.pipeline import interleaved_schedule, interleaved_warmup  # noqa: E402
+from echo_et.workloads.pipeline_plan import interleaved_schedule, interleaved_warmup  # noqa: E402
 
 runner = CliRunner()
 
@@ -62,17 +62,19 @@ def test_schedule_matches_the_hand_worked_one() -> None:
     for stage, want in HAND.items():
         assert _compact(3, stage, 2, 6) == want, stage
     assert [interleaved_warmup(3, s, 2, 6) for s in range(3)] == [7, 5, 3]
-    assert [interleaved_warmup(4, s, 2, 4) for s in range(4)] == [8] * 4   # micro-batches == pp: all
+    # micro-batches == pp: the stages whose warm-up reaches every step warm up only, the others
+    # run 1F1B after theirs, as Megatron-Core does (older Megatron-LM warmed every stage up)
+    assert [interleaved_warmup(4, s, 2, 4) for s in range(4)] == [8, 8, 6, 4]
 
 
-def _messages(stages: int, chunks: int, microbatches: int):
+def _messages(stages: int, chunks: int, microbatches: int, group: int = 0):
     """Per ordered pair of stages, the messages sent and those received, as (phase, mb,
     receiving chunk), in order; and each stage's compute steps."""
     sends: dict[tuple[int, int], list] = defaultdict(list)
     recvs: dict[tuple[int, int], list] = defaultdict(list)
     compute: dict[int, list] = {}
     for s in range(stages):
-        items = interleaved_schedule(stages, s, chunks, microbatches)
+        items = interleaved_schedule(stages, s, chunks, microbatches, group)
         compute[s] = [i for i in items if i[0] != "comm"]
         for item in items:
             if item[0] != "comm":
@@ -90,13 +92,47 @@ def _messages(stages: int, chunks: int, microbatches: int):
     return sends, recvs, compute
 
 
-@pytest.mark.parametrize("stages,chunks,microbatches",
-                         [(3, 2, 3), (3, 2, 6), (4, 2, 8), (4, 3, 12), (5, 4, 10), (8, 2, 16), (4, 1, 8)])
-def test_every_send_meets_its_receive_in_order(stages, chunks, microbatches) -> None:
-    sends, recvs, compute = _messages(stages, chunks, microbatches)
+def runs_to_the_end(plans: list[list]) -> bool:
+    """Whether stages running ``plans`` (each its ("comm", transfers) items in order, peers
+    as offsets around the ring) all finish: a combined exchange posts its transfers, then
+    completes once every one of them has its counterpart posted (the n-th send from a to b
+    meets b's n-th receive from a), as a batched NCCL exchange waits."""
+    stages = len(plans)
+    at = [0] * stages
+    posted: Counter = Counter()                 # (from, to, "send" | "recv") -> transfers posted
+    waiting: list[list | None] = [None] * stages
+    moved = True
+    while moved:
+        moved = False
+        for s in range(stages):
+            if at[s] == len(plans[s]):
+                continue
+            if waiting[s] is None:
+                mine = []
+                for t in plans[s][at[s]][1]:
+                    peer = (s + t.peer) % stages
+                    key = (s, peer, "send") if t.send else (peer, s, "recv")
+                    mine.append((key, posted[key]))
+                    posted[key] += 1
+                waiting[s], moved = mine, True
+            if all(posted[(a, b, "recv" if kind == "send" else "send")] > n for (a, b, kind), n in waiting[s]):
+                at[s], waiting[s], moved = at[s] + 1, None, True
+    return all(at[s] == len(plans[s]) for s in range(stages))
+
+
+@pytest.mark.parametrize("stages,chunks,microbatches,group",
+                         [(3, 2, 3, 0), (3, 2, 6, 0), (4, 2, 8, 0), (4, 2, 4, 0), (4, 3, 12, 0), (5, 4, 10, 0),
+                          (8, 2, 16, 0), (4, 1, 8, 0),
+                          # Megatron-Core's micro-batch groups: larger than pp, one group, and a short last one
+                          (4, 2, 10, 5), (4, 2, 10, 6), (3, 3, 7, 4), (4, 2, 8, 8), (5, 3, 17, 6)])
+def test_every_send_meets_its_receive_in_order(stages, chunks, microbatches, group) -> None:
+    sends, recvs, compute = _messages(stages, chunks, microbatches, group)
     assert sends.keys() == recvs.keys()
     for pair in sends:
         assert sends[pair] == recvs[pair], pair
+    plans = [[i for i in interleaved_schedule(stages, s, chunks, microbatches, group) if i[0] == "comm"]
+             for s in range(stages)]
+    assert runs_to_the_end(plans)
     for steps in compute.values():
         # each (micro-batch, chunk) once forward and once backward, forward first
         fwd = [(mb, c) for kind, mb, c in steps if kind == "forward"]
@@ -106,10 +142,21 @@ def test_every_send_meets_its_receive_in_order(stages, chunks, microbatches) -> 
             assert steps.index(("forward", mb, c)) < steps.index(("backward", mb, c))
 
 
+def test_the_run_check_catches_a_deadlock() -> None:
+    """Two stages that each first wait to receive from the other never finish; swapped so
+    that one sends first, they do."""
+    from echo_et.workloads.pipeline_plan import Transfer
+
+    recv_prev, send_next = Transfer(False, -1, "forward", 0, 0), Transfer(True, 1, "forward", 0, 0)
+    first = [("comm", (recv_prev,)), ("comm", (send_next,))]
+    assert not runs_to_the_end([first, first])
+    assert runs_to_the_end([[first[1], first[0]], first])
+
+
 def test_schedule_refuses_what_megatron_refuses() -> None:
     with pytest.raises(EchoError, match="more than 2 stages"):
         interleaved_schedule(2, 0, 2, 4)
-    with pytest.raises(EchoError, match="multiple of the stages"):
+    with pytest.raises(EchoError, match=r"last group \(of 3\) of 0 or at least pp \(3\), not 1"):
         interleaved_schedule(3, 0, 2, 4)
 
 
@@ -300,7 +347,7 @@ def test_overlapped_plan_posts_each_direction_after_its_compute() -> None:
     """A forward's send and the next forward's receive are posted right after that forward,
     before the backward that follows it; a backward's after that backward; every transfer of
     the batched plan is posted once, in its direction's order."""
-    from echo_et.workloads.pipeline import interleaved_schedule, overlapped_plan
+    from echo_et.workloads.pipeline_plan import interleaved_schedule, overlapped_plan
 
     for stages, chunks, mbs in ((3, 2, 6), (4, 2, 8), (4, 3, 4)):
         for stage in range(stages):

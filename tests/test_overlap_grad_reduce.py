@@ -213,7 +213,7 @@ def test_the_interleaved_schedule_issues_each_chunks_gathers_where_megatron_does
     """Megatron's --align-param-gather: chunks 0 and 1 before the schedule; chunk c + 1's when
     virtual micro-step k + stage is chunk c's first micro-batch, so every stage issues it at
     the same time (c x stages virtual micro-steps in)."""
-    from echo_et.workloads.pipeline import param_sync_chunk
+    from echo_et.workloads.pipeline_plan import param_sync_chunk
 
     def issued(stages, chunks, microbatches):
         return {s: [(k, c) for k in range(microbatches * chunks)
@@ -228,7 +228,7 @@ def test_the_interleaved_schedule_issues_each_chunks_reduction_where_megatron_do
     """Megatron's --align-grad-reduce: a chunk's after backward virtual micro-step k + stage
     when k is the chunk's last backward micro-batch (the last group's, the last of its stages
     steps); what the schedule does not reach is issued after it."""
-    from echo_et.workloads.pipeline import grad_sync_chunk
+    from echo_et.workloads.pipeline_plan import grad_sync_chunk
 
     def issued(stages, chunks, microbatches):
         return {s: [(k, c) for k in range(microbatches * chunks)

@@ -44,6 +44,13 @@ VirtualStagesPerRankOpt = typer.Option(
          "(V must divide every stage's layers, uneven first and last stages included; pp > 2, micro-batches a "
          "multiple of pp); the form Megatron-Core takes with --decoder-first/last-pipeline-num-layers. "
          "0: not given.")
+MICROBATCH_GROUP = "--microbatch-group-size-per-virtual-pipeline-stage"
+MicrobatchGroupOpt = typer.Option(
+    0, MICROBATCH_GROUP, metavar="G",
+    help="Megatron-Core's micro-batch groups for the interleaved schedule: G micro-batches through each model "
+         "chunk in turn, G from pp to the micro-batches, the last group whole or at least pp (so micro-batches "
+         "need not be a multiple of pp); 0: pp, Megatron's default. Ignored without an interleaved schedule, as "
+         "Megatron ignores it (docs/predict.md).")
 OVERLAP_P2P = "--overlap-p2p-communication"
 OverlapP2pOpt = typer.Option(
     False, OVERLAP_P2P,
@@ -194,7 +201,7 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
-                      virtual_chunks: int = 0, overlap_p2p: bool = False,
+                      virtual_chunks: int = 0, overlap_p2p: bool = False, microbatch_group: int = 0,
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
@@ -225,6 +232,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
         raise OptionError("overlap_param_gather", f"the weights' all-gathers belong to {DIST_OPT} and overlap "
                                                   f"with the forward as Megatron-Core runs them with "
                                                   f"{OVERLAP_GRAD_REDUCE}; give both")
+    if microbatch_group < 0:
+        raise OptionError("microbatch_group", f"{microbatch_group}: give the micro-batches per group, or 0 for pp")
     if no_reduce_scatter and not distributed_optimizer:
         raise OptionError("no_reduce_scatter", f"{NO_REDUCE_SCATTER} changes how {DIST_OPT} reduces the gradients; "
                                                f"give {DIST_OPT} too")
@@ -235,6 +244,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "layers_per_virtual_stage": virtual_layers,
             "virtual_stages_per_rank": virtual_chunks,
             "overlap_p2p_comm": overlap_p2p,
+            "microbatch_group_size": microbatch_group,
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
             "use_distributed_optimizer": distributed_optimizer,
             "sync_timers": sync_timers,
@@ -256,6 +266,7 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (VIRTUAL_STAGES, bool(settings["layers_per_virtual_stage"])),
              (VIRTUAL_STAGES_PER_RANK, bool(settings["virtual_stages_per_rank"])),
              (OVERLAP_P2P, settings["overlap_p2p_comm"]),
+             (MICROBATCH_GROUP, bool(settings["microbatch_group_size"])),
              (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
              (DIST_OPT, settings["use_distributed_optimizer"]),
              (SYNC_TIMERS, settings["sync_timers"]),

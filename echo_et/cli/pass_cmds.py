@@ -14,6 +14,7 @@ from echo_et.cli.common import (
     FIRST_STAGE_LAYERS,
     GPN_HELP,
     LAST_STAGE_LAYERS,
+    MICROBATCH_GROUP,
     MODEL,
     RECOMPUTE_GRANULARITY,
     VIRTUAL_STAGES,
@@ -29,6 +30,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    MicrobatchGroupOpt,
     ModelOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
@@ -258,6 +260,7 @@ def sweep(
     virtual_layers: int = VirtualStagesOpt,
     virtual_chunks: int = VirtualStagesPerRankOpt,
     overlap_p2p: bool = OverlapP2pOpt,
+    microbatch_group: int = MicrobatchGroupOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
@@ -282,7 +285,8 @@ def sweep(
     layout of one model on that many GPUs; table, JSON and PNG."""
     shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
-                                 virtual_chunks=virtual_chunks, overlap_p2p=overlap_p2p, fp32_grads=fp32_grads,
+                                 virtual_chunks=virtual_chunks, overlap_p2p=overlap_p2p,
+                                 microbatch_group=microbatch_group, fp32_grads=fp32_grads,
                                  distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,
                                  partition_activations=partition_activations,
@@ -309,7 +313,8 @@ def sweep(
             fail("--gpus sweeps a model's layouts: give --model NAME and --global-batch N")
         if gpus is not None:
             for flag, given in ((VIRTUAL_STAGES, virtual_layers), (VIRTUAL_STAGES_PER_RANK, virtual_chunks),
-                                (FIRST_STAGE_LAYERS, first_stage_layers), (LAST_STAGE_LAYERS, last_stage_layers)):
+                                (FIRST_STAGE_LAYERS, first_stage_layers), (LAST_STAGE_LAYERS, last_stage_layers),
+                                (MICROBATCH_GROUP, microbatch_group)):
                 if given:
                     fail(f"{flag}: --gpus gives each layout its own stages and schedule (uneven ends where the "
                          "depth does not divide the layers; --virtual-stages N,N to try the interleaved schedule)")

@@ -27,6 +27,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    MicrobatchGroupOpt,
     ModelOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
@@ -127,6 +128,7 @@ def predict_cmd(
     virtual_layers: int = VirtualStagesOpt,
     virtual_chunks: int = VirtualStagesPerRankOpt,
     overlap_p2p: bool = OverlapP2pOpt,
+    microbatch_group: int = MicrobatchGroupOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
     sync_timers: bool = SyncTimersOpt,
@@ -184,7 +186,8 @@ def predict_cmd(
                               model=model.strip().lower() if model else "",
                               **megatron_settings(no_scatter_gather=no_scatter_gather,
                                                   virtual_layers=virtual_layers, virtual_chunks=virtual_chunks,
-                                                  overlap_p2p=overlap_p2p, fp32_grads=fp32_grads,
+                                                  overlap_p2p=overlap_p2p, microbatch_group=microbatch_group,
+                                                  fp32_grads=fp32_grads,
                                                   distributed_optimizer=distributed_optimizer,
                                                   sync_timers=sync_timers, grad_sync=grad_sync,
                                                   pipeline_engine=pipeline_engine,
@@ -224,6 +227,8 @@ def predict_cmd(
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)
+               + (f" (micro-batch groups of {microbatch_group})"
+                  if microbatch_group and (virtual_layers or virtual_chunks) else "")
                + (f" (layers per stage: {stages})"
                   if first_stage_layers or last_stage_layers else "")
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")

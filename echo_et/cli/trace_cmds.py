@@ -22,6 +22,7 @@ from echo_et.cli.common import (
     GRAD_ACC_FUSION,
     KV_HEADS,
     LAST_STAGE_LAYERS,
+    MICROBATCH_GROUP,
     MODEL,
     NO_REDUCE_SCATTER,
     OVERLAP_GRAD_REDUCE,
@@ -40,6 +41,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    MicrobatchGroupOpt,
     ModelOpt,
     NoReduceScatterOpt,
     OverlapGradReduceOpt,
@@ -104,6 +106,7 @@ def trace(
              "0: the plain 1F1B schedule."),
     virtual_chunks: int = VirtualStagesPerRankOpt,
     overlap_p2p: bool = OverlapP2pOpt,
+    microbatch_group: int = MicrobatchGroupOpt,
     sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
     partition_activations: bool = typer.Option(False, "--partition-activations",
                                                help="GPT: " + PARTITION_ACTIVATIONS_HELP),
@@ -189,6 +192,7 @@ def trace(
     if script is not None:
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
                             (VIRTUAL_STAGES_PER_RANK, bool(virtual_chunks)), (OVERLAP_P2P, overlap_p2p),
+                            (MICROBATCH_GROUP, bool(microbatch_group)),
                             ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
                             ("--partition-activations", partition_activations),
                             ("--sequence-parallel", sequence_parallel),
@@ -220,6 +224,9 @@ def trace(
                                 ("virtual_stages_per_rank", virtual_chunks or None),
                                 # Megatron turns it off without an interleaved schedule
                                 ("overlap_p2p_comm", (overlap_p2p and bool(virtual_layers or virtual_chunks)) or None),
+                                # and ignores the micro-batch groups without one
+                                ("microbatch_group_size",
+                                 microbatch_group if (virtual_layers or virtual_chunks) and microbatch_group else None),
                                 ("sync_timers", sync_timers or None),
                                 ("pipeline_engine", pipeline_engine),
                                 ("partition_activations", partition_activations or None),
@@ -279,6 +286,8 @@ def trace(
         parts += [VIRTUAL_STAGES_PER_RANK, cfg.virtual_stages_per_rank]
     if script is None and cfg.overlap_p2p_comm:
         parts.append(OVERLAP_P2P)
+    if script is None and cfg.microbatch_group_size:
+        parts += [MICROBATCH_GROUP, cfg.microbatch_group_size]
     if script is None and cfg.sync_timers:
         parts.append("--sync-timers")
     if script is None and cfg.pipeline_engine != "megatron":

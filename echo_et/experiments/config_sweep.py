@@ -87,6 +87,8 @@ class ConfigSweepOptions:
     virtual_stages_per_rank: int = 0
     # Megatron's overlap_p2p_comm with the interleaved schedule (GPTConfig.overlap_p2p_comm)
     overlap_p2p_comm: bool = False
+    # Megatron-Core's micro-batches per group of the interleaved schedule (GPTConfig.microbatch_group_size)
+    microbatch_group_size: int = 0
     # Megatron's timers before its 2022 rewrite: the host waits for the device at the edges of
     # every micro-batch's forward, backward and pipeline exchange (GPTConfig.sync_timers)
     sync_timers: bool = False
@@ -177,6 +179,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                                         interleaving(row, opts), strict=True)),
                              # as Megatron does, only with an interleaved schedule (off without one)
                              overlap_p2p_comm=opts.overlap_p2p_comm and any(interleaving(row, opts)),
+                             microbatch_group_size=opts.microbatch_group_size if any(interleaving(row, opts)) else 0,
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
                              sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,

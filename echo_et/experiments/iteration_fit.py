@@ -172,6 +172,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     vls, vpr = interleaving(row, opts)
     if vls:                                                      # the interleaved schedule
         key += f"-vls{vls}"
+    if (vls or vpr) and opts.microbatch_group_size:              # its micro-batch groups
+        key += f"-mg{opts.microbatch_group_size}"
     if vpr:
         key += f"-vpr{vpr}"
     first, last = edge_stage_layers(row, opts)

@@ -27,6 +27,7 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 sequence_parallel=cfg.sequence_parallel and layout.tp > 1,
                 **({"stage_layers": cfg.stage_layer_counts(layout.pp)} if cfg.uneven_stages else {}),
                 **({"chunks": cfg.virtual_chunks(layout.pp)} if cfg.interleaved else {}),
+                **({"microbatch_group": cfg.microbatch_group_size} if cfg.microbatch_group_size else {}),
                 **({"kv": cfg.hidden // cfg.heads * cfg.query_groups} if cfg.query_groups != cfg.heads else {}),
                 **({"llama": True} if cfg.llama else {}), **({"flash": True} if cfg.flash_attention else {}))
 

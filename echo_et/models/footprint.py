@@ -143,12 +143,14 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                        grad_bytes: int | None = None, recompute: str = "full",
                        dropout: bool = True, sequence_parallel: bool = False,
                        stage_layers: tuple[int, ...] | None = None, kv: int | None = None,
-                       llama: bool = False, flash: bool = False, chunks: int = 1) -> tuple[int, int, int]:
+                       llama: bool = False, flash: bool = False, chunks: int = 1,
+                       microbatch_group: int = 0) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most;
     ``chunks``: model chunks per stage of Megatron's interleaved schedule, whose stage s keeps
-    the activations of min(2 (pp - s - 1) + (chunks - 1) pp + 1, micro-batches x chunks)
+    the activations of min(2 (pp - s - 1) + (chunks - 1) g + 1, micro-batches x chunks)
     chunk forwards (its warm-up and the first steady forward; the first stage about (1 + 1 /
-    chunks) times 1F1B's: Korthikanti et al. 2022, section 4.2.3);
+    chunks) times 1F1B's: Korthikanti et al. 2022, section 4.2.3), g the micro-batches of a
+    group (``microbatch_group``, Megatron-Core's per virtual stage; 0: pp);
     ``stage_layers``: each stage's layers, first to last, when they are uneven (default
     layers / pp each, where only the first and the last stage can need most); ``kv``,
     ``llama``, ``flash``: the keys' width, the llama layer, flash attention (as
@@ -174,7 +176,8 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                                                          stage_layers=counts[stage], kv=kv, llama=llama))
         loss_softmax = 4 * seq * micro_batch * vocab // tp if stage == pp - 1 else 0
         if chunks > 1:
-            in_flight = min(2 * (pp - stage - 1) + (chunks - 1) * pp + 1, microbatches * chunks)
+            in_flight = min(2 * (pp - stage - 1) + (chunks - 1) * (microbatch_group or pp) + 1,
+                            microbatches * chunks)
             held = in_flight * (counts[stage] // chunks)      # layer forwards whose activations are kept
         else:
             held = min(pp - stage, microbatches) * counts[stage]

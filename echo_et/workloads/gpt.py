@@ -349,7 +349,7 @@ class _GPTRank:
                 lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c),
                 param_sync=self._gather_chunk if self.cfg.overlap_param_gather else None,
                 grad_sync=self._reduce_chunk if self.sync.align_reduce else None,
-                overlap_p2p=self.cfg.overlap_p2p_comm)
+                overlap_p2p=self.cfg.overlap_p2p_comm, group=self.cfg.microbatch_group_size)
         else:
             one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):

@@ -74,6 +74,11 @@ class GPTConfig:
     # Megatron-Core requires with uneven first and last stages, each of whose layer counts V
     # must divide); 0: not given. One of this and layers_per_virtual_stage at most.
     virtual_stages_per_rank: int = 0
+    # Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage G: the interleaved
+    # schedule runs the micro-batches in groups of G through each model chunk in turn
+    # (:func:`.pipeline_plan.schedule_table`), G from pp to the micro-batches, the last group
+    # whole or at least pp; 0: pp, Megatron's default (micro-batches then a multiple of pp).
+    microbatch_group_size: int = 0
     # Megatron's overlap_p2p_comm (Megatron-LM's default with the interleaved schedule,
     # --no-overlap-p2p-communication turning it off): the interleaved schedule's sends and
     # receives posted as separate asynchronous calls right after the compute that makes them
@@ -232,9 +237,12 @@ class GPTConfig:
         return ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
 
     def schedule_said(self, pp: int) -> str:
-        """The pipeline schedule in a few words: "1F1B", "interleaved x2", with ", stages 7,
-        8 x 14, 7" when the first or the last stage holds its own count."""
+        """The pipeline schedule in a few words: "1F1B", "interleaved x2" ("interleaved x2 in
+        groups of 6" with micro-batch groups given), with ", stages 7, 8 x 14, 7" when the
+        first or the last stage holds its own count."""
         said = f"interleaved x{self.virtual_chunks(pp)}" if self.interleaved else "1F1B"
+        if self.interleaved and self.microbatch_group_size:
+            said += f" in groups of {self.microbatch_group_size}"
         return said + (f", stages {self.stages_said(pp)}" if self.uneven_stages else "")
 
     def virtual_chunks(self, pp: int) -> int:
@@ -244,6 +252,10 @@ class GPTConfig:
             return self.virtual_stages_per_rank
         n = self.layers_per_virtual_stage
         return self.layers // (pp * n) if n > 0 else 1
+
+    def microbatch_group(self, pp: int) -> int:
+        """The interleaved schedule's micro-batches per group: the size given, or pp."""
+        return self.microbatch_group_size or pp
 
     def virtual_pipeline_size(self, pp: int) -> int:
         """What a Job's ``layout.vpp`` records: the model chunks per stage of an interleaved
@@ -386,18 +398,25 @@ class GPTConfig:
         V dividing each stage's layers, uneven first and last stages included): not both, pp
         > 2 (with two stages, the previous and the next stage are one rank and a combined
         exchange's two sends to it cannot be told apart), at least two chunks per stage, and
-        micro-batches a multiple of pp; and here, gradients reduced after the backward pass or
+        micro-batches in groups of pp (or of Megatron-Core's
+        ``--microbatch-group-size-per-virtual-pipeline-stage`` G, from pp to the micro-batches),
+        the last group whole or at least pp; and here, gradients reduced after the backward pass or
         in Megatron-Core's buckets (PyTorch DDP's overlapped reduction would start on a chunk
         whose gradients are not final)."""
         n, v = self.layers_per_virtual_stage, self.virtual_stages_per_rank
         where = f"layout {layout.describe()}"
-        for name, given in (("layers per virtual pipeline stage", n), ("virtual stages per pipeline rank", v)):
+        g = self.microbatch_group_size
+        for name, given in (("layers per virtual pipeline stage", n), ("virtual stages per pipeline rank", v),
+                            ("micro-batches per virtual stage group", g)):
             if given < 0:
                 raise EchoError(f"{where}: {name} must be >= 0, got {given}")
         if not self.interleaved:
             if self.overlap_p2p_comm:
                 raise EchoError(f"{where}: pipeline communication overlapped with the compute is the interleaved "
                                 "schedule's (Megatron turns it off without one)")
+            if g:
+                raise EchoError(f"{where}: micro-batch groups per virtual stage ({g}) are the interleaved "
+                                "schedule's")
             return
         if n and v:
             raise EchoError(f"{where}: give the interleaved schedule as layers per virtual stage ({n}) or as "
@@ -416,12 +435,27 @@ class GPTConfig:
                 if counts[i] % v:
                     raise EchoError(f"{where}: {what} need each stage's layers to split into {v} chunks; the "
                                     f"{name} stage's {counts[i]} layers do not")
-        if layout.microbatches % layout.pp:
-            raise EchoError(f"{where}: {what} need micro-batches ({layout.microbatches}) to be a multiple "
-                            f"of pp ({layout.pp})")
+        self.check_microbatch_groups(layout, where, what)
         if self.grad_sync == "overlap" and not self.overlap_grad_reduce:
             raise EchoError(f"{where}: {what} need the gradient sync after the backward pass "
                             "(after-backward) or Megatron-Core's overlapped one, not PyTorch DDP's")
+
+    def check_microbatch_groups(self, layout: ParallelLayout, where: str, what: str) -> None:
+        """Megatron-Core's rules for the interleaved schedule's micro-batch groups (its
+        ``forward_backward_pipelining_with_interleaving`` raises on either)."""
+        m, pp, g = layout.microbatches, layout.pp, self.microbatch_group_size
+        if not g:
+            if m % pp:
+                raise EchoError(f"{where}: {what} need micro-batches ({m}) to be a multiple of pp ({pp}), or "
+                                f"groups of micro-batches per virtual stage from pp to {m} that leave a last "
+                                f"group of 0 or at least pp")
+            return
+        if not pp <= g <= m:
+            raise EchoError(f"{where}: {what} need micro-batch groups from pp ({pp}) to the micro-batches ({m}), "
+                            f"got {g}")
+        if 0 < m % g < pp:
+            raise EchoError(f"{where}: {what} with micro-batch groups of {g} leave a last group of {m % g} of "
+                            f"the {m} micro-batches, fewer than pp ({pp}); it must be 0 or at least pp")
 
     def check_pipeline_engine(self, layout: ParallelLayout) -> None:
         """DeepSpeed's pipeline engine runs its own schedule (no interleaving), reduces the
@@ -526,7 +560,8 @@ class GPTConfig:
 # so the records (Jobs' provenance, sweep results and logs) of the plain Megatron run stay as
 # they were.
 RECORD_DEFAULTS: dict[str, Any] = {
-    "layers_per_virtual_stage": 0, "virtual_stages_per_rank": 0, "overlap_p2p_comm": False, "sync_timers": False,
+    "layers_per_virtual_stage": 0, "virtual_stages_per_rank": 0, "microbatch_group_size": 0,
+    "overlap_p2p_comm": False, "sync_timers": False,
     "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,

@@ -15,27 +15,31 @@ all-gathers the pieces inside its TP group (NVLink) into the whole tensor. Gradi
 back travel the same way. Without sequence parallelism, as here, every TP rank holds the
 whole activation, so the slice is a view and costs no kernel.
 
-:func:`interleaved_schedule` / :func:`interleaved_one_f_one_b` are Megatron-LM's interleaved
-1F1B schedule (Narayanan et al., SC'21, section 2.2.2; ``--num-layers-per-virtual-pipeline-stage``):
-each stage holds ``chunks`` model chunks, chunk c of stage s being virtual stage c x stages + s;
-forward virtual micro-steps go in groups of ``stages`` micro-batches per chunk, backward ones
-in reverse chunk order; activations leave chunk c of the last stage for chunk c + 1 of the
-first (and gradients the reverse way), so the pipeline group is a ring. Every exchange is one
-combined call posting, in Megatron's order, send-to-previous, receive-from-previous,
-send-to-next, receive-from-next, and waiting for all of them.
+:func:`interleaved_one_f_one_b` runs Megatron-LM's interleaved 1F1B schedule (Narayanan et
+al., SC'21, section 2.2.2; ``--num-layers-per-virtual-pipeline-stage``) as
+:mod:`.pipeline_plan` plans it: each stage holds ``chunks`` model chunks, chunk c of stage s
+being virtual stage c x stages + s. Every exchange is one combined call posting, in
+Megatron's order, send-to-previous, receive-from-previous, send-to-next, receive-from-next,
+and waiting for all of them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from echo_et.errors import EchoError
 from echo_et.workloads.markers import comm_span, device_sync, span
+from echo_et.workloads.pipeline_plan import (
+    Transfer,
+    grad_sync_chunk,
+    interleaved_schedule,
+    overlapped_plan,
+    param_sync_chunk,
+)
 
 # torch 2.13 renamed the tensor form; older releases only have the old name.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -261,221 +265,13 @@ def one_f_one_b(link: StageLink, microbatches: int,
         link.send_backward(in_grad, mb)
 
 
-class Transfer(NamedTuple):
-    """One send or receive of the interleaved schedule. ``peer``: -1 the previous stage, +1
-    the next (around the ring); ``phase``: forward (an activation) or backward (a gradient);
-    ``mb`` and ``chunk``: the micro-batch and the model chunk of this stage that produced the
-    tensor (a send) or will consume it (a receive)."""
-
-    send: bool
-    peer: int
-    phase: str
-    mb: int
-    chunk: int
-
-
-# ("forward", mb, chunk) | ("backward", mb, chunk) | ("comm", transfers)
-ScheduleItem = tuple
-
-
-def virtual_chunk(step: int, stages: int, chunks: int, *, forward: bool) -> int:
-    """The model chunk of virtual micro-step ``step``: groups of ``stages`` steps per chunk,
-    chunks in order for forward steps and in reverse for backward ones."""
-    c = (step % (stages * chunks)) // stages
-    return c if forward else chunks - 1 - c
-
-
-def virtual_microbatch(step: int, stages: int, chunks: int) -> int:
-    """The micro-batch of virtual micro-step ``step`` (the same for forward and backward)."""
-    return (step // (stages * chunks)) * stages + step % stages
-
-
-def interleaved_warmup(stages: int, stage: int, chunks: int, microbatches: int) -> int:
-    """Forward micro-steps before the first backward on ``stage``: (stages - stage - 1) x 2
-    + (chunks - 1) x stages, or all of them when there are only ``stages`` micro-batches."""
-    total = microbatches * chunks
-    if microbatches == stages:
-        return total
-    return min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
-
-
-def interleaved_schedule(stages: int, stage: int, chunks: int, microbatches: int) -> list[ScheduleItem]:
-    """Stage ``stage``'s interleaved 1F1B schedule: its forward and backward micro-steps and
-    its combined exchanges, in order (see the module docstring). A receive is labelled with the
-    micro-batch that it carries: each chunk receives activations, and gradients, in micro-batch
-    order."""
-    if stages < 3:
-        raise EchoError(f"the interleaved pipeline schedule needs more than 2 stages, got {stages}")
-    if chunks < 1 or microbatches < 1 or microbatches % stages:
-        raise EchoError(f"the interleaved pipeline schedule needs micro-batches ({microbatches}) "
-                        f"to be a multiple of the stages ({stages})")
-    return _InterleavedPlan(stages, stage, chunks, microbatches).items()
-
-
-class _InterleavedPlan:
-    """One stage's interleaved schedule, written phase by phase: the warm-up forwards, the
-    steady one-forward-one-backward steps, the cool-down backwards."""
-
-    def __init__(self, stages: int, stage: int, chunks: int, microbatches: int) -> None:
-        self.stages, self.s, self.chunks = stages, stage, chunks
-        self.last_stage = stages - 1
-        self.total = microbatches * chunks
-        self.warmup = interleaved_warmup(stages, stage, chunks, microbatches)
-        self.steady = self.total - self.warmup
-        self.all_warmup = microbatches == stages
-        self.received: dict[tuple[str, int], int] = {}
-        self.out: list[ScheduleItem] = []
-
-    def items(self) -> list[ScheduleItem]:
-        if self.s != 0:
-            self.comm(recv_prev=0)
-        self.warmup_steps()
-        self.steady_steps()
-        self.cooldown_steps()
-        return self.out
-
-    def fchunk(self, k: int) -> int:
-        return virtual_chunk(k, self.stages, self.chunks, forward=True)
-
-    def bchunk(self, k: int) -> int:
-        return virtual_chunk(k, self.stages, self.chunks, forward=False)
-
-    def mb_of(self, k: int) -> int:
-        return virtual_microbatch(k, self.stages, self.chunks)
-
-    def activation_out(self, mb: int, c: int) -> tuple[int, int] | None:
-        """What a forward of chunk ``c`` sends on: all but the model's last chunk."""
-        return None if (self.s == self.last_stage and c == self.chunks - 1) else (mb, c)
-
-    def gradient_out(self, mb: int, c: int) -> tuple[int, int] | None:
-        """What a backward of chunk ``c`` sends back: all but the model's first chunk."""
-        return None if (self.s == 0 and c == 0) else (mb, c)
-
-    def recv(self, phase: str, chunk: int, peer: int) -> Transfer:
-        mb = self.received.get((phase, chunk), 0)
-        self.received[(phase, chunk)] = mb + 1
-        return Transfer(False, peer, phase, mb, chunk)
-
-    def comm(self, send_prev: tuple[int, int] | None = None, recv_prev: int | None = None,
-             send_next: tuple[int, int] | None = None, recv_next: int | None = None) -> None:
-        ops = []
-        if send_prev is not None:
-            ops.append(Transfer(True, -1, "backward", *send_prev))
-        if recv_prev is not None:
-            ops.append(self.recv("forward", recv_prev, -1))
-        if send_next is not None:
-            ops.append(Transfer(True, 1, "forward", *send_next))
-        if recv_next is not None:
-            ops.append(self.recv("backward", recv_next, 1))
-        if ops:
-            self.out.append(("comm", tuple(ops)))
-
-    def warmup_steps(self) -> None:
-        s, chunks = self.s, self.chunks
-        for k in range(self.warmup):
-            c, mb = self.fchunk(k), self.mb_of(k)
-            self.out.append(("forward", mb, c))
-            nxt = self.fchunk(k + 1)
-            # the first stage feeds its chunk 0 from the data; nothing comes after the last step
-            recv_prev = nxt if not (s == 0 and nxt == 0) and k != self.total - 1 else None
-            if k == self.warmup - 1 and not self.all_warmup:   # the first gradient comes with the last one
-                self.comm(recv_prev=recv_prev, send_next=self.activation_out(mb, c),
-                          recv_next=chunks - 1 if s != self.last_stage else None)
-            else:
-                self.comm(recv_prev=recv_prev, send_next=self.activation_out(mb, c))
-
-    def steady_steps(self) -> None:
-        s, chunks, last_stage = self.s, self.chunks, self.last_stage
-        for k in range(self.steady):
-            fk = k + self.warmup
-            fc, fmb = self.fchunk(fk), self.mb_of(fk)
-            bc, bmb = self.bchunk(k), self.mb_of(k)
-            self.out.append(("forward", fmb, fc))
-            self.out.append(("backward", bmb, bc))
-            # the first stage runs stages - 1 steps ahead of the last: what arrives from it now
-            # is the output of the last stage's step fk - (stages - 1), for the chunk after it
-            if s == 0:
-                c = self.fchunk(fk - last_stage)
-                recv_prev = c + 1 if c != chunks - 1 else None
-            else:
-                recv_prev = self.fchunk(fk + 1)
-            if s == last_stage:   # and the last stage as far ahead of the first going back
-                c = self.bchunk(k - last_stage)
-                recv_next = c - 1 if c != 0 else None
-            else:
-                recv_next = self.bchunk(k + 1)
-            if k == self.steady - 1:
-                recv_prev = None
-            self.comm(send_prev=self.gradient_out(bmb, bc), recv_prev=recv_prev,
-                      send_next=self.activation_out(fmb, fc), recv_next=recv_next)
-
-    def cooldown_steps(self) -> None:
-        s, chunks = self.s, self.chunks
-        if self.all_warmup and s != self.last_stage:
-            self.comm(recv_next=chunks - 1)
-        for k in range(self.steady, self.total):
-            bc, bmb = self.bchunk(k), self.mb_of(k)
-            self.out.append(("backward", bmb, bc))
-            nxt = self.bchunk(k + 1)
-            recv_next = nxt if not (s == self.last_stage and nxt == chunks - 1) and k != self.total - 1 else None
-            self.comm(send_prev=self.gradient_out(bmb, bc), recv_next=recv_next)
-
-
-def param_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatches: int) -> int | None:
-    """The model chunk whose weights' all-gathers Megatron's interleaved schedule issues
-    before forward virtual micro-step ``step`` of ``stage`` (None: none). With the gathers
-    aligned across stages (``--align-param-gather``), virtual micro-step k + stage being the
-    first micro-batch of chunk c issues chunk c + 1's, for c + 1 from 2 (chunks 0 and 1 are
-    issued before the schedule) to the last: so every stage issues chunk c + 1's at the same
-    time, c x stages virtual micro-steps into the schedule."""
-    k = step + stage
-    if k >= microbatches * chunks or k >= stages * chunks or k % stages:
-        return None
-    c = virtual_chunk(k, stages, chunks, forward=True) + 1
-    return c if 1 < c < chunks else None
-
-
-def grad_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatches: int) -> int | None:
-    """The model chunk whose gradient collectives Megatron's interleaved schedule issues after
-    backward virtual micro-step ``step`` of ``stage`` (None: none). With the reductions
-    aligned across stages (``--align-grad-reduce``), a chunk's are issued once virtual
-    micro-step ``step - stage`` is that chunk's last backward micro-batch (in the last group
-    of stages x chunks steps, the last of its stages steps): every stage issues them at the
-    same time, the later stages ``stage`` steps after their own last backward of the chunk."""
-    k = step - stage
-    group = stages * chunks
-    if k < 0 or k // group != microbatches * chunks // group - 1 or k % stages != stages - 1:
-        return None
-    return virtual_chunk(k, stages, chunks, forward=False)
-
-
-def overlapped_plan(items: list[ScheduleItem]) -> list[ScheduleItem]:
-    """The interleaved schedule with Megatron's ``overlap_p2p_comm``: each combined exchange
-    split by direction into ("post", transfers) items, the activations' (a forward's send to
-    the next stage, the receive from the previous) right after the latest forward, the
-    gradients' right after the latest backward (or where the exchange was, before any), so a
-    forward's send runs while the backward after it computes."""
-    slots: list[tuple[ScheduleItem | None, list[ScheduleItem]]] = [(None, [])]
-    latest: dict[str, int] = {}
-    for item in items:
-        if item[0] != "comm":
-            slots.append((item, []))
-            latest[item[0]] = len(slots) - 1
-            continue
-        for phase in ("forward", "backward"):
-            part = tuple(t for t in item[1] if t.phase == phase)
-            if part:
-                slots[latest.get(phase, len(slots) - 1)][1].append(("post", part))
-    return [x for item, posts in slots for x in ([item] if item is not None else []) + posts]
-
-
 def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                             forward: Callable[[int, int, torch.Tensor | None], torch.Tensor],
                             backward: Callable[[int, int, torch.Tensor | None, torch.Tensor,
                                                 torch.Tensor | None], torch.Tensor | None],
                             param_sync: Callable[[int, int], None] | None = None,
                             grad_sync: Callable[[int, int], None] | None = None,
-                            overlap_p2p: bool = False) -> None:
+                            overlap_p2p: bool = False, group: int = 0) -> None:
     """Run this stage's ``chunks`` model chunks over ``microbatches`` micro-batches in the
     interleaved 1F1B order (:func:`interleaved_schedule`).
 
@@ -488,7 +284,8 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     where :func:`grad_sync_chunk` says, after the backward of micro-batch ``mb``, and the
     chunks it has not reached after the schedule, in chunk order. ``overlap_p2p``: Megatron's
     ``overlap_p2p_comm`` (:func:`overlapped_plan`): the transfers posted unwaited, each
-    direction's waited for before the next compute of that direction.
+    direction's waited for before the next compute of that direction. ``group``: Megatron-Core's
+    micro-batch group per virtual stage (:func:`schedule_table`; 0: pp).
     """
     if param_sync is not None:
         param_sync(0, 0)
@@ -501,7 +298,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     out_grads: dict[tuple[int, int], torch.Tensor] = {}
     saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
     outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
-    plan = interleaved_schedule(link.stages, link.stage, chunks, microbatches)
+    plan = interleaved_schedule(link.stages, link.stage, chunks, microbatches, group)
     pending: dict[str, list[tuple[Transfer, object, torch.Tensor | None]]] = {"forward": [], "backward": []}
 
     def arrive(phase: str) -> None:
@@ -530,7 +327,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
         _, mb, c = item
         if kind == "forward":
             sync = None if param_sync is None else param_sync_chunk(forwards, link.stages, link.stage, chunks,
-                                                                    microbatches)
+                                                                    microbatches, group)
             if sync is not None:
                 param_sync(sync, mb)
             forwards += 1
@@ -547,7 +344,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                 assert in_grad is not None
                 outgoing[("backward", mb, c)] = in_grad
             sync = None if grad_sync is None else grad_sync_chunk(backwards, link.stages, link.stage, chunks,
-                                                                  microbatches)
+                                                                  microbatches, group)
             if sync is not None:
                 grad_sync(sync, mb)
                 synced.add(sync)
