@@ -86,17 +86,19 @@ def test_the_memory_bound_grows_with_the_group() -> None:
     assert need[0] < need[8] < need[16]
 
 
-def test_real_run_gives_the_gradients_of_one_stage(tmp_path) -> None:
+@pytest.mark.parametrize("overlap_p2p", [False, True])
+def test_real_run_gives_the_gradients_of_one_stage(tmp_path, overlap_p2p) -> None:
     """Three gloo processes run two chunks each over 7 micro-batches in groups of 4 (the last
-    group 3, pp), for real: every send meets its receive and each parameter's gradient is the
-    one-stage run's."""
+    group 3, pp), for real, batched or with Megatron's overlapped transfers: every send meets
+    its receive and each parameter's gradient is the one-stage run's."""
     torch = pytest.importorskip("torch", reason="the GPT workload needs torch")
     from gpt_real_runs import real_grads
 
     real = {"layers": 6, "hidden": 32, "heads": 4, "seq": 8, "micro_batch": 2, "vocab": 64,
             "grad_sync": "after-backward"}
     ref = real_grads(tmp_path, microbatches=7, **real)
-    got = real_grads(tmp_path, pp=3, microbatches=7, layers_per_virtual_stage=1, microbatch_group_size=4, **real)
+    got = real_grads(tmp_path, pp=3, microbatches=7, layers_per_virtual_stage=1, microbatch_group_size=4,
+                     overlap_p2p_comm=overlap_p2p, **real)
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
