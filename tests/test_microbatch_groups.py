@@ -169,3 +169,34 @@ def test_the_group_is_ignored_without_interleaving_and_refused_with_gpus(tmp_pat
     res = runner.invoke(app, ["sweep", "--model", "gpt3-6.7b", "--gpus", "8", "--global-batch", "16", FLAG, "8",
                               "-o", str(tmp_path / "grid")])
     assert res.exit_code == 2 and FLAG in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_the_grid_runs_interleaved_candidates_in_the_smallest_group(tmp_path) -> None:
+    """``sweep --gpus``: an interleaved candidate whose micro-batches the depth does not divide
+    gets the smallest group Megatron-Core runs (10 micro-batches over 4 stages: 5; 4 leaves 2),
+    one with fewer micro-batches than stages none (it is refused)."""
+    from echo_et.experiments.layout_grid import candidate_layouts
+
+    shape = {"layers": 8, "hidden": 64, "heads": 4, "seq": 16, "vocab": 64}
+    rows = candidate_layouts(shape, gpus=8, global_batch=20, gpus_per_node=8, micro_batches=(1, 5), chunks=(2,))
+    inter = {(r["tp"], r["pp"], r["micro_batch"]): r.get("microbatch_group_size")
+             for r in rows if r.get("layers_per_virtual_stage")}
+    assert inter[(1, 4, 1)] == 5                   # 10 micro-batches
+    assert inter[(2, 4, 1)] is None                # 20: a multiple of pp, the default group
+    assert inter[(1, 4, 5)] is None                # 2 < pp: no group runs it
+    assert all(r.get("microbatch_group_size") is None for r in rows if not r.get("layers_per_virtual_stage"))
+
+
+def test_a_sweep_row_gives_its_own_group(tmp_path) -> None:
+    pytest.importorskip("torch", reason="tracing needs torch")
+    csv = tmp_path / "rows.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,layers_per_virtual_stage,"
+                   "microbatch_group_size\n"
+                   "8,256,4,128,1,10,1,4,1,1,5\n"
+                   "8,256,4,128,1,8,1,4,1,0,6\n")
+    res = runner.invoke(app, ["sweep", "--configs", str(csv), "--workers", "1", "--no-plot", "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    table = (tmp_path / "s" / "table.txt").read_text()
+    assert "interleaved x2 in groups of 5" in table and "1F1B" in table   # the plain row ignores its 6
+    rows = json.loads((tmp_path / "s" / "results.json").read_text())["rows"]
+    assert [r.get("error") for r in rows] == [None, None]

@@ -31,19 +31,6 @@ NoScatterGatherOpt = typer.Option(
     help="Send every activation and gradient between pipeline stages whole from each TP rank, instead of "
          "Megatron's default 1/tp slice per TP rank all-gathered in the receiving stage's TP group "
          "(Megatron's flag of the same name; docs/predict.md).")
-VIRTUAL_STAGES = "--num-layers-per-virtual-pipeline-stage"
-VirtualStagesOpt = typer.Option(
-    0, VIRTUAL_STAGES, metavar="N",
-    help="Megatron's interleaved 1F1B pipeline schedule (its flag): each stage holds layers / (pp x N) model "
-         "chunks of N layers (needs pp > 2, at least 2 chunks per stage, micro-batches a multiple of pp); "
-         "0: the plain 1F1B schedule (docs/predict.md).")
-VIRTUAL_STAGES_PER_RANK = "--num-virtual-stages-per-pipeline-rank"
-VirtualStagesPerRankOpt = typer.Option(
-    0, VIRTUAL_STAGES_PER_RANK, metavar="V",
-    help="Megatron-Core's interleaved 1F1B schedule given by its model chunks: each stage's layers in V chunks "
-         "(V must divide every stage's layers, uneven first and last stages included; pp > 2, micro-batches a "
-         "multiple of pp); the form Megatron-Core takes with --decoder-first/last-pipeline-num-layers. "
-         "0: not given.")
 MICROBATCH_GROUP = "--microbatch-group-size-per-virtual-pipeline-stage"
 MicrobatchGroupOpt = typer.Option(
     0, MICROBATCH_GROUP, metavar="G",
@@ -51,6 +38,20 @@ MicrobatchGroupOpt = typer.Option(
          "chunk in turn, G from pp to the micro-batches, the last group whole or at least pp (so micro-batches "
          "need not be a multiple of pp); 0: pp, Megatron's default. Ignored without an interleaved schedule, as "
          "Megatron ignores it (docs/predict.md).")
+VIRTUAL_STAGES = "--num-layers-per-virtual-pipeline-stage"
+VirtualStagesOpt = typer.Option(
+    0, VIRTUAL_STAGES, metavar="N",
+    help="Megatron's interleaved 1F1B pipeline schedule (its flag): each stage holds layers / (pp x N) model "
+         "chunks of N layers (needs pp > 2, at least 2 chunks per stage, micro-batches a multiple of pp or "
+         f"{MICROBATCH_GROUP}); "
+         "0: the plain 1F1B schedule (docs/predict.md).")
+VIRTUAL_STAGES_PER_RANK = "--num-virtual-stages-per-pipeline-rank"
+VirtualStagesPerRankOpt = typer.Option(
+    0, VIRTUAL_STAGES_PER_RANK, metavar="V",
+    help="Megatron-Core's interleaved 1F1B schedule given by its model chunks: each stage's layers in V chunks "
+         "(V must divide every stage's layers, uneven first and last stages included; pp > 2, micro-batches a "
+         f"multiple of pp or {MICROBATCH_GROUP}); the form Megatron-Core takes with "
+         "--decoder-first/last-pipeline-num-layers. 0: not given.")
 OVERLAP_P2P = "--overlap-p2p-communication"
 OverlapP2pOpt = typer.Option(
     False, OVERLAP_P2P,

@@ -87,7 +87,8 @@ class ConfigSweepOptions:
     virtual_stages_per_rank: int = 0
     # Megatron's overlap_p2p_comm with the interleaved schedule (GPTConfig.overlap_p2p_comm)
     overlap_p2p_comm: bool = False
-    # Megatron-Core's micro-batches per group of the interleaved schedule (GPTConfig.microbatch_group_size)
+    # Megatron-Core's micro-batches per group of the interleaved schedule
+    # (GPTConfig.microbatch_group_size; 0: pp); a row's microbatch_group_size column overrides it
     microbatch_group_size: int = 0
     # Megatron's timers before its 2022 rewrite: the host waits for the device at the edges of
     # every micro-batch's forward, backward and pipeline exchange (GPTConfig.sync_timers)
@@ -179,7 +180,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                                         interleaving(row, opts), strict=True)),
                              # as Megatron does, only with an interleaved schedule (off without one)
                              overlap_p2p_comm=opts.overlap_p2p_comm and any(interleaving(row, opts)),
-                             microbatch_group_size=opts.microbatch_group_size if any(interleaving(row, opts)) else 0,
+                             microbatch_group_size=microbatch_group(row, opts),
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
                              sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,
@@ -212,6 +213,12 @@ def interleaving(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, in
             _row_or(row, "virtual_stages_per_rank", opts.virtual_stages_per_rank))
 
 
+def microbatch_group(row: dict[str, Any], opts: ConfigSweepOptions) -> int:
+    """A row's micro-batches per group of the interleaved schedule: its own column, else the
+    sweep's option; 0 (ignored, as Megatron ignores it) when the row runs plain 1F1B."""
+    return _row_or(row, "microbatch_group_size", opts.microbatch_group_size) if any(interleaving(row, opts)) else 0
+
+
 def schedule_said(row: dict[str, Any], opts: ConfigSweepOptions) -> str:
     """A row's pipeline schedule in a few words (``GPTConfig.schedule_said``): "1F1B",
     "interleaved x2, stages 6, 8 x 15"; "" for a row whose degrees are not numbers >= 1."""
@@ -221,12 +228,14 @@ def schedule_said(row: dict[str, Any], opts: ConfigSweepOptions) -> str:
         layers, pp = int(row["layers"]), int(row["pp"])
         vls, vpr = interleaving(row, opts)
         first, last = edge_stage_layers(row, opts)
+        group = microbatch_group(row, opts)
     except (KeyError, TypeError, ValueError):
         return ""
-    if layers < 1 or pp < 1 or min(vls, vpr, first, last) < 0:
+    if layers < 1 or pp < 1 or min(vls, vpr, first, last, group) < 0:
         return ""
     return GPTConfig(layers=layers, layers_per_virtual_stage=vls, virtual_stages_per_rank=vpr,
-                     first_stage_layers=first, last_stage_layers=last).schedule_said(pp)
+                     microbatch_group_size=group, first_stage_layers=first,
+                     last_stage_layers=last).schedule_said(pp)
 
 
 def edge_stage_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, int]:

@@ -147,7 +147,7 @@ def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prio
 # -- simulating the configurations -----------------------------------------------------------------
 def _row_job(row: dict[str, Any], opts, cache: str | None):
     """The row's traced Job, kept in ``cache`` (a folder) between runs when given."""
-    from echo_et.experiments.config_sweep import edge_stage_layers, interleaving, trace_row
+    from echo_et.experiments.config_sweep import edge_stage_layers, interleaving, microbatch_group, trace_row
     from echo_et.ir import load_job, save_job
 
     if not cache:
@@ -172,8 +172,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     vls, vpr = interleaving(row, opts)
     if vls:                                                      # the interleaved schedule
         key += f"-vls{vls}"
-    if (vls or vpr) and opts.microbatch_group_size:              # its micro-batch groups
-        key += f"-mg{opts.microbatch_group_size}"
+    if group := microbatch_group(row, opts):                     # its micro-batch groups
+        key += f"-mg{group}"
     if vpr:
         key += f"-vpr{vpr}"
     first, last = edge_stage_layers(row, opts)

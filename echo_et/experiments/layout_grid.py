@@ -53,7 +53,9 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
     count that splits its layers, after the plain one: an even one at layers / (pp x chunks)
     layers per virtual stage, an uneven one at that many virtual stages per pipeline rank with
     ends the count splits (Megatron-Core's rule; 126 layers on 16 stages in 2 chunks: 6, 8 x
-    14, 8). Megatron's other rules are the workload's to check."""
+    14, 8); an interleaved candidate whose micro-batches pp does not divide runs in the smallest
+    micro-batch group Megatron-Core accepts (``--microbatch-group-size-per-virtual-pipeline-stage``).
+    Megatron's other rules are the workload's to check."""
     if gpus < 1 or global_batch < 1:
         raise OptionError("gpus" if gpus < 1 else "global_batch", "give a positive number")
     if any(m < 1 for m in micro_batches):
@@ -71,13 +73,28 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
                 continue
             interleaved = [] if pp <= 2 else [
                 sched for c in sorted(set(chunks)) if (sched := _interleaved(shape["layers"], pp, c)) is not None]
+            dp = gpus // (tp * pp)
             for mb in sorted(set(micro_batches)):
-                for schedule in [edges, *interleaved]:
+                group = {} if global_batch % (mb * dp) else _microbatch_group(global_batch // (mb * dp), pp)
+                for schedule in [edges, *[{**s, **group} for s in interleaved]]:
                     rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab") if k in shape},
                                  "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
-                                 "dp": gpus // (tp * pp), **schedule})
+                                 "dp": dp, **schedule})
         tp *= 2
     return rows
+
+
+def _microbatch_group(microbatches: int, pp: int) -> dict[str, int]:
+    """The interleaved schedule's micro-batch group when pp does not divide the micro-batches
+    ({} when it does, the default group of pp): the smallest that Megatron-Core runs (from pp
+    to the micro-batches, the last group 0 or at least pp), the nearest to its depth-first
+    default and the fewest forwards in flight; {} when none does (the row is refused)."""
+    if microbatches % pp == 0:
+        return {}
+    for g in range(pp, microbatches + 1):
+        if microbatches % g == 0 or microbatches % g >= pp:
+            return {"microbatch_group_size": g}
+    return {}
 
 
 def _interleaved(layers: int, pp: int, chunks: int) -> dict[str, int] | None:
