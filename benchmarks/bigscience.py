@@ -70,12 +70,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron_accuracy import vtrain_comm_profile  # noqa: E402
 from megatron_paper import add_model_args, input_problem, paper_flops, sweep_progress  # noqa: E402
 
-from echo_et.experiments.config_sweep import (  # noqa: E402
-    ConfigSweepOptions,
-    choice_summary,
-    layout_choices,
-    run_config_sweep,
-)
+from echo_et.experiments.config_rows import ConfigSweepOptions
+from echo_et.experiments.config_sweep import choice_summary, layout_choices, run_config_sweep
 from echo_et.models.cluster import Cluster  # noqa: E402
 
 SEQ, VOCAB, GPUS = 2048, 250_000, 384
@@ -282,7 +278,7 @@ def memory_bounds() -> list[tuple[int, float, float]]:
     """(row, measured GB, echo-et's lower bound in GB) for every row whose memory the notes
     give: the bound the memory check refuses a row by (``echo_et.models.footprint``), with
     the runs' settings."""
-    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.config_rows import workload_for
     from echo_et.experiments.memory_check import megatron_shape
     from echo_et.models.footprint import megatron_min_bytes
 

@@ -50,14 +50,8 @@ from pathlib import Path
 
 from echo_et.errors import EchoError
 from echo_et.experiments.config_csv import REQUIRED
-from echo_et.experiments.config_sweep import (
-    ConfigSweepOptions,
-    choice_summary,
-    layout_choices,
-    layout_family,
-    map_rows,
-    workload_for,
-)
+from echo_et.experiments.config_rows import ConfigSweepOptions, layout_family, workload_for
+from echo_et.experiments.config_sweep import choice_summary, layout_choices, map_rows
 from echo_et.experiments.iteration_fit import (
     PathSample,
     bounding_profiles,

@@ -56,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megatron_accuracy import SHARED, vtrain_comm_profile  # noqa: E402
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, run_config_sweep  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions  # noqa: E402
+from echo_et.experiments.config_sweep import run_config_sweep  # noqa: E402
 from echo_et.models.cluster import Cluster  # noqa: E402
 
 VOCAB = 51200

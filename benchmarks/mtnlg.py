@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron_accuracy import vtrain_comm_profile  # noqa: E402
 from megatron_paper import add_model_args, input_problem, paper_flops  # noqa: E402
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, run_config_sweep  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions  # noqa: E402
+from echo_et.experiments.config_sweep import run_config_sweep  # noqa: E402
 from echo_et.models.cluster import Cluster  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, SEQ, VOCAB = 105, 20480, 128, 2048, 50257

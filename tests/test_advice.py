@@ -62,7 +62,8 @@ def test_predict_says_the_advice_and_writes_it(tmp_path) -> None:
 
 
 def test_a_sweep_carries_the_advice_per_row_and_says_it_once(tmp_path) -> None:
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, run_config_sweep
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import run_config_sweep
 
     base = dict(layers=2, seq=32, micro_batch=1, global_batch=4, tp=2, pp=1, dp=2)
     rows = [{**base, "hidden": 64, "heads": 8}, {**base, "hidden": 48, "heads": 4},

@@ -88,7 +88,7 @@ def test_every_run_that_ran_fits_and_the_one_out_of_memory_is_refused(bigscience
     DP48 run, "OOM", is refused."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     from echo_et.errors import EchoError
-    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.config_rows import workload_for
 
     for row in bigscience.bigscience_rows():
         cfg, layout = workload_for(row, bigscience.run_options(optimizer=row["optimizer"]))

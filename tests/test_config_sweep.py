@@ -10,13 +10,8 @@ from typer.testing import CliRunner
 from echo_et.cli.main import app
 from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.config_csv import read_configs
-from echo_et.experiments.config_sweep import (
-    ConfigSweepOptions,
-    layout_family,
-    predict_row,
-    run_config_sweep,
-    workload_for,
-)
+from echo_et.experiments.config_rows import ConfigSweepOptions, layout_family, workload_for
+from echo_et.experiments.config_sweep import predict_row, run_config_sweep
 
 pytest.importorskip("torch", reason="meta-device tracing needs torch (the trace extra)")
 runner = CliRunner()

@@ -300,7 +300,7 @@ def test_partitioned_checkpoints_gather_each_layer_input_in_the_backward() -> No
 def test_predict_and_sweep_take_partitioned_checkpoints(tmp_path) -> None:
     import json
 
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
 
     runs = {}
     for name, extra in (("whole", []), ("partitioned", ["--partition-activations"])):

@@ -16,7 +16,8 @@ from echo_et.converters.astra_sim import ExportOptions  # noqa: E402
 from echo_et.converters.astra_sim import writer as astra_writer  # noqa: E402
 from echo_et.converters.astra_sim.plan import plan_graph  # noqa: E402
 from echo_et.errors import EchoError  # noqa: E402
-from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions  # noqa: E402
+from echo_et.experiments.config_sweep import models_for  # noqa: E402
 from echo_et.passes import retime_compute  # noqa: E402
 from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
 from echo_et.workloads import GPTConfig, build_gpt  # noqa: E402

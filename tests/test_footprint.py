@@ -46,7 +46,8 @@ def test_175b_on_one_gpu_is_refused_with_its_numbers() -> None:
 
 def test_sweep_row_that_does_not_fit_is_its_error() -> None:
     pytest.importorskip("torch", reason="the sweep traces on the meta device (pip install -e '.[dev]')")
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_row
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import predict_row
 
     row = dict(layers=96, hidden=12288, heads=96, seq=2048, micro_batch=1, global_batch=8, tp=1, pp=1, dp=1)
     got = predict_row(row, ConfigSweepOptions(recompute=True))
@@ -83,7 +84,7 @@ def test_adam_states_are_counted_sharded_over_data_parallel_ranks() -> None:
 
 def test_sweep_row_is_checked_with_its_data_parallel_degree() -> None:
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
 
     row = dict(layers=48, hidden=8192, heads=64, seq=2048, micro_batch=1, global_batch=1536, tp=2, pp=8, dp=32)
     workload_for(row, ConfigSweepOptions(recompute=True))          # fits sharded
@@ -164,7 +165,7 @@ def test_vtrain_rows_fit_with_recomputation_and_three_would_not_without(recomput
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     from conftest import shared_path
     from echo_et.experiments.config_csv import read_configs
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
 
     rows = read_configs(shared_path("measurements/vtrain-a100/data/ground_truth_single.csv"))
     opts = ConfigSweepOptions(recompute=recompute != "none", recompute_granularity=recompute.replace("none", "full"))
@@ -208,7 +209,8 @@ def test_refusal_names_what_would_fit_keeping_the_layout() -> None:
 
 def test_sweep_row_refusal_carries_the_hint() -> None:
     pytest.importorskip("torch", reason="the sweep traces on the meta device (pip install -e '.[dev]')")
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_row
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import predict_row
 
     row = dict(layers=96, hidden=12288, heads=96, seq=2048, micro_batch=1, global_batch=512, tp=8, pp=16, dp=4)
     got = predict_row(row, ConfigSweepOptions(recompute=True, recompute_granularity="selective"))

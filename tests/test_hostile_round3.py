@@ -282,7 +282,8 @@ def test_trace_of_a_100000_rank_data_parallel_job_is_linear_in_its_ranks():
 
 
 def test_config_sweep_row_of_a_million_layers_is_that_rows_error(tmp_path):
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_row
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import predict_row
 
     row = dict(layers=1_000_000, hidden=64, heads=4, seq=32, micro_batch=1, global_batch=4, tp=1, pp=1, dp=2)
     out = predict_row(row, ConfigSweepOptions())

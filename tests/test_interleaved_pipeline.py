@@ -292,7 +292,7 @@ def test_bad_input_predict_and_sweep(tmp_path) -> None:
 
 def test_sweep_rows_take_their_own_virtual_stages(tmp_path) -> None:
     from echo_et.experiments.config_csv import read_configs
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
 
     csv = tmp_path / "c.csv"
     csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,layers_per_virtual_stage\n"
@@ -446,7 +446,7 @@ def test_each_model_chunk_reduces_its_own_gradient_buffer(zero):
 def test_a_sweeps_overlapped_communication_holds_for_its_interleaved_rows() -> None:
     """``sweep --configs --overlap-p2p-communication`` over plain and interleaved rows: as in
     Megatron, the plain rows run without it."""
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
 
     row = {"layers": 12, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1, "global_batch": 6, "tp": 1,
            "pp": 3, "dp": 1}

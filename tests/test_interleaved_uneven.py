@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from echo_et.cli.main import app
 from echo_et.errors import EchoError
-from echo_et.experiments.config_sweep import ConfigSweepOptions, schedule_said
+from echo_et.experiments.config_rows import ConfigSweepOptions, schedule_said
 from echo_et.experiments.layout_grid import candidate_layouts
 from echo_et.trace.layout import ParallelLayout
 from echo_et.workloads.gpt_config import GPTConfig
@@ -139,7 +139,7 @@ def test_interleaving_uneven_stages_shrinks_the_bubble(tmp_path) -> None:
 def test_sweep_rows_take_their_own_chunks(tmp_path) -> None:
     pytest.importorskip("torch", reason="tracing needs torch")
     from echo_et.experiments.config_csv import read_configs
-    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.config_rows import workload_for
 
     csv = tmp_path / "c.csv"
     csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,first_stage_layers,"
@@ -170,7 +170,7 @@ def test_the_layout_grid_interleaves_uneven_candidates() -> None:
     """Llama 3 405B on 16 stages in 2 chunks: Megatron-Core needs every stage's layers even,
     so the ends are 6 and 8 around 14 stages of 8; 4 chunks split no end of 126 layers on 4
     stages; 2 stages are never interleaved."""
-    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.config_rows import workload_for
     from echo_et.models.cluster import Cluster
 
     rows = candidate_layouts(model_shape("llama3-405b").options(), gpus=16384, global_batch=2048,

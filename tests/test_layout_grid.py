@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from echo_et.cli.main import app
 from echo_et.errors import EchoError
-from echo_et.experiments.config_sweep import ConfigSweepOptions, log_header
+from echo_et.experiments.config_rows import ConfigSweepOptions
+from echo_et.experiments.config_sweep import log_header
 from echo_et.experiments.layout_grid import candidate_layouts, layout_grid
 from echo_et.models.cluster import Cluster
 from echo_et.workloads.model_shapes import model_shape
@@ -38,7 +39,7 @@ def test_a_pipeline_depth_that_does_not_divide_the_layers_gets_uneven_ends() -> 
     """Llama 3 405B's 126 layers on 16 stages run as Meta ran them: 7 on each end, 8 on the 14
     stages between; 64 stages, 1 on each end; where no split keeps a layer on each end, no
     candidate. The workload takes the row as Megatron-Core's uneven stages."""
-    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.config_rows import workload_for
 
     rows = candidate_layouts(model_shape("llama3-405b").options(), gpus=16384, global_batch=2048,
                              gpus_per_node=8, micro_batches=[1])

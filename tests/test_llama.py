@@ -213,7 +213,8 @@ def test_the_trace_runs_megatrons_llama_kernels(device: str) -> None:
 
 
 def test_a_predicted_llama_prices_every_kernel() -> None:
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, retime_job, trace_row
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import retime_job, trace_row
 
     opts = ConfigSweepOptions(arch="llama", kv_heads=2, ffn_hidden=96, flash_attention=True, dtype="bfloat16")
     job = trace_row({"layers": 2, "hidden": 64, "heads": 8, "seq": 32, "micro_batch": 1, "global_batch": 4,

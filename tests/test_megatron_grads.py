@@ -17,7 +17,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from echo_et.cli.main import app  # noqa: E402
 from echo_et.errors import EchoError  # noqa: E402
-from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for  # noqa: E402
 from echo_et.ir import check_job, load_job  # noqa: E402
 from echo_et.trace.compare import ex_situ_comms  # noqa: E402
 from echo_et.trace.layout import ParallelLayout  # noqa: E402

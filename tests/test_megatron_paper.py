@@ -67,7 +67,7 @@ def test_every_layout_fits_its_80gb_a100_only_with_the_recomputation_it_ran(pape
     interleaved 145.6B and 529.6B rows and the 1T row would not."""
     pytest.importorskip("torch", reason="the workload's configuration lives with the tracer (pip install -e '.[dev]')")
     from echo_et.errors import EchoError
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
     from echo_et.models.cluster import Cluster
 
     cluster = Cluster.parse(gpu="a100-80gb", gpus_per_node=8, inter_bw="1600Gb/s/node")

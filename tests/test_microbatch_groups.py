@@ -157,7 +157,7 @@ def test_the_group_is_ignored_without_interleaving_and_refused_with_gpus(tmp_pat
     plain[plain.index("--global-batch") + 1] = "8"
     res = runner.invoke(app, [*plain, FLAG, "8", "--json", "-o", str(tmp_path / "plain")])
     assert res.exit_code == 0, res.output
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
     from echo_et.ir import load_job
 
     assert FLAG not in load_job(tmp_path / "plain" / "job").manifest.provenance.command

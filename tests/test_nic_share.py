@@ -12,7 +12,8 @@ from echo_et.sim.nic_share import NicSharing, NodeNetwork
 
 pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install -e '.[dev]')")
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for, trace_row  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions  # noqa: E402
+from echo_et.experiments.config_sweep import models_for, trace_row  # noqa: E402
 from echo_et.ir.schema import pb  # noqa: E402
 from echo_et.models.cluster import Cluster  # noqa: E402
 from echo_et.passes import retime_compute  # noqa: E402

@@ -11,7 +11,8 @@ pytest.importorskip("torch", reason="the meta-device tracer needs torch (pip ins
 
 from echo_et.cli.cluster_opts import cluster_from_options  # noqa: E402
 from echo_et.converters.chrome import kineto_traces  # noqa: E402
-from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_job, trace_row  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions  # noqa: E402
+from echo_et.experiments.config_sweep import predict_job, trace_row  # noqa: E402
 from echo_et.sim.timeline import timeline_events, window_end  # noqa: E402
 
 BASE = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 1, "vocab": 256}

@@ -16,7 +16,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from echo_et.cli.main import app  # noqa: E402
 from echo_et.errors import EchoError  # noqa: E402
-from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for  # noqa: E402
 from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402
 from echo_et.trace.compare import kernel_ops  # noqa: E402
 from echo_et.workloads import GPTConfig, build_gpt  # noqa: E402

@@ -16,7 +16,8 @@ from echo_et.ir.repeats import MAX_INSTANCES, expanded_count, p2p_seq_key
 
 pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install -e '.[dev]')")
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for, predict_job  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions  # noqa: E402
+from echo_et.experiments.config_sweep import models_for, predict_job  # noqa: E402
 from echo_et.passes import retime_compute  # noqa: E402
 from echo_et.sim import SimOptions, simulate  # noqa: E402
 from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402

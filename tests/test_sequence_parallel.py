@@ -133,7 +133,7 @@ PREDICT = ["--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "128", "
 
 
 def test_predict_and_sweep_take_the_flag(tmp_path) -> None:
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
 
     runs = {}
     for name, extra in (("plain", []), ("sp", ["--sequence-parallel"])):

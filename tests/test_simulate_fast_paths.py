@@ -19,7 +19,8 @@ from echo_et.sim.program import CAT_OTHER, DEVICE_CATEGORY
 
 pytest.importorskip("torch", reason="the ex-situ tracer needs torch (pip install -e '.[dev]')")
 
-from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for  # noqa: E402
+from echo_et.experiments.config_rows import ConfigSweepOptions  # noqa: E402
+from echo_et.experiments.config_sweep import models_for  # noqa: E402
 from echo_et.passes import retime_compute  # noqa: E402
 from echo_et.sim import Predictor, SimOptions  # noqa: E402
 from echo_et.trace import ParallelLayout, TraceOptions, trace  # noqa: E402

@@ -70,7 +70,8 @@ def traced_gpt():
     recomputation, predicted with its repeat blocks placed in closed form."""
     pytest.importorskip("torch", reason="the meta-device tracer needs torch (pip install 'echo-et[trace]')")
     from echo_et.cli.cluster_opts import cluster_from_options
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, predict_job, trace_row
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import predict_job, trace_row
 
     row = {"layers": 4, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 1, "vocab": 256,
            "global_batch": 32, "tp": 1, "pp": 4, "dp": 2}

@@ -147,7 +147,7 @@ def test_bad_input_is_one_line(tmp_path) -> None:
 def test_sweep_rows_take_their_own_stage_layers(tmp_path) -> None:
     pytest.importorskip("torch", reason="the GPT workload needs torch")
     from echo_et.experiments.config_csv import read_configs
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, workload_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions, workload_for
 
     csv = tmp_path / "c.csv"
     csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,first_stage_layers,last_stage_layers\n"

@@ -145,7 +145,7 @@ def calibrate_compute_cmd(
             raise EchoError(f"{flag} {p}: {'not a regular file' if p.exists() else 'no such file'}")
     opts = None
     if iterations is not None:
-        from echo_et.experiments.config_sweep import ConfigSweepOptions
+        from echo_et.experiments.config_rows import ConfigSweepOptions
         from echo_et.workloads.gpt_config import DTYPES
 
         if dtype not in DTYPES:

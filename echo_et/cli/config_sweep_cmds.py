@@ -31,8 +31,8 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
     try interleaved): the rows are every layout
     of the model on that many GPUs that Megatron runs and the GPU holds."""
     from echo_et.experiments.config_csv import MODEL_COLUMNS, read_configs
+    from echo_et.experiments.config_rows import ConfigSweepOptions
     from echo_et.experiments.config_sweep import (
-        ConfigSweepOptions,
         check_config_sweep,
         is_config_sweep_dir,
         log_header,

@@ -154,7 +154,8 @@ def predict_cmd(
     traced on the meta device, timed by the compute and collective models, simulated; writes
     the step's breakdown, its Kineto timeline and a chart into one folder."""
     from echo_et.errors import EchoError
-    from echo_et.experiments.config_sweep import ConfigSweepOptions, models_for
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import models_for
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.experiments.predict_step import TIMELINE_EVENTS, check_output, predict_config, write_prediction
     from echo_et.ir.limits import check_node_fill

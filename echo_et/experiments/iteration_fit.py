@@ -147,7 +147,8 @@ def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prio
 # -- simulating the configurations -----------------------------------------------------------------
 def _row_job(row: dict[str, Any], opts, cache: str | None):
     """The row's traced Job, kept in ``cache`` (a folder) between runs when given."""
-    from echo_et.experiments.config_sweep import edge_stage_layers, interleaving, microbatch_group, trace_row
+    from echo_et.experiments.config_rows import edge_stage_layers, interleaving, microbatch_group
+    from echo_et.experiments.config_sweep import trace_row
     from echo_et.ir import load_job, save_job
 
     if not cache:
@@ -262,7 +263,7 @@ def read_iterations(path: Path, opts) -> tuple[list[dict[str, Any]], list[dict[s
     ``measured_ms``, or vTrain's ``ground_truth_single.csv``) that can run, and those that
     cannot (with the reason)."""
     from echo_et.experiments.config_csv import read_configs
-    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.config_rows import workload_for
 
     rows = read_configs(path, option="iterations")
     if any(r.get("measured_ms") is None for r in rows):

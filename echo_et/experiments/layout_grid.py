@@ -128,9 +128,9 @@ def _edge_stages(layers: int, pp: int, chunks: int = 1) -> dict[str, int] | None
 
 def layout_grid(candidates: list[dict[str, Any]], opts: Any) -> LayoutGrid:
     """The candidates a sweep with ``opts`` (``ConfigSweepOptions``) can run: each checked by
-    ``config_sweep.workload_for`` (Megatron's rules, the memory bound), the refused counted by
+    ``config_rows.workload_for`` (Megatron's rules, the memory bound), the refused counted by
     their constraint."""
-    from echo_et.experiments.config_sweep import workload_for
+    from echo_et.experiments.config_rows import workload_for
 
     grid = LayoutGrid()
     for row in candidates:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from echo_et.experiments.advice import prediction_advice
-from echo_et.experiments.config_sweep import ConfigSweepOptions, retime_job, row_throughput, simulate_timed, trace_row
+from echo_et.experiments.config_rows import ConfigSweepOptions
+from echo_et.experiments.config_sweep import retime_job, row_throughput, simulate_timed, trace_row
 from echo_et.ir import Job, save_job
 from echo_et.ir.io import GRAPH_DIR, GRAPH_SUFFIX, MANIFEST_NAME, atomic_dir, written_by
 
