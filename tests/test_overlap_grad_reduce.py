@@ -72,6 +72,35 @@ def test_the_trace_reduces_megatron_cores_buckets(tmp_path) -> None:
     assert "--overlap-grad-reduce" in command and "--bucket-mb" not in command
 
 
+@pytest.mark.parametrize("extra,split", [([], True), (["--zero", "0"], False),
+                                         (["--arch", "llama", "--kv-heads", "16"], False)])
+def test_the_shared_embedding_is_a_bucket_of_its_own(tmp_path, extra: list, split: bool) -> None:
+    """Megatron-Core's DDP gives the word embedding shared by the first and the last stage a
+    bucket of its own under the distributed optimizer, so both stages shard it alike: on the
+    last stage (one bucket otherwise) its copy's reduce-scatter goes first, while the rest of
+    the backward runs; the first stage reduces it last and alone. Not without the distributed
+    optimizer, nor with untied embeddings (Llama)."""
+    out = tmp_path / "job"
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE, "--overlap-grad-reduce", "--zero", "1",
+                              "--dp", "2", "--pp", "2", "--microbatches", "2", "--device", "meta", *extra,
+                              "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    job = load_job(out)
+    word = 50304 * 1024 * 4                  # the padded vocabulary x hidden, fp32 gradients
+    last = job.graph_of(job.manifest.layout.dp)
+    colls = [n for n in last.nodes if n.kind == pb.KIND_COLLECTIVE and n.annotations.phase == "backward"
+             and n.collective.type in (pb.COLL_REDUCE_SCATTER, pb.COLL_ALL_REDUCE)]
+    first = [n for n in job.graph_of(0).nodes if n.kind == pb.KIND_COLLECTIVE
+             and n.annotations.phase == "backward" and n.collective.type == pb.COLL_REDUCE_SCATTER]
+    if not split:
+        assert len(colls) == 1 and colls[0].collective.in_bytes != word
+        return
+    assert [n.collective.in_bytes == word for n in colls] == [True, False]
+    later = max(n.id for n in last.nodes if n.kind == pb.KIND_COMPUTE and n.annotations.phase == "backward")
+    assert colls[0].id < later < colls[1].id        # issued while the backward still runs
+    assert first[-1].collective.in_bytes == word and all(n.collective.in_bytes != word for n in first[:-1])
+
+
 def test_a_sweep_row_gets_the_bucket_of_its_data_parallel_size() -> None:
     opts = ConfigSweepOptions(overlap_grad_reduce=True, dtype="bfloat16", use_distributed_optimizer=True)
     row = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 1, "global_batch": 64, "tp": 1,
@@ -181,7 +210,9 @@ def test_megatron_core_buckets_the_first_stages_first_chunk_only(tmp_path) -> No
     model chunks after the first: each such chunk's gradients are one reduce-scatter. With the
     interleaved schedule (3 stages of 2 chunks) Megatron-LM aligns the reductions across the
     stages (--align-grad-reduce): a chunk's are issued whole, stage s steps after the chunk's
-    last backward on the first stage, the chunks not reached by the schedule's end after it."""
+    last backward on the first stage, the chunks not reached by the schedule's end after it.
+    The shared word embedding (tied, on the first stage's first chunk and the last stage's last)
+    is a bucket of its own under the distributed optimizer, as Megatron-Core's DDP cuts it."""
     out = tmp_path / "job"
     res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE[:1], "12", *SHAPE[2:],
                               "--overlap-grad-reduce", "--zero", "1", "--dp", "2", "--pp", "3", "--microbatches", "6",
@@ -197,15 +228,20 @@ def test_megatron_core_buckets_the_first_stages_first_chunk_only(tmp_path) -> No
         # after step 11 on the first stage, after the schedule on the others (micro-batch 5)
         mbs = [n.annotations.microbatch for n in scatters]
         assert {n.annotations.phase for n in scatters} == {"backward"}
-        assert mbs == [(5, 3, 4)[stage]] + [5] * (len(mbs) - 1), stage
+        chunk1 = 2 if stage == 2 else 1          # the last stage's chunk 1: the embedding, the rest
+        assert mbs == [(5, 3, 4)[stage]] * chunk1 + [5] * (len(mbs) - chunk1), stage
         # issued whole after the backward, none while it runs
         last_backward = max(n.id for n in graph.nodes if n.kind == pb.KIND_COMPUTE
                             and n.annotations.phase == "backward")
-        assert min(n.id for n in scatters[1:]) > last_backward
+        assert min(n.id for n in scatters[chunk1:]) > last_backward
         per_stage.append([n.collective.in_bytes // 4 for n in scatters])
-    # the first stage: its second chunk whole (2 layers), then its first chunk's buckets of 40M
-    assert len(per_stage[0]) > 2 and per_stage[0][0] == per_stage[1][0] == per_stage[1][1]
-    assert [len(s) for s in per_stage[1:]] == [2, 2]
+    # the first stage: its second chunk whole (2 layers), then its first chunk (2 layers and the
+    # positions, under 40M), the word embedding (50304 x 1024, fp32 gradients) last and alone;
+    # the last stage: the embedding's copy first (the output layer's gradient comes first)
+    assert len(per_stage[0]) == 3 and per_stage[0][0] == per_stage[1][0] == per_stage[1][1]
+    assert per_stage[0][1] == per_stage[0][0] + 64 * 1024            # with the positions
+    assert per_stage[0][-1] == per_stage[2][0] == 50304 * 1024
+    assert [len(s) for s in per_stage[1:]] == [2, 3]
 
 
 # -- the gathers with the interleaved schedule, aligned across the stages ---------------------------
@@ -271,9 +307,12 @@ def test_the_interleaved_trace_gathers_each_chunk_where_the_schedule_says(tmp_pa
         # one gather per bucket (a chunk past the first stage's first is one bucket), each in
         # the forward: chunks 0 and 1 at the start, chunks 2 and 3 at micro-batch 0 on the first
         # stage, 2 on the second and 1 on the third; none after the optimizer
-        assert len(gathers) == len(scatters) == (5 if stage == 0 else 4), stage
+        # (the shared embedding a bucket of its own: the first stage's chunk 0 is its layer and
+        # the positions, then the embedding; the last stage's chunk 3 the embedding's copy, the rest)
+        assert len(gathers) == len(scatters) == (5, 4, 5)[stage], stage
+        later = (2, 2, 3)[stage]
         assert [(n.annotations.phase, n.annotations.microbatch) for n in gathers] == \
-            [("forward", 0)] * (len(gathers) - 2) + [("forward", (0, 2, 1)[stage])] * 2
+            [("forward", 0)] * (len(gathers) - later) + [("forward", (0, 2, 1)[stage])] * later
         assert max(n.id for n in gathers) < min(n.id for n in scatters)
     # re-staging cannot regenerate them: one line
     res = runner.invoke(app, ["scale", str(out), "--pp", "2", "-o", str(tmp_path / "restaged")])

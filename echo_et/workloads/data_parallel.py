@@ -40,6 +40,11 @@ the next bucket's, so one all-gather is in flight ahead of the layers that need 
 keeps one in flight too, so that its all-gathers do not block the compute kernels queued
 behind them on one device connection).
 
+With ``alone`` (Megatron-Core's shared word embedding under its distributed optimizer, on the
+first and the last pipeline stage) each of those parameters gets a bucket of its own, whatever
+the cap, so that both stages shard its gradient alike: Megatron-Core's
+``_does_param_require_new_bucket``. Overlapped buckets only.
+
 With ``align_reduce`` (Megatron-Core's overlapped sync under the interleaved schedule, with
 Megatron-LM's default ``--align-grad-reduce``) no bucket is issued by the gradient hooks: the
 schedule issues all of one model chunk's collectives at once
@@ -110,12 +115,19 @@ class _Bucket:
         self.gathered = True      # this step's forward has them
 
 
-def _fill(params, bucket_bytes: int) -> list[list[nn.Parameter]]:
-    """``params`` in order, cut into buckets of at least ``bucket_bytes`` (the last smaller)."""
+def _fill(params, bucket_bytes: int, alone: frozenset[int] = frozenset()) -> list[list[nn.Parameter]]:
+    """``params`` in order, cut into buckets of at least ``bucket_bytes`` (the last smaller);
+    a parameter whose id is in ``alone`` closes the bucket before it and gets one of its own."""
     groups: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     size = 0
     for p in params:
+        if id(p) in alone:
+            if current:
+                groups.append(current)
+            groups.append([p])
+            current, size = [], 0
+            continue
         current.append(p)
         size += p.numel() * p.element_size()
         if size >= bucket_bytes:
@@ -133,7 +145,8 @@ class GradientSync:
                  optimizer_factory, overlap: bool = True, grad_dtype: torch.dtype | None = None,
                  buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
                  reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None,
-                 align_gather: bool = False, align_reduce: bool = False):
+                 align_gather: bool = False, align_reduce: bool = False,
+                 alone: list[nn.Parameter] | None = None):
         self.group = group
         self.reduce_scatter = reduce_scatter
         self.flatten = flatten and not zero
@@ -149,6 +162,7 @@ class GradientSync:
         self.separate = grad_dtype is not None and grad_dtype != dtype
         grad_dtype = grad_dtype or dtype
         caps = bucket_bytes if isinstance(bucket_bytes, list) else [bucket_bytes] * len(buffers or [params])
+        single = frozenset(id(p) for p in alone or ()) if overlap else frozenset()
         chunks: list[int] = []       # the buffer (model chunk) of each bucket
         if buffers is not None:
             # one flat buffer per group, reduced in the groups' order (Megatron's local DDP
@@ -157,11 +171,11 @@ class GradientSync:
             groups = []
             for c, g in enumerate(buffers):
                 own = [p for p in reversed(g) if id(p) in mine]
-                cut = _fill(own, caps[c]) if overlap else [own]
+                cut = _fill(own, caps[c], single) if overlap else [own]
                 groups += cut
                 chunks += [c] * len(cut)
         else:
-            groups = _fill(reversed(params), caps[0])
+            groups = _fill(reversed(params), caps[0], single)
             chunks = [0] * len(groups)
         self.buckets = [_Bucket(g, self.dp, device, grad_dtype) for g in groups]
         for b, c in zip(self.buckets, chunks, strict=True):

@@ -131,15 +131,16 @@ class _GPTRank:
             # reduction is off the critical path, and each chunk is one bucket
             caps = [cap if self.stage == 0 and c == 0 else 1 << 62 for c in range(self.chunks)]
         self.sync = GradientSync(
-            [p for m in self.models for p in m.parameters()], dp_group, zero=layout.zero,
+            [p for m in self.models for p in m.ddp_parameters()], dp_group, zero=layout.zero,
             bucket_bytes=(caps if self.chunks > 1 else caps[0]) if cfg.overlap_grad_reduce else cap,
             optimizer_factory=factory,
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
-            buffers=[list(m.parameters()) for m in self.models] if self.chunks > 1 else None,
+            buffers=[m.ddp_parameters() for m in self.models] if self.chunks > 1 else None,
             flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
             gather_in_forward=self.models if cfg.overlap_param_gather else None,
             # Megatron-LM aligns both across the stages with the interleaved schedule
             align_gather=self.chunks > 1, align_reduce=self.chunks > 1 and cfg.overlap_grad_reduce,
+            alone=self._shared_embedding() if cfg.overlap_grad_reduce and layout.zero else None,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
@@ -362,6 +363,13 @@ class _GPTRank:
         with span(phase="forward", mb=mb, stage=self.stage):
             self.sync.gather_chunk(chunk)
 
+    def _shared_embedding(self) -> list:
+        """The word embedding's copies on the first and the last stage (tied, pp > 1), which
+        Megatron-Core's DDP gives a bucket of their own under the distributed optimizer."""
+        if not (self.cfg.tie_embeddings and self.ctx.layout.pp > 1):
+            return []
+        return [m.word_weight() for m in self.models if m.first or m.last]
+
     def _reduce_chunk(self, chunk: int, mb: int) -> None:
         """The interleaved schedule's issue of one model chunk's gradient collectives."""
         from echo_et.workloads.markers import span
@@ -506,6 +514,17 @@ def _stage_class():
                     local = self.vocab // torch.distributed.get_world_size(group)
                     self.head_weight = nn.Parameter(torch.empty(local, cfg.hidden,
                                                                 device=device, dtype=dtype))
+
+        def ddp_parameters(self) -> list[nn.Parameter]:
+            """The parameters in Megatron's module order, which its DDP fills buckets in
+            reverse: the word embedding, the positions, the layers, the final norm, the output
+            layer (the last stage's copy of the word embedding last). ``parameters()`` lists a
+            module's own parameters (the positions, that copy) before its submodules'."""
+            front = [self.embed.weight] if self.first else []
+            front += [self.pos] if hasattr(self, "pos") else []
+            back = [self.head_weight] if hasattr(self, "head_weight") else []
+            placed = {id(p) for p in front + back}
+            return front + [p for p in self.parameters() if id(p) not in placed] + back
 
         def word_weight(self) -> torch.Tensor:
             """The word embedding as the output layer sees it (tied embeddings)."""
