@@ -109,7 +109,7 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, microbatches: int = 
 
 def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,
                   out: str, gather_in_forward: bool = False, align_gather: bool = False,
-                  align_reduce: bool = False) -> None:
+                  align_reduce: bool = False, chunked: bool = False) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -126,7 +126,7 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
         torch.manual_seed(5)     # the same model on every rank
         model = torch.nn.Sequential(torch.nn.Linear(12, 7), torch.nn.GELU(), torch.nn.Linear(7, 3))
         # aligned: two model chunks (the interleaved schedule's), each its own buffer
-        chunks = [model[:2], model[2:]] if align_gather or align_reduce else [model]
+        chunks = [model[:2], model[2:]] if align_gather or align_reduce or chunked else [model]
         sync = GradientSync(list(model.parameters()), dist.group.WORLD, zero=zero, bucket_bytes=256,
                             optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-2), overlap=overlap,
                             reduce_scatter=reduce_scatter, gather_in_forward=chunks if gather_in_forward else None,
@@ -156,19 +156,21 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
 
 def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overlap: bool = False,
                world: int = 2, gather_in_forward: bool = False, align_gather: bool = False,
-               align_reduce: bool = False) -> list:
+               align_reduce: bool = False, chunked: bool = False) -> list:
     """The weights every rank holds after one step of a small model on ``world`` data-parallel
     gloo processes (each its own data) under :class:`GradientSync`: one list per rank (with
     ``gather_in_forward``, after the next step's first forward; what they held before it is
     saved beside as ``rank{r}-before.pt`` in the run's folder, ``dp-z1-rs1-ov1-g1``; with
     ``align_gather``, the model in two chunks whose all-gathers are issued a chunk at a time,
     as the interleaved schedule does; with ``align_reduce``, in two chunks whose gradient
-    collectives are issued a chunk at a time, after the backward)."""
+    collectives are issued a chunk at a time, after the backward; ``chunked``: in two chunks
+    with neither, each chunk's gathers a chain its first forward starts)."""
     from echo_et.trace.insitu import free_port
 
     out = tmp_path / (f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}-g{int(gather_in_forward)}"
-                      + ("-aligned" if align_gather else "") + ("-aligned-reduce" if align_reduce else ""))
+                      + ("-aligned" if align_gather else "") + ("-aligned-reduce" if align_reduce else "")
+                      + ("-chunked" if chunked else ""))
     out.mkdir()
     _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out), gather_in_forward,
-                           align_gather, align_reduce), world)
+                           align_gather, align_reduce, chunked), world)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]

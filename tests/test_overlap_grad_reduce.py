@@ -72,14 +72,15 @@ def test_the_trace_reduces_megatron_cores_buckets(tmp_path) -> None:
     assert "--overlap-grad-reduce" in command and "--bucket-mb" not in command
 
 
-@pytest.mark.parametrize("extra,split", [([], True), (["--zero", "0"], False),
+@pytest.mark.parametrize("extra,split", [([], True), (["--no-align-grad-reduce"], True), (["--zero", "0"], False),
                                          (["--arch", "llama", "--kv-heads", "16"], False)])
 def test_the_shared_embedding_is_a_bucket_of_its_own(tmp_path, extra: list, split: bool) -> None:
     """Megatron-Core's DDP gives the word embedding shared by the first and the last stage a
-    bucket of its own under the distributed optimizer, so both stages shard it alike: on the
-    last stage (one bucket otherwise) its copy's reduce-scatter goes first, while the rest of
-    the backward runs; the first stage reduces it last and alone. Not without the distributed
-    optimizer, nor with untied embeddings (Llama)."""
+    bucket of its own under the distributed optimizer, so both stages shard it alike; the first
+    stage reduces it last, during its last backward. The last stage (one bucket otherwise)
+    issues both after the schedule, as Megatron-LM's default --align-grad-reduce has the stages
+    after the first do; with --no-align-grad-reduce its copy's goes first, while the rest of the
+    backward runs. Not without the distributed optimizer, nor with untied embeddings (Llama)."""
     out = tmp_path / "job"
     res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE, "--overlap-grad-reduce", "--zero", "1",
                               "--dp", "2", "--pp", "2", "--microbatches", "2", "--device", "meta", *extra,
@@ -87,18 +88,26 @@ def test_the_shared_embedding_is_a_bucket_of_its_own(tmp_path, extra: list, spli
     assert res.exit_code == 0, res.output
     job = load_job(out)
     word = 50304 * 1024 * 4                  # the padded vocabulary x hidden, fp32 gradients
-    last = job.graph_of(job.manifest.layout.dp)
-    colls = [n for n in last.nodes if n.kind == pb.KIND_COLLECTIVE and n.annotations.phase == "backward"
-             and n.collective.type in (pb.COLL_REDUCE_SCATTER, pb.COLL_ALL_REDUCE)]
-    first = [n for n in job.graph_of(0).nodes if n.kind == pb.KIND_COLLECTIVE
-             and n.annotations.phase == "backward" and n.collective.type == pb.COLL_REDUCE_SCATTER]
+
+    def reductions(graph):
+        """The gradients' data-parallel reductions (issued in the backward or after the schedule)."""
+        return [n for n in graph.nodes if n.kind == pb.KIND_COLLECTIVE and n.collective.group == "dp"
+                and n.collective.type in (pb.COLL_REDUCE_SCATTER, pb.COLL_ALL_REDUCE) and n.collective.in_bytes > 1024]
+
+    def last_backward(graph):
+        return max(n.id for n in graph.nodes if n.kind == pb.KIND_COMPUTE and n.annotations.phase == "backward")
+
+    last, first = job.graph_of(job.manifest.layout.dp), job.graph_of(0)
+    colls = reductions(last)
     if not split:
         assert len(colls) == 1 and colls[0].collective.in_bytes != word
         return
     assert [n.collective.in_bytes == word for n in colls] == [True, False]
-    later = max(n.id for n in last.nodes if n.kind == pb.KIND_COMPUTE and n.annotations.phase == "backward")
-    assert colls[0].id < later < colls[1].id        # issued while the backward still runs
-    assert first[-1].collective.in_bytes == word and all(n.collective.in_bytes != word for n in first[:-1])
+    early = "--no-align-grad-reduce" in extra
+    assert (colls[0].id < last_backward(last)) == early and colls[1].id > last_backward(last)
+    ahead = reductions(first)
+    assert ahead[-1].collective.in_bytes == word and all(n.collective.in_bytes != word for n in ahead[:-1])
+    assert ahead[0].id < last_backward(first)         # the first stage's buckets as its backward fills them
 
 
 def test_a_sweep_row_gets_the_bucket_of_its_data_parallel_size() -> None:
@@ -135,6 +144,14 @@ def test_predict_overlaps_the_reduction_and_records_it(tmp_path) -> None:
     (["trace", "--workload", "megatron-gpt", "--overlap-param-gather", "--grad-sync", "overlap", "--dp", "2"],
      "need Megatron's distributed optimizer (ZeRO stage 1) and its gradient sync overlapped"),
     (["trace", "--script", "x.py:build", "--overlap-param-gather"], "--overlap-param-gather applies to the built-in"),
+    (["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--global-batch", "2", "--no-align-grad-reduce"],
+     "--no-align-grad-reduce: it changes when --overlap-grad-reduce's collectives are issued"),
+    (["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--global-batch", "2", "--overlap-grad-reduce",
+      "--no-align-param-gather"], "--no-align-param-gather: it changes when --overlap-param-gather's collectives"),
+    (["trace", "--workload", "megatron-gpt", "--no-align-grad-reduce"],
+     "reductions not aligned across the stages are Megatron-Core's overlapped gradient sync's"),
+    (["trace", "--workload", "megatron-gpt", "--no-align-param-gather"],
+     "weight gathers not aligned across the stages are those of Megatron-Core's gathers in the forward"),
 ])
 def test_what_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> None:
     res = runner.invoke(app, [*args, "-o", str(tmp_path / "out")])
@@ -144,16 +161,18 @@ def test_what_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> 
 
 
 # -- the weights gathered in the next forward (--overlap-param-gather) ------------------------------
-@pytest.mark.parametrize("aligned", [False, True])
-def test_the_next_forward_gathers_what_the_optimizer_updated(tmp_path, aligned: bool) -> None:
+@pytest.mark.parametrize("aligned,chunked", [(False, False), (True, False), (False, True)])
+def test_the_next_forward_gathers_what_the_optimizer_updated(tmp_path, aligned: bool, chunked: bool) -> None:
     """Two gloo ranks with ZeRO 1: after the optimizer each rank holds only its own shard
     updated; the next step's first forward gathers the rest, and the weights are then those
     the all-gather after the optimizer gives. Aligned (the interleaved schedule's form), the
     model is in two chunks: the schedule issues the first chunk's gathers, the second chunk's
-    first forward issues its own."""
+    first forward issues its own; chunked and not aligned (--no-align-param-gather), each
+    chunk's first forward starts its own chain."""
     after_step = dp_weights(tmp_path, zero=1, overlap=True)
-    in_forward = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True, align_gather=aligned)
-    run = "dp-z1-rs1-ov1-g1" + ("-aligned" if aligned else "")
+    in_forward = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True, align_gather=aligned,
+                            chunked=chunked)
+    run = "dp-z1-rs1-ov1-g1" + ("-aligned" if aligned else "") + ("-chunked" if chunked else "")
     before = [torch.load(tmp_path / run / f"rank{r}-before.pt") for r in range(2)]
     for r in range(2):
         assert any(not torch.equal(a, b) for a, b in zip(before[r], after_step[r], strict=True))
@@ -317,6 +336,32 @@ def test_the_interleaved_trace_gathers_each_chunk_where_the_schedule_says(tmp_pa
     # re-staging cannot regenerate them: one line
     res = runner.invoke(app, ["scale", str(out), "--pp", "2", "-o", str(tmp_path / "restaged")])
     assert res.exit_code == 2 and "re-staging does not regenerate" in res.output, res.output
+
+
+def test_not_aligned_each_chunk_issues_its_own(tmp_path) -> None:
+    """--no-align-grad-reduce and --no-align-param-gather with the interleaved schedule: every
+    stage reduces each chunk's buckets as the backward of its last micro-batch fills them (not
+    at points aligned across the stages), and each chunk's gathers start at its own first
+    forward, micro-batch 0 on every stage, as Megatron-Core's pre-hooks issue them."""
+    out = tmp_path / "job"
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE[:1], "12", *SHAPE[2:],
+                              "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1", "--dp", "2", "--pp",
+                              "3", "--microbatches", "6", "--num-virtual-stages-per-pipeline-rank", "4",
+                              "--no-align-grad-reduce", "--no-align-param-gather", "--device", "meta", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    job = load_job(out)
+    assert "--no-align-grad-reduce --no-align-param-gather" in job.manifest.provenance.command
+    for stage in range(3):
+        graph = job.graph_of(job.manifest.layout.dp * stage)
+        colls = [n for n in graph.nodes if n.kind == pb.KIND_COLLECTIVE and n.collective.group == "dp"]
+        gathers = [n for n in colls if n.collective.type == pb.COLL_ALL_GATHER]
+        scatters = [n for n in colls if n.collective.type == pb.COLL_REDUCE_SCATTER]
+        assert len(gathers) == len(scatters) == (5, 4, 5)[stage], stage
+        assert {(n.annotations.phase, n.annotations.microbatch) for n in gathers} == {("forward", 0)}
+        assert {(n.annotations.phase, n.annotations.microbatch) for n in scatters} == {("backward", 5)}
+        last_backward = max(n.id for n in graph.nodes if n.kind == pb.KIND_COMPUTE
+                            and n.annotations.phase == "backward")
+        assert min(n.id for n in scatters) < last_backward       # the later chunks' during the backward
 
 
 def test_predict_hides_the_interleaved_gathers_too(tmp_path) -> None:

@@ -95,6 +95,20 @@ OverlapParamGatherOpt = typer.Option(
     help="Megatron-Core's flag: the distributed optimizer's all-gathers of the updated weights run during the "
          "next step's forward, one bucket ahead of the layers that need them, instead of after the optimizer "
          "(needs --use-distributed-optimizer and --overlap-grad-reduce; trace: --zero 1).")
+NO_ALIGN_GRAD_REDUCE = "--no-align-grad-reduce"
+NoAlignGradReduceOpt = typer.Option(
+    False, NO_ALIGN_GRAD_REDUCE,
+    help="With --overlap-grad-reduce, Megatron-LM's flag: every stage issues each bucket's reduction as the "
+         "backward of its model chunk's last micro-batch fills it, where by default the stages after the first "
+         "issue theirs after the schedule and the interleaved schedule a chunk's whole at points aligned across "
+         "the stages (docs/predict.md).")
+NO_ALIGN_PARAM_GATHER = "--no-align-param-gather"
+NoAlignParamGatherOpt = typer.Option(
+    False, NO_ALIGN_PARAM_GATHER,
+    help="With --overlap-param-gather and the interleaved schedule, Megatron-LM's flag: each model chunk's "
+         "first weight gather is issued by its first forward, which waits for it, and each wait issues the "
+         "chunk's next, where by default a chunk's are issued whole at points aligned across the stages; "
+         "ignored without an interleaved schedule, whose gathers Megatron never aligns (docs/predict.md).")
 PARTITION_ACTIVATIONS = "--partition-activations"
 PARTITION_ACTIVATIONS_HELP = ("With full recomputation, keep each layer's checkpointed input split over the TP "
                               "ranks and all-gather it before the layer runs again in the backward (DeepSpeed's "
@@ -209,7 +223,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       last_stage_layers: int = 0, no_reduce_scatter: bool = False, arch: str | None = None,
                       ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False,
                       gradient_accumulation_fusion: bool = False,
-                      overlap_grad_reduce: bool = False, overlap_param_gather: bool = False) -> dict[str, Any]:
+                      overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
+                      no_align_grad_reduce: bool = False, no_align_param_gather: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -235,6 +250,13 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                                                   f"{OVERLAP_GRAD_REDUCE}; give both")
     if microbatch_group < 0:
         raise OptionError("microbatch_group", f"{microbatch_group}: give the micro-batches per group, or 0 for pp")
+    for flag, given, needs, option in ((NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce, overlap_grad_reduce,
+                                        OVERLAP_GRAD_REDUCE),
+                                       (NO_ALIGN_PARAM_GATHER, no_align_param_gather, overlap_param_gather,
+                                        OVERLAP_PARAM_GATHER)):
+        if given and not needs:
+            raise OptionError(flag.lstrip("-").replace("-", "_"), f"it changes when {option}'s collectives are "
+                                                                  f"issued; give {option} too")
     if no_reduce_scatter and not distributed_optimizer:
         raise OptionError("no_reduce_scatter", f"{NO_REDUCE_SCATTER} changes how {DIST_OPT} reduces the gradients; "
                                                f"give {DIST_OPT} too")
@@ -257,6 +279,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "arch": arch or ARCHS[0], "ffn_hidden": ffn_hidden, "kv_heads": kv_heads,
             "flash_attention": flash_attention, "gradient_accumulation_fusion": gradient_accumulation_fusion,
             "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
+            "align_grad_reduce": not no_align_grad_reduce, "align_param_gather": not no_align_param_gather,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -284,7 +307,9 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (FLASH_ATTN, settings["flash_attention"]),
              (GRAD_ACC_FUSION, settings["gradient_accumulation_fusion"]),
              (OVERLAP_GRAD_REDUCE, settings["overlap_grad_reduce"]),
-             (OVERLAP_PARAM_GATHER, settings["overlap_param_gather"]))
+             (OVERLAP_PARAM_GATHER, settings["overlap_param_gather"]),
+             (NO_ALIGN_GRAD_REDUCE, not settings["align_grad_reduce"]),
+             (NO_ALIGN_PARAM_GATHER, not settings["align_param_gather"]))
     return next((flag for flag, on in given if on), None)
 
 

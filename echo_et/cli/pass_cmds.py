@@ -32,6 +32,8 @@ from echo_et.cli.common import (
     LastStageLayersOpt,
     MicrobatchGroupOpt,
     ModelOpt,
+    NoAlignGradReduceOpt,
+    NoAlignParamGatherOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     OverlapGradReduceOpt,
@@ -278,6 +280,8 @@ def sweep(
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
     overlap_grad_reduce: bool = OverlapGradReduceOpt,
     overlap_param_gather: bool = OverlapParamGatherOpt,
+    no_align_grad_reduce: bool = NoAlignGradReduceOpt,
+    no_align_param_gather: bool = NoAlignParamGatherOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -297,7 +301,9 @@ def sweep(
                                  kv_heads=shape.get("kv_heads", 0), flash_attention=flash_attention,
                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
                                  overlap_grad_reduce=overlap_grad_reduce,
-                                 overlap_param_gather=overlap_param_gather)
+                                 overlap_param_gather=overlap_param_gather,
+                                 no_align_grad_reduce=no_align_grad_reduce,
+                                 no_align_param_gather=no_align_param_gather)
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -29,6 +29,8 @@ from echo_et.cli.common import (
     LastStageLayersOpt,
     MicrobatchGroupOpt,
     ModelOpt,
+    NoAlignGradReduceOpt,
+    NoAlignParamGatherOpt,
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     OverlapGradReduceOpt,
@@ -107,6 +109,8 @@ def predict_cmd(
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
     overlap_grad_reduce: bool = OverlapGradReduceOpt,
     overlap_param_gather: bool = OverlapParamGatherOpt,
+    no_align_grad_reduce: bool = NoAlignGradReduceOpt,
+    no_align_param_gather: bool = NoAlignParamGatherOpt,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
@@ -201,7 +205,9 @@ def predict_cmd(
                                                   flash_attention=flash_attention,
                                                   gradient_accumulation_fusion=gradient_accumulation_fusion,
                                                   overlap_grad_reduce=overlap_grad_reduce,
-                                                  overlap_param_gather=overlap_param_gather))
+                                                  overlap_param_gather=overlap_param_gather,
+                                                  no_align_grad_reduce=no_align_grad_reduce,
+                                                  no_align_param_gather=no_align_param_gather))
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

@@ -24,6 +24,8 @@ from echo_et.cli.common import (
     LAST_STAGE_LAYERS,
     MICROBATCH_GROUP,
     MODEL,
+    NO_ALIGN_GRAD_REDUCE,
+    NO_ALIGN_PARAM_GATHER,
     NO_REDUCE_SCATTER,
     OVERLAP_GRAD_REDUCE,
     OVERLAP_P2P,
@@ -43,6 +45,8 @@ from echo_et.cli.common import (
     LastStageLayersOpt,
     MicrobatchGroupOpt,
     ModelOpt,
+    NoAlignGradReduceOpt,
+    NoAlignParamGatherOpt,
     NoReduceScatterOpt,
     OverlapGradReduceOpt,
     OverlapP2pOpt,
@@ -123,6 +127,8 @@ def trace(
     gradient_accumulation_fusion: bool = GradAccFusionOpt,
     overlap_grad_reduce: bool = OverlapGradReduceOpt,
     overlap_param_gather: bool = OverlapParamGatherOpt,
+    no_align_grad_reduce: bool = NoAlignGradReduceOpt,
+    no_align_param_gather: bool = NoAlignParamGatherOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
@@ -204,6 +210,8 @@ def trace(
                             (FLASH_ATTN, flash_attention), (GRAD_ACC_FUSION, gradient_accumulation_fusion),
                             (MODEL, model is not None), (OVERLAP_GRAD_REDUCE, overlap_grad_reduce),
                             (OVERLAP_PARAM_GATHER, overlap_param_gather),
+                            (NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce),
+                            (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -238,7 +246,11 @@ def trace(
                                 ("arch", arch), ("ffn_hidden", ffn_hidden or None), ("kv_heads", kv_heads or None),
                                 ("flash_attention", flash_attention or None),
                                 ("gradient_accumulation_fusion", gradient_accumulation_fusion or None),
-                                ("overlap_param_gather", overlap_param_gather or None))
+                                ("overlap_param_gather", overlap_param_gather or None),
+                                ("align_grad_reduce", False if no_align_grad_reduce else None),
+                                # Megatron never aligns the gathers without an interleaved schedule
+                                ("align_param_gather", False if no_align_param_gather
+                                 and (virtual_layers or virtual_chunks or not overlap_param_gather) else None))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -315,6 +327,10 @@ def trace(
         parts.append(GRAD_ACC_FUSION)
     if script is None and cfg.overlap_param_gather:
         parts.append(OVERLAP_PARAM_GATHER)
+    if script is None and not cfg.align_grad_reduce:
+        parts.append(NO_ALIGN_GRAD_REDUCE)
+    if script is None and not cfg.align_param_gather:
+        parts.append(NO_ALIGN_PARAM_GATHER)
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

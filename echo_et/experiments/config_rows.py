@@ -87,6 +87,10 @@ class ConfigSweepOptions:
     overlap_grad_reduce: bool = False
     # Megatron-Core's --overlap-param-gather (GPTConfig.overlap_param_gather)
     overlap_param_gather: bool = False
+    # Megatron-LM's --align-grad-reduce and --align-param-gather, on unless --no-align-...
+    # (GPTConfig.align_grad_reduce, align_param_gather; the gathers' only with an interleaved row)
+    align_grad_reduce: bool = True
+    align_param_gather: bool = True
     # the named model whose shape fills the rows' missing columns (workloads.model_shapes;
     # "": none); recorded, so that a sweep resumed under another model is another sweep
     model: str = ""
@@ -155,6 +159,10 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              gradient_accumulation_fusion=opts.gradient_accumulation_fusion,
                              overlap_param_gather=opts.overlap_param_gather,
                              overlap_grad_reduce=opts.overlap_grad_reduce,
+                             align_grad_reduce=opts.align_grad_reduce or not opts.overlap_grad_reduce,
+                             # Megatron turns it off without an interleaved schedule (never aligned there)
+                             align_param_gather=opts.align_param_gather or not (opts.overlap_param_gather
+                                                                                and any(interleaving(row, opts))),
                              ffn_hidden=row_or(row, "ffn_hidden", opts.ffn_hidden),
                              kv_heads=row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))

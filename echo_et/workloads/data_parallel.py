@@ -45,17 +45,23 @@ first and the last pipeline stage) each of those parameters gets a bucket of its
 the cap, so that both stages shard its gradient alike: Megatron-Core's
 ``_does_param_require_new_bucket``. Overlapped buckets only.
 
-With ``align_reduce`` (Megatron-Core's overlapped sync under the interleaved schedule, with
-Megatron-LM's default ``--align-grad-reduce``) no bucket is issued by the gradient hooks: the
-schedule issues all of one model chunk's collectives at once
-(:meth:`GradientSync.reduce_chunk`, Megatron's ``start_grad_sync``) at points aligned across the
-pipeline stages, and :meth:`GradientSync.finish_and_step` issues the chunks it has not.
+With ``align_reduce`` (Megatron-Core's overlapped sync with Megatron-LM's default
+``--align-grad-reduce``, on the pipeline stages after the first, and on every stage under the
+interleaved schedule) no bucket is issued by the gradient hooks: the interleaved schedule
+issues all of one model chunk's collectives at once (:meth:`GradientSync.reduce_chunk`,
+Megatron's ``start_grad_sync``) at points aligned across the pipeline stages, and
+:meth:`GradientSync.finish_and_step` issues the chunks it has not (with the plain schedule, all
+of them, after it).
 
 With ``align_gather`` too (Megatron-LM's default with the interleaved schedule,
 ``--align-param-gather``), nothing is issued at the step's start nor by the pre-hooks: the
 schedule issues all of one model chunk's all-gathers at once (:meth:`GradientSync.gather_chunk`,
 Megatron's ``start_param_sync``), at points aligned across the pipeline stages, and a pre-hook
-only waits for its buckets (issuing one the schedule has not, as Megatron's does).
+only waits for its buckets (issuing one the schedule has not, as Megatron's does). Not aligned,
+with several model chunks (``--no-align-param-gather``), each chunk's buckets are a chain of
+their own: nothing is issued at the step's start, the chunk's first forward issues its first
+all-gather and waits for it, and each wait issues the chunk's next (Megatron-Core links the
+bucket groups of one DDP module only).
 
 With ``flatten`` (DeepSpeed's engine without ZeRO: ``buffered_allreduce_fallback``) the
 gradients are not reduced in place: each run of parameters holding more than
@@ -205,11 +211,16 @@ class GradientSync:
             self.optimizer = optimizer_factory(params)
         # the buckets in the order the forward uses them (the gradients fill them in reverse)
         self._gather_order: list[_Bucket] = []
-        self._gathered = 0
+        # not aligned: each model chunk's buckets a chain of their own, in that order, and how
+        # many of each chain are issued (Megatron-Core links a DDP module's bucket groups only)
+        self._chains: dict[int, list[_Bucket]] = {}
+        self._issued: dict[int, int] = {}
         self.align_gather = align_gather
         self.align_reduce = align_reduce and overlap
         if gather_in_forward is not None and zero and self.dp > 1:
             self._gather_order = list(reversed(self.buckets))
+            for b in self._gather_order:
+                self._chains.setdefault(b.chunk, []).append(b)
             for module in (m for root in gather_in_forward for m in root.modules()):
                 own = [self._bucket_of[id(p)] for p in module.parameters(recurse=False) if id(p) in self._bucket_of]
                 if own:
@@ -335,16 +346,17 @@ class GradientSync:
                 bucket, numel = [], 0
 
     def start_step(self) -> None:
-        """The step's start (Megatron's ``zero_grad``): with the gather in the forward, issue
-        the all-gather of the bucket the forward uses first (aligned: none, the schedule
-        issues them)."""
+        """The step's start (Megatron's ``zero_grad``): with the gather in the forward and one
+        model chunk, issue the all-gather of the bucket the forward uses first (aligned: none,
+        the schedule issues them; several chunks not aligned: none, each chunk's first forward
+        issues its first, as Megatron-Core's pre-hook does)."""
         if not self._gather_order:
             return
         for b in self.buckets:
             b.gathered = False
-        self._gathered = 0
-        if not self.align_gather:
-            self._issue_gather()
+        self._issued = dict.fromkeys(self._chains, 0)
+        if not self.align_gather and len(self._chains) == 1:
+            self._issue_gather(self._gather_order[0].chunk)
 
     def gather_chunk(self, chunk: int) -> None:
         """Issue every all-gather of model chunk ``chunk``'s buckets not yet issued, in the
@@ -353,10 +365,12 @@ class GradientSync:
             if b.chunk == chunk and not b.gathered and b.gather is None:
                 self._dispatch(b)
 
-    def _issue_gather(self) -> None:
-        while self._gathered < len(self._gather_order):
-            b = self._gather_order[self._gathered]
-            self._gathered += 1
+    def _issue_gather(self, chunk: int) -> None:
+        """Issue the next all-gather of model chunk ``chunk``'s chain not yet issued."""
+        chain = self._chains[chunk]
+        while self._issued[chunk] < len(chain):
+            b = chain[self._issued[chunk]]
+            self._issued[chunk] += 1
             if not b.gathered and b.gather is None:
                 self._dispatch(b)
                 return
@@ -375,14 +389,14 @@ class GradientSync:
                 if b.gather is None:
                     if self.align_gather:
                         self._dispatch(b)      # one the schedule has not issued: issued now
-                    while b.gather is None and self._gathered < len(self._gather_order):
-                        self._issue_gather()   # a bucket used out of order: issued now
+                    while b.gather is None and self._issued[b.chunk] < len(self._chains[b.chunk]):
+                        self._issue_gather(b.chunk)   # its chain's first, or one used out of order: now
                 if b.gather is not None:
                     with comm_span(self.group):
                         b.gather.wait()
                 b.gather, b.gathered = None, True
                 if not self.align_gather:
-                    self._issue_gather()       # the next bucket's, while these layers run
+                    self._issue_gather(b.chunk)   # the chain's next, while these layers run
         return hook
 
     def _step(self) -> None:

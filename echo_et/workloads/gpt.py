@@ -138,8 +138,10 @@ class _GPTRank:
             buffers=[m.ddp_parameters() for m in self.models] if self.chunks > 1 else None,
             flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
             gather_in_forward=self.models if cfg.overlap_param_gather else None,
-            # Megatron-LM aligns both across the stages with the interleaved schedule
-            align_gather=self.chunks > 1, align_reduce=self.chunks > 1 and cfg.overlap_grad_reduce,
+            # Megatron-LM aligns both across the stages with the interleaved schedule, and
+            # without it issues the later stages' reductions after the schedule
+            align_gather=self.chunks > 1 and cfg.align_param_gather,
+            align_reduce=cfg.overlap_grad_reduce and cfg.align_grad_reduce and (self.chunks > 1 or self.stage > 0),
             alone=self._shared_embedding() if cfg.overlap_grad_reduce and layout.zero else None,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
@@ -348,7 +350,7 @@ class _GPTRank:
                 self.link, self.ctx.layout.microbatches, self.chunks,
                 lambda mb, c, inp: self._forward(mb, inp, c),
                 lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c),
-                param_sync=self._gather_chunk if self.cfg.overlap_param_gather else None,
+                param_sync=self._gather_chunk if self.cfg.overlap_param_gather and self.sync.align_gather else None,
                 grad_sync=self._reduce_chunk if self.sync.align_reduce else None,
                 overlap_p2p=self.cfg.overlap_p2p_comm, group=self.cfg.microbatch_group_size)
         else:

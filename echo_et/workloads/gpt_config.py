@@ -145,6 +145,18 @@ class GPTConfig:
     # updated weights run during the next step's forward, one bucket ahead of the layers that
     # need them, instead of after the optimizer; needs ZeRO 1 and the overlapped gradient sync.
     overlap_param_gather: bool = False
+    # Megatron-LM's --align-grad-reduce (on unless --no-align-grad-reduce): with the overlapped
+    # gradient sync, the pipeline stages other than the first issue their reductions after the
+    # schedule, and with the interleaved schedule every stage issues a chunk's whole at points
+    # aligned across the stages (pipeline_plan.grad_sync_chunk); off, each bucket is issued as
+    # the backward of the chunk's last micro-batch fills it.
+    align_grad_reduce: bool = True
+    # Megatron-LM's --align-param-gather (on unless --no-align-param-gather; Megatron turns it
+    # off without an interleaved schedule): with the weights' gathers in the forward and the
+    # interleaved schedule, a chunk's gathers are issued whole at points aligned across the
+    # stages (pipeline_plan.param_sync_chunk); off, each chunk's first gather is issued by its
+    # first forward, which waits for it, and each wait issues the chunk's next.
+    align_param_gather: bool = True
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -325,6 +337,13 @@ class GPTConfig:
             raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward need Megatron's "
                             "distributed optimizer (ZeRO stage 1) and its gradient sync overlapped with the "
                             "backward (megatron-gpt)")
+        if not self.align_grad_reduce and not self.overlap_grad_reduce:
+            raise EchoError(f"{where}: reductions not aligned across the stages are Megatron-Core's overlapped "
+                            "gradient sync's")
+        if not self.align_param_gather and not (self.overlap_param_gather and self.interleaved):
+            raise EchoError(f"{where}: weight gathers not aligned across the stages are those of Megatron-Core's "
+                            "gathers in the forward with the interleaved schedule (without it they are never "
+                            "aligned)")
         if not self.grad_reduce_scatter and not layout.zero:
             raise EchoError(f"{where}: gradients all-reduced whole before a sharded optimizer step need ZeRO "
                             "stage 1 (the distributed optimizer); without it they are all-reduced anyway")
@@ -566,7 +585,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
-    "overlap_param_gather": False,
+    "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
 }
 
 
