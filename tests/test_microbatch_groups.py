@@ -55,7 +55,8 @@ def _cfg(**kw) -> GPTConfig:
     ({}, 4, 10, "micro-batches (10) to be a multiple of pp (4), or groups"),
     ({"microbatch_group_size": 3}, 4, 8, "need micro-batch groups from pp (4) to the micro-batches (8), got 3"),
     ({"microbatch_group_size": 9}, 4, 8, "from pp (4) to the micro-batches (8), got 9"),
-    ({"microbatch_group_size": 4}, 4, 10, "leave a last group of 2 of the 10 micro-batches, fewer than pp (4)"),
+    ({"microbatch_group_size": 4}, 4, 10, "need micro-batch groups that leave a last group of 0 or at least pp "
+                                          "(4); groups of 4 leave 2 of the 10 micro-batches"),
     ({"microbatch_group_size": -1}, 4, 8, "micro-batches per virtual stage group must be >= 0"),
     ({"microbatch_group_size": 4, "layers_per_virtual_stage": 0}, 4, 8,
      "micro-batch groups per virtual stage (4) are the interleaved schedule's"),

@@ -462,19 +462,16 @@ class GPTConfig:
     def check_microbatch_groups(self, layout: ParallelLayout, where: str, what: str) -> None:
         """Megatron-Core's rules for the interleaved schedule's micro-batch groups (its
         ``forward_backward_pipelining_with_interleaving`` raises on either)."""
+        from echo_et.workloads.pipeline_plan import microbatch_group_problem
+
         m, pp, g = layout.microbatches, layout.pp, self.microbatch_group_size
-        if not g:
-            if m % pp:
-                raise EchoError(f"{where}: {what} need micro-batches ({m}) to be a multiple of pp ({pp}), or "
-                                f"groups of micro-batches per virtual stage from pp to {m} that leave a last "
-                                f"group of 0 or at least pp")
-            return
-        if not pp <= g <= m:
-            raise EchoError(f"{where}: {what} need micro-batch groups from pp ({pp}) to the micro-batches ({m}), "
-                            f"got {g}")
-        if 0 < m % g < pp:
-            raise EchoError(f"{where}: {what} with micro-batch groups of {g} leave a last group of {m % g} of "
-                            f"the {m} micro-batches, fewer than pp ({pp}); it must be 0 or at least pp")
+        if not g and m % pp:
+            raise EchoError(f"{where}: {what} need micro-batches ({m}) to be a multiple of pp ({pp}), or "
+                            f"groups of micro-batches per virtual stage from pp to {m} that leave a last "
+                            f"group of 0 or at least pp")
+        problem = microbatch_group_problem(pp, m, g)
+        if problem:
+            raise EchoError(f"{where}: {what} need {problem}")
 
     def check_pipeline_engine(self, layout: ParallelLayout) -> None:
         """DeepSpeed's pipeline engine runs its own schedule (no interleaving), reduces the

@@ -95,23 +95,32 @@ def virtual_steps(stages: int, chunks: int, microbatches: int, group: int = 0) -
     return VirtualSteps(stages, chunks, microbatches, group)
 
 
+def microbatch_group_problem(stages: int, microbatches: int, group: int = 0) -> str | None:
+    """What Megatron-Core's rules for the micro-batch groups (``group``, default pp) refuse,
+    as what the schedule needs ("" read after "needs"), or None: groups from pp to the
+    micro-batches, and a last group either whole or at least pp (else the pipeline waits
+    inside it; ``forward_backward_pipelining_with_interleaving`` raises on either)."""
+    g = group or stages
+    if not stages <= g <= microbatches:
+        return f"micro-batch groups from pp ({stages}) to the micro-batches ({microbatches}), got {g}"
+    rest = microbatches % g
+    if 0 < rest < stages:
+        return (f"micro-batch groups that leave a last group of 0 or at least pp ({stages}); groups of {g} "
+                f"leave {rest} of the {microbatches} micro-batches")
+    return None
+
+
 def check_interleaving(stages: int, chunks: int, microbatches: int, group: int = 0) -> None:
-    """Megatron-Core's rules for the interleaved schedule: more than 2 stages, micro-batches
-    grouped in ``group`` (default pp) between pp and the micro-batches, the last group either
-    whole or at least pp (else the pipeline waits inside it)."""
+    """Megatron-Core's rules for the interleaved schedule: more than 2 stages and the
+    micro-batch groups' (:func:`microbatch_group_problem`)."""
     if stages < 3:
         raise EchoError(f"the interleaved pipeline schedule needs more than 2 stages, got {stages}")
-    g = group or stages
     if chunks < 1 or microbatches < 1:
         raise EchoError(f"the interleaved pipeline schedule needs chunks ({chunks}) and micro-batches "
                         f"({microbatches}) >= 1")
-    if not stages <= g <= microbatches:
-        raise EchoError(f"the interleaved pipeline schedule needs micro-batch groups of pp ({stages}) to "
-                        f"the micro-batches ({microbatches}), got {g}")
-    rest = microbatches % g
-    if 0 < rest < stages:
-        raise EchoError(f"the interleaved pipeline schedule needs the micro-batches ({microbatches}) to leave "
-                        f"a last group (of {g}) of 0 or at least pp ({stages}), not {rest}")
+    problem = microbatch_group_problem(stages, microbatches, group)
+    if problem:
+        raise EchoError(f"the interleaved pipeline schedule needs {problem}")
 
 
 def interleaved_warmup(stages: int, stage: int, chunks: int, microbatches: int, group: int = 0) -> int:
