@@ -357,6 +357,10 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--num-layers-per-virtual-pipeline-stage", "1",
                     "--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather",
                     "--no-align-grad-reduce", "--no-align-param-gather"], "--dp", "int", 60))
+    t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--overlap-grad-reduce",
+                    "--use-distributed-optimizer", "--overlap-param-gather",
+                    "--overlap-param-gather-with-optimizer-step"],
+              "--num-layers-per-virtual-pipeline-stage", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1",
                     "--microbatches", "2"], "--dp", "int", 60))
     # a model's layouts on N GPUs: the GPU count, the batch and the micro-batch sizes

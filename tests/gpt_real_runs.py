@@ -109,7 +109,8 @@ def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, microbatches: int = 
 
 def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,
                   out: str, gather_in_forward: bool = False, align_gather: bool = False,
-                  align_reduce: bool = False, chunked: bool = False) -> None:
+                  align_reduce: bool = False, chunked: bool = False, gather_with_step: bool = False,
+                  megatron_adam: bool = False) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -117,6 +118,7 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
     import torch.distributed as dist
 
     from echo_et.workloads.data_parallel import GradientSync
+    from echo_et.workloads.megatron import MixedPrecisionAdam
 
     faulthandler.dump_traceback_later(120, exit=True)   # a hang fails the test, with its stack
     torch.set_num_threads(1)
@@ -128,10 +130,11 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
         # aligned: two model chunks (the interleaved schedule's), each its own buffer
         chunks = [model[:2], model[2:]] if align_gather or align_reduce or chunked else [model]
         sync = GradientSync(list(model.parameters()), dist.group.WORLD, zero=zero, bucket_bytes=256,
-                            optimizer_factory=lambda ps: torch.optim.Adam(ps, lr=1e-2), overlap=overlap,
+                            optimizer_factory=(lambda ps: MixedPrecisionAdam(ps, None, lr=1e-2)) if megatron_adam
+                            else (lambda ps: torch.optim.Adam(ps, lr=1e-2)), overlap=overlap,
                             reduce_scatter=reduce_scatter, gather_in_forward=chunks if gather_in_forward else None,
                             buffers=[list(c.parameters()) for c in chunks] if len(chunks) > 1 else None,
-                            align_gather=align_gather, align_reduce=align_reduce)
+                            align_gather=align_gather, align_reduce=align_reduce, gather_with_step=gather_with_step)
         gen = torch.Generator().manual_seed(100 + rank)      # each rank its own data
         for mb in range(2):
             if mb == 1 and not align_reduce:
@@ -156,7 +159,8 @@ def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overla
 
 def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overlap: bool = False,
                world: int = 2, gather_in_forward: bool = False, align_gather: bool = False,
-               align_reduce: bool = False, chunked: bool = False) -> list:
+               align_reduce: bool = False, chunked: bool = False, gather_with_step: bool = False,
+               megatron_adam: bool = False) -> list:
     """The weights every rank holds after one step of a small model on ``world`` data-parallel
     gloo processes (each its own data) under :class:`GradientSync`: one list per rank (with
     ``gather_in_forward``, after the next step's first forward; what they held before it is
@@ -164,13 +168,16 @@ def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overla
     ``align_gather``, the model in two chunks whose all-gathers are issued a chunk at a time,
     as the interleaved schedule does; with ``align_reduce``, in two chunks whose gradient
     collectives are issued a chunk at a time, after the backward; ``chunked``: in two chunks
-    with neither, each chunk's gathers a chain its first forward starts)."""
+    with neither, each chunk's gathers a chain its first forward starts; ``gather_with_step``:
+    the first chunk's gathered right after its update; ``megatron_adam``: Megatron's optimizer,
+    not torch's Adam)."""
     from echo_et.trace.insitu import free_port
 
     out = tmp_path / (f"dp-z{zero}-rs{int(reduce_scatter)}-ov{int(overlap)}-g{int(gather_in_forward)}"
                       + ("-aligned" if align_gather else "") + ("-aligned-reduce" if align_reduce else "")
-                      + ("-chunked" if chunked else ""))
+                      + ("-chunked" if chunked else "") + ("-withstep" if gather_with_step else "")
+                      + ("-madam" if megatron_adam else ""))
     out.mkdir()
     _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out), gather_in_forward,
-                           align_gather, align_reduce, chunked), world)
+                           align_gather, align_reduce, chunked, gather_with_step, megatron_adam), world)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]

@@ -152,6 +152,17 @@ def test_predict_overlaps_the_reduction_and_records_it(tmp_path) -> None:
      "reductions not aligned across the stages are Megatron-Core's overlapped gradient sync's"),
     (["trace", "--workload", "megatron-gpt", "--no-align-param-gather"],
      "weight gathers not aligned across the stages are those of Megatron-Core's gathers in the forward"),
+    (["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--global-batch", "2", "--overlap-grad-reduce",
+      "--overlap-param-gather-with-optimizer-step"],
+     "--overlap-param-gather-with-optimizer-step: it changes when --overlap-param-gather's collectives"),
+    (["predict", "--layers", "2", "--hidden", "64", "--heads", "4", "--global-batch", "2", "--dp", "2",
+      "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+      "--overlap-param-gather-with-optimizer-step"],
+     "--overlap-param-gather-with-optimizer-step: it is the interleaved schedule's (Megatron asserts one)"),
+    (["trace", "--workload", "megatron-gpt", "--zero", "1", "--dp", "2", "--overlap-grad-reduce",
+      "--overlap-param-gather", "--overlap-param-gather-with-optimizer-step"],
+     "the first chunk's all-gathers after its optimizer step need Megatron-Core's gathers in the forward and "
+     "the interleaved schedule"),
 ])
 def test_what_cannot_overlap_is_one_line(tmp_path, args: list, message: str) -> None:
     res = runner.invoke(app, [*args, "-o", str(tmp_path / "out")])
@@ -178,6 +189,43 @@ def test_the_next_forward_gathers_what_the_optimizer_updated(tmp_path, aligned: 
         assert any(not torch.equal(a, b) for a, b in zip(before[r], after_step[r], strict=True))
         for a, b in zip(in_forward[r], after_step[r], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_first_chunks_gathers_after_its_update_give_the_same_weights(tmp_path) -> None:
+    """--overlap-param-gather-with-optimizer-step, for real on two gloo ranks with Megatron's
+    optimizer: the first chunk's shards updated first and gathered while the second's are, the
+    second chunk's gathered in the next forward: the weights are those of the gather after the
+    optimizer."""
+    after_step = dp_weights(tmp_path, zero=1, overlap=True, megatron_adam=True)
+    with_step = dp_weights(tmp_path, zero=1, overlap=True, gather_in_forward=True, align_gather=True,
+                           gather_with_step=True, megatron_adam=True)
+    for r in range(2):
+        for a, b in zip(with_step[r], after_step[r], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_trace_gathers_the_first_chunk_after_its_update(tmp_path) -> None:
+    """The traced step: the first chunk's all-gathers issued between its update and the other
+    chunk's (two fused Adam kernels), the second chunk's at the schedule's start; no chunk cut
+    into buckets, the first stage's first chunk but for its embedding's own."""
+    out = tmp_path / "job"
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *SHAPE[:1], "12", *SHAPE[2:],
+                              "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1", "--dp", "2", "--pp",
+                              "3", "--microbatches", "6", "--num-layers-per-virtual-pipeline-stage", "2",
+                              "--overlap-param-gather-with-optimizer-step", "--device", "meta", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    job = load_job(out)
+    assert "--overlap-param-gather-with-optimizer-step" in job.manifest.provenance.command
+    for stage in range(3):
+        nodes = sorted(job.graph_of(job.manifest.layout.dp * stage).nodes, key=lambda n: n.id)
+        gathers = [n for n in nodes if n.kind == pb.KIND_COLLECTIVE and n.collective.type == pb.COLL_ALL_GATHER
+                   and n.collective.group == "dp"]
+        adam = [n.id for n in nodes if n.name == "aten::_fused_adam_"]
+        assert len(adam) == 2, stage
+        late = [n for n in gathers if n.annotations.phase == "optimizer"]
+        early = [n for n in gathers if n.annotations.phase == "forward"]
+        assert len(late) == (2 if stage == 0 else 1) and len(early) == (2 if stage == 2 else 1), stage
+        assert all(adam[0] < n.id < adam[1] for n in late)
 
 
 def test_the_trace_gathers_in_the_first_forward(tmp_path) -> None:
@@ -375,3 +423,14 @@ def test_predict_hides_the_interleaved_gathers_too(tmp_path) -> None:
     assert rank["forward"]["comm_ns"] == pytest.approx(rank["after"]["comm_ns"], rel=0.02)
     assert rank["forward"]["exposed_comm_ns"] < rank["after"]["exposed_comm_ns"]
     assert runs["forward"]["step_time_ns"] < runs["after"]["step_time_ns"]
+
+
+def test_a_sweep_gathers_with_the_step_on_its_interleaved_rows_only() -> None:
+    """Megatron asserts an interleaved schedule for --overlap-param-gather-with-optimizer-step:
+    a sweep given it applies it to its interleaved rows, and runs its plain rows without."""
+    row = {"layers": 12, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1, "global_batch": 12, "tp": 1,
+           "pp": 3, "dp": 2}
+    opts = ConfigSweepOptions(use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True,
+                              overlap_param_gather_with_optimizer_step=True)
+    assert workload_for(row, opts)[0].overlap_param_gather_with_optimizer_step is False
+    assert workload_for({**row, "layers_per_virtual_stage": 2}, opts)[0].overlap_param_gather_with_optimizer_step

@@ -95,6 +95,12 @@ OverlapParamGatherOpt = typer.Option(
     help="Megatron-Core's flag: the distributed optimizer's all-gathers of the updated weights run during the "
          "next step's forward, one bucket ahead of the layers that need them, instead of after the optimizer "
          "(needs --use-distributed-optimizer and --overlap-grad-reduce; trace: --zero 1).")
+GATHER_WITH_STEP = "--overlap-param-gather-with-optimizer-step"
+GatherWithStepOpt = typer.Option(
+    False, GATHER_WITH_STEP,
+    help="With --overlap-param-gather and the interleaved schedule, Megatron-LM's flag: the first model chunk's "
+         "weights are updated first and their all-gathers issued right then, while the other chunks' are "
+         "updated, instead of in the next step's forward; no chunk is cut into buckets (docs/predict.md).")
 NO_ALIGN_GRAD_REDUCE = "--no-align-grad-reduce"
 NoAlignGradReduceOpt = typer.Option(
     False, NO_ALIGN_GRAD_REDUCE,
@@ -224,7 +230,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False,
                       gradient_accumulation_fusion: bool = False,
                       overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
-                      no_align_grad_reduce: bool = False, no_align_param_gather: bool = False) -> dict[str, Any]:
+                      no_align_grad_reduce: bool = False, no_align_param_gather: bool = False,
+                      gather_with_step: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -253,6 +260,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
     for flag, given, needs, option in ((NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce, overlap_grad_reduce,
                                         OVERLAP_GRAD_REDUCE),
                                        (NO_ALIGN_PARAM_GATHER, no_align_param_gather, overlap_param_gather,
+                                        OVERLAP_PARAM_GATHER),
+                                       (GATHER_WITH_STEP, gather_with_step, overlap_param_gather,
                                         OVERLAP_PARAM_GATHER)):
         if given and not needs:
             raise OptionError(flag.lstrip("-").replace("-", "_"), f"it changes when {option}'s collectives are "
@@ -280,6 +289,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "flash_attention": flash_attention, "gradient_accumulation_fusion": gradient_accumulation_fusion,
             "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
             "align_grad_reduce": not no_align_grad_reduce, "align_param_gather": not no_align_param_gather,
+            "overlap_param_gather_with_optimizer_step": gather_with_step,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -309,7 +319,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (OVERLAP_GRAD_REDUCE, settings["overlap_grad_reduce"]),
              (OVERLAP_PARAM_GATHER, settings["overlap_param_gather"]),
              (NO_ALIGN_GRAD_REDUCE, not settings["align_grad_reduce"]),
-             (NO_ALIGN_PARAM_GATHER, not settings["align_param_gather"]))
+             (NO_ALIGN_PARAM_GATHER, not settings["align_param_gather"]),
+             (GATHER_WITH_STEP, settings["overlap_param_gather_with_optimizer_step"]))
     return next((flag for flag, on in given if on), None)
 
 

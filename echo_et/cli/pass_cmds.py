@@ -25,6 +25,7 @@ from echo_et.cli.common import (
     FirstStageLayersOpt,
     FlashAttnOpt,
     Fp32GradsOpt,
+    GatherWithStepOpt,
     GradAccFusionOpt,
     GradSyncOpt,
     JsonOpt,
@@ -282,6 +283,7 @@ def sweep(
     overlap_param_gather: bool = OverlapParamGatherOpt,
     no_align_grad_reduce: bool = NoAlignGradReduceOpt,
     no_align_param_gather: bool = NoAlignParamGatherOpt,
+    gather_with_step: bool = GatherWithStepOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -303,7 +305,8 @@ def sweep(
                                  overlap_grad_reduce=overlap_grad_reduce,
                                  overlap_param_gather=overlap_param_gather,
                                  no_align_grad_reduce=no_align_grad_reduce,
-                                 no_align_param_gather=no_align_param_gather)
+                                 no_align_param_gather=no_align_param_gather,
+                                 gather_with_step=gather_with_step)
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

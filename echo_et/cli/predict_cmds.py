@@ -22,6 +22,7 @@ from echo_et.cli.common import (
     FirstStageLayersOpt,
     FlashAttnOpt,
     Fp32GradsOpt,
+    GatherWithStepOpt,
     GradAccFusionOpt,
     GradSyncOpt,
     JsonOpt,
@@ -111,6 +112,7 @@ def predict_cmd(
     overlap_param_gather: bool = OverlapParamGatherOpt,
     no_align_grad_reduce: bool = NoAlignGradReduceOpt,
     no_align_param_gather: bool = NoAlignParamGatherOpt,
+    gather_with_step: bool = GatherWithStepOpt,
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
@@ -207,7 +209,12 @@ def predict_cmd(
                                                   overlap_grad_reduce=overlap_grad_reduce,
                                                   overlap_param_gather=overlap_param_gather,
                                                   no_align_grad_reduce=no_align_grad_reduce,
-                                                  no_align_param_gather=no_align_param_gather))
+                                                  no_align_param_gather=no_align_param_gather,
+                                                  gather_with_step=gather_with_step))
+    if gather_with_step and not (virtual_layers or virtual_chunks):
+        raise OptionError("overlap_param_gather_with_optimizer_step",
+                          "it is the interleaved schedule's (Megatron asserts one): give "
+                          "--num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank")
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

@@ -19,6 +19,7 @@ from echo_et.cli.common import (
     FFN_HIDDEN,
     FIRST_STAGE_LAYERS,
     FLASH_ATTN,
+    GATHER_WITH_STEP,
     GRAD_ACC_FUSION,
     KV_HEADS,
     LAST_STAGE_LAYERS,
@@ -39,6 +40,7 @@ from echo_et.cli.common import (
     FfnHiddenOpt,
     FirstStageLayersOpt,
     FlashAttnOpt,
+    GatherWithStepOpt,
     GradAccFusionOpt,
     JsonOpt,
     KvHeadsOpt,
@@ -129,6 +131,7 @@ def trace(
     overlap_param_gather: bool = OverlapParamGatherOpt,
     no_align_grad_reduce: bool = NoAlignGradReduceOpt,
     no_align_param_gather: bool = NoAlignParamGatherOpt,
+    gather_with_step: bool = GatherWithStepOpt,
     pipeline_engine: str | None = typer.Option(None, "--pipeline-engine", metavar="ENGINE",
                                                help="GPT: " + PIPELINE_ENGINE_HELP),
     global_batch: int | None = typer.Option(None, "--global-batch", metavar="N",
@@ -212,6 +215,7 @@ def trace(
                             (OVERLAP_PARAM_GATHER, overlap_param_gather),
                             (NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce),
                             (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
+                            (GATHER_WITH_STEP, gather_with_step),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
@@ -250,7 +254,8 @@ def trace(
                                 ("align_grad_reduce", False if no_align_grad_reduce else None),
                                 # Megatron never aligns the gathers without an interleaved schedule
                                 ("align_param_gather", False if no_align_param_gather
-                                 and (virtual_layers or virtual_chunks or not overlap_param_gather) else None))
+                                 and (virtual_layers or virtual_chunks or not overlap_param_gather) else None),
+                                ("overlap_param_gather_with_optimizer_step", gather_with_step or None))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -331,6 +336,8 @@ def trace(
         parts.append(NO_ALIGN_GRAD_REDUCE)
     if script is None and not cfg.align_param_gather:
         parts.append(NO_ALIGN_PARAM_GATHER)
+    if script is None and cfg.overlap_param_gather_with_optimizer_step:
+        parts.append(GATHER_WITH_STEP)
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

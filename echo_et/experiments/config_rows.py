@@ -91,6 +91,9 @@ class ConfigSweepOptions:
     # (GPTConfig.align_grad_reduce, align_param_gather; the gathers' only with an interleaved row)
     align_grad_reduce: bool = True
     align_param_gather: bool = True
+    # Megatron-LM's --overlap-param-gather-with-optimizer-step, for the interleaved rows (Megatron
+    # asserts an interleaved schedule; GPTConfig.overlap_param_gather_with_optimizer_step)
+    overlap_param_gather_with_optimizer_step: bool = False
     # the named model whose shape fills the rows' missing columns (workloads.model_shapes;
     # "": none); recorded, so that a sweep resumed under another model is another sweep
     model: str = ""
@@ -163,6 +166,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              # Megatron turns it off without an interleaved schedule (never aligned there)
                              align_param_gather=opts.align_param_gather or not (opts.overlap_param_gather
                                                                                 and any(interleaving(row, opts))),
+                             overlap_param_gather_with_optimizer_step=(opts.overlap_param_gather_with_optimizer_step
+                                                                       and any(interleaving(row, opts))),
                              ffn_hidden=row_or(row, "ffn_hidden", opts.ffn_hidden),
                              kv_heads=row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))

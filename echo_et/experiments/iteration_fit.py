@@ -163,7 +163,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
                           (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}"),
                           (opts.partition_activations, "-partact"),
                           (opts.sequence_parallel, "-seqpar"), (opts.overlap_p2p_comm, "-p2pov"),
-                          (not opts.align_grad_reduce, "-noalignrs"), (not opts.align_param_gather, "-noalignag")):
+                          (not opts.align_grad_reduce, "-noalignrs"), (not opts.align_param_gather, "-noalignag"),
+                          (opts.overlap_param_gather_with_optimizer_step, "-agstep")):
         if differs:                                              # the step's calls differ
             key += mark
     key += f"-sg{int(opts.scatter_gather_tensors_in_pipeline)}"  # the pipeline sends differ

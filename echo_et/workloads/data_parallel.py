@@ -152,7 +152,7 @@ class GradientSync:
                  buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
                  reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None,
                  align_gather: bool = False, align_reduce: bool = False,
-                 alone: list[nn.Parameter] | None = None):
+                 alone: list[nn.Parameter] | None = None, gather_with_step: bool = False):
         self.group = group
         self.reduce_scatter = reduce_scatter
         self.flatten = flatten and not zero
@@ -217,6 +217,7 @@ class GradientSync:
         self._issued: dict[int, int] = {}
         self.align_gather = align_gather
         self.align_reduce = align_reduce and overlap
+        self.gather_with_step = gather_with_step
         if gather_in_forward is not None and zero and self.dp > 1:
             self._gather_order = list(reversed(self.buckets))
             for b in self._gather_order:
@@ -332,6 +333,25 @@ class GradientSync:
         k = b.padded // self.dp
         b.grad_shard.copy_(b.grad[self.rank * k:(self.rank + 1) * k])
 
+    def _step_then_gather_first_chunk(self) -> None:
+        """Megatron-Core's ``--overlap-param-gather-with-optimizer-step``: the first model
+        chunk's shards are updated first (its own optimizer in Megatron's chain), its all-gathers
+        issued then, while the other chunks' shards are updated, and waited for at the step's
+        end (the next step's first forward, in a run of many steps, waits for them there)."""
+        first = [b for b in self.buckets if b.chunk == 0]
+        assert self.buckets[:len(first)] == first      # the optimizer's shards are in bucket order
+
+        def gather() -> None:
+            for b in reversed(first):                 # in the order the forward uses them
+                b.gathered = False
+                self._dispatch(b)
+
+        self.optimizer.step(first=len(first), between=gather)
+        for b in first:
+            with comm_span(self.group):
+                b.gather.wait()
+            b.gather, b.gathered = None, True
+
     def _flattened_all_reduce(self, params: list[nn.Parameter]) -> None:
         """DeepSpeed's ``allreduce_no_retain``: buckets closed past
         :data:`DEEPSPEED_BUCKET_ELEMENTS`, each flattened, all-reduced, averaged, copied back."""
@@ -353,7 +373,8 @@ class GradientSync:
         if not self._gather_order:
             return
         for b in self.buckets:
-            b.gathered = False
+            # with the optimizer step: the first chunk's were gathered at the step's end
+            b.gathered = self.gather_with_step and b.chunk == 0
         self._issued = dict.fromkeys(self._chains, 0)
         if not self.align_gather and len(self._chains) == 1:
             self._issue_gather(self._gather_order[0].chunk)
@@ -400,7 +421,10 @@ class GradientSync:
         return hook
 
     def _step(self) -> None:
-        self.optimizer.step()
+        if self.gather_with_step and self._gather_order:
+            self._step_then_gather_first_chunk()
+        else:
+            self.optimizer.step()
         if self.zero and self.dp > 1 and not self._gather_order:
             for b in self.buckets:
                 k = b.padded // self.dp

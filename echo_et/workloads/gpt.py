@@ -129,7 +129,9 @@ class _GPTRank:
         if cfg.overlap_grad_reduce:
             # Megatron-Core buckets the first stage's first model chunk only: elsewhere its
             # reduction is off the critical path, and each chunk is one bucket
-            caps = [cap if self.stage == 0 and c == 0 else 1 << 62 for c in range(self.chunks)]
+            # (nowhere with the first chunk's gathers after its optimizer step)
+            caps = [cap if self.stage == 0 and c == 0 and not cfg.overlap_param_gather_with_optimizer_step
+                    else 1 << 62 for c in range(self.chunks)]
         self.sync = GradientSync(
             [p for m in self.models for p in m.ddp_parameters()], dp_group, zero=layout.zero,
             bucket_bytes=(caps if self.chunks > 1 else caps[0]) if cfg.overlap_grad_reduce else cap,
@@ -143,6 +145,7 @@ class _GPTRank:
             align_gather=self.chunks > 1 and cfg.align_param_gather,
             align_reduce=cfg.overlap_grad_reduce and cfg.align_grad_reduce and (self.chunks > 1 or self.stage > 0),
             alone=self._shared_embedding() if cfg.overlap_grad_reduce and layout.zero else None,
+            gather_with_step=cfg.overlap_param_gather_with_optimizer_step,
         )
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),

@@ -157,6 +157,11 @@ class GPTConfig:
     # stages (pipeline_plan.param_sync_chunk); off, each chunk's first gather is issued by its
     # first forward, which waits for it, and each wait issues the chunk's next.
     align_param_gather: bool = True
+    # Megatron-LM's --overlap-param-gather-with-optimizer-step (interleaved schedule only, as
+    # Megatron asserts): the first model chunk has its own optimizer, stepped first, and its
+    # all-gathers are issued right after it, while the other chunks' shards are updated; no
+    # chunk is cut into buckets (Megatron turns bucketing off with it).
+    overlap_param_gather_with_optimizer_step: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -344,6 +349,9 @@ class GPTConfig:
             raise EchoError(f"{where}: weight gathers not aligned across the stages are those of Megatron-Core's "
                             "gathers in the forward with the interleaved schedule (without it they are never "
                             "aligned)")
+        if self.overlap_param_gather_with_optimizer_step and not (self.overlap_param_gather and self.interleaved):
+            raise EchoError(f"{where}: the first chunk's all-gathers after its optimizer step need Megatron-Core's "
+                            "gathers in the forward and the interleaved schedule (Megatron asserts both)")
         if not self.grad_reduce_scatter and not layout.zero:
             raise EchoError(f"{where}: gradients all-reduced whole before a sharded optimizer step need ZeRO "
                             "stage 1 (the distributed optimizer); without it they are all-reduced anyway")
@@ -583,6 +591,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
+    "overlap_param_gather_with_optimizer_step": False,
 }
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -379,7 +380,11 @@ class MixedPrecisionAdam:
         stream_sync(self.found_inf.device)     # found_inf.item()
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, first: int = 0, between: Callable[[], None] | None = None) -> None:
+        """One step. With ``between``, the update runs in two parts, as Megatron-Core's
+        ChainedOptimizer runs two optimizers after one gradient norm: the first ``first``
+        parameters, then ``between()``, then the rest (``--overlap-param-gather-with-optimizer-step``
+        issues the first model chunk's all-gathers there)."""
         from echo_et.workloads.data_parallel import grad_of
 
         grads = [grad_of(p) for p in self.params]
@@ -400,7 +405,13 @@ class MixedPrecisionAdam:
             # unscales (with the clipping) in one pass over the gradients: no flag of its own
             torch._foreach_mul_(grads, 1.0)
         torch._foreach_add_(self.steps, 1)
-        torch._fused_adam_(self.main, grads, self.exp_avg, self.exp_avg_sq, [], self.steps,
-                           amsgrad=False, maximize=False, **self.hp)
-        if self.mixed:
-            torch._foreach_copy_([p.data for p in self.params], self.main)
+        parts = [slice(0, first), slice(first, None)] if between is not None else [slice(None)]
+        for i, part in enumerate(parts):
+            if i:
+                between()
+            if not self.main[part]:
+                continue
+            torch._fused_adam_(self.main[part], grads[part], self.exp_avg[part], self.exp_avg_sq[part], [],
+                               self.steps[part], amsgrad=False, maximize=False, **self.hp)
+            if self.mixed:
+                torch._foreach_copy_([p.data for p in self.params[part]], self.main[part])
