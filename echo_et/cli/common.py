@@ -42,14 +42,16 @@ VIRTUAL_STAGES = "--num-layers-per-virtual-pipeline-stage"
 VirtualStagesOpt = typer.Option(
     0, VIRTUAL_STAGES, metavar="N",
     help="Megatron's interleaved 1F1B pipeline schedule (its flag): each stage holds layers / (pp x N) model "
-         "chunks of N layers (needs pp > 2, at least 2 chunks per stage, micro-batches a multiple of pp or "
+         "chunks of N layers (needs pp > 2, or > 1 with --overlap-p2p-communication, at least 2 chunks per stage, "
+         "micro-batches a multiple of pp or "
          f"{MICROBATCH_GROUP}); "
          "0: the plain 1F1B schedule (docs/predict.md).")
 VIRTUAL_STAGES_PER_RANK = "--num-virtual-stages-per-pipeline-rank"
 VirtualStagesPerRankOpt = typer.Option(
     0, VIRTUAL_STAGES_PER_RANK, metavar="V",
     help="Megatron-Core's interleaved 1F1B schedule given by its model chunks: each stage's layers in V chunks "
-         "(V must divide every stage's layers, uneven first and last stages included; pp > 2, micro-batches a "
+         "(V must divide every stage's layers, uneven first and last stages included; pp > 2, or > 1 with "
+         "--overlap-p2p-communication, micro-batches a "
          f"multiple of pp or {MICROBATCH_GROUP}); the form Megatron-Core takes with "
          "--decoder-first/last-pipeline-num-layers. 0: not given.")
 OVERLAP_P2P = "--overlap-p2p-communication"

@@ -108,7 +108,8 @@ def trace(
     virtual_layers: int = typer.Option(
         0, "--num-layers-per-virtual-pipeline-stage", metavar="N",
         help="GPT: interleaved 1F1B pipeline schedule (Megatron's flag): each stage holds layers / (pp x N) "
-             "model chunks of N layers (needs pp > 2, at least 2 chunks, micro-batches a multiple of pp or "
+             "model chunks of N layers (needs pp > 2, or > 1 with --overlap-p2p-communication, at least 2 chunks, "
+             "micro-batches a multiple of pp or "
              f"{MICROBATCH_GROUP}); "
              "0: the plain 1F1B schedule."),
     virtual_chunks: int = VirtualStagesPerRankOpt,

@@ -424,7 +424,8 @@ class GPTConfig:
         model chunks per stage (Megatron-Core's ``--num-virtual-stages-per-pipeline-rank V``:
         V dividing each stage's layers, uneven first and last stages included): not both, pp
         > 2 (with two stages, the previous and the next stage are one rank and a combined
-        exchange's two sends to it cannot be told apart), at least two chunks per stage, and
+        exchange's two sends to it cannot be told apart; pp > 1 with the transfers overlapped,
+        posted one by one, as Megatron allows), at least two chunks per stage, and
         micro-batches in groups of pp (or of Megatron-Core's
         ``--microbatch-group-size-per-virtual-pipeline-stage`` G, from pp to the micro-batches),
         the last group whole or at least pp; and here, gradients reduced after the backward pass or
@@ -449,8 +450,9 @@ class GPTConfig:
             raise EchoError(f"{where}: give the interleaved schedule as layers per virtual stage ({n}) or as "
                             f"virtual stages per pipeline rank ({v}), not both")
         what = f"interleaved pipeline stages ({self.interleaving_said()})"
-        if layout.pp <= 2:
-            raise EchoError(f"{where}: {what} need pp > 2, got pp {layout.pp}")
+        if layout.pp <= (1 if self.overlap_p2p_comm else 2):
+            raise EchoError(f"{where}: {what} need pp > 2, or pp > 1 with the pipeline communication overlapped "
+                            f"with the compute, got pp {layout.pp}")
         if n and (self.layers % (layout.pp * n) or self.layers // (layout.pp * n) < 2):
             raise EchoError(f"{where}: {what} need layers ({self.layers}) to be a multiple of pp x {n} "
                             f"({layout.pp * n}) with at least 2 chunks per stage (layers >= {2 * layout.pp * n})")

@@ -298,7 +298,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     out_grads: dict[tuple[int, int], torch.Tensor] = {}
     saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
     outgoing: dict[tuple[str, int, int], torch.Tensor] = {}
-    plan = interleaved_schedule(link.stages, link.stage, chunks, microbatches, group)
+    plan = interleaved_schedule(link.stages, link.stage, chunks, microbatches, group, overlapped=overlap_p2p)
     pending: dict[str, list[tuple[Transfer, object, torch.Tensor | None]]] = {"forward": [], "backward": []}
 
     def arrive(phase: str) -> None:

@@ -110,11 +110,15 @@ def microbatch_group_problem(stages: int, microbatches: int, group: int = 0) -> 
     return None
 
 
-def check_interleaving(stages: int, chunks: int, microbatches: int, group: int = 0) -> None:
-    """Megatron-Core's rules for the interleaved schedule: more than 2 stages and the
-    micro-batch groups' (:func:`microbatch_group_problem`)."""
-    if stages < 3:
-        raise EchoError(f"the interleaved pipeline schedule needs more than 2 stages, got {stages}")
+def check_interleaving(stages: int, chunks: int, microbatches: int, group: int = 0, *,
+                       overlapped: bool = False) -> None:
+    """Megatron-Core's rules for the interleaved schedule: more than 2 stages (more than 1
+    with the transfers ``overlapped``, posted one by one: a batched exchange's two sends to the
+    one neighbour of a 2-stage ring cannot be told apart) and the micro-batch groups'
+    (:func:`microbatch_group_problem`)."""
+    if stages < (2 if overlapped else 3):
+        raise EchoError(f"the interleaved pipeline schedule needs more than {1 if overlapped else 2} stages, "
+                        f"got {stages}")
     if chunks < 1 or microbatches < 1:
         raise EchoError(f"the interleaved pipeline schedule needs chunks ({chunks}) and micro-batches "
                         f"({microbatches}) >= 1")
@@ -130,12 +134,13 @@ def interleaved_warmup(stages: int, stage: int, chunks: int, microbatches: int, 
 
 
 def interleaved_schedule(stages: int, stage: int, chunks: int, microbatches: int,
-                         group: int = 0) -> list[ScheduleItem]:
+                         group: int = 0, *, overlapped: bool = False) -> list[ScheduleItem]:
     """Stage ``stage``'s interleaved 1F1B schedule: its forward and backward micro-steps and
     its combined exchanges, in order (see the module docstring). A receive is labelled with the
     micro-batch that it carries: each chunk receives activations, and gradients, in micro-batch
-    order."""
-    check_interleaving(stages, chunks, microbatches, group)
+    order. ``overlapped``: to be run as :func:`overlapped_plan` splits it (which admits 2
+    stages)."""
+    check_interleaving(stages, chunks, microbatches, group, overlapped=overlapped)
     return _InterleavedPlan(virtual_steps(stages, chunks, microbatches, group), stage).items()
 
 
