@@ -143,14 +143,17 @@ def test_every_send_meets_its_receive_in_order(stages, chunks, microbatches, gro
 
 
 def overlapped_runs_to_the_end(plans: list[list]) -> bool:
-    """Whether stages running overlapped plans (``pipeline_plan.overlapped_plan``: ("post",
-    transfers) items posted without waiting, compute items) all finish: a compute waits for
-    every transfer posted in its direction so far, each done once its counterpart is posted
-    (the n-th send from a to b meets b's n-th receive from a)."""
+    """Whether stages running overlapped plans (``pipeline_plan.overlapped_plan``) all finish,
+    as the schedule's executor runs them: a post posts its transfers, then waits for the sends
+    of their directions posted before; an exchange waits for all of their directions' and its
+    own; a settle for its direction's sends; a compute for its direction's receives. A transfer
+    is done once its counterpart is posted (the n-th send from a to b meets b's n-th receive
+    from a)."""
     stages = len(plans)
     at = [0] * stages
     posted: Counter = Counter()
     pending: list[dict[str, list]] = [{"forward": [], "backward": []} for _ in range(stages)]
+    at_post: list = [None] * stages     # a post or exchange whose transfers are posted, not yet waited
 
     def done(entry) -> bool:
         (a, b, kind), n = entry
@@ -162,16 +165,35 @@ def overlapped_runs_to_the_end(plans: list[list]) -> bool:
         for s in range(stages):
             while at[s] < len(plans[s]):
                 item = plans[s][at[s]]
-                if item[0] == "post":
+                if item[0] in ("post", "exchange") and not at_post[s]:
+                    old = {t.phase: [e for e in pending[s][t.phase] if e[0][2] == "send"] for t in item[1]}
+                    if item[0] == "exchange":
+                        old = {ph: list(pending[s][ph]) for ph in old}
+                    new = []
                     for t in item[1]:
                         peer = (s + t.peer) % stages
                         key = (s, peer, "send") if t.send else (peer, s, "recv")
-                        pending[s][t.phase].append((key, posted[key]))
+                        new.append((t.phase, (key, posted[key])))
                         posted[key] += 1
-                elif all(done(e) for e in pending[s][item[0]]):
-                    pending[s][item[0]] = []
+                    at_post[s] = (old, new)
+                if item[0] in ("post", "exchange"):
+                    old, new = at_post[s]
+                    waits = [e for es in old.values() for e in es]
+                    waits += [e for _, e in new] if item[0] == "exchange" else []
+                    if not all(done(e) for e in waits):
+                        break
+                    for ph, es in old.items():
+                        pending[s][ph] = [e for e in pending[s][ph] if e not in es]
+                    if item[0] == "post":
+                        for ph, e in new:
+                            pending[s][ph].append(e)
+                    at_post[s] = None
                 else:
-                    break
+                    phase, sends = (item[1], "send") if item[0] == "settle" else (item[0], "recv")
+                    waits = [e for e in pending[s][phase] if e[0][2] == sends]
+                    if not all(done(e) for e in waits):
+                        break
+                    pending[s][phase] = [e for e in pending[s][phase] if e not in waits]
                 at[s], moved = at[s] + 1, True
     return all(at[s] == len(plans[s]) and all(done(e) for d in pending[s].values() for e in d)
                for s in range(stages))
@@ -191,7 +213,7 @@ def test_overlapped_transfers_meet_in_order_and_run_to_the_end(stages, chunks, m
     sends: dict = defaultdict(list)
     recvs: dict = defaultdict(list)
     for s, items in enumerate(plans):
-        for t in (t for item in items if item[0] == "post" for t in item[1]):
+        for t in (t for item in items if item[0] in ("post", "exchange") for t in item[1]):
             peer = (s + t.peer) % stages
             if not t.send:
                 recvs[(peer, s)].append((t.phase, t.mb, t.chunk))
@@ -420,28 +442,39 @@ def test_overlapped_pipeline_communication_gives_the_gradients_of_one_stage(tmp_
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
-def test_overlapped_plan_posts_each_direction_after_its_compute() -> None:
-    """A forward's send and the next forward's receive are posted right after that forward,
-    before the backward that follows it; a backward's after that backward; every transfer of
-    the batched plan is posted once, in its direction's order."""
+def test_overlapped_plan_is_megatron_cores() -> None:
+    """Megatron-Core's overlap_p2p_comm: in the steady 1F1B steps a forward's send and the next
+    forward's receive are posted right after that forward, before the backward that follows it,
+    and its send waited for at once (the output is freed after it); a backward's after that
+    backward. The warm-up's and the cool-down's exchanges are posted and waited for at once,
+    but for the first gradient's receive, posted with the last warm-up exchange. Every transfer
+    of the batched plan is posted once, in its direction's order."""
     from echo_et.workloads.pipeline_plan import interleaved_schedule, overlapped_plan
 
     for stages, chunks, mbs in ((3, 2, 6), (4, 2, 8), (4, 3, 4)):
         for stage in range(stages):
             plan = interleaved_schedule(stages, stage, chunks, mbs)
             over = overlapped_plan(plan)
-            assert not [i for i in over if i[0] == "comm"]
+            assert {i[0] for i in over} <= {"forward", "backward", "post", "exchange", "settle"}
             for phase in ("forward", "backward"):
                 batched = [t for i in plan if i[0] == "comm" for t in i[1] if t.phase == phase]
-                posted = [t for i in over if i[0] == "post" for t in i[1]]
+                posted = [t for i in over if i[0] in ("post", "exchange") for t in i[1]]
                 assert [t for t in posted if t.phase == phase] == batched
-            assert [i for i in over if i[0] != "post"] == [i for i in plan if i[0] != "comm"]
-            for i, item in enumerate(over):
-                if item[0] == "post" and item[1][0].phase == "forward" and any(t.send for t in item[1]):
-                    before = [x for x in over[:i] if x[0] in ("forward", "backward")]
-                    assert before[-1][0] == "forward"        # right after the forward that made it
-                    sent = next(t for t in item[1] if t.send)
-                    assert (before[-1][1], before[-1][2]) == (sent.mb, sent.chunk)
+            compute = [i for i in over if i[0] in ("forward", "backward")]
+            assert compute == [i for i in plan if i[0] != "comm"]
+            first_backward = next(k for k, i in enumerate(over) if i[0] == "backward")
+            last_forward = max(k for k, i in enumerate(over) if i[0] == "forward")
+            for k, item in enumerate(over):
+                if item[0] == "post" and item[1][0].phase == "forward":
+                    assert over[k - 1][0] == "forward" and over[k + 1] == ("settle", "forward")
+                    sent = [t for t in item[1] if t.send]
+                    assert not sent or (over[k - 1][1], over[k - 1][2]) == (sent[0].mb, sent[0].chunk)
+                    assert over[k + 2][0] == "backward"          # before the backward that follows
+                if item[0] == "exchange":
+                    assert k < first_backward or k > last_forward    # only outside the steady steps
+            # the first gradient's receive, posted with the last warm-up exchange
+            warm = [i for i in over[:first_backward] if i[0] == "post" and i[1][0].phase == "backward"]
+            assert len(warm) <= 1 and all(not t.send for i in warm for t in i[1])
 
 
 def test_overlapped_pipeline_communication_is_traced_and_off_without_interleaving(tmp_path) -> None:

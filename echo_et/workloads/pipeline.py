@@ -283,8 +283,9 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     mb)``, when given, issues a chunk's gradient collectives (Megatron's ``grad_sync_func``)
     where :func:`grad_sync_chunk` says, after the backward of micro-batch ``mb``, and the
     chunks it has not reached after the schedule, in chunk order. ``overlap_p2p``: Megatron's
-    ``overlap_p2p_comm`` (:func:`overlapped_plan`): the transfers posted unwaited, each
-    direction's waited for before the next compute of that direction. ``group``: Megatron-Core's
+    ``overlap_p2p_comm`` (:func:`overlapped_plan`): the transfers posted one by one, a post's
+    sends waited for at the next post of their direction (or at once after a "settle"), the
+    receives before the next compute of their direction. ``group``: Megatron-Core's
     micro-batch group per virtual stage (:func:`schedule_table`; 0: pp).
     """
     if param_sync is not None:
@@ -301,23 +302,41 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     plan = interleaved_schedule(link.stages, link.stage, chunks, microbatches, group, overlapped=overlap_p2p)
     pending: dict[str, list[tuple[Transfer, object, torch.Tensor | None]]] = {"forward": [], "backward": []}
 
-    def arrive(phase: str) -> None:
-        """Wait for what was posted in ``phase``'s direction (Megatron waits for all of it)."""
+    def arrive(phase: str, sends: bool | None = None) -> None:
+        """Wait for what was posted in ``phase``'s direction: its sends (``sends`` True), its
+        receives (False) or all of it (None)."""
+        keep = []
         for t, work, buf in pending[phase]:
+            if sends is not None and t.send != sends:
+                keep.append((t, work, buf))
+                continue
             with comm_span(link.group):
                 work.wait()
             if buf is not None:
                 (inputs if phase == "forward" else out_grads)[(t.mb, t.chunk)] = link.arrived(t, buf)
-        pending[phase] = []
+        pending[phase] = keep
 
     for item in (overlapped_plan(plan) if overlap_p2p else plan):
         kind = item[0]
-        if kind == "post":
-            for posted in link.post(item[1], outgoing):
-                pending[posted[0].phase].append(posted)
+        if kind in ("post", "exchange"):
+            phases = {t.phase for t in item[1]}
+            if kind == "exchange":
+                for phase in phases:
+                    arrive(phase)
+            posted = link.post(item[1], outgoing)
+            for phase in phases:
+                arrive(phase, sends=True)     # the sends posted before (Megatron's previous handle)
+            for p in posted:
+                pending[p[0].phase].append(p)
+            if kind == "exchange":
+                for phase in phases:
+                    arrive(phase)
+            continue
+        if kind == "settle":
+            arrive(item[1], sends=True)
             continue
         if overlap_p2p:
-            arrive(kind)
+            arrive(kind, sends=False)
         if kind == "comm":
             transfers = item[1]
             got = link.exchange(transfers, outgoing)

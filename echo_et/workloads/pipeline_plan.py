@@ -280,20 +280,36 @@ def grad_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatche
 
 
 def overlapped_plan(items: list[ScheduleItem]) -> list[ScheduleItem]:
-    """The interleaved schedule with Megatron's ``overlap_p2p_comm``: each combined exchange
-    split by direction into ("post", transfers) items, the activations' (a forward's send to
-    the next stage, the receive from the previous) right after the latest forward, the
-    gradients' right after the latest backward (or where the exchange was, before any), so a
-    forward's send runs while the backward after it computes."""
-    slots: list[tuple[ScheduleItem | None, list[ScheduleItem]]] = [(None, [])]
-    latest: dict[str, int] = {}
-    for item in items:
+    """The interleaved schedule as Megatron-Core runs it with ``overlap_p2p_comm`` (and
+    Megatron-LM's ``deallocate_pipeline_outputs``), its transfers posted one by one, unbatched:
+
+    - warm-up and cool-down: each exchange posted and waited for at once, ("exchange",
+      transfers), but the first gradient's receive, posted with the last warm-up forward's
+      exchange and waited for before the first backward;
+    - steady 1F1B steps: the forward's send and the next forward's receive posted right after
+      the forward, ("post", transfers), its send waited for at once (("settle", "forward"):
+      the output is freed after it), the receive before the next forward; the backward's send
+      and the next backward's receive posted right after the backward, its send waited for at
+      the next such post, the receive before the next backward.
+
+    A compute waits for the receives of its direction posted so far (the executor's rule)."""
+    out: list[ScheduleItem] = []
+    seen_backward = False
+    for i, item in enumerate(items):
         if item[0] != "comm":
-            slots.append((item, []))
-            latest[item[0]] = len(slots) - 1
+            out.append(item)
+            seen_backward = seen_backward or item[0] == "backward"
             continue
-        for phase in ("forward", "backward"):
-            part = tuple(t for t in item[1] if t.phase == phase)
-            if part:
-                slots[latest.get(phase, len(slots) - 1)][1].append(("post", part))
-    return [x for item, posts in slots for x in ([item] if item is not None else []) + posts]
+        fwd = tuple(t for t in item[1] if t.phase == "forward")
+        bwd = tuple(t for t in item[1] if t.phase == "backward")
+        steady = i >= 2 and items[i - 2][0] == "forward" and items[i - 1][0] == "backward"
+        if steady:
+            if fwd:    # right after the forward, before the backward
+                out[-1:-1] = [("post", fwd), ("settle", "forward")]
+            if bwd:
+                out.append(("post", bwd))
+        elif not seen_backward and fwd and bwd:
+            out += [("exchange", fwd), ("post", bwd)]
+        else:
+            out.append(("exchange", item[1]))
+    return out
