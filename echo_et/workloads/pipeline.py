@@ -319,7 +319,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     for item in (overlapped_plan(plan) if overlap_p2p else plan):
         kind = item[0]
         if kind in ("post", "exchange"):
-            phases = {t.phase for t in item[1]}
+            phases = [ph for ph in ("forward", "backward") if any(t.phase == ph for t in item[1])]
             if kind == "exchange":
                 for phase in phases:
                     arrive(phase)
