@@ -89,10 +89,12 @@ def _microbatch_group(microbatches: int, pp: int) -> dict[str, int]:
     ({} when it does, the default group of pp): the smallest that Megatron-Core runs (from pp
     to the micro-batches, the last group 0 or at least pp), the nearest to its depth-first
     default and the fewest forwards in flight; {} when none does (the row is refused)."""
+    from echo_et.workloads.pipeline_plan import microbatch_group_problem
+
     if microbatches % pp == 0:
         return {}
     for g in range(pp, microbatches + 1):
-        if microbatches % g == 0 or microbatches % g >= pp:
+        if microbatch_group_problem(pp, microbatches, g) is None:
             return {"microbatch_group_size": g}
     return {}
 

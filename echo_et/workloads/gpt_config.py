@@ -270,10 +270,6 @@ class GPTConfig:
         n = self.layers_per_virtual_stage
         return self.layers // (pp * n) if n > 0 else 1
 
-    def microbatch_group(self, pp: int) -> int:
-        """The interleaved schedule's micro-batches per group: the size given, or pp."""
-        return self.microbatch_group_size or pp
-
     def virtual_pipeline_size(self, pp: int) -> int:
         """What a Job's ``layout.vpp`` records: the model chunks per stage of an interleaved
         schedule (Megatron's virtual pipeline size), 0 without one."""
