@@ -339,6 +339,12 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     # pipeline communication overlapped with the compute: the interleaved schedule's only
     t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--overlap-p2p-communication"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))
+    # and in the warm-up and cool-down too: the same, on the groups and the stages it admits (2)
+    t.append((pr + ["--layers", "8", "--pp", "2", "--global-batch", "6", "--overlap-p2p-communication-warmup-flush"],
+              "--num-layers-per-virtual-pipeline-stage", "int", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--layers", "8", "--pp", "4",
+                    "--num-layers-per-virtual-pipeline-stage", "1", "--overlap-p2p-communication-warmup-flush"],
+              "--microbatch-group-size-per-virtual-pipeline-stage", "int", 60))
     # Megatron-Core's micro-batch groups against pp and the micro-batches, and the micro-batches against them
     t.append((pr + ["--layers", "8", "--pp", "4", "--global-batch", "10", "--num-layers-per-virtual-pipeline-stage",
                     "1"], "--microbatch-group-size-per-virtual-pipeline-stage", "int", 60))

@@ -77,7 +77,8 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str, m
         elif g.chunks > 1:
             interleaved_one_f_one_b(g.link, microbatches, g.chunks, lambda mb, c, x: g._forward(mb, x, c),
                                     lambda mb, c, x, y, dy: g._backward(mb, x, y, dy, c),
-                                    overlap_p2p=cfg.overlap_p2p_comm, group=cfg.microbatch_group_size)
+                                    overlap_p2p=cfg.overlap_p2p_comm, group=cfg.microbatch_group_size,
+                                    warmup_flush=cfg.overlap_p2p_comm_warmup_flush)
         else:
             one_f_one_b(g.link, microbatches, g._forward, g._backward)
         g._sync_sequence_parallel()     # what the step does first after the schedule (a no-op without it)

@@ -144,20 +144,28 @@ def test_every_send_meets_its_receive_in_order(stages, chunks, microbatches, gro
 
 def overlapped_runs_to_the_end(plans: list[list]) -> bool:
     """Whether stages running overlapped plans (``pipeline_plan.overlapped_plan``) all finish,
-    as the schedule's executor runs them: a post posts its transfers, then waits for the sends
-    of their directions posted before; an exchange waits for all of their directions' and its
-    own; a settle for its direction's sends; a compute for its direction's receives. A transfer
-    is done once its counterpart is posted (the n-th send from a to b meets b's n-th receive
-    from a)."""
+    each compute with its input in hand, as the schedule's executor runs them: a post posts its
+    transfers, then waits for the sends of their directions posted before; a prefetch only
+    posts; an exchange waits for all of their directions' and its own; a settle for its
+    direction's sends; an await for its direction's oldest receive not waited for yet. A
+    transfer is done once its counterpart is posted (the n-th send from a to b meets b's n-th
+    receive from a); a compute whose input was not received and waited for is a failure too
+    (the model's first chunk's forward and its last chunk's backward need none)."""
     stages = len(plans)
+    chunks = 1 + max(item[2] for plan in plans for item in plan if item[0] in ("forward", "backward"))
     at = [0] * stages
     posted: Counter = Counter()
     pending: list[dict[str, list]] = [{"forward": [], "backward": []} for _ in range(stages)]
+    arrived: list[set] = [set() for _ in range(stages)]
     at_post: list = [None] * stages     # a post or exchange whose transfers are posted, not yet waited
 
     def done(entry) -> bool:
-        (a, b, kind), n = entry
+        (a, b, kind), n, _ = entry
         return posted[(a, b, "recv" if kind == "send" else "send")] > n
+
+    def waited(s: int, phase: str, entries: list) -> None:
+        pending[s][phase] = [e for e in pending[s][phase] if e not in entries]
+        arrived[s].update((phase, t.mb, t.chunk) for (_, _, kind), _, t in entries if kind == "recv")
 
     moved = True
     while moved:
@@ -165,35 +173,46 @@ def overlapped_runs_to_the_end(plans: list[list]) -> bool:
         for s in range(stages):
             while at[s] < len(plans[s]):
                 item = plans[s][at[s]]
-                if item[0] in ("post", "exchange") and not at_post[s]:
+                kind = item[0]
+                if kind in ("post", "exchange", "prefetch") and not at_post[s]:
                     old = {t.phase: [e for e in pending[s][t.phase] if e[0][2] == "send"] for t in item[1]}
-                    if item[0] == "exchange":
+                    if kind == "exchange":
                         old = {ph: list(pending[s][ph]) for ph in old}
+                    if kind == "prefetch":
+                        old = {}
                     new = []
                     for t in item[1]:
                         peer = (s + t.peer) % stages
                         key = (s, peer, "send") if t.send else (peer, s, "recv")
-                        new.append((t.phase, (key, posted[key])))
+                        new.append((t.phase, (key, posted[key], t)))
                         posted[key] += 1
                     at_post[s] = (old, new)
-                if item[0] in ("post", "exchange"):
+                if kind in ("post", "exchange", "prefetch"):
                     old, new = at_post[s]
                     waits = [e for es in old.values() for e in es]
-                    waits += [e for _, e in new] if item[0] == "exchange" else []
+                    waits += [e for _, e in new] if kind == "exchange" else []
                     if not all(done(e) for e in waits):
                         break
                     for ph, es in old.items():
-                        pending[s][ph] = [e for e in pending[s][ph] if e not in es]
-                    if item[0] == "post":
-                        for ph, e in new:
-                            pending[s][ph].append(e)
+                        waited(s, ph, es)
+                    for ph, e in new:
+                        pending[s][ph].append(e)
+                        if kind == "exchange":
+                            waited(s, ph, [e])
                     at_post[s] = None
-                else:
-                    phase, sends = (item[1], "send") if item[0] == "settle" else (item[0], "recv")
-                    waits = [e for e in pending[s][phase] if e[0][2] == sends]
+                elif kind in ("settle", "await"):
+                    phase = item[1]
+                    waits = [e for e in pending[s][phase] if e[0][2] == ("send" if kind == "settle" else "recv")]
+                    waits = waits if kind == "settle" else waits[:1]
                     if not all(done(e) for e in waits):
                         break
-                    pending[s][phase] = [e for e in pending[s][phase] if e not in waits]
+                    waited(s, phase, waits)
+                else:
+                    _, mb, c = item
+                    needs = not ((kind == "forward" and s == 0 and c == 0)
+                                 or (kind == "backward" and s == stages - 1 and c == chunks - 1))
+                    if needs and (kind, mb, c) not in arrived[s]:
+                        return False
                 at[s], moved = at[s] + 1, True
     return all(at[s] == len(plans[s]) and all(done(e) for d in pending[s].values() for e in d)
                for s in range(stages))
@@ -201,19 +220,23 @@ def overlapped_runs_to_the_end(plans: list[list]) -> bool:
 
 @pytest.mark.parametrize("stages,chunks,microbatches,group",
                          [(3, 2, 6, 0), (4, 3, 12, 0), (4, 2, 10, 5), (2, 2, 4, 0), (2, 3, 6, 0), (2, 2, 2, 0),
-                          (2, 4, 8, 0), (2, 2, 6, 3)])
-def test_overlapped_transfers_meet_in_order_and_run_to_the_end(stages, chunks, microbatches, group) -> None:
-    """The overlapped plans, two stages included (each the other's previous and next stage):
-    between every ordered pair of stages the sends and the receives carry the same tensors in
-    the same order, and no stage waits on another in a cycle."""
-    from echo_et.workloads.pipeline_plan import overlapped_plan
+                          (2, 4, 8, 0), (2, 2, 6, 3), (4, 2, 4, 0), (3, 3, 3, 0), (4, 2, 12, 6)])
+@pytest.mark.parametrize("warmup_flush", [False, True])
+def test_overlapped_transfers_meet_in_order_and_run_to_the_end(stages, chunks, microbatches, group,
+                                                               warmup_flush) -> None:
+    """The overlapped plans, two stages included (each the other's previous and next stage),
+    with the warm-up and cool-down overlapped too or not: between every ordered pair of stages
+    the sends and the receives carry the same tensors in the same order, no stage waits on
+    another in a cycle, and Megatron-Core's one wait per step, oldest receive first, always
+    finds a compute's input received."""
+    from echo_et.workloads.pipeline_plan import overlapped_schedule
 
-    plans = [overlapped_plan(interleaved_schedule(stages, s, chunks, microbatches, group, overlapped=True))
+    plans = [overlapped_schedule(stages, s, chunks, microbatches, group, warmup_flush=warmup_flush)
              for s in range(stages)]
     sends: dict = defaultdict(list)
     recvs: dict = defaultdict(list)
     for s, items in enumerate(plans):
-        for t in (t for item in items if item[0] in ("post", "exchange") for t in item[1]):
+        for t in (t for item in items if item[0] in ("post", "exchange", "prefetch") for t in item[1]):
             peer = (s + t.peer) % stages
             if not t.send:
                 recvs[(peer, s)].append((t.phase, t.mb, t.chunk))
@@ -233,10 +256,25 @@ def test_the_overlapped_run_check_catches_a_deadlock() -> None:
     def stage(peer: int, send_first: bool) -> list:
         recv = ("post", (Transfer(False, peer, "backward", 0, 0),))
         send = ("post", (Transfer(True, peer, "backward", 0, 0),))
-        return [send, recv, ("backward", 0, 0)] if send_first else [recv, ("backward", 0, 0), send]
+        wait = ("await", "backward")
+        return [send, recv, wait, ("backward", 0, 0)] if send_first else [recv, wait, ("backward", 0, 0), send]
 
     assert not overlapped_runs_to_the_end([stage(1, False), stage(-1, False)])
     assert overlapped_runs_to_the_end([stage(1, True), stage(-1, False)])
+
+
+def test_the_overlapped_run_check_catches_a_compute_without_its_input() -> None:
+    """A forward of the second stage's chunk before the receive of its activation is waited
+    for (or one waiting for another micro-batch's) fails the check, though nothing deadlocks."""
+    from echo_et.workloads.pipeline_plan import Transfer
+
+    first = [("forward", 0, 0), ("forward", 1, 0), ("post", (Transfer(True, 1, "forward", 0, 0),)),
+             ("post", (Transfer(True, 1, "forward", 1, 0),))]
+    recvs = [("post", (Transfer(False, -1, "forward", 0, 0),)), ("post", (Transfer(False, -1, "forward", 1, 0),))]
+    good = [*recvs, ("await", "forward"), ("forward", 0, 0), ("await", "forward"), ("forward", 1, 0)]
+    assert overlapped_runs_to_the_end([first, good])
+    assert not overlapped_runs_to_the_end([first, [*recvs, ("forward", 0, 0)]])
+    assert not overlapped_runs_to_the_end([first, [*recvs, ("await", "forward"), ("forward", 1, 0)]])
 
 
 def test_the_run_check_catches_a_deadlock() -> None:
@@ -426,17 +464,19 @@ def test_real_run_gives_the_gradients_of_one_stage(tmp_path) -> None:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
-@pytest.mark.parametrize("pp", [3, 2])
-def test_overlapped_pipeline_communication_gives_the_gradients_of_one_stage(tmp_path, pp: int) -> None:
+@pytest.mark.parametrize("pp,flush", [(3, False), (2, False), (3, True), (2, True)])
+def test_overlapped_pipeline_communication_gives_the_gradients_of_one_stage(tmp_path, pp: int, flush: bool) -> None:
     """Megatron's overlap_p2p_comm, for real on gloo processes: every send and receive posted
     on its own and waited for only before the compute that needs it still meets its peer, and
     each parameter's gradient is the one-stage run's; on two stages too (each the other's
-    previous and next), which Megatron allows with the transfers overlapped."""
+    previous and next), which Megatron allows with the transfers overlapped; and with the
+    warm-up's and cool-down's transfers overlapped too (``overlap_p2p_comm_warmup_flush``)."""
     import torch
     from gpt_real_runs import real_grads
 
     ref = real_grads(tmp_path, **REAL)
-    got = real_grads(tmp_path, pp=pp, layers_per_virtual_stage=6 // (2 * pp), overlap_p2p_comm=True, **REAL)
+    got = real_grads(tmp_path, pp=pp, layers_per_virtual_stage=6 // (2 * pp), overlap_p2p_comm=True,
+                     overlap_p2p_comm_warmup_flush=flush, **REAL)
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
@@ -449,13 +489,13 @@ def test_overlapped_plan_is_megatron_cores() -> None:
     backward. The warm-up's and the cool-down's exchanges are posted and waited for at once,
     but for the first gradient's receive, posted with the last warm-up exchange. Every transfer
     of the batched plan is posted once, in its direction's order."""
-    from echo_et.workloads.pipeline_plan import interleaved_schedule, overlapped_plan
+    from echo_et.workloads.pipeline_plan import interleaved_schedule, overlapped_schedule
 
     for stages, chunks, mbs in ((3, 2, 6), (4, 2, 8), (4, 3, 4)):
         for stage in range(stages):
             plan = interleaved_schedule(stages, stage, chunks, mbs)
-            over = overlapped_plan(plan)
-            assert {i[0] for i in over} <= {"forward", "backward", "post", "exchange", "settle"}
+            over = overlapped_schedule(stages, stage, chunks, mbs)
+            assert {i[0] for i in over} <= {"forward", "backward", "post", "exchange", "settle", "await"}
             for phase in ("forward", "backward"):
                 batched = [t for i in plan if i[0] == "comm" for t in i[1] if t.phase == phase]
                 posted = [t for i in over if i[0] in ("post", "exchange") for t in i[1]]
@@ -464,17 +504,78 @@ def test_overlapped_plan_is_megatron_cores() -> None:
             assert compute == [i for i in plan if i[0] != "comm"]
             first_backward = next(k for k, i in enumerate(over) if i[0] == "backward")
             last_forward = max(k for k, i in enumerate(over) if i[0] == "forward")
+            first_steady = max(k for k in range(first_backward) if over[k][0] == "forward")
             for k, item in enumerate(over):
                 if item[0] == "post" and item[1][0].phase == "forward":
                     assert over[k - 1][0] == "forward" and over[k + 1] == ("settle", "forward")
                     sent = [t for t in item[1] if t.send]
                     assert not sent or (over[k - 1][1], over[k - 1][2]) == (sent[0].mb, sent[0].chunk)
-                    assert over[k + 2][0] == "backward"          # before the backward that follows
+                    # before the backward that follows (and its wait)
+                    assert next(i for i in over[k:] if i[0] in ("forward", "backward"))[0] == "backward"
                 if item[0] == "exchange":
                     assert k < first_backward or k > last_forward    # only outside the steady steps
+                if item[0] == "await":      # Megatron-Core's wait, right before a compute of its direction
+                    assert over[k + 1][0] == item[1]
+                    assert item[1] == "backward" or k + 1 >= first_steady     # no forward waits in the warm-up
             # the first gradient's receive, posted with the last warm-up exchange
             warm = [i for i in over[:first_backward] if i[0] == "post" and i[1][0].phase == "backward"]
             assert len(warm) <= 1 and all(not t.send for i in warm for t in i[1])
+            # the leading stage's first-chunk forwards wait for nothing, as Megatron's skip the wait
+            if stage == 0:
+                assert all(over[k - 1] != ("await", "forward") for k, i in enumerate(over)
+                           if i[0] == "forward" and i[2] == 0)
+
+
+def test_warmup_flush_plan_is_megatron_cores() -> None:
+    """Megatron-Core's overlap_p2p_comm_warmup_flush: in the warm-up and the cool-down too the
+    transfers are posted, not exchanged; a stage that is not the leading one posts the receive
+    for the next step before this step's compute (after waiting for this step's own), the
+    leading one with its send after it; every compute but a stage's first of a direction (and
+    those that receive nothing) waits for one receive first. Only the receives before a
+    direction's first step are still exchanged. The steady steps are as without it."""
+    from echo_et.workloads.pipeline_plan import interleaved_schedule, overlapped_schedule
+
+    for stages, chunks, mbs, group in ((3, 2, 6, 0), (4, 2, 8, 0), (4, 3, 4, 0), (2, 2, 4, 0), (4, 2, 10, 5)):
+        for stage in range(stages):
+            plan = interleaved_schedule(stages, stage, chunks, mbs, group, overlapped=True)
+            over = overlapped_schedule(stages, stage, chunks, mbs, group, warmup_flush=True)
+            assert {i[0] for i in over} <= {"forward", "backward", "post", "exchange", "settle", "await",
+                                            "prefetch"}
+            compute = [i for i in over if i[0] in ("forward", "backward")]
+            assert compute == [i for i in plan if i[0] != "comm"]
+            for phase in ("forward", "backward"):
+                batched = [t for i in plan if i[0] == "comm" for t in i[1] if t.phase == phase]
+                posted = [t for i in over if i[0] in ("post", "exchange", "prefetch") for t in i[1]]
+                assert sorted(t for t in posted if t.phase == phase) == sorted(batched)
+            exchanged = [i for i in over if i[0] == "exchange"]
+            assert all(not t.send for i in exchanged for t in i[1]) and len(exchanged) <= 2
+            leading = {"forward": stage == 0, "backward": stage == stages - 1}
+            for k, item in enumerate(over):
+                if item[0] == "prefetch":
+                    phase = item[1][0].phase
+                    assert not leading[phase] and all(not t.send for t in item[1])
+                    assert over[k + 1][0] == phase                   # before this step's compute
+                    # the receive for the next step of its direction, after this step's own was waited for
+                    assert over[k - 1] == ("await", phase) or not [i for i in over[:k] if i[0] == phase]
+            steady = [k for k, i in enumerate(plan) if i[0] == "backward" and plan[k - 1][0] == "forward"]
+            for phase, edge in (("forward", (stage == 0, 0)), ("backward", (stage == stages - 1, chunks - 1))):
+                steps = [k for k, i in enumerate(over) if i[0] == phase]
+                for n, k in enumerate(steps):
+                    before = over[k - 2] if over[k - 1][0] == "prefetch" else over[k - 1]
+                    needs = not (edge[0] and over[k][2] == edge[1])
+                    # a direction's first step waits only for the first gradient's receive, posted with
+                    # the last warm-up step (the first activation is exchanged before the warm-up)
+                    posted_first = phase == "backward" and bool(steady)
+                    assert (before == ("await", phase)) == (needs and (n > 0 or posted_first)), (stages, stage, n)
+            # the steady steps are the plain overlapped plan's
+            plain = overlapped_schedule(stages, stage, chunks, mbs, group)
+            if steady:
+                def middle(items: list) -> list:
+                    ks = [k for k, i in enumerate(items) if i[0] in ("forward", "backward")]
+                    pairs = [k for k in ks if items[k][0] == "backward"
+                             and items[max(j for j in ks if j < k)][0] == "forward"]
+                    return items[pairs[0] - 1: pairs[-1] + 1]
+                assert middle(over)[2:] == middle(plain)[2:]
 
 
 def test_overlapped_pipeline_communication_is_traced_and_off_without_interleaving(tmp_path) -> None:
@@ -575,3 +676,59 @@ def test_a_sweeps_overlapped_communication_holds_for_its_interleaved_rows() -> N
     assert workload_for({**row, "layers_per_virtual_stage": 2}, opts)[0].overlap_p2p_comm is True
     assert workload_for({**row, "virtual_stages_per_rank": 2}, opts)[0].overlap_p2p_comm is True
     assert workload_for({**row, "layers_per_virtual_stage": 2}, ConfigSweepOptions())[0].overlap_p2p_comm is False
+    # the warm-up flag implies the overlapped transfers, on the interleaved rows only
+    flush = ConfigSweepOptions(overlap_p2p_comm=True, overlap_p2p_comm_warmup_flush=True)
+    plain = workload_for(row, flush)[0]
+    assert not plain.overlap_p2p_comm and not plain.overlap_p2p_comm_warmup_flush
+    both = workload_for({**row, "layers_per_virtual_stage": 2}, flush)[0]
+    assert both.overlap_p2p_comm and both.overlap_p2p_comm_warmup_flush
+
+
+def test_warmup_flush_flag_is_traced_predicted_and_refused_without_interleaving(tmp_path) -> None:
+    """``--overlap-p2p-communication-warmup-flush``: Megatron's flag alone turns the overlapped
+    transfers on (its default with the interleaved schedule) and is recorded in the Job's
+    command; its warm-up and cool-down post their transfers (no exchange waited for at once but
+    the receives before each direction's first step); without an interleaved schedule predict,
+    trace and the library refuse it in one line, as Megatron does, and nothing is written."""
+    from echo_et.ir import check_job, load_job
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    flag = "--overlap-p2p-communication-warmup-flush"
+    base = ["trace", "--workload", "megatron-gpt", "--layers", "12", "--hidden", "64", "--heads", "4",
+            "--seq", "16", "--vocab", "64", "--pp", "3", "--tp", "1", "--microbatches", "6", "--device", "meta",
+            "--jobs", "1"]
+    res = runner.invoke(app, [*base, "--num-layers-per-virtual-pipeline-stage", "2", flag, "-o", str(tmp_path / "j")])
+    assert res.exit_code == 0, res.output
+    job = load_job(tmp_path / "j")
+    assert check_job(job) == []
+    assert flag in job.manifest.provenance.command and "--overlap-p2p-communication " not in \
+        job.manifest.provenance.command + " "
+    res = runner.invoke(app, [*base, "--num-layers-per-virtual-pipeline-stage", "2", "--overlap-p2p-communication",
+                              "-o", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+
+    def receives_before_compute(j) -> int:
+        from echo_et.ir.schema import pb
+
+        kinds = [n.kind for n in j.graph_of(1).nodes]       # the second stage
+        return kinds[:kinds.index(pb.KIND_COMPUTE)].count(pb.KIND_RECV)
+
+    # the second stage posts the next activation's receive before its first forward with the flag
+    assert receives_before_compute(load_job(tmp_path / "o")) == 1
+    assert receives_before_compute(job) == 2
+    res = runner.invoke(app, [*base, flag, "-o", str(tmp_path / "plain")])
+    assert res.exit_code == 2 and "interleaved schedule's (Megatron refuses it without one)" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "plain").exists()
+    with pytest.raises(EchoError, match="need the steady steps' overlapped too"):
+        GPTConfig.megatron(layers=12, hidden=64, heads=4, layers_per_virtual_stage=2,
+                           overlap_p2p_comm_warmup_flush=True).validate(ParallelLayout(pp=3, microbatches=6))
+    args = ["predict", "--layers", "24", "--hidden", "1024", "--heads", "16", "--seq", "1024", "--micro-batch", "1",
+            "--global-batch", "12", "--tp", "1", "--pp", "3", "--dp", "1", "--gpu", "a100", "--json"]
+    res = runner.invoke(app, [*args, flag, "-o", str(tmp_path / "p0")])
+    assert res.exit_code == 2 and f"{flag}: it needs --overlap-p2p-communication" in res.stderr, res.output
+    assert not (tmp_path / "p0").exists()
+    res = runner.invoke(app, [*args, "--num-layers-per-virtual-pipeline-stage", "2", flag, "-o", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    pred = json.loads(res.stdout)["prediction"]
+    assert pred["overlap_p2p_comm"] is True and pred["overlap_p2p_comm_warmup_flush"] is True

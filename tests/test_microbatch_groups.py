@@ -87,11 +87,12 @@ def test_the_memory_bound_grows_with_the_group() -> None:
     assert need[0] < need[8] < need[16]
 
 
-@pytest.mark.parametrize("overlap_p2p", [False, True])
-def test_real_run_gives_the_gradients_of_one_stage(tmp_path, overlap_p2p) -> None:
+@pytest.mark.parametrize("overlap_p2p,flush", [(False, False), (True, False), (True, True)])
+def test_real_run_gives_the_gradients_of_one_stage(tmp_path, overlap_p2p, flush) -> None:
     """Three gloo processes run two chunks each over 7 micro-batches in groups of 4 (the last
-    group 3, pp), for real, batched or with Megatron's overlapped transfers: every send meets
-    its receive and each parameter's gradient is the one-stage run's."""
+    group 3, pp), for real, batched or with Megatron's overlapped transfers (in the warm-up
+    and cool-down too): every send meets its receive and each parameter's gradient is the
+    one-stage run's."""
     torch = pytest.importorskip("torch", reason="the GPT workload needs torch")
     from gpt_real_runs import real_grads
 
@@ -99,7 +100,7 @@ def test_real_run_gives_the_gradients_of_one_stage(tmp_path, overlap_p2p) -> Non
             "grad_sync": "after-backward"}
     ref = real_grads(tmp_path, microbatches=7, **real)
     got = real_grads(tmp_path, pp=3, microbatches=7, layers_per_virtual_stage=1, microbatch_group_size=4,
-                     overlap_p2p_comm=overlap_p2p, **real)
+                     overlap_p2p_comm=overlap_p2p, overlap_p2p_comm_warmup_flush=flush, **real)
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)

@@ -61,6 +61,12 @@ OverlapP2pOpt = typer.Option(
          "send and receive posted on its own, unbatched, right after the compute that makes it and waited for "
          "before the compute that needs it, with no device synchronisation; off without an interleaved schedule, "
          "as Megatron turns it off (docs/predict.md).")
+OVERLAP_P2P_FLUSH = "--overlap-p2p-communication-warmup-flush"
+OverlapP2pFlushOpt = typer.Option(
+    False, OVERLAP_P2P_FLUSH,
+    help=f"Megatron's overlap_p2p_comm_warmup_flush: {OVERLAP_P2P} (which it implies) in the interleaved "
+         "schedule's warm-up and cool-down too, each stage but the leading one posting the next step's receive "
+         "before this step's compute; needs an interleaved schedule, as Megatron does (docs/predict.md).")
 FP32_GRADS = "--accumulate-allreduce-grads-in-fp32"
 Fp32GradsOpt = typer.Option(
     None, f"{FP32_GRADS}/--no-accumulate-allreduce-grads-in-fp32",
@@ -224,7 +230,8 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,
-                      virtual_chunks: int = 0, overlap_p2p: bool = False, microbatch_group: int = 0,
+                      virtual_chunks: int = 0, overlap_p2p: bool = False, overlap_p2p_flush: bool = False,
+                      microbatch_group: int = 0,
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
@@ -277,7 +284,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
     return {"scatter_gather_tensors_in_pipeline": not no_scatter_gather,
             "layers_per_virtual_stage": virtual_layers,
             "virtual_stages_per_rank": virtual_chunks,
-            "overlap_p2p_comm": overlap_p2p,
+            "overlap_p2p_comm": overlap_p2p or overlap_p2p_flush,    # Megatron's default, which the flag needs
+            "overlap_p2p_comm_warmup_flush": overlap_p2p_flush,
             "microbatch_group_size": microbatch_group,
             "accumulate_allreduce_grads_in_fp32": fp32_grads,
             "use_distributed_optimizer": distributed_optimizer,
@@ -301,7 +309,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
     given = ((NO_SCATTER_GATHER, not settings["scatter_gather_tensors_in_pipeline"]),
              (VIRTUAL_STAGES, bool(settings["layers_per_virtual_stage"])),
              (VIRTUAL_STAGES_PER_RANK, bool(settings["virtual_stages_per_rank"])),
-             (OVERLAP_P2P, settings["overlap_p2p_comm"]),
+             (OVERLAP_P2P, settings["overlap_p2p_comm"] and not settings["overlap_p2p_comm_warmup_flush"]),
+             (OVERLAP_P2P_FLUSH, settings["overlap_p2p_comm_warmup_flush"]),
              (MICROBATCH_GROUP, bool(settings["microbatch_group_size"])),
              (FP32_GRADS, settings["accumulate_allreduce_grads_in_fp32"] is not None),
              (DIST_OPT, settings["use_distributed_optimizer"]),

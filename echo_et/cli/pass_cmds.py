@@ -38,6 +38,7 @@ from echo_et.cli.common import (
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     OverlapGradReduceOpt,
+    OverlapP2pFlushOpt,
     OverlapP2pOpt,
     OverlapParamGatherOpt,
     PartitionActivationsOpt,
@@ -263,6 +264,7 @@ def sweep(
     virtual_layers: int = VirtualStagesOpt,
     virtual_chunks: int = VirtualStagesPerRankOpt,
     overlap_p2p: bool = OverlapP2pOpt,
+    overlap_p2p_flush: bool = OverlapP2pFlushOpt,
     microbatch_group: int = MicrobatchGroupOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
@@ -292,6 +294,7 @@ def sweep(
     shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  virtual_chunks=virtual_chunks, overlap_p2p=overlap_p2p,
+                                 overlap_p2p_flush=overlap_p2p_flush,
                                  microbatch_group=microbatch_group, fp32_grads=fp32_grads,
                                  distributed_optimizer=distributed_optimizer,
                                  sync_timers=sync_timers, grad_sync=grad_sync, pipeline_engine=pipeline_engine,

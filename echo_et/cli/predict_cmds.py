@@ -35,6 +35,7 @@ from echo_et.cli.common import (
     NoReduceScatterOpt,
     NoScatterGatherOpt,
     OverlapGradReduceOpt,
+    OverlapP2pFlushOpt,
     OverlapP2pOpt,
     OverlapParamGatherOpt,
     PartitionActivationsOpt,
@@ -134,6 +135,7 @@ def predict_cmd(
     virtual_layers: int = VirtualStagesOpt,
     virtual_chunks: int = VirtualStagesPerRankOpt,
     overlap_p2p: bool = OverlapP2pOpt,
+    overlap_p2p_flush: bool = OverlapP2pFlushOpt,
     microbatch_group: int = MicrobatchGroupOpt,
     fp32_grads: bool | None = Fp32GradsOpt,
     distributed_optimizer: bool = DistOptOpt,
@@ -193,7 +195,8 @@ def predict_cmd(
                               model=model.strip().lower() if model else "",
                               **megatron_settings(no_scatter_gather=no_scatter_gather,
                                                   virtual_layers=virtual_layers, virtual_chunks=virtual_chunks,
-                                                  overlap_p2p=overlap_p2p, microbatch_group=microbatch_group,
+                                                  overlap_p2p=overlap_p2p, overlap_p2p_flush=overlap_p2p_flush,
+                                                  microbatch_group=microbatch_group,
                                                   fp32_grads=fp32_grads,
                                                   distributed_optimizer=distributed_optimizer,
                                                   sync_timers=sync_timers, grad_sync=grad_sync,
@@ -215,6 +218,11 @@ def predict_cmd(
         raise OptionError("overlap_param_gather_with_optimizer_step",
                           "it is the interleaved schedule's (Megatron asserts one): give "
                           "--num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank")
+    if overlap_p2p_flush and not (virtual_layers or virtual_chunks):
+        raise OptionError("overlap_p2p_communication_warmup_flush",
+                          "it needs --overlap-p2p-communication, which Megatron turns off without the interleaved "
+                          "schedule, and then refuses it: give --num-layers-per-virtual-pipeline-stage or "
+                          "--num-virtual-stages-per-pipeline-rank")
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}

@@ -30,6 +30,7 @@ from echo_et.cli.common import (
     NO_REDUCE_SCATTER,
     OVERLAP_GRAD_REDUCE,
     OVERLAP_P2P,
+    OVERLAP_P2P_FLUSH,
     OVERLAP_PARAM_GATHER,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
@@ -51,6 +52,7 @@ from echo_et.cli.common import (
     NoAlignParamGatherOpt,
     NoReduceScatterOpt,
     OverlapGradReduceOpt,
+    OverlapP2pFlushOpt,
     OverlapP2pOpt,
     OverlapParamGatherOpt,
     RecomputeGranularityOpt,
@@ -114,6 +116,7 @@ def trace(
              "0: the plain 1F1B schedule."),
     virtual_chunks: int = VirtualStagesPerRankOpt,
     overlap_p2p: bool = OverlapP2pOpt,
+    overlap_p2p_flush: bool = OverlapP2pFlushOpt,
     microbatch_group: int = MicrobatchGroupOpt,
     sync_timers: bool = typer.Option(False, "--sync-timers", help="megatron-gpt: " + SYNC_TIMERS_HELP),
     partition_activations: bool = typer.Option(False, "--partition-activations",
@@ -203,6 +206,7 @@ def trace(
     if script is not None:
         for flag, given in (("--num-layers-per-virtual-pipeline-stage", bool(virtual_layers)),
                             (VIRTUAL_STAGES_PER_RANK, bool(virtual_chunks)), (OVERLAP_P2P, overlap_p2p),
+                            (OVERLAP_P2P_FLUSH, overlap_p2p_flush),
                             (MICROBATCH_GROUP, bool(microbatch_group)),
                             ("--sync-timers", sync_timers), ("--pipeline-engine", pipeline_engine is not None),
                             ("--partition-activations", partition_activations),
@@ -237,7 +241,10 @@ def trace(
                                 ("layers_per_virtual_stage", virtual_layers or None),
                                 ("virtual_stages_per_rank", virtual_chunks or None),
                                 # Megatron turns it off without an interleaved schedule
-                                ("overlap_p2p_comm", (overlap_p2p and bool(virtual_layers or virtual_chunks)) or None),
+                                ("overlap_p2p_comm", ((overlap_p2p or overlap_p2p_flush)
+                                                      and bool(virtual_layers or virtual_chunks)) or None),
+                                # which Megatron refuses without one (GPTConfig.validate says so)
+                                ("overlap_p2p_comm_warmup_flush", overlap_p2p_flush or None),
                                 # and ignores the micro-batch groups without one
                                 ("microbatch_group_size",
                                  microbatch_group if (virtual_layers or virtual_chunks) and microbatch_group else None),
@@ -303,7 +310,9 @@ def trace(
         parts += ["--num-layers-per-virtual-pipeline-stage", cfg.layers_per_virtual_stage]
     if script is None and cfg.virtual_stages_per_rank:
         parts += [VIRTUAL_STAGES_PER_RANK, cfg.virtual_stages_per_rank]
-    if script is None and cfg.overlap_p2p_comm:
+    if script is None and cfg.overlap_p2p_comm_warmup_flush:
+        parts.append(OVERLAP_P2P_FLUSH)
+    elif script is None and cfg.overlap_p2p_comm:
         parts.append(OVERLAP_P2P)
     if script is None and cfg.microbatch_group_size:
         parts += [MICROBATCH_GROUP, cfg.microbatch_group_size]

@@ -53,6 +53,8 @@ class ConfigSweepOptions:
     virtual_stages_per_rank: int = 0
     # Megatron's overlap_p2p_comm with the interleaved schedule (GPTConfig.overlap_p2p_comm)
     overlap_p2p_comm: bool = False
+    # Megatron's overlap_p2p_comm_warmup_flush (GPTConfig.overlap_p2p_comm_warmup_flush), with it
+    overlap_p2p_comm_warmup_flush: bool = False
     # Megatron-Core's micro-batches per group of the interleaved schedule
     # (GPTConfig.microbatch_group_size; 0: pp); a row's microbatch_group_size column overrides it
     microbatch_group_size: int = 0
@@ -152,6 +154,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                                         interleaving(row, opts), strict=True)),
                              # as Megatron does, only with an interleaved schedule (off without one)
                              overlap_p2p_comm=opts.overlap_p2p_comm and any(interleaving(row, opts)),
+                             overlap_p2p_comm_warmup_flush=opts.overlap_p2p_comm_warmup_flush
+                             and any(interleaving(row, opts)),
                              microbatch_group_size=microbatch_group(row, opts),
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,

@@ -163,6 +163,7 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
                           (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}"),
                           (opts.partition_activations, "-partact"),
                           (opts.sequence_parallel, "-seqpar"), (opts.overlap_p2p_comm, "-p2pov"),
+                          (opts.overlap_p2p_comm_warmup_flush, "-p2pflush"),
                           (not opts.align_grad_reduce, "-noalignrs"), (not opts.align_param_gather, "-noalignag"),
                           (opts.overlap_param_gather_with_optimizer_step, "-agstep")):
         if differs:                                              # the step's calls differ

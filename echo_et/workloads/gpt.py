@@ -355,7 +355,8 @@ class _GPTRank:
                 lambda mb, c, inp, out, grad: self._backward(mb, inp, out, grad, c),
                 param_sync=self._gather_chunk if self.cfg.overlap_param_gather and self.sync.align_gather else None,
                 grad_sync=self._reduce_chunk if self.sync.align_reduce else None,
-                overlap_p2p=self.cfg.overlap_p2p_comm, group=self.cfg.microbatch_group_size)
+                overlap_p2p=self.cfg.overlap_p2p_comm, group=self.cfg.microbatch_group_size,
+                warmup_flush=self.cfg.overlap_p2p_comm_warmup_flush)
         else:
             one_f_one_b(self.link, self.ctx.layout.microbatches, self._forward, self._backward)
         with span(phase="optimizer", stage=self.stage):

@@ -83,8 +83,13 @@ class GPTConfig:
     # --no-overlap-p2p-communication turning it off): the interleaved schedule's sends and
     # receives posted as separate asynchronous calls right after the compute that makes them
     # and waited for before the compute that needs them, with no batched call and no device
-    # synchronisation (:func:`.pipeline.overlapped_plan`); interleaved schedule only.
+    # synchronisation (:func:`.pipeline_plan.overlapped_plan`); interleaved schedule only.
     overlap_p2p_comm: bool = False
+    # Megatron's overlap_p2p_comm_warmup_flush (--overlap-p2p-communication-warmup-flush): the
+    # warm-up's and the cool-down's transfers posted as the steady steps' are, each stage but the
+    # leading one posting the next step's receive before this step's compute; needs
+    # overlap_p2p_comm, so the interleaved schedule.
+    overlap_p2p_comm_warmup_flush: bool = False
     # Megatron's timers as Megatron-LM had them until its 2022 rewrite (and Megatron-DeepSpeed
     # until it took that rewrite): every start and stop calls torch.cuda.synchronize(), and
     # each micro-batch's forward ("forward-compute", "batch-generator" around get_batch), its
@@ -435,6 +440,9 @@ class GPTConfig:
             if given < 0:
                 raise EchoError(f"{where}: {name} must be >= 0, got {given}")
         if not self.interleaved:
+            if self.overlap_p2p_comm_warmup_flush:
+                raise EchoError(f"{where}: pipeline communication overlapped with the compute in the warm-up and "
+                                "cool-down is the interleaved schedule's (Megatron refuses it without one)")
             if self.overlap_p2p_comm:
                 raise EchoError(f"{where}: pipeline communication overlapped with the compute is the interleaved "
                                 "schedule's (Megatron turns it off without one)")
@@ -442,6 +450,10 @@ class GPTConfig:
                 raise EchoError(f"{where}: micro-batch groups per virtual stage ({g}) are the interleaved "
                                 "schedule's")
             return
+        if self.overlap_p2p_comm_warmup_flush and not self.overlap_p2p_comm:
+            raise EchoError(f"{where}: the warm-up's and cool-down's pipeline transfers overlapped with the compute "
+                            "need the steady steps' overlapped too (Megatron's overlap_p2p_comm; it refuses "
+                            "overlap_p2p_comm_warmup_flush without it)")
         if n and v:
             raise EchoError(f"{where}: give the interleaved schedule as layers per virtual stage ({n}) or as "
                             f"virtual stages per pipeline rank ({v}), not both")
@@ -583,7 +595,7 @@ class GPTConfig:
 # they were.
 RECORD_DEFAULTS: dict[str, Any] = {
     "layers_per_virtual_stage": 0, "virtual_stages_per_rank": 0, "microbatch_group_size": 0,
-    "overlap_p2p_comm": False, "sync_timers": False,
+    "overlap_p2p_comm": False, "overlap_p2p_comm_warmup_flush": False, "sync_timers": False,
     "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,

@@ -271,7 +271,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                                                 torch.Tensor | None], torch.Tensor | None],
                             param_sync: Callable[[int, int], None] | None = None,
                             grad_sync: Callable[[int, int], None] | None = None,
-                            overlap_p2p: bool = False, group: int = 0) -> None:
+                            overlap_p2p: bool = False, group: int = 0, warmup_flush: bool = False) -> None:
     """Run this stage's ``chunks`` model chunks over ``microbatches`` micro-batches in the
     interleaved 1F1B order (:func:`interleaved_schedule`).
 
@@ -285,8 +285,9 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     chunks it has not reached after the schedule, in chunk order. ``overlap_p2p``: Megatron's
     ``overlap_p2p_comm`` (:func:`overlapped_plan`): the transfers posted one by one, a post's
     sends waited for at the next post of their direction (or at once after a "settle"), the
-    receives before the next compute of their direction. ``group``: Megatron-Core's
-    micro-batch group per virtual stage (:func:`schedule_table`; 0: pp).
+    receives one by one, in posting order, where the plan awaits them; ``warmup_flush`` its
+    ``overlap_p2p_comm_warmup_flush`` (the warm-up's and the cool-down's too). ``group``:
+    Megatron-Core's micro-batch group per virtual stage (:func:`schedule_table`; 0: pp).
     """
     if param_sync is not None:
         param_sync(0, 0)
@@ -302,6 +303,12 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
     plan = interleaved_schedule(link.stages, link.stage, chunks, microbatches, group, overlapped=overlap_p2p)
     pending: dict[str, list[tuple[Transfer, object, torch.Tensor | None]]] = {"forward": [], "backward": []}
 
+    def settle(phase: str, t: Transfer, work, buf: torch.Tensor | None) -> None:
+        with comm_span(link.group):
+            work.wait()
+        if buf is not None:
+            (inputs if phase == "forward" else out_grads)[(t.mb, t.chunk)] = link.arrived(t, buf)
+
     def arrive(phase: str, sends: bool | None = None) -> None:
         """Wait for what was posted in ``phase``'s direction: its sends (``sends`` True), its
         receives (False) or all of it (None)."""
@@ -309,22 +316,27 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
         for t, work, buf in pending[phase]:
             if sends is not None and t.send != sends:
                 keep.append((t, work, buf))
-                continue
-            with comm_span(link.group):
-                work.wait()
-            if buf is not None:
-                (inputs if phase == "forward" else out_grads)[(t.mb, t.chunk)] = link.arrived(t, buf)
+            else:
+                settle(phase, t, work, buf)
         pending[phase] = keep
 
-    for item in (overlapped_plan(plan) if overlap_p2p else plan):
+    def await_oldest(phase: str) -> None:
+        """Wait for the oldest receive of ``phase``'s direction not waited for yet, if any."""
+        at = next((k for k, p in enumerate(pending[phase]) if not p[0].send), None)
+        if at is not None:
+            settle(phase, *pending[phase].pop(at))
+
+    if overlap_p2p:
+        plan = overlapped_plan(plan, first=first, last=link.last, chunks=chunks, warmup_flush=warmup_flush)
+    for item in plan:
         kind = item[0]
-        if kind in ("post", "exchange"):
+        if kind in ("post", "exchange", "prefetch"):
             phases = [ph for ph in ("forward", "backward") if any(t.phase == ph for t in item[1])]
             if kind == "exchange":
                 for phase in phases:
                     arrive(phase)
             posted = link.post(item[1], outgoing)
-            for phase in phases:
+            for phase in phases if kind != "prefetch" else ():
                 arrive(phase, sends=True)     # the sends posted before (Megatron's previous handle)
             for p in posted:
                 pending[p[0].phase].append(p)
@@ -335,8 +347,9 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
         if kind == "settle":
             arrive(item[1], sends=True)
             continue
-        if overlap_p2p:
-            arrive(kind, sends=False)
+        if kind == "await":
+            await_oldest(item[1])
+            continue
         if kind == "comm":
             transfers = item[1]
             got = link.exchange(transfers, outgoing)

@@ -279,37 +279,87 @@ def grad_sync_chunk(step: int, stages: int, stage: int, chunks: int, microbatche
     return steps.chunk(k, forward=False)
 
 
-def overlapped_plan(items: list[ScheduleItem]) -> list[ScheduleItem]:
-    """The interleaved schedule as Megatron-Core runs it with ``overlap_p2p_comm`` (and
-    Megatron-LM's ``deallocate_pipeline_outputs``), its transfers posted one by one, unbatched:
+def overlapped_plan(items: list[ScheduleItem], *, first: bool, last: bool, chunks: int,
+                    warmup_flush: bool = False) -> list[ScheduleItem]:
+    """The interleaved schedule ``items`` of a stage (the pipeline's ``first`` and/or ``last``,
+    ``chunks`` model chunks) as Megatron-Core runs it with ``overlap_p2p_comm`` (and Megatron-LM's
+    ``deallocate_pipeline_outputs``), its transfers posted one by one, unbatched:
 
-    - warm-up and cool-down: each exchange posted and waited for at once, ("exchange",
-      transfers), but the first gradient's receive, posted with the last warm-up forward's
-      exchange and waited for before the first backward;
     - steady 1F1B steps: the forward's send and the next forward's receive posted right after
       the forward, ("post", transfers), its send waited for at once (("settle", "forward"):
-      the output is freed after it), the receive before the next forward; the backward's send
-      and the next backward's receive posted right after the backward, its send waited for at
-      the next such post, the receive before the next backward.
+      the output is freed after it); the backward's send and the next backward's receive
+      posted right after the backward, its send waited for at the next such post;
+    - warm-up and cool-down: each exchange posted and waited for at once, ("exchange",
+      transfers), but the first gradient's receive, posted with the last warm-up forward's
+      exchange. With ``warmup_flush`` (its ``overlap_p2p_comm_warmup_flush``) they are posted as
+      in the steady steps, and a stage that is not the leading one (the first going forward,
+      the last going back) posts the receive for the next step before the compute of this one,
+      ("prefetch", transfers): posted, nothing waited for;
+    - ("await", direction): the oldest receive of that direction posted and not waited for
+      yet is waited for, before every compute of the steady steps (of the warm-up, with
+      ``warmup_flush``, of the cool-down but its first step) but the model's first chunk's
+      forwards and its last chunk's backwards, which receive nothing: Megatron-Core's one
+      ``wait()`` per step, in posting order.
 
-    A compute waits for the receives of its direction posted so far (the executor's rule)."""
+    A post's sends wait for the sends of their direction posted before (Megatron's previous
+    handle), after posting."""
     out: list[ScheduleItem] = []
-    seen_backward = False
+    first_backward = next((i for i, item in enumerate(items) if item[0] == "backward"), len(items))
+    at = {"forward": 0, "backward": 0}     # compute steps of each direction so far
+    before = after_forward = 0             # where the last compute went in ``out``; after its forward
     for i, item in enumerate(items):
-        if item[0] != "comm":
+        kind = item[0]
+        if kind != "comm":
+            c = item[2]
+            # a steady step is a forward and the backward right after it
+            if kind == "forward":
+                steady = i + 1 < len(items) and items[i + 1][0] == "backward"
+                waits = (steady or (warmup_flush and at[kind] > 0)) and not (first and c == 0)
+            else:
+                steady = items[i - 1][0] == "forward"
+                waits = (steady or at[kind] > 0) and not (last and c == chunks - 1)
+            if waits:
+                out.append(("await", kind))
+            before = len(out)
             out.append(item)
-            seen_backward = seen_backward or item[0] == "backward"
+            if kind == "forward":
+                after_forward = len(out)
+            at[kind] += 1
             continue
         fwd = tuple(t for t in item[1] if t.phase == "forward")
         bwd = tuple(t for t in item[1] if t.phase == "backward")
-        steady = i >= 2 and items[i - 2][0] == "forward" and items[i - 1][0] == "backward"
-        if steady:
+        if i >= 2 and items[i - 2][0] == "forward" and items[i - 1][0] == "backward":   # a steady step
             if fwd:    # right after the forward, before the backward
-                out[-1:-1] = [("post", fwd), ("settle", "forward")]
+                out[after_forward:after_forward] = [("post", fwd), ("settle", "forward")]
             if bwd:
                 out.append(("post", bwd))
-        elif not seen_backward and fwd and bwd:
-            out += [("exchange", fwd), ("post", bwd)]
+        elif i == 0 or items[i - 1][0] == "comm" or not warmup_flush:
+            if i < first_backward and bwd and items[i - 1][0] == "forward":   # the first gradient's receive,
+                # posted with the last warm-up exchange (with every step in the warm-up, received at once)
+                out += [("exchange", fwd)] if fwd else []
+                out.append(("post", bwd))
+            else:      # the receives before the first step of a direction are waited for at once
+                out.append(("exchange", item[1]))
         else:
-            out.append(("exchange", item[1]))
+            phase = items[i - 1][0]
+            own = fwd if phase == "forward" else bwd
+            leading = first if phase == "forward" else last
+            ahead = () if leading else tuple(t for t in own if not t.send)
+            now = tuple(t for t in own if t not in ahead)
+            if ahead:
+                out.insert(before, ("prefetch", ahead))
+            if now:
+                out.append(("post", now))
+                if phase == "forward" and any(t.send for t in now):
+                    out.append(("settle", "forward"))
+            if phase == "forward" and bwd:          # the first gradient's receive
+                out.append(("post", bwd))
     return out
+
+
+def overlapped_schedule(stages: int, stage: int, chunks: int, microbatches: int, group: int = 0, *,
+                        warmup_flush: bool = False) -> list[ScheduleItem]:
+    """Stage ``stage``'s interleaved schedule as :func:`overlapped_plan` runs it."""
+    return overlapped_plan(interleaved_schedule(stages, stage, chunks, microbatches, group, overlapped=True),
+                           first=stage == 0, last=stage == stages - 1, chunks=chunks,
+                           warmup_flush=warmup_flush)
