@@ -189,3 +189,9 @@ def test_the_layout_grid_interleaves_uneven_candidates() -> None:
     even = candidate_layouts(model_shape("llama2-7b").options(), gpus=4, global_batch=8, gpus_per_node=8,
                              micro_batches=[1], chunks=[2])
     assert [r.get("layers_per_virtual_stage") for r in even if r["pp"] == 4] == [None, 4]
+    # two stages run the interleaved schedule only with the transfers overlapped, as Megatron allows
+    assert [r.get("layers_per_virtual_stage") for r in even if (r["tp"], r["pp"]) == (1, 2)] == [None]
+    two = candidate_layouts(model_shape("llama2-7b").options(), gpus=4, global_batch=8, gpus_per_node=8,
+                            micro_batches=[1], chunks=[2], overlapped=True)
+    assert [r.get("layers_per_virtual_stage") for r in two if (r["tp"], r["pp"]) == (1, 2)] == [None, 8]
+    assert [r for r in two if r["pp"] != 2] == [r for r in even if r["pp"] != 2]

@@ -69,7 +69,8 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         check_node_fill(gpus, gpus_per_node)
         grid = layout_grid(candidate_layouts(shape, gpus=gpus, global_batch=global_batch,
                                              gpus_per_node=opts.gpus_per_node(),
-                                             micro_batches=micro_batches or MICRO_BATCHES, chunks=chunks), opts)
+                                             micro_batches=micro_batches or MICRO_BATCHES, chunks=chunks,
+                                             overlapped=opts.overlap_p2p_comm), opts)
         rows = grid.rows
         grid_json = grid.to_json()
         print(f"sweep: {name} on {gpus} {opts.gpu()} GPUs, global batch {global_batch}: {grid.said()}",

@@ -42,14 +42,15 @@ class LayoutGrid:
 
 def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gpus_per_node: int,
                       micro_batches: Sequence[int] = MICRO_BATCHES,
-                      chunks: Sequence[int] = ()) -> list[dict[str, Any]]:
+                      chunks: Sequence[int] = (), overlapped: bool = False) -> list[dict[str, Any]]:
     """Every (tp, pp, dp, micro-batch) of ``gpus`` GPUs for the model ``shape`` (its layers,
     hidden, heads, seq, vocab): tp a power of two up to a node (at most 8), pp up to the
     layers with tp x pp dividing the GPUs, dp the rest; in the order tp, pp, micro-batch. A pp
     that does not divide the layers gives the middle stages ceil(layers / pp) each and the
     first and the last the rest, halved (Megatron-Core's uneven stages, as Llama 3 405B's 126
     layers ran on 16 stages: 7, 8 x 14, 7). With ``chunks`` (model chunks per stage), each
-    candidate deeper than 2 stages is also tried with Megatron's interleaved schedule at each
+    candidate deeper than 2 stages (than 1 with the pipeline transfers ``overlapped``, as
+    Megatron allows) is also tried with Megatron's interleaved schedule at each
     count that splits its layers, after the plain one: an even one at layers / (pp x chunks)
     layers per virtual stage, an uneven one at that many virtual stages per pipeline rank with
     ends the count splits (Megatron-Core's rule; 126 layers on 16 stages in 2 chunks: 6, 8 x
@@ -71,7 +72,7 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
             edges = _edge_stages(shape["layers"], pp)
             if edges is None:
                 continue
-            interleaved = [] if pp <= 2 else [
+            interleaved = [] if pp <= (1 if overlapped else 2) else [
                 sched for c in sorted(set(chunks)) if (sched := _interleaved(shape["layers"], pp, c)) is not None]
             dp = gpus // (tp * pp)
             for mb in sorted(set(micro_batches)):
