@@ -202,6 +202,19 @@ RecomputeGranularityOpt = typer.Option(
          "--recompute-activations).")
 
 
+RECOMPUTE_METHOD = "--recompute-method"
+RecomputeMethodOpt = typer.Option(
+    None, RECOMPUTE_METHOD, metavar="METHOD",
+    help="With full recomputation, Megatron's recompute method: uniform (the default: each model chunk's layers "
+         "checkpointed in groups of --recompute-num-layers) or block (only the first --recompute-num-layers "
+         "layers of each model chunk recomputed, the others keeping all their activations) (docs/predict.md).")
+RECOMPUTE_NUM_LAYERS = "--recompute-num-layers"
+RecomputeNumLayersOpt = typer.Option(
+    None, RECOMPUTE_NUM_LAYERS, metavar="N",
+    help="With full recomputation, Megatron's --recompute-num-layers: the layers of a uniform group, or the "
+         "layers of each model chunk the block method recomputes (default 1).")
+
+
 def model_fields(model: str | None, **given: Any) -> dict[str, Any]:
     """A named model's shape (GPTConfig field names) under the options given beside it: an
     option given (not None, not 0) wins over the model's value. Without a model, the options
@@ -227,6 +240,26 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
         raise OptionError("recompute-granularity",
                           f"{granularity!r} is not one of {', '.join(RECOMPUTE_GRANULARITIES)}")
     return True, granularity
+
+
+def recompute_method_setting(recompute: bool, granularity: str, method: str | None,
+                             num_layers: int | None) -> dict[str, Any]:
+    """The ``ConfigSweepOptions`` fields of ``--recompute-method`` and ``--recompute-num-layers``
+    ({} when neither is given); they are full recomputation's, as in Megatron, which refuses
+    them with selective recomputation (and without recomputation has nothing to recompute)."""
+    from echo_et.workloads.gpt_config import RECOMPUTE_METHODS
+
+    if method is None and num_layers is None:
+        return {}
+    if method is not None and method not in RECOMPUTE_METHODS:
+        raise OptionError("recompute_method", f"{method!r} is not one of {', '.join(RECOMPUTE_METHODS)}")
+    if num_layers is not None and num_layers < 1:
+        raise OptionError("recompute_num_layers", f"{num_layers}: give the layers, at least 1")
+    if not (recompute and granularity == "full"):
+        raise OptionError("recompute_method" if method is not None else "recompute_num_layers",
+                          "it says how full recomputation runs: give --recompute (or --recompute-granularity full), "
+                          "as Megatron asks for --recompute-granularity full")
+    return {"recompute_method": method or RECOMPUTE_METHODS[0], "recompute_num_layers": num_layers or 1}
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,

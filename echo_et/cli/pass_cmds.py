@@ -17,6 +17,8 @@ from echo_et.cli.common import (
     MICROBATCH_GROUP,
     MODEL,
     RECOMPUTE_GRANULARITY,
+    RECOMPUTE_METHOD,
+    RECOMPUTE_NUM_LAYERS,
     VIRTUAL_STAGES,
     VIRTUAL_STAGES_PER_RANK,
     ArchOpt,
@@ -44,6 +46,8 @@ from echo_et.cli.common import (
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
+    RecomputeMethodOpt,
+    RecomputeNumLayersOpt,
     SequenceParallelOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
@@ -55,6 +59,7 @@ from echo_et.cli.common import (
     megatron_flag_given,
     megatron_settings,
     model_fields,
+    recompute_method_setting,
     recompute_setting,
 )
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
@@ -255,6 +260,8 @@ def sweep(
                                    help="--configs: recompute activations in the backward, at "
                                         "--recompute-granularity (default full: each layer)."),
     recompute_granularity: str | None = RecomputeGranularityOpt,
+    recompute_method: str | None = RecomputeMethodOpt,
+    recompute_num_layers: int | None = RecomputeNumLayersOpt,
     compute_profile: Path | None = typer.Option(None, "--compute-profile", metavar="PROFILE.json",
                                                 help="Calibrated compute profile (--configs: default the GPU's "
                                                      "preset; JOB: the job's compute retimed with it)."),
@@ -333,6 +340,7 @@ def sweep(
         layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch"),
                                              _int_list(virtual_stages, "--virtual-stages"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
+        megatron = {**megatron, **recompute_method_setting(on, granularity, recompute_method, recompute_num_layers)}
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=on, recompute_granularity=granularity,
                      compute_profile=compute_profile,
@@ -351,8 +359,10 @@ def sweep(
         fail("--dp: give at least one data-parallel degree")
     if nic_bw is not None:
         fail("--nic-bw only applies with --configs")
-    if recompute or recompute_granularity is not None:
-        fail(f"{'--recompute' if recompute else RECOMPUTE_GRANULARITY} only applies with --configs")
+    for flag, given in (("--recompute", recompute or None), (RECOMPUTE_GRANULARITY, recompute_granularity),
+                        (RECOMPUTE_METHOD, recompute_method), (RECOMPUTE_NUM_LAYERS, recompute_num_layers)):
+        if given is not None:
+            fail(f"{flag} only applies with --configs")
     if (flag := MODEL if model else megatron_flag_given(megatron)) is not None:
         fail(f"{flag} only applies with --configs")
     if mode != "predict" and (gpu is not None or compute_profile is not None):

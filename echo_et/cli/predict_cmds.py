@@ -41,6 +41,8 @@ from echo_et.cli.common import (
     PartitionActivationsOpt,
     PipelineEngineOpt,
     RecomputeGranularityOpt,
+    RecomputeMethodOpt,
+    RecomputeNumLayersOpt,
     SequenceParallelOpt,
     SyncTimersOpt,
     VirtualStagesOpt,
@@ -52,6 +54,7 @@ from echo_et.cli.common import (
     max_output_bytes,
     megatron_settings,
     model_fields,
+    recompute_method_setting,
     recompute_setting,
 )
 from echo_et.errors import OptionError
@@ -121,6 +124,8 @@ def predict_cmd(
                                    help="Recompute activations in the backward, at --recompute-granularity "
                                         "(default full: each layer)."),
     recompute_granularity: str | None = RecomputeGranularityOpt,
+    recompute_method: str | None = RecomputeMethodOpt,
+    recompute_num_layers: int | None = RecomputeNumLayersOpt,
     dtype: str = typer.Option("float16", "--dtype", metavar="DTYPE", help="float16, bfloat16 or float32."),
     gpu: str | None = gpu_opt("GPU to predict for (default a100)"),
     gpus_per_node: int | None = gpus_per_node_opt(),
@@ -190,6 +195,8 @@ def predict_cmd(
     check_node_fill(dp * tp * pp, gpus_per_node)
     recompute, granularity = recompute_setting(recompute, recompute_granularity)
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=granularity, dtype=dtype,
+                              **recompute_method_setting(recompute, granularity, recompute_method,
+                                                         recompute_num_layers),
                               compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,
                               model=model.strip().lower() if model else "",

@@ -34,6 +34,8 @@ from echo_et.cli.common import (
     OVERLAP_PARAM_GATHER,
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
+    RECOMPUTE_METHOD,
+    RECOMPUTE_NUM_LAYERS,
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
     VIRTUAL_STAGES_PER_RANK,
@@ -56,10 +58,13 @@ from echo_et.cli.common import (
     OverlapP2pOpt,
     OverlapParamGatherOpt,
     RecomputeGranularityOpt,
+    RecomputeMethodOpt,
+    RecomputeNumLayersOpt,
     VirtualStagesPerRankOpt,
     emit_json,
     guarded,
     model_fields,
+    recompute_method_setting,
     recompute_setting,
 )
 
@@ -95,6 +100,8 @@ def trace(
                                    help="GPT: recompute activations in the backward, at --recompute-granularity "
                                         "(default full: each layer)."),
     recompute_granularity: str | None = RecomputeGranularityOpt,
+    recompute_method: str | None = RecomputeMethodOpt,
+    recompute_num_layers: int | None = RecomputeNumLayersOpt,
     grad_sync: str | None = typer.Option(None, "--grad-sync", metavar="MODE",
                                          help="GPT: overlap (bucketed all-reduces during the backward; gpt's "
                                               "default) or after-backward (one all-reduce; megatron-gpt's)."),
@@ -221,7 +228,9 @@ def trace(
                             (NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce),
                             (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
                             (GATHER_WITH_STEP, gather_with_step),
-                            ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None)):
+                            ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
+                            (RECOMPUTE_METHOD, recompute_method is not None),
+                            (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
         wl = Workload(script=script)
@@ -278,6 +287,7 @@ def trace(
                             "--[no-]scatter-gather-tensors-in-pipeline is Megatron-LM's")
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         recompute, granularity = recompute_setting(recompute, recompute_granularity)
+        kw.update(recompute_method_setting(recompute, granularity, recompute_method, recompute_num_layers))
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
                    bucket_mb=kw.pop("bucket_mb", bucket_mb), recompute=recompute,
                    recompute_granularity=granularity, **kw)
@@ -298,7 +308,9 @@ def trace(
         "--seq", seq, "--micro-batch", micro_batch, "--vocab", cfg.vocab, "--dtype", cfg.dtype,
         *([OVERLAP_GRAD_REDUCE] if cfg.overlap_grad_reduce else ["--bucket-mb", bucket_mb, "--grad-sync",
                                                                   cfg.grad_sync])] + (
-            ["--recompute", "--recompute-granularity", cfg.recompute_granularity] if cfg.recompute else [])
+            ["--recompute", "--recompute-granularity", cfg.recompute_granularity] if cfg.recompute else []) + (
+            [RECOMPUTE_METHOD, cfg.recompute_method, RECOMPUTE_NUM_LAYERS, cfg.recompute_num_layers]
+            if (cfg.recompute_method, cfg.recompute_num_layers) != ("uniform", 1) else [])
     if script is None and cfg.scatter_gather_tensors_in_pipeline != (workload == "megatron-gpt"):
         parts.append("--scatter-gather-tensors-in-pipeline" if cfg.scatter_gather_tensors_in_pipeline
                      else "--no-scatter-gather-tensors-in-pipeline")

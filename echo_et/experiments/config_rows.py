@@ -30,6 +30,10 @@ class ConfigSweepOptions:
     # "selective" (the core attention, what its --recompute-activations turns on); with
     # recompute only
     recompute_granularity: str = "full"
+    # Megatron's --recompute-method and --recompute-num-layers (GPTConfig.recompute_method,
+    # recompute_num_layers); a row's recompute_num_layers column overrides the latter
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
     dtype: str = "float16"
     vocab: int | None = None           # default: the workload's (GPT-2's 50257)
     grad_sync: str = "after-backward"  # Megatron-DeepSpeed's local DDP: bucketing off
@@ -147,6 +151,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              heads=int(row["heads"]), seq=int(row["seq"]),
                              micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
                              recompute_granularity=opts.recompute_granularity,
+                             recompute_method=opts.recompute_method,
+                             recompute_num_layers=row_or(row, "recompute_num_layers", opts.recompute_num_layers),
                              dtype=opts.dtype, grad_sync=grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,
                              accumulate_allreduce_grads_in_fp32=opts.accumulate_allreduce_grads_in_fp32,

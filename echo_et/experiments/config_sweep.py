@@ -154,7 +154,7 @@ def row_throughput(row: dict[str, Any], opts: ConfigSweepOptions, step_ns: int) 
     cfg, layout = workload_for(row, opts)
     profile = models_for(opts)[0].profile
     return step_throughput(cfg, layout.dp * layout.microbatches * cfg.micro_batch, layout.tp, layout.world_size,
-                           step_ns, profile.gpu, profile.fp32_matmul)
+                           step_ns, profile.gpu, profile.fp32_matmul, layout.pp)
 
 
 # The rates a sweep's result row carries (all of them are in predict's summary.json).

@@ -147,7 +147,7 @@ def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prio
 # -- simulating the configurations -----------------------------------------------------------------
 def _row_job(row: dict[str, Any], opts, cache: str | None):
     """The row's traced Job, kept in ``cache`` (a folder) between runs when given."""
-    from echo_et.experiments.config_rows import edge_stage_layers, interleaving, microbatch_group
+    from echo_et.experiments.config_rows import edge_stage_layers, interleaving, microbatch_group, row_or
     from echo_et.experiments.config_sweep import trace_row
     from echo_et.ir import load_job, save_job
 
@@ -158,6 +158,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(opts.recompute)}"
     if opts.recompute:                                           # what the backward runs again
         key += f"-{opts.recompute_granularity}"
+    if (opts.recompute_method, opts.recompute_num_layers) != ("uniform", 1) or row.get("recompute_num_layers"):
+        key += f"-{opts.recompute_method}{row_or(row, 'recompute_num_layers', opts.recompute_num_layers)}"
     for differs, mark in ((opts.grad_sync != "after-backward", f"-{opts.grad_sync}"),
                           (opts.sync_timers, "-synctimers"),
                           (opts.pipeline_engine != "megatron", f"-{opts.pipeline_engine}"),

@@ -24,6 +24,9 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 pp=layout.pp, microbatches=layout.microbatches, elem_bytes=dtype_size(cfg.dtype), dp=layout.dp,
                 grad_bytes=dtype_size(cfg.grad_buffer_dtype), heads=cfg.heads,
                 recompute=cfg.recompute_level, dropout=cfg.dropout > 0,
+                **({"recompute_method": cfg.recompute_method, "recompute_layers": cfg.recompute_num_layers}
+                   if cfg.recomputes_layers and (cfg.recompute_method, cfg.recompute_num_layers) != ("uniform", 1)
+                   else {}),
                 sequence_parallel=cfg.sequence_parallel and layout.tp > 1,
                 **({"stage_layers": cfg.stage_layer_counts(layout.pp)} if cfg.uneven_stages else {}),
                 **({"chunks": cfg.virtual_chunks(layout.pp)} if cfg.interleaved else {}),
@@ -48,13 +51,16 @@ def check_memory(cfg: Any, layout: Any, gpu: str) -> None:
 
 def what_fits(shape: dict[str, Any], spec: GpuSpec) -> str:
     """The changes that make ``shape`` fit while keeping its layout, as the tail of the
-    refusal ("" when neither does): full recomputation on ``spec``, and the larger-memory
+    refusal ("" when neither does): full recomputation of every layer on ``spec``, and the larger-memory
     variants of ``spec``'s GPU (same name but the memory size), each with its bound."""
     hints = []
-    if shape.get("recompute", "full") != "full":
-        full = megatron_min_bytes(**{**shape, "recompute": "full"})[0]
+    partial = (shape.get("recompute_method", "uniform"), shape.get("recompute_layers", 1)) != ("uniform", 1)
+    if shape.get("recompute", "full") != "full" or partial:
+        every = {k: v for k, v in shape.items() if k not in ("recompute_method", "recompute_layers")}
+        full = megatron_min_bytes(**{**every, "recompute": "full"})[0]
         if full <= spec.memory_gb * 1e9:
-            hints.append(f"with full recomputation it needs at least {full / 1e9:.1f} GB")
+            what = "every layer recomputed (the uniform method, 1 layer)" if partial else "full recomputation"
+            hints.append(f"with {what} it needs at least {full / 1e9:.1f} GB")
     need = megatron_min_bytes(**shape)[0]
     larger = [s for s in _variants(spec) if s.memory_gb > spec.memory_gb and need <= s.memory_gb * 1e9]
     if larger:

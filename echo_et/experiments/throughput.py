@@ -13,13 +13,13 @@ from echo_et.models.compute import math_class
 
 
 def step_throughput(cfg: Any, sequences: int, tp: int, gpus: int, step_ns: int, gpu: Any,
-                    fp32_matmul: str = "fp32") -> dict[str, Any]:
+                    fp32_matmul: str = "fp32", pp: int = 1) -> dict[str, Any]:
     """The rates of a step of ``step_ns`` on ``gpus`` GPUs of ``gpu`` (a
     ``models.compute.GpuSpec``) that trains ``cfg`` (a ``workloads.gpt_config.GPTConfig``) on
     ``sequences`` sequences; rounded so that the same step gives the same bytes."""
     if step_ns <= 0 or gpus < 1 or sequences < 1:
         raise EchoError(f"no rates for a step of {step_ns} ns on {gpus} GPUs over {sequences} sequences")
-    model, hardware = cfg.step_flops(sequences, tp)
+    model, hardware = cfg.step_flops(sequences, tp, pp)
     math = math_class(cfg.dtype)     # float32 runs as TF32 where the profile says so
     if math == "fp32" and fp32_matmul == "tf32":
         math = "tf32"

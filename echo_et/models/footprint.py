@@ -144,7 +144,8 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                        dropout: bool = True, sequence_parallel: bool = False,
                        stage_layers: tuple[int, ...] | None = None, kv: int | None = None,
                        llama: bool = False, flash: bool = False, chunks: int = 1,
-                       microbatch_group: int = 0) -> tuple[int, int, int]:
+                       microbatch_group: int = 0, recompute_method: str = "uniform",
+                       recompute_layers: int = 1) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most;
     ``chunks``: model chunks per stage of Megatron's interleaved schedule, whose stage s keeps
     the activations of min(2 (pp - s - 1) + (chunks - 1) g + 1, micro-batches x chunks)
@@ -154,13 +155,18 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
     ``stage_layers``: each stage's layers, first to last, when they are uneven (default
     layers / pp each, where only the first and the last stage can need most); ``kv``,
     ``llama``, ``flash``: the keys' width, the llama layer, flash attention (as
-    :func:`stage_parameters` and :func:`layer_activation_bytes` take them)."""
+    :func:`stage_parameters` and :func:`layer_activation_bytes` take them); with full
+    recomputation, Megatron's ``recompute_method`` and its ``recompute_layers`` N: "uniform"
+    keeps one input per group of N layers of a chunk and recomputes a group at once (its N
+    layers' activations the transient), "block" checkpoints a chunk's first N layers and keeps
+    all of the others' (:func:`chunk_activation_bytes`)."""
     best = (0, 0, 0)
     per_param = state_bytes_per_param(elem_bytes, dp, grad_bytes)
-    kept, transient = layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp,
-                                             elem_bytes=elem_bytes, recompute=recompute, dropout=dropout,
-                                             sequence_parallel=sequence_parallel, ffn=ffn, kv=kv, gated=llama,
-                                             flash=flash)
+    layer_bytes = {level: layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads,
+                                                 tp=tp, elem_bytes=elem_bytes, recompute=level, dropout=dropout,
+                                                 sequence_parallel=sequence_parallel, ffn=ffn, kv=kv, gated=llama,
+                                                 flash=flash)
+                   for level in {recompute, "none"}}
     if stage_layers is not None and len(stage_layers) != pp:
         raise ValueError(f"{len(stage_layers)} stage layer counts for pp {pp}")
     counts = stage_layers or (layers // pp,) * pp
@@ -175,20 +181,49 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                                                          seq=seq, tp=tp, pp=pp, stage=stage,
                                                          stage_layers=counts[stage], kv=kv, llama=llama))
         loss_softmax = 4 * seq * micro_batch * vocab // tp if stage == pp - 1 else 0
-        if chunks > 1:
+        if chunks > 1:      # chunk forwards whose activations are kept
             in_flight = min(2 * (pp - stage - 1) + (chunks - 1) * (microbatch_group or pp) + 1,
                             microbatches * chunks)
-            held = in_flight * (counts[stage] // chunks)      # layer forwards whose activations are kept
         else:
-            held = min(pp - stage, microbatches) * counts[stage]
-        act = held * kept + max(transient, loss_softmax)
+            in_flight = min(pp - stage, microbatches)
+        kept, transient = chunk_activation_bytes(layer_bytes, recompute, counts[stage] // chunks,
+                                                 recompute_method, recompute_layers)
+        act = in_flight * kept + max(transient, loss_softmax)
         if state + act > best[0]:
             best = (state + act, state, act)
     return best
 
 
+def chunk_activation_bytes(layer_bytes: dict[str, tuple[int, int]], recompute: str, layers: int,
+                           method: str = "uniform", n: int = 1) -> tuple[int, int]:
+    """(kept, transient) bytes of one forward of a model chunk of ``layers`` layers, from
+    ``layer_bytes`` (:func:`layer_activation_bytes` at ``recompute`` and at "none"): under full
+    recomputation by the uniform method, one input per group of ``n`` layers kept and a group's
+    recomputed forward (its ``n`` layers' activations, less the input) the transient; by the
+    block method, the first ``n`` layers' inputs and the rest's activations kept, one recomputed
+    layer the transient; otherwise ``layers`` times the layer's."""
+    kept, transient = layer_bytes[recompute]
+    if recompute != "full" or (method, n) == ("uniform", 1):
+        return layers * kept, transient
+    whole = layer_bytes["none"][0]
+    if method == "uniform":
+        return -(-layers // n) * kept, min(n, layers) * whole - kept
+    checkpointed = min(n, layers)
+    return checkpointed * kept + (layers - checkpointed) * whole, transient if checkpointed else 0
+
+
 RECOMPUTE_SAID = {"full": "full recomputation", "selective": "selective recomputation",
                   "none": "no recomputation"}
+
+
+def recompute_said(shape: dict[str, Any]) -> str:
+    """The recomputation of a footprint's keywords, in words ("full recomputation, block
+    method over 2 layers a chunk")."""
+    level = shape.get("recompute", "full")
+    method, n = shape.get("recompute_method", "uniform"), shape.get("recompute_layers", 1)
+    if level != "full" or (method, n) == ("uniform", 1):
+        return RECOMPUTE_SAID[level]
+    return f"{RECOMPUTE_SAID[level]} ({method} method, {n} layer{'s' if n > 1 else ''})"
 
 
 def check_fits(memory_gb: float, gpu: str, **shape: Any) -> None:
@@ -203,5 +238,5 @@ def check_fits(memory_gb: float, gpu: str, **shape: Any) -> None:
     if total > memory_gb * 1e9:
         raise EchoError(f"{DOES_NOT_FIT}: each rank needs at least {total / 1e9:.1f} GB "
                         f"(weights, {grads} and Adam states{sharded} {state / 1e9:.1f} GB, activations with "
-                        f"{RECOMPUTE_SAID[shape.get('recompute', 'full')]} {act / 1e9:.1f} GB), "
+                        f"{recompute_said(shape)} {act / 1e9:.1f} GB), "
                         f"{gpu} has {memory_gb:g} GB")

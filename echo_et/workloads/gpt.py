@@ -491,7 +491,10 @@ def _stage_class():
             self.first = stage == 0 if first is None else first
             self.last = stage == layout.pp - 1 if last is None else last
             self.first_layer = first_layer
-            self.unit_key = ("gpt-layer", cfg.recompute_level) + (() if chunk is None else (chunk,))
+            # a layer recorded once stands for the others of its key: those of its chunk that run
+            # under a checkpoint, or not (the block recompute method), at the same granularity
+            self.unit_keys = [("gpt-layer", cfg.recompute_level if cfg.recomputes_layer(i) or not cfg.recomputes_layers
+                               else "none") + (() if chunk is None else (chunk,)) for i in range(count)]
             self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)
@@ -543,7 +546,7 @@ def _stage_class():
         def _layer(self, block, x: torch.Tensor, layer: int) -> torch.Tensor:
             with span(layer=layer):
                 x = backward_ends_here(x, layer=layer)
-                if not self.cfg.recomputes_layers:
+                if not self.cfg.recomputes_layer(layer - self.first_layer):
                     x = block(x)
                 elif self.cfg.partition_activations:
                     x = partitioned_checkpoint(block, self.group, x)
@@ -568,7 +571,7 @@ def _stage_class():
             for i, block in enumerate(self.blocks):
                 layer = self.first_layer + i
                 if replay:
-                    x = repeat_unit(self.unit_key, functools.partial(
+                    x = repeat_unit(self.unit_keys[i], functools.partial(
                         self._layer, block, layer=layer), x, layer=layer)
                 else:
                     x = self._layer(block, x, layer)

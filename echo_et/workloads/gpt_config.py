@@ -19,6 +19,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 ATTENTIONS = ("sdpa", "megatron")
 GRAD_SYNCS = ("overlap", "after-backward")
 RECOMPUTE_GRANULARITIES = ("full", "selective")   # the first is --recompute's
+RECOMPUTE_METHODS = ("uniform", "block")          # Megatron's --recompute-method; the first its default
 OPTIMIZERS = ("adam", "megatron")
 PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
 ARCHS = ("gpt", "llama")   # the first is the default
@@ -55,6 +56,13 @@ class GPTConfig:
     # "selective": the core attention (scores, softmax, dropout, context) recomputed, as
     # Megatron's --recompute-activations.
     recompute_granularity: str = "full"
+    # With full recomputation, Megatron's --recompute-method and --recompute-num-layers N:
+    # "uniform" checkpoints the layers of each model chunk in groups of N (each group's input
+    # kept, its N layers recomputed at once in the backward: traced layer by layer, the same
+    # kernels; the memory bound counts the groups); "block" checkpoints the first N layers of
+    # each model chunk and keeps every activation of the others (no recomputation for them).
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
     grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
     optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
     # With tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient between
@@ -207,6 +215,22 @@ class GPTConfig:
         """Whether each layer runs under one checkpoint (full recomputation)."""
         return self.recompute and self.recompute_granularity == "full"
 
+    def recomputes_layer(self, index: int) -> bool:
+        """Whether the ``index``-th layer of a model chunk (of a stage, without interleaving)
+        runs under a checkpoint: every one under full recomputation by the uniform method, the
+        first ``recompute_num_layers`` of the chunk by the block method."""
+        return self.recomputes_layers and (self.recompute_method == "uniform" or index < self.recompute_num_layers)
+
+    def recomputed_layers(self, pp: int) -> int:
+        """How many of the model's layers run their forward again in the backward (full
+        recomputation), over ``pp`` stages of :meth:`virtual_chunks` chunks each."""
+        if not self.recomputes_layers:
+            return 0
+        if self.recompute_method == "uniform":
+            return self.layers
+        chunks = self.virtual_chunks(pp)
+        return sum(chunks * min(self.recompute_num_layers, n // chunks) for n in self.stage_layer_counts(pp))
+
     @property
     def recomputes_core_attention(self) -> bool:
         """Whether only the core attention is checkpointed (selective recomputation)."""
@@ -332,6 +356,15 @@ class GPTConfig:
             raise EchoError(f"{where}: dropout must be in [0, 1), got {self.dropout}")
         if self.sync_timers and self.attention != "megatron":
             raise EchoError(f"{where}: synchronising timers are Megatron's (megatron-gpt)")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise EchoError(f"{where}: recompute method {self.recompute_method!r} is not one of "
+                            f"{', '.join(RECOMPUTE_METHODS)}")
+        if self.recompute_num_layers < 1:
+            raise EchoError(f"{where}: recompute layers must be >= 1, got {self.recompute_num_layers}")
+        if (self.recompute_method, self.recompute_num_layers) != ("uniform", 1) and not self.recomputes_layers:
+            raise EchoError(f"{where}: a recompute method and its layers ({self.recompute_method}, "
+                            f"{self.recompute_num_layers}) are full recomputation's (Megatron refuses them "
+                            "with selective recomputation, and has nothing to recompute without one)")
         if self.partition_activations and not self.recomputes_layers:
             raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
                             "(recomputation at granularity full)")
@@ -385,6 +418,9 @@ class GPTConfig:
         if self.gradient_accumulation_fusion and self.pipeline_engine != "megatron":
             raise EchoError(f"{where}: gradient-accumulation fusion is Megatron-LM's; DeepSpeed's pipeline engine "
                             "reduces the model's own gradients")
+        if self.recompute_method == "block" and self.pipeline_engine != "megatron":
+            raise EchoError(f"{where}: the block recompute method is Megatron-LM's; DeepSpeed's pipeline engine "
+                            "checkpoints every interval of layers (the uniform method)")
         if self.attention != "megatron":
             for given, what in ((self.llama, "the llama architecture"),
                                 (self.query_groups != self.heads, "grouped-query attention (kv heads)"),
@@ -555,14 +591,15 @@ class GPTConfig:
         step = self.vocab_multiple * tp
         return int(math.ceil(self.vocab / step) * step)
 
-    def step_flops(self, sequences: int, tp: int = 1) -> tuple[float, float]:
+    def step_flops(self, sequences: int, tp: int = 1, pp: int = 1) -> tuple[float, float]:
         """(model FLOPs, hardware FLOPs) of one training step over ``sequences`` sequences, as
         Narayanan et al. 2021 count them (their eq. 3, with this MLP's width): the matrix
         products only, 2 FLOPs per multiply-add, attention scores and context over the whole
         s x s (causal masking not subtracted), the output layer on the vocabulary padded for
         ``tp``; forward and backward are 3 forwards. Hardware FLOPs add what recomputation runs
-        again: every layer's forward (full) or the core attention's two batched products
-        (selective). What MFU and the Megatron-LM paper's teraFLOP/s are computed from."""
+        again: the forward of every recomputed layer (full; over ``pp`` stages with the block
+        method) or the core attention's two batched products (selective). What MFU and the
+        Megatron-LM paper's teraFLOP/s are computed from."""
         h, s, f = self.hidden, self.seq, self.ffn_size
         kv = h // self.heads * self.query_groups          # the width of K and of V
         mlp = (6 if self.llama else 4) * h * f            # SwiGLU's first projection is twice as wide
@@ -571,7 +608,8 @@ class GPTConfig:
         model = 3 * tokens * (self.layers * layer + 2 * h * self.padded_vocab(tp))
         again = 0
         if self.recompute:
-            again = self.layers * (layer if self.recompute_granularity == "full" else 4 * s * h)
+            again = (self.recomputed_layers(pp) * layer if self.recompute_granularity == "full"
+                     else self.layers * 4 * s * h)
         return float(model), float(model + tokens * again)
 
     def parameters(self) -> int:
@@ -601,7 +639,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
-    "overlap_param_gather_with_optimizer_step": False,
+    "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
 }
 
 
