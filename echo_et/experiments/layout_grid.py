@@ -143,8 +143,10 @@ def layout_grid(candidates: list[dict[str, Any]], opts: Any) -> LayoutGrid:
             grid.refused[_constraint(str(e))] += 1
             continue
         grid.rows.append(row)
-    if grid.refused[DOES_NOT_FIT] and not (opts.recompute and opts.recompute_granularity == "full"):
-        grid.hint = "full recomputation lets more of them fit"
+    full = opts.recompute and opts.recompute_granularity == "full"
+    if grid.refused[DOES_NOT_FIT] and not (full and opts.recompute_method == "uniform"):
+        grid.hint = ("recomputing every layer (the uniform method) lets more of them fit" if full
+                     else "full recomputation lets more of them fit")
     if not grid.rows:
         raise EchoError(f"no layout of this model runs: {grid.said()}")
     return grid
