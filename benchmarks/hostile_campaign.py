@@ -345,6 +345,9 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((tr + ["--workload", "megatron-gpt", "--layers", "8", "--pp", "4",
                     "--num-layers-per-virtual-pipeline-stage", "1", "--overlap-p2p-communication-warmup-flush"],
               "--microbatch-group-size-per-virtual-pipeline-stage", "int", 60))
+    # the embedding and the loss counted as layers: pp must divide the layers with them
+    t.append((pr + ["--layers", "10", "--global-batch", "8", "--account-for-embedding-in-pipeline-split",
+                    "--account-for-loss-in-pipeline-split"], "--pp", "int", 60))
     # the recompute method and its layers: full recomputation's only
     t.append((pr + ["--layers", "4", "--recompute", "--recompute-method", "block"], "--recompute-num-layers",
               "int", 60))

@@ -159,6 +159,17 @@ LastStageLayersOpt = typer.Option(
     0, LAST_STAGE_LAYERS, metavar="N",
     help="Layers on the last pipeline stage, the other stages sharing the rest evenly (Megatron-Core's flag); "
          "0: the even share.")
+ACCOUNT_EMBEDDING = "--account-for-embedding-in-pipeline-split"
+AccountEmbeddingOpt = typer.Option(
+    False, ACCOUNT_EMBEDDING,
+    help="Megatron-Core's flag: the word embedding counts as a layer of the first stage when the layers are split "
+         "over the stages, so it holds one layer less ((layers + 1) / pp a stage; pp must divide it); not with "
+         f"{FIRST_STAGE_LAYERS} or the interleaved schedule (docs/predict.md).")
+ACCOUNT_LOSS = "--account-for-loss-in-pipeline-split"
+AccountLossOpt = typer.Option(
+    False, ACCOUNT_LOSS,
+    help="Megatron-Core's flag: the loss counts as a layer of the last stage when the layers are split, so it "
+         "holds one layer less (with the embedding's too: (layers + 2) / pp a stage, Llama 3 405B's 7, 8 x 14, 7).")
 ARCH = "--arch"
 ArchOpt = typer.Option(
     None, ARCH, metavar="ARCH",
@@ -268,6 +279,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       distributed_optimizer: bool, sync_timers: bool, grad_sync: str | None,
                       pipeline_engine: str | None = None, partition_activations: bool = False,
                       sequence_parallel: bool = False, first_stage_layers: int = 0,
+                      account_embedding: bool = False, account_loss: bool = False,
                       last_stage_layers: int = 0, no_reduce_scatter: bool = False, arch: str | None = None,
                       ffn_hidden: int = 0, kv_heads: int = 0, flash_attention: bool = False,
                       gradient_accumulation_fusion: bool = False,
@@ -326,6 +338,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "partition_activations": partition_activations,
             "sequence_parallel": sequence_parallel,
             "first_stage_layers": first_stage_layers,
+            "account_for_embedding_in_pipeline_split": account_embedding,
+            "account_for_loss_in_pipeline_split": account_loss,
             "last_stage_layers": last_stage_layers,
             "grad_reduce_scatter": not no_reduce_scatter,
             "arch": arch or ARCHS[0], "ffn_hidden": ffn_hidden, "kv_heads": kv_heads,
@@ -353,6 +367,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (PARTITION_ACTIVATIONS, settings["partition_activations"]),
              (SEQUENCE_PARALLEL, settings["sequence_parallel"]),
              (FIRST_STAGE_LAYERS, bool(settings["first_stage_layers"])),
+             (ACCOUNT_EMBEDDING, settings["account_for_embedding_in_pipeline_split"]),
+             (ACCOUNT_LOSS, settings["account_for_loss_in_pipeline_split"]),
              (LAST_STAGE_LAYERS, bool(settings["last_stage_layers"])),
              (NO_REDUCE_SCATTER, not settings["grad_reduce_scatter"]),
              (ARCH, settings["arch"] != "gpt"),

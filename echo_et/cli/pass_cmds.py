@@ -11,6 +11,8 @@ import typer
 
 from echo_et.cli.cluster_opts import cluster_from_options, gpu_opt, inter_bw_opt, intra_bw_opt, nic_bw_opt
 from echo_et.cli.common import (
+    ACCOUNT_EMBEDDING,
+    ACCOUNT_LOSS,
     FIRST_STAGE_LAYERS,
     GPN_HELP,
     LAST_STAGE_LAYERS,
@@ -21,6 +23,8 @@ from echo_et.cli.common import (
     RECOMPUTE_NUM_LAYERS,
     VIRTUAL_STAGES,
     VIRTUAL_STAGES_PER_RANK,
+    AccountEmbeddingOpt,
+    AccountLossOpt,
     ArchOpt,
     DistOptOpt,
     FfnHiddenOpt,
@@ -281,6 +285,8 @@ def sweep(
     partition_activations: bool = PartitionActivationsOpt,
     sequence_parallel: bool = SequenceParallelOpt,
     first_stage_layers: int = FirstStageLayersOpt,
+    account_embedding: bool = AccountEmbeddingOpt,
+    account_loss: bool = AccountLossOpt,
     last_stage_layers: int = LastStageLayersOpt,
     no_reduce_scatter: bool = NoReduceScatterOpt,
     arch: str | None = ArchOpt,
@@ -308,6 +314,7 @@ def sweep(
                                  partition_activations=partition_activations,
                                  sequence_parallel=sequence_parallel,
                                  first_stage_layers=first_stage_layers,
+                                 account_embedding=account_embedding, account_loss=account_loss,
                                  last_stage_layers=last_stage_layers, no_reduce_scatter=no_reduce_scatter,
                                  arch=shape.get("arch"), ffn_hidden=shape.get("ffn_hidden", 0),
                                  kv_heads=shape.get("kv_heads", 0), flash_attention=flash_attention,
@@ -333,7 +340,8 @@ def sweep(
         if gpus is not None:
             for flag, given in ((VIRTUAL_STAGES, virtual_layers), (VIRTUAL_STAGES_PER_RANK, virtual_chunks),
                                 (FIRST_STAGE_LAYERS, first_stage_layers), (LAST_STAGE_LAYERS, last_stage_layers),
-                                (MICROBATCH_GROUP, microbatch_group)):
+                                (MICROBATCH_GROUP, microbatch_group), (ACCOUNT_EMBEDDING, account_embedding),
+                                (ACCOUNT_LOSS, account_loss)):
                 if given:
                     fail(f"{flag}: --gpus gives each layout its own stages and schedule (uneven ends where the "
                          "depth does not divide the layers; --virtual-stages N,N to try the interleaved schedule)")

@@ -16,6 +16,8 @@ from echo_et.cli.cluster_opts import (
 )
 from echo_et.cli.common import (
     MAX_OUTPUT_HELP,
+    AccountEmbeddingOpt,
+    AccountLossOpt,
     ArchOpt,
     DistOptOpt,
     FfnHiddenOpt,
@@ -150,6 +152,8 @@ def predict_cmd(
     partition_activations: bool = PartitionActivationsOpt,
     sequence_parallel: bool = SequenceParallelOpt,
     first_stage_layers: int = FirstStageLayersOpt,
+    account_embedding: bool = AccountEmbeddingOpt,
+    account_loss: bool = AccountLossOpt,
     last_stage_layers: int = LastStageLayersOpt,
     no_reduce_scatter: bool = NoReduceScatterOpt,
     timeline_events: int | None = typer.Option(None, "--timeline-events", metavar="N",
@@ -211,6 +215,7 @@ def predict_cmd(
                                                   partition_activations=partition_activations,
                                                   sequence_parallel=sequence_parallel,
                                                   first_stage_layers=first_stage_layers,
+                                                  account_embedding=account_embedding, account_loss=account_loss,
                                                   last_stage_layers=last_stage_layers,
                                                   no_reduce_scatter=no_reduce_scatter, arch=arch,
                                                   ffn_hidden=ffn_hidden, kv_heads=kv_heads,
@@ -246,8 +251,10 @@ def predict_cmd(
     from echo_et.cli.sim_cmds import echo_compute_bounds, echo_result
 
     res = pred.result
-    stages = GPTConfig(layers=layers, first_stage_layers=first_stage_layers,
-                       last_stage_layers=last_stage_layers).stages_said(pp)
+    stages_of = GPTConfig(layers=layers, first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers,
+                          account_for_embedding_in_pipeline_split=account_embedding,
+                          account_for_loss_in_pipeline_split=account_loss)
+    stages = stages_of.stages_said(pp)
     widths = "".join(f", {what} {n}" for what, n in (("MLP", ffn_hidden), ("key/value heads", kv_heads)) if n)
     typer.echo(f"{model.strip().lower() + ': ' if model else ''}"
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
@@ -258,8 +265,7 @@ def predict_cmd(
                          if n)
                + (f" (micro-batch groups of {microbatch_group})"
                   if microbatch_group and (virtual_layers or virtual_chunks) else "")
-               + (f" (layers per stage: {stages})"
-                  if first_stage_layers or last_stage_layers else "")
+               + (f" (layers per stage: {stages})" if stages_of.uneven_stages and pp > 1 else "")
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     for line in pred.advice:
         typer.echo(f"advice: {line}")

@@ -15,6 +15,8 @@ from echo_et.cli.cluster_opts import (
     intra_bw_opt,
 )
 from echo_et.cli.common import (
+    ACCOUNT_EMBEDDING,
+    ACCOUNT_LOSS,
     ARCH,
     FFN_HIDDEN,
     FIRST_STAGE_LAYERS,
@@ -39,6 +41,8 @@ from echo_et.cli.common import (
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
     VIRTUAL_STAGES_PER_RANK,
+    AccountEmbeddingOpt,
+    AccountLossOpt,
     ArchOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
@@ -131,6 +135,8 @@ def trace(
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel",
                                            help="megatron-gpt: " + SEQUENCE_PARALLEL_HELP),
     first_stage_layers: int = FirstStageLayersOpt,
+    account_embedding: bool = AccountEmbeddingOpt,
+    account_loss: bool = AccountLossOpt,
     last_stage_layers: int = LastStageLayersOpt,
     no_reduce_scatter: bool = NoReduceScatterOpt,
     arch: str | None = ArchOpt,
@@ -219,6 +225,7 @@ def trace(
                             ("--partition-activations", partition_activations),
                             ("--sequence-parallel", sequence_parallel),
                             (FIRST_STAGE_LAYERS, bool(first_stage_layers)),
+                            (ACCOUNT_EMBEDDING, account_embedding), (ACCOUNT_LOSS, account_loss),
                             (LAST_STAGE_LAYERS, bool(last_stage_layers)),
                             (NO_REDUCE_SCATTER, no_reduce_scatter),
                             (ARCH, arch is not None), (FFN_HIDDEN, bool(ffn_hidden)), (KV_HEADS, bool(kv_heads)),
@@ -262,6 +269,8 @@ def trace(
                                 ("partition_activations", partition_activations or None),
                                 ("sequence_parallel", sequence_parallel or None),
                                 ("first_stage_layers", first_stage_layers or None),
+                                ("account_for_embedding_in_pipeline_split", account_embedding or None),
+                                ("account_for_loss_in_pipeline_split", account_loss or None),
                                 ("last_stage_layers", last_stage_layers or None),
                                 ("grad_reduce_scatter", False if no_reduce_scatter else None),
                                 ("arch", arch), ("ffn_hidden", ffn_hidden or None), ("kv_heads", kv_heads or None),
@@ -338,6 +347,10 @@ def trace(
         parts.append("--sequence-parallel")
     if script is None and cfg.first_stage_layers:
         parts += [FIRST_STAGE_LAYERS, cfg.first_stage_layers]
+    if script is None and cfg.account_for_embedding_in_pipeline_split:
+        parts.append(ACCOUNT_EMBEDDING)
+    if script is None and cfg.account_for_loss_in_pipeline_split:
+        parts.append(ACCOUNT_LOSS)
     if script is None and cfg.last_stage_layers:
         parts += [LAST_STAGE_LAYERS, cfg.last_stage_layers]
     if script is None and not cfg.grad_reduce_scatter:

@@ -76,6 +76,9 @@ class ConfigSweepOptions:
     # first_stage_layers and last_stage_layers columns override them
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # Megatron-Core's --account-for-embedding/loss-in-pipeline-split (GPTConfig's), every row
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     # with the distributed optimizer: gradients reduce-scattered (Megatron's) or all-reduced
     # whole (DeepSpeed's "reduce_scatter": false and its bfloat16 optimizer; GPTConfig.grad_reduce_scatter)
     grad_reduce_scatter: bool = True
@@ -166,6 +169,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              sync_timers=opts.sync_timers, pipeline_engine=opts.pipeline_engine,
                              partition_activations=opts.partition_activations,
                              sequence_parallel=opts.sequence_parallel, grad_reduce_scatter=opts.grad_reduce_scatter,
+                             account_for_embedding_in_pipeline_split=opts.account_for_embedding_in_pipeline_split,
+                             account_for_loss_in_pipeline_split=opts.account_for_loss_in_pipeline_split,
                              **dict(zip(("first_stage_layers", "last_stage_layers"), edge_stage_layers(row, opts),
                                         strict=True)),
                              arch=opts.arch, flash_attention=opts.flash_attention,
@@ -222,8 +227,9 @@ def schedule_said(row: dict[str, Any], opts: ConfigSweepOptions) -> str:
     if layers < 1 or pp < 1 or min(vls, vpr, first, last, group) < 0:
         return ""
     return GPTConfig(layers=layers, layers_per_virtual_stage=vls, virtual_stages_per_rank=vpr,
-                     microbatch_group_size=group, first_stage_layers=first,
-                     last_stage_layers=last).schedule_said(pp)
+                     microbatch_group_size=group, first_stage_layers=first, last_stage_layers=last,
+                     account_for_embedding_in_pipeline_split=opts.account_for_embedding_in_pipeline_split,
+                     account_for_loss_in_pipeline_split=opts.account_for_loss_in_pipeline_split).schedule_said(pp)
 
 
 def edge_stage_layers(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, int]:

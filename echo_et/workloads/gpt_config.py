@@ -126,6 +126,13 @@ class GPTConfig:
     # (layers + 2) / pp - 1: each word embedding counted as a layer of its stage.
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # Megatron-Core's --account-for-embedding-in-pipeline-split and
+    # --account-for-loss-in-pipeline-split: the word embedding (the loss) counted as a layer of
+    # the first (last) stage when the layers are split, (layers + 1 [+ 1]) / pp a stage, so the
+    # first (last) stage holds one layer less; not with the first and last counts above, and
+    # not interleaved (Megatron-Core takes the layer from the stage's first chunk only).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     # With ZeRO stage 1 (the distributed optimizer): the gradients reduce-scattered into each
     # rank's shard (Megatron's, DeepSpeed's default), or all-reduced whole with each rank
     # keeping its shard (False: DeepSpeed's "reduce_scatter": false, and its bfloat16
@@ -247,8 +254,15 @@ class GPTConfig:
 
     @property
     def uneven_stages(self) -> bool:
-        """Whether the first or the last stage is given its own layer count."""
-        return bool(self.first_stage_layers or self.last_stage_layers)
+        """Whether the first or the last stage is given its own layer count (or Megatron-Core
+        counts the embedding or the loss as a layer of its stage)."""
+        return bool(self.first_stage_layers or self.last_stage_layers or self.accounted_layers)
+
+    @property
+    def accounted_layers(self) -> int:
+        """The embedding and the loss counted as layers when the layers are split over the
+        stages (Megatron-Core's --account-for-embedding/loss-in-pipeline-split): 0, 1 or 2."""
+        return int(self.account_for_embedding_in_pipeline_split) + int(self.account_for_loss_in_pipeline_split)
 
     def stage_layer_counts(self, pp: int) -> tuple[int, ...]:
         """Layers of each pipeline stage, first to last: layers / pp each, or the first and
@@ -256,6 +270,10 @@ class GPTConfig:
         caller has validated that they do)."""
         if not self.uneven_stages or pp == 1:
             return (self.layers // pp,) * pp
+        if self.accounted_layers:
+            each = (self.layers + self.accounted_layers) // pp
+            return ((each - self.account_for_embedding_in_pipeline_split,) + (each,) * (pp - 2)
+                    + (each - self.account_for_loss_in_pipeline_split,))
         first, last = self.first_stage_layers, self.last_stage_layers
         between = pp - 2 if first and last else pp - 1
         rest = self.layers - first - last
@@ -289,7 +307,8 @@ class GPTConfig:
         said = f"interleaved x{self.virtual_chunks(pp)}" if self.interleaved else "1F1B"
         if self.interleaved and self.microbatch_group_size:
             said += f" in groups of {self.microbatch_group_size}"
-        return said + (f", stages {self.stages_said(pp)}" if self.uneven_stages else "")
+        shown = self.uneven_stages and len(set(self.stage_layer_counts(pp))) > 1
+        return said + (f", stages {self.stages_said(pp)}" if shown else "")
 
     def virtual_chunks(self, pp: int) -> int:
         """Model chunks per pipeline stage: 1, the virtual stages per rank given, or layers /
@@ -436,6 +455,9 @@ class GPTConfig:
         modelled)."""
         where = f"layout {layout.describe()}"
         first, last, pp = self.first_stage_layers, self.last_stage_layers, layout.pp
+        if self.accounted_layers:
+            self.check_accounted_stages(layout)
+            return
         for name, n in (("first", first), ("last", last)):
             if n < 0:
                 raise EchoError(f"{where}: the {name} stage's layers must be >= 0 (0: the even share), got {n}")
@@ -454,6 +476,28 @@ class GPTConfig:
         if rest < between or rest % between:
             raise EchoError(f"{where}: with {given}, the other {between} stage(s) must share the remaining "
                             f"{rest} of {self.layers} layers evenly, at least one each")
+
+    def check_accounted_stages(self, layout: ParallelLayout) -> None:
+        """Megatron-Core's rule when the embedding and/or the loss count as layers: pp divides
+        the layers with them; here also a layer on every stage, neither the stages' own counts
+        nor the interleaved schedule beside them."""
+        where = f"layout {layout.describe()}"
+        said = " and ".join(what for what, on in (("the embedding", self.account_for_embedding_in_pipeline_split),
+                                                  ("the loss", self.account_for_loss_in_pipeline_split)) if on)
+        if self.first_stage_layers or self.last_stage_layers:
+            raise EchoError(f"{where}: give the first and the last stage's layers, or count {said} as a layer "
+                            "of its stage, not both")
+        if self.interleaved:
+            raise EchoError(f"{where}: counting {said} as a layer takes it from the first (last) model chunk "
+                            "only, which echo-et's even chunks of a stage cannot hold; give the stages' layers "
+                            "(--decoder-first/last-pipeline-num-layers) with the interleaved schedule")
+        total = self.layers + self.accounted_layers
+        if total % layout.pp:
+            raise EchoError(f"{where}: with {said} counted as a layer, pp ({layout.pp}) must divide the "
+                            f"layers plus {self.accounted_layers} ({total})")
+        if min(self.stage_layer_counts(layout.pp)) < 1:
+            raise EchoError(f"{where}: with {said} counted as a layer, {total} / pp ({layout.pp}) leaves a stage "
+                            "without a layer")
 
     def check_virtual_stages(self, layout: ParallelLayout) -> None:
         """Megatron's rules for interleaved pipeline stages, given as layers per virtual stage
@@ -636,6 +680,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "overlap_p2p_comm": False, "overlap_p2p_comm_warmup_flush": False, "sync_timers": False,
     "pipeline_engine": PIPELINE_ENGINES[0],
     "partition_activations": False, "sequence_parallel": False, "first_stage_layers": 0,
+    "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
     "last_stage_layers": 0, "grad_reduce_scatter": True, "arch": ARCHS[0], "ffn_hidden": 0, "kv_heads": 0,
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
