@@ -489,8 +489,8 @@ class GPTConfig:
                             "of its stage, not both")
         if self.interleaved:
             raise EchoError(f"{where}: counting {said} as a layer takes it from the first (last) model chunk "
-                            "only, which echo-et's even chunks of a stage cannot hold; give the stages' layers "
-                            "(--decoder-first/last-pipeline-num-layers) with the interleaved schedule")
+                            "only, which echo-et's even chunks of a stage cannot hold; give the first and the last "
+                            "stage's own layer counts with the interleaved schedule")
         total = self.layers + self.accounted_layers
         if total % layout.pp:
             raise EchoError(f"{where}: with {said} counted as a layer, pp ({layout.pp}) must divide the "
