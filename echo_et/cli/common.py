@@ -226,6 +226,13 @@ RecomputeNumLayersOpt = typer.Option(
          "layers of each model chunk the block method recomputes (default 1).")
 
 
+RECOMPUTE_MODULES_FLAG = "--recompute-modules"
+RecomputeModulesOpt = typer.Option(
+    None, RECOMPUTE_MODULES_FLAG, metavar="MODULES",
+    help="With selective recomputation, Megatron-Core's modules to recompute, comma-separated: core_attn (the "
+         "default), mlp (the whole MLP), layernorm (the norms' outputs) (docs/predict.md).")
+
+
 def model_fields(model: str | None, **given: Any) -> dict[str, Any]:
     """A named model's shape (GPTConfig field names) under the options given beside it: an
     option given (not None, not 0) wins over the model's value. Without a model, the options
@@ -254,14 +261,32 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
 
 
 def recompute_method_setting(recompute: bool, granularity: str, method: str | None,
-                             num_layers: int | None) -> dict[str, Any]:
+                             num_layers: int | None, modules: str | None = None) -> dict[str, Any]:
     """The ``ConfigSweepOptions`` fields of ``--recompute-method`` and ``--recompute-num-layers``
     ({} when neither is given); they are full recomputation's, as in Megatron, which refuses
-    them with selective recomputation (and without recomputation has nothing to recompute)."""
-    from echo_et.workloads.gpt_config import RECOMPUTE_METHODS
+    them with selective recomputation (and without recomputation has nothing to recompute);
+    and of ``--recompute-modules``, selective recomputation's."""
+    from echo_et.workloads.gpt_config import OTHER_RECOMPUTE_MODULES, RECOMPUTE_METHODS, RECOMPUTE_MODULES
 
+    out: dict[str, Any] = {}
+    if modules is not None:
+        from echo_et.workloads.gpt_config import recompute_module_names
+
+        names = recompute_module_names(modules)
+        if not names:
+            raise OptionError("recompute_modules", f"{modules!r}: name at least one module")
+        for m in names:
+            if m not in RECOMPUTE_MODULES:
+                why = (" (a mixture-of-experts or multi-latent attention module: echo-et's layers have none)"
+                       if m in OTHER_RECOMPUTE_MODULES else "")
+                raise OptionError("recompute_modules", f"{m!r} is not one of {', '.join(RECOMPUTE_MODULES)}{why}")
+        if not (recompute and granularity == "selective"):
+            raise OptionError("recompute_modules", "it says what selective recomputation recomputes: give "
+                                                   "--recompute-granularity selective, as Megatron-Core reads it "
+                                                   "there only")
+        out["recompute_modules"] = ",".join(names)
     if method is None and num_layers is None:
-        return {}
+        return out
     if method is not None and method not in RECOMPUTE_METHODS:
         raise OptionError("recompute_method", f"{method!r} is not one of {', '.join(RECOMPUTE_METHODS)}")
     if num_layers is not None and num_layers < 1:
@@ -270,7 +295,7 @@ def recompute_method_setting(recompute: bool, granularity: str, method: str | No
         raise OptionError("recompute_method" if method is not None else "recompute_num_layers",
                           "it says how full recomputation runs: give --recompute (or --recompute-granularity full), "
                           "as Megatron asks for --recompute-granularity full")
-    return {"recompute_method": method or RECOMPUTE_METHODS[0], "recompute_num_layers": num_layers or 1}
+    return {**out, "recompute_method": method or RECOMPUTE_METHODS[0], "recompute_num_layers": num_layers or 1}
 
 
 def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grads: bool | None,

@@ -20,6 +20,7 @@ from echo_et.cli.common import (
     MODEL,
     RECOMPUTE_GRANULARITY,
     RECOMPUTE_METHOD,
+    RECOMPUTE_MODULES_FLAG,
     RECOMPUTE_NUM_LAYERS,
     VIRTUAL_STAGES,
     VIRTUAL_STAGES_PER_RANK,
@@ -51,6 +52,7 @@ from echo_et.cli.common import (
     PipelineEngineOpt,
     RecomputeGranularityOpt,
     RecomputeMethodOpt,
+    RecomputeModulesOpt,
     RecomputeNumLayersOpt,
     SequenceParallelOpt,
     SyncTimersOpt,
@@ -266,6 +268,7 @@ def sweep(
     recompute_granularity: str | None = RecomputeGranularityOpt,
     recompute_method: str | None = RecomputeMethodOpt,
     recompute_num_layers: int | None = RecomputeNumLayersOpt,
+    recompute_modules: str | None = RecomputeModulesOpt,
     compute_profile: Path | None = typer.Option(None, "--compute-profile", metavar="PROFILE.json",
                                                 help="Calibrated compute profile (--configs: default the GPU's "
                                                      "preset; JOB: the job's compute retimed with it)."),
@@ -348,7 +351,8 @@ def sweep(
         layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch"),
                                              _int_list(virtual_stages, "--virtual-stages"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
-        megatron = {**megatron, **recompute_method_setting(on, granularity, recompute_method, recompute_num_layers)}
+        megatron = {**megatron, **recompute_method_setting(on, granularity, recompute_method, recompute_num_layers,
+                                                           recompute_modules)}
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=on, recompute_granularity=granularity,
                      compute_profile=compute_profile,
@@ -368,7 +372,8 @@ def sweep(
     if nic_bw is not None:
         fail("--nic-bw only applies with --configs")
     for flag, given in (("--recompute", recompute or None), (RECOMPUTE_GRANULARITY, recompute_granularity),
-                        (RECOMPUTE_METHOD, recompute_method), (RECOMPUTE_NUM_LAYERS, recompute_num_layers)):
+                        (RECOMPUTE_METHOD, recompute_method), (RECOMPUTE_NUM_LAYERS, recompute_num_layers),
+                        (RECOMPUTE_MODULES_FLAG, recompute_modules)):
         if given is not None:
             fail(f"{flag} only applies with --configs")
     if (flag := MODEL if model else megatron_flag_given(megatron)) is not None:

@@ -37,6 +37,7 @@ from echo_et.cli.common import (
     PARTITION_ACTIVATIONS_HELP,
     PIPELINE_ENGINE_HELP,
     RECOMPUTE_METHOD,
+    RECOMPUTE_MODULES_FLAG,
     RECOMPUTE_NUM_LAYERS,
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
@@ -63,6 +64,7 @@ from echo_et.cli.common import (
     OverlapParamGatherOpt,
     RecomputeGranularityOpt,
     RecomputeMethodOpt,
+    RecomputeModulesOpt,
     RecomputeNumLayersOpt,
     VirtualStagesPerRankOpt,
     emit_json,
@@ -106,6 +108,7 @@ def trace(
     recompute_granularity: str | None = RecomputeGranularityOpt,
     recompute_method: str | None = RecomputeMethodOpt,
     recompute_num_layers: int | None = RecomputeNumLayersOpt,
+    recompute_modules: str | None = RecomputeModulesOpt,
     grad_sync: str | None = typer.Option(None, "--grad-sync", metavar="MODE",
                                          help="GPT: overlap (bucketed all-reduces during the backward; gpt's "
                                               "default) or after-backward (one all-reduce; megatron-gpt's)."),
@@ -237,7 +240,8 @@ def trace(
                             (GATHER_WITH_STEP, gather_with_step),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
-                            (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None)):
+                            (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
+                            (RECOMPUTE_MODULES_FLAG, recompute_modules is not None)):
             if given:
                 raise EchoError(f"{flag} applies to the built-in workloads (gpt, megatron-gpt), not to --script")
         wl = Workload(script=script)
@@ -296,7 +300,8 @@ def trace(
                             "--[no-]scatter-gather-tensors-in-pipeline is Megatron-LM's")
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         recompute, granularity = recompute_setting(recompute, recompute_granularity)
-        kw.update(recompute_method_setting(recompute, granularity, recompute_method, recompute_num_layers))
+        kw.update(recompute_method_setting(recompute, granularity, recompute_method, recompute_num_layers,
+                                           recompute_modules))
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
                    bucket_mb=kw.pop("bucket_mb", bucket_mb), recompute=recompute,
                    recompute_granularity=granularity, **kw)
@@ -319,7 +324,8 @@ def trace(
                                                                   cfg.grad_sync])] + (
             ["--recompute", "--recompute-granularity", cfg.recompute_granularity] if cfg.recompute else []) + (
             [RECOMPUTE_METHOD, cfg.recompute_method, RECOMPUTE_NUM_LAYERS, cfg.recompute_num_layers]
-            if (cfg.recompute_method, cfg.recompute_num_layers) != ("uniform", 1) else [])
+            if (cfg.recompute_method, cfg.recompute_num_layers) != ("uniform", 1) else []) + (
+            [RECOMPUTE_MODULES_FLAG, cfg.recompute_modules] if cfg.recompute_modules != "core_attn" else [])
     if script is None and cfg.scatter_gather_tensors_in_pipeline != (workload == "megatron-gpt"):
         parts.append("--scatter-gather-tensors-in-pipeline" if cfg.scatter_gather_tensors_in_pipeline
                      else "--no-scatter-gather-tensors-in-pipeline")

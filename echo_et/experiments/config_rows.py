@@ -34,6 +34,8 @@ class ConfigSweepOptions:
     # recompute_num_layers); a row's recompute_num_layers column overrides the latter
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    # Megatron-Core's --recompute-modules, with selective recomputation (GPTConfig.recompute_modules)
+    recompute_modules: str = "core_attn"
     dtype: str = "float16"
     vocab: int | None = None           # default: the workload's (GPT-2's 50257)
     grad_sync: str = "after-backward"  # Megatron-DeepSpeed's local DDP: bucketing off
@@ -154,7 +156,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              heads=int(row["heads"]), seq=int(row["seq"]),
                              micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
                              recompute_granularity=opts.recompute_granularity,
-                             recompute_method=opts.recompute_method,
+                             recompute_method=opts.recompute_method, recompute_modules=opts.recompute_modules,
                              recompute_num_layers=row_or(row, "recompute_num_layers", opts.recompute_num_layers),
                              dtype=opts.dtype, grad_sync=grad_sync,
                              scatter_gather_tensors_in_pipeline=opts.scatter_gather_tensors_in_pipeline,

@@ -158,6 +158,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
     key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(opts.recompute)}"
     if opts.recompute:                                           # what the backward runs again
         key += f"-{opts.recompute_granularity}"
+    if opts.recompute_modules != "core_attn":                    # what selective recomputation runs again
+        key += f"-{opts.recompute_modules.replace(',', '+')}"
     if (opts.recompute_method, opts.recompute_num_layers) != ("uniform", 1) or row.get("recompute_num_layers"):
         key += f"-{opts.recompute_method}{row_or(row, 'recompute_num_layers', opts.recompute_num_layers)}"
     for differs, mark in ((opts.grad_sync != "after-backward", f"-{opts.grad_sync}"),

@@ -27,6 +27,8 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 **({"recompute_method": cfg.recompute_method, "recompute_layers": cfg.recompute_num_layers}
                    if cfg.recomputes_layers and (cfg.recompute_method, cfg.recompute_num_layers) != ("uniform", 1)
                    else {}),
+                **({"recompute_modules": cfg.selective_modules()}
+                   if cfg.selective_modules() not in ((), ("core_attn",)) else {}),
                 sequence_parallel=cfg.sequence_parallel and layout.tp > 1,
                 **({"stage_layers": cfg.stage_layer_counts(layout.pp)} if cfg.uneven_stages else {}),
                 **({"chunks": cfg.virtual_chunks(layout.pp)} if cfg.interleaved else {}),

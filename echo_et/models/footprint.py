@@ -110,14 +110,18 @@ RECOMPUTE_LEVELS = ("full", "selective", "none")
 def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: int, tp: int, elem_bytes: int,
                            recompute: str, dropout: bool = True, sequence_parallel: bool = False,
                            ffn: int | None = None, kv: int | None = None, gated: bool = False,
-                           flash: bool = False) -> tuple[int, int]:
+                           flash: bool = False, modules: tuple[str, ...] = ("core_attn",)) -> tuple[int, int]:
     """(kept, transient) bytes of one layer and micro-batch at ``recompute``: what stays
     until its backward, and what its backward adds at once on top (see the module docstring).
     With ``sequence_parallel`` the tensors the TP ranks otherwise replicate are split along
     the sequence too (Korthikanti et al.: 34 s b h / tp at e = 2 with selective recomputation).
     ``ffn`` (default 4 x hidden) and ``kv`` (default hidden): the MLP's width and the keys';
     ``gated``: a SwiGLU MLP (its input twice as wide); ``flash``: flash attention, which keeps
-    no s x s tensor."""
+    no s x s tensor. ``modules``: what selective recomputation recomputes (Megatron-Core's
+    --recompute-modules): "core_attn" drops the s x s tensors, "mlp" the MLP activation's input
+    and output (its checkpointed input, the second norm's output, is kept), "layernorm" the two
+    norms' outputs (the inputs of the QKV and first MLP GEMMs); each recomputed part is live at
+    once in the layer's backward, one after the other."""
     if recompute not in RECOMPUTE_LEVELS:
         raise ValueError(f"recompute {recompute!r} is not one of {RECOMPUTE_LEVELS}")
     ffn = 4 * hidden if ffn is None else ffn
@@ -134,7 +138,11 @@ def layer_activation_bytes(*, seq: int, micro_batch: int, hidden: int, heads: in
         kept = elem_bytes * sbh // tp
         return kept, outside_attention + scores - kept
     if recompute == "selective":
-        return outside_attention, scores
+        mlp_act = elem_bytes * sb * (3 if gated else 2) * ffn // tp
+        norm_out = 2 * elem_bytes * sbh // (tp if sequence_parallel else 1)
+        dropped = {"core_attn": scores, "mlp": mlp_act, "layernorm": norm_out}
+        kept = outside_attention + scores - sum(dropped[m] for m in modules)
+        return kept, max([0, *(dropped[m] for m in modules)])
     return outside_attention + scores, 0
 
 
@@ -145,7 +153,8 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                        stage_layers: tuple[int, ...] | None = None, kv: int | None = None,
                        llama: bool = False, flash: bool = False, chunks: int = 1,
                        microbatch_group: int = 0, recompute_method: str = "uniform",
-                       recompute_layers: int = 1) -> tuple[int, int, int]:
+                       recompute_layers: int = 1,
+                       recompute_modules: tuple[str, ...] = ("core_attn",)) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most;
     ``chunks``: model chunks per stage of Megatron's interleaved schedule, whose stage s keeps
     the activations of min(2 (pp - s - 1) + (chunks - 1) g + 1, micro-batches x chunks)
@@ -165,7 +174,7 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
     layer_bytes = {level: layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads,
                                                  tp=tp, elem_bytes=elem_bytes, recompute=level, dropout=dropout,
                                                  sequence_parallel=sequence_parallel, ffn=ffn, kv=kv, gated=llama,
-                                                 flash=flash)
+                                                 flash=flash, modules=recompute_modules)
                    for level in {recompute, "none"}}
     if stage_layers is not None and len(stage_layers) != pp:
         raise ValueError(f"{len(stage_layers)} stage layer counts for pp {pp}")
@@ -217,9 +226,12 @@ RECOMPUTE_SAID = {"full": "full recomputation", "selective": "selective recomput
 
 
 def recompute_said(shape: dict[str, Any]) -> str:
-    """The recomputation of a footprint's keywords, in words ("full recomputation, block
-    method over 2 layers a chunk")."""
+    """The recomputation of a footprint's keywords, in words ("full recomputation (block
+    method, 2 layers)", "selective recomputation (core_attn, mlp)")."""
     level = shape.get("recompute", "full")
+    modules = shape.get("recompute_modules", ("core_attn",))
+    if level == "selective" and tuple(modules) != ("core_attn",):
+        return f"{RECOMPUTE_SAID[level]} ({', '.join(modules)})"
     method, n = shape.get("recompute_method", "uniform"), shape.get("recompute_layers", 1)
     if level != "full" or (method, n) == ("uniform", 1):
         return RECOMPUTE_SAID[level]

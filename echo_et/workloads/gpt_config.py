@@ -20,6 +20,18 @@ ATTENTIONS = ("sdpa", "megatron")
 GRAD_SYNCS = ("overlap", "after-backward")
 RECOMPUTE_GRANULARITIES = ("full", "selective")   # the first is --recompute's
 RECOMPUTE_METHODS = ("uniform", "block")          # Megatron's --recompute-method; the first its default
+# Megatron-Core's --recompute-modules that a dense layer has (selective recomputation; the first is
+# its default), and those of layers echo-et does not model (mixture of experts, multi-latent attention)
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+OTHER_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts", "mla_up_proj")
+
+
+def recompute_module_names(modules: str) -> tuple[str, ...]:
+    """``--recompute-modules``' names (commas or spaces between them), in Megatron's order
+    (:data:`RECOMPUTE_MODULES`), each once; unknown names kept, after, for the check to name."""
+    names = [m for m in modules.replace(",", " ").split() if m]
+    known = tuple(m for m in RECOMPUTE_MODULES if m in names)
+    return known + tuple(dict.fromkeys(m for m in names if m not in RECOMPUTE_MODULES))
 OPTIMIZERS = ("adam", "megatron")
 PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
 ARCHS = ("gpt", "llama")   # the first is the default
@@ -63,6 +75,12 @@ class GPTConfig:
     # each model chunk and keeps every activation of the others (no recomputation for them).
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    # With selective recomputation, Megatron-Core's --recompute-modules (comma-separated):
+    # "core_attn" (its default: the core attention, checkpointed), "mlp" (the whole MLP,
+    # checkpointed: its two GEMMs, their collectives and the activation run again),
+    # "layernorm" (the two layer norms' outputs dropped and recomputed before the GEMM that
+    # reads them: traced as a checkpoint of the norm, the memory bound drops the outputs).
+    recompute_modules: str = "core_attn"
     grad_sync: str = "overlap"       # overlap (bucketed, during backward) | after-backward
     optimizer: str = "adam"          # adam | megatron (fp32 master weights, grad norm, fused)
     # With tp > 1 and pp > 1, each TP rank sends 1/tp of every activation and gradient between
@@ -238,10 +256,26 @@ class GPTConfig:
         chunks = self.virtual_chunks(pp)
         return sum(chunks * min(self.recompute_num_layers, n // chunks) for n in self.stage_layer_counts(pp))
 
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules selective recomputation recomputes (none without it)."""
+        if not (self.recompute and self.recompute_granularity == "selective"):
+            return ()
+        return recompute_module_names(self.recompute_modules)
+
     @property
     def recomputes_core_attention(self) -> bool:
-        """Whether only the core attention is checkpointed (selective recomputation)."""
-        return self.recompute and self.recompute_granularity == "selective"
+        """Whether the core attention is checkpointed (selective recomputation's default)."""
+        return "core_attn" in self.selective_modules()
+
+    @property
+    def recomputes_mlp(self) -> bool:
+        """Whether the MLP is checkpointed (selective recomputation, Megatron-Core's "mlp")."""
+        return "mlp" in self.selective_modules()
+
+    @property
+    def recomputes_layernorm(self) -> bool:
+        """Whether the layer norms' outputs are recomputed (Megatron-Core's "layernorm")."""
+        return "layernorm" in self.selective_modules()
 
     @property
     def grad_buffer_dtype(self) -> str:
@@ -384,6 +418,7 @@ class GPTConfig:
             raise EchoError(f"{where}: a recompute method and its layers ({self.recompute_method}, "
                             f"{self.recompute_num_layers}) are full recomputation's (Megatron refuses them "
                             "with selective recomputation, and has nothing to recompute without one)")
+        self.check_recompute_modules(where)
         if self.partition_activations and not self.recomputes_layers:
             raise EchoError(f"{where}: partitioned activation checkpoints need full recomputation "
                             "(recomputation at granularity full)")
@@ -446,6 +481,27 @@ class GPTConfig:
                                 (self.flash_attention, "flash attention (gpt's attention is flash already)")):
                 if given:
                     raise EchoError(f"{where}: {what} is Megatron's (megatron-gpt)")
+
+    def check_recompute_modules(self, where: str) -> None:
+        """Megatron-Core's --recompute-modules: selective recomputation's (its only granularity
+        that reads them), at least one, each one a dense layer has; megatron-gpt's."""
+        names = recompute_module_names(self.recompute_modules)
+        if names == RECOMPUTE_MODULES[:1]:
+            return
+        if not (self.recompute and self.recompute_granularity == "selective"):
+            raise EchoError(f"{where}: recompute modules ({', '.join(names) or 'none'}) are selective "
+                            "recomputation's (Megatron-Core reads them at granularity selective only)")
+        if not names:
+            raise EchoError(f"{where}: selective recomputation needs at least one module to recompute")
+        for m in names:
+            if m in OTHER_RECOMPUTE_MODULES:
+                raise EchoError(f"{where}: recompute module {m!r} is for mixture-of-experts or multi-latent "
+                                "attention layers, which echo-et's layers do not have")
+            if m not in RECOMPUTE_MODULES:
+                raise EchoError(f"{where}: recompute module {m!r} is not one of {', '.join(RECOMPUTE_MODULES)}")
+        if self.attention != "megatron":
+            raise EchoError(f"{where}: recompute modules other than the core attention are Megatron's "
+                            "(megatron-gpt)")
 
     def check_stage_layers(self, layout: ParallelLayout) -> None:
         """Megatron-Core's rules for the first and the last stage's own layer counts: at
@@ -653,7 +709,7 @@ class GPTConfig:
         again = 0
         if self.recompute:
             again = (self.recomputed_layers(pp) * layer if self.recompute_granularity == "full"
-                     else self.layers * 4 * s * h)
+                     else self.layers * (4 * s * h * self.recomputes_core_attention + mlp * self.recomputes_mlp))
         return float(model), float(model + tokens * again)
 
     def parameters(self) -> int:
@@ -685,6 +741,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
     "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
+    "recompute_modules": "core_attn",
 }
 
 

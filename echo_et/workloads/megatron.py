@@ -137,6 +137,8 @@ def megatron_block_class():
             self.p = cfg.dropout
             self.norm = 1.0 / math.sqrt(self.hn)
             self.recompute_core = cfg.recomputes_core_attention
+            self.recompute_mlp = cfg.recomputes_mlp
+            self.recompute_norm = cfg.recomputes_layernorm
             self.flash = cfg.flash_attention
             self.llama = LlamaParts(cfg, device) if cfg.llama else None
             self.fused_softmax = fused.upper_triang_softmax_fuses(seq=cfg.seq, attn_batches=cfg.micro_batch * self.np,
@@ -221,14 +223,28 @@ def megatron_block_class():
             ctx = torch.bmm(probs.view(b * np_, s, s), v)
             return ctx.view(b, np_, s, hn).permute(2, 0, 1, 3).contiguous().view(s, b, np_ * hn)
 
+        def normed(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            """A layer norm's output; recomputed in the backward with Megatron-Core's
+            "layernorm" recompute module (its output-discarding checkpoint: the norm runs again
+            before the GEMM that reads it)."""
+            return checkpoint(norm, x) if self.recompute_norm else norm(x)
+
+        def mlp(self, x: torch.Tensor) -> torch.Tensor:
+            """The MLP up to the second GEMM's output, its bias left to the caller (the GPT
+            layer's GeLU, the llama layer's SwiGLU); checkpointed with the "mlp" module."""
+            def run(y: torch.Tensor) -> torch.Tensor:
+                h, b = self.fc1(y)
+                return self.fc2(fused.swiglu(h) if self.llama is not None else fused.bias_gelu(h, b))[0]
+
+            return checkpoint(run, x) if self.recompute_mlp else run(x)
+
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if self.llama is not None:
                 return self.llama.forward(self, x)
-            out, bias = self.attention(self.ln1(x))
+            out, bias = self.attention(self.normed(self.ln1, x))
             x = bias_dropout_add(out, bias, x, self.p)
-            h4, b4 = self.fc1(self.ln2(x))
-            out, bias = self.fc2(fused.bias_gelu(h4, b4))
-            return bias_dropout_add(out, bias, x, self.p)
+            out = self.mlp(self.normed(self.ln2, x))
+            return bias_dropout_add(out, self.fc2.bias, x, self.p)
 
     return MegatronBlock
 
@@ -266,13 +282,10 @@ class LlamaParts:
 
     @staticmethod
     def forward(block, x: torch.Tensor) -> torch.Tensor:
-        from echo_et.workloads import fused
 
-        out, _ = block.attention(block.ln1(x))
+        out, _ = block.attention(block.normed(block.ln1, x))
         x = x + dropout(out, block.p)
-        h, _ = block.fc1(block.ln2(x))
-        out, _ = block.fc2(fused.swiglu(h))
-        return x + dropout(out, block.p)
+        return x + dropout(block.mlp(block.normed(block.ln2, x)), block.p)
 
 
 class CheckpointFunction(torch.autograd.Function):
