@@ -352,6 +352,7 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--layers", "4", "--recompute", "--recompute-method", "block"], "--recompute-num-layers",
               "int", 60))
     t.append((pr + ["--layers", "4", "--recompute", "--recompute-num-layers", "2"], "--recompute-method", "name", 60))
+    t.append((pr + ["--layers", "4", "--recompute-granularity", "selective"], "--recompute-modules", "name", 60))
     # Megatron-Core's micro-batch groups against pp and the micro-batches, and the micro-batches against them
     t.append((pr + ["--layers", "8", "--pp", "4", "--global-batch", "10", "--num-layers-per-virtual-pipeline-stage",
                     "1"], "--microbatch-group-size-per-virtual-pipeline-stage", "int", 60))
