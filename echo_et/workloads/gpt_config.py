@@ -24,6 +24,10 @@ RECOMPUTE_METHODS = ("uniform", "block")          # Megatron's --recompute-metho
 # its default), and those of layers echo-et does not model (mixture of experts, multi-latent attention)
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
 OTHER_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts", "mla_up_proj")
+OPTIMIZERS = ("adam", "megatron")
+PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
+ARCHS = ("gpt", "llama")   # the first is the default
+MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
 def recompute_module_names(modules: str) -> tuple[str, ...]:
@@ -32,10 +36,6 @@ def recompute_module_names(modules: str) -> tuple[str, ...]:
     names = [m for m in modules.replace(",", " ").split() if m]
     known = tuple(m for m in RECOMPUTE_MODULES if m in names)
     return known + tuple(dict.fromkeys(m for m in names if m not in RECOMPUTE_MODULES))
-OPTIMIZERS = ("adam", "megatron")
-PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
-ARCHS = ("gpt", "llama")   # the first is the default
-MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
 # What tracing one rank of a GPT builds, as lower bounds (measured on this project's CPU,
