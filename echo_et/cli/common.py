@@ -260,12 +260,12 @@ def recompute_setting(recompute: bool, granularity: str | None) -> tuple[bool, s
     return True, granularity
 
 
-def recompute_method_setting(recompute: bool, granularity: str, method: str | None,
+def recompute_detail_settings(recompute: bool, granularity: str, method: str | None,
                              num_layers: int | None, modules: str | None = None) -> dict[str, Any]:
-    """The ``ConfigSweepOptions`` fields of ``--recompute-method`` and ``--recompute-num-layers``
-    ({} when neither is given); they are full recomputation's, as in Megatron, which refuses
-    them with selective recomputation (and without recomputation has nothing to recompute);
-    and of ``--recompute-modules``, selective recomputation's."""
+    """The ``ConfigSweepOptions`` fields of what recomputation's flags detail ({} when none is
+    given): ``--recompute-method`` and ``--recompute-num-layers``, full recomputation's, as in
+    Megatron, which refuses them with selective recomputation (and without recomputation has
+    nothing to recompute); ``--recompute-modules``, selective recomputation's."""
     from echo_et.workloads.gpt_config import OTHER_RECOMPUTE_MODULES, RECOMPUTE_METHODS, RECOMPUTE_MODULES
 
     out: dict[str, Any] = {}

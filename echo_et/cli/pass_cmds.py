@@ -65,7 +65,7 @@ from echo_et.cli.common import (
     megatron_flag_given,
     megatron_settings,
     model_fields,
-    recompute_method_setting,
+    recompute_detail_settings,
     recompute_setting,
 )
 from echo_et.cli.sweep_opts import MaxMemoryOpt, ResumeOpt, finish, memory_budget, open_log
@@ -351,7 +351,7 @@ def sweep(
         layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch"),
                                              _int_list(virtual_stages, "--virtual-stages"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
-        megatron = {**megatron, **recompute_method_setting(on, granularity, recompute_method, recompute_num_layers,
+        megatron = {**megatron, **recompute_detail_settings(on, granularity, recompute_method, recompute_num_layers,
                                                            recompute_modules)}
         config_sweep(configs, output, gpu=gpu, gpus_per_node=gpus_per_node, intra_bw=intra_bw,
                      inter_bw=inter_bw, nic_bw=nic_bw, recompute=on, recompute_granularity=granularity,

@@ -57,7 +57,7 @@ from echo_et.cli.common import (
     max_output_bytes,
     megatron_settings,
     model_fields,
-    recompute_method_setting,
+    recompute_detail_settings,
     recompute_setting,
 )
 from echo_et.errors import OptionError
@@ -201,7 +201,7 @@ def predict_cmd(
     check_node_fill(dp * tp * pp, gpus_per_node)
     recompute, granularity = recompute_setting(recompute, recompute_granularity)
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=granularity, dtype=dtype,
-                              **recompute_method_setting(recompute, granularity, recompute_method,
+                              **recompute_detail_settings(recompute, granularity, recompute_method,
                                                          recompute_num_layers, recompute_modules),
                               compute_profile=str(compute_profile) if compute_profile else None,
                               comm_profile=str(profile) if profile else None, slowdown=not no_slowdown,

@@ -70,7 +70,7 @@ from echo_et.cli.common import (
     emit_json,
     guarded,
     model_fields,
-    recompute_method_setting,
+    recompute_detail_settings,
     recompute_setting,
 )
 
@@ -300,7 +300,7 @@ def trace(
                             "--[no-]scatter-gather-tensors-in-pipeline is Megatron-LM's")
         make = GPTConfig.megatron if workload == "megatron-gpt" else GPTConfig
         recompute, granularity = recompute_setting(recompute, recompute_granularity)
-        kw.update(recompute_method_setting(recompute, granularity, recompute_method, recompute_num_layers,
+        kw.update(recompute_detail_settings(recompute, granularity, recompute_method, recompute_num_layers,
                                            recompute_modules))
         cfg = make(layers=layers, hidden=hidden, heads=heads, seq=seq, micro_batch=micro_batch,
                    bucket_mb=kw.pop("bucket_mb", bucket_mb), recompute=recompute,
