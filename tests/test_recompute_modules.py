@@ -159,3 +159,19 @@ def test_trace_and_sweep_take_the_modules(tmp_path) -> None:
     opts = ConfigSweepOptions(recompute=True, recompute_granularity="selective", recompute_modules="core_attn,mlp")
     assert workload_for(row, opts)[0].recomputes_mlp
     assert ConfigSweepOptions().to_json().get("recompute_modules") is None
+
+
+def test_predict_says_what_the_backward_recomputes(tmp_path) -> None:
+    """predict's first line names the recomputation it priced."""
+    base = ["predict", "--layers", "4", "--hidden", "64", "--heads", "4", "--seq", "32", "--global-batch", "2",
+            "--vocab", "96"]
+    for extra, said in (([], None), (["--recompute"], "(full recomputation)"),
+                        (["--recompute", "--recompute-method", "block", "--recompute-num-layers", "1"],
+                         "(full recomputation, block method, 1 layer)"),
+                        (["--recompute-granularity", "selective"], "(selective recomputation)"),
+                        (["--recompute-granularity", "selective", "--recompute-modules", "layernorm mlp"],
+                         "(selective recomputation: mlp, layernorm)")):
+        res = runner.invoke(app, [*base, *extra, "-o", str(tmp_path / str(len(extra)))])
+        assert res.exit_code == 0, res.output
+        first = res.stdout.splitlines()[0]
+        assert ("recomputation" not in first) if said is None else (said in first), first

@@ -268,6 +268,7 @@ def predict_cmd(
                + (f" (micro-batch groups of {microbatch_group})"
                   if microbatch_group and (virtual_layers or virtual_chunks) else "")
                + (f" (layers per stage: {stages})" if stages_of.uneven_stages and pp > 1 else "")
+               + recomputation_said(opts)
                + f" = {len(res.ranks)} {opts.gpu()} GPUs, {opts.gpus_per_node()} per node")
     for line in pred.advice:
         typer.echo(f"advice: {line}")
@@ -281,6 +282,23 @@ def predict_cmd(
     if w["until_ns"] is not None:
         typer.echo(f"timeline/ holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
+
+
+def recomputation_said(opts) -> str:
+    """The header's words for what the backward recomputes ("" without recomputation): " (full
+    recomputation)", " (full recomputation, block method, 4 layers)", " (selective
+    recomputation: core_attn, mlp)"."""
+    from echo_et.workloads.gpt_config import recompute_module_names
+
+    if not opts.recompute:
+        return ""
+    if opts.recompute_granularity == "selective":
+        modules = recompute_module_names(opts.recompute_modules)
+        return " (selective recomputation" + ("" if modules == ("core_attn",) else f": {', '.join(modules)}") + ")"
+    n = opts.recompute_num_layers
+    if (opts.recompute_method, n) == ("uniform", 1):
+        return " (full recomputation)"
+    return f" (full recomputation, {opts.recompute_method} method, {n} layer{'s' if n > 1 else ''})"
 
 
 def echo_throughput(rates: dict, gpu: str) -> None:
