@@ -190,3 +190,25 @@ def test_trace_records_and_sweep_rows_take_their_own_layers(tmp_path) -> None:
     out = json.loads(res.stdout)
     assert out["options"]["recompute_method"] == "block"
     assert out["rows"][0]["predicted_ms"] < out["rows"][1]["predicted_ms"]
+
+
+def test_a_sweep_row_says_whether_it_recomputes(tmp_path) -> None:
+    """``sweep --configs``: a row's recompute column (0 or 1) over the sweep's --recompute, at
+    the sweep's granularity; any other value is that row's one-line error."""
+    row = {"layers": 8, "hidden": 64, "heads": 4, "seq": 16, "micro_batch": 1, "global_batch": 2, "tp": 1, "pp": 1,
+           "dp": 1}
+    assert workload_for({**row, "recompute": 1}, ConfigSweepOptions())[0].recomputes_layers
+    assert not workload_for({**row, "recompute": 0}, ConfigSweepOptions(recompute=True))[0].recompute
+    sel = ConfigSweepOptions(recompute=True, recompute_granularity="selective")
+    assert workload_for({**row, "recompute": 1}, sel)[0].recomputes_core_attention
+    with pytest.raises(EchoError, match="recompute must be 0 or 1, got 2"):
+        workload_for({**row, "recompute": 2}, ConfigSweepOptions())
+    csv = tmp_path / "rows.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,vocab,recompute\n"
+                   "8,64,4,16,1,2,1,1,1,96,0\n8,64,4,16,1,2,1,1,1,96,1\n8,64,4,16,1,2,1,1,1,96,3\n")
+    res = runner.invoke(app, ["sweep", "--configs", str(csv), "--workers", "1", "--no-plot", "--json",
+                              "-o", str(tmp_path / "s")])
+    assert res.exit_code == 1, res.output             # a sweep with a failed row exits 1
+    rows = json.loads(res.stdout)["rows"]
+    assert rows[0]["predicted_ms"] < rows[1]["predicted_ms"]
+    assert "recompute must be 0 or 1, got 3" in rows[2]["error"]

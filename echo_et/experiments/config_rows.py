@@ -154,7 +154,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
         extra["bucket_mb"] = megatron_core_bucket_mb(int(row["dp"]), opts.dtype)
     cfg = GPTConfig.megatron(layers=int(row["layers"]), hidden=int(row["hidden"]),
                              heads=int(row["heads"]), seq=int(row["seq"]),
-                             micro_batch=int(row["micro_batch"]), recompute=opts.recompute,
+                             micro_batch=int(row["micro_batch"]), recompute=recomputes(row, opts),
                              recompute_granularity=opts.recompute_granularity,
                              recompute_method=opts.recompute_method, recompute_modules=opts.recompute_modules,
                              recompute_num_layers=row_or(row, "recompute_num_layers", opts.recompute_num_layers),
@@ -199,6 +199,15 @@ def row_or(row: dict[str, Any], column: str, default: int) -> int:
     """A row's own value of an optional column, else the sweep's."""
     v = row.get(column)
     return int(v) if v is not None else default
+
+
+def recomputes(row: dict[str, Any], opts: ConfigSweepOptions) -> bool:
+    """Whether a row recomputes activations (at the sweep's granularity): its own recompute
+    column, 0 or 1, else the sweep's --recompute."""
+    v = row_or(row, "recompute", int(opts.recompute))
+    if v not in (0, 1):
+        raise EchoError(f"recompute must be 0 or 1, got {v}")
+    return bool(v)
 
 
 def interleaving(row: dict[str, Any], opts: ConfigSweepOptions) -> tuple[int, int]:

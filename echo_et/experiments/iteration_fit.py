@@ -147,7 +147,7 @@ def fit_iterations(samples: Sequence[tuple[PathSample, PathSample, float]], prio
 # -- simulating the configurations -----------------------------------------------------------------
 def _row_job(row: dict[str, Any], opts, cache: str | None):
     """The row's traced Job, kept in ``cache`` (a folder) between runs when given."""
-    from echo_et.experiments.config_rows import edge_stage_layers, interleaving, microbatch_group, row_or
+    from echo_et.experiments.config_rows import edge_stage_layers, interleaving, microbatch_group, recomputes, row_or
     from echo_et.experiments.config_sweep import trace_row
     from echo_et.ir import load_job, save_job
 
@@ -155,8 +155,8 @@ def _row_job(row: dict[str, Any], opts, cache: str | None):
         return trace_row(row, opts)
     key = "-".join(str(row[k]) for k in ("layers", "hidden", "heads", "seq", "micro_batch",
                                           "global_batch", "tp", "pp", "dp"))
-    key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(opts.recompute)}"
-    if opts.recompute:                                           # what the backward runs again
+    key += f"-v{row.get('vocab') or opts.vocab or 0}-{opts.dtype}-{int(recomputes(row, opts))}"
+    if recomputes(row, opts):                                    # what the backward runs again
         key += f"-{opts.recompute_granularity}"
     if opts.recompute_modules != "core_attn":                    # what selective recomputation runs again
         key += f"-{opts.recompute_modules.replace(',', '+')}"
