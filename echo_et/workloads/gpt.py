@@ -493,8 +493,8 @@ def _stage_class():
             self.first_layer = first_layer
             # a layer recorded once stands for the others of its key: those of its chunk that run
             # under a checkpoint, or not (the block recompute method), at the same granularity
-            self.unit_keys = [("gpt-layer", cfg.recompute_level if cfg.recomputes_layer(i) or not cfg.recomputes_layers
-                               else "none") + (() if chunk is None else (chunk,)) for i in range(count)]
+            self.unit_keys = [("gpt-layer", cfg.layer_recompute_level(i)) + (() if chunk is None else (chunk,))
+                              for i in range(count)]
             self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
                 self.embed = VocabParallelEmbedding(self.vocab, cfg.hidden, group, **kw)

@@ -246,6 +246,13 @@ class GPTConfig:
         first ``recompute_num_layers`` of the chunk by the block method."""
         return self.recomputes_layers and (self.recompute_method == "uniform" or index < self.recompute_num_layers)
 
+    def layer_recompute_level(self, index: int) -> str:
+        """What the ``index``-th layer of a model chunk recomputes: :attr:`recompute_level`,
+        but "none" for a layer the block method leaves out."""
+        if self.recomputes_layers and not self.recomputes_layer(index):
+            return "none"
+        return self.recompute_level
+
     def recomputed_layers(self, pp: int) -> int:
         """How many of the model's layers run their forward again in the backward (full
         recomputation), over ``pp`` stages of :meth:`virtual_chunks` chunks each."""

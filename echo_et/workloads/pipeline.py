@@ -309,12 +309,11 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
         if buf is not None:
             (inputs if phase == "forward" else out_grads)[(t.mb, t.chunk)] = link.arrived(t, buf)
 
-    def arrive(phase: str, sends: bool | None = None) -> None:
-        """Wait for what was posted in ``phase``'s direction: its sends (``sends`` True), its
-        receives (False) or all of it (None)."""
+    def arrive(phase: str, sends_only: bool = False) -> None:
+        """Wait for what was posted in ``phase``'s direction: all of it, or its sends only."""
         keep = []
         for t, work, buf in pending[phase]:
-            if sends is not None and t.send != sends:
+            if sends_only and not t.send:
                 keep.append((t, work, buf))
             else:
                 settle(phase, t, work, buf)
@@ -337,7 +336,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                     arrive(phase)
             posted = link.post(item[1], outgoing)
             for phase in phases if kind != "prefetch" else ():
-                arrive(phase, sends=True)     # the sends posted before (Megatron's previous handle)
+                arrive(phase, sends_only=True)     # the sends posted before (Megatron's previous handle)
             for p in posted:
                 pending[p[0].phase].append(p)
             if kind == "exchange":
@@ -345,7 +344,7 @@ def interleaved_one_f_one_b(link: StageLink, microbatches: int, chunks: int,
                     arrive(phase)
             continue
         if kind == "settle":
-            arrive(item[1], sends=True)
+            arrive(item[1], sends_only=True)
             continue
         if kind == "await":
             await_oldest(item[1])
