@@ -45,7 +45,8 @@ def _layer_name(name: str, first_layer: int) -> str:
     return "word" if name in ("embed.weight", "head_weight") else name
 
 
-def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str, microbatches: int) -> None:
+def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str, microbatches: int,
+               cp: int = 1) -> None:
     import faulthandler
     import os
     from datetime import timedelta
@@ -63,11 +64,12 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str, m
     faulthandler.dump_traceback_later(120, exit=True)   # a hang fails the test, with its stack
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=tp * pp, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", rank=rank, world_size=tp * pp * cp, timeout=timedelta(seconds=120))
     try:
         kw = dict(cfg_kw)
         cfg = GPTConfig.megatron(**kw) if kw.pop("megatron", False) else GPTConfig(**kw)
-        ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, microbatches=microbatches), "cpu")
+        ctx = RankContext(rank, ParallelLayout(tp=tp, pp=pp, cp=cp, microbatches=microbatches), "cpu",
+                          all_groups=cp > 1)
         g = build_gpt(cfg)(ctx).__self__
         for m in g.models:
             fill_by_layer(m, m.first_layer)
@@ -92,20 +94,23 @@ def _rank_main(rank: int, tp: int, pp: int, cfg_kw: dict, port: int, out: str, m
         dist.destroy_process_group()
 
 
-def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, microbatches: int = MICROBATCHES, **cfg_kw) -> dict:
+def real_grads(tmp_path: Path, *, tp: int = 1, pp: int = 1, microbatches: int = MICROBATCHES, cp: int = 1,
+               **cfg_kw) -> dict:
     """Each parameter's gradient over ``microbatches`` micro-batches of a real run of the GPT
-    ``GPTConfig(**cfg_kw)`` (``megatron=True``: ``GPTConfig.megatron``) on TP x PP gloo
-    processes; the tied embedding's two copies (first and last stage) summed."""
+    ``GPTConfig(**cfg_kw)`` (``megatron=True``: ``GPTConfig.megatron``) on TP x PP (x CP)
+    gloo processes; the tied embedding's two copies (first and last stage) summed; with
+    context parallelism the CP ranks' gradients averaged, as the gradient reduction over the
+    data-parallel ranks with them does."""
     from echo_et.trace.insitu import free_port
 
-    out = tmp_path / (f"tp{tp}pp{pp}m{microbatches}-" + "-".join(f"{k}{v}" for k, v in sorted(cfg_kw.items())))
+    out = tmp_path / (f"tp{tp}pp{pp}cp{cp}m{microbatches}-" + "-".join(f"{k}{v}" for k, v in sorted(cfg_kw.items())))
     out.mkdir()
-    _start(_rank_main, (tp, pp, cfg_kw, free_port(), str(out), microbatches), tp * pp)
+    _start(_rank_main, (tp, pp, cfg_kw, free_port(), str(out), microbatches, cp), tp * pp * cp)
     total: dict = {}
-    for r in range(tp * pp):
+    for r in range(tp * pp * cp):
         for k, v in torch.load(out / f"rank{r}.pt").items():
             total[k] = total.get(k, 0) + v
-    return total
+    return {k: v / cp for k, v in total.items()}
 
 
 def _dp_rank_main(rank: int, world: int, zero: int, reduce_scatter: bool, overlap: bool, port: int,

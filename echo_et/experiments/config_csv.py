@@ -30,7 +30,7 @@ MAX_MEASURED_MS = MAX_NS / 1e6
 MODEL_COLUMNS = ("layers", "hidden", "heads", "seq", "vocab")
 OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage", "virtual_stages_per_rank",
             "microbatch_group_size", "first_stage_layers", "last_stage_layers", "ffn_hidden", "kv_heads",
-            "recompute_num_layers", "recompute")
+            "recompute_num_layers", "recompute", "cp")
 # vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
 # they are, for ``sweep --configs`` and ``calibrate compute --iterations`` alike.
 VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads",
@@ -91,9 +91,11 @@ def _config_rows(p: Path, reader: Any, option: str, defaults: dict[str, int]) ->
         for n, v in defaults.items():
             if row.get(n) is None:
                 row[n] = v
-        if row.get("gpus") is not None and row["gpus"] != row["tp"] * row["pp"] * row["dp"]:
-            raise OptionError(option, f"{p.name}, line {i}: gpus {row['gpus']} is not tp x pp x dp "
-                                      f"({row['tp']} x {row['pp']} x {row['dp']})")
+        if row.get("gpus") is not None and row["gpus"] != row_gpus(row):
+            cp = row.get("cp") or 1
+            what, of = ("tp x pp x dp x cp", f" x {cp}") if cp != 1 else ("tp x pp x dp", "")
+            raise OptionError(option, f"{p.name}, line {i}: gpus {row['gpus']} is not {what} "
+                                      f"({row['tp']} x {row['pp']} x {row['dp']}{of})")
         rows.append(row)
         if len(rows) > MAX_SWEEP_ROWS:
             raise OptionError(option, f"{p.name}: more than {MAX_SWEEP_ROWS:,} configuration rows (each is "
@@ -101,6 +103,12 @@ def _config_rows(p: Path, reader: Any, option: str, defaults: dict[str, int]) ->
     if not rows:
         raise OptionError(option, f"{p.name}: no configuration rows")
     return rows
+
+
+def row_gpus(row: Mapping[str, Any]) -> int:
+    """The GPUs a configuration row runs on: tp x pp x dp, times its cp column (context
+    parallelism) when it has one."""
+    return int(row["tp"]) * int(row["pp"]) * int(row["dp"]) * int(row.get("cp") or 1)
 
 
 _PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)

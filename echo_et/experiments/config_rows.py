@@ -151,7 +151,8 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     grad_sync = opts.grad_sync
     if opts.overlap_grad_reduce:
         grad_sync = "overlap"
-        extra["bucket_mb"] = megatron_core_bucket_mb(int(row["dp"]), opts.dtype)
+        # Megatron-Core sizes its buckets by the data-parallel ranks with context parallelism
+        extra["bucket_mb"] = megatron_core_bucket_mb(int(row["dp"]) * row_cp(row), opts.dtype)
     cfg = GPTConfig.megatron(layers=int(row["layers"]), hidden=int(row["hidden"]),
                              heads=int(row["heads"]), seq=int(row["seq"]),
                              micro_batch=int(row["micro_batch"]), recompute=recomputes(row, opts),
@@ -189,10 +190,19 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              kv_heads=row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
-                            zero=1 if opts.use_distributed_optimizer else 0)
+                            zero=1 if opts.use_distributed_optimizer else 0, cp=row_cp(row))
     cfg.validate(layout)
     check_memory(cfg, layout, opts.gpu())
     return cfg, layout
+
+
+def row_cp(row: dict[str, Any]) -> int:
+    """A row's context-parallel size (its cp column; 1 without one)."""
+    cp = row.get("cp")
+    cp = 1 if cp is None else int(cp)
+    if cp < 1:
+        raise EchoError(f"cp must be >= 1, got {cp}")
+    return cp
 
 
 def row_or(row: dict[str, Any], column: str, default: int) -> int:

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from echo_et.errors import EchoError, OptionError
 from echo_et.experiments.advice import prediction_advice
-from echo_et.experiments.config_csv import REQUIRED
+from echo_et.experiments.config_csv import REQUIRED, row_gpus
 from echo_et.experiments.config_rows import ConfigSweepOptions, layout_family, schedule_said, workload_for
 from echo_et.experiments.executors import EXECUTORS as EXECUTORS
 from echo_et.experiments.executors import Failure, run_rows
@@ -61,7 +61,7 @@ def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -
 
     cfg, layout = workload_for(row, opts)
     name = (f"megatron-gpt-l{cfg.layers}-h{cfg.hidden}-tp{layout.tp}-pp{layout.pp}-dp{layout.dp}"
-            f"-mb{layout.microbatches}")
+            + (f"-cp{layout.cp}" if layout.cp > 1 else "") + f"-mb{layout.microbatches}")
     # Megatron's optimizer has no lazily created state: the first step is the steady one
     # (tests/test_trace_meta.py), so no warm-up step is traced.
     # The checker proves the built-in workload's graphs in the tests; a sweep skips it.
@@ -305,7 +305,10 @@ class ConfigSweepResult:
         head = ("#", "layers", "hidden", "heads", "seq", "mb", "gb", "tp", "pp", "dp",
                 "measured_ms", "predicted_ms", "error_%", "compute_ms", "exp_comm_ms", "bubble_ms",
                 "host_idle_ms", "MFU_%")
-        schedules = [schedule_said(r, self.options) for r in self.rows]
+        # a row's schedule, and its context-parallel size where it has one (its GPUs are tp x pp x dp x cp)
+        schedules = [" ".join(x for x in (schedule_said(r, self.options),
+                                          f"cp{r['cp']}" if (r.get("cp") or 1) > 1 else "") if x)
+                     for r in self.rows]
         shown = any(sched not in ("", "1F1B") for sched in schedules)   # a column only where a row differs
         lines = [" ".join(f"{h:>12}" if i >= 10 else f"{h:>6}" for i, h in enumerate(head))
                  + (" schedule" if shown else "")]
@@ -391,7 +394,7 @@ def layout_choices(rows: Sequence[dict[str, Any]], predicted: str = "predicted_m
         if r.get(predicted) is None:
             continue
         key = (r["layers"], r["hidden"], r["heads"], r["seq"], r.get("vocab") or 0, r["global_batch"],
-               r["tp"] * r["pp"] * r["dp"])
+               row_gpus(r))
         groups.setdefault(key, []).append(i)
     out = []
     for key, members in groups.items():

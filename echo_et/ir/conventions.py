@@ -59,11 +59,13 @@ def derived_group_coords(role: str, at: dict[str, int], tp: int, pp: int) -> lis
     the last stage at its tp and dp coordinates (one stage when pp = 1; a middle stage is not
     a member of the group it sees); the model-parallel group's are every tp and pp rank of
     its replica, stage by stage. Both the tracer (``trace.layout``) and re-staging
-    (``passes.pipeline``) number them with their own rank order."""
+    (``passes.pipeline``) number them with their own rank order. A context-parallel
+    coordinate in ``at`` ("cp") is kept: each context-parallel rank has groups of its own."""
+    keep = {"cp": at["cp"]} if "cp" in at else {}
     if role == EMBEDDING_GROUP:
-        return [{"tp": at["tp"], "dp": at["dp"], "pp": s} for s in ((0,) if pp == 1 else (0, pp - 1))]
+        return [{"tp": at["tp"], "dp": at["dp"], "pp": s, **keep} for s in ((0,) if pp == 1 else (0, pp - 1))]
     if role == MODEL_PARALLEL_GROUP:
-        return [{"tp": t, "dp": at["dp"], "pp": s} for s in range(pp) for t in range(tp)]
+        return [{"tp": t, "dp": at["dp"], "pp": s, **keep} for s in range(pp) for t in range(tp)]
     raise ValueError(f"not a derived group role: {role!r}")
 
 # Node attr: a factor on the work the node stands for. A pass that carries one piece of work

@@ -52,8 +52,13 @@ class RankContext:
     def pp_rank(self) -> int:
         return self.layout.coords(self.rank)["pp"]
 
+    @property
+    def cp_rank(self) -> int:
+        return self.layout.coords(self.rank).get("cp", 0)
+
     def group(self, role: str):
-        """This rank's torch ProcessGroup for ``role`` ("tp", "dp", "pp" or "world").
+        """This rank's torch ProcessGroup for ``role`` ("tp", "dp", "pp", "world"; with context
+        parallelism "cp" and "dp_cp"; or a derived role: "embd", "mp").
 
         Groups are made with ``new_group(..., use_local_synchronization=True)`` so that only
         their members take part, and carry the role as ``group_desc``."""
@@ -78,7 +83,7 @@ class RankContext:
     def _make_every_group(self) -> None:
         import torch.distributed as dist
 
-        for role in GROUP_ORDER:
+        for role in group_order(self.layout):
             mine = self.layout.group_ranks(role, self.rank)
             for ranks in self.layout.all_groups(role):
                 pg = dist.new_group(list(ranks), group_desc=role)
@@ -88,3 +93,8 @@ class RankContext:
 
 # the roles of RankContext.group, in the order real processes make their groups
 GROUP_ORDER = ("tp", "dp", "pp", "embd", "mp")
+
+
+def group_order(layout: ParallelLayout) -> tuple[str, ...]:
+    """:data:`GROUP_ORDER`, with the context-parallel groups after it where the layout has them."""
+    return GROUP_ORDER + (("cp", "dp_cp") if layout.cp > 1 else ())

@@ -17,7 +17,8 @@ So the ranks traced are proven to share a graph by content; the untraced ranks o
 accepted class are inferred from the two ends of the class agreeing (the rank enters the
 workload only through its layout coordinates). ``verify="all"`` traces every rank and
 groups them by hash: a full proof at world-size cost. ``verify="stage"`` traces only the
-lowest rank of each pipeline stage and gives it to the whole stage: for workloads whose
+lowest rank of each pipeline stage (of each stage and context-parallel rank, whose ring
+exchanges have peers of their own) and gives it to the whole stage: for workloads whose
 tensor-parallel ranks and data-parallel replicas are symmetric by construction (the built-in
 GPT: proven for small models by tracing every rank, tests/test_trace_meta.py); a stage graph
 that uses a process group outside the layout is refused.
@@ -41,7 +42,7 @@ from echo_et.ir import Job, JobBuilder, check_job
 from echo_et.ir.conventions import WORKLOAD_ATTR
 from echo_et.ir.limits import MAX_TRACE_STEPS, fills_nodes
 from echo_et.trace.identity import structure_hash
-from echo_et.trace.layout import DERIVED_ROLES, ROLES, ParallelLayout
+from echo_et.trace.layout import CP_ROLE, DERIVED_ROLES, ROLES, ParallelLayout
 from echo_et.trace.parallel import can_fork, trace_in_parallel
 from echo_et.trace.records import CommRecord
 from echo_et.trace.session import RankRun, trace_rank
@@ -94,9 +95,9 @@ def group_key(layout: ParallelLayout, rank: int, rec: CommRecord) -> str:
     that role's group of ``rank``, else ``world``, else the group's description or name."""
     ranks = tuple(rec.group_ranks)
     desc = rec.group_desc if rec.group_desc not in _UNSET_DESC else ""
-    if desc in ROLES + DERIVED_ROLES and ranks == layout.group_ranks(desc, rank):
+    if desc in layout.roles + DERIVED_ROLES and ranks == layout.group_ranks(desc, rank):
         return desc
-    for role in ROLES:
+    for role in layout.roles:
         if ranks == layout.group_ranks(role, rank):
             return role
     for role in DERIVED_ROLES:
@@ -108,7 +109,7 @@ def group_key(layout: ParallelLayout, rank: int, rec: CommRecord) -> str:
 
 
 def _layout_key(key: str) -> bool:
-    return key in ROLES or key in DERIVED_ROLES or key == "world"
+    return key in ROLES or key == CP_ROLE or key in DERIVED_ROLES or key == "world"
 
 
 class _Tracer:
@@ -137,7 +138,8 @@ class _Tracer:
         c = self.layout.coords(rank)
         self.runs[rank] = r
         self.hashes[rank] = digest
-        self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}): "
+        cp = f", cp {c['cp']}" if "cp" in c else ""
+        self.say(f"traced rank {rank} (pp {c['pp']}, tp {c['tp']}, dp {c['dp']}{cp}): "
                  f"{len(r.graph)} nodes, {len(r.records)} comm calls, "
                  f"peak {r.peak_memory_bytes} B, "
                  + (f"{r.measured_steps} measured steps, " if r.measured_steps > 1 else "")
@@ -157,8 +159,10 @@ class _Tracer:
         if opts.verify == "all":
             ranks = list(range(self.layout.world_size))
         else:
-            ranks = sorted({min(r for r in range(self.layout.world_size) if self.layout.coords(r)["pp"] == p)
-                            for p in range(self.layout.pp)})
+            firsts: dict[tuple[int, int], int] = {}
+            for r in range(self.layout.world_size):
+                firsts.setdefault(self._stage_of(r), r)
+            ranks = sorted(firsts.values())
         if len(ranks) < 2:
             return
         import torch
@@ -172,6 +176,11 @@ class _Tracer:
         for r in sorted(got):
             self._keep(r, *got[r])
 
+    def _stage_of(self, rank: int) -> tuple[int, int]:
+        """(pipeline stage, context-parallel rank): the class ``verify="stage"`` traces once."""
+        c = self.layout.coords(rank)
+        return c["pp"], c.get("cp", 0)
+
     def custom_keys(self, rank: int) -> bool:
         g = self.runs[rank].graph
         return any(not _layout_key(k) for k in g.header.group_sizes)
@@ -179,16 +188,19 @@ class _Tracer:
     def resolve(self, members: Sequence[int], level: int) -> None:
         levels: list[Callable[[int], Any]] = [
             lambda r: self.layout.coords(r)["pp"],
-            lambda r: (self.layout.coords(r)["pp"], self.layout.coords(r)["tp"]),
+            lambda r: (*self._stage_of(r), self.layout.coords(r)["tp"]),
         ]
+        if self.layout.cp > 1:       # each context-parallel rank's ring has its own peers
+            levels.insert(1, self._stage_of)
         if self.options.verify == "all" or level >= len(levels):
             for r in members:
                 self.run(r)
                 self.rep[r] = r
             return
+        key_of = self._stage_of if self.options.verify == "stage" else levels[level]
         classes: dict[Any, list[int]] = {}
         for r in members:
-            classes.setdefault(levels[level](r), []).append(r)
+            classes.setdefault(key_of(r), []).append(r)
         for key in sorted(classes):
             cls = sorted(classes[key])
             if self.options.verify == "stage":
@@ -240,13 +252,15 @@ class _Tracer:
         if opts.command:
             m.provenance.command = opts.command
         m.layout.dp, m.layout.tp, m.layout.pp = lay.dp, lay.tp, lay.pp
+        if lay.cp > 1:
+            m.layout.cp = lay.cp
         m.layout.microbatches = lay.microbatches
         m.layout.zero_stage = lay.zero
         m.layout.source = "traced"
 
         # Keyed by (role, first member): hashing a group's member tuple per rank is quadratic.
         group_id: dict[tuple[str, int], int] = {}
-        for role in ROLES:
+        for role in lay.roles:
             for i, ranks in enumerate(lay.all_groups(role)):
                 group_id[(role, ranks[0])] = jb.group(ranks, name=f"{role}{i}", desc=role, role=role)
         derived = sorted({k for r in self.runs for k in self.runs[r].graph.header.group_sizes
@@ -272,7 +286,8 @@ class _Tracer:
             run = self.runs[g]
             graph = run.graph
             c = lay.coords(g)
-            graph.header.name = f"pp stage {c['pp']} (traced as rank {g})"
+            cp = f" cp rank {c['cp']}" if "cp" in c else ""
+            graph.header.name = f"pp stage {c['pp']}{cp} (traced as rank {g})"
             graph.header.attrs["trace.rank"] = str(g)
             graph.header.attrs["trace.device"] = opts.device
             jb.add_graph(graph)
@@ -281,7 +296,7 @@ class _Tracer:
         for r in range(world):
             rep = self.rep[r]
             gid = graph_of_hash[self.hashes[rep]]
-            groups = {role: group_id[(role, lay.group_first(role, r))] for role in ROLES}
+            groups = {role: group_id[(role, lay.group_first(role, r))] for role in lay.roles}
             for role in derived:
                 if role in self.runs[gid].graph.header.group_sizes:
                     groups[role] = group_id[(role, lay.group_first(role, r))]

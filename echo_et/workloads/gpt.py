@@ -67,6 +67,10 @@ class _GPTRank:
         ctx.make_groups()
         tp_group, dp_group, pp_group = ctx.group("tp"), ctx.group("dp"), ctx.group("pp")
         self.dp_group = dp_group
+        # context parallelism: the ranks that split each sequence, and the data-parallel group
+        # with them (they hold the same weights), whose gradients Megatron-Core reduces together
+        self.cp_group = ctx.group("cp") if layout.cp > 1 else None
+        grad_group = ctx.group("dp_cp") if layout.cp > 1 else dp_group
         self.device = torch.device(ctx.device)
         self.dtype = getattr(torch, cfg.dtype)
         self.stage = ctx.pp_rank
@@ -84,15 +88,16 @@ class _GPTRank:
                               per_chunk, tp_group, gen=gen, device=self.device, dtype=self.dtype,
                               first=self.stage == 0 and c == 0,
                               last=last_stage and c == self.chunks - 1,
-                              chunk=c if self.chunks > 1 else None)
+                              chunk=c if self.chunks > 1 else None, cp_group=self.cp_group)
                        for c in range(self.chunks)]
         # the chunk whose word embedding is shared: the first chunk of the first stage, the
         # last chunk of the last stage (chunk 0 of any other stage, which has none)
         self.model = self.models[-1 if last_stage else 0]
         # with sequence parallelism a stage sends its s / tp rows (and nothing is split again)
         sp = cfg.sequence_parallel and layout.tp > 1
-        shape = ((cfg.seq // layout.tp if sp else cfg.seq, cfg.micro_batch, cfg.hidden) if self.megatron
-                 else (cfg.micro_batch, cfg.seq, cfg.hidden))
+        seq = cfg.seq // layout.cp       # a context-parallel rank's share of the sequence
+        shape = ((seq // layout.tp if sp else seq, cfg.micro_batch, cfg.hidden) if self.megatron
+                 else (cfg.micro_batch, seq, cfg.hidden))
         if self.deepspeed:      # partitioned whenever TP > 1, whatever Megatron's flag says
             self.link = DeepSpeedLink(pp_group, shape, self.dtype, self.device, split_group=tp_group)
         else:
@@ -133,7 +138,7 @@ class _GPTRank:
             caps = [cap if self.stage == 0 and c == 0 and not cfg.overlap_param_gather_with_optimizer_step
                     else 1 << 62 for c in range(self.chunks)]
         self.sync = GradientSync(
-            [p for m in self.models for p in m.ddp_parameters()], dp_group, zero=layout.zero,
+            [p for m in self.models for p in m.ddp_parameters()], grad_group, zero=layout.zero,
             bucket_bytes=(caps if self.chunks > 1 else caps[0]) if cfg.overlap_grad_reduce else cap,
             optimizer_factory=factory,
             overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
@@ -190,6 +195,10 @@ class _GPTRank:
                 from echo_et.workloads.megatron import get_batch
 
                 batch = get_batch(self.text[mb], self.tp_group, self.device)
+                if self.cp_group is not None:
+                    from echo_et.workloads.megatron import batch_on_cp_rank
+
+                    batch = batch_on_cp_rank(batch, self.cp_group)
                 self._timer_edge()       # batch-generator stop
             if self.deepspeed and self.link.first:
                 self._engine_copies(batch, mb)
@@ -476,16 +485,18 @@ def _stage_class():
     class Stage(nn.Module):
         def __init__(self, cfg: GPTConfig, layout: ParallelLayout, stage: int, first_layer: int,
                      count: int, group, *, gen, device, dtype, first: bool | None = None,
-                     last: bool | None = None, chunk: int | None = None):
+                     last: bool | None = None, chunk: int | None = None, cp_group=None):
             """``first`` / ``last``: whether this holds the model's first / last layers (the
             first / last stage's by default; a model chunk's with interleaved stages).
             ``chunk``: this model chunk's index on its stage, with interleaved stages (each
             chunk records its own layer: a layer is recorded until its backward, which
-            another chunk's backward can come before)."""
+            another chunk's backward can come before). ``cp_group``: the context-parallel
+            group (None without one): each rank holds its chunks of the sequence."""
             super().__init__()
             kw = {"gen": gen, "device": device, "dtype": dtype}
             self.cfg = cfg
             self.group = group
+            self.cp_group = cp_group
             self.megatron = cfg.attention == "megatron"
             self.sequence_parallel = cfg.sequence_parallel and layout.tp > 1
             self.first = stage == 0 if first is None else first
@@ -505,7 +516,7 @@ def _stage_class():
                     with torch.no_grad():
                         self.pos.normal_(0.0, 0.02, generator=gen)
             if self.megatron:
-                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, **kw)
+                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, cp_group=cp_group, **kw)
                                             for _ in range(count))
             else:
                 self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
@@ -597,8 +608,24 @@ def _stage_class():
                 losses = vocab_parallel_cross_entropy(logits.float(), labels, self.group, start,
                                                       end)
                 loss_mask = loss_mask.view(-1)
+                if self.cp_group is not None:
+                    return self._cp_loss(torch.sum(losses.view(-1) * loss_mask), loss_mask.sum())
                 return torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()
             return vocab_parallel_cross_entropy(logits, labels, self.group, start, end).mean()
+
+        def _cp_loss(self, total: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            """Megatron-Core's loss with context parallelism: the masked sum and the token
+            count all-reduced over the context-parallel group (one two-element all-reduce),
+            the rank's sum over the whole count, times cp (the gradient reduction averages over
+            the dp x cp ranks). The rank's share carries the gradient: the all-reduced sum is
+            not differentiated (torch's collectives have no autograd), so this rank's value is
+            its share of the loss, where Megatron's reads the whole."""
+            from echo_et.workloads.markers import comm_span
+
+            stats = torch.cat([total.detach().view(1), tokens.view(1)])
+            with comm_span(self.cp_group):
+                torch.distributed.all_reduce(stats, group=self.cp_group)
+            return total / stats[1] * torch.distributed.get_world_size(self.cp_group)
 
     return Stage
 

@@ -452,8 +452,32 @@ class GPTConfig:
                             "stage 1 (the distributed optimizer); without it they are all-reduced anyway")
         self.check_pipeline_engine(layout)
         self.check_sequence_parallel(layout)
+        self.check_context_parallel(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
+
+    def check_context_parallel(self, layout: ParallelLayout) -> None:
+        """Megatron-Core's rules for context parallelism (cp > 1): its attention is Transformer
+        Engine's (flash attention, megatron-gpt), its pipeline engine Megatron's, and the sequence
+        cuts into 2 cp equal chunks (each again into tp pieces with sequence parallelism)."""
+        cp = layout.cp
+        if cp == 1:
+            return
+        where = f"layout {layout.describe()}"
+        if self.attention != "megatron" or not self.flash_attention:
+            raise EchoError(f"{where}: context parallelism runs in Transformer Engine's fused attention: it needs "
+                            "megatron-gpt with flash attention")
+        if self.pipeline_engine != "megatron":
+            raise EchoError(f"{where}: context parallelism is Megatron-Core's; DeepSpeed's pipeline engine has none")
+        if self.partition_activations:
+            raise EchoError(f"{where}: partitioned activation checkpoints are DeepSpeed's; context parallelism is "
+                            "Megatron-Core's")
+        if self.seq % (2 * cp):
+            raise EchoError(f"{where}: the sequence ({self.seq}) must split into 2 x cp = {2 * cp} equal chunks "
+                            "(Megatron-Core's load-balanced context parallelism)")
+        if self.sequence_parallel and layout.tp > 1 and (self.seq // cp) % layout.tp:
+            raise EchoError(f"{where}: with sequence parallelism tp ({layout.tp}) must divide each context-parallel "
+                            f"rank's {self.seq // cp} positions")
 
     def check_architecture(self, layout: ParallelLayout) -> None:
         """Megatron's rules for the MLP width and grouped-query attention (query groups divide

@@ -119,6 +119,16 @@ def get_batch(text: torch.Tensor, group, device) -> Batch:
 
 
 @functools.cache
+def batch_on_cp_rank(batch: Batch, group) -> Batch:
+    """Megatron-Core's ``get_batch_on_this_cp_rank``: every tensor of the micro-batch cut to
+    this context-parallel rank's two chunks of the sequence (the mask along its query axis)."""
+    from echo_et.workloads.context_parallel import split_sequence
+
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    return Batch(*(split_sequence(t, 2 if name == "attention_mask" else 1, cp, rank)
+                   for name, t in zip(Batch._fields, batch, strict=True)))
+
+
 def megatron_block_class():
     from echo_et.workloads import fused
     from echo_et.workloads.tensor_parallel import ColumnParallelLinear, RowParallelLinear, mark_sequence_parallel
@@ -127,8 +137,11 @@ def megatron_block_class():
         """One transformer layer on ``[s, b, h]`` input (see the module docstring); with
         ``cfg.arch`` "llama", Megatron-LM's Llama layer (:class:`LlamaParts`)."""
 
-        def __init__(self, cfg, tp: int, group, *, gen, device, dtype):
+        def __init__(self, cfg, tp: int, group, *, gen, device, dtype, cp_group=None):
+            """``cp_group``: the context-parallel group, whose ranks hold the sequence in
+            chunks (:mod:`echo_et.workloads.context_parallel`); None without one."""
             super().__init__()
+            self.cp_group = cp_group
             h = cfg.hidden
             kw = {"gen": gen, "device": device, "dtype": dtype}
             self.np = cfg.heads // tp
@@ -140,7 +153,7 @@ def megatron_block_class():
             self.recompute_mlp = cfg.recomputes_mlp
             self.recompute_norm = cfg.recomputes_layernorm
             self.flash = cfg.flash_attention
-            self.llama = LlamaParts(cfg, device) if cfg.llama else None
+            self.llama = LlamaParts(cfg, device, cp_group) if cfg.llama else None
             self.fused_softmax = fused.upper_triang_softmax_fuses(seq=cfg.seq, attn_batches=cfg.micro_batch * self.np,
                                                                   dtype=dtype)
             # the unfused path's mask, made once here as Megatron's data loader makes it
@@ -196,7 +209,11 @@ def megatron_block_class():
             (grouped key and value heads as they are), the context back to ``[s, b, h]``."""
             s, b, np_, hn = q.shape
             q, k, v = (t.transpose(0, 1).contiguous().transpose(1, 2) for t in (q, k, v))
-            if q.device.type == "meta":
+            if self.cp_group is not None:
+                from echo_et.workloads.context_parallel import ring_attention
+
+                out = ring_attention(q, k, v, self.cp_group, self.p, self.norm)
+            elif q.device.type == "meta":
                 out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, self.p, True)[0]
             else:
                 out = torch.nn.functional.scaled_dot_product_attention(
@@ -270,10 +287,14 @@ class LlamaParts:
     RMSNorm, no linear biases (the residual adds are plain, with Megatron's dropout where
     one is asked for) and the SwiGLU MLP."""
 
-    def __init__(self, cfg, device):
+    def __init__(self, cfg, device, cp_group=None):
         from echo_et.workloads import fused
 
         self.freqs = fused.rotary_freqs(cfg.seq, cfg.hidden // cfg.heads, device)
+        if cp_group is not None:      # the positions of this context-parallel rank's chunks
+            from echo_et.workloads.context_parallel import split_sequence
+
+            self.freqs = split_sequence(self.freqs, 0, dist.get_world_size(cp_group), dist.get_rank(cp_group))
 
     def rotate(self, t: torch.Tensor) -> torch.Tensor:
         from echo_et.workloads import fused
