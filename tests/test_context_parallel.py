@@ -85,3 +85,210 @@ def test_real_run_with_pipeline_and_tensor_parallelism(tmp_path, extra: dict) ->
     assert got.keys() == ref.keys() and len(ref) > 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_dropout_block_backward_is_the_gradient_of_its_forward() -> None:
+    """The CPU block with attention dropout: its backward (the kept mask, flash attention's
+    formulas) is autograd's gradient of the same forward."""
+    import torch
+
+    from echo_et.workloads.context_parallel import _Block
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 6, 8, requires_grad=True) for _ in range(3))
+    block = _Block(0.3, 0.25)
+    out, lse = block.forward(q, k, v, True)
+    keep = block.state[0]
+    assert keep is not None and (keep == 0).any()
+    s = torch.matmul(q, k.transpose(-1, -2)) * 0.25
+    s = s.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.matmul(torch.softmax(s, -1) * keep, v)
+    torch.testing.assert_close(out, ref)
+    dout = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, (q, k, v), dout)
+    got = block.backward(0, dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, True)
+    for g, w, name in zip(got, want, "qkv", strict=True):
+        torch.testing.assert_close(g, w, msg=name)
+
+
+# -- traced and predicted --------------------------------------------------------------------
+SHAPE = {"layers": 4, "hidden": 256, "heads": 8, "seq": 512, "micro_batch": 1}
+
+
+def _trace(cp: int, **extra):
+    from echo_et.trace.tracer import TraceOptions, trace
+    from echo_et.workloads.gpt import build_gpt
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    cfg = GPTConfig.megatron(**{**SHAPE, "flash_attention": True, "dtype": "bfloat16", **extra})
+    lay = ParallelLayout(tp=2, pp=2, dp=2, cp=cp, microbatches=4)
+    return trace(build_gpt(cfg), lay, TraceOptions(device="meta", verify="stage", warmup_steps=0)).job
+
+
+def test_traced_job_holds_the_ring() -> None:
+    """The Job: cp in its manifest, the cp and dp_cp groups, one graph per (stage, CP rank)
+    that the checker passes; a layer's forward runs cp flash-attention blocks and its backward
+    cp backward blocks, the keys and values sent cp - 1 times forward and cp times back (the
+    last with the gradient only, then the gradient home); the gradients reduced over dp x cp."""
+    from collections import Counter
+
+    from echo_et._proto import echo_et_pb2 as pb
+    from echo_et.ir import check_job
+    from echo_et.ir.schema import ROLE_NAMES
+
+    job = _trace(4)
+    m = job.manifest
+    assert (m.layout.tp, m.layout.pp, m.layout.dp, m.layout.cp, job.world_size) == (2, 2, 2, 4, 32)
+    assert check_job(job) == []
+    assert len(job.graph_ids()) == 8
+    groups = {g.desc: (ROLE_NAMES[g.role], len(g.ranks)) for g in m.groups}
+    assert groups["cp"] == ("cp", 4) and groups["dp_cp"] == ("custom", 8) and groups["dp"] == ("dp", 2)
+    graph = job.graph(job.graph_ids()[0]).copy()
+    graph.expand()
+    names = Counter(n.name.split(" ")[0] for n in graph)
+    per_layer = 2 * 4       # layers on the stage x micro-batches
+    assert names["aten::_scaled_dot_product_flash_attention"] == 4 * per_layer
+    assert names["aten::_scaled_dot_product_flash_attention_backward"] == 4 * per_layer
+    # rank 0 of a ring of 4: forward, the keys and values (64 KiB) to rank 1, three times per
+    # layer; backward, to rank 3: the keys, then keys with their gradient twice (128 KiB), then
+    # the gradient, then the gradient home
+    sends = Counter((n.p2p.peer, n.p2p.bytes) for n in graph if n.kind == pb.KIND_SEND and n.p2p.group == "cp")
+    assert sends == {(1, 65536): 3 * per_layer, (3, 65536): 3 * per_layer, (3, 131072): 2 * per_layer}
+    recvs = Counter((n.p2p.peer, n.p2p.bytes) for n in graph if n.kind == pb.KIND_RECV and n.p2p.group == "cp")
+    assert recvs == {(3, 65536): 3 * per_layer, (1, 65536): 3 * per_layer, (1, 131072): 2 * per_layer}
+    # the gradient reduction runs over dp x cp (the tied embedding's between the stages
+    # first), nothing large over dp alone
+    reduced = Counter(n.collective.group for n in graph if n.kind == pb.KIND_COLLECTIVE
+                      and n.collective.in_bytes > 1 << 20)
+    assert set(reduced) == {"dp_cp", "embd"}
+
+
+def test_context_parallelism_halves_a_ranks_work(tmp_path) -> None:
+    """Predicted: each CP rank holds half the tokens, so its compute is near half that of the
+    same replica without CP (more kernels, each smaller), on twice the GPUs; the model FLOPs
+    are the same, so the MFU per GPU halves with the same step."""
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.predict_step import predict_config
+
+    opts = ConfigSweepOptions(flash_attention=True, dtype="bfloat16")
+    row = {**SHAPE, "hidden": 2048, "heads": 16, "seq": 16384, "global_batch": 8, "tp": 1, "pp": 1, "dp": 1}
+    one = predict_config(row, opts)
+    two = predict_config({**row, "cp": 2}, opts)
+    assert len(two.result.ranks) == 2 * len(one.result.ranks)
+    c1 = one.result.ranks[one.result.slowest_rank].breakdown()["compute_ns"]
+    c2 = two.result.ranks[two.result.slowest_rank].breakdown()["compute_ns"]
+    assert 0.45 < c2 / c1 < 0.62
+    assert two.throughput["model_flops"] == one.throughput["model_flops"]
+    assert two.config["cp"] == 2 and two.to_json()["config"]["cp"] == 2
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"flash_attention": False}, "needs megatron-gpt with flash attention"),
+    ({"pipeline_engine": "deepspeed"}, "DeepSpeed's pipeline engine has none"),
+    ({"recompute": True, "partition_activations": True}, "partitioned activation checkpoints are DeepSpeed's"),
+    ({"seq": 502}, "must split into 2 x cp = 4 equal chunks"),
+    ({"seq": 12, "sequence_parallel": True, "tp": 4}, "tp \\(4\\) must divide each context-parallel rank's 6 "
+                                                      "positions"),
+])
+def test_refuses_what_megatron_core_refuses(extra: dict, message: str) -> None:
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    extra = dict(extra)
+    tp = extra.pop("tp", 2)
+    cfg = GPTConfig.megatron(**{**SHAPE, "flash_attention": True, **extra})
+    with pytest.raises(EchoError, match=message):
+        cfg.validate(ParallelLayout(tp=tp, cp=2))
+
+
+def test_memory_bound_splits_the_activations_and_the_optimizer() -> None:
+    """The lower bound: a CP rank keeps the activations of seq / cp positions, and the
+    optimizer's state is sharded over dp x cp; a refusal says so."""
+    from echo_et.models.footprint import check_fits, megatron_min_bytes
+
+    shape = dict(layers=32, hidden=4096, ffn=16384, vocab=50304, seq=65536, micro_batch=1, tp=8, pp=1,
+                 microbatches=8, elem_bytes=2, heads=32, dp=2, recompute="selective", flash=True)
+    one, two = megatron_min_bytes(**shape), megatron_min_bytes(**shape, cp=2)
+    assert two[2] * 2 == pytest.approx(one[2], rel=1e-6)
+    assert two[1] < one[1]
+    with pytest.raises(EchoError, match="sharded over 2 data-parallel x 4 context-parallel ranks"):
+        check_fits(1, "tiny", **shape, cp=4)
+
+
+def test_jobs_passes_refuse_a_context_parallel_job(tmp_path) -> None:
+    """Re-scaling reads tp x dp x pp layouts: a CP job is one clear refusal, never a guess."""
+    from echo_et.passes.scale import scale
+
+    with pytest.raises(EchoError, match="traced with context parallelism"):
+        scale(_trace(2), dp=4)
+
+
+# -- the command line ------------------------------------------------------------------------
+CLI = ["--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "1024", "--global-batch", "4",
+       "--tp", "2", "--pp", "2", "--flash-attn", "--dtype", "bfloat16"]
+
+
+def test_predict_trace_and_sweep_take_the_context_parallel_size(tmp_path) -> None:
+    """``predict`` and ``trace`` take Megatron's --context-parallel-size, a sweep row its cp
+    column (its gpus column then counts it); the same configuration predicts the same step
+    either way, and the traced Job says cp in its manifest and in the command it records."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+    from echo_et.ir import load_job
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["predict", *CLI, "--context-parallel-size", "2", "--json", "-o", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    pred = json.loads(res.stdout)
+    assert pred["config"]["cp"] == 2 and len(pred["rank_classes"]) >= 4
+    assert sum(len(c) for c in pred["rank_classes"]) == 8
+    text = runner.invoke(app, ["predict", *CLI, "--context-parallel-size", "2", "-o", str(tmp_path / "q")])
+    assert text.exit_code == 0 and "tp 2 x pp 2 x dp 1 x cp 2 = 8 a100 GPUs" in text.output
+    csv = tmp_path / "rows.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,cp,gpus\n"
+                   "4,256,8,1024,1,4,2,2,1,2,8\n4,256,8,1024,1,4,2,2,1,1,4\n")
+    res = runner.invoke(app, ["sweep", "--configs", str(csv), "--flash-attn", "--dtype", "bfloat16", "--json",
+                              "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert rows[0]["predicted_ms"] == pytest.approx(pred["step_time_ns"] / 1e6, abs=1e-4)
+    assert rows[1]["predicted_ms"] != rows[0]["predicted_ms"]
+    res = runner.invoke(app, ["trace", "--workload", "megatron-gpt", *CLI[:8], "--tp", "2", "--pp", "2", "--flash-attn",
+                              "--context-parallel-size", "2", "--device", "meta", "--verify", "stage",
+                              "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.output
+    job = load_job(tmp_path / "t")
+    assert job.manifest.layout.cp == 2 and job.world_size == 8
+    assert "--context-parallel-size 2" in job.manifest.provenance.command
+
+
+@pytest.mark.parametrize("args,message", [
+    (["predict", *CLI[:-3], "--context-parallel-size", "2"], "needs megatron-gpt with flash attention"),
+    (["predict", *CLI, "--context-parallel-size", "0"], "--context-parallel-size"),
+    (["predict", *CLI, "--context-parallel-size", "3"], "must split into 2 x cp = 6 equal chunks"),
+])
+def test_bad_input_is_one_line(tmp_path, args: list, message: str) -> None:
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    res = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "out")])
+    assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_rows_refuse_a_bad_cp(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,cp,gpus\n4,256,8,1024,1,4,2,2,1,2,4\n")
+    res = CliRunner().invoke(app, ["sweep", "--configs", str(csv), "--flash-attn", "-o", str(tmp_path / "s")])
+    assert res.exit_code != 0 and "gpus 4 is not tp x pp x dp x cp (2 x 2 x 1 x 2)" in res.output
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,cp\n4,256,8,1024,1,4,2,2,1,0\n")
+    res = CliRunner().invoke(app, ["sweep", "--configs", str(csv), "--flash-attn", "--json", "-o", str(tmp_path / "t")])
+    assert "cp must be >= 1" in res.output

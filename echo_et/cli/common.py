@@ -135,6 +135,11 @@ SEQUENCE_PARALLEL_HELP = ("Megatron-LM's sequence parallelism (its flag): betwee
                           "layer's two all-reduces become all-gathers and reduce-scatters of the same bytes (needs tp "
                           "to divide the sequence; a no-op at tp 1).")
 SequenceParallelOpt = typer.Option(False, SEQUENCE_PARALLEL, help=SEQUENCE_PARALLEL_HELP)
+CONTEXT_PARALLEL = "--context-parallel-size"
+CONTEXT_PARALLEL_HELP = ("Megatron-Core's context parallelism (its flag): each sequence split over N more ranks "
+                         "(tp x cp x dp x pp GPUs, ranks in its tp-cp-dp-pp order), attention exchanging keys and "
+                         "values around them in a ring as Transformer Engine does; needs --flash-attn.")
+ContextParallelOpt = typer.Option(1, CONTEXT_PARALLEL, metavar="N", help=CONTEXT_PARALLEL_HELP)
 PIPELINE_ENGINE = "--pipeline-engine"
 PIPELINE_ENGINE_HELP = ("Who runs the pipeline: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed "
                         "(DeepSpeed's PipelineEngine, what Megatron-DeepSpeed runs with pipeline parallelism: its "
@@ -515,6 +520,7 @@ OPTION_BOUNDS: dict[str, tuple] = {
     "--dp": (1, limits.MAX_WORLD_SIZE),
     "--tp": (1, limits.MAX_WORLD_SIZE),
     "--pp": (1, limits.MAX_PIPELINE_STAGES),
+    CONTEXT_PARALLEL: (1, limits.MAX_WORLD_SIZE),
     "--microbatches": (1, limits.MAX_MICROBATCHES),
     "--splits": (1, 1 << 16),
     "--workers": (1, 4096),

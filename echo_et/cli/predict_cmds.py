@@ -19,6 +19,7 @@ from echo_et.cli.common import (
     AccountEmbeddingOpt,
     AccountLossOpt,
     ArchOpt,
+    ContextParallelOpt,
     DistOptOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
@@ -123,6 +124,7 @@ def predict_cmd(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
+    cp: int = ContextParallelOpt,
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
                                         "(default full: each layer)."),
@@ -198,7 +200,7 @@ def predict_cmd(
     check_output(output)
     limit = max_output_bytes(max_output)     # a bad size fails before the trace
     cluster = cluster_from_options(gpu or "a100", gpus_per_node, intra_bw, inter_bw)
-    check_node_fill(dp * tp * pp, gpus_per_node)
+    check_node_fill(dp * tp * pp * cp, gpus_per_node)
     recompute, granularity = recompute_setting(recompute, recompute_granularity)
     opts = ConfigSweepOptions(cluster=cluster, recompute=recompute, recompute_granularity=granularity, dtype=dtype,
                               **recompute_detail_settings(recompute, granularity, recompute_method,
@@ -240,6 +242,8 @@ def predict_cmd(
     models_for(opts)   # a bad profile or GPU fails here, before the trace
     config = {"layers": layers, "hidden": hidden, "heads": heads, "seq": seq, "micro_batch": micro_batch,
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}
+    if cp > 1:
+        config["cp"] = cp
     if vocab is not None:
         config["vocab"] = vocab
     pred = predict_config(config, opts)
@@ -261,7 +265,7 @@ def predict_cmd(
     typer.echo(f"{model.strip().lower() + ': ' if model else ''}"
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
-               f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}"
+               f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + (f" x cp {cp}" if cp > 1 else "")
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)

@@ -18,6 +18,7 @@ from echo_et.cli.common import (
     ACCOUNT_EMBEDDING,
     ACCOUNT_LOSS,
     ARCH,
+    CONTEXT_PARALLEL,
     FFN_HIDDEN,
     FIRST_STAGE_LAYERS,
     FLASH_ATTN,
@@ -45,6 +46,7 @@ from echo_et.cli.common import (
     AccountEmbeddingOpt,
     AccountLossOpt,
     ArchOpt,
+    ContextParallelOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
     FlashAttnOpt,
@@ -162,10 +164,12 @@ def trace(
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
+    cp: int = ContextParallelOpt,
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
-                                          help="Expected world size (must equal dp*tp*pp)."),
+                                          help="Expected world size (must equal dp*tp*pp, times "
+                                               "--context-parallel-size)."),
     device: str = typer.Option("cpu", "--device", metavar="DEVICE",
                                help="cpu, cuda[:N], or meta (no memory, no time: shapes only; a compute "
                                     "model times it, see docs/tracer.md)."),
@@ -213,7 +217,7 @@ def trace(
                             f"(= {m} micro-batches of {micro_batch} on {dp} data-parallel ranks)")
         microbatches = m
     microbatches = microbatches or 1
-    layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero)
+    layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero, cp=cp)
     if world_size is not None:
         layout.check_world_size(world_size)
     check_node_fill(layout.world_size, gpus_per_node)
@@ -292,7 +296,7 @@ def trace(
                 raise EchoError(f"{OVERLAP_GRAD_REDUCE} is Megatron-Core's overlapped sync in its own buckets: "
                                 "megatron-gpt, without --grad-sync or --bucket-mb")
             kw["grad_sync"], kw["overlap_grad_reduce"] = "overlap", True
-            kw["bucket_mb"] = megatron_core_bucket_mb(dp, dtype or GPTConfig.megatron().dtype)
+            kw["bucket_mb"] = megatron_core_bucket_mb(dp * cp, dtype or GPTConfig.megatron().dtype)
         if pipeline_engine == "deepspeed" and grad_sync is None:
             kw["grad_sync"] = "after-backward"    # the engine reduces after its schedule
         if pipeline_engine == "deepspeed" and scatter_gather is not None:
@@ -379,7 +383,10 @@ def trace(
         parts.append(NO_ALIGN_PARAM_GATHER)
     if script is None and cfg.overlap_param_gather_with_optimizer_step:
         parts.append(GATHER_WITH_STEP)
-    parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", zero,
+    parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp]
+    if cp > 1:
+        parts += [CONTEXT_PARALLEL, cp]
+    parts += ["--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:
         parts += ["--memory-limit", memory_limit]

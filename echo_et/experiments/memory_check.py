@@ -34,7 +34,8 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 **({"chunks": cfg.virtual_chunks(layout.pp)} if cfg.interleaved else {}),
                 **({"microbatch_group": cfg.microbatch_group_size} if cfg.microbatch_group_size else {}),
                 **({"kv": cfg.hidden // cfg.heads * cfg.query_groups} if cfg.query_groups != cfg.heads else {}),
-                **({"llama": True} if cfg.llama else {}), **({"flash": True} if cfg.flash_attention else {}))
+                **({"llama": True} if cfg.llama else {}), **({"flash": True} if cfg.flash_attention else {}),
+                **({"cp": layout.cp} if layout.cp > 1 else {}))
 
 
 def check_memory(cfg: Any, layout: Any, gpu: str) -> None:

@@ -154,7 +154,7 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                        llama: bool = False, flash: bool = False, chunks: int = 1,
                        microbatch_group: int = 0, recompute_method: str = "uniform",
                        recompute_layers: int = 1,
-                       recompute_modules: tuple[str, ...] = ("core_attn",)) -> tuple[int, int, int]:
+                       recompute_modules: tuple[str, ...] = ("core_attn",), cp: int = 1) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most;
     ``chunks``: model chunks per stage of Megatron's interleaved schedule, whose stage s keeps
     the activations of min(2 (pp - s - 1) + (chunks - 1) g + 1, micro-batches x chunks)
@@ -168,10 +168,13 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
     recomputation, Megatron's ``recompute_method`` and its ``recompute_layers`` N: "uniform"
     keeps one input per group of N layers of a chunk and recomputes a group at once (its N
     layers' activations the transient), "block" checkpoints a chunk's first N layers and keeps
-    all of the others' (:func:`chunk_activation_bytes`)."""
+    all of the others' (:func:`chunk_activation_bytes`); ``cp``: context parallelism, whose
+    ranks each keep the activations of seq / cp positions and shard the optimizer's state with
+    the data-parallel ranks (Megatron-Core's distributed optimizer over dp x cp)."""
     best = (0, 0, 0)
-    per_param = state_bytes_per_param(elem_bytes, dp, grad_bytes)
-    layer_bytes = {level: layer_activation_bytes(seq=seq, micro_batch=micro_batch, hidden=hidden, heads=heads,
+    per_param = state_bytes_per_param(elem_bytes, dp * cp, grad_bytes)
+    local = seq // cp      # the positions of a context-parallel rank (the weights are the whole model's)
+    layer_bytes = {level: layer_activation_bytes(seq=local, micro_batch=micro_batch, hidden=hidden, heads=heads,
                                                  tp=tp, elem_bytes=elem_bytes, recompute=level, dropout=dropout,
                                                  sequence_parallel=sequence_parallel, ffn=ffn, kv=kv, gated=llama,
                                                  flash=flash, modules=recompute_modules)
@@ -189,7 +192,7 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage,
                                                          stage_layers=counts[stage], kv=kv, llama=llama))
-        loss_softmax = 4 * seq * micro_batch * vocab // tp if stage == pp - 1 else 0
+        loss_softmax = 4 * local * micro_batch * vocab // tp if stage == pp - 1 else 0
         if chunks > 1:      # chunk forwards whose activations are kept
             in_flight = min(2 * (pp - stage - 1) + (chunks - 1) * (microbatch_group or pp) + 1,
                             microbatches * chunks)
@@ -243,8 +246,9 @@ def check_fits(memory_gb: float, gpu: str, **shape: Any) -> None:
     if memory_gb <= 0:
         return
     total, state, act = megatron_min_bytes(**shape)
-    dp = shape.get("dp", 1)
-    sharded = f" with Adam's sharded over {dp} data-parallel ranks" if dp > 1 else ""
+    dp, cp = shape.get("dp", 1), shape.get("cp", 1)
+    sharded = (f" with Adam's sharded over {dp} data-parallel x {cp} context-parallel ranks" if cp > 1
+               else f" with Adam's sharded over {dp} data-parallel ranks" if dp > 1 else "")
     wide = (shape.get("grad_bytes") or 0) > shape["elem_bytes"]
     grads = "fp32 gradients" if wide else "gradients"
     if total > memory_gb * 1e9:

@@ -291,6 +291,11 @@ def infer_layout(job: Job, declared: str | dict[str, Any] | None = None) -> Layo
     world = job.world_size
     if world < 1:
         raise EchoError(f"{job.source or 'job'}: world size is 0")
+    if job.manifest.layout.cp > 1:
+        cp = job.manifest.layout.cp
+        raise EchoError(f"{job.source or 'job'}: traced with context parallelism (each sequence split over {cp} "
+                        "ranks); re-scaling, re-staging and injecting read tp x dp x pp layouts only: trace the "
+                        "configuration at the layout wanted instead")
     spec = parse_layout(declared) if isinstance(declared, str) else dict(declared or {})
     traffic = group_traffic(job)
     sets = _group_sets(job, traffic)

@@ -22,7 +22,7 @@ passes the keys and values around the group in a ring, as Transformer Engine's
 
 On the meta device and on CUDA each block is one flash-attention kernel (what the compute
 model prices and what TE runs); on a CPU (in-situ runs with gloo, the tests) the same blocks
-are computed in float32 with plain operators, without attention dropout.
+are computed in float32 with plain operators (attention dropout's mask kept for the backward).
 """
 
 from __future__ import annotations
@@ -89,12 +89,15 @@ class _Block:
                 q, kk, vv, self.p, causal, scale=self.scale)
             self.state.append((cq, ck, mq, mk, seed, off))
             return out, lse
-        if self.p > 0:
-            raise EchoError("context-parallel attention on a CPU runs without attention dropout (dropout 0)")
         s = _scores(q, k, causal, self.scale)
         lse = torch.logsumexp(s, dim=-1)
-        out = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), _grouped(v, q.shape[1]).float())
-        self.state.append(None)
+        p = torch.exp(s - lse.unsqueeze(-1))
+        keep = None     # attention dropout's scaled mask, kept for the backward
+        if self.p > 0:
+            keep = torch.bernoulli(torch.full_like(p, 1.0 - self.p)) / (1.0 - self.p)
+            p = p * keep
+        out = torch.matmul(p, _grouped(v, q.shape[1]).float())
+        self.state.append(keep)
         return out.to(q.dtype), lse
 
     def backward(self, step: int, dout, q, k, v, out, lse, causal: bool):
@@ -109,13 +112,16 @@ class _Block:
             return (dq, _ungrouped(dk, kv_heads), _ungrouped(dv, kv_heads)) if grouped else (dq, dk, dv)
         s = _scores(q, k, causal, self.scale)
         p = torch.exp(s - lse.unsqueeze(-1))
+        keep = self.state[step]
         do, o = dout.float(), out.float()
         vv = _grouped(v, q.shape[1]).float()
         dp = torch.matmul(do, vv.transpose(-1, -2))
+        if keep is not None:
+            dp = dp * keep
         ds = p * (dp - (do * o).sum(-1, keepdim=True))
         dq = torch.matmul(ds, _grouped(k, q.shape[1]).float()) * self.scale
         dk = torch.matmul(ds.transpose(-1, -2), q.float()) * self.scale
-        dv = torch.matmul(p.transpose(-1, -2), do)
+        dv = torch.matmul((p if keep is None else p * keep).transpose(-1, -2), do)
         kv_heads = k.shape[1]
         return dq.to(q.dtype), _ungrouped(dk, kv_heads).to(k.dtype), _ungrouped(dv, kv_heads).to(v.dtype)
 

@@ -42,6 +42,7 @@ def recompute_module_names(modules: str) -> tuple[str, ...]:
 # torch 2.13, `echo-et trace --device meta --hidden 64 --layers 2|4|512`): the estimate
 # refuses only what surely cannot finish, before any work.
 NODES_PER_LAYER = 200            # recorded nodes of a layer's forward and backward (280 measured)
+NODES_PER_RING_STEP = 40         # what each further context-parallel rank adds to a layer (45 measured)
 HOST_BYTES_PER_LAYER = 100_000   # a layer's modules and records in host memory (210 KB measured)
 TOKEN_BYTES = 24                 # a token's int64 id, input and label, on the host whatever the device
 
@@ -697,13 +698,14 @@ class GPTConfig:
         where = f"layout {layout.describe()}"
         per_stage = max(self.stage_layer_counts(layout.pp))
         traced_mbs = 1 if device == "meta" else layout.microbatches  # meta records one, repeats it
-        nodes = NODES_PER_LAYER * per_stage * traced_mbs * (2 if self.recomputes_layers else 1)
+        per_layer = NODES_PER_LAYER + NODES_PER_RING_STEP * (layout.cp - 1)
+        nodes = per_layer * per_stage * traced_mbs * (2 if self.recomputes_layers else 1)
         if nodes > MAX_GRAPH_NODES:
             times = "".join(f" x {n:,} {what}" for n, what in ((traced_mbs, "micro-batches"),
                                                                 (2 if self.recomputes_layers else 1, "(recompute)"))
                             if n > 1)
             raise EchoError(f"{where}: a traced rank would record at least {nodes:,} nodes ({per_stage:,} "
-                            f"layers per stage x {NODES_PER_LAYER} nodes{times}); the limit is "
+                            f"layers per stage x {per_layer} nodes{times}); the limit is "
                             f"{MAX_GRAPH_NODES:,} nodes per graph")
         tokens = layout.microbatches * self.micro_batch * (self.seq + 1)
         parts = {"layers": HOST_BYTES_PER_LAYER * per_stage, "tokens": TOKEN_BYTES * tokens}
