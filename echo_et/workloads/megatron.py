@@ -125,8 +125,12 @@ def batch_on_cp_rank(batch: Batch, group) -> Batch:
     from echo_et.workloads.context_parallel import split_sequence
 
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    return Batch(*(split_sequence(t, 2 if name == "attention_mask" else 1, cp, rank)
-                   for name, t in zip(Batch._fields, batch, strict=True)))
+
+    def cut(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        return split_sequence(t, dim, cp, rank)
+
+    return Batch(cut(batch.tokens), cut(batch.labels), cut(batch.loss_mask), cut(batch.attention_mask, 2),
+                 cut(batch.position_ids))
 
 
 def megatron_block_class():
