@@ -51,9 +51,14 @@ def test_split_keeps_two_chunks_for_an_even_load() -> None:
         split_sequence(t, 1, 3, 0)
 
 
-@pytest.mark.parametrize("cp,extra", [(2, {}), (4, {}),
-                                      (2, {"arch": "llama", "kv_heads": 2, "ffn_hidden": 64}),
-                                      (2, {"recompute": True})])
+LLAMA = {"arch": "llama", "kv_heads": 2, "ffn_hidden": 64}
+
+
+@pytest.mark.parametrize("cp,extra", [(2, {}), (4, {}), (2, LLAMA), (2, {"recompute": True}),
+                                      (2, {"cp_comm_type": "allgather"}), (4, {"cp_comm_type": "allgather"}),
+                                      (2, {"cp_comm_type": "allgather", **LLAMA}),
+                                      (2, {"cp_comm_type": "a2a"}), (4, {"cp_comm_type": "a2a"}),
+                                      (2, {"cp_comm_type": "a2a", "recompute": True, **LLAMA})])
 def test_real_run_gives_the_gradients_without_context_parallelism(tmp_path, cp: int, extra: dict) -> None:
     """cp gloo processes each hold 2 of the sequence's 2 cp chunks and run the ring for real
     (forward, backward, the recomputed forward): every send meets its receive and each
@@ -71,7 +76,8 @@ def test_real_run_gives_the_gradients_without_context_parallelism(tmp_path, cp: 
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
-@pytest.mark.parametrize("extra", [{}, {"sequence_parallel": True}])
+@pytest.mark.parametrize("extra", [{}, {"sequence_parallel": True}, {"cp_comm_type": "allgather"},
+                                   {"cp_comm_type": "a2a", "sequence_parallel": True}])
 def test_real_run_with_pipeline_and_tensor_parallelism(tmp_path, extra: dict) -> None:
     """TP2 x PP2 x CP2 (8 processes, the rank order above) gives the gradients of TP2 x PP2,
     parameter by parameter and TP rank by TP rank; with sequence parallelism too (each CP
@@ -161,6 +167,37 @@ def test_traced_job_holds_the_ring() -> None:
     reduced = Counter(n.collective.group for n in graph if n.kind == pb.KIND_COLLECTIVE
                       and n.collective.in_bytes > 1 << 20)
     assert set(reduced) == {"dp_cp", "embd"}
+
+
+@pytest.mark.parametrize("comm_type,blocks,collectives,graphs", [
+    ("allgather", 2, {"all_gather": 2, "reduce_scatter": 1}, 8),
+    ("a2a", 1, {"all_to_all": 8}, 2),
+])
+def test_traced_job_holds_the_other_exchanges(comm_type: str, blocks: int, collectives: dict, graphs: int) -> None:
+    """allgather: per layer and micro-batch, the keys and values gathered (forward, and again
+    in the backward) and their gradient reduce-scattered, two flash blocks each way (the
+    rank's two chunks, each over the keys up to it); a2a: the queries, keys and values and the
+    output all-to-all'd each way, one flash block over the whole sequence, and every CP rank the
+    same graph."""
+    from collections import Counter
+
+    from echo_et._proto import echo_et_pb2 as pb
+    from echo_et.ir import check_job
+    from echo_et.ir.schema import collective_name
+
+    job = _trace(4, cp_comm_type=comm_type)
+    assert check_job(job) == []
+    assert len(job.graph_ids()) == graphs
+    graph = job.graph(job.graph_ids()[0]).copy()
+    graph.expand()
+    names = Counter(n.name.split(" ")[0] for n in graph)
+    per_layer = 2 * 4
+    assert names["aten::_scaled_dot_product_flash_attention"] == blocks * per_layer
+    assert names["aten::_scaled_dot_product_flash_attention_backward"] == blocks * per_layer
+    got = Counter(collective_name(n.collective.type) for n in graph
+                  if n.kind == pb.KIND_COLLECTIVE and n.collective.group == "cp")
+    assert got == {k: v * per_layer for k, v in collectives.items()}
+    assert not any(n.kind in (pb.KIND_SEND, pb.KIND_RECV) and n.p2p.group == "cp" for n in graph)
 
 
 def test_context_parallelism_halves_a_ranks_work(tmp_path) -> None:
@@ -278,6 +315,44 @@ def test_bad_input_is_one_line(tmp_path, args: list, message: str) -> None:
     assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1, res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_communication_type_on_the_command_line(tmp_path) -> None:
+    """--cp-comm-type on predict (its header names it), on sweep --configs for the rows with a
+    cp column, and its refusals: an unknown type, hierarchical a2a+p2p, a2a that cannot split
+    a TP rank's heads."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    runner = CliRunner()
+    out = {}
+    for kind in ("p2p", "allgather", "a2a"):
+        res = runner.invoke(app, ["predict", *CLI, "--context-parallel-size", "2", "--cp-comm-type", kind,
+                                  "-o", str(tmp_path / kind)])
+        assert res.exit_code == 0, res.output
+        assert ("x cp 2 = 8" if kind == "p2p" else f"x cp 2 ({kind}) = 8") in res.output
+        out[kind] = json.loads((tmp_path / kind / "summary.json").read_text())
+    steps = {k: v["step_time_ns"] for k, v in out.items()}
+    assert len(set(steps.values())) == 3, steps
+    assert out["a2a"]["prediction"]["cp_comm_type"] == "a2a" and "cp_comm_type" not in out["p2p"]["prediction"]
+    csv = tmp_path / "rows.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,cp\n4,256,8,1024,1,4,2,2,1,2\n")
+    res = runner.invoke(app, ["sweep", "--configs", str(csv), "--flash-attn", "--dtype", "bfloat16",
+                              "--cp-comm-type", "a2a", "--json", "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["rows"][0]["predicted_ms"] == pytest.approx(steps["a2a"] / 1e6, abs=1e-4)
+    for args, message in ((["--cp-comm-type", "ring"], "'ring' is not one of p2p, allgather, a2a"),
+                          (["--cp-comm-type", "a2a+p2p"], "hierarchical context parallelism, is not modelled"),
+                          (["--cp-comm-type", "a2a", "--context-parallel-size", "8", "--seq", "4096"],
+                           "cp (8) must divide its 4")):
+        res = runner.invoke(app, ["predict", *CLI, "--context-parallel-size", "2", *args, "-o", str(tmp_path / "x")])
+        assert res.exit_code != 0 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
+    res = runner.invoke(app, ["sweep", str(tmp_path / "p2p" / "job"), "--dp", "2", "--cp-comm-type", "a2a",
+                              "-o", str(tmp_path / "y")])
+    assert res.exit_code != 0 and "--cp-comm-type only applies with --configs" in res.output
 
 
 def test_sweep_rows_refuse_a_bad_cp(tmp_path) -> None:

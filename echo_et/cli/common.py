@@ -140,6 +140,11 @@ CONTEXT_PARALLEL_HELP = ("Megatron-Core's context parallelism (its flag): each s
                          "(tp x cp x dp x pp GPUs, ranks in its tp-cp-dp-pp order), attention exchanging keys and "
                          "values around them in a ring as Transformer Engine does; needs --flash-attn.")
 ContextParallelOpt = typer.Option(1, CONTEXT_PARALLEL, metavar="N", help=CONTEXT_PARALLEL_HELP)
+CP_COMM_TYPE = "--cp-comm-type"
+CP_COMM_TYPE_HELP = ("Megatron-Core's (its flag): how the context-parallel ranks exchange keys and values: p2p (its "
+                     "default: a ring, under the attention), allgather (all of them gathered first), a2a (Ulysses: "
+                     "all-to-alls from a share of the positions to a share of the heads and back).")
+CpCommTypeOpt = typer.Option(None, CP_COMM_TYPE, metavar="TYPE", help=CP_COMM_TYPE_HELP)
 PIPELINE_ENGINE = "--pipeline-engine"
 PIPELINE_ENGINE_HELP = ("Who runs the pipeline: megatron (Megatron-LM's 1F1B schedule; the default) or deepspeed "
                         "(DeepSpeed's PipelineEngine, what Megatron-DeepSpeed runs with pipeline parallelism: its "
@@ -315,12 +320,12 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       gradient_accumulation_fusion: bool = False,
                       overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
                       no_align_grad_reduce: bool = False, no_align_param_gather: bool = False,
-                      gather_with_step: bool = False) -> dict[str, Any]:
+                      gather_with_step: bool = False, cp_comm_type: str | None = None) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
     architecture, MLP width, key/value heads and flash attention likewise."""
-    from echo_et.workloads.gpt_config import ARCHS, GRAD_SYNCS, PIPELINE_ENGINES
+    from echo_et.workloads.gpt_config import ARCHS, CP_COMM_TYPES, GRAD_SYNCS, PIPELINE_ENGINES
 
     if arch is not None and arch not in ARCHS:
         raise OptionError("arch", f"{arch!r} is not one of {', '.join(ARCHS)}")
@@ -328,6 +333,9 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
         if n < 0:
             raise OptionError(name, f"{n}: give a positive number, or 0 for the default")
 
+    if cp_comm_type is not None and cp_comm_type not in CP_COMM_TYPES:
+        other = " (a2a+p2p, hierarchical context parallelism, is not modelled)" if cp_comm_type == "a2a+p2p" else ""
+        raise OptionError("cp_comm_type", f"{cp_comm_type!r} is not one of {', '.join(CP_COMM_TYPES)}{other}")
     if grad_sync is not None and grad_sync not in GRAD_SYNCS:
         raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")
     if overlap_grad_reduce and grad_sync is not None:
@@ -377,6 +385,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
             "align_grad_reduce": not no_align_grad_reduce, "align_param_gather": not no_align_param_gather,
             "overlap_param_gather_with_optimizer_step": gather_with_step,
+            "cp_comm_type": cp_comm_type or CP_COMM_TYPES[0],
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -410,7 +419,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (OVERLAP_PARAM_GATHER, settings["overlap_param_gather"]),
              (NO_ALIGN_GRAD_REDUCE, not settings["align_grad_reduce"]),
              (NO_ALIGN_PARAM_GATHER, not settings["align_param_gather"]),
-             (GATHER_WITH_STEP, settings["overlap_param_gather_with_optimizer_step"]))
+             (GATHER_WITH_STEP, settings["overlap_param_gather_with_optimizer_step"]),
+             (CP_COMM_TYPE, settings["cp_comm_type"] != "p2p"))
     return next((flag for flag, on in given if on), None)
 
 

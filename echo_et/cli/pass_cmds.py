@@ -27,6 +27,7 @@ from echo_et.cli.common import (
     AccountEmbeddingOpt,
     AccountLossOpt,
     ArchOpt,
+    CpCommTypeOpt,
     DistOptOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
@@ -302,6 +303,7 @@ def sweep(
     no_align_grad_reduce: bool = NoAlignGradReduceOpt,
     no_align_param_gather: bool = NoAlignParamGatherOpt,
     gather_with_step: bool = GatherWithStepOpt,
+    cp_comm_type: str | None = CpCommTypeOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -326,7 +328,7 @@ def sweep(
                                  overlap_param_gather=overlap_param_gather,
                                  no_align_grad_reduce=no_align_grad_reduce,
                                  no_align_param_gather=no_align_param_gather,
-                                 gather_with_step=gather_with_step)
+                                 gather_with_step=gather_with_step, cp_comm_type=cp_comm_type)
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -20,6 +20,7 @@ from echo_et.cli.common import (
     AccountLossOpt,
     ArchOpt,
     ContextParallelOpt,
+    CpCommTypeOpt,
     DistOptOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
@@ -125,6 +126,7 @@ def predict_cmd(
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
     cp: int = ContextParallelOpt,
+    cp_comm_type: str | None = CpCommTypeOpt,
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
                                         "(default full: each layer)."),
@@ -229,7 +231,7 @@ def predict_cmd(
                                                   overlap_param_gather=overlap_param_gather,
                                                   no_align_grad_reduce=no_align_grad_reduce,
                                                   no_align_param_gather=no_align_param_gather,
-                                                  gather_with_step=gather_with_step))
+                                                  gather_with_step=gather_with_step, cp_comm_type=cp_comm_type))
     if gather_with_step and not (virtual_layers or virtual_chunks):
         raise OptionError("overlap_param_gather_with_optimizer_step",
                           "it is the interleaved schedule's (Megatron asserts one): give "
@@ -265,7 +267,7 @@ def predict_cmd(
     typer.echo(f"{model.strip().lower() + ': ' if model else ''}"
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
-               f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + (f" x cp {cp}" if cp > 1 else "")
+               f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + cp_said(cp, opts.cp_comm_type)
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)
@@ -286,6 +288,13 @@ def predict_cmd(
     if w["until_ns"] is not None:
         typer.echo(f"timeline/ holds the step's first {(w['until_ns'] - w['from_ns']) / 1e6:.3f} ms: "
                    f"{w['events']} of its {w['of']} boxes (--timeline-events N for more, --timeline-all for all)")
+
+
+def cp_said(cp: int, comm_type: str) -> str:
+    """The header's words for context parallelism: " x cp 4", " x cp 4 (allgather)"; "" without."""
+    if cp == 1:
+        return ""
+    return f" x cp {cp}" + (f" ({comm_type})" if comm_type != "p2p" else "")
 
 
 def recomputation_said(opts) -> str:

@@ -19,6 +19,8 @@ from echo_et.cli.common import (
     ACCOUNT_LOSS,
     ARCH,
     CONTEXT_PARALLEL,
+    CP_COMM_TYPE,
+    CP_COMM_TYPE_HELP,
     FFN_HIDDEN,
     FIRST_STAGE_LAYERS,
     FLASH_ATTN,
@@ -165,6 +167,8 @@ def trace(
     pp: int = typer.Option(1, "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
     cp: int = ContextParallelOpt,
+    cp_comm_type: str | None = typer.Option(None, CP_COMM_TYPE, metavar="TYPE",
+                                            help="megatron-gpt: " + CP_COMM_TYPE_HELP),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
@@ -241,7 +245,7 @@ def trace(
                             (OVERLAP_PARAM_GATHER, overlap_param_gather),
                             (NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce),
                             (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
-                            (GATHER_WITH_STEP, gather_with_step),
+                            (GATHER_WITH_STEP, gather_with_step), (CP_COMM_TYPE, cp_comm_type is not None),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
                             (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
@@ -289,7 +293,8 @@ def trace(
                                 # Megatron never aligns the gathers without an interleaved schedule
                                 ("align_param_gather", False if no_align_param_gather
                                  and (virtual_layers or virtual_chunks or not overlap_param_gather) else None),
-                                ("overlap_param_gather_with_optimizer_step", gather_with_step or None))
+                                ("overlap_param_gather_with_optimizer_step", gather_with_step or None),
+                                ("cp_comm_type", cp_comm_type))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -383,6 +388,8 @@ def trace(
         parts.append(NO_ALIGN_PARAM_GATHER)
     if script is None and cfg.overlap_param_gather_with_optimizer_step:
         parts.append(GATHER_WITH_STEP)
+    if script is None and cfg.cp_comm_type != "p2p":
+        parts += [CP_COMM_TYPE, cfg.cp_comm_type]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp]
     if cp > 1:
         parts += [CONTEXT_PARALLEL, cp]

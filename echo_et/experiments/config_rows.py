@@ -91,6 +91,8 @@ class ConfigSweepOptions:
     ffn_hidden: int = 0
     kv_heads: int = 0
     flash_attention: bool = False
+    # Megatron-Core's --cp-comm-type, for the rows with a cp column (GPTConfig.cp_comm_type)
+    cp_comm_type: str = "p2p"
     # Megatron-LM's --gradient-accumulation-fusion (GPTConfig.gradient_accumulation_fusion)
     gradient_accumulation_fusion: bool = False
     # Megatron-Core's --overlap-grad-reduce: the gradient sync overlapped with the backward, in
@@ -176,7 +178,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              account_for_loss_in_pipeline_split=opts.account_for_loss_in_pipeline_split,
                              **dict(zip(("first_stage_layers", "last_stage_layers"), edge_stage_layers(row, opts),
                                         strict=True)),
-                             arch=opts.arch, flash_attention=opts.flash_attention,
+                             arch=opts.arch, flash_attention=opts.flash_attention, cp_comm_type=opts.cp_comm_type,
                              gradient_accumulation_fusion=opts.gradient_accumulation_fusion,
                              overlap_param_gather=opts.overlap_param_gather,
                              overlap_grad_reduce=opts.overlap_grad_reduce,

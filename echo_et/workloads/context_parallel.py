@@ -33,6 +33,9 @@ import torch.distributed as dist
 from echo_et.errors import EchoError
 from echo_et.workloads.markers import comm_span
 
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def split_sequence(t: torch.Tensor, dim: int, cp: int, rank: int) -> torch.Tensor:
     """``t``'s chunks ``rank`` and ``2 cp - 1 - rank`` of 2 cp along ``dim``, in that order
@@ -65,9 +68,9 @@ def _ungrouped(g: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
     s = torch.matmul(q.float(), _grouped(k, q.shape[1]).float().transpose(-1, -2)) * scale
-    if causal:
+    if causal:     # aligned at the bottom right: the last query sees every key (flash attention's)
         sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1 + sk - sq), float("-inf"))
     return s
 
 
@@ -249,7 +252,145 @@ class RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, dropout: float,
-                   scale: float) -> torch.Tensor:
-    """:class:`RingAttention` (``q``, ``k``, ``v``: [b, heads, s / cp, d])."""
-    return RingAttention.apply(q, k, v, group, dropout, scale)
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, dropout: float,
+                               scale: float, comm_type: str = "p2p") -> torch.Tensor:
+    """Causal attention of this CP rank's chunks (``q``, ``k``, ``v``: [b, heads, s / cp, d])
+    over the whole sequence, its keys and values exchanged as ``comm_type`` says (Megatron-Core's
+    --cp-comm-type: "p2p", the ring; "allgather"; "a2a", Ulysses)."""
+    fn = {"p2p": RingAttention, "allgather": AllGatherAttention, "a2a": A2AAttention}[comm_type]
+    return fn.apply(q, k, v, group, dropout, scale)
+
+
+def _chunk_order(cp: int) -> list[int]:
+    """The sequence's 2 cp chunks in the order the CP ranks hold them, rank after rank (each
+    rank's chunks r and 2 cp - 1 - r): what a gather along the ranks puts side by side."""
+    return [j for r in range(cp) for j in (r, 2 * cp - 1 - r)]
+
+
+def _to_sequence_order(t: torch.Tensor, dim: int, cp: int) -> torch.Tensor:
+    """``t``, whose ``dim`` holds the 2 cp chunks in :func:`_chunk_order`, with them in
+    sequence order (one ``index_select``, TE's reorder)."""
+    order = _chunk_order(cp)
+    index = torch.tensor([order.index(j) for j in range(2 * cp)], dtype=torch.int64).to(t.device)
+    return t.index_select(dim, index)
+
+
+def _to_rank_order(t: torch.Tensor, dim: int, cp: int) -> torch.Tensor:
+    """The inverse of :func:`_to_sequence_order`."""
+    index = torch.tensor(_chunk_order(cp), dtype=torch.int64).to(t.device)
+    return t.index_select(dim, index)
+
+
+def _gather_kv(k: torch.Tensor, v: torch.Tensor, group) -> torch.Tensor:
+    """Every CP rank's keys and values, [2, b, heads, s, d] in sequence order: one
+    all-gather of the packed local ones, then the reorder."""
+    cp = dist.get_world_size(group)
+    kv = torch.stack((k, v))                           # [2, b, h, s_l, d]
+    two, b, h, s_l, d = kv.shape
+    gathered = torch.empty((cp * kv.numel(),), dtype=kv.dtype, device=kv.device)
+    with comm_span(group):
+        _all_gather(gathered, kv.reshape(-1), group=group)
+    c = s_l // 2
+    chunks = gathered.view(cp, two, b, h, 2, c, d).permute(1, 2, 3, 0, 4, 5, 6).reshape(two, b, h, 2 * cp, c, d)
+    return _to_sequence_order(chunks, 3, cp).reshape(two, b, h, cp * s_l, d)
+
+
+class AllGatherAttention(torch.autograd.Function):
+    """Megatron-Core's ``--cp-comm-type allgather`` (TE's ``AttnFuncWithCPAndKVAllGather``,
+    what Llama 3's long-context training describes): the keys and values of every CP rank
+    all-gathered, then each of the rank's two query chunks attends, causally, to the keys up to
+    its own chunk. The backward gathers them again (not kept) and reduce-scatters their
+    gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, dropout: float, scale: float):
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        block = _Block(dropout, scale)
+        kv = _gather_kv(k, v, group)
+        c = q.shape[2] // 2
+        outs, lses = [], []
+        for i, j in enumerate((rank, 2 * cp - 1 - rank)):
+            o, s = block.forward(q[:, :, i * c:(i + 1) * c], kv[0, :, :, :(j + 1) * c], kv[1, :, :, :(j + 1) * c], True)
+            outs.append(o)
+            lses.append(s)
+        out = torch.cat(outs, dim=2)
+        ctx.save_for_backward(q, k, v, out, *lses)
+        ctx.group, ctx.block = group, block
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, *lses = ctx.saved_tensors
+        group, block = ctx.group, ctx.block
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        kv = _gather_kv(k, v, group)
+        dout = dout.contiguous()
+        c = q.shape[2] // 2
+        dq = torch.empty_like(q)
+        dkv = torch.zeros_like(kv)
+        for i, j in enumerate((rank, 2 * cp - 1 - rank)):
+            rows, keys = slice(i * c, (i + 1) * c), slice(None, (j + 1) * c)
+            gq, gk, gv = block.backward(i, dout[:, :, rows], q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys],
+                                        out[:, :, rows], lses[i], True)
+            dq[:, :, rows].copy_(gq)
+            dkv[0, :, :, keys].add_(gk)
+            dkv[1, :, :, keys].add_(gv)
+        two, b, h, s, d = dkv.shape
+        ranked = _to_rank_order(dkv.view(two, b, h, 2 * cp, c, d), 3, cp)
+        ranked = ranked.view(two, b, h, cp, 2, c, d).permute(3, 0, 1, 2, 4, 5, 6).contiguous()
+        mine = torch.empty((ranked.numel() // cp,), dtype=dkv.dtype, device=dkv.device)
+        with comm_span(group):
+            _reduce_scatter(mine, ranked.view(-1), group=group)
+        mine = mine.view(two, b, h, 2 * c, d)
+        return dq, mine[0], mine[1], None, None, None
+
+
+def _a2a_heads_to_sequence(t: torch.Tensor, group) -> torch.Tensor:
+    """[b, heads, s / cp, d] -> [b, heads / cp, s, d] in sequence order: one all-to-all
+    (each rank sends its positions of the others' heads), then the reorder (Ulysses)."""
+    cp = dist.get_world_size(group)
+    b, h, s_l, d = t.shape
+    send = t.view(b, cp, h // cp, s_l, d).transpose(0, 1).contiguous()     # [cp, b, h/cp, s_l, d]
+    recv = torch.empty_like(send)
+    with comm_span(group):
+        dist.all_to_all_single(recv, send, group=group)
+    c = s_l // 2
+    chunks = recv.view(cp, b, h // cp, 2, c, d).permute(1, 2, 0, 3, 4, 5).reshape(b, h // cp, 2 * cp, c, d)
+    return _to_sequence_order(chunks, 2, cp).reshape(b, h // cp, cp * s_l, d)
+
+
+def _a2a_sequence_to_heads(t: torch.Tensor, group) -> torch.Tensor:
+    """The inverse of :func:`_a2a_heads_to_sequence`: [b, heads / cp, s, d] -> [b, heads, s / cp, d]."""
+    cp = dist.get_world_size(group)
+    b, hl, s, d = t.shape
+    c = s // (2 * cp)
+    ranked = _to_rank_order(t.view(b, hl, 2 * cp, c, d), 2, cp).view(b, hl, cp, 2 * c, d)
+    send = ranked.permute(2, 0, 1, 3, 4).contiguous()                       # [cp, b, h/cp, s_l, d]
+    recv = torch.empty_like(send)
+    with comm_span(group):
+        dist.all_to_all_single(recv, send, group=group)
+    return recv.transpose(0, 1).reshape(b, hl * cp, 2 * c, d)
+
+
+class A2AAttention(torch.autograd.Function):
+    """Megatron-Core's ``--cp-comm-type a2a`` (TE's ``AttnFuncWithCPAndQKVOA2A``, DeepSpeed's
+    Ulysses): the queries, keys and values all-to-all'd from 1/cp of the positions of every
+    head to every position of 1/cp of the heads, causal attention over the whole sequence, the
+    output all-to-all'd back; the backward the same way round with the gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, dropout: float, scale: float):
+        block = _Block(dropout, scale)
+        qs, ks, vs = (_a2a_heads_to_sequence(t, group) for t in (q, k, v))
+        o, lse = block.forward(qs, ks, vs, True)
+        ctx.save_for_backward(qs, ks, vs, o, lse)
+        ctx.group, ctx.block = group, block
+        return _a2a_sequence_to_heads(o, group)
+
+    @staticmethod
+    def backward(ctx, dout):
+        qs, ks, vs, o, lse = ctx.saved_tensors
+        group, block = ctx.group, ctx.block
+        ds = _a2a_heads_to_sequence(dout.contiguous(), group)
+        gq, gk, gv = block.backward(0, ds, qs, ks, vs, o, lse, True)
+        return (*(_a2a_sequence_to_heads(g, group) for g in (gq, gk, gv)), None, None, None)

@@ -27,6 +27,9 @@ OTHER_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts", "mla_up_proj")
 OPTIMIZERS = ("adam", "megatron")
 PIPELINE_ENGINES = ("megatron", "deepspeed")   # the first is the default
 ARCHS = ("gpt", "llama")   # the first is the default
+# Megatron-Core's --cp-comm-type values echo-et runs (workloads.context_parallel); its "a2a+p2p"
+# (hierarchical context parallelism) is not modelled
+CP_COMM_TYPES = ("p2p", "allgather", "a2a")
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
@@ -171,6 +174,9 @@ class GPTConfig:
     # Megatron's --use-flash-attn: the core attention as one flash-attention kernel each way
     # (no s x s scores in memory) instead of its batched GEMMs and softmax; megatron flavour.
     flash_attention: bool = False
+    # Megatron-Core's --cp-comm-type: how the context-parallel ranks (the layout's cp) exchange
+    # keys and values: "p2p" (its default: TE's ring), "allgather", "a2a" (Ulysses)
+    cp_comm_type: str = "p2p"
     # Megatron-LM's --gradient-accumulation-fusion (its default where Apex is installed): each
     # weight gradient added into the fp32 main_grad by its GEMM, with no separate accumulation
     # kernel; needs the gradients accumulated in fp32 (bf16's default), Megatron-LM's pipeline.
@@ -462,9 +468,14 @@ class GPTConfig:
         Engine's (flash attention, megatron-gpt), its pipeline engine Megatron's, and the sequence
         cuts into 2 cp equal chunks (each again into tp pieces with sequence parallelism)."""
         cp = layout.cp
+        where = f"layout {layout.describe()}"
+        if self.cp_comm_type not in CP_COMM_TYPES:
+            other = (" (a2a+p2p, hierarchical context parallelism, is not modelled)"
+                     if self.cp_comm_type == "a2a+p2p" else "")
+            raise EchoError(f"{where}: context-parallel communication {self.cp_comm_type!r} is not one of "
+                            f"{', '.join(CP_COMM_TYPES)}{other}")
         if cp == 1:
             return
-        where = f"layout {layout.describe()}"
         if self.attention != "megatron" or not self.flash_attention:
             raise EchoError(f"{where}: context parallelism runs in Transformer Engine's fused attention: it needs "
                             "megatron-gpt with flash attention")
@@ -476,6 +487,12 @@ class GPTConfig:
         if self.seq % (2 * cp):
             raise EchoError(f"{where}: the sequence ({self.seq}) must split into 2 x cp = {2 * cp} equal chunks "
                             "(Megatron-Core's load-balanced context parallelism)")
+        if self.cp_comm_type == "a2a":
+            for what, n in (("attention heads", self.heads // layout.tp),
+                            ("key/value heads", self.query_groups // layout.tp)):
+                if n % cp:
+                    raise EchoError(f"{where}: all-to-all context parallelism gives each CP rank 1/cp of a TP "
+                                    f"rank's {what}: cp ({cp}) must divide its {n}")
         if self.sequence_parallel and layout.tp > 1 and (self.seq // cp) % layout.tp:
             raise EchoError(f"{where}: with sequence parallelism tp ({layout.tp}) must divide each context-parallel "
                             f"rank's {self.seq // cp} positions")
@@ -774,7 +791,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
     "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
-    "recompute_modules": "core_attn",
+    "recompute_modules": "core_attn", "cp_comm_type": "p2p",
 }
 
 

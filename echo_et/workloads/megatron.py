@@ -157,6 +157,7 @@ def megatron_block_class():
             self.recompute_mlp = cfg.recomputes_mlp
             self.recompute_norm = cfg.recomputes_layernorm
             self.flash = cfg.flash_attention
+            self.cp_comm_type = cfg.cp_comm_type
             self.llama = LlamaParts(cfg, device, cp_group) if cfg.llama else None
             self.fused_softmax = fused.upper_triang_softmax_fuses(seq=cfg.seq, attn_batches=cfg.micro_batch * self.np,
                                                                   dtype=dtype)
@@ -214,9 +215,9 @@ def megatron_block_class():
             s, b, np_, hn = q.shape
             q, k, v = (t.transpose(0, 1).contiguous().transpose(1, 2) for t in (q, k, v))
             if self.cp_group is not None:
-                from echo_et.workloads.context_parallel import ring_attention
+                from echo_et.workloads.context_parallel import context_parallel_attention
 
-                out = ring_attention(q, k, v, self.cp_group, self.p, self.norm)
+                out = context_parallel_attention(q, k, v, self.cp_group, self.p, self.norm, self.cp_comm_type)
             elif q.device.type == "meta":
                 out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, self.p, True)[0]
             else:
