@@ -295,6 +295,17 @@ def _gather_kv(k: torch.Tensor, v: torch.Tensor, group) -> torch.Tensor:
     return _to_sequence_order(chunks, 3, cp).reshape(two, b, h, cp * s_l, d)
 
 
+def _prefix_chunks(q: torch.Tensor, cp: int, rank: int) -> tuple[int, int]:
+    """The last chunk of the keys each of the rank's two query chunks attends to: its own
+    chunks, r and 2 cp - 1 - r. On the meta device every rank takes the middle rank's, cp - 1
+    and cp (the same FLOPs and bytes: the two blocks always cover 2 cp + 1 chunks of keys
+    between them), so that the CP ranks trace one graph and are simulated as one class; the
+    values a real device computes need the rank's own."""
+    if q.device.type == "meta":
+        return cp - 1, cp
+    return rank, 2 * cp - 1 - rank
+
+
 class AllGatherAttention(torch.autograd.Function):
     """Megatron-Core's ``--cp-comm-type allgather`` (TE's ``AttnFuncWithCPAndKVAllGather``,
     what Llama 3's long-context training describes): the keys and values of every CP rank
@@ -309,7 +320,7 @@ class AllGatherAttention(torch.autograd.Function):
         kv = _gather_kv(k, v, group)
         c = q.shape[2] // 2
         outs, lses = [], []
-        for i, j in enumerate((rank, 2 * cp - 1 - rank)):
+        for i, j in enumerate(_prefix_chunks(q, cp, rank)):
             o, s = block.forward(q[:, :, i * c:(i + 1) * c], kv[0, :, :, :(j + 1) * c], kv[1, :, :, :(j + 1) * c], True)
             outs.append(o)
             lses.append(s)
@@ -328,7 +339,7 @@ class AllGatherAttention(torch.autograd.Function):
         c = q.shape[2] // 2
         dq = torch.empty_like(q)
         dkv = torch.zeros_like(kv)
-        for i, j in enumerate((rank, 2 * cp - 1 - rank)):
+        for i, j in enumerate(_prefix_chunks(q, cp, rank)):
             rows, keys = slice(i * c, (i + 1) * c), slice(None, (j + 1) * c)
             gq, gk, gv = block.backward(i, dout[:, :, rows], q[:, :, rows], kv[0, :, :, keys], kv[1, :, :, keys],
                                         out[:, :, rows], lses[i], True)
