@@ -353,6 +353,15 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
               "int", 60))
     t.append((pr + ["--layers", "4", "--recompute", "--recompute-num-layers", "2"], "--recompute-method", "name", 60))
     t.append((pr + ["--layers", "4", "--recompute-granularity", "selective"], "--recompute-modules", "name", 60))
+    # context parallelism: its size against the sequence (2 x cp chunks), tp with sequence
+    # parallelism and the heads (a2a), its communication type's name
+    t.append((pr + ["--flash-attn", "--dtype", "bfloat16"], "--context-parallel-size", "int", 60))
+    t.append((pr + ["--flash-attn", "--context-parallel-size", "2"], "--seq", "int", 60))
+    t.append((pr + ["--flash-attn", "--context-parallel-size", "2", "--sequence-parallel", "--seq", "64"], "--tp",
+              "int", 60))
+    t.append((pr + ["--flash-attn", "--context-parallel-size", "2"], "--cp-comm-type", "name", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--flash-attn", "--cp-comm-type", "a2a"], "--context-parallel-size",
+              "int", 60))
     # Megatron-Core's micro-batch groups against pp and the micro-batches, and the micro-batches against them
     t.append((pr + ["--layers", "8", "--pp", "4", "--global-batch", "10", "--num-layers-per-virtual-pipeline-stage",
                     "1"], "--microbatch-group-size-per-virtual-pipeline-stage", "int", 60))
