@@ -367,3 +367,37 @@ def test_sweep_rows_refuse_a_bad_cp(tmp_path) -> None:
     csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,cp\n4,256,8,1024,1,4,2,2,1,0\n")
     res = CliRunner().invoke(app, ["sweep", "--configs", str(csv), "--flash-attn", "--json", "-o", str(tmp_path / "t")])
     assert "cp must be >= 1" in res.output
+
+
+def test_a_script_gets_the_context_parallel_groups() -> None:
+    """A user's build function under a CP layout: ``ctx.cp_rank``, ``ctx.group("cp")`` and
+    ``ctx.group("dp_cp")`` are Megatron-Core's groups, and the Job binds them (its cp groups
+    with the cp role, dp_cp a derived group) and passes the checker."""
+    import torch
+    import torch.distributed as dist
+
+    from echo_et._proto import echo_et_pb2 as pb
+    from echo_et.ir import check_job
+    from echo_et.trace.tracer import TraceOptions, trace
+
+    seen: dict[int, tuple] = {}
+
+    def build(ctx):
+        cp, dp_cp = ctx.group("cp"), ctx.group("dp_cp")
+        seen[ctx.rank] = (ctx.cp_rank, dist.get_world_size(cp), dist.get_world_size(dp_cp))
+
+        def step():
+            t = torch.ones(4, device=ctx.device)
+            dist.all_reduce(t, group=cp)
+            dist.all_reduce(t, group=dp_cp)
+        return step
+
+    lay = ParallelLayout(tp=2, cp=2, dp=2)
+    job = trace(build, lay, TraceOptions(device="meta", verify="sample", warmup_steps=0)).job
+    assert check_job(job) == []
+    assert seen[0] == (0, 2, 4) and seen[7] == (1, 2, 4)      # the two ends of the one class traced
+    roles = {g.desc: g.role for g in job.manifest.groups}
+    assert roles["cp"] == pb.ROLE_CP and roles["dp_cp"] == pb.ROLE_CUSTOM
+    binding = job.binding(3)
+    by_id = {g.id: tuple(g.ranks) for g in job.manifest.groups}
+    assert by_id[binding.groups["cp"]] == (1, 3) and by_id[binding.groups["dp_cp"]] == (1, 3, 5, 7)
