@@ -401,3 +401,18 @@ def test_a_script_gets_the_context_parallel_groups() -> None:
     binding = job.binding(3)
     by_id = {g.id: tuple(g.ranks) for g in job.manifest.groups}
     assert by_id[binding.groups["cp"]] == (1, 3) and by_id[binding.groups["dp_cp"]] == (1, 3, 5, 7)
+
+
+def test_real_run_with_the_interleaved_schedule(tmp_path) -> None:
+    """PP3 x CP2 with Megatron's interleaved schedule (two model chunks per stage, 6 gloo
+    processes): the ring's exchanges and the pipeline's meet, and the gradients are those of
+    one process."""
+    import torch
+    from gpt_real_runs import real_grads
+
+    kw = {**REAL, "layers": 6}
+    ref = real_grads(tmp_path, microbatches=3, **kw)
+    got = real_grads(tmp_path, microbatches=3, cp=2, pp=3, layers_per_virtual_stage=1, **kw)
+    assert got.keys() == ref.keys() and len(ref) > 6 * 8
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
