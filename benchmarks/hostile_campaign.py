@@ -336,6 +336,8 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + ["--layers", "10", "--pp", "4", "--global-batch", "8", "--num-virtual-stages-per-pipeline-rank",
                     "2"], "--decoder-first-pipeline-num-layers", "int", 60))
     t.append((lg + ["--gpus", "6", "--global-batch", "6", "--micro-batch", "1"], "--virtual-stages", "ranks", 60))
+    t.append((lg + ["--gpus", "4", "--global-batch", "4", "--micro-batch", "1", "--flash-attn"], "--context-parallel",
+              "ranks", 60))
     # pipeline communication overlapped with the compute: the interleaved schedule's only
     t.append((pr + ["--layers", "6", "--pp", "3", "--global-batch", "6", "--overlap-p2p-communication"],
               "--num-layers-per-virtual-pipeline-stage", "int", 60))

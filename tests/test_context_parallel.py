@@ -416,3 +416,31 @@ def test_real_run_with_the_interleaved_schedule(tmp_path) -> None:
     assert got.keys() == ref.keys() and len(ref) > 6 * 8
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_layout_search_tries_context_parallel_sizes(tmp_path) -> None:
+    """``sweep --model NAME --gpus N --context-parallel 2,4``: every (tp, pp) also tried at
+    each CP size that divides the GPUs with it, after the plain layout, each predicted; the
+    table marks their rows, and the option is the layout search's only."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["sweep", "--model", "llama2-7b", "--gpus", "4", "--global-batch", "8", "--micro-batch",
+                              "1", "--context-parallel", "2,4", "--cp-comm-type", "allgather", "--dtype", "bfloat16",
+                              "--flash-attn", "--use-distributed-optimizer", "--recompute", "--gpu", "a100-80gb",
+                              "--workers", "1", "--no-plot", "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert "10 of 10 layouts run" in res.stderr
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    layouts = [(r["tp"], r["pp"], r["dp"], r.get("cp", 1)) for r in rows]
+    assert layouts[:3] == [(1, 1, 4, 1), (1, 1, 2, 2), (1, 1, 1, 4)]
+    assert all(r["tp"] * r["pp"] * r["dp"] * r.get("cp", 1) == 4 for r in rows)
+    assert all(r.get("error") is None and r["predicted_ms"] > 0 for r in rows)
+    assert "1F1B cp4" in res.stdout
+    res = runner.invoke(app, ["sweep", "--configs", str(tmp_path / "x.csv"), "--context-parallel", "2",
+                              "-o", str(tmp_path / "y")])
+    assert res.exit_code != 0 and "--context-parallel sweep a model's layouts" in res.output

@@ -65,12 +65,13 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         rows = read_configs(configs, defaults={k: v for k, v in shape.items() if k in MODEL_COLUMNS})
     else:
         assert layouts is not None
-        gpus, global_batch, micro_batches, chunks = layouts
+        gpus, global_batch, micro_batches, chunks, context_parallel = layouts
         check_node_fill(gpus, gpus_per_node)
         grid = layout_grid(candidate_layouts(shape, gpus=gpus, global_batch=global_batch,
                                              gpus_per_node=opts.gpus_per_node(),
                                              micro_batches=micro_batches or MICRO_BATCHES, chunks=chunks,
-                                             overlapped=opts.overlap_p2p_comm), opts)
+                                             overlapped=opts.overlap_p2p_comm,
+                                             context_parallel=context_parallel), opts)
         rows = grid.rows
         grid_json = grid.to_json()
         print(f"sweep: {name} on {gpus} {opts.gpu()} GPUs, global batch {global_batch}: {grid.said()}",
@@ -80,7 +81,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
     draw = have_matplotlib() if plot is None else plot
 
     def progress(done: int, total: int, row: dict) -> None:
-        label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp"))
+        label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp", "cp") if k in row)
         state = row.get("error") or f"{row['predicted_ms']:.3f} ms"
         print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
 

@@ -238,6 +238,10 @@ def sweep(
                                               help="--gpus: also try Megatron's interleaved schedule with these "
                                                    "model chunks per pipeline stage (its "
                                                    "--virtual-pipeline-model-parallel-size), e.g. 2,4."),
+    context_parallel: str | None = typer.Option(None, "--context-parallel", metavar="N,N,...",
+                                                help="--gpus: also try Megatron-Core's context parallelism with "
+                                                     "these sizes (its --context-parallel-size), e.g. 2,4; needs "
+                                                     "--flash-attn (--cp-comm-type for the exchange)."),
     dp: str | None = typer.Option(None, "--dp", metavar="N,N,...",
                                   help="Data-parallel degrees, e.g. 8,64,512 (JOB sweeps)."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
@@ -337,9 +341,9 @@ def sweep(
                                ("--zero", zero), ("--layout", declared), ("--preset", preset)) if v is not None]
         if used or mode != "predict":
             fail(f"{', '.join(used) or '--mode'} cannot be combined with {what}")
-        if configs is not None and (gpus, global_batch, micro_batch, virtual_stages) != (None,) * 4:
-            fail("--gpus, --global-batch, --micro-batch and --virtual-stages sweep a model's layouts; the rows "
-                 "of --configs say their own")
+        if configs is not None and (gpus, global_batch, micro_batch, virtual_stages, context_parallel) != (None,) * 5:
+            fail("--gpus, --global-batch, --micro-batch, --virtual-stages and --context-parallel sweep a model's "
+                 "layouts; the rows of --configs say their own")
         if gpus is not None and (model is None or global_batch is None):
             fail("--gpus sweeps a model's layouts: give --model NAME and --global-batch N")
         if gpus is not None:
@@ -351,7 +355,8 @@ def sweep(
                     fail(f"{flag}: --gpus gives each layout its own stages and schedule (uneven ends where the "
                          "depth does not divide the layers; --virtual-stages N,N to try the interleaved schedule)")
         layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch"),
-                                             _int_list(virtual_stages, "--virtual-stages"))
+                                             _int_list(virtual_stages, "--virtual-stages"),
+                                             _int_list(context_parallel, "--context-parallel"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
         megatron = {**megatron, **recompute_detail_settings(on, granularity, recompute_method, recompute_num_layers,
                                                            recompute_modules)}
@@ -366,7 +371,7 @@ def sweep(
     if job_path is None:
         fail("give a JOB to scale, --configs CONFIGS.csv, or --model NAME --gpus N --global-batch N")
     for flag, given in (("--global-batch", global_batch), ("--micro-batch", micro_batch),
-                        ("--virtual-stages", virtual_stages)):
+                        ("--virtual-stages", virtual_stages), ("--context-parallel", context_parallel)):
         if given is not None:
             fail(f"{flag} only applies with --gpus")
     if dp is None:

@@ -343,7 +343,8 @@ class ConfigSweepResult:
             r = self.rows[c.pick]
             line = (f"fastest of {c.layouts} layouts for {r['layers']} layers, hidden {r['hidden']}, "
                     f"{r['heads']} heads, seq {r['seq']}, global batch {r['global_batch']} on {c.gpus} GPUs: row "
-                    f"{c.pick} (tp {r['tp']}, pp {r['pp']}, dp {r['dp']}, micro-batch {r['micro_batch']}"
+                    f"{c.pick} (tp {r['tp']}, pp {r['pp']}, dp {r['dp']}"
+                    + (f", cp {r['cp']}" if (r.get("cp") or 1) > 1 else "") + f", micro-batch {r['micro_batch']}"
                     f"{'' if (sched := schedule_said(r, self.options)) in ('', '1F1B') else ', ' + sched}), "
                     f"{r['predicted_ms']:.3f} ms, MFU {_mfu(r)} %")
             if len(c.shortlist) > 1:

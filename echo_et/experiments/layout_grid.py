@@ -42,7 +42,8 @@ class LayoutGrid:
 
 def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gpus_per_node: int,
                       micro_batches: Sequence[int] = MICRO_BATCHES,
-                      chunks: Sequence[int] = (), overlapped: bool = False) -> list[dict[str, Any]]:
+                      chunks: Sequence[int] = (), overlapped: bool = False,
+                      context_parallel: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Every (tp, pp, dp, micro-batch) of ``gpus`` GPUs for the model ``shape`` (its layers,
     hidden, heads, seq, vocab): tp a power of two up to a node (at most 8), pp up to the
     layers with tp x pp dividing the GPUs, dp the rest; in the order tp, pp, micro-batch. A pp
@@ -56,6 +57,8 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
     ends the count splits (Megatron-Core's rule; 126 layers on 16 stages in 2 chunks: 6, 8 x
     14, 8); an interleaved candidate whose micro-batches pp does not divide runs in the smallest
     micro-batch group Megatron-Core accepts (``--microbatch-group-size-per-virtual-pipeline-stage``).
+    With ``context_parallel`` (CP sizes), each (tp, pp) is also tried with each size whose
+    tp x pp x cp divides the GPUs, after the plain one (the row's ``cp`` column; dp the rest).
     Megatron's other rules are the workload's to check."""
     if gpus < 1 or global_batch < 1:
         raise OptionError("gpus" if gpus < 1 else "global_batch", "give a positive number")
@@ -63,6 +66,9 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
         raise OptionError("micro_batch", f"micro-batch sizes must be >= 1, got {list(micro_batches)}")
     if any(c < 2 for c in chunks):
         raise OptionError("virtual_stages", f"model chunks per stage must be >= 2, got {list(chunks)}")
+    if any(c < 1 for c in context_parallel):
+        raise OptionError("context_parallel", f"context-parallel sizes must be >= 1, got {list(context_parallel)}")
+    sizes = sorted({1, *context_parallel})
     rows = []
     tp = 1
     while tp <= min(MAX_TP, gpus_per_node, gpus):
@@ -74,13 +80,17 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
                 continue
             interleaved = [] if pp <= (1 if overlapped else 2) else [
                 sched for c in sorted(set(chunks)) if (sched := _interleaved(shape["layers"], pp, c)) is not None]
-            dp = gpus // (tp * pp)
-            for mb in sorted(set(micro_batches)):
-                group = {} if global_batch % (mb * dp) else _microbatch_group(global_batch // (mb * dp), pp)
-                for schedule in [edges, *[{**s, **group} for s in interleaved]]:
-                    rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab") if k in shape},
-                                 "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
-                                 "dp": dp, **schedule})
+            for cp in sizes:
+                if gpus % (tp * pp * cp):
+                    continue
+                dp = gpus // (tp * pp * cp)
+                for mb in sorted(set(micro_batches)):
+                    group = {} if global_batch % (mb * dp) else _microbatch_group(global_batch // (mb * dp), pp)
+                    for schedule in [edges, *[{**s, **group} for s in interleaved]]:
+                        rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab")
+                                        if k in shape},
+                                     "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
+                                     "dp": dp, **schedule, **({"cp": cp} if cp > 1 else {})})
         tp *= 2
     return rows
 
