@@ -1,7 +1,9 @@
-"""Megatron-Core's context parallelism (``--context-parallel-size``, "p2p" communication, its
-default): every rank of a context-parallel group holds 1/cp of each sequence, and attention
-passes the keys and values around the group in a ring, as Transformer Engine's
-``AttnFuncWithCPAndKVP2P`` does.
+"""Megatron-Core's context parallelism (``--context-parallel-size``): every rank of a
+context-parallel group holds 1/cp of each sequence, and attention exchanges the keys and
+values between them as Transformer Engine does for Megatron-Core's ``--cp-comm-type``:
+"p2p" (its default, :class:`RingAttention`: ``AttnFuncWithCPAndKVP2P``, described below),
+"allgather" (:class:`AllGatherAttention`: ``AttnFuncWithCPAndKVAllGather``) and "a2a"
+(:class:`A2AAttention`: ``AttnFuncWithCPAndQKVOA2A``, DeepSpeed's Ulysses).
 
 - The split (Megatron's ``get_batch_on_this_cp_rank``): each sequence is cut into 2 cp chunks
   and rank r keeps chunks r and 2 cp - 1 - r, so that every rank does the same share of the
