@@ -69,15 +69,7 @@ def test_megatron_three_stages_ex_situ_equals_in_situ(tmp_path, dtype, zero):
     ex-situ Job says."""
     cfg = GPTConfig.megatron(layers=3, hidden=32, heads=4, seq=16, micro_batch=1, vocab=64, dtype=dtype,
                              dropout=0.0)
-    workload = Workload(gpt=cfg)
-    layout = ParallelLayout(dp=2, pp=3, microbatches=3, zero=zero)
-    real = read(run_in_situ(workload, layout, tmp_path / "in-situ"), "kineto", ReadOptions())
-    ex = trace(workload.build_fn(), layout, TraceOptions()).job
-    assert check_job(ex) == []
-    for rank in range(layout.world_size):
-        want = in_situ_comms(real.graph_of(rank))
-        assert ex_situ_comms(ex, rank) == want, f"rank {rank}: communication differs"
-    groups = {g for r in range(layout.world_size) for _, _, g in in_situ_comms(real.graph_of(r))}
+    real, groups = _megatron_comms_match(tmp_path, cfg, ParallelLayout(dp=2, pp=3, microbatches=3, zero=zero))
     assert {"embd", "pp", "dp"} <= groups
     dp = {(t, b) for t, b, g in in_situ_comms(real.graph_of(0)) if g == "dp" and b > 4}
     assert {t for t, _ in dp} == ({"reduce_scatter", "all_gather"} if zero else {"all_reduce"})
@@ -91,13 +83,18 @@ def test_context_parallel_ex_situ_equals_in_situ(tmp_path, comm_type):
     by rank and in order, what the ex-situ Job says."""
     cfg = GPTConfig.megatron(layers=2, hidden=32, heads=4, seq=16, micro_batch=1, vocab=64, dtype="float32",
                              dropout=0.0, flash_attention=True, cp_comm_type=comm_type)
+    _, groups = _megatron_comms_match(tmp_path, cfg, ParallelLayout(pp=2, cp=2, microbatches=2))
+    assert {"cp", "dp_cp", "pp"} <= groups
+
+
+def _megatron_comms_match(tmp_path, cfg: GPTConfig, layout: ParallelLayout):
+    """``cfg`` run for real at ``layout`` and traced ex-situ: every rank's communication is the
+    same, in order. Returns the real run's Job and the group roles its ranks used."""
     workload = Workload(gpt=cfg)
-    layout = ParallelLayout(pp=2, cp=2, microbatches=2)
     real = read(run_in_situ(workload, layout, tmp_path / "in-situ"), "kineto", ReadOptions())
     ex = trace(workload.build_fn(), layout, TraceOptions()).job
     assert check_job(ex) == []
     for rank in range(layout.world_size):
         want = in_situ_comms(real.graph_of(rank))
         assert ex_situ_comms(ex, rank) == want, f"rank {rank}: communication differs"
-    groups = {g for r in range(layout.world_size) for _, _, g in in_situ_comms(real.graph_of(r))}
-    assert {"cp", "dp_cp", "pp"} <= groups
+    return real, {g for r in range(layout.world_size) for _, _, g in in_situ_comms(real.graph_of(r))}
