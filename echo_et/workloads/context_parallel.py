@@ -156,6 +156,11 @@ def _kind(step: int, src: int, rank: int) -> str:
     return "kv-half" if src < rank else "q-half"
 
 
+def _rows(kind: str, q: torch.Tensor) -> slice:
+    """The query rows a block of ``kind`` computes: the second half for "q-half", else all."""
+    return slice(q.shape[2] // 2, None) if kind == "q-half" else slice(None)
+
+
 def _operands(kind: str, q, k, v):
     c = q.shape[2] // 2
     if kind == "kv-half":
@@ -176,7 +181,7 @@ class RingAttention(torch.autograd.Function):
         block = _Block(dropout, scale)
         kv = torch.stack((k, v))                       # TE's packed key/value buffer
         nxt, prev = (rank + 1) % cp, (rank - 1) % cp
-        lse = out = None
+        lse = None
         pieces = []
         for step in range(cp):
             works: list = []
@@ -190,7 +195,7 @@ class RingAttention(torch.autograd.Function):
             if lse is None:
                 lse = s.clone()
             elif kind == "q-half":
-                half = lse[:, :, q.shape[2] // 2:]
+                half = lse[:, :, _rows(kind, q)]
                 half.copy_(torch.logaddexp(half, s))
             else:
                 lse = torch.logaddexp(lse, s)
@@ -199,7 +204,7 @@ class RingAttention(torch.autograd.Function):
                 kv = recv
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for kind, o, s in pieces:       # TE's output correction, one step at a time
-            rows = slice(q.shape[2] // 2, None) if kind == "q-half" else slice(None)
+            rows = _rows(kind, q)
             out[:, :, rows].add_(o.float() * torch.exp(s - lse[:, :, rows]).unsqueeze(-1))
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -227,7 +232,7 @@ class RingAttention(torch.autograd.Function):
             src = (rank + step) % cp
             kind = _kind(step, src, rank)
             qq, kk, vv = _operands(kind, q, kv[0], kv[1])
-            rows = slice(c, None) if kind == "q-half" else slice(None)
+            rows = _rows(kind, q)
             forward_step = (rank - src) % cp      # the forward step that computed this block
             gq, gk, gv = block.backward(forward_step, dout[:, :, rows], qq, kk, vv, out[:, :, rows],
                                         lse[:, :, rows].contiguous(), kind == "diagonal")
