@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from echo_et.sim.program import CAT_COMPUTE, CAT_COPY, CAT_NAMES, CAT_SYNC, COMM_CATS
-from echo_et.sim.state import Participant, RankState
+from echo_et.sim.state import RankState
 from echo_et.sim.symmetry import Partition
 
 _COMPUTE_CATS = (CAT_COMPUTE, CAT_COPY)
@@ -196,6 +196,31 @@ def _count_node(nodes: Counter | None, st: RankState, item: int, ns: int) -> Non
         nodes[(st.program.graph_id, st.program.node_of[item])] += 1
 
 
+Member = tuple[RankState, int, bool, Any]   # (state, arrival ns, is a send, item or view position)
+
+
+def _meeting_of(parts: list) -> list[Member]:
+    """A meeting's participants (state, item, arrival) as :data:`Member`s."""
+    out: list[Member] = []
+    for pst, it, t in parts:
+        rv = pst.program.rendezvous.get(it)
+        out.append((pst, t, rv is not None and rv.peer >= 0 and rv.is_send, it))
+    return out
+
+
+def decider(members: list[Member], here: RankState) -> Member:
+    """The member whose arrival decided a meeting's start: the last to arrive. Of members
+    that arrived together: the send of a send and its recv (the message comes from it), else
+    the rank the walk is on, else the lowest rank; so that the walk does not depend on the
+    order the simulator met the members in."""
+    t = max(m[1] for m in members)
+    tied = [m for m in members if m[1] == t]
+    if len(tied) == 1:
+        return tied[0]
+    return next((m for m in tied if m[2]), None) or next((m for m in tied if m[0] is here), None) or \
+        min(tied, key=lambda m: m[0].rank)
+
+
 def _deciding_predecessor(st: RankState, item: int, t: int) -> tuple[tuple[int, bool] | None, int]:
     """The predecessor whose time plus gap equals ``t`` (the item's start): (item, whether
     the path continues from its end), or None at the rank's origin; and the gap kept."""
@@ -246,9 +271,7 @@ def critical_path(states: list[RankState], part: Partition, top: int,
             _count_node(nodes, st, item, e - s)
         # find what decided this item's start (or, for a rendezvous, its last arrival)
         if item in st.participants:
-            last = Participant(*max(st.participants[item], key=lambda p: p[2]))   # the last to arrive
-            st, item = last.state, last.item
-            t = st.item_arrival[item]
+            st, t, _, item = decider(_meeting_of(st.participants[item]), st)
         else:
             t = st.item_start[item]
         nxt, g = _deciding_predecessor(st, item, t)
@@ -262,15 +285,20 @@ def critical_path(states: list[RankState], part: Partition, top: int,
 # -- ranks whose repeat blocks were placed in closed form -----------------------------------------------
 def compact_breakdown(st: RankState) -> dict[str, int]:
     """:func:`rank_breakdowns` for a rank with repeat blocks: the same unions over every item
-    of the expanded step (a block's collectives meet only their own class: no wait)."""
+    of the expanded step (a block's collectives meet only their own class: no wait; its sends
+    and recvs wait for their partners as placed with them, ``FlatTimes.wait``)."""
     prog, run = st.program, st.blocks
     ft = run.flat(prog, st.item_start, st.item_end)
     rdv = np.array(sorted(prog.rendezvous), dtype=np.int64)
     arr = np.array([st.item_arrival[i] for i in rdv.tolist()], dtype=np.int64)
     rstart = np.asarray(st.item_start, dtype=np.int64)[rdv] if rdv.size else np.zeros(0, dtype=np.int64)
+    # the sends and recvs of linked occurrences waited for their partners: those waits too
+    waited = np.flatnonzero(ft.wait > 0)
+    arr = np.concatenate((arr, ft.start[waited] - ft.wait[waited]))
+    rstart = np.concatenate((rstart, ft.start[waited]))
     is_comp = np.isin(ft.category, _COMPUTE_CATS)
     is_comm = np.isin(ft.category, tuple(COMM_CATS))
-    no_wait = np.zeros(rdv.size, dtype=bool)
+    no_wait = np.zeros(arr.size, dtype=bool)
     subsets = [np.concatenate((is_comp, no_wait)), np.concatenate((is_comm, no_wait)),
                np.concatenate((is_comp | is_comm, no_wait)), np.concatenate((is_comp | is_comm, ~no_wait)),
                np.concatenate((np.zeros(ft.category.size, dtype=bool), ~no_wait))]
@@ -316,11 +344,10 @@ class _FlatView:
     def label(self, pos) -> tuple[str, str]:
         return _label(self.st, pos)
 
-    def participants(self, pos):
-        return self.st.participants.get(pos)
-
-    def arrival(self, pos) -> int:
-        return self.st.item_arrival[pos]
+    def meeting(self, pos) -> list[Member] | None:
+        """Who met at the rendezvous item ``pos`` (None: not one)."""
+        parts = self.st.participants.get(pos)
+        return _meeting_of(parts) if parts else None
 
     def decide(self, pos, t: int):
         return _deciding_predecessor(self.st, pos, t)
@@ -370,12 +397,29 @@ class _BlockView(_FlatView):
         node = occ.block.nodes[i]
         return CAT_NAMES.get(occ.block.category[i], "other"), node.name or f"node {node.id + occ.offset}"
 
-    def participants(self, pos):
+    def meeting(self, pos) -> list[Member] | None:
+        """A skeleton item's meeting, or a linked occurrence's collective, send or recv and
+        the members it met (an eager send waits for nobody: None)."""
         o, i = pos
-        return self.st.participants.get(i) if o < 0 else None
-
-    def arrival(self, pos) -> int:
-        return self.st.item_arrival[pos[1]]
+        if o < 0:
+            parts = self.st.participants.get(i)
+            return _meeting_of(parts) if parts else None
+        link = self.run.links.get(o)
+        if link is None:
+            return None
+        bundle = link.bundle
+        k = bundle.plan.meeting_of.get((link.member, i))
+        if k is None:
+            return None
+        mt = bundle.meetings[k]
+        if mt.eager and mt.sends[mt.ends.index((link.member, i))]:
+            return None
+        out: list[Member] = []
+        for (m, j), send in zip(mt.ends, mt.sends, strict=True):
+            st2, o2 = bundle.members[m]
+            run2 = st2.blocks
+            out.append((st2, int(run2.times(o2)[0][j] - run2.waits(o2)[j]), send, (o2, j)))
+        return out
 
     def _input(self, occ, j: int, from_start: bool, t: int):
         q, _ = occ.inputs[j]
@@ -395,8 +439,8 @@ class _BlockView(_FlatView):
         compares it with). None when a label would name the copy's own id."""
         o, i = pos
         occ = self.info.occurrences[o]
-        if not occ.block.all_named:
-            return None
+        if not occ.block.all_named or o in self.run.links:
+            return None     # a linked occurrence's walk may leave it for a partner's: walked item by item
         run = self.run
         x = run.x[o]
         m = run.tables.table(occ, run.durs[o], run.keys[o]) + x[None, :]
@@ -514,13 +558,11 @@ def critical_path_blocks(states: list[RankState], part: Partition, top: int) -> 
                 v = seg[2].setdefault((cat, name), [0, 0])
                 v[0] += e - s
                 v[1] += 1
-        parts = view.participants(pos)
+        parts = view.meeting(pos)
         if parts:
-            last = Participant(*max(parts, key=lambda p: p[2]))
-            st = last.state
+            st, t, _, where = decider(parts, st)
             view = views[id(st)]
-            pos = view.pos(last.item)
-            t = view.arrival(pos)
+            pos = where if isinstance(where, tuple) else view.pos(where)
         else:
             t = view.start(pos)
         if seg is not None:

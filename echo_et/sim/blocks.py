@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from echo_et.ir.graph import Graph
+from echo_et.ir.repeats import seq_key
 from echo_et.ir.schema import pb
 from echo_et.sim.program import (
     CAT_COLL,
@@ -72,7 +73,8 @@ class Block:
     streams: list[int]                    # dense streams the body runs on, ascending
     first_on: dict[int, int]              # dense stream -> first local item on it
     last_on: dict[int, int]               # dense stream -> last local item on it
-    rendezvous: dict[int, Rendezvous]     # local collectives
+    rendezvous: dict[int, Rendezvous]     # local collectives, sends and recvs
+    p2p: list[int] = field(default_factory=list)   # local sends and recvs: they meet other ranks (linked_blocks)
     by_stream: dict[int, list[int]] = field(default_factory=dict)
     local_of: dict[int, int] = field(default_factory=dict)   # body node id -> local item
     all_named: bool = True                # every body node has a name (labels name no copy's id)
@@ -334,6 +336,16 @@ def compile_compact(graph: Graph) -> Program:
     return prog
 
 
+def seq_in(occ: Occurrence, local: int) -> int:
+    """The sequence number of a block's collective, send or recv in this occurrence (an
+    instance shifts it as :func:`echo_et.ir.repeats.copy_node` does)."""
+    rv = occ.block.rendezvous[local]
+    if occ.instance is None or not occ.instance.seq_offsets:
+        return rv.seq
+    key = seq_key(occ.block.nodes[local])
+    return rv.seq + (occ.instance.seq_offsets.get(key, 0) if key is not None else 0)
+
+
 def _occurrence_at(ranges: list[tuple[int, int, int]], firsts: list[int], node_id: int) -> int:
     j = bisect_right(firsts, node_id) - 1
     if j < 0 or not ranges[j][0] <= node_id <= ranges[j][1]:
@@ -394,9 +406,8 @@ def _compile_block(b: int, body, index_of: dict[int, int], dense: dict[int, int]
     stream = [dense[n.stream] for n in nodes]
     category: list[int] = []
     rendezvous: dict[int, Rendezvous] = {}
+    p2p: list[int] = []
     for i, n in enumerate(nodes):
-        if n.kind in (pb.KIND_SEND, pb.KIND_RECV):
-            raise NotCompact("a send/recv inside a repeat block")
         cat = DEVICE_CATEGORY.get(n.kind, CAT_OTHER)
         category.append(cat)
         if cat == CAT_COLL:
@@ -404,7 +415,10 @@ def _compile_block(b: int, body, index_of: dict[int, int], dense: dict[int, int]
                 raise NotCompact("a collective of unknown type inside a repeat block")
             rendezvous[i] = rendezvous_of(None, n)
         elif cat == CAT_P2P:
-            raise NotCompact("a send/recv inside a repeat block")
+            if host_stream[dense[n.stream]]:
+                raise NotCompact("a send/recv on a host stream inside a repeat block")
+            rendezvous[i] = rendezvous_of(None, n)
+            p2p.append(i)
     stream_prev = [-1] * len(nodes)
     last: dict[int, int] = {}
     first_on: dict[int, int] = {}
@@ -439,7 +453,7 @@ def _compile_block(b: int, body, index_of: dict[int, int], dense: dict[int, int]
     return Block(index=b, block=body.block, nodes=nodes, node_index=[index_of[x] for x in ids], ids=ids,
                  stream=stream, category=category, host=[host_stream[k] for k in stream],
                  stream_prev=stream_prev, local_gates=local_gates, dep_order=dep_order,
-                 streams=sorted(first_on), first_on=first_on, last_on=last, rendezvous=rendezvous,
+                 streams=sorted(first_on), first_on=first_on, last_on=last, rendezvous=rendezvous, p2p=p2p,
                  by_stream=by_stream, local_of=local_of, all_named=all(n.name for n in nodes),
                  category_np=np.asarray(category, dtype=np.int64),
                  by_stream_np={k: np.asarray(v, dtype=np.int64) for k, v in by_stream.items()})
@@ -525,6 +539,9 @@ class BlockRun:
     # (id of the table, inputs minus their latest) -> (S rel, E rel, the table: kept alive with its id)
     _relative: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     _flat: FlatTimes | None = None
+    # occurrences placed with others (echo_et.sim.linked_blocks): occurrence -> its link there
+    links: dict[int, Any] = field(default_factory=dict)
+    _waits: dict[int, np.ndarray] = field(default_factory=dict)   # linked o -> each local item's wait (ns)
 
     def set_durations(self, per_occurrence: list[np.ndarray]) -> None:
         """This round's durations; the placements and flat times made with the same values
@@ -534,6 +551,7 @@ class BlockRun:
         self.keys = [d.tobytes() for d in per_occurrence]
         if not same:
             self._placed = {}
+            self._waits = {}
             self._flat = None
 
     def flat(self, prog: Program, item_start: list[int], item_end: list[int]) -> FlatTimes:
@@ -548,8 +566,20 @@ class BlockRun:
     def reset(self) -> None:
         self.x = [None] * len(self.info.occurrences)
         self._placed = {}
+        self._waits = {}
         self._flat = None
-        self._flat = None
+
+    def put(self, o: int, x: np.ndarray, placed: tuple[np.ndarray, np.ndarray, int], waits: np.ndarray) -> None:
+        """Occurrence ``o`` of a bundle (placed with the occurrences it exchanges messages
+        with): its inputs, (start, end) relative to the shift and the shift, and how long each
+        local item waited at its meeting (0 but for sends and recvs)."""
+        self.x[o] = x
+        self._placed[o] = placed
+        self._waits[o] = waits
+
+    def waits(self, o: int) -> np.ndarray | None:
+        """Each local item's wait at its meeting in a linked occurrence; None: no wait."""
+        return self._waits.get(o)
 
     def place(self, o: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """(start, end) of every local item of occurrence ``o`` relative to ``shift``, and
@@ -561,6 +591,8 @@ class BlockRun:
         return got
 
     def _solve(self, o: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        if o in self.links:
+            raise ValueError(f"occurrence {o} is placed with its bundle, not alone")
         occ = self.info.occurrences[o]
         table = self.tables.table(occ, self.durs[o], self.keys[o])
         shift = int(x.max()) if x.size else 0
@@ -602,6 +634,7 @@ class FlatTimes:
     end: np.ndarray
     category: np.ndarray
     host: np.ndarray
+    wait: np.ndarray            # ns a send or recv of a linked occurrence waited before its start; else 0
 
 
 @dataclass
@@ -682,6 +715,8 @@ def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: li
     first_of: dict[int, int] = {}
     sol_s: list[np.ndarray] = []
     sol_e: list[np.ndarray] = []
+    sol_w: list[np.ndarray] = []
+    waited = False
     offset = np.empty(n_occ, dtype=np.int64)
     shift = np.empty(n_occ, dtype=np.int64)
     at = 0
@@ -692,6 +727,9 @@ def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: li
             j = first_of[id(s)] = at
             sol_s.append(s)
             sol_e.append(e)
+            w = run.waits(o)
+            waited |= w is not None
+            sol_w.append(w if w is not None else np.zeros(s.size, dtype=np.int64))
             at += s.size
         offset[o] = j
         shift[o] = c
@@ -703,10 +741,13 @@ def flat_times(prog: Program, run: BlockRun, item_start: list[int], item_end: li
     start[sk] = np.asarray(item_start, dtype=np.int64)[items]
     end[sk] = np.asarray(item_end, dtype=np.int64)[items]
     bl = layout.block_at
+    wait = np.zeros(n, dtype=np.int64)
     if bl.size:
         o = layout.occ[bl]
         src = offset[o] + layout.ref[bl]
         add = shift[o]
         start[bl] = np.concatenate(sol_s)[src] + add
         end[bl] = np.concatenate(sol_e)[src] + add
-    return FlatTimes(layout.occ, layout.ref, start, end, layout.category, layout.host)
+        if waited:
+            wait[bl] = np.concatenate(sol_w)[src]
+    return FlatTimes(layout.occ, layout.ref, start, end, layout.category, layout.host, wait)

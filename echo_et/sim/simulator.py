@@ -50,9 +50,10 @@ from echo_et.ir.job_checker import assert_valid
 from echo_et.ir.limits import MAX_NS
 from echo_et.ir.schema import collective_name, pb
 from echo_et.ir.summary import comm_libraries
-from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, same_durations
+from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, same_durations, seq_in
 from echo_et.sim.diagnose import check_collective_match, check_p2p_match, deadlock_message
 from echo_et.sim.gc_pause import cyclic_gc_paused
+from echo_et.sim.linked_blocks import Bundle, End, JointTables, Link, NotLinked, link_bundles
 from echo_et.sim.meeting_keys import CollectiveMeetings
 from echo_et.sim.program import (
     CAT_COLL,
@@ -73,6 +74,11 @@ from echo_et.sim.state import CollectiveKey, Meeting, MeetingKey, P2PKey, Partic
 from echo_et.sim.symmetry import Partition, identity_partition, rank_partition
 
 _new_tuple = tuple.__new__
+
+
+class _BundleStuck(Exception):
+    """Linked block occurrences wait for one another through the skeleton: simulate them
+    expanded."""
 
 
 @dataclass
@@ -192,6 +198,8 @@ class Simulator:
         self._group_by_id = {g.id: g for g in job.manifest.groups}
         self._slowdown_info: dict[str, Any] = {}
         self._block_tables = BlockTable()
+        self._joint_tables = JointTables()
+        self._bundles: list[Bundle] = []
         self._graphs: dict[str, Graph] = {}      # graph id -> the graph its program was compiled from
         self._hot: list[tuple] = []              # class id -> what _drain reads (_hot_locals)
         # replay's own hooks (not overridden): a meeting's own time comes from replay_times directly
@@ -254,11 +262,20 @@ class Simulator:
                 self._programs[gid] = self._compile(gid)
         self._partition = self._make_partition(ranks)
         self._setup_states()
-        if self._expand_open_blocks():
-            self._setup_states()
         base = self._base_durations()
+        if not self._link_blocks():
+            self._setup_states()
+            base = self._base_durations()
         durs = {id(st): base[st.durations_key] for st in self._states}
-        self._simulate(durs)
+        try:
+            self._simulate(durs)
+        except _BundleStuck:
+            # bundles that wait for one another through the skeleton: node by node
+            self._expand_linked()
+            self._setup_states()
+            base = self._base_durations()
+            durs = {id(st): base[st.durations_key] for st in self._states}
+            self._simulate(durs)
         self._check_horizon()
         if self.uses_slowdown():
             self._iterate_slowdown(base)
@@ -298,24 +315,98 @@ class Simulator:
         self._graphs[gid] = graph
         return compile_graph(graph, keep_acausal_deps=self.options.keep_acausal_deps)
 
-    def _expand_open_blocks(self) -> bool:
-        """A block whose collectives wait for another rank class is not closed: its graph is
-        compiled expanded. True when some graph was."""
+    def _link_blocks(self) -> bool:
+        """Bundle the block occurrences whose collectives, sends and recvs meet other rank
+        classes (:mod:`echo_et.sim.linked_blocks`): they are placed together. When some cannot
+        be (a partner outside every block or outside the job, members that disagree, a cycle,
+        a communication hook of a subclass), their graphs are compiled expanded and False is
+        returned (set up again)."""
+        self._bundles = []
+        holders = [st for st in self._states if st.blocks is not None and self._meets_others(st)]
+        if not holders:
+            return True
+        try:
+            bundles = self._bundle(holders)
+        except NotLinked:
+            self._expand_linked({st.program.graph_id for st in holders})
+            return False
+        for b in bundles:
+            for m, (st, o) in enumerate(b.members):
+                st.blocks.links[o] = Link(b, m)
+        self._bundles = bundles
+        return True
+
+    def _meets_others(self, st: RankState) -> bool:
+        """Whether a block of ``st`` holds a send, a recv, or a collective of a group that
+        other rank classes are in."""
         part = self._partition
         assert part is not None
-        redo: set[str] = set()
-        for st in self._states:
-            info = st.program.compact
-            if info is None:
-                continue
-            for blk in info.blocks:
-                for rv in blk.rendezvous.values():
+        for blk in st.program.compact.blocks:
+            if blk.p2p:
+                return True
+            for rv in blk.rendezvous.values():
+                g = st.group_of_key.get(rv.key)
+                if g is None or self._meeting_size_of.get(part.group_class[g.id]) != 1:
+                    return True
+        return False
+
+    def _bundle(self, holders: list[RankState]) -> list[Bundle]:
+        if not self._meeting_hooks_pure():
+            raise NotLinked("a communication hook of a subclass answers each meeting")
+        part = self._partition
+        assert part is not None
+        bound = set(self.job.ranks())
+        skeleton_keys = {k for st in self._states for k in st.meeting_key.values()}
+        ends: dict[Hashable, list[End]] = {}
+        size: dict[Hashable, int] = {}
+        for st in holders:
+            for o, occ in enumerate(st.program.compact.occurrences):
+                for i, rv in occ.block.rendezvous.items():
                     g = st.group_of_key.get(rv.key)
-                    if g is None or self._meeting_size_of.get(part.group_class[g.id]) != 1:
-                        redo.add(st.program.graph_id)
-        for gid in redo:
+                    if g is None:
+                        raise NotLinked("a block's group key is not bound")
+                    gc = part.group_class[g.id]
+                    if rv.peer < 0:
+                        n = self._meeting_size_of.get(gc, 0)
+                        if n == 1:
+                            continue        # meets only its own class: placed with its block alone
+                        key: Hashable = CollectiveKey(gc, seq_in(occ, i))
+                        ends.setdefault(key, []).append(End(st, o, i))
+                        size[key] = n
+                        continue
+                    me = st.position_in_group.get(rv.key)
+                    if me is None or rv.peer >= len(g.ranks) or g.ranks[rv.peer] not in bound:
+                        raise NotLinked("a send or recv whose partner is not simulated")
+                    key = P2PKey(gc, *((me, rv.peer) if rv.is_send else (rv.peer, me)), seq_in(occ, i))
+                    eager = rv.is_send and rv.in_bytes <= self.options.p2p_eager_bytes
+                    ends.setdefault(key, []).append(End(st, o, i, rv.is_send, eager))
+                    size[key] = 2
+        for key, at in ends.items():
+            if key in skeleton_keys:
+                raise NotLinked("a meeting between a repeat block and a node outside every block")
+            if len(at) != size[key]:
+                raise NotLinked("a meeting inside repeat blocks whose members are not all there")
+            rvs = [e.state.program.compact.occurrences[e.occurrence].block.rendezvous[e.local] for e in at]
+            if len({(rv.coll_type, rv.in_bytes) for rv in rvs}) != 1 or (
+                    isinstance(key, P2PKey) and sum(e.is_send for e in at) != 1):
+                raise NotLinked("members of a meeting inside repeat blocks that disagree")
+            # every member's own time is the one the event loop gives them all (one answer
+            # per meeting: its sender's, or the first member's group's)
+            durs = {int(e.state.blocks.base[e.state.program.compact.occurrences[e.occurrence].block.index][e.local])
+                    for e in at}
+            if len(durs) != 1:
+                raise NotLinked("members of a meeting inside repeat blocks priced differently")
+        bundles = link_bundles(ends)
+        for b in bundles:
+            self._joint_tables.plan(b)
+        return bundles
+
+    def _expand_linked(self, graphs: set[str] | None = None) -> None:
+        """Compile expanded ``graphs`` (default: every graph with linked blocks)."""
+        if graphs is None:
+            graphs = {st.program.graph_id for st in self._states if st.blocks is not None and st.blocks.links}
+        for gid in graphs:
             self._programs[gid] = self._compile(gid, blocks=False)
-        return bool(redo)
 
     def _origins(self, ranks: list[int]) -> dict[int, int]:
         if self.options.align_start:
@@ -474,12 +565,24 @@ class Simulator:
                                                    rv.out_bytes, rv.dtype, st.group_of_key[rv.key], rv.seq,
                                                    rv.root, -1, -1, []))
                     d = own[0] if isinstance(own, list | tuple) else own
+                elif cat == CAT_P2P:
+                    d = self._block_p2p(st, blk.rendezvous[i])
                 else:
                     d = self._item_duration(cat, node, m, rank)
             except EchoError as e:
                 raise EchoError(f"while simulating rank {rank} node {node.id} ({node.name}): {e}") from None
             out[i] = max(0, int(d))
         return out
+
+    def _block_p2p(self, st: RankState, rv) -> int:
+        """A block's send or recv: the transfer of its message, priced from its sender."""
+        g = st.group_of_key.get(rv.key)
+        if g is None or rv.peer >= len(g.ranks):
+            return 0        # not linked: simulated expanded, where the meeting says what is wrong
+        me, peer = st.rank, int(g.ranks[rv.peer])
+        src, dst = (me, peer) if rv.is_send else (peer, me)
+        own = self.p2p(CommCall("send_recv", 0, rv.in_bytes, rv.out_bytes, "", g, rv.seq, -1, src, dst, []))
+        return own[0] if isinstance(own, list | tuple) else own
 
     def _place(self, st: RankState, macro: int) -> int:
         """Every input of a block occurrence is done: place it (its ports get their times and
@@ -489,12 +592,41 @@ class Simulator:
         occ = run.info.occurrences[o]
         start, end, origin = st.item_start, st.item_end, st.origin_ns
         x = np.array([origin if q < 0 else (start[q] if fs else end[q]) for q, fs in occ.inputs], dtype=np.int64)
+        link = run.links.get(o)
+        if link is not None:
+            self._bundle_arrive(link, x)
+            return 1
         s, e, shift = run.place(o, x)
         for local, p in occ.ports:
             start[p] = int(s[local]) + shift
             end[p] = int(e[local]) + shift
             self._release(st, p)
         return 1 + len(occ.ports)
+
+    def _bundle_arrive(self, link: Link, x: np.ndarray) -> None:
+        """A member of a bundle has its inputs: the last one places every member's occurrence,
+        gives their ports their times and queues the ranks it releases."""
+        b = link.bundle
+        b.arrived[link.member] = x
+        b.count += 1
+        if b.count < len(b.members):
+            return
+        placed, shift = self._joint_tables.place(b)
+        active = self._active
+        for (mst, mo), xm, (s, e, w) in zip(b.members, b.arrived, placed, strict=True):
+            run = mst.blocks
+            run.put(mo, xm, (s, e, shift), w)
+            start, end = mst.item_start, mst.item_end
+            ports = run.info.occurrences[mo].ports
+            for local, p in ports:
+                start[p] = int(s[local]) + shift
+                end[p] = int(e[local]) + shift
+                self._release(mst, p)
+            mst.items_done += len(ports)
+            self._events += len(ports)
+            if mst.ready and not mst.queued:
+                mst.queued = True
+                active.append(mst)
 
     @staticmethod
     def _release(st: RankState, it: int) -> None:
@@ -515,6 +647,8 @@ class Simulator:
         self._meetings = {}
         self._events = 0
         self._active = []
+        for b in self._bundles:
+            b.reset()
         for st in self._states:
             st.reset(durs[id(st)])
             if st.blocks is not None:
@@ -532,6 +666,8 @@ class Simulator:
             self._drain(st)     # still marked queued: what it finishes itself does not queue it again
             st.queued = False
         unfinished = [st for st in self._states if st.items_done < st.program.n_items]
+        if unfinished and any(b.count for b in self._bundles):
+            raise _BundleStuck()
         if unfinished or self._meetings:
             raise EchoError(self._deadlock_message(unfinished))
 

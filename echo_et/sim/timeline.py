@@ -17,7 +17,8 @@ representative's timeline (symmetry) get that timeline.
 A rank whose repeat blocks were placed in closed form (``SimOptions(repeats=True)``, the
 default in predict mode) has the same timeline as when simulated node by node: each
 occurrence's nodes take the times its placement gives them (a block's collectives meet only
-their own rank class, so they wait 0), and only the nodes whose box is written are
+their own rank class, so they wait 0, but where the occurrence was placed with those of other
+ranks it meets, :mod:`echo_et.sim.linked_blocks`), and only the nodes whose box is written are
 expanded into messages. ``until_ns`` keeps the boxes that start before it (a prefix of the
 step), and :func:`window_end` finds the prefix that holds at most a number of boxes.
 """
@@ -115,7 +116,8 @@ def _compact_boxes(st: RankState) -> _Boxes:
             start[k] = a
     bl = np.flatnonzero(ft.occ >= 0)
     if bl.size:
-        # a block's collectives meet only their own rank class: everyone arrives at once
+        # a block's communication meets its own rank class (everyone arrives at once) or, in
+        # an occurrence placed with others, waits as placed (FlatTimes.wait)
         base, at = [], 0
         for blk in info.blocks:
             base.append(at)
@@ -128,7 +130,9 @@ def _compact_boxes(st: RankState) -> _Boxes:
         o = ft.occ[bl]
         pos = occ_base[o] + ft.ref[bl]
         ids[bl] = body_ids[pos] + occ_offset[o]
-        wait[bl[body_comm[pos]]] = 0
+        comm = bl[body_comm[pos]]
+        wait[comm] = ft.wait[comm]        # 0 but in linked occurrences (their partners' arrivals)
+        start[comm] -= wait[comm]
     order = np.argsort(ids, kind="stable")
     return _Boxes(ids[order], ft.occ[order], ref[order], start[order], end[order], wait[order])
 
