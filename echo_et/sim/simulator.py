@@ -577,8 +577,8 @@ class Simulator:
     def _block_p2p(self, st: RankState, rv) -> int:
         """A block's send or recv: the transfer of its message, priced from its sender."""
         g = st.group_of_key.get(rv.key)
-        if g is None or rv.peer >= len(g.ranks):
-            return 0        # not linked: simulated expanded, where the meeting says what is wrong
+        if g is None or rv.peer >= len(g.ranks) or not self._meeting_hooks_pure():
+            return 0        # not linked (_bundle): simulated expanded, where its meeting prices it
         me, peer = st.rank, int(g.ranks[rv.peer])
         src, dst = (me, peer) if rv.is_send else (peer, me)
         own = self.p2p(CommCall("send_recv", 0, rv.in_bytes, rv.out_bytes, "", g, rv.seq, -1, src, dst, []))
@@ -789,8 +789,10 @@ class Simulator:
             if pst.item_end[pit] >= 0:
                 continue  # the eager send that ran already
             if pit in pst.eager_sends:
+                # its recv was met first (the event loop goes rank by rank, not in time
+                # order), but an eager send waits for nobody: it met only itself
                 send_end = pt + o
-                self._finish(pst, pit, pt, send_end, parts)
+                self._finish(pst, pit, pt, send_end, [(pst, pit, pt)])
         for (pst, pit, _), o in zip(parts, own, strict=True):
             if pst.item_end[pit] < 0:
                 self._finish(pst, pit, tmax, max(tmax + o, send_end), parts)
