@@ -213,3 +213,20 @@ def test_a_traced_ring_predicts_as_node_by_node(cp: int, extra: dict, eager: int
     assert a == b
     assert list(placed.timeline_events()) == list(expanded.timeline_events())
     assert placed.slowdown["applied"] and placed.events * 3 < expanded.events
+
+
+def test_unique_rows_is_numpys_unique_by_rows() -> None:
+    """The one-lexsort unique the slowdown and the linking use gives np.unique's rows and
+    inverse (hypothesis-free: a seeded sweep of shapes with many repeats)."""
+    import numpy as np
+
+    from echo_et.sim.blocks import unique_rows
+
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        keys = rng.integers(-3, 4, size=(int(rng.integers(1, 300)), int(rng.integers(1, 5))))
+        got, inv = unique_rows(keys)
+        want, want_inv = np.unique(keys, axis=0, return_inverse=True)
+        assert np.array_equal(got, want) and np.array_equal(inv, np.asarray(want_inv).reshape(-1))
+    got, inv = unique_rows(np.zeros((0, 4), dtype=np.int64))
+    assert got.shape == (0, 4) and inv.size == 0

@@ -26,12 +26,12 @@ result with the same job simulated node by node.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from echo_et.sim.blocks import NEG, Block, NotCompact, Occurrence, place
+from echo_et.sim.blocks import NEG, Block, NotCompact, Occurrence, place, unique_rows
 from echo_et.sim.state import RankState
 
 
@@ -40,15 +40,47 @@ class NotLinked(NotCompact):
     simulated expanded (the reason is for tests and diagnostics)."""
 
 
-@dataclass(frozen=True)
-class End:
-    """One member's item at a meeting inside a block occurrence of a simulated rank."""
+@dataclass
+class Ends:
+    """Every item inside a block occurrence that meets other rank classes, as columns (one
+    row per item): its meeting key (``kind`` 0 a collective, 1 a message; ``gc`` the group
+    class; ``a``, ``b`` the sender's and receiver's group positions of a message, 0 for a
+    collective; ``seq``), the (rank, occurrence) ``node`` it belongs to, its ``local`` item,
+    and what its members must agree on."""
 
-    state: RankState
-    occurrence: int
-    local: int
-    is_send: bool = False  # the send of a message (False: its recv, or a collective)
-    eager: bool = False    # a send small enough not to wait for its recv
+    kind: list[np.ndarray] = field(default_factory=list)
+    gc: list[np.ndarray] = field(default_factory=list)
+    a: list[np.ndarray] = field(default_factory=list)
+    b: list[np.ndarray] = field(default_factory=list)
+    seq: list[np.ndarray] = field(default_factory=list)
+    size: list[np.ndarray] = field(default_factory=list)    # members the meeting waits for
+    node: list[np.ndarray] = field(default_factory=list)
+    local: list[np.ndarray] = field(default_factory=list)
+    send: list[np.ndarray] = field(default_factory=list)
+    eager: list[np.ndarray] = field(default_factory=list)
+    what: list[np.ndarray] = field(default_factory=list)    # (type, bytes) hashed: members agree
+    dur: list[np.ndarray] = field(default_factory=list)     # each member's own time (ns)
+
+    def add(self, rows: np.ndarray, seqs: np.ndarray, nodes: np.ndarray, dur: np.ndarray) -> None:
+        """One block's items on every occurrence of it: ``rows`` (items x [local, kind, gc, a,
+        b, size, send, eager, what]), ``seqs`` (occurrences x items), ``nodes`` (occurrences)."""
+        n_occ, n = seqs.shape
+        tile = np.tile
+        self.local.append(tile(rows[:, 0], n_occ))
+        self.kind.append(tile(rows[:, 1], n_occ))
+        self.gc.append(tile(rows[:, 2], n_occ))
+        self.a.append(tile(rows[:, 3], n_occ))
+        self.b.append(tile(rows[:, 4], n_occ))
+        self.size.append(tile(rows[:, 5], n_occ))
+        self.send.append(tile(rows[:, 6], n_occ))
+        self.eager.append(tile(rows[:, 7], n_occ))
+        self.what.append(tile(rows[:, 8], n_occ))
+        self.dur.append(tile(dur, n_occ))
+        self.seq.append(seqs.reshape(-1))
+        self.node.append(np.repeat(nodes, n))
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)) for k, v in vars(self).items()}
 
 
 @dataclass(frozen=True)
@@ -64,15 +96,16 @@ class JointMeeting:
 
 @dataclass
 class Plan:
-    """What every bundle of one shape shares: the input columns and joint items of each
-    member, who waits for whom at its meetings, and an order of evaluation."""
+    """What every bundle of one shape shares: its meetings, the input columns and joint items
+    of each member, who waits for whom, and an order of evaluation."""
 
+    meetings: tuple[JointMeeting, ...]
     col: list[int]                            # first input column of each member
     base: list[int]                           # first joint item of each member
     n_in: int
     n_items: int
     waits_for: dict[tuple[int, int], list[tuple[int, int]]]   # (member, local) -> items whose arrival it waits for
-    meeting_of: dict[tuple[int, int], int]    # (member, local) -> its meeting in the bundle
+    meeting_of: dict[tuple[int, int], int]    # (member, local) -> its meeting
     order: list[tuple[int, int]]              # (member, local), dependencies first
     rows: np.ndarray                          # joint items that meet others
     ext: list[dict[int, list[int]]]           # per member: local item -> its outside input columns (joint)
@@ -83,8 +116,8 @@ class Bundle:
     """Occurrences of several simulated ranks that meet each other: placed together."""
 
     members: list[tuple[RankState, int]]      # (state, occurrence), by class id then occurrence
-    meetings: tuple[JointMeeting, ...]
-    sig: tuple                                # what the plan depends on
+    sig: tuple                                # its shape: what the plan depends on
+    meetings: tuple[JointMeeting, ...] = ()   # until the plan is made (then the plan's)
     plan: Plan | None = None
     arrived: list[np.ndarray | None] = field(default_factory=list)   # this run: each member's inputs
     count: int = 0
@@ -102,50 +135,82 @@ class Link:
     member: int
 
 
-def link_bundles(ends: dict[Hashable, list[End]]) -> list[Bundle]:
-    """The bundles of the block occurrences that meet under ``ends``' keys (meeting key ->
-    every member's item there; the caller checked that the members are all there and agree)."""
-    parent: dict[tuple[int, int], tuple[int, int]] = {}
-    state_of: dict[int, RankState] = {}
-
-    def find(a: tuple[int, int]) -> tuple[int, int]:
-        root = a
-        while parent[root] != root:
-            root = parent[root]
-        while parent[a] != root:
-            parent[a], a = root, parent[a]
-        return root
-
-    for at in ends.values():
-        roots = []
-        for e in at:
-            k = (e.state.class_id, e.occurrence)
-            parent.setdefault(k, k)
-            state_of[e.state.class_id] = e.state
-            roots.append(find(k))
-        low = min(roots)
-        for r in roots:
-            parent[r] = low
-    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for k in parent:
-        groups.setdefault(find(k), []).append(k)
-    member: dict[tuple[int, int], tuple[tuple[int, int], int]] = {}
-    for root, keys in groups.items():
-        keys.sort()
-        for m, k in enumerate(keys):
-            member[k] = (root, m)
-    meetings: dict[tuple[int, int], list[JointMeeting]] = {root: [] for root in groups}
-    for at in ends.values():
-        where = [member[(e.state.class_id, e.occurrence)] for e in at]
-        joint = sorted(zip([m for _, m in where], [e.local for e in at], [e.is_send for e in at], strict=True))
-        meetings[where[0][0]].append(JointMeeting(tuple((m, i) for m, i, _ in joint), tuple(s for _, _, s in joint),
-                                                  any(e.eager for e in at)))
+def link_bundles(ends: Ends, nodes: Sequence[tuple[RankState, int]], skeleton_keys: np.ndarray) -> list[Bundle]:
+    """The bundles of the block occurrences ``nodes`` whose items ``ends`` meet: the
+    connected components of "an item of one meets an item of the other", each with its
+    meetings in member-relative terms. ``skeleton_keys`` (rows of kind, group class, a, b,
+    seq) are the meetings of items outside every block. NotLinked when a meeting is not all
+    inside blocks, its members are not all there, or they disagree (a send meets a send,
+    sizes or prices differ): the node-by-node simulation then says what is wrong, if
+    anything."""
+    c = ends.columns()
+    n = c["node"].size
+    if n == 0:
+        return []
+    keys = np.stack((c["kind"], c["gc"], c["a"], c["b"], c["seq"]), axis=1)
+    order = np.lexsort(keys.T[::-1])
+    keys = keys[order]
+    cols = {k: v[order] for k, v in c.items()}
+    new = np.ones(n, dtype=bool)
+    new[1:] = (keys[1:] != keys[:-1]).any(axis=1)
+    starts = np.flatnonzero(new)
+    group = np.cumsum(new) - 1
+    counts = np.diff(np.append(starts, n))
+    if skeleton_keys.size:
+        both = np.concatenate((skeleton_keys.reshape(-1, 5), keys[starts]))
+        _, inv = unique_rows(both)
+        if np.isin(inv[len(skeleton_keys):], inv[:len(skeleton_keys)]).any():
+            raise NotLinked("a meeting between a repeat block and a node outside every block")
+    if (counts != cols["size"][starts]).any():
+        raise NotLinked("a meeting inside repeat blocks whose members are not all there")
+    for name in ("what", "dur"):
+        v = cols[name]
+        if (np.maximum.reduceat(v, starts) != np.minimum.reduceat(v, starts)).any():
+            raise NotLinked("members of a meeting inside repeat blocks that disagree or are priced differently")
+    msg = cols["kind"][starts] == 1
+    if (np.add.reduceat(cols["send"], starts)[msg] != 1).any():
+        raise NotLinked("a send that meets a send, or a recv a recv, inside repeat blocks")
+    # connected components of the nodes: each meeting joins its members' nodes
+    node = cols["node"]
+    label = np.arange(len(nodes), dtype=np.int64)
+    while True:
+        low = np.minimum.reduceat(label[node], starts)
+        before = label.copy()
+        np.minimum.at(label, node, low[group])
+        label = label[label]
+        if np.array_equal(label, before):
+            break
+    # members: by label, then node (class id then occurrence: nodes were numbered so)
+    by = np.lexsort((np.arange(len(nodes)), label))
+    member = np.empty(len(nodes), dtype=np.int64)
+    lab_sorted = label[by]
+    first = np.ones(len(nodes), dtype=bool)
+    first[1:] = lab_sorted[1:] != lab_sorted[:-1]
+    member[by] = np.arange(len(nodes)) - np.maximum.accumulate(np.where(first, np.arange(len(nodes)), 0))
+    # every end as (bundle label, member, local); meetings ordered by their first end
+    m_of = member[node]
+    lab = label[node]
+    e_order = np.lexsort((cols["local"], m_of, group))   # meeting by meeting, each by (member, local)
+    g_first = e_order[starts]                               # each meeting's first end
+    g_sort = np.lexsort((cols["local"][g_first], m_of[g_first], lab[g_first]))
+    bundles: dict[int, list] = {}
+    mem_lists: dict[int, list[int]] = {}
+    for v in by.tolist():
+        mem_lists.setdefault(int(label[v]), []).append(v)
+    ends_m, ends_l, ends_s = m_of.tolist(), cols["local"].tolist(), cols["send"].tolist()
+    eager_any = np.maximum.reduceat(cols["eager"], starts).tolist()
+    g_ends = [e_order[a:a + k].tolist() for a, k in zip(starts.tolist(), counts.tolist(), strict=True)]
+    for g in g_sort.tolist():
+        at = g_ends[g]
+        mt = JointMeeting(tuple((ends_m[e], ends_l[e]) for e in at), tuple(bool(ends_s[e]) for e in at),
+                          bool(eager_any[g]))
+        bundles.setdefault(int(lab[g_first[g]]), []).append(mt)
     out: list[Bundle] = []
-    for root in sorted(groups):
-        members = [(state_of[c], o) for c, o in groups[root]]
-        mts = tuple(sorted(meetings[root], key=lambda j: j.ends))
+    for root in sorted(mem_lists):
+        members = [nodes[v] for v in mem_lists[root]]
+        mts = tuple(bundles.get(root, ()))
         sig = (tuple((id(st.program), st.program.compact.occurrences[o].sig) for st, o in members), mts)
-        bundle = Bundle(members, mts, sig)
+        bundle = Bundle(members, sig, mts)
         bundle.reset()
         out.append(bundle)
     return out
@@ -209,7 +274,7 @@ def _plan(bundle: Bundle) -> Plan:
     if len(order) != n_items:
         raise NotLinked("items inside repeat blocks that wait for each other's meetings in a cycle")
     rows = np.asarray(sorted(base[m] + i for m, i in meeting_of), dtype=np.int64)
-    return Plan(col, base, n_in, n_items, waits_for, meeting_of, order, rows, ext)
+    return Plan(bundle.meetings, col, base, n_in, n_items, waits_for, meeting_of, order, rows, ext)
 
 
 def _joint_tables(plan: Plan, blocks: Sequence[Block], durs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +332,18 @@ class JointTables:
         self._tables: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._solutions: dict[tuple[int, bytes], tuple[list[Placed], np.ndarray]] = {}
         self._plans: dict[tuple, Plan] = {}
+        self._used: set[tuple] = set()
         self.computed = 0
+
+    def new_run(self) -> None:
+        """A simulation starts: keep only the tables (and their placements) the last one used.
+        A slowdown round changes most durations, and a table of 30,000 items by 80 inputs
+        is 20 MB: the rounds before the last are not kept."""
+        keep = {k: v for k, v in self._tables.items() if k in self._used}
+        alive = {id(v[0]) for v in keep.values()}
+        self._tables = keep
+        self._solutions = {k: v for k, v in self._solutions.items() if k[0] in alive}
+        self._used = set()
 
     def plan(self, bundle: Bundle) -> Plan:
         """The bundle's plan, shared by every bundle of its shape."""
@@ -276,6 +352,7 @@ class JointTables:
             got = _plan(bundle)
             self._plans[bundle.sig] = got
         bundle.plan = got
+        bundle.meetings = got.meetings     # equal: one tuple kept for every bundle of the shape
         return got
 
     def place(self, bundle: Bundle) -> tuple[list[Placed], int]:
@@ -284,6 +361,7 @@ class JointTables:
         runs = [st.blocks for st, _ in bundle.members]
         key = (bundle.sig, tuple(run.keys[o] for run, (_, o) in zip(runs, bundle.members, strict=True)))
         got = self._tables.get(key)
+        self._used.add(key)
         if got is None:
             blocks = [st.program.compact.occurrences[o].block for st, o in bundle.members]
             durs = [run.durs[o] for run, (_, o) in zip(runs, bundle.members, strict=True)]

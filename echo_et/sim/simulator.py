@@ -48,12 +48,13 @@ from echo_et.ir.intervals import covered_length, merge_intervals
 from echo_et.ir.job import Job
 from echo_et.ir.job_checker import assert_valid
 from echo_et.ir.limits import MAX_NS
+from echo_et.ir.repeats import seq_key
 from echo_et.ir.schema import collective_name, pb
 from echo_et.ir.summary import comm_libraries
-from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, same_durations, seq_in
+from echo_et.sim.blocks import CAT_MACRO, BlockRun, BlockTable, NotCompact, compile_compact, same_durations, unique_rows
 from echo_et.sim.diagnose import check_collective_match, check_p2p_match, deadlock_message
 from echo_et.sim.gc_pause import cyclic_gc_paused
-from echo_et.sim.linked_blocks import Bundle, End, JointTables, Link, NotLinked, link_bundles
+from echo_et.sim.linked_blocks import Bundle, Ends, JointTables, Link, NotLinked, link_bundles
 from echo_et.sim.meeting_keys import CollectiveMeetings
 from echo_et.sim.program import (
     CAT_COLL,
@@ -356,50 +357,64 @@ class Simulator:
         part = self._partition
         assert part is not None
         bound = set(self.job.ranks())
-        skeleton_keys = {k for st in self._states for k in st.meeting_key.values()}
-        ends: dict[Hashable, list[End]] = {}
-        size: dict[Hashable, int] = {}
+        skeleton = [(0, k.group_class, 0, 0, k.seq) if isinstance(k, CollectiveKey) else
+                    (1, k.group_class, k.sender, k.receiver, k.seq)
+                    for st in self._states for k in st.meeting_key.values()]
+        ends = Ends()
+        nodes: list[tuple[RankState, int]] = []
         for st in holders:
-            for o, occ in enumerate(st.program.compact.occurrences):
-                for i, rv in occ.block.rendezvous.items():
-                    g = st.group_of_key.get(rv.key)
-                    if g is None:
-                        raise NotLinked("a block's group key is not bound")
-                    gc = part.group_class[g.id]
-                    if rv.peer < 0:
-                        n = self._meeting_size_of.get(gc, 0)
-                        if n == 1:
-                            continue        # meets only its own class: placed with its block alone
-                        key: Hashable = CollectiveKey(gc, seq_in(occ, i))
-                        ends.setdefault(key, []).append(End(st, o, i))
-                        size[key] = n
-                        continue
-                    me = st.position_in_group.get(rv.key)
-                    if me is None or rv.peer >= len(g.ranks) or g.ranks[rv.peer] not in bound:
-                        raise NotLinked("a send or recv whose partner is not simulated")
-                    key = P2PKey(gc, *((me, rv.peer) if rv.is_send else (rv.peer, me)), seq_in(occ, i))
-                    eager = rv.is_send and rv.in_bytes <= self.options.p2p_eager_bytes
-                    ends.setdefault(key, []).append(End(st, o, i, rv.is_send, eager))
-                    size[key] = 2
-        for key, at in ends.items():
-            if key in skeleton_keys:
-                raise NotLinked("a meeting between a repeat block and a node outside every block")
-            if len(at) != size[key]:
-                raise NotLinked("a meeting inside repeat blocks whose members are not all there")
-            rvs = [e.state.program.compact.occurrences[e.occurrence].block.rendezvous[e.local] for e in at]
-            if len({(rv.coll_type, rv.in_bytes) for rv in rvs}) != 1 or (
-                    isinstance(key, P2PKey) and sum(e.is_send for e in at) != 1):
-                raise NotLinked("members of a meeting inside repeat blocks that disagree")
-            # every member's own time is the one the event loop gives them all (one answer
-            # per meeting: its sender's, or the first member's group's)
-            durs = {int(e.state.blocks.base[e.state.program.compact.occurrences[e.occurrence].block.index][e.local])
-                    for e in at}
-            if len(durs) != 1:
-                raise NotLinked("members of a meeting inside repeat blocks priced differently")
-        bundles = link_bundles(ends)
+            info = st.program.compact
+            occs_of: dict[int, list[int]] = {}
+            for o, occ in enumerate(info.occurrences):
+                occs_of.setdefault(occ.block.index, []).append(o)
+            for blk in info.blocks:
+                rows, seq_keys = self._linked_items(st, blk, part, bound)
+                if not rows:
+                    continue
+                at = occs_of.get(blk.index, [])
+                names = sorted(set(seq_keys))
+                offsets = np.zeros((len(at), len(names)), dtype=np.int64)
+                for q, o in enumerate(at):
+                    inst = info.occurrences[o].instance
+                    if inst is not None and inst.seq_offsets:
+                        offsets[q] = [inst.seq_offsets.get(k, 0) for k in names]
+                rows_a = np.asarray([r[1:] for r in rows], dtype=np.int64)
+                base_seq = np.asarray([r[0] for r in rows], dtype=np.int64)
+                which = np.asarray([names.index(k) for k in seq_keys], dtype=np.int64)
+                seqs = base_seq[None, :] + offsets[:, which]
+                ends.add(rows_a, seqs, np.arange(len(nodes), len(nodes) + len(at), dtype=np.int64),
+                         st.blocks.base[blk.index][rows_a[:, 0]])
+                nodes.extend((st, o) for o in at)
+        bundles = link_bundles(ends, nodes, np.asarray(skeleton, dtype=np.int64).reshape(-1, 5))
         for b in bundles:
             self._joint_tables.plan(b)
         return bundles
+
+    def _linked_items(self, st: RankState, blk, part: Partition, bound: set[int]) -> tuple[list[tuple], list[str]]:
+        """The items of block ``blk`` of ``st`` that meet other rank classes: per item (seq,
+        local, kind, group class, a, b, members, send, eager, what), and its seq_offsets key."""
+        rows: list[tuple] = []
+        keys: list[str] = []
+        for i, rv in sorted(blk.rendezvous.items()):
+            g = st.group_of_key.get(rv.key)
+            if g is None:
+                raise NotLinked("a block's group key is not bound")
+            gc = part.group_class[g.id]
+            what = rv.in_bytes * 64 + rv.coll_type
+            if rv.peer < 0:
+                n = self._meeting_size_of.get(gc, 0)
+                if n == 1:
+                    continue        # meets only its own class: placed with its block alone
+                rows.append((rv.seq, i, 0, gc, 0, 0, n, 0, 0, what))
+            else:
+                me = st.position_in_group.get(rv.key)
+                if me is None or rv.peer >= len(g.ranks) or g.ranks[rv.peer] not in bound:
+                    raise NotLinked("a send or recv whose partner is not simulated")
+                a, b = (me, rv.peer) if rv.is_send else (rv.peer, me)
+                eager = rv.is_send and rv.in_bytes <= self.options.p2p_eager_bytes
+                rows.append((rv.seq, i, 1, gc, a, b, 2, int(rv.is_send), int(eager), what))
+            keys.append(seq_key(blk.nodes[i]) or "")
+        return rows, keys
 
     def _expand_linked(self, graphs: set[str] | None = None) -> None:
         """Compile expanded ``graphs`` (default: every graph with linked blocks)."""
@@ -649,6 +664,7 @@ class Simulator:
         self._active = []
         for b in self._bundles:
             b.reset()
+        self._joint_tables.new_run()
         for st in self._states:
             st.reset(durs[id(st)])
             if st.blocks is not None:
@@ -933,39 +949,54 @@ class Simulator:
     def _slowed_blocks(self, st: RankState, base: list[int]) -> list[int]:
         """:meth:`_slowed` for a rank whose blocks were placed in closed form: the overlap of
         every compute item of the expanded step with every communication transfer, each
-        occurrence's items slowed from its block's base durations."""
+        occurrence's items slowed from its block's base durations. The ``slowdown`` hook is
+        asked once per distinct (node, base duration, overlap): a steady pipeline repeats the
+        same overlaps in every occurrence."""
         run = st.blocks
+        info = run.info
         ft = run.flat(st.program, st.item_start, st.item_end)
         out = list(base)
-        per_occ = [run.base[occ.block.index] for occ in run.info.occurrences]
+        per_occ = [run.base[occ.block.index] for occ in info.occurrences]
         comm = np.isin(ft.category, (CAT_COLL, CAT_P2P, CAT_COMM_OTHER))
         comp = np.flatnonzero((ft.category == CAT_COMPUTE) & ~ft.host)
         if comm.any() and comp.size:
             lo, hi = merge_intervals(ft.start[comm], ft.end[comm])
             ov = covered_length(lo, hi, ft.start[comp], ft.end[comp])
             length = ft.end[comp] - ft.start[comp]
+            hit = np.flatnonzero((ov > 0) & (length > 0))
+            at = comp[hit]
+            occ, ref = ft.occ[at], ft.ref[at]
+            block_of = np.asarray([o.block.index for o in info.occurrences] or [0], dtype=np.int64)
+            slot = np.where(occ >= 0, block_of[np.maximum(occ, 0)], -1)   # -1: a skeleton item
+            keys = np.stack((slot, ref, ov[hit], length[hit]), axis=1)
+            uniq, inverse = unique_rows(keys)
+            vals = np.empty(len(uniq), dtype=np.int64)
             nodes = st.graph.stored_nodes
-            copied: set[int] = set()
-            for k in np.flatnonzero((ov > 0) & (length > 0)).tolist():
-                f_idx = int(comp[k])
-                o, ref = int(ft.occ[f_idx]), int(ft.ref[f_idx])
-                r = min(1.0, float(ov[k]) / float(length[k]))
-                if o < 0:
-                    node, b = nodes[st.program.node_of[ref]], base[ref]
+            for u, (bk, rf, o_ns, l_ns) in enumerate(uniq.tolist()):
+                r = min(1.0, float(o_ns) / float(l_ns))
+                if bk < 0:
+                    node, b = nodes[st.program.node_of[rf]], base[rf]
                 else:
-                    blk = run.info.occurrences[o].block
-                    node, b = blk.nodes[ref], int(run.base[blk.index][ref])
+                    node, b = info.blocks[bk].nodes[rf], int(run.base[bk][rf])
                 try:
                     f = self.slowdown(node, b, r, st.rank)
                 except EchoError as e:
                     raise EchoError(f"while simulating rank {st.rank} node {node.id} ({node.name}): {e}") from None
-                if o < 0:
-                    out[ref] = max(0, round(b * f))
-                else:
-                    if o not in copied:
-                        per_occ[o] = per_occ[o].copy()
-                        copied.add(o)
-                    per_occ[o][ref] = max(0, round(b * f))
+                vals[u] = max(0, round(b * f))
+            new = vals[inverse]
+            sk = occ < 0
+            for rf, v in zip(ref[sk].tolist(), new[sk].tolist(), strict=True):
+                out[rf] = v
+            bl = np.flatnonzero(~sk)
+            if bl.size:
+                order = bl[np.argsort(occ[bl], kind="stable")]
+                o_sorted = occ[order]
+                cuts = np.flatnonzero(np.diff(o_sorted)) + 1
+                for grp in np.split(order, cuts):
+                    o = int(occ[grp[0]])
+                    arr = per_occ[o].copy()
+                    arr[ref[grp]] = new[grp]
+                    per_occ[o] = arr
         run.set_durations(per_occ)
         return out
 
