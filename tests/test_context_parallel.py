@@ -169,6 +169,33 @@ def test_traced_job_holds_the_ring() -> None:
     assert set(reduced) == {"dp_cp", "embd"}
 
 
+def test_the_rings_half_blocks_are_priced_as_not_causal() -> None:
+    """The ring's off-diagonal blocks attend to every key they get (``is_causal=False``,
+    recorded on the node: the compute model takes attention as causal otherwise): per layer
+    and micro-batch one causal block each way and cp - 1 that are not, and with the
+    load-balanced split every CP rank's attention costs the same (a rank's half blocks are
+    all its queries over half the keys, or half its queries over all of them: equal work)."""
+    from collections import Counter
+
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import models_for
+    from echo_et.passes import retime_compute
+
+    job = _trace(4)
+    compute, _, _ = models_for(ConfigSweepOptions())
+    timed, _ = retime_compute(job, compute)
+    per_layer = 2 * 4
+    spent = set()
+    for r in (0, 2, 4, 6):          # the four CP ranks of TP rank 0 on the first stage
+        graph = timed.graph_of(r).copy()
+        graph.expand()
+        blocks = [n for n in graph if n.name.startswith("aten::_scaled_dot_product_flash_attention")]
+        assert Counter((n.name.endswith("backward"), n.attrs.get("is_causal", "")) for n in blocks) == {
+            (False, ""): per_layer, (False, "0"): 3 * per_layer, (True, ""): per_layer, (True, "0"): 3 * per_layer}
+        spent.add(sum(n.duration_ns for n in blocks))
+    assert len(spent) == 1 and spent.pop() > 0
+
+
 @pytest.mark.parametrize("comm_type,blocks,collectives,graphs", [
     ("allgather", 2, {"all_gather": 2, "reduce_scatter": 1}, 2),
     ("a2a", 1, {"all_to_all": 8}, 2),

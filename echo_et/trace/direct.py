@@ -260,7 +260,7 @@ class DirectRecorder(TorchDispatchMode):
                 texts = entry.texts if entry is not None else None
                 if texts is None:
                     shapes, dtypes = _arg_texts(func._schema, args, kwargs)
-                    texts = (shapes, dtypes, _out_text(out, args))
+                    texts = (shapes, dtypes, _out_text(out, args), _causal_text(func._schema, args, kwargs))
                     if entry is not None:
                         entry.texts = texts
                 self.events.append((OP, name, *texts))
@@ -507,6 +507,22 @@ def _arg_texts(schema, args: tuple, kwargs: dict) -> tuple[str, str]:
         shapes.append(_shape_of(v))
         types.append(_type_of(v, a))
     return _json(shapes), _json(types)
+
+
+def _causal_text(schema, args: tuple, kwargs: dict) -> str:
+    """"0" for an operator called with ``is_causal=False`` (an attention block over keys that
+    are all visible, as a context-parallel ring's off-diagonal blocks), else "": the compute
+    model takes attention as causal unless told (``attrs["is_causal"]``), as every traced
+    GPT's is, and the profiler's shapes do not say it."""
+    for pos, a in enumerate(schema.arguments):
+        if a.name != "is_causal":
+            continue
+        if not a.kwarg_only and pos < len(args):
+            v = args[pos]
+        else:
+            v = kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+        return "0" if v is False else ""
+    return ""
 
 
 def _out_text(out: Any, args: tuple) -> str:

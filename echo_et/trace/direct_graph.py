@@ -8,7 +8,9 @@ rank's graph, shaped like a GPU trace without its host side:
   ``compute`` with ``op``, ``kernel_class``, ``shapes`` and ``dtypes`` in the text form the
   Kineto reader gives CPU operators (the profiler's "Input Dims" / "Input type": one entry
   per schema argument), ``attrs["out_shapes"]`` (JSON list of output shapes) unless the
-  output is shaped like the first input, ``duration_ns = 0``;
+  output is shaped like the first input, ``attrs["is_causal"] = "0"`` for attention called
+  with ``is_causal=False`` (the compute model takes attention as causal otherwise),
+  ``duration_ns = 0``;
 - communication on ``gpu0-comm:<key>`` (collectives) and ``gpu0-comm:<key>:send|recv:<peer>``
   (point-to-point), with NCCL's stream semantics: a communication node has DEP_SYNC on the
   last compute node issued before it (and on what the compute stream waited for since); the
@@ -46,7 +48,7 @@ from echo_et.trace.ops import kernel_class
 from echo_et.trace.records import CommRecord
 
 # Event kinds. Events are tuples (kind, payload...), cheap to copy.
-OP = 0          # (OP, name, shapes_text, dtypes_text, out_shapes_text or "")
+OP = 0          # (OP, name, shapes_text, dtypes_text, out_shapes_text or "", is_causal "0" or "")
 SPAN_IN = 1     # (SPAN_IN, attrs)
 SPAN_OUT = 2    # (SPAN_OUT,)
 MARK_BEGIN = 3  # (MARK_BEGIN, attrs)
@@ -273,6 +275,8 @@ class _Build:
         c.dtypes = e[3]
         if e[4]:
             n.attrs["out_shapes"] = e[4]
+        if len(e) > 5 and e[5]:
+            n.attrs["is_causal"] = e[5]
         for w in self.waited:
             n.deps.add(id=w, kind=pb.DEP_SYNC)
         self.waited = []

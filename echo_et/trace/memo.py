@@ -184,7 +184,7 @@ class MemoEntry:
     def __init__(self, kind: int, spec: tuple | None):
         self.kind = kind
         self.spec = spec
-        self.texts: tuple[str, str, str] | None = None
+        self.texts: tuple[str, str, str, str] | None = None
 
     def result(self, args: tuple) -> Any:
         """What the call returns again."""
