@@ -288,7 +288,7 @@ def compact_breakdown(st: RankState) -> dict[str, int]:
     of the expanded step (a block's collectives meet only their own class: no wait; its sends
     and recvs wait for their partners as placed with them, ``FlatTimes.wait``)."""
     prog, run = st.program, st.blocks
-    ft = run.flat(prog, st.item_start, st.item_end)
+    ft = run.flat(prog, st.item_start, st.item_end, keep=False)
     rdv = np.array(sorted(prog.rendezvous), dtype=np.int64)
     arr = np.array([st.item_arrival[i] for i in rdv.tolist()], dtype=np.int64)
     rstart = np.asarray(st.item_start, dtype=np.int64)[rdv] if rdv.size else np.zeros(0, dtype=np.int64)

@@ -954,7 +954,7 @@ class Simulator:
         same overlaps in every occurrence."""
         run = st.blocks
         info = run.info
-        ft = run.flat(st.program, st.item_start, st.item_end)
+        ft = run.flat(st.program, st.item_start, st.item_end, keep=False)
         out = list(base)
         per_occ = [run.base[occ.block.index] for occ in info.occurrences]
         comm = np.isin(ft.category, (CAT_COLL, CAT_P2P, CAT_COMM_OTHER))
