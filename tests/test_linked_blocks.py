@@ -163,6 +163,28 @@ def test_bundles_that_wait_for_each_other_outside_their_blocks_run_node_by_node(
     assert placed.events == expanded.events
 
 
+def test_a_message_between_a_block_and_a_node_outside_every_block_runs_node_by_node() -> None:
+    """Rank 1's receives are plain nodes (its graph has no repeat block): rank 0's block is
+    not bundled, and the step is the node-by-node one."""
+    job = _waits_outside()
+    g1 = job.graph("g1")
+    del g1.header.repeats[:]
+    flat = g1.copy()
+    for k in (13, 14):          # the instance's nodes, written out
+        n = flat.new_node(id=k, name=("k", "recv")[k - 13],
+                          kind=(pb.KIND_COMPUTE, pb.KIND_RECV)[k - 13], stream=flat.node(k - 10).stream)
+        n.CopyFrom(flat.node(k - 10))
+        n.id = k
+        if n.kind == pb.KIND_RECV:
+            n.p2p.seq = 1
+            del n.deps[:]
+            n.deps.add(id=13, kind=pb.DEP_SYNC)
+    job.add_graph(flat)
+    assert check_job(job) == []
+    placed, expanded = _same(job)
+    assert placed.events == expanded.events
+
+
 def test_a_tie_at_a_meeting_goes_to_the_send_then_the_rank_walked_then_the_lowest() -> None:
     class St:
         def __init__(self, rank: int):
