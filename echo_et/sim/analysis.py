@@ -375,11 +375,17 @@ class _BlockView(_FlatView):
 
     def start(self, pos) -> int:
         o, i = pos
-        return self.st.item_start[i] if o < 0 else int(self.run.times(o)[0][i])
+        if o < 0:
+            return self.st.item_start[i]
+        s, _, shift = self.run.relative_times(o)
+        return int(s[i]) + shift
 
     def end(self, pos) -> int:
         o, i = pos
-        return self.st.item_end[i] if o < 0 else int(self.run.times(o)[1][i])
+        if o < 0:
+            return self.st.item_end[i]
+        _, e, shift = self.run.relative_times(o)
+        return int(e[i]) + shift
 
     def duration(self, pos) -> int:
         o, i = pos
@@ -418,7 +424,8 @@ class _BlockView(_FlatView):
         for (m, j), send in zip(mt.ends, mt.sends, strict=True):
             st2, o2 = bundle.members[m]
             run2 = st2.blocks
-            out.append((st2, int(run2.times(o2)[0][j] - run2.waits(o2)[j]), send, (o2, j)))
+            s2, _, shift2 = run2.relative_times(o2)
+            out.append((st2, int(s2[j] - run2.waits(o2)[j]) + shift2, send, (o2, j)))
         return out
 
     def _input(self, occ, j: int, from_start: bool, t: int):
@@ -468,10 +475,11 @@ class _BlockView(_FlatView):
             return None, 0
         occ = self.info.occurrences[o]
         blk = occ.block
-        s, e = self.run.times(o)
+        s, e, shift = self.run.relative_times(o)
+        tr = t - shift      # t in the occurrence's relative times (its own items' are relative)
         p = blk.stream_prev[i]
         if p >= 0:
-            if int(e[p]) == t:
+            if int(e[p]) == tr:
                 return ((o, p), True), 0
         else:
             got, hit = self._input(occ, blk.streams.index(blk.stream[i]), False, t)
@@ -490,7 +498,7 @@ class _BlockView(_FlatView):
                 got, hit = self._input(occ, j, fs2, t)
                 if hit:
                     return got, 0
-            elif int(s[ref] if fs else e[ref]) == t:
+            elif int(s[ref] if fs else e[ref]) == tr:
                 return ((o, ref), not fs), 0
         for j, fs2 in outside[k:]:
             if j >= 0:

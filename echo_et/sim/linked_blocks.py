@@ -193,27 +193,59 @@ def link_bundles(ends: Ends, nodes: Sequence[tuple[RankState, int]], skeleton_ke
     e_order = np.lexsort((cols["local"], m_of, group))   # meeting by meeting, each by (member, local)
     g_first = e_order[starts]                               # each meeting's first end
     g_sort = np.lexsort((cols["local"][g_first], m_of[g_first], lab[g_first]))
-    bundles: dict[int, list] = {}
+    g_rank = np.empty(len(starts), dtype=np.int64)
+    g_rank[g_sort] = np.arange(len(starts))
+    # every end in the order of its meeting, then (member, local): a bundle is one slice
+    e2 = np.lexsort((cols["local"], m_of, g_rank[group]))
+    lab2 = lab[e2]
+    b_cut = np.flatnonzero(np.diff(lab2)) + 1
+    b_start = np.concatenate(([0], b_cut))
+    b_end = np.append(b_cut, n)
+    opens = np.ones(n, dtype=np.int64)       # 1 where a meeting opens, 2 where an eager one does
+    opens[1:] = (group[e2][1:] != group[e2][:-1]).astype(np.int64)
+    opens += opens * np.maximum.reduceat(cols["eager"], starts)[group[e2]]
+    table = np.stack((m_of[e2], cols["local"][e2], cols["send"][e2], opens), axis=1)
     mem_lists: dict[int, list[int]] = {}
     for v in by.tolist():
         mem_lists.setdefault(int(label[v]), []).append(v)
-    ends_m, ends_l, ends_s = m_of.tolist(), cols["local"].tolist(), cols["send"].tolist()
-    eager_any = np.maximum.reduceat(cols["eager"], starts).tolist()
-    g_ends = [e_order[a:a + k].tolist() for a, k in zip(starts.tolist(), counts.tolist(), strict=True)]
-    for g in g_sort.tolist():
-        at = g_ends[g]
-        mt = JointMeeting(tuple((ends_m[e], ends_l[e]) for e in at), tuple(bool(ends_s[e]) for e in at),
-                          bool(eager_any[g]))
-        bundles.setdefault(int(lab[g_first[g]]), []).append(mt)
+    shapes: dict[bytes, tuple[JointMeeting, ...]] = {}
+    meetings_of: dict[int, tuple[JointMeeting, ...]] = {}
+    for a, z in zip(b_start.tolist(), b_end.tolist(), strict=True):
+        piece = table[a:z]
+        key = piece.tobytes()
+        mts = shapes.get(key)
+        if mts is None:
+            mts = shapes[key] = _meetings(piece.tolist())
+        meetings_of[int(lab2[a])] = mts
     out: list[Bundle] = []
     for root in sorted(mem_lists):
         members = [nodes[v] for v in mem_lists[root]]
-        mts = tuple(bundles.get(root, ()))
+        mts = meetings_of.get(root, ())
         sig = (tuple((id(st.program), st.program.compact.occurrences[o].sig) for st, o in members), mts)
         bundle = Bundle(members, sig, mts)
         bundle.reset()
         out.append(bundle)
     return out
+
+
+def _meetings(rows: list[list[int]]) -> tuple[JointMeeting, ...]:
+    """A bundle's meetings from its ends' rows (member, local, send, opens: 0 the meeting
+    goes on, 1 a meeting opens, 2 an eager one), in order."""
+    out: list[JointMeeting] = []
+    ends: list[tuple[int, int]] = []
+    sends: list[bool] = []
+    eager = False
+    for m, i, send, opens in rows:
+        if opens and ends:
+            out.append(JointMeeting(tuple(ends), tuple(sends), eager))
+            ends, sends = [], []
+        if opens:
+            eager = opens == 2
+        ends.append((m, i))
+        sends.append(bool(send))
+    if ends:
+        out.append(JointMeeting(tuple(ends), tuple(sends), eager))
+    return tuple(out)
 
 
 def _plan(bundle: Bundle) -> Plan:
@@ -279,44 +311,56 @@ def _plan(bundle: Bundle) -> Plan:
 
 def _joint_tables(plan: Plan, blocks: Sequence[Block], durs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(D, R): longest path from each input column to each joint item's start (D) and, for
-    the items that meet others (``plan.rows``), to its arrival at its meeting (R)."""
+    the items that meet others (``plan.rows``), to its arrival at its meeting (R).
+
+    "No path" starts at NEG and drifts by the durations added to it (a few hours at most
+    against 2**62 ns), staying below every real path, which is what ``place`` needs: every
+    item has a real path from its stream's entry. Rows are written in place: one numpy call
+    per predecessor, no temporary arrays."""
     n_in = plan.n_in
     d_rows = np.full((plan.n_items, n_in), NEG, dtype=np.int64)
-    arrival: dict[tuple[int, int], np.ndarray] = {}
+    r_rows = np.empty((plan.rows.size, n_in), dtype=np.int64)
+    row_of = {(m, i): k for k, (m, i) in enumerate(sorted(plan.meeting_of, key=lambda e: plan.base[e[0]] + e[1]))}
+    done: set[tuple[int, int]] = set()
     entry = [{k: plan.col[m] + j for j, k in enumerate(blk.streams)} for m, blk in enumerate(blocks)]
+    base, ext = plan.base, plan.ext
+    add, maximum = np.add, np.maximum
 
-    def ready_row(m: int, i: int) -> np.ndarray:
-        got = arrival.get((m, i))
-        if got is not None:
-            return got
-        blk, d, b = blocks[m], durs[m], plan.base[m]
+    def fill(m: int, i: int, out: np.ndarray) -> None:
+        """``out`` := the latest of item i's predecessors (its arrival, or its start when it
+        meets nobody)."""
+        blk, d, b = blocks[m], durs[m], base[m]
         p = blk.stream_prev[i]
         if p >= 0:
-            src = d_rows[b + p]
-            row = np.where(src > NEG, src + int(d[p]), NEG)
+            add(d_rows[b + p], int(d[p]), out=out)
         else:
-            row = np.full(n_in, NEG, dtype=np.int64)
-            row[entry[m][blk.stream[i]]] = 0
+            out.fill(NEG)
+            out[entry[m][blk.stream[i]]] = 0
         for q, fs in blk.local_gates[i]:
-            src = d_rows[b + q]
-            add = 0 if fs else int(d[q])
-            np.maximum(row, np.where(src > NEG, src + add, NEG), out=row)
-        for j in plan.ext[m].get(i, ()):
-            if row[j] < 0:
-                row[j] = 0
-        if (m, i) in plan.meeting_of:
-            arrival[(m, i)] = row
-        return row
+            if fs:
+                maximum(out, d_rows[b + q], out=out)
+            else:
+                maximum(out, d_rows[b + q] + int(d[q]), out=out)
+        for j in ext[m].get(i, ()):
+            if out[j] < 0:
+                out[j] = 0
 
+    def arrival(m: int, i: int) -> np.ndarray:
+        got = r_rows[row_of[(m, i)]]
+        if (m, i) not in done:
+            fill(m, i, got)
+            done.add((m, i))
+        return got
+
+    waits_for, meeting_of = plan.waits_for, plan.meeting_of
     for m, i in plan.order:
-        row = ready_row(m, i)
-        for other in plan.waits_for.get((m, i), ()):
-            row = np.maximum(row, ready_row(*other))
-        d_rows[plan.base[m] + i] = row
-    r_rows = np.empty((plan.rows.size, n_in), dtype=np.int64)
-    where = {plan.base[m] + i: (m, i) for m, i in plan.meeting_of}
-    for k, g in enumerate(plan.rows.tolist()):
-        r_rows[k] = arrival[where[g]]
+        out = d_rows[base[m] + i]
+        if (m, i) not in meeting_of:
+            fill(m, i, out)
+            continue
+        out[:] = arrival(m, i)
+        for other in waits_for.get((m, i), ()):
+            maximum(out, arrival(*other), out=out)
     return d_rows, r_rows
 
 
