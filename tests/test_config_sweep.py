@@ -132,6 +132,23 @@ def test_every_row_failing_is_an_error() -> None:
         run_config_sweep([{**TINY, "tp": 3}], ConfigSweepOptions(), workers=1)
 
 
+def test_a_sweep_no_row_of_which_runs_is_one_error_line(tmp_path) -> None:
+    """Rows that fail before any row ran are held back: if none runs, the command says one
+    line (the first row's error) and exits 2; once a row runs, the held rows are said first."""
+    bad = "layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp\n2,64,4,32,1,4,0,1,2\n2,64,4,32,1,8,2,1,3\n"
+    r = runner.invoke(app, ["sweep", "--configs", str(_csv(tmp_path, bad)), "--workers", "1", "--no-plot",
+                            "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines == ["error: no configuration could run; first: tp must be >= 1, got 0"], r.stderr
+    good = bad + "2,64,4,32,1,4,1,1,1\n"
+    r = runner.invoke(app, ["sweep", "--configs", str(_csv(tmp_path, good)), "--workers", "1", "--no-plot",
+                            "-o", str(tmp_path / "out2")])
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("[")]
+    assert [line[:5] for line in lines] == ["[1/3]", "[2/3]", "[3/3]"] and "tp must be >= 1" in lines[0]
+
+
 def test_trace_cli_global_batch_and_cluster(tmp_path) -> None:
     out = tmp_path / "job"
     r = runner.invoke(app, ["trace", "--workload", "megatron-gpt", "--layers", "2", "--hidden", "64", "--heads", "4",

@@ -80,10 +80,21 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         fail(f"--plot needs matplotlib ({INSTALL_HINT})")
     draw = have_matplotlib() if plot is None else plot
 
+    held: list[str] = []        # failed rows before any row ran: said once one does
+    ran: list[bool] = []
+
     def progress(done: int, total: int, row: dict) -> None:
         label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp", "cp") if k in row)
         state = row.get("error") or f"{row['predicted_ms']:.3f} ms"
-        print(f"[{done}/{total}] {label}: {state}", file=sys.stderr, flush=True)
+        line = f"[{done}/{total}] {label}: {state}"
+        if not ran:
+            if row.get("error"):
+                held.append(line)   # a sweep no row of which runs is one error line, not a list
+                return
+            ran.append(True)
+            for h in held:
+                print(h, file=sys.stderr)
+        print(line, file=sys.stderr, flush=True)
 
     check_config_sweep(opts, executor=executor, workers=workers, address=address, max_memory=max_memory)
     header = log_header(configs, opts, len(rows), rows_given=rows)
