@@ -1,16 +1,18 @@
-"""Repeat blocks whose sends and receives meet other rank classes, placed together.
+"""Repeat blocks whose sends, receives and collectives meet other rank classes, placed together.
 
 A block placed in closed form (:mod:`echo_et.sim.blocks`) must not wait for another rank
 inside it. A context-parallel ring breaks that: every layer of every CP rank sends its keys
 and values to the next rank and receives the previous rank's, and the CP ranks are classes of
-their own (each has its own peers and its own half blocks). The occurrences that exchange
-messages form a **bundle**: (rank class, occurrence) pairs joined by the meetings of their
-sends and receives (the connected components of "a send of one meets a recv of the other").
-A bundle is still a max-plus system: a pair's two items start at the later of their two
-arrivals (an eager send, small enough to go to the peer's buffer, at its own arrival) and
-last the transfer the send is priced at, exactly as the event loop runs them; so the start of
-every item of every member is ``max_j (x_j + D[i, j])`` over the members' inputs, one after
-the other, and so is every send's and recv's arrival (``R``; its wait is start minus arrival).
+their own (each has its own peers and its own half blocks); the last stage's loss is
+all-reduced over them inside its block. The occurrences that meet form a **bundle**: (rank
+class, occurrence) pairs joined by the meetings of their items (the connected components of
+"an item of one meets an item of the other"). A bundle is still a max-plus system: a
+message's two items start at the later of their two arrivals (an eager send, small enough to
+go to the peer's buffer, at its own arrival) and last the transfer the send is priced at, a
+collective's members at the last arrival, exactly as the event loop runs them; so the start
+of every item of every member is ``max_j (x_j + D[i, j])`` over the members' inputs, one
+after the other, and so is every meeting item's arrival (``R``; its wait is start minus
+arrival).
 The event loop places a bundle when the macro items of all its members are ready: the last
 member to arrive places every member's occurrence and releases what waits for its ports.
 
@@ -36,8 +38,8 @@ from echo_et.sim.state import RankState
 
 
 class NotLinked(NotCompact):
-    """These blocks' sends and receives cannot be placed as bundles: their graphs are
-    simulated expanded (the reason is for tests and diagnostics)."""
+    """These blocks' meetings with other rank classes cannot be placed as bundles: their
+    graphs are simulated expanded (the reason is for tests and diagnostics)."""
 
 
 @dataclass
