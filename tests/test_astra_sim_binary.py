@@ -260,7 +260,13 @@ def test_context_parallel_ring_runs_in_astra_sim(tmp_path, binary):
                               "--tp", "2", "--pp", "2", "--microbatches", "2", "--device", "meta", "--verify",
                               "stage", "-o", str(job)])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["export", "astra-sim", str(job), "--gpu", "a100", "-o", str(tmp_path / "out"), "--json"])
+    # ASTRA-sim master's statistics throw on the host lane's CPU nodes; on this ring what it
+    # leaves behind corrupts its heap in about one run in three (an abort, sometimes before a
+    # rank printed its finished line): master runs it with the host time folded
+    # (docs/export.md), the older reader with it kept
+    fold = [] if "legacy" in Path(binary).name else ["--host-time", "fold"]
+    res = runner.invoke(app, ["export", "astra-sim", str(job), "--gpu", "a100", "-o", str(tmp_path / "out"), "--json",
+                              *fold])
     assert res.exit_code == 0, res.output
     promised = json.loads(res.stdout)["expected_step_ns"]
     got = run_astra_sim(tmp_path / "out", binary, timeout_s=300)

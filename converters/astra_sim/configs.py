@@ -198,7 +198,8 @@ def run_sh(npus: int, with_groups: bool) -> str:
     """The exact ASTRA-sim command line for this folder. It runs from its own folder with
     relative paths, so the comm-group path never contains the substring "empty" (which
     ASTRA-sim would read as "no file"), and it fails unless every rank printed its
-    ``finished`` line (ASTRA-sim exits 0 even when a rank never finished)."""
+    ``finished`` line (ASTRA-sim exits 0 even when a rank never finished, and what it exits
+    with after a crash past the last finished line is not what decides)."""
     group_arg = f"  --comm-group-configuration={FILE_NAMES['comm_group']} \\\n" if with_groups else ""
     return f"""#!/bin/sh
 # Runs ASTRA-sim (analytical backend) on this export. Written by echo-et.
@@ -208,7 +209,12 @@ set -eu
 cd "$(dirname "$0")"
 : "${{ASTRA_SIM_BIN:?set ASTRA_SIM_BIN to the ASTRA-sim analytical binary}}"
 mkdir -p log
-"$ASTRA_SIM_BIN" \\
+# Its output line by line where stdbuf exists: ASTRA-sim master can crash in its statistics
+# after every rank finished (context-parallel rings: "a callable is removed", then a heap
+# abort), and a crash must not swallow the finished lines still in its buffer.
+line_buffered=""
+if command -v stdbuf >/dev/null 2>&1; then line_buffered="stdbuf -oL"; fi
+$line_buffered "$ASTRA_SIM_BIN" \\
   --workload-configuration={WORKLOAD_PREFIX} \\
   --system-configuration={FILE_NAMES['system']} \\
   --network-configuration={FILE_NAMES['network']} \\
