@@ -417,11 +417,13 @@ class Simulator:
         return rows, keys
 
     def _expand_linked(self, graphs: set[str] | None = None) -> None:
-        """Compile expanded ``graphs`` (default: every graph with linked blocks)."""
+        """Compile expanded ``graphs`` (default: every graph with linked blocks); no bundle is
+        left (the states are set up again)."""
         if graphs is None:
             graphs = {st.program.graph_id for st in self._states if st.blocks is not None and st.blocks.links}
         for gid in graphs:
             self._programs[gid] = self._compile(gid, blocks=False)
+        self._bundles = []
 
     def _origins(self, ranks: list[int]) -> dict[int, int]:
         if self.options.align_start:
