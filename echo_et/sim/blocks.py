@@ -21,9 +21,10 @@ each distinct combination (:class:`BlockTable`); every occurrence then costs one
 event loop evaluates item by item, so step time, breakdown and critical path equal those of
 the expanded graph to the nanosecond (``tests/test_repeats.py``).
 
-Used for untimed graphs (meta-device traces: no measured gaps) in predict mode; anything
-else (a timed graph, a collective inside a block that waits for another rank class, a
-send/recv inside a block) is simulated expanded, as before.
+Used for untimed graphs (meta-device traces: no measured gaps) in predict mode; a timed
+graph is simulated expanded, as before. A block whose sends, recvs or collectives meet
+other rank classes is placed together with the occurrences it meets
+(:mod:`echo_et.sim.linked_blocks`), or expanded when it cannot be.
 """
 
 from __future__ import annotations
@@ -580,9 +581,9 @@ class BlockRun:
         self._flat = None
 
     def put(self, o: int, x: np.ndarray, placed: tuple[np.ndarray, np.ndarray, int], waits: np.ndarray) -> None:
-        """Occurrence ``o`` of a bundle (placed with the occurrences it exchanges messages
-        with): its inputs, (start, end) relative to the shift and the shift, and how long each
-        local item waited at its meeting (0 but for sends and recvs)."""
+        """Occurrence ``o`` of a bundle (placed with the occurrences it meets): its inputs,
+        (start, end) relative to the shift and the shift, and how long each local item waited
+        at its meeting (0 but for the items that meet other ranks)."""
         self.x[o] = x
         self._placed[o] = placed
         self._waits[o] = waits
@@ -644,7 +645,7 @@ class FlatTimes:
     end: np.ndarray
     category: np.ndarray
     host: np.ndarray
-    wait: np.ndarray            # ns a send or recv of a linked occurrence waited before its start; else 0
+    wait: np.ndarray            # ns a meeting item of a linked occurrence waited before its start; else 0
 
 
 @dataclass
