@@ -34,6 +34,7 @@ from typing import NamedTuple
 import msgspec
 
 from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.attention import CAUSAL_ATTR, causal_text
 from echo_et.ir.conventions import LAUNCH_BLOCKS_ATTR, LAUNCH_THREADS_ATTR
 from echo_et.ir.schema import pb
 
@@ -517,7 +518,7 @@ class _RankBuild:
                 # Host nodes (most of a graph): _emit and _cpu_payload in one builder call.
                 ev = n.ev
                 rf = None
-                shapes = dtypes = ""
+                shapes = dtypes = causal = ""
                 if role == _CPU and ev.args:
                     args = ev.args
                     rf = args.get(rf_key)
@@ -525,6 +526,9 @@ class _RankBuild:
                     types = args.get("Input type")
                     if dims is not None or types is not None:
                         shapes, dtypes = shape_texts(dims, types)
+                    concrete = args.get("Concrete Inputs")
+                    if concrete is not None:
+                        causal = causal_text(ev.name, concrete)
                 has_rf = is_rf_id(rf)
                 corr = ev.corr
                 node = gb.cpu_op(ev.name, sids[n.stream], kind=kind, correlation=corr if corr > 0 else 0,
@@ -532,6 +536,8 @@ class _RankBuild:
                                  start_ns=n.start - origin, duration_ns=n.dur, deps=deps, node_id=i)
                 if has_rf:
                     node.attrs["rf_id_source"] = rf_source
+                if causal:
+                    node.attrs[CAUSAL_ATTR] = causal
                 continue
             kw = dict(start_ns=n.start - origin, duration_ns=n.dur, deps=deps, node_id=i)
             _emit(gb, n, sids[n.stream], kw, tf, ctx, out, self.drop)

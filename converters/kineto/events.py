@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from echo_et.errors import EchoError
+from echo_et.ir.attention import is_attention
 from echo_et.ir.collectives import is_nccl_kernel
 from echo_et.ir.limits import INT64_MAX, MAX_NS, MAX_WORLD_SIZE, checked_int
 
@@ -327,6 +328,8 @@ class _Collector:
                         kept[k] = args[k]
                 if "Concrete Inputs" in args:
                     kept["Concrete Inputs"] = args["Concrete Inputs"]
+            elif "Concrete Inputs" in args and is_attention(name):   # whether it was causal
+                kept["Concrete Inputs"] = args["Concrete Inputs"]
             if not self.rf_nonzero and _int_arg(args.get("Record function id")):
                 self.rf_nonzero = True
         elif kind == K_RUNTIME:
@@ -455,6 +458,8 @@ class _Collector:
                 _kept(a, COMM_ARG_KEYS, kept)
                 if a.concrete_inputs is not _UNSET:
                     kept["Concrete Inputs"] = a.concrete_inputs
+            elif a.concrete_inputs is not _UNSET and is_attention(name):   # whether it was causal
+                kept["Concrete Inputs"] = a.concrete_inputs
             if not self.rf_nonzero and rf is not _UNSET and (rf if type(rf) is int else _int_arg(rf)):
                 self.rf_nonzero = True
         elif kind == K_RUNTIME:

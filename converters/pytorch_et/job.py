@@ -8,10 +8,11 @@ from pathlib import Path
 
 from echo_et.converters.pytorch_et import comms
 from echo_et.converters.pytorch_et.comms import CommCall
-from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, PROCESS_ROOT_PREFIX
+from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, PROCESS_ROOT_PREFIX, causal_of
 from echo_et.converters.pytorch_et.trace import MALFORMED, HostTrace
 from echo_et.errors import EchoError, OptionError
 from echo_et.ir import Graph, GraphBuilder, Job, JobBuilder, pb
+from echo_et.ir.attention import CAUSAL_ATTR
 from echo_et.ir.schema import collective_name
 
 DEFAULT_GROUP = "0"
@@ -168,6 +169,8 @@ def build_graph(rt: RankTrace, graph_id: str, plan: GroupPlan, window: tuple[int
             untimed += 1
         attrs = n.attrs
         attrs["et_id"] = str(oid)
+        if op.in_values and (causal := causal_of(op)):
+            attrs[CAUSAL_ATTR] = causal
         if ins:
             attrs["et_in_tensors"] = ",".join([str(x[0]) for x in ins])
         outs = op.out_tensors

@@ -36,10 +36,11 @@ from pathlib import Path
 
 from echo_et.converters.pytorch_et.align import align
 from echo_et.converters.pytorch_et.comms import RECV, SEND, CommCall, PgDef
-from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp
+from echo_et.converters.pytorch_et.schema import PG_INIT_NAME, EtOp, causal_of
 from echo_et.converters.pytorch_et.trace import MALFORMED, HostTrace, expand_paths, load
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, Job, pb
+from echo_et.ir.attention import CAUSAL_ATTR
 
 _RF_DELTAS = (0, 1, -1, 2, -2)
 _RF_MIN_AGREEMENT = 0.8
@@ -245,6 +246,8 @@ def _annotate(node: pb.Node, op: EtOp) -> None:
     elif op.in_shapes and "et_shapes" not in node.attrs:
         node.attrs["et_shapes"] = op.in_shapes
     node.attrs["et_id"] = str(op.id)
+    if CAUSAL_ATTR not in node.attrs and op.in_values and (causal := causal_of(op)):
+        node.attrs[CAUSAL_ATTR] = causal
     if op.rf_id is not None:
         node.attrs["et_rf_id"] = str(op.rf_id)
     if op.in_tensors:

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from echo_et.errors import EchoError
+from echo_et.ir.attention import causal_text, is_attention
 
 try:  # shapes text is made several times faster by orjson; json gives the same text
     import orjson as _orjson
@@ -53,7 +54,8 @@ class EtOp(msgspec.Struct, gc=False):
     start_ns: int = 0         # only linked ("ET+") traces carry timing
     duration_ns: int = 0
     timed: bool = False
-    # Raw argument values, kept only for the few nodes that need them (comms, pg init).
+    # Raw argument values, kept only for the few nodes that need them (comms, pg init,
+    # attention).
     in_values: list[Any] = msgspec.field(default_factory=list)
     out_values: list[Any] = msgspec.field(default_factory=list)
     attrs: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -65,9 +67,16 @@ class EtOp(msgspec.Struct, gc=False):
         return self.name.startswith(PROCESS_ROOT_PREFIX)
 
 
+def causal_of(op: EtOp) -> str:
+    """"1" or "0" when ``op`` is an attention call whose arguments say whether it was causal,
+    else "" (``echo_et.ir.attention``)."""
+    return causal_text(op.name, op.in_values, op.op_schema) if is_attention(op.name) else ""
+
+
 def _keeps_values(name: str) -> bool:
     return (
-        name == PG_INIT_NAME
+        is_attention(name)   # whether it was causal (causal_of)
+        or name == PG_INIT_NAME
         or name == "record_param_comms"
         or name.startswith(("c10d::", "nccl:", "gloo:", "fake:", "mpi:", "ucc:", "xccl:"))
     )
@@ -239,7 +248,7 @@ def parse_node(d: Any, where: str) -> EtOp:
         tid=_int(attrs.get("tid", 0)),
         rf_id=None if rf is None else _int(rf, 0),
         seq_id=_int(attrs.get("seq_id", -1), -1),
-        op_schema=str(attrs.get("op_schema") or "") if keep else "",   # only comms read it
+        op_schema=str(attrs.get("op_schema") or "") if keep else "",   # only comms and attention read it
         in_shapes=_shared(_shapes_text(in_shapes)),
         in_types=_types_text(in_types),
         in_tensors=_tensors(in_values, in_types),

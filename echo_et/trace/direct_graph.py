@@ -41,6 +41,7 @@ from typing import Any
 
 from echo_et.errors import EchoError
 from echo_et.ir import Graph, GraphBuilder
+from echo_et.ir.attention import CAUSAL_ATTR
 from echo_et.ir.repeats import p2p_seq_key
 from echo_et.ir.schema import COLLECTIVE_BY_NAME, pb
 from echo_et.trace import annotations
@@ -276,7 +277,7 @@ class _Build:
         if e[4]:
             n.attrs["out_shapes"] = e[4]
         if len(e) > 5 and e[5]:
-            n.attrs["is_causal"] = e[5]
+            n.attrs[CAUSAL_ATTR] = e[5]
         for w in self.waited:
             n.deps.add(id=w, kind=pb.DEP_SYNC)
         self.waited = []

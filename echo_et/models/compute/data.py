@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo_et.errors import EchoError
+from echo_et.ir.attention import is_causal
 from echo_et.models.compute import ops
 from echo_et.models.compute.fit import Sample
 from echo_et.models.compute.layers import LayerShape, OpCall, call, layer_backward, layer_forward
@@ -215,7 +216,7 @@ def read_kernel_samples(path: str | Path) -> tuple[list[Sample], list[Excluded]]
             excluded.append(Excluded(e.label, "kernel of unknown shape (FillFunctor<unsigned char>)"))
             continue
         c = tp.calls[e.op]
-        cost = ops.op_cost(c.op, c.shapes, c.dtypes, c.attrs.get("out_shapes", ""), c.attrs.get("is_causal") != "0")
+        cost = ops.op_cost(c.op, c.shapes, c.dtypes, c.attrs.get("out_shapes", ""), is_causal(c.attrs))
         assert e.part is not None and e.part < len(cost.kernels), e.label
         samples.append(Sample(((cost.kernels[e.part], 1.0),), gt, group=row["kShortName"], source="kernels",
                               label=f"{e.label} [{_functor(row)}]"))

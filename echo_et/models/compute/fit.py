@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from echo_et.errors import EchoError
+from echo_et.ir.attention import is_causal
 from echo_et.ir.schema import pb
 from echo_et.models.compute import ops
 from echo_et.models.compute.kernels import MEM_CLASSES, Kernel
@@ -114,8 +115,7 @@ def op_kernels(c: Any) -> tuple[Kernel, ...]:
         op, shapes, dtypes = c.op, c.shapes, c.dtypes
     else:
         op, shapes, dtypes, attrs = c.op, c.shapes, c.dtypes, dict(c.attrs)
-    causal = attrs.get("is_causal", "1") not in ("0", "false", "False")
-    return ops.op_cost(op, shapes, dtypes, attrs.get("out_shapes", ""), causal).kernels
+    return ops.op_cost(op, shapes, dtypes, attrs.get("out_shapes", ""), is_causal(attrs)).kernels
 
 
 # -- prediction ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from echo_et.errors import EchoError
+from echo_et.ir.attention import is_causal
 from echo_et.ir.schema import pb
 from echo_et.models.compute import kernels as K
 from echo_et.models.compute import ops
@@ -18,8 +19,6 @@ from echo_et.models.compute.gpus import DATASHEETS, resolve_gpu
 from echo_et.models.compute.kernels import Kernel
 from echo_et.models.compute.profile import ComputeProfile, load_preset, load_profile, write_profile
 from echo_et.models.compute.roofline import BOUND_OVERHEAD, kernel_bound_ns, kernel_time_ns
-
-_FALSE = frozenset({"0", "false", "False", "no"})
 
 
 class ComputeModel:
@@ -165,4 +164,4 @@ def _op_key(op: str, shapes: str, dtypes: str, attrs: dict[str, str] | None) -> 
     """``ops.op_cost``'s arguments for an operator call (its output shapes and causality from
     the node's attributes): one key for both caches."""
     attrs = attrs or {}
-    return op, shapes, dtypes, attrs.get("out_shapes", ""), attrs.get("is_causal", "1") not in _FALSE
+    return op, shapes, dtypes, attrs.get("out_shapes", ""), is_causal(attrs)
