@@ -371,3 +371,26 @@ def test_checking_a_compact_job_finds_what_checking_it_expanded_finds(traced, ho
     assert got == [str(i) for i in check_job(flat)]
     assert (got == []) == (how == "same-stream"), got
     assert any(g.has_repeats for g in job.graphs())   # checked without expanding a graph
+
+
+@pytest.mark.parametrize("how", ["none", "same-stream"])
+def test_a_compact_job_whose_kernels_wait_on_their_own_stream_is_checked_compact(traced, how, monkeypatch) -> None:
+    """Kernels that wait for earlier kernels of their stream (a traced ring's sends, recvs
+    and collectives on the communication stream wait for the one before) are in stream order
+    by their ids: the checker proves it from the stored nodes and never streams the
+    expansion (on a CP8 Job of 32 graphs of 500,000 expanded nodes that took minutes)."""
+    from echo_et.ir.graph import Graph
+
+    compact, _, _ = traced
+    job = compact if how == "none" else _break(compact, how)
+    streamed = []
+    real = Graph.iter_nodes
+
+    def counting(self, *a, **k):
+        if self.has_repeats:
+            streamed.append(self.header.name)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Graph, "iter_nodes", counting)
+    assert check_job(job) == []
+    assert streamed == []

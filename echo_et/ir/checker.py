@@ -329,9 +329,12 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
     for copies when they hold for the stored nodes and every shifted start stays in range;
     ids are unique when stored ids are and the copies' ranges are clear (the block rules);
     order holds when every stored node and every copy's own dependency names an earlier id
-    (dependencies inside a body keep their order in a copy). Collective numbering is checked
-    on the numbers alone. Returns None, having added nothing, when something needs the
-    rule-by-rule check on the expansion."""
+    (dependencies inside a body keep their order in a copy). Stream order then holds on a
+    device stream, which runs its nodes in id order; a dependency on the node's own host
+    thread (other than nesting, or a sync's wait) is left to the check on the expansion, whose
+    nesting the stored nodes do not show. Collective numbering is checked on the numbers
+    alone. Returns None, having added nothing, when something needs the rule-by-rule check on
+    the expansion."""
 
     stream_ids = {s.id for s in graph.header.streams}
     probe = IssueCollector(1)
@@ -343,6 +346,9 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
                    for b in blocks for i in b.block.instances)
     starts = [sp[0] for sp in spans]
     body_stream = {n.id: n.stream for b in blocks for n in b.nodes}
+    body_kind = {n.id: n.kind for b in blocks for n in b.nodes}
+    host = {n.stream for n in graph.stored_nodes if n.kind in HOST_KINDS}
+    sync, control = pb.KIND_SYNC, pb.DEP_CONTROL
 
     def stream_at(nid: int) -> int | None:
         st = stream_of.get(nid)
@@ -369,7 +375,7 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
             dst = stream_at(dep.id)
             if dst is None:
                 return None
-            if dst == st:
+            if dst == st and st in host and kind != sync and dep.kind != control:
                 same_stream = True
         kinds.add(kind)
     counts: dict[str, list[int]] = defaultdict(list)
@@ -388,7 +394,8 @@ def _compact_rules_hold(graph: Graph, source: str, out: IssueCollector) -> set[i
             for d in inst.deps:
                 if d.id >= d.node + off:
                     return None
-                if stream_at(d.id) == body_stream.get(d.node):
+                st = body_stream.get(d.node)
+                if stream_at(d.id) == st and st in host and body_kind.get(d.node) != sync and d.kind != control:
                     same_stream = True
             for key, seq in body_colls:
                 counts[key].append(seq + inst.seq_offsets.get(key, 0))

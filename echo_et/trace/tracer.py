@@ -303,11 +303,25 @@ class _Tracer:
             if uses_world:
                 groups["world"] = group_id[("world", 0)]
             if r in self.runs:
-                for rec in self.runs[r].records:
+                # A rank issues hundreds of thousands of calls on a handful of groups: each
+                # group is looked at once, made in the order of its first call, and a key two
+                # groups share goes to the one called last, as call by call.
+                last: dict[tuple[str, str, tuple[int, ...]], int] = {}
+                first: dict[tuple[str, str, tuple[int, ...]], CommRecord] = {}
+                for i, rec in enumerate(self.runs[r].records):
+                    group = (rec.group_name, rec.group_desc, rec.group_ranks)
+                    if group not in first:
+                        first[group] = rec
+                    last[group] = i
+                made: dict[tuple[str, str, tuple[int, ...]], tuple[str, int]] = {}
+                for group, rec in first.items():
                     key = group_key(lay, r, rec)
                     if not _layout_key(key):
-                        groups[key] = jb.group(rec.group_ranks, name=rec.group_name,
-                                               desc=rec.group_desc, role="custom")
+                        made[group] = (key, jb.group(rec.group_ranks, name=rec.group_name,
+                                                     desc=rec.group_desc, role="custom"))
+                for group in sorted(made, key=last.__getitem__):
+                    key, gid = made[group]
+                    groups[key] = gid
             jb.bind(r, f"rank{gid}", groups, measured_step_ns=self.runs[gid].measured_step_ns)
         for reason in sorted(dropped):
             jb.drop(reason, dropped[reason])
