@@ -47,10 +47,12 @@ MODEL = ["--workload", "megatron-gpt", "--layers", "96", "--hidden", "12288", "-
 ECHO = [sys.executable, "-m", "echo_et.cli.main"]
 
 
-def run(cmd: list[str]) -> tuple[float, float, float]:
-    """Wall s, CPU s and peak RSS MiB of one child process (its own, not its parent's)."""
+def run(cmd: list[str], cwd: Path) -> tuple[float, float, float]:
+    """Wall s, CPU s and peak RSS MiB of one child process (its own, not its parent's), run
+    in ``cwd``: never in a checkout, whose ``echo_et`` folder ``python -m`` would import
+    before the one ``--before``'s Python has installed."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     err = p.stderr.read().decode(errors="replace") if p.stderr else ""
@@ -130,8 +132,8 @@ def main() -> None:
     sides = [("after", ECHO)] + ([("before", [args.before, "-m", "echo_et.cli.main"])] if args.before else [])
     rows = []
     with tempfile.TemporaryDirectory(dir=args.work) as d:
-        work = Path(d)
-        jobs = args.jobs or work
+        work = Path(d).resolve()
+        jobs = args.jobs.resolve() if args.jobs else work
         for gb in batches:
             job = jobs / f"gpt175-mb{gb}"
             if not (args.jobs and (job / "manifest.pb").exists()):
@@ -140,7 +142,7 @@ def main() -> None:
             for fmt in formats:
                 for side, echo in sides:
                     out = work / f"out-{fmt}-{gb}-{side}"
-                    wall, cpu, rss = run(command(echo, fmt, job, out, ranks, sim_ranks))
+                    wall, cpu, rss = run(command(echo, fmt, job, out, ranks, sim_ranks), work)
                     size = du(out) if out.exists() else 0
                     if out.exists():
                         shutil.rmtree(out)
