@@ -174,3 +174,12 @@ def test_predict_with_a_calibrated_profile_and_a_bad_one(tmp_path) -> None:
     _one_line_error(run("simulate", str(job), "--mode", "predict", "--profile", str(bad)))
     assert "not both" in _one_line_error(run("simulate", str(job), "--mode", "predict", "--profile", str(prof),
                                               "--preset", "a100-ib"))
+
+
+def test_an_unknown_preset_is_refused_before_the_job_is_read(tmp_path) -> None:
+    """The name is checked with the other options: a Job that does not even exist is not
+    reached (on a large Job, loading and retiming it took seconds before the error)."""
+    r = run("simulate", str(tmp_path / "no-such-job"), "--mode", "predict", "--preset", "a100")
+    assert r.exit_code == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: unknown preset 'a100' (presets: a100-ib, ")

@@ -274,6 +274,11 @@ def check_mode_options(mode: str, *, profile: Path | None, preset: str | None, s
                                ("--compute-profile", compute_profile)) if v is not None]
         if used:
             raise EchoError(f"{', '.join(used)} only apply with --mode predict (replay keeps measured times)")
+    elif preset is not None and profile is None:
+        # Named wrong, said before the Job is loaded and retimed (seconds on a large Job).
+        from echo_et.models.comm.profile import load_preset
+
+        load_preset(preset)
     return cluster
 
 
