@@ -320,8 +320,8 @@ class _Tracer:
                         made[group] = (key, jb.group(rec.group_ranks, name=rec.group_name,
                                                      desc=rec.group_desc, role="custom"))
                 for group in sorted(made, key=last.__getitem__):
-                    key, gid = made[group]
-                    groups[key] = gid
+                    key, made_id = made[group]
+                    groups[key] = made_id
             jb.bind(r, f"rank{gid}", groups, measured_step_ns=self.runs[gid].measured_step_ns)
         for reason in sorted(dropped):
             jb.drop(reason, dropped[reason])
