@@ -7,6 +7,7 @@ node, and says what the node-by-node simulation says."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from echo_et.errors import EchoError
@@ -15,6 +16,8 @@ from echo_et.ir.repeats import p2p_seq_key
 from echo_et.models.comm import CommModel
 from echo_et.sim import SimOptions, simulate
 from echo_et.sim.analysis import decider
+from echo_et.sim.blocks import NEG, place
+from echo_et.sim.linked_blocks import narrow, place_narrow
 from echo_et.sim.predict import Predictor
 
 MODEL = CommModel.preset("a100-ib")
@@ -252,3 +255,25 @@ def test_unique_rows_is_numpys_unique_by_rows() -> None:
         assert np.array_equal(got, want) and np.array_equal(inv, np.asarray(want_inv).reshape(-1))
     got, inv = unique_rows(np.zeros((0, 4), dtype=np.int64))
     assert got.shape == (0, 4) and inv.size == 0
+
+
+@pytest.mark.parametrize("spread", [1_000, (1 << 30) - 1, 1 << 30, 1 << 40])
+def test_a_narrowed_joint_table_places_exactly_as_the_wide_one(spread: int) -> None:
+    """Joint tables are kept as int32 when their paths are short: placing with one gives
+    the int64 table's starts to the ns, inputs spread over a second or over hours (then the
+    table is widened for the call); a table with a path of a second or more stays int64."""
+    rng = np.random.default_rng(spread % 97)
+    n, n_in = 400, 24
+    table = rng.integers(0, 50_000_000, size=(n, n_in), dtype=np.int64)
+    missing = rng.random((n, n_in)) < 0.6
+    table[missing] = NEG + rng.integers(0, 10**12, size=int(missing.sum()))
+    entry = rng.integers(0, n_in, size=n)
+    table[np.arange(n), entry] = rng.integers(0, 50_000_000, size=n)   # a real path per item
+    small = narrow(table)
+    assert small.dtype == np.int32 and small.nbytes * 2 == table.nbytes
+    for _ in range(20):
+        x = -rng.integers(0, spread, size=n_in, dtype=np.int64)
+        x[rng.integers(0, n_in)] = 0                                      # relative to the latest
+        assert np.array_equal(place_narrow(small, x), place(table, x))
+    table[0, entry[0]] = 1 << 30
+    assert narrow(table) is table
