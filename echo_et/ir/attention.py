@@ -15,6 +15,7 @@ and takes attention as causal when it is absent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 CAUSAL_ATTR = "is_causal"
@@ -52,7 +53,7 @@ _FALSE = frozenset({"False", "false", "0"})
 _NOT_CAUSAL = frozenset({"0", "false", "False", "no"})
 
 
-def is_causal(attrs) -> bool:
+def is_causal(attrs: Mapping[str, str]) -> bool:
     """What a node's attrs say (``CAUSAL_ATTR``): causal unless told otherwise, as every
     traced GPT's attention is and as a trace without the flag is taken."""
     return attrs.get(CAUSAL_ATTR, "1") not in _NOT_CAUSAL
@@ -66,8 +67,8 @@ def is_attention(op: str) -> bool:
 def causal_text(op: str, values: Any, schema: str = "") -> str:
     """"1" or "0" for an attention call's recorded argument values (Kineto's ``Concrete
     Inputs`` strings or a host trace's JSON values; a host trace's ``op_schema`` names the
-    argument), "" when they do not say: not an attention operator, or no flag where the
-    schema puts it."""
+    argument), "" when they do not say: no flag where the schema (or, without one, the
+    operator's entry in CAUSAL_POSITIONS) puts it."""
     if type(values) is not list or not values:
         return ""
     if schema:
