@@ -187,3 +187,93 @@ def dp_weights(tmp_path: Path, *, zero: int, reduce_scatter: bool = True, overla
     _start(_dp_rank_main, (world, zero, reduce_scatter, overlap, free_port(), str(out), gather_in_forward,
                            align_gather, align_reduce, chunked, gather_with_step, megatron_adam), world)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
+
+
+def _expert_name(name: str, first_layer: int, local: int, ep_rank: int) -> str:
+    """A parameter's name with a local expert's index made global (``...moe.fc1.3`` on ep
+    rank 1 of experts split 4 a rank is expert 7's), layer-numbered as ``_layer_name``."""
+    parts = _layer_name(name, first_layer).split(".")
+    if "moe" in parts and parts[-1].isdigit() and parts[-2].startswith("fc"):
+        parts[-1] = str(ep_rank * local + int(parts[-1]))
+    return ".".join(parts)
+
+
+class _CaptureStep:
+    """Stands in for an optimizer: its ``step`` keeps the gradients it would apply, by name."""
+
+    def __init__(self, params: list, names: dict[int, str], into: dict):
+        self.params, self.names, self.into = params, names, into
+
+    def step(self, *args, **kwargs) -> None:
+        from echo_et.workloads.data_parallel import grad_of
+
+        for p in self.params:
+            self.into[self.names[id(p)]] = grad_of(p).detach().clone()
+
+
+def _moe_rank_main(rank: int, dp: int, tp: int, ep: int, cfg_kw: dict, port: int, out: str,
+                   microbatches: int) -> None:
+    import faulthandler
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from echo_et.trace.context import RankContext
+    from echo_et.trace.layout import ParallelLayout
+    from echo_et.workloads import GPTConfig
+    from echo_et.workloads.gpt import build_gpt
+    from echo_et.workloads.pipeline import one_f_one_b
+
+    faulthandler.dump_traceback_later(120, exit=True)
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=dp * tp, timeout=timedelta(seconds=120))
+    try:
+        cfg = GPTConfig.megatron(**cfg_kw)
+        layout = ParallelLayout(tp=tp, dp=dp, ep=ep, microbatches=microbatches)
+        ctx = RankContext(rank, layout, "cpu", all_groups=True)
+        g = build_gpt(cfg)(ctx).__self__
+        ep_rank = layout.expert_coords(rank)[0]
+        local = cfg.num_experts // ep
+        names: dict[int, str] = {}
+        for m in g.models:
+            fill_by_layer(m, m.first_layer)
+            with torch.no_grad():      # an expert's weights drawn by its global index
+                import zlib
+
+                for name, p in m.named_parameters():
+                    key = _expert_name(name, m.first_layer, local, ep_rank)
+                    names[id(p)] = f"{key}/{ctx.tp_rank}"
+                    if key != _layer_name(name, m.first_layer):
+                        gen = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+                        p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        grads: dict = {}
+        syncs = getattr(g.sync, "syncs", [g.sync])
+        for s in syncs:
+            s.optimizer = _CaptureStep([p for m in g.models for p in m.parameters() if id(p) in names
+                                        and any(p is q for q in _sync_params(s))], names, grads)
+        one_f_one_b(g.link, microbatches, g._forward, g._backward)
+        g.sync.finish_and_step(before_step=g._before_step)
+        torch.save(grads, f"{out}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _sync_params(sync) -> list:
+    return [p for b in sync.buckets for p in b.params]
+
+
+def real_moe_grads(tmp_path: Path, *, dp: int, tp: int = 1, ep: int = 1, microbatches: int = 2,
+                   **cfg_kw) -> list[dict]:
+    """Each rank's reduced gradients, by global parameter name and TP rank, as its optimizer
+    would apply them, after one step of ``GPTConfig.megatron(**cfg_kw)`` (experts) on dp x tp
+    gloo processes with expert parallelism ``ep``: experts are drawn by their global index, so
+    layouts that split them differently hold one model."""
+    from echo_et.trace.insitu import free_port
+
+    out = tmp_path / (f"moe-dp{dp}tp{tp}ep{ep}-" + "-".join(f"{k}{v}" for k, v in sorted(cfg_kw.items())))
+    out.mkdir()
+    _start(_moe_rank_main, (dp, tp, ep, cfg_kw, free_port(), str(out), microbatches), dp * tp)
+    return [torch.load(out / f"rank{r}.pt") for r in range(dp * tp)]

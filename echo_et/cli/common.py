@@ -140,6 +140,21 @@ CONTEXT_PARALLEL_HELP = ("Megatron-Core's context parallelism (its flag): each s
                          "(tp x cp x dp x pp GPUs, ranks in its tp-cp-dp-pp order), attention exchanging keys and "
                          "values around them in a ring as Transformer Engine does; needs --flash-attn.")
 ContextParallelOpt = typer.Option(1, CONTEXT_PARALLEL, metavar="N", help=CONTEXT_PARALLEL_HELP)
+EXPERTS = "--num-experts"
+ExpertsOpt = typer.Option(
+    0, EXPERTS, metavar="E",
+    help="Megatron-Core's mixture of experts (its flag): every layer's MLP is E experts, each token routed to "
+         "--moe-router-topk of them through the alltoall token dispatcher (routing taken as balanced); 0: dense.")
+TOPK = "--moe-router-topk"
+TopkOpt = typer.Option(2, TOPK, metavar="K", help="Experts per token (Megatron-Core's flag; default 2).")
+MOE_FFN = "--moe-ffn-hidden-size"
+MoeFfnOpt = typer.Option(0, MOE_FFN, metavar="N",
+                         help="Each expert's MLP width (Megatron-Core's flag; 0: the dense MLP's, --ffn-hidden-size).")
+EXPERT_PARALLEL = "--expert-model-parallel-size"
+EXPERT_PARALLEL_HELP = ("Megatron-Core's expert parallelism (its flag): the experts split over N ranks cut out of "
+                        "the data-parallel ones (N divides dp x cp and the experts; no more GPUs), which exchange "
+                        "tokens by all-to-all.")
+ExpertParallelOpt = typer.Option(1, EXPERT_PARALLEL, "--ep", metavar="N", help=EXPERT_PARALLEL_HELP)
 CP_COMM_TYPE = "--cp-comm-type"
 CP_COMM_TYPE_HELP = ("Megatron-Core's (its flag): how the context-parallel ranks exchange keys and values: p2p (its "
                      "default: a ring, under the attention), allgather (all of them gathered first), a2a (Ulysses: "
@@ -320,7 +335,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       gradient_accumulation_fusion: bool = False,
                       overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
                       no_align_grad_reduce: bool = False, no_align_param_gather: bool = False,
-                      gather_with_step: bool = False, cp_comm_type: str | None = None) -> dict[str, Any]:
+                      gather_with_step: bool = False, cp_comm_type: str | None = None,
+                      num_experts: int = 0, moe_topk: int = 2, moe_ffn_hidden: int = 0) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -386,6 +402,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "align_grad_reduce": not no_align_grad_reduce, "align_param_gather": not no_align_param_gather,
             "overlap_param_gather_with_optimizer_step": gather_with_step,
             "cp_comm_type": cp_comm_type or CP_COMM_TYPES[0],
+            "num_experts": num_experts, "moe_topk": moe_topk, "moe_ffn_hidden": moe_ffn_hidden,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -420,7 +437,9 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (NO_ALIGN_GRAD_REDUCE, not settings["align_grad_reduce"]),
              (NO_ALIGN_PARAM_GATHER, not settings["align_param_gather"]),
              (GATHER_WITH_STEP, settings["overlap_param_gather_with_optimizer_step"]),
-             (CP_COMM_TYPE, settings["cp_comm_type"] != "p2p"))
+             (CP_COMM_TYPE, settings["cp_comm_type"] != "p2p"),
+             (EXPERTS, bool(settings.get("num_experts"))),
+             (MOE_FFN, bool(settings.get("moe_ffn_hidden"))))
     return next((flag for flag, on in given if on), None)
 
 
@@ -531,6 +550,10 @@ OPTION_BOUNDS: dict[str, tuple] = {
     "--tp": (1, limits.MAX_WORLD_SIZE),
     "--pp": (1, limits.MAX_PIPELINE_STAGES),
     CONTEXT_PARALLEL: (1, limits.MAX_WORLD_SIZE),
+    EXPERT_PARALLEL: (1, limits.MAX_WORLD_SIZE),
+    EXPERTS: (0, 1 << 16),
+    TOPK: (1, 1 << 16),
+    MOE_FFN: (0, 1 << 24),
     "--microbatches": (1, limits.MAX_MICROBATCHES),
     "--splits": (1, 1 << 16),
     "--workers": (1, 4096),

@@ -22,6 +22,8 @@ from echo_et.cli.common import (
     ContextParallelOpt,
     CpCommTypeOpt,
     DistOptOpt,
+    ExpertParallelOpt,
+    ExpertsOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
     FlashAttnOpt,
@@ -34,6 +36,7 @@ from echo_et.cli.common import (
     LastStageLayersOpt,
     MicrobatchGroupOpt,
     ModelOpt,
+    MoeFfnOpt,
     NoAlignGradReduceOpt,
     NoAlignParamGatherOpt,
     NoReduceScatterOpt,
@@ -50,6 +53,7 @@ from echo_et.cli.common import (
     RecomputeNumLayersOpt,
     SequenceParallelOpt,
     SyncTimersOpt,
+    TopkOpt,
     VirtualStagesOpt,
     VirtualStagesPerRankOpt,
     check_output_budget,
@@ -127,6 +131,10 @@ def predict_cmd(
     dp: int = typer.Option(1, "--dp", help="Data-parallel size."),
     cp: int = ContextParallelOpt,
     cp_comm_type: str | None = CpCommTypeOpt,
+    num_experts: int = ExpertsOpt,
+    moe_topk: int = TopkOpt,
+    moe_ffn_hidden: int = MoeFfnOpt,
+    ep: int = ExpertParallelOpt,
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
                                         "(default full: each layer)."),
@@ -231,7 +239,9 @@ def predict_cmd(
                                                   overlap_param_gather=overlap_param_gather,
                                                   no_align_grad_reduce=no_align_grad_reduce,
                                                   no_align_param_gather=no_align_param_gather,
-                                                  gather_with_step=gather_with_step, cp_comm_type=cp_comm_type))
+                                                  gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
+                                                  num_experts=num_experts, moe_topk=moe_topk,
+                                                  moe_ffn_hidden=moe_ffn_hidden))
     if gather_with_step and not (virtual_layers or virtual_chunks):
         raise OptionError("overlap_param_gather_with_optimizer_step",
                           "it is the interleaved schedule's (Megatron asserts one): give "
@@ -246,6 +256,8 @@ def predict_cmd(
               "global_batch": global_batch, "tp": tp, "pp": pp, "dp": dp}
     if cp > 1:
         config["cp"] = cp
+    if ep > 1:
+        config["ep"] = ep
     if vocab is not None:
         config["vocab"] = vocab
     pred = predict_config(config, opts)
@@ -268,6 +280,7 @@ def predict_cmd(
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + cp_said(cp, opts.cp_comm_type)
+               + experts_said(num_experts, moe_topk, moe_ffn_hidden, ep)
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)
@@ -295,6 +308,14 @@ def cp_said(cp: int, comm_type: str) -> str:
     if cp == 1:
         return ""
     return f" x cp {cp}" + (f" ({comm_type})" if comm_type != "p2p" else "")
+
+
+def experts_said(experts: int, topk: int, ffn: int, ep: int) -> str:
+    """The header's words for a mixture of experts: ", 64 experts (top-2, MLP 1408), ep 8"; "" without."""
+    if not experts:
+        return ""
+    return (f", {experts} experts (top-{topk}" + (f", MLP {ffn}" if ffn else "") + ")"
+            + (f" over ep {ep}" if ep > 1 else ""))
 
 
 def recomputation_said(opts) -> str:

@@ -30,7 +30,7 @@ MAX_MEASURED_MS = MAX_NS / 1e6
 MODEL_COLUMNS = ("layers", "hidden", "heads", "seq", "vocab")
 OPTIONAL = ("vocab", "measured_ms", "gpus", "layers_per_virtual_stage", "virtual_stages_per_rank",
             "microbatch_group_size", "first_stage_layers", "last_stage_layers", "ffn_hidden", "kv_heads",
-            "recompute_num_layers", "recompute", "cp")
+            "recompute_num_layers", "recompute", "cp", "ep")
 # vTrain's column names (``ground_truth_single.csv``), read as ours: its measured CSVs load as
 # they are, for ``sweep --configs`` and ``calibrate compute --iterations`` alike.
 VTRAIN_COLUMNS = {"# layers": "layers", "hidden size": "hidden", "attention heads": "heads",

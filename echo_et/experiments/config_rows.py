@@ -93,6 +93,11 @@ class ConfigSweepOptions:
     flash_attention: bool = False
     # Megatron-Core's --cp-comm-type, for the rows with a cp column (GPTConfig.cp_comm_type)
     cp_comm_type: str = "p2p"
+    # Megatron-Core's mixture of experts (GPTConfig.num_experts, moe_topk, moe_ffn_hidden), every
+    # row; a row's ep column is its expert parallelism
+    num_experts: int = 0
+    moe_topk: int = 2
+    moe_ffn_hidden: int = 0
     # Megatron-LM's --gradient-accumulation-fusion (GPTConfig.gradient_accumulation_fusion)
     gradient_accumulation_fusion: bool = False
     # Megatron-Core's --overlap-grad-reduce: the gradient sync overlapped with the backward, in
@@ -189,13 +194,25 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              overlap_param_gather_with_optimizer_step=(opts.overlap_param_gather_with_optimizer_step
                                                                        and any(interleaving(row, opts))),
                              ffn_hidden=row_or(row, "ffn_hidden", opts.ffn_hidden),
+                             num_experts=opts.num_experts, moe_topk=opts.moe_topk,
+                             moe_ffn_hidden=opts.moe_ffn_hidden,
                              kv_heads=row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,
-                            zero=1 if opts.use_distributed_optimizer else 0, cp=row_cp(row))
+                            zero=1 if opts.use_distributed_optimizer else 0, cp=row_cp(row),
+                            ep=row_ep(row))
     cfg.validate(layout)
     check_memory(cfg, layout, opts.gpu())
     return cfg, layout
+
+
+def row_ep(row: dict[str, Any]) -> int:
+    """A row's expert-parallel size (its ep column; 1 without one)."""
+    ep = row.get("ep")
+    ep = 1 if ep is None else int(ep)
+    if ep < 1:
+        raise EchoError(f"ep must be >= 1, got {ep}")
+    return ep
 
 
 def row_cp(row: dict[str, Any]) -> int:

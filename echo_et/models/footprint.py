@@ -86,22 +86,35 @@ def state_bytes_per_param(elem_bytes: int, dp: int, grad_bytes: int | None = Non
 
 def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, tp: int, pp: int,
                      stage: int, stage_layers: int | None = None, kv: int | None = None,
-                     llama: bool = False) -> int:
+                     llama: bool = False, experts: int = 0) -> int:
     """Parameters one tensor-parallel rank of pipeline ``stage`` holds (``vocab`` padded);
     ``stage_layers``: the stage's layers when the stages are uneven (default layers / pp);
     ``kv``: the width of the keys (and of the values), key/value heads x head size (default
     ``hidden``); ``llama``: the llama layer (SwiGLU's three MLP matrices, no linear biases,
-    RMSNorm's one weight, rotary positions, an output layer of its own without a bias)."""
+    RMSNorm's one weight, rotary positions, an output layer of its own without a bias);
+    ``experts``: a mixture of experts' layers, whose MLP here is the router alone (the
+    experts' are :func:`stage_expert_parameters`)."""
     h = hidden
     kv = h if kv is None else kv
-    weights = (h * (h + 2 * kv) + h * h + (3 if llama else 2) * h * ffn) // tp
-    per_layer = weights + (2 * h if llama else (h + 2 * kv + ffn) // tp + 6 * h)
+    mlp = experts * h if experts else (3 if llama else 2) * h * ffn // tp
+    weights = (h * (h + 2 * kv) + h * h) // tp + mlp
+    per_layer = weights + (2 * h if llama else (h + 2 * kv + (0 if experts else ffn)) // tp + 6 * h)
     out = (layers // pp if stage_layers is None else stage_layers) * per_layer
     if stage == 0:
         out += vocab * h // tp + (0 if llama else seq * h)
     if stage == pp - 1:
         out += vocab * h // tp + (h if llama else 2 * h)
     return out
+
+
+def stage_expert_parameters(*, layers: int, hidden: int, tp: int, pp: int, experts: int, expert_ffn: int,
+                            ep: int, stage_layers: int | None = None, llama: bool = False) -> int:
+    """The local experts' parameters one rank of a pipeline stage holds: ``experts / ep`` per
+    layer, each an MLP of width ``expert_ffn`` split over the TP ranks (with biases but for
+    the llama layer)."""
+    h, fe = hidden, expert_ffn
+    per_expert = (3 if llama else 2) * h * fe // tp + (0 if llama else fe // tp + h)
+    return (layers // pp if stage_layers is None else stage_layers) * (experts // ep) * per_expert
 
 
 RECOMPUTE_LEVELS = ("full", "selective", "none")
@@ -154,7 +167,8 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                        llama: bool = False, flash: bool = False, chunks: int = 1,
                        microbatch_group: int = 0, recompute_method: str = "uniform",
                        recompute_layers: int = 1,
-                       recompute_modules: tuple[str, ...] = ("core_attn",), cp: int = 1) -> tuple[int, int, int]:
+                       recompute_modules: tuple[str, ...] = ("core_attn",), cp: int = 1, experts: int = 0,
+                       topk: int = 0, expert_ffn: int = 0, ep: int = 1) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most;
     ``chunks``: model chunks per stage of Megatron's interleaved schedule, whose stage s keeps
     the activations of min(2 (pp - s - 1) + (chunks - 1) g + 1, micro-batches x chunks)
@@ -170,13 +184,20 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
     layers' activations the transient), "block" checkpoints a chunk's first N layers and keeps
     all of the others' (:func:`chunk_activation_bytes`); ``cp``: context parallelism, whose
     ranks each keep the activations of seq / cp positions and shard the optimizer's state with
-    the data-parallel ranks (Megatron-Core's distributed optimizer over dp x cp)."""
+    the data-parallel ranks (Megatron-Core's distributed optimizer over dp x cp); ``experts``
+    (a mixture of experts, ``topk`` per token, each of width ``expert_ffn``, over ``ep``
+    expert-parallel ranks): each rank holds experts / ep of every layer's experts, their
+    state sharded over the dp x cp / ep ranks holding the same, and a token's MLP activations
+    are its k experts' (an MLP of width k x expert_ffn)."""
     best = (0, 0, 0)
     per_param = state_bytes_per_param(elem_bytes, dp * cp, grad_bytes)
+    per_expert_param = state_bytes_per_param(elem_bytes, max(1, dp * cp // ep), grad_bytes)
     local = seq // cp      # the positions of a context-parallel rank (the weights are the whole model's)
+    mlp_width = topk * expert_ffn if experts else ffn
     layer_bytes = {level: layer_activation_bytes(seq=local, micro_batch=micro_batch, hidden=hidden, heads=heads,
                                                  tp=tp, elem_bytes=elem_bytes, recompute=level, dropout=dropout,
-                                                 sequence_parallel=sequence_parallel, ffn=ffn, kv=kv, gated=llama,
+                                                 sequence_parallel=sequence_parallel, ffn=mlp_width, kv=kv,
+                                                 gated=llama,
                                                  flash=flash, modules=recompute_modules)
                    for level in {recompute, "none"}}
     if stage_layers is not None and len(stage_layers) != pp:
@@ -191,7 +212,12 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
     for stage in stages:
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage,
-                                                         stage_layers=counts[stage], kv=kv, llama=llama))
+                                                         stage_layers=counts[stage], kv=kv, llama=llama,
+                                                         experts=experts))
+        if experts:
+            state += math.floor(per_expert_param * stage_expert_parameters(
+                layers=layers, hidden=hidden, tp=tp, pp=pp, experts=experts, expert_ffn=expert_ffn, ep=ep,
+                stage_layers=counts[stage], llama=llama))
         loss_softmax = 4 * local * micro_batch * vocab // tp if stage == pp - 1 else 0
         if chunks > 1:      # chunk forwards whose activations are kept
             in_flight = min(2 * (pp - stage - 1) + (chunks - 1) * (microbatch_group or pp) + 1,

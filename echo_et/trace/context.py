@@ -58,7 +58,8 @@ class RankContext:
 
     def group(self, role: str):
         """This rank's torch ProcessGroup for ``role`` ("tp", "dp", "pp", "world"; with context
-        parallelism "cp" and "dp_cp"; or a derived role: "embd", "mp").
+        parallelism "cp" and "dp_cp"; with expert parallelism "ep", "edp" and "tp_ep"; or a
+        derived role: "embd", "mp").
 
         Groups are made with ``new_group(..., use_local_synchronization=True)`` so that only
         their members take part, and carry the role as ``group_desc``."""
@@ -96,5 +97,7 @@ GROUP_ORDER = ("tp", "dp", "pp", "embd", "mp")
 
 
 def group_order(layout: ParallelLayout) -> tuple[str, ...]:
-    """:data:`GROUP_ORDER`, with the context-parallel groups after it where the layout has them."""
-    return GROUP_ORDER + (("cp", "dp_cp") if layout.cp > 1 else ())
+    """:data:`GROUP_ORDER`, with the context-parallel groups after it where the layout has them,
+    then the expert-parallel ones."""
+    return (GROUP_ORDER + (("cp", "dp_cp") if layout.cp > 1 else ())
+            + (("ep", "edp", "tp_ep") if layout.ep > 1 else ()))

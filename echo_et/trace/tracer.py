@@ -42,7 +42,7 @@ from echo_et.ir import Job, JobBuilder, check_job
 from echo_et.ir.conventions import WORKLOAD_ATTR
 from echo_et.ir.limits import MAX_TRACE_STEPS, fills_nodes
 from echo_et.trace.identity import structure_hash
-from echo_et.trace.layout import CP_ROLE, DERIVED_ROLES, ROLES, ParallelLayout
+from echo_et.trace.layout import CP_ROLE, DERIVED_ROLES, EP_ROLE, ROLES, ParallelLayout
 from echo_et.trace.parallel import can_fork, trace_in_parallel
 from echo_et.trace.records import CommRecord
 from echo_et.trace.session import RankRun, trace_rank
@@ -109,7 +109,7 @@ def group_key(layout: ParallelLayout, rank: int, rec: CommRecord) -> str:
 
 
 def _layout_key(key: str) -> bool:
-    return key in ROLES or key == CP_ROLE or key in DERIVED_ROLES or key == "world"
+    return key in ROLES or key in (CP_ROLE, EP_ROLE) or key in DERIVED_ROLES or key == "world"
 
 
 class _Tracer:
@@ -254,6 +254,8 @@ class _Tracer:
         m.layout.dp, m.layout.tp, m.layout.pp = lay.dp, lay.tp, lay.pp
         if lay.cp > 1:
             m.layout.cp = lay.cp
+        if lay.ep > 1:
+            m.layout.ep = lay.ep
         m.layout.microbatches = lay.microbatches
         m.layout.zero_stage = lay.zero
         m.layout.source = "traced"

@@ -152,11 +152,16 @@ class GradientSync:
                  buffers: list[list[nn.Parameter]] | None = None, flatten: bool = False,
                  reduce_scatter: bool = True, gather_in_forward: list[nn.Module] | None = None,
                  align_gather: bool = False, align_reduce: bool = False,
-                 alone: list[nn.Parameter] | None = None, gather_with_step: bool = False):
+                 alone: list[nn.Parameter] | None = None, gather_with_step: bool = False,
+                 average_over: int | None = None):
+        """``average_over``: the ranks the reduced gradients are averaged over (the group's
+        size by default; Megatron-Core averages the expert parameters' over the dense
+        data-parallel ranks, whose tokens their gradients sum)."""
         self.group = group
         self.reduce_scatter = reduce_scatter
         self.flatten = flatten and not zero
         self.dp = dist.get_world_size(group)
+        self.divisor = average_over or self.dp
         self.rank = dist.get_rank(group)
         self.zero = zero
         self.overlap = overlap
@@ -277,10 +282,11 @@ class GradientSync:
             if chunk is None or b.chunk == chunk:
                 b.armed, b.pending = True, len(b.params)
 
-    def finish_and_step(self, before_step=None) -> None:
+    def finish_and_step(self, before_step=None, step: bool = True) -> None:
         """Wait for the gradient collectives, average, update, and (ZeRO-1) gather.
         ``before_step()`` runs between the reduction and the optimizer (Megatron all-reduces
-        the shared embedding's gradient there)."""
+        the shared embedding's gradient there). ``step`` False: stop before the optimizer
+        (:meth:`step` runs it: :class:`ChainedSync`)."""
         if self.align_reduce:     # Megatron's "launch any remaining grad reductions", chunk order
             for c in sorted({b.chunk for b in self.buckets}):
                 self.reduce_chunk(c)
@@ -297,7 +303,7 @@ class GradientSync:
                     self._flattened_all_reduce(b.params)
                     continue
                 target = b.grad_shard if self.zero else b.grad
-                b.grad.div_(self.dp)
+                b.grad.div_(self.divisor)
                 with comm_span(self.group):
                     if self.zero and self.reduce_scatter:
                         _reduce_scatter(target, b.grad, group=self.group)
@@ -307,7 +313,8 @@ class GradientSync:
                     self._keep_shard(b)
             if before_step is not None:
                 before_step()
-            self._step()
+            if step:
+                self.step()
             return
         for b in self.buckets:
             if b.work is not None:
@@ -317,16 +324,19 @@ class GradientSync:
             if self.zero:
                 if self.dp == 1:
                     b.grad_shard.copy_(b.grad)
+                    if self.divisor > 1:
+                        b.grad_shard.div_(self.divisor)
                 elif self.reduce_scatter:
-                    b.grad_shard.div_(self.dp)
+                    b.grad_shard.div_(self.divisor)
                 else:
-                    b.grad.div_(self.dp)
+                    b.grad.div_(self.divisor)
                     self._keep_shard(b)
-            elif self.dp > 1:
-                b.grad.div_(self.dp)
+            elif self.divisor > 1:
+                b.grad.div_(self.divisor)
         if before_step is not None:
             before_step()
-        self._step()
+        if step:
+            self.step()
 
     def _keep_shard(self, b: _Bucket) -> None:
         """This rank's shard of an all-reduced bucket, for the optimizer over the shard."""
@@ -362,7 +372,7 @@ class GradientSync:
             bucket.append(g)
             numel += g.numel()
             if numel > DEEPSPEED_BUCKET_ELEMENTS or p is params[-1]:
-                all_reduce_flattened(bucket, self.group, scale=1.0 / self.dp)
+                all_reduce_flattened(bucket, self.group, scale=1.0 / self.divisor)
                 bucket, numel = [], 0
 
     def start_step(self) -> None:
@@ -420,7 +430,8 @@ class GradientSync:
                     self._issue_gather(b.chunk)   # the chain's next, while these layers run
         return hook
 
-    def _step(self) -> None:
+    def step(self) -> None:
+        """The optimizer, then (ZeRO-1, gathers not in the forward) the weights' all-gathers."""
         if self.gather_with_step and self._gather_order:
             self._step_then_gather_first_chunk()
         else:
@@ -433,3 +444,39 @@ class GradientSync:
                     _all_gather(b.param_flat, shard, group=self.group)
         for b in self.buckets:
             b.grad.zero_()
+
+
+class ChainedSync:
+    """Megatron-Core's data-parallel reduction of a model with experts: the dense and the expert
+    parameters in buffers of their own, each reduced over its group (the expert ones over the
+    ranks holding the same experts), then its ``ChainedOptimizer``: each part's optimizer (its
+    own gradient norm) in turn. The first sync's settings (overlap, alignment) are the
+    schedule's."""
+
+    def __init__(self, syncs: list[GradientSync]):
+        self.syncs = syncs
+        self.overlap = syncs[0].overlap
+        self.align_reduce = syncs[0].align_reduce
+        self.align_gather = syncs[0].align_gather
+
+    def arm(self, chunk: int | None = None) -> None:
+        for s in self.syncs:
+            s.arm(chunk)
+
+    def reduce_chunk(self, chunk: int) -> None:
+        for s in self.syncs:
+            s.reduce_chunk(chunk)
+
+    def start_step(self) -> None:
+        for s in self.syncs:
+            s.start_step()
+
+    def gather_chunk(self, chunk: int) -> None:
+        for s in self.syncs:
+            s.gather_chunk(chunk)
+
+    def finish_and_step(self, before_step=None) -> None:
+        for i, s in enumerate(self.syncs):
+            s.finish_and_step(before_step if i == 0 else None, step=False)
+        for s in self.syncs:
+            s.step()

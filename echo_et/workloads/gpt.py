@@ -71,6 +71,10 @@ class _GPTRank:
         # with them (they hold the same weights), whose gradients Megatron-Core reduces together
         self.cp_group = ctx.group("cp") if layout.cp > 1 else None
         grad_group = ctx.group("dp_cp") if layout.cp > 1 else dp_group
+        # mixture of experts: the tokens' exchange groups, and the expert parameters' gradient
+        # group (the ranks holding the same experts; the dense one without expert parallelism)
+        moe_groups = (ctx.group("ep"), ctx.group("tp_ep")) if cfg.num_experts and layout.ep > 1 else None
+        expert_group = ctx.group("edp") if moe_groups else grad_group
         self.device = torch.device(ctx.device)
         self.dtype = getattr(torch, cfg.dtype)
         self.stage = ctx.pp_rank
@@ -88,7 +92,8 @@ class _GPTRank:
                               per_chunk, tp_group, gen=gen, device=self.device, dtype=self.dtype,
                               first=self.stage == 0 and c == 0,
                               last=last_stage and c == self.chunks - 1,
-                              chunk=c if self.chunks > 1 else None, cp_group=self.cp_group)
+                              chunk=c if self.chunks > 1 else None, cp_group=self.cp_group,
+                              moe_groups=moe_groups)
                        for c in range(self.chunks)]
         # the chunk whose word embedding is shared: the first chunk of the first stage, the
         # last chunk of the last stage (chunk 0 of any other stage, which has none)
@@ -137,21 +142,32 @@ class _GPTRank:
             # (nowhere with the first chunk's gathers after its optimizer step)
             caps = [cap if self.stage == 0 and c == 0 and not cfg.overlap_param_gather_with_optimizer_step
                     else 1 << 62 for c in range(self.chunks)]
+        from echo_et.workloads.moe import is_expert
+
+        params = [p for m in self.models for p in m.ddp_parameters()]
+        dense = [p for p in params if not is_expert(p)]
+        experts = [p for p in params if is_expert(p)]
+        buffers = [m.ddp_parameters() for m in self.models] if self.chunks > 1 else None
+        bucket_bytes = (caps if self.chunks > 1 else caps[0]) if cfg.overlap_grad_reduce else cap
+        common = {"zero": layout.zero, "optimizer_factory": factory, "overlap": cfg.grad_sync == "overlap",
+                  "grad_dtype": getattr(torch, cfg.grad_buffer_dtype), "buffers": buffers,
+                  "flatten": self.deepspeed, "reduce_scatter": cfg.grad_reduce_scatter,
+                  # Megatron-LM aligns both across the stages with the interleaved schedule, and
+                  # without it issues the later stages' reductions after the schedule
+                  "align_gather": self.chunks > 1 and cfg.align_param_gather,
+                  "align_reduce": cfg.overlap_grad_reduce and cfg.align_grad_reduce
+                  and (self.chunks > 1 or self.stage > 0),
+                  "gather_with_step": cfg.overlap_param_gather_with_optimizer_step}
         self.sync = GradientSync(
-            [p for m in self.models for p in m.ddp_parameters()], grad_group, zero=layout.zero,
-            bucket_bytes=(caps if self.chunks > 1 else caps[0]) if cfg.overlap_grad_reduce else cap,
-            optimizer_factory=factory,
-            overlap=cfg.grad_sync == "overlap", grad_dtype=getattr(torch, cfg.grad_buffer_dtype),
-            buffers=[m.ddp_parameters() for m in self.models] if self.chunks > 1 else None,
-            flatten=self.deepspeed, reduce_scatter=cfg.grad_reduce_scatter,
+            dense, grad_group, bucket_bytes=bucket_bytes,
             gather_in_forward=self.models if cfg.overlap_param_gather else None,
-            # Megatron-LM aligns both across the stages with the interleaved schedule, and
-            # without it issues the later stages' reductions after the schedule
-            align_gather=self.chunks > 1 and cfg.align_param_gather,
-            align_reduce=cfg.overlap_grad_reduce and cfg.align_grad_reduce and (self.chunks > 1 or self.stage > 0),
-            alone=self._shared_embedding() if cfg.overlap_grad_reduce and layout.zero else None,
-            gather_with_step=cfg.overlap_param_gather_with_optimizer_step,
-        )
+            alone=self._shared_embedding() if cfg.overlap_grad_reduce and layout.zero else None, **common)
+        if experts:
+            from echo_et.workloads.data_parallel import ChainedSync
+
+            expert_sync = GradientSync(experts, expert_group, bucket_bytes=bucket_bytes,
+                                       average_over=layout.dp * layout.cp, **common)
+            self.sync = ChainedSync([self.sync, expert_sync])
         data_gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 104729 * ctx.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (layout.microbatches, cfg.micro_batch, cfg.seq + 1),
                                generator=data_gen)
@@ -485,13 +501,15 @@ def _stage_class():
     class Stage(nn.Module):
         def __init__(self, cfg: GPTConfig, layout: ParallelLayout, stage: int, first_layer: int,
                      count: int, group, *, gen, device, dtype, first: bool | None = None,
-                     last: bool | None = None, chunk: int | None = None, cp_group=None):
+                     last: bool | None = None, chunk: int | None = None, cp_group=None, moe_groups=None):
             """``first`` / ``last``: whether this holds the model's first / last layers (the
             first / last stage's by default; a model chunk's with interleaved stages).
             ``chunk``: this model chunk's index on its stage, with interleaved stages (each
             chunk records its own layer: a layer is recorded until its backward, which
             another chunk's backward can come before). ``cp_group``: the context-parallel
-            group (None without one): each rank holds its chunks of the sequence."""
+            group (None without one): each rank holds its chunks of the sequence.
+            ``moe_groups``: the "ep" and "tp_ep" groups of a model with experts and expert
+            parallelism (:mod:`echo_et.workloads.moe`)."""
             super().__init__()
             kw = {"gen": gen, "device": device, "dtype": dtype}
             self.cfg = cfg
@@ -516,7 +534,8 @@ def _stage_class():
                     with torch.no_grad():
                         self.pos.normal_(0.0, 0.02, generator=gen)
             if self.megatron:
-                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, cp_group=cp_group, **kw)
+                self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, cp_group=cp_group,
+                                                                   moe_groups=moe_groups, **kw)
                                             for _ in range(count))
             else:
                 self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))

@@ -46,6 +46,7 @@ def recompute_module_names(modules: str) -> tuple[str, ...]:
 # refuses only what surely cannot finish, before any work.
 NODES_PER_LAYER = 200            # recorded nodes of a layer's forward and backward (280 measured)
 NODES_PER_RING_STEP = 40         # what each further context-parallel rank adds to a layer (45 measured)
+NODES_PER_LOCAL_EXPERT = 15     # what each local expert of a MoE layer adds to it (about 20 measured)
 HOST_BYTES_PER_LAYER = 100_000   # a layer's modules and records in host memory (210 KB measured)
 TOKEN_BYTES = 24                 # a token's int64 id, input and label, on the host whatever the device
 
@@ -207,6 +208,13 @@ class GPTConfig:
     # all-gathers are issued right after it, while the other chunks' shards are updated; no
     # chunk is cut into buckets (Megatron turns bucketing off with it).
     overlap_param_gather_with_optimizer_step: bool = False
+    # Mixture of experts (Megatron-Core's --num-experts E, --moe-router-topk K,
+    # --moe-ffn-hidden-size F): every layer's MLP is E experts of inner width F (0: ffn_size),
+    # each token routed to K of them, through the "alltoall" token dispatcher over the layout's
+    # expert-parallel groups (its ep; :mod:`.moe`); 0 experts: the dense MLP. Megatron flavour.
+    num_experts: int = 0
+    moe_topk: int = 2
+    moe_ffn_hidden: int = 0
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -227,6 +235,11 @@ class GPTConfig:
     def ffn_size(self) -> int:
         """The MLP's inner width: ``ffn_hidden``, or ``ffn_mult`` x hidden."""
         return self.ffn_hidden or self.ffn_mult * self.hidden
+
+    @property
+    def moe_ffn_size(self) -> int:
+        """Each expert's inner width: ``moe_ffn_hidden``, or the dense MLP's."""
+        return self.moe_ffn_hidden or self.ffn_size
 
     @property
     def query_groups(self) -> int:
@@ -460,8 +473,46 @@ class GPTConfig:
         self.check_pipeline_engine(layout)
         self.check_sequence_parallel(layout)
         self.check_context_parallel(layout)
+        self.check_experts(layout)
         self.check_virtual_stages(layout)
         self.check_footprint(layout, device)
+
+    def check_experts(self, layout: ParallelLayout) -> None:
+        """Megatron-Core's rules for a mixture of experts, and this model's: experts split
+        evenly over the expert-parallel ranks, k of them per token, sequence parallelism with
+        tp > 1 (Megatron-Core asserts it), the dispatcher's rows spread evenly over the
+        expert-parallel ranks (balanced routing, :mod:`.moe`)."""
+        where = f"layout {layout.describe()}"
+        e, k = self.num_experts, self.moe_topk
+        if e < 0 or self.moe_ffn_hidden < 0:
+            raise EchoError(f"{where}: experts and their MLP width must be >= 0, got {e} and {self.moe_ffn_hidden}")
+        if not e:
+            if layout.ep > 1:
+                raise EchoError(f"{where}: expert parallelism (ep {layout.ep}) needs a mixture of experts "
+                                "(experts > 0)")
+            return
+        if self.attention != "megatron":
+            raise EchoError(f"{where}: a mixture of experts is Megatron-Core's (megatron-gpt)")
+        if e % layout.ep:
+            raise EchoError(f"{where}: ep ({layout.ep}) must divide the experts ({e})")
+        if not 1 <= k <= e:
+            raise EchoError(f"{where}: experts per token (top-k {k}) must be from 1 to the experts ({e})")
+        if layout.tp > 1 and not self.sequence_parallel:
+            raise EchoError(f"{where}: a mixture of experts with tp ({layout.tp}) > 1 needs sequence parallelism "
+                            "(Megatron-Core asserts it)")
+        if self.pipeline_engine != "megatron" or self.partition_activations:
+            raise EchoError(f"{where}: a mixture of experts is Megatron-Core's; DeepSpeed's pipeline engine and "
+                            "partitioned activation checkpoints do not run with it here")
+        if self.recomputes_mlp:
+            raise EchoError(f"{where}: selective recomputation of the mlp module is the dense MLP's; Megatron-Core's "
+                            "moe module (the experts' recomputation) is not modelled")
+        if self.overlap_param_gather:
+            raise EchoError(f"{where}: the weights' all-gathers overlapped with the forward are not modelled with a "
+                            "mixture of experts")
+        tokens = self.seq // layout.cp // (layout.tp if self.sequence_parallel else 1) * self.micro_batch
+        if (tokens * k) % layout.ep:
+            raise EchoError(f"{where}: a rank's {tokens} tokens x top-k {k} do not spread evenly over ep "
+                            f"({layout.ep}) ranks (routing is modelled as balanced)")
 
     def check_context_parallel(self, layout: ParallelLayout) -> None:
         """Megatron-Core's rules for context parallelism (cp > 1): its attention is Transformer
@@ -715,7 +766,8 @@ class GPTConfig:
         where = f"layout {layout.describe()}"
         per_stage = max(self.stage_layer_counts(layout.pp))
         traced_mbs = 1 if device == "meta" else layout.microbatches  # meta records one, repeats it
-        per_layer = NODES_PER_LAYER + NODES_PER_RING_STEP * (layout.cp - 1)
+        per_layer = (NODES_PER_LAYER + NODES_PER_RING_STEP * (layout.cp - 1)
+                     + NODES_PER_LOCAL_EXPERT * (self.num_experts // layout.ep))
         nodes = per_layer * per_stage * traced_mbs * (2 if self.recomputes_layers else 1)
         if nodes > MAX_GRAPH_NODES:
             times = "".join(f" x {n:,} {what}" for n, what in ((traced_mbs, "micro-batches"),
@@ -749,10 +801,13 @@ class GPTConfig:
         ``tp``; forward and backward are 3 forwards. Hardware FLOPs add what recomputation runs
         again: the forward of every recomputed layer (full; over ``pp`` stages with the block
         method) or the core attention's two batched products (selective). What MFU and the
-        Megatron-LM paper's teraFLOP/s are computed from."""
+        Megatron-LM paper's teraFLOP/s are computed from. With experts, a token's MLP is its
+        k experts' and the router's GEMM (the active parameters')."""
         h, s, f = self.hidden, self.seq, self.ffn_size
         kv = h // self.heads * self.query_groups          # the width of K and of V
         mlp = (6 if self.llama else 4) * h * f            # SwiGLU's first projection is twice as wide
+        if self.num_experts:      # each token through k experts, and the router
+            mlp = self.moe_topk * (6 if self.llama else 4) * h * self.moe_ffn_size + 2 * h * self.num_experts
         layer = 4 * h * h + 4 * h * kv + mlp + 4 * s * h  # per token: Q and projection, K and V, MLP; attention
         tokens = sequences * s
         model = 3 * tokens * (self.layers * layer + 2 * h * self.padded_vocab(tp))
@@ -767,10 +822,13 @@ class GPTConfig:
         h, f = self.hidden, self.ffn_size
         kv = h // self.heads * self.query_groups
         v = self.padded_vocab(1)
+        e, fe = self.num_experts, self.moe_ffn_size
         if self.llama:      # no biases, one weight per RMSNorm, no learned positions
-            block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+            mlp = e * 3 * h * fe + e * h if e else 3 * h * f
+            block = 2 * h * h + 2 * h * kv + mlp + 2 * h
             return self.layers * block + v * h + h + (0 if self.tie_embeddings else h * v)
-        block = 2 * h * h + 2 * h * kv + (h + 2 * kv) + h + 2 * h * f + f + h + 4 * h
+        mlp = e * (2 * h * fe + fe + h) + e * h if e else 2 * h * f + f + h
+        block = 2 * h * h + 2 * h * kv + (h + 2 * kv) + h + mlp + 4 * h
         head = 0 if self.tie_embeddings else h * v + v
         return self.layers * block + v * h + self.seq * h + 2 * h + head
 
@@ -791,7 +849,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "flash_attention": False, "gradient_accumulation_fusion": False, "overlap_grad_reduce": False,
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
     "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
-    "recompute_modules": "core_attn", "cp_comm_type": "p2p",
+    "recompute_modules": "core_attn", "cp_comm_type": "p2p", "num_experts": 0, "moe_topk": 2, "moe_ffn_hidden": 0,
 }
 
 

@@ -141,9 +141,12 @@ def megatron_block_class():
         """One transformer layer on ``[s, b, h]`` input (see the module docstring); with
         ``cfg.arch`` "llama", Megatron-LM's Llama layer (:class:`LlamaParts`)."""
 
-        def __init__(self, cfg, tp: int, group, *, gen, device, dtype, cp_group=None):
+        def __init__(self, cfg, tp: int, group, *, gen, device, dtype, cp_group=None, moe_groups=None):
             """``cp_group``: the context-parallel group, whose ranks hold the sequence in
-            chunks (:mod:`echo_et.workloads.context_parallel`); None without one."""
+            chunks (:mod:`echo_et.workloads.context_parallel`); None without one.
+            ``moe_groups``: with experts (``cfg.num_experts``), the rank's "ep" and "tp_ep"
+            groups (None where there is no expert parallelism): the MLP is a mixture of
+            experts (:mod:`echo_et.workloads.moe`)."""
             super().__init__()
             self.cp_group = cp_group
             h = cfg.hidden
@@ -171,8 +174,18 @@ def megatron_block_class():
             self.qkv = ColumnParallelLinear(h, qkv, group, **kw, **sp)
             self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw, **sp)
             self.ln2 = self._norm(cfg, device, dtype)
-            self.fc1 = ColumnParallelLinear(h, ffn, group, skip_bias_add=True, **kw, **sp)
-            self.fc2 = RowParallelLinear(cfg.ffn_size, h, group, skip_bias_add=True, **kw, **sp)
+            self.moe = None
+            if cfg.num_experts:
+                from echo_et.workloads.moe import MoEMLP
+
+                ep_group, tp_ep_group = moe_groups or (None, None)
+                cp = dist.get_world_size(cp_group) if cp_group is not None else 1
+                seq = cfg.seq // cp // (tp if cfg.sequence_parallel else 1)
+                self.moe = MoEMLP(cfg, group if tp > 1 else None, ep_group, tp_ep_group,
+                                  tokens=seq * cfg.micro_batch, **kw)
+            else:
+                self.fc1 = ColumnParallelLinear(h, ffn, group, skip_bias_add=True, **kw, **sp)
+                self.fc2 = RowParallelLinear(cfg.ffn_size, h, group, skip_bias_add=True, **kw, **sp)
             if self.qkv.sequence_parallel:      # the layer norms run on s / tp rows
                 mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
 
@@ -254,6 +267,9 @@ def megatron_block_class():
         def mlp(self, x: torch.Tensor) -> torch.Tensor:
             """The MLP up to the second GEMM's output, its bias left to the caller (the GPT
             layer's GeLU, the llama layer's SwiGLU); checkpointed with the "mlp" module."""
+            if self.moe is not None:
+                return self.moe(x)
+
             def run(y: torch.Tensor) -> torch.Tensor:
                 h, b = self.fc1(y)
                 return self.fc2(fused.swiglu(h) if self.llama is not None else fused.bias_gelu(h, b))[0]
@@ -266,6 +282,8 @@ def megatron_block_class():
             out, bias = self.attention(self.normed(self.ln1, x))
             x = bias_dropout_add(out, bias, x, self.p)
             out = self.mlp(self.normed(self.ln2, x))
+            if self.moe is not None:        # the experts added their own biases
+                return x + dropout(out, self.p)
             return bias_dropout_add(out, self.fc2.bias, x, self.p)
 
     return MegatronBlock

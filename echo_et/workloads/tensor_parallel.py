@@ -121,7 +121,7 @@ class _FusedWgradLinear(torch.autograd.Function):
         return grad_input, accumulate_weight_grad(x, grad, weight)
 
 
-def _linear(x: torch.Tensor, weight: nn.Parameter, bias: torch.Tensor | None, fusion: bool) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: nn.Parameter, bias: torch.Tensor | None, fusion: bool) -> torch.Tensor:
     """``F.linear``, or with gradient-accumulation fusion Megatron's GEMM and bias add."""
     if not fusion:
         return F.linear(x, weight, bias)
@@ -227,7 +227,7 @@ def reduce_from_region(x: torch.Tensor, group) -> torch.Tensor:
     return _ReduceFromRegion.apply(x, group) if _size(group) > 1 else x
 
 
-def _init(weight: torch.Tensor, gen: torch.Generator | None) -> None:
+def init_weight(weight: torch.Tensor, gen: torch.Generator | None) -> None:
     if gen is None:          # the meta device: nothing to draw
         return
     with torch.no_grad():
@@ -252,7 +252,7 @@ class ColumnParallelLinear(nn.Module):
         local = out_features // _size(group)
         self.weight = nn.Parameter(torch.empty(local, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(local, device=device, dtype=dtype)) if bias else None
-        _init(self.weight, gen)
+        init_weight(self.weight, gen)
 
     def forward(self, x: torch.Tensor):
         if self.sequence_parallel:
@@ -261,8 +261,8 @@ class ColumnParallelLinear(nn.Module):
             return (out, self.bias) if self.skip_bias_add else out
         x = copy_to_region(x, self.group)
         if self.skip_bias_add:
-            return _linear(x, self.weight, None, self.fusion), self.bias
-        return _linear(x, self.weight, self.bias, self.fusion)
+            return linear(x, self.weight, None, self.fusion), self.bias
+        return linear(x, self.weight, self.bias, self.fusion)
 
 
 class RowParallelLinear(nn.Module):
@@ -281,12 +281,12 @@ class RowParallelLinear(nn.Module):
         local = in_features // _size(group)
         self.weight = nn.Parameter(torch.empty(out_features, local, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
-        _init(self.weight, gen)
+        init_weight(self.weight, gen)
         if self.sequence_parallel and bias:
             mark_sequence_parallel(self.bias)
 
     def forward(self, x: torch.Tensor):
-        out = _linear(x, self.weight, None, self.fusion)
+        out = linear(x, self.weight, None, self.fusion)
         out = (reduce_scatter_to_sequence(out, self.group) if self.sequence_parallel
                else reduce_from_region(out, self.group))
         if self.skip_bias_add:
@@ -307,7 +307,7 @@ class VocabParallelEmbedding(nn.Module):
         self.start, self.end = vocab_range(vocab, group)
         self.weight = nn.Parameter(torch.empty(self.end - self.start, hidden, device=device,
                                                dtype=dtype))
-        _init(self.weight, gen)
+        init_weight(self.weight, gen)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if _size(self.group) == 1:

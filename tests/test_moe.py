@@ -1,0 +1,210 @@
+"""Mixture of experts (Megatron-Core's MoE layer with the alltoall dispatcher) and expert
+parallelism: the layout's groups and rank order, the refusals, real gloo runs whose reduced
+gradients do not depend on how the experts are split, the traced layer's collectives and
+bytes, the parameter and FLOP counts, the memory bound, and ``predict``."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_et.errors import EchoError
+from echo_et.trace.layout import ParallelLayout
+
+
+def test_expert_groups_are_cut_from_the_data_parallel_ranks() -> None:
+    """ep consecutive dp x cp ranks (Megatron-Core's tp-cp-ep-dp-pp order with expert tensor
+    parallelism tp), edp the ranks at the same place of every ep group, tp_ep their tp ranks
+    too; nothing multiplies the world."""
+    lay = ParallelLayout(tp=2, dp=4, pp=2, ep=2)
+    assert lay.world_size == 16 and lay.roles == ("tp", "dp", "pp", "ep")
+    assert lay.group_ranks("ep", 5) == (5, 7)
+    assert lay.group_ranks("edp", 5) == (1, 5)
+    assert lay.group_ranks("tp_ep", 5) == (4, 5, 6, 7)
+    assert lay.group_ranks("ep", 9) == (9, 11)
+    assert lay.expert_coords(7) == (1, 1)
+    assert lay.all_groups("ep") == [(0, 2), (1, 3), (4, 6), (5, 7), (8, 10), (9, 11), (12, 14), (13, 15)]
+    # with context parallelism the ep groups run over cp first, then dp (the dp_cp order)
+    cp = ParallelLayout(tp=1, dp=2, cp=2, ep=4)
+    assert cp.group_ranks("ep", 2) == (0, 1, 2, 3) == cp.group_ranks("dp_cp", 2)
+    assert cp.group_ranks("edp", 3) == (3,)
+    assert "ep=4" in cp.describe()
+    with pytest.raises(EchoError, match=r"ep \(2\) must divide dp \(3\)"):
+        ParallelLayout(dp=3, ep=2)
+    with pytest.raises(EchoError, match="ep must be >= 1"):
+        ParallelLayout(ep=0)
+    # without expert parallelism: no role, and the derived groups are the dense ones
+    plain = ParallelLayout(tp=2, dp=2)
+    assert "ep" not in plain.roles and plain.group_ranks("edp", 1) == plain.group_ranks("dp", 1)
+
+
+MOE = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2, "vocab": 128, "num_experts": 4,
+       "moe_topk": 2, "arch": "llama", "ffn_hidden": 96, "flash_attention": True, "dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("change,layout,match", [
+    ({"num_experts": 6}, {"dp": 4, "ep": 4}, r"ep \(4\) must divide the experts \(6\)"),
+    ({"moe_topk": 5}, {"dp": 2, "ep": 2}, r"top-k 5\) must be from 1 to the experts \(4\)"),
+    ({"moe_topk": 0}, {"dp": 2}, "top-k 0"),
+    ({}, {"tp": 2, "dp": 2}, "needs sequence parallelism"),
+    ({"num_experts": 0}, {"dp": 2, "ep": 2}, "needs a mixture of experts"),
+    ({"num_experts": -1}, {"dp": 2}, "must be >= 0"),
+    ({"recompute": True, "recompute_granularity": "selective", "recompute_modules": "mlp"}, {"dp": 2},
+     "moe module"),
+    ({"seq": 3, "micro_batch": 1, "moe_topk": 1}, {"dp": 2, "ep": 2}, "do not spread evenly"),
+])
+def test_configurations_the_software_cannot_run_are_refused(change: dict, layout: dict, match: str) -> None:
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    cfg = GPTConfig.megatron(**{**MOE, **change})
+    with pytest.raises(EchoError, match=match):
+        cfg.validate(ParallelLayout(**layout))
+    with pytest.raises(EchoError, match="Megatron-Core's"):
+        GPTConfig(**{k: v for k, v in MOE.items() if k not in ("arch", "flash_attention")}).validate(
+            ParallelLayout(dp=2))
+
+
+def test_parameters_and_flops_count_experts() -> None:
+    """Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088): 46.7 B parameters, 12.9 B active
+    per token; a token's MLP FLOPs are its k experts' plus the router's."""
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    mixtral = GPTConfig.megatron(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, seq=4096,
+                                 vocab=32000, arch="llama", num_experts=8, moe_topk=2)
+    assert mixtral.parameters() / 1e9 == pytest.approx(46.7, abs=0.1)
+    dense = mixtral.replace(num_experts=0)
+    # the active parameters: two experts' and the router's
+    active = dense.parameters() + mixtral.layers * (3 * 4096 * 14336 + 8 * 4096)
+    assert active / 1e9 == pytest.approx(12.9, abs=0.1)
+    m, _ = mixtral.step_flops(1)
+    d, _ = dense.step_flops(1)
+    assert m - d == pytest.approx(3 * 4096 * 32 * (6 * 4096 * 14336 + 2 * 4096 * 8), rel=1e-12)
+
+
+REAL = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "micro_batch": 2, "vocab": 64, "num_experts": 4,
+        "moe_topk": 2, "dropout": 0.0, "flash_attention": True, "dtype": "float32"}
+
+
+@pytest.mark.parametrize("tp,extra", [(1, {}), (1, {"arch": "llama", "ffn_hidden": 48}),
+                                      (2, {"sequence_parallel": True, "arch": "llama", "ffn_hidden": 48}),
+                                      (1, {"recompute": True})])
+def test_real_run_reduces_the_gradients_of_unsplit_experts(tmp_path, tp: int, extra: dict) -> None:
+    """dp 4 gloo processes (x tp) run a step with the experts split over ep 2 and 4 ranks, and
+    whole on every rank (ep 1): the tokens all-to-all'd to the experts' ranks and back (and
+    all-gathered over the TP ranks), the expert gradients reduced over the ranks holding the same
+    experts and averaged over the data-parallel ranks, as Megatron-Core does: every parameter's
+    reduced gradient is the same, parameter by parameter, rank by rank."""
+    import torch
+    from gpt_real_runs import real_moe_grads
+
+    kw = {**REAL, **extra}
+    ref = real_moe_grads(tmp_path, dp=4, tp=tp, ep=1, **kw)
+    for ep in (2, 4):
+        got = real_moe_grads(tmp_path, dp=4, tp=tp, ep=ep, **kw)
+        experts = 0
+        for r, (g, want) in enumerate(zip(got, ref, strict=True)):
+            assert set(g) <= set(want) and len(g) > 10
+            experts += sum(".moe.fc" in k for k in g)
+            for k in g:
+                torch.testing.assert_close(g[k], want[k], rtol=1e-4, atol=1e-6, msg=f"ep {ep} rank {r} {k}")
+        # every rank holds its share of every layer's experts: 2 matrices (3 with a GPT MLP's biases: 4)
+        per = 2 if "arch" in extra else 4
+        assert experts == 4 * tp * REAL["layers"] * REAL["num_experts"] // ep * per
+
+
+# -- traced and predicted ------------------------------------------------------------------------
+TRACED = {**MOE, "layers": 4, "hidden": 256, "heads": 8, "seq": 512, "micro_batch": 1, "ffn_hidden": 512,
+          "num_experts": 8, "sequence_parallel": True}
+
+
+def _trace(**extra):
+    from echo_et.trace.tracer import TraceOptions, trace
+    from echo_et.workloads.gpt import build_gpt
+    from echo_et.workloads.gpt_config import GPTConfig
+
+    cfg = GPTConfig.megatron(**{**TRACED, **extra})
+    lay = ParallelLayout(tp=2, pp=2, dp=4, ep=2, microbatches=4)
+    return trace(build_gpt(cfg), lay, TraceOptions(device="meta", verify="stage", warmup_steps=0)).job
+
+
+def test_traced_job_holds_the_dispatch() -> None:
+    """ep in the manifest and the ep, edp and tp_ep groups; per layer and micro-batch the
+    tokens' counts gathered over tp_ep (forward), their rows all-to-all'd over ep twice each way
+    (T k rows of h: 256 tokens x 2 x 256 x 2 bytes) and all-gathered / reduce-scattered over the
+    TP ranks around the experts; the four local experts' GEMMs; the expert gradients reduced
+    over edp, in fp32, the dense ones over dp."""
+    from collections import Counter
+
+    from echo_et._proto import echo_et_pb2 as pb
+    from echo_et.ir import check_job
+    from echo_et.ir.schema import ROLE_NAMES, collective_name
+
+    job = _trace()
+    m = job.manifest
+    assert (m.layout.tp, m.layout.pp, m.layout.dp, m.layout.ep, job.world_size) == (2, 2, 4, 2, 16)
+    assert check_job(job) == []
+    assert len(job.graph_ids()) == 2
+    groups = {g.desc: (ROLE_NAMES[g.role], len(g.ranks)) for g in m.groups}
+    assert groups["ep"] == ("ep", 2) and groups["edp"] == ("custom", 2) and groups["tp_ep"] == ("custom", 4)
+    graph = job.graph(job.graph_ids()[0]).copy()
+    graph.expand()
+    per_layer = 2 * 4        # layers on the stage x micro-batches
+    comm = Counter((collective_name(n.collective.type), n.collective.group, n.collective.in_bytes)
+                   for n in graph if n.kind == pb.KIND_COLLECTIVE)
+    rows = 512 // 2 * 2      # a TP rank's tokens x top-k
+    assert comm[("all_to_all", "ep", rows * 256 * 2)] == 4 * per_layer
+    assert comm[("all_gather", "tp_ep", 8 * 8)] == per_layer
+    assert comm[("all_gather", "tp", rows * 256 * 2)] == 2 * per_layer       # forward, and the RS's backward
+    expert_params = 2 * 4 * (2 * 512 * 256 // 2 + 256 * 512 // 2)            # layers x local experts x (fc1 + fc2)
+    reduced = {(n.collective.group, n.collective.in_bytes) for n in graph if n.kind == pb.KIND_COLLECTIVE
+               and n.collective.in_bytes > 1 << 20}
+    assert ("edp", 4 * expert_params) in reduced
+    assert {g for g, _ in reduced} == {"edp", "dp"}
+    names = Counter(n.name.split(" ")[0] for n in graph if n.kind == pb.KIND_COMPUTE)
+    # fc1 and fc2 of 4 local experts, each way (the backward's data and weight gradients)
+    assert names["aten::mm"] >= 3 * 2 * 4 * per_layer
+
+
+def test_a_moe_job_predicts_as_node_by_node() -> None:
+    """The MoE job predicted in closed form (repeat blocks) is the node-by-node simulation to
+    the ns."""
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.config_sweep import models_for
+    from echo_et.passes import retime_compute
+    from echo_et.sim import SimOptions, simulate
+
+    compute, comm, slow = models_for(ConfigSweepOptions())
+    timed, _ = retime_compute(_trace(), compute)
+
+    def run(repeats: bool):
+        return simulate(timed, "predict", options=SimOptions(gpus_per_node=8, repeats=repeats),
+                        comm_model=comm, slowdown_model=slow)
+
+    placed, expanded = run(True), run(False)
+    a, b = placed.to_json(), expanded.to_json()
+    a.pop("events")
+    b.pop("events")
+    assert a == b
+    assert placed.events * 2 < expanded.events
+
+
+def test_expert_parallelism_across_nodes_costs_more(tmp_path) -> None:
+    """Predicted: the same job with its ep groups inside a node, then across nodes (2 GPUs a
+    node: every ep group of tp 2 x ep 2 spans two nodes), pays for the all-to-alls on the
+    network; the experts' compute is the same."""
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.predict_step import predict_config
+    from echo_et.models.cluster import Cluster
+
+    row = {k: TRACED[k] for k in ("layers", "hidden", "heads", "seq", "micro_batch")}
+    row.update({"global_batch": 16, "tp": 2, "pp": 1, "dp": 4, "ep": 2})
+    kw = {"arch": "llama", "ffn_hidden": 512, "flash_attention": True, "dtype": "bfloat16", "num_experts": 8,
+          "sequence_parallel": True}
+    inside = predict_config(row, ConfigSweepOptions(**kw))
+    across = predict_config(row, ConfigSweepOptions(cluster=Cluster(gpus_per_node=2), **kw))
+
+    def comm(p):
+        return p.result.ranks[p.result.slowest_rank].breakdown()["comm_ns"]
+
+    assert comm(across) > 1.5 * comm(inside)
+    assert across.result.step_time_ns > inside.result.step_time_ns
+    assert inside.to_json()["config"]["ep"] == 2
