@@ -208,3 +208,76 @@ def test_expert_parallelism_across_nodes_costs_more(tmp_path) -> None:
     assert comm(across) > 1.5 * comm(inside)
     assert across.result.step_time_ns > inside.result.step_time_ns
     assert inside.to_json()["config"]["ep"] == 2
+
+
+@pytest.mark.parametrize("extra", [{}, {"recompute": True}])
+def test_meta_trace_equals_a_cpu_trace_on_every_rank(extra: dict) -> None:
+    """The meta-device trace (each layer recorded once, nothing run) gives every rank the
+    kernels and communication a CPU trace that runs every operator gives."""
+    from echo_et.trace import TraceOptions, trace
+    from echo_et.trace.compare import comm_ops, kernel_ops
+    from echo_et.workloads import GPTConfig, build_gpt
+
+    cfg = GPTConfig.megatron(**{**REAL, "layers": 4, "arch": "llama", "ffn_hidden": 48, "sequence_parallel": True,
+                                "flash_attention": False,
+                                **extra})
+    lay = ParallelLayout(dp=2, tp=2, pp=2, ep=2, microbatches=3)
+    opts = {"verify": "all", "warmup_steps": 0}
+    cpu = trace(build_gpt(cfg), lay, TraceOptions(device="cpu", **opts)).job
+    meta = trace(build_gpt(cfg), lay, TraceOptions(device="meta", **opts)).job
+
+    # as tests/test_trace_meta.py: under the recorder's dispatch mode autograd's in-place
+    # accumulations run out of place (index_select's and topk's backward too, topk's zeros made
+    # from its input's shape), reading and writing the same tensors
+    def norm(ops):
+        out = []
+        for o in ops:
+            name = o[0].rstrip("_") if o[0] in ("aten::add_", "aten::index_add_", "aten::scatter_") else o[0]
+            out.append(("aten::zeros",) if name in ("aten::zeros", "aten::new_zeros") else (name, *o[1:]))
+        return out
+
+    for r in range(lay.world_size):
+        a, b = norm(kernel_ops(cpu.graph_of(r))), norm(kernel_ops(meta.graph_of(r)))
+        assert len(a) > 50 and a == b, f"rank {r}"
+        assert comm_ops(cpu.graph_of(r)) == comm_ops(meta.graph_of(r)), f"rank {r}"
+        assert any(op[1:3] == ("all_to_all", "ep") for op in comm_ops(meta.graph_of(r)))
+
+
+CLI = ["--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "512", "--micro-batch", "1", "--global-batch",
+       "16", "--tp", "2", "--pp", "1", "--dp", "4", "--arch", "llama", "--ffn-hidden-size", "512", "--flash-attn",
+       "--dtype", "bfloat16", "--sequence-parallel", "--num-experts", "8"]
+
+
+def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
+    """``predict`` with Megatron-Core's MoE flags: the header says the experts, the summary
+    records them and ep; ``sweep --configs`` reads an ep column with the same flags and gives the
+    same step; what Megatron-Core cannot run is one line naming the constraint."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["predict", *CLI, "--moe-router-topk", "2", "--expert-model-parallel-size", "2",
+                              "-o", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    assert "tp 2 x pp 1 x dp 4, 8 experts (top-2) over ep 2 = 8 a100 GPUs" in res.output
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["config"]["ep"] == 2 and summary["prediction"]["num_experts"] == 8
+    csv = tmp_path / "rows.csv"
+    csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,ep\n4,256,8,512,1,16,2,1,4,2\n")
+    res = runner.invoke(app, ["sweep", "--configs", str(csv), *CLI[CLI.index("--arch"):], "--json",
+                              "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["rows"][0]["predicted_ms"] == pytest.approx(summary["step_time_ns"] / 1e6, abs=1e-4)
+    for args, message in ((["--ep", "3"], "ep (3) must divide dp (4)"),
+                          (["--ep", "16"], "ep (16) must divide dp (4)"),
+                          (["--num-experts", "6", "--ep", "4"], "ep (4) must divide the experts (6)"),
+                          (["--moe-router-topk", "9"], "top-k 9) must be from 1 to the experts (8)"),
+                          (["--num-experts", "0", "--ep", "2"], "needs a mixture of experts"),
+                          (["--moe-router-topk", "0"], "--moe-router-topk"),
+                          (["--num-experts", "-2"], "--num-experts")):
+        res = runner.invoke(app, ["predict", *CLI, *args, "-o", str(tmp_path / "x")])
+        assert res.exit_code != 0 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
+        assert not (tmp_path / "x").exists()

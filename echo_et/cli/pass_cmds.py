@@ -29,6 +29,7 @@ from echo_et.cli.common import (
     ArchOpt,
     CpCommTypeOpt,
     DistOptOpt,
+    ExpertsOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
     FlashAttnOpt,
@@ -41,6 +42,7 @@ from echo_et.cli.common import (
     LastStageLayersOpt,
     MicrobatchGroupOpt,
     ModelOpt,
+    MoeFfnOpt,
     NoAlignGradReduceOpt,
     NoAlignParamGatherOpt,
     NoReduceScatterOpt,
@@ -57,6 +59,7 @@ from echo_et.cli.common import (
     RecomputeNumLayersOpt,
     SequenceParallelOpt,
     SyncTimersOpt,
+    TopkOpt,
     VirtualStagesOpt,
     VirtualStagesPerRankOpt,
     emit_json,
@@ -308,6 +311,9 @@ def sweep(
     no_align_param_gather: bool = NoAlignParamGatherOpt,
     gather_with_step: bool = GatherWithStepOpt,
     cp_comm_type: str | None = CpCommTypeOpt,
+    num_experts: int = ExpertsOpt,
+    moe_topk: int = TopkOpt,
+    moe_ffn_hidden: int = MoeFfnOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -332,7 +338,8 @@ def sweep(
                                  overlap_param_gather=overlap_param_gather,
                                  no_align_grad_reduce=no_align_grad_reduce,
                                  no_align_param_gather=no_align_param_gather,
-                                 gather_with_step=gather_with_step, cp_comm_type=cp_comm_type)
+                                 gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
+                                 num_experts=num_experts, moe_topk=moe_topk, moe_ffn_hidden=moe_ffn_hidden)
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 
