@@ -281,3 +281,32 @@ def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
         res = runner.invoke(app, ["predict", *CLI, *args, "-o", str(tmp_path / "x")])
         assert res.exit_code != 0 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
         assert not (tmp_path / "x").exists()
+
+
+def test_trace_cli_writes_the_moe_job_and_its_command(tmp_path) -> None:
+    """``trace`` takes the same flags; the Job's manifest and provenance say them, ``layout``
+    reads ep from it and does not take the tp_ep groups' gathers for ZeRO's, and ``scale``
+    refuses to re-derive its expert groups (it cannot)."""
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+    from echo_et.ir import load_job
+    from echo_et.passes.layout import infer_layout
+
+    args = ["trace", "--workload", "megatron-gpt", "--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "512",
+            "--micro-batch", "1", "--tp", "2", "--dp", "4", "--ep", "2", "--num-experts", "8", "--moe-ffn-hidden-size",
+            "384", "--sequence-parallel", "--arch", "llama", "--flash-attn", "--dtype", "bfloat16", "--device", "meta",
+            "--verify", "stage", "--microbatches", "2"]
+    res = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "j")])
+    assert res.exit_code == 0, res.output
+    job = load_job(tmp_path / "j")
+    assert job.manifest.layout.ep == 2
+    said = job.manifest.provenance.command
+    assert "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 384" in said
+    assert "--expert-model-parallel-size 2" in said
+    decision = infer_layout(job)
+    assert (decision.ep, decision.zero) == (2, 0)
+    res = CliRunner().invoke(app, ["scale", str(tmp_path / "j"), "--dp", "8", "-o", str(tmp_path / "s")])
+    assert res.exit_code != 0 and "cannot re-derive it at another dp" in res.output
+    res = CliRunner().invoke(app, [*args[:-2], "--microbatches", "3", "--ep", "3", "-o", str(tmp_path / "k")])
+    assert res.exit_code != 0 and "ep (3) must divide dp (4)" in res.output and not (tmp_path / "k").exists()

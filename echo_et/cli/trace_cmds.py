@@ -21,6 +21,8 @@ from echo_et.cli.common import (
     CONTEXT_PARALLEL,
     CP_COMM_TYPE,
     CP_COMM_TYPE_HELP,
+    EXPERT_PARALLEL,
+    EXPERTS,
     FFN_HIDDEN,
     FIRST_STAGE_LAYERS,
     FLASH_ATTN,
@@ -30,6 +32,7 @@ from echo_et.cli.common import (
     LAST_STAGE_LAYERS,
     MICROBATCH_GROUP,
     MODEL,
+    MOE_FFN,
     NO_ALIGN_GRAD_REDUCE,
     NO_ALIGN_PARAM_GATHER,
     NO_REDUCE_SCATTER,
@@ -44,11 +47,14 @@ from echo_et.cli.common import (
     RECOMPUTE_NUM_LAYERS,
     SEQUENCE_PARALLEL_HELP,
     SYNC_TIMERS_HELP,
+    TOPK,
     VIRTUAL_STAGES_PER_RANK,
     AccountEmbeddingOpt,
     AccountLossOpt,
     ArchOpt,
     ContextParallelOpt,
+    ExpertParallelOpt,
+    ExpertsOpt,
     FfnHiddenOpt,
     FirstStageLayersOpt,
     FlashAttnOpt,
@@ -59,6 +65,7 @@ from echo_et.cli.common import (
     LastStageLayersOpt,
     MicrobatchGroupOpt,
     ModelOpt,
+    MoeFfnOpt,
     NoAlignGradReduceOpt,
     NoAlignParamGatherOpt,
     NoReduceScatterOpt,
@@ -70,6 +77,7 @@ from echo_et.cli.common import (
     RecomputeMethodOpt,
     RecomputeModulesOpt,
     RecomputeNumLayersOpt,
+    TopkOpt,
     VirtualStagesPerRankOpt,
     emit_json,
     guarded,
@@ -169,6 +177,10 @@ def trace(
     cp: int = ContextParallelOpt,
     cp_comm_type: str | None = typer.Option(None, CP_COMM_TYPE, metavar="TYPE",
                                             help="megatron-gpt: " + CP_COMM_TYPE_HELP),
+    ep: int = ExpertParallelOpt,
+    num_experts: int = ExpertsOpt,
+    moe_topk: int = TopkOpt,
+    moe_ffn_hidden: int = MoeFfnOpt,
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
@@ -221,7 +233,7 @@ def trace(
                             f"(= {m} micro-batches of {micro_batch} on {dp} data-parallel ranks)")
         microbatches = m
     microbatches = microbatches or 1
-    layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero, cp=cp)
+    layout = ParallelLayout(dp=dp, tp=tp, pp=pp, microbatches=microbatches, zero=zero, cp=cp, ep=ep)
     if world_size is not None:
         layout.check_world_size(world_size)
     check_node_fill(layout.world_size, gpus_per_node)
@@ -246,6 +258,7 @@ def trace(
                             (NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce),
                             (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
                             (GATHER_WITH_STEP, gather_with_step), (CP_COMM_TYPE, cp_comm_type is not None),
+                            (EXPERTS, bool(num_experts)), (TOPK, moe_topk != 2), (MOE_FFN, bool(moe_ffn_hidden)),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
                             (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
@@ -294,7 +307,9 @@ def trace(
                                 ("align_param_gather", False if no_align_param_gather
                                  and (virtual_layers or virtual_chunks or not overlap_param_gather) else None),
                                 ("overlap_param_gather_with_optimizer_step", gather_with_step or None),
-                                ("cp_comm_type", cp_comm_type))
+                                ("cp_comm_type", cp_comm_type),
+                                ("num_experts", num_experts or None), ("moe_topk", moe_topk if num_experts else None),
+                                ("moe_ffn_hidden", moe_ffn_hidden or None))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -390,9 +405,15 @@ def trace(
         parts.append(GATHER_WITH_STEP)
     if script is None and cfg.cp_comm_type != "p2p":
         parts += [CP_COMM_TYPE, cfg.cp_comm_type]
+    if script is None and cfg.num_experts:
+        parts += [EXPERTS, cfg.num_experts, TOPK, cfg.moe_topk]
+    if script is None and cfg.moe_ffn_hidden:
+        parts += [MOE_FFN, cfg.moe_ffn_hidden]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp]
     if cp > 1:
         parts += [CONTEXT_PARALLEL, cp]
+    if ep > 1:
+        parts += [EXPERT_PARALLEL, ep]
     parts += ["--zero", zero,
               "--device", device, "--verify", verify, "--warmup", warmup, "--steps", steps]
     if memory_limit is not None:

@@ -418,12 +418,15 @@ def geometric_role(mesh: Mesh, ranks: list[int]) -> str:
 
 
 def detect_zero(mesh: Mesh, job: Job, traffic: dict[int, GroupTraffic] | None = None) -> int:
-    """1 when the groups that span data parallelism carry reduce-scatter or all-gather."""
+    """1 when the groups that span data parallelism alone carry reduce-scatter or all-gather
+    (a group across the tp ranks too, as a mixture of experts' token exchange, is not a
+    gradient shard's)."""
     traffic = traffic if traffic is not None else group_traffic(job)
     if mesh.dp < 2:
         return 0
     for g in job.manifest.groups:
-        if not spans_axis(mesh, list(g.ranks), "dp"):
+        ranks = list(g.ranks)
+        if not spans_axis(mesh, ranks, "dp") or spans_axis(mesh, ranks, "tp") or spans_axis(mesh, ranks, "pp"):
             continue
         t = traffic.get(g.id)
         if t and (t.collectives.get(pb.COLL_REDUCE_SCATTER) or t.collectives.get(pb.COLL_ALL_GATHER)):
