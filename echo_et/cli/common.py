@@ -146,7 +146,8 @@ ExpertsOpt = typer.Option(
     help="Megatron-Core's mixture of experts (its flag): every layer's MLP is E experts, each token routed to "
          "--moe-router-topk of them through the alltoall token dispatcher (routing taken as balanced); 0: dense.")
 TOPK = "--moe-router-topk"
-TopkOpt = typer.Option(2, TOPK, metavar="K", help="Experts per token (Megatron-Core's flag; default 2).")
+TopkOpt = typer.Option(None, TOPK, metavar="K",
+                       help="Experts per token (Megatron-Core's flag; default --model's, else 2).")
 MOE_FFN = "--moe-ffn-hidden-size"
 MoeFfnOpt = typer.Option(0, MOE_FFN, metavar="N",
                          help="Each expert's MLP width (Megatron-Core's flag; 0: the dense MLP's, --ffn-hidden-size).")
@@ -336,7 +337,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
                       no_align_grad_reduce: bool = False, no_align_param_gather: bool = False,
                       gather_with_step: bool = False, cp_comm_type: str | None = None,
-                      num_experts: int = 0, moe_topk: int = 2, moe_ffn_hidden: int = 0) -> dict[str, Any]:
+                      num_experts: int = 0, moe_topk: int | None = None, moe_ffn_hidden: int = 0) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -402,7 +403,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "align_grad_reduce": not no_align_grad_reduce, "align_param_gather": not no_align_param_gather,
             "overlap_param_gather_with_optimizer_step": gather_with_step,
             "cp_comm_type": cp_comm_type or CP_COMM_TYPES[0],
-            "num_experts": num_experts, "moe_topk": moe_topk, "moe_ffn_hidden": moe_ffn_hidden,
+            "num_experts": num_experts, "moe_topk": 2 if moe_topk is None else moe_topk,
+            "moe_ffn_hidden": moe_ffn_hidden,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 

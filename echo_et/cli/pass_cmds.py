@@ -312,14 +312,15 @@ def sweep(
     gather_with_step: bool = GatherWithStepOpt,
     cp_comm_type: str | None = CpCommTypeOpt,
     num_experts: int = ExpertsOpt,
-    moe_topk: int = TopkOpt,
+    moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
     trace and predict every model configuration of a CSV, or, with --model and --gpus, every
     layout of one model on that many GPUs; table, JSON and PNG."""
-    shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads)
+    shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads, num_experts=num_experts,
+                         moe_topk=moe_topk, moe_ffn_hidden=moe_ffn_hidden)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  virtual_chunks=virtual_chunks, overlap_p2p=overlap_p2p,
                                  overlap_p2p_flush=overlap_p2p_flush,
@@ -339,7 +340,8 @@ def sweep(
                                  no_align_grad_reduce=no_align_grad_reduce,
                                  no_align_param_gather=no_align_param_gather,
                                  gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
-                                 num_experts=num_experts, moe_topk=moe_topk, moe_ffn_hidden=moe_ffn_hidden)
+                                 num_experts=shape.get("num_experts", 0), moe_topk=shape.get("moe_topk"),
+                                 moe_ffn_hidden=shape.get("moe_ffn_hidden", 0))
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

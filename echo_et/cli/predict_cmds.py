@@ -86,14 +86,17 @@ def models_cmd(as_json: bool = JsonOpt) -> None:
         cfg = GPTConfig.megatron(**shape.options())
         rows.append({"name": name, "arch": shape.arch, "layers": shape.layers, "hidden": shape.hidden,
                      "heads": shape.heads, "kv_heads": cfg.query_groups, "ffn_hidden": cfg.ffn_size,
-                     "seq": shape.seq, "vocab": shape.vocab, "parameters": cfg.parameters(), "source": shape.source})
+                     "seq": shape.seq, "vocab": shape.vocab, "experts": cfg.num_experts,
+                     "topk": cfg.moe_topk if cfg.num_experts else 0, "parameters": cfg.parameters(),
+                     "source": shape.source})
     if as_json:
         emit_json({"models": rows})
         return
     columns = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq", "vocab")
-    typer.echo(f"{'name':<14}" + "".join(f"{c:>11}" for c in columns[1:]) + f"{'params (B)':>12}")
+    typer.echo(f"{'name':<14}" + "".join(f"{c:>11}" for c in columns[1:]) + f"{'experts':>11}{'params (B)':>12}")
     for r in rows:
-        typer.echo(f"{r['name']:<14}" + "".join(f"{r[c]:>11}" for c in columns[1:])
+        experts = f"{r['experts']} top-{r['topk']}" if r["experts"] else "-"
+        typer.echo(f"{r['name']:<14}" + "".join(f"{r[c]:>11}" for c in columns[1:]) + f"{experts:>11}"
                    + f"{r['parameters'] / 1e9:>12.1f}")
     typer.echo("sources:")
     for source in dict.fromkeys(r["source"] for r in rows):
@@ -132,7 +135,7 @@ def predict_cmd(
     cp: int = ContextParallelOpt,
     cp_comm_type: str | None = CpCommTypeOpt,
     num_experts: int = ExpertsOpt,
-    moe_topk: int = TopkOpt,
+    moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
     ep: int = ExpertParallelOpt,
     recompute: bool = typer.Option(False, "--recompute",
@@ -193,13 +196,16 @@ def predict_cmd(
     from echo_et.workloads.gpt_config import DTYPES, GPTConfig
 
     shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
-                         ffn_hidden=ffn_hidden, kv_heads=kv_heads)
+                         ffn_hidden=ffn_hidden, kv_heads=kv_heads, num_experts=num_experts, moe_topk=moe_topk,
+                         moe_ffn_hidden=moe_ffn_hidden)
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in shape]
     if missing:
         fail(f"give --model NAME, or {', '.join(missing)} (the model's shape)")
     layers, hidden, heads = shape["layers"], shape["hidden"], shape["heads"]
     seq, vocab, arch = shape.get("seq", 2048), shape.get("vocab"), shape.get("arch")
     ffn_hidden, kv_heads = shape.get("ffn_hidden", 0), shape.get("kv_heads", 0)
+    num_experts, moe_topk = shape.get("num_experts", 0), shape.get("moe_topk")
+    moe_ffn_hidden = shape.get("moe_ffn_hidden", 0)
     if timeline_all and timeline_events is not None:
         raise OptionError("timeline_all", "give --timeline-events N or --timeline-all, not both")
     if dtype not in DTYPES:
@@ -280,7 +286,7 @@ def predict_cmd(
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + cp_said(cp, opts.cp_comm_type)
-               + experts_said(num_experts, moe_topk, moe_ffn_hidden, ep)
+               + experts_said(opts.num_experts, opts.moe_topk, opts.moe_ffn_hidden, ep)
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)

@@ -179,7 +179,7 @@ def trace(
                                             help="megatron-gpt: " + CP_COMM_TYPE_HELP),
     ep: int = ExpertParallelOpt,
     num_experts: int = ExpertsOpt,
-    moe_topk: int = TopkOpt,
+    moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
@@ -258,7 +258,7 @@ def trace(
                             (NO_ALIGN_GRAD_REDUCE, no_align_grad_reduce),
                             (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
                             (GATHER_WITH_STEP, gather_with_step), (CP_COMM_TYPE, cp_comm_type is not None),
-                            (EXPERTS, bool(num_experts)), (TOPK, moe_topk != 2), (MOE_FFN, bool(moe_ffn_hidden)),
+                            (EXPERTS, bool(num_experts)), (TOPK, moe_topk is not None), (MOE_FFN, bool(moe_ffn_hidden)),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
                             (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
@@ -272,10 +272,13 @@ def trace(
             raise EchoError(f"--workload {workload!r}: the built-in workloads are gpt and megatron-gpt "
                             "(or give --script file.py:build_fn)")
         shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
-                             ffn_hidden=ffn_hidden, kv_heads=kv_heads)
+                             ffn_hidden=ffn_hidden, kv_heads=kv_heads, num_experts=num_experts, moe_topk=moe_topk,
+                             moe_ffn_hidden=moe_ffn_hidden)
         layers, hidden, heads = shape.get("layers", 2), shape.get("hidden", 64), shape.get("heads", 4)
         seq, vocab, arch = shape.get("seq", 32), shape.get("vocab"), shape.get("arch")
         ffn_hidden, kv_heads = shape.get("ffn_hidden", 0), shape.get("kv_heads", 0)
+        num_experts, moe_topk = shape.get("num_experts", 0), shape.get("moe_topk")
+        moe_ffn_hidden = shape.get("moe_ffn_hidden", 0)
         kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync),
                                 ("scatter_gather_tensors_in_pipeline", scatter_gather),
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
@@ -308,7 +311,8 @@ def trace(
                                  and (virtual_layers or virtual_chunks or not overlap_param_gather) else None),
                                 ("overlap_param_gather_with_optimizer_step", gather_with_step or None),
                                 ("cp_comm_type", cp_comm_type),
-                                ("num_experts", num_experts or None), ("moe_topk", moe_topk if num_experts else None),
+                                ("num_experts", num_experts or None),
+                                ("moe_topk", (moe_topk or 2) if num_experts else None),
                                 ("moe_ffn_hidden", moe_ffn_hidden or None))
               if v is not None}
         if overlap_grad_reduce:

@@ -21,6 +21,9 @@ class ModelShape:
     vocab: int           # before Megatron pads it to a multiple of 128 x tp
     ffn_hidden: int = 0  # 0: 4 x hidden
     kv_heads: int = 0    # 0: one per head
+    num_experts: int = 0     # a mixture of experts: experts per layer (0: a dense MLP)
+    moe_topk: int = 0        # experts per token
+    moe_ffn_hidden: int = 0  # each expert's width (0: ffn_hidden)
     source: str = ""
 
     def options(self) -> dict[str, int | str]:
@@ -32,6 +35,9 @@ _GPT3 = "Brown et al. 2020 (arXiv 2005.14165), Table 2.1; GPT-2's 50257-token vo
 _MEGATRON = "Narayanan et al. 2021 (arXiv 2104.04473), Table 1; vocabulary 51200 as its scripts"
 _LLAMA2 = "Touvron et al. 2023 (arXiv 2307.09288) and Meta's released config.json"
 _LLAMA3 = "Llama Team 2024 (arXiv 2407.21783), Table 3, and Meta's released config.json"
+_MIXTRAL = "Jiang et al. 2024 (arXiv 2401.04088), Table 1"
+_OLMOE = ("Muennighoff et al. 2024 (arXiv 2409.02060) and the released OLMoE-1B-7B config.json (its QK norm not "
+          "modelled)")
 
 MODEL_SHAPES: dict[str, ModelShape] = {
     "gpt3-6.7b": ModelShape("gpt", 32, 4096, 32, 2048, 50257, source=_GPT3),
@@ -53,6 +59,10 @@ MODEL_SHAPES: dict[str, ModelShape] = {
     "llama3-70b": ModelShape("llama", 80, 8192, 64, 8192, 128256, ffn_hidden=28672, kv_heads=8, source=_LLAMA3),
     "llama3-405b": ModelShape("llama", 126, 16384, 128, 8192, 128256, ffn_hidden=53248, kv_heads=8,
                               source=_LLAMA3),
+    "mixtral-8x7b": ModelShape("llama", 32, 4096, 32, 32768, 32000, ffn_hidden=14336, kv_heads=8, num_experts=8,
+                               moe_topk=2, source=_MIXTRAL),
+    "olmoe-1b-7b": ModelShape("llama", 16, 2048, 16, 4096, 50304, ffn_hidden=1024, num_experts=64, moe_topk=8,
+                              source=_OLMOE),
 }
 
 
