@@ -388,6 +388,17 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
               "--num-layers-per-virtual-pipeline-stage", "int", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--overlap-grad-reduce", "--overlap-param-gather", "--zero", "1",
                     "--microbatches", "2"], "--dp", "int", 60))
+    # a mixture of experts: the experts against ep, top-k against the experts, ep against dp and the
+    # experts, the experts' width, the tokens against ep (balanced routing)
+    moe = ["--arch", "llama", "--flash-attn", "--dtype", "bfloat16", "--num-experts", "4", "--dp", "4",
+           "--global-batch", "4"]
+    t.append((pr + moe, "--expert-model-parallel-size", "int", 60))
+    t.append((pr + moe + ["--ep", "2"], "--num-experts", "int", 60))
+    t.append((pr + moe, "--moe-router-topk", "int", 60))
+    t.append((pr + moe + ["--ep", "4"], "--moe-ffn-hidden-size", "int", 60))
+    t.append((pr + moe + ["--ep", "4", "--moe-router-topk", "1"], "--seq", "int", 60))
+    t.append((tr + ["--workload", "megatron-gpt", "--num-experts", "4", "--dp", "2", "--microbatches", "2"],
+              "--ep", "int", 60))
     # a model's layouts on N GPUs: the GPU count, the batch and the micro-batch sizes
     t.append((lg + ["--global-batch", "8"], "--gpus", "int", 60))
     t.append((lg + ["--gpus", "2"], "--global-batch", "int", 60))
