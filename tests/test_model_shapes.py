@@ -29,6 +29,7 @@ def _config(name: str, **kw) -> GPTConfig:
     # the released checkpoints' parameter counts
     ("llama2-7b", 6_738_415_616), ("llama2-13b", 13_015_864_320), ("llama2-70b", 68_976_648_192),
     ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496), ("llama3-405b", 405_853_388_800),
+    ("mixtral-8x7b", 46_702_792_704),
 ])
 def test_a_llamas_parameter_count_is_its_checkpoints(name: str, params: int) -> None:
     assert _config(name).parameters() == params
@@ -46,6 +47,14 @@ def test_the_megatron_models_are_table_1s() -> None:
         assert model_shape(name).vocab == paper.VOCAB and model_shape(name).seq == paper.SEQ
 
 
+def test_olmoe_is_its_papers() -> None:
+    """OLMoE-1B-7B: 6.9 B parameters, 1.3 B active (arXiv 2409.02060)."""
+    cfg = _config("olmoe-1b-7b")
+    assert round(cfg.parameters() / 1e9, 1) == 6.9
+    active = cfg.replace(num_experts=0).parameters() + cfg.layers * (7 * 3 * 2048 * 1024 + 64 * 2048)
+    assert round(active / 1e9, 1) == 1.3
+
+
 def test_gpt3s_are_the_papers() -> None:
     """GPT-3's Table 2.1 counts 175.0 B and 6.7 B; the 0.2 % short of the first is the paper's
     rounding of a shape whose weights are 174.6 B (the output layer is the embedding)."""
@@ -58,7 +67,8 @@ def test_every_model_runs_at_eight_way_tensor_parallelism(name: str) -> None:
     """What each was trained with (or could be): 8-way tensor parallelism divides its heads, its
     key/value heads and its MLP, and the source is cited."""
     shape = model_shape(name)
-    _config(name).validate(ParallelLayout(tp=8, pp=1, dp=1))
+    # a mixture of experts needs sequence parallelism with tp > 1 (Megatron-Core asserts it)
+    _config(name, sequence_parallel=bool(shape.num_experts)).validate(ParallelLayout(tp=8, pp=1, dp=1))
     assert shape.source and shape.seq >= 2048 and shape.vocab >= 32000
 
 
@@ -160,5 +170,9 @@ def test_models_lists_the_catalogue() -> None:
     assert (llama["kv_heads"], llama["ffn_hidden"], llama["parameters"]) == (8, 28672, 68_976_648_192)
     assert next(m for m in models if m["name"] == "gpt3-175b")["ffn_hidden"] == 4 * 12288
     table = runner.invoke(app, ["models"]).stdout.splitlines()
-    assert table[0].split()[:3] == ["name", "arch", "layers"] and len(table) == 1 + len(MODEL_SHAPES) + 1 + 4
+    sources = len({m.source for m in MODEL_SHAPES.values()})
+    assert table[0].split()[:3] == ["name", "arch", "layers"] and len(table) == 1 + len(MODEL_SHAPES) + 1 + sources
+    mixtral = next(m for m in models if m["name"] == "mixtral-8x7b")
+    assert (mixtral["experts"], mixtral["topk"], mixtral["parameters"]) == (8, 2, 46_702_792_704)
+    assert "8 top-2" in table[1 + list(MODEL_SHAPES).index("mixtral-8x7b")]
     assert table[1 + list(MODEL_SHAPES).index("llama3-405b")].split()[-1] == "405.9"
