@@ -89,31 +89,34 @@ REAL = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "micro_batch": 2, "voc
                                       (1, {"recompute": True})])
 def test_real_run_reduces_the_gradients_of_unsplit_experts(tmp_path, tp: int, extra: dict) -> None:
     """dp 4 gloo processes (x tp) run a step with the experts split over ep 2 and 4 ranks, and
-    whole on every rank (ep 1): the tokens all-to-all'd to the experts' ranks and back (and
-    all-gathered over the TP ranks), the expert gradients reduced over the ranks holding the same
-    experts and averaged over the data-parallel ranks, as Megatron-Core does: every parameter's
-    reduced gradient is the same, parameter by parameter, rank by rank."""
+    whole on every rank (ep 1), under either dispatcher: the tokens all-to-all'd to the experts'
+    ranks and back (and all-gathered over the TP ranks), or every token of the TP x EP ranks
+    gathered and the results reduce-scattered; the expert gradients reduced over the ranks
+    holding the same experts and averaged over the data-parallel ranks, as Megatron-Core does:
+    every parameter's reduced gradient is the same, parameter by parameter, rank by rank."""
     import torch
     from gpt_real_runs import real_moe_grads
 
     kw = {**REAL, **extra}
-    ref = real_moe_grads(tmp_path, dp=4, tp=tp, ep=1, **kw)
-    for ep in (2, 4):
-        got = real_moe_grads(tmp_path, dp=4, tp=tp, ep=ep, **kw)
+    ref = real_moe_grads(tmp_path, dp=4, tp=tp, ep=1, moe_token_dispatcher="alltoall", **kw)
+    runs = [(ep, d) for ep in (2, 4) for d in ("alltoall", "allgather")] + [(1, "allgather")]
+    for ep, dispatcher in runs:
+        got = real_moe_grads(tmp_path, dp=4, tp=tp, ep=ep, moe_token_dispatcher=dispatcher, **kw)
         experts = 0
         for r, (g, want) in enumerate(zip(got, ref, strict=True)):
             assert set(g) <= set(want) and len(g) > 10
             experts += sum(".moe.fc" in k for k in g)
             for k in g:
-                torch.testing.assert_close(g[k], want[k], rtol=1e-4, atol=1e-6, msg=f"ep {ep} rank {r} {k}")
-        # every rank holds its share of every layer's experts: 2 matrices (3 with a GPT MLP's biases: 4)
+                torch.testing.assert_close(g[k], want[k], rtol=1e-4, atol=1e-6,
+                                           msg=f"ep {ep} {dispatcher} rank {r} {k}")
+        # every rank holds its share of every layer's experts: 2 matrices (with a GPT MLP's biases: 4)
         per = 2 if "arch" in extra else 4
         assert experts == 4 * tp * REAL["layers"] * REAL["num_experts"] // ep * per
 
 
 # -- traced and predicted ------------------------------------------------------------------------
 TRACED = {**MOE, "layers": 4, "hidden": 256, "heads": 8, "seq": 512, "micro_batch": 1, "ffn_hidden": 512,
-          "num_experts": 8, "sequence_parallel": True}
+          "num_experts": 8, "sequence_parallel": True, "moe_token_dispatcher": "alltoall"}
 
 
 def _trace(**extra):
@@ -210,7 +213,9 @@ def test_expert_parallelism_across_nodes_costs_more(tmp_path) -> None:
     assert inside.to_json()["config"]["ep"] == 2
 
 
-@pytest.mark.parametrize("extra", [{}, {"recompute": True}])
+@pytest.mark.parametrize("extra", [{"moe_token_dispatcher": "alltoall"},
+                                   {"moe_token_dispatcher": "alltoall", "recompute": True},
+                                   {"moe_token_dispatcher": "allgather"}])
 def test_meta_trace_equals_a_cpu_trace_on_every_rank(extra: dict) -> None:
     """The meta-device trace (each layer recorded once, nothing run) gives every rank the
     kernels and communication a CPU trace that runs every operator gives."""
@@ -240,12 +245,13 @@ def test_meta_trace_equals_a_cpu_trace_on_every_rank(extra: dict) -> None:
         a, b = norm(kernel_ops(cpu.graph_of(r))), norm(kernel_ops(meta.graph_of(r)))
         assert len(a) > 50 and a == b, f"rank {r}"
         assert comm_ops(cpu.graph_of(r)) == comm_ops(meta.graph_of(r)), f"rank {r}"
-        assert any(op[1:3] == ("all_to_all", "ep") for op in comm_ops(meta.graph_of(r)))
+        exchange = ("all_to_all", "ep") if extra["moe_token_dispatcher"] == "alltoall" else ("all_gather", "tp_ep")
+        assert any(op[1:3] == exchange for op in comm_ops(meta.graph_of(r)))
 
 
 CLI = ["--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "512", "--micro-batch", "1", "--global-batch",
        "16", "--tp", "2", "--pp", "1", "--dp", "4", "--arch", "llama", "--ffn-hidden-size", "512", "--flash-attn",
-       "--dtype", "bfloat16", "--sequence-parallel", "--num-experts", "8"]
+       "--dtype", "bfloat16", "--sequence-parallel", "--num-experts", "8", "--moe-token-dispatcher-type", "alltoall"]
 
 
 def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
@@ -262,7 +268,7 @@ def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
     res = runner.invoke(app, ["predict", *CLI, "--moe-router-topk", "2", "--expert-model-parallel-size", "2",
                               "-o", str(tmp_path / "p")])
     assert res.exit_code == 0, res.output
-    assert "tp 2 x pp 1 x dp 4, 8 experts (top-2) over ep 2 = 8 a100 GPUs" in res.output
+    assert "tp 2 x pp 1 x dp 4, 8 experts (top-2, alltoall) over ep 2 = 8 a100 GPUs" in res.output
     summary = json.loads((tmp_path / "p" / "summary.json").read_text())
     assert summary["config"]["ep"] == 2 and summary["prediction"]["num_experts"] == 8
     csv = tmp_path / "rows.csv"
@@ -277,7 +283,8 @@ def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
                           (["--moe-router-topk", "9"], "top-k 9) must be from 1 to the experts (8)"),
                           (["--num-experts", "0", "--ep", "2"], "needs a mixture of experts"),
                           (["--moe-router-topk", "0"], "--moe-router-topk"),
-                          (["--num-experts", "-2"], "--num-experts")):
+                          (["--num-experts", "-2"], "--num-experts"),
+                          (["--moe-token-dispatcher-type", "flex"], "'flex' is not one of allgather, alltoall")):
         res = runner.invoke(app, ["predict", *CLI, *args, "-o", str(tmp_path / "x")])
         assert res.exit_code != 0 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
         assert not (tmp_path / "x").exists()
@@ -296,13 +303,13 @@ def test_trace_cli_writes_the_moe_job_and_its_command(tmp_path) -> None:
     args = ["trace", "--workload", "megatron-gpt", "--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "512",
             "--micro-batch", "1", "--tp", "2", "--dp", "4", "--ep", "2", "--num-experts", "8", "--moe-ffn-hidden-size",
             "384", "--sequence-parallel", "--arch", "llama", "--flash-attn", "--dtype", "bfloat16", "--device", "meta",
-            "--verify", "stage", "--microbatches", "2"]
+            "--moe-token-dispatcher-type", "alltoall", "--verify", "stage", "--microbatches", "2"]
     res = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "j")])
     assert res.exit_code == 0, res.output
     job = load_job(tmp_path / "j")
     assert job.manifest.layout.ep == 2
     said = job.manifest.provenance.command
-    assert "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 384" in said
+    assert "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 384 --moe-token-dispatcher-type alltoall" in said
     assert "--expert-model-parallel-size 2" in said
     decision = infer_layout(job)
     assert (decision.ep, decision.zero) == (2, 0)
@@ -310,3 +317,50 @@ def test_trace_cli_writes_the_moe_job_and_its_command(tmp_path) -> None:
     assert res.exit_code != 0 and "cannot re-derive it at another dp" in res.output
     res = CliRunner().invoke(app, [*args[:-2], "--microbatches", "3", "--ep", "3", "-o", str(tmp_path / "k")])
     assert res.exit_code != 0 and "ep (3) must divide dp (4)" in res.output and not (tmp_path / "k").exists()
+
+
+def test_the_allgather_dispatcher_gathers_every_token_of_the_tp_ep_ranks() -> None:
+    """Megatron-Core's default dispatcher: per layer and micro-batch the rank's 256 tokens of
+    256 x 2 bytes gathered over tp_ep (4 ranks) and the summed rows reduce-scattered back (each
+    mirrored in the backward), its probabilities and routing map gathered beside; no
+    all-to-all; the Job checks."""
+    from collections import Counter
+
+    from echo_et._proto import echo_et_pb2 as pb
+    from echo_et.ir import check_job
+    from echo_et.ir.schema import collective_name
+
+    job = _trace(moe_token_dispatcher="allgather")
+    assert check_job(job) == []
+    graph = job.graph(job.graph_ids()[0]).copy()
+    graph.expand()
+    per_layer = 2 * 4
+    comm = Counter((collective_name(n.collective.type), n.collective.group, n.collective.in_bytes)
+                   for n in graph if n.kind == pb.KIND_COLLECTIVE and n.collective.group in ("ep", "tp_ep"))
+    tokens = 256 * 256 * 2
+    probs = 256 * 2 * 2
+    assert comm == {("all_gather", "tp_ep", tokens): 2 * per_layer,
+                    ("reduce_scatter", "tp_ep", 4 * tokens): 2 * per_layer,
+                    ("all_gather", "tp_ep", probs): per_layer, ("reduce_scatter", "tp_ep", 4 * probs): per_layer,
+                    ("all_gather", "tp_ep", 256 * 8): per_layer}
+
+
+def test_with_many_experts_across_nodes_the_alltoall_dispatcher_moves_less() -> None:
+    """Predicted, 64 experts top-2 over ep 8 across nodes (TP1, 2 GPUs a node): the allgather
+    dispatcher moves every token of 8 ranks to each (7 T h each way), the alltoall one each routed
+    row once (7/8 T k h): its communication is the smaller by a fifth of the step's or more, the
+    data-parallel reduction being the same under both."""
+    from echo_et.experiments.config_rows import ConfigSweepOptions
+    from echo_et.experiments.predict_step import predict_config
+    from echo_et.models.cluster import Cluster
+
+    row = {k: TRACED[k] for k in ("layers", "hidden", "heads", "seq", "micro_batch")}
+    row.update({"global_batch": 8, "tp": 1, "pp": 1, "dp": 8, "ep": 8})
+    kw = {"arch": "llama", "ffn_hidden": 512, "flash_attention": True, "dtype": "bfloat16", "num_experts": 64,
+          "cluster": Cluster(gpus_per_node=2)}
+
+    def comm(dispatcher: str) -> int:
+        p = predict_config(row, ConfigSweepOptions(moe_token_dispatcher=dispatcher, **kw))
+        return p.result.ranks[p.result.slowest_rank].breakdown()["comm_ns"]
+
+    assert comm("alltoall") < 0.8 * comm("allgather")

@@ -151,6 +151,12 @@ TopkOpt = typer.Option(None, TOPK, metavar="K",
 MOE_FFN = "--moe-ffn-hidden-size"
 MoeFfnOpt = typer.Option(0, MOE_FFN, metavar="N",
                          help="Each expert's MLP width (Megatron-Core's flag; 0: the dense MLP's, --ffn-hidden-size).")
+DISPATCHER = "--moe-token-dispatcher-type"
+DispatcherOpt = typer.Option(
+    None, DISPATCHER, metavar="TYPE",
+    help="How tokens reach their experts (Megatron-Core's flag): allgather (its default: every token of the TP x "
+         "EP ranks gathered) or alltoall (rows sent to their experts' ranks, what its recipes use with expert "
+         "parallelism).")
 EXPERT_PARALLEL = "--expert-model-parallel-size"
 EXPERT_PARALLEL_HELP = ("Megatron-Core's expert parallelism (its flag): the experts split over N ranks cut out of "
                         "the data-parallel ones (N divides dp x cp and the experts; no more GPUs), which exchange "
@@ -337,12 +343,13 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       overlap_grad_reduce: bool = False, overlap_param_gather: bool = False,
                       no_align_grad_reduce: bool = False, no_align_param_gather: bool = False,
                       gather_with_step: bool = False, cp_comm_type: str | None = None,
-                      num_experts: int = 0, moe_topk: int | None = None, moe_ffn_hidden: int = 0) -> dict[str, Any]:
+                      num_experts: int = 0, moe_topk: int | None = None, moe_ffn_hidden: int = 0,
+                      moe_dispatcher: str | None = None) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
     architecture, MLP width, key/value heads and flash attention likewise."""
-    from echo_et.workloads.gpt_config import ARCHS, CP_COMM_TYPES, GRAD_SYNCS, PIPELINE_ENGINES
+    from echo_et.workloads.gpt_config import ARCHS, CP_COMM_TYPES, GRAD_SYNCS, MOE_DISPATCHERS, PIPELINE_ENGINES
 
     if arch is not None and arch not in ARCHS:
         raise OptionError("arch", f"{arch!r} is not one of {', '.join(ARCHS)}")
@@ -353,6 +360,9 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
     if cp_comm_type is not None and cp_comm_type not in CP_COMM_TYPES:
         other = " (a2a+p2p, hierarchical context parallelism, is not modelled)" if cp_comm_type == "a2a+p2p" else ""
         raise OptionError("cp_comm_type", f"{cp_comm_type!r} is not one of {', '.join(CP_COMM_TYPES)}{other}")
+    if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
+        raise OptionError("moe_token_dispatcher_type", f"{moe_dispatcher!r} is not one of {', '.join(MOE_DISPATCHERS)} "
+                                                       "(flex, DeepEP's, and alltoall_seq are not modelled)")
     if grad_sync is not None and grad_sync not in GRAD_SYNCS:
         raise OptionError("grad_sync", f"{grad_sync!r} is not one of {', '.join(GRAD_SYNCS)}")
     if overlap_grad_reduce and grad_sync is not None:
@@ -404,7 +414,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "overlap_param_gather_with_optimizer_step": gather_with_step,
             "cp_comm_type": cp_comm_type or CP_COMM_TYPES[0],
             "num_experts": num_experts, "moe_topk": 2 if moe_topk is None else moe_topk,
-            "moe_ffn_hidden": moe_ffn_hidden,
+            "moe_ffn_hidden": moe_ffn_hidden, "moe_token_dispatcher": moe_dispatcher or MOE_DISPATCHERS[0],
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -441,7 +451,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (GATHER_WITH_STEP, settings["overlap_param_gather_with_optimizer_step"]),
              (CP_COMM_TYPE, settings["cp_comm_type"] != "p2p"),
              (EXPERTS, bool(settings.get("num_experts"))),
-             (MOE_FFN, bool(settings.get("moe_ffn_hidden"))))
+             (MOE_FFN, bool(settings.get("moe_ffn_hidden"))),
+             (DISPATCHER, settings.get("moe_token_dispatcher", "allgather") != "allgather"))
     return next((flag for flag, on in given if on), None)
 
 

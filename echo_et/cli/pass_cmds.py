@@ -28,6 +28,7 @@ from echo_et.cli.common import (
     AccountLossOpt,
     ArchOpt,
     CpCommTypeOpt,
+    DispatcherOpt,
     DistOptOpt,
     ExpertsOpt,
     FfnHiddenOpt,
@@ -314,6 +315,7 @@ def sweep(
     num_experts: int = ExpertsOpt,
     moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
+    moe_dispatcher: str | None = DispatcherOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -341,7 +343,7 @@ def sweep(
                                  no_align_param_gather=no_align_param_gather,
                                  gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
                                  num_experts=shape.get("num_experts", 0), moe_topk=shape.get("moe_topk"),
-                                 moe_ffn_hidden=shape.get("moe_ffn_hidden", 0))
+                                 moe_ffn_hidden=shape.get("moe_ffn_hidden", 0), moe_dispatcher=moe_dispatcher)
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -21,6 +21,7 @@ from echo_et.cli.common import (
     ArchOpt,
     ContextParallelOpt,
     CpCommTypeOpt,
+    DispatcherOpt,
     DistOptOpt,
     ExpertParallelOpt,
     ExpertsOpt,
@@ -137,6 +138,7 @@ def predict_cmd(
     num_experts: int = ExpertsOpt,
     moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
+    moe_dispatcher: str | None = DispatcherOpt,
     ep: int = ExpertParallelOpt,
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
@@ -247,7 +249,7 @@ def predict_cmd(
                                                   no_align_param_gather=no_align_param_gather,
                                                   gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
                                                   num_experts=num_experts, moe_topk=moe_topk,
-                                                  moe_ffn_hidden=moe_ffn_hidden))
+                                                  moe_ffn_hidden=moe_ffn_hidden, moe_dispatcher=moe_dispatcher))
     if gather_with_step and not (virtual_layers or virtual_chunks):
         raise OptionError("overlap_param_gather_with_optimizer_step",
                           "it is the interleaved schedule's (Megatron asserts one): give "
@@ -286,7 +288,7 @@ def predict_cmd(
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + cp_said(cp, opts.cp_comm_type)
-               + experts_said(opts.num_experts, opts.moe_topk, opts.moe_ffn_hidden, ep)
+               + experts_said(opts.num_experts, opts.moe_topk, opts.moe_ffn_hidden, ep, opts.moe_token_dispatcher)
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)
@@ -316,11 +318,12 @@ def cp_said(cp: int, comm_type: str) -> str:
     return f" x cp {cp}" + (f" ({comm_type})" if comm_type != "p2p" else "")
 
 
-def experts_said(experts: int, topk: int, ffn: int, ep: int) -> str:
-    """The header's words for a mixture of experts: ", 64 experts (top-2, MLP 1408), ep 8"; "" without."""
+def experts_said(experts: int, topk: int, ffn: int, ep: int, dispatcher: str = "allgather") -> str:
+    """The header's words for a mixture of experts: ", 64 experts (top-2, MLP 1408, alltoall) over
+    ep 8"; "" without."""
     if not experts:
         return ""
-    return (f", {experts} experts (top-{topk}" + (f", MLP {ffn}" if ffn else "") + ")"
+    return (f", {experts} experts (top-{topk}" + (f", MLP {ffn}" if ffn else "") + f", {dispatcher})"
             + (f" over ep {ep}" if ep > 1 else ""))
 
 

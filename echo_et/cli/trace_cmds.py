@@ -21,6 +21,7 @@ from echo_et.cli.common import (
     CONTEXT_PARALLEL,
     CP_COMM_TYPE,
     CP_COMM_TYPE_HELP,
+    DISPATCHER,
     EXPERT_PARALLEL,
     EXPERTS,
     FFN_HIDDEN,
@@ -53,6 +54,7 @@ from echo_et.cli.common import (
     AccountLossOpt,
     ArchOpt,
     ContextParallelOpt,
+    DispatcherOpt,
     ExpertParallelOpt,
     ExpertsOpt,
     FfnHiddenOpt,
@@ -181,6 +183,7 @@ def trace(
     num_experts: int = ExpertsOpt,
     moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
+    moe_dispatcher: str | None = DispatcherOpt,
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
@@ -259,6 +262,7 @@ def trace(
                             (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
                             (GATHER_WITH_STEP, gather_with_step), (CP_COMM_TYPE, cp_comm_type is not None),
                             (EXPERTS, bool(num_experts)), (TOPK, moe_topk is not None), (MOE_FFN, bool(moe_ffn_hidden)),
+                            (DISPATCHER, moe_dispatcher is not None),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
                             (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
@@ -313,7 +317,8 @@ def trace(
                                 ("cp_comm_type", cp_comm_type),
                                 ("num_experts", num_experts or None),
                                 ("moe_topk", (moe_topk or 2) if num_experts else None),
-                                ("moe_ffn_hidden", moe_ffn_hidden or None))
+                                ("moe_ffn_hidden", moe_ffn_hidden or None),
+                                ("moe_token_dispatcher", moe_dispatcher if num_experts else None))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -413,6 +418,8 @@ def trace(
         parts += [EXPERTS, cfg.num_experts, TOPK, cfg.moe_topk]
     if script is None and cfg.moe_ffn_hidden:
         parts += [MOE_FFN, cfg.moe_ffn_hidden]
+    if script is None and cfg.num_experts and cfg.moe_token_dispatcher != "allgather":
+        parts += [DISPATCHER, cfg.moe_token_dispatcher]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp]
     if cp > 1:
         parts += [CONTEXT_PARALLEL, cp]

@@ -30,6 +30,9 @@ ARCHS = ("gpt", "llama")   # the first is the default
 # Megatron-Core's --cp-comm-type values echo-et runs (workloads.context_parallel); its "a2a+p2p"
 # (hierarchical context parallelism) is not modelled
 CP_COMM_TYPES = ("p2p", "allgather", "a2a")
+# Megatron-Core's --moe-token-dispatcher-type values echo-et runs (workloads.moe); its default
+# first; "flex" (DeepEP) and "alltoall_seq" are not modelled
+MOE_DISPATCHERS = ("allgather", "alltoall")
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
@@ -215,6 +218,10 @@ class GPTConfig:
     num_experts: int = 0
     moe_topk: int = 2
     moe_ffn_hidden: int = 0
+    # Megatron-Core's --moe-token-dispatcher-type: "allgather" (its default: every token of the
+    # TP x EP ranks gathered, each rank running its experts' rows) or "alltoall" (the rows sent to
+    # their experts' ranks by all-to-all, what its recipes use with expert parallelism)
+    moe_token_dispatcher: str = "allgather"
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -497,6 +504,9 @@ class GPTConfig:
             raise EchoError(f"{where}: ep ({layout.ep}) must divide the experts ({e})")
         if not 1 <= k <= e:
             raise EchoError(f"{where}: experts per token (top-k {k}) must be from 1 to the experts ({e})")
+        if self.moe_token_dispatcher not in MOE_DISPATCHERS:
+            raise EchoError(f"{where}: token dispatcher {self.moe_token_dispatcher!r} is not one of "
+                            f"{', '.join(MOE_DISPATCHERS)} (flex, DeepEP's, is not modelled)")
         if layout.tp > 1 and not self.sequence_parallel:
             raise EchoError(f"{where}: a mixture of experts with tp ({layout.tp}) > 1 needs sequence parallelism "
                             "(Megatron-Core asserts it)")
@@ -850,6 +860,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
     "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
     "recompute_modules": "core_attn", "cp_comm_type": "p2p", "num_experts": 0, "moe_topk": 2, "moe_ffn_hidden": 0,
+    "moe_token_dispatcher": "allgather",
 }
 
 

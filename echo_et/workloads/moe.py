@@ -1,6 +1,7 @@
 """Megatron-Core's mixture-of-experts MLP, in plain PyTorch: what one rank runs of a ``MoELayer``
-with the top-k router, the "alltoall" token dispatcher and the ``SequentialMLP`` experts
-(Megatron-Core's default without ``--moe-grouped-gemm``).
+with the top-k router, the "alltoall" or the "allgather" token dispatcher
+(``--moe-token-dispatcher-type``; the second is its default) and the ``SequentialMLP`` experts
+(what it runs without ``--moe-grouped-gemm``).
 
 On a rank holding ``T`` tokens (``s / tp x b`` with sequence parallelism, ``/ cp`` with
 context parallelism) of a layer with ``E`` experts, ``k`` of them per token, and expert
@@ -21,6 +22,13 @@ forward
   over "tp", the all-to-all back, and the rows weighted by their router probabilities and
   summed into their tokens.
 
+with the allgather dispatcher, instead of the counts, the all-to-alls and the TP gathers
+  (``MoEAllGatherTokenDispatcher``): every rank's tokens, probabilities and routing map
+  all-gathered over "tp_ep" (the TP ranks when ep is 1), the host reading the local experts'
+  counts (a stream synchronisation), the rows of the local experts picked from every token
+  of the group, the experts, the weighted rows summed into the group's tokens and
+  reduce-scattered back over "tp_ep".
+
 backward
   what autograd derives from that: every collective's mirror (all-to-all for all-to-all,
   reduce-scatter for the gather), the experts' data- and weight-gradient GEMMs, the
@@ -28,7 +36,9 @@ backward
 
 Routing is taken as balanced: every expert gets ``T k / E`` of each rank's rows (the
 load-balancing loss's aim). Which token goes to which expert changes no kernel's shape, so
-the rows are routed by a fixed table made once (no kernel of a step); the measured
+the rows are routed by a fixed table made once (no kernel of a step): a rank's routed row
+``p`` (token ``p // k``) goes to the ep rank ``p // (T k / ep)``, whose local experts take
+its rows in turn, under either dispatcher (so both compute the same function); the measured
 imbalance of a real run (its slowest expert) is not modelled. The expert parameters'
 gradients are reduced over "edp" (the ranks holding the same experts), the others' over
 the dense data-parallel group, each with its own optimizer (Megatron-Core's
@@ -151,6 +161,19 @@ class MoEMLP(nn.Module):
         self.rows = expert_rows(tokens, self.topk, e, ep)     # from one rank, per local expert
         self.sources = ep * tp                                 # ranks whose rows each expert runs
         self.tokens = tokens
+        self.dispatcher = cfg.moe_token_dispatcher
+        # the group the dispatcher gathers over (counts, or tokens): tp x ep, tp alone without ep
+        self.gather_group = tp_ep_group if tp_ep_group is not None else tp_group
+        if self.dispatcher == "allgather":
+            # the group's routed rows this rank's experts take, expert by expert, source by source
+            # (member m of the group, tp fastest, is ep rank m // tp)
+            q = dist.get_rank(ep_group) if ep > 1 else 0
+            block = rows // ep
+            pairs = [m * rows + q * block + sum(self.rows[:i]) + r for i in range(self.local)
+                     for m in range(self.sources) for r in range(self.rows[i])]
+            pair = torch.tensor(pairs, dtype=torch.int64).to(device)
+            self.register_buffer("ag_pair", pair, persistent=False)
+            self.register_buffer("ag_token_of_row", pair // self.topk, persistent=False)
 
     def route(self, x: torch.Tensor) -> torch.Tensor:
         """The router's top-k probabilities, ``[T, k]`` (the load-balancing loss attached)."""
@@ -168,15 +191,19 @@ class MoEMLP(nn.Module):
         return _AttachAuxLoss.apply(probs, aux)
 
     def _exchange_counts(self, device) -> None:
-        """The dispatcher's token counts per expert gathered over "tp_ep" and read on the
-        host (the all-to-all's split sizes): one small all-gather, then a stream sync."""
-        if _size(self.tp_ep_group) <= 1:
+        """The alltoall dispatcher's token counts per expert gathered over "tp_ep" and read on
+        the host (the all-to-all's split sizes): one small all-gather, then a stream sync."""
+        if _size(self.gather_group) <= 1:
             return
-        mine = torch.zeros(self.experts, device=device, dtype=torch.int64)
-        every = torch.empty(self.experts * _size(self.tp_ep_group), device=device, dtype=torch.int64)
-        with comm_span(self.tp_ep_group):
-            _all_gather(every, mine, group=self.tp_ep_group)
+        self._gather_small(torch.zeros(self.experts, device=device, dtype=torch.int64))
         stream_sync(device)
+
+    def _gather_small(self, mine: torch.Tensor) -> None:
+        """``mine`` all-gathered over the dispatcher's group (what needs no gradient)."""
+        every = torch.empty((mine.shape[0] * _size(self.gather_group), *mine.shape[1:]), device=mine.device,
+                            dtype=mine.dtype)
+        with comm_span(self.gather_group):
+            _all_gather(every, mine, group=self.gather_group)
 
     def _experts(self, x: torch.Tensor) -> torch.Tensor:
         """Each local expert's MLP on its rows (``x`` sorted by local expert)."""
@@ -211,6 +238,8 @@ class MoEMLP(nn.Module):
         s, b, h = x.shape
         tokens = x.reshape(s * b, h)
         probs = self.route(tokens)
+        if self.dispatcher == "allgather":
+            return self._allgather(tokens, probs).view(s, b, h)
         self._exchange_counts(x.device)
         rows = tokens.index_select(0, self.token_of_row)            # [T k, h], expert order
         if _size(self.ep_group) > 1:
@@ -225,3 +254,20 @@ class MoEMLP(nn.Module):
         weighted = out * probs.reshape(-1).index_select(0, self.order).unsqueeze(-1)
         summed = torch.zeros_like(tokens).index_add(0, self.token_of_row, weighted)
         return summed.view(s, b, h)
+
+    def _allgather(self, tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """The allgather dispatcher (see the module docstring): ``[T, h]`` in and out."""
+        from echo_et.workloads.tensor_parallel import gather_from_sequence, reduce_scatter_to_sequence
+
+        group = self.gather_group
+        gathered = group is not None and _size(group) > 1
+        if gathered:
+            tokens = gather_from_sequence(tokens, group)
+            probs = gather_from_sequence(probs, group)
+            self._gather_small(torch.zeros(probs.shape[0] // _size(group), self.experts, device=tokens.device,
+                                           dtype=torch.bool))
+        stream_sync(tokens.device)      # the local experts' counts read on the host
+        out = self._experts(tokens.index_select(0, self.ag_token_of_row))
+        weighted = out * probs.reshape(-1).index_select(0, self.ag_pair).unsqueeze(-1)
+        summed = torch.zeros_like(tokens).index_add(0, self.ag_token_of_row, weighted)
+        return reduce_scatter_to_sequence(summed, group) if gathered else summed
