@@ -51,6 +51,9 @@ MOE = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2, "voca
     ({"recompute": True, "recompute_granularity": "selective", "recompute_modules": "mlp"}, {"dp": 2},
      "moe module"),
     ({"seq": 3, "micro_batch": 1, "moe_topk": 1}, {"dp": 2, "ep": 2}, "do not spread evenly"),
+    ({"num_experts": 0, "moe_shared_ffn": 64}, {"dp": 2}, "a shared expert is a mixture of experts'"),
+    ({"moe_shared_ffn": 65, "sequence_parallel": True}, {"dp": 2, "tp": 2}, r"tp \(2\) must divide the shared"),
+    ({"moe_token_dispatcher": "flex"}, {"dp": 2}, "'flex' is not one of allgather, alltoall"),
 ])
 def test_configurations_the_software_cannot_run_are_refused(change: dict, layout: dict, match: str) -> None:
     from echo_et.workloads.gpt_config import GPTConfig
@@ -78,6 +81,12 @@ def test_parameters_and_flops_count_experts() -> None:
     m, _ = mixtral.step_flops(1)
     d, _ = dense.step_flops(1)
     assert m - d == pytest.approx(3 * 4096 * 32 * (6 * 4096 * 14336 + 2 * 4096 * 8), rel=1e-12)
+    # a shared expert of width S: a dense MLP's parameters and FLOPs more (a GPT MLP with its biases)
+    shared = mixtral.replace(moe_shared_ffn=2048)
+    assert shared.parameters() - mixtral.parameters() == 32 * 3 * 4096 * 2048
+    assert shared.step_flops(1)[0] - m == pytest.approx(3 * 4096 * 32 * 6 * 4096 * 2048, rel=1e-12)
+    gpt = GPTConfig.megatron(layers=2, hidden=64, heads=4, num_experts=4)
+    assert gpt.replace(moe_shared_ffn=96).parameters() - gpt.parameters() == 2 * (2 * 64 * 96 + 96 + 64)
 
 
 REAL = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "micro_batch": 2, "vocab": 64, "num_experts": 4,
@@ -86,6 +95,7 @@ REAL = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "micro_batch": 2, "voc
 
 @pytest.mark.parametrize("tp,extra", [(1, {}), (1, {"arch": "llama", "ffn_hidden": 48}),
                                       (2, {"sequence_parallel": True, "arch": "llama", "ffn_hidden": 48}),
+                                      (2, {"sequence_parallel": True, "moe_shared_ffn": 64}),
                                       (1, {"recompute": True})])
 def test_real_run_reduces_the_gradients_of_unsplit_experts(tmp_path, tp: int, extra: dict) -> None:
     """dp 4 gloo processes (x tp) run a step with the experts split over ep 2 and 4 ranks, and
@@ -364,3 +374,28 @@ def test_with_many_experts_across_nodes_the_alltoall_dispatcher_moves_less() -> 
         return p.result.ranks[p.result.slowest_rank].breakdown()["comm_ns"]
 
     assert comm("alltoall") < 0.8 * comm("allgather")
+
+
+def test_the_memory_bound_holds_a_ranks_share_of_the_experts() -> None:
+    """Mixtral 8x7B at TP2 x PP4 x DP8: a rank holds 8 layers x 8 / ep experts of 3 x 4096 x
+    14336 / 2 weights; with ep 8 their Adam state is not sharded (each rank alone holds its
+    experts), with ep 1 it is over the 8 data-parallel ranks; the bound with ep 8 is under a
+    third of ep 1's model state, and a layout that holds every expert on an 80 GB GPU is refused
+    where ep 8 fits."""
+    from echo_et.experiments.memory_check import check_memory, megatron_shape
+    from echo_et.models.footprint import megatron_min_bytes, stage_expert_parameters
+    from echo_et.workloads.gpt_config import GPTConfig
+    from echo_et.workloads.model_shapes import model_shape
+
+    cfg = GPTConfig.megatron(**{**model_shape("mixtral-8x7b").options(), "seq": 4096, "micro_batch": 1,
+                                "sequence_parallel": True, "flash_attention": True, "recompute": True,
+                                "dtype": "bfloat16"})
+    kw = {"layers": 32, "hidden": 4096, "tp": 2, "pp": 4, "experts": 8, "expert_ffn": 14336, "llama": True}
+    assert stage_expert_parameters(ep=8, **kw) == 8 * 3 * 4096 * 14336 // 2
+    assert stage_expert_parameters(ep=1, **kw) == 8 * stage_expert_parameters(ep=8, **kw)
+    one = megatron_min_bytes(**megatron_shape(cfg, ParallelLayout(tp=2, pp=4, dp=8, ep=1, microbatches=32)))
+    eight = megatron_min_bytes(**megatron_shape(cfg, ParallelLayout(tp=2, pp=4, dp=8, ep=8, microbatches=32)))
+    assert one[1] > 2.5 * eight[1] and one[2] == eight[2]
+    with pytest.raises(EchoError, match="does not fit"):
+        check_memory(cfg, ParallelLayout(tp=1, pp=1, dp=8, ep=1, microbatches=32), "a100-80gb")
+    check_memory(cfg, ParallelLayout(tp=2, pp=4, dp=8, ep=8, microbatches=32), "a100-80gb")

@@ -151,6 +151,10 @@ TopkOpt = typer.Option(None, TOPK, metavar="K",
 MOE_FFN = "--moe-ffn-hidden-size"
 MoeFfnOpt = typer.Option(0, MOE_FFN, metavar="N",
                          help="Each expert's MLP width (Megatron-Core's flag; 0: the dense MLP's, --ffn-hidden-size).")
+SHARED_EXPERT = "--moe-shared-expert-intermediate-size"
+SharedExpertOpt = typer.Option(0, SHARED_EXPERT, metavar="N",
+                               help="A shared expert beside the routed ones (Megatron-Core's flag): every token also "
+                                    "runs a dense MLP of width N (0: none).")
 DISPATCHER = "--moe-token-dispatcher-type"
 DispatcherOpt = typer.Option(
     None, DISPATCHER, metavar="TYPE",
@@ -344,7 +348,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       no_align_grad_reduce: bool = False, no_align_param_gather: bool = False,
                       gather_with_step: bool = False, cp_comm_type: str | None = None,
                       num_experts: int = 0, moe_topk: int | None = None, moe_ffn_hidden: int = 0,
-                      moe_dispatcher: str | None = None) -> dict[str, Any]:
+                      moe_dispatcher: str | None = None, moe_shared_ffn: int = 0) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -415,6 +419,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "cp_comm_type": cp_comm_type or CP_COMM_TYPES[0],
             "num_experts": num_experts, "moe_topk": 2 if moe_topk is None else moe_topk,
             "moe_ffn_hidden": moe_ffn_hidden, "moe_token_dispatcher": moe_dispatcher or MOE_DISPATCHERS[0],
+            "moe_shared_ffn": moe_shared_ffn,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -452,7 +457,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (CP_COMM_TYPE, settings["cp_comm_type"] != "p2p"),
              (EXPERTS, bool(settings.get("num_experts"))),
              (MOE_FFN, bool(settings.get("moe_ffn_hidden"))),
-             (DISPATCHER, settings.get("moe_token_dispatcher", "allgather") != "allgather"))
+             (DISPATCHER, settings.get("moe_token_dispatcher", "allgather") != "allgather"),
+             (SHARED_EXPERT, bool(settings.get("moe_shared_ffn"))))
     return next((flag for flag, on in given if on), None)
 
 
@@ -567,6 +573,7 @@ OPTION_BOUNDS: dict[str, tuple] = {
     EXPERTS: (0, 1 << 16),
     TOPK: (1, 1 << 16),
     MOE_FFN: (0, 1 << 24),
+    SHARED_EXPERT: (0, 1 << 24),
     "--microbatches": (1, limits.MAX_MICROBATCHES),
     "--splits": (1, 1 << 16),
     "--workers": (1, 4096),

@@ -59,6 +59,7 @@ from echo_et.cli.common import (
     RecomputeModulesOpt,
     RecomputeNumLayersOpt,
     SequenceParallelOpt,
+    SharedExpertOpt,
     SyncTimersOpt,
     TopkOpt,
     VirtualStagesOpt,
@@ -316,13 +317,14 @@ def sweep(
     moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
     moe_dispatcher: str | None = DispatcherOpt,
+    moe_shared_ffn: int = SharedExpertOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
     trace and predict every model configuration of a CSV, or, with --model and --gpus, every
     layout of one model on that many GPUs; table, JSON and PNG."""
     shape = model_fields(model, arch=arch, ffn_hidden=ffn_hidden, kv_heads=kv_heads, num_experts=num_experts,
-                         moe_topk=moe_topk, moe_ffn_hidden=moe_ffn_hidden)
+                         moe_topk=moe_topk, moe_ffn_hidden=moe_ffn_hidden, moe_shared_ffn=moe_shared_ffn)
     megatron = megatron_settings(no_scatter_gather=no_scatter_gather, virtual_layers=virtual_layers,
                                  virtual_chunks=virtual_chunks, overlap_p2p=overlap_p2p,
                                  overlap_p2p_flush=overlap_p2p_flush,
@@ -343,7 +345,8 @@ def sweep(
                                  no_align_param_gather=no_align_param_gather,
                                  gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
                                  num_experts=shape.get("num_experts", 0), moe_topk=shape.get("moe_topk"),
-                                 moe_ffn_hidden=shape.get("moe_ffn_hidden", 0), moe_dispatcher=moe_dispatcher)
+                                 moe_ffn_hidden=shape.get("moe_ffn_hidden", 0), moe_dispatcher=moe_dispatcher,
+                                 moe_shared_ffn=shape.get("moe_shared_ffn", 0))
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -53,6 +53,7 @@ from echo_et.cli.common import (
     RecomputeModulesOpt,
     RecomputeNumLayersOpt,
     SequenceParallelOpt,
+    SharedExpertOpt,
     SyncTimersOpt,
     TopkOpt,
     VirtualStagesOpt,
@@ -139,6 +140,7 @@ def predict_cmd(
     moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
     moe_dispatcher: str | None = DispatcherOpt,
+    moe_shared_ffn: int = SharedExpertOpt,
     ep: int = ExpertParallelOpt,
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
@@ -199,7 +201,7 @@ def predict_cmd(
 
     shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
                          ffn_hidden=ffn_hidden, kv_heads=kv_heads, num_experts=num_experts, moe_topk=moe_topk,
-                         moe_ffn_hidden=moe_ffn_hidden)
+                         moe_ffn_hidden=moe_ffn_hidden, moe_shared_ffn=moe_shared_ffn)
     missing = [f"--{k}" for k in ("layers", "hidden", "heads") if k not in shape]
     if missing:
         fail(f"give --model NAME, or {', '.join(missing)} (the model's shape)")
@@ -207,7 +209,7 @@ def predict_cmd(
     seq, vocab, arch = shape.get("seq", 2048), shape.get("vocab"), shape.get("arch")
     ffn_hidden, kv_heads = shape.get("ffn_hidden", 0), shape.get("kv_heads", 0)
     num_experts, moe_topk = shape.get("num_experts", 0), shape.get("moe_topk")
-    moe_ffn_hidden = shape.get("moe_ffn_hidden", 0)
+    moe_ffn_hidden, moe_shared_ffn = shape.get("moe_ffn_hidden", 0), shape.get("moe_shared_ffn", 0)
     if timeline_all and timeline_events is not None:
         raise OptionError("timeline_all", "give --timeline-events N or --timeline-all, not both")
     if dtype not in DTYPES:
@@ -249,7 +251,8 @@ def predict_cmd(
                                                   no_align_param_gather=no_align_param_gather,
                                                   gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
                                                   num_experts=num_experts, moe_topk=moe_topk,
-                                                  moe_ffn_hidden=moe_ffn_hidden, moe_dispatcher=moe_dispatcher))
+                                                  moe_ffn_hidden=moe_ffn_hidden, moe_dispatcher=moe_dispatcher,
+                                                  moe_shared_ffn=moe_shared_ffn))
     if gather_with_step and not (virtual_layers or virtual_chunks):
         raise OptionError("overlap_param_gather_with_optimizer_step",
                           "it is the interleaved schedule's (Megatron asserts one): give "
@@ -288,7 +291,8 @@ def predict_cmd(
                f"{'Llama' if opts.arch == 'llama' else 'GPT'} {layers} layers, hidden {hidden}, {heads} heads{widths}, "
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + cp_said(cp, opts.cp_comm_type)
-               + experts_said(opts.num_experts, opts.moe_topk, opts.moe_ffn_hidden, ep, opts.moe_token_dispatcher)
+               + experts_said(opts.num_experts, opts.moe_topk, opts.moe_ffn_hidden, ep, opts.moe_token_dispatcher,
+                              opts.moe_shared_ffn)
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)
@@ -318,12 +322,13 @@ def cp_said(cp: int, comm_type: str) -> str:
     return f" x cp {cp}" + (f" ({comm_type})" if comm_type != "p2p" else "")
 
 
-def experts_said(experts: int, topk: int, ffn: int, ep: int, dispatcher: str = "allgather") -> str:
-    """The header's words for a mixture of experts: ", 64 experts (top-2, MLP 1408, alltoall) over
-    ep 8"; "" without."""
+def experts_said(experts: int, topk: int, ffn: int, ep: int, dispatcher: str = "allgather", shared: int = 0) -> str:
+    """The header's words for a mixture of experts: ", 64 experts (top-2, MLP 1408, shared 2816,
+    alltoall) over ep 8"; "" without."""
     if not experts:
         return ""
-    return (f", {experts} experts (top-{topk}" + (f", MLP {ffn}" if ffn else "") + f", {dispatcher})"
+    return (f", {experts} experts (top-{topk}" + (f", MLP {ffn}" if ffn else "")
+            + (f", shared {shared}" if shared else "") + f", {dispatcher})"
             + (f" over ep {ep}" if ep > 1 else ""))
 
 

@@ -47,6 +47,7 @@ from echo_et.cli.common import (
     RECOMPUTE_MODULES_FLAG,
     RECOMPUTE_NUM_LAYERS,
     SEQUENCE_PARALLEL_HELP,
+    SHARED_EXPERT,
     SYNC_TIMERS_HELP,
     TOPK,
     VIRTUAL_STAGES_PER_RANK,
@@ -79,6 +80,7 @@ from echo_et.cli.common import (
     RecomputeMethodOpt,
     RecomputeModulesOpt,
     RecomputeNumLayersOpt,
+    SharedExpertOpt,
     TopkOpt,
     VirtualStagesPerRankOpt,
     emit_json,
@@ -184,6 +186,7 @@ def trace(
     moe_topk: int | None = TopkOpt,
     moe_ffn_hidden: int = MoeFfnOpt,
     moe_dispatcher: str | None = DispatcherOpt,
+    moe_shared_ffn: int = SharedExpertOpt,
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
@@ -262,7 +265,7 @@ def trace(
                             (NO_ALIGN_PARAM_GATHER, no_align_param_gather),
                             (GATHER_WITH_STEP, gather_with_step), (CP_COMM_TYPE, cp_comm_type is not None),
                             (EXPERTS, bool(num_experts)), (TOPK, moe_topk is not None), (MOE_FFN, bool(moe_ffn_hidden)),
-                            (DISPATCHER, moe_dispatcher is not None),
+                            (DISPATCHER, moe_dispatcher is not None), (SHARED_EXPERT, bool(moe_shared_ffn)),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
                             (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
@@ -277,12 +280,12 @@ def trace(
                             "(or give --script file.py:build_fn)")
         shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
                              ffn_hidden=ffn_hidden, kv_heads=kv_heads, num_experts=num_experts, moe_topk=moe_topk,
-                             moe_ffn_hidden=moe_ffn_hidden)
+                             moe_ffn_hidden=moe_ffn_hidden, moe_shared_ffn=moe_shared_ffn)
         layers, hidden, heads = shape.get("layers", 2), shape.get("hidden", 64), shape.get("heads", 4)
         seq, vocab, arch = shape.get("seq", 32), shape.get("vocab"), shape.get("arch")
         ffn_hidden, kv_heads = shape.get("ffn_hidden", 0), shape.get("kv_heads", 0)
         num_experts, moe_topk = shape.get("num_experts", 0), shape.get("moe_topk")
-        moe_ffn_hidden = shape.get("moe_ffn_hidden", 0)
+        moe_ffn_hidden, moe_shared_ffn = shape.get("moe_ffn_hidden", 0), shape.get("moe_shared_ffn", 0)
         kw = {k: v for k, v in (("vocab", vocab), ("dtype", dtype), ("grad_sync", grad_sync),
                                 ("scatter_gather_tensors_in_pipeline", scatter_gather),
                                 ("accumulate_allreduce_grads_in_fp32", fp32_grads),
@@ -318,7 +321,8 @@ def trace(
                                 ("num_experts", num_experts or None),
                                 ("moe_topk", (moe_topk or 2) if num_experts else None),
                                 ("moe_ffn_hidden", moe_ffn_hidden or None),
-                                ("moe_token_dispatcher", moe_dispatcher if num_experts else None))
+                                ("moe_token_dispatcher", moe_dispatcher if num_experts else None),
+                                ("moe_shared_ffn", moe_shared_ffn or None))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -420,6 +424,8 @@ def trace(
         parts += [MOE_FFN, cfg.moe_ffn_hidden]
     if script is None and cfg.num_experts and cfg.moe_token_dispatcher != "allgather":
         parts += [DISPATCHER, cfg.moe_token_dispatcher]
+    if script is None and cfg.moe_shared_ffn:
+        parts += [SHARED_EXPERT, cfg.moe_shared_ffn]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp]
     if cp > 1:
         parts += [CONTEXT_PARALLEL, cp]

@@ -36,8 +36,8 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 **({"kv": cfg.hidden // cfg.heads * cfg.query_groups} if cfg.query_groups != cfg.heads else {}),
                 **({"llama": True} if cfg.llama else {}), **({"flash": True} if cfg.flash_attention else {}),
                 **({"cp": layout.cp} if layout.cp > 1 else {}),
-                **({"experts": cfg.num_experts, "topk": cfg.moe_topk, "expert_ffn": cfg.moe_ffn_size, "ep": layout.ep}
-                   if cfg.num_experts else {}))
+                **({"experts": cfg.num_experts, "topk": cfg.moe_topk, "expert_ffn": cfg.moe_ffn_size, "ep": layout.ep,
+                    "shared_ffn": cfg.moe_shared_ffn} if cfg.num_experts else {}))
 
 
 def check_memory(cfg: Any, layout: Any, gpu: str) -> None:

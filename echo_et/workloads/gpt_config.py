@@ -222,6 +222,10 @@ class GPTConfig:
     # TP x EP ranks gathered, each rank running its experts' rows) or "alltoall" (the rows sent to
     # their experts' ranks by all-to-all, what its recipes use with expert parallelism)
     moe_token_dispatcher: str = "allgather"
+    # Megatron-Core's --moe-shared-expert-intermediate-size S: beside the routed experts every
+    # token runs a shared expert, a dense MLP of width S split over the TP ranks as the dense
+    # MLP is (DeepSeek's and Qwen's MoE layers); 0: none
+    moe_shared_ffn: int = 0
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -491,13 +495,18 @@ class GPTConfig:
         expert-parallel ranks (balanced routing, :mod:`.moe`)."""
         where = f"layout {layout.describe()}"
         e, k = self.num_experts, self.moe_topk
-        if e < 0 or self.moe_ffn_hidden < 0:
-            raise EchoError(f"{where}: experts and their MLP width must be >= 0, got {e} and {self.moe_ffn_hidden}")
+        if e < 0 or self.moe_ffn_hidden < 0 or self.moe_shared_ffn < 0:
+            raise EchoError(f"{where}: experts and their MLP widths must be >= 0, got {e}, {self.moe_ffn_hidden} "
+                            f"and {self.moe_shared_ffn}")
         if not e:
             if layout.ep > 1:
                 raise EchoError(f"{where}: expert parallelism (ep {layout.ep}) needs a mixture of experts "
                                 "(experts > 0)")
+            if self.moe_shared_ffn:
+                raise EchoError(f"{where}: a shared expert is a mixture of experts' (experts > 0)")
             return
+        if self.moe_shared_ffn % layout.tp:
+            raise EchoError(f"{where}: tp ({layout.tp}) must divide the shared expert's width ({self.moe_shared_ffn})")
         if self.attention != "megatron":
             raise EchoError(f"{where}: a mixture of experts is Megatron-Core's (megatron-gpt)")
         if e % layout.ep:
@@ -816,8 +825,9 @@ class GPTConfig:
         h, s, f = self.hidden, self.seq, self.ffn_size
         kv = h // self.heads * self.query_groups          # the width of K and of V
         mlp = (6 if self.llama else 4) * h * f            # SwiGLU's first projection is twice as wide
-        if self.num_experts:      # each token through k experts, and the router
-            mlp = self.moe_topk * (6 if self.llama else 4) * h * self.moe_ffn_size + 2 * h * self.num_experts
+        if self.num_experts:      # each token through k experts (and the shared one), and the router
+            mlp = ((self.moe_topk * self.moe_ffn_size + self.moe_shared_ffn) * (6 if self.llama else 4) * h
+                   + 2 * h * self.num_experts)
         layer = 4 * h * h + 4 * h * kv + mlp + 4 * s * h  # per token: Q and projection, K and V, MLP; attention
         tokens = sequences * s
         model = 3 * tokens * (self.layers * layer + 2 * h * self.padded_vocab(tp))
@@ -834,10 +844,11 @@ class GPTConfig:
         v = self.padded_vocab(1)
         e, fe = self.num_experts, self.moe_ffn_size
         if self.llama:      # no biases, one weight per RMSNorm, no learned positions
-            mlp = e * 3 * h * fe + e * h if e else 3 * h * f
+            mlp = e * 3 * h * fe + e * h + 3 * h * self.moe_shared_ffn if e else 3 * h * f
             block = 2 * h * h + 2 * h * kv + mlp + 2 * h
             return self.layers * block + v * h + h + (0 if self.tie_embeddings else h * v)
-        mlp = e * (2 * h * fe + fe + h) + e * h if e else 2 * h * f + f + h
+        shared = 2 * h * self.moe_shared_ffn + self.moe_shared_ffn + h if self.moe_shared_ffn else 0
+        mlp = e * (2 * h * fe + fe + h) + e * h + shared if e else 2 * h * f + f + h
         block = 2 * h * h + 2 * h * kv + (h + 2 * kv) + h + mlp + 4 * h
         head = 0 if self.tie_embeddings else h * v + v
         return self.layers * block + v * h + self.seq * h + 2 * h + head
@@ -860,7 +871,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
     "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
     "recompute_modules": "core_attn", "cp_comm_type": "p2p", "num_experts": 0, "moe_topk": 2, "moe_ffn_hidden": 0,
-    "moe_token_dispatcher": "allgather",
+    "moe_token_dispatcher": "allgather", "moe_shared_ffn": 0,
 }
 
 

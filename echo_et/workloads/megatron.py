@@ -183,6 +183,10 @@ def megatron_block_class():
                 seq = cfg.seq // cp // (tp if cfg.sequence_parallel else 1)
                 self.moe = MoEMLP(cfg, group if tp > 1 else None, ep_group, tp_ep_group,
                                   tokens=seq * cfg.micro_batch, **kw)
+                if cfg.moe_shared_ffn:      # Megatron-Core's SharedExpertMLP: a dense MLP beside the experts
+                    width = cfg.moe_shared_ffn * (2 if cfg.llama else 1)
+                    self.shared_fc1 = ColumnParallelLinear(h, width, group, skip_bias_add=True, **kw, **sp)
+                    self.shared_fc2 = RowParallelLinear(cfg.moe_shared_ffn, h, group, **kw, **sp)
             else:
                 self.fc1 = ColumnParallelLinear(h, ffn, group, skip_bias_add=True, **kw, **sp)
                 self.fc2 = RowParallelLinear(cfg.ffn_size, h, group, skip_bias_add=True, **kw, **sp)
@@ -268,7 +272,11 @@ def megatron_block_class():
             """The MLP up to the second GEMM's output, its bias left to the caller (the GPT
             layer's GeLU, the llama layer's SwiGLU); checkpointed with the "mlp" module."""
             if self.moe is not None:
-                return self.moe(x)
+                out = self.moe(x)
+                if hasattr(self, "shared_fc1"):
+                    h, b = self.shared_fc1(x)
+                    out = out + self.shared_fc2(fused.swiglu(h) if self.llama is not None else fused.bias_gelu(h, b))
+                return out
 
             def run(y: torch.Tensor) -> torch.Tensor:
                 h, b = self.fc1(y)

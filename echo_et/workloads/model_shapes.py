@@ -24,6 +24,7 @@ class ModelShape:
     num_experts: int = 0     # a mixture of experts: experts per layer (0: a dense MLP)
     moe_topk: int = 0        # experts per token
     moe_ffn_hidden: int = 0  # each expert's width (0: ffn_hidden)
+    moe_shared_ffn: int = 0  # a shared expert's width (0: none)
     source: str = ""
 
     def options(self) -> dict[str, int | str]:
