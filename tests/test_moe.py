@@ -54,6 +54,10 @@ MOE = {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "micro_batch": 2, "voca
     ({"num_experts": 0, "moe_shared_ffn": 64}, {"dp": 2}, "a shared expert is a mixture of experts'"),
     ({"moe_shared_ffn": 65, "sequence_parallel": True}, {"dp": 2, "tp": 2}, r"tp \(2\) must divide the shared"),
     ({"moe_token_dispatcher": "flex"}, {"dp": 2}, "'flex' is not one of allgather, alltoall"),
+    ({"moe_grouped_gemm": True, "arch": "gpt"}, {"dp": 2}, "grouped GEMM experts have no linear biases"),
+    ({"moe_grouped_gemm": True, "num_experts": 0}, {"dp": 2}, "grouped GEMM is a mixture of experts'"),
+    ({"moe_grouped_gemm": True, "num_experts": 3, "seq": 4, "micro_batch": 1, "moe_topk": 1}, {"dp": 2},
+     "must spread evenly over the 3 experts"),
 ])
 def test_configurations_the_software_cannot_run_are_refused(change: dict, layout: dict, match: str) -> None:
     from echo_et.workloads.gpt_config import GPTConfig
@@ -225,7 +229,8 @@ def test_expert_parallelism_across_nodes_costs_more(tmp_path) -> None:
 
 @pytest.mark.parametrize("extra", [{"moe_token_dispatcher": "alltoall"},
                                    {"moe_token_dispatcher": "alltoall", "recompute": True},
-                                   {"moe_token_dispatcher": "allgather"}])
+                                   {"moe_token_dispatcher": "allgather", "moe_grouped_gemm": True,
+                                    "moe_shared_ffn": 64}])
 def test_meta_trace_equals_a_cpu_trace_on_every_rank(extra: dict) -> None:
     """The meta-device trace (each layer recorded once, nothing run) gives every rank the
     kernels and communication a CPU trace that runs every operator gives."""
@@ -287,6 +292,12 @@ def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
                               "-o", str(tmp_path / "s")])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["rows"][0]["predicted_ms"] == pytest.approx(summary["step_time_ns"] / 1e6, abs=1e-4)
+    res = runner.invoke(app, ["predict", *CLI, "--ep", "2", "--moe-grouped-gemm",
+                              "--moe-shared-expert-intermediate-size", "256", "-o", str(tmp_path / "g")])
+    assert res.exit_code == 0, res.output
+    assert "8 experts (top-2, shared 256, alltoall, grouped GEMM) over ep 2" in res.output
+    grouped = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert grouped["prediction"]["moe_grouped_gemm"] and grouped["step_time_ns"] != summary["step_time_ns"]
     for args, message in ((["--ep", "3"], "ep (3) must divide dp (4)"),
                           (["--ep", "16"], "ep (16) must divide dp (4)"),
                           (["--num-experts", "6", "--ep", "4"], "ep (4) must divide the experts (6)"),
@@ -399,3 +410,35 @@ def test_the_memory_bound_holds_a_ranks_share_of_the_experts() -> None:
     with pytest.raises(EchoError, match="does not fit"):
         check_memory(cfg, ParallelLayout(tp=1, pp=1, dp=8, ep=1, microbatches=32), "a100-80gb")
     check_memory(cfg, ParallelLayout(tp=2, pp=4, dp=8, ep=8, microbatches=32), "a100-80gb")
+
+
+def test_grouped_gemm_computes_what_the_sequential_experts_do() -> None:
+    """``--moe-grouped-gemm``: the local experts' weights stacked and each GEMM one batched
+    kernel (``aten::bmm``) give the output and the weight gradients of one GEMM per expert."""
+    import torch
+
+    from echo_et.workloads.gpt_config import GPTConfig
+    from echo_et.workloads.moe import MoEMLP
+
+    base = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "micro_batch": 2, "arch": "llama", "ffn_hidden": 24,
+            "num_experts": 4, "moe_topk": 2, "dtype": "float32", "moe_token_dispatcher": "alltoall"}
+
+    def make(**kw):
+        return MoEMLP(GPTConfig.megatron(**base, **kw), None, None, None, tokens=32,
+                      gen=torch.Generator().manual_seed(1), device="cpu", dtype=torch.float32)
+
+    seq, grp = make(), make(moe_grouped_gemm=True)
+    with torch.no_grad():
+        grp.router.copy_(seq.router)
+        for i in range(4):
+            grp.w1[i].copy_(seq.fc1[i])
+            grp.w2[i].copy_(seq.fc2[i])
+    x = torch.randn(16, 2, 32, generator=torch.Generator().manual_seed(2))
+    a, b = seq(x), grp(x)
+    torch.testing.assert_close(a, b)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    for i in range(4):
+        torch.testing.assert_close(grp.w1.grad[i], seq.fc1[i].grad)
+        torch.testing.assert_close(grp.w2.grad[i], seq.fc2[i].grad)
+    assert all(p.expert for p in (grp.w1, grp.w2)) and len(grp.fc1) == 0

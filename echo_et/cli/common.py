@@ -151,6 +151,10 @@ TopkOpt = typer.Option(None, TOPK, metavar="K",
 MOE_FFN = "--moe-ffn-hidden-size"
 MoeFfnOpt = typer.Option(0, MOE_FFN, metavar="N",
                          help="Each expert's MLP width (Megatron-Core's flag; 0: the dense MLP's, --ffn-hidden-size).")
+GROUPED_GEMM = "--moe-grouped-gemm"
+GroupedGemmOpt = typer.Option(False, GROUPED_GEMM,
+                              help="The local experts' GEMMs as one grouped kernel each (Megatron-Core's flag; its "
+                                   "experts have no biases: with --arch llama).")
 SHARED_EXPERT = "--moe-shared-expert-intermediate-size"
 SharedExpertOpt = typer.Option(0, SHARED_EXPERT, metavar="N",
                                help="A shared expert beside the routed ones (Megatron-Core's flag): every token also "
@@ -348,7 +352,8 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       no_align_grad_reduce: bool = False, no_align_param_gather: bool = False,
                       gather_with_step: bool = False, cp_comm_type: str | None = None,
                       num_experts: int = 0, moe_topk: int | None = None, moe_ffn_hidden: int = 0,
-                      moe_dispatcher: str | None = None, moe_shared_ffn: int = 0) -> dict[str, Any]:
+                      moe_dispatcher: str | None = None, moe_shared_ffn: int = 0,
+                      moe_grouped_gemm: bool = False) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -419,7 +424,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "cp_comm_type": cp_comm_type or CP_COMM_TYPES[0],
             "num_experts": num_experts, "moe_topk": 2 if moe_topk is None else moe_topk,
             "moe_ffn_hidden": moe_ffn_hidden, "moe_token_dispatcher": moe_dispatcher or MOE_DISPATCHERS[0],
-            "moe_shared_ffn": moe_shared_ffn,
+            "moe_shared_ffn": moe_shared_ffn, "moe_grouped_gemm": moe_grouped_gemm,
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -458,7 +463,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (EXPERTS, bool(settings.get("num_experts"))),
              (MOE_FFN, bool(settings.get("moe_ffn_hidden"))),
              (DISPATCHER, settings.get("moe_token_dispatcher", "allgather") != "allgather"),
-             (SHARED_EXPERT, bool(settings.get("moe_shared_ffn"))))
+             (SHARED_EXPERT, bool(settings.get("moe_shared_ffn"))),
+             (GROUPED_GEMM, bool(settings.get("moe_grouped_gemm"))))
     return next((flag for flag, on in given if on), None)
 
 

@@ -32,6 +32,7 @@ from echo_et.cli.common import (
     GatherWithStepOpt,
     GradAccFusionOpt,
     GradSyncOpt,
+    GroupedGemmOpt,
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
@@ -141,6 +142,7 @@ def predict_cmd(
     moe_ffn_hidden: int = MoeFfnOpt,
     moe_dispatcher: str | None = DispatcherOpt,
     moe_shared_ffn: int = SharedExpertOpt,
+    moe_grouped_gemm: bool = GroupedGemmOpt,
     ep: int = ExpertParallelOpt,
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
@@ -252,7 +254,7 @@ def predict_cmd(
                                                   gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
                                                   num_experts=num_experts, moe_topk=moe_topk,
                                                   moe_ffn_hidden=moe_ffn_hidden, moe_dispatcher=moe_dispatcher,
-                                                  moe_shared_ffn=moe_shared_ffn))
+                                                  moe_shared_ffn=moe_shared_ffn, moe_grouped_gemm=moe_grouped_gemm))
     if gather_with_step and not (virtual_layers or virtual_chunks):
         raise OptionError("overlap_param_gather_with_optimizer_step",
                           "it is the interleaved schedule's (Megatron asserts one): give "
@@ -292,7 +294,7 @@ def predict_cmd(
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + cp_said(cp, opts.cp_comm_type)
                + experts_said(opts.num_experts, opts.moe_topk, opts.moe_ffn_hidden, ep, opts.moe_token_dispatcher,
-                              opts.moe_shared_ffn)
+                              opts.moe_shared_ffn, opts.moe_grouped_gemm)
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)
@@ -322,13 +324,14 @@ def cp_said(cp: int, comm_type: str) -> str:
     return f" x cp {cp}" + (f" ({comm_type})" if comm_type != "p2p" else "")
 
 
-def experts_said(experts: int, topk: int, ffn: int, ep: int, dispatcher: str = "allgather", shared: int = 0) -> str:
+def experts_said(experts: int, topk: int, ffn: int, ep: int, dispatcher: str = "allgather", shared: int = 0,
+                 grouped: bool = False) -> str:
     """The header's words for a mixture of experts: ", 64 experts (top-2, MLP 1408, shared 2816,
-    alltoall) over ep 8"; "" without."""
+    alltoall, grouped GEMM) over ep 8"; "" without."""
     if not experts:
         return ""
     return (f", {experts} experts (top-{topk}" + (f", MLP {ffn}" if ffn else "")
-            + (f", shared {shared}" if shared else "") + f", {dispatcher})"
+            + (f", shared {shared}" if shared else "") + f", {dispatcher}" + (", grouped GEMM" if grouped else "") + ")"
             + (f" over ep {ep}" if ep > 1 else ""))
 
 

@@ -29,6 +29,7 @@ from echo_et.cli.common import (
     FLASH_ATTN,
     GATHER_WITH_STEP,
     GRAD_ACC_FUSION,
+    GROUPED_GEMM,
     KV_HEADS,
     LAST_STAGE_LAYERS,
     MICROBATCH_GROUP,
@@ -63,6 +64,7 @@ from echo_et.cli.common import (
     FlashAttnOpt,
     GatherWithStepOpt,
     GradAccFusionOpt,
+    GroupedGemmOpt,
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
@@ -187,6 +189,7 @@ def trace(
     moe_ffn_hidden: int = MoeFfnOpt,
     moe_dispatcher: str | None = DispatcherOpt,
     moe_shared_ffn: int = SharedExpertOpt,
+    moe_grouped_gemm: bool = GroupedGemmOpt,
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
@@ -266,6 +269,7 @@ def trace(
                             (GATHER_WITH_STEP, gather_with_step), (CP_COMM_TYPE, cp_comm_type is not None),
                             (EXPERTS, bool(num_experts)), (TOPK, moe_topk is not None), (MOE_FFN, bool(moe_ffn_hidden)),
                             (DISPATCHER, moe_dispatcher is not None), (SHARED_EXPERT, bool(moe_shared_ffn)),
+                            (GROUPED_GEMM, moe_grouped_gemm),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
                             (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
@@ -322,7 +326,8 @@ def trace(
                                 ("moe_topk", (moe_topk or 2) if num_experts else None),
                                 ("moe_ffn_hidden", moe_ffn_hidden or None),
                                 ("moe_token_dispatcher", moe_dispatcher if num_experts else None),
-                                ("moe_shared_ffn", moe_shared_ffn or None))
+                                ("moe_shared_ffn", moe_shared_ffn or None),
+                                ("moe_grouped_gemm", moe_grouped_gemm or None))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -426,6 +431,8 @@ def trace(
         parts += [DISPATCHER, cfg.moe_token_dispatcher]
     if script is None and cfg.moe_shared_ffn:
         parts += [SHARED_EXPERT, cfg.moe_shared_ffn]
+    if script is None and cfg.moe_grouped_gemm:
+        parts.append(GROUPED_GEMM)
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp]
     if cp > 1:
         parts += [CONTEXT_PARALLEL, cp]

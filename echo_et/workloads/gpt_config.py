@@ -226,6 +226,9 @@ class GPTConfig:
     # token runs a shared expert, a dense MLP of width S split over the TP ranks as the dense
     # MLP is (DeepSeek's and Qwen's MoE layers); 0: none
     moe_shared_ffn: int = 0
+    # Megatron-Core's --moe-grouped-gemm: the local experts' GEMMs as one grouped kernel each
+    # (GroupedMLP; its experts have no biases: the llama architecture here)
+    moe_grouped_gemm: bool = False
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -499,12 +502,17 @@ class GPTConfig:
             raise EchoError(f"{where}: experts and their MLP widths must be >= 0, got {e}, {self.moe_ffn_hidden} "
                             f"and {self.moe_shared_ffn}")
         if not e:
+            if self.moe_grouped_gemm:
+                raise EchoError(f"{where}: grouped GEMM is a mixture of experts' (experts > 0)")
             if layout.ep > 1:
                 raise EchoError(f"{where}: expert parallelism (ep {layout.ep}) needs a mixture of experts "
                                 "(experts > 0)")
             if self.moe_shared_ffn:
                 raise EchoError(f"{where}: a shared expert is a mixture of experts' (experts > 0)")
             return
+        if self.moe_grouped_gemm and not self.llama:
+            raise EchoError(f"{where}: Megatron-Core's grouped GEMM experts have no linear biases "
+                            "(--disable-bias-linear: the llama architecture here)")
         if self.moe_shared_ffn % layout.tp:
             raise EchoError(f"{where}: tp ({layout.tp}) must divide the shared expert's width ({self.moe_shared_ffn})")
         if self.attention != "megatron":
@@ -532,6 +540,9 @@ class GPTConfig:
         if (tokens * k) % layout.ep:
             raise EchoError(f"{where}: a rank's {tokens} tokens x top-k {k} do not spread evenly over ep "
                             f"({layout.ep}) ranks (routing is modelled as balanced)")
+        if self.moe_grouped_gemm and (tokens * k) % e:
+            raise EchoError(f"{where}: with grouped GEMM a rank's {tokens} tokens x top-k {k} must spread evenly over "
+                            f"the {e} experts (routing is modelled as balanced; each batched GEMM has equal parts)")
 
     def check_context_parallel(self, layout: ParallelLayout) -> None:
         """Megatron-Core's rules for context parallelism (cp > 1): its attention is Transformer
@@ -871,7 +882,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
     "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
     "recompute_modules": "core_attn", "cp_comm_type": "p2p", "num_experts": 0, "moe_topk": 2, "moe_ffn_hidden": 0,
-    "moe_token_dispatcher": "allgather", "moe_shared_ffn": 0,
+    "moe_token_dispatcher": "allgather", "moe_shared_ffn": 0, "moe_grouped_gemm": False,
 }
 
 

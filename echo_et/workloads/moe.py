@@ -1,7 +1,8 @@
 """Megatron-Core's mixture-of-experts MLP, in plain PyTorch: what one rank runs of a ``MoELayer``
 with the top-k router, the "alltoall" or the "allgather" token dispatcher
 (``--moe-token-dispatcher-type``; the second is its default) and the ``SequentialMLP`` experts
-(what it runs without ``--moe-grouped-gemm``).
+(what it runs without ``--moe-grouped-gemm``; with it, ``GroupedMLP``: the local experts'
+weights stacked and each of their GEMMs one batched kernel).
 
 On a rank holding ``T`` tokens (``s / tp x b`` with sequence parallelism, ``/ cp`` with
 context parallelism) of a layer with ``E`` experts, ``k`` of them per token, and expert
@@ -136,11 +137,20 @@ class MoEMLP(nn.Module):
         if tp > 1:
             mark_sequence_parallel(self.router)
         inner = ffn * (2 if cfg.llama else 1) // tp        # SwiGLU's two halves
+        # --moe-grouped-gemm: the local experts' weights stacked, each GEMM one batched kernel
+        # over all of them (Megatron-Core's GroupedMLP; no biases, as it has none)
+        self.grouped = cfg.moe_grouped_gemm
+        if self.grouped:
+            self.w1 = nn.Parameter(torch.empty(self.local, inner, h, device=device, dtype=dtype))
+            self.w2 = nn.Parameter(torch.empty(self.local, h, ffn // tp, device=device, dtype=dtype))
+            init_weight(self.w1, gen)
+            init_weight(self.w2, gen)
+            self.w1.expert = self.w2.expert = True
         self.fc1 = nn.ParameterList()
         self.fc2 = nn.ParameterList()
         self.fc1_bias = nn.ParameterList()
         self.fc2_bias = nn.ParameterList()
-        for _ in range(self.local):
+        for _ in range(0 if self.grouped else self.local):
             w1 = nn.Parameter(torch.empty(inner, h, device=device, dtype=dtype))
             w2 = nn.Parameter(torch.empty(h, ffn // tp, device=device, dtype=dtype))
             init_weight(w1, gen)
@@ -210,6 +220,10 @@ class MoEMLP(nn.Module):
         from echo_et.workloads import fused
         from echo_et.workloads.tensor_parallel import linear
 
+        if self.grouped:        # every expert the same rows (GPTConfig.check_experts)
+            y = torch.bmm(x.view(self.local, -1, x.shape[-1]), self.w1.transpose(1, 2))
+            y = torch.bmm(fused.swiglu(y), self.w2.transpose(1, 2))
+            return y.reshape(-1, y.shape[-1])
         outs = []
         for i, part in enumerate(x.split([n * self.sources for n in self.rows], dim=0)):
             y = linear(part, self.fc1[i], None, self.fusion)
