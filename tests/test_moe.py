@@ -100,7 +100,7 @@ REAL = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "micro_batch": 2, "voc
 @pytest.mark.parametrize("tp,extra", [(1, {}), (1, {"arch": "llama", "ffn_hidden": 48}),
                                       (2, {"sequence_parallel": True, "arch": "llama", "ffn_hidden": 48}),
                                       (2, {"sequence_parallel": True, "moe_shared_ffn": 64}),
-                                      (1, {"recompute": True})])
+                                      (1, {"recompute": True}), (1, {"moe_layer_freq": "([0]*1+[1]*1)"})])
 def test_real_run_reduces_the_gradients_of_unsplit_experts(tmp_path, tp: int, extra: dict) -> None:
     """dp 4 gloo processes (x tp) run a step with the experts split over ep 2 and 4 ranks, and
     whole on every rank (ep 1), under either dispatcher: the tokens all-to-all'd to the experts'
@@ -123,9 +123,11 @@ def test_real_run_reduces_the_gradients_of_unsplit_experts(tmp_path, tp: int, ex
             for k in g:
                 torch.testing.assert_close(g[k], want[k], rtol=1e-4, atol=1e-6,
                                            msg=f"ep {ep} {dispatcher} rank {r} {k}")
-        # every rank holds its share of every layer's experts: 2 matrices (with a GPT MLP's biases: 4)
+        # every rank holds its share of every MoE layer's experts: 2 matrices (with a GPT MLP's biases: 4)
         per = 2 if "arch" in extra else 4
-        assert experts == 4 * tp * REAL["layers"] * REAL["num_experts"] // ep * per
+        moe_layers = 1 if "moe_layer_freq" in extra else REAL["layers"]
+        assert experts == 4 * tp * moe_layers * REAL["num_experts"] // ep * per
+        assert any(".fc1." in k and ".moe." not in k for k in g) == ("moe_layer_freq" in extra)   # a dense MLP
 
 
 # -- traced and predicted ------------------------------------------------------------------------
@@ -230,7 +232,8 @@ def test_expert_parallelism_across_nodes_costs_more(tmp_path) -> None:
 @pytest.mark.parametrize("extra", [{"moe_token_dispatcher": "alltoall"},
                                    {"moe_token_dispatcher": "alltoall", "recompute": True},
                                    {"moe_token_dispatcher": "allgather", "moe_grouped_gemm": True,
-                                    "moe_shared_ffn": 64}])
+                                    "moe_shared_ffn": 64},
+                                   {"moe_token_dispatcher": "alltoall", "moe_layer_freq": "[1,0]*2"}])
 def test_meta_trace_equals_a_cpu_trace_on_every_rank(extra: dict) -> None:
     """The meta-device trace (each layer recorded once, nothing run) gives every rank the
     kernels and communication a CPU trace that runs every operator gives."""
@@ -442,3 +445,32 @@ def test_grouped_gemm_computes_what_the_sequential_experts_do() -> None:
         torch.testing.assert_close(grp.w1.grad[i], seq.fc1[i].grad)
         torch.testing.assert_close(grp.w2.grad[i], seq.fc2[i].grad)
     assert all(p.expert for p in (grp.w1, grp.w2)) and len(grp.fc1) == 0
+
+
+def test_the_moe_layer_frequency_is_megatron_cores() -> None:
+    """``--moe-layer-freq``: every N-th layer from the first, or a pattern of 0s and 1s one per
+    layer as Megatron-Core's list expression writes it (parsed, never evaluated); the parameter and
+    FLOP counts add each kind of layer's; what is not a pattern of the layers is refused, before
+    a huge one is built; the memory bound counts each stage's MoE layers."""
+    from echo_et.experiments.memory_check import stage_moe_layers
+    from echo_et.workloads.gpt_config import GPTConfig, moe_layer_pattern
+
+    assert moe_layer_pattern("([0]*3+[1]*5)", 8) == (False,) * 3 + (True,) * 5
+    assert moe_layer_pattern(" 2 ", 8) == moe_layer_pattern("[1,0]*4", 8) == (True, False) * 4
+    assert moe_layer_pattern("1", 3) == (True,) * 3
+    for bad, message in (("[0]*3+[1]*4", "gives 7 layers"), ("[2]*8", "0 \\(dense\\) or 1"), ("0", "from 1 to"),
+                         ("__import__('os')", "write an integer"), ("[1]*10**12", "write an integer"),
+                         ("[1]*1000000000000", "more than the model's 8 layers")):
+        with pytest.raises(EchoError, match=message):
+            moe_layer_pattern(bad, 8)
+    all_moe = GPTConfig.megatron(layers=8, hidden=64, heads=4, num_experts=4, arch="llama")
+    dense = all_moe.replace(num_experts=0)
+    mixed = all_moe.replace(moe_layer_freq="([0]*2+[1]*6)")
+    assert mixed.moe_layer_count() == 6
+    assert 4 * mixed.parameters() == dense.parameters() + 3 * all_moe.parameters()
+    assert 4 * mixed.step_flops(1)[0] == pytest.approx(dense.step_flops(1)[0] + 3 * all_moe.step_flops(1)[0])
+    assert stage_moe_layers(mixed, 4) == (0, 2, 2, 2)
+    # interleaved, chunks of 2 layers: stage 0 holds layers 0, 1, 4, 5 and stage 1 layers 2, 3, 6, 7
+    assert stage_moe_layers(mixed.replace(virtual_stages_per_rank=2), 2) == (2, 4)
+    with pytest.raises(EchoError, match="a MoE layer frequency is a mixture of experts'"):
+        dense.replace(moe_layer_freq="2").validate(ParallelLayout())

@@ -151,6 +151,10 @@ TopkOpt = typer.Option(None, TOPK, metavar="K",
 MOE_FFN = "--moe-ffn-hidden-size"
 MoeFfnOpt = typer.Option(0, MOE_FFN, metavar="N",
                          help="Each expert's MLP width (Megatron-Core's flag; 0: the dense MLP's, --ffn-hidden-size).")
+LAYER_FREQ = "--moe-layer-freq"
+LayerFreqOpt = typer.Option(None, LAYER_FREQ, metavar="N|PATTERN",
+                            help="Which layers are MoE layers (Megatron-Core's flag): every N-th from the first, or "
+                                 "a pattern of 0s (dense) and 1s, one per layer, e.g. '([0]*3+[1]*29)' (default: all).")
 GROUPED_GEMM = "--moe-grouped-gemm"
 GroupedGemmOpt = typer.Option(False, GROUPED_GEMM,
                               help="The local experts' GEMMs as one grouped kernel each (Megatron-Core's flag; its "
@@ -353,7 +357,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
                       gather_with_step: bool = False, cp_comm_type: str | None = None,
                       num_experts: int = 0, moe_topk: int | None = None, moe_ffn_hidden: int = 0,
                       moe_dispatcher: str | None = None, moe_shared_ffn: int = 0,
-                      moe_grouped_gemm: bool = False) -> dict[str, Any]:
+                      moe_grouped_gemm: bool = False, moe_layer_freq: str | None = None) -> dict[str, Any]:
     """The training settings Megatron's flags give (``ConfigSweepOptions`` fields), the same
     on ``predict`` and ``sweep --configs``; ``grad_sync`` and ``pipeline_engine`` only when
     given (None: the options' defaults, Megatron's local DDP and its 1F1B); the layer's
@@ -425,6 +429,7 @@ def megatron_settings(*, no_scatter_gather: bool, virtual_layers: int, fp32_grad
             "num_experts": num_experts, "moe_topk": 2 if moe_topk is None else moe_topk,
             "moe_ffn_hidden": moe_ffn_hidden, "moe_token_dispatcher": moe_dispatcher or MOE_DISPATCHERS[0],
             "moe_shared_ffn": moe_shared_ffn, "moe_grouped_gemm": moe_grouped_gemm,
+            "moe_layer_freq": "1" if moe_layer_freq is None else moe_layer_freq.strip(),
             **({"grad_sync": grad_sync} if grad_sync is not None else {}),
             **({"pipeline_engine": pipeline_engine} if pipeline_engine is not None else {})}
 
@@ -464,7 +469,8 @@ def megatron_flag_given(settings: dict[str, Any]) -> str | None:
              (MOE_FFN, bool(settings.get("moe_ffn_hidden"))),
              (DISPATCHER, settings.get("moe_token_dispatcher", "allgather") != "allgather"),
              (SHARED_EXPERT, bool(settings.get("moe_shared_ffn"))),
-             (GROUPED_GEMM, bool(settings.get("moe_grouped_gemm"))))
+             (GROUPED_GEMM, bool(settings.get("moe_grouped_gemm"))),
+             (LAYER_FREQ, settings.get("moe_layer_freq", "1") != "1"))
     return next((flag for flag, on in given if on), None)
 
 

@@ -42,6 +42,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    LayerFreqOpt,
     MicrobatchGroupOpt,
     ModelOpt,
     MoeFfnOpt,
@@ -320,6 +321,7 @@ def sweep(
     moe_dispatcher: str | None = DispatcherOpt,
     moe_shared_ffn: int = SharedExpertOpt,
     moe_grouped_gemm: bool = GroupedGemmOpt,
+    moe_layer_freq: str | None = LayerFreqOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Simulate every combination of a grid of layouts (scale + simulate), or, with --configs,
@@ -348,7 +350,8 @@ def sweep(
                                  gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
                                  num_experts=shape.get("num_experts", 0), moe_topk=shape.get("moe_topk"),
                                  moe_ffn_hidden=shape.get("moe_ffn_hidden", 0), moe_dispatcher=moe_dispatcher,
-                                 moe_shared_ffn=shape.get("moe_shared_ffn", 0), moe_grouped_gemm=moe_grouped_gemm)
+                                 moe_shared_ffn=shape.get("moe_shared_ffn", 0), moe_grouped_gemm=moe_grouped_gemm,
+                                 moe_layer_freq=moe_layer_freq)
     if configs is not None or gpus is not None:
         from echo_et.cli.config_sweep_cmds import config_sweep
 

@@ -36,6 +36,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    LayerFreqOpt,
     MicrobatchGroupOpt,
     ModelOpt,
     MoeFfnOpt,
@@ -143,6 +144,7 @@ def predict_cmd(
     moe_dispatcher: str | None = DispatcherOpt,
     moe_shared_ffn: int = SharedExpertOpt,
     moe_grouped_gemm: bool = GroupedGemmOpt,
+    moe_layer_freq: str | None = LayerFreqOpt,
     ep: int = ExpertParallelOpt,
     recompute: bool = typer.Option(False, "--recompute",
                                    help="Recompute activations in the backward, at --recompute-granularity "
@@ -199,7 +201,7 @@ def predict_cmd(
     from echo_et.experiments.plots import INSTALL_HINT, have_matplotlib
     from echo_et.experiments.predict_step import TIMELINE_EVENTS, check_output, predict_config, write_prediction
     from echo_et.ir.limits import check_node_fill
-    from echo_et.workloads.gpt_config import DTYPES, GPTConfig
+    from echo_et.workloads.gpt_config import DTYPES, GPTConfig, moe_layer_pattern
 
     shape = model_fields(model, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, arch=arch,
                          ffn_hidden=ffn_hidden, kv_heads=kv_heads, num_experts=num_experts, moe_topk=moe_topk,
@@ -254,7 +256,8 @@ def predict_cmd(
                                                   gather_with_step=gather_with_step, cp_comm_type=cp_comm_type,
                                                   num_experts=num_experts, moe_topk=moe_topk,
                                                   moe_ffn_hidden=moe_ffn_hidden, moe_dispatcher=moe_dispatcher,
-                                                  moe_shared_ffn=moe_shared_ffn, moe_grouped_gemm=moe_grouped_gemm))
+                                                  moe_shared_ffn=moe_shared_ffn, moe_grouped_gemm=moe_grouped_gemm,
+                                                  moe_layer_freq=moe_layer_freq))
     if gather_with_step and not (virtual_layers or virtual_chunks):
         raise OptionError("overlap_param_gather_with_optimizer_step",
                           "it is the interleaved schedule's (Megatron asserts one): give "
@@ -294,7 +297,8 @@ def predict_cmd(
                f"seq {seq}{', flash attention' if flash_attention else ''}, global batch {global_batch} "
                f"(micro-batch {micro_batch}), tp {tp} x pp {pp} x dp {dp}" + cp_said(cp, opts.cp_comm_type)
                + experts_said(opts.num_experts, opts.moe_topk, opts.moe_ffn_hidden, ep, opts.moe_token_dispatcher,
-                              opts.moe_shared_ffn, opts.moe_grouped_gemm)
+                              opts.moe_shared_ffn, opts.moe_grouped_gemm,
+                              (sum(moe_layer_pattern(opts.moe_layer_freq, layers)), layers))
                + "".join(f" (interleaved: {n} {what})" for n, what in ((virtual_layers, "layers per virtual stage"),
                                                                        (virtual_chunks, "model chunks per stage"))
                          if n)
@@ -325,14 +329,16 @@ def cp_said(cp: int, comm_type: str) -> str:
 
 
 def experts_said(experts: int, topk: int, ffn: int, ep: int, dispatcher: str = "allgather", shared: int = 0,
-                 grouped: bool = False) -> str:
+                 grouped: bool = False, moe_layers: tuple[int, int] = (0, 0)) -> str:
     """The header's words for a mixture of experts: ", 64 experts (top-2, MLP 1408, shared 2816,
-    alltoall, grouped GEMM) over ep 8"; "" without."""
+    alltoall, grouped GEMM) in 29 of 32 layers over ep 8"; "" without. ``moe_layers``: (MoE
+    layers, layers), said when not every layer is one."""
     if not experts:
         return ""
+    some = f" in {moe_layers[0]} of {moe_layers[1]} layers" if moe_layers[0] != moe_layers[1] else ""
     return (f", {experts} experts (top-{topk}" + (f", MLP {ffn}" if ffn else "")
             + (f", shared {shared}" if shared else "") + f", {dispatcher}" + (", grouped GEMM" if grouped else "") + ")"
-            + (f" over ep {ep}" if ep > 1 else ""))
+            + some + (f" over ep {ep}" if ep > 1 else ""))
 
 
 def recomputation_said(opts) -> str:

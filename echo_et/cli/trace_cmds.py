@@ -32,6 +32,7 @@ from echo_et.cli.common import (
     GROUPED_GEMM,
     KV_HEADS,
     LAST_STAGE_LAYERS,
+    LAYER_FREQ,
     MICROBATCH_GROUP,
     MODEL,
     MOE_FFN,
@@ -68,6 +69,7 @@ from echo_et.cli.common import (
     JsonOpt,
     KvHeadsOpt,
     LastStageLayersOpt,
+    LayerFreqOpt,
     MicrobatchGroupOpt,
     ModelOpt,
     MoeFfnOpt,
@@ -190,6 +192,7 @@ def trace(
     moe_dispatcher: str | None = DispatcherOpt,
     moe_shared_ffn: int = SharedExpertOpt,
     moe_grouped_gemm: bool = GroupedGemmOpt,
+    moe_layer_freq: str | None = LayerFreqOpt,
     zero: int = typer.Option(0, "--zero", help="ZeRO stage (0 or 1; megatron-gpt: 1 is Megatron's "
                                               "--use-distributed-optimizer)."),
     world_size: int | None = typer.Option(None, "--world-size",
@@ -269,7 +272,7 @@ def trace(
                             (GATHER_WITH_STEP, gather_with_step), (CP_COMM_TYPE, cp_comm_type is not None),
                             (EXPERTS, bool(num_experts)), (TOPK, moe_topk is not None), (MOE_FFN, bool(moe_ffn_hidden)),
                             (DISPATCHER, moe_dispatcher is not None), (SHARED_EXPERT, bool(moe_shared_ffn)),
-                            (GROUPED_GEMM, moe_grouped_gemm),
+                            (GROUPED_GEMM, moe_grouped_gemm), (LAYER_FREQ, moe_layer_freq is not None),
                             ("--recompute", recompute), ("--recompute-granularity", recompute_granularity is not None),
                             (RECOMPUTE_METHOD, recompute_method is not None),
                             (RECOMPUTE_NUM_LAYERS, recompute_num_layers is not None),
@@ -327,7 +330,8 @@ def trace(
                                 ("moe_ffn_hidden", moe_ffn_hidden or None),
                                 ("moe_token_dispatcher", moe_dispatcher if num_experts else None),
                                 ("moe_shared_ffn", moe_shared_ffn or None),
-                                ("moe_grouped_gemm", moe_grouped_gemm or None))
+                                ("moe_grouped_gemm", moe_grouped_gemm or None),
+                                ("moe_layer_freq", None if moe_layer_freq is None else moe_layer_freq.strip()))
               if v is not None}
         if overlap_grad_reduce:
             if workload != "megatron-gpt" or grad_sync is not None or bucket_mb != BUCKET_MB:
@@ -433,6 +437,8 @@ def trace(
         parts += [SHARED_EXPERT, cfg.moe_shared_ffn]
     if script is None and cfg.moe_grouped_gemm:
         parts.append(GROUPED_GEMM)
+    if script is None and cfg.moe_layer_freq != "1":
+        parts += [LAYER_FREQ, cfg.moe_layer_freq]
     parts += ["--microbatches", microbatches, "--tp", tp, "--pp", pp, "--dp", dp]
     if cp > 1:
         parts += [CONTEXT_PARALLEL, cp]

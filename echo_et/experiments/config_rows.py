@@ -101,6 +101,7 @@ class ConfigSweepOptions:
     moe_token_dispatcher: str = "allgather"
     moe_shared_ffn: int = 0
     moe_grouped_gemm: bool = False
+    moe_layer_freq: str = "1"
     # Megatron-LM's --gradient-accumulation-fusion (GPTConfig.gradient_accumulation_fusion)
     gradient_accumulation_fusion: bool = False
     # Megatron-Core's --overlap-grad-reduce: the gradient sync overlapped with the backward, in
@@ -200,6 +201,7 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
                              num_experts=opts.num_experts, moe_topk=opts.moe_topk,
                              moe_ffn_hidden=opts.moe_ffn_hidden, moe_token_dispatcher=opts.moe_token_dispatcher,
                              moe_shared_ffn=opts.moe_shared_ffn, moe_grouped_gemm=opts.moe_grouped_gemm,
+                             moe_layer_freq=opts.moe_layer_freq,
                              kv_heads=row_or(row, "kv_heads", opts.kv_heads), **extra)
     m = microbatches_for(int(row["global_batch"]), int(row["micro_batch"]), int(row["dp"]))
     layout = ParallelLayout(dp=int(row["dp"]), tp=int(row["tp"]), pp=int(row["pp"]), microbatches=m,

@@ -37,7 +37,17 @@ def megatron_shape(cfg: Any, layout: Any) -> dict[str, Any]:
                 **({"llama": True} if cfg.llama else {}), **({"flash": True} if cfg.flash_attention else {}),
                 **({"cp": layout.cp} if layout.cp > 1 else {}),
                 **({"experts": cfg.num_experts, "topk": cfg.moe_topk, "expert_ffn": cfg.moe_ffn_size, "ep": layout.ep,
-                    "shared_ffn": cfg.moe_shared_ffn} if cfg.num_experts else {}))
+                    "shared_ffn": cfg.moe_shared_ffn} if cfg.num_experts else {}),
+                **({"moe_layers": stage_moe_layers(cfg, layout.pp)}
+                   if cfg.num_experts and not all(cfg.moe_layer_pattern()) else {}))
+
+
+def stage_moe_layers(cfg: Any, pp: int) -> tuple[int, ...]:
+    """The MoE layers each pipeline stage holds (over its model chunks), first to last."""
+    chunks = cfg.virtual_chunks(pp)
+    counts = cfg.stage_layer_counts(pp)
+    return tuple(sum(cfg.moe_layer_count(cfg.chunk_first_layer(pp, s, c), counts[s] // chunks)
+                     for c in range(chunks)) for s in range(pp))
 
 
 def check_memory(cfg: Any, layout: Any, gpu: str) -> None:

@@ -86,20 +86,27 @@ def state_bytes_per_param(elem_bytes: int, dp: int, grad_bytes: int | None = Non
 
 def stage_parameters(*, layers: int, hidden: int, ffn: int, vocab: int, seq: int, tp: int, pp: int,
                      stage: int, stage_layers: int | None = None, kv: int | None = None,
-                     llama: bool = False, experts: int = 0, shared_ffn: int = 0) -> int:
+                     llama: bool = False, experts: int = 0, shared_ffn: int = 0, moe_layers: int | None = None) -> int:
     """Parameters one tensor-parallel rank of pipeline ``stage`` holds (``vocab`` padded);
     ``stage_layers``: the stage's layers when the stages are uneven (default layers / pp);
     ``kv``: the width of the keys (and of the values), key/value heads x head size (default
     ``hidden``); ``llama``: the llama layer (SwiGLU's three MLP matrices, no linear biases,
     RMSNorm's one weight, rotary positions, an output layer of its own without a bias);
     ``experts``: a mixture of experts' layers, whose MLP here is the router and the shared
-    expert of width ``shared_ffn`` (the routed experts' are :func:`stage_expert_parameters`)."""
+    expert of width ``shared_ffn`` (the routed experts' are :func:`stage_expert_parameters`);
+    ``moe_layers``: how many of the stage's layers are MoE layers (default all of them)."""
     h = hidden
     kv = h if kv is None else kv
-    mlp = (experts * h + (3 if llama else 2) * h * shared_ffn // tp) if experts else (3 if llama else 2) * h * ffn // tp
-    weights = (h * (h + 2 * kv) + h * h) // tp + mlp
-    per_layer = weights + (2 * h if llama else (h + 2 * kv + (shared_ffn if experts else ffn)) // tp + 6 * h)
-    out = (layers // pp if stage_layers is None else stage_layers) * per_layer
+    attention = (h * (h + 2 * kv) + h * h) // tp
+
+    def per_layer(mlp: int, width: int) -> int:
+        return attention + mlp + (2 * h if llama else (h + 2 * kv + width) // tp + 6 * h)
+
+    n = layers // pp if stage_layers is None else stage_layers
+    m = (n if moe_layers is None else moe_layers) if experts else 0      # the stage's MoE layers
+    dense = per_layer((3 if llama else 2) * h * ffn // tp, ffn)
+    moe = per_layer(experts * h + (3 if llama else 2) * h * shared_ffn // tp, shared_ffn)
+    out = m * moe + (n - m) * dense
     if stage == 0:
         out += vocab * h // tp + (0 if llama else seq * h)
     if stage == pp - 1:
@@ -168,7 +175,8 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
                        microbatch_group: int = 0, recompute_method: str = "uniform",
                        recompute_layers: int = 1,
                        recompute_modules: tuple[str, ...] = ("core_attn",), cp: int = 1, experts: int = 0,
-                       topk: int = 0, expert_ffn: int = 0, ep: int = 1, shared_ffn: int = 0) -> tuple[int, int, int]:
+                       topk: int = 0, expert_ffn: int = 0, ep: int = 1, shared_ffn: int = 0,
+                       moe_layers: tuple[int, ...] | None = None) -> tuple[int, int, int]:
     """(total, model state, activations) in bytes on the rank that needs most;
     ``chunks``: model chunks per stage of Megatron's interleaved schedule, whose stage s keeps
     the activations of min(2 (pp - s - 1) + (chunks - 1) g + 1, micro-batches x chunks)
@@ -188,12 +196,16 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
     (a mixture of experts, ``topk`` per token, each of width ``expert_ffn``, over ``ep``
     expert-parallel ranks): each rank holds experts / ep of every layer's experts, their
     state sharded over the dp x cp / ep ranks holding the same, and a token's MLP activations
-    are its k experts' and the shared expert's (an MLP of width k x expert_ffn + shared_ffn)."""
+    are its k experts' and the shared expert's (an MLP of width k x expert_ffn + shared_ffn);
+    ``moe_layers``: each stage's MoE layers when not every layer is one (its others dense, and
+    every layer's activations then the narrower of the two MLPs', a lower bound)."""
     best = (0, 0, 0)
     per_param = state_bytes_per_param(elem_bytes, dp * cp, grad_bytes)
     per_expert_param = state_bytes_per_param(elem_bytes, max(1, dp * cp // ep), grad_bytes)
     local = seq // cp      # the positions of a context-parallel rank (the weights are the whole model's)
     mlp_width = topk * expert_ffn + shared_ffn if experts else ffn
+    if experts and moe_layers is not None:
+        mlp_width = min(mlp_width, ffn)
     layer_bytes = {level: layer_activation_bytes(seq=local, micro_batch=micro_batch, hidden=hidden, heads=heads,
                                                  tp=tp, elem_bytes=elem_bytes, recompute=level, dropout=dropout,
                                                  sequence_parallel=sequence_parallel, ffn=mlp_width, kv=kv,
@@ -213,11 +225,12 @@ def megatron_min_bytes(*, layers: int, hidden: int, ffn: int, vocab: int, seq: i
         state = math.floor(per_param * stage_parameters(layers=layers, hidden=hidden, ffn=ffn, vocab=vocab,
                                                          seq=seq, tp=tp, pp=pp, stage=stage,
                                                          stage_layers=counts[stage], kv=kv, llama=llama,
-                                                         experts=experts, shared_ffn=shared_ffn))
+                                                         experts=experts, shared_ffn=shared_ffn,
+                                                         moe_layers=None if moe_layers is None else moe_layers[stage]))
         if experts:
             state += math.floor(per_expert_param * stage_expert_parameters(
                 layers=layers, hidden=hidden, tp=tp, pp=pp, experts=experts, expert_ffn=expert_ffn, ep=ep,
-                stage_layers=counts[stage], llama=llama))
+                stage_layers=counts[stage] if moe_layers is None else moe_layers[stage], llama=llama))
         loss_softmax = 4 * local * micro_batch * vocab // tp if stage == pp - 1 else 0
         if chunks > 1:      # chunk forwards whose activations are kept
             in_flight = min(2 * (pp - stage - 1) + (chunks - 1) * (microbatch_group or pp) + 1,

@@ -522,7 +522,10 @@ def _stage_class():
             self.first_layer = first_layer
             # a layer recorded once stands for the others of its key: those of its chunk that run
             # under a checkpoint, or not (the block recompute method), at the same granularity
+            # (and a dense layer of a mixture of experts is not its MoE layers' work)
+            pattern = cfg.moe_layer_pattern()
             self.unit_keys = [("gpt-layer", cfg.layer_recompute_level(i)) + (() if chunk is None else (chunk,))
+                              + (("dense",) if cfg.num_experts and not pattern[first_layer + i] else ())
                               for i in range(count)]
             self.vocab = cfg.padded_vocab(layout.tp)
             if self.first:
@@ -535,8 +538,9 @@ def _stage_class():
                         self.pos.normal_(0.0, 0.02, generator=gen)
             if self.megatron:
                 self.blocks = nn.ModuleList(megatron_block_class()(cfg, layout.tp, group, cp_group=cp_group,
-                                                                   moe_groups=moe_groups, **kw)
-                                            for _ in range(count))
+                                                                   moe_groups=moe_groups, moe=pattern[first_layer + i],
+                                                                   **kw)
+                                            for i in range(count))
             else:
                 self.blocks = nn.ModuleList(Block(cfg, layout.tp, group, **kw) for _ in range(count))
             if self.last:

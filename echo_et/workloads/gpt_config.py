@@ -36,6 +36,36 @@ MOE_DISPATCHERS = ("allgather", "alltoall")
 MEGATRON_VOCAB = 50257     # GPT-2's BPE vocabulary, what Megatron's GPT examples train on
 
 
+def moe_layer_pattern(freq: str, layers: int) -> tuple[bool, ...]:
+    """Megatron-Core's ``--moe-layer-freq`` for ``layers`` layers: an integer N (every N-th
+    layer from the first is a MoE layer), or its list expression of 0s and 1s, one per layer:
+    terms ``[a, b, ...]`` or ``[a, ...]*n`` joined by ``+``, in optional parentheses. Parsed,
+    never evaluated."""
+    text = "".join(str(freq).split())
+    if text.isdigit():
+        n = int(text)
+        if not 1 <= n <= layers:
+            raise EchoError(f"MoE layer frequency {n} must be from 1 to the layers ({layers})")
+        return tuple(i % n == 0 for i in range(layers))
+    body = text[1:-1] if text.startswith("(") and text.endswith(")") else text
+    out: list[bool] = []
+    for term in body.split("+"):
+        items, _, times = term.partition("*")
+        if not (items.startswith("[") and items.endswith("]")) or (times and not times.isdigit()):
+            raise EchoError(f"MoE layer pattern {str(freq)[:60]!r}: write an integer, or terms [0,1,...] or "
+                            "[0]*3 joined by + (e.g. ([0]*3+[1]*29))")
+        values = [v for v in items[1:-1].split(",") if v]
+        if any(v not in ("0", "1") for v in values):
+            raise EchoError(f"MoE layer pattern {str(freq)[:60]!r}: its entries are 0 (dense) or 1 (MoE)")
+        more = len(values) * (int(times) if times else 1)
+        if len(out) + more > layers:     # (before the list is made: a pattern may say [1]*10**12)
+            raise EchoError(f"MoE layer pattern {str(freq)[:60]!r} gives more than the model's {layers} layers")
+        out += [v == "1" for v in values] * (int(times) if times else 1)
+    if len(out) != layers:
+        raise EchoError(f"MoE layer pattern {str(freq)[:60]!r} gives {len(out)} layers; the model has {layers}")
+    return tuple(out)
+
+
 def recompute_module_names(modules: str) -> tuple[str, ...]:
     """``--recompute-modules``' names (commas or spaces between them), in Megatron's order
     (:data:`RECOMPUTE_MODULES`), each once; unknown names kept, after, for the check to name."""
@@ -229,6 +259,10 @@ class GPTConfig:
     # Megatron-Core's --moe-grouped-gemm: the local experts' GEMMs as one grouped kernel each
     # (GroupedMLP; its experts have no biases: the llama architecture here)
     moe_grouped_gemm: bool = False
+    # Megatron-Core's --moe-layer-freq: which layers are MoE layers, the others dense: "N" (every
+    # N-th layer, from the first), or a pattern of 0s and 1s, one per layer, as its list
+    # expression writes it ("([0]*3+[1]*29)", "[1,0]*16"); "1": every layer
+    moe_layer_freq: str = "1"
 
     @classmethod
     def megatron(cls, **kw) -> GPTConfig:
@@ -249,6 +283,18 @@ class GPTConfig:
     def ffn_size(self) -> int:
         """The MLP's inner width: ``ffn_hidden``, or ``ffn_mult`` x hidden."""
         return self.ffn_hidden or self.ffn_mult * self.hidden
+
+    def moe_layer_pattern(self) -> tuple[bool, ...]:
+        """Whether each layer is a MoE layer (``moe_layer_freq``; all dense without experts).
+        An EchoError says what is wrong with a pattern that is not one of the layers."""
+        if not self.num_experts:
+            return (False,) * self.layers
+        return moe_layer_pattern(self.moe_layer_freq, self.layers)
+
+    def moe_layer_count(self, first: int = 0, count: int | None = None) -> int:
+        """The MoE layers among ``count`` layers from ``first`` (all of them by default)."""
+        pattern = self.moe_layer_pattern()
+        return sum(pattern[first:len(pattern) if count is None else first + count])
 
     @property
     def moe_ffn_size(self) -> int:
@@ -502,6 +548,8 @@ class GPTConfig:
             raise EchoError(f"{where}: experts and their MLP widths must be >= 0, got {e}, {self.moe_ffn_hidden} "
                             f"and {self.moe_shared_ffn}")
         if not e:
+            if self.moe_layer_freq != "1":
+                raise EchoError(f"{where}: a MoE layer frequency is a mixture of experts' (experts > 0)")
             if self.moe_grouped_gemm:
                 raise EchoError(f"{where}: grouped GEMM is a mixture of experts' (experts > 0)")
             if layout.ep > 1:
@@ -510,9 +558,10 @@ class GPTConfig:
             if self.moe_shared_ffn:
                 raise EchoError(f"{where}: a shared expert is a mixture of experts' (experts > 0)")
             return
+        self.moe_layer_pattern()      # a pattern that is not one of the layers: its own message
         if self.moe_grouped_gemm and not self.llama:
             raise EchoError(f"{where}: Megatron-Core's grouped GEMM experts have no linear biases "
-                            "(--disable-bias-linear: the llama architecture here)")
+                            "(the llama architecture here)")
         if self.moe_shared_ffn % layout.tp:
             raise EchoError(f"{where}: tp ({layout.tp}) must divide the shared expert's width ({self.moe_shared_ffn})")
         if self.attention != "megatron":
@@ -836,9 +885,12 @@ class GPTConfig:
         h, s, f = self.hidden, self.seq, self.ffn_size
         kv = h // self.heads * self.query_groups          # the width of K and of V
         mlp = (6 if self.llama else 4) * h * f            # SwiGLU's first projection is twice as wide
-        if self.num_experts:      # each token through k experts (and the shared one), and the router
-            mlp = ((self.moe_topk * self.moe_ffn_size + self.moe_shared_ffn) * (6 if self.llama else 4) * h
-                   + 2 * h * self.num_experts)
+        moe_layers = self.moe_layer_count()
+        if moe_layers:            # each token through k experts (and the shared one), and the router
+            moe_mlp = ((self.moe_topk * self.moe_ffn_size + self.moe_shared_ffn) * (6 if self.llama else 4) * h
+                       + 2 * h * self.num_experts)
+            # the MoE layers' MLP on average over the layers (what the recomputed forwards run too)
+            mlp = (moe_layers * moe_mlp + (self.layers - moe_layers) * mlp) / self.layers
         layer = 4 * h * h + 4 * h * kv + mlp + 4 * s * h  # per token: Q and projection, K and V, MLP; attention
         tokens = sequences * s
         model = 3 * tokens * (self.layers * layer + 2 * h * self.padded_vocab(tp))
@@ -854,15 +906,16 @@ class GPTConfig:
         kv = h // self.heads * self.query_groups
         v = self.padded_vocab(1)
         e, fe = self.num_experts, self.moe_ffn_size
+        moe, dense = self.moe_layer_count(), self.layers - self.moe_layer_count()
         if self.llama:      # no biases, one weight per RMSNorm, no learned positions
-            mlp = e * 3 * h * fe + e * h + 3 * h * self.moe_shared_ffn if e else 3 * h * f
-            block = 2 * h * h + 2 * h * kv + mlp + 2 * h
-            return self.layers * block + v * h + h + (0 if self.tie_embeddings else h * v)
+            mlp = moe * (e * 3 * h * fe + e * h + 3 * h * self.moe_shared_ffn) + dense * 3 * h * f
+            block = self.layers * (2 * h * h + 2 * h * kv + 2 * h) + mlp
+            return block + v * h + h + (0 if self.tie_embeddings else h * v)
         shared = 2 * h * self.moe_shared_ffn + self.moe_shared_ffn + h if self.moe_shared_ffn else 0
-        mlp = e * (2 * h * fe + fe + h) + e * h + shared if e else 2 * h * f + f + h
-        block = 2 * h * h + 2 * h * kv + (h + 2 * kv) + h + mlp + 4 * h
+        mlp = moe * (e * (2 * h * fe + fe + h) + e * h + shared) + dense * (2 * h * f + f + h)
+        block = self.layers * (2 * h * h + 2 * h * kv + (h + 2 * kv) + h + 4 * h) + mlp
         head = 0 if self.tie_embeddings else h * v + v
-        return self.layers * block + v * h + self.seq * h + 2 * h + head
+        return block + v * h + self.seq * h + 2 * h + head
 
     def to_json(self) -> dict:
         return omit_record_defaults(asdict(self))
@@ -882,7 +935,7 @@ RECORD_DEFAULTS: dict[str, Any] = {
     "overlap_param_gather": False, "align_grad_reduce": True, "align_param_gather": True,
     "overlap_param_gather_with_optimizer_step": False, "recompute_method": "uniform", "recompute_num_layers": 1,
     "recompute_modules": "core_attn", "cp_comm_type": "p2p", "num_experts": 0, "moe_topk": 2, "moe_ffn_hidden": 0,
-    "moe_token_dispatcher": "allgather", "moe_shared_ffn": 0, "moe_grouped_gemm": False,
+    "moe_token_dispatcher": "allgather", "moe_shared_ffn": 0, "moe_grouped_gemm": False, "moe_layer_freq": "1",
 }
 
 

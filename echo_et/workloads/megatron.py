@@ -141,12 +141,14 @@ def megatron_block_class():
         """One transformer layer on ``[s, b, h]`` input (see the module docstring); with
         ``cfg.arch`` "llama", Megatron-LM's Llama layer (:class:`LlamaParts`)."""
 
-        def __init__(self, cfg, tp: int, group, *, gen, device, dtype, cp_group=None, moe_groups=None):
+        def __init__(self, cfg, tp: int, group, *, gen, device, dtype, cp_group=None, moe_groups=None,
+                     moe: bool = True):
             """``cp_group``: the context-parallel group, whose ranks hold the sequence in
             chunks (:mod:`echo_et.workloads.context_parallel`); None without one.
             ``moe_groups``: with experts (``cfg.num_experts``), the rank's "ep" and "tp_ep"
             groups (None where there is no expert parallelism): the MLP is a mixture of
-            experts (:mod:`echo_et.workloads.moe`)."""
+            experts (:mod:`echo_et.workloads.moe`), unless ``moe`` is False (a dense layer of a
+            model whose MoE layer frequency leaves it dense)."""
             super().__init__()
             self.cp_group = cp_group
             h = cfg.hidden
@@ -175,7 +177,7 @@ def megatron_block_class():
             self.proj = RowParallelLinear(h, h, group, skip_bias_add=True, **kw, **sp)
             self.ln2 = self._norm(cfg, device, dtype)
             self.moe = None
-            if cfg.num_experts:
+            if cfg.num_experts and moe:
                 from echo_et.workloads.moe import MoEMLP
 
                 ep_group, tp_ep_group = moe_groups or (None, None)
