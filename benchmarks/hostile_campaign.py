@@ -398,6 +398,7 @@ def _option_table(b: Base, out: Path) -> list[tuple[list[Any], str, str, float]]
     t.append((pr + moe + ["--ep", "4"], "--moe-ffn-hidden-size", "int", 60))
     t.append((pr + moe + ["--ep", "4", "--moe-router-topk", "1"], "--seq", "int", 60))
     t.append((pr + moe + ["--ep", "2"], "--moe-token-dispatcher-type", "name", 60))
+    t.append((pr + moe + ["--ep", "2"], "--moe-layer-freq", "name", 60))
     t.append((tr + ["--workload", "megatron-gpt", "--num-experts", "4", "--dp", "2", "--microbatches", "2"],
               "--ep", "int", 60))
     # a model's layouts on N GPUs: the GPU count, the batch and the micro-batch sizes

@@ -299,6 +299,9 @@ def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
                               "--moe-shared-expert-intermediate-size", "256", "-o", str(tmp_path / "g")])
     assert res.exit_code == 0, res.output
     assert "8 experts (top-2, shared 256, alltoall, grouped GEMM) over ep 2" in res.output
+    res = runner.invoke(app, ["predict", *CLI, "--ep", "2", "--moe-layer-freq", "([0]*1+[1]*3)",
+                              "-o", str(tmp_path / "f")])
+    assert res.exit_code == 0 and "(top-2, alltoall) in 3 of 4 layers over ep 2" in res.output, res.output
     grouped = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert grouped["prediction"]["moe_grouped_gemm"] and grouped["step_time_ns"] != summary["step_time_ns"]
     for args, message in ((["--ep", "3"], "ep (3) must divide dp (4)"),
@@ -308,7 +311,9 @@ def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
                           (["--num-experts", "0", "--ep", "2"], "needs a mixture of experts"),
                           (["--moe-router-topk", "0"], "--moe-router-topk"),
                           (["--num-experts", "-2"], "--num-experts"),
-                          (["--moe-token-dispatcher-type", "flex"], "'flex' is not one of allgather, alltoall")):
+                          (["--moe-token-dispatcher-type", "flex"], "'flex' is not one of allgather, alltoall"),
+                          (["--moe-layer-freq", "[1]*5"], "gives more than the model's 4 layers"),
+                          (["--moe-layer-freq", "os.system('x')"], "write an integer")):
         res = runner.invoke(app, ["predict", *CLI, *args, "-o", str(tmp_path / "x")])
         assert res.exit_code != 0 and message in res.output and len(res.output.strip().splitlines()) == 1, res.output
         assert not (tmp_path / "x").exists()
