@@ -135,13 +135,13 @@ TRACED = {**MOE, "layers": 4, "hidden": 256, "heads": 8, "seq": 512, "micro_batc
           "num_experts": 8, "sequence_parallel": True, "moe_token_dispatcher": "alltoall"}
 
 
-def _trace(**extra):
+def _trace(layout: dict | None = None, **extra):
     from echo_et.trace.tracer import TraceOptions, trace
     from echo_et.workloads.gpt import build_gpt
     from echo_et.workloads.gpt_config import GPTConfig
 
     cfg = GPTConfig.megatron(**{**TRACED, **extra})
-    lay = ParallelLayout(tp=2, pp=2, dp=4, ep=2, microbatches=4)
+    lay = ParallelLayout(**(layout or {"tp": 2, "pp": 2, "dp": 4, "ep": 2}), microbatches=4)
     return trace(build_gpt(cfg), lay, TraceOptions(device="meta", verify="stage", warmup_steps=0)).job
 
 
@@ -183,16 +183,18 @@ def test_traced_job_holds_the_dispatch() -> None:
     assert names["aten::mm"] >= 3 * 2 * 4 * per_layer
 
 
-def test_a_moe_job_predicts_as_node_by_node() -> None:
+@pytest.mark.parametrize("layout", [None, {"tp": 2, "pp": 2, "dp": 2, "cp": 2, "ep": 4}])
+def test_a_moe_job_predicts_as_node_by_node(layout: dict | None) -> None:
     """The MoE job predicted in closed form (repeat blocks) is the node-by-node simulation to
-    the ns."""
+    the ns; with context parallelism too, where each CP rank is a class of its own and the
+    expert-parallel groups span them (their all-to-alls meet inside the layers' blocks)."""
     from echo_et.experiments.config_rows import ConfigSweepOptions
     from echo_et.experiments.config_sweep import models_for
     from echo_et.passes import retime_compute
     from echo_et.sim import SimOptions, simulate
 
     compute, comm, slow = models_for(ConfigSweepOptions())
-    timed, _ = retime_compute(_trace(), compute)
+    timed, _ = retime_compute(_trace(layout, **({"seq": 1024} if layout else {})), compute)
 
     def run(repeats: bool):
         return simulate(timed, "predict", options=SimOptions(gpus_per_node=8, repeats=repeats),
