@@ -481,3 +481,44 @@ def test_the_moe_layer_frequency_is_megatron_cores() -> None:
     assert stage_moe_layers(mixed.replace(virtual_stages_per_rank=2), 2) == (2, 4)
     with pytest.raises(EchoError, match="a MoE layer frequency is a mixture of experts'"):
         dense.replace(moe_layer_freq="2").validate(ParallelLayout())
+
+
+def test_a_models_layouts_are_tried_with_expert_parallelism(tmp_path) -> None:
+    """``sweep --model NAME --gpus N --expert-parallel 2,4,8``: every (tp, pp, micro-batch) also
+    with each EP size that divides its dp and the experts (no more GPUs), the table and the
+    fastest line saying it; asking for it without experts, or a size below 1, is refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from echo_et.cli.main import app
+    from echo_et.experiments.layout_grid import candidate_layouts
+    from echo_et.workloads.model_shapes import model_shape
+
+    shape = model_shape("olmoe-1b-7b").options()
+    rows = candidate_layouts(shape, gpus=16, global_batch=64, gpus_per_node=8, micro_batches=(2,),
+                             expert_parallel=(2, 4, 8))
+    by_layout: dict = {}
+    for r in rows:
+        by_layout.setdefault((r["tp"], r["pp"]), []).append(r.get("ep", 1))
+    assert by_layout[(1, 1)] == [1, 2, 4, 8] and by_layout[(2, 1)] == [1, 2, 4, 8]
+    assert by_layout[(1, 4)] == [1, 2, 4] and by_layout[(8, 2)] == [1]      # ep divides dp (4; 1)
+    assert all(r["tp"] * r["pp"] * r["dp"] == 16 for r in rows)
+    with pytest.raises(EchoError, match="splits a mixture of experts"):
+        candidate_layouts({**shape, "num_experts": 0}, gpus=16, global_batch=64, gpus_per_node=8, expert_parallel=(2,))
+    with pytest.raises(EchoError, match="must be >= 1"):
+        candidate_layouts(shape, gpus=16, global_batch=64, gpus_per_node=8, expert_parallel=(0,))
+    res = CliRunner().invoke(app, ["sweep", "--model", "olmoe-1b-7b", "--gpus", "4",
+                                   "--global-batch", "8", "--micro-batch", "2", "--expert-parallel", "4",
+                                   "--moe-token-dispatcher-type", "alltoall", "--flash-attn", "--dtype", "bfloat16",
+                                   "--gpu", "h100", "--workers", "1", "--json", "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)["rows"]
+    assert any(r.get("ep") == 4 for r in got) and any("ep" not in r for r in got)
+    table = (tmp_path / "s" / "table.txt").read_text()
+    assert " ep4" in table and "fastest of" in table
+    # without it, on a GPU that cannot hold every expert: refused, saying what would fit
+    res = CliRunner().invoke(app, ["sweep", "--model", "olmoe-1b-7b", "--gpus", "4", "--global-batch", "8",
+                                   "--micro-batch", "2", "--flash-attn", "--dtype", "bfloat16", "--workers", "1",
+                                   "-o", str(tmp_path / "t")])
+    assert res.exit_code != 0 and "--expert-parallel 2,4,8 splits the experts" in res.output

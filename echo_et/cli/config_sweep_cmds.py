@@ -22,7 +22,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
                  as_json: bool, resume: bool = False, max_memory: int | None = None,
                  nic_bw: str | None = None, megatron: dict[str, Any] | None = None,
                  model: str | None = None, shape: dict[str, Any] | None = None,
-                 layouts: tuple[int, int, list[int], list[int]] | None = None) -> None:
+                 layouts: tuple[int, int, list[int], list[int], list[int], list[int]] | None = None) -> None:
     """``recompute``, ``recompute_granularity``: as ``common.recompute_setting`` resolves
     them; ``megatron``: the training settings of Megatron's flags (``common.megatron_settings``);
     ``model``: the named model whose shape (``shape``, as ``common.model_fields`` resolved
@@ -65,13 +65,15 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
         rows = read_configs(configs, defaults={k: v for k, v in shape.items() if k in MODEL_COLUMNS})
     else:
         assert layouts is not None
-        gpus, global_batch, micro_batches, chunks, context_parallel = layouts
+        gpus, global_batch, micro_batches, chunks, context_parallel, expert_parallel = layouts
         check_node_fill(gpus, gpus_per_node)
         grid = layout_grid(candidate_layouts(shape, gpus=gpus, global_batch=global_batch,
                                              gpus_per_node=opts.gpus_per_node(),
                                              micro_batches=micro_batches or MICRO_BATCHES, chunks=chunks,
                                              overlapped=opts.overlap_p2p_comm,
-                                             context_parallel=context_parallel), opts)
+                                             context_parallel=context_parallel,
+                                             expert_parallel=expert_parallel),
+                           opts)
         rows = grid.rows
         grid_json = grid.to_json()
         print(f"sweep: {name} on {gpus} {opts.gpu()} GPUs, global batch {global_batch}: {grid.said()}",
@@ -84,7 +86,7 @@ def config_sweep(configs: Path | None, output: Path, *, gpu: str | None, gpus_pe
     ran: list[bool] = []
 
     def progress(done: int, total: int, row: dict) -> None:
-        label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp", "cp") if k in row)
+        label = " ".join(f"{k}={row[k]}" for k in ("layers", "hidden", "tp", "pp", "dp", "cp", "ep") if k in row)
         state = row.get("error") or f"{row['predicted_ms']:.3f} ms"
         line = f"[{done}/{total}] {label}: {state}"
         if not ran:

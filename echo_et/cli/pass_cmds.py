@@ -249,6 +249,10 @@ def sweep(
                                                 help="--gpus: also try Megatron-Core's context parallelism with "
                                                      "these sizes (its --context-parallel-size), e.g. 2,4; needs "
                                                      "--flash-attn (--cp-comm-type for the exchange)."),
+    expert_parallel: str | None = typer.Option(None, "--expert-parallel", metavar="N,N,...",
+                                               help="--gpus: also try Megatron-Core's expert parallelism with these "
+                                                    "sizes (its --expert-model-parallel-size), e.g. 2,4,8: a model "
+                                                    "with experts."),
     dp: str | None = typer.Option(None, "--dp", metavar="N,N,...",
                                   help="Data-parallel degrees, e.g. 8,64,512 (JOB sweeps)."),
     pp: str | None = typer.Option(None, "--pp", help="Pipeline depths, e.g. 2,4 (default: the job's)."),
@@ -360,9 +364,10 @@ def sweep(
                                ("--zero", zero), ("--layout", declared), ("--preset", preset)) if v is not None]
         if used or mode != "predict":
             fail(f"{', '.join(used) or '--mode'} cannot be combined with {what}")
-        if configs is not None and (gpus, global_batch, micro_batch, virtual_stages, context_parallel) != (None,) * 5:
-            fail("--gpus, --global-batch, --micro-batch, --virtual-stages and --context-parallel sweep a model's "
-                 "layouts; the rows of --configs say their own")
+        if configs is not None and (gpus, global_batch, micro_batch, virtual_stages, context_parallel,
+                                    expert_parallel) != (None,) * 6:
+            fail("--gpus, --global-batch, --micro-batch, --virtual-stages, --context-parallel and --expert-parallel "
+                 "sweep a model's layouts; the rows of --configs say their own")
         if gpus is not None and (model is None or global_batch is None):
             fail("--gpus sweeps a model's layouts: give --model NAME and --global-batch N")
         if gpus is not None:
@@ -375,7 +380,8 @@ def sweep(
                          "depth does not divide the layers; --virtual-stages N,N to try the interleaved schedule)")
         layouts = None if gpus is None else (gpus, global_batch, _int_list(micro_batch, "--micro-batch"),
                                              _int_list(virtual_stages, "--virtual-stages"),
-                                             _int_list(context_parallel, "--context-parallel"))
+                                             _int_list(context_parallel, "--context-parallel"),
+                                             _int_list(expert_parallel, "--expert-parallel"))
         on, granularity = recompute_setting(recompute, recompute_granularity)
         megatron = {**megatron, **recompute_detail_settings(on, granularity, recompute_method, recompute_num_layers,
                                                            recompute_modules)}
@@ -390,7 +396,8 @@ def sweep(
     if job_path is None:
         fail("give a JOB to scale, --configs CONFIGS.csv, or --model NAME --gpus N --global-batch N")
     for flag, given in (("--global-batch", global_batch), ("--micro-batch", micro_batch),
-                        ("--virtual-stages", virtual_stages), ("--context-parallel", context_parallel)):
+                        ("--virtual-stages", virtual_stages), ("--context-parallel", context_parallel),
+                        ("--expert-parallel", expert_parallel)):
         if given is not None:
             fail(f"{flag} only applies with --gpus")
     if dp is None:

@@ -61,7 +61,8 @@ def trace_row(row: dict[str, Any], opts: ConfigSweepOptions, *, jobs: int = 1) -
 
     cfg, layout = workload_for(row, opts)
     name = (f"megatron-gpt-l{cfg.layers}-h{cfg.hidden}-tp{layout.tp}-pp{layout.pp}-dp{layout.dp}"
-            + (f"-cp{layout.cp}" if layout.cp > 1 else "") + f"-mb{layout.microbatches}")
+            + (f"-cp{layout.cp}" if layout.cp > 1 else "") + (f"-ep{layout.ep}" if layout.ep > 1 else "")
+            + f"-mb{layout.microbatches}")
     # Megatron's optimizer has no lazily created state: the first step is the steady one
     # (tests/test_trace_meta.py), so no warm-up step is traced.
     # The checker proves the built-in workload's graphs in the tests; a sweep skips it.
@@ -305,9 +306,11 @@ class ConfigSweepResult:
         head = ("#", "layers", "hidden", "heads", "seq", "mb", "gb", "tp", "pp", "dp",
                 "measured_ms", "predicted_ms", "error_%", "compute_ms", "exp_comm_ms", "bubble_ms",
                 "host_idle_ms", "MFU_%")
-        # a row's schedule, and its context-parallel size where it has one (its GPUs are tp x pp x dp x cp)
+        # a row's schedule, and its context-parallel size where it has one (its GPUs are tp x pp x dp x cp),
+        # and its expert-parallel size (cut from its dp x cp)
         schedules = [" ".join(x for x in (schedule_said(r, self.options),
-                                          f"cp{r['cp']}" if (r.get("cp") or 1) > 1 else "") if x)
+                                          f"cp{r['cp']}" if (r.get("cp") or 1) > 1 else "",
+                                          f"ep{r['ep']}" if (r.get("ep") or 1) > 1 else "") if x)
                      for r in self.rows]
         shown = any(sched not in ("", "1F1B") for sched in schedules)   # a column only where a row differs
         lines = [" ".join(f"{h:>12}" if i >= 10 else f"{h:>6}" for i, h in enumerate(head))
@@ -344,7 +347,8 @@ class ConfigSweepResult:
             line = (f"fastest of {c.layouts} layouts for {r['layers']} layers, hidden {r['hidden']}, "
                     f"{r['heads']} heads, seq {r['seq']}, global batch {r['global_batch']} on {c.gpus} GPUs: row "
                     f"{c.pick} (tp {r['tp']}, pp {r['pp']}, dp {r['dp']}"
-                    + (f", cp {r['cp']}" if (r.get("cp") or 1) > 1 else "") + f", micro-batch {r['micro_batch']}"
+                    + (f", cp {r['cp']}" if (r.get("cp") or 1) > 1 else "")
+                    + (f", ep {r['ep']}" if (r.get("ep") or 1) > 1 else "") + f", micro-batch {r['micro_batch']}"
                     f"{'' if (sched := schedule_said(r, self.options)) in ('', '1F1B') else ', ' + sched}), "
                     f"{r['predicted_ms']:.3f} ms, MFU {_mfu(r)} %")
             if len(c.shortlist) > 1:

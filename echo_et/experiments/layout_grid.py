@@ -43,7 +43,8 @@ class LayoutGrid:
 def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gpus_per_node: int,
                       micro_batches: Sequence[int] = MICRO_BATCHES,
                       chunks: Sequence[int] = (), overlapped: bool = False,
-                      context_parallel: Sequence[int] = ()) -> list[dict[str, Any]]:
+                      context_parallel: Sequence[int] = (),
+                      expert_parallel: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Every (tp, pp, dp, micro-batch) of ``gpus`` GPUs for the model ``shape`` (its layers,
     hidden, heads, seq, vocab): tp a power of two up to a node (at most 8), pp up to the
     layers with tp x pp dividing the GPUs, dp the rest; in the order tp, pp, micro-batch. A pp
@@ -59,7 +60,10 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
     micro-batch group Megatron-Core accepts (``--microbatch-group-size-per-virtual-pipeline-stage``).
     With ``context_parallel`` (CP sizes), each (tp, pp) is also tried with each size whose
     tp x pp x cp divides the GPUs, after the plain one (the row's ``cp`` column; dp the rest).
-    Megatron's other rules are the workload's to check."""
+    With ``expert_parallel`` (EP sizes, a model with experts: ``shape["num_experts"]``), each
+    candidate is also tried with each size that divides its dp x cp and the experts, after
+    ep 1 (the row's ``ep`` column; it adds no GPUs). Megatron's other rules are the workload's
+    to check."""
     if gpus < 1 or global_batch < 1:
         raise OptionError("gpus" if gpus < 1 else "global_batch", "give a positive number")
     if any(m < 1 for m in micro_batches):
@@ -68,7 +72,14 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
         raise OptionError("virtual_stages", f"model chunks per stage must be >= 2, got {list(chunks)}")
     if any(c < 1 for c in context_parallel):
         raise OptionError("context_parallel", f"context-parallel sizes must be >= 1, got {list(context_parallel)}")
+    experts = int(shape.get("num_experts") or 0)
+    if any(e < 1 for e in expert_parallel):
+        raise OptionError("expert_parallel", f"expert-parallel sizes must be >= 1, got {list(expert_parallel)}")
+    if expert_parallel and not experts:
+        raise OptionError("expert_parallel", "expert parallelism splits a mixture of experts: give --num-experts "
+                                             "(or a --model with experts)")
     sizes = sorted({1, *context_parallel})
+    eps = sorted({1, *expert_parallel})
     rows = []
     tp = 1
     while tp <= min(MAX_TP, gpus_per_node, gpus):
@@ -87,10 +98,14 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
                 for mb in sorted(set(micro_batches)):
                     group = {} if global_batch % (mb * dp) else _microbatch_group(global_batch // (mb * dp), pp)
                     for schedule in [edges, *[{**s, **group} for s in interleaved]]:
-                        rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab")
-                                        if k in shape},
-                                     "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
-                                     "dp": dp, **schedule, **({"cp": cp} if cp > 1 else {})})
+                        for ep in eps:
+                            if (dp * cp) % ep or (experts and experts % ep):
+                                continue
+                            rows.append({**{k: shape[k] for k in ("layers", "hidden", "heads", "seq", "vocab")
+                                            if k in shape},
+                                         "micro_batch": mb, "global_batch": global_batch, "tp": tp, "pp": pp,
+                                         "dp": dp, **schedule, **({"cp": cp} if cp > 1 else {}),
+                                         **({"ep": ep} if ep > 1 else {})})
         tp *= 2
     return rows
 
@@ -157,6 +172,8 @@ def layout_grid(candidates: list[dict[str, Any]], opts: Any) -> LayoutGrid:
     if grid.refused[DOES_NOT_FIT] and not (full and opts.recompute_method == "uniform"):
         grid.hint = ("recomputing every layer (the uniform method) lets more of them fit" if full
                      else "full recomputation lets more of them fit")
+    if grid.refused[DOES_NOT_FIT] and getattr(opts, "num_experts", 0) and not any("ep" in r for r in candidates):
+        grid.hint = "; ".join(h for h in (grid.hint, "--expert-parallel 2,4,8 splits the experts over more ranks") if h)
     if not grid.rows:
         raise EchoError(f"no layout of this model runs: {grid.said()}")
     return grid
