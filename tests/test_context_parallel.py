@@ -470,4 +470,4 @@ def test_layout_search_tries_context_parallel_sizes(tmp_path) -> None:
     assert "1F1B cp4" in res.stdout
     res = runner.invoke(app, ["sweep", "--configs", str(tmp_path / "x.csv"), "--context-parallel", "2",
                               "-o", str(tmp_path / "y")])
-    assert res.exit_code != 0 and "--context-parallel sweep a model's layouts" in res.output
+    assert res.exit_code != 0 and "--context-parallel and --expert-parallel sweep a model's layouts" in res.output

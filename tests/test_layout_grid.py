@@ -103,7 +103,8 @@ def test_sweep_predicts_a_models_layouts(tmp_path) -> None:
     (["--gpus", "8", "--global-batch", "8"], "--gpus sweeps a model's layouts: give --model NAME and --global-batch"),
     (["--model", "llama2-7b", "--gpus", "8"], "give --model NAME and --global-batch N"),
     (["--model", "llama2-7b", "--gpus", "8", "--global-batch", "8", "--configs", "x.csv"],
-     "--gpus, --global-batch, --micro-batch, --virtual-stages and --context-parallel sweep a model's layouts"),
+     "--gpus, --global-batch, --micro-batch, --virtual-stages, --context-parallel and --expert-parallel sweep a "
+     "model's layouts"),
     (["--model", "llama2-7b", "--gpus", "8", "--global-batch", "8", "--micro-batch", "0"],
      "--micro-batch '0': values must be >= 1"),
     (["fixtures/jobs/ddp-dp4", "--dp", "2", "--global-batch", "8"], "--global-batch only applies with --gpus"),

@@ -76,8 +76,7 @@ def candidate_layouts(shape: dict[str, Any], *, gpus: int, global_batch: int, gp
     if any(e < 1 for e in expert_parallel):
         raise OptionError("expert_parallel", f"expert-parallel sizes must be >= 1, got {list(expert_parallel)}")
     if expert_parallel and not experts:
-        raise OptionError("expert_parallel", "expert parallelism splits a mixture of experts: give --num-experts "
-                                             "(or a --model with experts)")
+        raise OptionError("expert_parallel", "expert parallelism splits a mixture of experts; this model has none")
     sizes = sorted({1, *context_parallel})
     eps = sorted({1, *expert_parallel})
     rows = []
