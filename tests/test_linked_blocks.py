@@ -14,7 +14,7 @@ from echo_et.errors import EchoError
 from echo_et.ir import GraphBuilder, JobBuilder, check_job, pb
 from echo_et.ir.repeats import p2p_seq_key
 from echo_et.models.comm import CommModel
-from echo_et.sim import SimOptions, simulate
+from echo_et.sim import SimOptions
 from echo_et.sim.analysis import decider
 from echo_et.sim.blocks import NEG, place
 from echo_et.sim.linked_blocks import narrow, place_narrow
@@ -220,23 +220,15 @@ def test_a_traced_ring_predicts_as_node_by_node(cp: int, extra: dict, eager: int
     """Megatron-Core's p2p ring traced on the meta device and predicted with the compute model
     and overlap slowdown (eager sends, and with every send waiting for its recv): the same to
     the ns, the layers of every CP rank placed, and a quarter of the events or fewer."""
+    from placed_checks import assert_placed_as_expanded
+
     from echo_et.experiments.config_rows import ConfigSweepOptions
     from echo_et.experiments.config_sweep import models_for
     from echo_et.passes import retime_compute
 
     compute, comm, slow = models_for(ConfigSweepOptions())
     timed, _ = retime_compute(_traced(cp, **extra), compute)
-
-    def run(repeats: bool):
-        return simulate(timed, "predict", options=SimOptions(gpus_per_node=8, repeats=repeats, p2p_eager_bytes=eager),
-                        comm_model=comm, slowdown_model=slow)
-
-    placed, expanded = run(True), run(False)
-    a, b = placed.to_json(), expanded.to_json()
-    a.pop("events")
-    b.pop("events")
-    assert a == b
-    assert list(placed.timeline_events()) == list(expanded.timeline_events())
+    placed, expanded = assert_placed_as_expanded(timed, comm, slow, p2p_eager_bytes=eager)
     assert placed.slowdown["applied"] and placed.events * 3 < expanded.events
 
 

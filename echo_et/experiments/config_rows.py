@@ -212,22 +212,23 @@ def workload_for(row: dict[str, Any], opts: ConfigSweepOptions):
     return cfg, layout
 
 
+def row_degree(row: dict[str, Any], column: str) -> int:
+    """A row's optional parallel size (its ``column``, "cp" or "ep"; 1 without one)."""
+    value = row.get(column)
+    value = 1 if value is None else int(value)
+    if value < 1:
+        raise EchoError(f"{column} must be >= 1, got {value}")
+    return value
+
+
 def row_ep(row: dict[str, Any]) -> int:
     """A row's expert-parallel size (its ep column; 1 without one)."""
-    ep = row.get("ep")
-    ep = 1 if ep is None else int(ep)
-    if ep < 1:
-        raise EchoError(f"ep must be >= 1, got {ep}")
-    return ep
+    return row_degree(row, "ep")
 
 
 def row_cp(row: dict[str, Any]) -> int:
     """A row's context-parallel size (its cp column; 1 without one)."""
-    cp = row.get("cp")
-    cp = 1 if cp is None else int(cp)
-    if cp < 1:
-        raise EchoError(f"cp must be >= 1, got {cp}")
-    return cp
+    return row_degree(row, "cp")
 
 
 def row_or(row: dict[str, Any], column: str, default: int) -> int:
