@@ -119,6 +119,10 @@ SLOW = {
     "test_determinism.py",
     "test_fuzz_promise.py",
     # single tests (each several seconds: `pytest --durations`)
+    "test_moe.py::test_real_run_reduces_the_gradients_of_unsplit_experts",
+    "test_moe.py::test_meta_trace_equals_a_cpu_trace_on_every_rank",
+    "test_moe.py::test_a_models_layouts_are_tried_with_expert_parallelism",
+    "test_moe.py::test_a_moe_job_runs_in_astra_sim",
     "test_layout_grid.py::test_sweep_predicts_a_models_layouts",
     "test_architecture.py::test_library_errors_name_no_flag",
     "test_architecture.py::test_no_private_attribute_read_across_objects",
