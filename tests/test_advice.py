@@ -80,3 +80,11 @@ def test_a_sweep_carries_the_advice_per_row_and_says_it_once(tmp_path) -> None:
     # float32 runs' head sizes are not judged
     plain = run_config_sweep(rows[1:2], ConfigSweepOptions(dtype="float32"), workers=1)
     assert "advice" not in plain.rows[0] and "head size" not in plain.table()
+
+
+def test_a_mixture_of_experts_says_its_routing_is_taken_as_balanced() -> None:
+    """A MoE configuration's prediction says that routing is balanced and unmeasured; a dense
+    one says nothing of it."""
+    (moe,) = prediction_advice(4096, 32, "bfloat16", 2, experts=8)
+    assert moe.startswith("mixture of experts (8 experts): routing is modelled as balanced")
+    assert prediction_advice(4096, 32, "bfloat16", 2) == ()

@@ -283,6 +283,8 @@ def test_predict_and_sweep_take_megatron_cores_flags(tmp_path) -> None:
     assert "tp 2 x pp 1 x dp 4, 8 experts (top-2, alltoall) over ep 2 = 8 a100 GPUs" in res.output
     summary = json.loads((tmp_path / "p" / "summary.json").read_text())
     assert summary["config"]["ep"] == 2 and summary["prediction"]["num_experts"] == 8
+    assert any(a.startswith("mixture of experts (8 experts): routing is modelled as balanced")
+               for a in summary["advice"])
     csv = tmp_path / "rows.csv"
     csv.write_text("layers,hidden,heads,seq,micro_batch,global_batch,tp,pp,dp,ep\n4,256,8,512,1,16,2,1,4,2\n")
     res = runner.invoke(app, ["sweep", "--configs", str(csv), *CLI[CLI.index("--arch"):], "--json",

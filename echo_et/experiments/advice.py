@@ -20,6 +20,9 @@ summary.json, ``sweep --configs`` gives it per row and once in table.txt.
   tensor-parallel steps 13-17 % fast on average, up to a quarter at micro-batch 1-2, where
   the Megatron-LM paper's TP8 runs are within 5 %. What the framework adds per
   tensor-parallel call is not in any data here (docs/accuracy.md, the vTrain TP8 analysis).
+- **A mixture of experts**: routing is modelled as balanced (every expert the same rows),
+  which a real router only approaches, and no MoE step is measured here: the line says what
+  the step is (what balanced routing reaches) rather than a measured miss.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from echo_et.ir.dtypes import dtype_size
 ALIGN_BYTES = 16
 
 
-def prediction_advice(hidden: int, heads: int, dtype: str, tp: int) -> tuple[str, ...]:
+def prediction_advice(hidden: int, heads: int, dtype: str, tp: int, experts: int = 0) -> tuple[str, ...]:
     """One line per known cost of the configuration that the prediction leaves out (none for
     most). Head sizes are judged for 16-bit types only: the measurements are of float16 and
-    bfloat16 runs."""
+    bfloat16 runs. ``experts``: a mixture of experts' (0: dense)."""
     out = []
     size = dtype_size(dtype)
     if heads >= 1 and hidden % heads == 0 and size == 2 and (hidden // heads * size) % ALIGN_BYTES:
@@ -48,4 +51,8 @@ def prediction_advice(hidden: int, heads: int, dtype: str, tp: int) -> tuple[str
                    "tensor-parallel steps 13-17 % fast on average, up to a quarter at micro-batch 1-2, and "
                    "Megatron-LM's within 5 %: read a Megatron-DeepSpeed TP8 prediction as a lower bound "
                    "(docs/accuracy.md)")
+    if experts:
+        out.append(f"mixture of experts ({experts} experts): routing is modelled as balanced, every expert the same "
+                   "rows; a real router's busiest expert sets each MoE layer's time, and no MoE step is measured "
+                   "here: read the step as what balanced routing reaches (docs/predict.md, mixture of experts)")
     return tuple(out)

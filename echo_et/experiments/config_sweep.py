@@ -243,7 +243,8 @@ def timed_predict_row(opts: ConfigSweepOptions, row: dict[str, Any]) -> tuple[di
         res, _ = predict_job(job, opts)
         seconds = {"trace_s": round(t1 - t0, 3), "simulate_s": round(time.perf_counter() - t1, 3)}
         rates = row_throughput(row, opts, res.step_time_ns)
-        advice = prediction_advice(int(row["hidden"]), int(row["heads"]), opts.dtype, int(row["tp"]))
+        advice = prediction_advice(int(row["hidden"]), int(row["heads"]), opts.dtype, int(row["tp"]),
+                                   opts.num_experts)
         return {**summarize(row, res), **{k: rates[k] for k in ROW_RATES},
                 **({"advice": list(advice)} if advice else {})}, seconds
     except EchoError as e:

@@ -70,7 +70,7 @@ def predict_config(config: dict[str, Any], opts: ConfigSweepOptions) -> Predicti
     res = simulate_timed(timed, opts, repeats=True)
     return Prediction(dict(config), opts, res, job, timed, retime, row_throughput(config, opts, res.step_time_ns),
                       prediction_advice(int(config["hidden"]), int(config["heads"]), opts.dtype,
-                                        int(config["tp"])))
+                                        int(config["tp"]), opts.num_experts))
 
 
 # What a predict folder holds: nothing else (a user's notes.txt beside them makes the folder
