@@ -202,10 +202,12 @@ class MoEMLP(nn.Module):
 
     def _exchange_counts(self, device) -> None:
         """The alltoall dispatcher's token counts per expert gathered over "tp_ep" and read on
-        the host (the all-to-all's split sizes): one small all-gather, then a stream sync."""
-        if _size(self.gather_group) <= 1:
+        the host (the all-to-all's split sizes, and the local experts' rows): one small
+        all-gather, then a stream sync; the sync alone with one rank and several local experts."""
+        if _size(self.gather_group) > 1:
+            self._gather_small(torch.zeros(self.experts, device=device, dtype=torch.int64))
+        elif self.local == 1:
             return
-        self._gather_small(torch.zeros(self.experts, device=device, dtype=torch.int64))
         stream_sync(device)
 
     def _gather_small(self, mine: torch.Tensor) -> None:
