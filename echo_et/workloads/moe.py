@@ -178,10 +178,13 @@ class MoEMLP(nn.Module):
             # the group's routed rows this rank's experts take, expert by expert, source by source
             # (member m of the group, tp fastest, is ep rank m // tp)
             q = dist.get_rank(ep_group) if ep > 1 else 0
-            block = rows // ep
-            pairs = [m * rows + q * block + sum(self.rows[:i]) + r for i in range(self.local)
-                     for m in range(self.sources) for r in range(self.rows[i])]
-            pair = torch.tensor(pairs, dtype=torch.int64).to(device)
+            sources = torch.arange(self.sources, device=device).unsqueeze(1) * rows
+            first = q * (rows // ep)
+            parts = []
+            for n in self.rows:        # made on the device: a large layer's table is millions long
+                parts.append((sources + first + torch.arange(n, device=device)).reshape(-1))
+                first += n
+            pair = torch.cat(parts)
             self.register_buffer("ag_pair", pair, persistent=False)
             self.register_buffer("ag_token_of_row", pair // self.topk, persistent=False)
 
