@@ -550,3 +550,26 @@ def test_a_moe_job_runs_in_astra_sim(tmp_path) -> None:
     assert len(to_peer) == 4 * 2 * 4 and {attr_value(n, "comm_size") for n in to_peer} == {256 * 2 * 256 * 2 // 2}
     res = run_astra_sim(tmp_path / "x", binary, timeout_s=300)
     assert len(res["finished_cycles"]) == 16 and res["step_ns"] > 0
+
+
+def test_the_distributed_optimizer_shards_the_experts_over_edp() -> None:
+    """With ZeRO 1 (Megatron's distributed optimizer) the expert gradients are reduce-scattered
+    over the ranks holding the same experts (edp) and their updated weights all-gathered there,
+    the dense ones over dp: each part's buffer sharded over its own group."""
+    from collections import Counter
+
+    from echo_et._proto import echo_et_pb2 as pb
+    from echo_et.ir import check_job
+    from echo_et.ir.schema import collective_name
+
+    job = _trace({"tp": 2, "pp": 2, "dp": 4, "ep": 2, "zero": 1})
+    assert check_job(job) == [] and job.manifest.layout.zero_stage == 1
+    graph = job.graph(job.graph_ids()[0]).copy()
+    graph.expand()
+    big = Counter((collective_name(n.collective.type), n.collective.group) for n in graph
+                  if n.kind == pb.KIND_COLLECTIVE and n.collective.in_bytes > 1 << 20)
+    assert big[("reduce_scatter", "edp")] >= 1 and big[("reduce_scatter", "dp")] >= 1
+    assert not any(g == "edp" and c == "all_reduce" for c, g in big)
+    gathers = {(collective_name(n.collective.type), n.collective.group) for n in graph
+               if n.kind == pb.KIND_COLLECTIVE and n.collective.group in ("edp", "dp")}
+    assert {("all_gather", "edp"), ("all_gather", "dp")} <= gathers
