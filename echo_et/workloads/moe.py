@@ -124,7 +124,7 @@ class MoEMLP(nn.Module):
 
         h, e = cfg.hidden, cfg.num_experts
         tp, ep = _size(tp_group), _size(ep_group)
-        self.tp_group, self.ep_group, self.tp_ep_group = tp_group, ep_group, tp_ep_group
+        self.tp_group, self.ep_group = tp_group, ep_group
         self.topk = cfg.moe_topk
         self.experts = e
         self.llama = cfg.llama
@@ -170,7 +170,6 @@ class MoEMLP(nn.Module):
         self.register_buffer("token_of_row", order // self.topk, persistent=False)
         self.rows = expert_rows(tokens, self.topk, e, ep)     # from one rank, per local expert
         self.sources = ep * tp                                 # ranks whose rows each expert runs
-        self.tokens = tokens
         self.dispatcher = cfg.moe_token_dispatcher
         # the group the dispatcher gathers over (counts, or tokens): tp x ep, tp alone without ep
         self.gather_group = tp_ep_group if tp_ep_group is not None else tp_group
