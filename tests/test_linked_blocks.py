@@ -16,8 +16,8 @@ from echo_et.ir.repeats import p2p_seq_key
 from echo_et.models.comm import CommModel
 from echo_et.sim import SimOptions
 from echo_et.sim.analysis import decider
-from echo_et.sim.blocks import NEG, place
-from echo_et.sim.linked_blocks import narrow, place_narrow
+from echo_et.sim.blocks import NEG, PLACE_ROWS, place
+from echo_et.sim.linked_blocks import NARROW_LIMIT, NARROW_NONE, place_narrow
 from echo_et.sim.predict import Predictor
 
 MODEL = CommModel.preset("a100-ib")
@@ -39,11 +39,12 @@ def _same(job, cls=Predictor, **options):
 
 # -- hand-made rings ------------------------------------------------------------------------------
 def _ring(n: int = 2, copies: int = 3, nbytes: int = 8 << 20, *, one_stream: bool = False,
-          bound: int | None = None):
+          bound: int | None = None, scale: int = 1):
     """``n`` ranks in a ring, each a block stored once and repeated ``copies`` times: a kernel
     (longer on later ranks), its output sent to the next rank while the previous rank's is
     received (on two communication streams, or one), kernels that use what came, and at the
-    end an all-reduce over the ring. ``bound``: only the first ``bound`` ranks in the Job."""
+    end an all-reduce over the ring. ``bound``: only the first ``bound`` ranks in the Job;
+    ``scale`` multiplies the first kernel's duration."""
     jb = JobBuilder("ring", n)
     gid = jb.group(list(range(n)), name="cp", role="cp")
     for r in range(bound or n):
@@ -54,7 +55,7 @@ def _ring(n: int = 2, copies: int = 3, nbytes: int = 8 << 20, *, one_stream: boo
         b.declare_group("cp", n)
         g = b.graph
         nxt, prv = (r + 1) % n, (r - 1) % n
-        k1 = g.new_node(id=1, name="attn", kind=pb.KIND_COMPUTE, stream=gpu, duration_ns=1000 * (r + 1))
+        k1 = g.new_node(id=1, name="attn", kind=pb.KIND_COMPUTE, stream=gpu, duration_ns=1000 * (r + 1) * scale)
         k1.compute.op = "attn"
         s = g.new_node(id=2, name="send", kind=pb.KIND_SEND, stream=tx)
         s.p2p.group, s.p2p.peer, s.p2p.bytes = "cp", nxt, nbytes
@@ -248,22 +249,111 @@ def test_unique_rows_is_numpys_unique_by_rows() -> None:
 
 
 @pytest.mark.parametrize("spread", [1_000, (1 << 30) - 1, 1 << 30, 1 << 40])
-def test_a_narrowed_joint_table_places_exactly_as_the_wide_one(spread: int) -> None:
-    """Joint tables are kept as int32 when their paths are short: placing with one gives
-    the int64 table's starts to the ns, inputs spread over a second or over hours (then the
-    table is widened for the call); a table with a path of a second or more stays int64."""
+def test_an_int32_joint_table_places_exactly_as_the_int64_one(spread: int) -> None:
+    """Joint tables are int32 when their paths are short, "no path" a drifted NARROW_NONE:
+    placing with one gives the int64 table's starts to the ns, inputs spread over a second
+    or over hours (then the table is widened for the call)."""
     rng = np.random.default_rng(spread % 97)
     n, n_in = 400, 24
-    table = rng.integers(0, 50_000_000, size=(n, n_in), dtype=np.int64)
+    wide = rng.integers(0, 50_000_000, size=(n, n_in), dtype=np.int64)
     missing = rng.random((n, n_in)) < 0.6
-    table[missing] = NEG + rng.integers(0, 10**12, size=int(missing.sum()))
+    drift = rng.integers(0, NARROW_LIMIT, size=int(missing.sum()))
     entry = rng.integers(0, n_in, size=n)
-    table[np.arange(n), entry] = rng.integers(0, 50_000_000, size=n)   # a real path per item
-    small = narrow(table)
-    assert small.dtype == np.int32 and small.nbytes * 2 == table.nbytes
+    small = wide.copy()
+    wide[missing] = NEG + drift
+    small[missing] = NARROW_NONE + drift
+    small[np.arange(n), entry] = wide[np.arange(n), entry] = rng.integers(0, 50_000_000, size=n)   # a real path per item
+    small = small.astype(np.int32)
     for _ in range(20):
         x = -rng.integers(0, spread, size=n_in, dtype=np.int64)
         x[rng.integers(0, n_in)] = 0                                      # relative to the latest
-        assert np.array_equal(place_narrow(small, x), place(table, x))
-    table[0, entry[0]] = 1 << 30
-    assert narrow(table) is table
+        assert np.array_equal(place_narrow(small, x), place(wide, x))
+
+
+def test_a_ring_of_second_long_layers_keeps_int64_tables_and_places_as_node_by_node(monkeypatch) -> None:
+    """A bundle with a path of a second or more is filled again with int64's "no path"
+    (an int32 table would wrap): the same results as node by node."""
+    from echo_et.sim import linked_blocks
+
+    dtypes: list[np.dtype] = []
+    fill = linked_blocks._joint_tables
+
+    def recorded(*args):
+        d, r = fill(*args)
+        dtypes.append(d.dtype)
+        return d, r
+
+    monkeypatch.setattr(linked_blocks, "_joint_tables", recorded)
+    placed, expanded = _same(_ring(3, 4, 8 << 20, scale=600_000))
+    assert np.dtype(np.int64) in dtypes and placed.step_time_ns > 1 << 31
+    dtypes.clear()
+    _same(_ring(3, 4, 8 << 20))
+    assert dtypes and set(dtypes) == {np.dtype(np.int32)}
+
+def _starts_item_by_item(plan, blocks, durs, x):
+    """Every joint item's start and every meeting item's arrival for inputs ``x``, item by
+    item in Python ints: the rule the tables are filled by, for checking them."""
+    start: dict[tuple[int, int], int] = {}
+    arrival: dict[tuple[int, int], int] = {}
+
+    def latest(m: int, i: int) -> int:
+        blk, d = blocks[m], durs[m]
+        p = blk.stream_prev[i]
+        got = [start[m, p] + int(d[p]) if p >= 0 else x[plan.col[m] + blk.streams.index(blk.stream[i])]]
+        got += [start[m, q] + (0 if fs else int(d[q])) for q, fs in blk.local_gates[i]]
+        got += [x[j] for j in plan.ext[m].get(i, ())]
+        return max(got)
+
+    def arrive(e: tuple[int, int]) -> int:
+        if e not in arrival:
+            arrival[e] = latest(*e)
+        return arrival[e]
+
+    for m, i in plan.order:
+        if (m, i) in plan.meeting_of:
+            start[m, i] = max([arrive((m, i))] + [arrive(o) for o in plan.waits_for.get((m, i), ())])
+        else:
+            start[m, i] = latest(m, i)
+    return start, arrival
+
+
+@pytest.mark.parametrize("scale", [1, 600_000])
+def test_joint_tables_place_every_item_as_the_item_by_item_rule(monkeypatch, scale: int) -> None:
+    """The level-by-level fill (int32 when short, int64 when a path is a second or more)
+    places every item of every member, and every meeting item's arrival, where evaluating
+    the bundle item by item puts them: inputs close together and hours apart."""
+    from echo_et.sim import linked_blocks
+
+    bundles = []
+    place_bundle = linked_blocks.JointTables.place
+
+    def recorded(self, bundle):
+        bundles.append((bundle, [st.blocks.durs[o].copy() for st, o in bundle.members]))
+        return place_bundle(self, bundle)
+
+    monkeypatch.setattr(linked_blocks.JointTables, "place", recorded)
+    _predict(_ring(3, 4, 8 << 20, scale=scale))
+    assert bundles
+    rng = np.random.default_rng(scale)
+    for bundle, durs in bundles[:3]:
+        plan = bundle.plan
+        blocks = [st.program.compact.occurrences[o].block for st, o in bundle.members]
+        d_rows, r_rows = linked_blocks._joint_tables(plan, plan.schedule, durs)
+        assert d_rows.dtype == (np.int32 if scale == 1 else np.int64)
+        meets = sorted(plan.meeting_of, key=lambda e: plan.base[e[0]] + e[1])
+        for spread in (1_000, 1 << 40):
+            x = -rng.integers(0, spread, size=plan.n_in, dtype=np.int64)
+            x[rng.integers(0, plan.n_in)] = 0
+            start, arrival = _starts_item_by_item(plan, blocks, durs, x.tolist())
+            want = [start[m, i] for m, blk in enumerate(blocks) for i in range(blk.n)]
+            assert place_narrow(d_rows, x).tolist() == want
+            assert place_narrow(r_rows, x).tolist() == [arrival[e] for e in meets]
+
+
+@pytest.mark.parametrize("rows", [1, PLACE_ROWS, PLACE_ROWS + 1, 3 * PLACE_ROWS + 17])
+def test_a_large_table_is_placed_piece_by_piece_as_in_one_sum(rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    x = -rng.integers(0, 1 << 40, size=7, dtype=np.int64)
+    for table in (rng.integers(NEG, 1 << 40, size=(rows, 7), dtype=np.int64),
+                  rng.integers(NARROW_NONE, 1 << 30, size=(rows, 7), dtype=np.int64).astype(np.int32)):
+        assert np.array_equal(place(table, x), (table.astype(np.int64) + x[None, :]).max(axis=1))

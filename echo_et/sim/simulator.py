@@ -994,11 +994,12 @@ class Simulator:
                 order = bl[np.argsort(occ[bl], kind="stable")]
                 o_sorted = occ[order]
                 cuts = np.flatnonzero(np.diff(o_sorted)) + 1
+                made: dict[bytes, np.ndarray] = {}    # equal slowed durations share one array
                 for grp in np.split(order, cuts):
                     o = int(occ[grp[0]])
                     arr = per_occ[o].copy()
                     arr[ref[grp]] = new[grp]
-                    per_occ[o] = arr
+                    per_occ[o] = made.setdefault(arr.tobytes(), arr)
         run.set_durations(per_occ)
         return out
 
