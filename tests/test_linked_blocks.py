@@ -262,7 +262,8 @@ def test_an_int32_joint_table_places_exactly_as_the_int64_one(spread: int) -> No
     small = wide.copy()
     wide[missing] = NEG + drift
     small[missing] = NARROW_NONE + drift
-    small[np.arange(n), entry] = wide[np.arange(n), entry] = rng.integers(0, 50_000_000, size=n)   # a real path per item
+    real = rng.integers(0, 50_000_000, size=n)                           # a real path per item
+    small[np.arange(n), entry] = wide[np.arange(n), entry] = real
     small = small.astype(np.int32)
     for _ in range(20):
         x = -rng.integers(0, spread, size=n_in, dtype=np.int64)

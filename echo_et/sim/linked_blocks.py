@@ -339,7 +339,8 @@ def _schedule(plan: Plan, blocks: Sequence[Block]) -> Schedule:
     outside inputs; a meeting item's from its own arrival and those of the items it waits
     for."""
     n_in, n_items, base = plan.n_in, plan.n_items, plan.base
-    arrival_row = {e: n_in + n_items + k for k, e in enumerate(sorted(plan.meeting_of, key=lambda e: base[e[0]] + e[1]))}
+    meets = sorted(plan.meeting_of, key=lambda e: base[e[0]] + e[1])
+    arrival_row = {e: n_in + n_items + k for k, e in enumerate(meets)}
     level = [0] * (n_in + n_items + len(arrival_row))
     tgt: list[int] = []
     src: list[int] = []
