@@ -358,3 +358,36 @@ def test_a_large_table_is_placed_piece_by_piece_as_in_one_sum(rows: int) -> None
     for table in (rng.integers(NEG, 1 << 40, size=(rows, 7), dtype=np.int64),
                   rng.integers(NARROW_NONE, 1 << 30, size=(rows, 7), dtype=np.int64).astype(np.int32)):
         assert np.array_equal(place(table, x), (table.astype(np.int64) + x[None, :]).max(axis=1))
+
+
+def test_a_joint_table_is_dropped_after_its_last_bundle_and_filled_once_a_run(monkeypatch) -> None:
+    """A run counts the bundles of each table: the table (and the placements kept with it)
+    goes when its last bundle is placed, and no table is filled twice in a run."""
+    from echo_et.sim import linked_blocks
+
+    runs: list[set] = []
+    held: list[int] = []
+    fills: list[int] = []
+    new_run, place = linked_blocks.JointTables.new_run, linked_blocks.JointTables.place
+    fill = linked_blocks._joint_tables
+
+    def counted_new_run(self, bundles=()):
+        runs.append(set())
+        return new_run(self, bundles)
+
+    def counted_place(self, bundle):
+        runs[-1].add(linked_blocks._table_key(bundle))
+        got = place(self, bundle)
+        held.append(len(self._tables) + len(self._solutions))
+        return got
+
+    def counted_fill(*args):
+        fills.append(1)
+        return fill(*args)
+
+    monkeypatch.setattr(linked_blocks.JointTables, "new_run", counted_new_run)
+    monkeypatch.setattr(linked_blocks.JointTables, "place", counted_place)
+    monkeypatch.setattr(linked_blocks, "_joint_tables", counted_fill)
+    _same(_ring(3, 6, 8 << 20))
+    assert max(held) > 0 and held[-1] == 0
+    assert len(fills) == sum(len(keys) for keys in runs)

@@ -474,15 +474,23 @@ class JointTables:
         self._tables: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._solutions: dict[tuple[int, bytes], tuple[list[Placed], np.ndarray]] = {}
         self._plans: dict[tuple, Plan] = {}
+        self._users: dict[tuple, int] = {}                  # table key -> bundles still to place with it
+        self._solved: dict[tuple, list[tuple[int, bytes]]] = {}   # table key -> its placements' keys
         self.computed = 0
 
-    def new_run(self) -> None:
-        """A simulation starts: forget the tables and placements of the last one. A slowdown
-        round changes the durations of every bundle that overlaps communication (none was
-        found again in the next round on the CP rings measured), and a table of 30,000 items
-        by 80 inputs is 20 MB."""
+    def new_run(self, bundles: Sequence[Bundle] = ()) -> None:
+        """A simulation starts, every member's durations set: forget the tables and placements
+        of the last one (a slowdown round changes the durations of every bundle that overlaps
+        communication), and count the bundles that will use each table: a table is dropped
+        once its last bundle is placed. A CP16 ring's round fills up to 84 tables of some
+        45 MB, of which at most 29 have bundles both placed and still to place."""
         self._tables = {}
         self._solutions = {}
+        self._solved = {}
+        self._users = {}
+        for b in bundles:
+            key = _table_key(b)
+            self._users[key] = self._users.get(key, 0) + 1
 
     def plan(self, bundle: Bundle) -> Plan:
         """The bundle's plan, shared by every bundle of its shape."""
@@ -497,11 +505,10 @@ class JointTables:
     def place(self, bundle: Bundle) -> tuple[list[Placed], int]:
         """Every member's placement once all have arrived (``bundle.arrived``), and the shift."""
         plan = bundle.plan if bundle.plan is not None else self.plan(bundle)
-        runs = [st.blocks for st, _ in bundle.members]
-        key = (bundle.sig, tuple(run.keys[o] for run, (_, o) in zip(runs, bundle.members, strict=True)))
+        key = _table_key(bundle)
         got = self._tables.get(key)
         if got is None:
-            durs = [run.durs[o] for run, (_, o) in zip(runs, bundle.members, strict=True)]
+            durs = [st.blocks.durs[o] for st, o in bundle.members]
             assert plan.schedule is not None
             d_rows, r_rows = _joint_tables(plan, plan.schedule, durs)
             got = (d_rows, r_rows, np.concatenate(durs))
@@ -522,4 +529,18 @@ class JointTables:
             ends = [*plan.base[1:], plan.n_items]
             members = [(s[a:b], e[a:b], w[a:b]) for a, b in zip(plan.base, ends, strict=True)]
             sol = self._solutions[skey] = (members, d_rows)
+            self._solved.setdefault(key, []).append(skey)
+        left = self._users.get(key)
+        if left is not None:
+            if left > 1:
+                self._users[key] = left - 1
+            else:                  # its last bundle: the placements made stay with their ranks
+                del self._users[key], self._tables[key]
+                for done in self._solved.pop(key, ()):
+                    del self._solutions[done]
         return sol[0], shift
+
+
+def _table_key(bundle: Bundle) -> tuple:
+    """What a bundle's tables depend on: its shape and its members' durations."""
+    return bundle.sig, tuple(st.blocks.keys[o] for st, o in bundle.members)

@@ -666,7 +666,6 @@ class Simulator:
         self._active = []
         for b in self._bundles:
             b.reset()
-        self._joint_tables.new_run()
         for st in self._states:
             st.reset(durs[id(st)])
             if st.blocks is not None:
@@ -676,6 +675,7 @@ class Simulator:
             if st.ready:
                 st.queued = True
                 self._active.append(st)
+        self._joint_tables.new_run(self._bundles)
         # what _drain reads, per state (class id order), gathered once per run, not per call
         self._hot = [self._hot_locals(st) for st in self._states]
         active = self._active
