@@ -80,3 +80,17 @@ def test_a_bounded_timeline_is_the_prefix_of_the_whole_one(both) -> None:
             assert list(timeline_events(result, reps, until_ns=until)) == kept
     with pytest.raises(ValueError):
         window_end(placed, reps, 0)
+
+
+def test_a_window_over_ranks_that_share_a_class_counts_every_rank_s_boxes(both) -> None:
+    """The window is found from each rank class's earliest starts, counted once per chosen
+    rank of the class: the same cut as sorting every chosen rank's every box."""
+    placed, _, _, _, reps = both
+    ranks = placed.timeline.ranks
+    assert len(ranks) > len(reps)                                   # ranks share classes
+    starts = sorted(e.start_ns for e in timeline_events(placed, ranks))
+    first = starts[0]
+    for cap in (1, 2, 5, 100, len(starts) // 2, len(starts) - 1):
+        cut = starts[cap]
+        want = cut if cut > first else next((s for s in starts if s > first), None)
+        assert window_end(placed, ranks, cap) == (want, len(starts))

@@ -97,7 +97,7 @@ def _flat_boxes(st: RankState) -> _Boxes:
 def _compact_boxes(st: RankState) -> _Boxes:
     prog, run = st.program, st.blocks
     info = prog.compact
-    ft = run.flat(prog, st.item_start, st.item_end)
+    ft = run.flat(prog, st.item_start, st.item_end, keep=False)   # every rank's kept: GBs at CP16
     stored = st.graph.stored_nodes
     start, end = ft.start.copy(), ft.end.copy()
     wait = np.full(start.size, -1, dtype=np.int64)
@@ -249,6 +249,16 @@ def first_start(result, ranks: list[int] | None = None, *, until_ns: int | None 
     return low
 
 
+def _earliest(starts: np.ndarray, max_boxes: int | None) -> tuple[np.ndarray, int | None]:
+    """(the ``max_boxes + 1`` earliest of ``starts``, sorted; the earliest start later than
+    the first, None when every box starts at once)."""
+    if max_boxes is None or starts.size == 0:
+        return starts[:0], None
+    early = np.sort(np.partition(starts, min(max_boxes, starts.size - 1))[:max_boxes + 1])
+    later = starts[starts > early[0]]
+    return early, (int(later.min()) if later.size else None)
+
+
 def window_end(result, ranks: list[int] | None, max_boxes: int | None) -> tuple[int | None, int]:
     """(``t``, the boxes of ``ranks`` in the whole step): ``t`` is the latest time (job
     clock, ns) such that at most ``max_boxes`` of them start before it, None when every box
@@ -258,23 +268,29 @@ def window_end(result, ranks: list[int] | None, max_boxes: int | None) -> tuple[
     if max_boxes is not None and max_boxes < 1:
         raise ValueError(f"max_boxes must be >= 1, got {max_boxes}")
     tl = result.timeline
-    by_state: dict[int, np.ndarray] = {}   # ranks of one class share their representative's state
-    starts = []
+    # per rank class: how many chosen ranks share it, its box count, and its earliest starts
+    # (the max_boxes + 1 earliest, sorted: all the cut can need) and its earliest start after
+    # its first; not every box's start (8 bytes a box: a GB at CP16)
+    classes: dict[int, list] = {}
+    total = 0
     for r in _chosen(result, ranks):
         st = tl.state_of(r)
-        got = by_state.get(id(st))
+        got = classes.get(id(st))
         if got is None:
-            got = by_state[id(st)] = _boxes(st).start
-        starts.append(got)
-    total = sum(int(s.size) for s in starts)
+            starts = _boxes(st).start
+            got = classes[id(st)] = [0, int(starts.size), *_earliest(starts, max_boxes)]
+        got[0] += 1
+        total += got[1]
     if max_boxes is None or total <= max_boxes:
         return None, total
-    every = np.concatenate(starts)
+    every = np.concatenate([np.repeat(early, times) for times, _, early, _ in classes.values()])
     # the (max_boxes+1)-th earliest start: at most max_boxes boxes start before it
     cut = int(np.partition(every, max_boxes)[max_boxes])
     first = int(every.min())
     if cut <= first:
         # more than max_boxes start at the step's first instant: those, not an empty prefix
-        later = every[every > first]
-        return (int(later.min()), total) if later.size else (None, total)
+        next_ones = [int(early[0]) if int(early[0]) > first else after
+                     for _, _, early, after in classes.values() if early.size]
+        later = [t for t in next_ones if t is not None]
+        return (min(later), total) if later else (None, total)
     return cut, total
