@@ -65,24 +65,25 @@ class Ends:
 
     def add(self, rows: np.ndarray, seqs: np.ndarray, nodes: np.ndarray, dur: np.ndarray) -> None:
         """One block's items on every occurrence of it: ``rows`` (items x [local, kind, gc, a,
-        b, size, send, eager, what]), ``seqs`` (occurrences x items), ``nodes`` (occurrences)."""
+        b, size, send, eager, what]), ``seqs`` (occurrences x items), ``nodes`` (occurrences).
+        The small columns are kept narrow: a CP16 ring has millions of such items."""
         n_occ, n = seqs.shape
         tile = np.tile
-        self.local.append(tile(rows[:, 0], n_occ))
-        self.kind.append(tile(rows[:, 1], n_occ))
-        self.gc.append(tile(rows[:, 2], n_occ))
-        self.a.append(tile(rows[:, 3], n_occ))
-        self.b.append(tile(rows[:, 4], n_occ))
-        self.size.append(tile(rows[:, 5], n_occ))
-        self.send.append(tile(rows[:, 6], n_occ))
-        self.eager.append(tile(rows[:, 7], n_occ))
-        self.what.append(tile(rows[:, 8], n_occ))
+        for name, col, dtype in (("local", 0, np.int32), ("kind", 1, np.int8), ("gc", 2, np.int32),
+                                 ("a", 3, np.int32), ("b", 4, np.int32), ("size", 5, np.int32),
+                                 ("send", 6, np.int8), ("eager", 7, np.int8), ("what", 8, np.int64)):
+            getattr(self, name).append(tile(rows[:, col].astype(dtype), n_occ))
         self.dur.append(tile(dur, n_occ))
         self.seq.append(seqs.reshape(-1))
-        self.node.append(np.repeat(nodes, n))
+        self.node.append(np.repeat(nodes.astype(np.int32), n))
 
     def columns(self) -> dict[str, np.ndarray]:
-        return {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)) for k, v in vars(self).items()}
+        """Every column joined, the pieces let go as each is (they would double the peak)."""
+        out: dict[str, np.ndarray] = {}
+        for k, v in vars(self).items():
+            out[k] = np.concatenate(v) if v else np.zeros(0, dtype=np.int64)
+            v.clear()
+        return out
 
 
 @dataclass(frozen=True)
@@ -146,21 +147,26 @@ def link_bundles(ends: Ends, nodes: Sequence[tuple[RankState, int]], skeleton_ke
     inside blocks, its members are not all there, or they disagree (a send meets a send,
     sizes or prices differ): the node-by-node simulation then says what is wrong, if
     anything."""
-    c = ends.columns()
-    n = c["node"].size
+    cols = ends.columns()
+    n = cols["node"].size
     if n == 0:
         return []
-    keys = np.stack((c["kind"], c["gc"], c["a"], c["b"], c["seq"]), axis=1)
-    order = np.lexsort(keys.T[::-1])
-    keys = keys[order]
-    cols = {k: v[order] for k, v in c.items()}
-    new = np.ones(n, dtype=bool)
-    new[1:] = (keys[1:] != keys[:-1]).any(axis=1)
+    key_names = ("kind", "gc", "a", "b", "seq")
+    order = np.lexsort(tuple(cols[k] for k in reversed(key_names)))
+    for k in list(cols):               # one column at a time: the unsorted one goes at once
+        cols[k] = cols[k][order]
+    del order
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for k in key_names:
+        new[1:] |= cols[k][1:] != cols[k][:-1]
     starts = np.flatnonzero(new)
     group = np.cumsum(new) - 1
+    del new
     counts = np.diff(np.append(starts, n))
     if skeleton_keys.size:
-        both = np.concatenate((skeleton_keys.reshape(-1, 5), keys[starts]))
+        keys = np.stack([cols[k][starts].astype(np.int64) for k in key_names], axis=1)
+        both = np.concatenate((skeleton_keys.reshape(-1, 5), keys))
         _, inv = unique_rows(both)
         if np.isin(inv[len(skeleton_keys):], inv[:len(skeleton_keys)]).any():
             raise NotLinked("a meeting between a repeat block and a node outside every block")
@@ -171,8 +177,10 @@ def link_bundles(ends: Ends, nodes: Sequence[tuple[RankState, int]], skeleton_ke
         if (np.maximum.reduceat(v, starts) != np.minimum.reduceat(v, starts)).any():
             raise NotLinked("members of a meeting inside repeat blocks that disagree or are priced differently")
     msg = cols["kind"][starts] == 1
-    if (np.add.reduceat(cols["send"], starts)[msg] != 1).any():
+    if (np.add.reduceat(cols["send"], starts, dtype=np.int64)[msg] != 1).any():
         raise NotLinked("a send that meets a send, or a recv a recv, inside repeat blocks")
+    for k in ("gc", "a", "b", "seq", "size", "what", "dur", "kind"):
+        del cols[k]
     # connected components of the nodes: each meeting joins its members' nodes
     node = cols["node"]
     label = np.arange(len(nodes), dtype=np.int64)
